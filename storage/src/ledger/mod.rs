@@ -1,0 +1,2 @@
+//! The live-run ledger.
+pub mod decisions;
