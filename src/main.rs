@@ -1,1 +1,80 @@
-fn main(){}
+//! The `switchboard` binary: parse the CLI, load the configuration, run.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use switchboard::Config;
+
+#[derive(Parser)]
+#[command(name = "switchboard", version, about = "A runtime for long-running, chat-driven agent runs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve {
+        /// The configuration file (default: ./config.toml when present, else the embedded default).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Serve { config } => serve(config),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchboard: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let path = config.or_else(|| Some(PathBuf::from("config.toml")).filter(|p| p.exists()));
+    let config = Config::load(path.as_deref())?;
+    actix_web::rt::System::new().block_on(async move {
+        let running = switchboard::start(config).await?;
+        let server = running.server_handle();
+        let generation = running.generation.clone();
+        let finished = running.wait();
+        tokio::pin!(finished);
+        tokio::select! {
+            r = &mut finished => return r,
+            r = shutdown_signal() => r.context("listen for shutdown signals")?,
+        }
+        tracing::info!(generation = generation.as_str(), "shutdown signal: stopping");
+        server.stop(true).await;
+        finished.await
+    })
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await
+    }
+}

@@ -1,3 +1,38 @@
-//! placeholder
+//! Switchboard's storage: the record contract, finished-run history, the live-run ledger, and the one
+//! actor that owns the database.
+//!
+//! Owns the SQLite file (or the in-memory state). Everything above this crate reaches storage through a
+//! [`StorageHandle`]; nothing here knows about HTTP, SSE or actor supervision.
+//!
+//! # Layout
+//! - [`record`]: the pure record contract — `RunRecord`, validation, retention, byte budget, visibility.
+//! - [`store`]: the [`RunStore`] trait (finished-run history) and its vocabulary.
+//! - [`ledger`]: the live-run ledger; [`ledger::decisions`] holds every pure decision.
+//! - [`memory`], [`sqlite`]: the two implementations; one contract suite tests both.
+//! - [`actor`], [`handle`]: the storage actor (one thread, one connection) and its async handle.
+//! - [`clock`]: injected time.
+//!
+//! Invariants:
+//! - only the storage actor's thread writes the database; each message is one transaction;
+//! - a refusal is a typed result value; an [`Error`] means storage could not answer;
+//! - a bad run id never reaches SQL.
+
+pub mod actor;
+pub mod clock;
+mod error;
+pub mod generation;
+pub mod handle;
 pub mod ledger;
+pub mod memory;
 pub mod record;
+pub mod sqlite;
+pub mod store;
+
+pub use actor::BackendSpec;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, Result};
+pub use generation::Generation;
+pub use handle::StorageHandle;
+pub use memory::MemoryStore;
+pub use sqlite::{SqliteStore, Synchronous};
+pub use store::RunStore;

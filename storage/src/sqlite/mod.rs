@@ -1,0 +1,86 @@
+//! The SQLite implementation of the storage traits.
+//!
+//! Owns one `rusqlite::Connection` to the database file. Exactly one `SqliteStore` per process writes,
+//! inside the storage actor's thread; other processes on the host (the old and new process of a rolling
+//! restart) may open the same file: WAL lets readers proceed, every transaction is `BEGIN IMMEDIATE` and
+//! `busy_timeout` makes a writer wait up to 5 s before `SQLITE_BUSY` becomes a transient error.
+//!
+//! # Design
+//! Retention is applied on read. The kept set is always a newest-first prefix of the in-cutoff rows (age,
+//! then `maxRuns`, then `maxBytes` are all prefix cuts of one total order), so it is described by a
+//! [`Kept`] floor. One aggregate over the in-cutoff rows decides whether a floor is needed at all; within
+//! policy a list page is one indexed `SELECT`.
+
+pub mod schema;
+mod runs;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::Result;
+
+pub use runs::Kept;
+
+/// SQLite's `synchronous` setting for the WAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// fsync at every commit: a committed step survives power loss.
+    #[default]
+    Full,
+    /// fsync at checkpoints: a committed step survives a process crash, not power loss.
+    Normal,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Connection,
+}
+
+impl SqliteStore {
+    /// Open (creating when absent) and migrate the database at `path`.
+    pub fn open(path: &Path, sync: Synchronous) -> Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| crate::Error::Unavailable(format!("create {}: {e}", dir.display())))?;
+        }
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", sync.pragma())?;
+        conn.pragma_update(None, "foreign_keys", "OFF")?;
+        schema::migrate(&mut conn)?;
+        Ok(SqliteStore { conn })
+    }
+
+    /// The schema version on disk.
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    /// The connection, for tests that inspect query plans or inject faults.
+    pub fn connection(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
+    /// The 32-byte capability secret created at the first migration (hex).
+    pub fn capability_secret(&self) -> Result<String> {
+        Ok(self.conn.query_row("SELECT value FROM meta WHERE key = 'capability_secret'", [], |r| r.get(0))?)
+    }
+
+    fn immediate(&mut self) -> Result<rusqlite::Transaction<'_>> {
+        Ok(self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?)
+    }
+}

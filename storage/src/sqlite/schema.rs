@@ -1,0 +1,76 @@
+//! Schema migrations by `PRAGMA user_version`.
+//!
+//! Migration N (1-based) brings a database from version N-1 to N inside one transaction, together with the
+//! `user_version` bump, so a failing step leaves the previous version intact. A database stamped with a
+//! version newer than [`MIGRATIONS`] knows is refused by name ([`Error::SchemaTooNew`]); it is never
+//! opened for writing by an older build.
+
+use rusqlite::Connection;
+
+use crate::{Error, Result};
+
+/// Every migration, in order. Append only; never edit a released entry.
+pub const MIGRATIONS: &[&str] = &[
+    // 1: finished-run history (SPEC §3) and store metadata.
+    r#"
+    CREATE TABLE runs (
+        run_id             TEXT PRIMARY KEY NOT NULL,
+        finished_at        INTEGER NOT NULL,
+        started_at         INTEGER NOT NULL,
+        agent              TEXT,
+        channel_id         TEXT NOT NULL,
+        user_id            TEXT NOT NULL,
+        thread_key         TEXT NOT NULL,
+        channel_visibility TEXT NOT NULL DEFAULT 'unknown',
+        parent_run_id      TEXT,
+        status             TEXT NOT NULL,
+        provisional        INTEGER NOT NULL DEFAULT 0,
+        event_count        INTEGER NOT NULL,
+        bytes              INTEGER NOT NULL,
+        digest             TEXT NOT NULL,
+        stored_at          INTEGER NOT NULL,
+        summary_json       TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX runs_by_finish     ON runs(finished_at, run_id, bytes);
+    CREATE INDEX runs_by_channel    ON runs(channel_id, finished_at, run_id);
+    CREATE INDEX runs_by_visibility ON runs(channel_visibility, finished_at, run_id);
+    CREATE INDEX runs_by_user       ON runs(user_id, finished_at, run_id);
+    CREATE INDEX runs_by_agent      ON runs(agent, finished_at, run_id);
+    CREATE INDEX runs_by_thread     ON runs(thread_key, finished_at, run_id);
+    CREATE INDEX runs_by_parent     ON runs(parent_run_id, finished_at, run_id);
+    CREATE TABLE run_events (
+        run_id TEXT NOT NULL,
+        seq    INTEGER NOT NULL,
+        json   TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL) WITHOUT ROWID;
+    INSERT INTO meta (key, value) VALUES ('capability_secret', lower(hex(randomblob(32))));
+    "#,
+];
+
+pub fn current_version() -> i64 {
+    MIGRATIONS.len() as i64
+}
+
+/// Bring `conn` to [`current_version`]; answers the version found before migrating.
+pub fn migrate(conn: &mut Connection) -> Result<i64> {
+    let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let supported = current_version();
+    if found > supported {
+        return Err(Error::SchemaTooNew { found, supported });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        // Another process may have migrated while we waited for the write lock.
+        let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if now > i as i64 {
+            continue;
+        }
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+        tracing::info!(version = i + 1, "migrated database schema");
+    }
+    Ok(found)
+}

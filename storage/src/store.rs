@@ -1,0 +1,179 @@
+//! The finished-run history contract (SPEC §3): the [`RunStore`] trait and its vocabulary.
+//!
+//! Implementations: [`crate::memory::MemoryStore`] and [`crate::sqlite::SqliteStore`]. Both are synchronous
+//! and take `now_ms` from the caller, so the same contract suite (storage/tests/store_contract.rs) drives
+//! both with a manual clock. Async callers go through [`crate::StorageHandle`], which runs each method as
+//! one message on the storage actor.
+//!
+//! Invariants every implementation keeps:
+//! - a bad run id is not-found on every method and never reaches SQL;
+//! - reads apply the persisted retention policy first: a row outside policy is invisible before any write;
+//! - a `provisional` put never overwrites a final record (the tombstone floor);
+//! - a put is all-or-nothing.
+
+use crate::record::{RetentionPolicy, RunListItem, RunRecord, VisibilityFilter};
+use crate::Result;
+
+/// Clamp for a record's future timestamps: at most this far past the store's clock.
+pub const MAX_FUTURE_MS: i64 = 24 * 60 * 60 * 1000;
+/// A put trims at most this many rows outside policy; the next put finishes the job.
+pub const TRIM_PER_PUT: usize = 500;
+pub const LIST_DEFAULT_LIMIT: usize = 50;
+pub const LIST_MAX_LIMIT: usize = 200;
+pub const EVENTS_DEFAULT_LIMIT: usize = 1000;
+pub const EVENTS_MAX_LIMIT: usize = 5000;
+
+/// A retention policy proposed by a writer, stamped with when its configuration was loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyProposal {
+    pub policy: RetentionPolicy,
+    pub updated_at: i64,
+}
+
+impl PolicyProposal {
+    /// The stamp the store records: never later than its own clock, so a future-dated proposal cannot
+    /// lock out a later, correct one.
+    pub fn effective_stamp(&self, now_ms: i64) -> i64 {
+        self.updated_at.min(now_ms)
+    }
+}
+
+/// The persisted policy and the stamp of the proposal that set it (`None`: never set, defaults apply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoredPolicy {
+    pub policy: RetentionPolicy,
+    pub updated_at: Option<i64>,
+}
+
+impl StoredPolicy {
+    /// Adopt `proposal` when its effective stamp is strictly newer; answers whether it changed.
+    pub fn consider(&mut self, proposal: Option<&PolicyProposal>, now_ms: i64) -> bool {
+        let Some(p) = proposal else { return false };
+        let stamp = p.effective_stamp(now_ms);
+        if self.updated_at.is_some_and(|cur| stamp <= cur) {
+            return false;
+        }
+        *self = StoredPolicy { policy: p.policy, updated_at: Some(stamp) };
+        true
+    }
+}
+
+/// What a put did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// The record is on disk and visible under the policy after this put.
+    pub stored: bool,
+    /// An existing, different record under the id was replaced (events included).
+    pub rewritten: bool,
+    /// Rows the policy keeps after this put.
+    pub retained: u64,
+}
+
+/// The compound list cursor: rows strictly older than `(finished_at, id)` in newest-first order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub finished_at: i64,
+    /// Absent: every row finished strictly before `finished_at`.
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListQuery {
+    pub visible_to: VisibilityFilter,
+    pub limit: Option<usize>,
+    pub before: Option<Cursor>,
+    pub since_ms: Option<i64>,
+    pub agent: Option<String>,
+    pub channel: Option<String>,
+    pub thread_key: Option<String>,
+    pub parent_run_id: Option<String>,
+}
+
+impl ListQuery {
+    pub fn visible_to(filter: VisibilityFilter) -> Self {
+        ListQuery {
+            visible_to: filter,
+            limit: None,
+            before: None,
+            since_ms: None,
+            agent: None,
+            channel: None,
+            thread_key: None,
+            parent_run_id: None,
+        }
+    }
+
+    pub fn effective_limit(&self) -> usize {
+        self.limit.unwrap_or(LIST_DEFAULT_LIMIT).clamp(1, LIST_MAX_LIMIT)
+    }
+
+    /// The non-visibility filters and the cursor, as one predicate over a listing row.
+    pub fn admits(&self, item: &RunListItem) -> bool {
+        let h = &item.head;
+        self.since_ms.is_none_or(|s| h.finished_at >= s)
+            && self.agent.as_deref().is_none_or(|a| h.agent.as_deref() == Some(a))
+            && self.channel.as_deref().is_none_or(|c| h.channel_id == c)
+            && self.thread_key.as_deref().is_none_or(|t| h.thread_key == t)
+            && self.parent_run_id.as_deref().is_none_or(|p| h.parent_run_id.as_deref() == Some(p))
+            && self.before.as_ref().is_none_or(|c| match &c.id {
+                Some(id) => (h.finished_at, h.id.as_str()) < (c.finished_at, id.as_str()),
+                None => h.finished_at < c.finished_at,
+            })
+            && self.visible_to.matches_head(h)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListPage {
+    pub items: Vec<RunListItem>,
+    /// Present when the page is full: pass it back as `before` for the next page.
+    pub next_before: Option<Cursor>,
+}
+
+impl ListPage {
+    pub(crate) fn from_items(items: Vec<RunListItem>, limit: usize) -> Self {
+        let next_before = (items.len() == limit).then(|| {
+            let last = &items[items.len() - 1].head;
+            Cursor { finished_at: last.finished_at, id: Some(last.id.clone()) }
+        });
+        ListPage { items, next_before }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventsPage {
+    pub events: Vec<serde_json::Value>,
+    /// Present while more events follow: pass it back as `after_seq`.
+    pub next_after_seq: Option<u64>,
+}
+
+pub fn effective_events_limit(limit: Option<usize>) -> usize {
+    limit.unwrap_or(EVENTS_DEFAULT_LIMIT).clamp(1, EVENTS_MAX_LIMIT)
+}
+
+/// Finished-run history (SPEC §3). Each method is one transaction.
+pub trait RunStore: Send {
+    /// Upsert a finished (or provisional) record under the persisted policy, adopting `proposal` first
+    /// when it is newer.
+    fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome>;
+    fn get(&mut self, id: &str, now_ms: i64) -> Result<Option<RunRecord>>;
+    /// The listing row (no events) with its `bytes`.
+    fn get_summary(&mut self, id: &str, now_ms: i64) -> Result<Option<RunListItem>>;
+    fn list(&mut self, query: &ListQuery, now_ms: i64) -> Result<ListPage>;
+    /// Events strictly after `after_seq`; `None` for an unknown, expired or malformed id.
+    fn events(&mut self, id: &str, after_seq: u64, limit: Option<usize>, now_ms: i64) -> Result<Option<EventsPage>>;
+    /// Remove the record and its events; answers whether a row existed.
+    fn delete(&mut self, id: &str) -> Result<bool>;
+    fn policy(&mut self) -> Result<StoredPolicy>;
+}
+
+/// Clamp a record's timestamps to at most [`MAX_FUTURE_MS`] past the store's clock (SPEC §3), so a
+/// writer with a wrong clock cannot pin a record at the top of every listing.
+pub fn clamp_future(record: &RunRecord, now_ms: i64) -> RunRecord {
+    let limit = now_ms.saturating_add(MAX_FUTURE_MS);
+    let mut r = record.clone();
+    r.head.finished_at = r.head.finished_at.min(limit);
+    r.head.received_at = r.head.received_at.map(|t| t.min(limit));
+    r.head.sealed_at = r.head.sealed_at.map(|t| t.min(limit));
+    r
+}

@@ -1,0 +1,133 @@
+//! SQLite-only behaviour of the history store: migrations, faults mid-transaction, several handles on one
+//! file, and the storage actor in front of it.
+
+use serde_json::json;
+use storage::record::{validate_record, RunRecord, VisibilityFilter};
+use storage::store::{ListQuery, RunStore};
+use storage::{BackendSpec, Error, ManualClock, SqliteStore, StorageHandle, Synchronous};
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn record(id: &str, events: usize) -> RunRecord {
+    let events: Vec<_> = (1..=events).map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"})).collect();
+    validate_record(&json!({
+        "id": id, "channelId": "C1", "userId": "U1", "threadKey": "C1:t", "channelVisibility": "public",
+        "startedAt": NOW - 10, "finishedAt": NOW, "status": "completed", "eventCount": events.len(),
+        "storedEventCount": events.len(), "truncated": false, "events": events
+    }))
+    .expect("valid record")
+}
+
+fn open(path: &std::path::Path) -> SqliteStore {
+    SqliteStore::open(path, Synchronous::Full).expect("open")
+}
+
+#[test]
+fn crash_mid_put_leaves_no_row_and_no_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(&dir.path().join("t.db"));
+    s.put(&record("before", 2), None, NOW).unwrap();
+    // Fail the 3rd event insert of the next put, after its runs row and first events were written.
+    s.connection()
+        .execute_batch(
+            "CREATE TRIGGER fail_third BEFORE INSERT ON run_events WHEN NEW.run_id = 'doomed' AND NEW.seq = 3
+             BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+        )
+        .unwrap();
+    let err = s.put(&record("doomed", 5), None, NOW).unwrap_err();
+    assert!(matches!(err, Error::Sqlite(_)), "{err}");
+    assert_eq!(s.get("doomed", NOW).unwrap(), None);
+    let orphan_events: i64 = s
+        .connection()
+        .query_row("SELECT COUNT(*) FROM run_events WHERE run_id = 'doomed'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(orphan_events, 0);
+    assert_eq!(s.get("before", NOW).unwrap(), Some(record("before", 2)), "earlier data untouched");
+}
+
+#[test]
+fn a_database_from_a_newer_version_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    open(&path).put(&record("kept", 1), None, NOW).unwrap();
+    rusqlite::Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+    let err = SqliteStore::open(&path, Synchronous::Full).unwrap_err();
+    let supported = storage::sqlite::schema::current_version();
+    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("99") && msg.contains(&supported.to_string()), "{msg}");
+    // Nothing was touched: the stamp and the data are as they were.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    let n: i64 = conn.query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0)).unwrap();
+    assert_eq!((v, n), (99, 1));
+}
+
+#[test]
+fn reopening_keeps_data_schema_and_capability_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/dir/t.db");
+    let s = open(&path);
+    let secret = s.capability_secret().unwrap();
+    assert_eq!(secret.len(), 64);
+    assert!(secret.chars().all(|c| c.is_ascii_hexdigit()));
+    drop(s);
+    let mut s = open(&path);
+    assert_eq!(s.capability_secret().unwrap(), secret);
+    assert_eq!(s.schema_version().unwrap(), storage::sqlite::schema::current_version());
+    s.put(&record("a", 1), None, NOW).unwrap();
+    drop(s);
+    assert!(open(&path).get("a", NOW).unwrap().is_some());
+}
+
+#[test]
+fn two_handles_share_one_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let mut a = open(&path);
+    let mut b = open(&path);
+    a.put(&record("from-a", 3), None, NOW).unwrap();
+    assert_eq!(b.get("from-a", NOW).unwrap(), Some(record("from-a", 3)));
+    b.put(&record("from-b", 1), None, NOW).unwrap();
+    let q = ListQuery::visible_to(VisibilityFilter::All);
+    assert_eq!(a.list(&q, NOW).unwrap().items.len(), 2);
+}
+
+#[actix_rt::test]
+async fn the_handle_runs_each_operation_on_the_storage_actor() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = BackendSpec::Sqlite { path: dir.path().join("t.db"), synchronous: Synchronous::Normal };
+    let clock = ManualClock::new(NOW);
+    let h = StorageHandle::start(spec, std::sync::Arc::new(clock.clone()));
+    assert_eq!(h.kind(), "sqlite");
+    h.ping().await.unwrap();
+    assert!(h.put(record("r1", 2), None).await.unwrap().stored);
+    assert_eq!(h.get("r1".into()).await.unwrap(), Some(record("r1", 2)));
+    assert_eq!(h.events("r1".into(), 1, None).await.unwrap().unwrap().events.len(), 1);
+    // The handle's clock, not the wall clock, decides retention.
+    clock.advance(31 * 86_400_000);
+    assert_eq!(h.get("r1".into()).await.unwrap(), None);
+}
+
+#[actix_rt::test]
+async fn a_panicking_transaction_is_an_error_and_the_actor_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = BackendSpec::Sqlite { path: dir.path().join("t.db"), synchronous: Synchronous::Normal };
+    let h = StorageHandle::start(spec, std::sync::Arc::new(ManualClock::new(NOW)));
+    h.put(record("r1", 1), None).await.unwrap();
+    let err = h.transact(|_, _| -> storage::Result<()> { panic!("boom") }).await.unwrap_err();
+    assert!(matches!(&err, Error::Panicked(m) if m == "boom"), "{err:?}");
+    // The actor reopened its backend through the factory and still answers, data intact.
+    assert!(h.get("r1".into()).await.unwrap().is_some());
+}
+
+#[actix_rt::test]
+async fn a_backend_that_cannot_open_answers_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let spec = BackendSpec::Sqlite { path: blocker.join("t.db"), synchronous: Synchronous::Full };
+    let h = StorageHandle::start(spec, std::sync::Arc::new(ManualClock::new(NOW)));
+    let err = h.ping().await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+}

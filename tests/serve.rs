@@ -1,0 +1,84 @@
+//! End to end: the process boots, answers `/healthz`, and refuses a bad configuration by name.
+
+mod support;
+
+use std::process::Command;
+
+use support::TestApp;
+
+#[actix_web::test]
+async fn healthz_reports_generation_pid_version_storage_and_draining() {
+    let app = TestApp::spawn().await;
+    let res = app.client.get(app.url("/healthz")).send().await.expect("GET /healthz");
+    assert_eq!(res.status().as_u16(), 200);
+    let body: serde_json::Value = res.json().await.expect("json");
+    assert_eq!(body["ok"], true);
+    assert_eq!(body["generation"], app.running.generation.as_str());
+    assert!(storage::Generation::parse(body["generation"].as_str().unwrap()).is_some(), "{body}");
+    assert_eq!(body["pid"], std::process::id());
+    assert_eq!(body["version"], switchboard::VERSION);
+    assert_eq!(body["storage"], "sqlite");
+    assert_eq!(body["draining"], false);
+    assert!(app.db_path().exists(), "the database was created and migrated at boot");
+    app.running.stop().await.expect("clean stop");
+}
+
+#[actix_web::test]
+async fn memory_storage_boots_without_a_database_file() {
+    let app = TestApp::spawn_with(|c| c.storage.kind = switchboard::config::StorageKind::Memory).await;
+    let body: serde_json::Value = app.client.get(app.url("/healthz")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(body["storage"], "memory");
+    assert!(!app.db_path().exists());
+}
+
+#[test]
+fn a_bad_config_key_fails_startup_naming_key_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[ledger]\nlease_ms = 30000\nheartbeet_ms = 10000\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .current_dir(dir.path())
+        .output()
+        .expect("run switchboard");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ledger.heartbeet_ms") && stderr.contains("bad.toml"), "{stderr}");
+}
+
+#[test]
+fn the_binary_serves_healthz_and_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("SWITCHBOARD_SERVER__BIND", "127.0.0.1:0")
+        .env("SWITCHBOARD_STORAGE__PATH", dir.path().join("db/s.db"))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn switchboard");
+    // Wait for the "listening" log line and read the bound address from it.
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("switchboard exited before listening").unwrap();
+        if let Some(rest) = line.split("addr=").nth(1).filter(|_| line.contains("switchboard listening")) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let body = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async { reqwest::get(format!("http://{addr}/healthz")).await.unwrap().json::<serde_json::Value>().await.unwrap() })
+    })
+    .join()
+    .unwrap();
+    assert!(storage::Generation::parse(body["generation"].as_str().unwrap()).is_some(), "{body}");
+    assert_eq!(body["pid"], child.id());
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
