@@ -20,13 +20,27 @@ use actix::{Actor, Handler, Message, SyncContext};
 
 use crate::memory::MemoryStore;
 use crate::sqlite::{SqliteStore, Synchronous};
+use crate::ledger::RunLedger;
 use crate::store::RunStore;
 use crate::{Error, Result};
 
 /// Everything a storage backend implements.
-pub trait Backend: RunStore + 'static {}
-impl Backend for SqliteStore {}
-impl Backend for MemoryStore {}
+pub trait Backend: RunStore + RunLedger + 'static {
+    /// The secret capability tokens are derived from (hex; 32 bytes), shared by every process on the database.
+    fn capability_secret(&mut self) -> Result<String>;
+}
+
+impl Backend for SqliteStore {
+    fn capability_secret(&mut self) -> Result<String> {
+        SqliteStore::capability_secret(self)
+    }
+}
+
+impl Backend for MemoryStore {
+    fn capability_secret(&mut self) -> Result<String> {
+        Ok(self.secret().to_owned())
+    }
+}
 
 /// Which backend the actor opens (and reopens after a poisoned connection).
 #[derive(Debug, Clone)]

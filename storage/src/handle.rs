@@ -10,7 +10,11 @@ use actix::Addr;
 
 use crate::actor::{Backend, BackendSpec, StorageActor, Transact};
 use crate::clock::Clock;
-use crate::record::{RunListItem, RunRecord};
+use crate::ledger::{
+    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
+    Promotion, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Turn,
+};
+use crate::record::{RunListItem, RunRecord, RunStatus};
 use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome, StoredPolicy};
 use crate::{Error, Result};
 
@@ -87,5 +91,113 @@ impl StorageHandle {
 
     pub async fn policy(&self) -> Result<StoredPolicy> {
         self.transact(|b, _| b.policy()).await
+    }
+
+    // ---- the live-run ledger (SPEC §4.3); each call is one transaction on the storage thread ----
+
+    pub async fn record_generation(&self, info: GenerationInfo) -> Result<()> {
+        self.transact(move |b, _| b.record_generation(&info)).await
+    }
+
+    pub async fn generations(&self) -> Result<Vec<GenerationInfo>> {
+        self.transact(|b, _| b.generations()).await
+    }
+
+    /// Admit at `now_ms` (the caller's clock reading, so the run's `startedAt` is the same everywhere).
+    pub async fn admit(&self, admit: Admit, now_ms: i64) -> Result<AdmitOutcome> {
+        self.transact(move |b, _| b.admit(&admit, now_ms)).await
+    }
+
+    pub async fn claim(&self, run_id: String, gen: String, promotion: Promotion) -> Result<Outcome<Claimed>> {
+        self.transact(move |b, now| b.claim(&run_id, &gen, &promotion, now)).await
+    }
+
+    pub async fn append(&self, run_id: String, gen: String, events: Vec<serde_json::Value>) -> Result<Outcome<()>> {
+        self.transact(move |b, _| b.append(&run_id, &gen, &events)).await
+    }
+
+    pub async fn step(&self, run_id: String, gen: String, record: StepRecord) -> Result<Outcome<()>> {
+        self.transact(move |b, _| b.step(&run_id, &gen, &record)).await
+    }
+
+    pub async fn write_transcript(&self, run_id: String, gen: String, first_idx: u64, turns: Vec<Turn>) -> Result<Outcome<()>> {
+        self.transact(move |b, _| b.write_transcript(&run_id, &gen, first_idx, &turns)).await
+    }
+
+    pub async fn read_transcript(&self, run_id: String) -> Result<Vec<Turn>> {
+        self.transact(move |b, _| b.read_transcript(&run_id)).await
+    }
+
+    pub async fn set_state(
+        &self,
+        run_id: String,
+        gen: String,
+        patch: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Outcome<()>> {
+        self.transact(move |b, _| b.set_state(&run_id, &gen, &patch)).await
+    }
+
+    pub async fn heartbeat(&self, run_id: String, gen: String, lease_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
+        self.transact(move |b, now| b.heartbeat(&run_id, &gen, lease_ms, now)).await
+    }
+
+    pub async fn request_stop(&self, run_id: String, mode: StopMode) -> Result<Outcome<StopAnswer>> {
+        self.transact(move |b, now| b.request_stop(&run_id, mode, now)).await
+    }
+
+    pub async fn handoff(&self, gen: String, run_ids: Vec<String>) -> Result<Vec<(String, HandoffResult)>> {
+        self.transact(move |b, _| b.handoff(&gen, &run_ids)).await
+    }
+
+    pub async fn finishing(&self, run_id: String, gen: String, status: RunStatus, answer: Option<String>) -> Result<Outcome<()>> {
+        self.transact(move |b, _| b.finishing(&run_id, &gen, status, answer.as_deref())).await
+    }
+
+    pub async fn finish(&self, gen: String, record: RunRecord, proposal: Option<PolicyProposal>) -> Result<Outcome<PutOutcome>> {
+        self.transact(move |b, now| {
+            let id = record.head.id.clone();
+            b.finish(&id, &gen, &record, proposal.as_ref(), now)
+        })
+        .await
+    }
+
+    pub async fn abandon(&self, run_id: String, gen: String) -> Result<Outcome<()>> {
+        self.transact(move |b, _| b.abandon(&run_id, &gen)).await
+    }
+
+    pub async fn push_inbox(&self, run_id: String, message: serde_json::Value) -> Result<Outcome<u64>> {
+        self.transact(move |b, _| b.push_inbox(&run_id, &message)).await
+    }
+
+    pub async fn read_inbox(&self, run_id: String, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
+        self.transact(move |b, _| b.read_inbox(&run_id, after_seq)).await
+    }
+
+    pub async fn reclaim(&self, gen: String, lease_ms: i64, dead_gens: Vec<String>) -> Result<ReclaimAnswer> {
+        self.transact(move |b, now| b.reclaim(&gen, now, lease_ms, &dead_gens)).await
+    }
+
+    pub async fn list_live(&self) -> Result<Vec<LiveRow>> {
+        self.transact(|b, _| b.list_live()).await
+    }
+
+    pub async fn get_live(&self, run_id: String) -> Result<Option<LiveRow>> {
+        self.transact(move |b, _| b.get_live(&run_id)).await
+    }
+
+    pub async fn inbox_after(&self, run_id: String, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
+        self.transact(move |b, _| b.inbox_after(&run_id, after_seq)).await
+    }
+
+    pub async fn last_step(&self, run_id: String) -> Result<Option<StepRecord>> {
+        self.transact(move |b, _| b.last_step(&run_id)).await
+    }
+
+    pub async fn capability_secret(&self) -> Result<String> {
+        self.transact(|b, _| b.capability_secret()).await
+    }
+
+    pub async fn live_events(&self, run_id: String, after_seq: u64, limit: usize) -> Result<Option<Vec<serde_json::Value>>> {
+        self.transact(move |b, _| b.live_events(&run_id, after_seq, limit)).await
     }
 }

@@ -20,15 +20,26 @@ use crate::store::{
 };
 use crate::{Error, Result};
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
+    /// The capability secret of this in-memory "database" (random per store).
+    secret: Arc<str>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        let bytes: [u8; 32] = rand::random();
+        MemoryStore { state: Arc::default(), secret: hex::encode(bytes).into() }
+    }
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
     pub(crate) runs: BTreeMap<String, StoredRun>,
     pub(crate) policy: StoredPolicy,
+    /// The live-run ledger's tables (see `ledger::memory`).
+    pub(crate) ledger: crate::ledger::memory::LedgerState,
 }
 
 #[derive(Debug, Clone)]
@@ -59,35 +70,22 @@ impl State {
     fn retained(&self, now_ms: i64) -> u64 {
         self.kept(now_ms).len() as u64
     }
-}
 
-impl MemoryStore {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves maps that are still structurally valid; keep serving.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// Stamp each event's stored seq the way the SQLite store keys `run_events`, so reads agree.
-fn keyed_events(record: &RunRecord) -> Vec<(u64, serde_json::Value)> {
-    stored_event_seqs(&record.events).into_iter().zip(record.events.iter().cloned()).collect()
-}
-
-impl RunStore for MemoryStore {
-    fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+    /// The one upsert of a record, shared by `put` and the ledger's `finish` (SPEC §3).
+    pub(crate) fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
         if !is_valid_run_id(&record.head.id) {
             return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
         }
-        let mut st = self.lock();
+        let st = self;
         st.policy.consider(proposal, now_ms);
-        let record = clamp_future(record, now_ms);
+        let mut record = clamp_future(record, now_ms);
         let id = record.head.id.clone();
         if record.head.provisional && st.runs.get(&id).is_some_and(|r| !r.record.head.provisional) {
             return Ok(PutOutcome { stored: true, rewritten: false, retained: st.retained(now_ms) });
+        }
+        // A live run's events are the ledger's: a put while it lives writes only the runs row.
+        if st.ledger.is_live(&id) {
+            record.events.clear();
         }
         let encoded = serde_json::to_vec(&record).map_err(|e| Error::corrupt("record", e))?;
         let digest: [u8; 32] = Sha256::digest(&encoded).into();
@@ -108,6 +106,32 @@ impl RunStore for MemoryStore {
             st.runs.remove(&id);
         }
         Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: kept.len() as u64 })
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves maps that are still structurally valid; keep serving.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Stamp each event's stored seq the way the SQLite store keys `run_events`, so reads agree.
+fn keyed_events(record: &RunRecord) -> Vec<(u64, serde_json::Value)> {
+    stored_event_seqs(&record.events).into_iter().zip(record.events.iter().cloned()).collect()
+}
+
+impl RunStore for MemoryStore {
+    fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+        self.lock().put(record, proposal, now_ms)
     }
 
     fn get(&mut self, id: &str, now_ms: i64) -> Result<Option<RunRecord>> {

@@ -1,2 +1,371 @@
-//! The live-run ledger.
+//! The live-run ledger (SPEC §4): which runs are live, who owns each (generation + lease), and what a
+//! next process needs to resume them — transcript, step records, inbox, state.
+//!
+//! Owns (SQLite): `live_runs`, `run_steps`, `transcript`, `run_inbox`, `run_jobs`, `admit_receipts`,
+//! `deletion_fences`, `generations`; shares `run_events` with the finished-run history (a live run's
+//! events are appended here, and `finish` replaces them with the record's).
+//!
+//! Invariants every implementation keeps (they call [`decisions`] for every choice):
+//! - one live row per thread (`thread_key UNIQUE`); a second run on a thread is refused naming the
+//!   live one;
+//! - every owner write carries the generation and is checked in the same transaction: another owner is
+//!   [`Refusal::Fenced`], no row is [`Refusal::UnknownRun`]; lease expiry alone never fences;
+//! - a refusal is a value ([`Refusal`]), never an error string; [`crate::Error`] means "could not
+//!   answer";
+//! - `finish` is ONE transaction: the record upsert exactly as `RunStore::put` and the deletion of the
+//!   run's live rows, so the thread is free exactly when the record is durable;
+//! - reclaim never takes the caller's own rows, and two generations reclaiming at once each take a row
+//!   at most once between them.
+
 pub mod decisions;
+pub mod memory;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::record::{RunRecord, RunStatus};
+use crate::store::{PolicyProposal, PutOutcome};
+use crate::Result;
+pub use decisions::{Phase, StopMode};
+
+/// Largest transcript part (UTF-8 bytes of its JSON); a larger one is refused by name, never truncated.
+pub const MAX_TRANSCRIPT_PART_BYTES: usize = 1_500_000;
+
+/// Why the ledger refused an operation. Each is an answer to act on, not an error to retry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("another generation owns run {run_id}")]
+    Fenced { run_id: String },
+    #[error("no live row for run {run_id}")]
+    UnknownRun { run_id: String },
+    /// `push_inbox` / `read_inbox` / `request_stop` on a run without a live row.
+    #[error("run {run_id} is not live")]
+    NotLive { run_id: String },
+    /// A different run holds the thread.
+    #[error("thread is live with run {run_id}")]
+    ThreadLive { run_id: String, agent: Option<String>, started_at: i64 },
+    #[error("run {run_id} is in phase {phase:?}, which does not allow {change}")]
+    WrongPhase { run_id: String, phase: Phase, change: &'static str },
+    #[error("event seq {seq} is {bytes} bytes, over the 64 KiB limit")]
+    EventTooLarge { seq: u64, bytes: usize },
+    #[error("event at position {index} has no numeric seq")]
+    EventWithoutSeq { index: usize },
+    #[error("transcript part {idx}.{part} is {bytes} bytes, over the limit")]
+    PartTooLarge { idx: u64, part: u64, bytes: usize },
+}
+
+/// An operation's answer: the value, or the typed refusal.
+pub type Outcome<T> = std::result::Result<T, Refusal>;
+
+/// One row of `live_runs`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveRow {
+    pub run_id: String,
+    pub thread_key: String,
+    pub owner_gen: String,
+    pub lease_until: i64,
+    pub started_at: i64,
+    pub phase: Phase,
+    pub stop: Option<StopMode>,
+    /// `{agent, model, label, threadKey, channelId, userId, channelVisibility, parentRunId?, deadline, request}`.
+    pub meta: Value,
+    /// The composed system prompt (empty while attaching).
+    pub system_text: String,
+    /// Tool definitions, verbatim (`null` while attaching).
+    pub tools: Value,
+    /// `{finalStatus?, answer?, binding, detached?}`, merged by top-level key.
+    pub state: Map<String, Value>,
+}
+
+impl LiveRow {
+    pub fn view(&self) -> decisions::RowView<'_> {
+        decisions::RowView {
+            run_id: &self.run_id,
+            owner_gen: &self.owner_gen,
+            phase: self.phase,
+            lease_until: self.lease_until,
+        }
+    }
+
+    pub fn agent(&self) -> Option<String> {
+        self.meta.get("agent").and_then(Value::as_str).map(str::to_owned)
+    }
+
+    pub fn thread_live(&self) -> Refusal {
+        Refusal::ThreadLive { run_id: self.run_id.clone(), agent: self.agent(), started_at: self.started_at }
+    }
+}
+
+/// An idempotency key on an admitted message (SPEC §5.1): scoped to the caller, with the body's hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiptKey {
+    /// The calling token's name.
+    pub scope: String,
+    pub key: String,
+    /// SHA-256 hex of the canonical body minus `key`.
+    pub body_hash: String,
+}
+
+/// A message to admit on a thread (SPEC §4.3 `admit`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admit {
+    pub thread_key: String,
+    pub gen: String,
+    /// Pre-minted id for a run this admission may start.
+    pub run_id: String,
+    /// The admitted message; `meta.request` of a started run, the inbox item of a steer.
+    pub request: Value,
+    /// The started row's `meta_json` (must carry `request`).
+    pub meta: Value,
+    pub key: Option<ReceiptKey>,
+    pub lease_ms: i64,
+}
+
+/// What admission did. Stored verbatim in a keyed receipt and returned verbatim on a retry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum AdmitOutcome {
+    /// An `attaching` row was inserted for the pre-minted id.
+    Started {
+        #[serde(rename = "runId")]
+        run_id: String,
+    },
+    /// The message went to the live run's inbox.
+    Steered {
+        #[serde(rename = "runId")]
+        run_id: String,
+        seq: u64,
+    },
+    /// The thread's run is finishing and the message is keyed: try again shortly.
+    Busy {
+        #[serde(rename = "runId")]
+        run_id: String,
+    },
+    /// The key was used before with another body.
+    KeyConflict,
+    /// The id carries a deletion fence.
+    Fenced,
+}
+
+/// What a promotion writes onto the reserved row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Promotion {
+    pub system_text: String,
+    pub tools: Value,
+    /// Merged into the row's state.
+    pub state: Map<String, Value>,
+    pub lease_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimed {
+    /// `attaching` → `live`.
+    Promoted,
+    /// The owner re-claimed a row already promoted: nothing written.
+    AlreadyLive,
+}
+
+/// A tool call a step is about to dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InFlight {
+    pub call_id: String,
+    pub tool: String,
+}
+
+/// One `run_steps` row (SPEC §4.3 `step`), written after the step's transcript turns and before its tools.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRecord {
+    /// 0 for the seed record; ordinary steps from 1.
+    pub step: u64,
+    /// The registry event seq last published.
+    pub seq: u64,
+    /// Transcript turn count after this step's turns were written.
+    pub turn_index: u64,
+    pub in_flight: Vec<InFlight>,
+    /// Highest inbox seq folded into the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbox_consumed_seq: Option<u64>,
+    pub remaining_ms: i64,
+    pub turn: u64,
+    pub iteration: u64,
+}
+
+impl StepRecord {
+    pub fn cursor(&self) -> decisions::StepCursor {
+        decisions::StepCursor { step: self.step, turn_index: self.turn_index }
+    }
+}
+
+/// A provider-neutral message: `{role: system|user|assistant|tool_results, parts}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    pub role: String,
+    pub parts: Vec<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxItem {
+    pub seq: u64,
+    pub message: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeartbeatAnswer {
+    pub stop: Option<StopMode>,
+    pub phase: Phase,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StopAnswer {
+    /// The stop now recorded (the strongest requested so far).
+    pub stop: StopMode,
+    pub owner_gen: String,
+    /// Whether the owner's lease is current, i.e. its next heartbeat will relay the stop.
+    pub owner_lease_live: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandoffResult {
+    HandedOff,
+    NotOwner,
+    WrongPhase,
+}
+
+/// Post-run work a handoff leaves for the next generation (`run_jobs(run_id, kind)`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub kind: String,
+    pub json: Value,
+}
+
+/// A row a reclaim took, with everything a resume or a close needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reclaimed {
+    /// The row as it is now: owned by the reclaiming generation, phase per `reclaim_phase`.
+    pub row: LiveRow,
+    pub prior_phase: Phase,
+    pub prior_owner: String,
+    pub last_step: Option<StepRecord>,
+    /// Inbox items past the last step's `inboxConsumedSeq`.
+    pub unread_inbox: Vec<InboxItem>,
+    pub jobs: Vec<Job>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReclaimAnswer {
+    pub taken: Vec<Reclaimed>,
+    /// Rows under another generation's current lease.
+    pub live_elsewhere: Vec<LiveRow>,
+}
+
+/// A process that ran against this database (`generations` table), for fast reclaim (SPEC §6.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationInfo {
+    pub gen: String,
+    pub host: String,
+    pub pid: u32,
+    /// The process start time as the OS reports it (e.g. `/proc/<pid>/stat` field 22), to tell a
+    /// reused pid apart.
+    pub proc_start: String,
+    pub started_at: i64,
+}
+
+/// The live-run ledger (SPEC §4.3). Each method is one transaction.
+pub trait RunLedger: Send {
+    fn record_generation(&mut self, info: &GenerationInfo) -> Result<()>;
+    fn generations(&mut self) -> Result<Vec<GenerationInfo>>;
+
+    /// Admission: receipt lookup, steer into the thread's live run, or reserve an `attaching` row.
+    fn admit(&mut self, admit: &Admit, now_ms: i64) -> Result<AdmitOutcome>;
+    /// Promotion of this generation's `attaching` reservation to `live`.
+    fn claim(&mut self, run_id: &str, gen: &str, promotion: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>>;
+    /// Append events keyed by their `seq` (an identical retry is a no-op).
+    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>>;
+    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>>;
+    /// Write turns at `first_idx, first_idx + 1, …`; a row already written stays as it was (never edited).
+    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>>;
+    fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>>;
+    /// Merge `patch` into the row's state by top-level key.
+    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>>;
+    fn put_job(&mut self, run_id: &str, gen: &str, job: &Job) -> Result<Outcome<()>>;
+    /// Extend the owner's lease to `now + lease_ms`; answers the stop any generation requested and the phase.
+    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>>;
+    /// Record a stop from any generation (not fenced); hard never downgrades.
+    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>>;
+    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>>;
+    /// The gate before the reply: commit `state.finalStatus` and the answer, phase → `finishing`.
+    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>>;
+    /// ONE transaction: upsert the record as `put` does and delete the run's live rows.
+    fn finish(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<Outcome<PutOutcome>>;
+    /// The owner drops its row without a record.
+    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>>;
+    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>>;
+    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>>;
+    /// Inbox rows past `after_seq` whether or not the run is still live (they outlive `finish`): how a
+    /// finished run hands its unread follow-ups to the next run without a window to lose one.
+    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>>;
+    /// The run's highest step record (re-adopting a run this generation owns).
+    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>>;
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer>;
+    fn list_live(&mut self) -> Result<Vec<LiveRow>>;
+    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>>;
+    /// Live events strictly after `after_seq`, in seq order; `None` when the run has no live row.
+    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>>;
+}
+
+/// Validate an append batch: every event has a numeric `seq` and is at most 64 KiB.
+pub fn check_events(events: &[Value]) -> Outcome<Vec<(u64, String)>> {
+    events
+        .iter()
+        .enumerate()
+        .map(|(index, e)| {
+            let seq = crate::record::event_seq(e).ok_or(Refusal::EventWithoutSeq { index })?;
+            let json = e.to_string();
+            if json.len() > crate::record::MAX_EVENT_BYTES {
+                return Err(Refusal::EventTooLarge { seq, bytes: json.len() });
+            }
+            Ok((seq, json))
+        })
+        .collect()
+}
+
+/// Validate transcript parts: each part's JSON at most [`MAX_TRANSCRIPT_PART_BYTES`].
+pub fn check_turns(first_idx: u64, turns: &[Turn]) -> Outcome<Vec<(u64, u64, String)>> {
+    let mut rows = Vec::new();
+    for (i, turn) in turns.iter().enumerate() {
+        let idx = first_idx + i as u64;
+        for (p, part) in turn.parts.iter().enumerate() {
+            let json = serde_json::json!({"role": turn.role, "part": part}).to_string();
+            if json.len() > MAX_TRANSCRIPT_PART_BYTES {
+                return Err(Refusal::PartTooLarge { idx, part: p as u64, bytes: json.len() });
+            }
+            rows.push((idx, p as u64, json));
+        }
+    }
+    Ok(rows)
+}
+
+/// Merge a state patch by top-level key.
+pub fn merge_state(state: &mut Map<String, Value>, patch: &Map<String, Value>) {
+    for (k, v) in patch {
+        state.insert(k.clone(), v.clone());
+    }
+}
+
+/// Map a fence decision to the refusal (or `None` for the owner).
+pub fn fence_refusal(row: Option<&LiveRow>, run_id: &str, gen: &str) -> Option<Refusal> {
+    match decisions::fence_check(row.map(LiveRow::view).as_ref(), gen) {
+        decisions::Fence::Owner => None,
+        decisions::Fence::Fenced => Some(Refusal::Fenced { run_id: run_id.to_owned() }),
+        decisions::Fence::UnknownRun => Some(Refusal::UnknownRun { run_id: run_id.to_owned() }),
+    }
+}

@@ -12,6 +12,7 @@
 //! policy a list page is one indexed `SELECT`.
 
 pub mod schema;
+mod ledger;
 mod runs;
 
 use std::path::Path;

@@ -185,9 +185,16 @@ fn visible_summary(tx: &Transaction, id: &str, now_ms: i64) -> Result<Option<Run
     row.map(|(s, b)| decode_item(&s, b)).transpose()
 }
 
-/// Delete a run's row and its events.
+/// Whether `id` has a live row: its `run_events` are then the ledger's, not the history's.
+pub(crate) fn is_live(tx: &Transaction, id: &str) -> Result<bool> {
+    Ok(tx.prepare_cached("SELECT 1 FROM live_runs WHERE run_id = ?1")?.exists([id])?)
+}
+
+/// Delete a run's row and, unless it is live, its events.
 fn delete_run(tx: &Transaction, id: &str) -> Result<bool> {
-    tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+    if !is_live(tx, id)? {
+        tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+    }
     Ok(tx.execute("DELETE FROM runs WHERE run_id = ?1", [id])? > 0)
 }
 
@@ -207,7 +214,12 @@ pub(crate) fn put_in(tx: &Transaction, record: &RunRecord, proposal: Option<&Pol
         write_policy(tx, &stored_policy)?;
     }
     let policy = stored_policy.policy;
-    let record = clamp_future(record, now_ms);
+    let mut record = clamp_future(record, now_ms);
+    // A live run's events are the ledger's: a put while it lives writes only the runs row.
+    let live = is_live(tx, &record.head.id)?;
+    if live {
+        record.events.clear();
+    }
     let id = record.head.id.as_str();
     let existing: Option<(bool, String)> = tx
         .query_row("SELECT provisional, digest FROM runs WHERE run_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -236,7 +248,9 @@ pub(crate) fn put_in(tx: &Transaction, record: &RunRecord, proposal: Option<&Pol
             h.channel_visibility.as_str(), h.parent_run_id, h.status.as_str(), h.provisional,
             h.event_count as i64, bytes, digest, now_ms, summary
         ])?;
-        tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+        if !live {
+            tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+        }
         let mut ins = tx.prepare_cached("INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)")?;
         for (seq, ev) in stored_event_seqs(&record.events).into_iter().zip(&record.events) {
             ins.execute(params![id, seq as i64, ev.to_string()])?;
@@ -305,6 +319,10 @@ impl RunStore for SqliteStore {
         }
         let tx = self.conn.transaction()?;
         let Some(item) = visible_summary(&tx, id, now_ms)? else { return Ok(None) };
+        if is_live(&tx, id)? {
+            // A tombstone of a live run: its events are the ledger's, served by `live_events`.
+            return Ok(Some(RunRecord { head: item.head, events: Vec::new() }));
+        }
         let mut events = Vec::new();
         let mut after = 0;
         loop {
@@ -356,6 +374,9 @@ impl RunStore for SqliteStore {
         let tx = self.conn.transaction()?;
         if visible_summary(&tx, id, now_ms)?.is_none() {
             return Ok(None);
+        }
+        if is_live(&tx, id)? {
+            return Ok(Some(EventsPage { events: Vec::new(), next_after_seq: None }));
         }
         events_in(&tx, id, after_seq, effective_events_limit(limit)).map(Some)
     }

@@ -47,6 +47,45 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL) WITHOUT ROWID;
     INSERT INTO meta (key, value) VALUES ('capability_secret', lower(hex(randomblob(32))));
     "#,
+    // 2: the live-run ledger (SPEC §4.1). Live events share `run_events`.
+    r#"
+    CREATE TABLE live_runs (
+        run_id      TEXT PRIMARY KEY NOT NULL,
+        thread_key  TEXT NOT NULL UNIQUE,
+        owner_gen   TEXT NOT NULL,
+        lease_until INTEGER NOT NULL,
+        started_at  INTEGER NOT NULL,
+        phase       TEXT NOT NULL,
+        stop        TEXT,
+        meta_json   TEXT NOT NULL,
+        system_text TEXT NOT NULL DEFAULT '',
+        tools_json  TEXT NOT NULL DEFAULT 'null',
+        state_json  TEXT NOT NULL DEFAULT '{}'
+    ) WITHOUT ROWID;
+    CREATE TABLE run_steps (
+        run_id TEXT NOT NULL, step INTEGER NOT NULL, json TEXT NOT NULL, PRIMARY KEY (run_id, step)
+    ) WITHOUT ROWID;
+    CREATE TABLE transcript (
+        run_id TEXT NOT NULL, idx INTEGER NOT NULL, part INTEGER NOT NULL, json TEXT NOT NULL,
+        PRIMARY KEY (run_id, idx, part)
+    ) WITHOUT ROWID;
+    CREATE TABLE run_inbox (
+        run_id TEXT NOT NULL, seq INTEGER NOT NULL, json TEXT NOT NULL, PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE run_jobs (
+        run_id TEXT NOT NULL, kind TEXT NOT NULL, json TEXT NOT NULL, PRIMARY KEY (run_id, kind)
+    ) WITHOUT ROWID;
+    CREATE TABLE admit_receipts (
+        scope TEXT NOT NULL, key TEXT NOT NULL, body_hash TEXT NOT NULL, run_id TEXT NOT NULL,
+        outcome TEXT NOT NULL, seq INTEGER, answer_json TEXT NOT NULL, PRIMARY KEY (scope, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX admit_receipts_by_run ON admit_receipts(run_id);
+    CREATE TABLE deletion_fences (run_id TEXT PRIMARY KEY NOT NULL, at INTEGER NOT NULL) WITHOUT ROWID;
+    CREATE TABLE generations (
+        gen TEXT PRIMARY KEY NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, proc_start TEXT NOT NULL,
+        started_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

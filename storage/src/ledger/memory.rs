@@ -1,0 +1,761 @@
+//! The in-memory live-run ledger: [`RunLedger`] for [`MemoryStore`] (tests, `storage.kind = "memory"`).
+//!
+//! **Owns:** `LedgerState`, the ledger's tables as plain maps — live rows (with a `thread_key → run_id`
+//! index standing in for `thread_key UNIQUE`), step records, live events, transcript parts, the inbox,
+//! jobs, admit receipts, deletion fences and generations. They sit inside the memory store's one
+//! `State`, next to the finished-run history, so `finish` can delete a run's live rows and upsert its
+//! record under the same lock, exactly as the SQLite ledger does in one transaction.
+//!
+//! **Callers:** the storage actor (through the [`RunLedger`] trait) and the shared contract suite
+//! (`storage/tests/ledger_contract.rs`), which runs the same cases against this ledger and SQLite's.
+//!
+//! **Invariants:**
+//! - every method is one lock scope: it takes `MemoryStore::lock` once and holds it for its whole
+//!   body, so each method is one atomic transaction, as `BEGIN IMMEDIATE` makes it in SQLite;
+//! - every choice comes from [`decisions`](super::decisions) (admit, claim, fence, phase change, reclaim selection,
+//!   stop strength, lease expiry, unread inbox) and the shared checks of the ledger module
+//!   ([`check_events`], [`check_turns`], [`merge_state`], [`fence_refusal`]), so this ledger and
+//!   the SQLite one can differ only in I/O, never in policy;
+//! - a refused operation writes nothing: every check runs before the first mutation, and `finish`
+//!   puts back what it removed when the record upsert fails (SQLite's rollback);
+//! - at most one live row per thread: `threads` maps each row's thread key to its run id and no
+//!   other entry ever exists;
+//! - transcript parts are written once and never edited; inbox seqs per run start at 1 and only grow;
+//!   inbox rows, transcript parts and receipts outlive the run's live row.
+//!
+//! It deliberately does not know about time (every `now` is the caller's clock) and never fences on
+//! a lease alone.
+//!
+//! # Design
+//! Each per-run table is a map from run id to an ordered inner map (`BTreeMap<u64, …>` for the
+//! step, event and inbox seqs, `(idx, part)` for the transcript), so "everything of this run, in
+//! order" is one lookup and dropping a run's rows is one `remove`. Transcript parts keep the exact
+//! JSON text [`check_turns`] measured, as the SQLite `json` column does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Map, Value};
+
+use super::decisions::{
+    decide_admit, decide_claim, is_unread, lease_expired, phase_transition, reclaim_phase, reclaim_selection,
+    strongest_stop, AdmitDecision, ClaimDecision, PhaseChange, ReclaimSelection, INSERT_PHASE,
+};
+use super::{
+    check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    HandoffResult, HeartbeatAnswer, InboxItem, Job, LiveRow, Outcome, Phase, Promotion, ReclaimAnswer, Reclaimed,
+    Refusal, RunLedger, StepRecord, StopAnswer, StopMode, Turn,
+};
+use crate::memory::MemoryStore;
+use crate::record::{stored_event_seqs, RecordError, RunRecord, RunStatus};
+use crate::store::{PolicyProposal, PutOutcome};
+use crate::{Error, Result};
+
+/// The ledger's tables, inside the memory store's one lock (see the module doc).
+#[derive(Debug, Default)]
+pub(crate) struct LedgerState {
+    /// `live_runs`, by run id.
+    rows: BTreeMap<String, LiveRow>,
+    /// `thread_key UNIQUE`: the run holding each thread. Kept in step with `rows` by
+    /// [`LedgerState::insert_row`] and [`LedgerState::drop_live`] only.
+    threads: BTreeMap<String, String>,
+    /// `run_steps(run_id, step)`.
+    steps: BTreeMap<String, BTreeMap<u64, StepRecord>>,
+    /// A live run's `run_events(run_id, seq)`; replaced by the record's events at `finish`.
+    events: BTreeMap<String, BTreeMap<u64, Value>>,
+    /// `transcript(run_id, idx, part) → json` (`{"role", "part"}`), first write stands.
+    transcript: BTreeMap<String, BTreeMap<(u64, u64), String>>,
+    /// `run_inbox(run_id, seq) → message`, seqs from 1 per run.
+    inbox: BTreeMap<String, BTreeMap<u64, Value>>,
+    /// `run_jobs(run_id, kind) → json`.
+    jobs: BTreeMap<String, BTreeMap<String, Value>>,
+    /// `admit_receipts(scope, key)`.
+    receipts: BTreeMap<(String, String), Receipt>,
+    /// `deletion_fences(run_id)`: ids a kill fenced; admit answers them `Fenced`. Nothing writes it
+    /// yet: `kill` is not part of [`RunLedger`] so far.
+    deletion_fences: BTreeSet<String>,
+    /// `generations`, by generation.
+    generations: BTreeMap<String, GenerationInfo>,
+}
+
+/// A stored admission answer for a keyed message.
+#[derive(Debug, Clone)]
+struct Receipt {
+    body_hash: String,
+    answer: AdmitOutcome,
+}
+
+/// What `finish` took out of the live tables, kept until the record upsert succeeds so a failed
+/// upsert leaves the ledger exactly as it was.
+struct Removed {
+    row: Option<LiveRow>,
+    steps: Option<BTreeMap<u64, StepRecord>>,
+    events: Option<BTreeMap<u64, Value>>,
+    jobs: Option<BTreeMap<String, Value>>,
+}
+
+impl LedgerState {
+    /// Whether `run_id` has a live row.
+    pub(crate) fn is_live(&self, run_id: &str) -> bool {
+        self.rows.contains_key(run_id)
+    }
+
+    /// The row holding `thread_key`, if any.
+    fn by_thread(&self, thread_key: &str) -> Option<&LiveRow> {
+        self.threads.get(thread_key).and_then(|run_id| self.rows.get(run_id))
+    }
+
+    /// The caller's row for an owner write, or the fence refusal (another owner / no row).
+    fn owned_mut(&mut self, run_id: &str, gen: &str) -> Outcome<&mut LiveRow> {
+        if let Some(refusal) = fence_refusal(self.rows.get(run_id), run_id, gen) {
+            return Err(refusal);
+        }
+        self.rows.get_mut(run_id).ok_or_else(|| Refusal::UnknownRun { run_id: run_id.to_owned() })
+    }
+
+    fn insert_row(&mut self, row: LiveRow) {
+        self.threads.insert(row.thread_key.clone(), row.run_id.clone());
+        self.rows.insert(row.run_id.clone(), row);
+    }
+
+    /// Delete a run's live row (freeing its thread), step records, jobs and live events; inbox,
+    /// transcript and receipts stay.
+    fn drop_live(&mut self, run_id: &str) -> Removed {
+        let row = self.rows.remove(run_id);
+        if let Some(r) = &row {
+            if self.threads.get(&r.thread_key).is_some_and(|holder| holder == run_id) {
+                self.threads.remove(&r.thread_key);
+            }
+        }
+        Removed {
+            row,
+            steps: self.steps.remove(run_id),
+            events: self.events.remove(run_id),
+            jobs: self.jobs.remove(run_id),
+        }
+    }
+
+    /// Undo [`LedgerState::drop_live`].
+    fn restore(&mut self, run_id: &str, removed: Removed) {
+        if let Some(row) = removed.row {
+            self.insert_row(row);
+        }
+        if let Some(steps) = removed.steps {
+            self.steps.insert(run_id.to_owned(), steps);
+        }
+        if let Some(events) = removed.events {
+            self.events.insert(run_id.to_owned(), events);
+        }
+        if let Some(jobs) = removed.jobs {
+            self.jobs.insert(run_id.to_owned(), jobs);
+        }
+    }
+
+    /// Append `message` to the run's inbox under the next per-run seq (from 1).
+    fn push_inbox(&mut self, run_id: &str, message: &Value) -> u64 {
+        let inbox = self.inbox.entry(run_id.to_owned()).or_default();
+        let seq = inbox.keys().next_back().map_or(1, |last| last + 1);
+        inbox.insert(seq, message.clone());
+        seq
+    }
+
+    fn inbox_items(&self, run_id: &str, keep: impl Fn(u64) -> bool) -> Vec<InboxItem> {
+        self.inbox
+            .get(run_id)
+            .into_iter()
+            .flatten()
+            .filter(|(seq, _)| keep(**seq))
+            .map(|(seq, message)| InboxItem { seq: *seq, message: message.clone() })
+            .collect()
+    }
+
+    fn last_step(&self, run_id: &str) -> Option<StepRecord> {
+        self.steps.get(run_id).and_then(|s| s.values().next_back()).cloned()
+    }
+
+    fn jobs_of(&self, run_id: &str) -> Vec<Job> {
+        self.jobs
+            .get(run_id)
+            .into_iter()
+            .flatten()
+            .map(|(kind, json)| Job { kind: kind.clone(), json: json.clone() })
+            .collect()
+    }
+
+    /// Admission after the receipt lookup: deletion fence, then [`decide_admit`].
+    fn admit_past_receipt(&mut self, admit: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+        if self.deletion_fences.contains(&admit.run_id) {
+            return Ok(AdmitOutcome::Fenced);
+        }
+        let holder = self.by_thread(&admit.thread_key).map(LiveRow::view);
+        match decide_admit(holder.as_ref(), admit.key.is_some()) {
+            AdmitDecision::Insert => {
+                if let Some(other) = self.rows.get(&admit.run_id) {
+                    // The pre-minted id is live on another thread: SQLite's primary key refuses
+                    // the insert as an error, not a refusal; say the same thing here.
+                    tracing::warn!(run_id = %admit.run_id, thread = %other.thread_key, "admit with a run id already live");
+                    return Err(Error::InvalidRecord(RecordError::Field {
+                        field: "runId",
+                        why: "is already live on another thread",
+                    }));
+                }
+                self.insert_row(LiveRow {
+                    run_id: admit.run_id.clone(),
+                    thread_key: admit.thread_key.clone(),
+                    owner_gen: admit.gen.clone(),
+                    lease_until: now_ms + admit.lease_ms,
+                    started_at: now_ms,
+                    phase: INSERT_PHASE,
+                    stop: None,
+                    meta: admit.meta.clone(),
+                    system_text: String::new(),
+                    tools: Value::Null,
+                    state: Map::new(),
+                });
+                Ok(AdmitOutcome::Started { run_id: admit.run_id.clone() })
+            }
+            AdmitDecision::Steer { run_id } => {
+                let seq = self.push_inbox(&run_id, &admit.request);
+                Ok(AdmitOutcome::Steered { run_id, seq })
+            }
+            AdmitDecision::Busy { run_id } => Ok(AdmitOutcome::Busy { run_id }),
+        }
+    }
+}
+
+/// Whether an admission answer is kept as the key's receipt. `Busy` is not: it means "come back
+/// shortly" (SPEC §5.1: the keyed sender waits for the thread and retries with the same key), so a
+/// stored `Busy` would answer every retry with it forever. `KeyConflict` is never produced past the
+/// lookup.
+fn keeps_receipt(answer: &AdmitOutcome) -> bool {
+    !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict)
+}
+
+/// Rebuild turns from `(idx, part) → {"role", "part"}` rows: one turn per idx, parts in order.
+fn turns_from_rows<'a>(rows: impl Iterator<Item = (&'a (u64, u64), &'a String)>) -> Result<Vec<Turn>> {
+    let mut turns: Vec<(u64, Turn)> = Vec::new();
+    for ((idx, _part), json) in rows {
+        let mut v: Value = serde_json::from_str(json).map_err(|e| Error::corrupt("transcript", e))?;
+        let role = v.get("role").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let part = v.get_mut("part").map(Value::take).unwrap_or(Value::Null);
+        match turns.last_mut() {
+            Some((last, turn)) if *last == *idx => turn.parts.push(part),
+            _ => turns.push((*idx, Turn { role, parts: vec![part] })),
+        }
+    }
+    Ok(turns.into_iter().map(|(_, t)| t).collect())
+}
+
+impl RunLedger for MemoryStore {
+    fn record_generation(&mut self, info: &GenerationInfo) -> Result<()> {
+        self.lock().ledger.generations.insert(info.gen.clone(), info.clone());
+        Ok(())
+    }
+
+    fn generations(&mut self) -> Result<Vec<GenerationInfo>> {
+        let st = self.lock();
+        let mut all: Vec<GenerationInfo> = st.ledger.generations.values().cloned().collect();
+        all.sort_by(|a, b| (a.started_at, &a.gen).cmp(&(b.started_at, &b.gen)));
+        Ok(all)
+    }
+
+    fn admit(&mut self, admit: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        // The receipt comes before every other check: a retry answers what the first try did.
+        if let Some(key) = &admit.key {
+            if let Some(receipt) = ledger.receipts.get(&(key.scope.clone(), key.key.clone())) {
+                return Ok(if receipt.body_hash == key.body_hash {
+                    receipt.answer.clone()
+                } else {
+                    AdmitOutcome::KeyConflict
+                });
+            }
+        }
+        let answer = ledger.admit_past_receipt(admit, now_ms)?;
+        if let Some(key) = &admit.key {
+            if keeps_receipt(&answer) {
+                ledger.receipts.insert(
+                    (key.scope.clone(), key.key.clone()),
+                    Receipt { body_hash: key.body_hash.clone(), answer: answer.clone() },
+                );
+            }
+        }
+        Ok(answer)
+    }
+
+    fn claim(&mut self, run_id: &str, gen: &str, promotion: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        let by_run = ledger.rows.get(run_id);
+        let by_thread = by_run.and_then(|r| ledger.by_thread(&r.thread_key));
+        let decision =
+            decide_claim(by_thread.map(LiveRow::view).as_ref(), by_run.map(LiveRow::view).as_ref(), run_id, gen);
+        match decision {
+            ClaimDecision::Promote => {
+                let Some(row) = ledger.rows.get_mut(run_id) else {
+                    return Ok(Err(Refusal::UnknownRun { run_id: run_id.to_owned() }));
+                };
+                row.phase = match phase_transition(row.phase, PhaseChange::Promote) {
+                    Ok(next) => next,
+                    Err(wrong) => {
+                        return Ok(Err(Refusal::WrongPhase {
+                            run_id: run_id.to_owned(),
+                            phase: wrong.from,
+                            change: PhaseChange::Promote.as_str(),
+                        }))
+                    }
+                };
+                row.system_text = promotion.system_text.clone();
+                row.tools = promotion.tools.clone();
+                merge_state(&mut row.state, &promotion.state);
+                row.lease_until = now_ms + promotion.lease_ms;
+                Ok(Ok(Claimed::Promoted))
+            }
+            ClaimDecision::Keep => Ok(Ok(Claimed::AlreadyLive)),
+            ClaimDecision::ThreadLive { run_id: holder } => {
+                let refusal = match ledger.rows.get(&holder) {
+                    Some(row) => row.thread_live(),
+                    None => Refusal::ThreadLive { run_id: holder, agent: None, started_at: 0 },
+                };
+                Ok(Err(refusal))
+            }
+            ClaimDecision::Fenced => Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() })),
+            ClaimDecision::UnknownRun => Ok(Err(Refusal::UnknownRun { run_id: run_id.to_owned() })),
+        }
+    }
+
+    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        if let Err(refusal) = ledger.owned_mut(run_id, gen) {
+            return Ok(Err(refusal));
+        }
+        let checked = match check_events(events) {
+            Ok(checked) => checked,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let stored = ledger.events.entry(run_id.to_owned()).or_default();
+        for ((seq, _json), event) in checked.into_iter().zip(events) {
+            stored.insert(seq, event.clone());
+        }
+        Ok(Ok(()))
+    }
+
+    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        if let Err(refusal) = ledger.owned_mut(run_id, gen) {
+            return Ok(Err(refusal));
+        }
+        ledger.steps.entry(run_id.to_owned()).or_default().insert(record.step, record.clone());
+        Ok(Ok(()))
+    }
+
+    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        if let Err(refusal) = ledger.owned_mut(run_id, gen) {
+            return Ok(Err(refusal));
+        }
+        let rows = match check_turns(first_idx, turns) {
+            Ok(rows) => rows,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let stored = ledger.transcript.entry(run_id.to_owned()).or_default();
+        for (idx, part, json) in rows {
+            // Never edited: a part already written stays as it was.
+            stored.entry((idx, part)).or_insert(json);
+        }
+        Ok(Ok(()))
+    }
+
+    fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>> {
+        let st = self.lock();
+        match st.ledger.transcript.get(run_id) {
+            Some(rows) => turns_from_rows(rows.iter()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>> {
+        let mut st = self.lock();
+        Ok(st.ledger.owned_mut(run_id, gen).map(|row| merge_state(&mut row.state, patch)))
+    }
+
+    fn put_job(&mut self, run_id: &str, gen: &str, job: &Job) -> Result<Outcome<()>> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        if let Err(refusal) = ledger.owned_mut(run_id, gen) {
+            return Ok(Err(refusal));
+        }
+        ledger.jobs.entry(run_id.to_owned()).or_default().insert(job.kind.clone(), job.json.clone());
+        Ok(Ok(()))
+    }
+
+    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
+        let mut st = self.lock();
+        Ok(st.ledger.owned_mut(run_id, gen).map(|row| {
+            row.lease_until = now_ms + lease_ms;
+            HeartbeatAnswer { stop: row.stop, phase: row.phase }
+        }))
+    }
+
+    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>> {
+        let mut st = self.lock();
+        let Some(row) = st.ledger.rows.get_mut(run_id) else {
+            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+        };
+        let stop = strongest_stop(row.stop, mode);
+        row.stop = Some(stop);
+        Ok(Ok(StopAnswer {
+            stop,
+            owner_gen: row.owner_gen.clone(),
+            owner_lease_live: !lease_expired(row.lease_until, now_ms),
+        }))
+    }
+
+    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        let answers = run_ids
+            .iter()
+            .map(|run_id| {
+                let result = match ledger.rows.get_mut(run_id) {
+                    Some(row) if row.owner_gen == gen => match phase_transition(row.phase, PhaseChange::Handoff) {
+                        Ok(next) => {
+                            row.phase = next;
+                            HandoffResult::HandedOff
+                        }
+                        Err(_) => HandoffResult::WrongPhase,
+                    },
+                    _ => HandoffResult::NotOwner,
+                };
+                (run_id.clone(), result)
+            })
+            .collect();
+        Ok(answers)
+    }
+
+    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>> {
+        let mut st = self.lock();
+        let row = match st.ledger.owned_mut(run_id, gen) {
+            Ok(row) => row,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let next = match phase_transition(row.phase, PhaseChange::Finishing) {
+            Ok(next) => next,
+            Err(wrong) => {
+                return Ok(Err(Refusal::WrongPhase {
+                    run_id: run_id.to_owned(),
+                    phase: wrong.from,
+                    change: PhaseChange::Finishing.as_str(),
+                }))
+            }
+        };
+        let mut patch = Map::new();
+        patch.insert("finalStatus".to_owned(), Value::from(status.as_str()));
+        if let Some(answer) = answer {
+            patch.insert("answer".to_owned(), Value::from(answer));
+        }
+        merge_state(&mut row.state, &patch);
+        row.phase = next;
+        Ok(Ok(()))
+    }
+
+    fn finish(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<Outcome<PutOutcome>> {
+        // A record for another run is the caller's bug, refused before any check (as SQLite does).
+        if record.head.id != run_id {
+            return Err(Error::InvalidRecord(RecordError::BadId));
+        }
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if let Some(refusal) = fence_refusal(st.ledger.rows.get(run_id), run_id, gen) {
+            return Ok(Err(refusal));
+        }
+        // Free the run first, so the upsert stores the record's events (a live run's would be
+        // stripped); a refused upsert puts everything back, as SQLite's rollback does.
+        let removed = st.ledger.drop_live(run_id);
+        match st.put(record, proposal, now_ms) {
+            Ok(outcome) => Ok(Ok(outcome)),
+            Err(e) => {
+                st.ledger.restore(run_id, removed);
+                Err(e)
+            }
+        }
+    }
+
+    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if let Some(refusal) = fence_refusal(st.ledger.rows.get(run_id), run_id, gen) {
+            return Ok(Err(refusal));
+        }
+        let removed = st.ledger.drop_live(run_id);
+        // SQLite's `run_events` is shared with the history: when the run already has a record (its
+        // provisional tombstone), abandon leaves the appended events in place and they read as that
+        // record's events, overlaid on its own by seq. The same here.
+        if let (Some(live), Some(stored)) = (removed.events, st.runs.get_mut(run_id)) {
+            let own = std::mem::take(&mut stored.record.events);
+            let mut merged: BTreeMap<u64, Value> = stored_event_seqs(&own).into_iter().zip(own).collect();
+            merged.extend(live);
+            stored.record.events = merged.into_values().collect();
+        }
+        Ok(Ok(()))
+    }
+
+    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
+        let mut st = self.lock();
+        if !st.ledger.is_live(run_id) {
+            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+        }
+        Ok(Ok(st.ledger.push_inbox(run_id, message)))
+    }
+
+    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
+        let st = self.lock();
+        if !st.ledger.is_live(run_id) {
+            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+        }
+        Ok(Ok(st.ledger.inbox_items(run_id, |seq| is_unread(seq, after_seq))))
+    }
+
+    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
+        Ok(self.lock().ledger.inbox_items(run_id, |seq| crate::ledger::decisions::is_unread(seq, after_seq)))
+    }
+
+    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
+        Ok(self.lock().ledger.last_step(run_id))
+    }
+
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        let mut answer = ReclaimAnswer::default();
+        let mut taken: Vec<(String, Phase, String)> = Vec::new();
+        // `rows` is ordered by run id, so both lists come out in run-id order.
+        for row in ledger.rows.values_mut() {
+            match reclaim_selection(&row.view(), gen, now_ms, dead_gens) {
+                ReclaimSelection::Take => {
+                    let prior_phase = row.phase;
+                    let prior_owner = std::mem::replace(&mut row.owner_gen, gen.to_owned());
+                    row.lease_until = now_ms + lease_ms;
+                    row.phase = reclaim_phase(prior_phase);
+                    taken.push((row.run_id.clone(), prior_phase, prior_owner));
+                }
+                ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row.clone()),
+                ReclaimSelection::Own => {}
+            }
+        }
+        for (run_id, prior_phase, prior_owner) in taken {
+            let Some(row) = ledger.rows.get(&run_id).cloned() else { continue };
+            let last_step = ledger.last_step(&run_id);
+            let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
+            answer.taken.push(Reclaimed {
+                row,
+                prior_phase,
+                prior_owner,
+                unread_inbox: ledger.inbox_items(&run_id, |seq| is_unread(seq, consumed)),
+                last_step,
+                jobs: ledger.jobs_of(&run_id),
+            });
+        }
+        Ok(answer)
+    }
+
+    fn list_live(&mut self) -> Result<Vec<LiveRow>> {
+        Ok(self.lock().ledger.rows.values().cloned().collect())
+    }
+
+    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
+        Ok(self.lock().ledger.rows.get(run_id).cloned())
+    }
+
+    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>> {
+        let st = self.lock();
+        if !st.ledger.is_live(run_id) {
+            return Ok(None);
+        }
+        let events = st
+            .ledger
+            .events
+            .get(run_id)
+            .into_iter()
+            .flat_map(|e| e.range((std::ops::Bound::Excluded(after_seq), std::ops::Bound::Unbounded)))
+            .take(limit)
+            .map(|(_, v)| v.clone())
+            .collect();
+        Ok(Some(events))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::ledger::ReceiptKey;
+    use crate::record::validate_record;
+    use crate::store::RunStore;
+
+    const NOW: i64 = 1_800_000_000_000;
+    const LEASE: i64 = 30_000;
+
+    fn admit(thread: &str, run_id: &str, gen: &str, key: Option<(&str, &str)>) -> Admit {
+        Admit {
+            thread_key: thread.to_owned(),
+            gen: gen.to_owned(),
+            run_id: run_id.to_owned(),
+            request: json!({"text": "hi"}),
+            meta: json!({"agent": "demo", "request": {"text": "hi"}}),
+            key: key.map(|(k, h)| ReceiptKey { scope: "api".into(), key: k.into(), body_hash: h.into() }),
+            lease_ms: LEASE,
+        }
+    }
+
+    fn promotion() -> Promotion {
+        Promotion { system_text: "sys".into(), tools: json!([]), state: Map::new(), lease_ms: LEASE }
+    }
+
+    fn record(id: &str) -> RunRecord {
+        validate_record(&json!({
+            "id": id, "agent": "demo", "channelId": "C1", "userId": "U1", "threadKey": "C1:t1",
+            "channelVisibility": "public", "startedAt": NOW - 1000, "finishedAt": NOW,
+            "status": "completed", "eventCount": 1, "storedEventCount": 1, "truncated": false,
+            "events": [{"type": "answer", "seq": 7, "at": NOW, "text": "done"}],
+            "diagnosis": {"byCategory": {}}
+        }))
+        .expect("valid test record")
+    }
+
+    #[test]
+    fn a_run_goes_from_admit_to_a_finished_record_and_frees_its_thread() {
+        let mut s = MemoryStore::new();
+        // Admission reserves the thread; a follow-up steers into the run's inbox.
+        assert_eq!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).ok(), Some(AdmitOutcome::Started { run_id: "r1".into() }));
+        assert_eq!(
+            s.admit(&admit("C1:t1", "r2", "g1", None), NOW).ok(),
+            Some(AdmitOutcome::Steered { run_id: "r1".into(), seq: 1 })
+        );
+        assert_eq!(s.claim("r1", "g1", &promotion(), NOW).ok(), Some(Ok(Claimed::Promoted)));
+        assert_eq!(s.claim("r1", "g1", &promotion(), NOW).ok(), Some(Ok(Claimed::AlreadyLive)));
+        assert_eq!(s.append("r1", "g1", &[json!({"type": "note", "seq": 1})]).ok(), Some(Ok(())));
+        // Another generation is fenced and writes nothing.
+        assert_eq!(
+            s.append("r1", "g2", &[json!({"type": "note", "seq": 2})]).ok(),
+            Some(Err(Refusal::Fenced { run_id: "r1".into() }))
+        );
+        assert_eq!(s.live_events("r1", 0, 10).ok(), Some(Some(vec![json!({"type": "note", "seq": 1})])));
+        assert_eq!(s.finishing("r1", "g1", RunStatus::Completed, Some("done")).ok(), Some(Ok(())));
+        assert!(matches!(
+            s.finishing("r1", "g1", RunStatus::Completed, None).ok(),
+            Some(Err(Refusal::WrongPhase { phase: Phase::Finishing, .. }))
+        ));
+        let put = s.finish("r1", "g1", &record("r1"), None, NOW).ok();
+        assert_eq!(put.map(|o| o.map(|p| p.stored)), Some(Ok(true)));
+        // The record's events replaced the live ones; the thread is free; the inbox stays.
+        let stored = RunStore::get(&mut s, "r1", NOW).ok().flatten().map(|r| r.events);
+        assert_eq!(stored, Some(vec![json!({"type": "answer", "seq": 7, "at": NOW, "text": "done"})]));
+        assert_eq!(s.live_events("r1", 0, 10).ok(), Some(None));
+        assert_eq!(s.lock().ledger.inbox.get("r1").map(BTreeMap::len), Some(1));
+        assert_eq!(s.admit(&admit("C1:t1", "r3", "g1", None), NOW).ok(), Some(AdmitOutcome::Started { run_id: "r3".into() }));
+    }
+
+    #[test]
+    fn a_refused_finish_leaves_the_run_live() {
+        let mut s = MemoryStore::new();
+        assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
+        assert!(s.append("r1", "g1", &[json!({"type": "note", "seq": 1})]).is_ok());
+        // A record for another id is an error, and nothing moved.
+        assert!(s.finish("r1", "g1", &record("r9"), None, NOW).is_err());
+        assert!(s.lock().ledger.is_live("r1"));
+        assert_eq!(s.live_events("r1", 0, 10).ok().flatten().map(|e| e.len()), Some(1));
+        assert_eq!(RunStore::get(&mut s, "r9", NOW).ok().flatten(), None);
+    }
+
+    #[test]
+    fn abandon_leaves_the_live_events_to_an_existing_tombstone() {
+        let mut s = MemoryStore::new();
+        assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
+        assert!(s.append("r1", "g1", &[json!({"type": "input", "seq": 1})]).is_ok());
+        // The tombstone is put while the run lives: its own events are stripped.
+        let mut tombstone = record("r1");
+        tombstone.head.provisional = true;
+        assert!(RunStore::put(&mut s, &tombstone, None, NOW).is_ok());
+        assert_eq!(s.abandon("r1", "g2").ok(), Some(Err(Refusal::Fenced { run_id: "r1".into() })));
+        assert_eq!(s.abandon("r1", "g1").ok(), Some(Ok(())));
+        // As with SQLite's shared `run_events`, the appended events read as the tombstone's.
+        let events = RunStore::get(&mut s, "r1", NOW).ok().flatten().map(|r| r.events);
+        assert_eq!(events, Some(vec![json!({"type": "input", "seq": 1})]));
+        assert_eq!(s.get_live("r1").ok(), Some(None));
+        assert_eq!(s.abandon("r1", "g1").ok(), Some(Err(Refusal::UnknownRun { run_id: "r1".into() })));
+    }
+
+    #[test]
+    fn a_keyed_retry_answers_verbatim_and_another_body_conflicts() {
+        let mut s = MemoryStore::new();
+        let first = s.admit(&admit("C1:t1", "r1", "g1", Some(("k", "h1"))), NOW).ok();
+        assert_eq!(first, Some(AdmitOutcome::Started { run_id: "r1".into() }));
+        // The retry carries a fresh pre-minted id, yet answers the first run.
+        assert_eq!(s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h1"))), NOW).ok(), first);
+        assert_eq!(s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h2"))), NOW).ok(), Some(AdmitOutcome::KeyConflict));
+        // Busy is not a receipt: once the thread frees, the same key starts a run.
+        assert!(s.finishing("r1", "g1", RunStatus::Completed, None).is_ok());
+        let busy = admit("C1:t1", "r2", "g1", Some(("k2", "h")));
+        assert_eq!(s.admit(&busy, NOW).ok(), Some(AdmitOutcome::Busy { run_id: "r1".into() }));
+        assert!(s.abandon("r1", "g1").is_ok());
+        assert_eq!(s.admit(&busy, NOW).ok(), Some(AdmitOutcome::Started { run_id: "r2".into() }));
+    }
+
+    #[test]
+    fn reclaim_takes_expired_rows_with_their_unread_inbox() {
+        let mut s = MemoryStore::new();
+        assert!(s.admit(&admit("C1:a", "ra", "g1", None), NOW).is_ok());
+        assert!(s.admit(&admit("C1:b", "rb", "g1", None), NOW + 10 * LEASE).is_ok());
+        assert!(s.claim("ra", "g1", &promotion(), NOW).is_ok());
+        let seed = StepRecord {
+            step: 0,
+            seq: 0,
+            turn_index: 1,
+            in_flight: vec![],
+            inbox_consumed_seq: Some(1),
+            remaining_ms: 1000,
+            turn: 0,
+            iteration: 0,
+        };
+        assert!(s.step("ra", "g1", &seed).is_ok());
+        for n in 1..=2 {
+            assert_eq!(s.push_inbox("ra", &json!({"n": n})).ok(), Some(Ok(n)));
+        }
+        let answer = s.reclaim("g2", NOW + LEASE, LEASE, &[]).expect("reclaim");
+        // `ra`'s lease ended exactly now: taken; `rb` is still leased: reported.
+        assert_eq!(answer.taken.len(), 1);
+        let taken = &answer.taken[0];
+        assert_eq!((taken.row.owner_gen.as_str(), taken.row.phase, taken.prior_owner.as_str()), ("g2", Phase::Live, "g1"));
+        assert_eq!(taken.unread_inbox, vec![InboxItem { seq: 2, message: json!({"n": 2}) }]);
+        assert_eq!(answer.live_elsewhere.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), ["rb"]);
+        // The old owner is fenced from then on.
+        assert_eq!(s.heartbeat("ra", "g1", LEASE, NOW).ok(), Some(Err(Refusal::Fenced { run_id: "ra".into() })));
+    }
+
+    #[test]
+    fn transcript_parts_are_written_once_and_read_back_as_turns() {
+        let mut s = MemoryStore::new();
+        assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
+        let turns = vec![
+            Turn { role: "user".into(), parts: vec![json!("a"), json!("b")] },
+            Turn { role: "assistant".into(), parts: vec![json!({"text": "c"})] },
+        ];
+        assert_eq!(s.write_transcript("r1", "g1", 0, &turns).ok(), Some(Ok(())));
+        let edit = vec![Turn { role: "assistant".into(), parts: vec![json!("changed")] }];
+        assert_eq!(s.write_transcript("r1", "g1", 1, &edit).ok(), Some(Ok(())));
+        assert_eq!(s.read_transcript("r1").ok(), Some(turns));
+        assert_eq!(s.read_transcript("nobody").ok(), Some(vec![]));
+    }
+}

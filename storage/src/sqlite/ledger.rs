@@ -1,0 +1,552 @@
+//! SQL for the live-run ledger tables (SPEC §4.1): the [`RunLedger`] implementation.
+//!
+//! Every method is one `BEGIN IMMEDIATE` transaction that reads the rows it decides on, asks
+//! [`decisions`] what to do, and writes the answer before committing — so a refusal is decided under the
+//! write lock and two processes sharing the file cannot both win a row.
+
+use rusqlite::{params, OptionalExtension, Row, Transaction};
+use serde_json::{Map, Value};
+
+use super::runs::put_in;
+use super::SqliteStore;
+use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
+use crate::ledger::{
+    check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    HandoffResult, HeartbeatAnswer, InboxItem, Job, LiveRow, Outcome, Promotion, ReclaimAnswer, Reclaimed, Refusal,
+    RunLedger, StepRecord, StopAnswer, Turn,
+};
+use crate::record::{RunRecord, RunStatus};
+use crate::store::{PolicyProposal, PutOutcome};
+use crate::{Error, Result};
+
+const ROW_COLUMNS: &str = "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
+                           system_text, tools_json, state_json";
+
+fn json_col(row: &Row, i: usize, what: &'static str) -> rusqlite::Result<Value> {
+    let s: String = row.get(i)?;
+    serde_json::from_str(&s).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(CorruptColumn(what, e.to_string()))))
+}
+
+#[derive(Debug)]
+struct CorruptColumn(&'static str, String);
+impl std::fmt::Display for CorruptColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "corrupt {}: {}", self.0, self.1)
+    }
+}
+impl std::error::Error for CorruptColumn {}
+
+fn bad_text(i: usize, what: &'static str, v: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(CorruptColumn(what, v.to_owned())))
+}
+
+fn live_row(row: &Row) -> rusqlite::Result<LiveRow> {
+    let phase: String = row.get(5)?;
+    let stop: Option<String> = row.get(6)?;
+    let state = match json_col(row, 10, "live_runs.state_json")? {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    Ok(LiveRow {
+        run_id: row.get(0)?,
+        thread_key: row.get(1)?,
+        owner_gen: row.get(2)?,
+        lease_until: row.get(3)?,
+        started_at: row.get(4)?,
+        phase: Phase::parse(&phase).ok_or_else(|| bad_text(5, "live_runs.phase", &phase))?,
+        stop: match stop {
+            None => None,
+            Some(s) => Some(StopMode::parse(&s).ok_or_else(|| bad_text(6, "live_runs.stop", &s))?),
+        },
+        meta: json_col(row, 7, "live_runs.meta_json")?,
+        system_text: row.get(8)?,
+        tools: json_col(row, 9, "live_runs.tools_json")?,
+        state,
+    })
+}
+
+fn get_row(tx: &Transaction, run_id: &str) -> Result<Option<LiveRow>> {
+    Ok(tx
+        .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = ?1"))?
+        .query_row([run_id], live_row)
+        .optional()?)
+}
+
+fn row_by_thread(tx: &Transaction, thread_key: &str) -> Result<Option<LiveRow>> {
+    Ok(tx
+        .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = ?1"))?
+        .query_row([thread_key], live_row)
+        .optional()?)
+}
+
+/// The row when `gen` owns it, else the refusal.
+fn owned(tx: &Transaction, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+    let row = get_row(tx, run_id)?;
+    Ok(match fence_refusal(row.as_ref(), run_id, gen) {
+        Some(refusal) => Err(refusal),
+        None => Ok(row.expect("fence_check passes only with a row")),
+    })
+}
+
+/// Unwrap an owner check or return its refusal from the enclosing method.
+macro_rules! owner {
+    ($tx:expr, $run:expr, $gen:expr) => {
+        match owned(&$tx, $run, $gen)? {
+            Ok(row) => row,
+            Err(refusal) => return Ok(Err(refusal)),
+        }
+    };
+}
+
+fn write_state(tx: &Transaction, run_id: &str, state: &Map<String, Value>) -> Result<()> {
+    tx.prepare_cached("UPDATE live_runs SET state_json = ?2 WHERE run_id = ?1")?
+        .execute(params![run_id, Value::Object(state.clone()).to_string()])?;
+    Ok(())
+}
+
+fn set_phase(tx: &Transaction, run_id: &str, phase: Phase) -> Result<()> {
+    tx.prepare_cached("UPDATE live_runs SET phase = ?2 WHERE run_id = ?1")?.execute(params![run_id, phase.as_str()])?;
+    Ok(())
+}
+
+fn push_inbox_in(tx: &Transaction, run_id: &str, message: &Value) -> Result<u64> {
+    let seq: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = ?1")?
+        .query_row([run_id], |r| r.get(0))?;
+    tx.prepare_cached("INSERT INTO run_inbox (run_id, seq, json) VALUES (?1, ?2, ?3)")?
+        .execute(params![run_id, seq, message.to_string()])?;
+    Ok(seq as u64)
+}
+
+fn inbox_after(tx: &Transaction, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
+    let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_inbox WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")?;
+    let rows = stmt.query_map(params![run_id, after.unwrap_or(0) as i64], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+    })?;
+    rows.map(|r| {
+        let (seq, json) = r?;
+        let message = serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
+        Ok(InboxItem { seq: seq as u64, message })
+    })
+    .collect()
+}
+
+fn last_step(tx: &Transaction, run_id: &str) -> Result<Option<StepRecord>> {
+    let json: Option<String> = tx
+        .prepare_cached("SELECT json FROM run_steps WHERE run_id = ?1 ORDER BY step DESC LIMIT 1")?
+        .query_row([run_id], |r| r.get(0))
+        .optional()?;
+    json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e))).transpose()
+}
+
+fn jobs(tx: &Transaction, run_id: &str) -> Result<Vec<Job>> {
+    let mut stmt = tx.prepare_cached("SELECT kind, json FROM run_jobs WHERE run_id = ?1 ORDER BY kind")?;
+    let rows = stmt.query_map([run_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    rows.map(|r| {
+        let (kind, json) = r?;
+        Ok(Job { kind, json: serde_json::from_str(&json).map_err(|e| Error::corrupt("run_jobs.json", e))? })
+    })
+    .collect()
+}
+
+/// Delete a run's execution rows (`live_runs`, `run_steps`, `run_jobs`); inbox, transcript and receipts stay.
+fn delete_live(tx: &Transaction, run_id: &str) -> Result<()> {
+    for sql in [
+        "DELETE FROM live_runs WHERE run_id = ?1",
+        "DELETE FROM run_steps WHERE run_id = ?1",
+        "DELETE FROM run_jobs WHERE run_id = ?1",
+    ] {
+        tx.prepare_cached(sql)?.execute([run_id])?;
+    }
+    Ok(())
+}
+
+impl RunLedger for SqliteStore {
+    fn record_generation(&mut self, info: &GenerationInfo) -> Result<()> {
+        let tx = self.immediate()?;
+        tx.execute(
+            "INSERT OR REPLACE INTO generations (gen, host, pid, proc_start, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![info.gen, info.host, info.pid, info.proc_start, info.started_at],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn generations(&mut self) -> Result<Vec<GenerationInfo>> {
+        let tx = self.conn.transaction()?;
+        let mut stmt = tx.prepare("SELECT gen, host, pid, proc_start, started_at FROM generations ORDER BY started_at, gen")?;
+        let out = stmt
+            .query_map([], |r| {
+                Ok(GenerationInfo { gen: r.get(0)?, host: r.get(1)?, pid: r.get(2)?, proc_start: r.get(3)?, started_at: r.get(4)? })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(out)
+    }
+
+    fn admit(&mut self, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+        let tx = self.immediate()?;
+        if let Some(k) = &a.key {
+            let hit: Option<(String, String)> = tx
+                .prepare_cached("SELECT body_hash, answer_json FROM admit_receipts WHERE scope = ?1 AND key = ?2")?
+                .query_row(params![k.scope, k.key], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            if let Some((hash, answer)) = hit {
+                if hash != k.body_hash {
+                    return Ok(AdmitOutcome::KeyConflict);
+                }
+                return serde_json::from_str(&answer).map_err(|e| Error::corrupt("admit_receipts.answer_json", e));
+            }
+        }
+        if tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([&a.run_id])? {
+            return Ok(AdmitOutcome::Fenced);
+        }
+        let holder = row_by_thread(&tx, &a.thread_key)?;
+        let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some()) {
+            decisions::AdmitDecision::Insert => {
+                tx.prepare_cached(
+                    "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?
+                .execute(params![
+                    a.run_id,
+                    a.thread_key,
+                    a.gen,
+                    now_ms + a.lease_ms,
+                    now_ms,
+                    decisions::INSERT_PHASE.as_str(),
+                    a.meta.to_string()
+                ])?;
+                AdmitOutcome::Started { run_id: a.run_id.clone() }
+            }
+            decisions::AdmitDecision::Steer { run_id } => {
+                let seq = push_inbox_in(&tx, &run_id, &a.request)?;
+                AdmitOutcome::Steered { run_id, seq }
+            }
+            decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
+        };
+        if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. })) {
+            let (run_id, seq) = match &outcome {
+                AdmitOutcome::Started { run_id } => (run_id.as_str(), None),
+                AdmitOutcome::Steered { run_id, seq } => (run_id.as_str(), Some(*seq as i64)),
+                _ => ("", None),
+            };
+            let answer = serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
+            let kind = serde_json::to_value(&outcome).ok().and_then(|v| v["outcome"].as_str().map(str::to_owned));
+            tx.prepare_cached(
+                "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![k.scope, k.key, k.body_hash, run_id, kind.unwrap_or_default(), seq, answer])?;
+        }
+        tx.commit()?;
+        Ok(outcome)
+    }
+
+    fn claim(&mut self, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+        let tx = self.immediate()?;
+        let by_run = get_row(&tx, run_id)?;
+        let by_thread = match &by_run {
+            Some(r) => row_by_thread(&tx, &r.thread_key)?,
+            None => None,
+        };
+        let decision = decisions::decide_claim(
+            by_thread.as_ref().map(LiveRow::view).as_ref(),
+            by_run.as_ref().map(LiveRow::view).as_ref(),
+            run_id,
+            gen,
+        );
+        let out = match decision {
+            ClaimDecision::Promote => {
+                let mut row = by_run.expect("promote needs the run's row");
+                merge_state(&mut row.state, &p.state);
+                tx.prepare_cached(
+                    "UPDATE live_runs SET phase = ?2, system_text = ?3, tools_json = ?4, state_json = ?5, lease_until = ?6
+                     WHERE run_id = ?1 AND owner_gen = ?7",
+                )?
+                .execute(params![
+                    run_id,
+                    Phase::Live.as_str(),
+                    p.system_text,
+                    p.tools.to_string(),
+                    Value::Object(row.state).to_string(),
+                    now_ms + p.lease_ms,
+                    gen
+                ])?;
+                Ok(Claimed::Promoted)
+            }
+            ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
+            ClaimDecision::ThreadLive { .. } => Err(by_thread.expect("thread-live names the holder").thread_live()),
+            ClaimDecision::Fenced => Err(Refusal::Fenced { run_id: run_id.to_owned() }),
+            ClaimDecision::UnknownRun => Err(Refusal::UnknownRun { run_id: run_id.to_owned() }),
+        };
+        tx.commit()?;
+        Ok(out)
+    }
+
+    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        owner!(tx, run_id, gen);
+        let rows = match check_events(events) {
+            Ok(rows) => rows,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        {
+            let mut ins = tx.prepare_cached("INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)")?;
+            for (seq, json) in rows {
+                ins.execute(params![run_id, seq as i64, json])?;
+            }
+        }
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        owner!(tx, run_id, gen);
+        let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
+        tx.prepare_cached("INSERT OR REPLACE INTO run_steps (run_id, step, json) VALUES (?1, ?2, ?3)")?
+            .execute(params![run_id, record.step as i64, json])?;
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        owner!(tx, run_id, gen);
+        let rows = match check_turns(first_idx, turns) {
+            Ok(rows) => rows,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        {
+            let mut ins =
+                tx.prepare_cached("INSERT OR IGNORE INTO transcript (run_id, idx, part, json) VALUES (?1, ?2, ?3, ?4)")?;
+            for (idx, part, json) in rows {
+                ins.execute(params![run_id, idx as i64, part as i64, json])?;
+            }
+        }
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>> {
+        let tx = self.conn.transaction()?;
+        let mut stmt = tx.prepare_cached("SELECT idx, json FROM transcript WHERE run_id = ?1 ORDER BY idx, part")?;
+        let rows = stmt.query_map([run_id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
+        let mut turns: Vec<(i64, Turn)> = Vec::new();
+        for r in rows {
+            let (idx, json) = r?;
+            let v: Value = serde_json::from_str(&json).map_err(|e| Error::corrupt("transcript.json", e))?;
+            let role = v["role"].as_str().unwrap_or_default().to_owned();
+            let part = v.get("part").cloned().unwrap_or(Value::Null);
+            match turns.last_mut() {
+                Some((i, t)) if *i == idx => t.parts.push(part),
+                _ => turns.push((idx, Turn { role, parts: vec![part] })),
+            }
+        }
+        Ok(turns.into_iter().map(|(_, t)| t).collect())
+    }
+
+    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        let mut row = owner!(tx, run_id, gen);
+        merge_state(&mut row.state, patch);
+        write_state(&tx, run_id, &row.state)?;
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    fn put_job(&mut self, run_id: &str, gen: &str, job: &Job) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        owner!(tx, run_id, gen);
+        tx.prepare_cached("INSERT OR REPLACE INTO run_jobs (run_id, kind, json) VALUES (?1, ?2, ?3)")?
+            .execute(params![run_id, job.kind, job.json.to_string()])?;
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
+        let tx = self.immediate()?;
+        let row = owner!(tx, run_id, gen);
+        tx.prepare_cached("UPDATE live_runs SET lease_until = ?2 WHERE run_id = ?1")?
+            .execute(params![run_id, now_ms + lease_ms])?;
+        tx.commit()?;
+        Ok(Ok(HeartbeatAnswer { stop: row.stop, phase: row.phase }))
+    }
+
+    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>> {
+        let tx = self.immediate()?;
+        let Some(row) = get_row(&tx, run_id)? else {
+            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+        };
+        let stop = decisions::strongest_stop(row.stop, mode);
+        tx.prepare_cached("UPDATE live_runs SET stop = ?2 WHERE run_id = ?1")?.execute(params![run_id, stop.as_str()])?;
+        tx.commit()?;
+        Ok(Ok(StopAnswer {
+            stop,
+            owner_lease_live: !decisions::lease_expired(row.lease_until, now_ms),
+            owner_gen: row.owner_gen,
+        }))
+    }
+
+    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
+        let tx = self.immediate()?;
+        let mut out = Vec::with_capacity(run_ids.len());
+        for id in run_ids {
+            let result = match get_row(&tx, id)? {
+                Some(row) if row.owner_gen == gen => match decisions::phase_transition(row.phase, PhaseChange::Handoff) {
+                    Ok(next) => {
+                        set_phase(&tx, id, next)?;
+                        HandoffResult::HandedOff
+                    }
+                    Err(_) => HandoffResult::WrongPhase,
+                },
+                _ => HandoffResult::NotOwner,
+            };
+            out.push((id.clone(), result));
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        let mut row = owner!(tx, run_id, gen);
+        let next = match decisions::phase_transition(row.phase, PhaseChange::Finishing) {
+            Ok(next) => next,
+            Err(_) => {
+                return Ok(Err(Refusal::WrongPhase { run_id: run_id.to_owned(), phase: row.phase, change: "finishing" }))
+            }
+        };
+        row.state.insert("finalStatus".into(), Value::String(status.as_str().into()));
+        if let Some(a) = answer {
+            row.state.insert("answer".into(), Value::String(a.into()));
+        }
+        write_state(&tx, run_id, &row.state)?;
+        set_phase(&tx, run_id, next)?;
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    fn finish(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<Outcome<PutOutcome>> {
+        if record.head.id != run_id {
+            return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
+        }
+        let tx = self.immediate()?;
+        owner!(tx, run_id, gen);
+        delete_live(&tx, run_id)?;
+        // With the live row gone, the put replaces the live events with the record's.
+        let out = put_in(&tx, record, proposal, now_ms)?;
+        tx.commit()?;
+        Ok(Ok(out))
+    }
+
+    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        owner!(tx, run_id, gen);
+        delete_live(&tx, run_id)?;
+        if !tx.prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?.exists([run_id])? {
+            tx.prepare_cached("DELETE FROM run_events WHERE run_id = ?1")?.execute([run_id])?;
+        }
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
+        let tx = self.immediate()?;
+        if get_row(&tx, run_id)?.is_none() {
+            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+        }
+        let seq = push_inbox_in(&tx, run_id, message)?;
+        tx.commit()?;
+        Ok(Ok(seq))
+    }
+
+    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
+        let tx = self.conn.transaction()?;
+        if get_row(&tx, run_id)?.is_none() {
+            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+        }
+        Ok(Ok(inbox_after(&tx, run_id, after_seq)?))
+    }
+
+    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
+        let tx = self.conn.transaction()?;
+        inbox_after(&tx, run_id, after_seq)
+    }
+
+    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
+        let tx = self.conn.transaction()?;
+        last_step(&tx, run_id)
+    }
+
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+        let tx = self.immediate()?;
+        let rows: Vec<LiveRow> = tx
+            .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"))?
+            .query_map([], live_row)?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut answer = ReclaimAnswer::default();
+        for mut row in rows {
+            match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens) {
+                ReclaimSelection::Own => {}
+                ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row),
+                ReclaimSelection::Take => {
+                    let prior_phase = row.phase;
+                    let prior_owner = std::mem::replace(&mut row.owner_gen, gen.to_owned());
+                    row.phase = decisions::reclaim_phase(prior_phase);
+                    row.lease_until = now_ms + lease_ms;
+                    tx.prepare_cached("UPDATE live_runs SET owner_gen = ?2, lease_until = ?3, phase = ?4 WHERE run_id = ?1")?
+                        .execute(params![row.run_id, gen, row.lease_until, row.phase.as_str()])?;
+                    let last_step = last_step(&tx, &row.run_id)?;
+                    let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
+                    let unread_inbox = inbox_after(&tx, &row.run_id, consumed)?;
+                    let jobs = jobs(&tx, &row.run_id)?;
+                    answer.taken.push(Reclaimed { row, prior_phase, prior_owner, last_step, unread_inbox, jobs });
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(answer)
+    }
+
+    fn list_live(&mut self) -> Result<Vec<LiveRow>> {
+        let tx = self.conn.transaction()?;
+        let rows = tx
+            .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"))?
+            .query_map([], live_row)?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
+        let tx = self.conn.transaction()?;
+        get_row(&tx, run_id)
+    }
+
+    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>> {
+        let tx = self.conn.transaction()?;
+        if get_row(&tx, run_id)?.is_none() {
+            return Ok(None);
+        }
+        let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
+        let rows = stmt.query_map(params![run_id, after_seq as i64, limit as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (seq, json) = r?;
+            match serde_json::from_str(&json) {
+                Ok(v) => out.push(v),
+                Err(e) => tracing::warn!(run_id, seq, error = %e, "skipped a corrupt live event row"),
+            }
+        }
+        Ok(Some(out))
+    }
+}

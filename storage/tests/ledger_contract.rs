@@ -1,0 +1,1384 @@
+//! The `RunLedger` contract (SPEC §4), run against every implementation: in-memory and SQLite.
+//!
+//! Each case is a plain function over a store that is both the finished-run history and the live-run
+//! ledger (`S: RunStore + RunLedger`); the `contract!` macro instantiates it once per implementation,
+//! so both run exactly the same assertions. Time is explicit: every case passes `now_ms` values, and
+//! leases expire because a later `now` is passed, never because the test sleeps.
+//!
+//! What is deliberately not here: kill/purge and deletion fences (not on the trait yet), resume
+//! classification (pure decisions, tested in `decisions.rs`), and anything above the storage layer.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{json, Map, Value};
+use storage::ledger::{
+    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, InFlight, InboxItem, Job, LiveRow, Outcome, Phase,
+    Promotion, ReceiptKey, Reclaimed, Refusal, RunLedger, StepRecord, StopMode, Turn, MAX_TRANSCRIPT_PART_BYTES,
+};
+use storage::record::{validate_record, RunRecord, RunStatus, VisibilityFilter};
+use storage::store::{ListQuery, RunStore};
+use storage::{MemoryStore, SqliteStore, Synchronous};
+
+const NOW: i64 = 1_800_000_000_000;
+const LEASE: i64 = 30_000;
+
+/// Generations have the minted shape (`YYYYMMDDTHHMMSSZ-xxxxxxxx`).
+const G1: &str = "20270115T080000Z-11111111";
+const G2: &str = "20270115T090000Z-22222222";
+const G3: &str = "20270115T100000Z-33333333";
+
+/// What every case needs: the finished-run history and the live-run ledger over one state.
+trait Ledger: RunStore + RunLedger {}
+impl<T: RunStore + RunLedger> Ledger for T {}
+
+// ---------------------------------------------------------------------------------------------
+// Builders
+// ---------------------------------------------------------------------------------------------
+
+fn obj(v: Value) -> Map<String, Value> {
+    v.as_object().expect("a JSON object").clone()
+}
+
+fn request(thread: &str, text: &str) -> Value {
+    json!({"thread": thread, "channel": "C1", "user": "U1", "text": text})
+}
+
+fn meta(thread: &str, text: &str) -> Value {
+    json!({
+        "agent": "demo", "model": "m1", "label": "demo run", "threadKey": thread, "channelId": "C1",
+        "userId": "U1", "channelVisibility": "public", "deadline": NOW + 600_000,
+        "request": request(thread, text)
+    })
+}
+
+fn admission(thread: &str, gen: &str, run_id: &str, text: &str) -> Admit {
+    Admit {
+        thread_key: thread.to_owned(),
+        gen: gen.to_owned(),
+        run_id: run_id.to_owned(),
+        request: request(thread, text),
+        meta: meta(thread, text),
+        key: None,
+        lease_ms: LEASE,
+    }
+}
+
+fn keyed(mut a: Admit, scope: &str, key: &str, body_hash: &str) -> Admit {
+    a.key = Some(ReceiptKey { scope: scope.to_owned(), key: key.to_owned(), body_hash: body_hash.to_owned() });
+    a
+}
+
+fn started(run: &str) -> AdmitOutcome {
+    AdmitOutcome::Started { run_id: run.to_owned() }
+}
+
+fn steered(run: &str, seq: u64) -> AdmitOutcome {
+    AdmitOutcome::Steered { run_id: run.to_owned(), seq }
+}
+
+fn fenced(run: &str) -> Refusal {
+    Refusal::Fenced { run_id: run.to_owned() }
+}
+
+fn unknown(run: &str) -> Refusal {
+    Refusal::UnknownRun { run_id: run.to_owned() }
+}
+
+fn not_live(run: &str) -> Refusal {
+    Refusal::NotLive { run_id: run.to_owned() }
+}
+
+fn promotion(lease_ms: i64) -> Promotion {
+    Promotion {
+        system_text: "You are demo.".to_owned(),
+        tools: json!([{"name": "search", "description": "search the web", "parameters": {"type": "object"}}]),
+        state: obj(json!({"seeded": true})),
+        lease_ms,
+    }
+}
+
+/// Admit `run` on a free `thread` under `gen`: it must start.
+fn start<S: Ledger>(s: &mut S, run: &str, thread: &str, gen: &str, now: i64) {
+    let out = s.admit(&admission(thread, gen, run, "hello"), now).expect("admit");
+    assert_eq!(out, started(run), "admit of {run} on the free thread {thread}");
+}
+
+/// Promote `gen`'s reservation of `run`.
+fn promote<S: Ledger>(s: &mut S, run: &str, gen: &str, now: i64) {
+    let out = s.claim(run, gen, &promotion(LEASE), now).expect("claim");
+    assert_eq!(out, Ok(Claimed::Promoted), "promotion of {run} by its owner");
+}
+
+/// Admit and promote: a `live` row owned by `gen`, lease `now + LEASE`.
+fn go_live<S: Ledger>(s: &mut S, run: &str, thread: &str, gen: &str, now: i64) {
+    start(s, run, thread, gen, now);
+    promote(s, run, gen, now);
+}
+
+fn live_row<S: Ledger>(s: &mut S, run: &str) -> LiveRow {
+    s.get_live(run).expect("get_live").unwrap_or_else(|| panic!("{run} should have a live row"))
+}
+
+fn ev(seq: u64, text: &str) -> Value {
+    json!({"type": "note", "seq": seq, "at": NOW + seq as i64, "kind": "progress", "summary": text})
+}
+
+fn seqs(events: &[Value]) -> Vec<u64> {
+    events.iter().map(|e| e["seq"].as_u64().expect("event seq")).collect()
+}
+
+fn live_events<S: Ledger>(s: &mut S, run: &str) -> Option<Vec<Value>> {
+    s.live_events(run, 0, 10_000).expect("live_events")
+}
+
+fn step_record(step: u64, turn_index: u64, consumed: Option<u64>) -> StepRecord {
+    StepRecord {
+        step,
+        seq: step * 10,
+        turn_index,
+        in_flight: if step == 0 {
+            vec![]
+        } else {
+            vec![InFlight { call_id: format!("call-{step}"), tool: "search".to_owned() }]
+        },
+        inbox_consumed_seq: consumed,
+        remaining_ms: 600_000 - step as i64 * 1000,
+        turn: step,
+        iteration: step,
+    }
+}
+
+fn turn(role: &str, texts: &[&str]) -> Turn {
+    Turn { role: role.to_owned(), parts: texts.iter().map(|t| json!({"type": "text", "text": t})).collect() }
+}
+
+fn record_json(id: &str, thread: &str, started_at: i64, finished_at: i64, status: &str, events: Vec<Value>) -> Value {
+    let n = events.len();
+    json!({
+        "id": id, "agent": "demo", "model": "m1", "channelId": "C1", "userId": "U1", "threadKey": thread,
+        "channelVisibility": "public", "startedAt": started_at, "finishedAt": finished_at,
+        "status": status, "eventCount": n, "storedEventCount": n, "truncated": false,
+        "events": events, "diagnosis": {"byCategory": {}}
+    })
+}
+
+/// A final (non-provisional) record.
+fn record(id: &str, thread: &str, started_at: i64, finished_at: i64, events: Vec<Value>) -> RunRecord {
+    validate_record(&record_json(id, thread, started_at, finished_at, "completed", events)).expect("valid record")
+}
+
+/// The start tombstone: provisional `interrupted`, `finishedAt = startedAt`.
+fn tombstone(id: &str, thread: &str, started_at: i64, events: Vec<Value>) -> RunRecord {
+    let mut v = record_json(id, thread, started_at, started_at, "interrupted", events);
+    v["provisional"] = json!(true);
+    validate_record(&v).expect("valid tombstone")
+}
+
+fn all() -> ListQuery {
+    ListQuery::visible_to(VisibilityFilter::All)
+}
+
+fn listed<S: Ledger>(s: &mut S, now: i64) -> Vec<String> {
+    s.list(&all(), now).expect("list").items.into_iter().map(|i| i.head.id).collect()
+}
+
+fn live_ids<S: Ledger>(s: &mut S) -> BTreeSet<String> {
+    s.list_live().expect("list_live").into_iter().map(|r| r.run_id).collect()
+}
+
+fn ids_of(rows: &[LiveRow]) -> BTreeSet<String> {
+    rows.iter().map(|r| r.run_id.clone()).collect()
+}
+
+fn by_id(taken: Vec<Reclaimed>) -> BTreeMap<String, Reclaimed> {
+    let n = taken.len();
+    let map: BTreeMap<String, Reclaimed> = taken.into_iter().map(|t| (t.row.run_id.clone(), t)).collect();
+    assert_eq!(map.len(), n, "a reclaim answers each taken row once");
+    map
+}
+
+fn inbox_seqs(items: &[InboxItem]) -> Vec<u64> {
+    items.iter().map(|i| i.seq).collect()
+}
+
+fn set(ids: &[&str]) -> BTreeSet<String> {
+    ids.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Everything observable about one run, to prove that a refused write changed nothing.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    row: Option<LiveRow>,
+    events: Option<Vec<Value>>,
+    transcript: Vec<Turn>,
+    inbox: Outcome<Vec<InboxItem>>,
+    record: Option<RunRecord>,
+    live: BTreeSet<String>,
+}
+
+fn snapshot<S: Ledger>(s: &mut S, run: &str, now: i64) -> Snapshot {
+    Snapshot {
+        row: s.get_live(run).expect("get_live"),
+        events: live_events(s, run),
+        transcript: s.read_transcript(run).expect("read_transcript"),
+        inbox: s.read_inbox(run, None).expect("read_inbox"),
+        record: s.get(run, now).expect("get"),
+        live: live_ids(s),
+    }
+}
+
+/// Try every owner write (SPEC §4.3: append, step, transcript write, set_state, put_job, heartbeat,
+/// finishing, finish, abandon) as `gen`, the destructive ones last; answers each refusal by name.
+fn every_owner_write<S: Ledger>(s: &mut S, run: &str, gen: &str, now: i64) -> Vec<(&'static str, Outcome<()>)> {
+    let zombie_record = record(run, "C9:zombie", NOW, now, vec![ev(1, "zombie final")]);
+    vec![
+        ("append", s.append(run, gen, &[ev(900, "zombie")]).expect("append")),
+        ("step", s.step(run, gen, &step_record(9, 99, Some(99))).expect("step")),
+        (
+            "write_transcript",
+            s.write_transcript(run, gen, 40, &[turn("user", &["zombie"])]).expect("write_transcript"),
+        ),
+        ("set_state", s.set_state(run, gen, &obj(json!({"zombie": true}))).expect("set_state")),
+        (
+            "put_job",
+            s.put_job(run, gen, &Job { kind: "zombie".to_owned(), json: json!({"z": 1}) }).expect("put_job"),
+        ),
+        ("heartbeat", s.heartbeat(run, gen, LEASE, now).expect("heartbeat").map(|_| ())),
+        ("finishing", s.finishing(run, gen, RunStatus::Completed, Some("zombie")).expect("finishing")),
+        ("finish", s.finish(run, gen, &zombie_record, None, now).expect("finish").map(|_| ())),
+        ("abandon", s.abandon(run, gen).expect("abandon")),
+    ]
+}
+
+fn assert_all_refused(results: Vec<(&'static str, Outcome<()>)>, expected: &Refusal, who: &str) {
+    for (name, got) in results {
+        assert_eq!(got, Err(expected.clone()), "{name} {who}");
+    }
+}
+
+/// Give a live run some content of every kind: events, transcript, state, a step record, a job and
+/// an inbox item.
+fn furnish<S: Ledger>(s: &mut S, run: &str, gen: &str) {
+    assert_eq!(s.append(run, gen, &[ev(1, "one"), ev(2, "two")]).unwrap(), Ok(()));
+    assert_eq!(
+        s.write_transcript(run, gen, 0, &[turn("system", &["sys"]), turn("user", &["hi"])]).unwrap(),
+        Ok(())
+    );
+    assert_eq!(s.set_state(run, gen, &obj(json!({"binding": {"backend": "local"}}))).unwrap(), Ok(()));
+    assert_eq!(s.step(run, gen, &step_record(0, 2, None)).unwrap(), Ok(()));
+    assert_eq!(s.put_job(run, gen, &Job { kind: "reflect".to_owned(), json: json!({"n": 1}) }).unwrap(), Ok(()));
+    assert_eq!(s.push_inbox(run, &json!({"text": "follow-up"})).unwrap(), Ok(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admission
+// ---------------------------------------------------------------------------------------------
+
+fn admit_on_a_free_thread_reserves_an_attaching_row_and_a_second_admit_steers_into_its_inbox<S: Ledger>(
+    s: &mut S,
+) {
+    // A free thread: the pre-minted id gets an `attaching` row owned by the admitting generation.
+    let first = admission("C1:t1", G1, "run-a", "hello");
+    assert_eq!(s.admit(&first, NOW).unwrap(), started("run-a"));
+    let row = live_row(s, "run-a");
+    assert_eq!(row.run_id, "run-a");
+    assert_eq!(row.thread_key, "C1:t1");
+    assert_eq!(row.phase, Phase::Attaching);
+    assert_eq!(row.owner_gen, G1);
+    assert_eq!(row.lease_until, NOW + LEASE, "admit sets lease_until = now + lease_ms");
+    assert_eq!(row.started_at, NOW);
+    assert_eq!(row.stop, None);
+    assert_eq!(row.meta, first.meta, "meta (with meta.request) is kept verbatim");
+    assert_eq!(row.meta["request"], first.request);
+    assert_eq!(row.system_text, "", "no prompt while attaching");
+    assert_eq!(row.tools, Value::Null, "no tools while attaching");
+    assert!(row.state.is_empty(), "no state yet: {:?}", row.state);
+
+    // A second message on the thread, with another pre-minted id, steers into the live run's inbox.
+    let second = admission("C1:t1", G2, "run-b", "and also");
+    assert_eq!(s.admit(&second, NOW + 10).unwrap(), steered("run-a", 1));
+    let third = admission("C1:t1", G1, "run-c", "one more");
+    assert_eq!(s.admit(&third, NOW + 20).unwrap(), steered("run-a", 2));
+    assert_eq!(s.get_live("run-b").unwrap(), None, "a steered message reserves nothing");
+    assert_eq!(s.get_live("run-c").unwrap(), None);
+
+    // The steered messages are readable, in order, as the live run's inbox.
+    let inbox = s.read_inbox("run-a", None).unwrap().expect("inbox of a live run");
+    assert_eq!(inbox_seqs(&inbox), [1, 2]);
+    assert_eq!(inbox[0].message, second.request);
+    assert_eq!(inbox[1].message, third.request);
+
+    // Steering touched nothing on the row.
+    assert_eq!(live_row(s, "run-a"), row);
+}
+
+fn one_live_row_per_thread_whatever_the_number_of_admissions<S: Ledger>(s: &mut S) {
+    for (i, run) in ["run-a", "run-b", "run-c", "run-d"].iter().enumerate() {
+        let out = s.admit(&admission("C1:t1", G1, run, "msg"), NOW + i as i64).unwrap();
+        if i == 0 {
+            assert_eq!(out, started("run-a"));
+        } else {
+            assert_eq!(out, steered("run-a", i as u64), "admission {i} steers into the holder");
+        }
+    }
+    // Another generation admitting on the same thread is steered too: the thread is the unit.
+    assert_eq!(s.admit(&admission("C1:t1", G2, "run-e", "msg"), NOW + 10).unwrap(), steered("run-a", 4));
+    // Another thread is independent.
+    assert_eq!(s.admit(&admission("C1:t2", G2, "run-f", "msg"), NOW + 11).unwrap(), started("run-f"));
+
+    let rows = s.list_live().unwrap();
+    let on_t1: Vec<&LiveRow> = rows.iter().filter(|r| r.thread_key == "C1:t1").collect();
+    assert_eq!(on_t1.len(), 1, "exactly one live row on the thread: {rows:?}");
+    assert_eq!(on_t1[0].run_id, "run-a");
+    assert_eq!(ids_of(&rows), set(&["run-a", "run-f"]));
+
+    // Promoting does not change that: a later admit still steers into the same run.
+    promote(s, "run-a", G1, NOW + 20);
+    assert_eq!(s.admit(&admission("C1:t1", G1, "run-g", "msg"), NOW + 30).unwrap(), steered("run-a", 5));
+    assert_eq!(live_ids(s), set(&["run-a", "run-f"]));
+}
+
+fn a_keyed_admit_retried_returns_the_stored_answer_and_appends_once<S: Ledger>(s: &mut S) {
+    // A keyed admission that started a run: the retry (which carries a freshly minted id, as a new
+    // attempt would) gets the original answer verbatim and reserves nothing.
+    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k-start", "hash-1");
+    assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
+    let retry = keyed(admission("C1:t1", G1, "run-a2", "hello"), "tok", "k-start", "hash-1");
+    assert_eq!(s.admit(&retry, NOW + 5).unwrap(), started("run-a"), "the receipt answers first");
+    assert_eq!(s.get_live("run-a2").unwrap(), None);
+    assert_eq!(live_ids(s), set(&["run-a"]));
+    assert_eq!(s.read_inbox("run-a", None).unwrap(), Ok(vec![]), "a receipt hit steers nothing");
+
+    // A keyed admission that steered: the retry answers the same seq and the inbox holds it once.
+    let b = keyed(admission("C1:t1", G2, "run-b", "more"), "tok", "k-steer", "hash-2");
+    assert_eq!(s.admit(&b, NOW + 10).unwrap(), steered("run-a", 1));
+    let b_retry = keyed(admission("C1:t1", G2, "run-b2", "more"), "tok", "k-steer", "hash-2");
+    assert_eq!(s.admit(&b_retry, NOW + 20).unwrap(), steered("run-a", 1));
+    assert_eq!(s.admit(&b_retry, NOW + 30).unwrap(), steered("run-a", 1));
+    let inbox = s.read_inbox("run-a", None).unwrap().unwrap();
+    assert_eq!(inbox_seqs(&inbox), [1], "appended once");
+    assert_eq!(inbox[0].message, b.request);
+
+    // An unkeyed message afterwards takes the next seq.
+    assert_eq!(s.admit(&admission("C1:t1", G1, "run-c", "x"), NOW + 40).unwrap(), steered("run-a", 2));
+
+    // Receipts survive the run's end: after finish the same keyed message still answers as before,
+    // and starts nothing on the now free thread.
+    promote(s, "run-a", G1, NOW + 50);
+    let fin = s.finish("run-a", G1, &record("run-a", "C1:t1", NOW, NOW + 60, vec![ev(1, "done")]), None, NOW + 60);
+    assert!(fin.unwrap().is_ok());
+    assert_eq!(s.admit(&retry, NOW + 70).unwrap(), started("run-a"), "receipt outlives the run");
+    assert_eq!(s.admit(&b_retry, NOW + 70).unwrap(), steered("run-a", 1));
+    assert!(live_ids(s).is_empty(), "a receipt hit after the run ended starts nothing");
+}
+
+fn the_same_key_with_another_body_is_a_key_conflict_and_keys_are_scoped<S: Ledger>(s: &mut S) {
+    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "hash-1");
+    assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
+    // Same scope and key, another body: a conflict, and nothing happens.
+    let other = keyed(admission("C1:t1", G1, "run-b", "bye"), "tok", "k1", "hash-other");
+    assert_eq!(s.admit(&other, NOW + 1).unwrap(), AdmitOutcome::KeyConflict);
+    assert_eq!(s.read_inbox("run-a", None).unwrap(), Ok(vec![]), "a conflict is not steered");
+    assert_eq!(s.get_live("run-b").unwrap(), None);
+    // The conflict stored nothing: the original retry still answers the original.
+    assert_eq!(s.admit(&a, NOW + 2).unwrap(), started("run-a"));
+    // On another thread, too, the key is already taken (keys are scoped to the caller, not the thread).
+    let elsewhere = keyed(admission("C1:t2", G1, "run-c", "bye"), "tok", "k1", "hash-other");
+    assert_eq!(s.admit(&elsewhere, NOW + 3).unwrap(), AdmitOutcome::KeyConflict);
+    assert_eq!(s.get_live("run-c").unwrap(), None);
+
+    // The same key under another caller's scope is a different key: it is admitted (here: steered).
+    let other_scope = keyed(admission("C1:t1", G1, "run-d", "hello"), "other-token", "k1", "hash-1");
+    assert_eq!(s.admit(&other_scope, NOW + 4).unwrap(), steered("run-a", 1));
+}
+
+fn a_keyed_admit_to_a_finishing_run_is_busy_and_an_unkeyed_one_is_steered<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.finishing("run-a", G1, RunStatus::Completed, Some("done")).unwrap(), Ok(()));
+
+    // Keyed: the message would never be read by a finishing run, so the sender is told to come back.
+    let k = keyed(admission("C1:t1", G2, "run-b", "next"), "tok", "k-busy", "hash-b");
+    assert_eq!(s.admit(&k, NOW + 10).unwrap(), AdmitOutcome::Busy { run_id: "run-a".to_owned() });
+    assert_eq!(s.read_inbox("run-a", None).unwrap(), Ok(vec![]), "Busy appends nothing");
+    assert_eq!(s.get_live("run-b").unwrap(), None);
+
+    // Unkeyed: it lands in the durable inbox (finish keeps it).
+    assert_eq!(s.admit(&admission("C1:t1", G2, "run-c", "late"), NOW + 20).unwrap(), steered("run-a", 1));
+
+    // Busy is not a receipt: once the thread is free, the same keyed message starts a run.
+    let fin = s.finish("run-a", G1, &record("run-a", "C1:t1", NOW, NOW + 30, vec![]), None, NOW + 30).unwrap();
+    assert!(fin.is_ok());
+    let k_again = keyed(admission("C1:t1", G2, "run-d", "next"), "tok", "k-busy", "hash-b");
+    assert_eq!(s.admit(&k_again, NOW + 40).unwrap(), started("run-d"));
+    assert_eq!(live_row(s, "run-d").phase, Phase::Attaching);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claim (promotion)
+// ---------------------------------------------------------------------------------------------
+
+fn claim_promotes_the_owners_reservation_and_keeps_identity_start_and_meta<S: Ledger>(s: &mut S) {
+    start(s, "run-a", "C1:t1", G1, NOW);
+    // State assigned while attaching (the workspace binding) survives the promotion's merge.
+    assert_eq!(s.set_state("run-a", G1, &obj(json!({"binding": {"backend": "local"}}))).unwrap(), Ok(()));
+    let reserved = live_row(s, "run-a");
+
+    let later = NOW + 5_000;
+    let p = Promotion { lease_ms: 45_000, ..promotion(LEASE) };
+    assert_eq!(s.claim("run-a", G1, &p, later).unwrap(), Ok(Claimed::Promoted));
+    let row = live_row(s, "run-a");
+    assert_eq!(row.phase, Phase::Live);
+    assert_eq!(row.system_text, p.system_text);
+    assert_eq!(row.tools, p.tools);
+    assert_eq!(row.state.get("seeded"), Some(&json!(true)), "the promotion's state lands");
+    assert_eq!(row.state.get("binding"), Some(&json!({"backend": "local"})), "state set while attaching survives");
+    assert_eq!(row.lease_until, later + 45_000, "claim renews the lease on the writer's clock");
+    // Identity and start are untouched.
+    assert_eq!(row.run_id, reserved.run_id);
+    assert_eq!(row.thread_key, reserved.thread_key);
+    assert_eq!(row.owner_gen, G1);
+    assert_eq!(row.started_at, NOW, "started_at is the admission's, not the promotion's");
+    assert_eq!(row.meta, reserved.meta);
+    assert_eq!(row.stop, None);
+    assert_eq!(live_ids(s), set(&["run-a"]), "promoted in place, never a second row");
+}
+
+fn re_claim_by_the_owner_is_idempotent_and_changes_nothing<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let before = live_row(s, "run-a");
+    // A retried promotion (other content, later clock): AlreadyLive, nothing written.
+    let other = Promotion {
+        system_text: "a different prompt".to_owned(),
+        tools: json!([]),
+        state: obj(json!({"seeded": false, "extra": 1})),
+        lease_ms: 99_000,
+    };
+    assert_eq!(s.claim("run-a", G1, &other, NOW + 1_000).unwrap(), Ok(Claimed::AlreadyLive));
+    assert_eq!(live_row(s, "run-a"), before, "re-claim changes nothing");
+    assert_eq!(s.claim("run-a", G1, &promotion(LEASE), NOW + 2_000).unwrap(), Ok(Claimed::AlreadyLive));
+    assert_eq!(live_row(s, "run-a"), before);
+    assert_eq!(live_ids(s), set(&["run-a"]));
+}
+
+fn claim_by_another_generation_is_fenced_and_of_an_unknown_run_is_unknown_run<S: Ledger>(s: &mut S) {
+    start(s, "run-a", "C1:t1", G1, NOW);
+    let reserved = live_row(s, "run-a");
+    // Same run, other owner: fenced, whether the row is still attaching…
+    assert_eq!(s.claim("run-a", G2, &promotion(LEASE), NOW + 1).unwrap(), Err(fenced("run-a")));
+    assert_eq!(live_row(s, "run-a"), reserved, "a fenced claim writes nothing");
+    // …or already live.
+    promote(s, "run-a", G1, NOW + 2);
+    let promoted = live_row(s, "run-a");
+    assert_eq!(s.claim("run-a", G2, &promotion(LEASE), NOW + 3).unwrap(), Err(fenced("run-a")));
+    assert_eq!(live_row(s, "run-a"), promoted);
+
+    // No row at all: claim only promotes a reservation that admit made.
+    assert_eq!(s.claim("ghost", G1, &promotion(LEASE), NOW).unwrap(), Err(unknown("ghost")));
+    assert_eq!(s.get_live("ghost").unwrap(), None);
+
+    // A run whose admission was steered into another run has no row either; its claim cannot take
+    // the thread (ThreadLive is only reachable through claim when the thread's row is another run,
+    // which admit prevents by steering): it is refused and the thread keeps one row.
+    assert_eq!(s.admit(&admission("C1:t1", G2, "run-b", "x"), NOW + 4).unwrap(), steered("run-a", 1));
+    let refused = s.claim("run-b", G2, &promotion(LEASE), NOW + 5).unwrap();
+    assert!(
+        matches!(
+            &refused,
+            Err(Refusal::UnknownRun { run_id }) if run_id == "run-b"
+        ) || matches!(
+            &refused,
+            Err(Refusal::ThreadLive { run_id, agent, started_at }) if run_id == "run-a" && agent.as_deref() == Some("demo") && *started_at == NOW
+        ),
+        "claim of a run without a row: {refused:?}"
+    );
+    assert_eq!(live_ids(s), set(&["run-a"]));
+    assert_eq!(live_row(s, "run-a"), promoted);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fencing and lease
+// ---------------------------------------------------------------------------------------------
+
+fn every_owner_write_from_another_generation_is_fenced_and_changes_nothing<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    furnish(s, "run-a", G1);
+    let before = snapshot(s, "run-a", NOW + 1_000);
+
+    let results = every_owner_write(s, "run-a", G2, NOW + 1_000);
+    assert_all_refused(results, &fenced("run-a"), "from another generation");
+    assert_eq!(snapshot(s, "run-a", NOW + 1_000), before, "the refused writes changed nothing");
+
+    // Neither the refused step nor the refused job landed: a reclaim answers only the owner's.
+    let ans = s.reclaim(G3, NOW + 1_000, LEASE, &[G1.to_owned()]).unwrap();
+    let taken = by_id(ans.taken);
+    let t = taken.get("run-a").expect("run-a is taken from its dead owner");
+    assert_eq!(t.last_step, Some(step_record(0, 2, None)));
+    assert_eq!(t.jobs, vec![Job { kind: "reflect".to_owned(), json: json!({"n": 1}) }]);
+    assert_eq!(t.row.state.get("zombie"), None);
+    assert_eq!(t.row.state.get("finalStatus"), None);
+}
+
+fn every_owner_write_on_a_run_without_a_row_is_unknown_run_and_writes_nothing<S: Ledger>(s: &mut S) {
+    // A live run elsewhere, to show the refused writes touch nothing of it either.
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let other = snapshot(s, "run-a", NOW);
+
+    let results = every_owner_write(s, "ghost", G1, NOW);
+    assert_all_refused(results, &unknown("ghost"), "on a run without a row");
+    // The refused finish wrote no record (the caller's fallback put is its own business).
+    assert_eq!(s.get("ghost", NOW).unwrap(), None);
+    assert_eq!(s.get_live("ghost").unwrap(), None);
+    assert_eq!(live_events(s, "ghost"), None);
+    assert!(s.read_transcript("ghost").unwrap().is_empty());
+    assert_eq!(listed(s, NOW), Vec::<String>::new());
+    assert_eq!(snapshot(s, "run-a", NOW), other);
+
+    // A run whose row is gone (abandoned) answers the same.
+    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
+    let results = every_owner_write(s, "run-a", G1, NOW + 1);
+    assert_all_refused(results, &unknown("run-a"), "after the row is gone");
+    assert_eq!(s.get("run-a", NOW + 1).unwrap(), None);
+    assert!(live_ids(s).is_empty());
+}
+
+fn an_expired_lease_alone_never_fences_the_owner<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    // Long after lease_until (a heartbeat blip), nobody reclaimed: every owner write still lands.
+    let late = NOW + 10 * LEASE;
+    assert!(live_row(s, "run-a").lease_until < late);
+    assert_eq!(s.append("run-a", G1, &[ev(1, "late")]).unwrap(), Ok(()));
+    assert_eq!(s.write_transcript("run-a", G1, 0, &[turn("system", &["sys"])]).unwrap(), Ok(()));
+    assert_eq!(s.step("run-a", G1, &step_record(0, 1, None)).unwrap(), Ok(()));
+    assert_eq!(s.set_state("run-a", G1, &obj(json!({"k": 1}))).unwrap(), Ok(()));
+    assert_eq!(s.put_job("run-a", G1, &Job { kind: "reflect".to_owned(), json: json!({}) }).unwrap(), Ok(()));
+    // The heartbeat refreshes the row.
+    let hb = s.heartbeat("run-a", G1, LEASE, late).unwrap().expect("owner heartbeat after expiry");
+    assert_eq!(hb.phase, Phase::Live);
+    let row = live_row(s, "run-a");
+    assert_eq!(row.lease_until, late + LEASE);
+    assert_eq!(row.owner_gen, G1);
+    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1]));
+    // So a reclaim right after finds the lease current again.
+    let ans = s.reclaim(G2, late + 1, LEASE, &[]).unwrap();
+    assert!(ans.taken.is_empty(), "{:?}", ans.taken);
+    assert_eq!(ids_of(&ans.live_elsewhere), set(&["run-a"]));
+    // And the owner can still finish.
+    assert_eq!(s.finishing("run-a", G1, RunStatus::Completed, Some("ok")).unwrap(), Ok(()));
+    let fin = s.finish("run-a", G1, &record("run-a", "C1:t1", NOW, late + 2, vec![ev(1, "late")]), None, late + 2);
+    assert!(fin.unwrap().is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events, steps, transcript, state
+// ---------------------------------------------------------------------------------------------
+
+fn append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op<S: Ledger>(s: &mut S) {
+    // The flusher appends from admission on, before the promotion.
+    start(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.append("run-a", G1, &[ev(1, "one"), ev(2, "two"), ev(3, "three")]).unwrap(), Ok(()));
+    promote(s, "run-a", G1, NOW + 1);
+    // An identical retry of part of a batch is a no-op.
+    assert_eq!(s.append("run-a", G1, &[ev(2, "two"), ev(3, "three")]).unwrap(), Ok(()));
+    // Out-of-order batches read back in seq order.
+    assert_eq!(s.append("run-a", G1, &[ev(5, "five"), ev(4, "four")]).unwrap(), Ok(()));
+    assert_eq!(s.append("run-a", G1, &[]).unwrap(), Ok(()), "an empty batch is fine");
+
+    let events = live_events(s, "run-a").expect("a live run has live events");
+    assert_eq!(seqs(&events), [1, 2, 3, 4, 5], "each seq once, in order");
+    assert_eq!(events, vec![ev(1, "one"), ev(2, "two"), ev(3, "three"), ev(4, "four"), ev(5, "five")]);
+    // Strictly after the cursor, at most `limit`.
+    let page = s.live_events("run-a", 2, 2).unwrap().unwrap();
+    assert_eq!(seqs(&page), [3, 4]);
+    assert_eq!(s.live_events("run-a", 5, 100).unwrap(), Some(vec![]));
+    // Unknown run: no live events at all.
+    assert_eq!(s.live_events("ghost", 0, 100).unwrap(), None);
+}
+
+fn an_oversized_or_unsequenced_event_refuses_the_whole_batch<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.append("run-a", G1, &[ev(1, "one")]).unwrap(), Ok(()));
+
+    // One event over 64 KiB refuses the batch as a whole; the good event before it does not land.
+    let big = ev(3, &"x".repeat(70_000));
+    let out = s.append("run-a", G1, &[ev(2, "two"), big]).unwrap();
+    assert!(matches!(out, Err(Refusal::EventTooLarge { seq: 3, bytes }) if bytes > 65_536), "{out:?}");
+    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1]));
+
+    // Just under the limit is fine.
+    let fits = ev(2, &"y".repeat(60_000));
+    assert_eq!(s.append("run-a", G1, std::slice::from_ref(&fits)).unwrap(), Ok(()));
+    assert_eq!(live_events(s, "run-a").unwrap()[1], fits);
+
+    // An event without a numeric seq refuses the batch, naming its position.
+    let out = s.append("run-a", G1, &[ev(4, "four"), json!({"type": "note", "at": NOW, "summary": "no seq"})]).unwrap();
+    assert_eq!(out, Err(Refusal::EventWithoutSeq { index: 1 }));
+    let out = s.append("run-a", G1, &[json!({"type": "note", "seq": "7", "summary": "string seq"})]).unwrap();
+    assert_eq!(out, Err(Refusal::EventWithoutSeq { index: 0 }));
+    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1, 2]), "nothing of the refused batches");
+}
+
+fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.step("run-a", G1, &step_record(0, 2, None)).unwrap(), Ok(()));
+    assert_eq!(s.step("run-a", G1, &step_record(1, 4, None)).unwrap(), Ok(()));
+    assert_eq!(s.step("run-a", G1, &step_record(2, 6, None)).unwrap(), Ok(()));
+    // A retry of step 2 with new content replaces it; a late retry of step 1 does not make it the last.
+    let mut step2 = step_record(2, 6, Some(1));
+    step2.remaining_ms = 12_345;
+    step2.in_flight.push(InFlight { call_id: "call-2b".to_owned(), tool: "write_file".to_owned() });
+    assert_eq!(s.step("run-a", G1, &step2).unwrap(), Ok(()));
+    assert_eq!(s.step("run-a", G1, &step_record(1, 4, Some(0))).unwrap(), Ok(()));
+
+    let ans = s.reclaim(G2, NOW, LEASE, &[G1.to_owned()]).unwrap();
+    let taken = by_id(ans.taken);
+    assert_eq!(taken["run-a"].last_step, Some(step2), "the highest step, as last written");
+
+    // A run without step records answers none.
+    go_live(s, "run-b", "C1:t2", G1, NOW);
+    let ans = s.reclaim(G2, NOW, LEASE, &[G1.to_owned()]).unwrap();
+    let taken = by_id(ans.taken);
+    assert_eq!(taken["run-b"].last_step, None);
+}
+
+fn transcript_turns_read_back_in_order_and_are_never_edited<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let t0 = turn("system", &["You are demo."]);
+    let t1 = turn("user", &["hello", "and a second part"]);
+    let t2 = Turn {
+        role: "assistant".to_owned(),
+        parts: vec![
+            json!({"type": "text", "text": "let me look"}),
+            json!({"type": "tool_call", "callId": "c1", "tool": "search", "args": {"q": "rust"}}),
+        ],
+    };
+    let t3 = Turn {
+        role: "tool_results".to_owned(),
+        parts: vec![json!({"type": "tool_result", "callId": "c1", "ok": true, "text": "found"})],
+    };
+    assert_eq!(s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()]).unwrap(), Ok(()));
+    assert_eq!(s.write_transcript("run-a", G1, 2, std::slice::from_ref(&t2)).unwrap(), Ok(()));
+    assert_eq!(s.read_transcript("run-a").unwrap(), vec![t0.clone(), t1.clone(), t2.clone()]);
+
+    // An identical retry is a no-op.
+    assert_eq!(s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()]).unwrap(), Ok(()));
+    // A retry that overlaps an already written turn with other content never edits it; the new turn
+    // after it lands.
+    let t2_edited = Turn {
+        role: "assistant".to_owned(),
+        parts: vec![json!({"type": "text", "text": "EDITED"}), json!({"type": "text", "text": "EDITED too"})],
+    };
+    assert_eq!(s.write_transcript("run-a", G1, 2, &[t2_edited, t3.clone()]).unwrap(), Ok(()));
+    assert_eq!(
+        s.read_transcript("run-a").unwrap(),
+        vec![t0, t1, t2, t3],
+        "first write stands; one row per part, assembled in (idx, part) order"
+    );
+    // A run that wrote nothing reads back empty.
+    go_live(s, "run-b", "C1:t2", G1, NOW);
+    assert!(s.read_transcript("run-b").unwrap().is_empty());
+}
+
+fn an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_lands<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let t0 = turn("system", &["sys"]);
+    assert_eq!(s.write_transcript("run-a", G1, 0, std::slice::from_ref(&t0)).unwrap(), Ok(()));
+
+    let huge = json!({"type": "text", "text": "z".repeat(MAX_TRANSCRIPT_PART_BYTES + 1)});
+    let ok_turn = turn("user", &["fine"]);
+    let bad_turn = Turn { role: "assistant".to_owned(), parts: vec![json!({"type": "text", "text": "ok"}), huge] };
+    let out = s.write_transcript("run-a", G1, 1, &[ok_turn.clone(), bad_turn]).unwrap();
+    assert!(
+        matches!(out, Err(Refusal::PartTooLarge { idx: 2, part: 1, bytes }) if bytes > MAX_TRANSCRIPT_PART_BYTES),
+        "refused by name (turn 2, part 1): {out:?}"
+    );
+    assert_eq!(s.read_transcript("run-a").unwrap(), vec![t0.clone()], "nothing of the refused batch");
+
+    // The batch without the oversized part lands afterwards at the same indexes.
+    assert_eq!(s.write_transcript("run-a", G1, 1, std::slice::from_ref(&ok_turn)).unwrap(), Ok(()));
+    assert_eq!(s.read_transcript("run-a").unwrap(), vec![t0, ok_turn]);
+}
+
+fn set_state_merges_by_top_level_key<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    // The promotion left {seeded: true}.
+    assert_eq!(
+        s.set_state("run-a", G1, &obj(json!({"binding": {"backend": "local", "workspace": "/w"}, "a": 1}))).unwrap(),
+        Ok(())
+    );
+    assert_eq!(s.set_state("run-a", G1, &obj(json!({"binding": {"backend": "docker"}, "b": [1, 2]}))).unwrap(), Ok(()));
+    assert_eq!(s.set_state("run-a", G1, &Map::new()).unwrap(), Ok(()), "an empty patch is fine");
+    let row = live_row(s, "run-a");
+    assert_eq!(
+        Value::Object(row.state),
+        json!({"seeded": true, "a": 1, "binding": {"backend": "docker"}, "b": [1, 2]}),
+        "top-level keys merge; a key's value is replaced whole"
+    );
+    assert_eq!(row.phase, Phase::Live);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heartbeat and stop
+// ---------------------------------------------------------------------------------------------
+
+fn heartbeat_extends_only_the_owners_lease_and_relays_stop_and_phase<S: Ledger>(s: &mut S) {
+    // The heartbeat runs from the reservation on.
+    start(s, "run-a", "C1:t1", G1, NOW);
+    let hb = s.heartbeat("run-a", G1, 45_000, NOW + 10_000).unwrap().expect("owner heartbeat");
+    assert_eq!(hb.phase, Phase::Attaching);
+    assert_eq!(hb.stop, None);
+    assert_eq!(live_row(s, "run-a").lease_until, NOW + 10_000 + 45_000, "lease = now + lease_ms");
+
+    // Another generation's heartbeat is fenced and leaves the lease alone.
+    assert_eq!(s.heartbeat("run-a", G2, 45_000, NOW + 20_000).unwrap(), Err(fenced("run-a")));
+    assert_eq!(live_row(s, "run-a").lease_until, NOW + 55_000);
+
+    promote(s, "run-a", G1, NOW + 20_000);
+    // A stop requested by another process shows in the owner's next heartbeat, with the phase.
+    s.request_stop("run-a", StopMode::Soft, NOW + 21_000).unwrap().expect("stop");
+    let hb = s.heartbeat("run-a", G1, LEASE, NOW + 22_000).unwrap().unwrap();
+    assert_eq!((hb.stop, hb.phase), (Some(StopMode::Soft), Phase::Live));
+    s.request_stop("run-a", StopMode::Hard, NOW + 23_000).unwrap().expect("stop");
+    let hb = s.heartbeat("run-a", G1, LEASE, NOW + 24_000).unwrap().unwrap();
+    assert_eq!((hb.stop, hb.phase), (Some(StopMode::Hard), Phase::Live));
+
+    assert_eq!(s.finishing("run-a", G1, RunStatus::StoppedHard, None).unwrap(), Ok(()));
+    let hb = s.heartbeat("run-a", G1, LEASE, NOW + 25_000).unwrap().unwrap();
+    assert_eq!((hb.stop, hb.phase), (Some(StopMode::Hard), Phase::Finishing));
+    assert_eq!(live_row(s, "run-a").lease_until, NOW + 25_000 + LEASE);
+}
+
+fn request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owner_lease_is_live<S: Ledger>(
+    s: &mut S,
+) {
+    go_live(s, "run-a", "C1:t1", G1, NOW); // lease_until = NOW + LEASE
+    let before = live_row(s, "run-a");
+
+    // Any process may ask (no generation is carried); while the lease is current the owner will relay it.
+    let a = s.request_stop("run-a", StopMode::Soft, NOW + 1).unwrap().expect("stop on a live run");
+    assert_eq!(a.stop, StopMode::Soft);
+    assert_eq!(a.owner_gen, G1);
+    assert!(a.owner_lease_live);
+    assert_eq!(live_row(s, "run-a").stop, Some(StopMode::Soft));
+
+    let a = s.request_stop("run-a", StopMode::Hard, NOW + 2).unwrap().unwrap();
+    assert_eq!(a.stop, StopMode::Hard);
+    // Hard never downgrades to soft.
+    let a = s.request_stop("run-a", StopMode::Soft, NOW + 3).unwrap().unwrap();
+    assert_eq!(a.stop, StopMode::Hard, "a later soft request answers the recorded hard stop");
+    let row = live_row(s, "run-a");
+    assert_eq!(row.stop, Some(StopMode::Hard));
+    // A stop changes nothing else: owner, lease, phase, state.
+    assert_eq!(LiveRow { stop: None, ..row }, before);
+
+    // At lease_until exactly the lease is expired (equal-now counts), and after it too.
+    let a = s.request_stop("run-a", StopMode::Hard, NOW + LEASE).unwrap().unwrap();
+    assert!(!a.owner_lease_live, "lease_until == now is expired");
+    let a = s.request_stop("run-a", StopMode::Soft, NOW + LEASE + 1).unwrap().unwrap();
+    assert!(!a.owner_lease_live);
+    assert_eq!(a.stop, StopMode::Hard);
+    assert_eq!(a.owner_gen, G1);
+    let a = s.request_stop("run-a", StopMode::Hard, NOW + LEASE - 1).unwrap().unwrap();
+    assert!(a.owner_lease_live, "one millisecond before the lease end it is still live");
+
+    // Works on an attaching reservation, too.
+    start(s, "run-b", "C1:t2", G2, NOW);
+    let a = s.request_stop("run-b", StopMode::Soft, NOW).unwrap().unwrap();
+    assert_eq!((a.stop, a.owner_gen.as_str(), a.owner_lease_live), (StopMode::Soft, G2, true));
+
+    // No live row: NotLive.
+    assert_eq!(s.request_stop("ghost", StopMode::Hard, NOW).unwrap(), Err(not_live("ghost")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Phases: handoff, finishing
+// ---------------------------------------------------------------------------------------------
+
+fn handoff_marks_only_this_generations_live_rows<S: Ledger>(s: &mut S) {
+    go_live(s, "r-live", "C1:t1", G1, NOW);
+    start(s, "r-attach", "C1:t2", G1, NOW);
+    go_live(s, "r-fin", "C1:t3", G1, NOW);
+    assert_eq!(s.finishing("r-fin", G1, RunStatus::Completed, Some("done")).unwrap(), Ok(()));
+    go_live(s, "r-other", "C1:t4", G2, NOW);
+    let before: BTreeMap<String, LiveRow> = s.list_live().unwrap().into_iter().map(|r| (r.run_id.clone(), r)).collect();
+
+    let ids: Vec<String> = ["r-live", "r-attach", "r-fin", "r-other"].iter().map(|s| (*s).to_owned()).collect();
+    let results: BTreeMap<String, HandoffResult> = s.handoff(G1, &ids).unwrap().into_iter().collect();
+    assert_eq!(results.len(), 4, "one answer per id");
+    assert_eq!(results["r-live"], HandoffResult::HandedOff);
+    assert_eq!(results["r-attach"], HandoffResult::WrongPhase, "never attaching → handoff");
+    assert_eq!(results["r-fin"], HandoffResult::WrongPhase, "never finishing → handoff");
+    assert_eq!(results["r-other"], HandoffResult::NotOwner, "never another generation's run");
+
+    let row = live_row(s, "r-live");
+    assert_eq!(row.phase, Phase::Handoff);
+    assert_eq!(LiveRow { phase: Phase::Live, ..row }, before["r-live"], "handoff changes only the phase");
+    for id in ["r-attach", "r-fin", "r-other"] {
+        assert_eq!(live_row(s, id), before[id], "{id} untouched");
+    }
+    // A handed-off row is not live any more: a second handoff is refused.
+    let again: BTreeMap<String, HandoffResult> = s.handoff(G1, &ids[..1]).unwrap().into_iter().collect();
+    assert_eq!(again["r-live"], HandoffResult::WrongPhase);
+    // The owner still heartbeats it and sees the phase.
+    let hb = s.heartbeat("r-live", G1, LEASE, NOW + 1).unwrap().unwrap();
+    assert_eq!(hb.phase, Phase::Handoff);
+}
+
+fn finishing_commits_status_and_answer_once<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.set_state("run-a", G1, &obj(json!({"binding": {"backend": "local"}}))).unwrap(), Ok(()));
+    assert_eq!(s.finishing("run-a", G1, RunStatus::StoppedSoft, Some("the answer")).unwrap(), Ok(()));
+    let row = live_row(s, "run-a");
+    assert_eq!(row.phase, Phase::Finishing);
+    assert_eq!(row.state.get("finalStatus"), Some(&json!("stopped_soft")));
+    assert_eq!(row.state.get("answer"), Some(&json!("the answer")));
+    assert_eq!(row.state.get("binding"), Some(&json!({"backend": "local"})), "merged, not replaced");
+    assert_eq!(row.state.get("seeded"), Some(&json!(true)));
+
+    // A second finishing is refused and changes nothing.
+    let out = s.finishing("run-a", G1, RunStatus::Completed, Some("another answer")).unwrap();
+    assert!(
+        matches!(&out, Err(Refusal::WrongPhase { run_id, phase: Phase::Finishing, .. }) if run_id == "run-a"),
+        "{out:?}"
+    );
+    assert_eq!(live_row(s, "run-a"), row);
+
+    // A dispatch that fails before its prompt finishes from attaching.
+    start(s, "run-b", "C1:t2", G1, NOW);
+    assert_eq!(s.finishing("run-b", G1, RunStatus::Failed, None).unwrap(), Ok(()));
+    let row = live_row(s, "run-b");
+    assert_eq!(row.phase, Phase::Finishing);
+    assert_eq!(row.state.get("finalStatus"), Some(&json!("failed")));
+}
+
+fn handoff_then_finishing_is_allowed_for_the_owner<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let out = s.handoff(G1, &["run-a".to_owned()]).unwrap();
+    assert_eq!(out, vec![("run-a".to_owned(), HandoffResult::HandedOff)]);
+    // Another generation cannot take the finishing gate.
+    assert_eq!(s.finishing("run-a", G2, RunStatus::Completed, Some("x")).unwrap(), Err(fenced("run-a")));
+    // The handed-off run completed before anyone reclaimed it: its owner replies itself.
+    assert_eq!(s.finishing("run-a", G1, RunStatus::Completed, Some("done")).unwrap(), Ok(()));
+    let row = live_row(s, "run-a");
+    assert_eq!(row.phase, Phase::Finishing);
+    assert_eq!(row.state.get("finalStatus"), Some(&json!("completed")));
+    // No longer handed off: a reclaim under the owner's current lease leaves it alone.
+    let ans = s.reclaim(G2, NOW + 1, LEASE, &[]).unwrap();
+    assert!(ans.taken.is_empty(), "{:?}", ans.taken);
+    assert_eq!(ids_of(&ans.live_elsewhere), set(&["run-a"]));
+    // After its finish no reclaim finds it.
+    let fin = s.finish("run-a", G1, &record("run-a", "C1:t1", NOW, NOW + 2, vec![]), None, NOW + 2).unwrap();
+    assert!(fin.is_ok());
+    let ans = s.reclaim(G2, NOW + 10 * LEASE, LEASE, &[G1.to_owned()]).unwrap();
+    assert!(ans.taken.is_empty() && ans.live_elsewhere.is_empty(), "{ans:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finish, finished-run reads, abandon
+// ---------------------------------------------------------------------------------------------
+
+fn finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    furnish(s, "run-a", G1);
+    assert_eq!(s.append("run-a", G1, &[ev(3, "three"), ev(4, "four"), ev(5, "five")]).unwrap(), Ok(()));
+    assert_eq!(s.finishing("run-a", G1, RunStatus::Completed, Some("done")).unwrap(), Ok(()));
+
+    // The record carries its own event stream (say, budget-fitted): it replaces the live events whole.
+    let rec = record("run-a", "C1:t1", NOW, NOW + 1_000, vec![ev(1, "final one"), ev(2, "final two"), ev(9, "answer")]);
+    let out = s.finish("run-a", G1, &rec, None, NOW + 1_000).unwrap().expect("owner finish");
+    assert!(out.stored, "{out:?}");
+    assert!(!out.rewritten, "nothing was stored under the id before");
+
+    // Readable as finished, with the record's events.
+    assert_eq!(s.get("run-a", NOW + 1_000).unwrap(), Some(rec.clone()));
+    assert_eq!(listed(s, NOW + 1_000), ["run-a"]);
+    let page = s.events("run-a", 0, None, NOW + 1_000).unwrap().expect("events of a finished run");
+    assert_eq!(page.events, rec.events, "the record's events replaced the live ones");
+    // The live rows are gone.
+    assert_eq!(s.get_live("run-a").unwrap(), None);
+    assert_eq!(s.live_events("run-a", 0, 100).unwrap(), None);
+    assert!(live_ids(s).is_empty());
+    assert_eq!(s.read_inbox("run-a", None).unwrap(), Err(not_live("run-a")));
+    // Every owner write is now UnknownRun, and a late append cannot touch the finished events.
+    assert_eq!(s.append("run-a", G1, &[ev(6, "late")]).unwrap(), Err(unknown("run-a")));
+    assert_eq!(s.heartbeat("run-a", G1, LEASE, NOW + 1_001).unwrap(), Err(unknown("run-a")));
+    assert_eq!(s.events("run-a", 0, None, NOW + 1_001).unwrap().unwrap().events, rec.events);
+    // The finished run's steps and jobs went with it: a reclaim finds nothing to take.
+    let ans = s.reclaim(G2, NOW + 10 * LEASE, LEASE, &[G1.to_owned()]).unwrap();
+    assert!(ans.taken.is_empty() && ans.live_elsewhere.is_empty(), "{ans:?}");
+
+    // The thread is free at commit: a new admission starts a new run, whose inbox starts fresh.
+    assert_eq!(s.admit(&admission("C1:t1", G1, "run-b", "again"), NOW + 2_000).unwrap(), started("run-b"));
+    assert_eq!(s.read_inbox("run-b", None).unwrap(), Ok(vec![]));
+    assert_eq!(s.get("run-a", NOW + 2_000).unwrap(), Some(rec), "the finished record stays");
+}
+
+fn finish_by_a_zombie_generation_after_a_reclaim_is_fenced_and_changes_nothing<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    furnish(s, "run-a", G1);
+    // G1's lease lapses and G2 reclaims the run.
+    let ans = s.reclaim(G2, NOW + LEASE, LEASE, &[]).unwrap();
+    assert_eq!(by_id(ans.taken).keys().cloned().collect::<BTreeSet<_>>(), set(&["run-a"]));
+    let before = snapshot(s, "run-a", NOW + LEASE + 1);
+
+    // The zombie G1 takes the finishing gate and finishes: both fenced, nothing changes.
+    assert_eq!(s.finishing("run-a", G1, RunStatus::Completed, Some("zombie")).unwrap(), Err(fenced("run-a")));
+    let zombie = record("run-a", "C1:t1", NOW, NOW + LEASE + 1, vec![ev(1, "zombie")]);
+    assert_eq!(s.finish("run-a", G1, &zombie, None, NOW + LEASE + 1).unwrap(), Err(fenced("run-a")));
+    assert_eq!(snapshot(s, "run-a", NOW + LEASE + 1), before, "no record, live rows intact");
+    assert_eq!(live_row(s, "run-a").owner_gen, G2);
+
+    // The new owner closes it.
+    let rec = record("run-a", "C1:t1", NOW, NOW + LEASE + 2, vec![ev(1, "one"), ev(2, "two")]);
+    assert!(s.finish("run-a", G2, &rec, None, NOW + LEASE + 2).unwrap().is_ok());
+    assert_eq!(s.get("run-a", NOW + LEASE + 2).unwrap(), Some(rec));
+    // And the zombie's finish after that is refused as well (no row): still only one record.
+    assert_eq!(s.finish("run-a", G1, &zombie, None, NOW + LEASE + 3).unwrap(), Err(unknown("run-a")));
+    assert_eq!(s.get("run-a", NOW + LEASE + 3).unwrap().unwrap().events, vec![ev(1, "one"), ev(2, "two")]);
+}
+
+fn finish_of_a_record_under_another_id_changes_nothing<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.append("run-a", G1, &[ev(1, "one")]).unwrap(), Ok(()));
+    let before = snapshot(s, "run-a", NOW + 1);
+    let wrong = record("run-zzz", "C1:t1", NOW, NOW + 1, vec![ev(1, "x")]);
+    let out = s.finish("run-a", G1, &wrong, None, NOW + 1);
+    assert!(!matches!(out, Ok(Ok(_))), "finish(run-a) with a record for run-zzz must be refused: {out:?}");
+    assert_eq!(snapshot(s, "run-a", NOW + 1), before);
+    assert_eq!(s.get("run-zzz", NOW + 1).unwrap(), None);
+}
+
+fn finished_run_reads_never_see_a_live_runs_events<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.append("run-a", G1, &[ev(1, "live one"), ev(2, "live two")]).unwrap(), Ok(()));
+
+    // Without a tombstone a live run is unknown to the finished-run reads.
+    assert_eq!(s.get("run-a", NOW).unwrap(), None);
+    assert_eq!(s.get_summary("run-a", NOW).unwrap(), None);
+    assert_eq!(s.events("run-a", 0, None, NOW).unwrap(), None);
+    assert_eq!(listed(s, NOW), Vec::<String>::new());
+
+    // The provisional tombstone put while live is stored (only its runs row): get returns it with no
+    // events, list shows it; the ledger's live events are untouched by it.
+    let tomb = tombstone("run-a", "C1:t1", NOW, vec![ev(1, "tombstone's own event")]);
+    let out = s.put(&tomb, None, NOW + 1).unwrap();
+    assert!(out.stored, "{out:?}");
+    let got = s.get("run-a", NOW + 1).unwrap().expect("the tombstone is stored");
+    assert!(got.head.provisional);
+    assert_eq!(got.head.status, RunStatus::Interrupted);
+    assert_eq!(got.head.finished_at, NOW);
+    assert_eq!(got.events, Vec::<Value>::new(), "a finished-run read never carries a live run's events");
+    assert_eq!(listed(s, NOW + 1), ["run-a"]);
+    let events = s.events("run-a", 0, None, NOW + 1).unwrap().map(|p| p.events).unwrap_or_default();
+    assert_eq!(events, Vec::<Value>::new(), "events() of a live run shows none of its live events");
+    assert_eq!(live_events(s, "run-a"), Some(vec![ev(1, "live one"), ev(2, "live two")]));
+
+    // Appends after the tombstone still go to the live stream only.
+    assert_eq!(s.append("run-a", G1, &[ev(3, "live three")]).unwrap(), Ok(()));
+    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1, 2, 3]));
+    assert_eq!(s.get("run-a", NOW + 2).unwrap().unwrap().events, Vec::<Value>::new());
+
+    // Finish replaces the tombstone whole, with the record's events.
+    let rec = record("run-a", "C1:t1", NOW, NOW + 3, vec![ev(1, "live one"), ev(2, "live two"), ev(3, "live three")]);
+    let out = s.finish("run-a", G1, &rec, None, NOW + 3).unwrap().expect("finish");
+    assert!(out.stored && out.rewritten, "the final record replaced the tombstone: {out:?}");
+    assert_eq!(s.get("run-a", NOW + 3).unwrap(), Some(rec.clone()));
+    assert_eq!(s.events("run-a", 0, None, NOW + 3).unwrap().unwrap().events, rec.events);
+    // A late provisional put is stood down by the floor.
+    let out = s.put(&tomb, None, NOW + 4).unwrap();
+    assert!(out.stored && !out.rewritten);
+    assert_eq!(s.get("run-a", NOW + 4).unwrap(), Some(rec));
+}
+
+fn abandon_drops_the_reservation_without_a_record<S: Ledger>(s: &mut S) {
+    start(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.append("run-a", G1, &[ev(1, "one")]).unwrap(), Ok(()));
+    assert_eq!(s.abandon("run-a", G2).unwrap(), Err(fenced("run-a")), "only the owner abandons");
+    assert_eq!(live_row(s, "run-a").owner_gen, G1);
+
+    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
+    assert_eq!(s.get_live("run-a").unwrap(), None);
+    assert_eq!(s.live_events("run-a", 0, 100).unwrap(), None);
+    assert!(live_ids(s).is_empty());
+    assert_eq!(s.get("run-a", NOW).unwrap(), None, "no record");
+    assert_eq!(listed(s, NOW), Vec::<String>::new());
+    assert_eq!(s.abandon("run-a", G1).unwrap(), Err(unknown("run-a")), "afterwards the run is unknown");
+    // The thread is free.
+    assert_eq!(s.admit(&admission("C1:t1", G2, "run-b", "again"), NOW + 1).unwrap(), started("run-b"));
+
+    // A promoted run can be abandoned the same way.
+    go_live(s, "run-c", "C1:t2", G1, NOW);
+    assert_eq!(s.abandon("run-c", G1).unwrap(), Ok(()));
+    assert_eq!(s.get_live("run-c").unwrap(), None);
+    assert_eq!(s.admit(&admission("C1:t2", G1, "run-d", "again"), NOW + 1).unwrap(), started("run-d"));
+}
+
+fn abandon_after_a_tombstone_leaves_the_tombstone_and_frees_the_thread<S: Ledger>(s: &mut S) {
+    // The tombstone is put while the run lives (only its runs row is written), then setup fails and
+    // the owner abandons: no final record is written, the tombstone stays the truth, the thread is free.
+    start(s, "run-a", "C1:t1", G1, NOW);
+    assert_eq!(s.append("run-a", G1, &[ev(1, "run_meta"), ev(2, "input")]).unwrap(), Ok(()));
+    let tomb = tombstone("run-a", "C1:t1", NOW, vec![ev(1, "tombstone's own")]);
+    assert!(s.put(&tomb, None, NOW).unwrap().stored);
+    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
+    assert_eq!(s.get_live("run-a").unwrap(), None);
+    let got = s.get("run-a", NOW + 1).unwrap().expect("the tombstone stays");
+    assert!(got.head.provisional);
+    assert_eq!(got.head.status, RunStatus::Interrupted);
+    // Both implementations agree here (SQLite shares `run_events` with the history, and only finish
+    // and kill replace a live run's events — SPEC §3): the appended events now read as the tombstone's.
+    assert_eq!(seqs(&got.events), [1, 2]);
+    assert_eq!(got.events[1], ev(2, "input"));
+    assert_eq!(listed(s, NOW + 1), ["run-a"]);
+    assert_eq!(s.admit(&admission("C1:t1", G2, "run-b", "again"), NOW + 2).unwrap(), started("run-b"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inbox
+// ---------------------------------------------------------------------------------------------
+
+fn inbox_is_not_fenced_and_reads_strictly_after_the_cursor<S: Ledger>(s: &mut S) {
+    start(s, "run-a", "C1:t1", G1, NOW);
+    // push_inbox carries no generation: whichever process is up delivers the steer.
+    assert_eq!(s.push_inbox("run-a", &json!({"text": "m1"})).unwrap(), Ok(1));
+    assert_eq!(s.push_inbox("run-a", &json!({"text": "m2"})).unwrap(), Ok(2));
+    // Admission steers share the same per-run sequence.
+    assert_eq!(s.admit(&admission("C1:t1", G2, "run-x", "m3"), NOW + 1).unwrap(), steered("run-a", 3));
+    assert_eq!(s.push_inbox("run-a", &json!({"text": "m4"})).unwrap(), Ok(4));
+
+    let all_items = s.read_inbox("run-a", None).unwrap().unwrap();
+    assert_eq!(inbox_seqs(&all_items), [1, 2, 3, 4]);
+    assert_eq!(all_items[0].message, json!({"text": "m1"}));
+    assert_eq!(all_items[2].message, request("C1:t1", "m3"));
+    assert_eq!(s.read_inbox("run-a", Some(0)).unwrap().map(|i| inbox_seqs(&i)), Ok(vec![1, 2, 3, 4]));
+    assert_eq!(s.read_inbox("run-a", Some(2)).unwrap().map(|i| inbox_seqs(&i)), Ok(vec![3, 4]));
+    assert_eq!(s.read_inbox("run-a", Some(4)).unwrap(), Ok(vec![]));
+    assert_eq!(s.read_inbox("run-a", Some(99)).unwrap(), Ok(vec![]));
+
+    // After the owner changes, pushes still land and continue the sequence.
+    let ans = s.reclaim(G2, NOW + 1, LEASE, &[G1.to_owned()]).unwrap();
+    assert_eq!(ans.taken.len(), 1);
+    assert_eq!(s.push_inbox("run-a", &json!({"text": "m5"})).unwrap(), Ok(5));
+    assert_eq!(s.read_inbox("run-a", Some(4)).unwrap().map(|i| inbox_seqs(&i)), Ok(vec![5]));
+
+    // Without a live row: NotLive, and nothing is stored.
+    assert_eq!(s.push_inbox("ghost", &json!({"text": "lost"})).unwrap(), Err(not_live("ghost")));
+    assert_eq!(s.read_inbox("ghost", None).unwrap(), Err(not_live("ghost")));
+    // Each run has its own sequence.
+    go_live(s, "run-b", "C1:t2", G1, NOW);
+    assert_eq!(s.push_inbox("run-b", &json!({"text": "b1"})).unwrap(), Ok(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reclaim
+// ---------------------------------------------------------------------------------------------
+
+/// The reclaim time of [`reclaim_fixture`].
+const T: i64 = NOW + LEASE;
+
+/// Rows of every kind, for a reclaim by G3 at `T` with `dead_gens = [G2, G3]`:
+/// - `r-attach`  G1, attaching, lease ends exactly at T (equal-now: expired); two steered messages;
+/// - `r-live`    G1, live, expired; steps 0 and 1 (inboxConsumedSeq 2), inbox 1..3, state, a job, a soft stop;
+/// - `r-handoff` G1, handed off under a current lease;
+/// - `r-fin`     G1, finishing (stopped_soft, "the answer"), expired;
+/// - `r-dead`    G2 (dead), live under a current lease;
+/// - `r-current` G1, live under a current lease;
+/// - `r-edge`    G1, live, lease ends one millisecond after T;
+/// - `r-own`     G3's own row, attaching, expired;
+/// - `r-own-ho`  G3's own row, handed off.
+fn reclaim_fixture<S: Ledger>(s: &mut S) -> BTreeMap<String, LiveRow> {
+    let fresh = T - 1_000; // admitted later: lease current at T
+    start(s, "r-attach", "C1:t1", G1, NOW);
+    assert_eq!(s.admit(&admission("C1:t1", G2, "x1", "first follow-up"), NOW + 1).unwrap(), steered("r-attach", 1));
+    assert_eq!(s.admit(&admission("C1:t1", G2, "x2", "second follow-up"), NOW + 2).unwrap(), steered("r-attach", 2));
+
+    go_live(s, "r-live", "C1:t2", G1, NOW);
+    assert_eq!(s.step("r-live", G1, &step_record(0, 2, None)).unwrap(), Ok(()));
+    for i in 1..=3u64 {
+        assert_eq!(s.push_inbox("r-live", &json!({"text": format!("m{i}")})).unwrap(), Ok(i));
+    }
+    assert_eq!(s.step("r-live", G1, &step_record(1, 4, Some(2))).unwrap(), Ok(()));
+    assert_eq!(s.set_state("r-live", G1, &obj(json!({"binding": {"backend": "local"}}))).unwrap(), Ok(()));
+    assert_eq!(s.put_job("r-live", G1, &Job { kind: "reflect".to_owned(), json: json!({"n": 1}) }).unwrap(), Ok(()));
+    assert_eq!(s.put_job("r-live", G1, &Job { kind: "summary".to_owned(), json: json!({"v": 1}) }).unwrap(), Ok(()));
+    // Jobs are keyed by kind: a second put of a kind replaces it.
+    assert_eq!(s.put_job("r-live", G1, &Job { kind: "summary".to_owned(), json: json!({"v": 2}) }).unwrap(), Ok(()));
+    s.request_stop("r-live", StopMode::Soft, NOW + 3).unwrap().expect("stop");
+    assert_eq!(s.append("r-live", G1, &[ev(1, "one"), ev(2, "two")]).unwrap(), Ok(()));
+
+    go_live(s, "r-handoff", "C1:t3", G1, fresh);
+    assert_eq!(s.handoff(G1, &["r-handoff".to_owned()]).unwrap(), vec![("r-handoff".to_owned(), HandoffResult::HandedOff)]);
+
+    go_live(s, "r-fin", "C1:t4", G1, NOW);
+    assert_eq!(s.finishing("r-fin", G1, RunStatus::StoppedSoft, Some("the answer")).unwrap(), Ok(()));
+
+    go_live(s, "r-dead", "C1:t5", G2, fresh);
+    go_live(s, "r-current", "C1:t6", G1, fresh);
+    go_live(s, "r-edge", "C1:t7", G1, NOW + 1);
+
+    start(s, "r-own", "C1:t8", G3, NOW);
+    go_live(s, "r-own-ho", "C1:t9", G3, NOW);
+    assert_eq!(s.handoff(G3, &["r-own-ho".to_owned()]).unwrap(), vec![("r-own-ho".to_owned(), HandoffResult::HandedOff)]);
+
+    s.list_live().unwrap().into_iter().map(|r| (r.run_id.clone(), r)).collect()
+}
+
+fn reclaim_takes_expired_handed_off_and_dead_owner_rows_and_never_its_own<S: Ledger>(s: &mut S) {
+    let before = reclaim_fixture(s);
+    assert_eq!(before.len(), 9);
+    let ans = s.reclaim(G3, T, LEASE, &[G2.to_owned(), G3.to_owned()]).unwrap();
+    let taken = by_id(ans.taken);
+    assert_eq!(
+        taken.keys().cloned().collect::<BTreeSet<_>>(),
+        set(&["r-attach", "r-live", "r-handoff", "r-fin", "r-dead"]),
+        "expired (lease_until <= now), handed off, or owned by a dead generation — never G3's own"
+    );
+    assert_eq!(
+        ids_of(&ans.live_elsewhere),
+        set(&["r-current", "r-edge"]),
+        "another generation's current lease: left alone and reported"
+    );
+    for r in &ans.live_elsewhere {
+        assert_eq!(r, &before[&r.run_id], "a row live elsewhere is reported as it is");
+        assert_eq!(live_row(s, &r.run_id), before[&r.run_id], "and left untouched");
+    }
+    // Own rows, even expired or handed off (and even with G3 in dead_gens), stay as they were.
+    assert_eq!(live_row(s, "r-own"), before["r-own"]);
+    assert_eq!(live_row(s, "r-own-ho"), before["r-own-ho"]);
+
+    // Each taken row: owner := G3, lease := T + LEASE, phase per reclaim_phase; identity, start,
+    // meta and stop kept; the answer's row is the row as now stored.
+    let expect_phase = [
+        ("r-attach", Phase::Attaching, Phase::Attaching, G1),
+        ("r-live", Phase::Live, Phase::Live, G1),
+        ("r-handoff", Phase::Handoff, Phase::Live, G1),
+        ("r-fin", Phase::Finishing, Phase::Live, G1),
+        ("r-dead", Phase::Live, Phase::Live, G2),
+    ];
+    for (id, prior, now_phase, prior_owner) in expect_phase {
+        let t = &taken[id];
+        let old = &before[id];
+        assert_eq!(t.prior_phase, prior, "{id} prior phase");
+        assert_eq!(t.prior_owner, prior_owner, "{id} prior owner");
+        assert_eq!(t.row.phase, now_phase, "{id} phase after reclaim");
+        assert_eq!(t.row.owner_gen, G3, "{id} owner");
+        assert_eq!(t.row.lease_until, T + LEASE, "{id} lease = now + lease_ms");
+        assert_eq!(t.row.run_id, old.run_id);
+        assert_eq!(t.row.thread_key, old.thread_key, "{id} thread");
+        assert_eq!(t.row.started_at, old.started_at, "{id} start");
+        assert_eq!(t.row.meta, old.meta, "{id} meta");
+        assert_eq!(t.row.stop, old.stop, "{id} stop");
+        assert_eq!(t.row.system_text, old.system_text, "{id} prompt");
+        assert_eq!(t.row.tools, old.tools, "{id} tools");
+        assert_eq!(t.row.state, old.state, "{id} state");
+        assert_eq!(live_row(s, id), t.row, "{id}: the answer is the stored row");
+    }
+    assert_eq!(s.list_live().unwrap().len(), 9, "a reclaim deletes nothing");
+
+    // A reclaim right after takes nothing more: G3 owns them now and its own rows are never taken.
+    let again = s.reclaim(G3, T + 10 * LEASE, LEASE, &[]).unwrap();
+    assert!(again.taken.iter().all(|t| !["r-attach", "r-live", "r-handoff", "r-fin", "r-dead", "r-own", "r-own-ho"].contains(&t.row.run_id.as_str())), "{:?}", again.taken);
+}
+
+fn reclaim_answers_last_step_unread_inbox_state_and_jobs<S: Ledger>(s: &mut S) {
+    reclaim_fixture(s);
+    let ans = s.reclaim(G3, T, LEASE, &[G2.to_owned()]).unwrap();
+    let taken = by_id(ans.taken);
+
+    // r-live: the last (highest) step, the inbox past its inboxConsumedSeq, state, jobs, the stop.
+    let t = &taken["r-live"];
+    assert_eq!(t.last_step, Some(step_record(1, 4, Some(2))));
+    assert_eq!(inbox_seqs(&t.unread_inbox), [3], "only items past inboxConsumedSeq = 2");
+    assert_eq!(t.unread_inbox[0].message, json!({"text": "m3"}));
+    assert_eq!(t.row.state.get("binding"), Some(&json!({"backend": "local"})));
+    assert_eq!(t.row.state.get("seeded"), Some(&json!(true)));
+    let mut jobs = t.jobs.clone();
+    jobs.sort_by(|a, b| a.kind.cmp(&b.kind));
+    assert_eq!(
+        jobs,
+        vec![
+            Job { kind: "reflect".to_owned(), json: json!({"n": 1}) },
+            Job { kind: "summary".to_owned(), json: json!({"v": 2}) },
+        ]
+    );
+    assert_eq!(t.row.stop, Some(StopMode::Soft));
+    // Its live events are still readable for a close record.
+    assert_eq!(live_events(s, "r-live").map(|e| seqs(&e)), Some(vec![1, 2]));
+
+    // r-attach: no step record, so every inbox item is unread; the request rides in meta.
+    let t = &taken["r-attach"];
+    assert_eq!(t.last_step, None);
+    assert_eq!(inbox_seqs(&t.unread_inbox), [1, 2]);
+    assert_eq!(t.unread_inbox[0].message, request("C1:t1", "first follow-up"));
+    assert_eq!(t.row.meta["request"], request("C1:t1", "hello"));
+    assert!(t.jobs.is_empty());
+
+    // A run taken from finishing comes back with its recorded final status and answer.
+    let t = &taken["r-fin"];
+    assert_eq!(t.prior_phase, Phase::Finishing);
+    assert_eq!(t.row.phase, Phase::Live);
+    assert_eq!(t.row.state.get("finalStatus"), Some(&json!("stopped_soft")));
+    assert_eq!(t.row.state.get("answer"), Some(&json!("the answer")));
+    assert!(t.unread_inbox.is_empty());
+}
+
+fn after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced<S: Ledger>(s: &mut S) {
+    reclaim_fixture(s);
+    s.reclaim(G3, T, LEASE, &[G2.to_owned()]).unwrap();
+
+    for (id, old) in [("r-live", G1), ("r-fin", G1), ("r-handoff", G1), ("r-dead", G2)] {
+        let before = snapshot(s, id, T + 1);
+        let results = every_owner_write(s, id, old, T + 1);
+        assert_all_refused(results, &fenced(id), &format!("of the old owner {old} after the reclaim of {id}"));
+        assert_eq!(snapshot(s, id, T + 1), before, "{id}: the zombie's writes changed nothing");
+    }
+    // The reclaimed attaching row: the old owner's promotion is fenced, the new owner's lands.
+    assert_eq!(s.claim("r-attach", G1, &promotion(LEASE), T + 2).unwrap(), Err(fenced("r-attach")));
+    assert_eq!(live_row(s, "r-attach").phase, Phase::Attaching);
+    assert_eq!(s.claim("r-attach", G3, &promotion(LEASE), T + 3).unwrap(), Ok(Claimed::Promoted));
+    let row = live_row(s, "r-attach");
+    assert_eq!((row.phase, row.started_at, row.lease_until), (Phase::Live, NOW, T + 3 + LEASE));
+
+    // The new owner writes freely.
+    assert_eq!(s.append("r-live", G3, &[ev(3, "resumed")]).unwrap(), Ok(()));
+    assert_eq!(s.step("r-live", G3, &step_record(2, 6, Some(3))).unwrap(), Ok(()));
+    let hb = s.heartbeat("r-live", G3, LEASE, T + 4).unwrap().expect("new owner heartbeat");
+    assert_eq!((hb.phase, hb.stop), (Phase::Live, Some(StopMode::Soft)));
+    // The new owner closes the run taken from finishing.
+    let rec = record("r-fin", "C1:t4", NOW, T + 5, vec![]);
+    assert!(s.finish("r-fin", G3, &rec, None, T + 5).unwrap().is_ok());
+    assert_eq!(s.get("r-fin", T + 5).unwrap(), Some(rec));
+}
+
+fn a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere<S: Ledger>(s: &mut S) {
+    for (i, id) in ["ra", "rb", "rc"].iter().enumerate() {
+        go_live(s, id, &format!("C1:s{i}"), G1, NOW);
+    }
+    let first = s.reclaim(G2, NOW + LEASE, LEASE, &[]).unwrap();
+    assert_eq!(by_id(first.taken).keys().cloned().collect::<BTreeSet<_>>(), set(&["ra", "rb", "rc"]));
+    assert!(first.live_elsewhere.is_empty());
+
+    // At the same instant, another generation finds them under G2's fresh lease: nothing to take.
+    let second = s.reclaim(G3, NOW + LEASE, LEASE, &[G1.to_owned()]).unwrap();
+    assert!(second.taken.is_empty(), "each row is taken once: {:?}", second.taken);
+    assert_eq!(ids_of(&second.live_elsewhere), set(&["ra", "rb", "rc"]));
+    for r in &second.live_elsewhere {
+        assert_eq!(r.owner_gen, G2);
+        assert_eq!(r.lease_until, NOW + 2 * LEASE);
+    }
+    // Once G2's lease lapses too, G3 takes them from G2.
+    let third = s.reclaim(G3, NOW + 2 * LEASE, LEASE, &[]).unwrap();
+    let taken = by_id(third.taken);
+    assert_eq!(taken.keys().cloned().collect::<BTreeSet<_>>(), set(&["ra", "rb", "rc"]));
+    assert!(taken.values().all(|t| t.prior_owner == G2 && t.row.owner_gen == G3));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generations
+// ---------------------------------------------------------------------------------------------
+
+fn generations_round_trip<S: Ledger>(s: &mut S) {
+    assert_eq!(s.generations().unwrap(), vec![]);
+    let a = GenerationInfo {
+        gen: G1.to_owned(),
+        host: "host-a".to_owned(),
+        pid: 4242,
+        proc_start: "123456789".to_owned(),
+        started_at: NOW,
+    };
+    let b = GenerationInfo {
+        gen: G2.to_owned(),
+        host: "host-b".to_owned(),
+        pid: 1,
+        proc_start: "987".to_owned(),
+        started_at: NOW + 1_000,
+    };
+    s.record_generation(&a).unwrap();
+    s.record_generation(&b).unwrap();
+    let mut got = s.generations().unwrap();
+    got.sort_by(|x, y| x.gen.cmp(&y.gen));
+    assert_eq!(got, vec![a, b]);
+}
+
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(#[test] fn $case() { super::$case(&mut storage::MemoryStore::new()); })*
+        }
+        mod sqlite {
+            $(#[test] fn $case() {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let mut s = storage::SqliteStore::open(&dir.path().join("t.db"), storage::Synchronous::Normal).expect("open");
+                super::$case(&mut s);
+            })*
+        }
+    };
+}
+
+contract!(
+    admit_on_a_free_thread_reserves_an_attaching_row_and_a_second_admit_steers_into_its_inbox,
+    one_live_row_per_thread_whatever_the_number_of_admissions,
+    a_keyed_admit_retried_returns_the_stored_answer_and_appends_once,
+    the_same_key_with_another_body_is_a_key_conflict_and_keys_are_scoped,
+    a_keyed_admit_to_a_finishing_run_is_busy_and_an_unkeyed_one_is_steered,
+    claim_promotes_the_owners_reservation_and_keeps_identity_start_and_meta,
+    re_claim_by_the_owner_is_idempotent_and_changes_nothing,
+    claim_by_another_generation_is_fenced_and_of_an_unknown_run_is_unknown_run,
+    every_owner_write_from_another_generation_is_fenced_and_changes_nothing,
+    every_owner_write_on_a_run_without_a_row_is_unknown_run_and_writes_nothing,
+    an_expired_lease_alone_never_fences_the_owner,
+    append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op,
+    an_oversized_or_unsequenced_event_refuses_the_whole_batch,
+    step_records_are_keyed_by_step_and_reclaim_answers_the_highest,
+    transcript_turns_read_back_in_order_and_are_never_edited,
+    an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_lands,
+    set_state_merges_by_top_level_key,
+    heartbeat_extends_only_the_owners_lease_and_relays_stop_and_phase,
+    request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owner_lease_is_live,
+    handoff_marks_only_this_generations_live_rows,
+    finishing_commits_status_and_answer_once,
+    handoff_then_finishing_is_allowed_for_the_owner,
+    finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once,
+    finish_by_a_zombie_generation_after_a_reclaim_is_fenced_and_changes_nothing,
+    finish_of_a_record_under_another_id_changes_nothing,
+    finished_run_reads_never_see_a_live_runs_events,
+    abandon_drops_the_reservation_without_a_record,
+    abandon_after_a_tombstone_leaves_the_tombstone_and_frees_the_thread,
+    inbox_is_not_fenced_and_reads_strictly_after_the_cursor,
+    reclaim_takes_expired_handed_off_and_dead_owner_rows_and_never_its_own,
+    reclaim_answers_last_step_unread_inbox_state_and_jobs,
+    after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced,
+    a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere,
+    generations_round_trip,
+);
+
+/// SQLite only: what the trait cannot show. Finish deletes the run's execution rows (`live_runs`,
+/// `run_steps`, `run_jobs`) in its transaction and keeps `run_inbox` and the receipts (SPEC §4.1, §4.3
+/// finish: "deletion of the run's live_runs and run_steps rows … Inbox rows and receipts stay").
+#[test]
+fn sqlite_finish_deletes_the_execution_rows_and_keeps_inbox_and_receipts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).expect("open");
+    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "h1");
+    assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
+    promote(&mut s, "run-a", G1, NOW);
+    furnish(&mut s, "run-a", G1);
+    assert_eq!(s.step("run-a", G1, &step_record(1, 4, Some(1))).unwrap(), Ok(()));
+    let count = |s: &mut SqliteStore, table: &str| -> i64 {
+        s.connection()
+            .query_row(&format!("SELECT count(*) FROM {table} WHERE run_id = 'run-a'"), [], |r| r.get(0))
+            .expect("count")
+    };
+    assert_eq!(count(&mut s, "run_steps"), 2);
+    assert_eq!(count(&mut s, "run_jobs"), 1);
+    let rec = record("run-a", "C1:t1", NOW, NOW + 1, vec![ev(1, "one")]);
+    assert!(s.finish("run-a", G1, &rec, None, NOW + 1).unwrap().is_ok());
+    assert_eq!(count(&mut s, "live_runs"), 0);
+    assert_eq!(count(&mut s, "run_steps"), 0, "finish deletes the step records");
+    assert_eq!(count(&mut s, "run_jobs"), 0, "finish deletes the jobs");
+    assert_eq!(count(&mut s, "run_inbox"), 1, "inbox rows stay");
+    assert_eq!(count(&mut s, "admit_receipts"), 1, "receipts stay");
+}
+
+// Keep the imports used by the macro's expansions visible to the compiler's unused-import check.
+#[allow(dead_code)]
+fn _implementations(_: MemoryStore, _: Option<SqliteStore>, _: Synchronous) {}
