@@ -1,0 +1,314 @@
+//! The `scripted` agent: the default `demo` agent, a deterministic function of the transcript (SPEC §8.3).
+//!
+//! Owns nothing. It reads directives from the text of the FIRST user turn (the run's request):
+//!
+//! | directive    | meaning                                                                | default |
+//! |--------------|------------------------------------------------------------------------|---------|
+//! | `steps=N`    | tool calls before the answer                                           | 3       |
+//! | `tool=NAME`  | the tool to call                                                       | `sleep` |
+//! | `ms=M`       | `sleep` duration per call                                              | 200     |
+//! | `think_ms=M` | model latency before each answer (0 = no sleep at all)                 | 0       |
+//! | `fail_at=K`  | the K-th model call (1-based) fails with [`AgentError::Permanent`]     | never   |
+//! | `answer=TEXT`| the final answer; TEXT is the rest of that whitespace-separated token  | `done`  |
+//!
+//! A directive that does not parse is ignored (its default stands); a repeated one takes its last value.
+//!
+//! Each model call emits ONE tool call with text `step <n>` and call id `call-<n>`, where `n` is the
+//! number of tool results already in the transcript plus one, until `steps` results exist; then a
+//! text-only answer. The model call count is the number of assistant turns plus one, so a resumed run
+//! continues where the transcript says, and `fail_at` fires at the same call after a resume.
+//!
+//! Follow-ups (text parts of user turns after the first, and text parts inside `tool_results` turns) are
+//! echoed in the answer as `<answer> (follow-ups: <text1>; <text2>)`, so a steered message is visible.
+//!
+//! Invariants: no state between calls, no randomness, no clock reads (the only effect is the
+//! `think_ms` sleep).
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use serde_json::{json, Value};
+use std::time::Duration;
+use storage::ledger::Turn;
+
+use super::{results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, ToolCall};
+
+/// The deterministic demo agent. Stateless: one value serves every run.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptedAgent;
+
+impl ScriptedAgent {
+    pub fn new() -> Self {
+        ScriptedAgent
+    }
+}
+
+/// The directives read from the request text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Directives {
+    pub steps: u64,
+    pub tool: String,
+    pub ms: u64,
+    pub think_ms: u64,
+    pub fail_at: Option<u64>,
+    pub answer: String,
+}
+
+impl Default for Directives {
+    fn default() -> Self {
+        Directives {
+            steps: 3,
+            tool: "sleep".to_owned(),
+            ms: 200,
+            think_ms: 0,
+            fail_at: None,
+            answer: "done".to_owned(),
+        }
+    }
+}
+
+impl Directives {
+    /// Reads `key=value` tokens from `text`; anything else, and any value that does not parse, is ignored.
+    pub fn parse(text: &str) -> Directives {
+        let mut d = Directives::default();
+        for token in text.split_whitespace() {
+            let Some((key, value)) = token.split_once('=') else { continue };
+            match key {
+                "steps" => set_u64(&mut d.steps, value),
+                "ms" => set_u64(&mut d.ms, value),
+                "think_ms" => set_u64(&mut d.think_ms, value),
+                "fail_at" => {
+                    if let Ok(k @ 1..) = value.parse::<u64>() {
+                        d.fail_at = Some(k);
+                    }
+                }
+                "tool" if !value.is_empty() => d.tool = value.to_owned(),
+                "answer" if !value.is_empty() => d.answer = value.to_owned(),
+                _ => {}
+            }
+        }
+        d
+    }
+
+    /// The directives of a conversation: from its first user turn, or the defaults without one.
+    pub fn of(turns: &[Turn]) -> Directives {
+        turns
+            .iter()
+            .find(|t| t.role == role::USER)
+            .map(|t| Directives::parse(&texts_of(t).join("\n")))
+            .unwrap_or_default()
+    }
+
+    /// The arguments of call `n` for the configured tool.
+    fn args(&self, n: u64) -> Value {
+        match self.tool.as_str() {
+            "sleep" => json!({"ms": self.ms}),
+            "echo" => json!({"text": format!("step {n}")}),
+            "append_file" => json!({"path": "steps.log", "line": format!("step {n}")}),
+            _ => json!({}),
+        }
+    }
+}
+
+fn set_u64(slot: &mut u64, value: &str) {
+    if let Ok(v) = value.parse() {
+        *slot = v;
+    }
+}
+
+/// The scripted agent's decision for a conversation, without the `think_ms` latency.
+pub fn decide(turns: &[Turn]) -> Result<AssistantTurn, AgentError> {
+    let d = Directives::of(turns);
+    let call_no = turns.iter().filter(|t| t.role == role::ASSISTANT).count() as u64 + 1;
+    if d.fail_at == Some(call_no) {
+        return Err(AgentError::Permanent(format!("scripted failure at model call {call_no}")));
+    }
+    let results =
+        turns.iter().filter(|t| t.role == role::TOOL_RESULTS).map(|t| results_of(t).len() as u64).sum::<u64>();
+    if results < d.steps {
+        let n = results + 1;
+        return Ok(AssistantTurn {
+            text: format!("step {n}"),
+            calls: vec![ToolCall { call_id: format!("call-{n}"), tool: d.tool.clone(), args: d.args(n) }],
+        });
+    }
+    let followups = followups(turns);
+    let text =
+        if followups.is_empty() { d.answer } else { format!("{} (follow-ups: {})", d.answer, followups.join("; ")) };
+    Ok(AssistantTurn { text, calls: Vec::new() })
+}
+
+/// Follow-up texts in transcript order: user turns after the first, and text parts of results turns.
+fn followups(turns: &[Turn]) -> Vec<&str> {
+    let mut seen_first_user = false;
+    let mut out = Vec::new();
+    for t in turns {
+        match t.role.as_str() {
+            role::USER if !seen_first_user => seen_first_user = true,
+            role::USER | role::TOOL_RESULTS => out.extend(texts_of(t)),
+            _ => {}
+        }
+    }
+    out
+}
+
+impl Agent for ScriptedAgent {
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn model(&self) -> &str {
+        "scripted"
+    }
+
+    fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
+        async move {
+            let think_ms = Directives::of(conv.turns).think_ms;
+            if think_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(think_ms)).await;
+            }
+            decide(conv.turns)
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{followups_turn, results_turn, user_turn, ToolResult};
+
+    fn call(n: u64, tool: &str, args: Value) -> AssistantTurn {
+        AssistantTurn {
+            text: format!("step {n}"),
+            calls: vec![ToolCall { call_id: format!("call-{n}"), tool: tool.into(), args }],
+        }
+    }
+
+    fn answer(text: &str) -> AssistantTurn {
+        AssistantTurn { text: text.into(), calls: vec![] }
+    }
+
+    /// A transcript after `done` completed steps: the request, then per step an assistant turn and
+    /// its results turn (the results of the last step carry `folded` follow-ups).
+    fn after_steps(request: &str, done: u64, folded: &[(u64, String)]) -> Vec<Turn> {
+        let mut turns = vec![user_turn(request)];
+        for n in 1..=done {
+            turns.push(call(n, "sleep", json!({"ms": 200})).to_turn());
+            let r = ToolResult { call_id: format!("call-{n}"), tool: "sleep".into(), ok: true, output: "ok".into() };
+            let f = if n == done { folded } else { &[] };
+            turns.push(results_turn(&[r], f));
+        }
+        turns
+    }
+
+    #[test]
+    fn directives_parse_with_defaults_for_bad_values() {
+        let cases: Vec<(&str, Directives)> = vec![
+            ("", Directives::default()),
+            ("please do things", Directives::default()),
+            (
+                "steps=5 tool=echo ms=10 think_ms=30 fail_at=2 answer=hello",
+                Directives {
+                    steps: 5,
+                    tool: "echo".into(),
+                    ms: 10,
+                    think_ms: 30,
+                    fail_at: Some(2),
+                    answer: "hello".into(),
+                },
+            ),
+            ("steps=x ms=-4 think_ms=1.5 fail_at=0 tool= answer=", Directives::default()),
+            ("steps=1 steps=2", Directives { steps: 2, ..Directives::default() }),
+            ("answer=two words", Directives { answer: "two".into(), ..Directives::default() }),
+            ("answer=a=b", Directives { answer: "a=b".into(), ..Directives::default() }),
+            ("run\nsteps=0\tms=7", Directives { steps: 0, ms: 7, ..Directives::default() }),
+        ];
+        for (text, want) in cases {
+            assert_eq!(Directives::parse(text), want, "directives of {text:?}");
+        }
+    }
+
+    #[test]
+    fn scripted_decisions_follow_the_transcript() {
+        let cases: Vec<(&str, Vec<Turn>, Result<AssistantTurn, AgentError>)> = vec![
+            (
+                "first call of the default script sleeps",
+                after_steps("go", 0, &[]),
+                Ok(call(1, "sleep", json!({"ms": 200}))),
+            ),
+            ("second call continues at step 2", after_steps("go", 1, &[]), Ok(call(2, "sleep", json!({"ms": 200})))),
+            ("after three results it answers", after_steps("go", 3, &[]), Ok(answer("done"))),
+            ("steps=0 answers at once", after_steps("steps=0 answer=hi", 0, &[]), Ok(answer("hi"))),
+            ("ms sets the sleep", after_steps("ms=5", 0, &[]), Ok(call(1, "sleep", json!({"ms": 5})))),
+            ("echo takes text", after_steps("tool=echo", 1, &[]), Ok(call(2, "echo", json!({"text": "step 2"})))),
+            (
+                "append_file writes steps.log",
+                after_steps("tool=append_file steps=2", 0, &[]),
+                Ok(call(1, "append_file", json!({"path": "steps.log", "line": "step 1"}))),
+            ),
+            (
+                "unknown tool gets empty args",
+                after_steps("tool=frobnicate", 0, &[]),
+                Ok(call(1, "frobnicate", json!({}))),
+            ),
+            (
+                "fail_at fails the k-th model call",
+                after_steps("fail_at=2", 1, &[]),
+                Err(AgentError::Permanent("scripted failure at model call 2".into())),
+            ),
+            ("fail_at spares other calls", after_steps("fail_at=2", 2, &[]), Ok(call(3, "sleep", json!({"ms": 200})))),
+            (
+                "follow-ups folded at a step appear in the answer",
+                after_steps("steps=1 answer=ok", 1, &[(4, "and also".into())]),
+                Ok(answer("ok (follow-ups: and also)")),
+            ),
+            (
+                "follow-ups after an answer appear in the next answer",
+                {
+                    let mut t = after_steps("steps=1", 1, &[(2, "first".into())]);
+                    t.push(answer("done (follow-ups: first)").to_turn());
+                    t.push(followups_turn(&[(3, "second".into()), (4, "third".into())]));
+                    t
+                },
+                Ok(answer("done (follow-ups: first; second; third)")),
+            ),
+            (
+                "directives come from the first user turn only",
+                {
+                    let mut t = after_steps("steps=1", 1, &[]);
+                    t.push(answer("done").to_turn());
+                    t.push(user_turn("steps=9"));
+                    t
+                },
+                Ok(answer("done (follow-ups: steps=9)")),
+            ),
+            ("no user turn means defaults", vec![], Ok(call(1, "sleep", json!({"ms": 200})))),
+        ];
+        for (name, turns, want) in cases {
+            assert_eq!(decide(&turns), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn scripted_agent_names_itself() {
+        let a = ScriptedAgent::new();
+        assert_eq!(a.kind(), "scripted");
+        assert_eq!(a.model(), "scripted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn think_ms_delays_the_answer_and_zero_does_not_sleep() {
+        let agent = ScriptedAgent::new();
+        let tools = [];
+        // think_ms=250: the (paused) clock advances by exactly the latency.
+        let turns = after_steps("think_ms=250", 0, &[]);
+        let start = tokio::time::Instant::now();
+        let got = agent.next(Conversation { system: "s", turns: &turns, tools: &tools }).await;
+        assert_eq!(got, Ok(call(1, "sleep", json!({"ms": 200}))));
+        assert_eq!(start.elapsed(), Duration::from_millis(250));
+        // Default think_ms=0: no timer at all, the answer is ready on first poll.
+        let turns = after_steps("go", 0, &[]);
+        let fut = agent.next(Conversation { system: "s", turns: &turns, tools: &tools });
+        assert!(fut.now_or_never().is_some());
+    }
+}

@@ -1,0 +1,347 @@
+//! The in-process registry of runs this process drives: the live view's source of truth.
+//!
+//! Owns, per run: its summary row, the monotonic event counter, a bounded backlog of published events
+//! (the protected head — `run_meta`, `input`, `context` — plus the newest), its capability token, and its
+//! subscribers. Finished rows stay for [`FINISHED_TTL_MS`] and are then served from the store.
+//!
+//! Who uses it: run actors publish events (`publish` stamps `seq` and `at`); the read service and SSE
+//! streams read snapshots and subscribe. Every published event also goes to the flusher, which appends
+//! it to the ledger.
+//!
+//! Invariants:
+//! - `seq` only grows per run; a resumed run continues past the highest replayed seq;
+//! - a subscriber queue is bounded: a subscriber that falls behind is dropped, never awaited — a slow
+//!   viewer cannot slow a run;
+//! - the lock is a `std::sync::Mutex` held only for map updates, never across an `.await`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{json, Value};
+use storage::ledger::StopMode;
+use storage::record::{ChannelVisibility, RunStatus};
+use storage::Clock;
+use tokio::sync::mpsc;
+
+/// How long a finished run stays in the registry before reads go to the store.
+pub const FINISHED_TTL_MS: i64 = 60_000;
+/// Default bound of a run's event backlog.
+pub const BACKLOG_LIMIT: usize = 20_000;
+/// Per-subscriber queue bound; a subscriber this far behind is dropped.
+pub const SUBSCRIBER_QUEUE: usize = 1024;
+
+/// Event types kept at the head of the backlog whatever its length.
+const HEAD_TYPES: [&str; 3] = ["run_meta", "input", "context"];
+
+/// Identity of a run, as stamped on `run_meta`, the ledger row's meta and the record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunMeta {
+    pub agent: String,
+    pub model: String,
+    pub label: String,
+    pub thread_key: String,
+    pub channel_id: String,
+    pub user_id: String,
+    pub channel_visibility: ChannelVisibility,
+    pub parent_run_id: Option<String>,
+}
+
+impl RunMeta {
+    /// The `run_meta` event body.
+    pub fn event(&self) -> Value {
+        let mut v = json!({
+            "type": "run_meta", "agent": self.agent, "model": self.model, "label": self.label,
+            "threadKey": self.thread_key, "channelId": self.channel_id, "userId": self.user_id,
+            "channelVisibility": self.channel_visibility.as_str(),
+        });
+        if let Some(p) = &self.parent_run_id {
+            v["parentRunId"] = json!(p);
+        }
+        v
+    }
+}
+
+/// A run's row as readers see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRow {
+    pub id: String,
+    pub meta: RunMeta,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub status: Option<RunStatus>,
+    pub stop: Option<StopMode>,
+    /// Events published so far (the record's `eventCount`).
+    pub event_count: u64,
+    /// Events still in the backlog.
+    pub stored_event_count: u64,
+    /// The backlog dropped events from its middle.
+    pub truncated: bool,
+    /// The final record landed in the store.
+    pub persisted: bool,
+}
+
+struct Entry {
+    row: RunRow,
+    token: String,
+    last_seq: u64,
+    head: Vec<Value>,
+    tail: VecDeque<Value>,
+    subscribers: Vec<mpsc::Sender<Value>>,
+}
+
+impl Entry {
+    fn events(&self) -> Vec<Value> {
+        self.head.iter().chain(self.tail.iter()).cloned().collect()
+    }
+}
+
+/// Shared handle; clones see one registry.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Mutex<HashMap<String, Entry>>>,
+    clock: Arc<dyn Clock>,
+    backlog_limit: usize,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_backlog_limit(clock, BACKLOG_LIMIT)
+    }
+
+    pub fn with_backlog_limit(clock: Arc<dyn Clock>, backlog_limit: usize) -> Self {
+        Registry { inner: Arc::default(), clock, backlog_limit: backlog_limit.max(4) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Create (or re-create, on resume) a run's row. `replay` events keep their seqs; the counter
+    /// continues at `next_seq` (at least one past the highest replayed).
+    pub fn create(&self, id: &str, meta: RunMeta, started_at: i64, token: String, replay: Vec<Value>, next_seq: u64) {
+        let mut map = self.lock();
+        let highest = replay.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+        let mut entry = Entry {
+            row: RunRow {
+                id: id.to_owned(),
+                meta,
+                started_at,
+                finished_at: None,
+                status: None,
+                stop: None,
+                event_count: 0,
+                stored_event_count: 0,
+                truncated: false,
+                persisted: false,
+            },
+            token,
+            last_seq: highest.max(next_seq.saturating_sub(1)),
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            subscribers: Vec::new(),
+        };
+        for e in replay {
+            Self::store(&mut entry, e, self.backlog_limit);
+        }
+        entry.row.event_count = highest;
+        map.insert(id.to_owned(), entry);
+    }
+
+    fn store(entry: &mut Entry, event: Value, limit: usize) {
+        let is_head = entry.tail.is_empty()
+            && event.get("type").and_then(Value::as_str).is_some_and(|t| HEAD_TYPES.contains(&t));
+        if is_head {
+            entry.head.push(event);
+        } else {
+            entry.tail.push_back(event);
+            while entry.head.len() + entry.tail.len() > limit {
+                entry.tail.pop_front();
+                entry.row.truncated = true;
+            }
+        }
+        entry.row.stored_event_count = (entry.head.len() + entry.tail.len()) as u64;
+    }
+
+    /// Stamp `event` with the next seq and `at`, keep it, fan it out; answers the stamped event.
+    pub fn publish(&self, id: &str, mut event: Value) -> Option<Value> {
+        let now = self.clock.now_ms();
+        let mut map = self.lock();
+        let entry = map.get_mut(id)?;
+        entry.last_seq += 1;
+        event["seq"] = json!(entry.last_seq);
+        event["at"] = json!(now);
+        entry.row.event_count = entry.last_seq;
+        Self::store(entry, event.clone(), self.backlog_limit);
+        entry.subscribers.retain(|s| match s.try_send(event.clone()) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!(run_id = id, "dropped a subscriber that fell behind");
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        });
+        Some(event)
+    }
+
+    /// Events strictly after `after_seq` and a receiver for the ones published from now on.
+    pub fn subscribe(&self, id: &str, after_seq: u64) -> Option<(Vec<Value>, mpsc::Receiver<Value>, bool)> {
+        let mut map = self.lock();
+        let entry = map.get_mut(id)?;
+        let backlog: Vec<Value> = entry
+            .events()
+            .into_iter()
+            .filter(|e| storage::record::event_seq(e).is_some_and(|s| s > after_seq))
+            .collect();
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
+        let finished = entry.row.finished_at.is_some();
+        if !finished {
+            entry.subscribers.push(tx);
+        }
+        Some((backlog, rx, finished))
+    }
+
+    pub fn row(&self, id: &str) -> Option<RunRow> {
+        self.lock().get(id).map(|e| e.row.clone())
+    }
+
+    pub fn rows(&self) -> Vec<RunRow> {
+        self.lock().values().map(|e| e.row.clone()).collect()
+    }
+
+    /// The row and every backlog event.
+    pub fn snapshot(&self, id: &str) -> Option<(RunRow, Vec<Value>)> {
+        self.lock().get(id).map(|e| (e.row.clone(), e.events()))
+    }
+
+    pub fn token(&self, id: &str) -> Option<String> {
+        self.lock().get(id).map(|e| e.token.clone())
+    }
+
+    pub fn last_seq(&self, id: &str) -> Option<u64> {
+        self.lock().get(id).map(|e| e.last_seq)
+    }
+
+    pub fn set_stop(&self, id: &str, stop: StopMode) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.row.stop = Some(e.row.stop.map_or(stop, |s| s.max(stop)));
+        }
+    }
+
+    /// Mark the run finished; its subscribers are closed (the stream then sends `end`).
+    pub fn finish(&self, id: &str, status: RunStatus, finished_at: i64) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.row.status = Some(status);
+            e.row.finished_at = Some(finished_at);
+            e.subscribers.clear();
+        }
+    }
+
+    pub fn mark_persisted(&self, id: &str) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.row.persisted = true;
+        }
+    }
+
+    /// Forget a run entirely (a fenced or killed run, or one handed to another process).
+    pub fn discard(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Drop finished rows older than the TTL.
+    pub fn evict_expired(&self) {
+        let now = self.clock.now_ms();
+        self.lock().retain(|_, e| e.row.finished_at.is_none_or(|f| now - f < FINISHED_TTL_MS));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use storage::ManualClock;
+
+    fn meta() -> RunMeta {
+        RunMeta {
+            agent: "demo".into(),
+            model: "scripted".into(),
+            label: "l".into(),
+            thread_key: "c:t".into(),
+            channel_id: "c".into(),
+            user_id: "u".into(),
+            channel_visibility: ChannelVisibility::Machine,
+            parent_run_id: None,
+        }
+    }
+
+    #[test]
+    fn publish_stamps_monotonic_seqs_and_fans_out() {
+        let clock = ManualClock::new(1000);
+        let r = Registry::new(Arc::new(clock.clone()));
+        r.create("r1", meta(), 1000, "tok".into(), vec![], 1);
+        let (backlog, mut rx, finished) = r.subscribe("r1", 0).unwrap();
+        assert!(backlog.is_empty() && !finished);
+        let a = r.publish("r1", json!({"type": "run_meta"})).unwrap();
+        clock.advance(5);
+        let b = r.publish("r1", json!({"type": "input", "text": "hi"})).unwrap();
+        assert_eq!((a["seq"].as_u64(), b["seq"].as_u64(), b["at"].as_i64()), (Some(1), Some(2), Some(1005)));
+        assert_eq!(rx.try_recv().unwrap()["seq"], 1);
+        assert_eq!(rx.try_recv().unwrap()["seq"], 2);
+        assert_eq!(r.row("r1").unwrap().event_count, 2);
+    }
+
+    #[test]
+    fn a_bounded_backlog_keeps_the_protected_head_and_the_newest() {
+        let r = Registry::with_backlog_limit(Arc::new(ManualClock::new(0)), 6);
+        r.create("r", meta(), 0, "t".into(), vec![], 1);
+        r.publish("r", json!({"type": "run_meta"}));
+        r.publish("r", json!({"type": "input"}));
+        for i in 0..10 {
+            r.publish("r", json!({"type": "note", "i": i}));
+        }
+        let (row, events) = r.snapshot("r").unwrap();
+        let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, [1, 2, 9, 10, 11, 12]);
+        assert_eq!((row.event_count, row.stored_event_count, row.truncated), (12, 6, true));
+    }
+
+    #[test]
+    fn a_resumed_run_replays_under_original_seqs_and_continues_past_them() {
+        let r = Registry::new(Arc::new(ManualClock::new(0)));
+        let replay = vec![json!({"type": "run_meta", "seq": 1}), json!({"type": "input", "seq": 2}), json!({"type": "assistant", "seq": 7})];
+        r.create("r", meta(), 0, "t".into(), replay, 1007);
+        let (backlog, _rx, _) = r.subscribe("r", 2).unwrap();
+        assert_eq!(backlog.len(), 1);
+        assert_eq!(r.publish("r", json!({"type": "resumed"})).unwrap()["seq"], 1007);
+    }
+
+    #[test]
+    fn a_slow_subscriber_is_dropped_and_never_blocks_publishing() {
+        let r = Registry::new(Arc::new(ManualClock::new(0)));
+        r.create("r", meta(), 0, "t".into(), vec![], 1);
+        let (_, rx, _) = r.subscribe("r", 0).unwrap();
+        for _ in 0..SUBSCRIBER_QUEUE + 10 {
+            r.publish("r", json!({"type": "note"}));
+        }
+        drop(rx);
+        assert_eq!(r.lock().get("r").unwrap().subscribers.len(), 0);
+    }
+
+    #[test]
+    fn finished_rows_expire_after_the_ttl() {
+        let clock = ManualClock::new(0);
+        let r = Registry::new(Arc::new(clock.clone()));
+        r.create("r", meta(), 0, "t".into(), vec![], 1);
+        r.finish("r", RunStatus::Completed, 0);
+        clock.advance(FINISHED_TTL_MS - 1);
+        r.evict_expired();
+        assert!(r.row("r").is_some());
+        clock.advance(1);
+        r.evict_expired();
+        assert!(r.row("r").is_none());
+    }
+}

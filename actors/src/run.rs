@@ -1,0 +1,929 @@
+//! `RunActor`: one run, from admission (or adoption) to its final record.
+//!
+//! Owns the run's control channel (stop / fence) and the task that drives the run's steps. The task is
+//! spawned in the actor's context and wrapped in `catch_unwind`: a panic becomes
+//! [`StopReason::Panicked`] and the supervisor re-adopts the run from the ledger (SPEC §1.1); every
+//! other ending is deliberate and never restarted.
+//!
+//! Messages in: [`StopRequest`] (from the supervisor), [`HeartbeatNews`] (from the heartbeat).
+//! Notifications out: [`RunEnded`] to the supervisor.
+//!
+//! # The run, in order (SPEC §5.2)
+//! admitted (attaching row + registry row + `run_meta`/`input`, done by the thread slot) → tombstone →
+//! promote (claim with prompt and tools) → seed turns + step-0 record → steps (transcript turns, then
+//! the step record with the calls in flight, then the tools) → final status → finishing gate →
+//! answer + webhook → final record through the ledger's finish → one fresh run for unread follow-ups →
+//! workspace release.
+//!
+//! Invariants:
+//! - a step's turns and record are durable before its tools run and before its events are published;
+//! - after a fence nothing more from this process reaches the thread: no answer, no webhook, no record;
+//! - a detached run (a ledger write failed) keeps running best-effort but is never resumed.
+
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
+use futures_util::FutureExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use storage::ledger::decisions::{self, ResumePoint, Settlement};
+use storage::ledger::{InFlight, InboxItem, LiveRow, Promotion, Refusal, StepRecord, StopMode, Turn};
+use storage::record::{fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES};
+use storage::{Clock, Generation, StorageHandle};
+use tokio::sync::watch;
+
+use crate::agent::{self, Agent, AssistantTurn, Conversation, ToolCall, ToolDef, ToolResult};
+use crate::flusher::{Flusher, Push};
+use crate::heartbeat::{Heartbeat, HeartbeatNews, Track, Untrack};
+use crate::history::{HistoryWriter, Via, WriteOutcome};
+use crate::registry::{Registry, RunMeta};
+use crate::tools::{ToolContext, Toolbox};
+
+/// Longest `summary` published for a tool call or result.
+const SUMMARY_CHARS: usize = 200;
+/// Retry delays of the promotion claim (SPEC §5.5).
+const CLAIM_RETRIES: [Duration; 2] = [Duration::from_millis(200), Duration::from_millis(800)];
+/// Retry delay of a step or state write (SPEC §5.5).
+const WRITE_RETRY: Duration = Duration::from_millis(200);
+
+/// An admitted message, as saved in `meta.request` and replayed by a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    pub thread: String,
+    pub channel: String,
+    pub user: String,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility: Option<String>,
+}
+
+impl Request {
+    pub fn thread_key(&self) -> String {
+        format!("{}:{}", self.channel, self.thread)
+    }
+}
+
+/// A configured agent with its budget and system prompt.
+#[derive(Clone)]
+pub struct AgentEntry {
+    pub agent: Arc<dyn Agent>,
+    pub budget_ms: i64,
+    pub system: String,
+}
+
+/// Everything a run needs from the process; cloned into each run.
+#[derive(Clone)]
+pub struct RunDeps {
+    pub gen: Generation,
+    pub storage: StorageHandle,
+    pub registry: Registry,
+    pub flusher: Addr<Flusher>,
+    pub heartbeat: Addr<Heartbeat>,
+    pub history: HistoryWriter,
+    pub agents: Arc<std::collections::HashMap<String, AgentEntry>>,
+    pub tools: Arc<Toolbox>,
+    pub data_dir: PathBuf,
+    pub lease_ms: i64,
+    pub webhook_url: Option<String>,
+    pub http: reqwest::Client,
+    pub clock: Arc<dyn Clock>,
+    pub on_ended: actix::Recipient<RunEnded>,
+}
+
+/// The stop control a run's task watches.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Control {
+    pub stop: Option<StopMode>,
+    /// Another generation owns the run: abort and say nothing more.
+    pub fenced: bool,
+}
+
+impl Control {
+    fn aborts(&self) -> bool {
+        self.fenced || self.stop == Some(StopMode::Hard)
+    }
+}
+
+/// Who asked for a stop, as published on `stop_requested`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StopActor {
+    pub kind: String,
+    pub id: String,
+}
+
+impl StopActor {
+    /// Sanitize the id to `^[A-Za-z0-9:@._-]{1,128}$`, else `unknown` (SPEC §5.6).
+    pub fn new(kind: &str, id: &str) -> Self {
+        let ok = (1..=128).contains(&id.len())
+            && id.chars().all(|c| c.is_ascii_alphanumeric() || ":@._-".contains(c));
+        StopActor { kind: kind.to_owned(), id: if ok { id.to_owned() } else { "unknown".to_owned() } }
+    }
+}
+
+/// How a run starts.
+pub enum Launch {
+    /// Admitted here: the `attaching` row, the registry row and `run_meta`/`input` exist.
+    Fresh {
+        id: String,
+        meta: RunMeta,
+        request: Request,
+        started_at: i64,
+        /// `run_meta` and `input`, already in the registry, still to reach the ledger.
+        initial_events: Vec<Value>,
+    },
+    /// Continue a row this generation owns from its transcript (SPEC §6.2).
+    Resume(Box<Adoption>),
+}
+
+/// What a resume adopts.
+pub struct Adoption {
+    pub row: LiveRow,
+    pub last_step: StepRecord,
+    pub transcript: Vec<Turn>,
+    pub events: Vec<Value>,
+    pub point: ResumePoint,
+    pub from_gen: String,
+}
+
+/// Why a run actor stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopReason {
+    Finished(RunStatus),
+    Fenced,
+    /// Finishing could not be confirmed: the row stays for a later generation.
+    LeftForLater,
+    HardStopped,
+    Panicked(String),
+}
+
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct RunEnded {
+    pub run_id: String,
+    pub reason: StopReason,
+    /// Follow-ups that arrived after the last step: the supervisor starts ONE fresh run with them.
+    pub leftover: Vec<InboxItem>,
+    pub thread_key: String,
+}
+
+/// A stop for this run (already committed to the ledger by the caller).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct StopRequest {
+    pub mode: StopMode,
+    pub actor: StopActor,
+}
+
+pub struct RunActor {
+    id: String,
+    thread_key: String,
+    deps: RunDeps,
+    launch: Option<Launch>,
+    control: watch::Sender<Control>,
+    announced: Vec<StopMode>,
+}
+
+impl RunActor {
+    pub fn new(deps: RunDeps, launch: Launch) -> Self {
+        let (id, thread_key) = match &launch {
+            Launch::Fresh { id, meta, .. } => (id.clone(), meta.thread_key.clone()),
+            Launch::Resume(a) => (a.row.run_id.clone(), a.row.thread_key.clone()),
+        };
+        RunActor { id, thread_key, deps, launch: Some(launch), control: watch::channel(Control::default()).0, announced: Vec::new() }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn stop_with(&mut self, mode: StopMode, actor: Option<StopActor>) {
+        if !self.announced.contains(&mode) {
+            self.announced.push(mode);
+            self.deps.registry.set_stop(&self.id, mode);
+            let mut ev = json!({"type": "stop_requested", "mode": mode.as_str()});
+            if let Some(a) = actor {
+                ev["actor"] = json!(a);
+            }
+            publish(&self.deps, &self.id, ev, true);
+        }
+        self.control.send_modify(|c| c.stop = Some(decisions::strongest_stop(c.stop, mode)));
+    }
+}
+
+impl Actor for RunActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let launch = self.launch.take().expect("a run actor starts once");
+        let span = tracing::info_span!("run", run_id = %self.id, generation = self.deps.gen.as_str());
+        // The heartbeat starts with the run (at the reservation for a fresh run, at once for an adoption).
+        self.deps.heartbeat.do_send(Track {
+            run_id: self.id.clone(),
+            gen: self.deps.gen.as_str().to_owned(),
+            news: ctx.address().recipient(),
+        });
+        let task = drive(self.deps.clone(), launch, self.control.subscribe());
+        let task = tracing::Instrument::instrument(AssertUnwindSafe(task).catch_unwind(), span);
+        ctx.spawn(task.into_actor(self).map(|result, act, ctx| {
+            let (reason, leftover) = match result {
+                Ok(end) => end,
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    tracing::error!(run_id = %act.id, generation = act.deps.gen.as_str(), "run panicked");
+                    (StopReason::Panicked(what), Vec::new())
+                }
+            };
+            if !matches!(reason, StopReason::Panicked(_)) {
+                act.deps.heartbeat.do_send(Untrack(act.id.clone()));
+            }
+            act.deps.on_ended.do_send(RunEnded {
+                run_id: act.id.clone(),
+                reason,
+                leftover,
+                thread_key: act.thread_key.clone(),
+            });
+            ctx.stop();
+        }));
+    }
+}
+
+impl Handler<StopRequest> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: StopRequest, _ctx: &mut Context<Self>) {
+        self.stop_with(msg.mode, Some(msg.actor));
+    }
+}
+
+impl Handler<HeartbeatNews> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: HeartbeatNews, _ctx: &mut Context<Self>) {
+        match msg {
+            HeartbeatNews::Stop(mode) => self.stop_with(mode, None),
+            HeartbeatNews::Fenced => self.control.send_modify(|c| c.fenced = true),
+        }
+    }
+}
+
+/// Publish an event to the registry and, when `durable`, to the flusher for the ledger.
+pub(crate) fn publish(deps: &RunDeps, id: &str, event: Value, durable: bool) -> Option<Value> {
+    let stamped = deps.registry.publish(id, event)?;
+    if durable {
+        deps.flusher.do_send(Push { run_id: id.to_owned(), gen: deps.gen.as_str().to_owned(), event: stamped.clone() });
+    }
+    Some(stamped)
+}
+
+fn summarize(s: &str) -> String {
+    let mut out: String = s.chars().take(SUMMARY_CHARS).collect();
+    if s.chars().count() > SUMMARY_CHARS {
+        out.push('…');
+    }
+    out
+}
+
+/// The write-through state of a run's ledger row (SPEC §5.5).
+#[derive(Debug, Clone, PartialEq)]
+enum Tracking {
+    /// Reserved or promoted; writes go through.
+    Tracked,
+    /// A write failed: later ledger writes are no-ops, the run continues best-effort, never resumed.
+    Detached,
+    /// Another generation owns the row.
+    Fenced,
+}
+
+/// How the loop ended.
+enum Ending {
+    Answer(String),
+    Failed(String),
+    Stopped(StopMode),
+    Fenced,
+}
+
+/// The state of a running run's task.
+struct Run {
+    deps: RunDeps,
+    id: String,
+    gen: String,
+    meta: RunMeta,
+    deadline: i64,
+    control: watch::Receiver<Control>,
+    tracking: Tracking,
+    agent: AgentEntry,
+    tool_defs: Vec<ToolDef>,
+    system: String,
+    /// Transcript turns after the system turn.
+    turns: Vec<Turn>,
+    /// Turn count of the durable transcript (system turn included).
+    turn_count: u64,
+    step: u64,
+    iteration: u64,
+    inbox_consumed: Option<u64>,
+    /// The previous step's results turn (or follow-ups), written with the next assistant turn.
+    pending: Option<Turn>,
+    last_text: String,
+    workspace: PathBuf,
+    model_ms: u64,
+    model_calls: u64,
+    tool_ms: u64,
+    tool_calls: u64,
+}
+
+/// Drive a run to its end. Answers why it ended and any follow-ups left unread.
+async fn drive(deps: RunDeps, launch: Launch, control: watch::Receiver<Control>) -> (StopReason, Vec<InboxItem>) {
+    match launch {
+        Launch::Fresh { id, meta, request, started_at, initial_events } => {
+            for event in initial_events {
+                deps.flusher.do_send(Push { run_id: id.clone(), gen: deps.gen.as_str().to_owned(), event });
+            }
+            fresh(deps, id, meta, request, started_at, control).await
+        }
+        Launch::Resume(adoption) => resume(deps, *adoption, control).await,
+    }
+}
+
+/// Resolves once the control asks for an abort (hard stop or fence); never otherwise.
+async fn aborted(mut control: watch::Receiver<Control>) {
+    loop {
+        if control.borrow_and_update().aborts() {
+            return;
+        }
+        if control.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Run {
+    fn now(&self) -> i64 {
+        self.deps.clock.now_ms()
+    }
+
+    fn publish(&self, event: Value) {
+        publish(&self.deps, &self.id, event, self.tracking == Tracking::Tracked);
+    }
+
+    fn note(&self, kind: &str, summary: &str) {
+        self.publish(json!({"type": "note", "kind": kind, "summary": summary}));
+    }
+
+    /// The ending the control asks for, if any.
+    fn checkpoint(&self) -> Option<Ending> {
+        let c = self.control.borrow().clone();
+        if c.fenced || self.tracking == Tracking::Fenced {
+            Some(Ending::Fenced)
+        } else {
+            c.stop.map(Ending::Stopped)
+        }
+    }
+
+    fn fence(&mut self) {
+        if self.tracking != Tracking::Fenced {
+            tracing::warn!(run_id = %self.id, generation = %self.gen, "fenced: another generation owns the run");
+            self.tracking = Tracking::Fenced;
+            self.deps.heartbeat.do_send(Untrack(self.id.clone()));
+        }
+    }
+
+    /// Stop writing through: one note, one attempt to mark the row detached, no more heartbeats.
+    async fn detach(&mut self, what: &str, why: String) {
+        if self.tracking != Tracking::Tracked {
+            return;
+        }
+        tracing::warn!(run_id = %self.id, generation = %self.gen, what, why = %why, "ledger write failed: detaching");
+        self.tracking = Tracking::Detached;
+        self.deps.heartbeat.do_send(Untrack(self.id.clone()));
+        self.note("ledger_detached", &format!("{what} failed; this run is not resumable"));
+        let mut patch = Map::new();
+        patch.insert("detached".into(), Value::Bool(true));
+        let _ = self.deps.storage.set_state(self.id.clone(), self.gen.clone(), patch).await;
+    }
+
+    /// Act on an owner write's answer. `Some` when it landed.
+    async fn settle<T>(&mut self, what: &str, answer: storage::Result<storage::ledger::Outcome<T>>) -> Option<T> {
+        match answer {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. })) => {
+                self.fence();
+                None
+            }
+            Ok(Err(refusal)) => {
+                self.detach(what, refusal.to_string()).await;
+                None
+            }
+            Err(e) => {
+                self.detach(what, e.to_string()).await;
+                None
+            }
+        }
+    }
+
+    /// Write transcript turns at the end of the durable transcript (retried once after 200 ms).
+    async fn write_turns(&mut self, new: Vec<Turn>) {
+        if self.tracking == Tracking::Tracked {
+            let (s, id, gen, idx) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone(), self.turn_count);
+            let mut answer = s.write_transcript(id.clone(), gen.clone(), idx, new.clone()).await;
+            if answer.is_err() {
+                tokio::time::sleep(WRITE_RETRY).await;
+                answer = s.write_transcript(id, gen, idx, new.clone()).await;
+            }
+            self.settle("transcript write", answer).await;
+        }
+        self.turn_count += new.len() as u64;
+        self.turns.extend(new);
+    }
+
+    /// Write this step's record (retried once after 200 ms).
+    async fn write_step(&mut self, calls: &[ToolCall]) {
+        if self.tracking != Tracking::Tracked {
+            return;
+        }
+        let record = StepRecord {
+            step: self.step,
+            seq: self.deps.registry.last_seq(&self.id).unwrap_or(0),
+            turn_index: self.turn_count,
+            in_flight: calls.iter().map(|c| InFlight { call_id: c.call_id.clone(), tool: c.tool.clone() }).collect(),
+            inbox_consumed_seq: self.inbox_consumed,
+            remaining_ms: (self.deadline - self.now()).max(0),
+            turn: self.step,
+            iteration: self.iteration,
+        };
+        let (s, id, gen) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone());
+        let mut answer = s.step(id.clone(), gen.clone(), record.clone()).await;
+        if answer.is_err() {
+            tokio::time::sleep(WRITE_RETRY).await;
+            answer = s.step(id, gen, record).await;
+        }
+        self.settle("step record", answer).await;
+    }
+
+    /// Fold unread follow-ups into the next turn. With `new_turn` false they only join a pending results
+    /// turn (step 1 has none: its follow-ups wait, so the transcript keeps its one-turn-per-step shape).
+    async fn fold_inbox(&mut self, new_turn: bool) -> bool {
+        if self.tracking != Tracking::Tracked || (!new_turn && self.pending.is_none()) {
+            return false;
+        }
+        let answer = self.deps.storage.read_inbox(self.id.clone(), self.inbox_consumed).await;
+        let items = match answer {
+            Ok(Ok(items)) => items,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        if items.is_empty() {
+            return false;
+        }
+        let mut followups = Vec::new();
+        for item in &items {
+            let text = item.message.get("text").and_then(Value::as_str).unwrap_or_default().to_owned();
+            self.publish(json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq}));
+            followups.push((item.seq, text));
+        }
+        self.inbox_consumed = items.iter().map(|i| i.seq).max();
+        match &mut self.pending {
+            Some(turn) => turn.parts.extend(followups.iter().map(|(seq, t)| agent::followup_part(*seq, t))),
+            None => self.pending = Some(agent::followups_turn(&followups)),
+        }
+        true
+    }
+
+    /// Run one tool call, unless an abort comes first.
+    async fn call_tool(&mut self, call: &ToolCall) -> Result<ToolResult, Ending> {
+        self.publish(json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
+            "summary": summarize(&call.args.to_string()), "step": self.step}));
+        let started = Instant::now();
+        let output = match self.deps.tools.get(&call.tool) {
+            Some(tool) => {
+                let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone() };
+                tokio::select! {
+                    out = tool.call(&ctx, &call.args) => out,
+                    _ = aborted(self.control.clone()) => return Err(self.checkpoint().unwrap_or(Ending::Stopped(StopMode::Hard))),
+                }
+            }
+            None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
+        };
+        self.tool_ms += started.elapsed().as_millis() as u64;
+        self.tool_calls += 1;
+        self.publish(json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
+            "summary": summarize(&output.output), "step": self.step}));
+        Ok(ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: output.ok, output: output.output })
+    }
+
+    async fn run_calls(&mut self, calls: &[ToolCall]) -> Result<Vec<ToolResult>, Ending> {
+        let mut results = Vec::with_capacity(calls.len());
+        for call in calls {
+            results.push(self.call_tool(call).await?);
+        }
+        Ok(results)
+    }
+
+    /// The step loop (SPEC §5.2 step 5).
+    async fn steps(&mut self) -> Ending {
+        loop {
+            if let Some(end) = self.checkpoint() {
+                return end;
+            }
+            if self.now() >= self.deadline {
+                self.note("time_budget_exhausted", "the run's time budget ran out");
+                return if self.last_text.is_empty() {
+                    Ending::Failed("time budget exhausted before an answer".into())
+                } else {
+                    Ending::Answer(self.last_text.clone())
+                };
+            }
+            self.fold_inbox(false).await;
+            self.step += 1;
+            self.iteration += 1;
+            let mut conversation = self.turns.clone();
+            conversation.extend(self.pending.clone());
+            let started = Instant::now();
+            let reply = {
+                let conv = Conversation { system: &self.system, turns: &conversation, tools: &self.tool_defs };
+                tokio::select! {
+                    r = self.agent.agent.next(conv) => r,
+                    _ = aborted(self.control.clone()) => return self.checkpoint().unwrap_or(Ending::Stopped(StopMode::Hard)),
+                }
+            };
+            self.model_ms += started.elapsed().as_millis() as u64;
+            self.model_calls += 1;
+            let turn: AssistantTurn = match reply {
+                Ok(t) => t,
+                Err(e) => return Ending::Failed(e.to_string()),
+            };
+            let mut new_turns: Vec<Turn> = self.pending.take().into_iter().collect();
+            new_turns.push(turn.to_turn());
+            self.write_turns(new_turns).await;
+            self.write_step(&turn.calls).await;
+            if self.tracking == Tracking::Fenced {
+                return Ending::Fenced;
+            }
+            if !turn.text.is_empty() {
+                self.last_text = turn.text.clone();
+            }
+            if turn.calls.is_empty() {
+                // The model answered: read the inbox first; unread follow-ups become a turn and the loop goes on.
+                if self.fold_inbox(true).await {
+                    self.publish(json!({"type": "assistant", "text": turn.text, "step": self.step}));
+                    continue;
+                }
+                return Ending::Answer(turn.text);
+            }
+            self.publish(json!({"type": "assistant", "text": turn.text, "step": self.step}));
+            match self.run_calls(&turn.calls).await {
+                Ok(results) => self.pending = Some(agent::results_turn(&results, &[])),
+                Err(end) => return end,
+            }
+        }
+    }
+
+    fn diagnosis(&self) -> Value {
+        json!({"byCategory": {
+            "model": {"count": self.model_calls, "durationMs": self.model_ms},
+            "tool": {"count": self.tool_calls, "durationMs": self.tool_ms},
+        }})
+    }
+
+    /// Final status, finishing gate, reply, record (SPEC §5.2 steps 6–8).
+    async fn conclude(mut self, ending: Ending) -> (StopReason, Vec<InboxItem>) {
+        let stop = self.control.borrow().stop;
+        let (mut status, answer) = match ending {
+            Ending::Fenced => {
+                self.fence();
+                self.deps.registry.discard(&self.id);
+                return (StopReason::Fenced, Vec::new());
+            }
+            Ending::Failed(message) => {
+                self.publish(json!({"type": "run_failed", "message": summarize(&message)}));
+                (RunStatus::Failed, None)
+            }
+            Ending::Stopped(StopMode::Hard) => (RunStatus::StoppedHard, None),
+            Ending::Stopped(StopMode::Soft) => (RunStatus::StoppedSoft, None),
+            Ending::Answer(text) => match stop {
+                Some(StopMode::Hard) => (RunStatus::StoppedHard, None),
+                Some(StopMode::Soft) => (RunStatus::StoppedSoft, Some(text)),
+                None => (RunStatus::Completed, Some(text)),
+            },
+        };
+        // The finishing gate: only a confirmed owner replies.
+        if self.tracking == Tracking::Tracked {
+            let answer_gate =
+                self.deps.storage.finishing(self.id.clone(), self.gen.clone(), status, answer.clone()).await;
+            match answer_gate {
+                Ok(Ok(())) => {}
+                Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. } | Refusal::WrongPhase { .. })) => {
+                    self.fence();
+                    self.deps.registry.discard(&self.id);
+                    return (StopReason::Fenced, Vec::new());
+                }
+                Ok(Err(refusal)) => {
+                    tracing::warn!(run_id = %self.id, %refusal, "finishing refused; leaving the row for a later generation");
+                    self.deps.heartbeat.do_send(Untrack(self.id.clone()));
+                    return (StopReason::LeftForLater, Vec::new());
+                }
+                Err(e) => {
+                    tracing::warn!(run_id = %self.id, error = %e, "finishing unavailable; leaving the row for a later generation");
+                    self.deps.heartbeat.do_send(Untrack(self.id.clone()));
+                    return (StopReason::LeftForLater, Vec::new());
+                }
+            }
+        } else if self.tracking == Tracking::Fenced {
+            return (StopReason::Fenced, Vec::new());
+        }
+        if let Some(text) = &answer {
+            self.publish(json!({"type": "answer", "text": text}));
+        }
+        let reply = self.deliver(status, answer.as_deref()).await;
+        if reply.as_ref().is_some_and(|(ok, _)| !ok) && status == RunStatus::Completed {
+            status = RunStatus::Failed;
+        }
+        let finished_at = self.now();
+        self.deps.registry.finish(&self.id, status, finished_at);
+        let record = build_record(&self.deps, &self.id, status, finished_at, false, reply, Some(self.diagnosis()), Some(self.step));
+        let mut leftover = Vec::new();
+        if let Some(record) = record {
+            let via = if self.tracking == Tracking::Fenced { Via::Store } else { Via::Ledger { gen: self.gen.clone() } };
+            let ticket = self.deps.history.write(record, via);
+            // Follow-ups that arrived after the last step: read once the finish has freed the thread.
+            if let WriteOutcome::Landed(_) = ticket.landed().await {
+                self.deps.registry.mark_persisted(&self.id);
+                if self.tracking == Tracking::Tracked {
+                    leftover = self
+                        .deps
+                        .storage
+                        .inbox_after(self.id.clone(), self.inbox_consumed)
+                        .await
+                        .unwrap_or_default();
+                }
+            }
+        }
+        tracing::info!(run_id = %self.id, generation = %self.gen, status = status.as_str(), "run finished; workspace released");
+        (StopReason::Finished(status), leftover)
+    }
+
+    /// POST the reply to the configured webhook; answers `(replyOk, replyNote)` when one was called.
+    async fn deliver(&self, status: RunStatus, answer: Option<&str>) -> Option<(bool, Option<String>)> {
+        let url = self.deps.webhook_url.as_ref()?;
+        let body = json!({
+            "runId": self.id, "threadKey": self.meta.thread_key, "channel": self.meta.channel_id,
+            "user": self.meta.user_id, "status": status.as_str(), "answer": answer, "finishedAt": self.now(),
+        });
+        let sent = self.deps.http.post(url).timeout(Duration::from_secs(10)).json(&body).send().await;
+        Some(match sent {
+            Ok(r) if r.status().is_success() => (true, None),
+            Ok(r) => (false, Some(format!("webhook answered {}", r.status().as_u16()))),
+            Err(e) => (false, Some(format!("webhook failed: {}", if e.is_timeout() { "timeout" } else { "connection" }))),
+        })
+    }
+}
+
+/// Build a record from the registry's snapshot of the run, fitted to the byte budget.
+#[allow(clippy::too_many_arguments)]
+pub fn build_record(
+    deps: &RunDeps,
+    id: &str,
+    status: RunStatus,
+    finished_at: i64,
+    provisional: bool,
+    reply: Option<(bool, Option<String>)>,
+    diagnosis: Option<Value>,
+    step_count: Option<u64>,
+) -> Option<RunRecord> {
+    let (row, events) = deps.registry.snapshot(id)?;
+    let m = &row.meta;
+    let mut v = json!({
+        "id": id, "label": m.label, "agent": m.agent, "model": m.model, "channelId": m.channel_id,
+        "userId": m.user_id, "threadKey": m.thread_key, "channelVisibility": m.channel_visibility.as_str(),
+        "startedAt": row.started_at, "finishedAt": finished_at, "status": status.as_str(),
+        "eventCount": row.event_count, "storedEventCount": events.len(), "truncated": row.truncated,
+        "events": events, "diagnosis": diagnosis.unwrap_or_else(|| json!({"byCategory": {}})),
+    });
+    if let Some(p) = &m.parent_run_id {
+        v["parentRunId"] = json!(p);
+    }
+    if provisional {
+        v["provisional"] = json!(true);
+    } else {
+        v["sealedAt"] = json!(finished_at);
+    }
+    if let Some(n) = step_count {
+        v["stepCount"] = json!(n);
+    }
+    if let Some((ok, note)) = reply {
+        v["replyOk"] = json!(ok);
+        if let Some(n) = note {
+            v["replyNote"] = json!(n);
+        }
+    }
+    match validate_record(&v) {
+        Ok(r) => Some(fit_record_to_budget(&r, MAX_RECORD_BYTES)),
+        Err(e) => {
+            tracing::error!(run_id = id, error = %e, "built an invalid record; not written");
+            None
+        }
+    }
+}
+
+impl Run {
+    fn new(deps: RunDeps, id: String, meta: RunMeta, deadline: i64, agent: AgentEntry, control: watch::Receiver<Control>) -> Self {
+        let workspace = crate::tools::workspace_dir(&deps.data_dir, &id);
+        Run {
+            gen: deps.gen.as_str().to_owned(),
+            tool_defs: deps.tools.defs(),
+            system: agent.system.clone(),
+            deps,
+            id,
+            meta,
+            deadline,
+            control,
+            tracking: Tracking::Tracked,
+            agent,
+            turns: Vec::new(),
+            turn_count: 0,
+            step: 0,
+            iteration: 0,
+            inbox_consumed: None,
+            pending: None,
+            last_text: String::new(),
+            workspace,
+            model_ms: 0,
+            model_calls: 0,
+            tool_ms: 0,
+            tool_calls: 0,
+        }
+    }
+}
+
+/// A run admitted here: tombstone, promote, seed, steps, conclude.
+async fn fresh(
+    deps: RunDeps,
+    id: String,
+    meta: RunMeta,
+    request: Request,
+    started_at: i64,
+    control: watch::Receiver<Control>,
+) -> (StopReason, Vec<InboxItem>) {
+    let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
+        // The slot checks the agent before admitting; a config reload could still race it.
+        tracing::error!(run_id = %id, agent = %meta.agent, "unknown agent; abandoning the reservation");
+        let _ = deps.storage.abandon(id.clone(), deps.gen.as_str().to_owned()).await;
+        deps.registry.discard(&id);
+        return (StopReason::Finished(RunStatus::Failed), Vec::new());
+    };
+    let deadline = started_at + agent.budget_ms;
+    let mut run = Run::new(deps, id, meta, deadline, agent, control);
+    // Tombstone: a provisional record, so a crash before the finish still leaves a trace.
+    if let Some(tomb) = build_record(&run.deps, &run.id, RunStatus::Interrupted, started_at, true, None, None, None) {
+        run.deps.history.write(tomb, Via::Store);
+    }
+    if let Err(e) = std::fs::create_dir_all(&run.workspace) {
+        tracing::warn!(run_id = %run.id, error = %e, "could not create the run workspace");
+    }
+    // Promote the reservation: from here the run is resumable.
+    let mut state = Map::new();
+    state.insert("binding".into(), json!({"workspace": run.workspace.display().to_string()}));
+    let promotion = Promotion {
+        system_text: run.system.clone(),
+        tools: json!(run.tool_defs),
+        state,
+        lease_ms: run.deps.lease_ms,
+    };
+    let mut answer = run.deps.storage.claim(run.id.clone(), run.gen.clone(), promotion.clone()).await;
+    for delay in CLAIM_RETRIES {
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        answer = run.deps.storage.claim(run.id.clone(), run.gen.clone(), promotion.clone()).await;
+    }
+    match answer {
+        Ok(Ok(_)) => {}
+        Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. })) => run.fence(),
+        Ok(Err(refusal)) => run.detach("promotion", refusal.to_string()).await,
+        Err(e) => run.detach("promotion", e.to_string()).await,
+    }
+    // Seed: the first model call's messages, then the step-0 record.
+    run.write_turns(vec![agent::system_turn(&run.system), agent::user_turn(&request.text)]).await;
+    run.turns.remove(0); // `turns` holds what follows the system turn
+    run.write_step(&[]).await;
+    let ending = run.steps().await;
+    run.conclude(ending).await
+}
+
+/// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2).
+async fn resume(deps: RunDeps, a: Adoption, control: watch::Receiver<Control>) -> (StopReason, Vec<InboxItem>) {
+    let row = a.row;
+    let meta = meta_from_row(&row);
+    let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
+        tracing::error!(run_id = %row.run_id, agent = %meta.agent, "resume: unknown agent");
+        return (StopReason::LeftForLater, Vec::new());
+    };
+    let now = deps.clock.now_ms();
+    let highest = a.events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let token = deps.registry.token(&row.run_id).unwrap_or_default();
+    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, a.events, highest + 1000);
+    let mut run = Run::new(deps, row.run_id.clone(), meta, now + a.last_step.remaining_ms, agent, control);
+    if !row.system_text.is_empty() {
+        run.system = row.system_text.clone();
+    }
+    run.turn_count = a.transcript.len() as u64;
+    run.turns = a.transcript.into_iter().skip(1).collect();
+    run.step = a.last_step.step;
+    run.iteration = a.last_step.iteration;
+    run.inbox_consumed = a.last_step.inbox_consumed_seq;
+    run.last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+    let last_assistant = run.turns.last().and_then(AssistantTurn::from_turn);
+    // Which calls to settle, and whether the transcript already ends on the answer (a finish plan).
+    let mut calls = Vec::new();
+    let mut finish_plan = None;
+    match a.point {
+        ResumePoint::ResumeAt { .. } => {
+            let recorded: Vec<String> = a.last_step.in_flight.iter().map(|c| c.call_id.clone()).collect();
+            if let Some(turn) = &last_assistant {
+                let ids: Vec<String> = turn.calls.iter().map(|c| c.call_id.clone()).collect();
+                if let Err(reason) = decisions::in_flight_matches(&recorded, &ids) {
+                    run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
+                    return run.conclude(Ending::Failed(reason)).await;
+                }
+                if turn.calls.is_empty() {
+                    finish_plan = Some(turn.text.clone());
+                }
+                calls = turn.calls.clone();
+            }
+        }
+        ResumePoint::RunStepFresh { step } => {
+            // The step's turns landed but not its record: nothing was dispatched, run its calls fresh.
+            run.step = step;
+            run.iteration += 1;
+            calls = last_assistant.map(|t| t.calls).unwrap_or_default();
+            if calls.is_empty() {
+                finish_plan = Some(run.last_text.clone());
+            }
+            run.write_step(&calls).await;
+        }
+    }
+    let fresh_calls = matches!(a.point, ResumePoint::RunStepFresh { .. });
+    let how: Vec<Settlement> = calls
+        .iter()
+        .map(|call| {
+            if fresh_calls {
+                return Settlement::Rerun;
+            }
+            let def = run.tool_defs.iter().find(|d| d.name == call.tool);
+            decisions::settlement(def.is_some(), def.is_some_and(|d| d.side_effect_free), def.is_some_and(|d| d.rerun_safe))
+        })
+        .collect();
+    let settled: Vec<Value> = if fresh_calls {
+        Vec::new()
+    } else {
+        calls.iter().zip(&how).map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h})).collect()
+    };
+    run.publish(json!({"type": "resumed", "settled": settled, "fromGeneration": a.from_gen}));
+    if let Some(text) = finish_plan {
+        return run.conclude(Ending::Answer(text)).await;
+    }
+    if !calls.is_empty() {
+        let mut results = Vec::with_capacity(calls.len());
+        for (call, how) in calls.iter().zip(how) {
+            match how.synthetic_text() {
+                None => match run.call_tool(call).await {
+                    Ok(r) => results.push(r),
+                    Err(end) => return run.conclude(end).await,
+                },
+                Some(text) => results.push(ToolResult {
+                    call_id: call.call_id.clone(),
+                    tool: call.tool.clone(),
+                    ok: false,
+                    output: text.to_owned(),
+                }),
+            }
+        }
+        run.pending = Some(agent::results_turn(&results, &[]));
+    }
+    let ending = run.steps().await;
+    run.conclude(ending).await
+}
+
+/// The run identity saved in a ledger row's `meta_json`.
+pub fn meta_from_row(row: &LiveRow) -> RunMeta {
+    let s = |k: &str| row.meta.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    RunMeta {
+        agent: s("agent"),
+        model: s("model"),
+        label: s("label"),
+        thread_key: row.thread_key.clone(),
+        channel_id: s("channelId"),
+        user_id: s("userId"),
+        channel_visibility: storage::record::ChannelVisibility::parse(&s("channelVisibility")).unwrap_or_default(),
+        parent_run_id: row.meta.get("parentRunId").and_then(Value::as_str).map(str::to_owned),
+    }
+}

@@ -1,0 +1,479 @@
+//! `Supervisor`: one per process; owns the generation and every run actor, and `ThreadSlot`s that
+//! serialize admission per thread.
+//!
+//! Messages in: [`AdmitMessage`] (HTTP admission), [`StopRun`] (HTTP stop), [`RunEnded`] (from run
+//! actors), [`LaunchRun`] (from slots). It starts the flusher and the heartbeat.
+//!
+//! Restart policy (SPEC §1.1): a run actor that ended with [`StopReason::Panicked`] is re-adopted from
+//! the ledger once, exactly as a resume plans it (in-flight mutating calls get the synthetic result,
+//! never a re-run); a second panic closes it `failed`. Every other ending is deliberate and final.
+//!
+//! Invariant: a generation never reclaims its own rows; re-adoption after a panic reads this
+//! generation's own row, it does not reclaim it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, ActorFutureExt, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture};
+use serde_json::{json, Value};
+use storage::ledger::{decisions, Admit, AdmitOutcome, ReceiptKey, Refusal, StopMode};
+use storage::record::{ChannelVisibility, RunStatus};
+use storage::{Clock, Generation, StorageHandle};
+
+use crate::flusher::Flusher;
+use crate::heartbeat::Heartbeat;
+use crate::history::{HistoryWriter, Via};
+use crate::registry::{Registry, RunMeta};
+use crate::run::{self, Adoption, AgentEntry, Launch, Request, RunActor, RunDeps, RunEnded, StopActor, StopReason, StopRequest};
+use crate::token::TokenMinter;
+use crate::tools::Toolbox;
+
+/// How long a keyed message waits for a finishing run to free its thread (SPEC §5.1).
+const BUSY_WAIT: Duration = Duration::from_secs(5);
+const BUSY_POLL: Duration = Duration::from_millis(100);
+/// Longest `label` taken from the request text.
+const LABEL_CHARS: usize = 80;
+
+/// What the process hands the supervisor at boot.
+pub struct SupervisorConfig {
+    pub gen: Generation,
+    pub storage: StorageHandle,
+    pub registry: Registry,
+    pub history: HistoryWriter,
+    pub agents: HashMap<String, AgentEntry>,
+    pub default_agent: String,
+    pub tools: Toolbox,
+    pub data_dir: PathBuf,
+    pub lease_ms: i64,
+    pub heartbeat_ms: u64,
+    pub webhook_url: Option<String>,
+    pub clock: Arc<dyn Clock>,
+    pub tokens: TokenMinter,
+    pub draining: Arc<AtomicBool>,
+}
+
+/// A message to admit.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Admitted, AdmitError>")]
+pub struct AdmitMessage {
+    pub request: Request,
+    pub key: Option<ReceiptKey>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admitted {
+    Started { run_id: String, token: String },
+    Steered { run_id: String, seq: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdmitError {
+    #[error("the process is draining")]
+    Draining,
+    #[error("unknown agent {0:?}")]
+    UnknownAgent(String),
+    #[error("unknown visibility {0:?}")]
+    BadVisibility(String),
+    #[error("thread key {0:?} is not 1 to 256 characters")]
+    BadThread(String),
+    #[error("the idempotency key was used with another body")]
+    KeyConflict,
+    #[error("the thread's run is finishing")]
+    ThreadBusy,
+    #[error("the run id is fenced")]
+    Fenced,
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A stop from an operator or integration (SPEC §5.6).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), StopError>")]
+pub struct StopRun {
+    pub run_id: String,
+    pub mode: StopMode,
+    pub actor: StopActor,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StopError {
+    #[error("no such run")]
+    NotFound,
+    #[error("the run has finished")]
+    Finished,
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Start a run actor (from a slot, or the supervisor itself).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LaunchRun(pub Launch);
+
+pub struct Supervisor {
+    deps: Option<RunDeps>,
+    config: Arc<SlotShared>,
+    runs: HashMap<String, Addr<RunActor>>,
+    slots: HashMap<String, Addr<ThreadSlot>>,
+    panics: HashMap<String, u32>,
+    flusher_failures: Arc<AtomicU64>,
+    parts: Option<(SupervisorConfig, Toolbox)>,
+}
+
+/// What slots share.
+struct SlotShared {
+    gen: Generation,
+    storage: StorageHandle,
+    registry: Registry,
+    agents: Arc<HashMap<String, AgentEntry>>,
+    default_agent: String,
+    lease_ms: i64,
+    clock: Arc<dyn Clock>,
+    tokens: TokenMinter,
+    draining: Arc<AtomicBool>,
+}
+
+impl Supervisor {
+    pub fn new(mut config: SupervisorConfig) -> Self {
+        let agents = Arc::new(std::mem::take(&mut config.agents));
+        let shared = SlotShared {
+            gen: config.gen.clone(),
+            storage: config.storage.clone(),
+            registry: config.registry.clone(),
+            agents: agents.clone(),
+            default_agent: config.default_agent.clone(),
+            lease_ms: config.lease_ms,
+            clock: config.clock.clone(),
+            tokens: config.tokens.clone(),
+            draining: config.draining.clone(),
+        };
+        let tools = std::mem::replace(&mut config.tools, Toolbox::empty());
+        config.agents = HashMap::new();
+        Supervisor {
+            deps: None,
+            config: Arc::new(shared),
+            runs: HashMap::new(),
+            slots: HashMap::new(),
+            panics: HashMap::new(),
+            flusher_failures: Arc::default(),
+            parts: Some((config, tools)),
+        }
+    }
+
+    fn deps(&self) -> &RunDeps {
+        self.deps.as_ref().expect("deps are built when the supervisor starts")
+    }
+
+    fn launch(&mut self, launch: Launch, ctx: &mut Context<Self>) {
+        let _ = ctx;
+        let actor = RunActor::new(self.deps().clone(), launch);
+        let id = actor_id(&actor);
+        let addr = actor.start();
+        self.runs.insert(id, addr);
+    }
+
+    /// Re-adopt a run of this generation after its actor panicked (its row is ours; no reclaim).
+    fn readopt(&mut self, run_id: String, ctx: &mut Context<Self>) {
+        let deps = self.deps().clone();
+        let fut = async move {
+            let s = &deps.storage;
+            let row = s.get_live(run_id.clone()).await.ok()??;
+            if row.owner_gen != deps.gen.as_str() {
+                return None;
+            }
+            let last_step = s.last_step(run_id.clone()).await.ok()??;
+            let transcript = s.read_transcript(run_id.clone()).await.ok()?;
+            let point = decisions::completeness(transcript.len() as u64, Some(last_step.cursor())).ok()?;
+            let events = deps.registry.snapshot(&run_id).map(|(_, e)| e).unwrap_or_default();
+            Some(Adoption { row, last_step, transcript, events, point, from_gen: deps.gen.as_str().to_owned() })
+        };
+        ctx.spawn(fut.into_actor(self).map(|adoption, act, ctx| match adoption {
+            Some(a) => {
+                tracing::info!(run_id = %a.row.run_id, generation = act.deps().gen.as_str(), "re-adopting a panicked run");
+                act.launch(Launch::Resume(Box::new(a)), ctx);
+            }
+            None => tracing::error!("could not re-adopt a panicked run; the reclaim sweep of a later generation will"),
+        }));
+    }
+
+    /// A second panic: close the run `failed` through the finish transaction.
+    fn close_failed(&mut self, run_id: &str) {
+        let deps = self.deps().clone();
+        let now = deps.clock.now_ms();
+        run::publish(&deps, run_id, json!({"type": "run_failed", "message": "the run panicked twice"}), true);
+        deps.registry.finish(run_id, RunStatus::Failed, now);
+        if let Some(record) = run::build_record(&deps, run_id, RunStatus::Failed, now, false, None, None, None) {
+            deps.history.write(record, Via::Ledger { gen: deps.gen.as_str().to_owned() });
+        }
+    }
+
+    fn slot(&mut self, thread_key: &str, supervisor: Addr<Supervisor>) -> Addr<ThreadSlot> {
+        if let Some(a) = self.slots.get(thread_key).filter(|a| a.connected()) {
+            return a.clone();
+        }
+        let slot = ThreadSlot { shared: self.config.clone(), supervisor }.start();
+        self.slots.insert(thread_key.to_owned(), slot.clone());
+        slot
+    }
+}
+
+fn actor_id(actor: &RunActor) -> String {
+    actor.id().to_owned()
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let (config, tools) = self.parts.take().expect("a supervisor starts once");
+        let flusher = Flusher::new(config.storage.clone(), self.flusher_failures.clone()).start();
+        let heartbeat =
+            Heartbeat::new(config.storage.clone(), Duration::from_millis(config.heartbeat_ms), config.lease_ms).start();
+        self.deps = Some(RunDeps {
+            gen: config.gen,
+            storage: config.storage,
+            registry: config.registry,
+            flusher,
+            heartbeat,
+            history: config.history,
+            agents: self.config.agents.clone(),
+            tools: Arc::new(tools),
+            data_dir: config.data_dir,
+            lease_ms: config.lease_ms,
+            webhook_url: config.webhook_url,
+            http: reqwest::Client::new(),
+            clock: config.clock,
+            on_ended: ctx.address().recipient(),
+        });
+        // Finished rows leave the registry after their TTL; idle slots are dropped.
+        ctx.run_interval(Duration::from_secs(5), |act, _| {
+            act.deps().registry.evict_expired();
+            act.slots.retain(|_, a| a.connected());
+        });
+    }
+}
+
+impl Handler<AdmitMessage> for Supervisor {
+    type Result = ResponseFuture<Result<Admitted, AdmitError>>;
+
+    fn handle(&mut self, msg: AdmitMessage, ctx: &mut Context<Self>) -> Self::Result {
+        if self.config.draining.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(AdmitError::Draining) });
+        }
+        let slot = self.slot(&msg.request.thread_key(), ctx.address());
+        Box::pin(async move { slot.send(msg).await.map_err(|e| AdmitError::Unavailable(e.to_string()))? })
+    }
+}
+
+impl Handler<LaunchRun> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LaunchRun, ctx: &mut Context<Self>) {
+        self.launch(msg.0, ctx);
+    }
+}
+
+impl Handler<RunEnded> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: RunEnded, ctx: &mut Context<Self>) {
+        self.runs.remove(&msg.run_id);
+        match msg.reason {
+            StopReason::Panicked(what) => {
+                let n = {
+                    let n = self.panics.entry(msg.run_id.clone()).or_default();
+                    *n += 1;
+                    *n
+                };
+                tracing::error!(run_id = %msg.run_id, generation = self.deps().gen.as_str(), panics = n, panic = %what, "run actor panicked");
+                if n == 1 {
+                    self.readopt(msg.run_id, ctx);
+                } else {
+                    self.close_failed(&msg.run_id);
+                }
+            }
+            _ => {
+                self.panics.remove(&msg.run_id);
+                if let Some(request) = followup_request(&msg.leftover) {
+                    // ONE fresh run on the thread for the follow-ups the finished run never read.
+                    let slot = self.slot(&msg.thread_key, ctx.address());
+                    ctx.spawn(
+                        async move {
+                            if let Err(e) = slot.send(AdmitMessage { request, key: None }).await {
+                                tracing::warn!(error = %e, "could not start the follow-up run");
+                            }
+                        }
+                        .into_actor(self),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The request of the run started for unread follow-ups: the first one's identity, every text.
+fn followup_request(items: &[storage::ledger::InboxItem]) -> Option<Request> {
+    let mut reqs = items.iter().filter_map(|i| serde_json::from_value::<Request>(i.message.clone()).ok());
+    let mut first = reqs.next()?;
+    for r in reqs {
+        first.text.push_str("\n\n");
+        first.text.push_str(&r.text);
+    }
+    Some(first)
+}
+
+impl Handler<StopRun> for Supervisor {
+    type Result = ResponseFuture<Result<(), StopError>>;
+
+    fn handle(&mut self, msg: StopRun, _ctx: &mut Context<Self>) -> Self::Result {
+        let deps = self.deps().clone();
+        let local = self.runs.get(&msg.run_id).cloned();
+        Box::pin(async move {
+            if deps.registry.row(&msg.run_id).is_some_and(|r| r.finished_at.is_some()) {
+                return Err(StopError::Finished);
+            }
+            // Every stop of a tracked run commits to the ledger first, then signals the run.
+            match deps.storage.request_stop(msg.run_id.clone(), msg.mode).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_not_live)) => {
+                    if local.is_none() {
+                        return match deps.storage.get_summary(msg.run_id.clone()).await {
+                            Ok(Some(_)) => Err(StopError::Finished),
+                            Ok(None) => Err(StopError::NotFound),
+                            Err(e) => Err(StopError::Unavailable(e.to_string())),
+                        };
+                    }
+                }
+                Err(e) => return Err(StopError::Unavailable(e.to_string())),
+            }
+            if let Some(run) = local {
+                run.do_send(StopRequest { mode: msg.mode, actor: msg.actor });
+            }
+            // A run another process owns: its heartbeat relays the stop.
+            Ok(())
+        })
+    }
+}
+
+/// `ThreadSlot`: one per thread with activity; admits that thread's messages one at a time.
+pub struct ThreadSlot {
+    shared: Arc<SlotShared>,
+    supervisor: Addr<Supervisor>,
+}
+
+impl Actor for ThreadSlot {
+    type Context = Context<Self>;
+}
+
+impl Handler<AdmitMessage> for ThreadSlot {
+    type Result = AtomicResponse<Self, Result<Admitted, AdmitError>>;
+
+    fn handle(&mut self, msg: AdmitMessage, _ctx: &mut Context<Self>) -> Self::Result {
+        let shared = self.shared.clone();
+        let supervisor = self.supervisor.clone();
+        AtomicResponse::new(Box::pin(admit(shared, supervisor, msg).into_actor(self)))
+    }
+}
+
+/// Admission (SPEC §5.1): the ledger's atomic `admit`, then — only for a run it started — the registry
+/// row, `run_meta` and `input`, and the run actor.
+async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: AdmitMessage) -> Result<Admitted, AdmitError> {
+    let req = msg.request;
+    let thread_key = req.thread_key();
+    if !decisions::is_valid_thread_key(&thread_key) {
+        return Err(AdmitError::BadThread(thread_key));
+    }
+    let agent_name = req.agent.clone().unwrap_or_else(|| shared.default_agent.clone());
+    let agent = shared.agents.get(&agent_name).ok_or_else(|| AdmitError::UnknownAgent(agent_name.clone()))?;
+    let visibility = match req.visibility.as_deref() {
+        None => ChannelVisibility::Machine,
+        Some(v) => ChannelVisibility::parse(v).ok_or_else(|| AdmitError::BadVisibility(v.to_owned()))?,
+    };
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let meta = RunMeta {
+        agent: agent_name.clone(),
+        model: agent.agent.model().to_owned(),
+        label: label_of(&req.text),
+        thread_key: thread_key.clone(),
+        channel_id: req.channel.clone(),
+        user_id: req.user.clone(),
+        channel_visibility: visibility,
+        parent_run_id: None,
+    };
+    let request = serde_json::to_value(&req).map_err(|e| AdmitError::Unavailable(e.to_string()))?;
+    let waited_since = shared.clock.now_ms();
+    loop {
+        let now = shared.clock.now_ms();
+        let mut meta_json = meta.event();
+        if let Value::Object(m) = &mut meta_json {
+            m.remove("type");
+            m.insert("deadline".into(), json!(now + agent.budget_ms));
+            m.insert("request".into(), request.clone());
+        }
+        let admit = Admit {
+            thread_key: thread_key.clone(),
+            gen: shared.gen.as_str().to_owned(),
+            run_id: run_id.clone(),
+            request: request.clone(),
+            meta: meta_json,
+            key: msg.key.clone(),
+            lease_ms: shared.lease_ms,
+        };
+        let outcome = shared.storage.admit(admit, now).await.map_err(|e| AdmitError::Unavailable(e.to_string()))?;
+        return match outcome {
+            AdmitOutcome::Started { run_id: started } if started == run_id => {
+                let token = shared.tokens.mint(&run_id);
+                shared.registry.create(&run_id, meta.clone(), now, token.clone(), Vec::new(), 1);
+                let deps_publish = |event: Value| {
+                    let stamped = shared.registry.publish(&run_id, event);
+                    stamped.map(|e| (run_id.clone(), e))
+                };
+                let events: Vec<(String, Value)> = [
+                    meta.event(),
+                    json!({"type": "input", "text": req.text, "source": "request"}),
+                ]
+                .into_iter()
+                .filter_map(deps_publish)
+                .collect();
+                tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
+                supervisor.do_send(LaunchRun(Launch::Fresh {
+                    id: run_id.clone(),
+                    meta: meta.clone(),
+                    request: req.clone(),
+                    started_at: now,
+                    initial_events: events.into_iter().map(|(_, e)| e).collect(),
+                }));
+                Ok(Admitted::Started { run_id, token })
+            }
+            // A keyed retry of an earlier admission: its answer, verbatim.
+            AdmitOutcome::Started { run_id } => Ok(Admitted::Started { token: shared.tokens.mint(&run_id), run_id }),
+            AdmitOutcome::Steered { run_id, seq } => {
+                tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), inbox_seq = seq, "steered into a live run");
+                Ok(Admitted::Steered { run_id, seq })
+            }
+            AdmitOutcome::Busy { .. } if now - waited_since < BUSY_WAIT.as_millis() as i64 => {
+                tokio::time::sleep(BUSY_POLL).await;
+                continue;
+            }
+            AdmitOutcome::Busy { .. } => Err(AdmitError::ThreadBusy),
+            AdmitOutcome::KeyConflict => Err(AdmitError::KeyConflict),
+            AdmitOutcome::Fenced => Err(AdmitError::Fenced),
+        };
+    }
+}
+
+fn label_of(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default().trim();
+    let mut label: String = line.chars().take(LABEL_CHARS).collect();
+    if line.chars().count() > LABEL_CHARS {
+        label.push('…');
+    }
+    label
+}
+
+/// Refusal kinds are values: keep the import used for docs.
+#[allow(dead_code)]
+fn _refusal(_: Refusal) {}
