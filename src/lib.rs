@@ -15,7 +15,22 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actors::agent::openai::{OpenAiAgent, OpenAiConfig};
+use actors::agent::scripted::ScriptedAgent;
+use actors::agent::Agent;
+use actors::history::HistoryWriter;
+use actors::registry::Registry;
+use actors::run::AgentEntry;
+use actors::supervisor::{Supervisor, SupervisorConfig};
+use actors::token::TokenMinter;
+use actors::tools::Toolbox;
 use anyhow::Context;
+use storage::ledger::GenerationInfo;
+use storage::record::VisibilityFilter;
+use storage::store::PolicyProposal;
 use storage::{BackendSpec, Generation, MemoryStore, SqliteStore, StorageHandle, Synchronous};
 
 pub use config::Config;
@@ -28,6 +43,9 @@ pub struct Running {
     pub generation: Generation,
     pub storage: StorageHandle,
     pub draining: Arc<AtomicBool>,
+    pub supervisor: actix::Addr<Supervisor>,
+    pub registry: Registry,
+    pub history: HistoryWriter,
     server: actix_web::dev::ServerHandle,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -51,6 +69,78 @@ impl Running {
 
 /// Boot a process from `config`. Needs an actix `System` (`#[actix_web::main]` / `#[actix_web::test]`).
 pub async fn start(config: Config) -> anyhow::Result<Running> {
+    start_with_tools(config, Toolbox::builtin()).await
+}
+
+/// The agents `config` names, built.
+fn build_agents(config: &Config) -> anyhow::Result<HashMap<String, AgentEntry>> {
+    let mut agents = HashMap::new();
+    for (name, a) in &config.agents {
+        let agent: Arc<dyn Agent> = match a.kind {
+            config::AgentKind::Scripted => Arc::new(ScriptedAgent::new()),
+            config::AgentKind::Openai => {
+                let env = a.api_key_env.clone().unwrap_or_default();
+                let api_key = std::env::var(&env).unwrap_or_default();
+                if api_key.is_empty() {
+                    tracing::warn!(agent = %name, env = %env, "the agent's API key variable is not set");
+                }
+                Arc::new(OpenAiAgent::new(OpenAiConfig {
+                    base_url: a.base_url.clone().unwrap_or_default(),
+                    model: a.model.clone().unwrap_or_default(),
+                    api_key,
+                    timeout: Duration::from_secs(120),
+                }))
+            }
+        };
+        agents.insert(name.clone(), AgentEntry { agent, budget_ms: a.budget_ms as i64, system: a.system.clone() });
+    }
+    Ok(agents)
+}
+
+/// The bearer tokens `config` names, with their values read from the environment.
+fn build_auth(config: &Config) -> anyhow::Result<web::AuthConfig> {
+    let mut tokens = Vec::new();
+    for t in &config.auth.tokens {
+        let token = std::env::var(&t.token_env).unwrap_or_default();
+        if token.is_empty() {
+            tracing::warn!(token = %t.name, env = %t.token_env, "the token's environment variable is not set; it grants nothing");
+        }
+        let visible_to = match &t.visible_to {
+            Some(v) => VisibilityFilter::parse(v).with_context(|| format!("parse visible_to of token {}", t.name))?,
+            None => VisibilityFilter::None,
+        };
+        tokens.push(web::auth::TokenGrant { name: t.name.clone(), token, scopes: t.scopes.clone(), visible_to });
+    }
+    Ok(web::AuthConfig { dev_bypass: config.auth.dev_bypass, tokens })
+}
+
+/// This process as the `generations` table records it (for fast reclaim by the next process).
+fn generation_info(generation: &Generation, now_ms: i64) -> GenerationInfo {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into());
+    GenerationInfo {
+        gen: generation.as_str().to_owned(),
+        host,
+        pid: std::process::id(),
+        proc_start: proc_start(std::process::id()).unwrap_or_default(),
+        started_at: now_ms,
+    }
+}
+
+/// A process's start time as `/proc/<pid>/stat` field 22 reports it (tells a reused pid apart).
+pub fn proc_start(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields after its closing parenthesis are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// [`start`] with a given toolbox (tests add tools of their own).
+pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
     let clock = storage::clock::system();
     let generation = Generation::mint(clock.now_ms());
     let span = tracing::info_span!("boot", generation = generation.as_str());
@@ -68,14 +158,42 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             BackendSpec::Sqlite { path, synchronous }
         }
     };
-    let storage = StorageHandle::start(spec, clock);
+    let loaded_at = clock.now_ms();
+    let storage = StorageHandle::start(spec, clock.clone());
     storage.ping().await.context("start storage actor")?;
+    storage.record_generation(generation_info(&generation, loaded_at)).await.context("record the generation")?;
+    let tokens = TokenMinter::new(&storage.capability_secret().await.context("read the capability secret")?);
     let draining = Arc::new(AtomicBool::new(false));
+    let registry = Registry::new(clock.clone());
+    let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
+    let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
+    let data_dir = config.storage.path.parent().map(|p| p.to_path_buf()).unwrap_or_else(|| ".".into());
+    let supervisor = actix::Actor::start(Supervisor::new(SupervisorConfig {
+        gen: generation.clone(),
+        storage: storage.clone(),
+        registry: registry.clone(),
+        history: history.clone(),
+        agents: build_agents(&config)?,
+        default_agent: config.defaults.agent.clone(),
+        tools,
+        data_dir,
+        lease_ms: config.ledger.lease_ms as i64,
+        heartbeat_ms: config.ledger.heartbeat_ms,
+        webhook_url: config.delivery.webhook_url.clone(),
+        clock: clock.clone(),
+        tokens: tokens.clone(),
+        draining: draining.clone(),
+    }));
     let state = web::AppState {
         generation: generation.clone(),
         version: VERSION,
         storage: storage.clone(),
         draining: draining.clone(),
+        supervisor: supervisor.clone(),
+        registry: registry.clone(),
+        tokens,
+        auth: build_auth(&config)?,
+        public_base_url: config.server.public_base_url.clone(),
     };
     let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(web::configure(state.clone())))
         .disable_signals()
@@ -87,5 +205,41 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let handle = server.handle();
     let task = actix_web::rt::spawn(server);
     tracing::info!(%addr, storage = storage.kind(), "switchboard listening");
-    Ok(Running { addr, generation, storage, draining, server: handle, task })
+    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, server: handle, task })
+}
+
+/// Run one message through `running` as `switchboard ask` does: thread `cli:<uuid>`, visibility
+/// `machine`. Answers the final status and the answer text once the record has landed.
+pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyhow::Result<(String, Option<String>)> {
+    use actors::supervisor::{AdmitMessage, Admitted};
+    let request = actors::run::Request {
+        thread: uuid::Uuid::now_v7().to_string(),
+        channel: "cli".into(),
+        user: "cli".into(),
+        text,
+        agent,
+        visibility: Some("machine".into()),
+    };
+    let admitted = running
+        .supervisor
+        .send(AdmitMessage { request, key: None })
+        .await
+        .context("reach the supervisor")?
+        .map_err(|e| anyhow::anyhow!("admit the message: {e}"))?;
+    let Admitted::Started { run_id, .. } = admitted else { anyhow::bail!("a fresh thread was steered") };
+    loop {
+        if let Some((row, events)) = running.registry.snapshot(&run_id) {
+            if let (Some(status), true) = (row.status, row.persisted) {
+                let answer = events.iter().rev().find(|e| e["type"] == "answer");
+                return Ok((status.as_str().to_owned(), answer.and_then(|a| a["text"].as_str()).map(str::to_owned)));
+            }
+            if row.finished_at.is_some() && running.history.pending() == 0 {
+                // Finished but the record did not land: say so rather than wait forever.
+                anyhow::bail!("run {run_id} finished {:?} but its record did not land", row.status);
+            }
+        } else {
+            anyhow::bail!("run {run_id} ended without a record (fenced)");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }

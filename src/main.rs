@@ -21,6 +21,16 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Run one message in-process and print the answer once its record has landed.
+    Ask {
+        /// The message text (directives like `steps=3` drive the scripted demo agent).
+        text: String,
+        /// The agent to run (default: `[defaults] agent`).
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,6 +44,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve { config } => serve(config),
+        Command::Ask { text, agent, config } => ask(text, agent, config),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -44,9 +55,34 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
+fn load_config(config: Option<PathBuf>) -> anyhow::Result<Config> {
     let path = config.or_else(|| Some(PathBuf::from("config.toml")).filter(|p| p.exists()));
-    let config = Config::load(path.as_deref())?;
+    Ok(Config::load(path.as_deref())?)
+}
+
+fn ask(text: String, agent: Option<String>, config: Option<PathBuf>) -> anyhow::Result<()> {
+    let mut config = load_config(config)?;
+    // The process serves nothing: its listener only exists because boot binds one.
+    config.server.bind = "127.0.0.1:0".into();
+    actix_web::rt::System::new().block_on(async move {
+        let running = switchboard::start(config).await?;
+        let outcome = switchboard::ask(&running, text, agent).await;
+        running.stop().await?;
+        let (status, answer) = outcome?;
+        match answer {
+            Some(a) => println!("{a}"),
+            None => println!("(no answer: {status})"),
+        }
+        if status == "completed" {
+            Ok(())
+        } else {
+            anyhow::bail!("the run ended {status}")
+        }
+    })
+}
+
+fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = load_config(config)?;
     actix_web::rt::System::new().block_on(async move {
         let running = switchboard::start(config).await?;
         let server = running.server_handle();

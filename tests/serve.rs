@@ -82,3 +82,25 @@ fn the_binary_serves_healthz_and_stops_cleanly_on_sigterm() {
     let exit = child.wait().unwrap();
     assert!(exit.success(), "{exit:?}");
 }
+
+#[test]
+fn ask_runs_one_message_and_prints_the_answer_once_the_record_landed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ask.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["ask", "steps=2 ms=0 answer=forty-two"])
+        .current_dir(dir.path())
+        .env("SWITCHBOARD_STORAGE__PATH", &db)
+        .output()
+        .expect("run switchboard ask");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "forty-two");
+    // The record is in the database the process used.
+    let mut store = storage::SqliteStore::open(&db, storage::Synchronous::Full).unwrap();
+    let q = storage::store::ListQuery::visible_to(storage::record::VisibilityFilter::All);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let items = storage::RunStore::list(&mut store, &q, now).unwrap().items;
+    assert_eq!(items.len(), 1);
+    assert!(items[0].head.thread_key.starts_with("cli:"));
+    assert_eq!(items[0].head.status, storage::record::RunStatus::Completed);
+}

@@ -127,6 +127,7 @@ impl StopActor {
 }
 
 /// How a run starts.
+#[allow(clippy::large_enum_variant)] // one per run, moved once: boxing buys nothing
 pub enum Launch {
     /// Admitted here: the `attaching` row, the registry row and `run_meta`/`input` exist.
     Fresh {
@@ -138,7 +139,7 @@ pub enum Launch {
         initial_events: Vec<Value>,
     },
     /// Continue a row this generation owns from its transcript (SPEC §6.2).
-    Resume(Box<Adoption>),
+    Resume(Adoption),
 }
 
 /// What a resume adopts.
@@ -350,7 +351,7 @@ async fn drive(deps: RunDeps, launch: Launch, control: watch::Receiver<Control>)
             }
             fresh(deps, id, meta, request, started_at, control).await
         }
-        Launch::Resume(adoption) => resume(deps, *adoption, control).await,
+        Launch::Resume(adoption) => resume(deps, adoption, control).await,
     }
 }
 

@@ -193,7 +193,7 @@ impl Supervisor {
         ctx.spawn(fut.into_actor(self).map(|adoption, act, ctx| match adoption {
             Some(a) => {
                 tracing::info!(run_id = %a.row.run_id, generation = act.deps().gen.as_str(), "re-adopting a panicked run");
-                act.launch(Launch::Resume(Box::new(a)), ctx);
+                act.launch(Launch::Resume(a), ctx);
             }
             None => tracing::error!("could not re-adopt a panicked run; the reclaim sweep of a later generation will"),
         }));

@@ -5,7 +5,13 @@
 //!
 //! # Layout
 //! - [`configure`]: mounts every route on an actix-web `ServiceConfig`.
-//! - `health`: `GET /healthz`.
+//! - [`auth`]: principals, scopes, the dev bypass.
+//! - [`error`]: `ApiError`, the one map to HTTP answers.
+//! - [`routes`]: `messages` (admission), `runs` (stop).
+
+pub mod auth;
+pub mod error;
+pub mod routes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,6 +19,8 @@ use std::sync::Arc;
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
 use storage::{Generation, StorageHandle};
+
+pub use auth::AuthConfig;
 
 /// What every route handler can reach.
 #[derive(Clone)]
@@ -23,12 +31,21 @@ pub struct AppState {
     pub storage: StorageHandle,
     /// Set once when a drain begins; admission answers 503 from then on.
     pub draining: Arc<AtomicBool>,
+    pub supervisor: actix::Addr<actors::supervisor::Supervisor>,
+    pub registry: actors::registry::Registry,
+    pub tokens: actors::token::TokenMinter,
+    pub auth: AuthConfig,
+    pub public_base_url: String,
 }
 
 /// Mount every route.
 pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
-        cfg.app_data(web::Data::new(state)).route("/healthz", web::get().to(healthz));
+        cfg.app_data(web::Data::new(state))
+            .app_data(web::PayloadConfig::new(routes::messages::MESSAGE_BODY_LIMIT + 1))
+            .route("/healthz", web::get().to(healthz))
+            .route("/api/messages", web::post().to(routes::messages::post_message))
+            .route("/api/runs/{id}/stop", web::post().to(routes::runs::stop_run));
     }
 }
 

@@ -1,0 +1,305 @@
+//! End to end: admission and the run lifecycle on the real app (127.0.0.1:0, SQLite in a temp dir).
+
+mod support;
+
+use serde_json::{json, Value};
+use storage::record::RunStatus;
+use support::TestApp;
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap_or("?")).collect()
+}
+
+#[actix_web::test]
+async fn a_three_step_demo_run_completes_with_its_events_in_seq_order() {
+    let app = TestApp::spawn().await;
+    let (status, body) = app.post(json!({"thread": "t1", "channel": "c1", "user": "u1", "text": "steps=3 ms=10"})).await;
+    assert_eq!(status, 202, "{body}");
+    let run_id = body["runId"].as_str().unwrap().to_owned();
+    let live_url = body["liveUrl"].as_str().unwrap();
+    assert!(live_url.starts_with(&format!("http://127.0.0.1:8080/runs/{run_id}?token=")), "{live_url}");
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert!(!record.head.provisional);
+    assert_eq!(
+        types(&record.events),
+        ["run_meta", "input", "assistant", "tool_call", "tool_result", "assistant", "tool_call", "tool_result",
+         "assistant", "tool_call", "tool_result", "answer"]
+    );
+    let seqs: Vec<u64> = record.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(record.head.event_count, 12);
+    assert_eq!(record.events.last().unwrap()["text"], "done");
+    assert_eq!(record.head.thread_key, "c1:t1");
+    assert_eq!(record.head.channel_visibility, storage::record::ChannelVisibility::Machine);
+    // The ledger row is gone: the thread is free, and one record is stored.
+    assert_eq!(app.running.storage.get_live(run_id.clone()).await.unwrap(), None);
+    let page = app.running.storage.list(storage::store::ListQuery::visible_to(storage::record::VisibilityFilter::All)).await.unwrap();
+    assert_eq!(page.items.len(), 1);
+    // The durable transcript: system + user seed, then (assistant, results) turns and the answer.
+    let turns = app.running.storage.read_transcript(run_id.clone()).await.unwrap();
+    assert_eq!(turns.iter().map(|t| t.role.as_str()).collect::<Vec<_>>(),
+        ["system", "user", "assistant", "tool_results", "assistant", "tool_results", "assistant", "tool_results", "assistant"]);
+}
+
+#[actix_web::test]
+async fn a_follow_up_on_a_live_thread_is_steered_and_reflected_in_the_answer() {
+    let app = TestApp::spawn().await;
+    let run_id = app.start_run("t1", "steps=3 ms=300").await;
+    app.event(&run_id, "tool_call").await;
+    let (status, body) = app.post(json!({"thread": "t1", "channel": "c1", "user": "u1", "text": "also check the logs"})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["outcome"], "steered");
+    assert_eq!(body["runId"], run_id.as_str());
+    assert_eq!(body["seq"], 1);
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Completed);
+    let answer = record.events.iter().find(|e| e["type"] == "answer").expect("answer");
+    assert!(answer["text"].as_str().unwrap().contains("also check the logs"), "{answer}");
+    let followup = record.events.iter().find(|e| e["type"] == "input" && e["source"] == "followup").expect("folded follow-up");
+    assert_eq!(followup["inboxSeq"], 1);
+}
+
+#[actix_web::test]
+async fn two_threads_run_concurrently() {
+    let app = TestApp::spawn().await;
+    let a = app.start_run("ta", "steps=2 ms=300").await;
+    let b = app.start_run("tb", "steps=2 ms=300").await;
+    assert_ne!(a, b);
+    // Both are live at once before either finishes.
+    app.event(&a, "tool_call").await;
+    app.event(&b, "tool_call").await;
+    let live = app.running.storage.list_live().await.unwrap();
+    assert_eq!(live.len(), 2);
+    assert_eq!(app.final_record(&a).await.head.status, RunStatus::Completed);
+    assert_eq!(app.final_record(&b).await.head.status, RunStatus::Completed);
+}
+
+async fn stop(app: &TestApp, run_id: &str, mode: &str) -> (u16, Value) {
+    let res = app.client.post(app.url(&format!("/api/runs/{run_id}/stop"))).json(&json!({"mode": mode})).send().await.unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap())
+}
+
+#[actix_web::test]
+async fn soft_and_hard_stops_give_stopped_records() {
+    let app = TestApp::spawn().await;
+    let soft = app.start_run("ts", "steps=5 ms=300").await;
+    let hard = app.start_run("th", "steps=5 ms=60000").await;
+    app.event(&soft, "tool_call").await;
+    app.event(&hard, "tool_call").await;
+    let (status, body) = stop(&app, &soft, "soft").await;
+    assert_eq!((status, body["state"].as_str()), (202, Some("stopping")), "{body}");
+    let (status, _) = stop(&app, &hard, "hard").await;
+    assert_eq!(status, 202);
+    let rs = app.final_record(&soft).await;
+    let rh = app.final_record(&hard).await;
+    assert_eq!(rs.head.status, RunStatus::StoppedSoft);
+    assert_eq!(rh.head.status, RunStatus::StoppedHard);
+    let note = rh.events.iter().find(|e| e["type"] == "stop_requested").expect("stop note");
+    assert_eq!(note["mode"], "hard");
+    assert_eq!(note["actor"]["id"], "operator");
+    // The soft stop let the current step finish: fewer than 5 steps, at least one.
+    let steps = rs.events.iter().filter(|e| e["type"] == "tool_result").count();
+    assert!((1..5).contains(&steps), "{steps}");
+    // A finished run answers 409; an unknown one 404.
+    assert_eq!(stop(&app, &soft, "soft").await.0, 409);
+    assert_eq!(stop(&app, "no-such-run", "soft").await.0, 404);
+}
+
+#[actix_web::test]
+async fn a_failing_model_call_gives_a_failed_record_with_a_run_failed_note() {
+    let app = TestApp::spawn().await;
+    let run_id = app.start_run("tf", "steps=3 ms=0 fail_at=2").await;
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Failed);
+    let t = types(&record.events);
+    assert!(t.contains(&"run_failed"), "{t:?}");
+    assert!(!t.contains(&"answer"), "{t:?}");
+}
+
+#[actix_web::test]
+async fn a_fenced_run_writes_no_record_from_the_fenced_process() {
+    let app = TestApp::spawn().await;
+    let run_id = app.start_run("tz", "steps=5 ms=400").await;
+    app.event(&run_id, "tool_call").await;
+    // Another generation (a second process on the same file) reclaims the row as if its lease ran out.
+    let mut other = storage::SqliteStore::open(&app.db_path(), storage::Synchronous::Normal).unwrap();
+    let far = 4_000_000_000_000;
+    let taken = storage::ledger::RunLedger::reclaim(&mut other, "20990101T000000Z-0000beef", far, 30_000, &[]).unwrap();
+    assert_eq!(taken.taken.len(), 1);
+    // The fenced process stops the run and forgets it; no final record appears.
+    let registry = app.running.registry.clone();
+    let id = run_id.clone();
+    support::wait_until(std::time::Duration::from_secs(30), move || {
+        let gone = registry.row(&id).is_none();
+        async move { gone.then_some(()) }
+    })
+    .await
+    .expect("the fenced run left the registry");
+    app.running.history.settled().await;
+    let stored = app.running.storage.get(run_id.clone()).await.unwrap();
+    assert!(stored.is_none_or(|r| r.head.provisional), "no final record from the fenced process");
+    let row = app.running.storage.get_live(run_id).await.unwrap().expect("the row stays with its new owner");
+    assert_eq!(row.owner_gen, "20990101T000000Z-0000beef");
+}
+
+#[actix_web::test]
+async fn bad_bodies_are_refused_naming_the_field() {
+    let app = TestApp::spawn().await;
+    for (body, field) in [
+        (json!({"channel": "c", "user": "u", "text": "x"}), "thread"),
+        (json!({"thread": "t", "channel": "c", "user": "u", "text": 5}), "text"),
+        (json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "agent": "ghost"}), "agent"),
+        (json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "visibility": "secret"}), "visibility"),
+        (json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "colour": "red"}), "colour"),
+        (json!({"thread": "t".repeat(300), "channel": "c", "user": "u", "text": "x"}), "thread"),
+    ] {
+        let (status, b) = app.post(body).await;
+        assert_eq!(status, 400, "{b}");
+        assert_eq!(b["error"], "bad_request");
+        assert!(b["message"].as_str().unwrap().contains(field), "{b}");
+    }
+    let big = "x".repeat((2 << 20) + 10);
+    let (status, _) = app.post(json!({"thread": "t", "channel": "c", "user": "u", "text": big})).await;
+    assert_eq!(status, 413);
+    let text = "y".repeat((1 << 20) + 1);
+    let (status, b) = app.post(json!({"thread": "t", "channel": "c", "user": "u", "text": text})).await;
+    assert_eq!((status, b["error"].as_str()), (413, Some("payload_too_large")));
+    // Nothing was admitted by any of them.
+    assert!(app.running.storage.list_live().await.unwrap().is_empty());
+}
+
+#[actix_web::test]
+async fn a_draining_process_refuses_new_runs() {
+    let app = TestApp::spawn().await;
+    app.running.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, body) = app.post(json!({"thread": "t", "channel": "c", "user": "u", "text": "x"})).await;
+    assert_eq!((status, body["error"].as_str()), (503, Some("draining")));
+}
+
+#[actix_web::test]
+async fn a_keyed_retry_returns_the_original_answer_and_another_body_conflicts() {
+    let app = TestApp::spawn().await;
+    let msg = json!({"thread": "tk", "channel": "c", "user": "u", "text": "steps=1 ms=0", "key": "k-1"});
+    let (s1, b1) = app.post(msg.clone()).await;
+    let (s2, b2) = app.post(msg.clone()).await;
+    assert_eq!((s1, s2), (202, 202));
+    assert_eq!(b1, b2);
+    let mut other = msg.clone();
+    other["text"] = json!("something else");
+    let (s3, b3) = app.post(other).await;
+    assert_eq!((s3, b3["error"].as_str()), (409, Some("key_conflict")));
+    app.final_record(b1["runId"].as_str().unwrap()).await;
+}
+
+/// A side-effect-free tool that panics the first time it runs (a crash inside a run actor).
+struct PanicOnce(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl actors::tools::Tool for PanicOnce {
+    fn def(&self) -> actors::agent::ToolDef {
+        actors::agent::ToolDef {
+            name: "panic_once".into(),
+            description: "panics the first time".into(),
+            parameters: json!({"type": "object"}),
+            side_effect_free: true,
+            rerun_safe: true,
+        }
+    }
+
+    fn call<'a>(
+        &'a self,
+        _ctx: &'a actors::tools::ToolContext,
+        _args: &'a Value,
+    ) -> futures_util::future::BoxFuture<'a, actors::tools::ToolOutput> {
+        Box::pin(async move {
+            if !self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                panic!("tool crashed mid-run");
+            }
+            actors::tools::ToolOutput::ok("fine this time")
+        })
+    }
+}
+
+#[actix_web::test]
+async fn a_run_actor_that_panics_is_restarted_through_the_resume_path_and_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = switchboard::Config::parse("t", switchboard::config::EMBEDDED, Vec::new()).unwrap();
+    config.server.bind = "127.0.0.1:0".into();
+    config.storage.path = dir.path().join("s.db");
+    let tools = actors::tools::Toolbox::builtin().with(PanicOnce(Default::default()));
+    let running = switchboard::start_with_tools(config, tools).await.unwrap();
+    let client = reqwest::Client::new();
+    let body: Value = client
+        .post(format!("http://{}/api/messages", running.addr))
+        .json(&json!({"thread": "tp", "channel": "c", "user": "u", "text": "steps=2 tool=panic_once"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run_id = body["runId"].as_str().unwrap().to_owned();
+    let storage = running.storage.clone();
+    let id = run_id.clone();
+    let record = support::wait_until(std::time::Duration::from_secs(30), move || {
+        let (s, id) = (storage.clone(), id.clone());
+        async move { s.get(id).await.ok().flatten().filter(|r| !r.head.provisional) }
+    })
+    .await
+    .expect("the restarted run finished");
+    assert_eq!(record.head.status, RunStatus::Completed);
+    let t = types(&record.events);
+    assert_eq!(t.iter().filter(|t| **t == "resumed").count(), 1, "{t:?}");
+    assert_eq!(t.iter().filter(|t| **t == "input").count(), 1, "never a second input: {t:?}");
+    let resumed = record.events.iter().find(|e| e["type"] == "resumed").unwrap();
+    assert_eq!(resumed["settled"][0]["how"], "rerun", "{resumed}");
+    // The counter continued past the replayed events.
+    let seqs: Vec<u64> = record.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert!(resumed["seq"].as_u64().unwrap() >= 1000, "{resumed}");
+}
+
+#[actix_web::test]
+async fn the_reply_is_posted_to_the_webhook() {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let server = HttpServer::new(move || {
+        let tx = tx.clone();
+        App::new().route(
+            "/hook",
+            web::post().to(move |body: web::Json<Value>| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(body.into_inner());
+                    HttpResponse::Ok().finish()
+                }
+            }),
+        )
+    })
+    .workers(1)
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let hook = format!("http://{}/hook", server.addrs()[0]);
+    actix_web::rt::spawn(server.run());
+    let app = TestApp::spawn_with(|c| c.delivery.webhook_url = Some(hook)).await;
+    let run_id = app.start_run("tw", "steps=1 ms=0 answer=shipped").await;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
+    assert_eq!(got["runId"], run_id.as_str());
+    assert_eq!(got["status"], "completed");
+    assert_eq!(got["answer"], "shipped");
+    assert_eq!(got["threadKey"], "c1:tw");
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.reply_ok, Some(true));
+}
+
+#[actix_web::test]
+async fn a_run_past_its_budget_ends_with_a_budget_note() {
+    let app = TestApp::spawn_with(|c| c.agents.get_mut("demo").unwrap().budget_ms = 300).await;
+    let run_id = app.start_run("tb", "steps=10 ms=150").await;
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Completed);
+    let note = record.events.iter().find(|e| e["type"] == "note" && e["kind"] == "time_budget_exhausted");
+    assert!(note.is_some(), "{:?}", types(&record.events));
+    assert!(record.events.iter().filter(|e| e["type"] == "tool_result").count() < 10);
+}

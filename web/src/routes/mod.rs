@@ -1,0 +1,3 @@
+//! Route handlers, one module per surface.
+pub mod messages;
+pub mod runs;
