@@ -9,6 +9,7 @@
 //!   the HTTP server — answering a [`Running`] handle.
 //! - `main.rs`: the CLI (clap), tracing, signal handling.
 
+pub mod cli;
 pub mod config;
 
 use std::net::SocketAddr;
@@ -28,7 +29,6 @@ use actors::supervisor::{Supervisor, SupervisorConfig};
 use actors::token::TokenMinter;
 use actors::tools::Toolbox;
 use anyhow::Context;
-use storage::ledger::GenerationInfo;
 use storage::record::VisibilityFilter;
 use storage::store::PolicyProposal;
 use storage::{BackendSpec, Generation, MemoryStore, SqliteStore, StorageHandle, Synchronous};
@@ -46,11 +46,39 @@ pub struct Running {
     pub supervisor: actix::Addr<Supervisor>,
     pub registry: Registry,
     pub history: HistoryWriter,
+    /// Notified by `POST /admin/drain`: the process drains and exits.
+    pub shutdown: Arc<tokio::sync::Notify>,
+    drain: DrainSettings,
     server: actix_web::dev::ServerHandle,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct DrainSettings {
+    deadline: Duration,
+    handoff_budget: Duration,
+}
+
 impl Running {
+    /// Drain (SPEC §6.4): stop admitting, hand resumable runs to the next generation, wait for the
+    /// others up to the deadline, then stop the HTTP server.
+    pub async fn drain(self) -> anyhow::Result<actors::supervisor::DrainReport> {
+        let report = self
+            .supervisor
+            .send(actors::supervisor::Drain { deadline: self.drain.deadline, handoff_budget: self.drain.handoff_budget })
+            .await
+            .context("reach the supervisor")?;
+        tracing::info!(
+            generation = self.generation.as_str(),
+            handed_off = report.handed_off.len(),
+            waited_for = report.waited_for,
+            abandoned = report.abandoned.len(),
+            "drained"
+        );
+        self.stop().await?;
+        Ok(report)
+    }
+
     /// Stop accepting connections and finish in-flight requests.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.server.stop(true).await;
@@ -114,31 +142,6 @@ fn build_auth(config: &Config) -> anyhow::Result<web::AuthConfig> {
     Ok(web::AuthConfig { dev_bypass: config.auth.dev_bypass, tokens })
 }
 
-/// This process as the `generations` table records it (for fast reclaim by the next process).
-fn generation_info(generation: &Generation, now_ms: i64) -> GenerationInfo {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".into());
-    GenerationInfo {
-        gen: generation.as_str().to_owned(),
-        host,
-        pid: std::process::id(),
-        proc_start: proc_start(std::process::id()).unwrap_or_default(),
-        started_at: now_ms,
-    }
-}
-
-/// A process's start time as `/proc/<pid>/stat` field 22 reports it (tells a reused pid apart).
-pub fn proc_start(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces; fields after its closing parenthesis are plain.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19).map(str::to_owned)
-}
-
 /// [`start`] with a given toolbox (tests add tools of their own).
 pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
     let clock = storage::clock::system();
@@ -161,7 +164,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let loaded_at = clock.now_ms();
     let storage = StorageHandle::start(spec, clock.clone());
     storage.ping().await.context("start storage actor")?;
-    storage.record_generation(generation_info(&generation, loaded_at)).await.context("record the generation")?;
+    storage.record_generation(actors::host::this_process(generation.as_str(), loaded_at)).await.context("record the generation")?;
     let tokens = TokenMinter::new(&storage.capability_secret().await.context("read the capability secret")?);
     let draining = Arc::new(AtomicBool::new(false));
     let registry = Registry::new(clock.clone());
@@ -184,6 +187,21 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         tokens: tokens.clone(),
         draining: draining.clone(),
     }));
+    // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
+    let report = supervisor
+        .send(actors::supervisor::ReclaimPass { defer_launch: true })
+        .await
+        .context("reach the supervisor")?
+        .map_err(|e| anyhow::anyhow!("reclaim at boot: {e}"))?;
+    tracing::info!(
+        resumed = report.resumed.len(),
+        restarted = report.restarted.len(),
+        closed = report.closed.len(),
+        failed = report.failed.len(),
+        live_elsewhere = report.live_elsewhere,
+        "boot reclaim"
+    );
+    let shutdown = Arc::new(tokio::sync::Notify::new());
     let state = web::AppState {
         generation: generation.clone(),
         version: VERSION,
@@ -194,6 +212,8 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         tokens,
         auth: build_auth(&config)?,
         public_base_url: config.server.public_base_url.clone(),
+        runs: actors::runs_service::RunsService::new(registry.clone(), storage.clone(), generation.clone(), clock.clone()),
+        shutdown: shutdown.clone(),
     };
     let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(web::configure(state.clone())))
         .disable_signals()
@@ -204,8 +224,13 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let server = server.run();
     let handle = server.handle();
     let task = actix_web::rt::spawn(server);
+    supervisor.do_send(actors::supervisor::OpenIngress);
     tracing::info!(%addr, storage = storage.kind(), "switchboard listening");
-    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, server: handle, task })
+    let drain = DrainSettings {
+        deadline: Duration::from_millis(config.drain.deadline_ms),
+        handoff_budget: Duration::from_millis(config.drain.handoff_budget_ms),
+    };
+    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, shutdown, drain, server: handle, task })
 }
 
 /// Run one message through `running` as `switchboard ask` does: thread `cli:<uuid>`, visibility

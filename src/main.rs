@@ -21,6 +21,8 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Read and control runs: against a running server (`--url`, `--token`) or a database (`--db`).
+    Runs(switchboard::cli::RunsArgs),
     /// Run one message in-process and print the answer once its record has landed.
     Ask {
         /// The message text (directives like `steps=3` drive the scripted demo agent).
@@ -45,6 +47,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Serve { config } => serve(config),
         Command::Ask { text, agent, config } => ask(text, agent, config),
+        Command::Runs(args) => switchboard::cli::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -85,17 +88,13 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load_config(config)?;
     actix_web::rt::System::new().block_on(async move {
         let running = switchboard::start(config).await?;
-        let server = running.server_handle();
-        let generation = running.generation.clone();
-        let finished = running.wait();
-        tokio::pin!(finished);
+        let admin_drain = running.shutdown.clone();
         tokio::select! {
-            r = &mut finished => return r,
             r = shutdown_signal() => r.context("listen for shutdown signals")?,
+            _ = admin_drain.notified() => {}
         }
-        tracing::info!(generation = generation.as_str(), "shutdown signal: stopping");
-        server.stop(true).await;
-        finished.await
+        tracing::info!(generation = running.generation.as_str(), "shutdown: draining");
+        running.drain().await.map(|_| ())
     })
 }
 

@@ -93,6 +93,7 @@ pub struct RunDeps {
     pub webhook_url: Option<String>,
     pub http: reqwest::Client,
     pub clock: Arc<dyn Clock>,
+    pub tokens: crate::token::TokenMinter,
     pub on_ended: actix::Recipient<RunEnded>,
 }
 
@@ -100,7 +101,7 @@ pub struct RunDeps {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Control {
     pub stop: Option<StopMode>,
-    /// Another generation owns the run: abort and say nothing more.
+    /// Another generation owns the run (or this process handed it off): abort and say nothing more.
     pub fenced: bool,
 }
 
@@ -140,6 +141,8 @@ pub enum Launch {
     },
     /// Continue a row this generation owns from its transcript (SPEC §6.2).
     Resume(Adoption),
+    /// Re-run an `attaching` row from its saved request under the same id and start (SPEC §6.3).
+    Restart { row: LiveRow, events: Vec<Value>, from_gen: String },
 }
 
 /// What a resume adopts.
@@ -173,6 +176,20 @@ pub struct RunEnded {
     pub thread_key: String,
 }
 
+/// This process handed the run to the next generation (drain): stop at once, write nothing more.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct HandedOff;
+
+impl Handler<HandedOff> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: HandedOff, _ctx: &mut Context<Self>) {
+        tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), "handed off to the next generation");
+        self.control.send_modify(|c| c.fenced = true);
+    }
+}
+
 /// A stop for this run (already committed to the ledger by the caller).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
@@ -195,6 +212,7 @@ impl RunActor {
         let (id, thread_key) = match &launch {
             Launch::Fresh { id, meta, .. } => (id.clone(), meta.thread_key.clone()),
             Launch::Resume(a) => (a.row.run_id.clone(), a.row.thread_key.clone()),
+            Launch::Restart { row, .. } => (row.run_id.clone(), row.thread_key.clone()),
         };
         RunActor { id, thread_key, deps, launch: Some(launch), control: watch::channel(Control::default()).0, announced: Vec::new() }
     }
@@ -352,6 +370,7 @@ async fn drive(deps: RunDeps, launch: Launch, control: watch::Receiver<Control>)
             fresh(deps, id, meta, request, started_at, control).await
         }
         Launch::Resume(adoption) => resume(deps, adoption, control).await,
+        Launch::Restart { row, events, from_gen } => restart(deps, row, events, from_gen, control).await,
     }
 }
 
@@ -781,11 +800,16 @@ async fn fresh(
         return (StopReason::Finished(RunStatus::Failed), Vec::new());
     };
     let deadline = started_at + agent.budget_ms;
-    let mut run = Run::new(deps, id, meta, deadline, agent, control);
+    let run = Run::new(deps, id, meta, deadline, agent, control);
     // Tombstone: a provisional record, so a crash before the finish still leaves a trace.
     if let Some(tomb) = build_record(&run.deps, &run.id, RunStatus::Interrupted, started_at, true, None, None, None) {
         run.deps.history.write(tomb, Via::Store);
     }
+    promote_and_run(run, &request.text).await
+}
+
+/// Promote the reserved row, seed the transcript, run the steps, conclude (SPEC §5.2 steps 4–8).
+async fn promote_and_run(mut run: Run, request_text: &str) -> (StopReason, Vec<InboxItem>) {
     if let Err(e) = std::fs::create_dir_all(&run.workspace) {
         tracing::warn!(run_id = %run.id, error = %e, "could not create the run workspace");
     }
@@ -813,11 +837,41 @@ async fn fresh(
         Err(e) => run.detach("promotion", e.to_string()).await,
     }
     // Seed: the first model call's messages, then the step-0 record.
-    run.write_turns(vec![agent::system_turn(&run.system), agent::user_turn(&request.text)]).await;
+    run.write_turns(vec![agent::system_turn(&run.system), agent::user_turn(request_text)]).await;
     run.turns.remove(0); // `turns` holds what follows the system turn
     run.write_step(&[]).await;
     let ending = run.steps().await;
     run.conclude(ending).await
+}
+
+/// Re-run an expired `attaching` row from its saved request: same id, original start and deadline; the
+/// first attempt's events replayed under their seqs, then `resumed`, then the steps (SPEC §6.3).
+async fn restart(
+    deps: RunDeps,
+    row: LiveRow,
+    events: Vec<Value>,
+    from_gen: String,
+    control: watch::Receiver<Control>,
+) -> (StopReason, Vec<InboxItem>) {
+    let meta = meta_from_row(&row);
+    let request: Option<Request> = row.meta.get("request").and_then(|r| serde_json::from_value(r.clone()).ok());
+    let (Some(agent), Some(request)) = (deps.agents.get(&meta.agent).cloned(), request) else {
+        tracing::error!(run_id = %row.run_id, "restart: unknown agent or unreadable request");
+        return (StopReason::LeftForLater, Vec::new());
+    };
+    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + agent.budget_ms);
+    let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let token = deps.tokens.mint(&row.run_id);
+    let had_input = events.iter().any(|e| e["type"] == "input");
+    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, highest + 1000);
+    let run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent, control);
+    if highest == 0 || !had_input {
+        // The first attempt's events never reached the ledger: publish the identity and request once.
+        run.publish(meta.event());
+        run.publish(json!({"type": "input", "text": request.text, "source": "request"}));
+    }
+    run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}));
+    promote_and_run(run, &request.text).await
 }
 
 /// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2).
@@ -830,7 +884,7 @@ async fn resume(deps: RunDeps, a: Adoption, control: watch::Receiver<Control>) -
     };
     let now = deps.clock.now_ms();
     let highest = a.events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-    let token = deps.registry.token(&row.run_id).unwrap_or_default();
+    let token = deps.tokens.mint(&row.run_id);
     deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, a.events, highest + 1000);
     let mut run = Run::new(deps, row.run_id.clone(), meta, now + a.last_step.remaining_ms, agent, control);
     if !row.system_text.is_empty() {

@@ -121,6 +121,12 @@ pub struct Supervisor {
     panics: HashMap<String, u32>,
     flusher_failures: Arc<AtomicU64>,
     parts: Option<(SupervisorConfig, Toolbox)>,
+    /// Runs the boot reclaim adopted, launched once ingress is open.
+    deferred: Vec<Launch>,
+    /// A reclaim pass is running: passes never overlap.
+    sweeping: bool,
+    /// Runs handed to the next generation by a drain.
+    handed: std::collections::HashSet<String>,
 }
 
 /// What slots share.
@@ -160,6 +166,9 @@ impl Supervisor {
             panics: HashMap::new(),
             flusher_failures: Arc::default(),
             parts: Some((config, tools)),
+            deferred: Vec::new(),
+            sweeping: false,
+            handed: Default::default(),
         }
     }
 
@@ -246,6 +255,7 @@ impl Actor for Supervisor {
             webhook_url: config.webhook_url,
             http: reqwest::Client::new(),
             clock: config.clock,
+            tokens: self.config.tokens.clone(),
             on_ended: ctx.address().recipient(),
         });
         // Finished rows leave the registry after their TTL; idle slots are dropped.
@@ -281,6 +291,9 @@ impl Handler<RunEnded> for Supervisor {
 
     fn handle(&mut self, msg: RunEnded, ctx: &mut Context<Self>) {
         self.runs.remove(&msg.run_id);
+        if self.handed.remove(&msg.run_id) {
+            return;
+        }
         match msg.reason {
             StopReason::Panicked(what) => {
                 let n = {
@@ -439,12 +452,23 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
                 .filter_map(deps_publish)
                 .collect();
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
+                // `run_meta` and `input` reach the ledger before the answer: a crash from here on still
+                // replays them, so a restarted or resumed run never loses (or repeats) its input.
+                let events: Vec<Value> = events.into_iter().map(|(_, e)| e).collect();
+                let appended = shared.storage.append(run_id.clone(), shared.gen.as_str().to_owned(), events.clone()).await;
+                let initial_events = match appended {
+                    Ok(Ok(())) => Vec::new(),
+                    other => {
+                        tracing::warn!(run_id = %run_id, answer = ?other.map(|o| o.err()), "first events not appended; the flusher retries them");
+                        events
+                    }
+                };
                 supervisor.do_send(LaunchRun(Launch::Fresh {
                     id: run_id.clone(),
                     meta: meta.clone(),
                     request: req.clone(),
                     started_at: now,
-                    initial_events: events.into_iter().map(|(_, e)| e).collect(),
+                    initial_events,
                 }));
                 Ok(Admitted::Started { run_id, token })
             }
@@ -477,3 +501,305 @@ fn label_of(text: &str) -> String {
 /// Refusal kinds are values: keep the import used for docs.
 #[allow(dead_code)]
 fn _refusal(_: Refusal) {}
+
+// ---- Recovery: reclaim at boot and on a sweep (SPEC §6.1), drain as handoff (SPEC §6.4) ----
+
+/// One reclaim pass. At boot (`defer_launch`) the runs to resume are held until [`OpenIngress`].
+#[derive(Message)]
+#[rtype(result = "Result<ReclaimReport, String>")]
+pub struct ReclaimPass {
+    pub defer_launch: bool,
+}
+
+/// Ingress is open: launch the runs the boot reclaim adopted and start the periodic sweep.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct OpenIngress;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReclaimReport {
+    pub resumed: Vec<String>,
+    pub restarted: Vec<String>,
+    pub closed: Vec<(String, String)>,
+    pub failed: Vec<String>,
+    pub live_elsewhere: usize,
+}
+
+/// Drain: hand off resumable runs, wait for the rest, write provisional records at the deadline.
+#[derive(Message)]
+#[rtype(result = "DrainReport")]
+pub struct Drain {
+    pub deadline: Duration,
+    pub handoff_budget: Duration,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrainReport {
+    pub handed_off: Vec<String>,
+    pub waited_for: usize,
+    pub abandoned: Vec<String>,
+}
+
+/// How many run actors are still active, and which (not counting handed-off ones).
+#[derive(Message)]
+#[rtype(result = "Vec<String>")]
+struct ActiveRuns;
+
+/// What one reclaimed row became.
+enum Fate {
+    Launch(Launch),
+    Closed(String),
+}
+
+/// Classify and act on one taken row (SPEC §6.1): close it, or plan its resume or restart.
+async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(String, Fate), String> {
+    let id = r.row.run_id.clone();
+    let s = &deps.storage;
+    let transcript = s.read_transcript(id.clone()).await.map_err(|e| e.to_string())?;
+    let final_status = r.row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
+    let input = decisions::ClassifyInput {
+        prior_phase: r.prior_phase,
+        stop: r.row.stop,
+        final_status: final_status.as_deref(),
+        detached: r.row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
+        has_request: r.row.meta.get("request").is_some_and(|v| v.is_object()),
+        turn_count: transcript.len() as u64,
+        last_step: r.last_step.as_ref().map(|s| s.cursor()),
+    };
+    let events = s.live_events(id.clone(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let fate = match decisions::classify(&input) {
+        decisions::Classification::CloseFinal { status } => {
+            let status = RunStatus::parse(&status).unwrap_or(RunStatus::Completed);
+            close_row(deps, &r.row, events, status, "closed from finishing; delivery unknown").await?;
+            Fate::Closed(status.as_str().into())
+        }
+        decisions::Classification::CloseHardStopped => {
+            close_row(deps, &r.row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?;
+            Fate::Closed("stopped_hard".into())
+        }
+        decisions::Classification::CloseInterrupted { reason } => {
+            close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+            Fate::Closed(format!("interrupted: {reason}"))
+        }
+        decisions::Classification::Restart => {
+            Fate::Launch(Launch::Restart { row: r.row, events, from_gen: r.prior_owner })
+        }
+        decisions::Classification::Resume(point) => {
+            let agent = r.row.meta.get("agent").and_then(Value::as_str).unwrap_or_default().to_owned();
+            match r.last_step {
+                Some(last_step) if deps.agents.contains_key(&agent) => Fate::Launch(Launch::Resume(Adoption {
+                    row: r.row,
+                    last_step,
+                    transcript,
+                    events,
+                    point,
+                    from_gen: r.prior_owner,
+                })),
+                _ => {
+                    let reason = format!("agent {agent:?} is not configured here");
+                    close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+                    Fate::Closed(format!("interrupted: {reason}"))
+                }
+            }
+        }
+    };
+    Ok((id, fate))
+}
+
+/// Close a reclaimed row with a record built from the row and its live events, through the finish
+/// transaction (`eventCount` = last seq, `finishedAt` = the reclaim clock).
+async fn close_row(
+    deps: &RunDeps,
+    row: &storage::ledger::LiveRow,
+    mut events: Vec<Value>,
+    status: RunStatus,
+    reason: &str,
+) -> Result<(), String> {
+    let meta = run::meta_from_row(row);
+    let now = deps.clock.now_ms();
+    let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
+    let mut v = json!({
+        "id": row.run_id, "label": meta.label, "agent": meta.agent, "model": meta.model,
+        "channelId": meta.channel_id, "userId": meta.user_id, "threadKey": meta.thread_key,
+        "channelVisibility": meta.channel_visibility.as_str(), "startedAt": row.started_at, "finishedAt": now,
+        "status": status.as_str(), "eventCount": last + 1, "storedEventCount": events.len(), "truncated": false,
+        "events": events,
+    });
+    if let Some(p) = &meta.parent_run_id {
+        v["parentRunId"] = json!(p);
+    }
+    let record = storage::record::validate_record(&v).map_err(|e| e.to_string())?;
+    let record = storage::record::fit_record_to_budget(&record, storage::record::MAX_RECORD_BYTES);
+    match deps.storage.finish(deps.gen.as_str().to_owned(), record, None).await {
+        Ok(Ok(_)) => {
+            tracing::info!(run_id = %row.run_id, generation = deps.gen.as_str(), status = status.as_str(), reason, "closed a reclaimed run");
+            Ok(())
+        }
+        Ok(Err(refusal)) => Err(refusal.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl Supervisor {
+    fn launch_or_defer(&mut self, launch: Launch, defer: bool, ctx: &mut Context<Self>) {
+        if defer {
+            self.deferred.push(launch);
+        } else {
+            self.launch(launch, ctx);
+        }
+    }
+}
+
+impl Handler<ReclaimPass> for Supervisor {
+    type Result = actix::ResponseActFuture<Self, Result<ReclaimReport, String>>;
+
+    fn handle(&mut self, msg: ReclaimPass, _ctx: &mut Context<Self>) -> Self::Result {
+        if self.sweeping {
+            return Box::pin(actix::fut::ready(Ok(ReclaimReport::default())));
+        }
+        self.sweeping = true;
+        let deps = self.deps().clone();
+        let lease_ms = deps.lease_ms;
+        let fut = async move {
+            let dead: Vec<String> = match deps.storage.generations().await {
+                Ok(gens) => gens.into_iter().filter(|g| g.gen != deps.gen.as_str() && crate::host::is_gone(g)).map(|g| g.gen).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read generations; no fast reclaim this pass");
+                    Vec::new()
+                }
+            };
+            let answer = deps.storage.reclaim(deps.gen.as_str().to_owned(), lease_ms, dead).await.map_err(|e| e.to_string())?;
+            let mut report = ReclaimReport { live_elsewhere: answer.live_elsewhere.len(), ..Default::default() };
+            let mut launches = Vec::new();
+            for r in answer.taken {
+                let id = r.row.run_id.clone();
+                // One row's failure is logged and never stops the others; the row stays ours until
+                // the next boot (a generation never retakes its own rows).
+                match take_row(&deps, r).await {
+                    Ok((id, Fate::Closed(how))) => report.closed.push((id, how)),
+                    Ok((id, Fate::Launch(l))) => {
+                        match &l {
+                            Launch::Restart { .. } => report.restarted.push(id),
+                            _ => report.resumed.push(id),
+                        }
+                        launches.push(l);
+                    }
+                    Err(e) => {
+                        tracing::error!(run_id = %id, generation = deps.gen.as_str(), error = %e, "reclaimed row could not be classified or closed");
+                        report.failed.push(id);
+                    }
+                }
+            }
+            if !(report.resumed.is_empty() && report.restarted.is_empty() && report.closed.is_empty()) {
+                tracing::info!(generation = deps.gen.as_str(), resumed = report.resumed.len(), restarted = report.restarted.len(), closed = report.closed.len(), "reclaim pass");
+            }
+            Ok::<_, String>((report, launches))
+        };
+        Box::pin(fut.into_actor(self).map(move |result, act, ctx| {
+            act.sweeping = false;
+            let (report, launches) = result?;
+            for l in launches {
+                act.launch_or_defer(l, msg.defer_launch, ctx);
+            }
+            Ok(report)
+        }))
+    }
+}
+
+impl Handler<OpenIngress> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: OpenIngress, ctx: &mut Context<Self>) {
+        for l in std::mem::take(&mut self.deferred) {
+            self.launch(l, ctx);
+        }
+        let every = Duration::from_millis(self.deps().lease_ms.max(100) as u64);
+        ctx.run_interval(every, |_act, ctx| {
+            ctx.address().do_send(ReclaimPass { defer_launch: false });
+        });
+    }
+}
+
+impl Handler<ActiveRuns> for Supervisor {
+    type Result = Vec<String>;
+
+    fn handle(&mut self, _msg: ActiveRuns, _ctx: &mut Context<Self>) -> Vec<String> {
+        self.runs.keys().filter(|id| !self.handed.contains(*id)).cloned().collect()
+    }
+}
+
+impl Handler<Drain> for Supervisor {
+    type Result = actix::ResponseActFuture<Self, DrainReport>;
+
+    fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
+        self.config.draining.store(true, Ordering::SeqCst);
+        let deps = self.deps().clone();
+        let me = ctx.address();
+        let local: Vec<String> = self.runs.keys().cloned().collect();
+        let fut = async move {
+            let gen = deps.gen.as_str().to_owned();
+            // Resumable = promoted (live), owned here, not detached; never an attaching run.
+            let resumable: Vec<String> = match deps.storage.list_live().await {
+                Ok(rows) => rows
+                    .into_iter()
+                    .filter(|r| r.owner_gen == gen && r.phase == storage::ledger::Phase::Live)
+                    .filter(|r| !r.state.get("detached").and_then(Value::as_bool).unwrap_or(false))
+                    .filter(|r| local.contains(&r.run_id))
+                    .map(|r| r.run_id)
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(generation = %gen, error = %e, "drain: could not list live rows; nothing handed off");
+                    Vec::new()
+                }
+            };
+            let handed: Vec<String> = match deps.storage.handoff(gen.clone(), resumable).await {
+                Ok(results) => results.into_iter().filter(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff).map(|(id, _)| id).collect(),
+                Err(e) => {
+                    tracing::warn!(generation = %gen, error = %e, "drain: handoff failed");
+                    Vec::new()
+                }
+            };
+            (handed, deps, me)
+        };
+        let deadline = msg.deadline;
+        let budget = msg.handoff_budget;
+        Box::pin(fut.into_actor(self).then(move |(handed, deps, me), act, _ctx| {
+            for id in &handed {
+                act.handed.insert(id.clone());
+                if let Some(run) = act.runs.get(id) {
+                    run.do_send(run::HandedOff);
+                }
+                deps.registry.discard(id);
+            }
+            if !handed.is_empty() {
+                tracing::info!(generation = deps.gen.as_str(), runs = ?handed, "drain: handed off resumable runs to the next generation");
+            }
+            let wait = async move {
+                let started = tokio::time::Instant::now();
+                let mut waited_for = 0;
+                loop {
+                    let active = me.send(ActiveRuns).await.unwrap_or_default();
+                    waited_for = waited_for.max(active.len());
+                    if active.is_empty() || started.elapsed() >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // At the deadline: a provisional full-snapshot record for every run still active here.
+                let mut abandoned = Vec::new();
+                for id in me.send(ActiveRuns).await.unwrap_or_default() {
+                    let now = deps.clock.now_ms();
+                    if let Some(r) = run::build_record(&deps, &id, RunStatus::Interrupted, now, true, None, None, None) {
+                        deps.history.write(r, Via::Store);
+                        abandoned.push(id);
+                    }
+                }
+                // Pending history writes get the handoff budget.
+                let _ = tokio::time::timeout(budget, deps.history.settled()).await;
+                DrainReport { handed_off: handed, waited_for, abandoned }
+            };
+            wait.into_actor(act)
+        }))
+    }
+}

@@ -299,6 +299,7 @@ impl Tool for AppendFileTool {
                 "properties": {
                     "path": {"type": "string", "description": "file path relative to the workspace"},
                     "line": {"type": "string", "description": "text to append; a newline is added"},
+                    "ms": {"type": "integer", "minimum": 0, "description": "optional: how long the write takes"},
                 },
                 "required": ["path", "line"],
                 "additionalProperties": false,
@@ -316,6 +317,11 @@ impl Tool for AppendFileTool {
                 Ok(v) => v,
                 Err(e) => return ToolOutput::err(e),
             };
+            // Optional `ms`: how long the write takes (a slow mutating call, so a crash can land while
+            // it is in flight — the case a resume must never re-run).
+            if let Some(ms) = args.get("ms").and_then(Value::as_u64).filter(|ms| *ms > 0) {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            }
             let workspace = ctx.workspace.clone();
             let work = move || append_line(&workspace, &rel, &line);
             match tokio::runtime::Handle::try_current() {

@@ -36,6 +36,10 @@ pub struct AppState {
     pub tokens: actors::token::TokenMinter,
     pub auth: AuthConfig,
     pub public_base_url: String,
+    /// The one read service behind every read surface (API, SSE, HTML).
+    pub runs: actors::runs_service::RunsService,
+    /// `POST /admin/drain` notifies it; the binary then drains and exits.
+    pub shutdown: Arc<tokio::sync::Notify>,
 }
 
 /// Mount every route.
@@ -45,7 +49,11 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
             .app_data(web::PayloadConfig::new(routes::messages::MESSAGE_BODY_LIMIT + 1))
             .route("/healthz", web::get().to(healthz))
             .route("/api/messages", web::post().to(routes::messages::post_message))
-            .route("/api/runs/{id}/stop", web::post().to(routes::runs::stop_run));
+            .route("/api/runs/{id}/stop", web::post().to(routes::runs::stop_run))
+            .configure(routes::api::configure)
+            .configure(routes::sse::configure)
+            .configure(routes::html::configure)
+            .configure(routes::admin::configure);
     }
 }
 

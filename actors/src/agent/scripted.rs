@@ -103,7 +103,7 @@ impl Directives {
         match self.tool.as_str() {
             "sleep" => json!({"ms": self.ms}),
             "echo" => json!({"text": format!("step {n}")}),
-            "append_file" => json!({"path": "steps.log", "line": format!("step {n}")}),
+            "append_file" => json!({"path": "steps.log", "line": format!("step {n}"), "ms": self.ms}),
             _ => json!({}),
         }
     }
@@ -244,7 +244,7 @@ mod tests {
             (
                 "append_file writes steps.log",
                 after_steps("tool=append_file steps=2", 0, &[]),
-                Ok(call(1, "append_file", json!({"path": "steps.log", "line": "step 1"}))),
+                Ok(call(1, "append_file", json!({"path": "steps.log", "line": "step 1", "ms": 200}))),
             ),
             (
                 "unknown tool gets empty args",

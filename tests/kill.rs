@@ -1,0 +1,400 @@
+//! The kill suite: the real `switchboard` binary on a temp data dir and a free loopback port, crashed,
+//! drained, paused and restarted, while runs go through the API. Every wait has a deadline and watches
+//! observable state (the database, the process, its log); every process started is killed on drop.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use storage::ledger::{RunLedger, StopMode};
+use storage::record::{RunRecord, RunStatus};
+use storage::{RunStore, SqliteStore, Synchronous};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A `switchboard serve` child process.
+struct Proc {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn start(data: &Path, extra_env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+        cmd.arg("serve")
+            .current_dir(data)
+            .env("SWITCHBOARD_SERVER__BIND", "127.0.0.1:0")
+            .env("SWITCHBOARD_STORAGE__PATH", data.join("switchboard.db"))
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn switchboard");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("switchboard listening") {
+                    if let Some(addr) = line.split("addr=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                        let _ = tx.send(addr.to_owned());
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr = rx.recv_timeout(DEADLINE).expect("switchboard never listened");
+        Proc { child, addr, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([sig, &self.pid().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig}");
+    }
+
+    /// Wait for the process to exit; answers its exit code.
+    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let until = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().or(Some(-1));
+            }
+            if Instant::now() > until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn crash(&mut self) {
+        let res = http(|c| c.post(self.url("/admin/crash")));
+        assert_eq!(res.0, 202, "{}", res.1);
+        assert_eq!(self.wait_exit(Duration::from_secs(10)), Some(137), "crash exits 137");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking HTTP call on a throwaway runtime; answers (status, JSON body).
+fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let client = reqwest::Client::new();
+                match f(&client).send().await {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        (status, r.json().await.unwrap_or(Value::Null))
+                    }
+                    Err(e) => (0, json!({"error": e.to_string()})),
+                }
+            })
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn post_run(p: &Proc, thread: &str, text: &str) -> String {
+    let (status, body) =
+        http(|c| c.post(p.url("/api/messages")).json(&json!({"thread": thread, "channel": "k", "user": "u", "text": text})));
+    assert_eq!(status, 202, "{body}");
+    body["runId"].as_str().expect("runId").to_owned()
+}
+
+fn db(data: &Path) -> SqliteStore {
+    SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal).expect("open the database")
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The live events the ledger holds for a run (empty once it finished).
+fn live_events(data: &Path, run_id: &str) -> Vec<Value> {
+    db(data).live_events(run_id, 0, 100_000).unwrap().unwrap_or_default()
+}
+
+fn final_record(data: &Path, run_id: &str) -> RunRecord {
+    wait_for(&format!("the final record of {run_id}"), || {
+        db(data).get(run_id, now_ms()).unwrap().filter(|r| !r.head.provisional)
+    })
+}
+
+fn count(events: &[Value], kind: &str) -> usize {
+    events.iter().filter(|e| e["type"] == kind).count()
+}
+
+fn assert_contiguous(r: &RunRecord) {
+    let seqs: Vec<u64> = r.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs strictly increase: {seqs:?}");
+    assert_eq!(count(&r.events, "input"), 1, "exactly one input");
+}
+
+fn workspace_lines(data: &Path, run_id: &str) -> Vec<String> {
+    std::fs::read_to_string(data.join("workspaces").join(run_id).join("steps.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn assert_no_duplicate_lines(lines: &[String]) {
+    let mut seen = std::collections::HashSet::new();
+    for l in lines {
+        assert!(seen.insert(l), "line {l:?} written twice: {lines:?}");
+    }
+}
+
+fn tempdir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    (dir, path)
+}
+
+#[test]
+fn crash_mid_step_resumes_under_the_same_id_with_one_contiguous_stream() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let run_id = post_run(&a, "t1", "steps=8 ms=300 think_ms=100 tool=append_file");
+    // Between steps: at least two results are durable, a tool is (or is about to be) in flight.
+    wait_for("two tool results", || (count(&live_events(&data, &run_id), "tool_result") >= 2).then_some(()));
+    a.crash();
+    let crashed_at = Instant::now();
+    let b = Proc::start(&data, &[]);
+    wait_for("the resumed note", || {
+        let evs = live_events(&data, &run_id);
+        (count(&evs, "resumed") == 1).then_some(()).or_else(|| {
+            db(&data).get(&run_id, now_ms()).unwrap().filter(|r| !r.head.provisional).map(|_| ())
+        })
+    });
+    eprintln!("crash-to-resumed (same host, fast reclaim): {} ms", crashed_at.elapsed().as_millis());
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert_eq!(record.head.id, run_id);
+    assert_contiguous(&record);
+    assert_eq!(count(&record.events, "resumed"), 1);
+    assert!(b.logged("boot reclaim"));
+    assert_no_duplicate_lines(&workspace_lines(&data, &run_id));
+}
+
+#[test]
+fn crash_while_a_tool_is_in_flight_never_reruns_the_mutating_call() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let run_id = post_run(&a, "t1", "steps=4 ms=1500 tool=append_file");
+    // A tool_call published without its result: the mutating call is in flight.
+    wait_for("a call in flight", || {
+        let evs = live_events(&data, &run_id);
+        (count(&evs, "tool_call") >= 2 && count(&evs, "tool_call") > count(&evs, "tool_result")).then_some(())
+    });
+    a.crash();
+    let _b = Proc::start(&data, &[]);
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert_contiguous(&record);
+    let resumed = record.events.iter().find(|e| e["type"] == "resumed").expect("resumed");
+    assert_eq!(resumed["settled"][0]["how"], "effects_unknown", "{resumed}");
+    assert_no_duplicate_lines(&workspace_lines(&data, &run_id));
+}
+
+#[test]
+fn crash_while_attaching_restarts_from_the_request_with_the_same_id_and_start() {
+    let (_dir, data) = tempdir();
+    // A process that died while attaching: its generation is recorded with a pid that is gone.
+    let mut store = db(&data);
+    let dead = "20200101T000000Z-deadbeef";
+    store
+        .record_generation(&storage::ledger::GenerationInfo {
+            gen: dead.into(),
+            host: actors::host::hostname(),
+            pid: u32::MAX - 11,
+            proc_start: "1".into(),
+            started_at: now_ms() - 10_000,
+        })
+        .unwrap();
+    let started_at = now_ms() - 5_000;
+    let request = json!({"thread": "ta", "channel": "k", "user": "u", "text": "steps=2 ms=0"});
+    let meta = json!({"agent": "demo", "model": "scripted", "label": "steps=2 ms=0", "threadKey": "k:ta",
+        "channelId": "k", "userId": "u", "channelVisibility": "machine", "deadline": started_at + 600_000,
+        "request": request});
+    let admitted = store
+        .admit(
+            &storage::ledger::Admit {
+                thread_key: "k:ta".into(),
+                gen: dead.into(),
+                run_id: "attaching-run-1".into(),
+                request: request.clone(),
+                meta,
+                key: None,
+                lease_ms: 30_000,
+            },
+            started_at,
+        )
+        .unwrap();
+    assert_eq!(admitted, storage::ledger::AdmitOutcome::Started { run_id: "attaching-run-1".into() });
+    drop(store);
+    let b = Proc::start(&data, &[]);
+    let record = final_record(&data, "attaching-run-1");
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert_eq!(record.head.started_at, started_at, "the original start");
+    assert_contiguous(&record);
+    assert_eq!(count(&record.events, "resumed"), 1);
+    assert!(b.logged("boot reclaim"));
+}
+
+#[test]
+fn sigterm_hands_a_resumable_run_off_and_the_next_process_resumes_it_at_once() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let run_id = post_run(&a, "t1", "steps=6 ms=400");
+    wait_for("a step", || (count(&live_events(&data, &run_id), "tool_result") >= 1).then_some(()));
+    let sent = Instant::now();
+    a.signal("-TERM");
+    let code = a.wait_exit(Duration::from_secs(6) + Duration::from_secs(3));
+    assert_eq!(code, Some(0), "a drained process exits 0");
+    eprintln!("drain took {} ms", sent.elapsed().as_millis());
+    assert!(a.logged("handed off resumable runs"), "the old process logs the handoff");
+    // The handed-off row is taken at once (its lease is still current).
+    let row = db(&data).get_live(&run_id).unwrap().expect("the row waits for the next process");
+    assert_eq!(row.phase, storage::ledger::Phase::Handoff);
+    let started = Instant::now();
+    let _b = Proc::start(&data, &[]);
+    let record = final_record(&data, &run_id);
+    eprintln!("handoff-to-finished: {} ms", started.elapsed().as_millis());
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert_contiguous(&record);
+    assert_eq!(count(&record.events, "resumed"), 1);
+}
+
+#[test]
+fn a_stop_on_the_newer_process_reaches_a_run_of_the_older_one_through_the_ledger() {
+    let (_dir, data) = tempdir();
+    let fast = [("SWITCHBOARD_LEDGER__LEASE_MS", "2000"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "500")];
+    let a = Proc::start(&data, &fast);
+    let run_id = post_run(&a, "t1", "steps=40 ms=300");
+    wait_for("a step", || (count(&live_events(&data, &run_id), "tool_result") >= 1).then_some(()));
+    let b = Proc::start(&data, &fast);
+    let (status, body) = http(|c| c.post(b.url(&format!("/api/runs/{run_id}/stop"))).json(&json!({"mode": "soft"})));
+    assert_eq!(status, 202, "{body}");
+    let asked = Instant::now();
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::StoppedSoft);
+    assert!(asked.elapsed() < Duration::from_secs(10));
+    // The owner (the older process) finished it: one input, no resume.
+    assert_eq!(count(&record.events, "resumed"), 0);
+    assert!(record.events.iter().any(|e| e["type"] == "stop_requested" && e["mode"] == "soft"));
+}
+
+#[test]
+fn a_paused_process_whose_rows_were_reclaimed_goes_silent() {
+    let (_dir, data) = tempdir();
+    let fast = [("SWITCHBOARD_LEDGER__LEASE_MS", "1500"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "500")];
+    let a = Proc::start(&data, &fast);
+    let run_id = post_run(&a, "t1", "steps=6 ms=500");
+    wait_for("a step", || (count(&live_events(&data, &run_id), "tool_result") >= 1).then_some(()));
+    a.signal("-STOP");
+    let paused = Instant::now();
+    let b = Proc::start(&data, &fast);
+    // The paused process is alive: its rows wait for the lease to expire, then the sweep takes them.
+    wait_for("the reclaim by the newer process", || {
+        let row = db(&data).get_live(&run_id).unwrap();
+        let taken = row.is_none_or(|r| !r.owner_gen.is_empty() && !a.logged(&r.owner_gen));
+        taken.then_some(())
+    });
+    let row_owner = db(&data).get_live(&run_id).unwrap().map(|r| r.owner_gen);
+    eprintln!("crash-to-resumed (lease expiry, lease 1500 ms, heartbeat 500 ms): {} ms", paused.elapsed().as_millis());
+    a.signal("-CONT");
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert_contiguous(&record);
+    assert_eq!(count(&record.events, "resumed"), 1);
+    if let Some(owner) = row_owner {
+        assert!(b.logged(&owner), "the newer process owned the row");
+    }
+    wait_for("the zombie to notice the fence", || a.logged("fenced").then_some(()));
+}
+
+#[test]
+fn a_hard_stop_recorded_before_the_crash_closes_stopped_hard_and_never_runs_again() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let run_id = post_run(&a, "t1", "steps=6 ms=400");
+    wait_for("a step", || (count(&live_events(&data, &run_id), "tool_result") >= 1).then_some(()));
+    a.crash();
+    // The stop lands on the ledger after the owner died (as one from another process would).
+    db(&data).request_stop(&run_id, StopMode::Hard, now_ms()).unwrap().unwrap();
+    let _b = Proc::start(&data, &[]);
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::StoppedHard);
+    assert_eq!(count(&record.events, "resumed"), 0, "never relaunched");
+}
+
+#[test]
+fn twenty_random_crashes_leave_one_terminal_record_per_run_and_no_blocked_thread() {
+    let (_dir, data) = tempdir();
+    let mut runs: Vec<String> = Vec::new();
+    let mut seed: u64 = 0x5eed_1234;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..20 {
+        let mut p = Proc::start(&data, &[]);
+        for t in 0..2 {
+            let thread = format!("r{round}-{t}");
+            let text = if next() % 2 == 0 { "steps=3 ms=80 tool=append_file" } else { "steps=2 ms=120" };
+            runs.push(post_run(&p, &thread, text));
+        }
+        std::thread::sleep(Duration::from_millis(50 + next() % 400));
+        p.crash();
+    }
+    let _last = Proc::start(&data, &[]);
+    for id in &runs {
+        let r = final_record(&data, id);
+        assert!(!r.head.provisional);
+        assert_contiguous(&r);
+        assert_no_duplicate_lines(&workspace_lines(&data, id));
+    }
+    wait_for("every thread free", || db(&data).list_live().unwrap().is_empty().then_some(()));
+}

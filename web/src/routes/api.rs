@@ -1,0 +1,2 @@
+//! placeholder
+pub fn configure(_cfg: &mut actix_web::web::ServiceConfig) {}
