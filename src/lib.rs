@@ -168,6 +168,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let tokens = TokenMinter::new(&storage.capability_secret().await.context("read the capability secret")?);
     let draining = Arc::new(AtomicBool::new(false));
     let registry = Registry::new(clock.clone());
+    let metrics = actors::metrics::Metrics::shared();
     let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
     let data_dir = config.storage.path.parent().map(|p| p.to_path_buf()).unwrap_or_else(|| ".".into());
@@ -186,6 +187,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         clock: clock.clone(),
         tokens: tokens.clone(),
         draining: draining.clone(),
+        metrics: metrics.clone(),
     }));
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
     let report = supervisor
@@ -214,6 +216,8 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         public_base_url: config.server.public_base_url.clone(),
         runs: actors::runs_service::RunsService::new(registry.clone(), storage.clone(), generation.clone(), clock.clone()),
         shutdown: shutdown.clone(),
+        metrics,
+        history: history.clone(),
     };
     let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(web::configure(state.clone())))
         .disable_signals()

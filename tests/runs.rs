@@ -303,3 +303,16 @@ async fn a_run_past_its_budget_ends_with_a_budget_note() {
     assert!(note.is_some(), "{:?}", types(&record.events));
     assert!(record.events.iter().filter(|e| e["type"] == "tool_result").count() < 10);
 }
+
+#[actix_web::test]
+async fn metrics_count_runs_steps_and_statuses() {
+    let app = TestApp::spawn().await;
+    let run_id = app.start_run("tm", "steps=2 ms=0").await;
+    app.final_record(&run_id).await;
+    let text = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains("switchboard_runs_started_total 1"), "{text}");
+    assert!(text.contains("switchboard_runs_finished_total{status=\"completed\"} 1"), "{text}");
+    // Seed record + two tool steps + the answer step.
+    assert!(text.contains("switchboard_steps_total 4"), "{text}");
+    assert!(text.contains("switchboard_live_runs 0"), "{text}");
+}

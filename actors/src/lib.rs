@@ -10,6 +10,7 @@ pub mod flusher;
 pub mod heartbeat;
 pub mod history;
 pub mod host;
+pub mod metrics;
 pub mod registry;
 pub mod run;
 pub mod runs_service;

@@ -206,6 +206,11 @@ impl Registry {
         Some((backlog, rx, finished))
     }
 
+    /// Live subscribers across every run.
+    pub fn subscriber_count(&self) -> usize {
+        self.lock().values().map(|e| e.subscribers.iter().filter(|s| !s.is_closed()).count()).sum()
+    }
+
     pub fn row(&self, id: &str) -> Option<RunRow> {
         self.lock().get(id).map(|e| e.row.clone())
     }

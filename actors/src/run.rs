@@ -94,6 +94,7 @@ pub struct RunDeps {
     pub http: reqwest::Client,
     pub clock: Arc<dyn Clock>,
     pub tokens: crate::token::TokenMinter,
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub on_ended: actix::Recipient<RunEnded>,
 }
 
@@ -411,6 +412,7 @@ impl Run {
 
     fn fence(&mut self) {
         if self.tracking != Tracking::Fenced {
+            self.deps.metrics.fences.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(run_id = %self.id, generation = %self.gen, "fenced: another generation owns the run");
             self.tracking = Tracking::Fenced;
             self.deps.heartbeat.do_send(Untrack(self.id.clone()));
@@ -433,6 +435,14 @@ impl Run {
 
     /// Act on an owner write's answer. `Some` when it landed.
     async fn settle<T>(&mut self, what: &str, answer: storage::Result<storage::ledger::Outcome<T>>) -> Option<T> {
+        let refusal = match &answer {
+            Ok(Err(Refusal::Fenced { .. })) => Some("fenced"),
+            Ok(Err(Refusal::UnknownRun { .. })) => Some("unknown_run"),
+            Ok(Err(_)) => Some("other"),
+            Err(_) => Some("unavailable"),
+            Ok(Ok(_)) => None,
+        };
+        self.deps.metrics.ledger_write(what, refusal);
         match answer {
             Ok(Ok(v)) => Some(v),
             Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. })) => {
@@ -486,7 +496,9 @@ impl Run {
             tokio::time::sleep(WRITE_RETRY).await;
             answer = s.step(id, gen, record).await;
         }
-        self.settle("step record", answer).await;
+        if self.settle("step record", answer).await.is_some() {
+            self.deps.metrics.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Fold unread follow-ups into the next turn. With `new_turn` false they only join a pending results
@@ -686,6 +698,7 @@ impl Run {
                 }
             }
         }
+        self.deps.metrics.run_finished(status.as_str());
         tracing::info!(run_id = %self.id, generation = %self.gen, status = status.as_str(), "run finished; workspace released");
         (StopReason::Finished(status), leftover)
     }

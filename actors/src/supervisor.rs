@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +53,7 @@ pub struct SupervisorConfig {
     pub clock: Arc<dyn Clock>,
     pub tokens: TokenMinter,
     pub draining: Arc<AtomicBool>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A message to admit.
@@ -119,7 +120,6 @@ pub struct Supervisor {
     runs: HashMap<String, Addr<RunActor>>,
     slots: HashMap<String, Addr<ThreadSlot>>,
     panics: HashMap<String, u32>,
-    flusher_failures: Arc<AtomicU64>,
     parts: Option<(SupervisorConfig, Toolbox)>,
     /// Runs the boot reclaim adopted, launched once ingress is open.
     deferred: Vec<Launch>,
@@ -140,6 +140,7 @@ struct SlotShared {
     clock: Arc<dyn Clock>,
     tokens: TokenMinter,
     draining: Arc<AtomicBool>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Supervisor {
@@ -155,6 +156,7 @@ impl Supervisor {
             clock: config.clock.clone(),
             tokens: config.tokens.clone(),
             draining: config.draining.clone(),
+            metrics: config.metrics.clone(),
         };
         let tools = std::mem::replace(&mut config.tools, Toolbox::empty());
         config.agents = HashMap::new();
@@ -164,7 +166,6 @@ impl Supervisor {
             runs: HashMap::new(),
             slots: HashMap::new(),
             panics: HashMap::new(),
-            flusher_failures: Arc::default(),
             parts: Some((config, tools)),
             deferred: Vec::new(),
             sweeping: false,
@@ -238,7 +239,7 @@ impl Actor for Supervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let (config, tools) = self.parts.take().expect("a supervisor starts once");
-        let flusher = Flusher::new(config.storage.clone(), self.flusher_failures.clone()).start();
+        let flusher = Flusher::new(config.storage.clone(), self.config.metrics.event_batch_failures.clone()).start();
         let heartbeat =
             Heartbeat::new(config.storage.clone(), Duration::from_millis(config.heartbeat_ms), config.lease_ms).start();
         self.deps = Some(RunDeps {
@@ -256,6 +257,7 @@ impl Actor for Supervisor {
             http: reqwest::Client::new(),
             clock: config.clock,
             tokens: self.config.tokens.clone(),
+            metrics: self.config.metrics.clone(),
             on_ended: ctx.address().recipient(),
         });
         // Finished rows leave the registry after their TTL; idle slots are dropped.
@@ -452,6 +454,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
                 .filter_map(deps_publish)
                 .collect();
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
+                shared.metrics.runs_started.fetch_add(1, Ordering::Relaxed);
                 // `run_meta` and `input` reach the ledger before the answer: a crash from here on still
                 // replays them, so a restarted or resumed run never loses (or repeats) its input.
                 let events: Vec<Value> = events.into_iter().map(|(_, e)| e).collect();
@@ -691,6 +694,10 @@ impl Handler<ReclaimPass> for Supervisor {
                     }
                 }
             }
+            deps.metrics.reclaimed("resumed", report.resumed.len() as u64);
+            deps.metrics.reclaimed("restarted", report.restarted.len() as u64);
+            deps.metrics.reclaimed("closed", report.closed.len() as u64);
+            deps.metrics.reclaimed("failed", report.failed.len() as u64);
             if !(report.resumed.is_empty() && report.restarted.is_empty() && report.closed.is_empty()) {
                 tracing::info!(generation = deps.gen.as_str(), resumed = report.resumed.len(), restarted = report.restarted.len(), closed = report.closed.len(), "reclaim pass");
             }

@@ -40,6 +40,8 @@ pub struct AppState {
     pub runs: actors::runs_service::RunsService,
     /// `POST /admin/drain` notifies it; the binary then drains and exits.
     pub shutdown: Arc<tokio::sync::Notify>,
+    pub metrics: Arc<actors::metrics::Metrics>,
+    pub history: actors::history::HistoryWriter,
 }
 
 /// Mount every route.
@@ -48,6 +50,7 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
         cfg.app_data(web::Data::new(state))
             .app_data(web::PayloadConfig::new(routes::messages::MESSAGE_BODY_LIMIT + 1))
             .route("/healthz", web::get().to(healthz))
+            .route("/metrics", web::get().to(metrics))
             .route("/api/messages", web::post().to(routes::messages::post_message))
             .route("/api/runs/{id}/stop", web::post().to(routes::runs::stop_run))
             .configure(routes::api::configure)
@@ -89,4 +92,15 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     } else {
         HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+/// `GET /metrics`: Prometheus text.
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let live_runs = state.registry.rows().iter().filter(|r| r.finished_at.is_none()).count() as u64;
+    let observed = actors::metrics::Observed {
+        live_runs,
+        sse_subscribers: state.registry.subscriber_count() as u64,
+        history_write_failures: state.history.failures(),
+    };
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render(observed))
 }
