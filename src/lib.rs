@@ -9,6 +9,7 @@
 //!   the HTTP server — answering a [`Running`] handle.
 //! - `main.rs`: the CLI (clap), tracing, signal handling.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 

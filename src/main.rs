@@ -23,6 +23,8 @@ enum Command {
     },
     /// Read and control runs: against a running server (`--url`, `--token`) or a database (`--db`).
     Runs(switchboard::cli::RunsArgs),
+    /// Measure: `steps`, `runs`, `sse`, `recovery`, `idle` or `all` (SPEC §11).
+    Bench(switchboard::bench::BenchArgs),
     /// Run one message in-process and print the answer once its record has landed.
     Ask {
         /// The message text (directives like `steps=3` drive the scripted demo agent).
@@ -48,6 +50,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config } => serve(config),
         Command::Ask { text, agent, config } => ask(text, agent, config),
         Command::Runs(args) => switchboard::cli::run(args),
+        Command::Bench(args) => switchboard::bench::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

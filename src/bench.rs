@@ -1,0 +1,311 @@
+//! `switchboard bench <scenario>`: measurements against the physical limit (SPEC §11).
+//!
+//! Each scenario prints a human table and one JSON line (`scenario, runs_per_s, p50_ms, p99_ms, max_ms,
+//! n, concurrency`, plus its own fields) and works in a temp data dir with the committed defaults unless
+//! flags say otherwise. Benchmarks are reports, never gates: nothing here asserts a speed.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+use storage::ledger::{Admit, Promotion, StepRecord, Turn};
+use storage::{BackendSpec, StorageHandle, Synchronous};
+
+use crate::Config;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// `steps`, `runs`, `sse`, `recovery`, `idle` or `all`.
+    pub scenario: String,
+    /// Iterations (runs, steps, crashes, parked runs) for one configuration.
+    #[arg(long)]
+    pub n: Option<usize>,
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// `full` or `normal` (steps: both when absent).
+    #[arg(long)]
+    pub synchronous: Option<String>,
+}
+
+/// Latency summary in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn summarize(mut ms: Vec<f64>) -> Summary {
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| ms.get(((ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    Summary { p50: at(0.50), p99: at(0.99), max: ms.last().copied().unwrap_or(0.0) }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn report(table: &[(&str, String)], line: Value) {
+    println!();
+    for (k, v) in table {
+        println!("  {k:<28} {v}");
+    }
+    println!("{line}");
+}
+
+/// Peak resident memory of this process (KiB), from `/proc/self/status`.
+pub fn peak_rss_kib() -> u64 {
+    status_kib("VmHWM:")
+}
+
+/// Current resident memory of this process (KiB).
+pub fn rss_kib() -> u64 {
+    status_kib("VmRSS:")
+}
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let scenarios: Vec<&str> = match args.scenario.as_str() {
+        "all" => vec!["steps", "runs", "sse", "recovery", "idle"],
+        s @ ("steps" | "runs" | "sse" | "recovery" | "idle") => vec![s],
+        other => anyhow::bail!("unknown scenario {other:?}: use steps, runs, sse, recovery, idle or all"),
+    };
+    for s in scenarios {
+        match s {
+            "steps" => steps(&args)?,
+            "runs" => runs(&args)?,
+            "sse" => sse(&args)?,
+            "recovery" => recovery(&args)?,
+            _ => idle(&args)?,
+        }
+    }
+    Ok(())
+}
+
+fn synchronous_modes(args: &BenchArgs) -> anyhow::Result<Vec<Synchronous>> {
+    Ok(match args.synchronous.as_deref() {
+        None => vec![Synchronous::Full, Synchronous::Normal],
+        Some("full") => vec![Synchronous::Full],
+        Some("normal") => vec![Synchronous::Normal],
+        Some(o) => anyhow::bail!("--synchronous {o:?}: use full or normal"),
+    })
+}
+
+/// Durable step latency (transcript turn + step record through the storage actor) beside raw rusqlite
+/// single-row transactions on the same file system with the same `synchronous`.
+fn steps(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.n.unwrap_or(2000);
+    for sync in synchronous_modes(args)? {
+        let dir = tempfile::tempdir().context("create a temp dir")?;
+        let raw = raw_commits(&dir.path().join("raw.db"), sync, n)?;
+        let path = dir.path().join("bench.db");
+        let durable = actix_web::rt::System::new().block_on(durable_steps(path, sync, n))?;
+        let (d, r) = (summarize(durable.clone()), summarize(raw));
+        let total: f64 = durable.iter().sum();
+        let mode = if sync == Synchronous::Full { "full" } else { "normal" };
+        report(
+            &[
+                ("scenario", format!("steps (synchronous = {mode})")),
+                ("durable step p50 / p99 / max", format!("{:.3} / {:.3} / {:.3} ms", d.p50, d.p99, d.max)),
+                ("raw commit p50 / p99", format!("{:.3} / {:.3} ms", r.p50, r.p99)),
+                ("ratio p50 / p99", format!("{:.2} / {:.2}", d.p50 / r.p50, d.p99 / r.p99)),
+                ("steps/s (one writer)", format!("{:.0}", n as f64 / (total / 1000.0))),
+            ],
+            json!({"scenario": "steps", "synchronous": mode, "runs_per_s": n as f64 / (total / 1000.0),
+                "p50_ms": d.p50, "p99_ms": d.p99, "max_ms": d.max, "n": n, "concurrency": 1,
+                "raw_p50_ms": r.p50, "raw_p99_ms": r.p99, "ratio_p50": d.p50 / r.p50, "ratio_p99": d.p99 / r.p99}),
+        );
+    }
+    Ok(())
+}
+
+fn raw_commits(path: &Path, sync: Synchronous, n: usize) -> anyhow::Result<Vec<f64>> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", if sync == Synchronous::Full { "FULL" } else { "NORMAL" })?;
+    conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        conn.execute("INSERT INTO t (k, v) VALUES (?1, ?2)", rusqlite::params![i as i64, "step"])?;
+        conn.execute_batch("COMMIT")?;
+        out.push(ms(t.elapsed()));
+    }
+    Ok(out)
+}
+
+async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) -> anyhow::Result<Vec<f64>> {
+    let storage = StorageHandle::start(BackendSpec::Sqlite { path, synchronous: sync }, storage::clock::system());
+    let gen = "20260101T000000Z-00000bec".to_owned();
+    let run = "bench-run".to_owned();
+    let admit = Admit {
+        thread_key: "bench:t".into(),
+        gen: gen.clone(),
+        run_id: run.clone(),
+        request: json!({"text": "bench"}),
+        meta: json!({"agent": "demo", "request": {"text": "bench"}}),
+        key: None,
+        lease_ms: 3_600_000,
+    };
+    storage.admit(admit, storage.clock().now_ms()).await?;
+    let promotion = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 3_600_000 };
+    storage.claim(run.clone(), gen.clone(), promotion).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        let turn = Turn { role: "assistant".into(), parts: vec![json!({"type": "text", "text": format!("step {i}")})] };
+        let record = StepRecord {
+            step: i + 1,
+            seq: i,
+            turn_index: i + 1,
+            in_flight: vec![],
+            inbox_consumed_seq: None,
+            remaining_ms: 1,
+            turn: i + 1,
+            iteration: i + 1,
+        };
+        let t = Instant::now();
+        storage.write_transcript(run.clone(), gen.clone(), i, vec![turn]).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
+        storage.step(run.clone(), gen.clone(), record).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
+        out.push(ms(t.elapsed()));
+    }
+    Ok(out)
+}
+
+/// The committed default configuration over a temp data dir on a free port.
+fn bench_config(dir: &Path) -> anyhow::Result<Config> {
+    let mut config = Config::parse(crate::config::EMBEDDED_NAME, crate::config::EMBEDDED, Vec::new())?;
+    config.server.bind = "127.0.0.1:0".into();
+    config.storage.path = dir.join("switchboard.db");
+    Ok(config)
+}
+
+/// End-to-end short runs through the HTTP admission route until each record has landed.
+fn runs(args: &BenchArgs) -> anyhow::Result<()> {
+    let presets = match (args.n, args.concurrency) {
+        (None, None) => vec![(300, 1), (1000, 16), (2000, 256)],
+        (n, c) => vec![(n.unwrap_or(1000), c.unwrap_or(16))],
+    };
+    for (n, concurrency) in presets {
+        let dir = tempfile::tempdir()?;
+        let config = bench_config(dir.path())?;
+        let (lat, wall) = actix_web::rt::System::new().block_on(async move {
+            let running = crate::start(config).await?;
+            let url = format!("http://{}/api/messages", running.addr);
+            let registry = running.registry.clone();
+            let client = reqwest::Client::new();
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let started = Instant::now();
+            let workers: Vec<_> = (0..concurrency)
+                .map(|_| {
+                    let (client, url, registry, next) = (client.clone(), url.clone(), registry.clone(), next.clone());
+                    actix_web::rt::spawn(async move {
+                        let mut lat = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if i >= n {
+                                return Ok::<_, anyhow::Error>(lat);
+                            }
+                            let t = Instant::now();
+                            let body: Value = client
+                                .post(&url)
+                                .json(&json!({"thread": format!("b{i}"), "channel": "bench", "user": "u", "text": "steps=3 ms=0 think_ms=0"}))
+                                .send()
+                                .await?
+                                .json()
+                                .await?;
+                            let id = body["runId"].as_str().context("runId")?.to_owned();
+                            while !registry.row(&id).is_some_and(|r| r.persisted) {
+                                tokio::time::sleep(Duration::from_micros(500)).await;
+                            }
+                            lat.push(ms(t.elapsed()));
+                        }
+                    })
+                })
+                .collect();
+            let mut lat = Vec::new();
+            for w in workers {
+                lat.extend(w.await??);
+            }
+            let wall = started.elapsed();
+            running.stop().await?;
+            Ok::<_, anyhow::Error>((lat, wall))
+        })?;
+        let s = summarize(lat);
+        let rps = n as f64 / wall.as_secs_f64();
+        let rss = peak_rss_kib();
+        report(
+            &[
+                ("scenario", format!("runs (n = {n}, concurrency = {concurrency})")),
+                ("runs/s", format!("{rps:.0}")),
+                ("latency p50 / p99 / max", format!("{:.1} / {:.1} / {:.1} ms", s.p50, s.p99, s.max)),
+                ("peak RSS (server + client)", format!("{:.1} MiB", rss as f64 / 1024.0)),
+            ],
+            json!({"scenario": "runs", "runs_per_s": rps, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
+                "n": n, "concurrency": concurrency, "peak_rss_mib": rss as f64 / 1024.0}),
+        );
+    }
+    Ok(())
+}
+
+/// Resident memory per parked live run: runs waiting on a long tool.
+fn idle(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.n.unwrap_or(10_000);
+    let dir = tempfile::tempdir()?;
+    let mut config = bench_config(dir.path())?;
+    config.storage.synchronous = crate::config::SynchronousSetting::Normal;
+    let (before, after, took) = actix_web::rt::System::new().block_on(async move {
+        let running = crate::start(config).await?;
+        let url = format!("http://{}/api/messages", running.addr);
+        let client = reqwest::Client::new();
+        let before = rss_kib();
+        let started = Instant::now();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+            let posts = chunk.iter().map(|i| {
+                client
+                    .post(&url)
+                    .json(&json!({"thread": format!("idle{i}"), "channel": "bench", "user": "u", "text": "steps=1 ms=3600000"}))
+                    .send()
+            });
+            for r in futures_util::future::join_all(posts).await {
+                anyhow::ensure!(r?.status().as_u16() == 202, "admission refused");
+            }
+        }
+        // Parked: every run has published its tool call and waits on the tool.
+        while running.registry.rows().iter().filter(|r| r.event_count >= 4).count() < n {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let took = started.elapsed();
+        let after = rss_kib();
+        running.stop().await?;
+        Ok::<_, anyhow::Error>((before, after, took))
+    })?;
+    let per_run = (after.saturating_sub(before)) as f64 * 1024.0 / n as f64;
+    report(
+        &[
+            ("scenario", format!("idle ({n} parked runs)")),
+            ("RSS before / after", format!("{:.1} / {:.1} MiB", before as f64 / 1024.0, after as f64 / 1024.0)),
+            ("per parked run", format!("{:.1} KiB", per_run / 1024.0)),
+            ("admitted and parked in", format!("{:.1} s", took.as_secs_f64())),
+        ],
+        json!({"scenario": "idle", "runs_per_s": n as f64 / took.as_secs_f64(), "p50_ms": 0.0, "p99_ms": 0.0,
+            "max_ms": 0.0, "n": n, "concurrency": 64, "bytes_per_run": per_run}),
+    );
+    Ok(())
+}
+
+fn sse(_args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::bail!("bench sse needs the SSE stream route")
+}
+
+fn recovery(_args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::bail!("bench recovery is not written yet")
+}
