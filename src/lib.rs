@@ -10,6 +10,7 @@
 //! - `main.rs`: the CLI (clap), tracing, signal handling.
 
 pub mod bench;
+pub mod child;
 pub mod cli;
 pub mod config;
 
@@ -170,6 +171,9 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let draining = Arc::new(AtomicBool::new(false));
     let registry = Registry::new(clock.clone());
     let metrics = actors::metrics::Metrics::shared();
+    let operations = actors::operations::OperationCoordinator::new(clock.clone());
+    // Sessions are capped even when no other call comes in to notice.
+    operations.spawn_session_reaper(Duration::from_secs(30));
     let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
     let data_dir = config.storage.path.parent().map(|p| p.to_path_buf()).unwrap_or_else(|| ".".into());
@@ -189,6 +193,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         tokens: tokens.clone(),
         draining: draining.clone(),
         metrics: metrics.clone(),
+        operations: operations.clone(),
     }));
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
     let report = supervisor

@@ -2,10 +2,7 @@
 //! drained, paused and restarted, while runs go through the API. Every wait has a deadline and watches
 //! observable state (the database, the process, its log); every process started is killed on drop.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -15,89 +12,33 @@ use storage::{RunStore, SqliteStore, Synchronous};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// A `switchboard serve` child process.
-struct Proc {
-    child: Child,
-    addr: String,
-    log: Arc<Mutex<Vec<String>>>,
+/// The binary under test, as a child process.
+struct Proc(switchboard::child::ChildServer);
+
+impl std::ops::Deref for Proc {
+    type Target = switchboard::child::ChildServer;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Proc {
     fn start(data: &Path, extra_env: &[(&str, &str)]) -> Proc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
-        cmd.arg("serve")
-            .current_dir(data)
-            .env("SWITCHBOARD_SERVER__BIND", "127.0.0.1:0")
-            .env("SWITCHBOARD_STORAGE__PATH", data.join("switchboard.db"))
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn switchboard");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("switchboard listening") {
-                    if let Some(addr) = line.split("addr=").nth(1).and_then(|r| r.split_whitespace().next()) {
-                        let _ = tx.send(addr.to_owned());
-                    }
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let addr = rx.recv_timeout(DEADLINE).expect("switchboard never listened");
-        Proc { child, addr, log }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn logged(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+        Proc(switchboard::child::ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, extra_env).expect("start switchboard"))
     }
 
     fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([sig, &self.pid().to_string()]).status().unwrap().success();
-        assert!(ok, "kill {sig}");
+        self.0.signal(sig).expect("signal");
     }
 
-    /// Wait for the process to exit; answers its exit code.
     fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let until = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code().or(Some(-1));
-            }
-            if Instant::now() > until {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.0.wait_exit(within)
     }
 
     fn crash(&mut self) {
         let res = http(|c| c.post(self.url("/admin/crash")));
         assert_eq!(res.0, 202, "{}", res.1);
         assert_eq!(self.wait_exit(Duration::from_secs(10)), Some(137), "crash exits 137");
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -331,7 +272,7 @@ fn a_paused_process_whose_rows_were_reclaimed_goes_silent() {
     let a = Proc::start(&data, &fast);
     let run_id = post_run(&a, "t1", "steps=6 ms=500");
     wait_for("a step", || (count(&live_events(&data, &run_id), "tool_result") >= 1).then_some(()));
-    a.signal("-STOP");
+    a.0.pause_outside_transaction(&data.join("switchboard.db")).expect("pause");
     let paused = Instant::now();
     let b = Proc::start(&data, &fast);
     // The paused process is alive: its rows wait for the lease to expire, then the sweep takes them.

@@ -33,6 +33,11 @@ pub struct Push {
 #[rtype(result = "()")]
 pub struct FlushRun(pub String);
 
+/// Drop whatever is pending for a finished run: its record carries every event already.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Forget(pub String);
+
 pub struct Flusher {
     storage: StorageHandle,
     pending: HashMap<String, (String, Vec<Value>)>,
@@ -106,5 +111,13 @@ impl Handler<FlushRun> for Flusher {
             Some((gen, events)) => Box::pin(self.append(msg.0, gen, events)),
             None => Box::pin(async {}),
         }
+    }
+}
+
+impl Handler<Forget> for Flusher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Forget, _ctx: &mut Context<Self>) {
+        self.pending.remove(&msg.0);
     }
 }

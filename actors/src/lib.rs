@@ -11,6 +11,7 @@ pub mod heartbeat;
 pub mod history;
 pub mod host;
 pub mod metrics;
+pub mod operations;
 pub mod registry;
 pub mod run;
 pub mod runs_service;

@@ -95,6 +95,8 @@ pub struct RunDeps {
     pub clock: Arc<dyn Clock>,
     pub tokens: crate::token::TokenMinter,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Resource claims on run workspaces (an app = a run's workspace).
+    pub operations: crate::operations::OperationCoordinator,
     pub on_ended: actix::Recipient<RunEnded>,
 }
 
@@ -536,9 +538,19 @@ impl Run {
         let started = Instant::now();
         let output = match self.deps.tools.get(&call.tool) {
             Some(tool) => {
+                use crate::operations::{AppId, Claim, Operation, Resource};
                 let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone() };
+                // The workspace is an app: a mutating call holds its worktree for writing while it runs,
+                // a side-effect-free one for reading (SPEC §10).
+                let claim = if tool.def().side_effect_free {
+                    Claim::read(Resource::RepositoryWorktree)
+                } else {
+                    Claim::write(Resource::RepositoryWorktree)
+                };
+                let app = AppId::new(self.id.clone());
+                let guarded = self.deps.operations.run(&app, Operation::new(call.tool.clone()), claim, tool.call(&ctx, &call.args));
                 tokio::select! {
-                    out = tool.call(&ctx, &call.args) => out,
+                    out = guarded => out.unwrap_or_else(|e| crate::tools::ToolOutput::err(format!("refused: {e}"))),
                     _ = aborted(self.control.clone()) => return Err(self.checkpoint().unwrap_or(Ending::Stopped(StopMode::Hard))),
                 }
             }
@@ -646,6 +658,11 @@ impl Run {
                 None => (RunStatus::Completed, Some(text)),
             },
         };
+        // Everything published so far reaches the ledger first: a crash from here on closes the run
+        // from complete live events.
+        if self.tracking == Tracking::Tracked {
+            let _ = self.deps.flusher.send(crate::flusher::FlushRun(self.id.clone())).await;
+        }
         // The finishing gate: only a confirmed owner replies.
         if self.tracking == Tracking::Tracked {
             let answer_gate =
@@ -698,6 +715,7 @@ impl Run {
                 }
             }
         }
+        self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
         self.deps.metrics.run_finished(status.as_str());
         tracing::info!(run_id = %self.id, generation = %self.gen, status = status.as_str(), "run finished; workspace released");
         (StopReason::Finished(status), leftover)

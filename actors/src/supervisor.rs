@@ -54,6 +54,7 @@ pub struct SupervisorConfig {
     pub tokens: TokenMinter,
     pub draining: Arc<AtomicBool>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub operations: crate::operations::OperationCoordinator,
 }
 
 /// A message to admit.
@@ -258,6 +259,7 @@ impl Actor for Supervisor {
             clock: config.clock,
             tokens: self.config.tokens.clone(),
             metrics: self.config.metrics.clone(),
+            operations: config.operations,
             on_ended: ctx.address().recipient(),
         });
         // Finished rows leave the registry after their TTL; idle slots are dropped.
