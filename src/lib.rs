@@ -48,6 +48,7 @@ pub struct Running {
     pub supervisor: actix::Addr<Supervisor>,
     pub registry: Registry,
     pub history: HistoryWriter,
+    pub plans: actors::plan::PlanHandle,
     /// Notified by `POST /admin/drain`: the process drains and exits.
     pub shutdown: Arc<tokio::sync::Notify>,
     drain: DrainSettings,
@@ -65,6 +66,9 @@ impl Running {
     /// Drain (SPEC §6.4): stop admitting, hand resumable runs to the next generation, wait for the
     /// others up to the deadline, then stop the HTTP server.
     pub async fn drain(self) -> anyhow::Result<actors::supervisor::DrainReport> {
+        // Plan admissions are refused from here (`draining`), then the coordinator closes; storage after.
+        self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.plans.close().await;
         let report = self
             .supervisor
             .send(actors::supervisor::Drain { deadline: self.drain.deadline, handoff_budget: self.drain.handoff_budget })
@@ -209,6 +213,12 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         live_elsewhere = report.live_elsewhere,
         "boot reclaim"
     );
+    let plans = actors::plan::PlanHandle::spawn(
+        storage.clone(),
+        Arc::new(actors::plan::AgentPlanProvider::new(supervisor.clone(), registry.clone(), None)),
+        Arc::new(actors::plan::TokioTimer),
+        actors::plan::PlanSettings { max_concurrent: config.plan.max_concurrent as usize, ..Default::default() },
+    );
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let state = web::AppState {
         generation: generation.clone(),
@@ -224,6 +234,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         shutdown: shutdown.clone(),
         metrics,
         history: history.clone(),
+        plans: plans.clone(),
     };
     let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(web::configure(state.clone())))
         .disable_signals()
@@ -240,7 +251,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         deadline: Duration::from_millis(config.drain.deadline_ms),
         handoff_budget: Duration::from_millis(config.drain.handoff_budget_ms),
     };
-    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, shutdown, drain, server: handle, task })
+    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, plans, shutdown, drain, server: handle, task })
 }
 
 /// Run one message through `running` as `switchboard ask` does: thread `cli:<uuid>`, visibility

@@ -316,3 +316,54 @@ async fn metrics_count_runs_steps_and_statuses() {
     assert!(text.contains("switchboard_steps_total 4"), "{text}");
     assert!(text.contains("switchboard_live_runs 0"), "{text}");
 }
+
+async fn kill(app: &TestApp, run_id: &str) -> (u16, Value) {
+    let res = app.client.delete(app.url(&format!("/api/runs/{run_id}"))).send().await.unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+#[actix_web::test]
+async fn a_killed_live_run_leaves_no_record_no_rows_and_no_workspace() {
+    let app = TestApp::spawn().await;
+    let run_id = app.start_run("tk", "steps=5 ms=400 tool=append_file").await;
+    app.event(&run_id, "tool_result").await;
+    let workspace = app.dir.path().join("workspaces").join(&run_id);
+    assert!(workspace.join("steps.log").exists());
+    let (status, body) = kill(&app, &run_id).await;
+    assert_eq!((status, body["state"].as_str()), (202, Some("killing")), "{body}");
+    let (storage, id) = (app.running.storage.clone(), run_id.clone());
+    support::wait_until(std::time::Duration::from_secs(30), move || {
+        let (s, id) = (storage.clone(), id.clone());
+        async move {
+            let gone = s.get_live(id.clone()).await.unwrap().is_none() && s.get(id).await.unwrap().is_none();
+            gone.then_some(())
+        }
+    })
+    .await
+    .expect("purged");
+    let ws = workspace.clone();
+    support::wait_until(std::time::Duration::from_secs(30), move || {
+        let gone = !ws.exists();
+        async move { gone.then_some(()) }
+    })
+    .await
+    .expect("workspace deleted");
+    app.running.history.settled().await;
+    assert_eq!(app.running.storage.get(run_id.clone()).await.unwrap(), None, "no record, ever");
+    assert!(app.running.storage.is_killed(run_id.clone()).await.unwrap());
+    // The thread is free again.
+    let next = app.start_run("tk", "steps=1 ms=0").await;
+    assert_eq!(app.final_record(&next).await.head.status, RunStatus::Completed);
+}
+
+#[actix_web::test]
+async fn killing_a_finished_run_removes_its_record_and_an_unknown_id_is_404() {
+    let app = TestApp::spawn().await;
+    let run_id = app.start_run("tf", "steps=1 ms=0").await;
+    app.final_record(&run_id).await;
+    let (status, _) = kill(&app, &run_id).await;
+    assert_eq!(status, 202);
+    assert_eq!(app.running.storage.get(run_id.clone()).await.unwrap(), None);
+    assert_eq!(kill(&app, "no-such-run").await.0, 404);
+}

@@ -12,6 +12,7 @@ pub mod history;
 pub mod host;
 pub mod metrics;
 pub mod operations;
+pub mod plan;
 pub mod registry;
 pub mod run;
 pub mod runs_service;

@@ -179,16 +179,20 @@ pub struct RunEnded {
     pub thread_key: String,
 }
 
-/// This process handed the run to the next generation (drain): stop at once, write nothing more.
+/// This process handed the run to the next generation (drain), or the run was killed: stop at once,
+/// write nothing more (the ending of a fence).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct HandedOff;
+pub struct Abort {
+    /// Why, for the log: "handed off", "killed".
+    pub why: &'static str,
+}
 
-impl Handler<HandedOff> for RunActor {
+impl Handler<Abort> for RunActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: HandedOff, _ctx: &mut Context<Self>) {
-        tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), "handed off to the next generation");
+    fn handle(&mut self, msg: Abort, _ctx: &mut Context<Self>) {
+        tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), why = msg.why, "aborting the run; nothing more is written");
         self.control.send_modify(|c| c.fenced = true);
     }
 }

@@ -312,6 +312,19 @@ impl Handler<RunEnded> for Supervisor {
                     self.close_failed(&msg.run_id);
                 }
             }
+            StopReason::Fenced => {
+                self.panics.remove(&msg.run_id);
+                let deps = self.deps().clone();
+                let id = msg.run_id.clone();
+                ctx.spawn(
+                    async move {
+                        if deps.storage.is_killed(id.clone()).await.unwrap_or(false) {
+                            purge_killed(deps, id).await;
+                        }
+                    }
+                    .into_actor(self),
+                );
+            }
             _ => {
                 self.panics.remove(&msg.run_id);
                 if let Some(request) = followup_request(&msg.leftover) {
@@ -551,6 +564,7 @@ pub struct DrainReport {
 struct ActiveRuns;
 
 /// What one reclaimed row became.
+#[allow(clippy::large_enum_variant)] // one per reclaimed row, moved once
 enum Fate {
     Launch(Launch),
     Closed(String),
@@ -560,6 +574,11 @@ enum Fate {
 async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(String, Fate), String> {
     let id = r.row.run_id.clone();
     let s = &deps.storage;
+    // A killed run is never resumed or closed: it is purged.
+    if s.is_killed(id.clone()).await.map_err(|e| e.to_string())? {
+        purge_killed(deps.clone(), id.clone()).await;
+        return Ok((id, Fate::Closed("killed: purged".into())));
+    }
     let transcript = s.read_transcript(id.clone()).await.map_err(|e| e.to_string())?;
     let final_status = r.row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
     let input = decisions::ClassifyInput {
@@ -777,7 +796,7 @@ impl Handler<Drain> for Supervisor {
             for id in &handed {
                 act.handed.insert(id.clone());
                 if let Some(run) = act.runs.get(id) {
-                    run.do_send(run::HandedOff);
+                    run.do_send(run::Abort { why: "handed off to the next generation" });
                 }
                 deps.registry.discard(id);
             }
@@ -810,5 +829,75 @@ impl Handler<Drain> for Supervisor {
             };
             wait.into_actor(act)
         }))
+    }
+}
+
+// ---- Kill (SPEC §5.6): deletion fence, abort as a fence, purge, workspace deletion ----
+
+/// Kill a run: live (here or elsewhere) or finished.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<(), StopError>")]
+pub struct KillRun {
+    pub run_id: String,
+}
+
+/// Purge a killed run once it has settled, and delete its workspace through the operation coordinator
+/// (admission closed, admitted work drained, then `{app-path: write}` through the deletion handle).
+async fn purge_killed(deps: RunDeps, run_id: String) {
+    match deps.storage.purge(run_id.clone()).await {
+        Ok(true) => tracing::info!(run_id = %run_id, generation = deps.gen.as_str(), "purged a killed run"),
+        Ok(false) => return,
+        Err(e) => {
+            tracing::warn!(run_id = %run_id, error = %e, "purge failed; a later reclaim retries it");
+            return;
+        }
+    }
+    deps.registry.discard(&run_id);
+    use crate::operations::{AppId, Claim, Operation, Resource};
+    let app = AppId::new(run_id.clone());
+    let Ok(fence) = deps.operations.close_admission(&app) else { return };
+    deps.operations.end_session(&app);
+    let handle = fence.drain().await;
+    let dir = crate::tools::workspace_dir(&deps.data_dir, &run_id);
+    let removed = handle
+        .run(Operation::new("delete_workspace"), Claim::write(Resource::AppPath), async move {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+    if let Ok(Err(e)) | Err(e) = removed.map_err(|e| std::io::Error::other(e.to_string())) {
+        tracing::warn!(run_id = %run_id, error = %e, "could not delete the killed run's workspace");
+    }
+}
+
+impl Handler<KillRun> for Supervisor {
+    type Result = ResponseFuture<Result<(), StopError>>;
+
+    fn handle(&mut self, msg: KillRun, _ctx: &mut Context<Self>) -> Self::Result {
+        let deps = self.deps().clone();
+        let local = self.runs.get(&msg.run_id).cloned();
+        Box::pin(async move {
+            let id = msg.run_id;
+            let known = deps.registry.row(&id).is_some()
+                || deps.storage.get_live(id.clone()).await.map_err(|e| StopError::Unavailable(e.to_string()))?.is_some()
+                || deps.storage.get_summary(id.clone()).await.map_err(|e| StopError::Unavailable(e.to_string()))?.is_some();
+            if !known {
+                return Err(StopError::NotFound);
+            }
+            let answer = deps.storage.kill(id.clone()).await.map_err(|e| StopError::Unavailable(e.to_string()))?;
+            tracing::info!(run_id = %id, generation = deps.gen.as_str(), live_owner = ?answer.live_owner, "kill: deletion fence written");
+            match (local, answer.live_owner) {
+                // Ours: abort it as a fence; the supervisor purges when its actor has ended.
+                (Some(run), _) => run.do_send(run::Abort { why: "killed" }),
+                // Another live owner: its heartbeat sees the fence, aborts, and purges.
+                (None, Some(owner)) if owner != deps.gen.as_str() && answer.owner_lease_live => {}
+                // Finished, or its owner is gone: purge now.
+                _ => purge_killed(deps, id).await,
+            }
+            Ok(())
+        })
     }
 }

@@ -21,11 +21,12 @@ use actix::{Actor, Handler, Message, SyncContext};
 use crate::memory::MemoryStore;
 use crate::sqlite::{SqliteStore, Synchronous};
 use crate::ledger::RunLedger;
+use crate::plan::PlanStore;
 use crate::store::RunStore;
 use crate::{Error, Result};
 
 /// Everything a storage backend implements.
-pub trait Backend: RunStore + RunLedger + 'static {
+pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
     /// The secret capability tokens are derived from (hex; 32 bytes), shared by every process on the database.
     fn capability_secret(&mut self) -> Result<String>;
 }

@@ -197,7 +197,74 @@ impl StorageHandle {
         self.transact(|b, _| b.capability_secret()).await
     }
 
+    pub async fn kill(&self, run_id: String) -> Result<crate::ledger::KillAnswer> {
+        self.transact(move |b, now| b.kill(&run_id, now)).await
+    }
+
+    pub async fn purge(&self, run_id: String) -> Result<bool> {
+        self.transact(move |b, _| b.purge(&run_id)).await
+    }
+
+    pub async fn is_killed(&self, run_id: String) -> Result<bool> {
+        self.transact(move |b, _| b.is_killed(&run_id)).await
+    }
+
     pub async fn live_events(&self, run_id: String, after_seq: u64, limit: usize) -> Result<Option<Vec<serde_json::Value>>> {
         self.transact(move |b, _| b.live_events(&run_id, after_seq, limit)).await
+    }
+
+    // ---- plans (SPEC §9); each call is one transaction on the storage thread ----
+
+    pub async fn import_plan(&self, import: crate::plan::Import) -> Result<crate::plan::Imported> {
+        self.transact(move |b, now| b.import(&import, now)).await
+    }
+
+    pub async fn plan(&self, plan_id: crate::plan::PlanId) -> Result<Option<crate::plan::Plan>> {
+        self.transact(move |b, _| b.plan(&plan_id)).await
+    }
+
+    pub async fn allocate_request(
+        &self,
+        identity: crate::plan::PlanBinding,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.transact(move |b, now| b.allocate_request(&identity, now)).await
+    }
+
+    /// The publication CAS: the plan's binding, every card and the exact pending attempt are checked in
+    /// the same transaction that writes the ready row — nothing runs between the checks and the write.
+    pub async fn complete_suggestions(
+        &self,
+        request_id: crate::plan::RequestId,
+        binding: crate::plan::PlanBinding,
+        cards: Vec<crate::plan::Card>,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.transact(move |b, now| b.complete_suggestions(&request_id, &binding, &cards, now)).await
+    }
+
+    pub async fn settle_suggestion(
+        &self,
+        request_id: crate::plan::RequestId,
+        binding: crate::plan::PlanBinding,
+        settlement: crate::plan::Settlement,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.transact(move |b, now| b.settle_suggestion(&request_id, &binding, &settlement, now)).await
+    }
+
+    pub async fn consume_suggestion(
+        &self,
+        request_id: crate::plan::RequestId,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::Consumed>> {
+        self.transact(move |b, now| b.consume(&request_id, now)).await
+    }
+
+    pub async fn dismiss_suggestion(
+        &self,
+        request_id: crate::plan::RequestId,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.transact(move |b, now| b.dismiss(&request_id, now)).await
+    }
+
+    pub async fn plan_request(&self, request_id: crate::plan::RequestId) -> Result<Option<crate::plan::PlanRequest>> {
+        self.transact(move |b, _| b.get_request(&request_id)).await
     }
 }

@@ -24,6 +24,7 @@ pub mod generation;
 pub mod handle;
 pub mod ledger;
 pub mod memory;
+pub mod plan;
 pub mod record;
 pub mod sqlite;
 pub mod store;

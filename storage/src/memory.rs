@@ -25,12 +25,14 @@ pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     /// The capability secret of this in-memory "database" (random per store).
     secret: Arc<str>,
+    /// The plan tables (SPEC §9), behind their own lock: no plan operation touches the run tables.
+    plans: crate::plan::MemoryPlanStore,
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
         let bytes: [u8; 32] = rand::random();
-        MemoryStore { state: Arc::default(), secret: hex::encode(bytes).into() }
+        MemoryStore { state: Arc::default(), secret: hex::encode(bytes).into(), plans: Default::default() }
     }
 }
 
@@ -77,6 +79,10 @@ impl State {
             return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
         }
         let st = self;
+        // A killed id takes no record ever again (SPEC §4.3 `kill`).
+        if st.ledger.is_killed(&record.head.id) {
+            return Ok(PutOutcome { stored: false, rewritten: false, retained: st.retained(now_ms) });
+        }
         st.policy.consider(proposal, now_ms);
         let mut record = clamp_future(record, now_ms);
         let id = record.head.id.clone();
@@ -169,5 +175,63 @@ impl RunStore for MemoryStore {
 
     fn policy(&mut self) -> Result<StoredPolicy> {
         Ok(self.lock().policy)
+    }
+}
+
+impl crate::plan::PlanStore for MemoryStore {
+    fn import(&mut self, import: &crate::plan::Import, now_ms: i64) -> Result<crate::plan::Imported> {
+        self.plans.import(import, now_ms)
+    }
+
+    fn plan(&mut self, plan_id: &crate::plan::PlanId) -> Result<Option<crate::plan::Plan>> {
+        self.plans.plan(plan_id)
+    }
+
+    fn allocate_request(
+        &mut self,
+        identity: &crate::plan::PlanBinding,
+        now_ms: i64,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.plans.allocate_request(identity, now_ms)
+    }
+
+    fn complete_suggestions(
+        &mut self,
+        request_id: &crate::plan::RequestId,
+        binding: &crate::plan::PlanBinding,
+        cards: &[crate::plan::Card],
+        now_ms: i64,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.plans.complete_suggestions(request_id, binding, cards, now_ms)
+    }
+
+    fn settle_suggestion(
+        &mut self,
+        request_id: &crate::plan::RequestId,
+        binding: &crate::plan::PlanBinding,
+        settlement: &crate::plan::Settlement,
+        now_ms: i64,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.plans.settle_suggestion(request_id, binding, settlement, now_ms)
+    }
+
+    fn consume(
+        &mut self,
+        request_id: &crate::plan::RequestId,
+        now_ms: i64,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::Consumed>> {
+        self.plans.consume(request_id, now_ms)
+    }
+
+    fn dismiss(
+        &mut self,
+        request_id: &crate::plan::RequestId,
+        now_ms: i64,
+    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
+        self.plans.dismiss(request_id, now_ms)
+    }
+
+    fn get_request(&mut self, request_id: &crate::plan::RequestId) -> Result<Option<crate::plan::PlanRequest>> {
+        self.plans.get_request(request_id)
     }
 }

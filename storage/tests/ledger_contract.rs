@@ -1382,3 +1382,85 @@ fn sqlite_finish_deletes_the_execution_rows_and_keeps_inbox_and_receipts() {
 // Keep the imports used by the macro's expansions visible to the compiler's unused-import check.
 #[allow(dead_code)]
 fn _implementations(_: MemoryStore, _: Option<SqliteStore>, _: Synchronous) {}
+
+// ---- kill and purge (SPEC §4.3, §5.6) ----
+
+mod kill {
+    use serde_json::json;
+    use storage::ledger::{Admit, AdmitOutcome, Promotion, Refusal, RunLedger, StopMode};
+    use storage::record::{validate_record, VisibilityFilter};
+    use storage::store::{ListQuery, RunStore};
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn admit(s: &mut (impl RunLedger + ?Sized), id: &str, thread: &str, gen: &str) {
+        let a = Admit {
+            thread_key: thread.into(),
+            gen: gen.into(),
+            run_id: id.into(),
+            request: json!({"text": "x"}),
+            meta: json!({"agent": "demo", "request": {"text": "x"}}),
+            key: None,
+            lease_ms: 30_000,
+        };
+        assert_eq!(s.admit(&a, NOW).unwrap(), AdmitOutcome::Started { run_id: id.into() });
+    }
+
+    fn record(id: &str) -> storage::record::RunRecord {
+        validate_record(&json!({"id": id, "channelId": "c", "userId": "u", "threadKey": "c:t", "startedAt": NOW,
+            "finishedAt": NOW, "status": "completed", "eventCount": 1, "storedEventCount": 1, "truncated": false,
+            "events": [{"type": "answer", "seq": 1, "at": NOW, "text": "x"}]}))
+        .unwrap()
+    }
+
+    pub fn a_kill_fences_the_owner_and_refuses_every_later_write<S: RunLedger + RunStore>(s: &mut S) {
+        admit(s, "k1", "c:t", "g1");
+        let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+        s.claim("k1", "g1", &p, NOW).unwrap().unwrap();
+        s.append("k1", "g1", &[json!({"type": "input", "seq": 1})]).unwrap().unwrap();
+        let answer = s.kill("k1", NOW + 1).unwrap();
+        assert_eq!(answer.live_owner.as_deref(), Some("g1"));
+        assert!(answer.owner_lease_live && !answer.had_record);
+        assert!(s.is_killed("k1").unwrap());
+        assert_eq!(s.get_live("k1").unwrap().unwrap().stop, Some(StopMode::Hard));
+        // The owner is fenced on its next write and on its heartbeat; no record can land.
+        assert!(matches!(s.heartbeat("k1", "g1", 30_000, NOW + 2).unwrap(), Err(Refusal::Fenced { .. })));
+        assert!(matches!(s.append("k1", "g1", &[json!({"type": "note", "seq": 2})]).unwrap(), Err(Refusal::Fenced { .. })));
+        assert!(matches!(s.finish("k1", "g1", &record("k1"), None, NOW + 3).unwrap(), Err(Refusal::Fenced { .. })));
+        assert!(!s.put(&record("k1"), None, NOW + 3).unwrap().stored);
+        // Purge deletes the live rows, record and events; the thread is free; the id stays dead.
+        assert!(s.purge("k1").unwrap());
+        assert_eq!(s.get_live("k1").unwrap(), None);
+        assert_eq!(s.get("k1", NOW + 4).unwrap(), None);
+        assert!(s.list(&ListQuery::visible_to(VisibilityFilter::All), NOW + 4).unwrap().items.is_empty());
+        assert_eq!(s.admit(&Admit { thread_key: "c:t".into(), gen: "g2".into(), run_id: "k1".into(),
+            request: json!({}), meta: json!({}), key: None, lease_ms: 1 }, NOW + 5).unwrap(), AdmitOutcome::Fenced);
+        admit(s, "k2", "c:t", "g2");
+    }
+
+    pub fn killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing<S: RunLedger + RunStore>(s: &mut S) {
+        s.put(&record("done"), None, NOW).unwrap();
+        assert!(!s.purge("done").unwrap(), "no fence, no purge");
+        assert!(s.get("done", NOW).unwrap().is_some());
+        let answer = s.kill("done", NOW).unwrap();
+        assert!(answer.had_record && answer.live_owner.is_none());
+        assert!(s.purge("done").unwrap());
+        assert_eq!(s.get("done", NOW).unwrap(), None);
+        assert!(!s.kill("never", NOW).unwrap().had_record);
+    }
+
+    #[test]
+    fn memory_kill() {
+        a_kill_fences_the_owner_and_refuses_every_later_write(&mut storage::MemoryStore::new());
+        killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing(&mut storage::MemoryStore::new());
+    }
+
+    #[test]
+    fn sqlite_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = storage::SqliteStore::open(&dir.path().join("a.db"), storage::Synchronous::Normal).unwrap();
+        a_kill_fences_the_owner_and_refuses_every_later_write(&mut s);
+        let mut s = storage::SqliteStore::open(&dir.path().join("b.db"), storage::Synchronous::Normal).unwrap();
+        killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing(&mut s);
+    }
+}

@@ -99,3 +99,112 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+// ---- Read surfaces (issue 6): bearer tokens, JSON reads, SSE readers ----
+
+/// Add a bearer token to `config` through a fresh, uniquely named environment variable; answers the
+/// token's value. `visible_to` is the SPEC §2 filter JSON.
+pub fn add_token(config: &mut Config, name: &str, scopes: &[&str], visible_to: serde_json::Value) -> String {
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let value = format!("tok-{name}-{unique}");
+    let env = format!("SWITCHBOARD_TEST_TOKEN_{}", unique.to_uppercase());
+    std::env::set_var(&env, &value);
+    config.auth.tokens.push(switchboard::config::TokenConfig {
+        name: name.to_owned(),
+        token_env: env,
+        scopes: scopes.iter().map(|s| s.to_string()).collect(),
+        visible_to: Some(visible_to),
+    });
+    value
+}
+
+/// One server-sent event as a test sees it.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub event: String,
+    pub id: String,
+    pub data: serde_json::Value,
+}
+
+/// An SSE reader over a reqwest response (`eventsource-stream`).
+pub struct SseReader {
+    stream: std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<eventsource_stream::Event, String>> + Send>,
+    >,
+}
+
+impl SseReader {
+    pub fn new(res: reqwest::Response) -> SseReader {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
+        let stream = res.bytes_stream().eventsource().map(|r| r.map_err(|e| e.to_string()));
+        SseReader { stream: Box::pin(stream) }
+    }
+
+    /// The next event; `None` when the stream ended (or failed), panics after `timeout`.
+    pub async fn next(&mut self, timeout: std::time::Duration) -> Option<SseEvent> {
+        use futures_util::StreamExt;
+        let item = tokio::time::timeout(timeout, self.stream.next()).await.expect("no SSE event within the timeout")?;
+        let e = item.ok()?;
+        Some(SseEvent { event: e.event, id: e.id, data: serde_json::from_str(&e.data).unwrap_or(serde_json::Value::String(e.data)) })
+    }
+
+    /// Every `run_event` until `end` (answered as the second value) or the end of the stream.
+    pub async fn until_end(&mut self, timeout: std::time::Duration) -> (Vec<SseEvent>, Option<SseEvent>) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut events = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some(e) if e.event == "end" => return (events, Some(e)),
+                Some(e) => events.push(e),
+                None => return (events, None),
+            }
+        }
+    }
+}
+
+impl TestApp {
+    /// GET `path` (optionally with a bearer token); answers (status, JSON body or Null).
+    pub async fn get_json(&self, path: &str, bearer: Option<&str>) -> (u16, serde_json::Value) {
+        let mut req = self.client.get(self.url(path));
+        if let Some(t) = bearer {
+            req = req.bearer_auth(t);
+        }
+        let res = req.send().await.expect("GET");
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    /// GET `path` as text; answers (status, body).
+    pub async fn get_text(&self, path: &str, bearer: Option<&str>) -> (u16, String) {
+        let mut req = self.client.get(self.url(path));
+        if let Some(t) = bearer {
+            req = req.bearer_auth(t);
+        }
+        let res = req.send().await.expect("GET");
+        let status = res.status().as_u16();
+        (status, res.text().await.unwrap_or_default())
+    }
+
+    /// POST a message with a bearer token; answers (status, body).
+    pub async fn post_as(&self, bearer: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let res = self.client.post(self.url("/api/messages")).bearer_auth(bearer).json(&body).send().await.expect("POST");
+        let status = res.status().as_u16();
+        (status, res.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    /// Open an SSE stream; answers the status and, on 200, a reader.
+    pub async fn sse(&self, path: &str, bearer: Option<&str>, last_event_id: Option<u64>) -> (u16, Option<SseReader>) {
+        let mut req = self.client.get(self.url(path)).header("accept", "text/event-stream");
+        if let Some(t) = bearer {
+            req = req.bearer_auth(t);
+        }
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id.to_string());
+        }
+        let res = req.send().await.expect("open SSE stream");
+        let status = res.status().as_u16();
+        (status, (status == 200).then(|| SseReader::new(res)))
+    }
+}

@@ -42,21 +42,26 @@ pub struct AppState {
     pub shutdown: Arc<tokio::sync::Notify>,
     pub metrics: Arc<actors::metrics::Metrics>,
     pub history: actors::history::HistoryWriter,
+    /// The plan coordinator (one per process and store).
+    pub plans: actors::plan::PlanHandle,
 }
 
 /// Mount every route.
 pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
-        cfg.app_data(web::Data::new(state))
+        cfg.app_data(web::Data::new(state.plans.clone()))
+            .app_data(web::Data::new(state))
             .app_data(web::PayloadConfig::new(routes::messages::MESSAGE_BODY_LIMIT + 1))
             .route("/healthz", web::get().to(healthz))
             .route("/metrics", web::get().to(metrics))
             .route("/api/messages", web::post().to(routes::messages::post_message))
             .route("/api/runs/{id}/stop", web::post().to(routes::runs::stop_run))
+            .route("/api/runs/{id}", web::delete().to(routes::runs::kill_run))
             .configure(routes::api::configure)
             .configure(routes::sse::configure)
             .configure(routes::html::configure)
-            .configure(routes::admin::configure);
+            .configure(routes::admin::configure)
+            .configure(routes::plans::configure);
     }
 }
 

@@ -42,7 +42,7 @@ use super::decisions::{
 };
 use super::{
     check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
-    HandoffResult, HeartbeatAnswer, InboxItem, Job, LiveRow, Outcome, Phase, Promotion, ReclaimAnswer, Reclaimed,
+    HandoffResult, HeartbeatAnswer, InboxItem, Job, KillAnswer, LiveRow, Outcome, Phase, Promotion, ReclaimAnswer, Reclaimed,
     Refusal, RunLedger, StepRecord, StopAnswer, StopMode, Turn,
 };
 use crate::memory::MemoryStore;
@@ -105,8 +105,20 @@ impl LedgerState {
     }
 
     /// The caller's row for an owner write, or the fence refusal (another owner / no row).
+    /// The owner check of every owner write: a killed run fences its owner too.
+    fn fence(&self, run_id: &str, gen: &str) -> Option<Refusal> {
+        if self.deletion_fences.contains(run_id) {
+            return Some(Refusal::Fenced { run_id: run_id.to_owned() });
+        }
+        fence_refusal(self.rows.get(run_id), run_id, gen)
+    }
+
+    pub(crate) fn is_killed(&self, run_id: &str) -> bool {
+        self.deletion_fences.contains(run_id)
+    }
+
     fn owned_mut(&mut self, run_id: &str, gen: &str) -> Outcome<&mut LiveRow> {
-        if let Some(refusal) = fence_refusal(self.rows.get(run_id), run_id, gen) {
+        if let Some(refusal) = self.fence(run_id, gen) {
             return Err(refusal);
         }
         self.rows.get_mut(run_id).ok_or_else(|| Refusal::UnknownRun { run_id: run_id.to_owned() })
@@ -285,6 +297,9 @@ impl RunLedger for MemoryStore {
 
     fn claim(&mut self, run_id: &str, gen: &str, promotion: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
         let mut st = self.lock();
+        if st.ledger.is_killed(run_id) {
+            return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+        }
         let ledger = &mut st.ledger;
         let by_run = ledger.rows.get(run_id);
         let by_thread = by_run.and_then(|r| ledger.by_thread(&r.thread_key));
@@ -476,7 +491,7 @@ impl RunLedger for MemoryStore {
         }
         let mut guard = self.lock();
         let st = &mut *guard;
-        if let Some(refusal) = fence_refusal(st.ledger.rows.get(run_id), run_id, gen) {
+        if let Some(refusal) = st.ledger.fence(run_id, gen) {
             return Ok(Err(refusal));
         }
         // Free the run first, so the upsert stores the record's events (a live run's would be
@@ -494,7 +509,7 @@ impl RunLedger for MemoryStore {
     fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        if let Some(refusal) = fence_refusal(st.ledger.rows.get(run_id), run_id, gen) {
+        if let Some(refusal) = st.ledger.fence(run_id, gen) {
             return Ok(Err(refusal));
         }
         let removed = st.ledger.drop_live(run_id);
@@ -508,6 +523,38 @@ impl RunLedger for MemoryStore {
             stored.record.events = merged.into_values().collect();
         }
         Ok(Ok(()))
+    }
+
+    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        st.ledger.deletion_fences.insert(run_id.to_owned());
+        let row = st.ledger.rows.get_mut(run_id);
+        let answer = KillAnswer {
+            live_owner: row.as_ref().map(|r| r.owner_gen.clone()),
+            owner_lease_live: row.as_ref().is_some_and(|r| !crate::ledger::decisions::lease_expired(r.lease_until, now_ms)),
+            had_record: st.runs.contains_key(run_id),
+        };
+        if let Some(r) = row {
+            r.stop = Some(StopMode::Hard);
+        }
+        Ok(answer)
+    }
+
+    fn purge(&mut self, run_id: &str) -> Result<bool> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if !st.ledger.is_killed(run_id) {
+            return Ok(false);
+        }
+        let removed = st.ledger.drop_live(run_id);
+        let transcript = st.ledger.transcript.remove(run_id).is_some();
+        let record = st.runs.remove(run_id).is_some();
+        Ok(removed.row.is_some() || transcript || record)
+    }
+
+    fn is_killed(&mut self, run_id: &str) -> Result<bool> {
+        Ok(self.lock().ledger.is_killed(run_id))
     }
 
     fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {

@@ -260,6 +260,17 @@ pub struct ReclaimAnswer {
     pub live_elsewhere: Vec<LiveRow>,
 }
 
+/// What a kill found (SPEC §5.6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillAnswer {
+    /// The generation owning the run's live row, if it is live.
+    pub live_owner: Option<String>,
+    /// Whether that owner's lease is current (its heartbeat will see the kill).
+    pub owner_lease_live: bool,
+    /// A finished (or provisional) record exists.
+    pub had_record: bool,
+}
+
 /// A process that ran against this database (`generations` table), for fast reclaim (SPEC §6.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GenerationInfo {
@@ -318,6 +329,13 @@ pub trait RunLedger: Send {
     fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer>;
     fn list_live(&mut self) -> Result<Vec<LiveRow>>;
     fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>>;
+    /// Kill (SPEC §5.6): write the deletion fence and `stop = hard` in one transaction. From then on a put,
+    /// claim, admit or finish for the id is refused, and the owner's heartbeat answers `Fenced`.
+    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer>;
+    /// Once a killed run has settled: delete its live rows, transcript, record and events (inbox rows and
+    /// receipts stay). A no-op (`false`) for a run without a deletion fence.
+    fn purge(&mut self, run_id: &str) -> Result<bool>;
+    fn is_killed(&mut self, run_id: &str) -> Result<bool>;
     /// Live events strictly after `after_seq`, in seq order; `None` when the run has no live row.
     fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>>;
 }

@@ -12,7 +12,7 @@ use super::SqliteStore;
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
     check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
-    HandoffResult, HeartbeatAnswer, InboxItem, Job, LiveRow, Outcome, Promotion, ReclaimAnswer, Reclaimed, Refusal,
+    HandoffResult, HeartbeatAnswer, InboxItem, Job, KillAnswer, LiveRow, Outcome, Promotion, ReclaimAnswer, Reclaimed, Refusal,
     RunLedger, StepRecord, StopAnswer, Turn,
 };
 use crate::record::{RunRecord, RunStatus};
@@ -79,8 +79,15 @@ fn row_by_thread(tx: &Transaction, thread_key: &str) -> Result<Option<LiveRow>> 
         .optional()?)
 }
 
-/// The row when `gen` owns it, else the refusal.
+pub(crate) fn is_killed(tx: &Transaction, run_id: &str) -> Result<bool> {
+    Ok(tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([run_id])?)
+}
+
+/// The row when `gen` owns it, else the refusal. A killed run fences its owner.
 fn owned(tx: &Transaction, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+    if is_killed(tx, run_id)? {
+        return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+    }
     let row = get_row(tx, run_id)?;
     Ok(match fence_refusal(row.as_ref(), run_id, gen) {
         Some(refusal) => Err(refusal),
@@ -244,6 +251,9 @@ impl RunLedger for SqliteStore {
 
     fn claim(&mut self, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
         let tx = self.immediate()?;
+        if is_killed(&tx, run_id)? {
+            return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+        }
         let by_run = get_row(&tx, run_id)?;
         let by_thread = match &by_run {
             Some(r) => row_by_thread(&tx, &r.thread_key)?,
@@ -514,6 +524,47 @@ impl RunLedger for SqliteStore {
         }
         tx.commit()?;
         Ok(answer)
+    }
+
+    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
+        let tx = self.immediate()?;
+        tx.prepare_cached("INSERT OR IGNORE INTO deletion_fences (run_id, at) VALUES (?1, ?2)")?.execute(params![run_id, now_ms])?;
+        let row = get_row(&tx, run_id)?;
+        if row.is_some() {
+            tx.prepare_cached("UPDATE live_runs SET stop = 'hard' WHERE run_id = ?1")?.execute([run_id])?;
+        }
+        let had_record = tx.prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?.exists([run_id])?;
+        tx.commit()?;
+        Ok(KillAnswer {
+            owner_lease_live: row.as_ref().is_some_and(|r| !decisions::lease_expired(r.lease_until, now_ms)),
+            live_owner: row.map(|r| r.owner_gen),
+            had_record,
+        })
+    }
+
+    fn purge(&mut self, run_id: &str) -> Result<bool> {
+        let tx = self.immediate()?;
+        if !is_killed(&tx, run_id)? {
+            return Ok(false);
+        }
+        let mut n = 0;
+        for sql in [
+            "DELETE FROM live_runs WHERE run_id = ?1",
+            "DELETE FROM run_steps WHERE run_id = ?1",
+            "DELETE FROM run_jobs WHERE run_id = ?1",
+            "DELETE FROM transcript WHERE run_id = ?1",
+            "DELETE FROM runs WHERE run_id = ?1",
+            "DELETE FROM run_events WHERE run_id = ?1",
+        ] {
+            n += tx.prepare_cached(sql)?.execute([run_id])?;
+        }
+        tx.commit()?;
+        Ok(n > 0)
+    }
+
+    fn is_killed(&mut self, run_id: &str) -> Result<bool> {
+        let tx = self.conn.transaction()?;
+        is_killed(&tx, run_id)
     }
 
     fn list_live(&mut self) -> Result<Vec<LiveRow>> {

@@ -14,6 +14,7 @@
 pub mod schema;
 mod ledger;
 mod runs;
+mod plan;
 
 use std::path::Path;
 use std::time::Duration;

@@ -209,6 +209,14 @@ pub(crate) fn put_in(tx: &Transaction, record: &RunRecord, proposal: Option<&Pol
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
+    // A killed id takes no record ever again (SPEC §4.3 `kill`).
+    if super::ledger::is_killed(tx, &record.head.id)? {
+        let policy = read_policy(tx)?.policy;
+        let mut p = Vec::new();
+        let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept(tx, &policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p));
+        let retained = tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64;
+        return Ok(PutOutcome { stored: false, rewritten: false, retained });
+    }
     let mut stored_policy = read_policy(tx)?;
     if stored_policy.consider(proposal, now_ms) {
         write_policy(tx, &stored_policy)?;

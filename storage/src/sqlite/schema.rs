@@ -86,6 +86,27 @@ pub const MIGRATIONS: &[&str] = &[
         started_at INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 3: plans and their suggestion requests (SPEC §9).
+    r#"
+    CREATE TABLE plans (
+        plan_id     TEXT PRIMARY KEY NOT NULL,
+        revision    INTEGER NOT NULL,
+        snapshot_id TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE plan_requests (
+        request_id  TEXT PRIMARY KEY NOT NULL,
+        plan_id     TEXT NOT NULL,
+        revision    INTEGER NOT NULL,
+        snapshot_id TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        reason      TEXT,
+        diagnostic  TEXT,
+        cards_json  TEXT,
+        created_at  INTEGER NOT NULL,
+        settled_at  INTEGER
+    ) WITHOUT ROWID;
+    CREATE INDEX plan_requests_by_plan ON plan_requests(plan_id, state);
+    "#,
 ];
 
 pub fn current_version() -> i64 {

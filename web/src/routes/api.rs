@@ -1,2 +1,179 @@
-//! placeholder
-pub fn configure(_cfg: &mut actix_web::web::ServiceConfig) {}
+//! The JSON read API (SPEC §8.1) over [`actors::runs_service::RunsService`]:
+//! `GET /api/runs`, `GET /api/runs/{id}`, `GET /api/runs/{id}/events`, `GET /api/runs/{id}/friction`,
+//! `GET /api/live`.
+//!
+//! Every read needs `runs:read` and applies the caller's visibility filter; a run outside it answers 404
+//! exactly as an unknown run does. A run's capability token (`?token=`) grants reading that one run
+//! (visibility `all` for that id only). Query parameters are validated here and a bad one answers 400
+//! naming it. Also home of the helpers the SSE and HTML routes share ([`query_map`], [`reader`],
+//! [`runs_error`]).
+
+use std::collections::HashMap;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use actors::runs_service::{ListParams, RunsError, StatusFilter};
+use serde_json::json;
+use storage::record::{is_valid_run_id, VisibilityFilter};
+use storage::store::Cursor;
+
+use crate::auth::RUNS_READ;
+use crate::error::ApiError;
+use crate::AppState;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    // `cfg.route` keeps the method guard on the resource, so other methods on the same paths
+    // (`DELETE /api/runs/{id}`, `POST /api/runs/{id}/stop`) reach their own handlers.
+    cfg.route("/api/runs", web::get().to(list_runs))
+        .route("/api/runs/{id}", web::get().to(get_run))
+        .route("/api/runs/{id}/events", web::get().to(get_events))
+        .route("/api/runs/{id}/friction", web::get().to(get_friction))
+        .route("/api/live", web::get().to(live));
+}
+
+/// The query string as a map (the last value of a repeated key wins); undecodable → 400 `query`.
+pub fn query_map(req: &HttpRequest) -> Result<HashMap<String, String>, ApiError> {
+    web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map(|q| q.into_inner().into_iter().collect())
+        .map_err(|e| ApiError::bad("query", format!("cannot be decoded: {e}")))
+}
+
+/// The capability token in `q` when it verifies for `run_id`.
+pub fn capability<'a>(state: &AppState, run_id: &str, q: &'a HashMap<String, String>) -> Option<&'a str> {
+    q.get("token").map(String::as_str).filter(|t| state.tokens.verify(run_id, t))
+}
+
+/// Who may read: a valid capability token for `run_id` sees that run (`all`); otherwise the caller
+/// needs `runs:read` and sees what its filter allows.
+pub fn reader(
+    req: &HttpRequest,
+    state: &AppState,
+    run_id: Option<&str>,
+    q: &HashMap<String, String>,
+) -> Result<VisibilityFilter, ApiError> {
+    if run_id.is_some_and(|id| capability(state, id, q).is_some()) {
+        return Ok(VisibilityFilter::All);
+    }
+    Ok(state.auth.require(req, RUNS_READ)?.visible_to)
+}
+
+/// The one map from the read service's outcomes to HTTP (details logged, never returned).
+pub fn runs_error(e: RunsError, run_id: &str) -> ApiError {
+    match e {
+        RunsError::NotFound => ApiError::NotFound(format!("run {run_id}")),
+        RunsError::Conflict(m) => ApiError::Conflict(m),
+        RunsError::Unavailable(why) => {
+            tracing::warn!(run_id, error = %why, "run read unavailable");
+            ApiError::Unavailable("storage unavailable".into())
+        }
+    }
+}
+
+fn num<T: std::str::FromStr>(q: &HashMap<String, String>, field: &str, what: &str) -> Result<Option<T>, ApiError> {
+    match q.get(field) {
+        None => Ok(None),
+        Some(s) => s.trim().parse::<T>().map(Some).map_err(|_| ApiError::bad(field, format!("must be {what}"))),
+    }
+}
+
+fn text(q: &HashMap<String, String>, field: &str) -> Result<Option<String>, ApiError> {
+    match q.get(field) {
+        None => Ok(None),
+        Some(s) if s.is_empty() => Err(ApiError::bad(field, "must not be empty")),
+        Some(s) if s.len() > 256 => Err(ApiError::bad(field, "must be at most 256 bytes")),
+        Some(s) => Ok(Some(s.clone())),
+    }
+}
+
+/// `limit`: 1 or more (values over the cap are clamped by the service).
+fn limit(q: &HashMap<String, String>) -> Result<Option<usize>, ApiError> {
+    match num::<usize>(q, "limit", "a positive integer")? {
+        Some(0) => Err(ApiError::bad("limit", "must be a positive integer")),
+        l => Ok(l),
+    }
+}
+
+/// `after_seq` from `field` (a non-negative integer).
+pub fn after_seq(q: &HashMap<String, String>, field: &str) -> Result<Option<u64>, ApiError> {
+    num::<u64>(q, field, "a non-negative integer")
+}
+
+/// `list_runs` parameters from a query (`status, agent, channel, threadKey, parentRunId, sinceMs, limit,
+/// before, beforeId`).
+pub fn list_params(q: &HashMap<String, String>, visible_to: VisibilityFilter) -> Result<ListParams, ApiError> {
+    let status = match q.get("status").map(String::as_str) {
+        None => StatusFilter::All,
+        Some(s) => StatusFilter::parse(s).ok_or_else(|| ApiError::bad("status", "must be active, finished or all"))?,
+    };
+    let before = num::<i64>(q, "before", "an integer (epoch ms)")?;
+    let before_id = text(q, "beforeId")?;
+    if let Some(id) = &before_id {
+        if !is_valid_run_id(id) {
+            return Err(ApiError::bad("beforeId", "is not a run id"));
+        }
+    }
+    let before = match (before, before_id) {
+        (Some(finished_at), id) => Some(Cursor { finished_at, id }),
+        (None, Some(_)) => return Err(ApiError::bad("before", "is required with beforeId")),
+        (None, None) => None,
+    };
+    Ok(ListParams {
+        status,
+        visible_to,
+        agent: text(q, "agent")?,
+        channel: text(q, "channel")?,
+        thread_key: text(q, "threadKey")?,
+        parent_run_id: text(q, "parentRunId")?,
+        since_ms: num::<i64>(q, "sinceMs", "an integer (epoch ms)")?,
+        limit: limit(q)?,
+        before,
+    })
+}
+
+/// `GET /api/runs` → `{runs, nextBefore?, storeUnavailable?, ledgerUnavailable?}`.
+async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let q = query_map(&req)?;
+    let visible_to = reader(&req, &state, None, &q)?;
+    let params = list_params(&q, visible_to)?;
+    Ok(HttpResponse::Ok().json(state.runs.list_runs(&params).await))
+}
+
+/// `GET /api/runs/{id}` (`?include=events`) → a RunView.
+async fn get_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    let q = query_map(&req)?;
+    let visible_to = reader(&req, &state, Some(&id), &q)?;
+    let include_events = match q.get("include").map(String::as_str) {
+        None | Some("") => false,
+        Some("events") => true,
+        Some(_) => return Err(ApiError::bad("include", "must be events")),
+    };
+    let view = state.runs.get_run(&id, include_events, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    Ok(HttpResponse::Ok().json(view))
+}
+
+/// `GET /api/runs/{id}/events?afterSeq&limit` → `{events, nextAfterSeq?}`.
+async fn get_events(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    let q = query_map(&req)?;
+    let visible_to = reader(&req, &state, Some(&id), &q)?;
+    let after = after_seq(&q, "afterSeq")?.unwrap_or(0);
+    let limit = limit(&q)?;
+    let page = state.runs.get_run_events(&id, after, limit, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    Ok(HttpResponse::Ok().json(page))
+}
+
+/// `GET /api/runs/{id}/friction` → the diagnosis (live: analyzed from the events; persisted: stored).
+async fn get_friction(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    let q = query_map(&req)?;
+    let visible_to = reader(&req, &state, Some(&id), &q)?;
+    let friction = state.runs.get_run_friction(&id, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    Ok(HttpResponse::Ok().json(friction))
+}
+
+/// `GET /api/live` → `{runs: [ledger rows of every generation the caller may see]}`.
+async fn live(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
+    let rows = state.runs.live_rows(&visible_to).await.map_err(|e| runs_error(e, "-"))?;
+    Ok(HttpResponse::Ok().json(json!({"runs": rows})))
+}

@@ -3,5 +3,6 @@ pub mod admin;
 pub mod api;
 pub mod html;
 pub mod messages;
+pub mod plans;
 pub mod runs;
 pub mod sse;

@@ -2,11 +2,12 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use actors::run::StopActor;
-use actors::supervisor::{StopError, StopRun};
+use actors::runs_service::RunsError;
+use actors::supervisor::{KillRun, StopError};
 use serde_json::{json, Value};
 use storage::ledger::StopMode;
 
-use crate::auth::RUNS_WRITE;
+use crate::auth::{RUNS_KILL, RUNS_WRITE};
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -26,11 +27,12 @@ pub async fn stop_run(
         .split('&')
         .find_map(|kv| kv.strip_prefix("token="))
         .is_some_and(|t| state.tokens.verify(&run_id, t));
-    let actor = if by_token {
-        StopActor::new("capability", &run_id)
+    // The capability token sees its run whatever the visibility; a bearer sees what its filter allows.
+    let (actor, visible_to) = if by_token {
+        (StopActor::new("capability", &run_id), storage::record::VisibilityFilter::All)
     } else {
         let p = state.auth.require(&req, RUNS_WRITE)?;
-        StopActor::new("token", &p.name)
+        (StopActor::new("token", &p.name), p.visible_to)
     };
     if body.len() > BODY_LIMIT {
         return Err(ApiError::PayloadTooLarge(format!("body over {BODY_LIMIT} bytes")));
@@ -43,18 +45,45 @@ pub async fn stop_run(
         Some(Value::String(m)) => StopMode::parse(m).ok_or_else(|| ApiError::bad("mode", "must be soft or hard"))?,
         Some(_) => return Err(ApiError::bad("mode", "must be soft or hard")),
     };
+    match state.runs.stop_run(&state.supervisor, &run_id, mode, actor, &visible_to).await {
+        Ok(accepted) => Ok(HttpResponse::Accepted().json(json!({"id": accepted.id, "mode": mode.as_str(), "state": accepted.state}))),
+        Err(RunsError::NotFound) => Err(ApiError::NotFound(format!("run {run_id}"))),
+        Err(RunsError::Conflict(m)) => Err(ApiError::Conflict(m)),
+        Err(RunsError::Unavailable(e)) => {
+            tracing::warn!(run_id, error = %e, "stop unavailable");
+            Err(ApiError::Unavailable("could not record the stop".into()))
+        }
+    }
+}
+
+/// `DELETE /api/runs/{id}`: kill (SPEC §5.6) — deletion fence, abort as a fence, purge.
+pub async fn kill_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let principal = state.auth.require(&req, RUNS_KILL)?;
+    let run_id = path.into_inner();
+    // A run the caller cannot see is, to it, a run that does not exist.
+    match state.runs.get_run(&run_id, false, &principal.visible_to).await {
+        Ok(_) => {}
+        Err(RunsError::NotFound | RunsError::Conflict(_)) => return Err(ApiError::NotFound(format!("run {run_id}"))),
+        Err(RunsError::Unavailable(e)) => {
+            tracing::warn!(run_id, error = %e, "kill: run lookup unavailable");
+            return Err(ApiError::Unavailable("could not read the run".into()));
+        }
+    }
     let answer = state
         .supervisor
-        .send(StopRun { run_id: run_id.clone(), mode, actor })
+        .send(KillRun { run_id: run_id.clone() })
         .await
         .map_err(|e| ApiError::Unavailable(format!("supervisor: {e}")))?;
     match answer {
-        Ok(()) => Ok(HttpResponse::Accepted().json(json!({"id": run_id, "mode": mode.as_str(), "state": "stopping"}))),
+        Ok(()) => {
+            state.runs.invalidate_live();
+            Ok(HttpResponse::Accepted().json(json!({"id": run_id, "state": "killing"})))
+        }
         Err(StopError::NotFound) => Err(ApiError::NotFound(format!("run {run_id}"))),
-        Err(StopError::Finished) => Err(ApiError::Conflict(format!("run {run_id} has finished"))),
+        Err(StopError::Finished) => Err(ApiError::Conflict(format!("run {run_id}"))),
         Err(StopError::Unavailable(e)) => {
-            tracing::warn!(run_id, error = %e, "stop unavailable");
-            Err(ApiError::Unavailable("could not record the stop".into()))
+            tracing::warn!(run_id, error = %e, "kill unavailable");
+            Err(ApiError::Unavailable("could not record the kill".into()))
         }
     }
 }

@@ -1,2 +1,295 @@
-//! placeholder
-pub fn configure(_cfg: &mut actix_web::web::ServiceConfig) {}
+//! Server-Sent Events (SPEC §8.1): `GET /api/runs/{id}/stream` (one run) and `GET /runs/feed` (the index).
+//!
+//! Owns, per connection, one pump task and a bounded queue of frames to the client. Who feeds it: the
+//! registry (a run this process drives), the ledger (a run live under another generation, polled every
+//! 500 ms) and the store (a finished run's record).
+//!
+//! Run stream frames: `id: <seq>` / `event: run_event` / `data: <event JSON>` per event, strictly after the
+//! cursor (`Last-Event-ID`, else `?afterSeq`, else 0), then `event: end` / `data: {status, finishedAt}` once
+//! the run has finished; `: ping` every 15 s.
+//!
+//! Invariants:
+//! - the same event is never sent twice on one connection and a resume (`Last-Event-ID`) has no gap: the
+//!   registry hands out its backlog and the live queue under one lock, and every source is keyed by seq;
+//! - a slow client never slows a run: the registry drops a subscriber whose bounded queue is full, and the
+//!   stream then closes without `end` (the browser reconnects with `Last-Event-ID`);
+//! - a denied or unavailable read closes the stream without `end` (an `end` is a claim about the run);
+//! - a disconnected client is noticed at the latest by the next ping, and its task ends.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use actix_web::{web, HttpRequest, HttpResponse};
+use actors::runs_service::{RunView, RunsError, RunsService};
+use serde_json::{json, Value};
+use storage::record::{event_seq, VisibilityFilter};
+use tokio::sync::mpsc;
+use tokio::time::{interval_at, Instant, Interval};
+
+use super::api::{after_seq, query_map, reader, runs_error};
+use crate::auth::RUNS_READ;
+use crate::error::ApiError;
+use crate::AppState;
+
+/// Keep-alive comment period.
+pub const PING_EVERY: Duration = Duration::from_secs(15);
+/// How often a run live under another generation (and the index feed) is polled.
+pub const POLL_EVERY: Duration = Duration::from_millis(500);
+/// Frames queued for one client before its pump waits (and, behind it, the registry drops it).
+const CLIENT_QUEUE: usize = 64;
+/// Events per ledger or store read while following or replaying.
+const READ_CHUNK: usize = 500;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/api/runs/{id}/stream", web::get().to(stream_run)).route("/runs/feed", web::get().to(index_feed));
+}
+
+/// The SSE response over a frame queue.
+fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|frame| (Ok::<Bytes, actix_web::Error>(frame), rx))
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .insert_header(("content-encoding", "identity"))
+        .insert_header(("x-accel-buffering", "no"))
+        .streaming(body)
+}
+
+fn frame(event: &str, id: Option<u64>, data: &Value) -> Bytes {
+    let id = id.map(|s| format!("id: {s}\n")).unwrap_or_default();
+    Bytes::from(format!("{id}event: {event}\ndata: {data}\n\n"))
+}
+
+fn ping_frame() -> Bytes {
+    Bytes::from_static(b": ping\n\n")
+}
+
+fn pinger() -> Interval {
+    interval_at(Instant::now() + PING_EVERY, PING_EVERY)
+}
+
+/// `GET /api/runs/{id}/stream`.
+async fn stream_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    let q = query_map(&req)?;
+    let visible_to = reader(&req, &state, Some(&id), &q)?;
+    let last_event_id = match req.headers().get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::bad("Last-Event-ID", "must be a non-negative integer"))?,
+        ),
+    };
+    let after = match last_event_id {
+        Some(seq) => seq,
+        None => after_seq(&q, "afterSeq")?.unwrap_or(0),
+    };
+    // Resolve (and authorize) before answering 200, so an unknown or hidden run is a plain 404.
+    state.runs.get_run(&id, false, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+    let runs = state.runs.clone();
+    actix_web::rt::spawn(async move {
+        let mut stream = RunStream { runs, id, last: after, visible_to, tx, ping: pinger() };
+        if let Err(why) = stream.pump().await {
+            tracing::debug!(run_id = %stream.id, why, "run stream closed without end");
+        }
+    });
+    Ok(sse_response(rx))
+}
+
+/// One run stream's pump.
+struct RunStream {
+    runs: RunsService,
+    id: String,
+    /// The highest seq sent (or the client's cursor).
+    last: u64,
+    visible_to: VisibilityFilter,
+    tx: mpsc::Sender<Bytes>,
+    ping: Interval,
+}
+
+/// Why a pump stopped without `end`.
+type Closed = &'static str;
+
+impl RunStream {
+    async fn send(&mut self, frame: Bytes) -> Result<(), Closed> {
+        self.tx.send(frame).await.map_err(|_| "client gone")
+    }
+
+    /// Send `event` unless it is at or before the cursor.
+    async fn emit(&mut self, event: &Value) -> Result<(), Closed> {
+        let seq = event_seq(event);
+        if seq.is_some_and(|s| s <= self.last) {
+            return Ok(());
+        }
+        self.send(frame("run_event", seq, event)).await?;
+        if let Some(s) = seq {
+            self.last = s;
+        }
+        Ok(())
+    }
+
+    async fn end(&mut self, view: &RunView) -> Result<(), Closed> {
+        let mut data = json!({"status": view.status, "finishedAt": view.finished_at});
+        if view.provisional == Some(true) {
+            data["provisional"] = json!(true);
+        }
+        self.send(frame("end", None, &data)).await
+    }
+
+    async fn pump(&mut self) -> Result<(), Closed> {
+        self.send(Bytes::from_static(b"retry: 2000\n\n")).await?;
+        if self.follow_registry().await? {
+            return Ok(());
+        }
+        self.follow_ledger().await?;
+        self.replay_record().await
+    }
+
+    /// A run in this process's registry: backlog, then live events until it finishes. Answers whether
+    /// the stream is complete (`end` sent); `false` when the registry no longer holds the run.
+    async fn follow_registry(&mut self) -> Result<bool, Closed> {
+        let Some((backlog, mut rx, finished)) = self.runs.registry.subscribe(&self.id, self.last) else {
+            return Ok(false);
+        };
+        for e in &backlog {
+            self.emit(e).await?;
+        }
+        if !finished {
+            loop {
+                tokio::select! {
+                    next = rx.recv() => match next {
+                        Some(e) => self.emit(&e).await?,
+                        None => break,
+                    },
+                    _ = self.ping.tick() => self.send(ping_frame()).await?,
+                }
+            }
+        }
+        drop(rx);
+        match self.runs.registry.row(&self.id) {
+            Some(row) if row.finished_at.is_some() => {
+                // Anything published between the queue closing and now (normally nothing).
+                if let Some((rest, _, _)) = self.runs.registry.subscribe(&self.id, self.last) {
+                    for e in &rest {
+                        self.emit(e).await?;
+                    }
+                }
+                let view = RunView::from_registry(&row);
+                self.end(&view).await?;
+                Ok(true)
+            }
+            Some(_) => {
+                tracing::info!(run_id = %self.id, "dropped a run stream that fell behind");
+                Err("fell behind")
+            }
+            // Discarded here (handed off, fenced): follow it wherever it went.
+            None => Ok(false),
+        }
+    }
+
+    /// A run live under another generation: poll its ledger events until its row goes.
+    async fn follow_ledger(&mut self) -> Result<(), Closed> {
+        loop {
+            let page = match self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await {
+                Ok(Some(page)) => page,
+                Ok(None) => return Ok(()),
+                Err(_) => return Err("ledger unavailable"),
+            };
+            let full = page.len() >= READ_CHUNK;
+            for e in &page {
+                self.emit(e).await?;
+            }
+            if !full {
+                tokio::select! {
+                    _ = tokio::time::sleep(POLL_EVERY) => {}
+                    _ = self.ping.tick() => self.send(ping_frame()).await?,
+                }
+            }
+        }
+    }
+
+    /// The stored record: the events past the cursor, then `end`.
+    async fn replay_record(&mut self) -> Result<(), Closed> {
+        let view = match self.runs.stored_summary(&self.id, &self.visible_to).await {
+            Ok(v) => v,
+            Err(RunsError::NotFound) => return Err("no record (killed or hidden)"),
+            Err(_) => return Err("store unavailable"),
+        };
+        loop {
+            let page = self.runs.stored_event_page(&self.id, self.last, READ_CHUNK).await.map_err(|_| "store unavailable")?;
+            for e in &page.events {
+                self.emit(e).await?;
+            }
+            match page.next_after_seq {
+                Some(next) if next > self.last => self.last = next,
+                Some(_) | None => break,
+            }
+        }
+        self.end(&view).await
+    }
+}
+
+/// `GET /runs/feed`: the index feed — `upsert` (a RunView without events) when a row appears or changes,
+/// `removed` `{id}` when it goes without a record (killed, discarded). A run that leaves the live set
+/// with a record is upserted once more as that record and then no longer tracked.
+async fn index_feed(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
+    let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+    let runs = state.runs.clone();
+    actix_web::rt::spawn(async move {
+        let _ = feed_pump(runs, visible_to, tx).await;
+    });
+    Ok(sse_response(rx))
+}
+
+async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: mpsc::Sender<Bytes>) -> Result<(), Closed> {
+    let send = |f: Bytes| {
+        let tx = tx.clone();
+        async move { tx.send(f).await.map_err(|_| "client gone") }
+    };
+    send(Bytes::from_static(b"retry: 2000\n\n")).await?;
+    let mut known: HashMap<String, RunView> = HashMap::new();
+    let mut poll = tokio::time::interval(POLL_EVERY);
+    let mut ping = pinger();
+    loop {
+        tokio::select! {
+            _ = poll.tick() => {}
+            _ = ping.tick() => {
+                send(ping_frame()).await?;
+                continue;
+            }
+        }
+        let (rows, ledger_ok) = runs.index_rows(&visible_to).await;
+        let mut next: HashMap<String, RunView> = HashMap::with_capacity(rows.len());
+        for view in rows {
+            if known.get(&view.id) != Some(&view) {
+                send(frame("upsert", None, &serde_json::to_value(&view).unwrap_or(Value::Null))).await?;
+            }
+            next.insert(view.id.clone(), view);
+        }
+        for (id, old) in known {
+            if next.contains_key(&id) {
+                continue;
+            }
+            if !ledger_ok && old.owner_gen.is_some() {
+                // A failed listing proves nothing: keep the row until the ledger answers.
+                next.insert(id, old);
+                continue;
+            }
+            match runs.stored_summary(&id, &visible_to).await {
+                Ok(view) => send(frame("upsert", None, &serde_json::to_value(&view).unwrap_or(Value::Null))).await?,
+                Err(RunsError::NotFound) => send(frame("removed", None, &json!({"id": id}))).await?,
+                Err(_) => {
+                    next.insert(id, old);
+                }
+            }
+        }
+        known = next;
+    }
+}

@@ -1,0 +1,783 @@
+//! `PlanCoordinator`: the one in-process owner of suggestion invocations per runner/store (SPEC §9).
+//!
+//! Owns the invocations of this process — at most one per plan identity, at most `[plan] max_concurrent`
+//! in all — from admission until their provider has terminated. It owns no durable state: every durable
+//! write is one store transaction through the [`StorageHandle`] (`allocate_request`, `complete_suggestions`,
+//! `settle_suggestion`), and the store stays the only authority that advances a revision. Construct ONE
+//! per runner/store ([`PlanHandle::spawn`]), never one per HTTP request.
+//!
+//! Messages in (through [`PlanHandle`]): start, cancel, inspect, watch an outcome, close; from its own
+//! tasks: a provider terminated, a timer fired. Out: the provider's abort signal, store transactions.
+//!
+//! | holder | states and legal transitions | owner |
+//! |---|---|---|
+//! | coordinator | `open → closing`; closing refuses new starts synchronously (in [`PlanHandle::start`], before any await) | the runner |
+//! | invocation | `pending → running → completed \| failed \| cancelled \| stale`; pending may cancel before launch ([`InvocationState`]) | this actor, until its provider terminates |
+//! | stop | the first cause (timeout, cancellation, shutdown) is retained; the durable request settles and abort is requested at once; the invocation stays tracked, its result pending, until the provider terminates | this actor and the provider |
+//! | durable request | `pending → ready → consumed`, or `pending → failed \| cancelled \| invalidated` | the store (`storage::plan`) |
+//!
+//! Invariants, several of them absences:
+//! - admission compares the caller's complete identity (plan id, revision, snapshot id) inside the same
+//!   store transaction that allocates the request id; the coordinator never allocates a revision or an id;
+//! - no lease, clock or elapsed-time rule ever releases a plan's slot: only the provider's termination does,
+//!   so a start (a retry included) answers `Busy` for as long as the invocation is tracked;
+//! - a timeout never resolves an invocation early: it settles the durable request and requests abort, and
+//!   the result waits for the provider like any other stop;
+//! - publication validates every card and then runs the store's completion CAS, whose single transaction
+//!   compares the plan's current revision and snapshot and the request's pending state and binding — nothing
+//!   awaits between the checks and the write;
+//! - every failed, cancelled or stale ending goes through `settle_suggestion` on the exact pending attempt;
+//!   when the store refuses (another process completed, cancelled or invalidated first), the durable row is
+//!   reread and reclassifies the answer, and the original diagnostic is kept beside it;
+//! - `close()` never closes storage.
+//!
+//! # Design
+//! Admission is an [`AtomicResponse`]: between the synchronous checks (`Busy`, `Capacity`) and tracking the
+//! allocated request, no other message runs, so two starts for one plan cannot both allocate. Providers run
+//! as their own tasks and report back with a message, so they progress while the actor awaits storage. The
+//! durable settlement a stop asks for is one shared future: the cancel that caused it, inspections and the
+//! final reconciliation all await the same transaction instead of racing it.
+
+mod agent;
+mod provider;
+mod state;
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{
+    Actor, ActorFutureExt, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture,
+    SpawnHandle, WrapFuture,
+};
+use futures_util::future::{LocalBoxFuture, Shared};
+use futures_util::FutureExt;
+use storage::plan::{
+    Consumed, Import, Imported, Plan, PlanBinding, PlanId, PlanOutcome, PlanRefusal, PlanRequest, RequestId,
+    RequestState, Revision, SnapshotId, TerminalReason,
+};
+use storage::StorageHandle;
+use tokio::sync::oneshot;
+
+pub use agent::{compose_prompt, parse_cards, AgentPlanProvider};
+pub use provider::{
+    AbortSignal, ProviderError, ProviderResult, SuggestionInput, SuggestionJob, SuggestionProvider, Timer, TokioTimer,
+};
+pub use state::{classify, decide_finish, Finish, InvocationState, StopCause};
+
+use provider::AbortTrigger;
+
+/// Outcomes kept after their invocation resolved, so a late `outcome()` still sees the original diagnostic.
+const RECENT_OUTCOMES: usize = 256;
+
+/// The coordinator's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanSettings {
+    /// `[plan] max_concurrent`: tracked invocations across every plan identity.
+    pub max_concurrent: usize,
+    /// How long a provider may run before the coordinator settles the request `failed (timeout)` and
+    /// requests abort.
+    pub timeout: Duration,
+}
+
+impl Default for PlanSettings {
+    fn default() -> Self {
+        PlanSettings { max_concurrent: 4, timeout: Duration::from_secs(600) }
+    }
+}
+
+/// The caller's identity of a plan: which plan, at which revision it saw. Together with the snapshot id it
+/// is the complete identity admission compares. The one-active-invocation rule keys on `plan_id` alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PlanIdentity {
+    pub plan_id: PlanId,
+    pub revision: Revision,
+}
+
+/// An admitted start: the store-generated request id and the binding captured before invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub request_id: RequestId,
+    pub binding: PlanBinding,
+}
+
+/// Why a start was refused. Nothing was allocated or invoked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// `close()` was called.
+    #[error("the plan coordinator is closing")]
+    Closing,
+    /// The plan has a tracked invocation (running, or stopping and waiting for its provider).
+    #[error("plan has an active suggestion request {}", request_id.as_str())]
+    Busy { request_id: RequestId },
+    /// `[plan] max_concurrent` invocations are tracked.
+    #[error("{limit} suggestion requests are running, the configured limit")]
+    Capacity { limit: usize },
+    /// The store refused admission (unknown plan, or the caller's identity is not the current one).
+    #[error(transparent)]
+    Refused(PlanRefusal),
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Why a plan operation other than start did not answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The request is durably pending but no invocation of this coordinator owns it (another process's, or
+    /// an orphan of a dead one): there is no outcome to wait for here.
+    #[error("request {} is pending and not tracked by this coordinator", request.request_id.as_str())]
+    NotTracked { request: Box<PlanRequest> },
+    #[error(transparent)]
+    Refused(PlanRefusal),
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl From<storage::Error> for PlanError {
+    fn from(e: storage::Error) -> Self {
+        PlanError::Unavailable(e.to_string())
+    }
+}
+
+/// An invocation's final answer, resolved only after its provider terminated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvocationOutcome {
+    pub request_id: RequestId,
+    /// `Completed`, `Failed`, `Cancelled` or `Stale`, as the durable row classifies it.
+    pub state: InvocationState,
+    /// The durable reason (or the local one when storage could not answer); `None` for a completion.
+    pub reason: Option<TerminalReason>,
+    /// The original, unbounded diagnostic of the provider, the validator, the stop or the store.
+    pub diagnostic: Option<String>,
+    /// The durable row as read at the end (`None` only when storage could not answer).
+    pub request: Option<PlanRequest>,
+}
+
+impl InvocationOutcome {
+    /// The outcome the durable row alone gives (an invocation this coordinator no longer remembers).
+    fn from_durable(row: PlanRequest) -> Self {
+        InvocationOutcome {
+            request_id: row.request_id.clone(),
+            state: classify(InvocationState::Failed, Some(&row)),
+            reason: row.reason,
+            diagnostic: row.diagnostic.clone(),
+            request: Some(row),
+        }
+    }
+}
+
+/// What this coordinator knows of a tracked invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalInvocation {
+    pub state: InvocationState,
+    /// The retained first stop cause, while the provider winds down.
+    pub stopping: Option<StopCause>,
+}
+
+/// A request as the HTTP layer shows it: the durable row and, while tracked here, the invocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuggestionView {
+    pub request: PlanRequest,
+    pub invocation: Option<LocalInvocation>,
+}
+
+/// The answer of a durable settlement, shareable between everyone who waits for it.
+type SettleAnswer = Result<PlanOutcome<PlanRequest>, String>;
+type SharedSettle = Shared<LocalBoxFuture<'static, SettleAnswer>>;
+
+struct Invocation {
+    request_id: RequestId,
+    binding: PlanBinding,
+    /// The frozen copy of the caller's input.
+    input: Arc<SuggestionInput>,
+    state: InvocationState,
+    stop: Option<StopCause>,
+    /// Requests the provider's abort; set at launch.
+    abort: Option<AbortTrigger>,
+    /// The pending timeout, cancelled when the provider terminates.
+    timer: Option<SpawnHandle>,
+    /// The provider has terminated (or will never launch); only the final store round trip remains, which
+    /// a later stop no longer races.
+    provider_done: bool,
+    /// The durable settlement the first stop asked for.
+    settling: Option<SharedSettle>,
+    /// Callers waiting for the outcome; answered when the invocation resolves.
+    waiters: Vec<oneshot::Sender<InvocationOutcome>>,
+}
+
+impl Invocation {
+    fn local(&self) -> LocalInvocation {
+        LocalInvocation { state: self.state, stopping: self.stop }
+    }
+
+    fn advance(&mut self, next: InvocationState) {
+        debug_assert!(self.state.can_become(next), "{:?} -> {next:?}", self.state);
+        self.state = next;
+    }
+}
+
+/// `open → closing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Open,
+    Closing,
+}
+
+pub struct PlanCoordinator {
+    storage: StorageHandle,
+    provider: Arc<dyn SuggestionProvider>,
+    timer: Arc<dyn Timer>,
+    settings: PlanSettings,
+    /// Flipped by [`PlanHandle::close`] synchronously, before the close message reaches this actor; read
+    /// after an allocation so a start admitted just before close is cancelled before launch.
+    closing: Arc<AtomicBool>,
+    phase: Phase,
+    /// Tracked invocations by plan identity: the one-active-invocation rule is this map's key.
+    active: HashMap<PlanId, Invocation>,
+    recent: VecDeque<InvocationOutcome>,
+    /// `close()` callers, answered when the last invocation resolves.
+    drained: Vec<oneshot::Sender<()>>,
+}
+
+impl Actor for PlanCoordinator {
+    type Context = Context<Self>;
+}
+
+impl PlanCoordinator {
+    fn admission(&self, plan_id: &PlanId) -> Result<(), StartError> {
+        if self.phase == Phase::Closing {
+            return Err(StartError::Closing);
+        }
+        if let Some(inv) = self.active.get(plan_id) {
+            return Err(StartError::Busy { request_id: inv.request_id.clone() });
+        }
+        if self.active.len() >= self.settings.max_concurrent {
+            return Err(StartError::Capacity { limit: self.settings.max_concurrent });
+        }
+        Ok(())
+    }
+
+    fn find(&self, request_id: &RequestId) -> Option<&Invocation> {
+        self.active.values().find(|i| &i.request_id == request_id)
+    }
+
+    /// Track a freshly allocated request, then launch it — or, when `close()` flipped admission while
+    /// the allocation was in flight, cancel it before launch.
+    fn track(&mut self, request: PlanRequest, input: Arc<SuggestionInput>, ctx: &mut Context<Self>) -> Started {
+        let binding = request.binding();
+        let plan_id = binding.plan_id.clone();
+        self.active.insert(
+            plan_id.clone(),
+            Invocation {
+                request_id: request.request_id.clone(),
+                binding: binding.clone(),
+                input,
+                state: InvocationState::Pending,
+                stop: None,
+                abort: None,
+                timer: None,
+                provider_done: false,
+                settling: None,
+                waiters: Vec::new(),
+            },
+        );
+        tracing::info!(plan_id = plan_id.as_str(), request_id = request.request_id.as_str(), revision = %binding.revision, "admitted a suggestion request");
+        if self.closing.load(Ordering::SeqCst) {
+            self.stop(&plan_id, StopCause::Shutdown, ctx);
+        } else {
+            self.launch(&plan_id, ctx);
+        }
+        Started { request_id: request.request_id, binding }
+    }
+
+    fn launch(&mut self, plan_id: &PlanId, ctx: &mut Context<Self>) {
+        let Some(inv) = self.active.get(plan_id) else { return };
+        let request_id = inv.request_id.clone();
+        let job = SuggestionJob { request_id: request_id.clone(), binding: inv.binding.clone(), input: inv.input.clone() };
+        let (trigger, signal) = AbortTrigger::pair();
+        let run = self.provider.invoke(job, signal);
+        let (pid, rid) = (plan_id.clone(), request_id.clone());
+        let timer = ctx.spawn(
+            self.timer.sleep(self.settings.timeout).into_actor(self).map(move |(), act, ctx| act.timed_out(&pid, &rid, ctx)),
+        );
+        let addr = ctx.address();
+        let (pid, rid) = (plan_id.clone(), request_id);
+        actix::spawn(async move {
+            let result = run.await;
+            addr.do_send(ProviderTerminated { plan_id: pid, request_id: rid, result: Some(result) });
+        });
+        let inv = self.active.get_mut(plan_id).expect("checked above");
+        inv.abort = Some(trigger);
+        inv.timer = Some(timer);
+        inv.advance(InvocationState::Running);
+    }
+
+    fn timed_out(&mut self, plan_id: &PlanId, request_id: &RequestId, ctx: &mut Context<Self>) {
+        if self.active.get(plan_id).is_some_and(|i| &i.request_id == request_id && i.state == InvocationState::Running) {
+            self.stop(plan_id, StopCause::Timeout, ctx);
+        }
+    }
+
+    /// Stop a tracked invocation for `cause`, unless an earlier cause already did (the first is retained) or
+    /// its provider has already terminated (its ending is being recorded):
+    /// settle the durable request and request abort, both at once. The invocation stays tracked until
+    /// its provider terminates; one never launched terminates here. Answers the durable settlement.
+    fn stop(&mut self, plan_id: &PlanId, cause: StopCause, ctx: &mut Context<Self>) -> Option<SharedSettle> {
+        let storage = self.storage.clone();
+        let timeout = self.settings.timeout;
+        let inv = self.active.get_mut(plan_id)?;
+        if inv.stop.is_some() || inv.provider_done {
+            return inv.settling.clone();
+        }
+        inv.stop = Some(cause);
+        let (request_id, binding) = (inv.request_id.clone(), inv.binding.clone());
+        let settlement = cause.settlement(timeout);
+        let settle: SharedSettle = async move {
+            storage.settle_suggestion(request_id, binding, settlement).await.map_err(|e| e.to_string())
+        }
+        .boxed_local()
+        .shared();
+        actix::spawn(settle.clone().map(drop));
+        inv.settling = Some(settle.clone());
+        if let Some(abort) = &inv.abort {
+            abort.request();
+        }
+        tracing::info!(plan_id = plan_id.as_str(), request_id = inv.request_id.as_str(), cause = cause.as_str(), "stopping a suggestion request");
+        if inv.state == InvocationState::Pending {
+            let request_id = inv.request_id.clone();
+            self.terminated(plan_id.clone(), request_id, None, ctx);
+        }
+        Some(settle)
+    }
+
+    /// The provider terminated (or, for `None`, will never launch): publish or settle, reconcile with the
+    /// durable row, then resolve.
+    fn terminated(&mut self, plan_id: PlanId, request_id: RequestId, result: Option<ProviderResult>, ctx: &mut Context<Self>) {
+        let Some(inv) = self.active.get_mut(&plan_id).filter(|i| i.request_id == request_id && !i.provider_done) else {
+            return;
+        };
+        inv.provider_done = true;
+        if let Some(timer) = inv.timer.take() {
+            ctx.cancel_future(timer);
+        }
+        let finish = decide_finish(inv.stop, result, self.settings.timeout);
+        let fut = finish_invocation(self.storage.clone(), request_id, inv.binding.clone(), inv.settling.clone(), finish);
+        ctx.spawn(fut.into_actor(self).map(move |outcome, act, _ctx| act.resolve(&plan_id, outcome)));
+    }
+
+    fn resolve(&mut self, plan_id: &PlanId, outcome: InvocationOutcome) {
+        if self.active.get(plan_id).is_none_or(|i| i.request_id != outcome.request_id) {
+            return;
+        }
+        let mut inv = self.active.remove(plan_id).expect("checked above");
+        inv.advance(outcome.state);
+        tracing::info!(
+            plan_id = plan_id.as_str(),
+            request_id = outcome.request_id.as_str(),
+            state = outcome.state.as_str(),
+            reason = outcome.reason.map(TerminalReason::as_str),
+            "a suggestion request resolved"
+        );
+        for w in inv.waiters.drain(..) {
+            let _ = w.send(outcome.clone());
+        }
+        self.recent.push_back(outcome);
+        if self.recent.len() > RECENT_OUTCOMES {
+            self.recent.pop_front();
+        }
+        if self.active.is_empty() {
+            for d in self.drained.drain(..) {
+                let _ = d.send(());
+            }
+        }
+    }
+}
+
+/// Publish or settle as decided, then read the durable state and classify by it.
+async fn finish_invocation(
+    storage: StorageHandle,
+    request_id: RequestId,
+    binding: PlanBinding,
+    settling: Option<SharedSettle>,
+    finish: Finish,
+) -> InvocationOutcome {
+    // The local classification and reason, the original diagnostic, and the store's answer.
+    let (local, local_reason, diagnostic, answer) = match finish {
+        Finish::Publish(cards) => {
+            let answer = storage.complete_suggestions(request_id.clone(), binding, cards).await.map_err(|e| e.to_string());
+            match &answer {
+                Ok(Ok(_)) => (InvocationState::Completed, None, None, answer),
+                Ok(Err(refusal)) => (InvocationState::Completed, None, Some(refusal.to_string()), answer),
+                Err(e) => (InvocationState::Failed, None, Some(format!("storage: {e}")), answer),
+            }
+        }
+        Finish::Settle { settlement, state, diagnostic } => {
+            let reason = settlement.reason;
+            // A stop already asked for this settlement: its answer stands (a repeat would only be refused).
+            let earlier = match settling {
+                Some(s) => Some(s.await),
+                None => None,
+            };
+            let answer = match earlier {
+                Some(Ok(answer)) => Ok(answer),
+                _ => storage.settle_suggestion(request_id.clone(), binding, settlement).await.map_err(|e| e.to_string()),
+            };
+            (state, Some(reason), Some(diagnostic), answer)
+        }
+    };
+    let durable = match answer {
+        Ok(Ok(row)) => Some(row),
+        // Refused: another process completed, cancelled or invalidated it first. Read what is durable now.
+        Ok(Err(refusal)) => match storage.plan_request(request_id.clone()).await {
+            Ok(Some(row)) => Some(row),
+            Ok(None) => refusal.found().cloned(),
+            Err(e) => {
+                tracing::warn!(request_id = request_id.as_str(), error = %e, "could not reread a refused suggestion request");
+                refusal.found().cloned()
+            }
+        },
+        Err(e) => {
+            tracing::error!(request_id = request_id.as_str(), error = %e, "failed to record a suggestion request's ending; it stays pending");
+            None
+        }
+    };
+    let state = classify(local, durable.as_ref());
+    let reason = match state {
+        InvocationState::Completed => None,
+        _ => durable.as_ref().and_then(|r| r.reason).or(local_reason),
+    };
+    InvocationOutcome { request_id, state, reason, diagnostic, request: durable }
+}
+
+/// Admit a start (one allocation transaction; nothing else interleaves).
+#[derive(Message)]
+#[rtype(result = "Result<Started, StartError>")]
+struct StartSuggestion {
+    identity: PlanBinding,
+    input: Arc<SuggestionInput>,
+}
+
+impl Handler<StartSuggestion> for PlanCoordinator {
+    type Result = AtomicResponse<Self, Result<Started, StartError>>;
+
+    fn handle(&mut self, msg: StartSuggestion, _ctx: &mut Context<Self>) -> Self::Result {
+        if let Err(refused) = self.admission(&msg.identity.plan_id) {
+            return AtomicResponse::new(Box::pin(actix::fut::ready(Err(refused))));
+        }
+        let storage = self.storage.clone();
+        let identity = msg.identity;
+        let input = msg.input;
+        AtomicResponse::new(Box::pin(async move { storage.allocate_request(identity).await }.into_actor(self).map(
+            move |allocated, act, ctx| match allocated {
+                Ok(Ok(request)) => Ok(act.track(request, input, ctx)),
+                Ok(Err(refusal)) => Err(StartError::Refused(refusal)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not allocate a suggestion request");
+                    Err(StartError::Unavailable(e.to_string()))
+                }
+            },
+        )))
+    }
+}
+
+/// A provider's invocation terminated.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ProviderTerminated {
+    plan_id: PlanId,
+    request_id: RequestId,
+    result: Option<ProviderResult>,
+}
+
+impl Handler<ProviderTerminated> for PlanCoordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: ProviderTerminated, ctx: &mut Context<Self>) {
+        self.terminated(msg.plan_id, msg.request_id, msg.result, ctx);
+    }
+}
+
+/// Cancel a request: a tracked one stops (first cause retained); an untracked pending one is settled at
+/// its own binding (another process's attempt, or an orphan).
+#[derive(Message)]
+#[rtype(result = "Result<SuggestionView, PlanError>")]
+struct CancelSuggestion {
+    request_id: RequestId,
+}
+
+impl Handler<CancelSuggestion> for PlanCoordinator {
+    type Result = ResponseFuture<Result<SuggestionView, PlanError>>;
+
+    fn handle(&mut self, msg: CancelSuggestion, ctx: &mut Context<Self>) -> Self::Result {
+        let storage = self.storage.clone();
+        let timeout = self.settings.timeout;
+        let id = msg.request_id;
+        let tracked = self.find(&id).map(|i| i.binding.plan_id.clone());
+        let (settling, local) = match &tracked {
+            Some(plan_id) => {
+                let settling = self.stop(plan_id, StopCause::Cancelled, ctx);
+                (settling, self.active.get(plan_id).map(Invocation::local))
+            }
+            None => (None, None),
+        };
+        Box::pin(async move {
+            match (tracked, settling) {
+                (Some(_), Some(settle)) => {
+                    let _ = settle.await;
+                }
+                // Tracked, but its provider already terminated: its ending is being recorded; leave it be.
+                (Some(_), None) => {}
+                (None, _) => {
+                    if let Some(row) = storage.plan_request(id.clone()).await? {
+                        if row.state == RequestState::Pending {
+                            let settlement = StopCause::Cancelled.settlement(timeout);
+                            storage.settle_suggestion(id.clone(), row.binding(), settlement).await?.ok();
+                        }
+                    }
+                }
+            }
+            let request = storage.plan_request(id.clone()).await?.ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
+            Ok(SuggestionView { request, invocation: local })
+        })
+    }
+}
+
+/// The durable row and the local invocation, after any settlement in flight for it.
+#[derive(Message)]
+#[rtype(result = "Result<SuggestionView, PlanError>")]
+struct InspectSuggestion {
+    request_id: RequestId,
+}
+
+impl Handler<InspectSuggestion> for PlanCoordinator {
+    type Result = ResponseFuture<Result<SuggestionView, PlanError>>;
+
+    fn handle(&mut self, msg: InspectSuggestion, _ctx: &mut Context<Self>) -> Self::Result {
+        let storage = self.storage.clone();
+        let (local, settling) = match self.find(&msg.request_id) {
+            Some(inv) => (Some(inv.local()), inv.settling.clone()),
+            None => (None, None),
+        };
+        let id = msg.request_id;
+        Box::pin(async move {
+            if let Some(settle) = settling {
+                let _ = settle.await;
+            }
+            let request = storage.plan_request(id.clone()).await?.ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
+            Ok(SuggestionView { request, invocation: local })
+        })
+    }
+}
+
+/// Wait for a request's outcome.
+#[derive(Message)]
+#[rtype(result = "Result<InvocationOutcome, PlanError>")]
+struct WatchSuggestion {
+    request_id: RequestId,
+}
+
+impl Handler<WatchSuggestion> for PlanCoordinator {
+    type Result = ResponseFuture<Result<InvocationOutcome, PlanError>>;
+
+    fn handle(&mut self, msg: WatchSuggestion, _ctx: &mut Context<Self>) -> Self::Result {
+        let id = msg.request_id;
+        if let Some(inv) = self.active.values_mut().find(|i| i.request_id == id) {
+            let (tx, rx) = oneshot::channel();
+            inv.waiters.push(tx);
+            return Box::pin(async move { rx.await.map_err(|_| PlanError::Unavailable("the plan coordinator stopped".into())) });
+        }
+        if let Some(done) = self.recent.iter().rev().find(|o| o.request_id == id) {
+            let done = done.clone();
+            return Box::pin(async move { Ok(done) });
+        }
+        let storage = self.storage.clone();
+        Box::pin(async move {
+            let row = storage.plan_request(id.clone()).await?.ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
+            if row.state == RequestState::Pending {
+                return Err(PlanError::NotTracked { request: Box::new(row) });
+            }
+            Ok(InvocationOutcome::from_durable(row))
+        })
+    }
+}
+
+/// `open → closing`: stop every invocation for shutdown and answer once all providers have terminated.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct CloseCoordinator;
+
+impl Handler<CloseCoordinator> for PlanCoordinator {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _msg: CloseCoordinator, ctx: &mut Context<Self>) -> Self::Result {
+        self.closing.store(true, Ordering::SeqCst);
+        if self.phase == Phase::Open {
+            tracing::info!(active = self.active.len(), "the plan coordinator is closing");
+        }
+        self.phase = Phase::Closing;
+        let plans: Vec<PlanId> = self.active.keys().cloned().collect();
+        for plan_id in plans {
+            self.stop(&plan_id, StopCause::Shutdown, ctx);
+        }
+        if self.active.is_empty() {
+            return Box::pin(async {});
+        }
+        let (tx, rx) = oneshot::channel();
+        self.drained.push(tx);
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+/// The async face of the coordinator. Cheap to clone; hand one to the HTTP layer (`web::Data`).
+#[derive(Clone)]
+pub struct PlanHandle {
+    addr: Addr<PlanCoordinator>,
+    /// Shared with the actor; `close()` flips it before any await, which is what makes refusal synchronous.
+    closing: Arc<AtomicBool>,
+    storage: StorageHandle,
+}
+
+impl std::fmt::Debug for PlanHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanHandle").field("closing", &self.is_closing()).finish_non_exhaustive()
+    }
+}
+
+impl PlanHandle {
+    /// Start the coordinator (one per runner/store; needs a running actix `System`).
+    pub fn spawn(
+        storage: StorageHandle,
+        provider: Arc<dyn SuggestionProvider>,
+        timer: Arc<dyn Timer>,
+        settings: PlanSettings,
+    ) -> Self {
+        let closing = Arc::new(AtomicBool::new(false));
+        let settings = PlanSettings { max_concurrent: settings.max_concurrent.max(1), ..settings };
+        let addr = PlanCoordinator {
+            storage: storage.clone(),
+            provider,
+            timer,
+            settings,
+            closing: closing.clone(),
+            phase: Phase::Open,
+            active: HashMap::new(),
+            recent: VecDeque::new(),
+            drained: Vec::new(),
+        }
+        .start();
+        PlanHandle { addr, closing, storage }
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// Start a suggestion for the caller's complete identity. The input is copied now, before this returns
+    /// its future; a coordinator that is closing refuses here, synchronously. Resolves once the request is
+    /// allocated and its provider launched (not when it finishes: see [`PlanHandle::outcome`]).
+    pub fn start(
+        &self,
+        identity: PlanIdentity,
+        snapshot_id: SnapshotId,
+        input: &SuggestionInput,
+    ) -> impl Future<Output = Result<Started, StartError>> + 'static {
+        let closing = self.is_closing();
+        let input = Arc::new(input.clone());
+        let addr = self.addr.clone();
+        let identity = PlanBinding { plan_id: identity.plan_id, revision: identity.revision, snapshot_id };
+        async move {
+            if closing {
+                return Err(StartError::Closing);
+            }
+            addr.send(StartSuggestion { identity, input })
+                .await
+                .map_err(|e| StartError::Unavailable(format!("plan coordinator: {e}")))?
+        }
+    }
+
+    /// Wait for the outcome of a request: resolves once its provider has terminated and its ending is
+    /// durable. A request this coordinator no longer tracks answers from the durable row.
+    pub async fn outcome(&self, request_id: RequestId) -> Result<InvocationOutcome, PlanError> {
+        self.addr
+            .send(WatchSuggestion { request_id })
+            .await
+            .map_err(|e| PlanError::Unavailable(format!("plan coordinator: {e}")))?
+    }
+
+    /// The durable row of `request_id` within `plan_id`, and the local invocation while tracked.
+    pub async fn suggestion(&self, plan_id: &PlanId, request_id: RequestId) -> Result<SuggestionView, PlanError> {
+        let view = self
+            .addr
+            .send(InspectSuggestion { request_id })
+            .await
+            .map_err(|e| PlanError::Unavailable(format!("plan coordinator: {e}")))??;
+        in_plan(view, plan_id)
+    }
+
+    /// Cancel a request of `plan_id`: its durable row settles `cancelled` at once (unless it already left
+    /// pending) and its provider is asked to abort; the answer is the row after that settlement.
+    pub async fn cancel(&self, plan_id: &PlanId, request_id: RequestId) -> Result<SuggestionView, PlanError> {
+        // Check the plan before touching anything: a request of another plan is not found here.
+        self.suggestion(plan_id, request_id.clone()).await?;
+        let view = self
+            .addr
+            .send(CancelSuggestion { request_id })
+            .await
+            .map_err(|e| PlanError::Unavailable(format!("plan coordinator: {e}")))??;
+        in_plan(view, plan_id)
+    }
+
+    /// Explicit user dismissal of a ready reply (a store operation of its own).
+    pub async fn dismiss(&self, plan_id: &PlanId, request_id: RequestId) -> Result<PlanRequest, PlanError> {
+        self.request_in_plan(plan_id, &request_id).await?;
+        self.storage.dismiss_suggestion(request_id).await?.map_err(PlanError::Refused)
+    }
+
+    /// Apply a ready reply: the store advances the plan's revision and invalidates its siblings.
+    pub async fn consume(&self, plan_id: &PlanId, request_id: RequestId) -> Result<Consumed, PlanError> {
+        self.request_in_plan(plan_id, &request_id).await?;
+        self.storage.consume_suggestion(request_id).await?.map_err(PlanError::Refused)
+    }
+
+    /// Import through the store (create, advance the revision and/or replace the snapshot).
+    pub async fn import(&self, import: Import) -> Result<Imported, PlanError> {
+        Ok(self.storage.import_plan(import).await?)
+    }
+
+    pub async fn plan(&self, plan_id: PlanId) -> Result<Option<Plan>, PlanError> {
+        Ok(self.storage.plan(plan_id).await?)
+    }
+
+    /// `open → closing`: new starts are refused from this call on (synchronously); every tracked invocation
+    /// settles `cancelled (shutdown)` and is asked to abort; the future resolves once every provider has
+    /// terminated. Storage stays open.
+    pub fn close(&self) -> impl Future<Output = ()> + 'static {
+        self.closing.store(true, Ordering::SeqCst);
+        let addr = self.addr.clone();
+        async move {
+            if let Err(e) = addr.send(CloseCoordinator).await {
+                tracing::warn!(error = %e, "the plan coordinator was gone before close");
+            }
+        }
+    }
+
+    async fn request_in_plan(&self, plan_id: &PlanId, request_id: &RequestId) -> Result<PlanRequest, PlanError> {
+        match self.storage.plan_request(request_id.clone()).await? {
+            Some(r) if &r.plan_id == plan_id => Ok(r),
+            _ => Err(PlanError::NotFound(format!("request {} of plan {}", request_id.as_str(), plan_id.as_str()))),
+        }
+    }
+}
+
+fn in_plan(view: SuggestionView, plan_id: &PlanId) -> Result<SuggestionView, PlanError> {
+    if &view.request.plan_id != plan_id {
+        return Err(PlanError::NotFound(format!("request {} of plan {}", view.request.request_id.as_str(), plan_id.as_str())));
+    }
+    Ok(view)
+}
