@@ -302,8 +302,96 @@ fn idle(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sse(_args: &BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("bench sse needs the SSE stream route")
+/// SSE fan-out: `n` subscribers on one live run while it publishes 2,000 events; delivery lag from
+/// publish to receipt (both clocks are this process's) and memory per subscriber.
+fn sse(args: &BenchArgs) -> anyhow::Result<()> {
+    use futures_util::StreamExt;
+    let subscribers = args.concurrency.unwrap_or(1000);
+    let events = args.n.unwrap_or(2000);
+    let dir = tempfile::tempdir()?;
+    let config = bench_config(dir.path())?;
+    let (lags, per_sub, delivered) = actix_web::rt::System::new().block_on(async move {
+        let running = crate::start(config).await?;
+        let client = reqwest::Client::builder().pool_max_idle_per_host(subscribers + 16).build()?;
+        let body: Value = client
+            .post(format!("http://{}/api/messages", running.addr))
+            .json(&json!({"thread": "sse", "channel": "bench", "user": "u", "text": "steps=1 ms=3600000"}))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let id = body["runId"].as_str().context("runId")?.to_owned();
+        while running.registry.row(&id).is_none_or(|r| r.event_count < 4) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let epoch = Instant::now();
+        let before = rss_kib();
+        let after_seq = running.registry.last_seq(&id).unwrap_or(0);
+        let connected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut readers = Vec::with_capacity(subscribers);
+        for _ in 0..subscribers {
+            let url = format!("http://{}/api/runs/{id}/stream?afterSeq={after_seq}", running.addr);
+            let (client, connected) = (client.clone(), connected.clone());
+            readers.push(actix_web::rt::spawn(async move {
+                let res = client.get(url).send().await?;
+                connected.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut stream = res.bytes_stream();
+                let (mut buf, mut lags) = (String::new(), Vec::with_capacity(events));
+                while lags.len() < events {
+                    let Some(chunk) = stream.next().await else { break };
+                    buf.push_str(&String::from_utf8_lossy(&chunk?));
+                    while let Some(end) = buf.find("\n\n") {
+                        let frame: String = buf.drain(..end + 2).collect();
+                        if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
+                            if let Ok(v) = serde_json::from_str::<Value>(data) {
+                                if let Some(sent) = v["sentUs"].as_u64() {
+                                    lags.push((epoch.elapsed().as_micros() as u64).saturating_sub(sent) as f64 / 1000.0);
+                                }
+                            }
+                        }
+                    }
+                }
+                Ok::<_, anyhow::Error>(lags)
+            }));
+        }
+        while connected.load(std::sync::atomic::Ordering::SeqCst) < subscribers {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Every stream is registered with the run before the first event is published.
+        while running.registry.subscriber_count() < subscribers {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let per_sub = (rss_kib().saturating_sub(before)) as f64 * 1024.0 / subscribers as f64;
+        for i in 0..events {
+            let sent = epoch.elapsed().as_micros() as u64;
+            running.registry.publish(&id, json!({"type": "note", "kind": "bench", "summary": format!("event {i}"), "sentUs": sent}));
+            // A steady 200 events/s (a busy run), so lag measures delivery rather than a backlog.
+            if i % 10 == 9 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let mut lags = Vec::new();
+        let mut delivered = 0;
+        for r in readers {
+            let l = r.await??;
+            delivered += l.len();
+            lags.extend(l);
+        }
+        running.stop().await?;
+        Ok::<_, anyhow::Error>((lags, per_sub, delivered))
+    })?;
+    let s = summarize(lags);
+    report(
+        &[
+            ("scenario", format!("sse ({subscribers} subscribers, {events} events)")),
+            ("delivered", format!("{delivered} of {}", subscribers * events)),
+            ("lag p50 / p99 / max", format!("{:.2} / {:.2} / {:.2} ms", s.p50, s.p99, s.max)),
+            ("memory per subscriber", format!("{:.1} KiB (server + client)", per_sub / 1024.0)),
+        ],
+        json!({"scenario": "sse", "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max, "n": events,
+            "concurrency": subscribers, "delivered": delivered, "bytes_per_subscriber": per_sub}),
+    );
+    Ok(())
 }
 
 /// Crash-to-resumed time over repeated crashes (same-host fast reclaim, then lease expiry), and duplicate

@@ -254,6 +254,13 @@ fn a_stop_on_the_newer_process_reaches_a_run_of_the_older_one_through_the_ledger
     let run_id = post_run(&a, "t1", "steps=40 ms=300");
     wait_for("a step", || (count(&live_events(&data, &run_id), "tool_result") >= 1).then_some(()));
     let b = Proc::start(&data, &fast);
+    // The newer process lists the older one's run as live, with the generation that owns it.
+    let (status, listing) = http(|c| c.get(b.url("/api/runs?status=active")));
+    assert_eq!(status, 200, "{listing}");
+    let row = listing["runs"].as_array().unwrap().iter().find(|r| r["id"] == run_id.as_str()).cloned().expect("listed live");
+    assert_eq!(row["finished"], false, "{row}");
+    let owner = row["ownerGen"].as_str().expect("ownerGen").to_owned();
+    assert!(a.logged(&owner), "owned by the older process: {row}");
     let (status, body) = http(|c| c.post(b.url(&format!("/api/runs/{run_id}/stop"))).json(&json!({"mode": "soft"})));
     assert_eq!(status, 202, "{body}");
     let asked = Instant::now();
