@@ -1,22 +1,28 @@
 //! `StorageActor`: the one thread of this process that touches the database.
 //!
-//! Owns the backend ([`SqliteStore`] or [`MemoryStore`]) inside an actix `SyncArbiter` with one thread, so
-//! every storage transaction of the process runs in order, one at a time — like a Durable Object's input
-//! gate. Messages are [`Transact`] closures: each runs exactly one backend method, and each backend method is
-//! one transaction. Callers never see this type; they use [`crate::StorageHandle`].
+//! Owns the backend ([`SqliteStore`] or [`MemoryStore`]) on a dedicated thread, so every storage
+//! transaction of the process runs in order — like a Durable Object's input gate. Messages are jobs: each
+//! runs exactly one backend method, and each backend method is one logical transaction. Callers never see
+//! this type; they use [`crate::StorageHandle`].
+//!
+//! # Design: group commit
+//! SQLite has no group commit of its own, and one fsync per message caps durable writes at the disk's
+//! commit rate. The actor therefore drains its queue: the messages that arrived while a transaction ran are
+//! committed together in the next one — one `BEGIN IMMEDIATE`, a `SAVEPOINT` per message (a failing
+//! message rolls back only itself), one `COMMIT`. No reply leaves before that `COMMIT`; if it fails, every
+//! message of the group answers the error. This needs to see the queue, which an actix `SyncContext`
+//! handler cannot (it gets one message at a time), so the actor is a plain thread reading a channel; it is
+//! still the single writer, and its mailbox is still the only way in.
 //!
 //! Invariants:
-//! - a handler never panics out: a panicking transaction body is caught, answered as
-//!   [`Error::Panicked`], and the actor stops so `SyncArbiter` reopens the backend through its factory
-//!   (a panic would otherwise kill the only thread and every caller would get a mailbox error forever);
-//! - a backend that failed to open answers `Unavailable` on every message, and the actor retries the open
-//!   by stopping (the factory runs again) after each refused message.
+//! - a job never panics out: a panicking transaction body is caught and answered as
+//!   [`Error::Panicked`]; the backend is reopened after a poisoning error;
+//! - a backend that failed to open answers `Unavailable` and is reopened on the next message;
+//! - a reply is sent only after the transaction that holds its writes has committed.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::Arc;
-
-use actix::{Actor, Handler, Message, SyncContext};
+use std::sync::mpsc;
 
 use crate::memory::MemoryStore;
 use crate::sqlite::{SqliteStore, Synchronous};
@@ -29,11 +35,29 @@ use crate::{Error, Result};
 pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
     /// The secret capability tokens are derived from (hex; 32 bytes), shared by every process on the database.
     fn capability_secret(&mut self) -> Result<String>;
+
+    /// Start a group commit; `false` when the backend has none (each method then commits alone).
+    fn begin_group(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// End the group begun by [`Backend::begin_group`].
+    fn end_group(&mut self, _commit: bool) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl Backend for SqliteStore {
     fn capability_secret(&mut self) -> Result<String> {
         SqliteStore::capability_secret(self)
+    }
+
+    fn begin_group(&mut self) -> Result<bool> {
+        SqliteStore::begin_group(self).map(|()| true)
+    }
+
+    fn end_group(&mut self, commit: bool) -> Result<()> {
+        SqliteStore::end_group(self, commit)
     }
 }
 
@@ -67,47 +91,45 @@ impl BackendSpec {
     }
 }
 
-pub struct StorageActor {
-    backend: std::result::Result<Box<dyn Backend>, String>,
+/// Most messages committed in one group.
+pub const MAX_GROUP: usize = 64;
+
+/// What a job hands back: the reply, sent once the group's fate is known (`Some` = the commit failed).
+pub type Reply = Box<dyn FnOnce(Option<&Error>) + Send>;
+
+/// One message: run one backend method; answers its reply and whether its error poisons the connection.
+pub type Job = Box<dyn FnOnce(&mut dyn Backend) -> (Reply, bool) + Send>;
+
+/// Counters of the actor's group commits.
+#[derive(Debug, Default)]
+pub struct GroupStats {
+    /// Transactions that carried more than one message.
+    pub groups: std::sync::atomic::AtomicU64,
+    /// Messages committed inside those transactions.
+    pub grouped_messages: std::sync::atomic::AtomicU64,
 }
 
-impl StorageActor {
-    pub fn new(spec: &BackendSpec) -> Self {
-        let backend = spec.open().map_err(|e| {
-            tracing::error!(error = %e, "failed to open storage backend");
-            e.to_string()
-        });
-        StorageActor { backend }
+/// The sending side of the actor's mailbox; cheap to clone. Dropping every clone stops the actor.
+#[derive(Clone)]
+pub struct Mailbox {
+    tx: mpsc::Sender<Job>,
+    pub stats: std::sync::Arc<GroupStats>,
+}
+
+impl Mailbox {
+    /// Queue `job`; `false` when the actor is gone.
+    pub fn send(&self, job: Job) -> bool {
+        self.tx.send(job).is_ok()
     }
 }
 
-impl Actor for StorageActor {
-    type Context = SyncContext<Self>;
-}
-
-/// The body of one transaction.
-pub type TransactFn<R> = Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send>;
-
-/// One transaction: a closure over the backend. The result type is the operation's own.
-pub struct Transact<R>(pub TransactFn<R>);
-
-impl<R: 'static> Message for Transact<R> {
-    type Result = Result<R>;
-}
-
-impl<R: Send + 'static> Handler<Transact<R>> for StorageActor {
-    type Result = Result<R>;
-
-    fn handle(&mut self, msg: Transact<R>, ctx: &mut SyncContext<Self>) -> Result<R> {
-        let backend = match &mut self.backend {
-            Ok(b) => b,
-            Err(why) => {
-                let err = Error::Unavailable(why.clone());
-                actix::ActorContext::stop(ctx);
-                return Err(err);
-            }
-        };
-        let out = catch_unwind(AssertUnwindSafe(|| (msg.0)(backend.as_mut()))).unwrap_or_else(|panic| {
+/// Build a job from a transaction body and the channel its result goes back on.
+pub fn job<R: Send + 'static>(
+    body: Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send>,
+    reply: tokio::sync::oneshot::Sender<Result<R>>,
+) -> Job {
+    Box::new(move |backend| {
+        let out = catch_unwind(AssertUnwindSafe(|| body(backend))).unwrap_or_else(|panic| {
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
@@ -115,18 +137,105 @@ impl<R: Send + 'static> Handler<Transact<R>> for StorageActor {
                 .unwrap_or_else(|| "unknown panic".into());
             Err(Error::Panicked(what))
         });
-        if let Err(e) = &out {
-            if e.poisons_connection() {
-                tracing::error!(error = %e, "storage backend reopens after a poisoning error");
-                actix::ActorContext::stop(ctx);
-            }
+        let poisoned = out.as_ref().err().is_some_and(Error::poisons_connection);
+        let reply: Reply = Box::new(move |commit_failed: Option<&Error>| {
+            let out = match (commit_failed, out) {
+                (Some(e), Ok(_)) => Err(Error::Unavailable(format!("group commit failed: {e}"))),
+                (_, out) => out,
+            };
+            let _ = reply.send(out);
+        });
+        (reply, poisoned)
+    })
+}
+
+/// The actor's state: the backend (or why it could not be opened) and how to reopen it.
+pub struct StorageActor {
+    spec: BackendSpec,
+    backend: std::result::Result<Box<dyn Backend>, String>,
+    stats: std::sync::Arc<GroupStats>,
+}
+
+impl StorageActor {
+    pub fn new(spec: BackendSpec) -> Self {
+        let backend = Self::open(&spec);
+        StorageActor { spec, backend, stats: Default::default() }
+    }
+
+    fn open(spec: &BackendSpec) -> std::result::Result<Box<dyn Backend>, String> {
+        spec.open().map_err(|e| {
+            tracing::error!(error = %e, "failed to open storage backend");
+            e.to_string()
+        })
+    }
+
+    /// Run one group of jobs: one transaction when there are several and the backend groups.
+    fn run_group(&mut self, jobs: Vec<Job>) {
+        if self.backend.is_err() {
+            self.backend = Self::open(&self.spec);
         }
-        out
+        let backend = match &mut self.backend {
+            Ok(b) => b,
+            Err(why) => {
+                // Dropping a job drops its reply channel: the caller answers `Unavailable`.
+                tracing::warn!(error = %why, messages = jobs.len(), "storage unavailable");
+                return;
+            }
+        };
+        let grouped = jobs.len() > 1
+            && match backend.begin_group() {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not begin a group commit; committing one by one");
+                    false
+                }
+            };
+        let mut poisoned = false;
+        let mut replies: Vec<Reply> = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            let (reply, p) = j(backend.as_mut());
+            poisoned |= p;
+            replies.push(reply);
+        }
+        let commit_failed = if grouped { backend.end_group(true).err() } else { None };
+        if grouped && commit_failed.is_none() {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.stats.groups.fetch_add(1, Relaxed);
+            self.stats.grouped_messages.fetch_add(replies.len() as u64, Relaxed);
+        }
+        if let Some(e) = &commit_failed {
+            tracing::error!(error = %e, messages = replies.len(), "group commit failed");
+            poisoned |= e.poisons_connection();
+        }
+        for reply in replies {
+            reply(commit_failed.as_ref());
+        }
+        if poisoned {
+            tracing::error!("storage backend reopens after a poisoning error");
+            self.backend = Self::open(&self.spec);
+        }
     }
 }
 
-/// Start the storage actor on its own thread.
-pub fn start(spec: BackendSpec) -> actix::Addr<StorageActor> {
-    let spec = Arc::new(spec);
-    actix::SyncArbiter::start(1, move || StorageActor::new(&spec))
+/// Start the storage actor on its own thread; answers its mailbox.
+pub fn start(spec: BackendSpec) -> Mailbox {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let mut actor = StorageActor::new(spec);
+    let stats = actor.stats.clone();
+    std::thread::Builder::new()
+        .name("storage-actor".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut jobs = vec![first];
+                while jobs.len() < MAX_GROUP {
+                    match rx.try_recv() {
+                        Ok(j) => jobs.push(j),
+                        Err(_) => break,
+                    }
+                }
+                actor.run_group(jobs);
+            }
+        })
+        .expect("spawn the storage thread");
+    Mailbox { tx, stats }
 }

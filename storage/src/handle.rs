@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use actix::Addr;
-
-use crate::actor::{Backend, BackendSpec, StorageActor, Transact};
+use crate::actor::{Backend, BackendSpec, Mailbox};
 use crate::clock::Clock;
 use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
@@ -20,7 +18,7 @@ use crate::{Error, Result};
 
 #[derive(Clone)]
 pub struct StorageHandle {
-    addr: Addr<StorageActor>,
+    mailbox: Mailbox,
     clock: Arc<dyn Clock>,
     kind: &'static str,
 }
@@ -32,10 +30,15 @@ impl std::fmt::Debug for StorageHandle {
 }
 
 impl StorageHandle {
-    /// Start a storage actor for `spec` (needs a running actix `System`).
+    /// Start a storage actor for `spec` on its own thread.
     pub fn start(spec: BackendSpec, clock: Arc<dyn Clock>) -> Self {
         let kind = spec.kind();
-        StorageHandle { addr: crate::actor::start(spec), clock, kind }
+        StorageHandle { mailbox: crate::actor::start(spec), clock, kind }
+    }
+
+    /// Group-commit counters of the storage actor.
+    pub fn group_stats(&self) -> &crate::actor::GroupStats {
+        &self.mailbox.stats
     }
 
     /// `"sqlite"` or `"memory"`.
@@ -54,10 +57,12 @@ impl StorageHandle {
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
         let now = self.clock.now_ms();
-        self.addr
-            .send(Transact(Box::new(move |b: &mut dyn Backend| f(b, now))))
-            .await
-            .map_err(|e| Error::Unavailable(format!("storage actor: {e}")))?
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let body: Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send> = Box::new(move |b: &mut dyn Backend| f(b, now));
+        if !self.mailbox.send(crate::actor::job(body, tx)) {
+            return Err(Error::Unavailable("the storage actor is gone".into()));
+        }
+        rx.await.map_err(|_| Error::Unavailable("the storage actor dropped the message".into()))?
     }
 
     /// A no-op round trip: answers whether the storage thread is alive and its backend open.

@@ -131,3 +131,51 @@ async fn a_backend_that_cannot_open_answers_unavailable() {
     let err = h.ping().await.unwrap_err();
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
 }
+
+#[actix_rt::test]
+async fn queued_messages_commit_together_and_a_failing_one_rolls_back_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    // A fault for one record only: its third event insert aborts (after its row and first events).
+    open(&path)
+        .connection()
+        .execute_batch(
+            "CREATE TRIGGER fail_third BEFORE INSERT ON run_events WHEN NEW.run_id = 'doomed' AND NEW.seq = 3
+             BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+        )
+        .unwrap();
+    let h = StorageHandle::start(BackendSpec::Sqlite { path, synchronous: Synchronous::Full }, std::sync::Arc::new(ManualClock::new(NOW)));
+    h.ping().await.unwrap();
+    // Queue many puts at once: the actor drains them into group commits.
+    let mut puts = Vec::new();
+    for i in 0..40 {
+        let id = if i == 17 { "doomed".to_owned() } else { format!("ok-{i}") };
+        let h = h.clone();
+        // Spawned, so every put is queued before the first answers.
+        puts.push(actix_rt::spawn(async move { h.put(record(&id, 5), None).await }));
+    }
+    let mut results = Vec::new();
+    for p in puts {
+        results.push(p.await.unwrap());
+    }
+    for (i, r) in results.iter().enumerate() {
+        if i == 17 {
+            assert!(matches!(r, Err(Error::Sqlite(_))), "the faulty put answers its own error: {r:?}");
+        } else {
+            assert!(r.as_ref().is_ok_and(|o| o.stored), "put {i}: {r:?}");
+        }
+    }
+    let stats = h.group_stats();
+    assert!(stats.groups.load(std::sync::atomic::Ordering::Relaxed) >= 1, "at least one group commit happened");
+    assert!(stats.grouped_messages.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    // Every other record is durable with all its events; the failing one left nothing behind.
+    for i in (0..40).filter(|i| *i != 17) {
+        assert_eq!(h.get(format!("ok-{i}")).await.unwrap(), Some(record(&format!("ok-{i}"), 5)));
+    }
+    assert_eq!(h.get("doomed".into()).await.unwrap(), None);
+    let leftovers: i64 = rusqlite::Connection::open(dir.path().join("t.db"))
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM run_events WHERE run_id = 'doomed'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(leftovers, 0);
+}

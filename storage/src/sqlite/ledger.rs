@@ -4,7 +4,7 @@
 //! [`decisions`] what to do, and writes the answer before committing — so a refusal is decided under the
 //! write lock and two processes sharing the file cannot both win a row.
 
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::{Map, Value};
 
 use super::runs::put_in;
@@ -65,26 +65,26 @@ fn live_row(row: &Row) -> rusqlite::Result<LiveRow> {
     })
 }
 
-fn get_row(tx: &Transaction, run_id: &str) -> Result<Option<LiveRow>> {
+fn get_row(tx: &Connection, run_id: &str) -> Result<Option<LiveRow>> {
     Ok(tx
         .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = ?1"))?
         .query_row([run_id], live_row)
         .optional()?)
 }
 
-fn row_by_thread(tx: &Transaction, thread_key: &str) -> Result<Option<LiveRow>> {
+fn row_by_thread(tx: &Connection, thread_key: &str) -> Result<Option<LiveRow>> {
     Ok(tx
         .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = ?1"))?
         .query_row([thread_key], live_row)
         .optional()?)
 }
 
-pub(crate) fn is_killed(tx: &Transaction, run_id: &str) -> Result<bool> {
+pub(crate) fn is_killed(tx: &Connection, run_id: &str) -> Result<bool> {
     Ok(tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([run_id])?)
 }
 
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
-fn owned(tx: &Transaction, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+fn owned(tx: &Connection, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
     if is_killed(tx, run_id)? {
         return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
     }
@@ -105,18 +105,18 @@ macro_rules! owner {
     };
 }
 
-fn write_state(tx: &Transaction, run_id: &str, state: &Map<String, Value>) -> Result<()> {
+fn write_state(tx: &Connection, run_id: &str, state: &Map<String, Value>) -> Result<()> {
     tx.prepare_cached("UPDATE live_runs SET state_json = ?2 WHERE run_id = ?1")?
         .execute(params![run_id, Value::Object(state.clone()).to_string()])?;
     Ok(())
 }
 
-fn set_phase(tx: &Transaction, run_id: &str, phase: Phase) -> Result<()> {
+fn set_phase(tx: &Connection, run_id: &str, phase: Phase) -> Result<()> {
     tx.prepare_cached("UPDATE live_runs SET phase = ?2 WHERE run_id = ?1")?.execute(params![run_id, phase.as_str()])?;
     Ok(())
 }
 
-fn push_inbox_in(tx: &Transaction, run_id: &str, message: &Value) -> Result<u64> {
+fn push_inbox_in(tx: &Connection, run_id: &str, message: &Value) -> Result<u64> {
     let seq: i64 = tx
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = ?1")?
         .query_row([run_id], |r| r.get(0))?;
@@ -125,7 +125,7 @@ fn push_inbox_in(tx: &Transaction, run_id: &str, message: &Value) -> Result<u64>
     Ok(seq as u64)
 }
 
-fn inbox_after(tx: &Transaction, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
+fn inbox_after(tx: &Connection, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
     let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_inbox WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")?;
     let rows = stmt.query_map(params![run_id, after.unwrap_or(0) as i64], |r| {
         Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
@@ -138,7 +138,7 @@ fn inbox_after(tx: &Transaction, run_id: &str, after: Option<u64>) -> Result<Vec
     .collect()
 }
 
-fn last_step(tx: &Transaction, run_id: &str) -> Result<Option<StepRecord>> {
+fn last_step(tx: &Connection, run_id: &str) -> Result<Option<StepRecord>> {
     let json: Option<String> = tx
         .prepare_cached("SELECT json FROM run_steps WHERE run_id = ?1 ORDER BY step DESC LIMIT 1")?
         .query_row([run_id], |r| r.get(0))
@@ -146,7 +146,7 @@ fn last_step(tx: &Transaction, run_id: &str) -> Result<Option<StepRecord>> {
     json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e))).transpose()
 }
 
-fn jobs(tx: &Transaction, run_id: &str) -> Result<Vec<Job>> {
+fn jobs(tx: &Connection, run_id: &str) -> Result<Vec<Job>> {
     let mut stmt = tx.prepare_cached("SELECT kind, json FROM run_jobs WHERE run_id = ?1 ORDER BY kind")?;
     let rows = stmt.query_map([run_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
     rows.map(|r| {
@@ -157,7 +157,7 @@ fn jobs(tx: &Transaction, run_id: &str) -> Result<Vec<Job>> {
 }
 
 /// Delete a run's execution rows (`live_runs`, `run_steps`, `run_jobs`); inbox, transcript and receipts stay.
-fn delete_live(tx: &Transaction, run_id: &str) -> Result<()> {
+fn delete_live(tx: &Connection, run_id: &str) -> Result<()> {
     for sql in [
         "DELETE FROM live_runs WHERE run_id = ?1",
         "DELETE FROM run_steps WHERE run_id = ?1",
@@ -180,7 +180,7 @@ impl RunLedger for SqliteStore {
     }
 
     fn generations(&mut self) -> Result<Vec<GenerationInfo>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         let mut stmt = tx.prepare("SELECT gen, host, pid, proc_start, started_at FROM generations ORDER BY started_at, gen")?;
         let out = stmt
             .query_map([], |r| {
@@ -339,7 +339,7 @@ impl RunLedger for SqliteStore {
     }
 
     fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         let mut stmt = tx.prepare_cached("SELECT idx, json FROM transcript WHERE run_id = ?1 ORDER BY idx, part")?;
         let rows = stmt.query_map([run_id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
         let mut turns: Vec<(i64, Turn)> = Vec::new();
@@ -479,7 +479,7 @@ impl RunLedger for SqliteStore {
     }
 
     fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         if get_row(&tx, run_id)?.is_none() {
             return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
         }
@@ -487,12 +487,12 @@ impl RunLedger for SqliteStore {
     }
 
     fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         inbox_after(&tx, run_id, after_seq)
     }
 
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         last_step(&tx, run_id)
     }
 
@@ -563,12 +563,12 @@ impl RunLedger for SqliteStore {
     }
 
     fn is_killed(&mut self, run_id: &str) -> Result<bool> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         is_killed(&tx, run_id)
     }
 
     fn list_live(&mut self) -> Result<Vec<LiveRow>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         let rows = tx
             .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"))?
             .query_map([], live_row)?
@@ -577,12 +577,12 @@ impl RunLedger for SqliteStore {
     }
 
     fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         get_row(&tx, run_id)
     }
 
     fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         if get_row(&tx, run_id)?.is_none() {
             return Ok(None);
         }

@@ -49,6 +49,35 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct SqliteStore {
     conn: Connection,
+    /// Inside a group commit: each method runs in a `SAVEPOINT` of the group's one transaction.
+    grouped: bool,
+}
+
+/// One method's transaction: a top-level `BEGIN IMMEDIATE` (or deferred, for reads), or — inside a group
+/// commit — a savepoint, so a failing method rolls back only itself and the group commits the rest.
+pub(crate) enum Tx<'c> {
+    Top(rusqlite::Transaction<'c>),
+    Nested(rusqlite::Savepoint<'c>),
+}
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        match self {
+            Tx::Top(t) => t,
+            Tx::Nested(s) => s,
+        }
+    }
+}
+
+impl Tx<'_> {
+    pub(crate) fn commit(self) -> rusqlite::Result<()> {
+        match self {
+            Tx::Top(t) => t.commit(),
+            Tx::Nested(s) => s.commit(),
+        }
+    }
 }
 
 impl SqliteStore {
@@ -64,7 +93,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", sync.pragma())?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
         schema::migrate(&mut conn)?;
-        Ok(SqliteStore { conn })
+        Ok(SqliteStore { conn, grouped: false })
     }
 
     /// The schema version on disk.
@@ -82,7 +111,34 @@ impl SqliteStore {
         Ok(self.conn.query_row("SELECT value FROM meta WHERE key = 'capability_secret'", [], |r| r.get(0))?)
     }
 
-    fn immediate(&mut self) -> Result<rusqlite::Transaction<'_>> {
-        Ok(self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?)
+    /// A write transaction: `BEGIN IMMEDIATE`, or a savepoint inside a group.
+    fn immediate(&mut self) -> Result<Tx<'_>> {
+        Ok(if self.grouped {
+            Tx::Nested(self.conn.savepoint()?)
+        } else {
+            Tx::Top(self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?)
+        })
+    }
+
+    /// A read transaction: deferred, or a savepoint inside a group (which sees the group's writes).
+    fn read(&mut self) -> Result<Tx<'_>> {
+        Ok(if self.grouped { Tx::Nested(self.conn.savepoint()?) } else { Tx::Top(self.conn.transaction()?) })
+    }
+
+    /// Start a group commit: one `BEGIN IMMEDIATE` that the next methods join as savepoints.
+    pub fn begin_group(&mut self) -> Result<()> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        self.grouped = true;
+        Ok(())
+    }
+
+    /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false or the commit fails).
+    pub fn end_group(&mut self, commit: bool) -> Result<()> {
+        self.grouped = false;
+        let done = if commit { self.conn.execute_batch("COMMIT") } else { self.conn.execute_batch("ROLLBACK") };
+        if done.is_err() && !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        Ok(done?)
     }
 }

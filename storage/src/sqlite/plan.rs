@@ -4,7 +4,7 @@
 //! [`decisions`] what to do, and writes the answer before committing — so two processes sharing the file
 //! cannot both win a request: the second CAS reads the first one's committed row and is refused by value.
 
-use rusqlite::{params, OptionalExtension, Row, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::SqliteStore;
 use crate::plan::decisions::{self, Invalidation};
@@ -79,7 +79,7 @@ impl RawRequest {
     }
 }
 
-fn get_plan(tx: &Transaction, plan_id: &PlanId) -> Result<Option<Plan>> {
+fn get_plan(tx: &Connection, plan_id: &PlanId) -> Result<Option<Plan>> {
     let raw: Option<(i64, String)> = tx
         .prepare_cached("SELECT revision, snapshot_id FROM plans WHERE plan_id = ?1")?
         .query_row([plan_id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -94,7 +94,7 @@ fn get_plan(tx: &Transaction, plan_id: &PlanId) -> Result<Option<Plan>> {
     .transpose()
 }
 
-fn put_plan(tx: &Transaction, plan: &Plan) -> Result<()> {
+fn put_plan(tx: &Connection, plan: &Plan) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO plans (plan_id, revision, snapshot_id) VALUES (?1, ?2, ?3)
          ON CONFLICT (plan_id) DO UPDATE SET revision = excluded.revision, snapshot_id = excluded.snapshot_id",
@@ -103,7 +103,7 @@ fn put_plan(tx: &Transaction, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-fn get_request(tx: &Transaction, request_id: &RequestId) -> Result<Option<PlanRequest>> {
+fn get_request(tx: &Connection, request_id: &RequestId) -> Result<Option<PlanRequest>> {
     tx.prepare_cached(&format!("SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE request_id = ?1"))?
         .query_row([request_id.as_str()], raw_request)
         .optional()?
@@ -115,7 +115,7 @@ fn cards_json(cards: &Option<Vec<Card>>) -> Result<Option<String>> {
     cards.as_ref().map(|c| serde_json::to_string(c).map_err(|e| Error::corrupt("plan_requests.cards_json", e))).transpose()
 }
 
-fn insert_request(tx: &Transaction, r: &PlanRequest) -> Result<()> {
+fn insert_request(tx: &Connection, r: &PlanRequest) -> Result<()> {
     tx.prepare_cached(&format!(
         "INSERT INTO plan_requests ({REQUEST_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
     ))?
@@ -135,7 +135,7 @@ fn insert_request(tx: &Transaction, r: &PlanRequest) -> Result<()> {
 }
 
 /// Write a row's mutable columns (the binding and `created_at` never change).
-fn update_request(tx: &Transaction, r: &PlanRequest) -> Result<()> {
+fn update_request(tx: &Connection, r: &PlanRequest) -> Result<()> {
     tx.prepare_cached(
         "UPDATE plan_requests SET state = ?2, reason = ?3, diagnostic = ?4, cards_json = ?5, settled_at = ?6
          WHERE request_id = ?1",
@@ -153,7 +153,7 @@ fn update_request(tx: &Transaction, r: &PlanRequest) -> Result<()> {
 
 /// Invalidate the plan's pending and ready requests (all but `except`) with `cause`; answers their ids.
 fn invalidate_siblings(
-    tx: &Transaction,
+    tx: &Connection,
     plan_id: &PlanId,
     except: Option<&RequestId>,
     cause: &Invalidation,
@@ -195,7 +195,7 @@ impl PlanStore for SqliteStore {
     }
 
     fn plan(&mut self, plan_id: &PlanId) -> Result<Option<Plan>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         get_plan(&tx, plan_id)
     }
 
@@ -284,7 +284,7 @@ impl PlanStore for SqliteStore {
     }
 
     fn get_request(&mut self, request_id: &RequestId) -> Result<Option<PlanRequest>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         get_request(&tx, request_id)
     }
 }

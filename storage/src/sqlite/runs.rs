@@ -1,7 +1,7 @@
 //! SQL for the `runs`, `run_events` and `meta` tables: the [`RunStore`] implementation.
 
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{params, params_from_iter, OptionalExtension, Transaction};
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
 use super::SqliteStore;
@@ -43,7 +43,7 @@ impl Kept {
     }
 }
 
-fn read_policy(tx: &Transaction) -> Result<StoredPolicy> {
+fn read_policy(tx: &Connection) -> Result<StoredPolicy> {
     let raw: Option<String> =
         tx.query_row("SELECT value FROM meta WHERE key = ?1", [POLICY_KEY], |r| r.get(0)).optional()?;
     let Some(raw) = raw else { return Ok(StoredPolicy::default()) };
@@ -55,7 +55,7 @@ fn read_policy(tx: &Transaction) -> Result<StoredPolicy> {
     })
 }
 
-fn write_policy(tx: &Transaction, p: &StoredPolicy) -> Result<()> {
+fn write_policy(tx: &Connection, p: &StoredPolicy) -> Result<()> {
     let v = serde_json::json!({
         "retentionDays": p.policy.retention_days,
         "maxRuns": p.policy.max_runs,
@@ -68,7 +68,7 @@ fn write_policy(tx: &Transaction, p: &StoredPolicy) -> Result<()> {
 
 /// Decide the kept floor from one aggregate over the in-cutoff rows; walks the newest rows only when a
 /// count or byte bound is exceeded.
-fn kept(tx: &Transaction, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
+fn kept(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
     let cutoff = policy.cutoff_ms(now_ms);
     let (count, bytes): (i64, i64) = tx.query_row(
         "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM runs WHERE finished_at >= ?1",
@@ -175,7 +175,7 @@ fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem> {
 }
 
 /// The listing row of `id` when it is visible under the policy.
-fn visible_summary(tx: &Transaction, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+fn visible_summary(tx: &Connection, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
     let policy = read_policy(tx)?.policy;
     let kept = kept(tx, &policy, now_ms)?;
     let mut p = vec![SqlValue::Text(id.into())];
@@ -186,12 +186,12 @@ fn visible_summary(tx: &Transaction, id: &str, now_ms: i64) -> Result<Option<Run
 }
 
 /// Whether `id` has a live row: its `run_events` are then the ledger's, not the history's.
-pub(crate) fn is_live(tx: &Transaction, id: &str) -> Result<bool> {
+pub(crate) fn is_live(tx: &Connection, id: &str) -> Result<bool> {
     Ok(tx.prepare_cached("SELECT 1 FROM live_runs WHERE run_id = ?1")?.exists([id])?)
 }
 
 /// Delete a run's row and, unless it is live, its events.
-fn delete_run(tx: &Transaction, id: &str) -> Result<bool> {
+fn delete_run(tx: &Connection, id: &str) -> Result<bool> {
     if !is_live(tx, id)? {
         tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
     }
@@ -205,7 +205,7 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
 }
 
 /// Upsert `record` inside `tx`: the shared body of `put` (and of the ledger's `finish`).
-pub(crate) fn put_in(tx: &Transaction, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+pub(crate) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
@@ -232,7 +232,7 @@ pub(crate) fn put_in(tx: &Transaction, record: &RunRecord, proposal: Option<&Pol
     let existing: Option<(bool, String)> = tx
         .query_row("SELECT provisional, digest FROM runs WHERE run_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    let retained = |tx: &Transaction| -> Result<u64> {
+    let retained = |tx: &Connection| -> Result<u64> {
         let mut p = Vec::new();
         let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept(tx, &policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p));
         Ok(tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64)
@@ -289,13 +289,13 @@ pub(crate) fn put_in(tx: &Transaction, record: &RunRecord, proposal: Option<&Pol
     Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(tx)? })
 }
 
-fn visible(tx: &Transaction, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
+fn visible(tx: &Connection, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
     let mut p = vec![SqlValue::Text(id.into())];
     let sql = format!("SELECT 1 FROM runs WHERE run_id = ? AND {}", kept.sql(cutoff, &mut p));
     Ok(tx.query_row(&sql, params_from_iter(p), |_| Ok(())).optional()?.is_some())
 }
 
-fn events_in(tx: &Transaction, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
+fn events_in(tx: &Connection, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
     let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
     let rows: Vec<(i64, String)> = stmt
         .query_map(params![id, after_seq as i64, limit as i64 + 1], |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -325,7 +325,7 @@ impl RunStore for SqliteStore {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         let Some(item) = visible_summary(&tx, id, now_ms)? else { return Ok(None) };
         if is_live(&tx, id)? {
             // A tombstone of a live run: its events are the ledger's, served by `live_events`.
@@ -348,7 +348,7 @@ impl RunStore for SqliteStore {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         visible_summary(&tx, id, now_ms)
     }
 
@@ -356,7 +356,7 @@ impl RunStore for SqliteStore {
         if matches!(query.visible_to, VisibilityFilter::None) {
             return Ok(ListPage { items: vec![], next_before: None });
         }
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         let policy = read_policy(&tx)?.policy;
         let kept = kept(&tx, &policy, now_ms)?;
         let Some((sql, p)) = list_sql(query, &kept, policy.cutoff_ms(now_ms)) else {
@@ -379,7 +379,7 @@ impl RunStore for SqliteStore {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         if visible_summary(&tx, id, now_ms)?.is_none() {
             return Ok(None);
         }
@@ -400,7 +400,7 @@ impl RunStore for SqliteStore {
     }
 
     fn policy(&mut self) -> Result<StoredPolicy> {
-        let tx = self.conn.transaction()?;
+        let tx = self.read()?;
         read_policy(&tx)
     }
 }
