@@ -123,9 +123,12 @@ impl Mailbox {
     }
 }
 
+/// The body of one transaction: one backend method call.
+pub type Body<R> = Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send>;
+
 /// Build a job from a transaction body and the channel its result goes back on.
 pub fn job<R: Send + 'static>(
-    body: Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send>,
+    body: Body<R>,
     reply: tokio::sync::oneshot::Sender<Result<R>>,
 ) -> Job {
     Box::new(move |backend| {

@@ -58,7 +58,7 @@ impl StorageHandle {
     {
         let now = self.clock.now_ms();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let body: Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send> = Box::new(move |b: &mut dyn Backend| f(b, now));
+        let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
         if !self.mailbox.send(crate::actor::job(body, tx)) {
             return Err(Error::Unavailable("the storage actor is gone".into()));
         }
