@@ -701,7 +701,8 @@ impl Run {
         }
         let finished_at = self.now();
         self.deps.registry.finish(&self.id, status, finished_at);
-        let record = build_record(&self.deps, &self.id, status, finished_at, false, reply, Some(self.diagnosis()), Some(self.step));
+        let extras = RecordExtras { reply, diagnosis: Some(self.diagnosis()), step_count: Some(self.step), ..Default::default() };
+        let record = build_record(&self.deps, &self.id, status, finished_at, extras);
         let mut leftover = Vec::new();
         if let Some(record) = record {
             let via = if self.tracking == Tracking::Fenced { Via::Store } else { Via::Ledger { gen: self.gen.clone() } };
@@ -741,39 +742,49 @@ impl Run {
     }
 }
 
-/// Build a record from the registry's snapshot of the run, fitted to the byte budget.
+/// The parts of a record besides its identity, events and counts.
+#[derive(Debug, Clone, Default)]
+pub struct RecordExtras {
+    pub provisional: bool,
+    pub reply: Option<(bool, Option<String>)>,
+    pub diagnosis: Option<Value>,
+    pub step_count: Option<u64>,
+}
+
+/// Assemble, validate and fit a record (the one place a record is built): the registry's snapshot at a
+/// finish, or a reclaimed row's meta and live events at a close.
 #[allow(clippy::too_many_arguments)]
-pub fn build_record(
-    deps: &RunDeps,
+pub fn assemble_record(
     id: &str,
-    status: RunStatus,
+    meta: &RunMeta,
+    started_at: i64,
     finished_at: i64,
-    provisional: bool,
-    reply: Option<(bool, Option<String>)>,
-    diagnosis: Option<Value>,
-    step_count: Option<u64>,
+    status: RunStatus,
+    events: Vec<Value>,
+    event_count: u64,
+    truncated: bool,
+    extras: RecordExtras,
 ) -> Option<RunRecord> {
-    let (row, events) = deps.registry.snapshot(id)?;
-    let m = &row.meta;
+    let m = meta;
     let mut v = json!({
         "id": id, "label": m.label, "agent": m.agent, "model": m.model, "channelId": m.channel_id,
         "userId": m.user_id, "threadKey": m.thread_key, "channelVisibility": m.channel_visibility.as_str(),
-        "startedAt": row.started_at, "finishedAt": finished_at, "status": status.as_str(),
-        "eventCount": row.event_count, "storedEventCount": events.len(), "truncated": row.truncated,
-        "events": events, "diagnosis": diagnosis.unwrap_or_else(|| json!({"byCategory": {}})),
+        "startedAt": started_at, "finishedAt": finished_at, "status": status.as_str(),
+        "eventCount": event_count, "storedEventCount": events.len(), "truncated": truncated,
+        "events": events, "diagnosis": extras.diagnosis.unwrap_or_else(|| json!({"byCategory": {}})),
     });
     if let Some(p) = &m.parent_run_id {
         v["parentRunId"] = json!(p);
     }
-    if provisional {
+    if extras.provisional {
         v["provisional"] = json!(true);
     } else {
         v["sealedAt"] = json!(finished_at);
     }
-    if let Some(n) = step_count {
+    if let Some(n) = extras.step_count {
         v["stepCount"] = json!(n);
     }
-    if let Some((ok, note)) = reply {
+    if let Some((ok, note)) = extras.reply {
         v["replyOk"] = json!(ok);
         if let Some(n) = note {
             v["replyNote"] = json!(n);
@@ -786,6 +797,12 @@ pub fn build_record(
             None
         }
     }
+}
+
+/// A record from the registry's snapshot of the run.
+pub fn build_record(deps: &RunDeps, id: &str, status: RunStatus, finished_at: i64, extras: RecordExtras) -> Option<RunRecord> {
+    let (row, events) = deps.registry.snapshot(id)?;
+    assemble_record(id, &row.meta, row.started_at, finished_at, status, events, row.event_count, row.truncated, extras)
 }
 
 impl Run {
@@ -837,7 +854,8 @@ async fn fresh(
     let deadline = started_at + agent.budget_ms;
     let run = Run::new(deps, id, meta, deadline, agent, control);
     // Tombstone: a provisional record, so a crash before the finish still leaves a trace.
-    if let Some(tomb) = build_record(&run.deps, &run.id, RunStatus::Interrupted, started_at, true, None, None, None) {
+    let tombstone = RecordExtras { provisional: true, ..Default::default() };
+    if let Some(tomb) = build_record(&run.deps, &run.id, RunStatus::Interrupted, started_at, tombstone) {
         run.deps.history.write(tomb, Via::Store);
     }
     promote_and_run(run, &request.text).await

@@ -216,7 +216,7 @@ impl Supervisor {
         let now = deps.clock.now_ms();
         run::publish(&deps, run_id, json!({"type": "run_failed", "message": "the run panicked twice"}), true);
         deps.registry.finish(run_id, RunStatus::Failed, now);
-        if let Some(record) = run::build_record(&deps, run_id, RunStatus::Failed, now, false, None, None, None) {
+        if let Some(record) = run::build_record(&deps, run_id, RunStatus::Failed, now, Default::default()) {
             deps.history.write(record, Via::Ledger { gen: deps.gen.as_str().to_owned() });
         }
     }
@@ -643,18 +643,8 @@ async fn close_row(
     let now = deps.clock.now_ms();
     let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
     events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
-    let mut v = json!({
-        "id": row.run_id, "label": meta.label, "agent": meta.agent, "model": meta.model,
-        "channelId": meta.channel_id, "userId": meta.user_id, "threadKey": meta.thread_key,
-        "channelVisibility": meta.channel_visibility.as_str(), "startedAt": row.started_at, "finishedAt": now,
-        "status": status.as_str(), "eventCount": last + 1, "storedEventCount": events.len(), "truncated": false,
-        "events": events,
-    });
-    if let Some(p) = &meta.parent_run_id {
-        v["parentRunId"] = json!(p);
-    }
-    let record = storage::record::validate_record(&v).map_err(|e| e.to_string())?;
-    let record = storage::record::fit_record_to_budget(&record, storage::record::MAX_RECORD_BYTES);
+    let record = run::assemble_record(&row.run_id, &meta, row.started_at, now, status, events, last + 1, false, Default::default())
+        .ok_or("the reclaimed row does not make a valid record")?;
     match deps.storage.finish(deps.gen.as_str().to_owned(), record, None).await {
         Ok(Ok(_)) => {
             tracing::info!(run_id = %row.run_id, generation = deps.gen.as_str(), status = status.as_str(), reason, "closed a reclaimed run");
@@ -818,7 +808,8 @@ impl Handler<Drain> for Supervisor {
                 let mut abandoned = Vec::new();
                 for id in me.send(ActiveRuns).await.unwrap_or_default() {
                     let now = deps.clock.now_ms();
-                    if let Some(r) = run::build_record(&deps, &id, RunStatus::Interrupted, now, true, None, None, None) {
+                    let provisional = run::RecordExtras { provisional: true, ..Default::default() };
+                    if let Some(r) = run::build_record(&deps, &id, RunStatus::Interrupted, now, provisional) {
                         deps.history.write(r, Via::Store);
                         abandoned.push(id);
                     }

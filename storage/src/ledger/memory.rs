@@ -467,12 +467,7 @@ impl RunLedger for MemoryStore {
                 }))
             }
         };
-        let mut patch = Map::new();
-        patch.insert("finalStatus".to_owned(), Value::from(status.as_str()));
-        if let Some(answer) = answer {
-            patch.insert("answer".to_owned(), Value::from(answer));
-        }
-        merge_state(&mut row.state, &patch);
+        merge_state(&mut row.state, &crate::ledger::finishing_patch(status, answer));
         row.phase = next;
         Ok(Ok(()))
     }

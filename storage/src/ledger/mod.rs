@@ -372,6 +372,16 @@ pub fn check_turns(first_idx: u64, turns: &[Turn]) -> Outcome<Vec<(u64, u64, Str
     Ok(rows)
 }
 
+/// The state `finishing` commits: the final status and, when there is one, the answer.
+pub fn finishing_patch(status: RunStatus, answer: Option<&str>) -> Map<String, Value> {
+    let mut patch = Map::new();
+    patch.insert("finalStatus".to_owned(), Value::from(status.as_str()));
+    if let Some(answer) = answer {
+        patch.insert("answer".to_owned(), Value::from(answer));
+    }
+    patch
+}
+
 /// Merge a state patch by top-level key.
 pub fn merge_state(state: &mut Map<String, Value>, patch: &Map<String, Value>) {
     for (k, v) in patch {

@@ -427,10 +427,7 @@ impl RunLedger for SqliteStore {
                 return Ok(Err(Refusal::WrongPhase { run_id: run_id.to_owned(), phase: row.phase, change: "finishing" }))
             }
         };
-        row.state.insert("finalStatus".into(), Value::String(status.as_str().into()));
-        if let Some(a) = answer {
-            row.state.insert("answer".into(), Value::String(a.into()));
-        }
+        merge_state(&mut row.state, &crate::ledger::finishing_patch(status, answer));
         write_state(&tx, run_id, &row.state)?;
         set_phase(&tx, run_id, next)?;
         tx.commit()?;
