@@ -173,8 +173,7 @@ async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) ->
             iteration: i + 1,
         };
         let t = Instant::now();
-        storage.write_transcript(run.clone(), gen.clone(), i, vec![turn]).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
-        storage.step(run.clone(), gen.clone(), record).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
+        storage.durable_step(run.clone(), gen.clone(), i, vec![turn], record).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
         out.push(ms(t.elapsed()));
     }
     Ok(out)

@@ -466,27 +466,9 @@ impl Run {
         }
     }
 
-    /// Write transcript turns at the end of the durable transcript (retried once after 200 ms).
-    async fn write_turns(&mut self, new: Vec<Turn>) {
-        if self.tracking == Tracking::Tracked {
-            let (s, id, gen, idx) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone(), self.turn_count);
-            let mut answer = s.write_transcript(id.clone(), gen.clone(), idx, new.clone()).await;
-            if answer.is_err() {
-                tokio::time::sleep(WRITE_RETRY).await;
-                answer = s.write_transcript(id, gen, idx, new.clone()).await;
-            }
-            self.settle("transcript write", answer).await;
-        }
-        self.turn_count += new.len() as u64;
-        self.turns.extend(new);
-    }
-
-    /// Write this step's record (retried once after 200 ms).
-    async fn write_step(&mut self, calls: &[ToolCall]) {
-        if self.tracking != Tracking::Tracked {
-            return;
-        }
-        let record = StepRecord {
+    /// This step's record as of now.
+    fn step_record(&self, calls: &[ToolCall]) -> StepRecord {
+        StepRecord {
             step: self.step,
             seq: self.deps.registry.last_seq(&self.id).unwrap_or(0),
             turn_index: self.turn_count,
@@ -495,12 +477,31 @@ impl Run {
             remaining_ms: (self.deadline - self.now()).max(0),
             turn: self.step,
             iteration: self.iteration,
-        };
+        }
+    }
+
+    /// Write this step's record alone (retried once after 200 ms).
+    async fn write_step(&mut self, calls: &[ToolCall]) {
+        self.write_durable_step(Vec::new(), calls).await;
+    }
+
+    /// Write this step's transcript turns and then its record with the calls in flight, in one commit
+    /// (retried once after 200 ms): the record is never durable without its turns, and the tools run
+    /// only after both are.
+    async fn write_durable_step(&mut self, new: Vec<Turn>, calls: &[ToolCall]) {
+        let first_idx = self.turn_count;
+        self.turn_count += new.len() as u64;
+        self.turns.extend(new.iter().cloned());
+        if self.tracking != Tracking::Tracked {
+            return;
+        }
+        let record = self.step_record(calls);
         let (s, id, gen) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone());
-        let mut answer = s.step(id.clone(), gen.clone(), record.clone()).await;
+        let write = || s.durable_step(id.clone(), gen.clone(), first_idx, new.clone(), record.clone());
+        let mut answer = write().await;
         if answer.is_err() {
             tokio::time::sleep(WRITE_RETRY).await;
-            answer = s.step(id, gen, record).await;
+            answer = write().await;
         }
         if self.settle("step record", answer).await.is_some() {
             self.deps.metrics.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -610,8 +611,7 @@ impl Run {
             };
             let mut new_turns: Vec<Turn> = self.pending.take().into_iter().collect();
             new_turns.push(turn.to_turn());
-            self.write_turns(new_turns).await;
-            self.write_step(&turn.calls).await;
+            self.write_durable_step(new_turns, &turn.calls).await;
             if self.tracking == Tracking::Fenced {
                 return Ending::Fenced;
             }
@@ -889,10 +889,9 @@ async fn promote_and_run(mut run: Run, request_text: &str) -> (StopReason, Vec<I
         Ok(Err(refusal)) => run.detach("promotion", refusal.to_string()).await,
         Err(e) => run.detach("promotion", e.to_string()).await,
     }
-    // Seed: the first model call's messages, then the step-0 record.
-    run.write_turns(vec![agent::system_turn(&run.system), agent::user_turn(request_text)]).await;
+    // Seed: the first model call's messages and the step-0 record, in one commit.
+    run.write_durable_step(vec![agent::system_turn(&run.system), agent::user_turn(request_text)], &[]).await;
     run.turns.remove(0); // `turns` holds what follows the system turn
-    run.write_step(&[]).await;
     let ending = run.steps().await;
     run.conclude(ending).await
 }

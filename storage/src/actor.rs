@@ -36,7 +36,8 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
     /// The secret capability tokens are derived from (hex; 32 bytes), shared by every process on the database.
     fn capability_secret(&mut self) -> Result<String>;
 
-    /// Start a group commit; `false` when the backend has none (each method then commits alone).
+    /// Start a group commit; `false` when the backend has none (each method then commits alone) or one is
+    /// already open (the caller runs inside it and must not end it).
     fn begin_group(&mut self) -> Result<bool> {
         Ok(false)
     }
@@ -53,7 +54,7 @@ impl Backend for SqliteStore {
     }
 
     fn begin_group(&mut self) -> Result<bool> {
-        SqliteStore::begin_group(self).map(|()| true)
+        SqliteStore::begin_group(self)
     }
 
     fn end_group(&mut self, commit: bool) -> Result<()> {

@@ -121,6 +121,35 @@ impl StorageHandle {
         self.transact(move |b, _| b.append(&run_id, &gen, &events)).await
     }
 
+    /// A step's transcript turns and then its step record, committed together: the record is never
+    /// durable without its turns, and the step costs one commit.
+    pub async fn durable_step(
+        &self,
+        run_id: String,
+        gen: String,
+        first_idx: u64,
+        turns: Vec<Turn>,
+        record: StepRecord,
+    ) -> Result<Outcome<()>> {
+        self.transact(move |b, _| {
+            let own = b.begin_group()?;
+            let out = match b.write_transcript(&run_id, &gen, first_idx, &turns) {
+                Ok(Ok(())) => b.step(&run_id, &gen, &record),
+                other => other,
+            };
+            if own {
+                if matches!(out, Ok(Ok(()))) {
+                    b.end_group(true)?;
+                } else {
+                    // Nothing of a refused or failed step may land; the original answer stands.
+                    let _ = b.end_group(false);
+                }
+            }
+            out
+        })
+        .await
+    }
+
     pub async fn step(&self, run_id: String, gen: String, record: StepRecord) -> Result<Outcome<()>> {
         self.transact(move |b, _| b.step(&run_id, &gen, &record)).await
     }

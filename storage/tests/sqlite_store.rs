@@ -179,3 +179,49 @@ async fn queued_messages_commit_together_and_a_failing_one_rolls_back_only_itsel
         .unwrap();
     assert_eq!(leftovers, 0);
 }
+
+#[actix_rt::test]
+async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
+    use storage::ledger::{Admit, Promotion, Refusal, StepRecord, Turn};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = BackendSpec::Sqlite { path: dir.path().join("t.db"), synchronous: Synchronous::Full };
+    let h = StorageHandle::start(spec, std::sync::Arc::new(ManualClock::new(NOW)));
+    let gen = "20260101T000000Z-00000001".to_owned();
+    let admit = Admit {
+        thread_key: "c:t".into(),
+        gen: gen.clone(),
+        run_id: "r".into(),
+        request: json!({"text": "x"}),
+        meta: json!({"agent": "demo", "request": {"text": "x"}}),
+        key: None,
+        lease_ms: 30_000,
+    };
+    h.admit(admit, NOW).await.unwrap();
+    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+    h.claim("r".into(), gen.clone(), p).await.unwrap().unwrap();
+    let record = |step: u64, turn_index: u64| StepRecord {
+        step,
+        seq: 0,
+        turn_index,
+        in_flight: vec![],
+        inbox_consumed_seq: None,
+        remaining_ms: 1,
+        turn: step,
+        iteration: step,
+    };
+    let turn = |text: &str| Turn { role: "assistant".into(), parts: vec![json!({"type": "text", "text": text})] };
+    // A refused turn takes its step record down with it.
+    let huge = turn(&"x".repeat(storage::ledger::MAX_TRANSCRIPT_PART_BYTES));
+    let refused = h.durable_step("r".into(), gen.clone(), 0, vec![turn("ok"), huge], record(1, 2)).await.unwrap();
+    assert!(matches!(refused, Err(Refusal::PartTooLarge { idx: 1, .. })), "{refused:?}");
+    assert_eq!(h.last_step("r".into()).await.unwrap(), None);
+    assert!(h.read_transcript("r".into()).await.unwrap().is_empty(), "not even the first turn landed");
+    // A good step lands both.
+    h.durable_step("r".into(), gen.clone(), 0, vec![turn("a"), turn("b")], record(1, 2)).await.unwrap().unwrap();
+    assert_eq!(h.last_step("r".into()).await.unwrap().map(|s| s.turn_index), Some(2));
+    assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2);
+    // Another generation's step is fenced and writes neither.
+    let fenced = h.durable_step("r".into(), "20260101T000000Z-00000002".into(), 2, vec![turn("c")], record(2, 3)).await.unwrap();
+    assert!(matches!(fenced, Err(Refusal::Fenced { .. })));
+    assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2);
+}

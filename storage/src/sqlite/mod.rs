@@ -125,11 +125,15 @@ impl SqliteStore {
         Ok(if self.grouped { Tx::Nested(self.conn.savepoint()?) } else { Tx::Top(self.conn.transaction()?) })
     }
 
-    /// Start a group commit: one `BEGIN IMMEDIATE` that the next methods join as savepoints.
-    pub fn begin_group(&mut self) -> Result<()> {
+    /// Start a group commit: one `BEGIN IMMEDIATE` that the next methods join as savepoints. Answers
+    /// `false` (and starts nothing) when a group is already open: the caller then runs inside it.
+    pub fn begin_group(&mut self) -> Result<bool> {
+        if self.grouped {
+            return Ok(false);
+        }
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
         self.grouped = true;
-        Ok(())
+        Ok(true)
     }
 
     /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false or the commit fails).
