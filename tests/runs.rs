@@ -367,3 +367,46 @@ async fn killing_a_finished_run_removes_its_record_and_an_unknown_id_is_404() {
     assert_eq!(app.running.storage.get(run_id.clone()).await.unwrap(), None);
     assert_eq!(kill(&app, "no-such-run").await.0, 404);
 }
+
+#[actix_web::test]
+async fn a_drain_writes_a_provisional_snapshot_for_a_run_it_could_not_hand_off_by_the_deadline() {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    // A webhook that answers slowly keeps the run in `finishing`, which is not resumable: the drain waits
+    // for it up to the deadline, then writes its full snapshot as a provisional record.
+    let server = HttpServer::new(|| {
+        App::new().route(
+            "/slow",
+            web::post().to(|| async {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                HttpResponse::Ok().finish()
+            }),
+        )
+    })
+    .workers(1)
+    .bind("127.0.0.1:0")
+    .unwrap();
+    let hook = format!("http://{}/slow", server.addrs()[0]);
+    actix_web::rt::spawn(server.run());
+    let app = TestApp::spawn_with(|c| {
+        c.delivery.webhook_url = Some(hook);
+        c.drain.deadline_ms = 300;
+        c.drain.handoff_budget_ms = 2000;
+    })
+    .await;
+    let run_id = app.start_run("td", "steps=1 ms=0 answer=late").await;
+    app.event(&run_id, "answer").await;
+    let row = app.running.storage.get_live(run_id.clone()).await.unwrap().expect("still live while delivering");
+    assert_eq!(row.phase, storage::ledger::Phase::Finishing);
+    let storage = app.running.storage.clone();
+    let report = app.running.drain().await.unwrap();
+    assert!(report.handed_off.is_empty(), "{report:?}");
+    assert_eq!(report.abandoned, vec![run_id.clone()]);
+    let record = storage.get(run_id.clone()).await.unwrap().expect("a provisional record");
+    assert!(record.head.provisional);
+    assert_eq!(record.head.status, RunStatus::Interrupted);
+    // The snapshot was whole (every published event, answer included); while the row lives on for the
+    // next process, its events are the ledger's, so the stored row carries the counts, not the events.
+    assert_eq!(record.head.stored_event_count, record.head.event_count);
+    assert!(record.head.event_count >= 4, "{:?}", record.head);
+    assert!(storage.get_live(run_id).await.unwrap().is_some(), "the row stays for the next process to close");
+}
