@@ -262,10 +262,15 @@ impl Actor for Supervisor {
             operations: config.operations,
             on_ended: ctx.address().recipient(),
         });
-        // Finished rows leave the registry after their TTL; idle slots are dropped.
+        // Finished rows leave the registry after their TTL. Slots of threads with no run here are dropped
+        // (a slot only orders this process's admissions; the ledger's `admit` is what is atomic, so a
+        // slot recreated while an old one finishes its last message is harmless).
         ctx.run_interval(Duration::from_secs(5), |act, _| {
-            act.deps().registry.evict_expired();
-            act.slots.retain(|_, a| a.connected());
+            let registry = &act.deps().registry;
+            registry.evict_expired();
+            let busy: std::collections::HashSet<String> =
+                registry.rows().into_iter().filter(|r| r.finished_at.is_none()).map(|r| r.meta.thread_key).collect();
+            act.slots.retain(|thread, a| a.connected() && busy.contains(thread));
         });
     }
 }
