@@ -87,6 +87,8 @@ pub enum AdmitError {
     ThreadBusy,
     #[error("the run id is fenced")]
     Fenced,
+    #[error("the live run holds the most keyed messages it may ({})", storage::ledger::MAX_RECEIPTS_PER_RUN)]
+    ReceiptLimit,
     #[error("storage unavailable: {0}")]
     Unavailable(String),
 }
@@ -508,6 +510,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
             AdmitOutcome::Busy { .. } => Err(AdmitError::ThreadBusy),
             AdmitOutcome::KeyConflict => Err(AdmitError::KeyConflict),
             AdmitOutcome::Fenced => Err(AdmitError::Fenced),
+            AdmitOutcome::ReceiptLimit { .. } => Err(AdmitError::ReceiptLimit),
         };
     }
 }

@@ -1464,3 +1464,56 @@ mod kill {
         killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing(&mut s);
     }
 }
+
+// ---- keyed receipts per run (SPEC §5.1) ----
+
+mod receipt_limit {
+    use serde_json::json;
+    use storage::ledger::{Admit, AdmitOutcome, ReceiptKey, RunLedger, MAX_RECEIPTS_PER_RUN};
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn keyed(key: &str, run_id: &str) -> Admit {
+        Admit {
+            thread_key: "c:t".into(),
+            gen: "g1".into(),
+            run_id: run_id.into(),
+            request: json!({"text": key}),
+            meta: json!({"agent": "demo", "request": {"text": key}}),
+            key: Some(ReceiptKey { scope: "tok".into(), key: key.into(), body_hash: format!("h-{key}") }),
+            lease_ms: 30_000,
+        }
+    }
+
+    pub fn a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one<S: RunLedger>(s: &mut S) {
+        assert_eq!(s.admit(&keyed("k0", "live"), NOW).unwrap(), AdmitOutcome::Started { run_id: "live".into() });
+        for i in 1..MAX_RECEIPTS_PER_RUN {
+            let out = s.admit(&keyed(&format!("k{i}"), &format!("x{i}")), NOW).unwrap();
+            assert!(matches!(out, AdmitOutcome::Steered { .. }), "{i}: {out:?}");
+        }
+        // The 257th key is held: nothing appended to the inbox.
+        let held = s.admit(&keyed("one-too-many", "y"), NOW).unwrap();
+        assert_eq!(held, AdmitOutcome::ReceiptLimit { run_id: "live".into() });
+        let inbox = s.read_inbox("live", None).unwrap().unwrap();
+        assert_eq!(inbox.len(), MAX_RECEIPTS_PER_RUN - 1);
+        // Earlier keys still answer verbatim.
+        let again = s.admit(&keyed("k1", "z"), NOW).unwrap();
+        assert_eq!(again, AdmitOutcome::Steered { run_id: "live".into(), seq: 1 });
+        // An unkeyed follow-up is still steered.
+        let mut plain = keyed("plain", "w");
+        plain.key = None;
+        assert!(matches!(s.admit(&plain, NOW).unwrap(), AdmitOutcome::Steered { .. }));
+    }
+
+    #[test]
+    fn memory_receipt_limit() {
+        a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one(&mut storage::MemoryStore::new());
+    }
+
+    #[test]
+    fn sqlite_receipt_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = storage::SqliteStore::open(&dir.path().join("r.db"), storage::Synchronous::Normal).unwrap();
+        a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one(&mut s);
+    }
+}

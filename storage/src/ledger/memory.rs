@@ -225,6 +225,13 @@ impl LedgerState {
                 });
                 Ok(AdmitOutcome::Started { run_id: admit.run_id.clone() })
             }
+            AdmitDecision::Steer { run_id }
+                if admit.key.is_some()
+                    && self.receipts.values().filter(|r| answer_run(&r.answer) == Some(run_id.as_str())).count()
+                        >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
+            {
+                Ok(AdmitOutcome::ReceiptLimit { run_id })
+            }
             AdmitDecision::Steer { run_id } => {
                 let seq = self.push_inbox(&run_id, &admit.request);
                 Ok(AdmitOutcome::Steered { run_id, seq })
@@ -234,12 +241,20 @@ impl LedgerState {
     }
 }
 
+/// The run a stored answer names (what `admit_receipts.run_id` holds in SQLite).
+fn answer_run(answer: &AdmitOutcome) -> Option<&str> {
+    match answer {
+        AdmitOutcome::Started { run_id } | AdmitOutcome::Steered { run_id, .. } => Some(run_id),
+        _ => None,
+    }
+}
+
 /// Whether an admission answer is kept as the key's receipt. `Busy` is not: it means "come back
 /// shortly" (SPEC §5.1: the keyed sender waits for the thread and retries with the same key), so a
 /// stored `Busy` would answer every retry with it forever. `KeyConflict` is never produced past the
 /// lookup.
 fn keeps_receipt(answer: &AdmitOutcome) -> bool {
-    !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict)
+    !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict | AdmitOutcome::ReceiptLimit { .. })
 }
 
 /// Rebuild turns from `(idx, part) → {"role", "part"}` rows: one turn per idx, parts in order.

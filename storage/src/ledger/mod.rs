@@ -28,6 +28,9 @@ use crate::store::{PolicyProposal, PutOutcome};
 use crate::Result;
 pub use decisions::{Phase, StopMode};
 
+/// Keyed receipts one run may hold (SPEC §5.1); a new key past it is held, an earlier one never evicted.
+pub const MAX_RECEIPTS_PER_RUN: usize = 256;
+
 /// Largest transcript part (UTF-8 bytes of its JSON); a larger one is refused by name, never truncated.
 pub const MAX_TRANSCRIPT_PART_BYTES: usize = 1_500_000;
 
@@ -143,6 +146,12 @@ pub enum AdmitOutcome {
     },
     /// The key was used before with another body.
     KeyConflict,
+    /// The live run already holds [`MAX_RECEIPTS_PER_RUN`] keyed receipts: this new key is held (nothing
+    /// appended); earlier keys still answer.
+    ReceiptLimit {
+        #[serde(rename = "runId")]
+        run_id: String,
+    },
     /// The id carries a deletion fence.
     Fenced,
 }

@@ -225,13 +225,22 @@ impl RunLedger for SqliteStore {
                 ])?;
                 AdmitOutcome::Started { run_id: a.run_id.clone() }
             }
+            decisions::AdmitDecision::Steer { run_id }
+                if a.key.is_some()
+                    && tx
+                        .prepare_cached("SELECT COUNT(*) FROM admit_receipts WHERE run_id = ?1")?
+                        .query_row([&run_id], |r| r.get::<_, i64>(0))? as usize
+                        >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
+            {
+                AdmitOutcome::ReceiptLimit { run_id }
+            }
             decisions::AdmitDecision::Steer { run_id } => {
                 let seq = push_inbox_in(&tx, &run_id, &a.request)?;
                 AdmitOutcome::Steered { run_id, seq }
             }
             decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
         };
-        if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. })) {
+        if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. })) {
             let (run_id, seq) = match &outcome {
                 AdmitOutcome::Started { run_id } => (run_id.as_str(), None),
                 AdmitOutcome::Steered { run_id, seq } => (run_id.as_str(), Some(*seq as i64)),

@@ -88,7 +88,7 @@ pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<A
         Err(e @ AdmitError::BadThread(_)) => Err(ApiError::bad("thread", e.to_string())),
         Err(AdmitError::KeyConflict) => Err(ApiError::KeyConflict),
         Err(AdmitError::ThreadBusy) => Err(ApiError::ThreadBusy),
-        Err(e @ AdmitError::Fenced) => Err(ApiError::Conflict(e.to_string())),
+        Err(e @ (AdmitError::Fenced | AdmitError::ReceiptLimit)) => Err(ApiError::Conflict(e.to_string())),
         Err(e @ AdmitError::Unavailable(_)) => {
             tracing::warn!(error = %e, "admission unavailable");
             Err(ApiError::Unavailable("storage unavailable".into()))
