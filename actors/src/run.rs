@@ -312,8 +312,13 @@ pub(crate) fn publish(deps: &RunDeps, id: &str, event: Value, durable: bool) -> 
 }
 
 fn summarize(s: &str) -> String {
-    let mut out: String = s.chars().take(SUMMARY_CHARS).collect();
-    if s.chars().count() > SUMMARY_CHARS {
+    truncate_chars(s, SUMMARY_CHARS)
+}
+
+/// At most `max` characters of `s`, with a trailing `…` when something was cut.
+pub(crate) fn truncate_chars(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().take(max).collect();
+    if s.chars().count() > max {
         out.push('…');
     }
     out

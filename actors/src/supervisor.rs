@@ -464,22 +464,15 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
             AdmitOutcome::Started { run_id: started } if started == run_id => {
                 let token = shared.tokens.mint(&run_id);
                 shared.registry.create(&run_id, meta.clone(), now, token.clone(), Vec::new(), 1);
-                let deps_publish = |event: Value| {
-                    let stamped = shared.registry.publish(&run_id, event);
-                    stamped.map(|e| (run_id.clone(), e))
-                };
-                let events: Vec<(String, Value)> = [
-                    meta.event(),
-                    json!({"type": "input", "text": req.text, "source": "request"}),
-                ]
-                .into_iter()
-                .filter_map(deps_publish)
-                .collect();
+                let events: Vec<Value> =
+                    [meta.event(), json!({"type": "input", "text": req.text, "source": "request"})]
+                        .into_iter()
+                        .filter_map(|event| shared.registry.publish(&run_id, event))
+                        .collect();
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
                 shared.metrics.runs_started.fetch_add(1, Ordering::Relaxed);
                 // `run_meta` and `input` reach the ledger before the answer: a crash from here on still
                 // replays them, so a restarted or resumed run never loses (or repeats) its input.
-                let events: Vec<Value> = events.into_iter().map(|(_, e)| e).collect();
                 let appended = shared.storage.append(run_id.clone(), shared.gen.as_str().to_owned(), events.clone()).await;
                 let initial_events = match appended {
                     Ok(Ok(())) => Vec::new(),
@@ -516,12 +509,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
 }
 
 fn label_of(text: &str) -> String {
-    let line = text.lines().next().unwrap_or_default().trim();
-    let mut label: String = line.chars().take(LABEL_CHARS).collect();
-    if line.chars().count() > LABEL_CHARS {
-        label.push('…');
-    }
-    label
+    run::truncate_chars(text.lines().next().unwrap_or_default().trim(), LABEL_CHARS)
 }
 
 /// Refusal kinds are values: keep the import used for docs.

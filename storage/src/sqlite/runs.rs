@@ -204,6 +204,13 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
     Ok((summary, hex::encode(Sha256::digest(&full))))
 }
 
+/// Rows the policy keeps (a put's `retained`).
+fn retained(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
+    let mut p = Vec::new();
+    let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept(tx, policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p));
+    Ok(tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64)
+}
+
 /// Upsert `record` inside `tx`: the shared body of `put` (and of the ledger's `finish`).
 pub(crate) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
     if !is_valid_run_id(&record.head.id) {
@@ -212,10 +219,7 @@ pub(crate) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
     // A killed id takes no record ever again (SPEC §4.3 `kill`).
     if super::ledger::is_killed(tx, &record.head.id)? {
         let policy = read_policy(tx)?.policy;
-        let mut p = Vec::new();
-        let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept(tx, &policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p));
-        let retained = tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64;
-        return Ok(PutOutcome { stored: false, rewritten: false, retained });
+        return Ok(PutOutcome { stored: false, rewritten: false, retained: retained(tx, &policy, now_ms)? });
     }
     let mut stored_policy = read_policy(tx)?;
     if stored_policy.consider(proposal, now_ms) {
@@ -232,14 +236,9 @@ pub(crate) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
     let existing: Option<(bool, String)> = tx
         .query_row("SELECT provisional, digest FROM runs WHERE run_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    let retained = |tx: &Connection| -> Result<u64> {
-        let mut p = Vec::new();
-        let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept(tx, &policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p));
-        Ok(tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64)
-    };
     // The tombstone floor: a provisional write never replaces a final record.
     if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
-        return Ok(PutOutcome { stored: true, rewritten: false, retained: retained(tx)? });
+        return Ok(PutOutcome { stored: true, rewritten: false, retained: retained(tx, &policy, now_ms)? });
     }
     let (summary, digest) = encode(&record)?;
     let bytes = record.encoded_len() as i64;
@@ -286,7 +285,7 @@ pub(crate) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
     if !stored {
         delete_run(tx, id)?;
     }
-    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(tx)? })
+    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(tx, &policy, now_ms)? })
 }
 
 fn visible(tx: &Connection, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
