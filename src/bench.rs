@@ -47,7 +47,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn report(table: &[(&str, String)], line: Value) {
+pub(crate) fn report(table: &[(&str, String)], line: Value) {
     println!();
     for (k, v) in table {
         println!("  {k:<28} {v}");
@@ -173,7 +173,7 @@ async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) ->
             iteration: i + 1,
         };
         let t = Instant::now();
-        storage.durable_step(run.clone(), gen.clone(), i, vec![turn], record).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
+        storage.durable_step(run.clone(), gen.clone(), i, vec![turn], record, Vec::new()).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
         out.push(ms(t.elapsed()));
     }
     Ok(out)
@@ -395,27 +395,61 @@ fn sse(args: &BenchArgs) -> anyhow::Result<()> {
 
 /// Crash-to-resumed time over repeated crashes (same-host fast reclaim, then lease expiry), and duplicate
 /// executions of mutating calls (each `append_file` line must appear at most once).
+///
+/// The crashed run is found again in the live ledger or, once it has finished, in the store: a resumed
+/// run often finishes before its `resumed` note is flushed to the ledger, and the record is then the only
+/// place the note is (read at the current time, so retention does not hide it). Every child logs to
+/// `<data>/logs/`; when a mode fails its data dir is kept and the path printed.
 fn recovery(args: &BenchArgs) -> anyhow::Result<()> {
-    use crate::child::ChildServer;
     let n = args.n.unwrap_or(10);
     let exe = std::env::current_exe()?;
+    let mut results = Vec::new();
+    for (mode, env) in [
+        ("fast_reclaim", vec![]),
+        ("lease_expiry", vec![("SWITCHBOARD_LEDGER__LEASE_MS", "1000"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "250")]),
+    ] {
+        let dir = tempfile::Builder::new().prefix("switchboard-recovery-").tempdir()?;
+        match recovery_mode(&exe, dir.path(), mode, &env, n) {
+            Ok(duplicates) => results.push(duplicates),
+            Err(e) => {
+                let kept = dir.keep();
+                eprintln!("bench recovery ({mode}) failed; child logs kept in {}", kept.join("logs").display());
+                return Err(e.context(format!("recovery ({mode}); data dir kept at {}", kept.display())));
+            }
+        }
+    }
+    anyhow::ensure!(results.iter().all(|d| *d == 0), "a mutating call ran twice");
+    Ok(())
+}
+
+/// One mode of [`recovery`] on `data`: answers the duplicate mutating calls it counted.
+fn recovery_mode(exe: &Path, data: &Path, mode: &str, env: &[(&str, &str)], n: usize) -> anyhow::Result<usize> {
+    use crate::child::ChildServer;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let client = reqwest::Client::new();
+    let client = reqwest::Client::builder().no_proxy().build()?;
     let post = |p: &ChildServer, path: &str, body: Value| -> anyhow::Result<Value> {
         rt.block_on(async { Ok(client.post(p.url(path)).json(&body).send().await?.json::<Value>().await.unwrap_or(Value::Null)) })
     };
-    let live = |data: &Path, id: &str| -> Vec<Value> {
-        storage::SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal)
+    let mut started = 0;
+    let mut start = || -> anyhow::Result<ChildServer> {
+        started += 1;
+        ChildServer::start_logged(exe, data, env, Some(&data.join("logs").join(format!("child-{started:03}.log"))))
+    };
+    let db = data.join("switchboard.db");
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    // `None`: no live row (or the database could not be read this time).
+    let live = |id: &str| -> Option<Vec<Value>> {
+        storage::SqliteStore::open(&db, Synchronous::Normal)
             .ok()
             .and_then(|mut s| storage::ledger::RunLedger::live_events(&mut s, id, 0, 100_000).ok().flatten())
-            .unwrap_or_default()
     };
-    let finished = |data: &Path, id: &str| -> Vec<Value> {
-        storage::SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal)
+    // The final record's events (`None` while there is none, or only the provisional tombstone).
+    let finished = |id: &str| -> Option<Vec<Value>> {
+        storage::SqliteStore::open(&db, Synchronous::Normal)
             .ok()
-            .and_then(|mut s| storage::RunStore::get(&mut s, id, i64::MAX / 4).ok().flatten())
+            .and_then(|mut s| storage::RunStore::get(&mut s, id, now()).ok().flatten())
+            .filter(|r| !r.head.provisional)
             .map(|r| r.events)
-            .unwrap_or_default()
     };
     let wait = |what: &str, f: &mut dyn FnMut() -> bool| -> anyhow::Result<()> {
         let until = Instant::now() + Duration::from_secs(60);
@@ -425,62 +459,56 @@ fn recovery(args: &BenchArgs) -> anyhow::Result<()> {
         }
         Ok(())
     };
-    let mut results = Vec::new();
-    for (mode, env) in [
-        ("fast_reclaim", vec![]),
-        ("lease_expiry", vec![("SWITCHBOARD_LEDGER__LEASE_MS", "1000"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "250")]),
-    ] {
-        let dir = tempfile::tempdir()?;
-        let data = dir.path();
-        let mut times = Vec::new();
-        let mut ids = Vec::new();
-        let mut current = ChildServer::start(&exe, data, &env)?;
-        for i in 0..n {
-            let body = post(&current, "/api/messages", json!({"thread": format!("rec{i}"), "channel": "bench", "user": "u",
-                "text": "steps=6 ms=150 tool=append_file"}))?;
-            let id = body["runId"].as_str().context("runId")?.to_owned();
-            wait("a durable step", &mut || live(data, &id).iter().any(|e| e["type"] == "tool_result"))?;
-            let crashed_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
-            let mut old = current;
-            if mode == "fast_reclaim" {
-                post(&old, "/admin/crash", json!({}))?;
-                old.wait_exit(Duration::from_secs(10));
-            } else {
-                old.pause_outside_transaction(&data.join("switchboard.db"))?;
-            }
-            current = ChildServer::start(&exe, data, &env)?;
-            // Crash-to-resumed: the `resumed` note's own stamp, read back once the run is durable.
-            let mut resumed_at = None;
-            wait("the resumed note", &mut || {
-                resumed_at = live(data, &id).iter().chain(finished(data, &id).iter()).find(|e| e["type"] == "resumed").and_then(|e| e["at"].as_i64());
-                resumed_at.is_some()
-            })?;
-            times.push((resumed_at.unwrap_or(crashed_at) - crashed_at) as f64);
-            drop(old);
-            ids.push(id);
+    let mut times = Vec::new();
+    let mut ids = Vec::new();
+    let mut current = start()?;
+    for i in 0..n {
+        let body = post(&current, "/api/messages", json!({"thread": format!("rec{i}"), "channel": "bench", "user": "u",
+            "text": "steps=6 ms=150 tool=append_file"}))?;
+        let id = body["runId"].as_str().with_context(|| format!("runId in {body}"))?.to_owned();
+        wait(&format!("a durable step of run {id}"), &mut || {
+            live(&id).is_some_and(|events| events.iter().any(|e| e["type"] == "tool_result"))
+        })?;
+        let crashed_at = now();
+        let mut old = current;
+        if mode == "fast_reclaim" {
+            post(&old, "/admin/crash", json!({}))?;
+            old.wait_exit(Duration::from_secs(10));
+        } else {
+            old.pause_outside_transaction(&db)?;
         }
-        // Let every run finish, then count duplicated mutating effects.
-        let mut duplicates = 0;
-        for id in &ids {
-            wait("the run to finish", &mut || live(data, id).is_empty())?;
-            let log = std::fs::read_to_string(data.join("workspaces").join(id).join("steps.log")).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let unique: std::collections::HashSet<&&str> = lines.iter().collect();
-            duplicates += lines.len() - unique.len();
-        }
-        let s = summarize(times);
-        report(
-            &[
-                ("scenario", format!("recovery ({mode}, {n} crashes)")),
-                ("crash-to-resumed p50 / p99 / max", format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max)),
-                ("duplicate mutating calls", duplicates.to_string()),
-            ],
-            json!({"scenario": "recovery", "mode": mode, "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99,
-                "max_ms": s.max, "n": n, "concurrency": 1, "duplicates": duplicates,
-                "lease_ms": if mode == "fast_reclaim" { 30000 } else { 1000 }}),
-        );
-        results.push(duplicates);
+        current = start()?;
+        // Crash-to-resumed: the `resumed` note's own stamp, read back once the run is durable.
+        let mut resumed_at = None;
+        wait(&format!("the resumed note of run {id}"), &mut || {
+            let note = |events: Vec<Value>| events.into_iter().find(|e| e["type"] == "resumed").and_then(|e| e["at"].as_i64());
+            resumed_at = live(&id).and_then(note).or_else(|| finished(&id).and_then(note));
+            resumed_at.is_some()
+        })?;
+        times.push((resumed_at.unwrap_or(crashed_at) - crashed_at) as f64);
+        drop(old);
+        ids.push(id);
     }
-    anyhow::ensure!(results.iter().all(|d| *d == 0), "a mutating call ran twice");
-    Ok(())
+    // Let every run finish, then count duplicated mutating effects.
+    let mut duplicates = 0;
+    for id in &ids {
+        wait(&format!("run {id} to finish"), &mut || finished(id).is_some() && live(id).is_none())?;
+        let log = std::fs::read_to_string(data.join("workspaces").join(id).join("steps.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let unique: std::collections::HashSet<&&str> = lines.iter().collect();
+        duplicates += lines.len() - unique.len();
+    }
+    drop(current);
+    let s = summarize(times);
+    report(
+        &[
+            ("scenario", format!("recovery ({mode}, {n} crashes)")),
+            ("crash-to-resumed p50 / p99 / max", format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max)),
+            ("duplicate mutating calls", duplicates.to_string()),
+        ],
+        json!({"scenario": "recovery", "mode": mode, "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99,
+            "max_ms": s.max, "n": n, "concurrency": 1, "duplicates": duplicates,
+            "lease_ms": if mode == "fast_reclaim" { 30000 } else { 1000 }}),
+    );
+    Ok(duplicates)
 }

@@ -236,11 +236,13 @@ pub struct DeliveryConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PlanConfig {
     pub max_concurrent: u32,
+    /// The invocation timeout: a suggestion still running after it is settled `failed (timeout)`.
+    pub timeout_ms: u64,
 }
 
 impl Default for PlanConfig {
     fn default() -> Self {
-        PlanConfig { max_concurrent: 4 }
+        PlanConfig { max_concurrent: 4, timeout_ms: 600_000 }
     }
 }
 
@@ -367,6 +369,9 @@ impl Config {
         }
         if self.plan.max_concurrent == 0 {
             return Err(self.bad("plan.max_concurrent", "must be positive"));
+        }
+        if self.plan.timeout_ms == 0 {
+            return Err(self.bad("plan.timeout_ms", "must be positive"));
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! - `main.rs`: the CLI (clap), tracing, signal handling.
 
 pub mod bench;
+pub mod chaos;
 pub mod child;
 pub mod cli;
 pub mod config;
@@ -49,6 +50,7 @@ pub struct Running {
     pub registry: Registry,
     pub history: HistoryWriter,
     pub plans: actors::plan::PlanHandle,
+    pub metrics: Arc<actors::metrics::Metrics>,
     /// Notified by `POST /admin/drain`: the process drains and exits.
     pub shutdown: Arc<tokio::sync::Notify>,
     drain: DrainSettings,
@@ -198,6 +200,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         draining: draining.clone(),
         metrics: metrics.clone(),
         operations: operations.clone(),
+        restart_policy: Default::default(),
     }));
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
     let report = supervisor
@@ -215,9 +218,14 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     );
     let plans = actors::plan::PlanHandle::spawn(
         storage.clone(),
+        generation.clone(),
         Arc::new(actors::plan::AgentPlanProvider::new(supervisor.clone(), registry.clone(), None)),
         Arc::new(actors::plan::TokioTimer),
-        actors::plan::PlanSettings { max_concurrent: config.plan.max_concurrent as usize, ..Default::default() },
+        actors::plan::PlanSettings {
+            max_concurrent: config.plan.max_concurrent as usize,
+            timeout: Duration::from_millis(config.plan.timeout_ms),
+            lease: Duration::from_millis(config.ledger.lease_ms),
+        },
     );
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let state = web::AppState {
@@ -232,7 +240,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         public_base_url: config.server.public_base_url.clone(),
         runs: actors::runs_service::RunsService::new(registry.clone(), storage.clone(), generation.clone(), clock.clone()),
         shutdown: shutdown.clone(),
-        metrics,
+        metrics: metrics.clone(),
         history: history.clone(),
         plans: plans.clone(),
     };
@@ -251,7 +259,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         deadline: Duration::from_millis(config.drain.deadline_ms),
         handoff_budget: Duration::from_millis(config.drain.handoff_budget_ms),
     };
-    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, plans, shutdown, drain, server: handle, task })
+    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, plans, metrics, shutdown, drain, server: handle, task })
 }
 
 /// Run one message through `running` as `switchboard ask` does: thread `cli:<uuid>`, visibility

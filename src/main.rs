@@ -25,6 +25,8 @@ enum Command {
     Runs(switchboard::cli::RunsArgs),
     /// Measure: `steps`, `runs`, `sse`, `recovery`, `idle` or `all` (SPEC §11).
     Bench(switchboard::bench::BenchArgs),
+    /// Kill-test: clients admit and steer while processes crash, pause and drain; then verify (SPEC §11).
+    Chaos(switchboard::chaos::ChaosArgs),
     /// Run one message in-process and print the answer once its record has landed.
     Ask {
         /// The message text (directives like `steps=3` drive the scripted demo agent).
@@ -51,6 +53,7 @@ fn main() -> std::process::ExitCode {
         Command::Ask { text, agent, config } => ask(text, agent, config),
         Command::Runs(args) => switchboard::cli::run(args),
         Command::Bench(args) => switchboard::bench::run(args),
+        Command::Chaos(args) => switchboard::chaos::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -174,7 +174,41 @@ fn crash_while_a_tool_is_in_flight_never_reruns_the_mutating_call() {
     assert_contiguous(&record);
     let resumed = record.events.iter().find(|e| e["type"] == "resumed").expect("resumed");
     assert_eq!(resumed["settled"][0]["how"], "effects_unknown", "{resumed}");
+    // The settlement is visible: a tool_result for that call, marked effects-unknown.
+    let call_id = resumed["settled"][0]["callId"].clone();
+    let settled = record.events.iter().find(|e| e["type"] == "tool_result" && e["callId"] == call_id && e["effectsUnknown"] == true);
+    assert!(settled.is_some_and(|e| e["ok"] == false), "{:?}", record.events);
     assert_no_duplicate_lines(&workspace_lines(&data, &run_id));
+}
+
+#[test]
+fn a_followup_a_step_consumed_keeps_its_one_input_event_across_a_kill() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let run_id = post_run(&a, "t1", "steps=8 ms=300 tool=append_file");
+    wait_for("a call in flight", || (count(&live_events(&data, &run_id), "tool_call") >= 1).then_some(()));
+    for n in 1..=3 {
+        let (status, body) = http(|c| {
+            c.post(a.url("/api/messages")).json(&json!({"thread": "t1", "channel": "k", "user": "u", "text": format!("followup-{n}")}))
+        });
+        assert_eq!((status, body["outcome"].as_str()), (202, Some("steered")), "{body}");
+    }
+    // The moment a step record says the follow-ups were consumed, kill -9: their input events committed
+    // with that step, whatever the flusher had not written yet.
+    wait_for("a step consuming the follow-ups", || {
+        db(&data).last_step(&run_id).unwrap().and_then(|s| s.inbox_consumed_seq).filter(|&seq| seq >= 3)
+    });
+    a.signal("-KILL");
+    a.wait_exit(Duration::from_secs(10));
+    let _b = Proc::start(&data, &[]);
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::Completed);
+    for n in 1..=3 {
+        let text = format!("followup-{n}");
+        let inputs = record.events.iter().filter(|e| e["type"] == "input" && e["text"] == text.as_str()).count();
+        assert_eq!(inputs, 1, "{text} has exactly one input event: {:?}", record.events);
+    }
+    assert_eq!(count(&record.events, "resumed"), 1);
 }
 
 #[test]
@@ -226,14 +260,15 @@ fn crash_while_attaching_restarts_from_the_request_with_the_same_id_and_start() 
 fn sigterm_hands_a_resumable_run_off_and_the_next_process_resumes_it_at_once() {
     let (_dir, data) = tempdir();
     let mut a = Proc::start(&data, &[]);
-    let run_id = post_run(&a, "t1", "steps=6 ms=400");
-    wait_for("a step", || (count(&live_events(&data, &run_id), "tool_result") >= 1).then_some(()));
+    let run_id = post_run(&a, "t1", "steps=6 ms=400 tool=append_file");
+    // SIGTERM lands while a mutating call is in flight: it finishes and its result commits first.
+    wait_for("a call in flight", || (count(&live_events(&data, &run_id), "tool_call") >= 2).then_some(()));
     let sent = Instant::now();
     a.signal("-TERM");
     let code = a.wait_exit(Duration::from_secs(6) + Duration::from_secs(3));
     assert_eq!(code, Some(0), "a drained process exits 0");
     eprintln!("drain took {} ms", sent.elapsed().as_millis());
-    assert!(a.logged("handed off resumable runs"), "the old process logs the handoff");
+    assert!(a.logged("handed off at a step boundary"), "the run reached its step boundary before the handoff");
     // The handed-off row is taken at once (its lease is still current).
     let row = db(&data).get_live(&run_id).unwrap().expect("the row waits for the next process");
     assert_eq!(row.phase, storage::ledger::Phase::Handoff);
@@ -244,6 +279,12 @@ fn sigterm_hands_a_resumable_run_off_and_the_next_process_resumes_it_at_once() {
     assert_eq!(record.head.status, RunStatus::Completed);
     assert_contiguous(&record);
     assert_eq!(count(&record.events, "resumed"), 1);
+    // Nothing was in flight at the handoff: nothing settled effects-unknown, every line written once.
+    let resumed = record.events.iter().find(|e| e["type"] == "resumed").unwrap();
+    assert_eq!(resumed["settled"], json!([]), "{resumed}");
+    assert!(!record.events.iter().any(|e| e["effectsUnknown"] == true));
+    let lines: Vec<String> = (1..=6).map(|n| format!("step {n}")).collect();
+    assert_eq!(workspace_lines(&data, &run_id), lines);
 }
 
 #[test]

@@ -67,3 +67,77 @@ async fn a_suggestion_is_published_as_cards_and_an_import_makes_it_stale_history
     assert_eq!(status, 400);
     assert!(bad["message"].as_str().unwrap().contains("revision"), "{bad}");
 }
+
+#[actix_web::test]
+async fn a_suggestion_running_past_the_configured_timeout_fails_with_reason_timeout() {
+    let app = TestApp::spawn_with(|c| c.plan.timeout_ms = 300).await;
+    post(&app, "/api/plans/p1/import", json!({"snapshotId": "s1"})).await;
+    // An agent run that would sleep ten minutes in its first tool call.
+    let (status, started) =
+        post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"})).await;
+    assert_eq!(status, 202, "{started}");
+    let path = format!("/api/plans/p1/suggestions/{}", started["requestId"].as_str().unwrap());
+    let failed = support::wait_until(std::time::Duration::from_secs(30), || {
+        let (app, path) = (&app, path.clone());
+        async move {
+            let (_, v) = get(app, &path).await;
+            (v["state"] == "failed").then_some(v)
+        }
+    })
+    .await
+    .expect("the request never failed");
+    assert_eq!(failed["reason"], "timeout", "{failed}");
+    assert_eq!(failed["diagnostic"], "timed out after 300 ms", "{failed}");
+}
+
+#[test]
+fn plan_timeout_ms_defaults_to_ten_minutes_and_must_be_positive() {
+    let parse = |text: &str| switchboard::Config::parse("test.toml", text, Vec::new());
+    assert_eq!(parse("").expect("defaults").plan.timeout_ms, 600_000);
+    assert_eq!(parse("[plan]\ntimeout_ms = 1500\n").expect("set").plan.timeout_ms, 1500);
+    let e = parse("[plan]\ntimeout_ms = 0\n").unwrap_err().to_string();
+    assert!(e.contains("plan.timeout_ms"), "{e}");
+}
+
+/// A blocking HTTP call on a throwaway runtime (the child-process test has no runtime of its own).
+fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let res = f(&reqwest::Client::new()).send().await.expect("request");
+                let status = res.status().as_u16();
+                (status, res.json().await.unwrap_or(Value::Null))
+            })
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// SPEC §9 "Crashes": a process killed mid-suggestion (`/admin/crash`: exit 137, no drain) leaves its
+/// request pending; the next process settles it `failed (interrupted)` at boot and admits the plan again.
+#[test]
+fn a_suggestion_of_a_crashed_process_is_settled_interrupted_by_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_switchboard"));
+    let mut a = switchboard::child::ChildServer::start(exe, dir.path(), &[]).expect("start the first process");
+    let (status, _) = http(|c| c.post(a.url("/api/plans/p1/import")).json(&json!({"snapshotId": "s1"})));
+    assert_eq!(status, 201);
+    let start = json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"});
+    let (status, started) = http(|c| c.post(a.url("/api/plans/p1/suggestions")).json(&start));
+    assert_eq!(status, 202, "{started}");
+    let rid = started["requestId"].as_str().unwrap().to_owned();
+    let path = format!("/api/plans/p1/suggestions/{rid}");
+    let (status, _) = http(|c| c.post(a.url("/admin/crash")));
+    assert_eq!(status, 202);
+    assert_eq!(a.wait_exit(std::time::Duration::from_secs(10)), Some(137));
+
+    let b = switchboard::child::ChildServer::start(exe, dir.path(), &[]).expect("start the next process");
+    let (_, row) = http(|c| c.get(b.url(&path)));
+    assert_eq!((row["state"].as_str(), row["reason"].as_str()), (Some("failed"), Some("interrupted")), "{row}");
+    assert!(row["diagnostic"].as_str().is_some_and(|d| d.contains("gone")), "{row}");
+    let (status, again) = http(|c| c.post(b.url("/api/plans/p1/suggestions")).json(&start));
+    assert_eq!(status, 202, "{again}");
+    assert_ne!(again["requestId"].as_str(), Some(rid.as_str()));
+}

@@ -54,7 +54,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use rand::Rng;
-use storage::ledger::{Outcome, Refusal, RunLedger};
+use storage::ledger::{Outcome, Refusal, Successor};
 use storage::record::{RunListItem, RunRecord};
 use storage::store::{PolicyProposal, PutOutcome};
 use storage::StorageHandle;
@@ -146,6 +146,7 @@ pub trait HistorySink: Send + Sync + 'static {
         gen: String,
         record: RunRecord,
         proposal: Option<PolicyProposal>,
+        successor: Option<Successor>,
     ) -> BoxFuture<'static, Result<Outcome<PutOutcome>, SinkError>>;
 
     /// Read back the stored listing row (reconciling an uncertain write). Must observe any write whose
@@ -169,17 +170,10 @@ impl HistorySink for StorageHandle {
         gen: String,
         record: RunRecord,
         proposal: Option<PolicyProposal>,
+        successor: Option<Successor>,
     ) -> BoxFuture<'static, Result<Outcome<PutOutcome>, SinkError>> {
         let handle = self.clone();
-        Box::pin(async move {
-            handle
-                .transact(move |backend, now| {
-                    let run_id = record.head.id.clone();
-                    RunLedger::finish(backend, &run_id, &gen, &record, proposal.as_ref(), now)
-                })
-                .await
-                .map_err(SinkError::from)
-        })
+        Box::pin(async move { handle.finish(gen, record, proposal, successor).await.map_err(SinkError::from) })
     }
 
     fn read_back(&self, id: String) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>> {
@@ -194,8 +188,8 @@ pub enum Via {
     /// A plain store put (the tombstone, drain writes, a fallback).
     Store,
     /// The ledger's `finish` under this generation: the record lands and the live row goes in one
-    /// transaction.
-    Ledger { gen: String },
+    /// transaction, which also admits the `successor` run for unread follow-ups (SPEC §5.2 step 8).
+    Ledger { gen: String, successor: Option<Successor> },
 }
 
 impl Via {
@@ -409,7 +403,7 @@ impl HistoryWriter {
             provisional,
             via = via.kind(),
         );
-        if let Via::Ledger { gen } = &via {
+        if let Via::Ledger { gen, .. } = &via {
             span.record("generation", gen.as_str());
         }
         let entered = span.enter();
@@ -542,7 +536,9 @@ impl Inner {
     async fn send(&self, record: &RunRecord, via: &Via) -> Result<Outcome<PutOutcome>, SinkError> {
         match via {
             Via::Store => self.sink.put(record.clone(), self.proposal).await.map(Ok),
-            Via::Ledger { gen } => self.sink.finish(gen.clone(), record.clone(), self.proposal).await,
+            Via::Ledger { gen, successor } => {
+                self.sink.finish(gen.clone(), record.clone(), self.proposal, successor.clone()).await
+            }
         }
     }
 
@@ -782,6 +778,7 @@ mod tests {
             gen: String,
             record: RunRecord,
             _: Option<PolicyProposal>,
+            _: Option<Successor>,
         ) -> BoxFuture<'static, Result<Outcome<PutOutcome>, SinkError>> {
             self.log(Call::Finish(gen, record));
             let answer = self.finishes.lock().unwrap().pop_front().unwrap_or(Answer::Now(Ok(Ok(STORED))));
@@ -1053,7 +1050,7 @@ mod tests {
         let w = writer(&sink);
         let r = record("r1", false);
 
-        let outcome = w.write(r.clone(), Via::Ledger { gen: "g1".into() }).landed().await;
+        let outcome = w.write(r.clone(), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
 
         assert_eq!(outcome, WriteOutcome::Landed(STORED));
         assert_eq!(sink.calls(), vec![Call::Finish("g1".into(), r.clone()), Call::Put(r)]);
@@ -1066,7 +1063,7 @@ mod tests {
         let w = writer(&sink);
         let r = record("r1", false);
 
-        assert_eq!(w.write(r.clone(), Via::Ledger { gen: "g1".into() }).landed().await, WriteOutcome::Landed(STORED));
+        assert_eq!(w.write(r.clone(), Via::Ledger { gen: "g1".into(), successor: None }).landed().await, WriteOutcome::Landed(STORED));
         assert_eq!(sink.calls(), vec![Call::Finish("g1".into(), r)]);
     }
 
@@ -1077,7 +1074,7 @@ mod tests {
         let w = writer(&sink);
         let r = record("r1", false);
 
-        let outcome = w.write(r.clone(), Via::Ledger { gen: "g1".into() }).landed().await;
+        let outcome = w.write(r.clone(), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
 
         assert_eq!(outcome, WriteOutcome::Fenced);
         assert!(!outcome.is_landed());
@@ -1160,7 +1157,7 @@ mod tests {
         // The tombstone first, then the final record through the ledger; the run has no live row.
         let tomb = w.write(record("r1", true), Via::Store).landed().await;
         assert!(tomb.is_landed(), "{tomb:?}");
-        let fin = w.write(record("r1", false), Via::Ledger { gen: "g1".into() }).landed().await;
+        let fin = w.write(record("r1", false), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
 
         assert!(matches!(fin, WriteOutcome::Landed(PutOutcome { stored: true, rewritten: true, .. })), "{fin:?}");
         assert_eq!(handle.get("r1".into()).await.expect("get"), Some(record("r1", false)));

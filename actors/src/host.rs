@@ -14,12 +14,22 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// A process's start time as `/proc/<pid>/stat` field 22 reports it (tells a reused pid apart).
+/// A running process's start time as `/proc/<pid>/stat` field 22 reports it (tells a reused pid
+/// apart). `None` for no such process, and for a zombie (state `Z` or `X`): it has exited, its parent
+/// just has not reaped it yet, so it holds nothing (PITFALLS: processes).
 pub fn proc_start(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start(&stat)
+}
+
+fn parse_start(stat: &str) -> Option<String> {
     // The command name (field 2) may hold spaces; the fields after its closing parenthesis are plain.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19).map(str::to_owned)
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?;
+    if matches!(state, "Z" | "X" | "x") {
+        return None;
+    }
+    fields.nth(18).map(str::to_owned)
 }
 
 /// This process as the `generations` table records it.
@@ -42,6 +52,31 @@ pub fn is_gone(info: &GenerationInfo) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombie_has_no_start_time_so_it_is_dead() {
+        let running = "4242 (my (odd) cmd) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start(running).as_deref(), Some("987654"));
+        let zombie = running.replace(") S ", ") Z ");
+        assert_eq!(parse_start(&zombie), None);
+    }
+
+    #[test]
+    fn an_exited_child_not_yet_reaped_is_gone() {
+        let mut child = std::process::Command::new("sleep").arg("0.2").spawn().expect("spawn sleep");
+        let pid = child.id();
+        let start = proc_start(pid).expect("running");
+        // Wait until it has exited (a zombie: its /proc entry stays until we reap it).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+            assert!(std::time::Instant::now() < deadline, "the child never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let info = GenerationInfo { gen: "g".into(), host: hostname(), pid, proc_start: start, started_at: 0 };
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "still unreaped");
+        assert!(is_gone(&info));
+        child.wait().expect("reap");
+    }
 
     #[test]
     fn this_process_is_alive_and_a_vanished_pid_or_reused_pid_is_gone() {

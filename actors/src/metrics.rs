@@ -20,6 +20,7 @@ pub struct Metrics {
     ledger_writes: Mutex<BTreeMap<String, u64>>,
     ledger_refusals: Mutex<BTreeMap<String, u64>>,
     reclaims: Mutex<BTreeMap<String, u64>>,
+    restarts: Mutex<BTreeMap<String, u64>>,
 }
 
 fn bump(map: &Mutex<BTreeMap<String, u64>>, label: &str, by: u64) {
@@ -68,6 +69,17 @@ impl Metrics {
         }
     }
 
+    /// A run actor failed and the supervisor re-adopts (or closes) its run; `reason` is
+    /// `panicked` or `storage_lost`.
+    pub fn run_restart(&self, reason: &str) {
+        bump(&self.restarts, reason, 1);
+    }
+
+    /// Run actors that failed, by reason.
+    pub fn restarts(&self, reason: &str) -> u64 {
+        self.restarts.lock().unwrap_or_else(|p| p.into_inner()).get(reason).copied().unwrap_or(0)
+    }
+
     pub fn render(&self, observed: Observed) -> String {
         let mut out = String::new();
         single(&mut out, "switchboard_runs_started_total", "Runs started in this process.", "counter", self.runs_started.load(Ordering::Relaxed));
@@ -78,6 +90,7 @@ impl Metrics {
         labelled(&mut out, "switchboard_ledger_refusals_total", "Ledger refusals, by kind.", "kind", &self.ledger_refusals);
         single(&mut out, "switchboard_fences_total", "Runs this process found fenced by another generation.", "counter", self.fences.load(Ordering::Relaxed));
         labelled(&mut out, "switchboard_reclaims_total", "Reclaimed rows, by outcome.", "outcome", &self.reclaims);
+        labelled(&mut out, "switchboard_run_restarts_total", "Run actors that failed and were re-adopted or closed, by reason.", "reason", &self.restarts);
         single(&mut out, "switchboard_history_write_failures_total", "Record writes lost after retries.", "counter", observed.history_write_failures);
         single(&mut out, "switchboard_event_batch_failures_total", "Event batches the ledger refused or could not take.", "counter", self.event_batch_failures.load(Ordering::Relaxed));
         single(&mut out, "switchboard_sse_subscribers", "Live event subscribers.", "gauge", observed.sse_subscribers);

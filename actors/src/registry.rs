@@ -176,6 +176,9 @@ impl Registry {
         entry.last_seq += 1;
         event["seq"] = json!(entry.last_seq);
         event["at"] = json!(now);
+        // No event over 64 KiB is ever published: its text is capped here, the full text stays in the
+        // request and the transcript (SPEC §4.3 `append`).
+        let event = storage::record::cap_event_for_publish(event);
         entry.row.event_count = entry.last_seq;
         Self::store(entry, event.clone(), self.backlog_limit);
         entry.subscribers.retain(|s| match s.try_send(event.clone()) {
@@ -322,6 +325,22 @@ mod tests {
         let (backlog, _rx, _) = r.subscribe("r", 2).unwrap();
         assert_eq!(backlog.len(), 1);
         assert_eq!(r.publish("r", json!({"type": "resumed"})).unwrap()["seq"], 1007);
+    }
+
+    #[test]
+    fn an_oversized_event_is_capped_when_published_and_a_small_one_is_untouched() {
+        let r = Registry::new(Arc::new(ManualClock::new(0)));
+        r.create("r", meta(), 0, "t".into(), vec![], 1);
+        let big = r.publish("r", json!({"type": "input", "text": "é".repeat(100_000), "source": "request"})).unwrap();
+        let bytes = big.to_string().len();
+        assert!(bytes <= storage::record::MAX_EVENT_BYTES && bytes > storage::record::MAX_EVENT_BYTES - 16, "{bytes}");
+        assert_eq!(big["truncated"], true);
+        assert!(big["text"].as_str().unwrap().ends_with('…'));
+        let small = r.publish("r", json!({"type": "input", "text": "hi"})).unwrap();
+        assert_eq!((small["text"].as_str(), small.get("truncated")), (Some("hi"), None));
+        // What subscribers and the backlog hold is the capped event.
+        let (backlog, _rx, _) = r.subscribe("r", 0).unwrap();
+        assert_eq!(backlog[0], big);
     }
 
     #[test]

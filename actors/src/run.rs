@@ -30,7 +30,7 @@ use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use storage::ledger::decisions::{self, ResumePoint, Settlement};
-use storage::ledger::{InFlight, InboxItem, LiveRow, Promotion, Refusal, StepRecord, StopMode, Turn};
+use storage::ledger::{InFlight, InboxItem, LiveRow, Promotion, Refusal, StepRecord, StopMode, Successor, Turn};
 use storage::record::{fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES};
 use storage::{Clock, Generation, StorageHandle};
 use tokio::sync::watch;
@@ -46,8 +46,9 @@ use crate::tools::{ToolContext, Toolbox};
 const SUMMARY_CHARS: usize = 200;
 /// Retry delays of the promotion claim (SPEC §5.5).
 const CLAIM_RETRIES: [Duration; 2] = [Duration::from_millis(200), Duration::from_millis(800)];
-/// Retry delay of a step or state write (SPEC §5.5).
+/// First retry delay of a step, state or finishing write (SPEC §5.5), doubling up to the next.
 const WRITE_RETRY: Duration = Duration::from_millis(200);
+const MAX_WRITE_RETRY: Duration = Duration::from_secs(5);
 
 /// An admitted message, as saved in `meta.request` and replayed by a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +107,8 @@ pub struct Control {
     pub stop: Option<StopMode>,
     /// Another generation owns the run (or this process handed it off): abort and say nothing more.
     pub fenced: bool,
+    /// The process drains: hand the run off at its next step boundary (SPEC §6.4).
+    pub drain: bool,
 }
 
 impl Control {
@@ -139,13 +142,12 @@ pub enum Launch {
         meta: RunMeta,
         request: Request,
         started_at: i64,
-        /// `run_meta` and `input`, already in the registry, still to reach the ledger.
-        initial_events: Vec<Value>,
     },
     /// Continue a row this generation owns from its transcript (SPEC §6.2).
     Resume(Adoption),
-    /// Re-run an `attaching` row from its saved request under the same id and start (SPEC §6.3).
-    Restart { row: LiveRow, events: Vec<Value>, from_gen: String },
+    /// Re-run an `attaching` row from its saved request under the same id and start (SPEC §6.3); with
+    /// `from_gen: None`, a successor run a finish admitted here, started for the first time.
+    Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
 }
 
 /// What a resume adopts.
@@ -163,8 +165,11 @@ pub struct Adoption {
 pub enum StopReason {
     Finished(RunStatus),
     Fenced,
-    /// Finishing could not be confirmed: the row stays for a later generation.
-    LeftForLater,
+    /// Handed to the next generation at a step boundary by a drain.
+    HandedOff,
+    /// Storage stayed unavailable past `lease_ms` (SPEC §5.2 step 7): the supervisor re-adopts the row at
+    /// the first sweep that storage answers.
+    StorageLost,
     HardStopped,
     Panicked(String),
 }
@@ -174,9 +179,9 @@ pub enum StopReason {
 pub struct RunEnded {
     pub run_id: String,
     pub reason: StopReason,
-    /// Follow-ups that arrived after the last step: the supervisor starts ONE fresh run with them.
-    pub leftover: Vec<InboxItem>,
-    pub thread_key: String,
+    /// The successor run the finish admitted here for follow-ups this run never read (its `attaching` row
+    /// and first events): the supervisor launches it.
+    pub successor: Option<(LiveRow, Vec<Value>)>,
 }
 
 /// This process handed the run to the next generation (drain), or the run was killed: stop at once,
@@ -207,7 +212,6 @@ pub struct StopRequest {
 
 pub struct RunActor {
     id: String,
-    thread_key: String,
     deps: RunDeps,
     launch: Option<Launch>,
     control: watch::Sender<Control>,
@@ -216,12 +220,12 @@ pub struct RunActor {
 
 impl RunActor {
     pub fn new(deps: RunDeps, launch: Launch) -> Self {
-        let (id, thread_key) = match &launch {
-            Launch::Fresh { id, meta, .. } => (id.clone(), meta.thread_key.clone()),
-            Launch::Resume(a) => (a.row.run_id.clone(), a.row.thread_key.clone()),
-            Launch::Restart { row, .. } => (row.run_id.clone(), row.thread_key.clone()),
+        let id = match &launch {
+            Launch::Fresh { id, .. } => id.clone(),
+            Launch::Resume(a) => a.row.run_id.clone(),
+            Launch::Restart { row, .. } => row.run_id.clone(),
         };
-        RunActor { id, thread_key, deps, launch: Some(launch), control: watch::channel(Control::default()).0, announced: Vec::new() }
+        RunActor { id, deps, launch: Some(launch), control: watch::channel(Control::default()).0, announced: Vec::new() }
     }
 
     pub fn id(&self) -> &str {
@@ -257,7 +261,7 @@ impl Actor for RunActor {
         let task = drive(self.deps.clone(), launch, self.control.subscribe());
         let task = tracing::Instrument::instrument(AssertUnwindSafe(task).catch_unwind(), span);
         ctx.spawn(task.into_actor(self).map(|result, act, ctx| {
-            let (reason, leftover) = match result {
+            let (reason, successor) = match result {
                 Ok(end) => end,
                 Err(panic) => {
                     let what = panic
@@ -266,20 +270,27 @@ impl Actor for RunActor {
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "unknown panic".into());
                     tracing::error!(run_id = %act.id, generation = act.deps.gen.as_str(), "run panicked");
-                    (StopReason::Panicked(what), Vec::new())
+                    (StopReason::Panicked(what), None)
                 }
             };
-            if !matches!(reason, StopReason::Panicked(_)) {
-                act.deps.heartbeat.do_send(Untrack(act.id.clone()));
-            }
-            act.deps.on_ended.do_send(RunEnded {
-                run_id: act.id.clone(),
-                reason,
-                leftover,
-                thread_key: act.thread_key.clone(),
-            });
+            // The heartbeat never renews a run whose actor is gone; a re-adoption tracks it again.
+            act.deps.heartbeat.do_send(Untrack(act.id.clone()));
+            act.deps.on_ended.do_send(RunEnded { run_id: act.id.clone(), reason, successor });
             ctx.stop();
         }));
+    }
+}
+
+/// The process drains: hand the run off at its next step boundary.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct DrainRun;
+
+impl Handler<DrainRun> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: DrainRun, _ctx: &mut Context<Self>) {
+        self.control.send_modify(|c| c.drain = true);
     }
 }
 
@@ -341,6 +352,10 @@ enum Ending {
     Failed(String),
     Stopped(StopMode),
     Fenced,
+    /// Storage stayed unavailable past the lease.
+    StorageLost,
+    /// Handed to the next generation at a step boundary (drain).
+    HandedOff,
 }
 
 /// The state of a running run's task.
@@ -364,6 +379,9 @@ struct Run {
     inbox_consumed: Option<u64>,
     /// The previous step's results turn (or follow-ups), written with the next assistant turn.
     pending: Option<Turn>,
+    /// Events committed with the next durable step, not by the flusher: the `input` events of the
+    /// follow-ups folded into `pending` and the step's `assistant` event (SPEC §5.2 step 5).
+    step_events: Vec<Value>,
     last_text: String,
     workspace: PathBuf,
     model_ms: u64,
@@ -372,24 +390,27 @@ struct Run {
     tool_calls: u64,
 }
 
-/// Drive a run to its end. Answers why it ended and any follow-ups left unread.
-async fn drive(deps: RunDeps, launch: Launch, control: watch::Receiver<Control>) -> (StopReason, Vec<InboxItem>) {
+/// How a run's task ended: why, and the successor run its finish admitted here, if any.
+type Ended = (StopReason, Option<(LiveRow, Vec<Value>)>);
+
+/// Drive a run to its end.
+async fn drive(deps: RunDeps, launch: Launch, control: watch::Receiver<Control>) -> Ended {
     match launch {
-        Launch::Fresh { id, meta, request, started_at, initial_events } => {
-            for event in initial_events {
-                deps.flusher.do_send(Push { run_id: id.clone(), gen: deps.gen.as_str().to_owned(), event });
-            }
-            fresh(deps, id, meta, request, started_at, control).await
-        }
+        Launch::Fresh { id, meta, request, started_at } => fresh(deps, id, meta, request, started_at, control).await,
         Launch::Resume(adoption) => resume(deps, adoption, control).await,
         Launch::Restart { row, events, from_gen } => restart(deps, row, events, from_gen, control).await,
     }
 }
 
 /// Resolves once the control asks for an abort (hard stop or fence); never otherwise.
-async fn aborted(mut control: watch::Receiver<Control>) {
+async fn aborted(control: watch::Receiver<Control>) {
+    until(control, Control::aborts).await
+}
+
+/// Resolves once `what` holds of the control; never otherwise.
+async fn until(mut control: watch::Receiver<Control>, what: fn(&Control) -> bool) {
     loop {
-        if control.borrow_and_update().aborts() {
+        if what(&control.borrow_and_update()) {
             return;
         }
         if control.changed().await.is_err() {
@@ -405,6 +426,15 @@ impl Run {
 
     fn publish(&self, event: Value) {
         publish(&self.deps, &self.id, event, self.tracking == Tracking::Tracked);
+    }
+
+    /// Publish to the live view now and to the ledger with the next durable step.
+    fn publish_in_step(&mut self, event: Value) {
+        if let Some(stamped) = publish(&self.deps, &self.id, event, false) {
+            if self.tracking == Tracking::Tracked {
+                self.step_events.push(stamped);
+            }
+        }
     }
 
     fn note(&self, kind: &str, summary: &str) {
@@ -485,60 +515,81 @@ impl Run {
         }
     }
 
-    /// Write this step's record alone (retried once after 200 ms).
-    async fn write_step(&mut self, calls: &[ToolCall]) {
-        self.write_durable_step(Vec::new(), calls).await;
-    }
-
-    /// Write this step's transcript turns and then its record with the calls in flight, in one commit
-    /// (retried once after 200 ms): the record is never durable without its turns, and the tools run
-    /// only after both are.
-    async fn write_durable_step(&mut self, new: Vec<Turn>, calls: &[ToolCall]) {
+    /// Write this step's transcript turns, its events and then its record with the calls in flight, in
+    /// one commit: the record is never durable without its turns, and the tools run only after both are.
+    /// A transient failure is retried for up to `lease_ms` (SPEC §5.5); `false` when storage stayed away
+    /// that long (the run then ends [`StopReason::StorageLost`]).
+    async fn write_durable_step(&mut self, new: Vec<Turn>, calls: &[ToolCall]) -> bool {
         let first_idx = self.turn_count;
         self.turn_count += new.len() as u64;
         self.turns.extend(new.iter().cloned());
+        let events = std::mem::take(&mut self.step_events);
         if self.tracking != Tracking::Tracked {
-            return;
+            return true;
         }
         let record = self.step_record(calls);
         let (s, id, gen) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone());
-        let write = || s.durable_step(id.clone(), gen.clone(), first_idx, new.clone(), record.clone());
-        let mut answer = write().await;
-        if answer.is_err() {
-            tokio::time::sleep(WRITE_RETRY).await;
-            answer = write().await;
-        }
+        let answer = self
+            .retry_transient(|| s.durable_step(id.clone(), gen.clone(), first_idx, new.clone(), record.clone(), events.clone()))
+            .await;
+        let Some(answer) = answer else { return false };
         if self.settle("step record", answer).await.is_some() {
             self.deps.metrics.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        true
     }
 
-    /// Fold unread follow-ups into the next turn. With `new_turn` false they only join a pending results
-    /// turn (step 1 has none: its follow-ups wait, so the transcript keeps its one-turn-per-step shape).
-    async fn fold_inbox(&mut self, new_turn: bool) -> bool {
-        if self.tracking != Tracking::Tracked || (!new_turn && self.pending.is_none()) {
-            return false;
+    /// Retry `op` while it fails transiently, with backoff (200 ms doubling to 5 s), for up to
+    /// `lease_ms` (SPEC §5.5). `None` when storage stayed away that long; a permanent error is answered.
+    async fn retry_transient<T, F, Fut>(&self, op: F) -> Option<storage::Result<T>>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = storage::Result<T>>,
+    {
+        let started = Instant::now();
+        let mut delay = WRITE_RETRY;
+        loop {
+            match op().await {
+                Err(e) if e.is_transient() => {
+                    if started.elapsed() >= Duration::from_millis(self.deps.lease_ms.max(0) as u64) {
+                        tracing::warn!(run_id = %self.id, generation = %self.gen, error = %e, "storage unavailable past the lease");
+                        return None;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_WRITE_RETRY);
+                }
+                other => return Some(other),
+            }
         }
-        let answer = self.deps.storage.read_inbox(self.id.clone(), self.inbox_consumed).await;
-        let items = match answer {
+    }
+
+    /// Unread follow-ups past what this run consumed (none when untracked or unreadable).
+    async fn unread(&self) -> Vec<InboxItem> {
+        if self.tracking != Tracking::Tracked {
+            return Vec::new();
+        }
+        match self.deps.storage.read_inbox(self.id.clone(), self.inbox_consumed).await {
             Ok(Ok(items)) => items,
-            Ok(Err(_)) | Err(_) => return false,
-        };
-        if items.is_empty() {
-            return false;
+            Ok(Err(_)) | Err(_) => Vec::new(),
         }
-        let mut followups = Vec::new();
-        for item in &items {
+    }
+
+    /// Fold follow-ups into the next turn: each gets its one `input {source: "followup"}` event, which
+    /// commits with the step that writes the turn (SPEC §5.2 step 5), so a crash before that step
+    /// leaves the message unread for the resumed run, and a crash after it leaves both.
+    fn fold(&mut self, items: Vec<InboxItem>) {
+        let Some(last) = items.iter().map(|i| i.seq).max() else { return };
+        let mut followups = Vec::with_capacity(items.len());
+        for item in items {
             let text = item.message.get("text").and_then(Value::as_str).unwrap_or_default().to_owned();
-            self.publish(json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq}));
+            self.publish_in_step(json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq}));
             followups.push((item.seq, text));
         }
-        self.inbox_consumed = items.iter().map(|i| i.seq).max();
+        self.inbox_consumed = Some(last);
         match &mut self.pending {
             Some(turn) => turn.parts.extend(followups.iter().map(|(seq, t)| agent::followup_part(*seq, t))),
             None => self.pending = Some(agent::followups_turn(&followups)),
         }
-        true
     }
 
     /// Run one tool call, unless an abort comes first.
@@ -549,7 +600,7 @@ impl Run {
         let output = match self.deps.tools.get(&call.tool) {
             Some(tool) => {
                 use crate::operations::{AppId, Claim, Operation, Resource};
-                let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone() };
+                let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.gen.clone() };
                 // The workspace is an app: a mutating call holds its worktree for writing while it runs,
                 // a side-effect-free one for reading (SPEC §10).
                 let claim = if tool.def().side_effect_free {
@@ -587,6 +638,9 @@ impl Run {
             if let Some(end) = self.checkpoint() {
                 return end;
             }
+            if self.control.borrow().drain {
+                return self.hand_off().await;
+            }
             if self.now() >= self.deadline {
                 self.note("time_budget_exhausted", "the run's time budget ran out");
                 return if self.last_text.is_empty() {
@@ -595,7 +649,12 @@ impl Run {
                     Ending::Answer(self.last_text.clone())
                 };
             }
-            self.fold_inbox(false).await;
+            // Follow-ups join a pending results turn (step 1 has none: its follow-ups wait, so the
+            // transcript keeps its one-turn-per-step shape).
+            if self.pending.is_some() {
+                let items = self.unread().await;
+                self.fold(items);
+            }
             self.step += 1;
             self.iteration += 1;
             let mut conversation = self.turns.clone();
@@ -604,9 +663,16 @@ impl Run {
             let reply = {
                 let conv = Conversation { system: &self.system, turns: &conversation, tools: &self.tool_defs };
                 tokio::select! {
-                    r = self.agent.agent.next(conv) => r,
+                    r = self.agent.agent.next(conv) => Some(r),
                     _ = aborted(self.control.clone()) => return self.checkpoint().unwrap_or(Ending::Stopped(StopMode::Hard)),
+                    // A drain stops a model call at once: it is side-effect free and is made again.
+                    _ = until(self.control.clone(), |c| c.drain) => None,
                 }
+            };
+            let Some(reply) = reply else {
+                self.step -= 1;
+                self.iteration -= 1;
+                return self.hand_off().await;
             };
             self.model_ms += started.elapsed().as_millis() as u64;
             self.model_calls += 1;
@@ -616,7 +682,12 @@ impl Run {
             };
             let mut new_turns: Vec<Turn> = self.pending.take().into_iter().collect();
             new_turns.push(turn.to_turn());
-            self.write_durable_step(new_turns, &turn.calls).await;
+            if !turn.calls.is_empty() {
+                self.publish_in_step(json!({"type": "assistant", "text": turn.text, "step": self.step}));
+            }
+            if !self.write_durable_step(new_turns, &turn.calls).await {
+                return Ending::StorageLost;
+            }
             if self.tracking == Tracking::Fenced {
                 return Ending::Fenced;
             }
@@ -625,16 +696,66 @@ impl Run {
             }
             if turn.calls.is_empty() {
                 // The model answered: read the inbox first; unread follow-ups become a turn and the loop goes on.
-                if self.fold_inbox(true).await {
-                    self.publish(json!({"type": "assistant", "text": turn.text, "step": self.step}));
-                    continue;
+                let items = self.unread().await;
+                if items.is_empty() {
+                    return Ending::Answer(turn.text);
                 }
-                return Ending::Answer(turn.text);
+                self.publish(json!({"type": "assistant", "text": turn.text, "step": self.step}));
+                self.fold(items);
+                continue;
             }
-            self.publish(json!({"type": "assistant", "text": turn.text, "step": self.step}));
             match self.run_calls(&turn.calls).await {
                 Ok(results) => self.pending = Some(agent::results_turn(&results, &[])),
                 Err(end) => return end,
+            }
+        }
+    }
+
+    /// Take the run's workspace for this generation (SPEC §8.3 workspace fencing): rewrite its fence
+    /// under the exclusive lock before any tool runs. A lock a paused old owner still holds is retried
+    /// with backoff until it frees or the run is aborted; any other failure ends the run.
+    async fn take_workspace(&mut self, mode: crate::tools::TakeMode) -> Result<(), Ending> {
+        let mut delay = WRITE_RETRY;
+        loop {
+            let take = crate::tools::take_workspace_async(self.workspace.clone(), self.gen.clone(), mode);
+            match take.await {
+                Ok(()) => return Ok(()),
+                Err(crate::tools::WorkspaceError::Busy { .. }) => {
+                    tracing::warn!(run_id = %self.id, generation = %self.gen, "workspace lock held by another owner; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = aborted(self.control.clone()) => return Err(self.checkpoint().unwrap_or(Ending::Stopped(StopMode::Hard))),
+                    }
+                    delay = (delay * 2).min(MAX_WRITE_RETRY);
+                }
+                Err(e) => return Err(Ending::Failed(format!("workspace: {e}"))),
+            }
+        }
+    }
+
+    /// Drain (SPEC §6.4): at a step boundary, commit the last step's results (and any follow-ups folded
+    /// with them) as a turn of their own under the same step with nothing in flight, flush the events,
+    /// and hand the row to the next generation. The next process resumes from exactly here.
+    async fn hand_off(&mut self) -> Ending {
+        if self.tracking != Tracking::Tracked {
+            return Ending::Fenced; // nothing to hand off: a detached run is never resumed
+        }
+        let results: Vec<Turn> = self.pending.take().into_iter().collect();
+        if (!results.is_empty() || !self.step_events.is_empty()) && !self.write_durable_step(results, &[]).await {
+            return Ending::StorageLost;
+        }
+        if self.tracking == Tracking::Fenced {
+            return Ending::Fenced;
+        }
+        let _ = self.deps.flusher.send(crate::flusher::FlushRun(self.id.clone())).await;
+        match self.deps.storage.handoff(self.gen.clone(), vec![self.id.clone()]).await {
+            Ok(answer) if answer.iter().any(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff) => {
+                tracing::info!(run_id = %self.id, generation = %self.gen, step = self.step, "handed off at a step boundary");
+                Ending::HandedOff
+            }
+            other => {
+                tracing::warn!(run_id = %self.id, generation = %self.gen, answer = ?other, "handoff at the boundary refused");
+                Ending::Fenced
             }
         }
     }
@@ -647,13 +768,16 @@ impl Run {
     }
 
     /// Final status, finishing gate, reply, record (SPEC §5.2 steps 6–8).
-    async fn conclude(mut self, ending: Ending) -> (StopReason, Vec<InboxItem>) {
+    async fn conclude(mut self, ending: Ending) -> Ended {
         let stop = self.control.borrow().stop;
-        let (mut status, answer) = match ending {
-            Ending::Fenced => {
-                self.fence();
+        let (status, answer) = match ending {
+            Ending::Fenced => return self.end_fenced(),
+            Ending::StorageLost => return self.end_storage_lost(),
+            Ending::HandedOff => {
+                self.deps.heartbeat.do_send(Untrack(self.id.clone()));
                 self.deps.registry.discard(&self.id);
-                return (StopReason::Fenced, Vec::new());
+                self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
+                return (StopReason::HandedOff, None);
             }
             Ending::Failed(message) => {
                 self.publish(json!({"type": "run_failed", "message": summarize(&message)}));
@@ -672,35 +796,75 @@ impl Run {
         if self.tracking == Tracking::Tracked {
             let _ = self.deps.flusher.send(crate::flusher::FlushRun(self.id.clone())).await;
         }
-        // The finishing gate: only a confirmed owner replies.
-        if self.tracking == Tracking::Tracked {
-            let answer_gate =
-                self.deps.storage.finishing(self.id.clone(), self.gen.clone(), status, answer.clone()).await;
-            match answer_gate {
-                Ok(Ok(())) => {}
-                Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. } | Refusal::WrongPhase { .. })) => {
-                    self.fence();
-                    self.deps.registry.discard(&self.id);
-                    return (StopReason::Fenced, Vec::new());
-                }
-                Ok(Err(refusal)) => {
-                    tracing::warn!(run_id = %self.id, %refusal, "finishing refused; leaving the row for a later generation");
-                    self.deps.heartbeat.do_send(Untrack(self.id.clone()));
-                    return (StopReason::LeftForLater, Vec::new());
-                }
-                Err(e) => {
-                    tracing::warn!(run_id = %self.id, error = %e, "finishing unavailable; leaving the row for a later generation");
-                    self.deps.heartbeat.do_send(Untrack(self.id.clone()));
-                    return (StopReason::LeftForLater, Vec::new());
+        match self.finishing_gate(status, answer.as_deref()).await {
+            Gate::Open => {}
+            Gate::Fenced => return self.end_fenced(),
+            Gate::Lost => return self.end_storage_lost(),
+        }
+        self.reply_and_finish(status, answer).await
+    }
+
+    /// The finishing gate (SPEC §5.2 step 7): only a confirmed owner replies. Unavailable storage is
+    /// retried for up to the lease; a `WrongPhase` whose row already sits in `finishing` under this
+    /// generation with this status means an earlier attempt committed.
+    async fn finishing_gate(&mut self, status: RunStatus, answer: Option<&str>) -> Gate {
+        match self.tracking {
+            Tracking::Fenced => return Gate::Fenced,
+            Tracking::Detached => return Gate::Open, // best effort: reply, record through the store
+            Tracking::Tracked => {}
+        }
+        let (s, id, gen) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone());
+        let answer = answer.map(str::to_owned);
+        let gate = self.retry_transient(|| s.finishing(id.clone(), gen.clone(), status, answer.clone())).await;
+        match gate {
+            None => Gate::Lost,
+            Some(Ok(Ok(()))) => Gate::Open,
+            Some(Ok(Err(Refusal::WrongPhase { .. }))) => {
+                let row = self.retry_transient(|| s.get_live(id.clone())).await;
+                match row {
+                    None => Gate::Lost,
+                    Some(Ok(Some(row)))
+                        if row.owner_gen == self.gen
+                            && row.phase == storage::ledger::Phase::Finishing
+                            && row.state.get("finalStatus").and_then(Value::as_str) == Some(status.as_str()) =>
+                    {
+                        Gate::Open
+                    }
+                    Some(_) => Gate::Fenced,
                 }
             }
-        } else if self.tracking == Tracking::Fenced {
-            return (StopReason::Fenced, Vec::new());
+            Some(Ok(Err(_))) => Gate::Fenced,
+            Some(Err(e)) => {
+                self.detach("finishing", e.to_string()).await;
+                Gate::Open
+            }
         }
+    }
+
+    /// After a fence: nothing more from this process reaches the thread.
+    fn end_fenced(mut self) -> Ended {
+        self.fence();
+        self.deps.registry.discard(&self.id);
+        (StopReason::Fenced, None)
+    }
+
+    /// Storage stayed away past the lease: stop renewing; the supervisor re-adopts the row when storage
+    /// answers again (or another process reclaims it meanwhile).
+    fn end_storage_lost(self) -> Ended {
+        self.deps.heartbeat.do_send(Untrack(self.id.clone()));
+        (StopReason::StorageLost, None)
+    }
+
+    /// Past the gate: publish the answer, deliver the reply, write the final record through the ledger's
+    /// finish (which admits the successor for unread follow-ups in the same transaction).
+    async fn reply_and_finish(self, mut status: RunStatus, answer: Option<String>) -> Ended {
         if let Some(text) = &answer {
             self.publish(json!({"type": "answer", "text": text}));
         }
-        let reply = self.deliver(status, answer.as_deref()).await;
+        let reply = match self.deliver(status, answer.as_deref()).await {
+            Delivery::Killed => return self.end_fenced(),
+            Delivery::Sent(reply) => reply,
+        };
         if reply.as_ref().is_some_and(|(ok, _)| !ok) && status == RunStatus::Completed {
             status = RunStatus::Failed;
         }
@@ -708,43 +872,81 @@ impl Run {
         self.deps.registry.finish(&self.id, status, finished_at);
         let extras = RecordExtras { reply, diagnosis: Some(self.diagnosis()), step_count: Some(self.step), ..Default::default() };
         let record = build_record(&self.deps, &self.id, status, finished_at, extras);
-        let mut leftover = Vec::new();
+        let mut successor = None;
         if let Some(record) = record {
-            let via = if self.tracking == Tracking::Fenced { Via::Store } else { Via::Ledger { gen: self.gen.clone() } };
-            let ticket = self.deps.history.write(record, via);
-            // Follow-ups that arrived after the last step: read once the finish has freed the thread.
-            if let WriteOutcome::Landed(_) = ticket.landed().await {
+            let via = match self.tracking {
+                Tracking::Tracked => Via::Ledger {
+                    gen: self.gen.clone(),
+                    successor: Some(Successor {
+                        run_id: uuid::Uuid::now_v7().to_string(),
+                        lease_ms: self.deps.lease_ms,
+                        inbox_consumed: self.inbox_consumed,
+                    }),
+                },
+                _ => Via::Store,
+            };
+            let successor_id = match &via {
+                Via::Ledger { successor: Some(s), .. } => Some(s.run_id.clone()),
+                _ => None,
+            };
+            if let WriteOutcome::Landed(_) = self.deps.history.write(record, via).landed().await {
                 self.deps.registry.mark_persisted(&self.id);
-                if self.tracking == Tracking::Tracked {
-                    leftover = self
-                        .deps
-                        .storage
-                        .inbox_after(self.id.clone(), self.inbox_consumed)
-                        .await
-                        .unwrap_or_default();
-                }
+            }
+            if let Some(id) = successor_id {
+                successor = admitted_successor(&self.deps, &id).await;
             }
         }
         self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
         self.deps.metrics.run_finished(status.as_str());
         tracing::info!(run_id = %self.id, generation = %self.gen, status = status.as_str(), "run finished; workspace released");
-        (StopReason::Finished(status), leftover)
+        (StopReason::Finished(status), successor)
     }
 
-    /// POST the reply to the configured webhook; answers `(replyOk, replyNote)` when one was called.
-    async fn deliver(&self, status: RunStatus, answer: Option<&str>) -> Option<(bool, Option<String>)> {
-        let url = self.deps.webhook_url.as_ref()?;
+    /// POST the reply to the configured webhook; `Sent(Some((replyOk, replyNote)))` when one was called.
+    /// The kill state is checked immediately before the attempt: a killed run sends nothing (SPEC §5.2
+    /// step 7).
+    async fn deliver(&self, status: RunStatus, answer: Option<&str>) -> Delivery {
+        let Some(url) = self.deps.webhook_url.as_ref() else { return Delivery::Sent(None) };
+        if self.tracking != Tracking::Detached && self.deps.storage.is_killed(self.id.clone()).await.unwrap_or(false) {
+            tracing::info!(run_id = %self.id, generation = %self.gen, "killed after the finishing gate: no webhook");
+            return Delivery::Killed;
+        }
         let body = json!({
             "runId": self.id, "threadKey": self.meta.thread_key, "channel": self.meta.channel_id,
             "user": self.meta.user_id, "status": status.as_str(), "answer": answer, "finishedAt": self.now(),
         });
         let sent = self.deps.http.post(url).timeout(Duration::from_secs(10)).json(&body).send().await;
-        Some(match sent {
+        Delivery::Sent(Some(match sent {
             Ok(r) if r.status().is_success() => (true, None),
             Ok(r) => (false, Some(format!("webhook answered {}", r.status().as_u16()))),
             Err(e) => (false, Some(format!("webhook failed: {}", if e.is_timeout() { "timeout" } else { "connection" }))),
-        })
+        }))
     }
+}
+
+/// What the finishing gate answered.
+enum Gate {
+    Open,
+    Fenced,
+    Lost,
+}
+
+/// What the webhook step did.
+enum Delivery {
+    Sent(Option<(bool, Option<String>)>),
+    /// The run was killed: no webhook, no record.
+    Killed,
+}
+
+/// The successor run a finish (or close) admitted under this generation: its `attaching` row and first
+/// events, for the supervisor to launch. A crash before the launch leaves it to a reclaim's restart.
+pub async fn admitted_successor(deps: &RunDeps, id: &str) -> Option<(LiveRow, Vec<Value>)> {
+    let row = deps.storage.get_live(id.to_owned()).await.ok()??;
+    if row.owner_gen != deps.gen.as_str() || row.phase != storage::ledger::Phase::Attaching {
+        return None;
+    }
+    let events = deps.storage.live_events(id.to_owned(), 0, usize::MAX >> 1).await.ok()??;
+    Some((row, events))
 }
 
 /// The parts of a record besides its identity, events and counts.
@@ -830,6 +1032,7 @@ impl Run {
             iteration: 0,
             inbox_consumed: None,
             pending: None,
+            step_events: Vec::new(),
             last_text: String::new(),
             workspace,
             model_ms: 0,
@@ -848,13 +1051,13 @@ async fn fresh(
     request: Request,
     started_at: i64,
     control: watch::Receiver<Control>,
-) -> (StopReason, Vec<InboxItem>) {
+) -> Ended {
     let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
         // The slot checks the agent before admitting; a config reload could still race it.
         tracing::error!(run_id = %id, agent = %meta.agent, "unknown agent; abandoning the reservation");
         let _ = deps.storage.abandon(id.clone(), deps.gen.as_str().to_owned()).await;
         deps.registry.discard(&id);
-        return (StopReason::Finished(RunStatus::Failed), Vec::new());
+        return (StopReason::Finished(RunStatus::Failed), None);
     };
     let deadline = started_at + agent.budget_ms;
     let run = Run::new(deps, id, meta, deadline, agent, control);
@@ -867,9 +1070,10 @@ async fn fresh(
 }
 
 /// Promote the reserved row, seed the transcript, run the steps, conclude (SPEC §5.2 steps 4–8).
-async fn promote_and_run(mut run: Run, request_text: &str) -> (StopReason, Vec<InboxItem>) {
-    if let Err(e) = std::fs::create_dir_all(&run.workspace) {
-        tracing::warn!(run_id = %run.id, error = %e, "could not create the run workspace");
+async fn promote_and_run(mut run: Run, request_text: &str) -> Ended {
+    // The workspace fence names this generation before any tool runs (SPEC §8.3).
+    if let Err(end) = run.take_workspace(crate::tools::TakeMode::Create).await {
+        return run.conclude(end).await;
     }
     // Promote the reservation: from here the run is resumable.
     let mut state = Map::new();
@@ -880,13 +1084,21 @@ async fn promote_and_run(mut run: Run, request_text: &str) -> (StopReason, Vec<I
         state,
         lease_ms: run.deps.lease_ms,
     };
-    let mut answer = run.deps.storage.claim(run.id.clone(), run.gen.clone(), promotion.clone()).await;
+    let (s, id, gen) = (run.deps.storage.clone(), run.id.clone(), run.gen.clone());
+    let claim = || s.claim(id.clone(), gen.clone(), promotion.clone());
+    let mut answer = claim().await;
     for delay in CLAIM_RETRIES {
-        if answer.is_ok() {
+        if !answer.as_ref().is_err_and(storage::Error::is_transient) {
             break;
         }
         tokio::time::sleep(delay).await;
-        answer = run.deps.storage.claim(run.id.clone(), run.gen.clone(), promotion.clone()).await;
+        answer = claim().await;
+    }
+    if answer.as_ref().is_err_and(storage::Error::is_transient) {
+        match run.retry_transient(claim).await {
+            Some(a) => answer = a,
+            None => return run.conclude(Ending::StorageLost).await,
+        }
     }
     match answer {
         Ok(Ok(_)) => {}
@@ -895,49 +1107,56 @@ async fn promote_and_run(mut run: Run, request_text: &str) -> (StopReason, Vec<I
         Err(e) => run.detach("promotion", e.to_string()).await,
     }
     // Seed: the first model call's messages and the step-0 record, in one commit.
-    run.write_durable_step(vec![agent::system_turn(&run.system), agent::user_turn(request_text)], &[]).await;
+    if !run.write_durable_step(vec![agent::system_turn(&run.system), agent::user_turn(request_text)], &[]).await {
+        return run.conclude(Ending::StorageLost).await;
+    }
     run.turns.remove(0); // `turns` holds what follows the system turn
     let ending = run.steps().await;
     run.conclude(ending).await
 }
 
-/// Re-run an expired `attaching` row from its saved request: same id, original start and deadline; the
-/// first attempt's events replayed under their seqs, then `resumed`, then the steps (SPEC §6.3).
+/// Re-run a row from its saved request: same id, original start and deadline; the first attempt's
+/// events replayed under their seqs, then `resumed`, then the steps (SPEC §6.3). A successor admitted
+/// here (`from_gen: None`) starts the same way, without `resumed`.
 async fn restart(
     deps: RunDeps,
     row: LiveRow,
     events: Vec<Value>,
-    from_gen: String,
+    from_gen: Option<String>,
     control: watch::Receiver<Control>,
-) -> (StopReason, Vec<InboxItem>) {
+) -> Ended {
     let meta = meta_from_row(&row);
     let request: Option<Request> = row.meta.get("request").and_then(|r| serde_json::from_value(r.clone()).ok());
     let (Some(agent), Some(request)) = (deps.agents.get(&meta.agent).cloned(), request) else {
-        tracing::error!(run_id = %row.run_id, "restart: unknown agent or unreadable request");
-        return (StopReason::LeftForLater, Vec::new());
+        let reason = format!("cannot restart: agent {:?} is not configured here, or the saved request is unreadable", meta.agent);
+        return close_unstartable(&deps, &row, events, &reason).await;
     };
     let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + agent.budget_ms);
     let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
     let token = deps.tokens.mint(&row.run_id);
     let had_input = events.iter().any(|e| e["type"] == "input");
-    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, highest + 1000);
+    // Past anything the dead attempt may have published but not flushed; a first start just continues.
+    let next_seq = if from_gen.is_some() { highest + 1000 } else { highest + 1 };
+    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, next_seq);
     let run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent, control);
     if highest == 0 || !had_input {
         // The first attempt's events never reached the ledger: publish the identity and request once.
         run.publish(meta.event());
         run.publish(json!({"type": "input", "text": request.text, "source": "request"}));
     }
-    run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}));
+    if let Some(from_gen) = from_gen {
+        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}));
+    }
     promote_and_run(run, &request.text).await
 }
 
 /// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2).
-async fn resume(deps: RunDeps, a: Adoption, control: watch::Receiver<Control>) -> (StopReason, Vec<InboxItem>) {
+async fn resume(deps: RunDeps, a: Adoption, control: watch::Receiver<Control>) -> Ended {
     let row = a.row;
     let meta = meta_from_row(&row);
     let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
-        tracing::error!(run_id = %row.run_id, agent = %meta.agent, "resume: unknown agent");
-        return (StopReason::LeftForLater, Vec::new());
+        let reason = format!("cannot resume: agent {:?} is not configured here", meta.agent);
+        return close_unstartable(&deps, &row, a.events, &reason).await;
     };
     let now = deps.clock.now_ms();
     let highest = a.events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
@@ -947,12 +1166,33 @@ async fn resume(deps: RunDeps, a: Adoption, control: watch::Receiver<Control>) -
     if !row.system_text.is_empty() {
         run.system = row.system_text.clone();
     }
+    // Re-attach the workspace the row is bound to; never migrate silently (SPEC §8.3).
+    if let Some(bound) = row.state.get("binding").and_then(|b| b.get("workspace")).and_then(Value::as_str) {
+        run.workspace = PathBuf::from(bound);
+    }
+    match run.take_workspace(crate::tools::TakeMode::Existing).await {
+        Ok(()) => {}
+        Err(Ending::Failed(why)) if !run.workspace.is_dir() => {
+            let events = run.deps.registry.snapshot(&run.id).map(|(_, e)| e).unwrap_or_default();
+            let deps = run.deps.clone();
+            return close_unstartable(&deps, &row, events, &format!("the run's workspace is missing ({why})")).await;
+        }
+        Err(end) => return run.conclude(end).await,
+    }
     run.turn_count = a.transcript.len() as u64;
     run.turns = a.transcript.into_iter().skip(1).collect();
     run.step = a.last_step.step;
     run.iteration = a.last_step.iteration;
     run.inbox_consumed = a.last_step.inbox_consumed_seq;
     run.last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+    if row.phase == storage::ledger::Phase::Finishing {
+        // Re-adopted past its finishing gate (after `StorageLost`): this process knows it never
+        // delivered the reply, so it continues the reply from the saved answer (SPEC §5.2 step 7).
+        let status = row.state.get("finalStatus").and_then(Value::as_str).and_then(RunStatus::parse).unwrap_or(RunStatus::Completed);
+        let answer = row.state.get("answer").and_then(Value::as_str).map(str::to_owned);
+        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
+        return run.reply_and_finish(status, answer).await;
+    }
     let last_assistant = run.turns.last().and_then(AssistantTurn::from_turn);
     // Which calls to settle, and whether the transcript already ends on the answer (a finish plan).
     let mut calls = Vec::new();
@@ -980,7 +1220,9 @@ async fn resume(deps: RunDeps, a: Adoption, control: watch::Receiver<Control>) -
             if calls.is_empty() {
                 finish_plan = Some(run.last_text.clone());
             }
-            run.write_step(&calls).await;
+            if !run.write_durable_step(Vec::new(), &calls).await {
+                return run.conclude(Ending::StorageLost).await;
+            }
         }
     }
     let fresh_calls = matches!(a.point, ResumePoint::RunStepFresh { .. });
@@ -1011,12 +1253,16 @@ async fn resume(deps: RunDeps, a: Adoption, control: watch::Receiver<Control>) -
                     Ok(r) => results.push(r),
                     Err(end) => return run.conclude(end).await,
                 },
-                Some(text) => results.push(ToolResult {
-                    call_id: call.call_id.clone(),
-                    tool: call.tool.clone(),
-                    ok: false,
-                    output: text.to_owned(),
-                }),
+                Some(text) => {
+                    // A visible settlement: viewers see the call's effects are unknown (SPEC §6.2).
+                    let mut event = json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": false,
+                        "summary": summarize(text), "step": run.step});
+                    if how == Settlement::EffectsUnknown {
+                        event["effectsUnknown"] = json!(true);
+                    }
+                    run.publish(event);
+                    results.push(ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: false, output: text.to_owned() });
+                }
             }
         }
         run.pending = Some(agent::results_turn(&results, &[]));
@@ -1037,5 +1283,47 @@ pub fn meta_from_row(row: &LiveRow) -> RunMeta {
         user_id: s("userId"),
         channel_visibility: storage::record::ChannelVisibility::parse(&s("channelVisibility")).unwrap_or_default(),
         parent_run_id: row.meta.get("parentRunId").and_then(Value::as_str).map(str::to_owned),
+    }
+}
+
+/// Close a row this generation holds that cannot run (its agent is not configured here, its request is
+/// unreadable): `interrupted`, naming why, so no sweep relaunches it.
+async fn close_unstartable(deps: &RunDeps, row: &LiveRow, events: Vec<Value>, reason: &str) -> Ended {
+    tracing::error!(run_id = %row.run_id, generation = deps.gen.as_str(), reason, "closing a run that cannot start here");
+    deps.registry.discard(&row.run_id);
+    match close_row(deps, row, events, RunStatus::Interrupted, reason).await {
+        Ok(successor) => (StopReason::Finished(RunStatus::Interrupted), successor),
+        Err(e) => {
+            tracing::warn!(run_id = %row.run_id, error = %e, "close failed; the supervisor retries it");
+            (StopReason::StorageLost, None)
+        }
+    }
+}
+
+/// Close a row with a record built from the row and its live events, through the finish transaction
+/// (`eventCount` = last seq, `finishedAt` = now), which admits the successor for its unread inbox
+/// (SPEC §5.2 step 8); answers that successor when it was admitted here.
+pub async fn close_row(
+    deps: &RunDeps,
+    row: &LiveRow,
+    mut events: Vec<Value>,
+    status: RunStatus,
+    reason: &str,
+) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
+    let meta = meta_from_row(row);
+    let now = deps.clock.now_ms();
+    let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
+    let record = assemble_record(&row.run_id, &meta, row.started_at, now, status, events, last + 1, false, Default::default())
+        .ok_or("the row does not make a valid record")?;
+    let successor = Successor { run_id: uuid::Uuid::now_v7().to_string(), lease_ms: deps.lease_ms, inbox_consumed: None };
+    let successor_id = successor.run_id.clone();
+    match deps.storage.finish(deps.gen.as_str().to_owned(), record, None, Some(successor)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(run_id = %row.run_id, generation = deps.gen.as_str(), status = status.as_str(), reason, "closed a run");
+            Ok(admitted_successor(deps, &successor_id).await)
+        }
+        Ok(Err(refusal)) => Err(refusal.to_string()),
+        Err(e) => Err(e.to_string()),
     }
 }

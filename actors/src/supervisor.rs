@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture};
 use serde_json::{json, Value};
-use storage::ledger::{decisions, Admit, AdmitOutcome, ReceiptKey, Refusal, StopMode};
+use storage::ledger::{decisions, Admit, AdmitOutcome, LiveRow, Phase, ReceiptKey, StopMode, Successor};
 use storage::record::{ChannelVisibility, RunStatus};
 use storage::{Clock, Generation, StorageHandle};
 
@@ -34,8 +34,6 @@ use crate::tools::Toolbox;
 /// How long a keyed message waits for a finishing run to free its thread (SPEC §5.1).
 const BUSY_WAIT: Duration = Duration::from_secs(5);
 const BUSY_POLL: Duration = Duration::from_millis(100);
-/// Longest `label` taken from the request text.
-const LABEL_CHARS: usize = 80;
 
 /// What the process hands the supervisor at boot.
 pub struct SupervisorConfig {
@@ -55,6 +53,30 @@ pub struct SupervisorConfig {
     pub draining: Arc<AtomicBool>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub operations: crate::operations::OperationCoordinator,
+    pub restart_policy: RestartPolicy,
+}
+
+/// How often a run may be re-adopted after a panic or `StorageLost` (SPEC §1.1, `[supervisor]`): more
+/// than `max_restarts` times within `window_ms` closes it `failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    pub max_restarts: u32,
+    pub window_ms: i64,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy { max_restarts: 1, window_ms: 600_000 }
+    }
+}
+
+impl RestartPolicy {
+    /// Record a restart of a run at `now` in its history; whether it is still within the policy.
+    pub fn allows(&self, history: &mut Vec<i64>, now: i64) -> bool {
+        history.retain(|t| now - t < self.window_ms);
+        history.push(now);
+        history.len() as u32 <= self.max_restarts
+    }
 }
 
 /// A message to admit.
@@ -122,7 +144,8 @@ pub struct Supervisor {
     config: Arc<SlotShared>,
     runs: HashMap<String, Addr<RunActor>>,
     slots: HashMap<String, Addr<ThreadSlot>>,
-    panics: HashMap<String, u32>,
+    /// When each run was re-adopted after a panic or `StorageLost`, within the restart window.
+    restarts: HashMap<String, Vec<i64>>,
     parts: Option<(SupervisorConfig, Toolbox)>,
     /// Runs the boot reclaim adopted, launched once ingress is open.
     deferred: Vec<Launch>,
@@ -130,6 +153,12 @@ pub struct Supervisor {
     sweeping: bool,
     /// Runs handed to the next generation by a drain.
     handed: std::collections::HashSet<String>,
+    /// Rows of this generation known to have no actor (storage lost, a failed launch or close): re-adopted
+    /// at the next sweep that storage answers, with the sweeps that failed so far.
+    orphans: HashMap<String, u32>,
+    /// Rows (ledger or registry) seen without an actor at the last sweep: one more sighting and they
+    /// are orphans (two sightings, so an admission between its commit and its launch is never taken).
+    unattended: std::collections::HashSet<String>,
 }
 
 /// What slots share.
@@ -144,6 +173,7 @@ struct SlotShared {
     tokens: TokenMinter,
     draining: Arc<AtomicBool>,
     metrics: Arc<crate::metrics::Metrics>,
+    restart_policy: RestartPolicy,
 }
 
 impl Supervisor {
@@ -160,6 +190,7 @@ impl Supervisor {
             tokens: config.tokens.clone(),
             draining: config.draining.clone(),
             metrics: config.metrics.clone(),
+            restart_policy: config.restart_policy,
         };
         let tools = std::mem::replace(&mut config.tools, Toolbox::empty());
         config.agents = HashMap::new();
@@ -168,11 +199,13 @@ impl Supervisor {
             config: Arc::new(shared),
             runs: HashMap::new(),
             slots: HashMap::new(),
-            panics: HashMap::new(),
+            restarts: HashMap::new(),
             parts: Some((config, tools)),
             deferred: Vec::new(),
             sweeping: false,
             handed: Default::default(),
+            orphans: HashMap::new(),
+            unattended: Default::default(),
         }
     }
 
@@ -188,39 +221,65 @@ impl Supervisor {
         self.runs.insert(id, addr);
     }
 
-    /// Re-adopt a run of this generation after its actor panicked (its row is ours; no reclaim).
+    /// Re-adopt a row of this generation that no actor of this process drives (after a caught panic,
+    /// `StorageLost`, a failed launch or close; SPEC §6.1): planned exactly as a reclaim plans it, owner
+    /// unchanged. A row gone or owned elsewhere is dropped with its registry row; a row that still cannot
+    /// be taken stays an orphan, and after [`MAX_READOPT_FAILURES`] failed sweeps closes `interrupted`.
     fn readopt(&mut self, run_id: String, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
-        let fut = async move {
-            let s = &deps.storage;
-            let row = s.get_live(run_id.clone()).await.ok()??;
-            if row.owner_gen != deps.gen.as_str() {
-                return None;
+        let id = run_id.clone();
+        let fut = async move { plan_readoption(&deps, &id).await };
+        ctx.spawn(fut.into_actor(self).map(move |plan, act, ctx| match plan {
+            Ok(Readoption::Launch(launch)) => {
+                act.orphans.remove(&run_id);
+                if act.runs.contains_key(&run_id) {
+                    return; // an actor came back meanwhile
+                }
+                tracing::info!(run_id = %run_id, generation = act.deps().gen.as_str(), "re-adopting a run of this generation");
+                act.deps().metrics.reclaimed("readopted", 1);
+                act.launch(launch, ctx);
             }
-            let last_step = s.last_step(run_id.clone()).await.ok()??;
-            let transcript = s.read_transcript(run_id.clone()).await.ok()?;
-            let point = decisions::completeness(transcript.len() as u64, Some(last_step.cursor())).ok()?;
-            let events = deps.registry.snapshot(&run_id).map(|(_, e)| e).unwrap_or_default();
-            Some(Adoption { row, last_step, transcript, events, point, from_gen: deps.gen.as_str().to_owned() })
-        };
-        ctx.spawn(fut.into_actor(self).map(|adoption, act, ctx| match adoption {
-            Some(a) => {
-                tracing::info!(run_id = %a.row.run_id, generation = act.deps().gen.as_str(), "re-adopting a panicked run");
-                act.launch(Launch::Resume(a), ctx);
+            Ok(Readoption::Gone) => {
+                act.orphans.remove(&run_id);
+                if !act.runs.contains_key(&run_id) {
+                    act.deps().registry.discard(&run_id);
+                }
             }
-            None => tracing::error!("could not re-adopt a panicked run; the reclaim sweep of a later generation will"),
+            Ok(Readoption::Closed(successor)) => {
+                act.orphans.remove(&run_id);
+                act.launch_successor(successor, ctx);
+            }
+            Err(e) => {
+                let failures = act.orphans.entry(run_id.clone()).or_default();
+                *failures += 1;
+                tracing::warn!(run_id = %run_id, failures = *failures, error = %e, "re-adoption failed; retried at the next sweep");
+            }
         }));
     }
 
-    /// A second panic: close the run `failed` through the finish transaction.
-    fn close_failed(&mut self, run_id: &str) {
+    /// Launch the successor a finish or close admitted here.
+    fn launch_successor(&mut self, successor: Option<(LiveRow, Vec<Value>)>, ctx: &mut Context<Self>) {
+        if let Some((row, events)) = successor {
+            tracing::info!(run_id = %row.run_id, generation = self.deps().gen.as_str(), "starting the successor run for unread follow-ups");
+            self.launch(Launch::Restart { row, events, from_gen: None }, ctx);
+        }
+    }
+
+    /// Past the restart policy: close the run `failed` through the finish transaction.
+    fn close_failed(&mut self, run_id: &str, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         let now = deps.clock.now_ms();
-        run::publish(&deps, run_id, json!({"type": "run_failed", "message": "the run panicked twice"}), true);
+        run::publish(&deps, run_id, json!({"type": "run_failed", "message": "the run failed more often than the restart policy allows"}), true);
         deps.registry.finish(run_id, RunStatus::Failed, now);
-        if let Some(record) = run::build_record(&deps, run_id, RunStatus::Failed, now, Default::default()) {
-            deps.history.write(record, Via::Ledger { gen: deps.gen.as_str().to_owned() });
-        }
+        let Some(record) = run::build_record(&deps, run_id, RunStatus::Failed, now, Default::default()) else { return };
+        let successor = Successor { run_id: uuid::Uuid::now_v7().to_string(), lease_ms: deps.lease_ms, inbox_consumed: None };
+        let successor_id = successor.run_id.clone();
+        let ticket = deps.history.write(record, Via::Ledger { gen: deps.gen.as_str().to_owned(), successor: Some(successor) });
+        let fut = async move {
+            ticket.landed().await;
+            run::admitted_successor(&deps, &successor_id).await
+        };
+        ctx.spawn(fut.into_actor(self).map(|successor, act, ctx| act.launch_successor(successor, ctx)));
     }
 
     fn slot(&mut self, thread_key: &str, supervisor: Addr<Supervisor>) -> Addr<ThreadSlot> {
@@ -302,25 +361,32 @@ impl Handler<RunEnded> for Supervisor {
 
     fn handle(&mut self, msg: RunEnded, ctx: &mut Context<Self>) {
         self.runs.remove(&msg.run_id);
+        self.launch_successor(msg.successor, ctx);
         if self.handed.remove(&msg.run_id) {
             return;
         }
         match msg.reason {
-            StopReason::Panicked(what) => {
-                let n = {
-                    let n = self.panics.entry(msg.run_id.clone()).or_default();
-                    *n += 1;
-                    *n
-                };
-                tracing::error!(run_id = %msg.run_id, generation = self.deps().gen.as_str(), panics = n, panic = %what, "run actor panicked");
-                if n == 1 {
-                    self.readopt(msg.run_id, ctx);
-                } else {
-                    self.close_failed(&msg.run_id);
+            reason @ (StopReason::Panicked(_) | StopReason::StorageLost) => {
+                let now = self.deps().clock.now_ms();
+                let gen = self.deps().gen.as_str().to_owned();
+                let history = self.restarts.entry(msg.run_id.clone()).or_default();
+                let allowed = self.config.restart_policy.allows(history, now);
+                self.config.metrics.run_restart(match reason {
+                    StopReason::Panicked(_) => "panicked",
+                    _ => "storage_lost",
+                });
+                tracing::error!(run_id = %msg.run_id, generation = %gen, restarts = history.len(), reason = ?reason, "run actor failed");
+                match (allowed, reason) {
+                    (false, _) => self.close_failed(&msg.run_id, ctx),
+                    (true, StopReason::Panicked(_)) => self.readopt(msg.run_id, ctx),
+                    // Re-adopted at the next sweep that storage answers.
+                    (true, _) => {
+                        self.orphans.entry(msg.run_id).or_default();
+                    }
                 }
             }
             StopReason::Fenced => {
-                self.panics.remove(&msg.run_id);
+                self.restarts.remove(&msg.run_id);
                 let deps = self.deps().clone();
                 let id = msg.run_id.clone();
                 ctx.spawn(
@@ -333,33 +399,71 @@ impl Handler<RunEnded> for Supervisor {
                 );
             }
             _ => {
-                self.panics.remove(&msg.run_id);
-                if let Some(request) = followup_request(&msg.leftover) {
-                    // ONE fresh run on the thread for the follow-ups the finished run never read.
-                    let slot = self.slot(&msg.thread_key, ctx.address());
-                    ctx.spawn(
-                        async move {
-                            if let Err(e) = slot.send(AdmitMessage { request, key: None }).await {
-                                tracing::warn!(error = %e, "could not start the follow-up run");
-                            }
-                        }
-                        .into_actor(self),
-                    );
-                }
+                self.restarts.remove(&msg.run_id);
             }
         }
     }
 }
 
-/// The request of the run started for unread follow-ups: the first one's identity, every text.
-fn followup_request(items: &[storage::ledger::InboxItem]) -> Option<Request> {
-    let mut reqs = items.iter().filter_map(|i| serde_json::from_value::<Request>(i.message.clone()).ok());
-    let mut first = reqs.next()?;
-    for r in reqs {
-        first.text.push_str("\n\n");
-        first.text.push_str(&r.text);
+/// What a re-adoption found.
+enum Readoption {
+    Launch(Launch),
+    /// The row is gone or owned elsewhere: nothing to drive.
+    Gone,
+    /// The row was closed (a deletion fence, or too many failed attempts); with its successor, if any.
+    Closed(Option<(LiveRow, Vec<Value>)>),
+}
+
+/// Most sweeps a row of this generation may fail to re-adopt before it closes `interrupted`.
+const MAX_READOPT_FAILURES: u32 = 3;
+
+/// Plan the re-adoption of this generation's own row, as a reclaim would plan it (SPEC §6.1).
+async fn plan_readoption(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
+    let s = &deps.storage;
+    let Some(row) = s.get_live(run_id.to_owned()).await.map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+    if row.owner_gen != deps.gen.as_str() || row.phase == Phase::Handoff {
+        return Ok(Readoption::Gone);
     }
-    Some(first)
+    if s.is_killed(run_id.to_owned()).await.map_err(|e| e.to_string())? {
+        purge_killed(deps.clone(), run_id.to_owned()).await;
+        return Ok(Readoption::Closed(None));
+    }
+    let last_step = s.last_step(run_id.to_owned()).await.map_err(|e| e.to_string())?;
+    let transcript = s.read_transcript(run_id.to_owned()).await.map_err(|e| e.to_string())?;
+    let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let from_gen = Some(deps.gen.as_str().to_owned());
+    let has_request = row.meta.get("request").is_some_and(Value::is_object);
+    if row.phase == Phase::Attaching || last_step.is_none() {
+        if !has_request {
+            let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON).await?;
+            return Ok(Readoption::Closed(successor));
+        }
+        return Ok(Readoption::Launch(Launch::Restart { row, events, from_gen }));
+    }
+    let last_step = last_step.expect("checked above");
+    match decisions::completeness(transcript.len() as u64, Some(last_step.cursor())) {
+        Ok(point) => Ok(Readoption::Launch(Launch::Resume(Adoption {
+            row,
+            last_step,
+            transcript,
+            events,
+            point,
+            from_gen: deps.gen.as_str().to_owned(),
+        }))),
+        Err(reason) => Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?)),
+    }
+}
+
+/// Close an orphan that failed [`MAX_READOPT_FAILURES`] sweeps.
+async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
+    let s = &deps.storage;
+    let Some(row) = s.get_live(run_id.to_owned()).await.map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+    if row.owner_gen != deps.gen.as_str() {
+        return Ok(Readoption::Gone);
+    }
+    let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
+    Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, &why).await?))
 }
 
 impl Handler<StopRun> for Supervisor {
@@ -433,7 +537,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
     let meta = RunMeta {
         agent: agent_name.clone(),
         model: agent.agent.model().to_owned(),
-        label: label_of(&req.text),
+        label: storage::ledger::label_of(&req.text),
         thread_key: thread_key.clone(),
         channel_id: req.channel.clone(),
         user_id: req.user.clone(),
@@ -459,34 +563,33 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
             key: msg.key.clone(),
             lease_ms: shared.lease_ms,
         };
-        let outcome = shared.storage.admit(admit, now).await.map_err(|e| AdmitError::Unavailable(e.to_string()))?;
+        // `run_meta` and `input` (seqs 1 and 2) commit with the admission itself: a crash right after it
+        // still replays them, so a restarted run never loses (or repeats) its input (SPEC §5.2 step 2).
+        let first_events: Vec<Value> = [meta.event(), json!({"type": "input", "text": req.text, "source": "request"})]
+            .into_iter()
+            .zip(1u64..)
+            .map(|(mut event, seq)| {
+                event["seq"] = json!(seq);
+                event["at"] = json!(now);
+                storage::record::cap_event_for_publish(event)
+            })
+            .collect();
+        let outcome = shared
+            .storage
+            .admit_with_events(admit, first_events.clone(), now)
+            .await
+            .map_err(|e| AdmitError::Unavailable(e.to_string()))?;
         return match outcome {
             AdmitOutcome::Started { run_id: started } if started == run_id => {
                 let token = shared.tokens.mint(&run_id);
-                shared.registry.create(&run_id, meta.clone(), now, token.clone(), Vec::new(), 1);
-                let events: Vec<Value> =
-                    [meta.event(), json!({"type": "input", "text": req.text, "source": "request"})]
-                        .into_iter()
-                        .filter_map(|event| shared.registry.publish(&run_id, event))
-                        .collect();
+                shared.registry.create(&run_id, meta.clone(), now, token.clone(), first_events, 3);
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
                 shared.metrics.runs_started.fetch_add(1, Ordering::Relaxed);
-                // `run_meta` and `input` reach the ledger before the answer: a crash from here on still
-                // replays them, so a restarted or resumed run never loses (or repeats) its input.
-                let appended = shared.storage.append(run_id.clone(), shared.gen.as_str().to_owned(), events.clone()).await;
-                let initial_events = match appended {
-                    Ok(Ok(())) => Vec::new(),
-                    other => {
-                        tracing::warn!(run_id = %run_id, answer = ?other.map(|o| o.err()), "first events not appended; the flusher retries them");
-                        events
-                    }
-                };
                 supervisor.do_send(LaunchRun(Launch::Fresh {
                     id: run_id.clone(),
                     meta: meta.clone(),
                     request: req.clone(),
                     started_at: now,
-                    initial_events,
                 }));
                 Ok(Admitted::Started { run_id, token })
             }
@@ -508,13 +611,6 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
     }
 }
 
-fn label_of(text: &str) -> String {
-    run::truncate_chars(text.lines().next().unwrap_or_default().trim(), LABEL_CHARS)
-}
-
-/// Refusal kinds are values: keep the import used for docs.
-#[allow(dead_code)]
-fn _refusal(_: Refusal) {}
 
 // ---- Recovery: reclaim at boot and on a sweep (SPEC §6.1), drain as handoff (SPEC §6.4) ----
 
@@ -563,7 +659,8 @@ struct ActiveRuns;
 #[allow(clippy::large_enum_variant)] // one per reclaimed row, moved once
 enum Fate {
     Launch(Launch),
-    Closed(String),
+    /// Closed, how, and the successor its close admitted here for unread follow-ups.
+    Closed(String, Option<(LiveRow, Vec<Value>)>),
 }
 
 /// Classify and act on one taken row (SPEC §6.1): close it, or plan its resume or restart.
@@ -573,7 +670,7 @@ async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(Stri
     // A killed run is never resumed or closed: it is purged.
     if s.is_killed(id.clone()).await.map_err(|e| e.to_string())? {
         purge_killed(deps.clone(), id.clone()).await;
-        return Ok((id, Fate::Closed("killed: purged".into())));
+        return Ok((id, Fate::Closed("killed: purged".into(), None)));
     }
     let transcript = s.read_transcript(id.clone()).await.map_err(|e| e.to_string())?;
     let final_status = r.row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
@@ -590,19 +687,19 @@ async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(Stri
     let fate = match decisions::classify(&input) {
         decisions::Classification::CloseFinal { status } => {
             let status = RunStatus::parse(&status).unwrap_or(RunStatus::Completed);
-            close_row(deps, &r.row, events, status, "closed from finishing; delivery unknown").await?;
-            Fate::Closed(status.as_str().into())
+            let successor = run::close_row(deps, &r.row, events, status, "closed from finishing; delivery unknown").await?;
+            Fate::Closed(status.as_str().into(), successor)
         }
         decisions::Classification::CloseHardStopped => {
-            close_row(deps, &r.row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?;
-            Fate::Closed("stopped_hard".into())
+            let successor = run::close_row(deps, &r.row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?;
+            Fate::Closed("stopped_hard".into(), successor)
         }
         decisions::Classification::CloseInterrupted { reason } => {
-            close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
-            Fate::Closed(format!("interrupted: {reason}"))
+            let successor = run::close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+            Fate::Closed(format!("interrupted: {reason}"), successor)
         }
         decisions::Classification::Restart => {
-            Fate::Launch(Launch::Restart { row: r.row, events, from_gen: r.prior_owner })
+            Fate::Launch(Launch::Restart { row: r.row, events, from_gen: Some(r.prior_owner) })
         }
         decisions::Classification::Resume(point) => {
             let agent = r.row.meta.get("agent").and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -617,8 +714,8 @@ async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(Stri
                 })),
                 _ => {
                     let reason = format!("agent {agent:?} is not configured here");
-                    close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
-                    Fate::Closed(format!("interrupted: {reason}"))
+                    let successor = run::close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+                    Fate::Closed(format!("interrupted: {reason}"), successor)
                 }
             }
         }
@@ -626,32 +723,59 @@ async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(Stri
     Ok((id, fate))
 }
 
-/// Close a reclaimed row with a record built from the row and its live events, through the finish
-/// transaction (`eventCount` = last seq, `finishedAt` = the reclaim clock).
-async fn close_row(
-    deps: &RunDeps,
-    row: &storage::ledger::LiveRow,
-    mut events: Vec<Value>,
-    status: RunStatus,
-    reason: &str,
-) -> Result<(), String> {
-    let meta = run::meta_from_row(row);
-    let now = deps.clock.now_ms();
-    let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
-    let record = run::assemble_record(&row.run_id, &meta, row.started_at, now, status, events, last + 1, false, Default::default())
-        .ok_or("the reclaimed row does not make a valid record")?;
-    match deps.storage.finish(deps.gen.as_str().to_owned(), record, None).await {
-        Ok(Ok(_)) => {
-            tracing::info!(run_id = %row.run_id, generation = deps.gen.as_str(), status = status.as_str(), reason, "closed a reclaimed run");
-            Ok(())
-        }
-        Ok(Err(refusal)) => Err(refusal.to_string()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 impl Supervisor {
+    /// Storage answered a sweep: re-adopt (or, after too many failures, close) every orphan, and make
+    /// orphans of this generation's rows — and drop registry rows — that had no actor two sweeps running.
+    fn attend(&mut self, mine: Vec<String>, ctx: &mut Context<Self>) {
+        if self.config.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        let registry: Vec<String> =
+            self.deps().registry.rows().into_iter().filter(|r| r.finished_at.is_none()).map(|r| r.id).collect();
+        let idle: std::collections::HashSet<String> = mine
+            .iter()
+            .chain(&registry)
+            .filter(|id| !self.runs.contains_key(*id) && !self.handed.contains(*id) && !self.orphans.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in idle.intersection(&self.unattended) {
+            if mine.contains(id) {
+                tracing::warn!(run_id = %id, generation = self.deps().gen.as_str(), "a row of this generation has no actor");
+                self.orphans.insert(id.clone(), 0);
+            } else {
+                self.deps().registry.discard(id);
+            }
+        }
+        self.unattended = idle;
+        let orphans: Vec<(String, u32)> = self.orphans.iter().map(|(id, n)| (id.clone(), *n)).collect();
+        for (id, failures) in orphans {
+            if self.runs.contains_key(&id) {
+                self.orphans.remove(&id);
+            } else if failures >= MAX_READOPT_FAILURES {
+                self.close_orphan(id, ctx);
+            } else {
+                self.readopt(id, ctx);
+            }
+        }
+    }
+
+    fn close_orphan(&mut self, run_id: String, ctx: &mut Context<Self>) {
+        let deps = self.deps().clone();
+        let id = run_id.clone();
+        let fut = async move { close_orphan(&deps, &id).await };
+        ctx.spawn(fut.into_actor(self).map(move |closed, act, ctx| match closed {
+            Ok(Readoption::Closed(successor)) => {
+                act.orphans.remove(&run_id);
+                act.launch_successor(successor, ctx);
+            }
+            Ok(_) => {
+                act.orphans.remove(&run_id);
+                act.deps().registry.discard(&run_id);
+            }
+            Err(e) => tracing::warn!(run_id = %run_id, error = %e, "closing an orphan failed; retried at the next sweep"),
+        }));
+    }
+
     fn launch_or_defer(&mut self, launch: Launch, defer: bool, ctx: &mut Context<Self>) {
         if defer {
             self.deferred.push(launch);
@@ -684,10 +808,15 @@ impl Handler<ReclaimPass> for Supervisor {
             let mut launches = Vec::new();
             for r in answer.taken {
                 let id = r.row.run_id.clone();
-                // One row's failure is logged and never stops the others; the row stays ours until
-                // the next boot (a generation never retakes its own rows).
+                // One row's failure is logged and never stops the others; the row stays ours and is
+                // re-adopted at a later sweep.
                 match take_row(&deps, r).await {
-                    Ok((id, Fate::Closed(how))) => report.closed.push((id, how)),
+                    Ok((id, Fate::Closed(how, successor))) => {
+                        report.closed.push((id, how));
+                        if let Some((row, events)) = successor {
+                            launches.push(Launch::Restart { row, events, from_gen: None });
+                        }
+                    }
                     Ok((id, Fate::Launch(l))) => {
                         match &l {
                             Launch::Restart { .. } => report.restarted.push(id),
@@ -708,13 +837,28 @@ impl Handler<ReclaimPass> for Supervisor {
             if !(report.resumed.is_empty() && report.restarted.is_empty() && report.closed.is_empty()) {
                 tracing::info!(generation = deps.gen.as_str(), resumed = report.resumed.len(), restarted = report.restarted.len(), closed = report.closed.len(), "reclaim pass");
             }
-            Ok::<_, String>((report, launches))
+            // Rows of this generation, to find any without an actor (SPEC §6.1: no run is live without one).
+            let mine: Vec<String> = match deps.storage.list_live().await {
+                Ok(rows) => rows
+                    .into_iter()
+                    .filter(|r| r.owner_gen == deps.gen.as_str() && r.phase != Phase::Handoff)
+                    .map(|r| r.run_id)
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            Ok::<_, String>((report, launches, mine))
         };
         Box::pin(fut.into_actor(self).map(move |result, act, ctx| {
             act.sweeping = false;
-            let (report, launches) = result?;
+            let (report, launches, mine) = result?;
+            for id in &report.failed {
+                act.orphans.entry(id.clone()).or_default();
+            }
             for l in launches {
                 act.launch_or_defer(l, msg.defer_launch, ctx);
+            }
+            if !msg.defer_launch {
+                act.attend(mine, ctx);
             }
             Ok(report)
         }))
@@ -748,49 +892,53 @@ impl Handler<Drain> for Supervisor {
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
         self.config.draining.store(true, Ordering::SeqCst);
+        // Every run hands itself off at its next step boundary: a model call stops at once, tool calls
+        // in flight finish and their results commit first (SPEC §6.4).
+        for run in self.runs.values() {
+            run.do_send(run::DrainRun);
+        }
         let deps = self.deps().clone();
         let me = ctx.address();
-        let local: Vec<String> = self.runs.keys().cloned().collect();
+        let budget = msg.handoff_budget;
+        let deadline = msg.deadline;
         let fut = async move {
-            let gen = deps.gen.as_str().to_owned();
-            // Resumable = promoted (live), owned here, not detached; never an attaching run.
-            let resumable: Vec<String> = match deps.storage.list_live().await {
-                Ok(rows) => rows
-                    .into_iter()
-                    .filter(|r| r.owner_gen == gen && r.phase == storage::ledger::Phase::Live)
-                    .filter(|r| !r.state.get("detached").and_then(Value::as_bool).unwrap_or(false))
-                    .filter(|r| local.contains(&r.run_id))
-                    .map(|r| r.run_id)
-                    .collect(),
-                Err(e) => {
-                    tracing::warn!(generation = %gen, error = %e, "drain: could not list live rows; nothing handed off");
-                    Vec::new()
+            let started = tokio::time::Instant::now();
+            // Wait for the boundaries, up to the handoff budget; runs in `finishing` or still attaching
+            // are not resumable and are waited for below.
+            loop {
+                let active = me.send(ActiveRuns).await.unwrap_or_default();
+                let resumable = resumable_here(&deps, &active).await;
+                if resumable.is_empty() || started.elapsed() >= budget {
+                    break;
                 }
-            };
-            let handed: Vec<String> = match deps.storage.handoff(gen.clone(), resumable).await {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Calls still running at the budget are dropped: hand those runs off as they are, and the
+            // next process settles their calls effects-unknown.
+            let gen = deps.gen.as_str().to_owned();
+            let active = me.send(ActiveRuns).await.unwrap_or_default();
+            let late = resumable_here(&deps, &active).await;
+            let handed: Vec<String> = match deps.storage.handoff(gen.clone(), late).await {
                 Ok(results) => results.into_iter().filter(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff).map(|(id, _)| id).collect(),
                 Err(e) => {
                     tracing::warn!(generation = %gen, error = %e, "drain: handoff failed");
                     Vec::new()
                 }
             };
-            (handed, deps, me)
+            (handed, deps, me, started)
         };
-        let deadline = msg.deadline;
-        let budget = msg.handoff_budget;
-        Box::pin(fut.into_actor(self).then(move |(handed, deps, me), act, _ctx| {
+        Box::pin(fut.into_actor(self).then(move |(handed, deps, me, started), act, _ctx| {
             for id in &handed {
                 act.handed.insert(id.clone());
                 if let Some(run) = act.runs.get(id) {
-                    run.do_send(run::Abort { why: "handed off to the next generation" });
+                    run.do_send(run::Abort { why: "handed off to the next generation past the handoff budget" });
                 }
                 deps.registry.discard(id);
             }
             if !handed.is_empty() {
-                tracing::info!(generation = deps.gen.as_str(), runs = ?handed, "drain: handed off resumable runs to the next generation");
+                tracing::info!(generation = deps.gen.as_str(), runs = ?handed, "drain: handed off runs still busy at the budget");
             }
             let wait = async move {
-                let started = tokio::time::Instant::now();
                 let mut waited_for = 0;
                 loop {
                     let active = me.send(ActiveRuns).await.unwrap_or_default();
@@ -798,7 +946,7 @@ impl Handler<Drain> for Supervisor {
                     if active.is_empty() || started.elapsed() >= deadline {
                         break;
                     }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 // At the deadline: a provisional full-snapshot record for every run still active here.
                 let mut abandoned = Vec::new();
@@ -816,6 +964,27 @@ impl Handler<Drain> for Supervisor {
             };
             wait.into_actor(act)
         }))
+    }
+}
+
+/// Of `active` (this process's runs), those resumable here: promoted (`live`), owned by this generation,
+/// not detached. Never an attaching run, never one in `finishing`.
+async fn resumable_here(deps: &RunDeps, active: &[String]) -> Vec<String> {
+    if active.is_empty() {
+        return Vec::new();
+    }
+    match deps.storage.list_live().await {
+        Ok(rows) => rows
+            .into_iter()
+            .filter(|r| r.owner_gen == deps.gen.as_str() && r.phase == Phase::Live)
+            .filter(|r| !r.state.get("detached").and_then(Value::as_bool).unwrap_or(false))
+            .filter(|r| active.contains(&r.run_id))
+            .map(|r| r.run_id)
+            .collect(),
+        Err(e) => {
+            tracing::warn!(generation = deps.gen.as_str(), error = %e, "drain: could not list live rows");
+            Vec::new()
+        }
     }
 }
 

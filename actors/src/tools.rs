@@ -22,7 +22,24 @@
 //!   an I/O error) is `ToolOutput { ok: false, output }` with an output that names what went wrong;
 //! - no tool writes outside its run's workspace: [`resolve_in_workspace`] refuses absolute paths, `..`
 //!   escapes and symlinks leading outside, and a refused call writes nothing;
-//! - dropping a call's future abandons it (a hard stop does); `sleep` stops at once.
+//! - dropping a call's future abandons it (a hard stop does); `sleep` stops at once;
+//! - workspace fencing (SPEC §8.3): a mutating tool writes only while holding the workspace lock
+//!   ([`LOCK_FILE`]) and only when the fence ([`FENCE_FILE`]) names its own generation
+//!   ([`ToolContext::gen`]); otherwise it answers `ok: false` with an output starting `fenced:` and
+//!   writes nothing. A tool never creates, takes or rewrites the fence and never creates the workspace
+//!   itself: only [`take_workspace`] does, called by the run actor before any tool runs;
+//! - the fence files are reserved: no tool path may name them ([`WorkspaceError::Reserved`]).
+//!
+//! Fence protocol:
+//!
+//! | who                           | holds the lock while               | outcome                          |
+//! |-------------------------------|------------------------------------|----------------------------------|
+//! | new owner: [`take_workspace`] | writing its generation (tmp+fsync+rename) | `Ok`, `Busy` after [`TAKE_LOCK_WAIT`], `Missing` |
+//! | mutating tool: [`with_fence`] | reading the fence and writing      | the write, `FencedBy`/`Unfenced`, or `Busy` |
+//!
+//! Because the check and the write happen under one lock, and a takeover rewrites the fence under
+//! the same lock, an old owner's write either lands before the takeover completes (and the new owner
+//! settles that call as "effects unknown") or is refused; it never lands after.
 //!
 //! # Design
 //! File work runs on tokio's blocking pool when a runtime is present (actix arbiters are
@@ -30,15 +47,23 @@
 //! best-effort walk of the existing prefix of the path; it does not defend against a concurrent
 //! process swapping a directory for a link between the check and the write (nothing but our own tools
 //! writes in a workspace, and none of them creates links).
+//!
+//! The lock is an advisory OS file lock (`File::try_lock`: `flock` on Unix, `LockFileEx` on Windows)
+//! on a separate, never-replaced file, because the fence itself is replaced by rename and a lock on
+//! a replaced inode would guard nothing. The OS drops the lock when its holder dies, so a crashed
+//! owner never wedges a workspace; a *paused* one (SIGSTOP) keeps it, which is why a take only tries
+//! for [`TAKE_LOCK_WAIT`] and answers [`WorkspaceError::Busy`] for the caller to retry later. Locks
+//! are polled with `try_lock` rather than a blocking `lock`, so no blocking-pool thread waits forever.
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::agent::ToolDef;
 
@@ -48,6 +73,9 @@ pub struct ToolContext {
     pub run_id: String,
     /// The run's workspace (`<data dir>/workspaces/<run_id>`); it may not exist yet.
     pub workspace: PathBuf,
+    /// The generation (fencing token) the call runs under: a mutating tool writes only while the
+    /// workspace fence names exactly this string (see [`take_workspace`]).
+    pub gen: String,
 }
 
 /// A tool call's outcome, as written into the transcript.
@@ -115,7 +143,7 @@ impl Toolbox {
     }
 }
 
-/// Why a path was refused.
+/// Why a path was refused, a workspace could not be taken, or a fenced write did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkspaceError {
     #[error("path is empty")]
@@ -126,8 +154,250 @@ pub enum WorkspaceError {
     Escapes(String),
     #[error("path {0:?} goes through a symlink leading outside the workspace")]
     SymlinkOutside(String),
+    /// The path names one of the fence files ([`FENCE_FILE`], [`LOCK_FILE`] or the fence's temp file).
+    #[error("path {0:?} names a reserved workspace file")]
+    Reserved(String),
     #[error("cannot check path {path:?}: {reason}")]
     Io { path: String, reason: String },
+    /// [`take_workspace`] with [`TakeMode::Existing`]: the directory is not there (SPEC §8.3: a
+    /// workspace missing at resume closes the run `interrupted`; it is never silently recreated).
+    #[error("workspace {0:?} is missing")]
+    Missing(PathBuf),
+    /// The workspace lock stayed held elsewhere for the whole wait (a paused old owner, or a takeover
+    /// in progress). Nothing was written; try again later.
+    #[error("workspace lock {path:?} is held elsewhere (waited {waited_ms} ms)")]
+    Busy { path: PathBuf, waited_ms: u64 },
+    /// The fence names another generation: this one no longer owns the workspace.
+    #[error("workspace is owned by generation {owner:?}, not {gen:?}")]
+    FencedBy { owner: String, gen: String },
+    /// No readable fence (a missing workspace, a workspace never taken, an unreadable fence file):
+    /// no generation can prove it owns the workspace, so nobody writes.
+    #[error("workspace has no readable fence ({reason}); generation {gen:?} does not own it")]
+    Unfenced { gen: String, reason: String },
+    /// [`take_workspace`] refuses a generation that is empty or holds whitespace or control
+    /// characters (the fence is one line and compared exactly).
+    #[error("generation {0:?} cannot name a workspace owner")]
+    BadGeneration(String),
+}
+
+impl WorkspaceError {
+    /// Whether this is a fence refusal ([`WorkspaceError::FencedBy`] or [`WorkspaceError::Unfenced`]):
+    /// the caller does not own the workspace. Tools report these as `fenced: …`.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, WorkspaceError::FencedBy { .. } | WorkspaceError::Unfenced { .. })
+    }
+}
+
+/// The fence file inside a workspace: the owning generation, one line (`<gen>\n`).
+pub const FENCE_FILE: &str = ".fence";
+/// The lock file inside a workspace, locked exclusively by a take and by every mutating tool while it
+/// checks the fence and writes. Created by [`take_workspace`], never replaced or removed.
+pub const LOCK_FILE: &str = ".fence.lock";
+/// The fence's temp file, renamed over [`FENCE_FILE`] by a take.
+const FENCE_TMP_FILE: &str = ".fence.tmp";
+/// Top-level names no tool path may use (compared ignoring ASCII case, for case-insensitive disks).
+const RESERVED_FILES: [&str; 3] = [FENCE_FILE, LOCK_FILE, FENCE_TMP_FILE];
+
+/// How long [`take_workspace`] tries for the lock before answering [`WorkspaceError::Busy`].
+pub const TAKE_LOCK_WAIT: Duration = Duration::from_millis(200);
+/// How long a mutating tool waits for the lock (a take holds it for one small fsynced write; a
+/// longer hold means the holder is paused, and the call fails without writing).
+pub const TOOL_LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Between two `try_lock` attempts.
+const LOCK_POLL: Duration = Duration::from_millis(5);
+
+/// What a new owner expects of the workspace directory when it takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeMode {
+    /// A fresh start, or a restart whose row has no binding yet: create the directory if missing.
+    Create,
+    /// A resume or a re-adoption: the directory must exist; [`WorkspaceError::Missing`] otherwise,
+    /// and nothing is created.
+    Existing,
+}
+
+/// Make `gen` the owner of the workspace `dir`: create the directory if `mode` allows, take the
+/// workspace lock exclusively (trying for at most [`TAKE_LOCK_WAIT`]), write `gen` into the fence
+/// durably (temp file, fsync, rename, fsync of the directory), release the lock.
+///
+/// From the moment this returns `Ok`, every mutating tool call of another generation is refused, and
+/// no such call is still writing. Call it before any tool of the run runs, and before settling the
+/// calls a previous owner left in flight. Idempotent: a generation may take its own workspace again
+/// (re-adoption). Blocking file I/O; from async code use [`take_workspace_async`].
+///
+/// Errors: [`WorkspaceError::Missing`] (`Existing` and no directory), [`WorkspaceError::Busy`] (the
+/// lock stayed held: retry later, and run no tool meanwhile), [`WorkspaceError::BadGeneration`],
+/// [`WorkspaceError::Io`].
+pub fn take_workspace(dir: &Path, gen: &str, mode: TakeMode) -> Result<(), WorkspaceError> {
+    if gen.is_empty() || gen.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(WorkspaceError::BadGeneration(gen.to_owned()));
+    }
+    let io = |what: &str, e: std::io::Error| WorkspaceError::Io {
+        path: dir.display().to_string(),
+        reason: format!("{what}: {e}"),
+    };
+    match mode {
+        TakeMode::Create => {
+            if !dir.is_dir() {
+                std::fs::create_dir_all(dir).map_err(|e| io("create the workspace", e))?;
+                if let Some(parent) = dir.parent() {
+                    sync_dir(parent).map_err(|e| io("sync the workspaces directory", e))?;
+                }
+            }
+        }
+        TakeMode::Existing => match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(io("check the workspace", std::io::Error::other("not a directory"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(WorkspaceError::Missing(dir.to_path_buf())),
+            Err(e) => return Err(io("check the workspace", e)),
+        },
+    }
+    let lock_path = dir.join(LOCK_FILE);
+    let file = match OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path) {
+        Ok(f) => f,
+        // Removed between the check and the open.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && mode == TakeMode::Existing => {
+            return Err(WorkspaceError::Missing(dir.to_path_buf()))
+        }
+        Err(e) => return Err(io("open the workspace lock", e)),
+    };
+    let _held = WorkspaceLock::acquire(file, &lock_path, TAKE_LOCK_WAIT).map_err(|e| match e {
+        LockError::Busy(b) => b,
+        LockError::Io(e) => io("lock the workspace", e),
+    })?;
+    write_fence(dir, gen).map_err(|e| io("write the fence", e))
+}
+
+/// [`take_workspace`] off the async runtime (on tokio's blocking pool when one is present, inline
+/// otherwise), so a take waiting for a busy lock never stalls the other runs of an arbiter.
+pub async fn take_workspace_async(dir: PathBuf, gen: String, mode: TakeMode) -> Result<(), WorkspaceError> {
+    let path = dir.display().to_string();
+    match off_runtime(move || take_workspace(&dir, &gen, mode)).await {
+        Ok(answer) => answer,
+        Err(reason) => Err(WorkspaceError::Io { path, reason: format!("the take did not finish: {reason}") }),
+    }
+}
+
+/// Run `write` while holding the workspace lock, if and only if the fence of `workspace` names
+/// `gen`. Waits at most `wait` for the lock. Blocking file I/O (call it off the async runtime).
+///
+/// This is the fence every mutating workspace tool goes through; a tool acting outside the process
+/// may call it with a no-op `write` as its ownership check immediately before dispatch (SPEC §8.3).
+/// Never creates anything: a missing workspace, lock file or fence is [`WorkspaceError::Unfenced`].
+///
+/// Errors: [`WorkspaceError::FencedBy`] and [`WorkspaceError::Unfenced`] (see
+/// [`WorkspaceError::is_fenced`]), [`WorkspaceError::Busy`]; `write` has not run in any of them.
+pub fn with_fence<T>(workspace: &Path, gen: &str, wait: Duration, write: impl FnOnce() -> T) -> Result<T, WorkspaceError> {
+    let unfenced = |reason: String| WorkspaceError::Unfenced { gen: gen.to_owned(), reason };
+    let lock_path = workspace.join(LOCK_FILE);
+    let file = match File::open(&lock_path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let what = if workspace.is_dir() { "the workspace was never taken" } else { "the workspace is missing" };
+            return Err(unfenced(what.into()));
+        }
+        Err(e) => return Err(unfenced(format!("cannot open the workspace lock: {e}"))),
+    };
+    let _held = WorkspaceLock::acquire(file, &lock_path, wait).map_err(|e| match e {
+        LockError::Busy(b) => b,
+        LockError::Io(e) => unfenced(format!("cannot lock the workspace: {e}")),
+    })?;
+    let owner = read_fence(workspace).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => unfenced("no fence file".into()),
+        _ => unfenced(format!("cannot read the fence: {e}")),
+    })?;
+    if owner != gen {
+        return Err(WorkspaceError::FencedBy { owner, gen: gen.to_owned() });
+    }
+    Ok(write())
+}
+
+/// The generation the fence of `workspace` names (its one line, trimmed), read without the lock:
+/// for diagnostics and tests, never for deciding whether to write (use [`with_fence`]).
+pub fn fence_owner(workspace: &Path) -> std::io::Result<String> {
+    read_fence(workspace)
+}
+
+/// An exclusive lock on a workspace's [`LOCK_FILE`]; dropping it unlocks. The lock goes with the
+/// open file description, so the guard owns the only handle to it.
+struct WorkspaceLock {
+    file: File,
+}
+
+enum LockError {
+    Busy(WorkspaceError),
+    Io(std::io::Error),
+}
+
+impl WorkspaceLock {
+    /// Poll `try_lock` until it succeeds or `wait` has passed.
+    fn acquire(file: File, path: &Path, wait: Duration) -> Result<Self, LockError> {
+        let started = Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(WorkspaceLock { file }),
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Error(e)) => return Err(LockError::Io(e)),
+            }
+            let waited = started.elapsed();
+            if waited >= wait {
+                return Err(LockError::Busy(WorkspaceError::Busy {
+                    path: path.to_path_buf(),
+                    waited_ms: waited.as_millis() as u64,
+                }));
+            }
+            std::thread::sleep(LOCK_POLL.min(wait - waited));
+        }
+    }
+}
+
+impl Drop for WorkspaceLock {
+    fn drop(&mut self) {
+        // Closing the file releases the lock too; unlocking first also covers a handle that a child
+        // process might have inherited.
+        let _ = self.file.unlock();
+    }
+}
+
+/// Write `gen` as the fence: temp file, fsync, rename over the fence, fsync the directory. Callers
+/// hold the workspace lock (the temp name is not unique).
+fn write_fence(dir: &Path, gen: &str) -> std::io::Result<()> {
+    let tmp = dir.join(FENCE_TMP_FILE);
+    {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        f.write_all(format!("{gen}\n").as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(FENCE_FILE))?;
+    sync_dir(dir)
+}
+
+/// The fence's generation. A fence is a few dozen bytes; a larger file is read up to a bound and will
+/// simply not match any generation.
+fn read_fence(dir: &Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    File::open(dir.join(FENCE_FILE))?.take(4096).read_to_string(&mut text)?;
+    Ok(text.trim().to_owned())
+}
+
+/// Make a directory's entries durable (a created child, a rename).
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Run blocking work on tokio's blocking pool when a runtime is present, inline otherwise. `Err`
+/// when the work panicked or the runtime shut down.
+async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => rt.spawn_blocking(work).await.map_err(|e| e.to_string()),
+        Err(_) => Ok(work()),
+    }
 }
 
 /// `<data dir>/workspaces/<run_id>`.
@@ -147,9 +417,9 @@ pub fn workspace_dir(data_dir: &Path, run_id: &str) -> PathBuf {
 
 /// The path `rel` names inside `workspace`, lexically normalized (no `.` or `..` left in it).
 ///
-/// Refuses an empty path, an absolute one, one whose `..` climbs above the workspace, and one whose
-/// existing prefix goes through a symlink resolving outside the workspace (or a dangling one, which
-/// cannot be checked). The workspace itself need not exist.
+/// Refuses an empty path, an absolute one, one whose `..` climbs above the workspace, one naming a
+/// fence file, and one whose existing prefix goes through a symlink resolving outside the workspace
+/// (or a dangling one, which cannot be checked). The workspace itself need not exist.
 pub fn resolve_in_workspace(workspace: &Path, rel: &str) -> Result<PathBuf, WorkspaceError> {
     if rel.is_empty() {
         return Err(WorkspaceError::Empty);
@@ -173,6 +443,11 @@ pub fn resolve_in_workspace(workspace: &Path, rel: &str) -> Result<PathBuf, Work
     }
     if inside.is_empty() {
         return Err(WorkspaceError::Empty);
+    }
+    if let Some(first) = inside.first().and_then(|s| s.to_str()) {
+        if RESERVED_FILES.iter().any(|r| r.eq_ignore_ascii_case(first)) {
+            return Err(WorkspaceError::Reserved(rel.to_owned()));
+        }
     }
     let io = |e: std::io::Error| WorkspaceError::Io { path: rel.to_owned(), reason: e.to_string() };
     // Walk the prefixes that exist; a symlink among them must resolve inside the workspace.
@@ -323,48 +598,77 @@ impl Tool for AppendFileTool {
                 tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
             }
             let workspace = ctx.workspace.clone();
-            let work = move || append_line(&workspace, &rel, &line);
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => match rt.spawn_blocking(work).await {
-                    Ok(out) => out,
-                    Err(e) => ToolOutput::err(format!("append_file did not finish: {e}")),
-                },
-                Err(_) => work(),
-            }
+            let gen = ctx.gen.clone();
+            off_runtime(move || append_line(&workspace, &gen, &rel, &line))
+                .await
+                .unwrap_or_else(|e| ToolOutput::err(format!("append_file did not finish: {e}")))
         }
         .boxed()
     }
 }
 
-/// The blocking part of `append_file`.
-fn append_line(workspace: &Path, rel: &str, line: &str) -> ToolOutput {
+/// The blocking part of `append_file`: refuse the path, then check the fence and write under the
+/// workspace lock.
+fn append_line(workspace: &Path, gen: &str, rel: &str, line: &str) -> ToolOutput {
     let path = match resolve_in_workspace(workspace, rel) {
         Ok(p) => p,
         Err(e) => return ToolOutput::err(format!("refused: {e}")),
     };
-    let written = (|| -> std::io::Result<usize> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+    let write = || -> std::io::Result<usize> {
+        create_subdirs(workspace, &path)?;
+        let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
         let mut bytes = Vec::with_capacity(line.len() + 1);
         bytes.extend_from_slice(line.as_bytes());
         bytes.push(b'\n');
         file.write_all(&bytes)?;
         Ok(bytes.len())
-    })();
-    match written {
-        Ok(n) => ToolOutput::ok(format!("appended {n} bytes to {rel}")),
+    };
+    match with_fence(workspace, gen, TOOL_LOCK_WAIT, write) {
+        Ok(Ok(n)) => ToolOutput::ok(format!("appended {n} bytes to {rel}")),
+        Ok(Err(e)) => ToolOutput::err(format!("cannot append to {rel:?}: {e}")),
+        Err(e) if e.is_fenced() => ToolOutput::err(format!("fenced: {e}")),
         Err(e) => ToolOutput::err(format!("cannot append to {rel:?}: {e}")),
     }
+}
+
+/// Create the directories between `workspace` (which exists: its fence was just read) and `path`'s
+/// parent, one level at a time, so a workspace removed meanwhile is never recreated by a tool.
+fn create_subdirs(workspace: &Path, path: &Path) -> std::io::Result<()> {
+    let Some(parent) = path.parent() else { return Ok(()) };
+    let Ok(below) = parent.strip_prefix(workspace) else { return Ok(()) };
+    let mut dir = workspace.to_path_buf();
+    for c in below.components() {
+        dir.push(c);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The owner before the takeover, and the one after (generation stamps, SPEC §6.1).
+    const GEN_A: &str = "20260101T000000Z-aaaaaaaa";
+    const GEN_B: &str = "20260101T000500Z-bbbbbbbb";
+
     fn ctx(dir: &Path) -> ToolContext {
-        ToolContext { run_id: "r1".into(), workspace: workspace_dir(dir, "r1") }
+        ctx_as(dir, GEN_A)
+    }
+
+    fn ctx_as(dir: &Path, gen: &str) -> ToolContext {
+        ToolContext { run_id: "r1".into(), workspace: workspace_dir(dir, "r1"), gen: gen.into() }
+    }
+
+    /// Holds the workspace lock from outside, like an owner paused in the middle of a write.
+    fn hold_lock(ws: &Path) -> File {
+        let holder = File::open(ws.join(LOCK_FILE)).unwrap();
+        holder.lock().unwrap();
+        holder
     }
 
     #[test]
@@ -411,6 +715,12 @@ mod tests {
             (".", Err(WorkspaceError::Empty)),
             ("a/..", Err(WorkspaceError::Empty)),
             ("/etc/passwd", Err(WorkspaceError::Absolute("/etc/passwd".into()))),
+            (".fence", Err(WorkspaceError::Reserved(".fence".into()))),
+            ("./.fence.lock", Err(WorkspaceError::Reserved("./.fence.lock".into()))),
+            ("a/../.FENCE.tmp", Err(WorkspaceError::Reserved("a/../.FENCE.tmp".into()))),
+            (".fence/x", Err(WorkspaceError::Reserved(".fence/x".into()))),
+            ("sub/.fence", Ok(ws.join("sub/.fence"))),
+            (".fenced.log", Ok(ws.join(".fenced.log"))),
             ("../x", Err(WorkspaceError::Escapes("../x".into()))),
             ("a/../../x", Err(WorkspaceError::Escapes("a/../../x".into()))),
         ];
@@ -476,10 +786,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn append_file_creates_the_workspace_and_appends_lines() {
+    async fn append_file_appends_lines_in_a_workspace_its_generation_took() {
         let dir = tempfile::tempdir().unwrap();
         let c = ctx(dir.path());
-        assert!(!c.workspace.exists());
+        take_workspace(&c.workspace, GEN_A, TakeMode::Create).unwrap();
         let tool = Toolbox::builtin().get("append_file").unwrap();
         let first = tool.call(&c, &json!({"path": "logs/steps.log", "line": "step 1"})).await;
         assert_eq!(first, ToolOutput::ok("appended 7 bytes to logs/steps.log"));
@@ -509,7 +819,168 @@ mod tests {
     fn append_file_works_without_a_runtime() {
         let dir = tempfile::tempdir().unwrap();
         let c = ctx(dir.path());
+        take_workspace(&c.workspace, GEN_A, TakeMode::Create).unwrap();
         let out = AppendFileTool.call(&c, &json!({"path": "a.txt", "line": "hi"})).now_or_never();
         assert_eq!(out, Some(ToolOutput::ok("appended 3 bytes to a.txt")));
+    }
+
+    // ---- workspace fencing (SPEC §8.3) ----
+
+    #[test]
+    fn a_fresh_take_creates_the_workspace_and_writes_the_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace_dir(dir.path(), "r1");
+        assert!(!ws.exists());
+        take_workspace(&ws, GEN_A, TakeMode::Create).unwrap();
+        assert!(ws.is_dir());
+        assert_eq!(std::fs::read_to_string(ws.join(FENCE_FILE)).unwrap(), format!("{GEN_A}\n"));
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_A);
+        assert!(ws.join(LOCK_FILE).is_file());
+        assert!(!ws.join(FENCE_TMP_FILE).exists(), "the temp file was renamed over the fence");
+        // Taking again is idempotent: a re-adoption by the same generation, with or without `Create`.
+        take_workspace(&ws, GEN_A, TakeMode::Create).unwrap();
+        take_workspace(&ws, GEN_A, TakeMode::Existing).unwrap();
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_A);
+        // An existing workspace without a fence (made before fencing existed) can be taken.
+        let old = dir.path().join("old");
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::write(old.join("steps.log"), "step 1\n").unwrap();
+        take_workspace(&old, GEN_B, TakeMode::Existing).unwrap();
+        assert_eq!(fence_owner(&old).unwrap(), GEN_B);
+        assert_eq!(std::fs::read_to_string(old.join("steps.log")).unwrap(), "step 1\n");
+    }
+
+    #[test]
+    fn a_resume_take_of_a_missing_workspace_answers_missing_and_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace_dir(dir.path(), "r1");
+        assert_eq!(take_workspace(&ws, GEN_B, TakeMode::Existing), Err(WorkspaceError::Missing(ws.clone())));
+        assert!(!ws.exists());
+        assert!(!dir.path().join("workspaces").exists());
+    }
+
+    #[test]
+    fn a_take_refuses_a_generation_that_cannot_be_a_fence_line() {
+        let dir = tempfile::tempdir().unwrap();
+        for gen in ["", "a b", "a\nb"] {
+            assert_eq!(
+                take_workspace(&dir.path().join("ws"), gen, TakeMode::Create),
+                Err(WorkspaceError::BadGeneration(gen.into()))
+            );
+        }
+        assert!(!dir.path().join("ws").exists());
+    }
+
+    #[tokio::test]
+    async fn after_a_takeover_the_old_generation_is_fenced_and_writes_nothing() {
+        // A owns the workspace and writes step 1.
+        let dir = tempfile::tempdir().unwrap();
+        let a = ctx_as(dir.path(), GEN_A);
+        take_workspace(&a.workspace, GEN_A, TakeMode::Create).unwrap();
+        let step1 = AppendFileTool.call(&a, &json!({"path": "steps.log", "line": "step 1"})).await;
+        assert!(step1.ok, "{step1:?}");
+        // A is paused; B resumes the run and takes the workspace over.
+        take_workspace_async(a.workspace.clone(), GEN_B.into(), TakeMode::Existing).await.unwrap();
+        assert_eq!(fence_owner(&a.workspace).unwrap(), GEN_B);
+        // A continues: its write is refused and the file is unchanged, in the file and in a new one.
+        for path in ["steps.log", "new/other.log"] {
+            let late = AppendFileTool.call(&a, &json!({"path": path, "line": "step 2"})).await;
+            assert!(!late.ok, "{late:?}");
+            assert!(late.output.starts_with("fenced: "), "{}", late.output);
+            assert!(late.output.contains(GEN_B), "names the owner: {}", late.output);
+        }
+        assert_eq!(std::fs::read_to_string(a.workspace.join("steps.log")).unwrap(), "step 1\n");
+        assert!(!a.workspace.join("new").exists());
+        // B writes.
+        let b = ctx_as(dir.path(), GEN_B);
+        let step3 = AppendFileTool.call(&b, &json!({"path": "steps.log", "line": "step 3"})).await;
+        assert!(step3.ok, "{step3:?}");
+        assert_eq!(std::fs::read_to_string(a.workspace.join("steps.log")).unwrap(), "step 1\nstep 3\n");
+    }
+
+    #[test]
+    fn a_write_waiting_for_the_lock_sees_the_takeover_that_held_it() {
+        // The SIGSTOP race: A's call is about to write when B's take holds the lock and rewrites the
+        // fence. A must wait for the lock, then read B's fence, then refuse.
+        let dir = tempfile::tempdir().unwrap();
+        let a = ctx_as(dir.path(), GEN_A);
+        take_workspace(&a.workspace, GEN_A, TakeMode::Create).unwrap();
+        let taker = hold_lock(&a.workspace);
+        let ws = a.workspace.clone();
+        let late = std::thread::spawn(move || {
+            AppendFileTool.call(&a, &json!({"path": "steps.log", "line": "step 2"})).now_or_never().unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        write_fence(&ws, GEN_B).unwrap();
+        taker.unlock().unwrap();
+        let late = late.join().unwrap();
+        assert!(late.output.starts_with("fenced: ") && !late.ok, "{late:?}");
+        assert!(!ws.join("steps.log").exists());
+    }
+
+    #[test]
+    fn a_take_while_another_holder_keeps_the_lock_answers_busy_within_bounded_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace_dir(dir.path(), "r1");
+        take_workspace(&ws, GEN_A, TakeMode::Create).unwrap();
+        // Owner A is paused while holding the lock.
+        let paused = hold_lock(&ws);
+        let started = Instant::now();
+        let answer = take_workspace(&ws, GEN_B, TakeMode::Existing);
+        let took = started.elapsed();
+        assert!(matches!(&answer, Err(WorkspaceError::Busy { path, .. }) if *path == ws.join(LOCK_FILE)), "{answer:?}");
+        assert!(took >= TAKE_LOCK_WAIT && took < TAKE_LOCK_WAIT + Duration::from_secs(2), "took {took:?}");
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_A, "a busy take changes nothing");
+        // A tool call meanwhile fails the same way after its own bounded wait, writing nothing.
+        let short: Result<(), _> = with_fence(&ws, GEN_A, Duration::from_millis(20), || unreachable!("must not write"));
+        assert!(matches!(short, Err(WorkspaceError::Busy { .. })), "{short:?}");
+        // A continues and lets go; the next sweep's take succeeds.
+        drop(paused);
+        take_workspace(&ws, GEN_B, TakeMode::Existing).unwrap();
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_B);
+    }
+
+    #[tokio::test]
+    async fn a_workspace_without_a_readable_fence_is_written_by_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ctx(dir.path());
+        let args = json!({"path": "steps.log", "line": "x"});
+        // Missing workspace: refused, and not recreated by the tool.
+        let out = AppendFileTool.call(&c, &args).await;
+        assert!(out.output.starts_with("fenced: ") && out.output.contains("missing"), "{out:?}");
+        assert!(!c.workspace.exists());
+        // A directory nobody took.
+        std::fs::create_dir_all(&c.workspace).unwrap();
+        let out = AppendFileTool.call(&c, &args).await;
+        assert!(out.output.starts_with("fenced: ") && out.output.contains("never taken"), "{out:?}");
+        // A taken workspace whose fence was lost.
+        take_workspace(&c.workspace, GEN_A, TakeMode::Existing).unwrap();
+        std::fs::remove_file(c.workspace.join(FENCE_FILE)).unwrap();
+        let out = AppendFileTool.call(&c, &args).await;
+        assert!(out.output.starts_with("fenced: ") && out.output.contains("no fence file"), "{out:?}");
+        assert!(!c.workspace.join("steps.log").exists());
+    }
+
+    #[tokio::test]
+    async fn a_tool_cannot_write_the_fence_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ctx(dir.path());
+        take_workspace(&c.workspace, GEN_A, TakeMode::Create).unwrap();
+        for path in [FENCE_FILE, LOCK_FILE, FENCE_TMP_FILE] {
+            let out = AppendFileTool.call(&c, &json!({"path": path, "line": GEN_B})).await;
+            assert!(out.output.starts_with("refused: ") && out.output.contains("reserved"), "{out:?}");
+        }
+        assert_eq!(fence_owner(&c.workspace).unwrap(), GEN_A);
+        assert!(!c.workspace.join(FENCE_TMP_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn take_workspace_async_answers_like_the_blocking_take() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace_dir(dir.path(), "r1");
+        let missing = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing).await;
+        assert_eq!(missing, Err(WorkspaceError::Missing(ws.clone())));
+        take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Create).await.unwrap();
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_A);
     }
 }

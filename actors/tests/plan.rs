@@ -4,12 +4,15 @@
 //! the test says so, and every timeout is a [`ManualTimer`] the test fires — no real sleeps, no timed
 //! assertions. Each case asserts both the returned outcome and the durable row (read through the store,
 //! and after a "restart" through a fresh `SqliteStore` on the file). "Another process" is a second storage
-//! actor with its own connection to the same file, as a rolling restart's old and new process have.
+//! actor with its own connection to the same file, as a rolling restart's old and new process have, under
+//! a generation of its own; every storage actor of a fixture reads one manual clock, so leases run out
+//! only when a test advances it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use actors::host;
 use actors::plan::{
     AbortSignal, InvocationState, PlanHandle, PlanIdentity, PlanSettings, ProviderError, ProviderResult, StartError,
     StopCause, SuggestionInput, SuggestionJob, SuggestionProvider, Timer,
@@ -21,11 +24,14 @@ use storage::plan::{
     Card, Import, PlanBinding, PlanId, PlanRefusal, PlanRequest, PlanStore, RequestId, RequestState, Revision,
     SettleOutcome, Settlement, SnapshotId, TerminalReason, MAX_DIAGNOSTIC_BYTES,
 };
-use storage::{BackendSpec, ManualClock, SqliteStore, StorageHandle, Synchronous};
+use storage::ledger::GenerationInfo;
+use storage::{BackendSpec, Generation, ManualClock, SqliteStore, StorageHandle, Synchronous};
 use tokio::sync::oneshot;
 
 const NOW: i64 = 1_800_000_000_000;
 const TIMEOUT: Duration = Duration::from_secs(30);
+const LEASE: Duration = Duration::from_secs(30);
+const LEASE_MS: i64 = 30_000;
 
 // ---- controllable provider and timer ----
 
@@ -128,6 +134,7 @@ impl ManualTimer {
 struct Fixture {
     _dir: tempfile::TempDir,
     path: PathBuf,
+    clock: Arc<ManualClock>,
     storage: StorageHandle,
     provider: ControlledProvider,
     timer: ManualTimer,
@@ -135,15 +142,25 @@ struct Fixture {
 }
 
 fn settings(max_concurrent: usize) -> PlanSettings {
-    PlanSettings { max_concurrent, timeout: TIMEOUT }
+    PlanSettings { max_concurrent, timeout: TIMEOUT, lease: LEASE }
 }
 
 /// A storage actor with its own connection to `path`: one process's view of the database.
-fn process_storage(path: &Path) -> StorageHandle {
-    StorageHandle::start(
-        BackendSpec::Sqlite { path: path.to_owned(), synchronous: Synchronous::Normal },
-        Arc::new(ManualClock::new(NOW)),
-    )
+fn process_storage(path: &Path, clock: &Arc<ManualClock>) -> StorageHandle {
+    StorageHandle::start(BackendSpec::Sqlite { path: path.to_owned(), synchronous: Synchronous::Normal }, clock.clone())
+}
+
+/// Record a fresh generation as `generations` would hold it for a process like this one, adjusted by
+/// `adjust` (another host, a pid that is gone); answers it.
+async fn record_generation(storage: &StorageHandle, adjust: impl FnOnce(GenerationInfo) -> GenerationInfo) -> Generation {
+    let generation = Generation::mint(NOW);
+    storage.record_generation(adjust(host::this_process(generation.as_str(), NOW))).await.expect("record the generation");
+    generation
+}
+
+/// A process of this host that has died: its pid no longer exists.
+fn gone(info: GenerationInfo) -> GenerationInfo {
+    GenerationInfo { pid: u32::MAX - 7, ..info }
 }
 
 impl Fixture {
@@ -151,11 +168,19 @@ impl Fixture {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("plans.db");
         SqliteStore::open(&path, Synchronous::Normal).expect("create and migrate");
-        let storage = process_storage(&path);
+        let clock = Arc::new(ManualClock::new(NOW));
+        let storage = process_storage(&path, &clock);
+        let generation = record_generation(&storage, |live| live).await;
         let provider = ControlledProvider::default();
         let timer = ManualTimer::default();
-        let plans = PlanHandle::spawn(storage.clone(), Arc::new(provider.clone()), Arc::new(timer.clone()), settings(max_concurrent));
-        let f = Fixture { _dir: dir, path, storage, provider, timer, plans };
+        let plans = PlanHandle::spawn(
+            storage.clone(),
+            generation,
+            Arc::new(provider.clone()),
+            Arc::new(timer.clone()),
+            settings(max_concurrent),
+        );
+        let f = Fixture { _dir: dir, path, clock, storage, provider, timer, plans };
         for plan in ["p1", "p2", "p3"] {
             f.import(plan, "s1", true).await;
         }
@@ -173,6 +198,21 @@ impl Fixture {
 
     async fn row(&self, id: &RequestId) -> PlanRequest {
         self.storage.plan_request(id.clone()).await.expect("read").expect("row exists")
+    }
+
+    /// Another process's storage actor on the same file and clock.
+    fn other_process(&self) -> StorageHandle {
+        process_storage(&self.path, &self.clock)
+    }
+
+    /// Another live process on this host: its own generation, storage actor, provider and coordinator.
+    async fn second_process(&self) -> (StorageHandle, ControlledProvider, PlanHandle) {
+        let storage = self.other_process();
+        let generation = record_generation(&storage, |live| live).await;
+        let provider = ControlledProvider::default();
+        let timer = Arc::new(ManualTimer::default());
+        let plans = PlanHandle::spawn(storage.clone(), generation, Arc::new(provider.clone()), timer, settings(4));
+        (storage, provider, plans)
     }
 
     /// The row as a restarted process reads it: a fresh connection to the file.
@@ -289,7 +329,7 @@ async fn a_snapshot_change_before_completion_answers_stale() {
 #[actix_rt::test]
 async fn completion_racing_failure_cleanup_leaves_the_ready_result_untouched() {
     let f = Fixture::new(4).await;
-    let other = process_storage(&f.path);
+    let other = f.other_process();
     // Another process publishes the request first; then this process's provider fails and cleans up.
     let rid = f.start("p1", 1, "s1").await.unwrap();
     let ready = other
@@ -324,7 +364,7 @@ async fn completion_racing_failure_cleanup_leaves_the_ready_result_untouched() {
 #[actix_rt::test]
 async fn external_cancellation_reclassifies_a_late_reply_and_a_rejection_as_cancelled() {
     let f = Fixture::new(4).await;
-    let other = process_storage(&f.path);
+    let other = f.other_process();
     let external = Settlement {
         outcome: SettleOutcome::Cancelled,
         reason: TerminalReason::Cancelled,
@@ -537,17 +577,17 @@ async fn the_global_limit_refuses_with_capacity_until_an_invocation_terminates()
 #[actix_rt::test]
 async fn a_second_coordinator_on_the_same_file_completing_first_wins() {
     let f = Fixture::new(4).await;
-    // Process B: its own storage actor (its own connection to the file), provider and coordinator.
-    let b_storage = process_storage(&f.path);
-    let b_provider = ControlledProvider::default();
-    let b_plans = PlanHandle::spawn(b_storage.clone(), Arc::new(b_provider.clone()), Arc::new(ManualTimer::default()), settings(4));
+    // Process B: its own generation, storage actor (its own connection to the file), provider and coordinator.
+    let (b_storage, b_provider, b_plans) = f.second_process().await;
 
-    // Both processes start on plan p1 at revision 1: the coordinator is not a multi-process scheduler.
-    let mine = f.start("p1", 1, "s1").await.unwrap();
+    // B runs plan p1 at revision 1; while its request is pending, this process cannot start p1.
     let theirs = b_plans.start(identity("p1", 1), snap("s1"), &input("b")).await.unwrap().request_id;
-    // B completes first and applies its reply: the apply advances the revision and invalidates ours.
+    assert_eq!(f.start("p1", 1, "s1").await, Err(StartError::Busy { request_id: theirs.clone() }));
+    // B completes: its reply is ready, no longer pending, and this process starts p1 too.
     b_provider.resolve(0, cards(&["from b"]));
     assert_eq!(b_plans.outcome(theirs.clone()).await.unwrap().state, InvocationState::Completed);
+    let mine = f.start("p1", 1, "s1").await.unwrap();
+    // B applies its reply: the apply advances the revision and invalidates ours.
     let applied = b_plans.consume(&pid("p1"), theirs.clone()).await.unwrap();
     assert_eq!((applied.plan.revision, applied.invalidated.clone()), (Revision::new(2), vec![mine.clone()]));
     // Our late reply loses: stale, nothing published, B's applied reply untouched.
@@ -573,8 +613,8 @@ async fn a_second_coordinator_on_the_same_file_completing_first_wins() {
 async fn cancelling_an_untracked_pending_request_settles_it_and_outcomes_answer_from_the_store() {
     let f = Fixture::new(4).await;
     // An orphan: allocated by a process that died before invoking anything.
-    let other = process_storage(&f.path);
-    let orphan = other.allocate_request(binding("p1", 1, "s1")).await.unwrap().unwrap();
+    let other = f.other_process();
+    let orphan = other.allocate_request(binding("p1", 1, "s1"), Generation::mint(NOW), LEASE_MS).await.unwrap().unwrap();
     let err = f.plans.outcome(orphan.request_id.clone()).await.unwrap_err();
     assert!(matches!(err, actors::plan::PlanError::NotTracked { .. }), "{err:?}");
     let view = f.plans.cancel(&pid("p1"), orphan.request_id.clone()).await.unwrap();
@@ -582,6 +622,74 @@ async fn cancelling_an_untracked_pending_request_settles_it_and_outcomes_answer_
     let out = f.plans.outcome(orphan.request_id.clone()).await.unwrap();
     assert_eq!((out.state, out.reason), (InvocationState::Cancelled, Some(TerminalReason::Cancelled)));
     assert!(f.plans.outcome(RequestId::generate()).await.is_err());
+}
+
+// ---- crashes (SPEC §9): no request of a dead holder stays pending ----
+
+#[actix_rt::test]
+async fn a_pending_request_of_a_dead_generation_is_settled_interrupted_and_its_plan_admits_again() {
+    let f = Fixture::new(4).await;
+    // A process of this host crashed (its pid is gone) while running suggestions on p1 and p2.
+    let dead = record_generation(&f.storage, gone).await;
+    let other = f.other_process();
+    let on_p1 = other.allocate_request(binding("p1", 1, "s1"), dead.clone(), LEASE_MS).await.unwrap().unwrap();
+    let on_p2 = other.allocate_request(binding("p2", 1, "s1"), dead.clone(), LEASE_MS).await.unwrap().unwrap();
+    // A start on p1 finds the dead holder's request: the sweep it triggers settles it, and the start is admitted.
+    let rid = f.start("p1", 1, "s1").await.expect("admitted once the orphan is settled");
+    let settled = f.row(&on_p1.request_id).await;
+    assert_eq!((settled.state, settled.reason), (RequestState::Failed, Some(TerminalReason::Interrupted)));
+    assert!(settled.diagnostic.as_deref().is_some_and(|d| d.contains(dead.as_str()) && d.contains("gone")), "{settled:?}");
+    assert_eq!(f.row(&rid).await.state, RequestState::Pending);
+    // That sweep settled p2's orphan as well: never left pending, whether or not anyone asks for p2.
+    let settled = f.row_after_restart(&on_p2.request_id);
+    assert_eq!((settled.state, settled.reason), (RequestState::Failed, Some(TerminalReason::Interrupted)));
+    // A restarted process settles the orphans it finds at boot, before it handles any message.
+    let on_p3 = other.allocate_request(binding("p3", 1, "s1"), dead.clone(), LEASE_MS).await.unwrap().unwrap();
+    let (_, _, restarted) = f.second_process().await;
+    let view = restarted.suggestion(&pid("p3"), on_p3.request_id.clone()).await.unwrap();
+    assert_eq!((view.request.state, view.request.reason), (RequestState::Failed, Some(TerminalReason::Interrupted)));
+    assert_eq!(view.invocation, None);
+    let out = restarted.outcome(on_p3.request_id.clone()).await.unwrap();
+    assert_eq!((out.state, out.reason), (InvocationState::Failed, Some(TerminalReason::Interrupted)));
+    assert!(restarted.start(identity("p3", 1), snap("s1"), &input("again")).await.is_ok());
+}
+
+#[actix_rt::test]
+async fn a_pending_request_of_a_live_generation_makes_start_busy_until_it_ends() {
+    let f = Fixture::new(4).await;
+    let (_, b_provider, b_plans) = f.second_process().await;
+    let theirs = b_plans.start(identity("p1", 1), snap("s1"), &input("b")).await.unwrap().request_id;
+    // The holder is alive and within its lease: a start is busy, and no sweep touches its request.
+    assert_eq!(f.start("p1", 1, "s1").await, Err(StartError::Busy { request_id: theirs.clone() }));
+    assert_eq!(f.plans.sweep().await.unwrap(), vec![]);
+    assert_eq!(f.start("p1", 1, "s1").await, Err(StartError::Busy { request_id: theirs.clone() }));
+    assert_eq!(f.row(&theirs).await.state, RequestState::Pending);
+    assert_eq!(f.provider.count(), 0, "nothing was allocated or invoked for the refusals");
+    // Its provider ends: the plan admits this process.
+    b_provider.reject(0, "no ideas");
+    assert_eq!(b_plans.outcome(theirs.clone()).await.unwrap().state, InvocationState::Failed);
+    assert!(f.start("p1", 1, "s1").await.is_ok());
+}
+
+#[actix_rt::test]
+async fn a_holder_past_its_lease_is_settled_interrupted_while_a_live_holder_renews_its_own() {
+    let f = Fixture::new(4).await;
+    // A generation on another host: its process cannot be checked from here, only its lease.
+    let remote = record_generation(&f.storage, |info| GenerationInfo { host: "another-host".into(), ..gone(info) }).await;
+    let theirs = f.other_process().allocate_request(binding("p1", 1, "s1"), remote.clone(), LEASE_MS).await.unwrap().unwrap();
+    let mine = f.start("p2", 1, "s1").await.unwrap();
+    assert_eq!(f.plans.sweep().await.unwrap(), vec![], "within its lease, a remote holder is alive");
+    assert_eq!(f.start("p1", 1, "s1").await, Err(StartError::Busy { request_id: theirs.request_id.clone() }));
+    // A lease later the remote holder has renewed nothing; this process renews what it runs as it sweeps.
+    f.clock.advance(LEASE_MS);
+    let settled = f.plans.sweep().await.unwrap();
+    assert_eq!(settled.iter().map(|r| &r.request_id).collect::<Vec<_>>(), vec![&theirs.request_id]);
+    assert_eq!((settled[0].state, settled[0].reason), (RequestState::Failed, Some(TerminalReason::Interrupted)));
+    assert!(settled[0].diagnostic.as_deref().is_some_and(|d| d.contains("lease")), "{settled:?}");
+    let renewed = f.row(&mine).await;
+    assert_eq!((renewed.state, renewed.holder.map(|h| h.lease_until)), (RequestState::Pending, Some(NOW + 2 * LEASE_MS)));
+    assert!(f.start("p1", 1, "s1").await.is_ok());
+    assert_eq!(f.row_after_restart(&theirs.request_id), settled[0]);
 }
 
 // ---- the production provider: an agent run through the supervisor ----
@@ -627,8 +735,9 @@ mod agent_provider {
         );
         let secret = storage.capability_secret().await.expect("secret");
         let clock_for_ops = clock.clone();
+        let generation = Generation::mint(clock.now_ms());
         let supervisor = Supervisor::new(SupervisorConfig {
-            gen: Generation::mint(clock.now_ms()),
+            gen: generation.clone(),
             storage: storage.clone(),
             registry: registry.clone(),
             history: HistoryWriter::new(Arc::new(storage.clone()), None),
@@ -644,10 +753,11 @@ mod agent_provider {
             draining: Arc::new(AtomicBool::new(false)),
             metrics: Arc::default(),
             operations: actors::operations::OperationCoordinator::new(clock_for_ops),
+            restart_policy: Default::default(),
         })
         .start();
         let provider = AgentPlanProvider::new(supervisor, registry.clone(), None);
-        let plans = PlanHandle::spawn(storage, Arc::new(provider), Arc::new(ManualTimer::default()), settings(4));
+        let plans = PlanHandle::spawn(storage, generation, Arc::new(provider), Arc::new(ManualTimer::default()), settings(4));
         plans.import(Import { plan_id: pid("p1"), snapshot_id: snap("s1"), advance_revision: true }).await.expect("import");
         Runtime { _dir: dir, registry, plans }
     }

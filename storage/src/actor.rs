@@ -46,6 +46,36 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
     fn end_group(&mut self, _commit: bool) -> Result<()> {
         Ok(())
     }
+
+    /// Start one logical transaction made of several methods: a savepoint inside a group, its own
+    /// transaction outside one. Every `begin_atomic` is closed by exactly one [`Backend::end_atomic`].
+    fn begin_atomic(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Release (`commit`) or roll back everything written since the matching [`Backend::begin_atomic`].
+    fn end_atomic(&mut self, _commit: bool) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Run `body` as one logical transaction on `backend`: what it wrote lands together when `keep` says so
+/// of its answer, and nothing of it lands otherwise, grouped or not (SPEC §1.2: the savepoint wraps the
+/// whole message).
+pub fn atomic<R>(
+    backend: &mut dyn Backend,
+    body: impl FnOnce(&mut dyn Backend) -> Result<R>,
+    keep: impl FnOnce(&R) -> bool,
+) -> Result<R> {
+    backend.begin_atomic()?;
+    let out = body(backend);
+    let commit = out.as_ref().is_ok_and(keep);
+    match backend.end_atomic(commit) {
+        Ok(()) => out,
+        Err(e) if commit => Err(e),
+        // A rollback that failed leaves the refusal or error the body answered.
+        Err(_) => out,
+    }
 }
 
 impl Backend for SqliteStore {
@@ -59,6 +89,14 @@ impl Backend for SqliteStore {
 
     fn end_group(&mut self, commit: bool) -> Result<()> {
         SqliteStore::end_group(self, commit)
+    }
+
+    fn begin_atomic(&mut self) -> Result<()> {
+        SqliteStore::begin_atomic(self)
+    }
+
+    fn end_atomic(&mut self, commit: bool) -> Result<()> {
+        SqliteStore::end_atomic(self, commit)
     }
 }
 

@@ -33,6 +33,20 @@ impl Error {
         Error::Corrupt { what, why: why.to_string() }
     }
 
+    /// Whether waiting and trying again may succeed (SPEC §5.5): the actor down or its queue full, a
+    /// busy or locked database, a full disk, a panicked transaction. Anything else (an I/O error, a
+    /// constraint, a corrupt value, a newer schema) fails the same way again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Unavailable(_) | Error::Panicked(_) => true,
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked | rusqlite::ErrorCode::DiskFull
+            ),
+            _ => false,
+        }
+    }
+
     /// Whether the connection may be left in a bad state, so the actor should reopen it.
     pub fn poisons_connection(&self) -> bool {
         matches!(self, Error::Panicked(_))

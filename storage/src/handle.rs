@@ -6,11 +6,11 @@
 
 use std::sync::Arc;
 
-use crate::actor::{Backend, BackendSpec, Mailbox};
+use crate::actor::{atomic, Backend, BackendSpec, Mailbox};
 use crate::clock::Clock;
 use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
-    Promotion, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Turn,
+    Promotion, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Successor, Turn,
 };
 use crate::record::{RunListItem, RunRecord, RunStatus};
 use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome, StoredPolicy};
@@ -21,6 +21,9 @@ pub struct StorageHandle {
     mailbox: Mailbox,
     clock: Arc<dyn Clock>,
     kind: &'static str,
+    /// Fault injection (tests, `chaos`): while set, every call answers `Unavailable` without reaching
+    /// the storage thread — what a full disk or a dead database looks like to callers. Shared by clones.
+    outage: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for StorageHandle {
@@ -33,7 +36,12 @@ impl StorageHandle {
     /// Start a storage actor for `spec` on its own thread.
     pub fn start(spec: BackendSpec, clock: Arc<dyn Clock>) -> Self {
         let kind = spec.kind();
-        StorageHandle { mailbox: crate::actor::start(spec), clock, kind }
+        StorageHandle { mailbox: crate::actor::start(spec), clock, kind, outage: Default::default() }
+    }
+
+    /// Start (`true`) or end an injected outage: meanwhile every call answers `Unavailable`.
+    pub fn inject_outage(&self, on: bool) {
+        self.outage.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Group-commit counters of the storage actor.
@@ -56,6 +64,9 @@ impl StorageHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
+        if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable("injected outage".into()));
+        }
         let now = self.clock.now_ms();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
@@ -121,8 +132,9 @@ impl StorageHandle {
         self.transact(move |b, _| b.append(&run_id, &gen, &events)).await
     }
 
-    /// A step's transcript turns and then its step record, committed together: the record is never
-    /// durable without its turns, and the step costs one commit.
+    /// A step's transcript turns, its events (the `input` events of the follow-ups it consumed, its own
+    /// `assistant` event) and then its step record, committed together: the record is never durable
+    /// without its turns and events, and the step costs one commit (SPEC §4.3 `step`).
     pub async fn durable_step(
         &self,
         run_id: String,
@@ -130,22 +142,44 @@ impl StorageHandle {
         first_idx: u64,
         turns: Vec<Turn>,
         record: StepRecord,
+        events: Vec<serde_json::Value>,
     ) -> Result<Outcome<()>> {
         self.transact(move |b, _| {
-            let own = b.begin_group()?;
-            let out = match b.write_transcript(&run_id, &gen, first_idx, &turns) {
-                Ok(Ok(())) => b.step(&run_id, &gen, &record),
-                other => other,
-            };
-            if own {
-                if matches!(out, Ok(Ok(()))) {
-                    b.end_group(true)?;
-                } else {
-                    // Nothing of a refused or failed step may land; the original answer stands.
-                    let _ = b.end_group(false);
-                }
-            }
-            out
+            atomic(
+                b,
+                |b| {
+                    if let Err(refusal) = b.write_transcript(&run_id, &gen, first_idx, &turns)? {
+                        return Ok(Err(refusal));
+                    }
+                    if !events.is_empty() {
+                        if let Err(refusal) = b.append(&run_id, &gen, &events)? {
+                            return Ok(Err(refusal));
+                        }
+                    }
+                    b.step(&run_id, &gen, &record)
+                },
+                |out| out.is_ok(),
+            )
+        })
+        .await
+    }
+
+    /// Admit at `now_ms`; a run this admission starts gets `events` (its `run_meta` and `input`, seqs 1
+    /// and 2) in the same transaction, so a crash right after admission never loses them (SPEC §5.2
+    /// step 2).
+    pub async fn admit_with_events(&self, admit: Admit, events: Vec<serde_json::Value>, now_ms: i64) -> Result<AdmitOutcome> {
+        self.transact(move |b, _| {
+            atomic(
+                b,
+                |b| {
+                    let out = b.admit(&admit, now_ms)?;
+                    if matches!(&out, AdmitOutcome::Started { run_id } if *run_id == admit.run_id) {
+                        b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| Error::Unavailable(format!("first events refused: {r}")))?;
+                    }
+                    Ok(out)
+                },
+                |_| true,
+            )
         })
         .await
     }
@@ -187,12 +221,17 @@ impl StorageHandle {
         self.transact(move |b, _| b.finishing(&run_id, &gen, status, answer.as_deref())).await
     }
 
-    pub async fn finish(&self, gen: String, record: RunRecord, proposal: Option<PolicyProposal>) -> Result<Outcome<PutOutcome>> {
-        self.transact(move |b, now| {
-            let id = record.head.id.clone();
-            b.finish(&id, &gen, &record, proposal.as_ref(), now)
-        })
-        .await
+    /// The ledger's finish, and in the same transaction the admission of `successor` for the inbox rows
+    /// the run never read (SPEC §5.2 step 8; a close of a reclaimed row passes `inbox_consumed: None`
+    /// and relies on the last step record). Whether a successor was admitted shows as its live row.
+    pub async fn finish(
+        &self,
+        gen: String,
+        record: RunRecord,
+        proposal: Option<PolicyProposal>,
+        successor: Option<Successor>,
+    ) -> Result<Outcome<PutOutcome>> {
+        self.transact(move |b, now| finish_in(b, &gen, &record, proposal.as_ref(), successor.as_ref(), now)).await
     }
 
     pub async fn abandon(&self, run_id: String, gen: String) -> Result<Outcome<()>> {
@@ -247,6 +286,11 @@ impl StorageHandle {
         self.transact(move |b, _| b.live_events(&run_id, after_seq, limit)).await
     }
 
+    /// Which of `run_ids` carry a deletion fence (sorted, each once): one read for a whole listing.
+    pub async fn killed_among(&self, run_ids: Vec<String>) -> Result<Vec<String>> {
+        self.transact(move |b, _| b.killed_among(&run_ids)).await
+    }
+
     // ---- plans (SPEC §9); each call is one transaction on the storage thread ----
 
     pub async fn import_plan(&self, import: crate::plan::Import) -> Result<crate::plan::Imported> {
@@ -257,11 +301,29 @@ impl StorageHandle {
         self.transact(move |b, _| b.plan(&plan_id)).await
     }
 
+    /// Allocate a request held by `holder` for `lease_ms` (SPEC §9).
     pub async fn allocate_request(
         &self,
         identity: crate::plan::PlanBinding,
+        holder: crate::Generation,
+        lease_ms: i64,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.allocate_request(&identity, now)).await
+        self.transact(move |b, now| b.allocate_request(&identity, &holder, lease_ms, now)).await
+    }
+
+    /// Renew the lease of `holder`'s pending requests among `request_ids`; answers how many.
+    pub async fn renew_plan_requests(
+        &self,
+        holder: crate::Generation,
+        request_ids: Vec<crate::plan::RequestId>,
+        lease_ms: i64,
+    ) -> Result<usize> {
+        self.transact(move |b, now| b.renew_requests(&holder, &request_ids, lease_ms, now)).await
+    }
+
+    /// The pending requests whose holder is among `dead`, past its lease, or absent.
+    pub async fn orphaned_plan_requests(&self, dead: Vec<crate::Generation>) -> Result<Vec<crate::plan::Orphan>> {
+        self.transact(move |b, now| b.orphaned_requests(&dead, now)).await
     }
 
     /// The publication CAS: the plan's binding, every card and the exact pending attempt are checked in
@@ -301,4 +363,45 @@ impl StorageHandle {
     pub async fn plan_request(&self, request_id: crate::plan::RequestId) -> Result<Option<crate::plan::PlanRequest>> {
         self.transact(move |b, _| b.get_request(&request_id)).await
     }
+}
+
+/// One transaction: the ledger's `finish` of `record` and, when the run left unread follow-ups past what
+/// it consumed, the admission of their successor run with its first events (SPEC §5.2 step 8).
+pub fn finish_in(
+    b: &mut dyn Backend,
+    gen: &str,
+    record: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    successor: Option<&Successor>,
+    now_ms: i64,
+) -> Result<Outcome<PutOutcome>> {
+    let id = record.head.id.as_str();
+    atomic(
+        b,
+        |b| {
+            let admission = match successor {
+                None => None,
+                Some(succ) => match b.get_live(id)? {
+                    None => None,
+                    Some(row) => {
+                        let stepped = b.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
+                        let consumed = stepped.max(succ.inbox_consumed);
+                        let unread = b.inbox_after(id, consumed)?;
+                        crate::ledger::successor_admission(&row, gen, &unread, succ, now_ms)
+                    }
+                },
+            };
+            let out = b.finish(id, gen, record, proposal, now_ms)?;
+            if let (Ok(_), Some((admit, events))) = (&out, admission) {
+                match b.admit(&admit, now_ms)? {
+                    AdmitOutcome::Started { .. } => {
+                        b.append(&admit.run_id, gen, &events)?.map_err(|r| Error::Unavailable(format!("successor events refused: {r}")))?;
+                    }
+                    other => return Err(Error::Unavailable(format!("successor not admitted: {other:?}"))),
+                }
+            }
+            Ok(out)
+        },
+        |out| out.is_ok(),
+    )
 }

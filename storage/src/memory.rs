@@ -190,9 +190,25 @@ impl crate::plan::PlanStore for MemoryStore {
     fn allocate_request(
         &mut self,
         identity: &crate::plan::PlanBinding,
+        holder: &crate::Generation,
+        lease_ms: i64,
         now_ms: i64,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.plans.allocate_request(identity, now_ms)
+        self.plans.allocate_request(identity, holder, lease_ms, now_ms)
+    }
+
+    fn renew_requests(
+        &mut self,
+        holder: &crate::Generation,
+        request_ids: &[crate::plan::RequestId],
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<usize> {
+        self.plans.renew_requests(holder, request_ids, lease_ms, now_ms)
+    }
+
+    fn orphaned_requests(&mut self, dead: &[crate::Generation], now_ms: i64) -> Result<Vec<crate::plan::Orphan>> {
+        self.plans.orphaned_requests(dead, now_ms)
     }
 
     fn complete_suggestions(

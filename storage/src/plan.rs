@@ -2,9 +2,10 @@
 //! [`decisions`] every implementation calls, and the in-memory implementation [`MemoryPlanStore`].
 //!
 //! Owns (SQLite): `plans(plan_id, revision, snapshot_id)` and `plan_requests(request_id, plan_id, revision,
-//! snapshot_id, state, reason, diagnostic, cards_json, created_at, settled_at)`. The store is the only
-//! durable writer of both and the only authority that advances a revision ([`PlanStore::import`] and the
-//! apply, [`PlanStore::consume`]); the plan coordinator (`actors::plan`) only asks.
+//! snapshot_id, state, reason, diagnostic, cards_json, created_at, settled_at, generation, lease_until)`.
+//! The store is the only durable writer of both and the only authority that advances a revision
+//! ([`PlanStore::import`] and the apply, [`PlanStore::consume`]); the plan coordinator (`actors::plan`)
+//! only asks.
 //!
 //! | holder  | states and legal transitions | owner |
 //! |---|---|---|
@@ -23,11 +24,16 @@
 //!   stay as they are;
 //! - a stored diagnostic is at most [`MAX_DIAGNOSTIC_BYTES`] of UTF-8 ending with `…` when cut, whatever
 //!   the caller hands in, so a restart reads back the classification and an actionable reason;
+//! - a request records its holder — the generation whose coordinator runs its invocation — and a lease the
+//!   live holder renews. A pending request another generation holds refuses allocation for its plan
+//!   ([`PlanRefusal::Held`]), so two processes never run one identity at once; one whose holder is dead
+//!   (named by the caller), whose lease ran out, or that has no holder is an [`Orphan`] for the caller to
+//!   settle through `settle_suggestion`;
 //! - a refusal is a value ([`PlanRefusal`]); an [`crate::Error`] means the storage could not answer;
 //! - a malformed id never reaches SQL (the id types only exist validated).
 //!
 //! It deliberately does not know about time (every `now_ms` is the caller's clock), invocations,
-//! providers or leases: which process runs a request is not its business.
+//! providers or processes: which generations are dead is the caller's finding; the store only compares.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,7 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Result;
+use crate::{Generation, Result};
 
 /// Largest stored diagnostic, in UTF-8 bytes (the cut one ends with `…`).
 pub const MAX_DIAGNOSTIC_BYTES: usize = 2048;
@@ -171,7 +177,7 @@ pub enum RequestState {
     Ready,
     /// Applied to the plan (the plan's revision advanced past it).
     Consumed,
-    /// The provider failed, the cards were invalid, or the invocation timed out.
+    /// The provider failed, the cards were invalid, the invocation timed out, or its holder died.
     Failed,
     /// Cancelled by the caller, by shutdown, or dismissed by the user.
     Cancelled,
@@ -223,6 +229,8 @@ pub enum TerminalReason {
     RevisionAdvanced,
     /// The plan's snapshot changed.
     SnapshotChanged,
+    /// The holder died (or stopped renewing its lease) with the request pending.
+    Interrupted,
 }
 
 impl TerminalReason {
@@ -236,6 +244,7 @@ impl TerminalReason {
             TerminalReason::Dismissed => "dismissed",
             TerminalReason::RevisionAdvanced => "revision_advanced",
             TerminalReason::SnapshotChanged => "snapshot_changed",
+            TerminalReason::Interrupted => "interrupted",
         }
     }
 
@@ -249,6 +258,7 @@ impl TerminalReason {
             "dismissed" => TerminalReason::Dismissed,
             "revision_advanced" => TerminalReason::RevisionAdvanced,
             "snapshot_changed" => TerminalReason::SnapshotChanged,
+            "interrupted" => TerminalReason::Interrupted,
             _ => return None,
         })
     }
@@ -317,6 +327,17 @@ pub struct PlanRequest {
     pub created_at: i64,
     /// When the row reached its current state (absent while pending).
     pub settled_at: Option<i64>,
+    /// Who runs the invocation; `None` only for a row allocated before holders were recorded.
+    pub holder: Option<RequestHolder>,
+}
+
+/// The generation whose coordinator runs a request's invocation, and until when it has said so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHolder {
+    /// Set at allocation; never changes.
+    pub generation: Generation,
+    /// Epoch ms; the live holder renews it while the request is pending ([`PlanStore::renew_requests`]).
+    pub lease_until: i64,
 }
 
 impl PlanRequest {
@@ -379,6 +400,47 @@ pub struct Settlement {
     pub diagnostic: String,
 }
 
+/// Why a pending request has no live holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrphanCause {
+    /// Allocated before holders were recorded: nothing can be running it.
+    NoHolder,
+    /// The holder's process is gone (the caller's finding, SPEC §6.1).
+    HolderGone { generation: Generation },
+    /// The holder stopped renewing: another host's process that died, or one stalled past its lease.
+    LeaseExpired { generation: Generation, lease_until: i64 },
+}
+
+impl fmt::Display for OrphanCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OrphanCause::NoHolder => f.write_str("no generation holds the request"),
+            OrphanCause::HolderGone { generation } => write!(f, "the process of generation {} is gone", generation.as_str()),
+            OrphanCause::LeaseExpired { generation, lease_until } => {
+                write!(f, "generation {} stopped renewing its lease (it ran out at {lease_until})", generation.as_str())
+            }
+        }
+    }
+}
+
+impl OrphanCause {
+    /// What a sweep settles the orphan as: `failed (interrupted)`, naming the cause.
+    pub fn settlement(&self) -> Settlement {
+        Settlement {
+            outcome: SettleOutcome::Failed,
+            reason: TerminalReason::Interrupted,
+            diagnostic: format!("interrupted: {self}"),
+        }
+    }
+}
+
+/// A pending request whose holder is dead, found by [`PlanStore::orphaned_requests`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    pub request: PlanRequest,
+    pub cause: OrphanCause,
+}
+
 /// Why the store refused an operation. Each is an answer to act on, never an error to retry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanRefusal {
@@ -389,6 +451,10 @@ pub enum PlanRefusal {
     /// Admission: the caller's identity is not the plan's current one.
     #[error("the caller's identity is not the current one: found {current}")]
     IdentityMismatch { current: PlanBinding },
+    /// Admission: another generation holds a pending request of the plan (the caller decides whether that
+    /// holder is alive).
+    #[error("request {} of plan {} is pending under another generation", found.request_id.as_str(), found.plan_id.as_str())]
+    Held { found: Box<PlanRequest> },
     /// A CAS named a binding the request is not bound to.
     #[error("request {} is bound to {}", found.request_id.as_str(), found.binding())]
     BindingMismatch { found: Box<PlanRequest> },
@@ -412,9 +478,10 @@ impl PlanRefusal {
     /// The request row the refusal read, when it read one.
     pub fn found(&self) -> Option<&PlanRequest> {
         match self {
-            PlanRefusal::BindingMismatch { found } | PlanRefusal::NotPending { found } | PlanRefusal::NotReady { found } => {
-                Some(found)
-            }
+            PlanRefusal::BindingMismatch { found }
+            | PlanRefusal::NotPending { found }
+            | PlanRefusal::NotReady { found }
+            | PlanRefusal::Held { found } => Some(found),
             _ => None,
         }
     }
@@ -429,9 +496,22 @@ pub trait PlanStore: Send {
     /// pending and ready requests with the cause when either moves.
     fn import(&mut self, import: &Import, now_ms: i64) -> Result<Imported>;
     fn plan(&mut self, plan_id: &PlanId) -> Result<Option<Plan>>;
-    /// Compare the caller's complete identity with the plan's current one, then allocate a pending request
-    /// under a store-generated id.
-    fn allocate_request(&mut self, identity: &PlanBinding, now_ms: i64) -> Result<PlanOutcome<PlanRequest>>;
+    /// Compare the caller's complete identity with the plan's current one and check that no other
+    /// generation holds a pending request of the plan, then allocate a pending request under a
+    /// store-generated id, held by `holder` until `now_ms + lease_ms`.
+    fn allocate_request(
+        &mut self,
+        identity: &PlanBinding,
+        holder: &Generation,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<PlanOutcome<PlanRequest>>;
+    /// Extend to `now_ms + lease_ms` the lease of each of `request_ids` that is pending and held by
+    /// `holder`; the others are left alone. Answers how many were renewed.
+    fn renew_requests(&mut self, holder: &Generation, request_ids: &[RequestId], lease_ms: i64, now_ms: i64) -> Result<usize>;
+    /// The pending requests whose holder is dead: one of `dead`, past its lease at `now_ms`, or none at all.
+    /// Writes nothing: the caller settles each through [`PlanStore::settle_suggestion`].
+    fn orphaned_requests(&mut self, dead: &[Generation], now_ms: i64) -> Result<Vec<Orphan>>;
     /// Publish `cards` to the exact pending attempt: still pending, bound to `binding`, the plan still at
     /// it, every card valid. Answers the ready row.
     fn complete_suggestions(
@@ -535,18 +615,30 @@ pub mod decisions {
         }
     }
 
-    /// Admission: the plan exists and the caller's complete identity is its current one.
-    pub fn admit(plan: Option<&Plan>, identity: &PlanBinding) -> PlanOutcome<()> {
+    /// Admission: the plan exists, the caller's complete identity is its current one, and none of the
+    /// plan's `pending` requests is held by a generation other than `holder` (its own are the caller's
+    /// business: one coordinator per generation tracks them).
+    pub fn admit(plan: Option<&Plan>, identity: &PlanBinding, pending: &[PlanRequest], holder: &Generation) -> PlanOutcome<()> {
         let Some(plan) = plan else { return Err(PlanRefusal::UnknownPlan { plan_id: identity.plan_id.clone() }) };
         let current = plan.binding();
         if &current != identity {
             return Err(PlanRefusal::IdentityMismatch { current });
         }
-        Ok(())
+        let held = |r: &&PlanRequest| r.state == RequestState::Pending && r.holder.as_ref().map(|h| &h.generation) != Some(holder);
+        match pending.iter().find(held) {
+            Some(found) => Err(PlanRefusal::Held { found: Box::new(found.clone()) }),
+            None => Ok(()),
+        }
     }
 
-    /// The freshly allocated row.
-    pub fn new_request(request_id: RequestId, identity: &PlanBinding, now_ms: i64) -> PlanRequest {
+    /// The freshly allocated row, held by `holder` until `now_ms + lease_ms`.
+    pub fn new_request(
+        request_id: RequestId,
+        identity: &PlanBinding,
+        holder: &Generation,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> PlanRequest {
         PlanRequest {
             request_id,
             plan_id: identity.plan_id.clone(),
@@ -558,6 +650,30 @@ pub mod decisions {
             cards: None,
             created_at: now_ms,
             settled_at: None,
+            holder: Some(RequestHolder { generation: holder.clone(), lease_until: now_ms.saturating_add(lease_ms) }),
+        }
+    }
+
+    /// The renewed row, when `holder` may renew it (it is pending and `holder`'s).
+    pub fn renew(request: &PlanRequest, holder: &Generation, lease_ms: i64, now_ms: i64) -> Option<PlanRequest> {
+        let h = request.holder.as_ref().filter(|h| &h.generation == holder && request.state == RequestState::Pending)?;
+        let holder = RequestHolder { generation: h.generation.clone(), lease_until: now_ms.saturating_add(lease_ms) };
+        Some(PlanRequest { holder: Some(holder), ..request.clone() })
+    }
+
+    /// Why `request` is an orphan, if it is: pending, and its holder absent, among `dead`, or past its
+    /// lease at `now_ms`.
+    pub fn orphaned(request: &PlanRequest, dead: &[Generation], now_ms: i64) -> Option<OrphanCause> {
+        if request.state != RequestState::Pending {
+            return None;
+        }
+        match &request.holder {
+            None => Some(OrphanCause::NoHolder),
+            Some(h) if dead.contains(&h.generation) => Some(OrphanCause::HolderGone { generation: h.generation.clone() }),
+            Some(h) if h.lease_until <= now_ms => {
+                Some(OrphanCause::LeaseExpired { generation: h.generation.clone(), lease_until: h.lease_until })
+            }
+            Some(_) => None,
         }
     }
 
@@ -694,6 +810,11 @@ impl PlanTables {
     }
 }
 
+/// The order SQLite lists requests in: `created_at, request_id`.
+fn oldest_first(a: &PlanRequest, b: &PlanRequest) -> std::cmp::Ordering {
+    (a.created_at, &a.request_id).cmp(&(b.created_at, &b.request_id))
+}
+
 impl MemoryPlanStore {
     pub fn new() -> Self {
         Self::default()
@@ -721,18 +842,56 @@ impl PlanStore for MemoryPlanStore {
         Ok(self.lock().plans.get(plan_id).cloned())
     }
 
-    fn allocate_request(&mut self, identity: &PlanBinding, now_ms: i64) -> Result<PlanOutcome<PlanRequest>> {
+    fn allocate_request(
+        &mut self,
+        identity: &PlanBinding,
+        holder: &Generation,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<PlanOutcome<PlanRequest>> {
         let mut t = self.lock();
-        if let Err(refusal) = decisions::admit(t.plans.get(&identity.plan_id), identity) {
+        let mut pending: Vec<PlanRequest> = t
+            .requests
+            .values()
+            .filter(|r| r.plan_id == identity.plan_id && r.state == RequestState::Pending)
+            .cloned()
+            .collect();
+        pending.sort_by(oldest_first);
+        if let Err(refusal) = decisions::admit(t.plans.get(&identity.plan_id), identity, &pending, holder) {
             return Ok(Err(refusal));
         }
         let mut id = RequestId::generate();
         while t.requests.contains_key(&id) {
             id = RequestId::generate();
         }
-        let row = decisions::new_request(id.clone(), identity, now_ms);
+        let row = decisions::new_request(id.clone(), identity, holder, lease_ms, now_ms);
         t.requests.insert(id, row.clone());
         Ok(Ok(row))
+    }
+
+    fn renew_requests(&mut self, holder: &Generation, request_ids: &[RequestId], lease_ms: i64, now_ms: i64) -> Result<usize> {
+        let mut t = self.lock();
+        let mut renewed = 0;
+        for id in request_ids {
+            if let Some(row) = t.requests.get_mut(id) {
+                if let Some(next) = decisions::renew(row, holder, lease_ms, now_ms) {
+                    *row = next;
+                    renewed += 1;
+                }
+            }
+        }
+        Ok(renewed)
+    }
+
+    fn orphaned_requests(&mut self, dead: &[Generation], now_ms: i64) -> Result<Vec<Orphan>> {
+        let t = self.lock();
+        let mut orphans: Vec<Orphan> = t
+            .requests
+            .values()
+            .filter_map(|r| decisions::orphaned(r, dead, now_ms).map(|cause| Orphan { request: r.clone(), cause }))
+            .collect();
+        orphans.sort_by(|a, b| oldest_first(&a.request, &b.request));
+        Ok(orphans)
     }
 
     fn complete_suggestions(

@@ -831,6 +831,18 @@ pub fn fit_record_to_budget(record: &RunRecord, max_bytes: usize) -> RunRecord {
     fitted
 }
 
+/// `,"truncated":true`, as serde_json writes it into an object.
+const TRUNCATED_FLAG: &str = ",\"truncated\":true";
+
+/// `event` capped to [`MAX_EVENT_BYTES`] the way a run publishes it (SPEC §2, §4.3 `append`): the text
+/// (or summary) field cut with `…` and `truncated: true`; an event that fits is returned untouched.
+pub fn cap_event_for_publish(event: Value) -> Value {
+    match cap_event(&event).0 {
+        Cow::Borrowed(_) => event,
+        Cow::Owned(capped) => capped,
+    }
+}
+
 /// One event capped to [`MAX_EVENT_BYTES`], with its encoded size. Borrowed when untouched.
 fn cap_event(event: &Value) -> (Cow<'_, Value>, usize) {
     let size = json_len(event);
@@ -844,8 +856,9 @@ fn cap_event(event: &Value) -> (Cow<'_, Value>, usize) {
     let Some(content) = event.get(field).and_then(Value::as_str) else {
         return (Cow::Borrowed(event), size);
     };
-    // The event with `field` set to "" weighs `size - encoded(content) + 2`.
-    let without = size - json_len(content) + 2;
+    // The event with `field` set to "" (and the `truncated` flag) weighs `size - encoded(content) + 2 + flag`.
+    let flag = if event.get("truncated") == Some(&Value::Bool(true)) { 0 } else { TRUNCATED_FLAG.len() };
+    let without = size - json_len(content) + 2 + flag;
     let room = MAX_EVENT_BYTES.saturating_sub(without + ELLIPSIS.len());
     let mut cut = 0;
     let mut spent = 0;
@@ -861,6 +874,7 @@ fn cap_event(event: &Value) -> (Cow<'_, Value>, usize) {
     if let Some(slot) = capped.get_mut(field) {
         *slot = Value::String(format!("{}{ELLIPSIS}", &content[..cut]));
     }
+    capped["truncated"] = Value::Bool(true);
     let capped_size = without + spent + ELLIPSIS.len();
     debug_assert_eq!(capped_size, json_len(&capped));
     (Cow::Owned(capped), capped_size)

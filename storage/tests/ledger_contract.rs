@@ -5,7 +5,8 @@
 //! so both run exactly the same assertions. Time is explicit: every case passes `now_ms` values, and
 //! leases expire because a later `now` is passed, never because the test sleeps.
 //!
-//! What is deliberately not here: kill/purge and deletion fences (not on the trait yet), resume
+//! Kill and purge have their own module at the end (`mod kill`); the bulk read of deletion fences
+//! (`killed_among`) is a macro case like the others. What is deliberately not here: resume
 //! classification (pure decisions, tested in `decisions.rs`), and anything above the storage layer.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -594,27 +595,27 @@ fn append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op<S: Ledger>(s: &mut S
     assert_eq!(s.live_events("ghost", 0, 100).unwrap(), None);
 }
 
-fn an_oversized_or_unsequenced_event_refuses_the_whole_batch<S: Ledger>(s: &mut S) {
+fn an_oversized_or_unsequenced_event_is_refused_alone<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     assert_eq!(s.append("run-a", G1, &[ev(1, "one")]).unwrap(), Ok(()));
 
-    // One event over 64 KiB refuses the batch as a whole; the good event before it does not land.
+    // One event over 64 KiB is refused alone, naming its seq; its neighbours land.
     let big = ev(3, &"x".repeat(70_000));
-    let out = s.append("run-a", G1, &[ev(2, "two"), big]).unwrap();
+    let out = s.append("run-a", G1, &[ev(2, "two"), big, ev(4, "four")]).unwrap();
     assert!(matches!(out, Err(Refusal::EventTooLarge { seq: 3, bytes }) if bytes > 65_536), "{out:?}");
-    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1]));
+    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1, 2, 4]));
 
     // Just under the limit is fine.
-    let fits = ev(2, &"y".repeat(60_000));
+    let fits = ev(5, &"y".repeat(60_000));
     assert_eq!(s.append("run-a", G1, std::slice::from_ref(&fits)).unwrap(), Ok(()));
-    assert_eq!(live_events(s, "run-a").unwrap()[1], fits);
+    assert_eq!(live_events(s, "run-a").unwrap()[3], fits);
 
-    // An event without a numeric seq refuses the batch, naming its position.
-    let out = s.append("run-a", G1, &[ev(4, "four"), json!({"type": "note", "at": NOW, "summary": "no seq"})]).unwrap();
+    // An event without a numeric seq is refused alone, naming its position.
+    let out = s.append("run-a", G1, &[ev(6, "six"), json!({"type": "note", "at": NOW, "summary": "no seq"})]).unwrap();
     assert_eq!(out, Err(Refusal::EventWithoutSeq { index: 1 }));
     let out = s.append("run-a", G1, &[json!({"type": "note", "seq": "7", "summary": "string seq"})]).unwrap();
     assert_eq!(out, Err(Refusal::EventWithoutSeq { index: 0 }));
-    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1, 2]), "nothing of the refused batches");
+    assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1, 2, 4, 5, 6]), "only the refused events are missing");
 }
 
 fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: &mut S) {
@@ -1299,6 +1300,44 @@ fn generations_round_trip<S: Ledger>(s: &mut S) {
     assert_eq!(got, vec![a, b]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Deletion fences, read in bulk
+// ---------------------------------------------------------------------------------------------
+
+/// `killed_among` answers exactly the fenced ids among those asked — a live run killed, a finished run
+/// killed and purged (its fence outlives every row), never a live or finished run nobody killed — each
+/// once and sorted, whatever the order, repeats or number of ids asked (past one statement's chunk).
+fn killed_among_answers_exactly_the_fenced_ids_asked_about<S: Ledger>(s: &mut S) {
+    assert_eq!(s.killed_among(&[]).unwrap(), Vec::<String>::new(), "nothing asked, nothing read");
+    go_live(s, "live-killed", "C1:a", G1, NOW);
+    go_live(s, "live-kept", "C1:b", G1, NOW);
+    assert!(s.put(&record("done-killed", "C1:c", NOW, NOW + 1, vec![ev(1, "x")]), None, NOW + 1).unwrap().stored);
+    assert!(s.put(&record("done-kept", "C1:d", NOW, NOW + 1, vec![ev(1, "x")]), None, NOW + 1).unwrap().stored);
+    let asked: Vec<String> =
+        ["live-kept", "done-killed", "never-seen", "live-killed", "done-kept", "live-killed"].map(String::from).to_vec();
+    assert_eq!(s.killed_among(&asked).unwrap(), Vec::<String>::new(), "no fence yet");
+    s.kill("live-killed", NOW + 2).unwrap();
+    s.kill("done-killed", NOW + 2).unwrap();
+    assert!(s.purge("done-killed").unwrap());
+    assert_eq!(s.killed_among(&asked).unwrap(), ["done-killed", "live-killed"]);
+    // Only what was asked: a fenced id not in the question is not in the answer.
+    assert_eq!(s.killed_among(&["live-kept".to_owned(), "done-killed".to_owned()]).unwrap(), ["done-killed"]);
+    // Many ids: fences spread over several chunks are all found, the answer still sorted and unique.
+    let many: Vec<String> = (0..1_300).map(|i| format!("bulk-{i:04}")).collect();
+    for id in many.iter().step_by(97) {
+        s.kill(id, NOW + 3).unwrap();
+    }
+    let mut question = many.clone();
+    question.extend(asked);
+    question.reverse();
+    let mut expected: Vec<String> = many.iter().step_by(97).cloned().collect();
+    expected.extend(["done-killed".to_owned(), "live-killed".to_owned()]);
+    expected.sort();
+    assert_eq!(s.killed_among(&question).unwrap(), expected);
+    // A read: the live run nobody killed is untouched.
+    assert_eq!(live_row(s, "live-kept").stop, None);
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -1327,7 +1366,7 @@ contract!(
     every_owner_write_on_a_run_without_a_row_is_unknown_run_and_writes_nothing,
     an_expired_lease_alone_never_fences_the_owner,
     append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op,
-    an_oversized_or_unsequenced_event_refuses_the_whole_batch,
+    an_oversized_or_unsequenced_event_is_refused_alone,
     step_records_are_keyed_by_step_and_reclaim_answers_the_highest,
     transcript_turns_read_back_in_order_and_are_never_edited,
     an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_lands,
@@ -1349,6 +1388,7 @@ contract!(
     after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced,
     a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere,
     generations_round_trip,
+    killed_among_answers_exactly_the_fenced_ids_asked_about,
 );
 
 /// SQLite only: what the trait cannot show. Finish deletes the run's execution rows (`live_runs`,

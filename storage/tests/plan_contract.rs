@@ -5,12 +5,19 @@
 //! one database file, as two processes would.
 
 use storage::plan::{
-    Card, CardError, Import, PlanBinding, PlanId, PlanRefusal, PlanRequest, PlanStore, RequestId, RequestState,
-    Revision, SettleOutcome, Settlement, SnapshotId, TerminalReason, MAX_DIAGNOSTIC_BYTES,
+    Card, CardError, Import, Orphan, OrphanCause, PlanBinding, PlanId, PlanRefusal, PlanRequest, PlanStore,
+    RequestHolder, RequestId, RequestState, Revision, SettleOutcome, Settlement, SnapshotId, TerminalReason,
+    MAX_DIAGNOSTIC_BYTES,
 };
-use storage::{MemoryStore, SqliteStore, Synchronous};
+use storage::{Generation, MemoryStore, SqliteStore, Synchronous};
 
 const NOW: i64 = 1_800_000_000_000;
+const LEASE: i64 = 30_000;
+
+/// Generation `n` (a minted-shape stamp).
+fn gen(n: u32) -> Generation {
+    Generation::parse(&format!("20270101T000000Z-{n:08x}")).expect("generation")
+}
 
 fn pid(s: &str) -> PlanId {
     PlanId::parse(s).expect("plan id")
@@ -36,8 +43,13 @@ fn settlement(outcome: SettleOutcome, reason: TerminalReason, diagnostic: &str) 
     Settlement { outcome, reason, diagnostic: diagnostic.to_owned() }
 }
 
+/// Allocate as generation 1's coordinator.
 fn allocate(s: &mut dyn PlanStore, b: &PlanBinding, now: i64) -> PlanRequest {
-    s.allocate_request(b, now).expect("allocate").expect("admitted")
+    allocate_as(s, &gen(1), b, now)
+}
+
+fn allocate_as(s: &mut dyn PlanStore, holder: &Generation, b: &PlanBinding, now: i64) -> PlanRequest {
+    s.allocate_request(b, holder, LEASE, now).expect("allocate").expect("admitted")
 }
 
 fn row(s: &mut dyn PlanStore, id: &RequestId) -> PlanRequest {
@@ -65,7 +77,7 @@ fn import_creates_a_plan_then_advances_its_revision_and_snapshot(s: &mut dyn Pla
 
 fn allocation_compares_the_complete_identity_before_allocating(s: &mut dyn PlanStore) {
     assert_eq!(
-        s.allocate_request(&binding("ghost", 1, "s1"), NOW).unwrap(),
+        s.allocate_request(&binding("ghost", 1, "s1"), &gen(1), LEASE, NOW).unwrap(),
         Err(PlanRefusal::UnknownPlan { plan_id: pid("ghost") })
     );
     s.import(&import("p", "s1", true), NOW).unwrap();
@@ -73,7 +85,7 @@ fn allocation_compares_the_complete_identity_before_allocating(s: &mut dyn PlanS
     let current = binding("p", 2, "s1");
     for wrong in [binding("p", 1, "s1"), binding("p", 3, "s1"), binding("p", 2, "s0")] {
         assert_eq!(
-            s.allocate_request(&wrong, NOW).unwrap(),
+            s.allocate_request(&wrong, &gen(1), LEASE, NOW).unwrap(),
             Err(PlanRefusal::IdentityMismatch { current: current.clone() }),
             "{wrong}"
         );
@@ -84,6 +96,7 @@ fn allocation_compares_the_complete_identity_before_allocating(s: &mut dyn PlanS
     assert!(a.request_id.as_str().starts_with("pr_"));
     assert_eq!((a.state, a.binding(), a.created_at, a.settled_at), (RequestState::Pending, current, NOW + 1, None));
     assert_eq!((a.reason, a.diagnostic.clone(), a.cards.clone()), (None, None, None));
+    assert_eq!(a.holder, Some(RequestHolder { generation: gen(1), lease_until: NOW + 1 + LEASE }));
     assert_eq!(row(s, &a.request_id), a);
     assert_eq!(s.get_request(&RequestId::generate()).unwrap(), None);
 }
@@ -211,7 +224,7 @@ fn a_snapshot_change_invalidates_with_its_own_cause(s: &mut dyn PlanStore) {
     assert_eq!(row(s, &r.request_id), got);
     // The old identity no longer admits.
     assert_eq!(
-        s.allocate_request(&b, NOW).unwrap(),
+        s.allocate_request(&b, &gen(1), LEASE, NOW).unwrap(),
         Err(PlanRefusal::IdentityMismatch { current: binding("p", 1, "s2") })
     );
 }
@@ -262,6 +275,91 @@ fn dismissal_is_its_own_operation_on_a_ready_reply(s: &mut dyn PlanStore) {
     assert_eq!(s.plan(&pid("p")).unwrap().map(|p| p.revision), Some(Revision::FIRST), "a dismissal advances nothing");
 }
 
+fn another_generations_pending_request_holds_the_plan(s: &mut dyn PlanStore) {
+    s.import(&import("p", "s1", true), NOW).unwrap();
+    s.import(&import("q", "s1", true), NOW).unwrap();
+    let b = binding("p", 1, "s1");
+    let a = allocate_as(s, &gen(1), &b, NOW);
+    // The holder's own generation may allocate again: one coordinator per generation tracks its requests.
+    let again = allocate_as(s, &gen(1), &b, NOW + 1);
+    // Another generation is refused, naming the oldest pending request it found; nothing is allocated.
+    assert_eq!(s.allocate_request(&b, &gen(2), LEASE, NOW + 2).unwrap(), Err(PlanRefusal::Held { found: Box::new(a.clone()) }));
+    // Another plan is independent.
+    allocate_as(s, &gen(2), &binding("q", 1, "s1"), NOW);
+    // A stale identity is refused as such first, held or not.
+    let stale = s.allocate_request(&binding("p", 2, "s1"), &gen(2), LEASE, NOW).unwrap();
+    assert!(matches!(stale, Err(PlanRefusal::IdentityMismatch { .. })), "{stale:?}");
+    // Once nothing of another generation is pending, the plan admits generation 2.
+    let failed = settlement(SettleOutcome::Failed, TerminalReason::ProviderError, "x");
+    s.settle_suggestion(&a.request_id, &b, &failed, NOW + 3).unwrap().unwrap();
+    assert_eq!(s.allocate_request(&b, &gen(2), LEASE, NOW + 4).unwrap(), Err(PlanRefusal::Held { found: Box::new(again.clone()) }));
+    s.complete_suggestions(&again.request_id, &b, &cards(&["a"]), NOW + 5).unwrap().unwrap();
+    let theirs = allocate_as(s, &gen(2), &b, NOW + 6);
+    assert_eq!(theirs.holder.map(|h| h.generation), Some(gen(2)));
+    // …and now generation 1 is the one held off.
+    assert!(matches!(s.allocate_request(&b, &gen(1), LEASE, NOW + 7).unwrap(), Err(PlanRefusal::Held { .. })));
+}
+
+fn renewal_extends_only_the_holders_pending_requests(s: &mut dyn PlanStore) {
+    s.import(&import("p", "s1", true), NOW).unwrap();
+    s.import(&import("q", "s1", true), NOW).unwrap();
+    let (bp, bq) = (binding("p", 1, "s1"), binding("q", 1, "s1"));
+    let mine = allocate_as(s, &gen(1), &bp, NOW);
+    let theirs = allocate_as(s, &gen(2), &bq, NOW);
+    let settled = allocate_as(s, &gen(1), &bp, NOW);
+    let settled = s
+        .settle_suggestion(&settled.request_id, &bp, &settlement(SettleOutcome::Cancelled, TerminalReason::Cancelled, "c"), NOW)
+        .unwrap()
+        .unwrap();
+    let ids = [mine.request_id.clone(), theirs.request_id.clone(), settled.request_id.clone(), RequestId::generate()];
+    assert_eq!(s.renew_requests(&gen(1), &ids, LEASE, NOW + 100).unwrap(), 1);
+    let renewed = row(s, &mine.request_id);
+    assert_eq!(renewed.holder, Some(RequestHolder { generation: gen(1), lease_until: NOW + 100 + LEASE }));
+    assert_eq!(PlanRequest { holder: mine.holder.clone(), ..renewed }, mine, "a renewal changes the lease only");
+    assert_eq!(row(s, &theirs.request_id), theirs, "another generation's request is not ours to renew");
+    assert_eq!(row(s, &settled.request_id), settled, "a settled request is not renewed");
+}
+
+fn orphans_are_pending_requests_whose_holder_is_dead_or_past_its_lease(s: &mut dyn PlanStore) {
+    s.import(&import("p", "s1", true), NOW).unwrap();
+    s.import(&import("q", "s1", true), NOW).unwrap();
+    s.import(&import("r", "s1", true), NOW).unwrap();
+    let a = allocate_as(s, &gen(1), &binding("p", 1, "s1"), NOW);
+    let b = allocate_as(s, &gen(2), &binding("q", 1, "s1"), NOW + 1);
+    let c = allocate_as(s, &gen(2), &binding("r", 1, "s1"), NOW + 2);
+    let c = s
+        .complete_suggestions(&c.request_id, &binding("r", 1, "s1"), &cards(&["done"]), NOW + 3)
+        .unwrap()
+        .unwrap();
+    // Every holder alive and within its lease: no orphans.
+    assert_eq!(s.orphaned_requests(&[], NOW + 10).unwrap(), vec![]);
+    assert_eq!(s.orphaned_requests(&[gen(3)], NOW + 10).unwrap(), vec![]);
+    // A dead holder's pending request is an orphan at once; its settled one is history.
+    let gone = |r: &PlanRequest, g| Orphan { request: r.clone(), cause: OrphanCause::HolderGone { generation: gen(g) } };
+    assert_eq!(s.orphaned_requests(&[gen(2)], NOW + 10).unwrap(), vec![gone(&b, 2)]);
+    // A lease runs out at `lease_until` whoever holds it, oldest first.
+    assert_eq!(s.orphaned_requests(&[], NOW + LEASE - 1).unwrap(), vec![]);
+    let expired = |r: &PlanRequest, g| Orphan {
+        request: r.clone(),
+        cause: OrphanCause::LeaseExpired { generation: gen(g), lease_until: r.holder.as_ref().unwrap().lease_until },
+    };
+    assert_eq!(s.orphaned_requests(&[], NOW + LEASE).unwrap(), vec![expired(&a, 1)]);
+    assert_eq!(s.orphaned_requests(&[], NOW + LEASE + 1).unwrap(), vec![expired(&a, 1), expired(&b, 2)]);
+    // A renewal keeps the live holder's request; a dead holder's stays an orphan whatever its lease.
+    s.renew_requests(&gen(1), std::slice::from_ref(&a.request_id), LEASE, NOW + LEASE - 1).unwrap();
+    let a = row(s, &a.request_id);
+    assert_eq!(s.orphaned_requests(&[gen(2)], NOW + LEASE + 1).unwrap(), vec![gone(&b, 2)]);
+    // Finding orphans writes nothing; settling one through the CAS takes it off the list.
+    assert_eq!((row(s, &a.request_id), row(s, &b.request_id), row(s, &c.request_id)), (a.clone(), b.clone(), c));
+    let orphan = gone(&b, 2);
+    let settled = s.settle_suggestion(&b.request_id, &b.binding(), &orphan.cause.settlement(), NOW + 20).unwrap().unwrap();
+    assert_eq!((settled.state, settled.reason), (RequestState::Failed, Some(TerminalReason::Interrupted)));
+    assert!(settled.diagnostic.as_deref().is_some_and(|d| d.contains(gen(2).as_str())), "{settled:?}");
+    assert_eq!(s.orphaned_requests(&[gen(2)], NOW + LEASE + 1).unwrap(), vec![]);
+    // The plan then admits another generation.
+    allocate_as(s, &gen(3), &binding("q", 1, "s1"), NOW + 30);
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -290,6 +388,9 @@ contract!(
     an_oversized_diagnostic_is_stored_bounded_with_an_ellipsis,
     apply_needs_a_ready_reply,
     dismissal_is_its_own_operation_on_a_ready_reply,
+    another_generations_pending_request_holds_the_plan,
+    renewal_extends_only_the_holders_pending_requests,
+    orphans_are_pending_requests_whose_holder_is_dead_or_past_its_lease,
 );
 
 // Keep the imports used by the macro's expansions visible to the compiler's unused-import check.
@@ -389,4 +490,51 @@ fn a_restart_preserves_classification_and_reason() {
     assert_eq!(again.get_request(&r.request_id).unwrap(), Some(settled));
     assert_eq!(again.get_request(&ready.request_id).unwrap(), Some(ready));
     assert_eq!(again.plan(&pid("p")).unwrap().map(|p| p.binding()), Some(bind));
+}
+
+/// A request allocated before holders were recorded (schema v3) has no holder after the migration: it is an
+/// orphan at once, it holds its plan against every generation until settled, and the sweep settles it.
+#[test]
+fn a_pending_request_from_before_holders_were_recorded_is_an_orphan() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v3.db");
+    {
+        let conn = rusqlite::Connection::open(&path).expect("open raw");
+        for sql in &storage::sqlite::schema::MIGRATIONS[..3] {
+            conn.execute_batch(sql).expect("old schema");
+        }
+        conn.pragma_update(None, "user_version", 3).expect("stamp v3");
+        conn.execute_batch(
+            "INSERT INTO plans (plan_id, revision, snapshot_id) VALUES ('p', 1, 's1');
+             INSERT INTO plan_requests (request_id, plan_id, revision, snapshot_id, state, created_at)
+             VALUES ('pr_old', 'p', 1, 's1', 'pending', 5);",
+        )
+        .expect("old rows");
+    }
+    let mut s = open(&path);
+    let old = row(&mut s, &RequestId::parse("pr_old").unwrap());
+    assert_eq!((old.state, old.holder.clone(), old.created_at), (RequestState::Pending, None, 5));
+    let bind = binding("p", 1, "s1");
+    assert_eq!(s.allocate_request(&bind, &gen(1), LEASE, NOW).unwrap(), Err(PlanRefusal::Held { found: Box::new(old.clone()) }));
+    let orphans = s.orphaned_requests(&[], NOW).unwrap();
+    assert_eq!(orphans, vec![Orphan { request: old.clone(), cause: OrphanCause::NoHolder }]);
+    let settled = s.settle_suggestion(&old.request_id, &bind, &orphans[0].cause.settlement(), NOW).unwrap().unwrap();
+    assert_eq!((settled.state, settled.reason), (RequestState::Failed, Some(TerminalReason::Interrupted)));
+    assert_eq!(allocate(&mut s, &bind, NOW).holder.map(|h| h.generation), Some(gen(1)));
+}
+
+/// The sweep reads pending requests through the partial index, not by scanning every settled request.
+#[test]
+fn the_orphan_scan_uses_the_pending_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(&dir.path().join("plan.db"));
+    let plan: String = s
+        .connection()
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT * FROM plan_requests WHERE state = 'pending' ORDER BY created_at, request_id",
+            [],
+            |r| r.get(3),
+        )
+        .expect("query plan");
+    assert!(plan.contains("plan_requests_pending"), "{plan}");
 }

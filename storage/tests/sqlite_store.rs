@@ -212,16 +212,53 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
     let turn = |text: &str| Turn { role: "assistant".into(), parts: vec![json!({"type": "text", "text": text})] };
     // A refused turn takes its step record down with it.
     let huge = turn(&"x".repeat(storage::ledger::MAX_TRANSCRIPT_PART_BYTES));
-    let refused = h.durable_step("r".into(), gen.clone(), 0, vec![turn("ok"), huge], record(1, 2)).await.unwrap();
+    let input = |seq: u64, text: &str| json!({"type": "input", "seq": seq, "at": NOW, "text": text, "source": "followup"});
+    let refused = h.durable_step("r".into(), gen.clone(), 0, vec![turn("ok"), huge], record(1, 2), vec![input(1, "a")]).await.unwrap();
     assert!(matches!(refused, Err(Refusal::PartTooLarge { idx: 1, .. })), "{refused:?}");
     assert_eq!(h.last_step("r".into()).await.unwrap(), None);
     assert!(h.read_transcript("r".into()).await.unwrap().is_empty(), "not even the first turn landed");
-    // A good step lands both.
-    h.durable_step("r".into(), gen.clone(), 0, vec![turn("a"), turn("b")], record(1, 2)).await.unwrap().unwrap();
+    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![]), "nor its events");
+    // A step whose event is refused lands nothing either (its input events ride with it).
+    let big = input(2, &"y".repeat(70_000));
+    let refused = h.durable_step("r".into(), gen.clone(), 0, vec![turn("a")], record(1, 1), vec![input(1, "a"), big]).await.unwrap();
+    assert!(matches!(refused, Err(Refusal::EventTooLarge { seq: 2, .. })), "{refused:?}");
+    assert_eq!(h.last_step("r".into()).await.unwrap(), None);
+    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![]));
+    // A good step lands turns, events and record.
+    h.durable_step("r".into(), gen.clone(), 0, vec![turn("a"), turn("b")], record(1, 2), vec![input(1, "a")]).await.unwrap().unwrap();
     assert_eq!(h.last_step("r".into()).await.unwrap().map(|s| s.turn_index), Some(2));
     assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2);
+    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![input(1, "a")]));
     // Another generation's step is fenced and writes neither.
-    let fenced = h.durable_step("r".into(), "20260101T000000Z-00000002".into(), 2, vec![turn("c")], record(2, 3)).await.unwrap();
+    let fenced = h
+        .durable_step("r".into(), "20260101T000000Z-00000002".into(), 2, vec![turn("c")], record(2, 3), vec![input(2, "c")])
+        .await
+        .unwrap();
     assert!(matches!(fenced, Err(Refusal::Fenced { .. })));
     assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2);
+    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap().map(|e| e.len()), Some(1));
+
+    // Inside a group commit (many messages queued at once) a refused step still lands nothing of its
+    // own, and its neighbours commit.
+    let mut calls = Vec::new();
+    for i in 0..40u64 {
+        let h = h.clone();
+        let gen = gen.clone();
+        calls.push(actix_rt::spawn(async move {
+            if i == 20 {
+                let huge = turn(&"x".repeat(storage::ledger::MAX_TRANSCRIPT_PART_BYTES));
+                h.durable_step("r".into(), gen, 2, vec![turn("partial"), huge], record(2, 4), vec![input(9, "lost")]).await.map(|o| o.is_ok())
+            } else {
+                h.heartbeat("r".into(), gen, 30_000).await.map(|o| o.is_ok())
+            }
+        }));
+    }
+    let mut oks = 0;
+    for c in calls {
+        oks += c.await.unwrap().unwrap() as usize;
+    }
+    assert_eq!(oks, 39, "every heartbeat landed, the refused step did not");
+    assert!(h.group_stats().groups.load(std::sync::atomic::Ordering::Relaxed) > 0, "the messages were grouped");
+    assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2, "no part of the refused step");
+    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap().map(|e| e.len()), Some(1));
 }

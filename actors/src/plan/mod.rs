@@ -6,8 +6,9 @@
 //! `settle_suggestion`), and the store stays the only authority that advances a revision. Construct ONE
 //! per runner/store ([`PlanHandle::spawn`]), never one per HTTP request.
 //!
-//! Messages in (through [`PlanHandle`]): start, cancel, inspect, watch an outcome, close; from its own
-//! tasks: a provider terminated, a timer fired. Out: the provider's abort signal, store transactions.
+//! Messages in (through [`PlanHandle`]): start, cancel, inspect, watch an outcome, sweep, close; from its
+//! own tasks: a provider terminated, a timer fired, the sweep interval. Out: the provider's abort signal,
+//! store transactions.
 //!
 //! | holder | states and legal transitions | owner |
 //! |---|---|---|
@@ -29,7 +30,14 @@
 //! - every failed, cancelled or stale ending goes through `settle_suggestion` on the exact pending attempt;
 //!   when the store refuses (another process completed, cancelled or invalidated first), the durable row is
 //!   reread and reclassifies the answer, and the original diagnostic is kept beside it;
-//! - `close()` never closes storage.
+//! - `close()` never closes storage;
+//! - no request is left pending by a crash (SPEC §9 "Crashes"): each records its holder — this process's
+//!   generation — and a lease the holder renews every third of a lease. A sweep at boot, every third of a
+//!   lease and whenever another generation holds a plan a start asks for, settles `failed (interrupted)`
+//!   through `settle_suggestion` every pending request whose holder is dead: its process provably gone
+//!   from this host (the reclaim's rule, [`crate::host::is_gone`]) or past its lease (a holder on another
+//!   host, or one stalled that long; a holder with no `generations` row waits for its lease too). A live
+//!   holder keeps its plan: a start then answers `Busy` naming the holder's request.
 //!
 //! # Design
 //! Admission is an [`AtomicResponse`]: between the synchronous checks (`Busy`, `Capacity`) and tracking the
@@ -55,10 +63,10 @@ use actix::{
 use futures_util::future::{LocalBoxFuture, Shared};
 use futures_util::FutureExt;
 use storage::plan::{
-    Consumed, Import, Imported, Plan, PlanBinding, PlanId, PlanOutcome, PlanRefusal, PlanRequest, RequestId,
+    Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRefusal, PlanRequest, RequestId,
     RequestState, Revision, SnapshotId, TerminalReason,
 };
-use storage::StorageHandle;
+use storage::{Generation, StorageHandle};
 use tokio::sync::oneshot;
 
 pub use agent::{compose_prompt, parse_cards, AgentPlanProvider};
@@ -77,14 +85,17 @@ const RECENT_OUTCOMES: usize = 256;
 pub struct PlanSettings {
     /// `[plan] max_concurrent`: tracked invocations across every plan identity.
     pub max_concurrent: usize,
-    /// How long a provider may run before the coordinator settles the request `failed (timeout)` and
-    /// requests abort.
+    /// `[plan] timeout_ms`: how long a provider may run before the coordinator settles the request
+    /// `failed (timeout)` and requests abort.
     pub timeout: Duration,
+    /// `[ledger] lease_ms`: how long a request's holder may go without renewing before other processes
+    /// settle its pending requests as interrupted. Renewals and sweeps run every third of it.
+    pub lease: Duration,
 }
 
-impl Default for PlanSettings {
-    fn default() -> Self {
-        PlanSettings { max_concurrent: 4, timeout: Duration::from_secs(600) }
+impl PlanSettings {
+    fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
     }
 }
 
@@ -229,6 +240,8 @@ enum Phase {
 
 pub struct PlanCoordinator {
     storage: StorageHandle,
+    /// This process's generation: the holder recorded on every request this coordinator allocates.
+    generation: Generation,
     provider: Arc<dyn SuggestionProvider>,
     timer: Arc<dyn Timer>,
     settings: PlanSettings,
@@ -241,13 +254,37 @@ pub struct PlanCoordinator {
     recent: VecDeque<InvocationOutcome>,
     /// `close()` callers, answered when the last invocation resolves.
     drained: Vec<oneshot::Sender<()>>,
+    /// A periodic sweep is in flight: the next tick skips rather than piling up behind slow storage.
+    sweeping: bool,
 }
 
 impl Actor for PlanCoordinator {
     type Context = Context<Self>;
+
+    /// The boot sweep runs before any message is handled, so no start races a dead holder's request; then
+    /// renewals and sweeps every third of a lease.
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.wait(self.sweep().into_actor(self).map(|answer, _act, _ctx| log_sweep("boot", answer)));
+        ctx.run_interval((self.settings.lease / 3).max(Duration::from_millis(10)), |act, ctx| {
+            if act.sweeping {
+                return;
+            }
+            act.sweeping = true;
+            ctx.spawn(act.sweep().into_actor(act).map(|answer, act, _ctx| {
+                act.sweeping = false;
+                log_sweep("periodic", answer);
+            }));
+        });
+    }
 }
 
 impl PlanCoordinator {
+    /// A sweep of the durable requests as of now (see [`sweep`]).
+    fn sweep(&self) -> impl Future<Output = Result<Vec<PlanRequest>, storage::Error>> + 'static {
+        let running = self.active.values().map(|i| i.request_id.clone()).collect();
+        sweep(self.storage.clone(), self.generation.clone(), running, self.settings.lease_ms())
+    }
+
     fn admission(&self, plan_id: &PlanId) -> Result<(), StartError> {
         if self.phase == Phase::Closing {
             return Err(StartError::Closing);
@@ -397,6 +434,52 @@ impl PlanCoordinator {
     }
 }
 
+/// One sweep (SPEC §9 "Crashes"): renew the lease of `running` (the requests this coordinator tracks),
+/// then settle `failed (interrupted)` through `settle_suggestion` every pending request whose holder is
+/// dead — gone from this host, or past its lease. Renewing first means a live holder's own sweep never
+/// finds its own tracked requests expired. Answers the rows it settled.
+async fn sweep(
+    storage: StorageHandle,
+    generation: Generation,
+    running: Vec<RequestId>,
+    lease_ms: i64,
+) -> Result<Vec<PlanRequest>, storage::Error> {
+    if !running.is_empty() {
+        storage.renew_plan_requests(generation.clone(), running, lease_ms).await?;
+    }
+    let dead = storage
+        .generations()
+        .await?
+        .into_iter()
+        .filter(|g| g.gen != generation.as_str() && crate::host::is_gone(g))
+        .filter_map(|g| Generation::parse(&g.gen))
+        .collect();
+    let mut settled = Vec::new();
+    for Orphan { request, cause } in storage.orphaned_plan_requests(dead).await? {
+        let id = request.request_id.clone();
+        match storage.settle_suggestion(id.clone(), request.binding(), cause.settlement()).await? {
+            Ok(row) => {
+                let plan_id = row.plan_id.as_str();
+                tracing::warn!(plan_id, request_id = id.as_str(), %cause, "settled an orphaned suggestion request as interrupted");
+                settled.push(row);
+            }
+            // Its holder, alive after all, or another sweep ended it first: that ending stands.
+            Err(refusal) => tracing::info!(request_id = id.as_str(), %refusal, "an orphaned suggestion request had already ended"),
+        }
+    }
+    Ok(settled)
+}
+
+fn log_sweep(which: &'static str, answer: Result<Vec<PlanRequest>, storage::Error>) {
+    match answer {
+        Ok(settled) if !settled.is_empty() => {
+            tracing::info!(sweep = which, settled = settled.len(), "swept orphaned suggestion requests")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(sweep = which, error = %e, "failed to sweep orphaned suggestion requests; the next sweep retries"),
+    }
+}
+
 /// Publish or settle as decided, then read the durable state and classify by it.
 async fn finish_invocation(
     storage: StorageHandle,
@@ -469,11 +552,27 @@ impl Handler<StartSuggestion> for PlanCoordinator {
             return AtomicResponse::new(Box::pin(actix::fut::ready(Err(refused))));
         }
         let storage = self.storage.clone();
+        let generation = self.generation.clone();
+        let lease_ms = self.settings.lease_ms();
+        let sweep = self.sweep();
         let identity = msg.identity;
         let input = msg.input;
-        AtomicResponse::new(Box::pin(async move { storage.allocate_request(identity).await }.into_actor(self).map(
+        let allocation = async move {
+            let allocate = || storage.allocate_request(identity.clone(), generation.clone(), lease_ms);
+            match allocate().await {
+                // Another generation holds the plan: if that holder is dead, a sweep frees it; ask once more.
+                Ok(Err(PlanRefusal::Held { .. })) => {
+                    log_sweep("admission", sweep.await);
+                    allocate().await
+                }
+                answer => answer,
+            }
+        };
+        AtomicResponse::new(Box::pin(allocation.into_actor(self).map(
             move |allocated, act, ctx| match allocated {
                 Ok(Ok(request)) => Ok(act.track(request, input, ctx)),
+                // A live process runs this identity.
+                Ok(Err(PlanRefusal::Held { found })) => Err(StartError::Busy { request_id: found.request_id }),
                 Ok(Err(refusal)) => Err(StartError::Refused(refusal)),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not allocate a suggestion request");
@@ -605,6 +704,20 @@ impl Handler<WatchSuggestion> for PlanCoordinator {
     }
 }
 
+/// Sweep now: renew this coordinator's leases and settle every orphaned request (see [`sweep`]).
+#[derive(Message)]
+#[rtype(result = "Result<Vec<PlanRequest>, PlanError>")]
+struct SweepRequests;
+
+impl Handler<SweepRequests> for PlanCoordinator {
+    type Result = ResponseFuture<Result<Vec<PlanRequest>, PlanError>>;
+
+    fn handle(&mut self, _msg: SweepRequests, _ctx: &mut Context<Self>) -> Self::Result {
+        let sweep = self.sweep();
+        Box::pin(async move { Ok(sweep.await?) })
+    }
+}
+
 /// `open → closing`: stop every invocation for shutdown and answer once all providers have terminated.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -650,9 +763,11 @@ impl std::fmt::Debug for PlanHandle {
 }
 
 impl PlanHandle {
-    /// Start the coordinator (one per runner/store; needs a running actix `System`).
+    /// Start the coordinator of this process's `generation` (one per runner/store; needs a running actix
+    /// `System`). Its first act is the boot sweep.
     pub fn spawn(
         storage: StorageHandle,
+        generation: Generation,
         provider: Arc<dyn SuggestionProvider>,
         timer: Arc<dyn Timer>,
         settings: PlanSettings,
@@ -661,6 +776,7 @@ impl PlanHandle {
         let settings = PlanSettings { max_concurrent: settings.max_concurrent.max(1), ..settings };
         let addr = PlanCoordinator {
             storage: storage.clone(),
+            generation,
             provider,
             timer,
             settings,
@@ -669,6 +785,7 @@ impl PlanHandle {
             active: HashMap::new(),
             recent: VecDeque::new(),
             drained: Vec::new(),
+            sweeping: false,
         }
         .start();
         PlanHandle { addr, closing, storage }
@@ -731,6 +848,12 @@ impl PlanHandle {
             .await
             .map_err(|e| PlanError::Unavailable(format!("plan coordinator: {e}")))??;
         in_plan(view, plan_id)
+    }
+
+    /// Sweep now, as boot and the periodic sweep do: answers the orphaned requests it settled `failed
+    /// (interrupted)`.
+    pub async fn sweep(&self) -> Result<Vec<PlanRequest>, PlanError> {
+        self.addr.send(SweepRequests).await.map_err(|e| PlanError::Unavailable(format!("plan coordinator: {e}")))?
     }
 
     /// Explicit user dismissal of a ready reply (a store operation of its own).

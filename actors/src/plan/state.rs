@@ -172,6 +172,7 @@ mod tests {
             cards: None,
             created_at: 0,
             settled_at: None,
+            holder: None,
         }
     }
 

@@ -432,6 +432,9 @@ pub fn classify(input: &ClassifyInput) -> Classification {
         Phase::Attaching => Classification::CloseInterrupted {
             reason: NO_REQUEST_REASON.to_owned(),
         },
+        // Promoted, but the process died before its seed landed: nothing has run, so the message still
+        // gets its answer from a restart (SPEC §6.1).
+        Phase::Live | Phase::Handoff if input.last_step.is_none() && input.has_request => Classification::Restart,
         Phase::Live | Phase::Handoff | Phase::Finishing => {
             match completeness(input.turn_count, input.last_step) {
                 Ok(point) => Classification::Resume(point),
@@ -867,7 +870,9 @@ mod tests {
             ("handoff with a whole transcript resumes",     input(Handoff), resume_at(2)),
             ("live with the next step's turns runs fresh",  ClassifyInput { turn_count: 7, ..input(Live) }, Classification::Resume(ResumePoint::RunStepFresh { step: 3 })),
             ("live with a gap closes naming it",            ClassifyInput { turn_count: 6, ..input(Live) }, interrupted("partial write: transcript has 6 turns, step 2 recorded 5")),
-            ("live with no step record closes",             ClassifyInput { last_step: None, ..input(Live) }, interrupted(NO_STEP_RECORD_REASON)),
+            ("live with no step record restarts",           ClassifyInput { last_step: None, ..input(Live) }, Classification::Restart),
+            ("handoff with no step record restarts",        ClassifyInput { last_step: None, ..input(Handoff) }, Classification::Restart),
+            ("no step record and no request closes",        ClassifyInput { last_step: None, has_request: false, ..input(Live) }, interrupted(NO_STEP_RECORD_REASON)),
         ];
         for (name, inp, want) in cases {
             assert_eq!(classify(&inp), want, "{name}");

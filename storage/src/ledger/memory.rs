@@ -360,15 +360,12 @@ impl RunLedger for MemoryStore {
         if let Err(refusal) = ledger.owned_mut(run_id, gen) {
             return Ok(Err(refusal));
         }
-        let checked = match check_events(events) {
-            Ok(checked) => checked,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
+        let (rows, refused) = check_events(events);
         let stored = ledger.events.entry(run_id.to_owned()).or_default();
-        for ((seq, _json), event) in checked.into_iter().zip(events) {
+        for (seq, event, _json) in rows {
             stored.insert(seq, event.clone());
         }
-        Ok(Ok(()))
+        Ok(refused.map_or(Ok(()), Err))
     }
 
     fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
@@ -649,6 +646,12 @@ impl RunLedger for MemoryStore {
             .map(|(_, v)| v.clone())
             .collect();
         Ok(Some(events))
+    }
+
+    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
+        let st = self.lock();
+        let fenced: BTreeSet<&String> = run_ids.iter().filter(|id| st.ledger.is_killed(id)).collect();
+        Ok(fenced.into_iter().cloned().collect())
     }
 }
 

@@ -347,22 +347,30 @@ pub trait RunLedger: Send {
     fn is_killed(&mut self, run_id: &str) -> Result<bool>;
     /// Live events strictly after `after_seq`, in seq order; `None` when the run has no live row.
     fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>>;
+    /// Which of `run_ids` carry a deletion fence (SPEC §5.6): each fenced id once, sorted; an empty
+    /// answer for an empty question. One bounded, indexed read however many ids are asked (chunked), so a
+    /// reader can drop killed runs from a whole listing at once.
+    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>>;
 }
 
-/// Validate an append batch: every event has a numeric `seq` and is at most 64 KiB.
-pub fn check_events(events: &[Value]) -> Outcome<Vec<(u64, String)>> {
-    events
-        .iter()
-        .enumerate()
-        .map(|(index, e)| {
-            let seq = crate::record::event_seq(e).ok_or(Refusal::EventWithoutSeq { index })?;
-            let json = e.to_string();
-            if json.len() > crate::record::MAX_EVENT_BYTES {
-                return Err(Refusal::EventTooLarge { seq, bytes: json.len() });
-            }
-            Ok((seq, json))
-        })
-        .collect()
+/// Validate an append batch: the rows that may land (`(seq, event, json)`), and the first refusal among
+/// the rest. An event without a numeric `seq` or over 64 KiB is refused alone; its neighbours land.
+pub fn check_events(events: &[Value]) -> (Vec<(u64, &Value, String)>, Option<Refusal>) {
+    let mut rows = Vec::with_capacity(events.len());
+    let mut refused = None;
+    for (index, e) in events.iter().enumerate() {
+        let Some(seq) = crate::record::event_seq(e) else {
+            refused.get_or_insert(Refusal::EventWithoutSeq { index });
+            continue;
+        };
+        let json = e.to_string();
+        if json.len() > crate::record::MAX_EVENT_BYTES {
+            refused.get_or_insert(Refusal::EventTooLarge { seq, bytes: json.len() });
+            continue;
+        }
+        rows.push((seq, e, json));
+    }
+    (rows, refused)
 }
 
 /// Validate transcript parts: each part's JSON at most [`MAX_TRANSCRIPT_PART_BYTES`].
@@ -405,4 +413,69 @@ pub fn fence_refusal(row: Option<&LiveRow>, run_id: &str, gen: &str) -> Option<R
         decisions::Fence::Fenced => Some(Refusal::Fenced { run_id: run_id.to_owned() }),
         decisions::Fence::UnknownRun => Some(Refusal::UnknownRun { run_id: run_id.to_owned() }),
     }
+}
+
+/// Longest label (characters) a run gets from its request's first line.
+pub const LABEL_CHARS: usize = 80;
+
+/// A run's label: the first line of its request, trimmed, at most [`LABEL_CHARS`] characters.
+pub fn label_of(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default().trim();
+    let mut label: String = line.chars().take(LABEL_CHARS).collect();
+    if line.chars().count() > LABEL_CHARS {
+        label.push('…');
+    }
+    label
+}
+
+/// The run a finish (or a reclaim's close) admits in the same transaction for follow-ups the finished
+/// run never read (SPEC §5.2 step 8): its pre-minted id and how far the finishing run read its inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Successor {
+    pub run_id: String,
+    pub lease_ms: i64,
+    /// The highest inbox seq the finishing run folded in; the last step record's counts too.
+    pub inbox_consumed: Option<u64>,
+}
+
+/// The successor's admission and its first events: `run_meta` (seq 1) and one
+/// `input {source: "followup"}` per message (seqs 2…), all stamped `now_ms`. Its request is the first
+/// message's identity with every text, in inbox order; its identity is the finished run's, with the
+/// first message's user. `None` without an unread message.
+pub fn successor_admission(finished: &LiveRow, gen: &str, unread: &[InboxItem], successor: &Successor, now_ms: i64) -> Option<(Admit, Vec<Value>)> {
+    let messages: Vec<&Map<String, Value>> = unread.iter().filter_map(|i| i.message.as_object()).collect();
+    let first = messages.first()?;
+    let texts: Vec<&str> = messages.iter().map(|m| m.get("text").and_then(Value::as_str).unwrap_or_default()).collect();
+    let mut request = (*first).clone();
+    request.insert("text".into(), Value::from(texts.join("\n\n")));
+    let request = Value::Object(request);
+    let label = label_of(request["text"].as_str().unwrap_or_default());
+    let mut meta = finished.meta.as_object().cloned().unwrap_or_default();
+    meta.remove("deadline"); // a restart computes it from the successor's own start
+    meta.remove("parentRunId");
+    meta.insert("label".into(), Value::from(label));
+    if let Some(user) = first.get("user") {
+        meta.insert("userId".into(), user.clone());
+    }
+    meta.insert("request".into(), request.clone());
+    let mut run_meta: Map<String, Value> =
+        meta.iter().filter(|(k, _)| !matches!(k.as_str(), "request")).map(|(k, v)| (k.clone(), v.clone())).collect();
+    run_meta.insert("type".into(), Value::from("run_meta"));
+    run_meta.insert("seq".into(), Value::from(1));
+    run_meta.insert("at".into(), Value::from(now_ms));
+    let mut events = vec![Value::Object(run_meta)];
+    for (i, text) in texts.iter().enumerate() {
+        events.push(serde_json::json!({"type": "input", "text": text, "source": "followup", "seq": i + 2, "at": now_ms}));
+    }
+    let events = events.into_iter().map(crate::record::cap_event_for_publish).collect();
+    let admit = Admit {
+        thread_key: finished.thread_key.clone(),
+        gen: gen.to_owned(),
+        run_id: successor.run_id.clone(),
+        request,
+        meta: Value::Object(meta),
+        key: None,
+        lease_ms: successor.lease_ms,
+    };
+    Some((admit, events))
 }

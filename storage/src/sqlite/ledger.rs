@@ -19,6 +19,10 @@ use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
+/// Most ids one `killed_among` statement binds (far below SQLite's variable limit); more ids take more
+/// statements in the same read transaction.
+const KILLED_AMONG_CHUNK: usize = 500;
+
 const ROW_COLUMNS: &str = "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
                            system_text, tools_json, state_json";
 
@@ -305,18 +309,15 @@ impl RunLedger for SqliteStore {
     fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
-        let rows = match check_events(events) {
-            Ok(rows) => rows,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
+        let (rows, refused) = check_events(events);
         {
             let mut ins = tx.prepare_cached("INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)")?;
-            for (seq, json) in rows {
+            for (seq, _event, json) in rows {
                 ins.execute(params![run_id, seq as i64, json])?;
             }
         }
         tx.commit()?;
-        Ok(Ok(()))
+        Ok(refused.map_or(Ok(()), Err))
     }
 
     fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
@@ -605,5 +606,23 @@ impl RunLedger for SqliteStore {
             }
         }
         Ok(Some(out))
+    }
+
+    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
+        let tx = self.read()?;
+        let mut out: Vec<String> = Vec::new();
+        // One primary-key probe per id. The statement's text depends on the chunk's length, so it is
+        // prepared, not cached: caching every length would evict the hot statements.
+        for chunk in run_ids.chunks(KILLED_AMONG_CHUNK) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let mut stmt = tx.prepare(&format!("SELECT run_id FROM deletion_fences WHERE run_id IN ({marks})"))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(chunk.iter()), |r| r.get::<_, String>(0))?;
+            for id in rows {
+                out.push(id?);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
     }
 }

@@ -51,6 +51,9 @@ pub struct SqliteStore {
     conn: Connection,
     /// Inside a group commit: each method runs in a `SAVEPOINT` of the group's one transaction.
     grouped: bool,
+    /// Open atomic units, innermost last: `true` when the unit opened the group itself (it then commits
+    /// or rolls back the transaction), `false` when it is a savepoint inside one.
+    atomic: Vec<bool>,
 }
 
 /// One method's transaction: a top-level `BEGIN IMMEDIATE` (or deferred, for reads), or — inside a group
@@ -93,7 +96,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", sync.pragma())?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
         schema::migrate(&mut conn)?;
-        Ok(SqliteStore { conn, grouped: false })
+        Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
     }
 
     /// The schema version on disk.
@@ -134,6 +137,26 @@ impl SqliteStore {
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
         self.grouped = true;
         Ok(true)
+    }
+
+    /// Start an atomic unit of several methods: a savepoint inside a group, else a group of its own.
+    pub fn begin_atomic(&mut self) -> Result<()> {
+        let opened = self.begin_group()?;
+        if !opened {
+            self.conn.execute_batch("SAVEPOINT atomic_unit")?;
+        }
+        self.atomic.push(opened);
+        Ok(())
+    }
+
+    /// End the innermost atomic unit: release or roll back its savepoint, or commit or roll back its group.
+    pub fn end_atomic(&mut self, commit: bool) -> Result<()> {
+        match self.atomic.pop() {
+            Some(true) => self.end_group(commit),
+            Some(false) if commit => Ok(self.conn.execute_batch("RELEASE atomic_unit")?),
+            Some(false) => Ok(self.conn.execute_batch("ROLLBACK TO atomic_unit; RELEASE atomic_unit")?),
+            None => Ok(()),
+        }
     }
 
     /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false or the commit fails).

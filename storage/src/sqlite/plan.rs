@@ -3,19 +3,22 @@
 //! Every writing method is one `BEGIN IMMEDIATE` transaction that reads the rows it decides on, asks
 //! [`decisions`] what to do, and writes the answer before committing — so two processes sharing the file
 //! cannot both win a request: the second CAS reads the first one's committed row and is refused by value.
+//! Allocation reads the plan's pending requests in the same transaction, so two processes cannot both
+//! hold one plan. A request's holder is `generation` (NULL only for rows from before schema v4) and
+//! `lease_until`.
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::SqliteStore;
 use crate::plan::decisions::{self, Invalidation};
 use crate::plan::{
-    Card, Consumed, Import, Imported, Plan, PlanBinding, PlanId, PlanOutcome, PlanRequest, PlanStore, RequestId,
-    RequestState, Revision, SnapshotId, Settlement, TerminalReason,
+    Card, Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRequest, PlanStore,
+    RequestHolder, RequestId, RequestState, Revision, SnapshotId, Settlement, TerminalReason,
 };
-use crate::{Error, Result};
+use crate::{Error, Generation, Result};
 
-const REQUEST_COLUMNS: &str =
-    "request_id, plan_id, revision, snapshot_id, state, reason, diagnostic, cards_json, created_at, settled_at";
+const REQUEST_COLUMNS: &str = "request_id, plan_id, revision, snapshot_id, state, reason, diagnostic, cards_json, \
+     created_at, settled_at, generation, lease_until";
 
 /// The raw columns of a `plan_requests` row; decoded outside rusqlite so a bad value is [`Error::Corrupt`].
 struct RawRequest {
@@ -29,6 +32,8 @@ struct RawRequest {
     cards_json: Option<String>,
     created_at: i64,
     settled_at: Option<i64>,
+    generation: Option<String>,
+    lease_until: i64,
 }
 
 fn raw_request(row: &Row) -> rusqlite::Result<RawRequest> {
@@ -43,6 +48,8 @@ fn raw_request(row: &Row) -> rusqlite::Result<RawRequest> {
         cards_json: row.get(7)?,
         created_at: row.get(8)?,
         settled_at: row.get(9)?,
+        generation: row.get(10)?,
+        lease_until: row.get(11)?,
     })
 }
 
@@ -55,6 +62,13 @@ impl RawRequest {
         let reason = match self.reason {
             None => None,
             Some(r) => Some(TerminalReason::parse(&r).ok_or_else(|| Error::corrupt("plan_requests.reason", &r))?),
+        };
+        let holder = match self.generation {
+            None => None,
+            Some(g) => Some(RequestHolder {
+                generation: Generation::parse(&g).ok_or_else(|| Error::corrupt("plan_requests.generation", &g))?,
+                lease_until: self.lease_until,
+            }),
         };
         let cards = match self.cards_json {
             None => None,
@@ -75,6 +89,7 @@ impl RawRequest {
             cards,
             created_at: self.created_at,
             settled_at: self.settled_at,
+            holder,
         })
     }
 }
@@ -111,13 +126,23 @@ fn get_request(tx: &Connection, request_id: &RequestId) -> Result<Option<PlanReq
         .transpose()
 }
 
+/// The plan's pending requests, oldest first.
+fn pending_of_plan(tx: &Connection, plan_id: &PlanId) -> Result<Vec<PlanRequest>> {
+    tx.prepare_cached(&format!(
+        "SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE plan_id = ?1 AND state = 'pending' ORDER BY created_at, request_id"
+    ))?
+    .query_map([plan_id.as_str()], raw_request)?
+    .map(|r| r.map_err(Error::from).and_then(RawRequest::decode))
+    .collect()
+}
+
 fn cards_json(cards: &Option<Vec<Card>>) -> Result<Option<String>> {
     cards.as_ref().map(|c| serde_json::to_string(c).map_err(|e| Error::corrupt("plan_requests.cards_json", e))).transpose()
 }
 
 fn insert_request(tx: &Connection, r: &PlanRequest) -> Result<()> {
     tx.prepare_cached(&format!(
-        "INSERT INTO plan_requests ({REQUEST_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        "INSERT INTO plan_requests ({REQUEST_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
     ))?
     .execute(params![
         r.request_id.as_str(),
@@ -130,15 +155,17 @@ fn insert_request(tx: &Connection, r: &PlanRequest) -> Result<()> {
         cards_json(&r.cards)?,
         r.created_at,
         r.settled_at,
+        r.holder.as_ref().map(|h| h.generation.as_str()),
+        r.holder.as_ref().map_or(0, |h| h.lease_until),
     ])?;
     Ok(())
 }
 
-/// Write a row's mutable columns (the binding and `created_at` never change).
+/// Write a row's mutable columns (the binding, `created_at` and the holder's generation never change).
 fn update_request(tx: &Connection, r: &PlanRequest) -> Result<()> {
     tx.prepare_cached(
-        "UPDATE plan_requests SET state = ?2, reason = ?3, diagnostic = ?4, cards_json = ?5, settled_at = ?6
-         WHERE request_id = ?1",
+        "UPDATE plan_requests SET state = ?2, reason = ?3, diagnostic = ?4, cards_json = ?5, settled_at = ?6,
+         lease_until = ?7 WHERE request_id = ?1",
     )?
     .execute(params![
         r.request_id.as_str(),
@@ -147,6 +174,7 @@ fn update_request(tx: &Connection, r: &PlanRequest) -> Result<()> {
         r.diagnostic,
         cards_json(&r.cards)?,
         r.settled_at,
+        r.holder.as_ref().map_or(0, |h| h.lease_until),
     ])?;
     Ok(())
 }
@@ -199,15 +227,51 @@ impl PlanStore for SqliteStore {
         get_plan(&tx, plan_id)
     }
 
-    fn allocate_request(&mut self, identity: &PlanBinding, now_ms: i64) -> Result<PlanOutcome<PlanRequest>> {
+    fn allocate_request(
+        &mut self,
+        identity: &PlanBinding,
+        holder: &Generation,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<PlanOutcome<PlanRequest>> {
         let tx = self.immediate()?;
-        if let Err(refusal) = decisions::admit(get_plan(&tx, &identity.plan_id)?.as_ref(), identity) {
+        let plan = get_plan(&tx, &identity.plan_id)?;
+        let pending = pending_of_plan(&tx, &identity.plan_id)?;
+        if let Err(refusal) = decisions::admit(plan.as_ref(), identity, &pending, holder) {
             return Ok(Err(refusal));
         }
-        let row = decisions::new_request(RequestId::generate(), identity, now_ms);
+        let row = decisions::new_request(RequestId::generate(), identity, holder, lease_ms, now_ms);
         insert_request(&tx, &row)?;
         tx.commit()?;
         Ok(Ok(row))
+    }
+
+    fn renew_requests(&mut self, holder: &Generation, request_ids: &[RequestId], lease_ms: i64, now_ms: i64) -> Result<usize> {
+        let tx = self.immediate()?;
+        let mut renewed = 0;
+        for id in request_ids {
+            if let Some(row) = get_request(&tx, id)?.and_then(|r| decisions::renew(&r, holder, lease_ms, now_ms)) {
+                update_request(&tx, &row)?;
+                renewed += 1;
+            }
+        }
+        tx.commit()?;
+        Ok(renewed)
+    }
+
+    fn orphaned_requests(&mut self, dead: &[Generation], now_ms: i64) -> Result<Vec<Orphan>> {
+        let tx = self.read()?;
+        let pending: Vec<PlanRequest> = tx
+            .prepare_cached(&format!(
+                "SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE state = 'pending' ORDER BY created_at, request_id"
+            ))?
+            .query_map([], raw_request)?
+            .map(|r| r.map_err(Error::from).and_then(RawRequest::decode))
+            .collect::<Result<_>>()?;
+        Ok(pending
+            .into_iter()
+            .filter_map(|r| decisions::orphaned(&r, dead, now_ms).map(|cause| Orphan { request: r, cause }))
+            .collect())
     }
 
     fn complete_suggestions(

@@ -107,6 +107,13 @@ pub const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX plan_requests_by_plan ON plan_requests(plan_id, state);
     "#,
+    // 4: each plan request's holder — the generation whose coordinator runs it — and the lease that holder
+    // renews (SPEC §9 "Crashes"). Rows from before have no holder: the next sweep settles them interrupted.
+    r#"
+    ALTER TABLE plan_requests ADD COLUMN generation TEXT;
+    ALTER TABLE plan_requests ADD COLUMN lease_until INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX plan_requests_pending ON plan_requests(created_at, request_id) WHERE state = 'pending';
+    "#,
 ];
 
 pub fn current_version() -> i64 {

@@ -15,7 +15,14 @@ use crate::AppState;
 pub const MESSAGE_BODY_LIMIT: usize = 2 << 20;
 /// Longest `text`, in UTF-8 bytes.
 pub const MAX_TEXT_BYTES: usize = 1 << 20;
-const MAX_KEY_CHARS: usize = 256;
+/// Field caps in Unicode characters (SPEC §5.1). `channel` + `:` + `thread` fits the ledger's thread-key cap.
+pub const MAX_CHANNEL_CHARS: usize = 64;
+pub const MAX_THREAD_CHARS: usize = 191;
+pub const MAX_USER_CHARS: usize = 256;
+pub const MAX_AGENT_CHARS: usize = 64;
+pub const MAX_KEY_CHARS: usize = 256;
+
+const _: () = assert!(MAX_CHANNEL_CHARS + 1 + MAX_THREAD_CHARS <= storage::ledger::decisions::MAX_THREAD_KEY_CHARS);
 
 fn string_field(body: &Map<String, Value>, field: &'static str, required: bool) -> Result<Option<String>, ApiError> {
     match body.get(field) {
@@ -24,6 +31,17 @@ fn string_field(body: &Map<String, Value>, field: &'static str, required: bool) 
         Some(Value::String(s)) if required && s.trim().is_empty() => Err(ApiError::bad(field, "must not be empty")),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(ApiError::bad(field, "must be a string")),
+    }
+}
+
+/// `value` has `min..=max` Unicode characters, else a 400 naming `field`.
+fn check_chars(field: &'static str, value: &str, min: usize, max: usize) -> Result<(), ApiError> {
+    // Counting stops one past the cap: a huge value costs no more than a legal one.
+    let n = value.chars().take(max + 1).count();
+    if (min..=max).contains(&n) {
+        Ok(())
+    } else {
+        Err(ApiError::bad(field, format!("must be {min} to {max} characters")))
     }
 }
 
@@ -43,15 +61,23 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
         agent: string_field(&map, "agent", false)?,
         visibility: string_field(&map, "visibility", false)?,
     };
+    // The thread key `<channel>:<thread>` is injective only while no channel holds the separator.
+    if request.channel.contains(':') {
+        return Err(ApiError::bad("channel", "must not contain ':'"));
+    }
+    check_chars("channel", &request.channel, 1, MAX_CHANNEL_CHARS)?;
+    check_chars("thread", &request.thread, 1, MAX_THREAD_CHARS)?;
+    check_chars("user", &request.user, 1, MAX_USER_CHARS)?;
+    if let Some(agent) = &request.agent {
+        check_chars("agent", agent, 0, MAX_AGENT_CHARS)?;
+    }
     if request.text.len() > MAX_TEXT_BYTES {
         return Err(ApiError::PayloadTooLarge(format!("text is {} bytes, over {MAX_TEXT_BYTES}", request.text.len())));
     }
     let key = match string_field(&map, "key", false)? {
         None => None,
-        Some(k) if k.is_empty() || k.chars().count() > MAX_KEY_CHARS => {
-            return Err(ApiError::bad("key", format!("must be 1 to {MAX_KEY_CHARS} characters")))
-        }
         Some(k) => {
+            check_chars("key", &k, 1, MAX_KEY_CHARS)?;
             // The body hash: SHA-256 of the canonical JSON (sorted keys) of the body minus `key`.
             let mut rest = map.clone();
             rest.remove("key");
@@ -93,5 +119,76 @@ pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<A
             tracing::warn!(error = %e, "admission unavailable");
             Err(ApiError::Unavailable("storage unavailable".into()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A valid message with `field` set to `value`.
+    fn body_with(field: &str, value: Value) -> Vec<u8> {
+        let mut map = Map::new();
+        for (k, v) in [("thread", "t"), ("channel", "c"), ("user", "u"), ("text", "x")] {
+            map.insert(k.into(), Value::String(v.into()));
+        }
+        map.insert(field.into(), value);
+        Value::Object(map).to_string().into_bytes()
+    }
+
+    /// `None` when the message is accepted, else the field its 400 names.
+    fn refused_field(field: &str, value: &str) -> Option<String> {
+        match parse_message(&body_with(field, Value::String(value.into()))) {
+            Ok(_) => None,
+            Err(ApiError::BadRequest { field, .. }) => Some(field),
+            Err(other) => panic!("{field}: not a 400: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_field_cap_accepts_its_boundary_and_refuses_one_over_naming_the_field() {
+        // Two-byte characters: the caps count Unicode characters, not bytes.
+        for (field, max) in [
+            ("channel", MAX_CHANNEL_CHARS),
+            ("thread", MAX_THREAD_CHARS),
+            ("user", MAX_USER_CHARS),
+            ("agent", MAX_AGENT_CHARS),
+            ("key", MAX_KEY_CHARS),
+        ] {
+            assert_eq!(refused_field(field, &"é".repeat(max)), None, "{field} at its cap");
+            assert_eq!(refused_field(field, &"é".repeat(max + 1)).as_deref(), Some(field), "{field} one over");
+        }
+        // The lower bounds: one character is enough, none is refused naming the field.
+        for field in ["channel", "thread", "user", "key"] {
+            assert_eq!(refused_field(field, "é"), None, "{field} of one character");
+            assert_eq!(refused_field(field, "").as_deref(), Some(field), "empty {field}");
+        }
+        // The longest channel and thread make the longest thread key the ledger stores.
+        let longest = body_with("channel", "c".repeat(MAX_CHANNEL_CHARS).into());
+        let mut longest: Map<String, Value> = serde_json::from_slice(&longest).unwrap();
+        longest.insert("thread".into(), "t".repeat(MAX_THREAD_CHARS).into());
+        let (request, _) = parse_message(Value::Object(longest).to_string().as_bytes()).expect("both at their caps");
+        assert!(storage::ledger::decisions::is_valid_thread_key(&request.thread_key()));
+    }
+
+    #[test]
+    fn text_is_capped_in_bytes_with_a_413() {
+        assert!(parse_message(&body_with("text", "x".repeat(MAX_TEXT_BYTES).into())).is_ok());
+        let over = parse_message(&body_with("text", "x".repeat(MAX_TEXT_BYTES + 1).into()));
+        assert!(matches!(over, Err(ApiError::PayloadTooLarge(_))), "{over:?}");
+        // 2-byte characters: half as many characters reach the same byte cap.
+        let over = parse_message(&body_with("text", "é".repeat(MAX_TEXT_BYTES / 2 + 1).into()));
+        assert!(matches!(over, Err(ApiError::PayloadTooLarge(_))), "{over:?}");
+    }
+
+    #[test]
+    fn a_channel_holding_the_key_separator_is_refused_so_thread_keys_stay_injective() {
+        // ("a", "b:x") and ("a:b", "x") would both be the key "a:b:x": only the first is admissible.
+        let mut first: Map<String, Value> = serde_json::from_slice(&body_with("channel", "a".into())).unwrap();
+        first.insert("thread".into(), "b:x".into());
+        let (request, _) = parse_message(Value::Object(first).to_string().as_bytes()).expect("a thread may hold ':'");
+        assert_eq!(request.thread_key(), "a:b:x");
+        assert_eq!(refused_field("channel", "a:b").as_deref(), Some("channel"));
+        assert_eq!(refused_field("channel", ":").as_deref(), Some("channel"));
     }
 }

@@ -1,0 +1,137 @@
+//! The storage handle's composite transactions, against every backend: admission with its first events,
+//! a durable step with its events, and a finish that admits the successor for unread follow-ups
+//! (SPEC §4.3, §5.2 steps 2, 5 and 8).
+
+use serde_json::{json, Value};
+use storage::ledger::{Admit, AdmitOutcome, Phase, Promotion, StepRecord, Successor, Turn};
+use storage::record::validate_record;
+use storage::{BackendSpec, ManualClock, MemoryStore, StorageHandle, Synchronous};
+
+const NOW: i64 = 1_800_000_000_000;
+const GEN: &str = "20260101T000000Z-00000001";
+
+fn backends(dir: &std::path::Path) -> Vec<(&'static str, StorageHandle)> {
+    let clock = std::sync::Arc::new(ManualClock::new(NOW));
+    let sqlite = BackendSpec::Sqlite { path: dir.join("t.db"), synchronous: Synchronous::Normal };
+    vec![
+        ("memory", StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), clock.clone())),
+        ("sqlite", StorageHandle::start(sqlite, clock)),
+    ]
+}
+
+fn request(text: &str, user: &str) -> Value {
+    json!({"thread": "t", "channel": "c", "user": user, "text": text})
+}
+
+fn admission(run_id: &str, text: &str) -> Admit {
+    Admit {
+        thread_key: "c:t".into(),
+        gen: GEN.into(),
+        run_id: run_id.into(),
+        request: request(text, "u1"),
+        meta: json!({"agent": "demo", "model": "m", "label": text, "threadKey": "c:t", "channelId": "c", "userId": "u1",
+            "channelVisibility": "machine", "deadline": NOW + 1000, "request": request(text, "u1")}),
+        key: None,
+        lease_ms: 30_000,
+    }
+}
+
+fn first_events(text: &str) -> Vec<Value> {
+    vec![
+        json!({"type": "run_meta", "seq": 1, "at": NOW, "agent": "demo"}),
+        json!({"type": "input", "seq": 2, "at": NOW, "text": text, "source": "request"}),
+    ]
+}
+
+fn step(step: u64, turn_index: u64, inbox: Option<u64>) -> StepRecord {
+    StepRecord { step, seq: 0, turn_index, in_flight: vec![], inbox_consumed_seq: inbox, remaining_ms: 1, turn: step, iteration: step }
+}
+
+fn record(id: &str) -> storage::record::RunRecord {
+    validate_record(&json!({"id": id, "channelId": "c", "userId": "u1", "threadKey": "c:t", "channelVisibility": "machine",
+        "startedAt": NOW, "finishedAt": NOW, "status": "completed", "eventCount": 2, "storedEventCount": 2,
+        "truncated": false, "events": first_events("hi")}))
+    .unwrap()
+}
+
+async fn go_live(h: &StorageHandle, run_id: &str) {
+    assert_eq!(h.admit_with_events(admission(run_id, "hi"), first_events("hi"), NOW).await.unwrap(), AdmitOutcome::Started { run_id: run_id.into() });
+    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+    h.claim(run_id.into(), GEN.into(), p).await.unwrap().unwrap();
+    let seed = vec![Turn { role: "system".into(), parts: vec![json!("s")] }, Turn { role: "user".into(), parts: vec![json!("hi")] }];
+    h.durable_step(run_id.into(), GEN.into(), 0, seed, step(0, 2, None), vec![]).await.unwrap().unwrap();
+}
+
+#[actix_rt::test]
+async fn an_admission_commits_its_first_events_and_a_steer_none() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        let started = h.admit_with_events(admission("r1", "hello"), first_events("hello"), NOW).await.unwrap();
+        assert_eq!(started, AdmitOutcome::Started { run_id: "r1".into() }, "{name}");
+        assert_eq!(h.live_events("r1".into(), 0, 10).await.unwrap(), Some(first_events("hello")), "{name}");
+        // A second message on the thread steers: the pre-minted id gets no row and no events.
+        let steered = h.admit_with_events(admission("r2", "more"), first_events("more"), NOW).await.unwrap();
+        assert!(matches!(steered, AdmitOutcome::Steered { ref run_id, .. } if run_id == "r1"), "{name}: {steered:?}");
+        assert_eq!(h.live_events("r2".into(), 0, 10).await.unwrap(), None, "{name}");
+        assert_eq!(h.live_events("r1".into(), 0, 10).await.unwrap().map(|e| e.len()), Some(2), "{name}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_finish_admits_one_successor_for_the_unread_inbox_in_the_same_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        go_live(&h, "r1").await;
+        let s1 = h.push_inbox("r1".into(), request("first", "u2")).await.unwrap().unwrap();
+        let s2 = h.push_inbox("r1".into(), request("second", "u3")).await.unwrap().unwrap();
+        let s3 = h.push_inbox("r1".into(), request("third", "u4")).await.unwrap().unwrap();
+        // A step consumed the first; the run folded the second after its last step record.
+        let turn = Turn { role: "assistant".into(), parts: vec![json!("a")] };
+        h.durable_step("r1".into(), GEN.into(), 2, vec![turn], step(1, 3, Some(s1)), vec![]).await.unwrap().unwrap();
+        let successor = Successor { run_id: "r2".into(), lease_ms: 30_000, inbox_consumed: Some(s2) };
+        h.finish(GEN.into(), record("r1"), None, Some(successor)).await.unwrap().unwrap();
+
+        assert_eq!(h.get_live("r1".into()).await.unwrap(), None, "{name}: the finished run's row is gone");
+        let row = h.get_live("r2".into()).await.unwrap().expect("the successor is admitted");
+        assert_eq!((row.phase, row.owner_gen.as_str(), row.thread_key.as_str()), (Phase::Attaching, GEN, "c:t"), "{name}");
+        assert_eq!(row.meta["request"]["text"], "third", "{name}: only what was never read");
+        assert_eq!(row.meta["userId"], "u4", "{name}");
+        assert_eq!(row.meta["agent"], "demo", "{name}");
+        assert!(row.meta.get("deadline").is_none(), "{name}: its deadline comes from its own start");
+        let events = h.live_events("r2".into(), 0, 10).await.unwrap().unwrap();
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["run_meta", "input"], "{name}");
+        assert_eq!((events[1]["text"].as_str(), events[1]["source"].as_str()), (Some("third"), Some("followup")), "{name}");
+        assert!(s3 > s2, "{name}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_finish_with_nothing_unread_admits_nothing_and_a_close_reads_the_last_step() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        go_live(&h, "r1").await;
+        let s1 = h.push_inbox("r1".into(), request("first", "u2")).await.unwrap().unwrap();
+        let turn = Turn { role: "assistant".into(), parts: vec![json!("a")] };
+        h.durable_step("r1".into(), GEN.into(), 2, vec![turn], step(1, 3, Some(s1)), vec![]).await.unwrap().unwrap();
+        // A close (no consumed seq of its own) relies on the last step record: nothing unread.
+        let successor = Successor { run_id: "r2".into(), lease_ms: 30_000, inbox_consumed: None };
+        h.finish(GEN.into(), record("r1"), None, Some(successor)).await.unwrap().unwrap();
+        assert_eq!(h.get_live("r2".into()).await.unwrap(), None, "{name}");
+        assert!(h.list_live().await.unwrap().is_empty(), "{name}: the thread is free");
+    }
+}
+
+#[actix_rt::test]
+async fn a_fenced_finish_admits_no_successor() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        go_live(&h, "r1").await;
+        h.push_inbox("r1".into(), request("first", "u2")).await.unwrap().unwrap();
+        let successor = Successor { run_id: "r2".into(), lease_ms: 30_000, inbox_consumed: None };
+        let out = h.finish("20260101T000000Z-00000009".into(), record("r1"), None, Some(successor)).await.unwrap();
+        assert!(matches!(out, Err(storage::ledger::Refusal::Fenced { .. })), "{name}: {out:?}");
+        assert_eq!(h.get_live("r2".into()).await.unwrap(), None, "{name}");
+        assert!(h.get_live("r1".into()).await.unwrap().is_some(), "{name}");
+    }
+}

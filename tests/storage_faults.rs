@@ -1,0 +1,61 @@
+//! Storage that goes away mid-run (SPEC §5.5, §5.2 step 7, §6.1): the run retries for up to the lease,
+//! ends `StorageLost`, stops renewing, and the supervisor re-adopts it at the first sweep storage answers;
+//! nothing is live without an actor, and the message is answered once.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{wait_until, TestApp};
+
+async fn app() -> TestApp {
+    TestApp::spawn_with(|c| {
+        c.ledger.lease_ms = 1_000;
+        c.ledger.heartbeat_ms = 300;
+    })
+    .await
+}
+
+#[actix_web::test]
+async fn a_run_whose_storage_goes_away_past_the_lease_is_readopted_and_answers_once() {
+    let app = app().await;
+    let run_id = app.start_run("t1", "steps=2 ms=300 answer=fine").await;
+    app.event(&run_id, "tool_result").await;
+    // Storage goes away before the next step can commit.
+    app.running.storage.inject_outage(true);
+    let metrics = app.running.metrics.clone();
+    let lost = wait_until(Duration::from_secs(20), || {
+        let n = metrics.restarts("storage_lost");
+        async move { (n > 0).then_some(n) }
+    })
+    .await;
+    assert_eq!(lost, Some(1), "the run ended StorageLost once its retries outlasted the lease");
+    // Nothing more happens while storage is away: no record, and the run is not finished.
+    assert!(app.running.registry.row(&run_id).is_some_and(|r| r.finished_at.is_none()));
+    app.running.storage.inject_outage(false);
+
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, storage::record::RunStatus::Completed);
+    let count = |kind: &str| record.events.iter().filter(|e| e["type"] == kind).count();
+    assert_eq!(count("answer"), 1, "answered once: {:?}", record.events);
+    assert_eq!(count("input"), 1);
+    assert_eq!(count("resumed"), 1, "re-adopted by this same process");
+    assert_eq!(record.events.iter().find(|e| e["type"] == "answer").unwrap()["text"], "fine");
+    assert!(app.running.storage.list_live().await.unwrap().is_empty(), "no live row remains");
+    assert_eq!(app.running.metrics.restarts("storage_lost"), 1);
+}
+
+#[actix_web::test]
+async fn a_brief_outage_inside_the_lease_is_ridden_out_without_a_restart() {
+    let app = app().await;
+    let run_id = app.start_run("t1", "steps=3 ms=200").await;
+    app.event(&run_id, "tool_result").await;
+    app.running.storage.inject_outage(true);
+    tokio::time::sleep(Duration::from_millis(300)).await; // shorter than the lease: the step write retries
+    app.running.storage.inject_outage(false);
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, storage::record::RunStatus::Completed);
+    assert!(!record.events.iter().any(|e| e["type"] == "resumed"), "{:?}", record.events);
+    assert!(!record.events.iter().any(|e| e["type"] == "note" && e["kind"] == "ledger_detached"), "never detached");
+    assert_eq!(app.running.metrics.restarts("storage_lost"), 0);
+}
