@@ -131,8 +131,16 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("switchboard-chaos-").tempdir().context("create a temp data dir")?;
     let data = dir.path().to_path_buf();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start a runtime")?;
-    let outcome = rt.block_on(scenario(&args, seed, &data));
-    // Children are gone by now (dropped inside the scenario); what is left is the verdict.
+    // Ctrl-C or SIGTERM drops the scenario, and with it every child (killed on drop), instead of leaving
+    // `serve` processes behind.
+    let outcome = rt.block_on(async {
+        tokio::select! {
+            verdict = scenario(&args, seed, &data) => verdict,
+            signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
+        }
+    });
+    drop(rt);
+    // Children are gone by now; what is left is the verdict.
     match outcome {
         Ok(verdict) => {
             let line = verdict.json(&args, seed, &data);
@@ -143,12 +151,21 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
                 for d in verdict.details.iter().take(20) {
                     println!("  violation: {d}");
                 }
+                if verdict.details.len() > 20 {
+                    println!("  … {} more violation lines", verdict.details.len() - 20);
+                }
+                for n in verdict.notes.iter().take(10) {
+                    println!("  note: {n}");
+                }
             }
             if verdict.violations() > 0 || args.keep {
                 let kept = dir.keep();
                 if verdict.violations() > 0 {
                     let mut text = verdict.details.join("\n");
                     text.push('\n');
+                    for n in &verdict.notes {
+                        let _ = writeln!(text, "note: {n}");
+                    }
                     let _ = std::fs::write(kept.join("violations.txt"), text);
                 }
                 eprintln!("chaos: data dir kept at {} (child logs in {})", kept.display(), kept.join("logs").display());
@@ -161,6 +178,26 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
             eprintln!("chaos: data dir kept at {} (child logs in {})", kept.display(), kept.join("logs").display());
             Err(e.context(format!("chaos (seed {seed})")))
         }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM, naming which.
+async fn interrupted() -> &'static str {
+    #[cfg(unix)]
+    {
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
     }
 }
 
@@ -366,7 +403,7 @@ async fn drive_faults(
     }
     for p in paused {
         if let Some(note) = p.await.context("join a paused process")? {
-            // Informational: a stale process that would not drain is a drain failure too.
+            // A continued (stale) process that will not drain cleanly is a drain failure too.
             log.drain_failures += 1;
             log.details.push(note);
         }
@@ -628,7 +665,10 @@ struct Verdict {
     /// Informational: nonces found that no client sent.
     unknown_nonces: usize,
     elapsed: Duration,
+    /// One line per violation.
     details: Vec<String>,
+    /// One line per informational finding.
+    notes: Vec<String>,
 }
 
 impl Verdict {
@@ -777,6 +817,9 @@ async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], settled: b
 
     // Events: seqs, terminals, inputs.
     let mut found: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    // Where a nonce shows in an answer (the scripted agent echoes the follow-ups it read): tells a lost
+    // `input` event of a message a run did read apart from a message no run ever read.
+    let mut answered: HashMap<String, String> = HashMap::new();
     for (id, run) in &runs {
         let events = events_all(http, fleet, id).await.with_context(|| format!("read the events of run {id}"))?;
         let mut seqs = HashSet::new();
@@ -789,7 +832,12 @@ async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], settled: b
                 }
             }
             match e["type"].as_str() {
-                Some("answer" | "run_failed") => terminals += 1,
+                Some("answer" | "run_failed") => {
+                    terminals += 1;
+                    for n in nonces_in(e["text"].as_str().unwrap_or("")) {
+                        answered.entry(n.to_owned()).or_insert_with(|| id.clone());
+                    }
+                }
                 Some("input") => {
                     for n in nonces_in(e["text"].as_str().unwrap_or("")) {
                         let thread = run["threadKey"].as_str().unwrap_or("").to_owned();
@@ -812,11 +860,15 @@ async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], settled: b
         match (&s.answer, places.len()) {
             (Answer::Accepted { outcome, run_id }, 0) => {
                 v.lost_inputs += 1;
-                v.details.push(format!("lost input {} ({outcome} into run {run_id} on {})", s.nonce, s.thread_key));
+                let read = match answered.get(&s.nonce) {
+                    Some(r) => format!("read: the answer of run {r} names it"),
+                    None => "no run read it".into(),
+                };
+                v.details.push(format!("lost input {} ({outcome} into run {run_id} on {}; {read})", s.nonce, s.thread_key));
             }
             (Answer::Refused { status }, 1) => {
                 v.refused_but_present += 1;
-                v.details.push(format!("note: refused ({status}) message {} was admitted anyway (run {})", s.nonce, places[0].0));
+                v.notes.push(format!("refused ({status}) message {} was admitted anyway (run {})", s.nonce, places[0].0));
             }
             (_, 0 | 1) => {}
             (answer, n) => {
@@ -832,6 +884,9 @@ async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], settled: b
         }
     }
     v.unknown_nonces = found.keys().filter(|n| !by_nonce.contains_key(n.as_str())).count();
+    if v.runs >= 19_000 {
+        v.notes.push(format!("{} runs: near the 20000-run retention cap, so trimmed runs may count as lost", v.runs));
+    }
 
     // Workspaces: every steps.log on disk, whether or not its run is listed.
     let root = fleet.data.join("workspaces");

@@ -2,7 +2,8 @@
 //!
 //! Two ways to read: against a running server's JSON API (`--url`, default `$SWITCHBOARD_URL` or
 //! `http://127.0.0.1:8080`, with `--token` / `$SWITCHBOARD_TOKEN` as the bearer token), or `--db PATH`:
-//! store-only reads of a stopped server's SQLite database, opened directly. Output is a human table by
+//! store-only reads of a stopped server's SQLite database, opened read-only through the storage crate
+//! (never created, never migrated: an older schema is read as is, a newer one refused by name). Output is a human table by
 //! default and the API's JSON shapes with `--json` (the same shapes in both modes).
 //!
 //! A store-only reader sees no live state: a provisional record (the tombstone a run writes at start)
@@ -18,7 +19,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use storage::record::{is_valid_run_id, VisibilityFilter};
 use storage::store::{Cursor, ListQuery};
-use storage::{Clock, RunStore, SqliteStore, Synchronous};
+use storage::{Clock, RunStore, SqliteStore};
 use web::routes::html::{describe, fmt_duration, fmt_time};
 
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -264,10 +265,12 @@ async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<String> {
 // ---------------------------------------------------------------------------------------------
 
 fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
-    if !db.exists() {
-        bail!("no database at {}", db.display());
+    if matches!(args.command, RunsCommand::Stop { .. } | RunsCommand::Kill { .. }) {
+        bail!("--db reads a stopped server's history; stop and kill need a running server (--url)");
     }
-    let mut store = SqliteStore::open(db, Synchronous::Full).with_context(|| format!("open database {}", db.display()))?;
+    // Read-only through the storage crate: never created, never migrated, an older schema read as is,
+    // a newer one refused by name (SPEC §1.2, §8.2).
+    let mut store = SqliteStore::open_read_only(db).with_context(|| format!("open database {} read-only", db.display()))?;
     let now = storage::SystemClock.now_ms();
     match &args.command {
         RunsCommand::List { status, limit, agent, channel, thread_key, parent_run_id, since_ms, before, before_id } => {

@@ -71,3 +71,27 @@ async fn a_drain_with_nothing_running_stops_admitting_and_finishes() {
     assert!(draining.load(std::sync::atomic::Ordering::SeqCst));
     assert!(storage.list_live().await.unwrap().is_empty());
 }
+
+/// A granted crash answers `202 {ok: true, generation, pid}` — the generation `/healthz` shows and the
+/// id of the process that is about to die — then the process exits 137. On the real binary: in-process,
+/// the exit would end the test.
+#[actix_web::test]
+async fn a_granted_crash_answers_its_generation_and_pid_then_exits_137() {
+    let dir = tempfile::tempdir().unwrap();
+    // The embedded configuration: a loopback dev-bypass operator holds `deploy:write`.
+    let mut child =
+        switchboard::child::ChildServer::start(std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")), dir.path(), &[])
+            .expect("start switchboard");
+    let client = reqwest::Client::new();
+    let health: serde_json::Value = client.get(child.url("/healthz")).send().await.unwrap().json().await.unwrap();
+    let generation = health["generation"].as_str().expect("a generation on /healthz").to_owned();
+    assert!(storage::Generation::parse(&generation).is_some(), "{generation}");
+    assert_eq!(health["pid"].as_u64(), Some(u64::from(child.pid())), "/healthz names the child's pid");
+
+    let res = client.post(child.url("/admin/crash")).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 202);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body, serde_json::json!({"ok": true, "generation": generation, "pid": child.pid()}));
+    assert_eq!(child.wait_exit(std::time::Duration::from_secs(10)), Some(137), "crash exits 137");
+}
+

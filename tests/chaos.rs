@@ -59,6 +59,12 @@ fn chaos_with_crashes_pauses_and_drains_loses_and_duplicates_nothing() {
             break Some(status);
         }
         if Instant::now() > until {
+            // SIGTERM first: chaos then kills its `serve` children and keeps its data dir.
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let grace = Instant::now() + Duration::from_secs(40);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < grace {
+                std::thread::sleep(Duration::from_millis(100));
+            }
             let _ = child.kill();
             let _ = child.wait();
             break None;

@@ -3,8 +3,12 @@
 
 mod support;
 
+use std::path::Path;
+
 use serde_json::{json, Value};
-use storage::record::{validate_record, RunStatus};
+use storage::record::{validate_record, RunRecord, RunStatus};
+use storage::store::RunStore;
+use storage::{SqliteStore, Synchronous};
 use support::TestApp;
 
 /// Run `switchboard runs <args>` off the test's thread (the server shares it); answers (ok, stdout, stderr).
@@ -93,14 +97,49 @@ async fn runs_cli_sends_its_bearer_token() {
     assert!(out.contains("no runs"), "{out}");
 }
 
+/// The per-run rows the database still holds for `id` (tables with none left out), read through the
+/// storage crate's read-only store.
+fn rows_left(db: &Path, id: &str) -> Vec<(&'static str, u64)> {
+    let mut store = SqliteStore::open_read_only(db).expect("open the database read-only");
+    store.rows_of_run(id).expect("count rows").into_iter().filter(|(_, n)| *n > 0).collect()
+}
+
 #[actix_web::test]
 async fn runs_kill_deletes_through_the_api() {
     let app = TestApp::spawn().await;
     let id = app.start_run("t1", "steps=1 ms=0").await;
-    app.final_record(&id).await;
+    let record = app.final_record(&id).await;
+    let keep = app.start_run("t2", "steps=1 ms=0").await;
+    app.final_record(&keep).await;
+    // Before: the record and its events are there, through the API and on disk.
+    let (code, _) = app.get_json(&format!("/api/runs/{id}"), None).await;
+    assert_eq!(code, 200);
+    let before = rows_left(&app.db_path(), &id);
+    assert!(before.contains(&("runs", 1)), "{before:?}");
+    assert!(before.contains(&("run_events", record.events.len() as u64)), "{before:?}");
+
     let (ok, out, err) = runs(&["kill", &id, "--url", &app.base]).await;
     assert!(ok, "{err}");
     assert!(out.contains("killing"), "{out}");
+
+    // After: 404 through the API (the record, its events, its stream) …
+    for path in [format!("/api/runs/{id}"), format!("/api/runs/{id}?include=events"), format!("/api/runs/{id}/events")] {
+        assert_eq!(app.get_json(&path, None).await.0, 404, "{path}");
+    }
+    let (ok, _, err) = runs(&["get", &id, "--url", &app.base]).await;
+    assert!(!ok && err.contains("404"), "{err}");
+    // … and purged from the database: only the deletion fence (which keeps the id from ever being
+    // written again) is left.
+    let db = app.db_path();
+    let gone = support::wait_until(std::time::Duration::from_secs(10), || {
+        let rows = rows_left(&db, &id);
+        async move { (rows == [("deletion_fences", 1)]).then_some(()) }
+    })
+    .await;
+    assert!(gone.is_some(), "rows left after the kill: {:?}", rows_left(&db, &id));
+    // The other run is untouched.
+    assert_eq!(app.get_json(&format!("/api/runs/{keep}"), None).await.0, 200);
+    assert!(rows_left(&db, &keep).contains(&("runs", 1)));
 }
 
 #[actix_web::test]
@@ -148,4 +187,100 @@ async fn db_reads_a_stopped_servers_history_and_shows_a_tombstone_as_unfinished(
     assert!(!ok && err.contains("not found"), "{err}");
     let (ok, _, err) = runs(&["list", "--db", &dir.path().join("missing.db").to_string_lossy()]).await;
     assert!(!ok && err.contains("no database"), "{err}");
+}
+
+/// A database file's identity for "was it written?": its bytes, its schema stamp (read through the
+/// storage crate) and its mtime.
+fn fingerprint(db: &Path) -> (Vec<u8>, i64, std::time::SystemTime) {
+    let bytes = std::fs::read(db).expect("read the database file");
+    let version = SqliteStore::open_read_only(db).and_then(|s| s.schema_version()).unwrap_or(-1);
+    (bytes, version, std::fs::metadata(db).unwrap().modified().unwrap())
+}
+
+fn finished(id: &str, finished_at: i64, events: usize) -> RunRecord {
+    let events: Vec<Value> =
+        (1..=events).map(|i| json!({"type": "note", "seq": i, "at": finished_at, "kind": "k", "summary": format!("n{i}")})).collect();
+    validate_record(&json!({
+        "id": id, "agent": "demo", "channelId": "c1", "userId": "u1", "threadKey": "c1:t", "channelVisibility": "public",
+        "startedAt": finished_at - 100, "finishedAt": finished_at, "status": "completed", "eventCount": events.len(),
+        "storedEventCount": events.len(), "truncated": false, "events": events
+    }))
+    .unwrap()
+}
+
+#[actix_web::test]
+async fn db_reads_never_write_the_database_and_refuse_a_newer_schema_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("switchboard.db");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    {
+        // A current-version database as a stopped server leaves it (closed: the WAL checkpointed away).
+        let mut s = SqliteStore::open(&db, Synchronous::Full).unwrap();
+        s.put(&finished("r-old", now - 2_000, 3), None, now).unwrap();
+        s.put(&finished("r-new", now - 1_000, 2), None, now).unwrap();
+    }
+    let before = fingerprint(&db);
+    assert_eq!(before.1, storage::sqlite::schema::current_version());
+    // A coarse mtime clock must not hide a write: let it tick first.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let path = db.to_str().unwrap().to_owned();
+
+    let (ok, out, err) = runs(&["list", "--db", &path]).await;
+    assert!(ok, "{err}");
+    assert!(line_of(&out, "r-new").contains(" completed "), "{out}");
+    assert!(out.find("r-new").unwrap() < out.find("r-old").unwrap(), "newest first:\n{out}");
+    let (ok, out, err) = runs(&["get", "r-old", "--db", &path, "--events", "--json"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["events"].as_array().map(Vec::len), Some(3));
+    let (ok, out, err) = runs(&["events", "r-old", "--db", &path, "--after-seq", "1"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().filter(|l| l.starts_with('#')).count(), 2, "{out}");
+    let (ok, _, err) = runs(&["kill", "r-old", "--db", &path]).await;
+    assert!(!ok && err.contains("running server"), "{err}");
+    assert!(before == fingerprint(&db), "a --db read changed the database's bytes, schema version or mtime");
+
+    // A database stamped by an older build is read as is: never migrated (the stamp, the 4 bytes at
+    // offset 60 of the header, is what decides migrations — a migrating reader would run the last one
+    // again here and fail on its duplicate column).
+    let mut bytes = std::fs::read(&db).unwrap();
+    let older = storage::sqlite::schema::current_version() as i32 - 1;
+    bytes[60..64].copy_from_slice(&older.to_be_bytes());
+    let older_db = dir.path().join("older.db");
+    std::fs::write(&older_db, &bytes).unwrap();
+    let before = fingerprint(&older_db);
+    assert_eq!(before.1, older as i64);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (ok, out, err) = runs(&["list", "--db", older_db.to_str().unwrap(), "--json"]).await;
+    assert!(ok, "{err}");
+    let ids: Vec<String> = serde_json::from_str::<Value>(&out).unwrap()["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, ["r-new", "r-old"]);
+    let (ok, _, err) = runs(&["get", "r-old", "--db", older_db.to_str().unwrap(), "--events"]).await;
+    assert!(ok, "{err}");
+    assert!(before == fingerprint(&older_db), "a --db read migrated or otherwise wrote an older database");
+
+    // A database stamped by a newer build is refused by name, and left as it was.
+    let newer = storage::sqlite::schema::current_version() as i32 + 7;
+    bytes[60..64].copy_from_slice(&newer.to_be_bytes());
+    let newer_db = dir.path().join("newer.db");
+    std::fs::write(&newer_db, &bytes).unwrap();
+    let before = fingerprint(&newer_db);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (ok, out, err) = runs(&["list", "--db", newer_db.to_str().unwrap()]).await;
+    assert!(!ok, "{out}");
+    assert!(err.contains(&format!("schema version {newer} is newer")), "{err}");
+    assert!(err.contains(newer_db.to_str().unwrap()), "the message names the file: {err}");
+    assert!(before == fingerprint(&newer_db), "a refused read changed the file");
+    // Nothing migrated it either: the storage crate still sees the newer stamp.
+    assert!(matches!(SqliteStore::open_read_only(&newer_db), Err(storage::Error::SchemaTooNew { found, .. }) if found == newer as i64));
+
+    // A missing file is an error naming it, and nothing is created.
+    let missing = dir.path().join("missing.db");
+    let (ok, _, err) = runs(&["list", "--db", missing.to_str().unwrap()]).await;
+    assert!(!ok && err.contains("no database at") && err.contains(missing.to_str().unwrap()), "{err}");
+    assert!(!missing.exists());
 }

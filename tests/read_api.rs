@@ -267,9 +267,11 @@ async fn html_pages_escape_run_strings_and_show_history_with_an_older_runs_link(
     let app = TestApp::spawn().await;
     let hostile = app.start_run("t-x", "<script>alert('x')</script> steps=1 ms=0").await;
     app.final_record(&hostile).await;
+    let mut newer = Vec::new();
     for i in 0..2 {
         let id = app.start_run(&format!("t{i}"), "steps=1 ms=0").await;
         app.final_record(&id).await;
+        newer.push(id);
     }
     // A provisional record (a tombstone whose run never finished anywhere).
     let tomb = validate_record(&json!({
@@ -297,8 +299,16 @@ async fn html_pages_escape_run_strings_and_show_history_with_an_older_runs_link(
     assert!(!index.contains("<script>alert"));
     let older = index.split("id=\"older\" href=\"").nth(1).expect("an Older runs link").split('"').next().unwrap().replace("&amp;", "&");
     assert!(older.starts_with("/runs?all=1&before="), "{older}");
-    let (_, page2) = app.get_text(&format!("{older}&limit=10"), None).await;
-    assert!(page2.contains(&hostile) || index.contains(&hostile));
+    // Newest first (`finishedAt desc, id desc`): the two later runs fill the first page, the hostile run
+    // and the older tombstone are on the next one — each on exactly one page.
+    for id in &newer {
+        assert!(index.contains(id.as_str()), "{id} on the first page");
+    }
+    assert!(!index.contains(&hostile) && !index.contains("tomb-1"), "older rows are not on the first page");
+    let (code, page2) = app.get_text(&format!("{older}&limit=10"), None).await;
+    assert_eq!(code, 200);
+    assert!(page2.contains(&hostile) && page2.contains("tomb-1"), "the older page holds the older rows");
+    assert!(newer.iter().all(|id| !page2.contains(id.as_str())), "no row of the first page again");
     let (_, full) = app.get_text("/runs?all=1", None).await;
     assert!(full.contains("unfinished — no finish recorded"), "the tombstone renders as its own state");
     assert!(full.contains("Duration") && full.contains("Finished"));

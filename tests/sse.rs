@@ -92,22 +92,81 @@ async fn a_finished_run_replays_then_ends_from_the_registry_and_from_the_store()
     assert!(events.is_empty() && end.is_some());
 }
 
+/// A run's live publisher floods a stream whose client reads nothing. The registry's bounded queue for
+/// that subscriber (behind the connection's own queue and the socket buffers) fills, the registry drops
+/// the subscriber instead of waiting for it, and the server closes the stream without `end`; the
+/// publisher never waited. The browser then reconnects with `Last-Event-ID` and misses nothing.
 #[actix_web::test]
-async fn a_stream_that_is_not_read_never_slows_the_run_and_what_it_got_has_no_gap() {
+async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
+    use actors::registry::{RunMeta, SUBSCRIBER_QUEUE};
+    use storage::record::ChannelVisibility;
+    use tokio::time::Instant;
+
     let app = TestApp::spawn().await;
-    let id = app.start_run("t1", "steps=400 ms=0").await;
-    // Open a stream and leave it unread while the run publishes ~1,200 events.
+    let registry = app.running.registry.clone();
+    // The publisher stands in for a run actor: a live registry row, published to the way a run does.
+    let id = "slow-viewer-run";
+    let meta = RunMeta {
+        agent: "demo".into(),
+        model: "scripted".into(),
+        label: "flood".into(),
+        thread_key: "c1:flood".into(),
+        channel_id: "c1".into(),
+        user_id: "u1".into(),
+        channel_visibility: ChannelVisibility::Public,
+        parent_run_id: None,
+    };
+    registry.create(id, meta, 1_000, "capability".into(), vec![], 1);
+    assert_eq!(registry.subscriber_count(), 0);
+
+    // Open the stream and never read it while the flood goes on.
     let res = app.client.get(app.url(&format!("/api/runs/{id}/stream"))).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 200);
-    let record = app.final_record(&id).await;
-    assert_eq!(record.head.status, RunStatus::Completed);
-    // Whatever the stream delivered (everything and `end`, or a prefix before it was dropped) is contiguous.
+    let subscribed = support::wait_until(WAIT, || {
+        let n = registry.subscriber_count();
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+    assert!(subscribed.is_some(), "the stream never subscribed");
+
+    // Publish until the server gives up on the subscriber: far more than its queue holds, because the
+    // connection's queue and the socket buffers take some first. Each publish answers at once.
+    let filler = "x".repeat(4 * 1024);
+    let (mut published, mut slowest) = (0u64, Duration::ZERO);
+    let flood = Instant::now();
+    while registry.subscriber_count() > 0 {
+        assert!(published < 20_000, "20,000 unread events and the slow subscriber is still attached");
+        let t = Instant::now();
+        let stamped = registry.publish(id, json!({"type": "note", "kind": "filler", "summary": filler}));
+        slowest = slowest.max(t.elapsed());
+        published += 1;
+        assert_eq!(stamped.and_then(|e| e["seq"].as_u64()), Some(published));
+    }
+    assert!(published > SUBSCRIBER_QUEUE as u64, "dropped after {published} events, before its queue was full");
+    assert!(slowest < Duration::from_millis(500), "a publish waited {slowest:?} for the slow subscriber");
+    eprintln!("subscriber dropped after {published} events in {:?} (slowest publish {slowest:?})", flood.elapsed());
+    // The run is still live, and every event was counted.
+    let row = registry.row(id).expect("the row");
+    assert_eq!((row.finished_at, row.event_count), (None, published));
+
+    // Now read: a contiguous prefix from seq 1, then the server closes the stream — no `end`, since the
+    // run has not ended.
     let mut reader = support::SseReader::new(res);
-    let (events, _end) = reader.until_end(WAIT).await;
+    let (events, end) = reader.until_end(WAIT).await;
+    assert!(end.is_none(), "an `end` for a run that is still live: {end:?}");
     let got = seqs(&events);
-    assert!(!got.is_empty());
-    assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "a gap in a slow stream");
-    assert_eq!(got[0], 1);
+    assert_eq!(got.first(), Some(&1));
+    assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "a gap in the slow stream");
+    let last = *got.last().unwrap();
+    assert!(last < published, "the dropped stream delivered everything ({last} of {published})");
+
+    // The browser reconnects with Last-Event-ID: the rest, with no gap and no duplicate, then `end`.
+    registry.finish(id, RunStatus::Completed, 2_000);
+    let (status, reader) = app.sse(&format!("/api/runs/{id}/stream"), None, Some(last)).await;
+    assert_eq!(status, 200);
+    let (rest, end) = reader.unwrap().until_end(WAIT).await;
+    assert_eq!(seqs(&rest), (last + 1..=published).collect::<Vec<_>>());
+    assert_eq!(end.expect("end after the finish").data["status"], "completed");
 }
 
 #[actix_web::test]

@@ -40,13 +40,22 @@ pub struct Forget(pub String);
 
 pub struct Flusher {
     storage: StorageHandle,
+    /// Run id → (the generation of its latest push, its pending events in push order).
     pending: HashMap<String, (String, Vec<Value>)>,
+    /// Batches refused or failed; shared with the metrics.
     failures: Arc<AtomicU64>,
+    /// How often every pending batch is appended ([`FLUSH_INTERVAL`] outside tests).
+    every: Duration,
 }
 
 impl Flusher {
     pub fn new(storage: StorageHandle, failures: Arc<AtomicU64>) -> Self {
-        Flusher { storage, pending: HashMap::new(), failures }
+        Self::with_interval(storage, failures, FLUSH_INTERVAL)
+    }
+
+    /// A flusher that appends every pending batch each `every` (tests shorten or lengthen it).
+    pub fn with_interval(storage: StorageHandle, failures: Arc<AtomicU64>, every: Duration) -> Self {
+        Flusher { storage, pending: HashMap::new(), failures, every }
     }
 
     fn take(&mut self, run_id: &str) -> Option<(String, Vec<Value>)> {
@@ -77,7 +86,7 @@ impl Actor for Flusher {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(FLUSH_INTERVAL, |act, ctx| {
+        ctx.run_interval(self.every, |act, ctx| {
             let ids: Vec<String> = act.pending.keys().cloned().collect();
             for id in ids {
                 if let Some((gen, events)) = act.take(&id) {
@@ -119,5 +128,161 @@ impl Handler<Forget> for Flusher {
 
     fn handle(&mut self, msg: Forget, _ctx: &mut Context<Self>) {
         self.pending.remove(&msg.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The flusher against the in-memory ledger: batches land by count at once and by time at the
+    //! interval, `FlushRun` lands a batch now, `Forget` drops one, and a refused batch is counted and
+    //! dropped — never re-sent under a later push's generation.
+
+    use super::*;
+    use actix::Addr;
+    use serde_json::json;
+    use storage::ledger::{Admit, Promotion};
+    use storage::{BackendSpec, ManualClock, MemoryStore};
+
+    const NOW: i64 = 1_800_000_000_000;
+    const GEN: &str = "20260101T000000Z-00000001";
+    const OTHER_GEN: &str = "20260101T000000Z-00000002";
+    /// Long enough that no tick falls inside a test that means to see batching by count alone.
+    const NEVER: Duration = Duration::from_secs(3600);
+
+    /// A storage actor over a fresh memory backend with one live run `r`, owned by [`GEN`].
+    async fn storage_with_run() -> StorageHandle {
+        let h = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), Arc::new(ManualClock::new(NOW)));
+        let admit = Admit {
+            thread_key: "c:t".into(),
+            gen: GEN.into(),
+            run_id: "r".into(),
+            request: json!({"text": "x"}),
+            meta: json!({"agent": "demo", "request": {"text": "x"}}),
+            key: None,
+            lease_ms: 30_000,
+        };
+        h.admit(admit, NOW).await.unwrap();
+        let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+        h.claim("r".into(), GEN.into(), p).await.unwrap().unwrap();
+        h
+    }
+
+    fn ev(seq: u64) -> Value {
+        json!({"type": "note", "seq": seq, "at": NOW, "kind": "k", "summary": format!("n{seq}")})
+    }
+
+    /// The seqs the ledger holds for `r`.
+    async fn stored(h: &StorageHandle) -> Vec<u64> {
+        let events = h.live_events("r".into(), 0, 1000).await.unwrap().expect("the live row");
+        events.iter().map(|e| e["seq"].as_u64().unwrap()).collect()
+    }
+
+    /// Push and wait until the flusher handled it (not until any append it started settled).
+    async fn push(f: &Addr<Flusher>, gen: &str, seqs: std::ops::RangeInclusive<u64>) {
+        for seq in seqs {
+            f.send(Push { run_id: "r".into(), gen: gen.into(), event: ev(seq) }).await.unwrap();
+        }
+    }
+
+    /// Poll the ledger until it holds `want` (the flusher appends on its own schedule), for at most 5 s.
+    async fn eventually(h: &StorageHandle, want: Vec<u64>) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let got = stored(h).await;
+            if got == want {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "stored {got:?}, want {want:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_batch_lands_at_32_events_and_not_before() {
+        let h = storage_with_run().await;
+        let failures = Arc::new(AtomicU64::new(0));
+        let f = Flusher::with_interval(h.clone(), failures.clone(), NEVER).start();
+        push(&f, GEN, 1..=FLUSH_EVENTS as u64 - 1).await;
+        // 31 events handled and no tick: no append was even started.
+        assert_eq!(stored(&h).await, Vec::<u64>::new());
+        // The 32nd starts the append at once.
+        push(&f, GEN, FLUSH_EVENTS as u64..=FLUSH_EVENTS as u64).await;
+        eventually(&h, (1..=32).collect()).await;
+        // The next batch starts empty: 5 more wait for a count, a tick or a flush.
+        push(&f, GEN, 33..=37).await;
+        assert_eq!(stored(&h).await.len(), 32);
+        assert_eq!(failures.load(Ordering::Relaxed), 0);
+    }
+
+    #[actix_rt::test]
+    async fn a_partial_batch_lands_at_the_interval() {
+        let h = storage_with_run().await;
+        let f = Flusher::with_interval(h.clone(), Arc::new(AtomicU64::new(0)), Duration::from_millis(30)).start();
+        push(&f, GEN, 1..=3).await;
+        eventually(&h, vec![1, 2, 3]).await;
+        push(&f, GEN, 4..=4).await;
+        eventually(&h, vec![1, 2, 3, 4]).await;
+    }
+
+    #[test]
+    fn the_default_interval_is_500_ms_and_the_batch_32_events() {
+        assert_eq!((FLUSH_INTERVAL, FLUSH_EVENTS), (Duration::from_millis(500), 32));
+    }
+
+    #[actix_rt::test]
+    async fn flush_run_lands_now_and_forget_drops_what_is_pending() {
+        let h = storage_with_run().await;
+        let f = Flusher::with_interval(h.clone(), Arc::new(AtomicU64::new(0)), NEVER).start();
+        push(&f, GEN, 1..=5).await;
+        // FlushRun answers once the append settled: no polling needed.
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![1, 2, 3, 4, 5]);
+        // An empty flush is a no-op.
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![1, 2, 3, 4, 5]);
+        // Forget drops the pending batch: a later flush has nothing of it.
+        push(&f, GEN, 6..=8).await;
+        f.send(Forget("r".into())).await.unwrap();
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![1, 2, 3, 4, 5]);
+        // Pushes after the Forget start a fresh batch.
+        push(&f, GEN, 9..=9).await;
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![1, 2, 3, 4, 5, 9]);
+    }
+
+    #[actix_rt::test]
+    async fn a_refused_or_failed_batch_is_counted_and_dropped() {
+        let h = storage_with_run().await;
+        let failures = Arc::new(AtomicU64::new(0));
+        let f = Flusher::with_interval(h.clone(), failures.clone(), NEVER).start();
+        // Another generation's batch is refused (fenced) by the ledger: counted, nothing written.
+        push(&f, OTHER_GEN, 1..=2).await;
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(failures.load(Ordering::Relaxed), 1);
+        assert_eq!(stored(&h).await, Vec::<u64>::new());
+        // Dropped, not kept: the owner's next batch carries only its own event, not the refused two
+        // under the owner's generation.
+        push(&f, GEN, 3..=3).await;
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![3]);
+        assert_eq!(failures.load(Ordering::Relaxed), 1);
+        // A storage failure (the storage unavailable) is counted and its batch dropped too.
+        h.inject_outage(true);
+        push(&f, GEN, 4..=5).await;
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(failures.load(Ordering::Relaxed), 2);
+        h.inject_outage(false);
+        push(&f, GEN, 6..=6).await;
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![3, 6]);
+        // A batch refused at the count threshold is counted the same way.
+        push(&f, OTHER_GEN, 7..=7 + FLUSH_EVENTS as u64 - 1).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while failures.load(Ordering::Relaxed) < 3 {
+            assert!(std::time::Instant::now() < deadline, "the refused full batch was never counted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(stored(&h).await, vec![3, 6]);
     }
 }

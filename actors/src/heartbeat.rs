@@ -115,3 +115,173 @@ impl Handler<Untrack> for Heartbeat {
         self.runs.remove(&msg.0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The heartbeat against the in-memory ledger, with a manual clock and a 10 ms interval: a renewal is
+    //! observed as the row's lease moving to `now + lease_ms` after the clock advanced, and news as
+    //! messages reaching a probe actor — no fixed sleeps.
+
+    use super::*;
+    use std::sync::Arc;
+
+    use actix::Addr;
+    use serde_json::json;
+    use storage::ledger::{Admit, Promotion};
+    use storage::{BackendSpec, Clock, ManualClock, MemoryStore};
+    use tokio::sync::mpsc;
+
+    const NOW: i64 = 1_800_000_000_000;
+    const LEASE: i64 = 30_000;
+    const GEN: &str = "20260101T000000Z-00000001";
+    const OTHER_GEN: &str = "20260101T000000Z-00000002";
+    const WITNESS_GEN: &str = "20260101T000000Z-00000003";
+    const EVERY: Duration = Duration::from_millis(10);
+
+    /// Stands in for a run actor: forwards the heartbeat's news to the test.
+    struct Probe(mpsc::UnboundedSender<HeartbeatNews>);
+
+    impl Actor for Probe {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<HeartbeatNews> for Probe {
+        type Result = ();
+
+        fn handle(&mut self, msg: HeartbeatNews, _ctx: &mut Context<Self>) {
+            let _ = self.0.send(msg);
+        }
+    }
+
+    struct Fixture {
+        storage: StorageHandle,
+        clock: ManualClock,
+        heartbeat: Addr<Heartbeat>,
+    }
+
+    impl Fixture {
+        /// A memory ledger with live runs (one thread each), each `(id, owner generation)`, and a heartbeat.
+        async fn new(runs: &[(&str, &str)]) -> Fixture {
+            let clock = ManualClock::new(NOW);
+            let storage = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), Arc::new(clock.clone()));
+            for (id, gen) in runs {
+                let admit = Admit {
+                    thread_key: format!("c:{id}"),
+                    gen: (*gen).into(),
+                    run_id: (*id).into(),
+                    request: json!({"text": "x"}),
+                    meta: json!({"agent": "demo", "request": {"text": "x"}}),
+                    key: None,
+                    lease_ms: LEASE,
+                };
+                storage.admit(admit, NOW).await.unwrap();
+                let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: LEASE };
+                storage.claim((*id).into(), (*gen).into(), p).await.unwrap().unwrap();
+            }
+            let heartbeat = Heartbeat::new(storage.clone(), EVERY, LEASE).start();
+            Fixture { storage, clock, heartbeat }
+        }
+
+        /// Track `id` for `gen`; answers the receiving end of its news.
+        async fn track(&self, id: &str, gen: &str) -> mpsc::UnboundedReceiver<HeartbeatNews> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let news = Probe(tx).start().recipient();
+            self.heartbeat.send(Track { run_id: id.into(), gen: gen.into(), news }).await.unwrap();
+            rx
+        }
+
+        async fn lease_until(&self, id: &str) -> i64 {
+            self.storage.get_live(id.into()).await.unwrap().expect("the live row").lease_until
+        }
+
+        /// Advance the clock by `ms` and wait until `witness` has been renewed at the new time: proof
+        /// that the heartbeat ticked (at least once) after the advance.
+        async fn tick(&self, ms: i64, witness: &str) {
+            self.clock.advance(ms);
+            let want = self.clock.now_ms() + LEASE;
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                let got = self.lease_until(witness).await;
+                if got == want {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "{witness} never renewed: lease {got}, want {want}");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+
+    /// The next news within 5 s.
+    async fn next(rx: &mut mpsc::UnboundedReceiver<HeartbeatNews>) -> HeartbeatNews {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("news within 5 s").expect("probe alive")
+    }
+
+    #[actix_rt::test]
+    async fn tracked_runs_are_renewed_every_interval_and_an_untracked_one_never() {
+        let f = Fixture::new(&[("a", GEN), ("b", GEN), ("c", GEN)]).await;
+        let _a = f.track("a", GEN).await;
+        let _c = f.track("c", GEN).await;
+        // Each advance is followed by a renewal to the new `now + lease`: the lease moves every interval.
+        for _ in 0..3 {
+            f.tick(1_000, "a").await;
+            f.tick(0, "c").await;
+        }
+        // `b` was never tracked: its lease is still the one its claim set.
+        assert_eq!(f.lease_until("b").await, NOW + LEASE);
+        // Untracked, `a` is renewed no more (a beat already in flight may land once; skip past it).
+        f.heartbeat.send(Untrack("a".into())).await.unwrap();
+        f.tick(1_000, "c").await;
+        let after_untrack = f.lease_until("a").await;
+        f.tick(1_000, "c").await;
+        f.tick(1_000, "c").await;
+        assert_eq!(f.lease_until("a").await, after_untrack, "an untracked run was renewed");
+        assert!(after_untrack < f.clock.now_ms() + LEASE);
+        assert_eq!(f.lease_until("b").await, NOW + LEASE);
+    }
+
+    #[actix_rt::test]
+    async fn a_stop_from_any_generation_is_relayed_once_per_mode_and_a_fence_is_reported() {
+        // `w`, owned by a third generation, is the witness that the heartbeat keeps ticking.
+        let f = Fixture::new(&[("a", GEN), ("w", WITNESS_GEN)]).await;
+        let mut news = f.track("a", GEN).await;
+        let mut witness_news = f.track("w", WITNESS_GEN).await;
+        f.tick(1_000, "a").await;
+        assert!(news.try_recv().is_err(), "no news without a stop");
+
+        // A stop recorded on the ledger (by any process, no generation involved) reaches the run.
+        f.storage.request_stop("a".into(), StopMode::Soft).await.unwrap().unwrap();
+        assert_eq!(next(&mut news).await, HeartbeatNews::Stop(StopMode::Soft));
+        // Beats keep seeing the stop, but it is relayed once.
+        f.tick(1_000, "w").await;
+        f.tick(1_000, "w").await;
+        assert!(news.try_recv().is_err(), "the soft stop was relayed twice");
+        // A stronger mode is news again, once.
+        f.storage.request_stop("a".into(), StopMode::Hard).await.unwrap().unwrap();
+        assert_eq!(next(&mut news).await, HeartbeatNews::Stop(StopMode::Hard));
+        f.tick(1_000, "w").await;
+        f.tick(1_000, "w").await;
+        assert!(news.try_recv().is_err(), "the hard stop was relayed twice");
+
+        // Another generation takes the row (its owner declared dead): the run hears it is fenced, once,
+        // and the heartbeat stops beating for it; the new owner's lease is left alone.
+        let answer = f.storage.reclaim(OTHER_GEN.into(), LEASE, vec![GEN.into()]).await.unwrap();
+        let taken: Vec<&str> = answer.taken.iter().map(|t| t.row.run_id.as_str()).collect();
+        assert_eq!(taken, ["a"]);
+        assert_eq!(next(&mut news).await, HeartbeatNews::Fenced);
+        let taken_lease = f.lease_until("a").await;
+        f.tick(1_000, "w").await;
+        f.tick(1_000, "w").await;
+        assert!(news.try_recv().is_err(), "news after the fence");
+        assert_eq!(f.lease_until("a").await, taken_lease);
+        assert!(witness_news.try_recv().is_err(), "the other run heard news meant for none");
+    }
+
+    #[actix_rt::test]
+    async fn a_row_that_is_gone_is_reported_as_a_fence() {
+        let f = Fixture::new(&[("a", GEN)]).await;
+        let mut news = f.track("a", GEN).await;
+        f.tick(1_000, "a").await;
+        f.storage.abandon("a".into(), GEN.into()).await.unwrap().unwrap();
+        assert_eq!(next(&mut news).await, HeartbeatNews::Fenced);
+    }
+}

@@ -1,10 +1,11 @@
 //! `OperationCoordinator`: exclusion for operations on the same app (SPEC §10, seed
 //! `app-operation-coordination.txt`). In Switchboard an app is a run workspace ([`AppId`]).
 //!
-//! Owns, for every app with activity: its claim queue (holders and FIFO waiters), its admission state,
-//! its session slot, its session-start blocks and its drain waiters; and, apart from apps, the
-//! string-keyed locks of [`OperationCoordinator::with_lock`]. One per process, created at boot and
-//! cloned into whoever needs it (a clone is a handle to the same state).
+//! Owns, inside one actix actor per process (`actor::Coordinator`), for every app with activity: its
+//! claim queue (holders and FIFO waiters), its admission state, its session slot, its session-start
+//! blocks and its drain waiters; and, apart from apps, the string-keyed locks of
+//! [`OperationCoordinator::with_lock`]. Callers hold a cloneable [`OperationCoordinator`] handle (an
+//! actix `Addr`, which is `Send`): any arbiter, thread or plain tokio task may use it.
 //!
 //! Who calls it:
 //! - handlers that touch an app: [`run`](OperationCoordinator::run) /
@@ -17,6 +18,33 @@
 //!   → [`SessionReservation::start`] → [`Session`]; teardown calls `end_session`; a periodic
 //!   [`spawn_session_reaper`](OperationCoordinator::spawn_session_reaper) enforces the 30-minute cap;
 //! - non-app identities (canonical file paths, token refreshes): `with_lock(&str)`.
+//!
+//! # Messages
+//!
+//! Every message is sent with `do_send`, so it is in the mailbox when the sending call returns (or,
+//! for an `async fn`, at its first poll) whatever the mailbox's load; an answer travels back through a
+//! `oneshot` the message carries. All of them are handled by the coordinator actor, which first ends
+//! the sessions past their cap.
+//!
+//! | message              | sent by                                                     | carries                                                        | answers                                                       |
+//! |----------------------|-------------------------------------------------------------|----------------------------------------------------------------|---------------------------------------------------------------|
+//! | `Acquire`            | `acquire`, `acquire_many`, `run`, `run_many`, `DeletionHandle::run` | app, entry (id, operation, claims, bypass flag), admission path, other apps to check in the same step | grant: `Ok(granted_at)` once granted, or the refusal at once |
+//! | `Release`            | a guard's or a pending request's `Drop`                     | app, entry id                                                  | —                                                             |
+//! | `CloseAdmission`     | `close_admission`                                           | app, fence id                                                  | `Ok` or `DeletionInProgress`                                  |
+//! | `Reopen`             | `AdmissionFence` / `DeletionHandle` `Drop`                  | app, fence id (ignored unless it still closes the app)         | —                                                             |
+//! | `Drain`              | `AdmissionFence::drain`                                     | app                                                            | `()` once nothing admitted is left                            |
+//! | `ReserveSession`     | `reserve_session`                                           | app, session id, operation, claims, bypass flag, `ended` watch | `Ok` or the refusal                                           |
+//! | `StartSession`       | `SessionReservation::start`                                 | app, session id, entry id                                      | grant: `Ok(granted_at)`, or `SessionCancelled`                |
+//! | `EndSession`         | `end_session` (any session), a reservation's or session's `Drop` (only its own id) | app, optional session id                | — (the owner learns why through `ended`)                      |
+//! | `CheckSession`       | `SessionReservation::check`, `Session::is_live`             | app, session id                                                | whether it is still the app's session                         |
+//! | `RefuseIfSession`    | `refuse_if_session`                                         | app, claims, action                                            | `Ok` or `RefusedBySession`                                    |
+//! | `BlockSessionStart`  | `block_session_start`                                       | app, block id, reason                                          | —                                                             |
+//! | `UnblockSessionStart`| `SessionStartBlock` `Drop`                                  | app, block id                                                  | —                                                             |
+//! | `ExpireSessions`     | `expire_sessions`, the session reaper                       | —                                                              | —                                                             |
+//! | `GetSnapshot`        | `snapshot`                                                  | app                                                            | [`AppSnapshot`]                                               |
+//! | `Lock`               | `with_lock`                                                 | key, lock id                                                   | grant `()` once it holds the key                              |
+//! | `Unlock`             | `with_lock`'s lease `Drop`                                  | key, lock id                                                   | —                                                             |
+//! | `GetLockKeyCount`    | `active_lock_keys`                                          | —                                                              | keys held or awaited                                          |
 //!
 //! # Conflicts
 //!
@@ -33,10 +61,10 @@
 //!
 //! An operation's claims on one app:
 //!
-//! | state   | means to others                                        | leaves by                    |
-//! |---------|--------------------------------------------------------|------------------------------|
-//! | waiting | holds nothing; later conflicting work queues behind it | granted whole, or cancelled  |
-//! | holding | holds every claim it declared for this app             | guard dropped (op finished)  |
+//! | state   | means to others                                        | leaves by                             |
+//! |---------|--------------------------------------------------------|---------------------------------------|
+//! | waiting | holds nothing; later conflicting work queues behind it | granted whole, or cancelled (`Release`) |
+//! | holding | holds every claim it declared for this app             | guard dropped (`Release`), or granted to a waiter that was gone |
 //!
 //! An app's admission (owner: whoever holds the fence, then the deletion handle):
 //!
@@ -46,7 +74,7 @@
 //! | closed, draining | new work refused (`AdmissionClosed`); admitted work runs | idle → drained; fence drop   |
 //! | closed, drained  | only [`DeletionHandle`] work runs                        | handle dropped → open        |
 //!
-//! An app's session slot (owner: the coordinator; reservation and session handles only read it):
+//! An app's session slot (owner: the coordinator; reservation and session handles only ask about it):
 //!
 //! | state     | means                                                     | leaves by                          |
 //! |-----------|-----------------------------------------------------------|------------------------------------|
@@ -61,32 +89,41 @@
 //! Invariants:
 //! - acquisition for one app is atomic: an operation holds all of its claims on that app or none;
 //! - queues are FIFO among conflicting operations (a reader never passes a waiting writer), except the
-//!   seed's compatible-queue bypass, decided in `operations/queue.rs`;
+//!   seed's compatible-queue bypass, decided in `operations/queue.rs`; FIFO is mailbox order;
 //! - cross-app operations de-duplicate apps and acquire them in ascending [`AppId`] order — bytewise,
 //!   since SPEC §10 makes app ids workspace ids (strings); the seed's "numeric order" exists to give
 //!   every caller one global order, which bytewise order gives;
 //!   a task inside an operation may start another only on strictly greater apps — the same app is
 //!   refused as [`OperationError::NestedOperation`], a smaller one as [`OperationError::AppOrder`];
-//! - `refuse_when_session` is decided under the same lock as the enqueue, per app, against that app's
-//!   session claims: no session can start in between;
-//! - admission is bypassed only through a [`DeletionHandle`], which only `drain` creates;
+//! - `refuse_when_session` is decided in the same handler step as the enqueue, per app, against that
+//!   app's session claims: no session can start in between;
+//! - admission is bypassed only through a [`DeletionHandle`], which only `drain` creates, and the
+//!   actor checks that the handle's fence still closes the app;
+//! - no claims stay with a holder that is gone: a guard's `Drop` sends `Release`, and a grant whose
+//!   receiver is gone is released in the handler step that granted it;
 //! - the coordinator never times out a waiting operation; only sessions end by themselves (the cap).
 //!
 //! # Design
 //!
-//! SPEC §1.1 lists this coordinator among the actors. It is a plain shared structure instead: all
-//! state sits behind one `std::sync::Mutex`, held only for short synchronous steps and never across an
-//! `.await`, and waiters park on `tokio::sync::oneshot` channels. The seed's rules need synchronous
-//! steps that a mailbox cannot give: a session reserves its app *before* the handler's first await
-//! (`reserve_session` is a plain `fn`), and a guard dropped by a cancelled or panicking future must
-//! release its claims in `Drop`, immediately and in order with the next enqueue. It still behaves as one
-//! per-process owner: every decision is one locked step, in one place, and the grant rule is a pure
-//! function of the queue (`AppQueue::grant`). It needs no actix `System`, so tools on any
-//! arbiter or plain tokio tasks can use it.
+//! One actor owns the state, so every decision is one handler step and mailbox order is the order of
+//! requests: a release and the grants it enables happen in one step, with no window for a later
+//! request in between. The rules themselves are pure and tested apart (`claims`, `queue`); the actor's
+//! `State` applies them and answers through the oneshots the messages carry.
+//!
+//! Ids (entries, fences, sessions, blocks, lock leases) are minted by the handle before the request is
+//! sent, from a counter its clones share. So a request's cleanup exists before its answer does: a
+//! guard-like value is built first, and if the caller's future is dropped while waiting, its `Drop`
+//! sends `Release` (or `EndSession`, `Unlock`, `Reopen`) right behind the request; releases of ids
+//! the coordinator does not hold are no-ops. `Drop` cannot await, which is why every release is a
+//! `do_send`.
 //!
 //! Cross-app operations hold earlier apps while waiting for later ones, as the seed composes per-app
 //! acquisitions; the single global order makes that deadlock-free.
+//!
+//! The actor starts on the arbiter that calls [`OperationCoordinator::new`] (an actix `System` must be
+//! running there) and stops when the last handle, guard and token is dropped.
 
+mod actor;
 mod admission;
 mod claims;
 mod lock;
@@ -97,15 +134,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use actix::{Actor, Addr, Handler, Message};
 use storage::Clock;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 pub use admission::{AdmissionFence, DeletionHandle};
 pub use claims::{AppId, Claim, Claims, Mode, Resource, UnknownResource};
 pub use session::{Session, SessionEnd, SessionReservation, SessionStartBlock};
 
+use actor::{Acquire, Coordinator, GetSnapshot, Release};
+use lock::KeyLocks;
 use queue::{AppQueue, Entry, EntryId};
 use session::SessionSlot;
 
@@ -128,7 +168,7 @@ impl Operation {
 
     /// Refuse instead of queueing when a session on the app claims something this operation
     /// conflicts with. `action` names what the user asked for ("restore to message"). Checked per app
-    /// in the same locked step as the enqueue.
+    /// in the same handler step as the enqueue.
     pub fn refuse_when_session(mut self, action: impl Into<String>) -> Self {
         self.refuse_when_session = Some(action.into());
         self
@@ -177,40 +217,49 @@ pub enum OperationError {
     /// The reservation or session was torn down (or capped) and is no longer the app's.
     #[error("session {session} on app {app} was cancelled")]
     SessionCancelled { app: AppId, session: String },
+    /// The coordinator actor is not running (the system is stopping); nothing is held.
+    #[error("the operation coordinator is not running")]
+    Unavailable,
 }
 
-/// Cloneable handle to the process's coordinator.
+/// Cloneable handle to the process's coordinator actor. Every method either puts a message in its
+/// mailbox and returns, or does so and awaits the answer; none needs to run on the actor's arbiter.
 #[derive(Clone)]
 pub struct OperationCoordinator {
-    inner: Arc<Inner>,
+    /// The actor that makes every decision. `Addr` is `Send` and `Sync`.
+    addr: Addr<Coordinator>,
+    /// Shared by every clone of this handle.
+    ids: Arc<Ids>,
 }
 
-struct Inner {
+struct Ids {
     /// Distinguishes coordinators in the task-local record of held apps (tests build several).
-    id: u64,
-    /// Session deadlines are read from it, so tests drive the cap with a `ManualClock`.
-    clock: Arc<dyn Clock>,
-    /// All app state. A `std` mutex: every critical section is short and synchronous, and `Drop`
-    /// impls (which cannot await) must be able to take it.
-    state: Mutex<State>,
-    /// `with_lock` keys → their FIFO async lock; an entry lives while someone holds or awaits it.
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    coordinator: u64,
+    /// Entry, fence, session, block and lease ids, minted here so a request's cleanup can name it
+    /// before the answer comes. Only goes up: a stale id never names a newer request.
+    next: AtomicU64,
 }
 
 impl fmt::Debug for OperationCoordinator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OperationCoordinator").field("id", &self.inner.id).finish_non_exhaustive()
+        f.debug_struct("OperationCoordinator").field("id", &self.ids.coordinator).finish_non_exhaustive()
     }
 }
 
+/// Where a queued entry's grant goes: `Ok(granted_at)` (clock milliseconds) once it holds its claims,
+/// or why it never will. Sent at most once; a send that fails means the waiter is gone.
+type Grant = oneshot::Sender<Result<i64, OperationError>>;
+
+/// Everything the coordinator actor owns. Its methods are the actor's transitions: each runs inside
+/// one handler step and answers through the oneshots it is handed.
 #[derive(Default)]
 struct State {
-    /// Entry, session, fence and block ids; only goes up.
-    next_id: u64,
     /// Apps with any activity; an idle, open, unblocked app is forgotten.
     apps: HashMap<AppId, AppState>,
-    /// Waiting entries' wake-up senders, taken when the entry is granted.
-    waiters: HashMap<EntryId, oneshot::Sender<()>>,
+    /// Queued entries' grant senders, taken when the entry is granted or leaves the queue.
+    waiters: HashMap<EntryId, Grant>,
+    /// The `with_lock` keys held or awaited.
+    locks: KeyLocks,
 }
 
 #[derive(Default)]
@@ -220,7 +269,7 @@ struct AppState {
     session: Option<SessionSlot>,
     /// `block_session_start` tokens: (id, reason).
     start_blocks: Vec<(u64, String)>,
-    /// `drain` callers, woken when the app is idle.
+    /// `drain` callers, answered when the app is idle.
     drain_waiters: Vec<oneshot::Sender<()>>,
 }
 
@@ -246,54 +295,53 @@ impl AppState {
     }
 }
 
-/// What the shell does once the lock is released: wake granted waiters, drainers, session owners.
-#[derive(Default)]
-struct Effects {
-    grants: Vec<oneshot::Sender<()>>,
-    drained: Vec<oneshot::Sender<()>>,
-    ended: Vec<(watch::Sender<Option<SessionEnd>>, SessionEnd)>,
-}
-
-impl Effects {
-    fn run(self) {
-        // A closed receiver means its waiter was cancelled; its own Drop cleans up.
-        for tx in self.grants {
-            let _ = tx.send(());
-        }
-        for tx in self.drained {
-            let _ = tx.send(());
-        }
-        for (tx, why) in self.ended {
-            tx.send_replace(Some(why));
-        }
-    }
+/// How a request gets past admission.
+#[derive(Debug)]
+enum Admit {
+    /// Admission checks apply: closed admission, and `refuse_when_session` with this action.
+    Ordinary { refuse_when_session: Option<String> },
+    /// Through a deletion handle: admitted only while this fence closes the app.
+    Deletion { fence: u64 },
 }
 
 impl State {
-    fn next_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-
     fn app_mut(&mut self, app: &AppId) -> &mut AppState {
         self.apps.entry(app.clone()).or_default()
     }
 
-    /// Grants whatever may go on `app`, starts session deadlines, wakes drainers, forgets idle apps.
-    fn pump(&mut self, app: &AppId, now: i64, fx: &mut Effects) {
+    /// Grants whatever may go on `app`, starts session deadlines, answers drainers, forgets idle apps.
+    /// A grant whose receiver is gone (the waiting future was dropped) is released at once, which may
+    /// let further entries go in this same step.
+    fn pump(&mut self, app: &AppId, now: i64) {
         let State { apps, waiters, .. } = self;
         let Some(a) = apps.get_mut(app) else { return };
-        for id in a.queue.grant() {
-            if let Some(slot) = a.session.as_mut().filter(|s| s.entry == Some(id)) {
-                slot.live_until = Some(now + SESSION_CAP_MS);
+        loop {
+            let mut released = false;
+            for id in a.queue.grant() {
+                let delivered = waiters.remove(&id).is_some_and(|grant| grant.send(Ok(now)).is_ok());
+                let is_session = a.session.as_ref().is_some_and(|s| s.entry == Some(id));
+                if delivered {
+                    if let Some(slot) = a.session.as_mut().filter(|_| is_session) {
+                        slot.live_until = Some(now + SESSION_CAP_MS);
+                    }
+                    tracing::trace!(app = %app, entry = id, "claims granted");
+                    continue;
+                }
+                tracing::debug!(app = %app, entry = id, "claims granted to a waiter that is gone; released");
+                a.queue.remove(id);
+                if let Some(slot) = a.session.take_if(|_| is_session) {
+                    slot.ended.send_replace(Some(SessionEnd::Ended));
+                }
+                released = true;
             }
-            if let Some(tx) = waiters.remove(&id) {
-                fx.grants.push(tx);
+            if !released {
+                break;
             }
-            tracing::trace!(app = %app, entry = id, "claims granted");
         }
         if a.is_idle() {
-            fx.drained.append(&mut a.drain_waiters);
+            for drained in a.drain_waiters.drain(..) {
+                let _ = drained.send(());
+            }
         }
         if a.is_forgettable() {
             apps.remove(app);
@@ -301,16 +349,22 @@ impl State {
     }
 
     /// Checks that an ordinary request may be enqueued on `app` now.
-    fn admit(&self, app: &AppId, op: &Operation, claims: &Claims) -> Result<(), OperationError> {
+    fn admit(
+        &self,
+        app: &AppId,
+        operation: &str,
+        refuse_when_session: Option<&str>,
+        claims: &Claims,
+    ) -> Result<(), OperationError> {
         let Some(a) = self.apps.get(app) else { return Ok(()) };
         if let Admission::Closed { .. } = a.admission {
-            return Err(OperationError::AdmissionClosed { app: app.clone(), operation: op.name.clone() });
+            return Err(OperationError::AdmissionClosed { app: app.clone(), operation: operation.to_owned() });
         }
-        if let (Some(action), Some(slot)) = (&op.refuse_when_session, &a.session) {
+        if let (Some(action), Some(slot)) = (refuse_when_session, &a.session) {
             if slot.claims.conflicts_with(claims) {
                 return Err(OperationError::RefusedBySession {
                     app: app.clone(),
-                    action: action.clone(),
+                    action: action.to_owned(),
                     session: slot.operation.clone(),
                 });
             }
@@ -318,62 +372,84 @@ impl State {
         Ok(())
     }
 
-    /// Queues `entry` (its id from [`State::next_id`]) and answers its wake-up receiver, already fired
-    /// if it was granted at once.
-    fn enqueue(&mut self, app: &AppId, entry: Entry, now: i64, fx: &mut Effects) -> oneshot::Receiver<()> {
-        let (tx, rx) = oneshot::channel();
-        self.waiters.insert(entry.id, tx);
-        self.app_mut(app).queue.push(entry);
-        self.pump(app, now, fx);
-        rx
-    }
-
-    fn remove_entry(&mut self, app: &AppId, id: EntryId, now: i64, fx: &mut Effects) {
-        self.waiters.remove(&id);
-        if let Some(a) = self.apps.get_mut(app) {
-            a.queue.remove(id);
+    /// `Acquire`: admits the request on its app and on the `also` apps in one step, then queues it; the
+    /// grant, or the refusal, goes to `grant`.
+    fn acquire(&mut self, Acquire { app, entry, admit, also, grant }: Acquire, now: i64) {
+        let admitted = match &admit {
+            Admit::Ordinary { refuse_when_session } => std::iter::once((&app, &entry.claims))
+                .chain(also.iter().map(|(a, c)| (a, c)))
+                .try_for_each(|(a, c)| self.admit(a, &entry.operation, refuse_when_session.as_deref(), c)),
+            Admit::Deletion { fence } => self.admit_deletion(&app, *fence, &entry.operation),
+        };
+        if let Err(refused) = admitted {
+            let _ = grant.send(Err(refused));
+            return;
         }
-        self.pump(app, now, fx);
+        self.waiters.insert(entry.id, grant);
+        self.app_mut(&app).queue.push(entry);
+        self.pump(&app, now);
     }
-}
 
-/// How a request gets past admission.
-#[derive(Clone, Copy)]
-enum Admit {
-    /// Admission checks apply (closed admission, `refuse_when_session`).
-    Ordinary,
-    /// Through a deletion handle: admission is closed by this fence and the app is drained.
-    Deletion,
+    /// `Release`: the entry leaves the queue or gives up its claims, and whoever may go next goes. An
+    /// id the app does not hold (a refused request, one already released) changes nothing.
+    fn release(&mut self, app: &AppId, entry: EntryId, now: i64) {
+        self.waiters.remove(&entry);
+        if let Some(a) = self.apps.get_mut(app) {
+            a.queue.remove(entry);
+        }
+        self.pump(app, now);
+    }
+
+    /// A consistent picture of one app.
+    fn snapshot(&self, app: &AppId) -> AppSnapshot {
+        let Some(a) = self.apps.get(app) else { return AppSnapshot::idle() };
+        let view = |e: &Entry| EntrySnapshot { operation: e.operation.clone(), claims: e.claims.clone() };
+        let mut holding: Vec<&Entry> = a.queue.holding().iter().collect();
+        holding.sort_by_key(|e| e.id);
+        AppSnapshot {
+            holding: holding.into_iter().map(view).collect(),
+            waiting: a.queue.waiting().map(view).collect(),
+            admission_open: a.admission == Admission::Open,
+            session: a.session.as_ref().map(SessionSlot::snapshot),
+            session_start_blocks: a.start_blocks.iter().map(|(_, reason)| reason.clone()).collect(),
+        }
+    }
 }
 
 impl OperationCoordinator {
-    /// The process's coordinator; `clock` drives the session cap.
+    /// Starts the process's coordinator actor on the current arbiter (an actix `System` must be
+    /// running) and answers a handle to it; `clock` drives the session cap.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         OperationCoordinator {
-            inner: Arc::new(Inner {
-                id: NEXT.fetch_add(1, Ordering::Relaxed),
-                clock,
-                state: Mutex::new(State::default()),
-                locks: Mutex::new(HashMap::new()),
-            }),
+            addr: Coordinator::new(clock).start(),
+            ids: Arc::new(Ids { coordinator: NEXT.fetch_add(1, Ordering::Relaxed), next: AtomicU64::new(1) }),
         }
     }
 
-    /// One synchronous step on the state: expire capped sessions, apply `f`, then (unlocked) run the
-    /// effects. `f` must not drop a guard or ticket (their `Drop` takes this lock).
-    fn apply<R>(&self, f: impl FnOnce(&mut State, i64, &mut Effects) -> R) -> R {
-        let now = self.inner.clock.now_ms();
-        let mut fx = Effects::default();
-        let out = {
-            // A panic while holding the lock would be a bug in this module's pure code; recovering
-            // the state beats cascading panics out of every guard's `Drop`.
-            let mut state = self.inner.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.expire_sessions(now, &mut fx);
-            f(&mut state, now, &mut fx)
-        };
-        fx.run();
-        out
+    fn next_id(&self) -> u64 {
+        self.ids.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Puts `msg` in the coordinator's mailbox before returning (`do_send` does not wait for room). A
+    /// message to an actor that is gone is dropped: it holds nothing any more.
+    fn tell<M>(&self, msg: M)
+    where
+        Coordinator: Handler<M>,
+        M: Message<Result = ()> + Send + 'static,
+    {
+        self.addr.do_send(msg);
+    }
+
+    /// Sends the message `build` makes around a reply sender, then waits for the reply.
+    async fn ask<M, T>(&self, build: impl FnOnce(oneshot::Sender<T>) -> M) -> Result<T, OperationError>
+    where
+        Coordinator: Handler<M>,
+        M: Message<Result = ()> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.tell(build(reply));
+        answer.await.map_err(|_| OperationError::Unavailable)
     }
 
     /// Runs `op` holding `claims` on `app`, queueing until all of them are free; releases when `op`
@@ -425,32 +501,39 @@ impl OperationCoordinator {
         for (app, claims) in apps {
             plan.entry(app).or_default().merge(&claims);
         }
-        self.check_nesting(plan.keys(), &operation.name)?;
-        // Fail fast, before holding anything, when some app would refuse now. The authoritative check
-        // is the one in each app's enqueue step below.
-        self.apply(|st, _, _| plan.iter().try_for_each(|(app, claims)| st.admit(app, &operation, claims)))?;
+        let plan: Vec<(AppId, Claims)> = plan.into_iter().collect();
+        self.check_nesting(plan.iter().map(|(app, _)| app), &operation.name)?;
         let mut tickets = Vec::with_capacity(plan.len());
-        for (app, claims) in plan {
+        for (i, (app, claims)) in plan.iter().enumerate() {
+            // The first request also checks the later apps, in its own step, so that nothing is held
+            // when some app would refuse now. Each app's own enqueue step stays the authoritative check.
+            let also = if i == 0 { plan[1..].to_vec() } else { Vec::new() };
+            let admit = Admit::Ordinary { refuse_when_session: operation.refuse_when_session.clone() };
             // Holding the earlier (smaller) apps while waiting here is the seed's ordered composition.
-            let mut ticket = self.enqueue(&app, &operation, claims, Admit::Ordinary)?;
-            ticket.granted().await;
-            tickets.push(ticket);
+            tickets.push(self.enqueue(app, &operation, claims.clone(), admit, also).await?);
         }
         Ok(OperationGuard { operation: operation.name, tickets })
     }
 
-    /// Enqueues on one app in one locked step with its admission checks; the ticket releases on drop.
-    fn enqueue(&self, app: &AppId, op: &Operation, claims: Claims, admit: Admit) -> Result<Ticket, OperationError> {
-        let (entry, rx) = self.apply(|st, now, fx| {
-            if let Admit::Ordinary = admit {
-                st.admit(app, op, &claims)?;
-            }
-            let id = st.next_id();
-            let entry =
-                Entry { id, operation: op.name.clone(), claims, bypass_owner: op.allow_compatible_queue_bypass };
-            Ok((id, st.enqueue(app, entry, now, fx)))
-        })?;
-        Ok(Ticket { coord: self.clone(), app: app.clone(), entry, granted: Some(rx) })
+    /// Queues one request on one app and waits for its grant. The ticket is built before the request
+    /// is sent: if this future is dropped while waiting, the ticket's `Release` follows the `Acquire`.
+    async fn enqueue(
+        &self,
+        app: &AppId,
+        operation: &Operation,
+        claims: Claims,
+        admit: Admit,
+        also: Vec<(AppId, Claims)>,
+    ) -> Result<Ticket, OperationError> {
+        let entry = Entry {
+            id: self.next_id(),
+            operation: operation.name.clone(),
+            claims,
+            bypass_owner: operation.allow_compatible_queue_bypass,
+        };
+        let ticket = Ticket { coord: self.clone(), app: app.clone(), entry: entry.id };
+        self.ask(|grant| Acquire { app: app.clone(), entry, admit, also, grant }).await??;
+        Ok(ticket)
     }
 
     /// Refuses `apps` when the calling task already holds one of them (or a greater one) through an
@@ -461,7 +544,7 @@ impl OperationCoordinator {
         operation: &str,
     ) -> Result<(), OperationError> {
         let held = Held::now();
-        let mine: Vec<&HeldApp> = held.apps.iter().filter(|h| h.coordinator == self.inner.id).collect();
+        let mine: Vec<&HeldApp> = held.apps.iter().filter(|h| h.coordinator == self.ids.coordinator).collect();
         for app in apps.clone() {
             if let Some(outer) = mine.iter().find(|h| &h.app == app) {
                 return Err(OperationError::NestedOperation {
@@ -483,22 +566,10 @@ impl OperationCoordinator {
         Ok(())
     }
 
-    /// A consistent picture of one app, for tests, logs and debug endpoints. Holders are listed in the
-    /// order they were enqueued, waiters in queue order.
-    pub fn snapshot(&self, app: &AppId) -> AppSnapshot {
-        self.apply(|st, _, _| {
-            let Some(a) = st.apps.get(app) else { return AppSnapshot::idle() };
-            let view = |e: &Entry| EntrySnapshot { operation: e.operation.clone(), claims: e.claims.clone() };
-            let mut holding: Vec<&Entry> = a.queue.holding().iter().collect();
-            holding.sort_by_key(|e| e.id);
-            AppSnapshot {
-                holding: holding.into_iter().map(view).collect(),
-                waiting: a.queue.waiting().map(view).collect(),
-                admission_open: a.admission == Admission::Open,
-                session: a.session.as_ref().map(SessionSlot::snapshot),
-                session_start_blocks: a.start_blocks.iter().map(|(_, reason)| reason.clone()).collect(),
-            }
-        })
+    /// A consistent picture of one app, for tests, logs and debug endpoints: it reflects every message
+    /// sent before this call. Holders are listed in the order they were enqueued, waiters in queue order.
+    pub async fn snapshot(&self, app: &AppId) -> Result<AppSnapshot, OperationError> {
+        self.ask(|reply| GetSnapshot { app: app.clone(), reply }).await
     }
 }
 
@@ -558,29 +629,18 @@ pub enum SessionPhase {
     Live,
 }
 
-/// One operation's place on one app. Dropping it — finished, failed, cancelled or panicked — leaves
-/// the queue (waiting) or releases the claims (holding), and lets whoever may go next go.
+/// One operation's place on one app. Dropping it — finished, failed, cancelled or panicked — sends
+/// `Release`: the entry leaves the queue (waiting) or gives up its claims (holding), and whoever may go
+/// next is granted in the same handler step.
 struct Ticket {
     coord: OperationCoordinator,
     app: AppId,
     entry: EntryId,
-    granted: Option<oneshot::Receiver<()>>,
-}
-
-impl Ticket {
-    async fn granted(&mut self) {
-        if let Some(rx) = self.granted.take() {
-            // Only this ticket removes an ordinary entry, so its sender is dropped unsent only if
-            // the whole state is gone, and this ticket keeps the state alive.
-            rx.await.expect("an ordinary entry is removed only by its own ticket");
-        }
-    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let (app, entry) = (&self.app, self.entry);
-        self.coord.apply(|st, now, fx| st.remove_entry(app, entry, now, fx));
+        self.coord.tell(Release { app: self.app.clone(), entry: self.entry });
     }
 }
 
@@ -616,7 +676,7 @@ impl OperationGuard {
     pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
         let mut held = Held::now();
         held.apps.extend(self.tickets.iter().map(|t| HeldApp {
-            coordinator: t.coord.inner.id,
+            coordinator: t.coord.ids.coordinator,
             app: t.app.clone(),
             operation: self.operation.clone(),
         }));
@@ -646,5 +706,59 @@ struct HeldApp {
 impl Held {
     fn now() -> Held {
         HELD.try_with(Held::clone).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    fn write_metadata(id: EntryId, name: &str) -> Entry {
+        Entry { id, operation: name.to_owned(), claims: Claims::new().write(Resource::Metadata), bypass_owner: false }
+    }
+
+    fn request(app: &AppId, entry: Entry) -> (Acquire, oneshot::Receiver<Result<i64, OperationError>>) {
+        let (grant, granted) = oneshot::channel();
+        let admit = Admit::Ordinary { refuse_when_session: None };
+        (Acquire { app: app.clone(), entry, admit, also: Vec::new(), grant }, granted)
+    }
+
+    #[test]
+    fn a_grant_whose_receiver_is_gone_is_released_in_the_step_that_granted_it() {
+        // A holder, then two waiters; the first waiter's future is dropped before the holder releases.
+        let mut st = State::default();
+        let app = AppId::new("ws-1");
+        let (holder, mut holder_granted) = request(&app, write_metadata(1, "holder"));
+        let (gone, gone_granted) = request(&app, write_metadata(2, "gone"));
+        let (next, mut next_granted) = request(&app, write_metadata(3, "next"));
+        st.acquire(holder, 10);
+        st.acquire(gone, 10);
+        st.acquire(next, 10);
+        assert_eq!(holder_granted.try_recv(), Ok(Ok(10)));
+        drop(gone_granted);
+        // The holder's release grants "gone", whose receiver is gone: released in the same step, so
+        // "next" holds when `release` returns, with no message in between.
+        st.release(&app, 1, 20);
+        assert_eq!(next_granted.try_recv(), Ok(Ok(20)));
+        assert_eq!(st.snapshot(&app).holding_names(), ["next"]);
+        // The late `Release` from the dropped future's ticket is a no-op.
+        st.release(&app, 2, 30);
+        assert_eq!(st.snapshot(&app).holding_names(), ["next"]);
+        st.release(&app, 3, 40);
+        assert!(st.apps.is_empty(), "an idle app is forgotten");
+    }
+
+    /// Tools run on any arbiter and may be spawned: the futures and guards must be `Send`.
+    #[actix_rt::test]
+    async fn handle_futures_and_guards_are_send() {
+        let coord = OperationCoordinator::new(Arc::new(storage::ManualClock::new(0)));
+        let app = AppId::new("ws-1");
+        assert_send(&coord.run(&app, Operation::new("op"), Claim::write(Resource::Media), async {}));
+        assert_send(&coord.with_lock("key", async {}));
+        assert_send(&coord.close_admission(&app));
+        let guard = coord.acquire(&app, Operation::new("op"), Claim::write(Resource::Media)).await.unwrap();
+        assert_send(&guard);
     }
 }

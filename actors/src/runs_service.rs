@@ -18,7 +18,9 @@
 //! - a finished registry row merges with its record, and the record's `finishedAt` / `status` win;
 //! - `active` never calls the store; a store failure degrades to the live rows (`storeUnavailable`), a
 //!   ledger failure to the registry and the store (`ledgerUnavailable`) — neither is an error;
-//! - a persisted read without events uses `get_summary`, never the full `get`.
+//! - a persisted read without events uses `get_summary`, never the full `get`;
+//! - a run with a deletion fence (killed here or in another process, SPEC §5.6) is never served from the
+//!   registry or the ledger: every read answers it as an unknown run, within one ledger listing.
 //!
 //! # Design
 //! Storage is reached through the [`RunSource`] seam (implemented by [`StorageHandle`]; unit tests use a
@@ -27,6 +29,15 @@
 //! cost one listing); a failed listing is not cached. The cache sits behind a `std::sync::Mutex` that is
 //! never held across an `.await`: two readers racing on an expired entry may both list, which is cheaper
 //! than making one wait.
+//!
+//! ## Kills from other processes
+//! A process keeps a finished run in its registry for a minute and serves it from there, so a kill written
+//! by another process (its deletion fence, then the purge of the record) would not reach this process's
+//! reads without asking. Each listing therefore also asks the ledger which of the ids it may serve — this
+//! process's registry rows and the listed ledger rows — carry a deletion fence (`killed_among`: one
+//! indexed read, cached with the listing), and drops them. A point read of a registry row checks too: from
+//! the fresh listing when that listing asked about the id, else with a one-id `killed_among`. A failed
+//! check is no proof of a kill: a point read then serves the row, a listing counts as unavailable.
 //!
 //! ## Friction (the diagnosis of a live run)
 //! [`analyze`] derives per-category counts and durations from the stamped events (`at`, epoch ms):
@@ -88,6 +99,8 @@ pub trait RunSource: Send + Sync + 'static {
     fn list_live(&self) -> SourceFuture<'_, Vec<LiveRow>>;
     fn get_live(&self, id: String) -> SourceFuture<'_, Option<LiveRow>>;
     fn live_events(&self, id: String, after_seq: u64, limit: usize) -> SourceFuture<'_, Option<Vec<Value>>>;
+    /// Which of `ids` carry a deletion fence (SPEC §5.6), sorted and each once.
+    fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>>;
 }
 
 impl RunSource for StorageHandle {
@@ -111,6 +124,9 @@ impl RunSource for StorageHandle {
     }
     fn live_events(&self, id: String, after_seq: u64, limit: usize) -> SourceFuture<'_, Option<Vec<Value>>> {
         Box::pin(StorageHandle::live_events(self, id, after_seq, limit))
+    }
+    fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>> {
+        Box::pin(StorageHandle::killed_among(self, ids))
     }
 }
 
@@ -470,11 +486,24 @@ pub struct LiveRowView {
     pub meta: Value,
 }
 
-/// One `list_live` answer with the highest known event seq of each row.
+/// One `list_live` answer with the highest known event seq of each row, and the kill state of every id
+/// the listing may serve.
 #[derive(Debug, Default)]
 struct LiveListing {
     rows: Vec<LiveRow>,
     last_seq: HashMap<String, u64>,
+    /// The ids whose deletion fence was asked for: this process's registry rows at listing time and the
+    /// listed ledger rows. A registry row created since is not covered (a point read asks for it).
+    asked: HashSet<String>,
+    /// Those of `asked` that carry a deletion fence: never served, never listed.
+    killed: HashSet<String>,
+}
+
+impl LiveListing {
+    /// Whether `id` was killed, when this listing knows (`None`: it did not ask).
+    fn killed(&self, id: &str) -> Option<bool> {
+        self.asked.contains(id).then(|| self.killed.contains(id))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -528,21 +557,28 @@ impl RunsService {
         self.cache().listing = None;
     }
 
-    /// The ledger listing, at most [`LEDGER_LIST_TTL_MS`] old; `Err` (logged once) when it cannot be read.
-    async fn live_listing(&self) -> Result<Arc<LiveListing>, String> {
+    /// The cached ledger listing while it is at most [`LEDGER_LIST_TTL_MS`] old.
+    fn fresh_listing(&self) -> Option<Arc<LiveListing>> {
         let now = self.clock.now_ms();
-        if let Some((at, listing)) = &self.cache().listing {
-            if (0..LEDGER_LIST_TTL_MS).contains(&(now - at)) {
-                return Ok(listing.clone());
-            }
+        match &self.cache().listing {
+            Some((at, listing)) if (0..LEDGER_LIST_TTL_MS).contains(&(now - at)) => Some(listing.clone()),
+            _ => None,
         }
-        let rows = match self.source.list_live().await {
-            Ok(rows) => rows,
-            Err(e) => {
-                tracing::warn!(generation = self.gen.as_str(), error = %e, "ledger listing failed; serving registry and store");
-                return Err(e.to_string());
-            }
+    }
+
+    /// The ledger listing, at most [`LEDGER_LIST_TTL_MS`] old; `Err` (logged once) when it cannot be read.
+    /// A refresh costs one `list_live`, one `killed_among` (chunked by the ledger when the ids are many)
+    /// and, per listed row, a read of the events past the highest seq already known.
+    async fn live_listing(&self) -> Result<Arc<LiveListing>, String> {
+        if let Some(listing) = self.fresh_listing() {
+            return Ok(listing);
+        }
+        let now = self.clock.now_ms();
+        let unavailable = |e: storage::Error| {
+            tracing::warn!(generation = self.gen.as_str(), error = %e, "ledger listing failed; serving registry and store");
+            e.to_string()
         };
+        let rows = self.source.list_live().await.map_err(unavailable)?;
         // Each row's highest seq, reading only past what is already known (rows in parallel).
         let known: HashMap<String, u64> = {
             let cache = self.cache();
@@ -552,8 +588,19 @@ impl RunsService {
             let (id, from) = (r.run_id.clone(), known[&r.run_id]);
             async move { (id.clone(), self.highest_live_seq(id, from).await) }
         });
-        let last_seq: HashMap<String, u64> = futures_util::future::join_all(reads).await.into_iter().collect();
-        let listing = Arc::new(LiveListing { rows, last_seq: last_seq.clone() });
+        // The kill state of everything this listing may serve, read beside the seqs.
+        let asked: HashSet<String> =
+            self.registry.rows().into_iter().map(|r| r.id).chain(rows.iter().map(|r| r.run_id.clone())).collect();
+        let kills = async {
+            if asked.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.source.killed_among(asked.iter().cloned().collect()).await
+        };
+        let (seqs, killed) = futures_util::future::join(futures_util::future::join_all(reads), kills).await;
+        let killed: HashSet<String> = killed.map_err(unavailable)?.into_iter().collect();
+        let last_seq: HashMap<String, u64> = seqs.into_iter().collect();
+        let listing = Arc::new(LiveListing { rows, last_seq: last_seq.clone(), asked, killed });
         let mut cache = self.cache();
         cache.last_seq = last_seq;
         cache.listing = Some((now, listing.clone()));
@@ -602,6 +649,21 @@ impl RunsService {
         !(row.owner_gen == self.gen.as_str() && row.phase == Phase::Attaching) && self.registry.row(&row.run_id).is_none()
     }
 
+    /// Whether the registry row `id` carries a deletion fence: from the fresh listing when it asked about
+    /// the id, else one `killed_among` read. A failed read is no proof of a kill: the row is served.
+    async fn registry_row_killed(&self, id: &str) -> bool {
+        if let Some(known) = self.fresh_listing().and_then(|l| l.killed(id)) {
+            return known;
+        }
+        match self.source.killed_among(vec![id.to_owned()]).await {
+            Ok(killed) => killed.iter().any(|k| k == id),
+            Err(e) => {
+                tracing::warn!(run_id = id, error = %e, "kill state read failed; serving the registry row");
+                false
+            }
+        }
+    }
+
     /// `list_runs` (SPEC §7): the three-source merge, sorted, limited, with the store cursor.
     pub async fn list_runs(&self, params: &ListParams) -> RunList {
         let limit = params.effective_limit();
@@ -617,11 +679,18 @@ impl RunsService {
             })
         };
 
-        // Live rows: the registry, then ledger rows it does not hold.
+        // Live rows: the registry, then ledger rows it does not hold; a killed id lists from no source.
+        let listing = self.live_listing().await;
         let mut suppress: HashSet<String> = HashSet::new();
+        if let Ok(listing) = &listing {
+            suppress.extend(listing.killed.iter().cloned());
+        }
         let mut unfinished: Vec<RunView> = Vec::new();
         let mut finished_live: Vec<RunView> = Vec::new();
         for row in self.registry.rows() {
+            if suppress.contains(&row.id) {
+                continue;
+            }
             let view = RunView::from_registry(&row);
             if view.finished {
                 finished_live.push(view);
@@ -630,9 +699,11 @@ impl RunsService {
                 unfinished.push(view);
             }
         }
-        let listing = self.live_listing().await;
         if let Ok(listing) = &listing {
             for row in &listing.rows {
+                if listing.killed.contains(&row.run_id) {
+                    continue; // suppressed already
+                }
                 suppress.insert(row.run_id.clone());
                 if self.lists_ledger_row(row) {
                     let seq = listing.last_seq.get(&row.run_id).copied().unwrap_or(0);
@@ -724,9 +795,15 @@ impl RunsService {
             return Err(RunsError::NotFound);
         }
         if let Some(row) = self.registry.row(id) {
+            if self.registry_row_killed(id).await {
+                return Err(RunsError::NotFound);
+            }
             return Ok(Found::Registry(row));
         }
         if let Ok(listing) = self.live_listing().await {
+            if listing.killed.contains(id) {
+                return Err(RunsError::NotFound);
+            }
             if let Some(row) = listing.rows.iter().find(|r| r.run_id == id && self.lists_ledger_row(r)) {
                 let seq = listing.last_seq.get(id).copied().unwrap_or(0);
                 return Ok(Found::Ledger(row.clone(), seq));
@@ -955,7 +1032,7 @@ impl RunsService {
         }
         let finished = || RunsError::Conflict(format!("run {id} has finished"));
         if let Some(row) = self.registry.row(id) {
-            if !RunView::from_registry(&row).visible_to(visible_to) {
+            if !RunView::from_registry(&row).visible_to(visible_to) || self.registry_row_killed(id).await {
                 return Err(RunsError::NotFound);
             }
             if row.finished_at.is_some() {
@@ -1023,10 +1100,12 @@ impl RunsService {
         if *visible_to == VisibilityFilter::None {
             return (Vec::new(), true);
         }
-        let mut rows: Vec<RunView> = self.registry.rows().iter().map(RunView::from_registry).collect();
         let listing = self.live_listing().await;
+        let killed = |id: &str| listing.as_ref().is_ok_and(|l| l.killed.contains(id));
+        let mut rows: Vec<RunView> =
+            self.registry.rows().iter().filter(|r| !killed(&r.id)).map(RunView::from_registry).collect();
         if let Ok(listing) = &listing {
-            for row in listing.rows.iter().filter(|r| self.lists_ledger_row(r)) {
+            for row in listing.rows.iter().filter(|r| self.lists_ledger_row(r) && !killed(&r.run_id)) {
                 rows.push(RunView::from_live(row, listing.last_seq.get(&row.run_id).copied().unwrap_or(0)));
             }
         }
@@ -1148,6 +1227,10 @@ mod tests {
         get_calls: Arc<AtomicUsize>,
         summary_calls: Arc<AtomicUsize>,
         live_list_calls: Arc<AtomicUsize>,
+        /// Fails only `killed_among` (the rest of the ledger answers).
+        fail_kills: Arc<AtomicBool>,
+        /// Every `killed_among` question, in order.
+        kill_questions: Arc<Mutex<Vec<Vec<String>>>>,
     }
 
     impl Double {
@@ -1162,7 +1245,13 @@ mod tests {
                 get_calls: Arc::default(),
                 summary_calls: Arc::default(),
                 live_list_calls: Arc::default(),
+                fail_kills: Arc::default(),
+                kill_questions: Arc::default(),
             }
+        }
+
+        fn kill_reads(&self) -> usize {
+            self.kill_questions.lock().unwrap().len()
         }
 
         fn store<T: Send + 'static>(&self, f: impl FnOnce(&mut MemoryStore, i64) -> storage::Result<T>) -> SourceFuture<'_, T> {
@@ -1210,6 +1299,15 @@ mod tests {
         }
         fn live_events(&self, id: String, after_seq: u64, limit: usize) -> SourceFuture<'_, Option<Vec<Value>>> {
             self.ledger(move |m| m.live_events(&id, after_seq, limit))
+        }
+        fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>> {
+            let mut asked = ids.clone();
+            asked.sort();
+            self.kill_questions.lock().unwrap().push(asked);
+            if self.fail_kills.load(Ordering::SeqCst) {
+                return Box::pin(std::future::ready(Err(storage::Error::Unavailable("injected kill read failure".into()))));
+            }
+            self.ledger(move |m| m.killed_among(&ids))
         }
     }
 
@@ -1300,6 +1398,12 @@ mod tests {
 
         async fn list(&self, status: StatusFilter) -> RunList {
             self.svc.list_runs(&ListParams::new(status, VisibilityFilter::All)).await
+        }
+
+        /// Another process kills `id`: its deletion fence lands in the shared ledger (and `stop = hard` on a
+        /// live row); nothing reaches this process's registry.
+        fn kill_elsewhere(&self, id: &str) {
+            self.double.mem.clone().kill(id, NOW).unwrap();
         }
     }
 
@@ -1798,5 +1902,122 @@ mod tests {
         assert_eq!((rows[0].owner_gen.as_str(), rows[0].phase.as_str()), (OTHER_GEN, "live"));
         f.double.fail_ledger.store(true, Ordering::SeqCst);
         assert!(matches!(f.svc.live_rows(&VisibilityFilter::All).await, Err(RunsError::Unavailable(_))));
+    }
+
+    // ---- kills from other processes (SPEC §5.6): deletion fences checked before a registry row is served ----
+
+    /// Every read of one run, as (get_run, get_run_events, get_run_friction, stop_run) answers not_found.
+    async fn assert_not_served(f: &Fixture, id: &str) {
+        let all = VisibilityFilter::All;
+        assert_eq!(f.svc.get_run(id, false, &all).await, Err(RunsError::NotFound), "{id}");
+        assert_eq!(f.svc.get_run(id, true, &all).await, Err(RunsError::NotFound), "{id}");
+        assert_eq!(f.svc.get_run_events(id, 0, None, &all).await, Err(RunsError::NotFound), "{id}");
+        assert_eq!(f.svc.get_run_friction(id, &all).await, Err(RunsError::NotFound), "{id}");
+        let stop = f.svc.stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &all).await;
+        assert_eq!(stop, Err(RunsError::NotFound), "{id}");
+    }
+
+    #[tokio::test]
+    async fn a_registry_run_killed_in_another_process_vanishes_from_every_read_within_one_listing() {
+        let f = fixture();
+        f.local("done", "c1", NOW - 900, Some(NOW - 100));
+        f.local("live", "c1", NOW - 50, None);
+        f.local("kept", "c1", NOW - 800, Some(NOW - 200));
+        f.put(record("done", "c1", NOW - 900, NOW - 100, false, events(2, NOW - 100)));
+        assert_eq!(ids(&f.list(StatusFilter::All).await), ["live", "done", "kept"]);
+        // Another process kills `done` (finished here, its record not purged yet) and `live` (still running
+        // here: its owner learns of the fence at its next heartbeat, the registry row is still there).
+        f.kill_elsewhere("done");
+        f.kill_elsewhere("live");
+        // The cached listing answered for both, and stands for its TTL.
+        assert_eq!(ids(&f.list(StatusFilter::All).await), ["live", "done", "kept"]);
+        assert!(f.svc.get_run("done", false, &VisibilityFilter::All).await.is_ok(), "answered from the fresh listing");
+        // One listing later, neither is served from any source: not the registry, not the stored record.
+        f.clock.advance(LEDGER_LIST_TTL_MS);
+        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+            let list = f.list(status).await;
+            assert!(!list.ledger_unavailable);
+            let expected: &[&str] = if status == StatusFilter::Active { &[] } else { &["kept"] };
+            assert_eq!(ids(&list), expected, "{status:?}");
+        }
+        assert_not_served(&f, "done").await;
+        assert_not_served(&f, "live").await;
+        let feed = f.svc.index_rows(&VisibilityFilter::All).await.0;
+        assert_eq!(feed.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), ["kept"]);
+        // The run nobody killed is served as before.
+        assert!(f.svc.get_run("kept", true, &VisibilityFilter::All).await.is_ok());
+        assert!(f.svc.get_run_events("kept", 0, None, &VisibilityFilter::All).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_kill_state_costs_one_read_per_listing_and_a_point_read_outside_it_asks_for_its_id_alone() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 900, Some(NOW - 100));
+        f.ledger_row("x1", "c1", OTHER_GEN, NOW - 30, false, 2);
+        // One listing: one question, about every id it may serve (the registry's and the ledger's rows).
+        f.list(StatusFilter::All).await;
+        assert_eq!(*f.double.kill_questions.lock().unwrap(), [vec!["r1".to_owned(), "x1".to_owned()]]);
+        // Reads within the TTL, listings and point reads alike, are answered from it.
+        f.list(StatusFilter::Active).await;
+        f.svc.get_run("r1", true, &VisibilityFilter::All).await.unwrap();
+        f.svc.get_run_events("r1", 0, None, &VisibilityFilter::All).await.unwrap();
+        f.svc.get_run_friction("x1", &VisibilityFilter::All).await.unwrap();
+        f.svc.index_rows(&VisibilityFilter::All).await;
+        assert_eq!(f.double.kill_reads(), 1);
+        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
+        // Past the TTL, a point read of a registry row asks about its id alone, and lists nothing.
+        f.clock.advance(LEDGER_LIST_TTL_MS);
+        f.kill_elsewhere("r1");
+        assert_eq!(f.svc.get_run("r1", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        assert_eq!(f.double.kill_questions.lock().unwrap().last().unwrap(), &["r1".to_owned()]);
+        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
+        // A registry row newer than a fresh listing was not asked about: its point read asks.
+        f.list(StatusFilter::All).await;
+        let before = f.double.kill_reads();
+        f.local("new", "c1", NOW - 1, None);
+        f.kill_elsewhere("new");
+        assert_eq!(f.svc.get_run("new", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        assert_eq!(f.double.kill_reads(), before + 1);
+        // An empty process asks nothing.
+        let empty = fixture();
+        empty.list(StatusFilter::All).await;
+        assert_eq!(empty.double.kill_reads(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_kill_read_fails_the_listing_uncached_and_a_point_read_serves_the_registry_row() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 900, Some(NOW - 100));
+        f.ledger_row("x1", "c1", OTHER_GEN, NOW - 30, false, 0);
+        f.double.fail_kills.store(true, Ordering::SeqCst);
+        // As with any ledger failure: the registry and the store are served, the ledger's rows are not.
+        let list = f.list(StatusFilter::All).await;
+        assert!(list.ledger_unavailable);
+        assert_eq!(ids(&list), ["r1"]);
+        // A failed check is no proof of a kill.
+        assert!(f.svc.get_run("r1", false, &VisibilityFilter::All).await.is_ok());
+        // The failed listing was not cached: the next read lists again and sees the fence.
+        f.double.fail_kills.store(false, Ordering::SeqCst);
+        f.kill_elsewhere("r1");
+        let list = f.list(StatusFilter::All).await;
+        assert!(!list.ledger_unavailable);
+        assert_eq!(ids(&list), ["x1"]);
+    }
+
+    #[tokio::test]
+    async fn a_killed_ledger_row_lists_from_no_source_and_answers_not_found() {
+        let f = fixture();
+        // Live under another generation, which has not purged it yet; its tombstone is in the store.
+        f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 3);
+        f.put(record("remote", "c1", NOW - 300, NOW - 300, true, vec![]));
+        f.kill_elsewhere("remote");
+        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+            assert!(f.list(status).await.runs.is_empty(), "{status:?}");
+        }
+        let all = VisibilityFilter::All;
+        assert_eq!(f.svc.get_run("remote", true, &all).await, Err(RunsError::NotFound));
+        assert_eq!(f.svc.get_run_events("remote", 0, None, &all).await, Err(RunsError::NotFound));
+        assert_eq!(f.svc.get_run_friction("remote", &all).await, Err(RunsError::NotFound));
+        assert!(f.svc.index_rows(&all).await.0.is_empty());
     }
 }

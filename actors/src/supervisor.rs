@@ -931,7 +931,7 @@ impl Handler<Drain> for Supervisor {
             for id in &handed {
                 act.handed.insert(id.clone());
                 if let Some(run) = act.runs.get(id) {
-                    run.do_send(run::Abort { why: "handed off to the next generation past the handoff budget" });
+                    run.do_send(run::Fenced { why: "handed off to the next generation past the handoff budget" });
                 }
                 deps.registry.discard(id);
             }
@@ -1011,7 +1011,7 @@ async fn purge_killed(deps: RunDeps, run_id: String) {
     deps.registry.discard(&run_id);
     use crate::operations::{AppId, Claim, Operation, Resource};
     let app = AppId::new(run_id.clone());
-    let Ok(fence) = deps.operations.close_admission(&app) else { return };
+    let Ok(fence) = deps.operations.close_admission(&app).await else { return };
     deps.operations.end_session(&app);
     let handle = fence.drain().await;
     let dir = crate::tools::workspace_dir(&deps.data_dir, &run_id);
@@ -1047,7 +1047,7 @@ impl Handler<KillRun> for Supervisor {
             tracing::info!(run_id = %id, generation = deps.gen.as_str(), live_owner = ?answer.live_owner, "kill: deletion fence written");
             match (local, answer.live_owner) {
                 // Ours: abort it as a fence; the supervisor purges when its actor has ended.
-                (Some(run), _) => run.do_send(run::Abort { why: "killed" }),
+                (Some(run), _) => run.do_send(run::Killed),
                 // Another live owner: its heartbeat sees the fence, aborts, and purges.
                 (None, Some(owner)) if owner != deps.gen.as_str() && answer.owner_lease_live => {}
                 // Finished, or its owner is gone: purge now.

@@ -2,17 +2,19 @@
 //! FIFO and writer fairness, the compatible-queue bypass, deletion, sessions, nesting and `with_lock`.
 //!
 //! Operations here are controllable: each one runs until the test tells it to finish. Assertions read
-//! the coordinator's own snapshot (who holds, who waits), which changes only inside the coordinator's
-//! locked steps, so no assertion depends on timing. Tasks are given time to reach a waiting point by
-//! yielding (never sleeping) until the snapshot shows them there; the session cap runs on a
-//! `ManualClock`.
+//! the coordinator's own snapshot (who holds, who waits), which changes only inside the coordinator
+//! actor's handler steps and reflects every message sent before it, so no assertion depends on timing.
+//! Tasks are given time to reach a waiting point by yielding (never sleeping) until the snapshot shows
+//! them there; the session cap runs on a `ManualClock`. The coordinator is an actix actor, so tests run
+//! in an actix `System` (`#[actix_rt::test]`) and it lives on the test's own runtime: paused tokio time
+//! only auto-advances when the coordinator has nothing to do either.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actors::operations::{
-    AppId, Claim, Claims, Operation, OperationCoordinator, OperationError, Resource, SessionEnd, SessionPhase,
-    SESSION_CAP_MS,
+    AppId, AppSnapshot, Claim, Claims, Operation, OperationCoordinator, OperationError, Resource, SessionEnd,
+    SessionPhase, SESSION_CAP_MS,
 };
 use futures_util::poll;
 use rand::rngs::StdRng;
@@ -98,20 +100,36 @@ async fn until(what: &str, mut check: impl FnMut() -> bool) {
     panic!("never reached: {what}");
 }
 
-fn holding(coord: &OperationCoordinator, app: &AppId) -> Vec<String> {
-    coord.snapshot(app).holding_names().into_iter().map(str::to_owned).collect()
+/// The coordinator's picture of `app`, taken after every message sent so far.
+async fn snapshot(coord: &OperationCoordinator, app: &AppId) -> AppSnapshot {
+    coord.snapshot(app).await.expect("the coordinator is running")
 }
 
-fn waiting(coord: &OperationCoordinator, app: &AppId) -> Vec<String> {
-    coord.snapshot(app).waiting_names().into_iter().map(str::to_owned).collect()
+async fn holding(coord: &OperationCoordinator, app: &AppId) -> Vec<String> {
+    snapshot(coord, app).await.holding_names().into_iter().map(str::to_owned).collect()
+}
+
+async fn waiting(coord: &OperationCoordinator, app: &AppId) -> Vec<String> {
+    snapshot(coord, app).await.waiting_names().into_iter().map(str::to_owned).collect()
+}
+
+/// Yields until `check` holds for `app`'s snapshot, without sleeping.
+async fn until_snapshot(coord: &OperationCoordinator, app: &AppId, what: &str, check: impl Fn(&AppSnapshot) -> bool) {
+    for _ in 0..10_000 {
+        if check(&snapshot(coord, app).await) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never reached: {what}");
 }
 
 async fn until_holding(coord: &OperationCoordinator, app: &AppId, name: &str) {
-    until(&format!("{name} holds on {app}"), || holding(coord, app).iter().any(|n| n == name)).await;
+    until_snapshot(coord, app, &format!("{name} holds on {app}"), |s| s.holding_names().contains(&name)).await;
 }
 
 async fn until_waiting(coord: &OperationCoordinator, app: &AppId, name: &str) {
-    until(&format!("{name} waits on {app}"), || waiting(coord, app).iter().any(|n| n == name)).await;
+    until_snapshot(coord, app, &format!("{name} waits on {app}"), |s| s.waiting_names().contains(&name)).await;
 }
 
 /// Holds `first`, then requests `second`, and checks whether `second` had to wait.
@@ -123,28 +141,28 @@ async fn assert_conflict(first: Claim, second: Claim, conflicts: bool) {
     let b = spawn_run(&coord, &ws, Operation::new("second"), second);
     if conflicts {
         until_waiting(&coord, &ws, "second").await;
-        assert_eq!(holding(&coord, &ws), ["first"], "{first:?} then {second:?} must conflict");
+        assert_eq!(holding(&coord, &ws).await, ["first"], "{first:?} then {second:?} must conflict");
         a.finish().await.unwrap();
         until_holding(&coord, &ws, "second").await;
     } else {
         until_holding(&coord, &ws, "second").await;
-        assert_eq!(holding(&coord, &ws), ["first", "second"], "{first:?} and {second:?} must share");
+        assert_eq!(holding(&coord, &ws).await, ["first", "second"], "{first:?} and {second:?} must share");
         a.finish().await.unwrap();
     }
     b.finish().await.unwrap();
-    assert_eq!(coord.snapshot(&ws).holding, []);
+    assert_eq!(snapshot(&coord, &ws).await.holding, []);
 }
 
 // --- Conflict rules -------------------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn read_read_is_compatible() {
     for r in Resource::ALL {
         assert_conflict(Claim::read(r), Claim::read(r), false).await;
     }
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn read_write_conflicts_in_both_orders() {
     for r in Resource::ALL {
         assert_conflict(Claim::read(r), Claim::write(r), true).await;
@@ -152,14 +170,14 @@ async fn read_write_conflicts_in_both_orders() {
     }
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn write_write_conflicts() {
     for r in Resource::ALL {
         assert_conflict(Claim::write(r), Claim::write(r), true).await;
     }
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn repository_umbrella_conflicts_with_each_subresource_in_its_mode() {
     for sub in [RepositoryRef, RepositoryWorktree] {
         // Umbrella held, subresource requested, and the other way round.
@@ -175,7 +193,7 @@ async fn repository_umbrella_conflicts_with_each_subresource_in_its_mode() {
     }
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn repository_ref_and_worktree_are_independent() {
     for (a, b) in [(RepositoryRef, RepositoryWorktree), (RepositoryWorktree, RepositoryRef)] {
         assert_conflict(Claim::write(a), Claim::write(b), false).await;
@@ -183,7 +201,7 @@ async fn repository_ref_and_worktree_are_independent() {
     }
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn unrelated_domains_do_not_wait_for_each_other() {
     assert_conflict(Claim::write(ChatContent), Claim::write(ChatMembership), false).await;
     assert_conflict(Claim::write(Runtime), Claim::write(RuntimeConfig), false).await;
@@ -193,7 +211,7 @@ async fn unrelated_domains_do_not_wait_for_each_other() {
 
 // --- Atomic acquisition ---------------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn acquisition_is_atomic_with_no_partial_hold_while_waiting() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -203,11 +221,11 @@ async fn acquisition_is_atomic_with_no_partial_hold_while_waiting() {
     // `both` needs metadata (free) and media (held): it waits holding neither.
     let both = spawn_run(&coord, &ws, Operation::new("both"), Claims::new().write(Metadata).write(Media));
     until_waiting(&coord, &ws, "both").await;
-    assert_eq!(holding(&coord, &ws), ["media owner"]);
+    assert_eq!(holding(&coord, &ws).await, ["media owner"]);
 
     // Cancelling it while it waits leaves nothing behind: a metadata writer goes straight in.
     both.join.abort();
-    until("cancelled waiter leaves the queue", || waiting(&coord, &ws).is_empty()).await;
+    until_snapshot(&coord, &ws, "cancelled waiter leaves the queue", |s| s.waiting_names().is_empty()).await;
     let meta = spawn_run(&coord, &ws, Operation::new("metadata"), Claim::write(Metadata));
     until_holding(&coord, &ws, "metadata").await;
     meta.finish().await.unwrap();
@@ -217,12 +235,12 @@ async fn acquisition_is_atomic_with_no_partial_hold_while_waiting() {
     until_waiting(&coord, &ws, "both").await;
     media.finish().await.unwrap();
     until_holding(&coord, &ws, "both").await;
-    let snap = coord.snapshot(&ws);
+    let snap = snapshot(&coord, &ws).await;
     assert_eq!(snap.holding[0].claims, Claims::new().write(Metadata).write(Media));
     both.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn claims_declared_in_opposite_orders_on_one_app_do_not_deadlock() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -230,10 +248,10 @@ async fn claims_declared_in_opposite_orders_on_one_app_do_not_deadlock() {
     until_holding(&coord, &ws, "blocker").await;
     let x = spawn_run(&coord, &ws, Operation::new("x"), [Claim::write(Metadata), Claim::write(Media)]);
     let y = spawn_run(&coord, &ws, Operation::new("y"), [Claim::write(Media), Claim::write(Metadata)]);
-    until("both wait", || waiting(&coord, &ws) == ["x", "y"]).await;
+    until_snapshot(&coord, &ws, "both wait", |s| s.waiting_names() == ["x", "y"]).await;
     blocker.finish().await.unwrap();
     until_holding(&coord, &ws, "x").await;
-    assert_eq!(waiting(&coord, &ws), ["y"]);
+    assert_eq!(waiting(&coord, &ws).await, ["y"]);
     x.finish().await.unwrap();
     until_holding(&coord, &ws, "y").await;
     y.finish().await.unwrap();
@@ -241,7 +259,7 @@ async fn claims_declared_in_opposite_orders_on_one_app_do_not_deadlock() {
 
 // --- Cross-app operations -------------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn cross_app_operations_dedupe_apps_and_take_them_in_ascending_bytewise_order() {
     let (coord, _) = coordinator();
     // Bytewise, "10" < "9": the coordinator's order, not numeric order, and not the declared order.
@@ -260,16 +278,16 @@ async fn cross_app_operations_dedupe_apps_and_take_them_in_ascending_bytewise_or
     );
     until_waiting(&coord, &ten, "move").await;
     // It waits on "10" first and has taken nothing on "9" meanwhile.
-    assert_eq!(coord.snapshot(&nine).holding, []);
-    assert_eq!(coord.snapshot(&nine).waiting, []);
+    assert_eq!(snapshot(&coord, &nine).await.holding, []);
+    assert_eq!(snapshot(&coord, &nine).await.waiting, []);
 
     holder.finish().await.unwrap();
     until_holding(&coord, &nine, "move").await;
     // "9" named twice: one entry with the merged claims.
-    let snap = coord.snapshot(&nine);
+    let snap = snapshot(&coord, &nine).await;
     assert_eq!(snap.holding.len(), 1);
     assert_eq!(snap.holding[0].claims, Claims::new().write(Media).read(Metadata));
-    assert_eq!(holding(&coord, &ten), ["move"]);
+    assert_eq!(holding(&coord, &ten).await, ["move"]);
     mv.finish().await.unwrap();
 }
 
@@ -297,10 +315,12 @@ impl ExclusionCheck {
     }
 }
 
-#[tokio::test(start_paused = true)]
+#[actix_rt::test]
 async fn cross_app_operations_in_opposite_orders_never_deadlock_over_1000_interleavings() {
-    // Time is paused and nothing here sleeps: the runtime advances the clock only when every task is
-    // blocked, so the timeout below fires at once on a deadlock and never otherwise.
+    // Time is paused and nothing here sleeps: the runtime advances the clock only when every task (the
+    // coordinator's included) is blocked, so the timeout below fires at once on a deadlock and never
+    // otherwise.
+    tokio::time::pause();
     let pool = [Metadata, Media, Repository, RepositoryRef, RepositoryWorktree];
     let apps = [app("ws-a"), app("ws-b"), app("ws-c")];
     for seed in 0..1000u64 {
@@ -372,12 +392,12 @@ async fn cross_app_operations_in_opposite_orders_never_deadlock_over_1000_interl
             r.expect("task panicked").expect("operation refused");
         }
         for a in &apps {
-            assert_eq!(coord.snapshot(a).holding, [], "seed {seed}: {a} still held");
+            assert_eq!(snapshot(&coord, a).await.holding, [], "seed {seed}: {a} still held");
         }
     }
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_cross_app_operation_is_refused_at_a_later_app_closed_meanwhile_and_releases_the_earlier() {
     let (coord, _) = coordinator();
     let (a, b) = (app("ws-a"), app("ws-b"));
@@ -389,16 +409,16 @@ async fn a_cross_app_operation_is_refused_at_a_later_app_closed_meanwhile_and_re
         Operation::new("move"),
     );
     until_waiting(&coord, &a, "move").await;
-    let fence = coord.close_admission(&b).unwrap();
+    let fence = coord.close_admission(&b).await.unwrap();
     holder.finish().await.unwrap();
     assert_eq!(mv.finish().await, Err(OperationError::AdmissionClosed { app: b.clone(), operation: "move".into() }));
-    assert_eq!(coord.snapshot(&a).holding, []);
+    assert_eq!(snapshot(&coord, &a).await.holding, []);
     drop(fence);
 }
 
 // --- FIFO and writer fairness ---------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn conflicting_writers_are_granted_in_arrival_order() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -410,17 +430,57 @@ async fn conflicting_writers_are_granted_in_arrival_order() {
         queued.push(spawn_run(&coord, &ws, Operation::new(name.clone()), Claim::write(Metadata)));
         until_waiting(&coord, &ws, &name).await;
     }
-    assert_eq!(waiting(&coord, &ws), ["w1", "w2", "w3"]);
+    assert_eq!(waiting(&coord, &ws).await, ["w1", "w2", "w3"]);
     first.finish().await.unwrap();
     for (i, w) in queued.into_iter().enumerate() {
         let name = format!("w{}", i + 1);
         until_holding(&coord, &ws, &name).await;
-        assert_eq!(holding(&coord, &ws), [name.as_str()]);
+        assert_eq!(holding(&coord, &ws).await, [name.as_str()]);
         w.finish().await.unwrap();
     }
 }
 
-#[tokio::test]
+#[actix_rt::test]
+async fn waiters_on_other_arbiters_are_granted_in_arrival_order() {
+    // The handle is used from five other arbiters (threads); mailbox order is arrival order.
+    let (coord, _) = coordinator();
+    let ws = app("ws-1");
+    let holder = coord.acquire(&ws, Operation::new("holder"), Claim::write(Metadata)).await.unwrap();
+    let order: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut arbiters = Vec::new();
+    for i in 0..5 {
+        let arbiter = actix::Arbiter::new();
+        let (handle, ws2, order, done_tx) = (coord.clone(), ws.clone(), order.clone(), done_tx.clone());
+        arbiter.spawn(async move {
+            let op = Operation::new(format!("w{i}"));
+            let out = handle.run(&ws2, op, Claim::write(Metadata), async { order.lock().unwrap().push(i) }).await;
+            let _ = done_tx.send(out);
+        });
+        // The next waiter starts only once this one is queued. Another thread is involved, so this
+        // waits on the wall clock (bounded), not by yielding.
+        let name = format!("w{i}");
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !waiting(&coord, &ws).await.contains(&name) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{name} never queued"));
+        arbiters.push(arbiter);
+    }
+    assert_eq!(waiting(&coord, &ws).await, ["w0", "w1", "w2", "w3", "w4"]);
+    drop(holder);
+    for _ in 0..5 {
+        done_rx.recv().await.expect("every waiter answers").expect("granted, not refused");
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+    for arbiter in arbiters {
+        arbiter.stop();
+    }
+}
+
+#[actix_rt::test]
 async fn a_reader_does_not_pass_a_waiting_writer() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -431,19 +491,19 @@ async fn a_reader_does_not_pass_a_waiting_writer() {
     // Compatible with the holder, but a writer waits ahead of it.
     let r2 = spawn_run(&coord, &ws, Operation::new("r2"), Claim::read(Metadata));
     let r3 = spawn_run(&coord, &ws, Operation::new("r3"), Claim::read(Metadata));
-    until("readers wait behind the writer", || waiting(&coord, &ws) == ["w", "r2", "r3"]).await;
-    assert_eq!(holding(&coord, &ws), ["r1"]);
+    until_snapshot(&coord, &ws, "readers wait behind the writer", |s| s.waiting_names() == ["w", "r2", "r3"]).await;
+    assert_eq!(holding(&coord, &ws).await, ["r1"]);
     r1.finish().await.unwrap();
     until_holding(&coord, &ws, "w").await;
-    assert_eq!(waiting(&coord, &ws), ["r2", "r3"]);
+    assert_eq!(waiting(&coord, &ws).await, ["r2", "r3"]);
     w.finish().await.unwrap();
     // Readers queued behind the writer go in together.
-    until("both readers hold", || holding(&coord, &ws) == ["r2", "r3"]).await;
+    until_snapshot(&coord, &ws, "both readers hold", |s| s.holding_names() == ["r2", "r3"]).await;
     r2.finish().await.unwrap();
     r3.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_cancelled_or_panicking_operation_releases_its_place() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -451,9 +511,9 @@ async fn a_cancelled_or_panicking_operation_releases_its_place() {
     until_holding(&coord, &ws, "holder").await;
     let cancelled = spawn_run(&coord, &ws, Operation::new("cancelled"), Claim::write(Metadata));
     let later = spawn_run(&coord, &ws, Operation::new("later"), Claim::write(Metadata));
-    until("both wait", || waiting(&coord, &ws) == ["cancelled", "later"]).await;
+    until_snapshot(&coord, &ws, "both wait", |s| s.waiting_names() == ["cancelled", "later"]).await;
     cancelled.join.abort();
-    until("the cancelled waiter left", || waiting(&coord, &ws) == ["later"]).await;
+    until_snapshot(&coord, &ws, "the cancelled waiter left", |s| s.waiting_names() == ["later"]).await;
     holder.finish().await.unwrap();
     until_holding(&coord, &ws, "later").await;
     later.finish().await.unwrap();
@@ -465,10 +525,54 @@ async fn a_cancelled_or_panicking_operation_releases_its_place() {
         c.run(&ws2, Operation::new("panics"), Claim::write(Metadata), async { panic!("work failed") }).await
     });
     assert!(panicked.await.unwrap_err().is_panic());
-    assert_eq!(coord.snapshot(&ws).holding, []);
+    assert_eq!(snapshot(&coord, &ws).await.holding, []);
     let after = spawn_run(&coord, &ws, Operation::new("after"), Claim::write(Metadata));
     until_holding(&coord, &ws, "after").await;
     after.finish().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_dropped_guard_releases_and_the_next_waiter_is_granted_in_the_same_step() {
+    let (coord, _) = coordinator();
+    let ws = app("ws-1");
+    let guard = coord.acquire(&ws, Operation::new("holder"), Claim::write(Metadata)).await.unwrap();
+    let next = spawn_run(&coord, &ws, Operation::new("next"), Claim::write(Metadata));
+    until_waiting(&coord, &ws, "next").await;
+    // The guard's Drop sends `Release`; the snapshot asked right after it already shows the grant:
+    // there is no step in which the claims are free and "next" still waits.
+    drop(guard);
+    assert_eq!(holding(&coord, &ws).await, ["next"]);
+    assert_eq!(waiting(&coord, &ws).await, Vec::<String>::new());
+    next.finish().await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_cancelled_waiters_place_and_grant_are_released() {
+    let (coord, _) = coordinator();
+    let ws = app("ws-1");
+    let holder = coord.acquire(&ws, Operation::new("holder"), Claim::write(Metadata)).await.unwrap();
+
+    // Dropped while it waits: polled once (its `Acquire` is queued), then dropped; it leaves the queue.
+    let mut pending = Box::pin(coord.acquire(&ws, Operation::new("cancelled"), Claim::write(Metadata)));
+    assert!(poll!(&mut pending).is_pending());
+    assert_eq!(waiting(&coord, &ws).await, ["cancelled"]);
+    drop(pending);
+    assert_eq!(waiting(&coord, &ws).await, Vec::<String>::new());
+
+    // Dropped as its grant is decided: the holder's `Release` reaches the actor while the waiter's
+    // receiver is already gone. The grant is released at once and passes to the next waiter.
+    let mut pending = Box::pin(coord.acquire(&ws, Operation::new("cancelled late"), Claim::write(Metadata)));
+    assert!(poll!(&mut pending).is_pending());
+    let later = spawn_run(&coord, &ws, Operation::new("later"), Claim::write(Metadata));
+    until_snapshot(&coord, &ws, "both wait", |s| s.waiting_names() == ["cancelled late", "later"]).await;
+    drop(holder);
+    drop(pending);
+    assert_eq!(holding(&coord, &ws).await, ["later"]);
+    later.finish().await.unwrap();
+    // Nothing is left behind: the resource is grantable to anyone.
+    coord.run(&ws, Operation::new("after"), Claim::write(Metadata), async {}).await.unwrap();
+    let snap = snapshot(&coord, &ws).await;
+    assert_eq!((snap.holding, snap.waiting), (vec![], vec![]));
 }
 
 // --- The compatible-queue bypass ------------------------------------------------------------------
@@ -479,10 +583,10 @@ async fn recording(coord: &OperationCoordinator, ws: &AppId, opt_in: bool) -> ac
     if opt_in {
         op = op.allow_compatible_queue_bypass();
     }
-    coord.reserve_session(ws, op, recording_claims()).unwrap().start().await.unwrap()
+    coord.reserve_session(ws, op, recording_claims()).await.unwrap().start().await.unwrap()
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_ref_snapshot_passes_a_writer_queued_behind_an_opted_in_session() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -494,14 +598,14 @@ async fn a_ref_snapshot_passes_a_writer_queued_behind_an_opted_in_session() {
     let new_chat =
         spawn_run(&coord, &ws, Operation::new("new chat"), Claims::new().read(RepositoryRef).write(ChatMembership));
     until_holding(&coord, &ws, "new chat").await;
-    assert_eq!(waiting(&coord, &ws), ["commit"]);
+    assert_eq!(waiting(&coord, &ws).await, ["commit"]);
     new_chat.finish().await.unwrap();
     session.end();
     until_holding(&coord, &ws, "commit").await;
     commit.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn no_bypass_when_the_blocker_did_not_opt_in() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -510,7 +614,7 @@ async fn no_bypass_when_the_blocker_did_not_opt_in() {
     until_waiting(&coord, &ws, "commit").await;
     let snapshot = spawn_run(&coord, &ws, Operation::new("snapshot"), Claim::read(RepositoryRef));
     until_waiting(&coord, &ws, "snapshot").await;
-    assert_eq!(waiting(&coord, &ws), ["commit", "snapshot"]);
+    assert_eq!(waiting(&coord, &ws).await, ["commit", "snapshot"]);
     session.end();
     until_holding(&coord, &ws, "commit").await;
     commit.finish().await.unwrap();
@@ -518,7 +622,7 @@ async fn no_bypass_when_the_blocker_did_not_opt_in() {
     snapshot.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn no_bypass_unless_every_direct_blocker_opts_in() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -530,24 +634,24 @@ async fn no_bypass_unless_every_direct_blocker_opts_in() {
         Claims::new().write(RepositoryWorktree).read(RepositoryRef),
     );
     let reader = spawn_run(&coord, &ws, Operation::new("reader"), Claim::read(RepositoryRef));
-    until("both hold", || holding(&coord, &ws) == ["test run", "reader"]).await;
+    until_snapshot(&coord, &ws, "both hold", |s| s.holding_names() == ["test run", "reader"]).await;
     let commit = spawn_run(&coord, &ws, Operation::new("commit"), Claim::write(Repository));
     until_waiting(&coord, &ws, "commit").await;
     let snapshot = spawn_run(&coord, &ws, Operation::new("snapshot"), Claim::read(RepositoryRef));
     until_waiting(&coord, &ws, "snapshot").await;
-    assert_eq!(holding(&coord, &ws), ["test run", "reader"]);
+    assert_eq!(holding(&coord, &ws).await, ["test run", "reader"]);
 
     // Once the plain reader is gone, the only direct blocker opted in: the snapshot may pass.
     reader.finish().await.unwrap();
     until_holding(&coord, &ws, "snapshot").await;
-    assert_eq!(waiting(&coord, &ws), ["commit"]);
+    assert_eq!(waiting(&coord, &ws).await, ["commit"]);
     snapshot.finish().await.unwrap();
     test_run.finish().await.unwrap();
     until_holding(&coord, &ws, "commit").await;
     commit.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn no_bypass_for_work_incompatible_with_the_blocker() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -557,16 +661,16 @@ async fn no_bypass_for_work_incompatible_with_the_blocker() {
     // A ref writer conflicts with the session's ref read: it cannot pass the commit.
     let retag = spawn_run(&coord, &ws, Operation::new("retag"), Claim::write(RepositoryRef));
     until_waiting(&coord, &ws, "retag").await;
-    assert_eq!(waiting(&coord, &ws), ["commit", "retag"]);
+    assert_eq!(waiting(&coord, &ws).await, ["commit", "retag"]);
     session.end();
     until_holding(&coord, &ws, "commit").await;
-    assert_eq!(waiting(&coord, &ws), ["retag"]);
+    assert_eq!(waiting(&coord, &ws).await, ["retag"]);
     commit.finish().await.unwrap();
     until_holding(&coord, &ws, "retag").await;
     retag.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn no_bypass_that_would_reorder_an_unrelated_domain() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -581,17 +685,17 @@ async fn no_bypass_that_would_reorder_an_unrelated_domain() {
     // The same snapshot without the chat-content claim passes.
     let snapshot = spawn_run(&coord, &ws, Operation::new("snapshot"), Claim::read(RepositoryRef));
     until_holding(&coord, &ws, "snapshot").await;
-    assert_eq!(waiting(&coord, &ws), ["restore", "edit chat"]);
+    assert_eq!(waiting(&coord, &ws).await, ["restore", "edit chat"]);
     snapshot.finish().await.unwrap();
     session.end();
     until_holding(&coord, &ws, "restore").await;
-    assert_eq!(waiting(&coord, &ws), ["edit chat"]);
+    assert_eq!(waiting(&coord, &ws).await, ["edit chat"]);
     restore.finish().await.unwrap();
     until_holding(&coord, &ws, "edit chat").await;
     edit.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn normal_fairness_resumes_when_the_owner_releases() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -606,10 +710,10 @@ async fn normal_fairness_resumes_when_the_owner_releases() {
     session.end();
     let s2 = spawn_run(&coord, &ws, Operation::new("s2"), Claim::read(RepositoryRef));
     until_waiting(&coord, &ws, "s2").await;
-    assert_eq!(waiting(&coord, &ws), ["commit", "s2"]);
+    assert_eq!(waiting(&coord, &ws).await, ["commit", "s2"]);
     s1.finish().await.unwrap();
     until_holding(&coord, &ws, "commit").await;
-    assert_eq!(waiting(&coord, &ws), ["s2"]);
+    assert_eq!(waiting(&coord, &ws).await, ["s2"]);
     commit.finish().await.unwrap();
     until_holding(&coord, &ws, "s2").await;
     s2.finish().await.unwrap();
@@ -617,12 +721,12 @@ async fn normal_fairness_resumes_when_the_owner_releases() {
 
 // --- Deletion -------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn closed_admission_refuses_new_work() {
     let (coord, _) = coordinator();
     let (ws, other) = (app("ws-1"), app("ws-2"));
-    let fence = coord.close_admission(&ws).unwrap();
-    assert!(!coord.snapshot(&ws).admission_open);
+    let fence = coord.close_admission(&ws).await.unwrap();
+    assert!(!snapshot(&coord, &ws).await.admission_open);
 
     let refused = coord.run(&ws, Operation::new("append_file"), Claim::write(RepositoryWorktree), async {}).await;
     assert_eq!(refused, Err(OperationError::AdmissionClosed { app: ws.clone(), operation: "append_file".into() }));
@@ -635,23 +739,23 @@ async fn closed_admission_refuses_new_work() {
         )
         .await;
     assert!(matches!(refused, Err(OperationError::AdmissionClosed { app, .. }) if app == ws));
-    assert_eq!(coord.snapshot(&other).holding, []);
+    assert_eq!(snapshot(&coord, &other).await.holding, []);
     // Sessions cannot start; a second deleter is told one is under way.
     assert!(matches!(
-        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()),
+        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await,
         Err(OperationError::AdmissionClosed { .. })
     ));
-    assert!(matches!(coord.close_admission(&ws), Err(OperationError::DeletionInProgress { app }) if app == ws));
+    assert!(matches!(coord.close_admission(&ws).await, Err(OperationError::DeletionInProgress { app }) if app == ws));
     // Other apps are untouched.
     coord.run(&other, Operation::new("append_file"), Claim::write(RepositoryWorktree), async {}).await.unwrap();
 
     // Dropping the fence before draining (deletion abandoned) reopens admission.
     drop(fence);
-    assert!(coord.snapshot(&ws).admission_open);
+    assert!(snapshot(&coord, &ws).await.admission_open);
     coord.run(&ws, Operation::new("append_file"), Claim::write(RepositoryWorktree), async {}).await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn drain_waits_for_admitted_work_then_hands_over_the_deletion_handle() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -660,7 +764,7 @@ async fn drain_waits_for_admitted_work_then_hands_over_the_deletion_handle() {
     let queued = spawn_run(&coord, &ws, Operation::new("queued"), Claim::write(RepositoryWorktree));
     until_waiting(&coord, &ws, "queued").await;
 
-    let fence = coord.close_admission(&ws).unwrap();
+    let fence = coord.close_admission(&ws).await.unwrap();
     let mut drain = Box::pin(fence.drain());
     assert!(poll!(&mut drain).is_pending());
     running.finish().await.unwrap();
@@ -678,7 +782,7 @@ async fn drain_waits_for_admitted_work_then_hands_over_the_deletion_handle() {
     });
     let mut deleting = Box::pin(deleting);
     assert!(poll!(&mut deleting).is_pending());
-    assert_eq!(holding(&coord, &ws), ["remove workspace"]);
+    assert_eq!(holding(&coord, &ws).await, ["remove workspace"]);
     let refused = coord.run(&ws, Operation::new("append_file"), Claim::write(RepositoryWorktree), async {}).await;
     assert!(matches!(refused, Err(OperationError::AdmissionClosed { .. })));
     tx.send(()).unwrap();
@@ -686,30 +790,30 @@ async fn drain_waits_for_admitted_work_then_hands_over_the_deletion_handle() {
 
     // Dropping the handle reopens the id (a resumed run may create the workspace again).
     drop(handle);
-    assert!(coord.snapshot(&ws).admission_open);
+    assert!(snapshot(&coord, &ws).await.admission_open);
     coord.run(&ws, Operation::new("append_file"), Claim::write(RepositoryWorktree), async {}).await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn deletion_ends_the_session_then_drains() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
     let mut session = recording(&coord, &ws, true).await;
-    let fence = coord.close_admission(&ws).unwrap();
+    let fence = coord.close_admission(&ws).await.unwrap();
     let mut drain = Box::pin(fence.drain());
     // A live session is admitted work: drain waits for it...
     assert!(poll!(&mut drain).is_pending());
     // ...until the deleting handler ends it (the seed's endRecordingForApp).
-    assert!(coord.end_session(&ws));
+    coord.end_session(&ws);
     let handle = drain.await;
     assert_eq!(session.ended().await, SessionEnd::TornDown);
-    assert!(!session.is_live());
+    assert!(!session.is_live().await);
     handle.run(Operation::new("remove workspace"), Claim::write(AppPath), async {}).await.unwrap();
 }
 
 // --- Sessions -------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn refuse_when_session_refuses_conflicting_work_without_queueing_it() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -730,7 +834,7 @@ async fn refuse_when_session_refuses_conflicting_work_without_queueing_it() {
             session: "recording".into(),
         })
     );
-    assert_eq!(waiting(&coord, &ws), Vec::<String>::new());
+    assert_eq!(waiting(&coord, &ws).await, Vec::<String>::new());
     // Work that does not conflict with the session is not refused.
     coord
         .run(&ws, Operation::new("rename chat").refuse_when_session("rename chat"), Claim::write(ChatContent), async {})
@@ -744,7 +848,7 @@ async fn refuse_when_session_refuses_conflicting_work_without_queueing_it() {
     queued.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn refusal_is_applied_per_app_by_that_apps_claims() {
     // Moving media claims media on both apps and repository only on the target.
     let (coord, _) = coordinator();
@@ -766,16 +870,16 @@ async fn refusal_is_applied_per_app_by_that_apps_claims() {
     let session = recording(&coord, &target, true).await;
     let refused = move_media(coord.clone(), source.clone(), target.clone()).await;
     assert!(matches!(refused, Err(OperationError::RefusedBySession { app, .. }) if app == target));
-    assert_eq!(coord.snapshot(&source).holding, []);
+    assert_eq!(snapshot(&coord, &source).await.holding, []);
     session.end();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_reserved_session_already_refuses_so_there_is_no_window() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
     // The session reserves before its first await; the request arrives during its setup.
-    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap();
+    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
     let refused = coord
         .run(&ws, Operation::new("restore").refuse_when_session("restore"), Claim::write(Repository), async {})
         .await;
@@ -785,21 +889,28 @@ async fn a_reserved_session_already_refuses_so_there_is_no_window() {
     let request =
         spawn_run(&coord, &ws, Operation::new("restore").refuse_when_session("restore"), Claim::write(Repository));
     until_holding(&coord, &ws, "restore").await;
-    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap();
+    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
     let c = coord.clone();
     let start = tokio::spawn(reservation.start());
     until_waiting(&c, &ws, "recording").await;
-    assert_eq!(coord.snapshot(&ws).session.unwrap().phase, SessionPhase::Acquiring);
+    assert_eq!(snapshot(&coord, &ws).await.session.unwrap().phase, SessionPhase::Acquiring);
     request.finish().await.unwrap();
     let session = start.await.unwrap().unwrap();
-    assert!(session.is_live());
+    assert!(session.is_live().await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_starting_concurrently_with_a_refused_request_leaves_no_window() {
-    // Both race on two threads. Either the request is refused, or it is admitted first and runs
-    // before the session holds anything; it never queues behind the session. The session stays live
-    // until the request is done, so a request arriving "after" the session cannot slip in either.
+#[test]
+fn a_session_starting_concurrently_with_a_refused_request_leaves_no_window() {
+    // Both race on two worker threads, while the coordinator actor runs on the system's own thread.
+    let two_workers = || tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    let system = actix_rt::System::with_tokio_rt(|| two_workers().expect("build a two-worker runtime"));
+    system.block_on(session_and_request_race());
+}
+
+async fn session_and_request_race() {
+    // Either the request is refused, or it is admitted first and runs before the session holds
+    // anything; it never queues behind the session. The session stays live until the request is done,
+    // so a request arriving "after" the session cannot slip in either.
     let (mut refused, mut ran_first) = (0, 0);
     let mut rng = StdRng::seed_from_u64(8);
     for _ in 0..300 {
@@ -816,7 +927,7 @@ async fn a_session_starting_concurrently_with_a_refused_request_leaves_no_window
                 for _ in 0..session_yields {
                     tokio::task::yield_now().await;
                 }
-                let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap();
+                let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
                 let session = reservation.start().await.unwrap();
                 log.lock().unwrap().push("session live");
                 // Hold until the request is done; seeing it queued behind us is the window.
@@ -824,7 +935,7 @@ async fn a_session_starting_concurrently_with_a_refused_request_leaves_no_window
                     if done_rx.try_recv().is_ok() {
                         break false;
                     }
-                    if coord.snapshot(&ws).waiting_names().contains(&"restore") {
+                    if snapshot(&coord, &ws).await.waiting_names().contains(&"restore") {
                         break true;
                     }
                     tokio::task::yield_now().await;
@@ -868,117 +979,117 @@ async fn a_session_starting_concurrently_with_a_refused_request_leaves_no_window
     eprintln!("refused {refused}, ran first {ran_first}");
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn block_session_start_refuses_starts_until_every_token_drops() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
     let first = coord.block_session_start(&ws, "restoring to a message");
     let second = coord.block_session_start(&ws, "copying the app");
-    assert_eq!(coord.snapshot(&ws).session_start_blocks, ["restoring to a message", "copying the app"]);
+    assert_eq!(snapshot(&coord, &ws).await.session_start_blocks, ["restoring to a message", "copying the app"]);
     assert_eq!(
-        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap_err(),
+        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap_err(),
         OperationError::SessionStartBlocked { app: ws.clone(), reason: "restoring to a message".into() }
     );
     drop(first);
     assert!(matches!(
-        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()),
+        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await,
         Err(OperationError::SessionStartBlocked { reason, .. }) if reason == "copying the app"
     ));
     // With the token held, a preflight refusal is race-free.
-    coord.refuse_if_session(&ws, &Claims::new().write(Repository), "restore").unwrap();
+    coord.refuse_if_session(&ws, &Claims::new().write(Repository), "restore").await.unwrap();
     drop(second);
     let session =
-        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap().start().await.unwrap();
+        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap().start().await.unwrap();
     // A block taken while a session runs does not end it.
     let block = coord.block_session_start(&ws, "late");
-    assert!(session.is_live());
+    assert!(session.is_live().await);
     assert!(matches!(
-        coord.refuse_if_session(&ws, &Claims::new().write(Repository), "restore"),
+        coord.refuse_if_session(&ws, &Claims::new().write(Repository), "restore").await,
         Err(OperationError::RefusedBySession { .. })
     ));
     drop(block);
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_second_session_on_an_app_is_refused() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
-    let _reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap();
+    let _reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
     assert_eq!(
-        coord.reserve_session(&ws, Operation::new("test run"), Claim::write(TestFiles)).unwrap_err(),
+        coord.reserve_session(&ws, Operation::new("test run"), Claim::write(TestFiles)).await.unwrap_err(),
         OperationError::SessionActive { app: ws.clone(), session: "recording".into() }
     );
     // Another app is independent.
-    let _other = coord.reserve_session(&app("ws-2"), Operation::new("test run"), Claim::write(TestFiles)).unwrap();
+    let _other = coord.reserve_session(&app("ws-2"), Operation::new("test run"), Claim::write(TestFiles)).await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn teardown_during_setup_tombstones_the_start() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
-    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap();
-    reservation.check().unwrap();
+    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
+    reservation.check().await.unwrap();
     // Setup awaits (swap .env.local, restart the dev server)...
     tokio::task::yield_now().await;
     // ...and a concurrent stop tears the app down in between.
-    assert!(coord.end_session(&ws));
+    coord.end_session(&ws);
     let cancelled = OperationError::SessionCancelled { app: ws.clone(), session: "recording".into() };
-    assert_eq!(reservation.check(), Err(cancelled.clone()));
+    assert_eq!(reservation.check().await, Err(cancelled.clone()));
     assert_eq!(reservation.start().await.unwrap_err(), cancelled);
-    let snap = coord.snapshot(&ws);
+    let snap = snapshot(&coord, &ws).await;
     assert_eq!((snap.session, snap.holding, snap.waiting), (None, vec![], vec![]));
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn teardown_while_the_start_is_queued_cancels_it() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
     let holder = spawn_run(&coord, &ws, Operation::new("holder"), Claim::write(RepositoryWorktree));
     until_holding(&coord, &ws, "holder").await;
-    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap();
+    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
     let start = tokio::spawn(reservation.start());
     until_waiting(&coord, &ws, "recording").await;
-    assert!(coord.end_session(&ws));
+    coord.end_session(&ws);
     assert!(matches!(start.await.unwrap(), Err(OperationError::SessionCancelled { .. })));
-    assert_eq!(waiting(&coord, &ws), Vec::<String>::new());
+    assert_eq!(waiting(&coord, &ws).await, Vec::<String>::new());
     holder.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_cancelled_attempt_cannot_release_its_successors_reservation() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
-    let first = coord.reserve_session(&ws, Operation::new("first"), recording_claims()).unwrap();
-    assert!(coord.end_session(&ws));
+    let first = coord.reserve_session(&ws, Operation::new("first"), recording_claims()).await.unwrap();
+    coord.end_session(&ws);
     // The successor reserves while the cancelled attempt is still unwinding.
-    let second = coord.reserve_session(&ws, Operation::new("second"), recording_claims()).unwrap();
-    assert!(first.check().is_err());
+    let second = coord.reserve_session(&ws, Operation::new("second"), recording_claims()).await.unwrap();
+    assert!(first.check().await.is_err());
     // The cancelled attempt releases (drop, as its handler gives up): the successor keeps its slot.
     drop(first);
-    second.check().unwrap();
+    second.check().await.unwrap();
     assert_eq!(
-        coord.reserve_session(&ws, Operation::new("third"), recording_claims()).unwrap_err(),
+        coord.reserve_session(&ws, Operation::new("third"), recording_claims()).await.unwrap_err(),
         OperationError::SessionActive { app: ws.clone(), session: "second".into() }
     );
     let second = second.start().await.unwrap();
 
     // The same at the live stage: a torn-down session's handle cannot end its successor.
-    assert!(coord.end_session(&ws));
+    coord.end_session(&ws);
     let stale = second;
     let successor = recording(&coord, &ws, true).await;
     drop(stale);
-    assert!(successor.is_live());
-    assert_eq!(holding(&coord, &ws), ["recording"]);
+    assert!(successor.is_live().await);
+    assert_eq!(holding(&coord, &ws).await, ["recording"]);
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_session_is_capped_30_minutes_after_its_claims_were_granted() {
     let (coord, clock) = coordinator();
     let ws = app("ws-1");
     // The start waits 10 minutes behind another operation: the cap counts from the grant.
     let holder = spawn_run(&coord, &ws, Operation::new("holder"), Claim::write(RepositoryWorktree));
     until_holding(&coord, &ws, "holder").await;
-    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).unwrap();
+    let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
     let start = tokio::spawn(reservation.start());
     until_waiting(&coord, &ws, "recording").await;
     clock.advance(10 * 60 * 1000);
@@ -992,21 +1103,21 @@ async fn a_session_is_capped_30_minutes_after_its_claims_were_granted() {
     until_waiting(&coord, &ws, "commit").await;
     clock.set(granted_at + SESSION_CAP_MS - 1);
     coord.expire_sessions();
-    assert!(session.is_live());
-    assert_eq!(waiting(&coord, &ws), ["commit"]);
+    assert!(session.is_live().await);
+    assert_eq!(waiting(&coord, &ws).await, ["commit"]);
 
     clock.set(granted_at + SESSION_CAP_MS);
     coord.expire_sessions();
     assert_eq!(session.ended().await, SessionEnd::Capped);
-    assert!(!session.is_live());
+    assert!(!session.is_live().await);
     until_holding(&coord, &ws, "commit").await;
     // Ending it afterwards is a no-op.
     session.end();
-    assert_eq!(holding(&coord, &ws), ["commit"]);
+    assert_eq!(holding(&coord, &ws).await, ["commit"]);
     commit.finish().await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn the_cap_is_enforced_by_any_coordinator_call() {
     let (coord, clock) = coordinator();
     let ws = app("ws-1");
@@ -1020,29 +1131,30 @@ async fn the_cap_is_enforced_by_any_coordinator_call() {
     assert_eq!(session.ended().await, SessionEnd::Capped);
 }
 
-#[tokio::test(start_paused = true)]
+#[actix_rt::test]
 async fn the_session_reaper_ends_capped_sessions_without_other_traffic() {
     // Tokio time is paused: the reaper's interval fires only when every task is blocked, so nothing
     // really waits. The cap itself is read from the manual clock.
+    tokio::time::pause();
     let (coord, clock) = coordinator();
     let ws = app("ws-1");
     let mut session = recording(&coord, &ws, true).await;
     let reaper = coord.spawn_session_reaper(Duration::from_secs(1));
     clock.advance(SESSION_CAP_MS);
     assert_eq!(session.ended().await, SessionEnd::Capped);
-    assert_eq!(coord.snapshot(&ws).session, None);
+    assert_eq!(snapshot(&coord, &ws).await.session, None);
     // The reaper holds only a weak reference: it stops once the coordinator is gone.
     drop(session);
     drop(coord);
     reaper.await.unwrap();
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn ending_a_session_releases_its_claims() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
     let session = recording(&coord, &ws, true).await;
-    assert_eq!(coord.snapshot(&ws).session.unwrap().phase, SessionPhase::Live);
+    assert_eq!(snapshot(&coord, &ws).await.session.unwrap().phase, SessionPhase::Live);
     let queued = spawn_run(&coord, &ws, Operation::new("stop runtime"), Claim::write(Runtime));
     until_waiting(&coord, &ws, "stop runtime").await;
     let mut watcher = session;
@@ -1052,21 +1164,23 @@ async fn ending_a_session_releases_its_claims() {
         tokio::spawn(async move {
             let why = watcher.ended().await;
             drop(watcher);
-            (why, coord.snapshot(&ws).session)
+            (why, snapshot(&coord, &ws).await.session)
         })
     };
     // The owner is told how it ended when a teardown (Stop) ends it.
-    assert!(coord.end_session(&ws));
+    coord.end_session(&ws);
     let (why, slot) = ended.await.unwrap();
     assert_eq!((why, slot), (SessionEnd::TornDown, None));
     until_holding(&coord, &ws, "stop runtime").await;
     queued.finish().await.unwrap();
-    assert!(!coord.end_session(&ws));
+    // Ending it again finds no session.
+    coord.end_session(&ws);
+    assert_eq!(snapshot(&coord, &ws).await.session, None);
 }
 
 // --- Nesting --------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn a_nested_operation_on_the_same_app_is_refused_by_name() {
     let (coord, _) = coordinator();
     let ws = app("ws-1");
@@ -1100,7 +1214,7 @@ async fn a_nested_operation_on_the_same_app_is_refused_by_name() {
     assert!(matches!(nested, Err(OperationError::NestedOperation { outer, .. }) if outer == "recording"));
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn nested_operations_may_only_take_greater_apps() {
     let (coord, _) = coordinator();
     let (a, b, c) = (app("ws-a"), app("ws-b"), app("ws-c"));
@@ -1118,7 +1232,7 @@ async fn nested_operations_may_only_take_greater_apps() {
 
 // --- with_lock ------------------------------------------------------------------------------------
 
-#[tokio::test]
+#[actix_rt::test]
 async fn with_lock_runs_callers_of_one_key_one_at_a_time_in_arrival_order() {
     let (coord, _) = coordinator();
     let order: Arc<Mutex<Vec<usize>>> = Arc::default();
@@ -1145,17 +1259,19 @@ async fn with_lock_runs_callers_of_one_key_one_at_a_time_in_arrival_order() {
         until("caller reached the lock", || *arrived.lock().unwrap()).await;
         tokio::task::yield_now().await;
     }
-    assert_eq!(*order.lock().unwrap(), [0]);
-    assert_eq!(coord.active_lock_keys(), 1);
+    // The first caller's grant travels back through the mailbox; the later callers stay queued.
+    until("the first caller holds the key", || *order.lock().unwrap() == [0]).await;
+    assert_eq!(coord.active_lock_keys().await.unwrap(), 1);
+    assert_eq!(*order.lock().unwrap(), [0], "later callers wait for the key");
     for (tx, join) in finishers.into_iter().zip(joins) {
         tx.send(()).unwrap();
         join.await.unwrap().unwrap();
     }
     assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
-    assert_eq!(coord.active_lock_keys(), 0, "unused keys are pruned");
+    assert_eq!(coord.active_lock_keys().await.unwrap(), 0, "unused keys are pruned");
 }
 
-#[tokio::test]
+#[actix_rt::test]
 async fn with_lock_keys_are_independent_and_refuse_nesting_on_the_same_key() {
     let (coord, _) = coordinator();
     let out = coord
@@ -1178,5 +1294,5 @@ async fn with_lock_keys_are_independent_and_refuse_nesting_on_the_same_key() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(coord.active_lock_keys(), 0);
+    assert_eq!(coord.active_lock_keys().await.unwrap(), 0);
 }

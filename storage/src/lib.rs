@@ -35,5 +35,5 @@ pub use error::{Error, Result};
 pub use generation::Generation;
 pub use handle::StorageHandle;
 pub use memory::MemoryStore;
-pub use sqlite::{SqliteStore, Synchronous};
+pub use sqlite::{SqliteStore, Synchronous, WriteLockProbe};
 pub use store::RunStore;

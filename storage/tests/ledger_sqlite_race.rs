@@ -4,7 +4,8 @@
 //! Two `SqliteStore` handles on the same database file, in two threads released by one `Barrier`, race
 //! `reclaim` over the same set of expired rows, round after round. A third handle plays the dead
 //! generation that admitted the rows, then the zombie whose writes after the reclaim must be refused
-//! `Fenced` and change nothing on disk (read back through a fresh handle).
+//! `Fenced` and change nothing on disk (read back through a fresh read-only handle, which can write
+//! nothing itself).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -127,7 +128,7 @@ fn two_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_winne
         // database — read through a fresh handle — holds exactly what the winner left.
         let z = &ids[0];
         let winner = if ta.contains(z) { GEN_A } else { GEN_B };
-        let mut reader = open(&path);
+        let mut reader = SqliteStore::open_read_only(&path).expect("open a reader");
         let row_before = reader.get_live(z).unwrap().expect("row");
         let events_before = reader.live_events(z, 0, 100).unwrap();
         assert_eq!(dead.append(z, DEAD, &[ev(2, "zombie")]).unwrap(), Err(Refusal::Fenced { run_id: z.clone() }));
@@ -139,7 +140,7 @@ fn two_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_winne
         }))
         .unwrap();
         assert_eq!(dead.finish(z, DEAD, &rec, None, at + 1).unwrap(), Err(Refusal::Fenced { run_id: z.clone() }));
-        let mut reader = open(&path);
+        let mut reader = SqliteStore::open_read_only(&path).expect("open a reader");
         assert_eq!(reader.get_live(z).unwrap(), Some(row_before.clone()), "round {round}: zombie changed the row");
         assert_eq!(row_before.owner_gen, winner);
         assert_eq!(reader.live_events(z, 0, 100).unwrap(), events_before);

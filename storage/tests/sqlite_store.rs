@@ -262,3 +262,149 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
     assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2, "no part of the refused step");
     assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap().map(|e| e.len()), Some(1));
 }
+
+/// A database file's identity for "was it written?": its bytes, its schema stamp and its mtime.
+fn fingerprint(path: &std::path::Path) -> (Vec<u8>, i64, std::time::SystemTime) {
+    let bytes = std::fs::read(path).expect("read the file");
+    // The stamp lives in the header: bytes 60..64, big-endian (SQLite file format §1.3).
+    let version = i32::from_be_bytes(bytes[60..64].try_into().unwrap()) as i64;
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    (bytes, version, mtime)
+}
+
+/// Build a database as an older build left it: migrations `1..=version` only, then `setup` (raw SQL of
+/// that version's shape), closed cleanly (WAL checkpointed away, as a stopped server leaves it).
+fn old_database(path: &std::path::Path, version: usize, setup: &str) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    for (i, sql) in storage::sqlite::schema::MIGRATIONS[..version].iter().enumerate() {
+        conn.execute_batch(sql).unwrap();
+        conn.pragma_update(None, "user_version", (i + 1) as i64).unwrap();
+    }
+    conn.execute_batch(setup).unwrap();
+}
+
+#[test]
+fn a_read_only_store_reads_the_current_schema_and_never_writes_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    {
+        let mut s = open(&path);
+        s.put(&record("a", 3), None, NOW).unwrap();
+        s.put(&record("b", 1), None, NOW).unwrap();
+    }
+    let before = fingerprint(&path);
+    assert_eq!(before.1, storage::sqlite::schema::current_version());
+    let mut r = SqliteStore::open_read_only(&path).expect("open read-only");
+    assert_eq!(r.schema_version().unwrap(), storage::sqlite::schema::current_version());
+    assert_eq!(r.get("a", NOW).unwrap(), Some(record("a", 3)));
+    assert_eq!(r.list(&ListQuery::visible_to(VisibilityFilter::All), NOW).unwrap().items.len(), 2);
+    assert_eq!(r.events("a", 1, None, NOW).unwrap().unwrap().events.len(), 2);
+    let rows: Vec<(&str, u64)> = r.rows_of_run("a").unwrap().into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(rows, [("runs", 1), ("run_events", 3)]);
+    // Writes are refused at the connection and change nothing.
+    assert!(matches!(r.put(&record("c", 1), None, NOW), Err(Error::Sqlite(_))));
+    assert!(matches!(r.delete("a"), Err(Error::Sqlite(_))));
+    drop(r);
+    assert!(before == fingerprint(&path), "the file's bytes, stamp or mtime changed");
+    assert_eq!(open(&path).get("a", NOW).unwrap(), Some(record("a", 3)), "the data is still there");
+}
+
+#[test]
+fn a_read_only_store_reads_an_older_schema_as_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    // Version 1: history only — no live_runs (which `get` and `events` consult), no plans.
+    let summary = serde_json::to_string(&record("old", 2).head).unwrap();
+    old_database(
+        &path,
+        1,
+        &format!(
+            "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key, channel_visibility,
+                status, event_count, bytes, digest, stored_at, summary_json)
+             VALUES ('old', {NOW}, {}, NULL, 'C1', 'U1', 'C1:t', 'public', 'completed', 2, 100, 'd', {NOW}, '{summary}');
+             INSERT INTO run_events (run_id, seq, json) VALUES
+                ('old', 1, '{{\"type\":\"note\",\"seq\":1,\"at\":{NOW},\"summary\":\"s\"}}'),
+                ('old', 2, '{{\"type\":\"note\",\"seq\":2,\"at\":{NOW},\"summary\":\"s\"}}');",
+            NOW - 10
+        ),
+    );
+    let before = fingerprint(&path);
+    assert_eq!(before.1, 1);
+    let mut r = SqliteStore::open_read_only(&path).expect("an older schema opens");
+    assert_eq!(r.schema_version().unwrap(), 1, "read as is, not migrated");
+    assert_eq!(r.get("old", NOW).unwrap(), Some(record("old", 2)));
+    assert_eq!(r.get_summary("old", NOW).unwrap().map(|i| i.head.id), Some("old".to_owned()));
+    assert_eq!(r.events("old", 1, None, NOW).unwrap().unwrap().events.len(), 1);
+    let page = r.list(&ListQuery::visible_to(VisibilityFilter::All), NOW).unwrap();
+    assert_eq!(page.items.iter().map(|i| i.head.id.as_str()).collect::<Vec<_>>(), ["old"]);
+    // The ledger's tables read as empty where the old version had none.
+    use storage::ledger::RunLedger;
+    assert_eq!(r.list_live().unwrap(), vec![]);
+    assert_eq!(r.get_live("old").unwrap(), None);
+    let rows: Vec<(&str, u64)> = r.rows_of_run("old").unwrap().into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(rows, [("runs", 1), ("run_events", 2)]);
+    drop(r);
+    assert!(before == fingerprint(&path), "reading a version-1 file changed it");
+
+    // Version 3: plan_requests without the columns migration 4 added; they read as their defaults.
+    let path = dir.path().join("v3.db");
+    old_database(
+        &path,
+        3,
+        "INSERT INTO plan_requests (request_id, plan_id, revision, snapshot_id, state, created_at)
+         VALUES ('q1', 'p1', 1, 's1', 'pending', 5);",
+    );
+    let before = fingerprint(&path);
+    let mut r = SqliteStore::open_read_only(&path).expect("a version-3 file opens");
+    assert_eq!(r.schema_version().unwrap(), 3);
+    assert_eq!(r.get("nothing", NOW).unwrap(), None);
+    use storage::plan::PlanStore;
+    let id = storage::plan::RequestId::parse("q1").unwrap();
+    let q = r.get_request(&id).unwrap().expect("the request reads");
+    assert_eq!((q.request_id, q.holder), (id, None), "no holder column in version 3: none recorded");
+    drop(r);
+    assert!(before == fingerprint(&path), "reading a version-3 file changed it");
+}
+
+#[test]
+fn a_read_only_store_refuses_a_newer_schema_a_missing_file_and_a_foreign_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    open(&path).put(&record("kept", 1), None, NOW).unwrap();
+    rusqlite::Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+    let before = fingerprint(&path);
+    let err = SqliteStore::open_read_only(&path).unwrap_err();
+    let supported = storage::sqlite::schema::current_version();
+    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported), "{err:?}");
+    assert!(err.to_string().contains("99"), "{err}");
+    assert!(before == fingerprint(&path));
+
+    // A missing file is an error naming it, and is not created.
+    let missing = dir.path().join("nope").join("missing.db");
+    let err = SqliteStore::open_read_only(&missing).unwrap_err();
+    assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+    assert!(!missing.exists() && !missing.parent().unwrap().exists());
+
+    // A SQLite file without a Switchboard schema is refused, not read as empty.
+    let foreign = dir.path().join("foreign.db");
+    rusqlite::Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE x (y)").unwrap();
+    let err = SqliteStore::open_read_only(&foreign).unwrap_err();
+    assert!(err.to_string().contains("schema version 0"), "{err}");
+}
+
+#[test]
+fn the_write_lock_probe_sees_a_held_lock_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let mut s = open(&path);
+    let probe = storage::WriteLockProbe::open(&path, std::time::Duration::from_millis(20)).unwrap();
+    assert!(probe.is_free().unwrap());
+    s.begin_group().unwrap();
+    assert!(!probe.is_free().unwrap(), "a writer inside BEGIN IMMEDIATE holds the lock");
+    s.end_group(true).unwrap();
+    assert!(probe.is_free().unwrap());
+    let missing = dir.path().join("missing.db");
+    assert!(storage::WriteLockProbe::open(&missing, std::time::Duration::ZERO).is_err());
+    assert!(!missing.exists());
+}

@@ -5,6 +5,12 @@
 //! restart) may open the same file: WAL lets readers proceed, every transaction is `BEGIN IMMEDIATE` and
 //! `busy_timeout` makes a writer wait up to 5 s before `SQLITE_BUSY` becomes a transient error.
 //!
+//! Only this crate opens connections (SPEC §1.2). Besides the writer ([`SqliteStore::open`], which
+//! creates and migrates), it offers two that never change the file: [`SqliteStore::open_read_only`] (the
+//! CLI's `--db` reads, any schema version up to this build's, never migrated) and [`WriteLockProbe`]
+//! (whether some process holds the write lock right now). The raw connection is reachable only under the
+//! `test-hooks` feature, which this crate's own integration tests enable.
+//!
 //! # Design
 //! Retention is applied on read. The kept set is always a newest-first prefix of the in-cutoff rows (age,
 //! then `maxRuns`, then `maxBytes` are all prefix cuts of one total order), so it is described by a
@@ -19,9 +25,9 @@ mod plan;
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 
-use crate::Result;
+use crate::{Error, Result};
 
 pub use runs::Kept;
 
@@ -99,14 +105,76 @@ impl SqliteStore {
         Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
     }
 
+    /// Open an existing database for reading only (the CLI's `--db`, SPEC §8.2): never created, never
+    /// migrated, never written.
+    ///
+    /// - a missing file is an error naming the path (nothing is created);
+    /// - a schema newer than this build is refused by name ([`Error::SchemaTooNew`]); a file with no
+    ///   Switchboard schema at all (version 0) is refused too;
+    /// - an older schema is read as is: tables and columns added since its version read as empty
+    ///   stand-ins in the connection's own `temp` schema ([`schema::stand_ins`]) — a version-1 file has
+    ///   no live runs — so every read of the current code works against it.
+    ///
+    /// The connection is opened `SQLITE_OPEN_READ_ONLY` and set `query_only`: a write method answers an
+    /// error and changes nothing. SQLite itself may create the empty `-wal`/`-shm` companions a reader of
+    /// a WAL database needs (when the directory is writable); the database file is never touched.
+    pub fn open_read_only(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            return Err(Error::Unavailable(format!("no database at {}", path.display())));
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let supported = schema::current_version();
+        if found > supported {
+            return Err(Error::SchemaTooNew { found, supported });
+        }
+        if found == 0 {
+            return Err(Error::Unavailable(format!(
+                "{} holds no switchboard schema (schema version 0)",
+                path.display()
+            )));
+        }
+        // Stand-ins live in memory, never beside the file; they must exist before `query_only`.
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
+        if found < supported {
+            schema::stand_ins(&conn)?;
+        }
+        conn.pragma_update(None, "query_only", true)?;
+        Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
+    }
+
     /// The schema version on disk.
     pub fn schema_version(&self) -> Result<i64> {
         Ok(self.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
     }
 
-    /// The connection, for tests that inspect query plans or inject faults.
+    /// The connection, for this crate's tests that inspect query plans or inject faults. Behind the
+    /// `test-hooks` feature (enabled by the crate's dev-dependency on itself): nothing outside the storage
+    /// crate runs SQL of its own (SPEC §1.2).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn connection(&mut self) -> &mut Connection {
         &mut self.conn
+    }
+
+    /// How many rows each per-run table holds for `run_id`, table by table (read-only forensics: what a
+    /// kill or a retention trim left behind, without SQL outside this crate). Tables an older schema lacks
+    /// count 0 on a read-only store.
+    pub fn rows_of_run(&mut self, run_id: &str) -> Result<Vec<(&'static str, u64)>> {
+        const TABLES: [&str; 9] = [
+            "runs", "run_events", "live_runs", "run_steps", "transcript", "run_inbox", "run_jobs", "admit_receipts",
+            "deletion_fences",
+        ];
+        let tx = self.read()?;
+        let mut out = Vec::with_capacity(TABLES.len());
+        for table in TABLES {
+            let n: i64 = tx.query_row(&format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?1"), [run_id], |r| r.get(0))?;
+            out.push((table, n.max(0) as u64));
+        }
+        Ok(out)
     }
 
     /// The 32-byte capability secret created at the first migration (hex).
@@ -167,5 +235,47 @@ impl SqliteStore {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
         Ok(done?)
+    }
+}
+
+/// Whether some connection holds the write lock of a database file right now — what a test that pauses
+/// a server process (`SIGSTOP`) checks first, so the paused process does not stall every writer.
+///
+/// Holds one connection opened read-write but never created (a missing file is an error naming it). A
+/// probe takes the write lock with `BEGIN IMMEDIATE` and rolls back at once: it writes nothing.
+#[derive(Debug)]
+pub struct WriteLockProbe {
+    conn: Connection,
+}
+
+impl WriteLockProbe {
+    /// Open a probe on `path`; a probe waits up to `wait` for the lock before calling it held.
+    pub fn open(path: &Path, wait: Duration) -> Result<Self> {
+        if !path.is_file() {
+            return Err(Error::Unavailable(format!("no database at {}", path.display())));
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(wait)?;
+        Ok(WriteLockProbe { conn })
+    }
+
+    /// `true` when the write lock could be taken (and was released again) within the wait; `false` when
+    /// another connection holds it.
+    pub fn is_free(&self) -> Result<bool> {
+        match self.conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;") {
+            Ok(()) => Ok(true),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(e.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) =>
+            {
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }

@@ -4,6 +4,9 @@
 //! `user_version` bump, so a failing step leaves the previous version intact. A database stamped with a
 //! version newer than [`MIGRATIONS`] knows is refused by name ([`Error::SchemaTooNew`]); it is never
 //! opened for writing by an older build.
+//!
+//! A read-only store never migrates: it reads an older file as is, with [`stand_ins`] for what the
+//! older version lacks.
 
 use rusqlite::Connection;
 
@@ -140,4 +143,64 @@ pub fn migrate(conn: &mut Connection) -> Result<i64> {
         tracing::info!(version = i + 1, "migrated database schema");
     }
     Ok(found)
+}
+
+/// Give a read-only connection to an older database the shape of the current schema without writing the
+/// file: in the connection's own `temp` schema (searched before `main` for unqualified names), every
+/// table a later migration added becomes an empty table of the current shape, and every table that has
+/// gained columns since becomes a view over the file's table that adds them with their declared default
+/// (or NULL). A version-1 file so reads as "no live runs, no plans", and a read written against the
+/// current schema needs no version checks of its own.
+///
+/// The current shape comes from running [`MIGRATIONS`] on an in-memory database, so the migrations stay
+/// the one definition of the schema. Call before `query_only` is set.
+pub(crate) fn stand_ins(conn: &Connection) -> Result<()> {
+    let current = Connection::open_in_memory()?;
+    for sql in MIGRATIONS {
+        current.execute_batch(sql)?;
+    }
+    let tables: Vec<(String, String)> = current
+        .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (name, sql) in tables {
+        let have: Vec<(String, Option<String>)> = columns(conn, &name)?;
+        if have.is_empty() {
+            // Added after the file's version: an empty table of the current shape.
+            let rest = sql
+                .strip_prefix("CREATE TABLE")
+                .ok_or_else(|| Error::corrupt("schema", format!("unexpected definition of {name}: {sql}")))?;
+            conn.execute_batch(&format!("CREATE TEMP TABLE{rest}"))?;
+            continue;
+        }
+        let want = columns(&current, &name)?;
+        if want.iter().all(|(c, _)| have.iter().any(|(h, _)| h == c)) {
+            continue;
+        }
+        // Columns added after the file's version: read as their default.
+        let select: Vec<String> = want
+            .iter()
+            .map(|(c, default)| {
+                if have.iter().any(|(h, _)| h == c) {
+                    quote(c)
+                } else {
+                    format!("{} AS {}", default.as_deref().unwrap_or("NULL"), quote(c))
+                }
+            })
+            .collect();
+        conn.execute_batch(&format!("CREATE TEMP VIEW {q} AS SELECT {} FROM main.{q}", select.join(", "), q = quote(&name)))?;
+    }
+    Ok(())
+}
+
+/// The columns of `main.<table>` with their declared defaults (SQL text); empty when it does not exist.
+fn columns(conn: &Connection, table: &str) -> Result<Vec<(String, Option<String>)>> {
+    Ok(conn
+        .prepare("SELECT name, dflt_value FROM pragma_table_info(?1, 'main') ORDER BY cid")?
+        .query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
 }

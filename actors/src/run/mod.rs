@@ -1,0 +1,575 @@
+//! `RunActor`: one run, from admission (or adoption) to its final record, driven by messages.
+//!
+//! What happens next is decided by the pure state machine in [`machine`] (`transition(&RunState, &Msg)
+//! -> (RunState, Vec<Effect>)`); this actor is its shell: it executes each [`machine::Effect`] — storage
+//! writes through the storage actor, publishing, tool dispatch, the reply, timers — and each effect's
+//! completion comes back to it as a message ([`Step`], [`Done`]), as do the news from outside
+//! ([`StopRequest`], [`Fenced`], [`Killed`], [`DrainRun`], [`HeartbeatNews`]). At most one effect runs at
+//! a time, so one run's storage writes never interleave; a hard stop or a fence drops a model call or
+//! tool calls in flight (their futures are cancelled; a late answer is discarded by its epoch).
+//!
+//! | message | sender → handler | carries | answers |
+//! |---|---|---|---|
+//! | [`Step`] | the run itself → run | — (the shell adds the deadline check) | — |
+//! | [`Done`] | an effect of the run → run | the effect's answer (`Launched`, `ModelDone`, `StepWritten`, `InboxRead`, `ToolsDone`, `HandedOff`, `Finishing`, `Replied`, `Finish`, `Panicked`) | — |
+//! | [`StopRequest`] | supervisor → run | mode, who asked (already committed to the ledger) | — |
+//! | [`Fenced`] | supervisor → run | why (handed off past the drain budget) | — |
+//! | [`Killed`] | supervisor → run | — (the deletion fence is written) | — |
+//! | [`DrainRun`] | supervisor → run | — | — |
+//! | [`HeartbeatNews`] | heartbeat → run | a stop another generation requested, or a fence | — |
+//! | [`RunEnded`] | run → supervisor | the [`StopReason`] and any successor run the finish admitted | — |
+//!
+//! # The run, in order (SPEC §5.2)
+//! admitted (attaching row + `run_meta`/`input` in the admit transaction, registry row; the thread slot)
+//! → tombstone → promote (claim with prompt and tools) → seed turns + step-0 record → steps (model call,
+//! then the transcript turns, the step's events and its record with the calls in flight in one commit,
+//! then the tools) → final status → finishing gate → answer + webhook → final record through the
+//! ledger's finish, which admits one successor run for unread follow-ups → workspace release.
+//!
+//! Invariants:
+//! - a step's turns and record are durable before its tools run;
+//! - after a fence nothing more from this process reaches the thread: no answer, no webhook, no record;
+//! - a detached run (a ledger write failed permanently) keeps running best-effort but is never resumed.
+
+pub mod machine;
+mod record;
+mod work;
+
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture};
+use futures_util::FutureExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use storage::ledger::decisions::ResumePoint;
+use storage::ledger::{InboxItem, LiveRow, StepRecord, StopMode, Turn};
+use storage::record::RunStatus;
+use storage::{Clock, Generation, StorageHandle};
+
+use crate::agent::{self, Agent, AssistantTurn, ToolResult};
+use crate::flusher::{Flusher, Push};
+use crate::heartbeat::{Heartbeat, HeartbeatNews, Track, Untrack};
+use crate::history::HistoryWriter;
+use crate::registry::{Registry, RunMeta};
+use crate::tools::Toolbox;
+use machine::{Effect, End, Msg, RunState, Written};
+pub use record::{admitted_successor, assemble_record, build_record, close_row, meta_from_row, RecordExtras};
+use work::{Delivery, Gate, Launched, Run};
+
+/// An admitted message, as saved in `meta.request` and replayed by a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    pub thread: String,
+    pub channel: String,
+    pub user: String,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility: Option<String>,
+}
+
+impl Request {
+    pub fn thread_key(&self) -> String {
+        format!("{}:{}", self.channel, self.thread)
+    }
+}
+
+/// A configured agent with its budget and system prompt.
+#[derive(Clone)]
+pub struct AgentEntry {
+    pub agent: Arc<dyn Agent>,
+    pub budget_ms: i64,
+    pub system: String,
+}
+
+/// Everything a run needs from the process; cloned into each run.
+#[derive(Clone)]
+pub struct RunDeps {
+    pub gen: Generation,
+    pub storage: StorageHandle,
+    pub registry: Registry,
+    pub flusher: Addr<Flusher>,
+    pub heartbeat: Addr<Heartbeat>,
+    pub history: HistoryWriter,
+    pub agents: Arc<std::collections::HashMap<String, AgentEntry>>,
+    pub tools: Arc<Toolbox>,
+    pub data_dir: PathBuf,
+    pub lease_ms: i64,
+    pub webhook_url: Option<String>,
+    pub http: reqwest::Client,
+    pub clock: Arc<dyn Clock>,
+    pub tokens: crate::token::TokenMinter,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Resource claims on run workspaces (an app = a run's workspace).
+    pub operations: crate::operations::OperationCoordinator,
+    pub on_ended: actix::Recipient<RunEnded>,
+}
+
+/// Who asked for a stop, as published on `stop_requested`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StopActor {
+    pub kind: String,
+    pub id: String,
+}
+
+impl StopActor {
+    /// Sanitize the id to `^[A-Za-z0-9:@._-]{1,128}$`, else `unknown` (SPEC §5.6).
+    pub fn new(kind: &str, id: &str) -> Self {
+        let ok = (1..=128).contains(&id.len())
+            && id.chars().all(|c| c.is_ascii_alphanumeric() || ":@._-".contains(c));
+        StopActor { kind: kind.to_owned(), id: if ok { id.to_owned() } else { "unknown".to_owned() } }
+    }
+}
+
+/// How a run starts.
+#[allow(clippy::large_enum_variant)] // one per run, moved once: boxing buys nothing
+pub enum Launch {
+    /// Admitted here: the `attaching` row, the registry row and `run_meta`/`input` exist.
+    Fresh {
+        id: String,
+        meta: RunMeta,
+        request: Request,
+        started_at: i64,
+    },
+    /// Continue a row this generation owns from its transcript (SPEC §6.2).
+    Resume(Adoption),
+    /// Re-run an `attaching` row from its saved request under the same id and start (SPEC §6.3); with
+    /// `from_gen: None`, a successor run a finish admitted here, started for the first time.
+    Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
+}
+
+/// What a resume adopts.
+pub struct Adoption {
+    pub row: LiveRow,
+    pub last_step: StepRecord,
+    pub transcript: Vec<Turn>,
+    pub events: Vec<Value>,
+    pub point: ResumePoint,
+    pub from_gen: String,
+}
+
+/// Why a run actor stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopReason {
+    Finished(RunStatus),
+    Fenced,
+    /// Handed to the next generation at a step boundary by a drain.
+    HandedOff,
+    /// Storage stayed unavailable past `lease_ms` (SPEC §5.2 step 7): the supervisor re-adopts the row at
+    /// the first sweep that storage answers.
+    StorageLost,
+    HardStopped,
+    Panicked(String),
+}
+
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct RunEnded {
+    pub run_id: String,
+    pub reason: StopReason,
+    /// The successor run the finish admitted here for follow-ups this run never read (its `attaching` row
+    /// and first events): the supervisor launches it.
+    pub successor: Option<(LiveRow, Vec<Value>)>,
+}
+
+
+/// How a run's task ended: why, and the successor run its finish admitted here, if any.
+type Ended = (StopReason, Option<(LiveRow, Vec<Value>)>);
+
+/// The process handed the run to the next generation past the drain budget: stop at once, write
+/// nothing more (the ending of a fence).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Fenced {
+    /// Why, for the log.
+    pub why: &'static str,
+}
+
+/// The run was killed (its deletion fence is written): stop at once as fenced; the supervisor purges.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Killed;
+
+/// The process drains: hand the run off at its next step boundary (SPEC §6.4).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct DrainRun;
+
+/// The run's own step boundary: the shell checks the deadline and asks the machine what next.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Step;
+
+/// An effect's answer, sent by the effect to its run when it completes.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Done {
+    /// The effect's epoch: an answer of an effect aborted since is discarded.
+    epoch: u64,
+    what: Completion,
+}
+
+enum Completion {
+    Launched(Launched),
+    ModelDone { items: Vec<InboxItem>, reply: Result<AssistantTurn, String>, ms: u64 },
+    StepWritten(Option<storage::Result<storage::ledger::Outcome<()>>>),
+    InboxRead(Vec<InboxItem>),
+    ToolsDone { results: Vec<ToolResult>, ms: u64 },
+    HandedOff(bool),
+    Finishing(Gate),
+    Replied(Delivery),
+    Finish(Option<(LiveRow, Vec<Value>)>),
+    Panicked(String),
+}
+
+pub struct RunActor {
+    id: String,
+    deps: RunDeps,
+    launch: Option<Launch>,
+    state: RunState,
+    /// The run's working data, from its launch on.
+    run: Option<Box<Run>>,
+    /// The effect in flight, and its epoch.
+    in_flight: Option<SpawnHandle>,
+    epoch: u64,
+    /// Who asked for the stop being announced.
+    stop_actor: Option<StopActor>,
+}
+
+impl RunActor {
+    pub fn new(deps: RunDeps, launch: Launch) -> Self {
+        let id = match &launch {
+            Launch::Fresh { id, .. } => id.clone(),
+            Launch::Resume(a) => a.row.run_id.clone(),
+            Launch::Restart { row, .. } => row.run_id.clone(),
+        };
+        RunActor { id, deps, launch: Some(launch), state: RunState::starting(), run: None, in_flight: None, epoch: 0, stop_actor: None }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Hand `msg` to the state machine and execute the effects it answers.
+    fn apply(&mut self, msg: Msg, ctx: &mut Context<Self>) {
+        let (next, effects) = machine::transition(&self.state, &msg);
+        self.state = next;
+        for effect in effects {
+            self.execute(effect, ctx);
+        }
+    }
+
+    /// Run `fut` as the effect in flight; its answer comes back as [`Done`]. A panic inside it is
+    /// caught at this boundary and becomes [`StopReason::Panicked`].
+    fn spawn<F>(&mut self, ctx: &mut Context<Self>, fut: F, done: fn(F::Output) -> Completion)
+    where
+        F: std::future::Future + 'static,
+    {
+        let epoch = self.epoch;
+        let span = tracing::info_span!("run", run_id = %self.id, generation = self.deps.gen.as_str());
+        let fut = tracing::Instrument::instrument(AssertUnwindSafe(fut).catch_unwind(), span);
+        let handle = ctx.spawn(fut.into_actor(self).map(move |out, _act, ctx| {
+            let what = match out {
+                Ok(v) => done(v),
+                Err(panic) => Completion::Panicked(
+                    panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into()),
+                ),
+            };
+            ctx.notify(Done { epoch, what });
+        }));
+        self.in_flight = Some(handle);
+    }
+
+    fn run(&mut self) -> &mut Run {
+        self.run.as_mut().expect("effects after the launch have the run's data")
+    }
+
+    fn execute(&mut self, effect: Effect, ctx: &mut Context<Self>) {
+        match effect {
+            Effect::NextStep => ctx.notify(Step),
+            Effect::CallModel => {
+                let fut = self.run().call_model();
+                self.spawn(ctx, fut, |(items, reply, ms)| Completion::ModelDone { items, reply, ms });
+            }
+            Effect::WriteStep => {
+                let run = self.run();
+                if run.current.as_ref().is_some_and(|t| !t.calls.is_empty()) {
+                    let event = json!({"type": "assistant", "text": run.current.as_ref().map(|t| t.text.clone()), "step": run.step});
+                    run.publish_in_step(event);
+                }
+                let (turns, calls) = run.take_step_turns();
+                match run.durable_step(turns, &calls) {
+                    Some(write) => self.spawn(ctx, write, Completion::StepWritten),
+                    None => ctx.notify(Done { epoch: self.epoch, what: Completion::StepWritten(Some(Ok(Ok(())))) }),
+                }
+            }
+            Effect::ReadInbox => {
+                let fut = self.run().read_inbox();
+                self.spawn(ctx, fut, Completion::InboxRead);
+            }
+            Effect::RunTools => {
+                let fut = self.run().run_tools();
+                self.spawn(ctx, fut, |(results, ms)| Completion::ToolsDone { results, ms });
+            }
+            Effect::AbortInFlight => {
+                self.epoch += 1;
+                if let Some(handle) = self.in_flight.take() {
+                    ctx.cancel_future(handle);
+                }
+            }
+            Effect::AnnounceStop(mode) => {
+                self.deps.registry.set_stop(&self.id, mode);
+                let mut event = json!({"type": "stop_requested", "mode": mode.as_str()});
+                if let Some(actor) = self.stop_actor.take() {
+                    event["actor"] = json!(actor);
+                }
+                publish(&self.deps, &self.id, event, self.run.as_ref().is_none_or(|r| r.tracked()));
+            }
+            Effect::Note(kind) => self.run().note(kind, "the run's time budget ran out"),
+            Effect::PublishFailure(message) => {
+                let event = json!({"type": "run_failed", "message": work::summarize(&message)});
+                match self.run.as_ref() {
+                    Some(run) => run.publish(event),
+                    None => {
+                        publish(&self.deps, &self.id, event, true);
+                    }
+                }
+            }
+            Effect::HandOff => {
+                let fut = self.run().hand_off();
+                self.spawn(ctx, fut, Completion::HandedOff);
+            }
+            Effect::Gate { status, answer } => {
+                let fut = self.run().finishing_gate(status, answer);
+                self.spawn(ctx, fut, Completion::Finishing);
+            }
+            Effect::Reply { status, answer } => {
+                let fut = self.run().deliver(status, answer);
+                self.spawn(ctx, fut, Completion::Replied);
+            }
+            Effect::Record { status } => {
+                let fut = self.run().record(status);
+                self.spawn(ctx, fut, Completion::Finish);
+            }
+            Effect::End(end) => self.end(end, None, ctx),
+        }
+    }
+
+    /// The run is over: tell the supervisor and stop.
+    fn end(&mut self, end: End, successor: Option<(LiveRow, Vec<Value>)>, ctx: &mut Context<Self>) {
+        let reason = match end {
+            End::Finished(status) => {
+                self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
+                tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), status = status.as_str(), "run finished; workspace released");
+                StopReason::Finished(status)
+            }
+            End::Fenced => {
+                if let Some(run) = self.run.as_mut() {
+                    run.fence();
+                }
+                self.deps.registry.discard(&self.id);
+                StopReason::Fenced
+            }
+            End::HandedOff => {
+                self.deps.registry.discard(&self.id);
+                self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
+                StopReason::HandedOff
+            }
+            End::StorageLost => StopReason::StorageLost,
+        };
+        self.finish_actor(reason, successor, ctx);
+    }
+
+    fn finish_actor(&mut self, reason: StopReason, successor: Option<(LiveRow, Vec<Value>)>, ctx: &mut Context<Self>) {
+        // The heartbeat never renews a run whose actor is gone; a re-adoption tracks it again.
+        self.deps.heartbeat.do_send(Untrack(self.id.clone()));
+        self.deps.on_ended.do_send(RunEnded { run_id: self.id.clone(), reason, successor });
+        ctx.stop();
+    }
+}
+
+impl Actor for RunActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let launch = self.launch.take().expect("a run actor starts once");
+        // The heartbeat starts with the run (at the reservation for a fresh run, at once for an adoption).
+        self.deps.heartbeat.do_send(Track { run_id: self.id.clone(), gen: self.deps.gen.as_str().to_owned(), news: ctx.address().recipient() });
+        let deps = self.deps.clone();
+        let fut = async move {
+            match launch {
+                Launch::Fresh { id, meta, request, started_at } => work::fresh(deps, id, meta, request, started_at).await,
+                Launch::Resume(adoption) => work::resume(deps, adoption).await,
+                Launch::Restart { row, events, from_gen } => work::restart(deps, row, events, from_gen).await,
+            }
+        };
+        self.spawn(ctx, fut, Completion::Launched);
+    }
+}
+
+impl Handler<Step> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Step, ctx: &mut Context<Self>) {
+        let past_deadline = self.run.as_ref().is_some_and(|r| r.now() >= r.deadline);
+        self.apply(Msg::Step { past_deadline }, ctx);
+    }
+}
+
+impl Handler<Done> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, done: Done, ctx: &mut Context<Self>) {
+        if done.epoch != self.epoch {
+            return; // the answer of an effect aborted since
+        }
+        self.in_flight = None;
+        let msg = match done.what {
+            Completion::Panicked(what) => {
+                tracing::error!(run_id = %self.id, generation = self.deps.gen.as_str(), "run panicked");
+                return self.finish_actor(StopReason::Panicked(what), None, ctx);
+            }
+            Completion::Launched(Launched::Over((reason, successor))) => return self.finish_actor(reason, successor, ctx),
+            Completion::Launched(Launched::Run(run, started)) => {
+                self.state.last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+                self.run = Some(run);
+                Msg::Started(started)
+            }
+            Completion::ModelDone { items, reply, ms } => {
+                let run = self.run();
+                run.fold(items);
+                run.step += 1;
+                run.iteration += 1;
+                run.model_ms += ms;
+                run.model_calls += 1;
+                match reply {
+                    Ok(turn) => {
+                        let msg = Msg::ModelAnswered { text: turn.text.clone(), calls: turn.calls.len() };
+                        run.current = Some(turn);
+                        msg
+                    }
+                    Err(why) => Msg::ModelFailed(why),
+                }
+            }
+            Completion::StepWritten(answer) => {
+                let run = self.run();
+                Msg::StepWritten(run.settle("step record", answer))
+            }
+            Completion::InboxRead(items) => {
+                let run = self.run();
+                let unread = items.len();
+                if unread > 0 {
+                    // The answer turn is not the end: show it, then the follow-ups become a turn.
+                    let text = run.current.as_ref().map(|t| t.text.clone()).unwrap_or_default();
+                    run.publish(json!({"type": "assistant", "text": text, "step": run.step}));
+                    run.fold(items);
+                }
+                Msg::Inbox { unread }
+            }
+            Completion::ToolsDone { results, ms } => {
+                let run = self.run();
+                run.tool_ms += ms;
+                run.tool_calls += results.len() as u64;
+                run.pending = Some(agent::results_turn(&results, &[]));
+                run.current = None;
+                Msg::ToolsDone
+            }
+            Completion::HandedOff(ok) => Msg::HandedOff(ok),
+            Completion::Finishing(Gate::Answer(written)) => Msg::Gate(written),
+            Completion::Finishing(Gate::Detach(why)) => {
+                self.run().detach("finishing", why);
+                Msg::Gate(Written::Ok)
+            }
+            Completion::Replied(Delivery::Killed) => Msg::Replied { killed: true, failed: false },
+            Completion::Replied(Delivery::Sent(reply)) => {
+                let failed = reply.as_ref().is_some_and(|(ok, _)| !ok);
+                self.run().reply = reply;
+                Msg::Replied { killed: false, failed }
+            }
+            Completion::Finish(successor) => {
+                let (next, effects) = machine::transition(&self.state, &Msg::Recorded);
+                self.state = next;
+                for effect in effects {
+                    match effect {
+                        Effect::End(end) => return self.end(end, successor, ctx),
+                        other => self.execute(other, ctx),
+                    }
+                }
+                return;
+            }
+        };
+        self.apply(msg, ctx);
+    }
+}
+
+impl Handler<StopRequest> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: StopRequest, ctx: &mut Context<Self>) {
+        self.stop_actor = Some(msg.actor);
+        self.apply(Msg::Stop(msg.mode), ctx);
+    }
+}
+
+impl Handler<Fenced> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Fenced, ctx: &mut Context<Self>) {
+        tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), why = msg.why, "fenced; nothing more is written");
+        self.apply(Msg::Fenced, ctx);
+    }
+}
+
+impl Handler<Killed> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Killed, ctx: &mut Context<Self>) {
+        tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), "killed; nothing more is written");
+        self.apply(Msg::Fenced, ctx);
+    }
+}
+
+impl Handler<DrainRun> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: DrainRun, ctx: &mut Context<Self>) {
+        self.apply(Msg::Drain, ctx);
+    }
+}
+
+impl Handler<HeartbeatNews> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: HeartbeatNews, ctx: &mut Context<Self>) {
+        match msg {
+            HeartbeatNews::Stop(mode) => self.apply(Msg::Stop(mode), ctx),
+            HeartbeatNews::Fenced => self.apply(Msg::Fenced, ctx),
+        }
+    }
+}
+
+/// A stop for this run (already committed to the ledger by the caller).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct StopRequest {
+    pub mode: StopMode,
+    pub actor: StopActor,
+}
+
+/// Publish an event to the registry and, when `durable`, to the flusher for the ledger.
+pub(crate) fn publish(deps: &RunDeps, id: &str, event: Value, durable: bool) -> Option<Value> {
+    let stamped = deps.registry.publish(id, event)?;
+    if durable {
+        deps.flusher.do_send(Push { run_id: id.to_owned(), gen: deps.gen.as_str().to_owned(), event: stamped.clone() });
+    }
+    Some(stamped)
+}
+

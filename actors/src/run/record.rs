@@ -1,0 +1,139 @@
+//! Record assembly (the one place a run's record is built) and closing a row without running it.
+
+use serde_json::{json, Value};
+use storage::ledger::{LiveRow, Successor};
+use storage::record::{fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES};
+
+use super::{Ended, RunDeps, StopReason};
+use crate::registry::RunMeta;
+
+/// The parts of a record besides its identity, events and counts.
+#[derive(Debug, Clone, Default)]
+pub struct RecordExtras {
+    pub provisional: bool,
+    pub reply: Option<(bool, Option<String>)>,
+    pub diagnosis: Option<Value>,
+    pub step_count: Option<u64>,
+}
+
+/// Assemble, validate and fit a record (the one place a record is built): the registry's snapshot at a
+/// finish, or a reclaimed row's meta and live events at a close.
+#[allow(clippy::too_many_arguments)]
+pub fn assemble_record(
+    id: &str,
+    meta: &RunMeta,
+    started_at: i64,
+    finished_at: i64,
+    status: RunStatus,
+    events: Vec<Value>,
+    event_count: u64,
+    truncated: bool,
+    extras: RecordExtras,
+) -> Option<RunRecord> {
+    let m = meta;
+    let mut v = json!({
+        "id": id, "label": m.label, "agent": m.agent, "model": m.model, "channelId": m.channel_id,
+        "userId": m.user_id, "threadKey": m.thread_key, "channelVisibility": m.channel_visibility.as_str(),
+        "startedAt": started_at, "finishedAt": finished_at, "status": status.as_str(),
+        "eventCount": event_count, "storedEventCount": events.len(), "truncated": truncated,
+        "events": events, "diagnosis": extras.diagnosis.unwrap_or_else(|| json!({"byCategory": {}})),
+    });
+    if let Some(p) = &m.parent_run_id {
+        v["parentRunId"] = json!(p);
+    }
+    if extras.provisional {
+        v["provisional"] = json!(true);
+    } else {
+        v["sealedAt"] = json!(finished_at);
+    }
+    if let Some(n) = extras.step_count {
+        v["stepCount"] = json!(n);
+    }
+    if let Some((ok, note)) = extras.reply {
+        v["replyOk"] = json!(ok);
+        if let Some(n) = note {
+            v["replyNote"] = json!(n);
+        }
+    }
+    match validate_record(&v) {
+        Ok(r) => Some(fit_record_to_budget(&r, MAX_RECORD_BYTES)),
+        Err(e) => {
+            tracing::error!(run_id = id, error = %e, "built an invalid record; not written");
+            None
+        }
+    }
+}
+
+/// A record from the registry's snapshot of the run.
+pub fn build_record(deps: &RunDeps, id: &str, status: RunStatus, finished_at: i64, extras: RecordExtras) -> Option<RunRecord> {
+    let (row, events) = deps.registry.snapshot(id)?;
+    assemble_record(id, &row.meta, row.started_at, finished_at, status, events, row.event_count, row.truncated, extras)
+}
+
+/// The run identity saved in a ledger row's `meta_json`.
+pub fn meta_from_row(row: &LiveRow) -> RunMeta {
+    let s = |k: &str| row.meta.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    RunMeta {
+        agent: s("agent"),
+        model: s("model"),
+        label: s("label"),
+        thread_key: row.thread_key.clone(),
+        channel_id: s("channelId"),
+        user_id: s("userId"),
+        channel_visibility: storage::record::ChannelVisibility::parse(&s("channelVisibility")).unwrap_or_default(),
+        parent_run_id: row.meta.get("parentRunId").and_then(Value::as_str).map(str::to_owned),
+    }
+}
+
+/// The successor run a finish (or close) admitted under this generation: its `attaching` row and first
+/// events, for the supervisor to launch. A crash before the launch leaves it to a reclaim's restart.
+pub async fn admitted_successor(deps: &RunDeps, id: &str) -> Option<(LiveRow, Vec<Value>)> {
+    let row = deps.storage.get_live(id.to_owned()).await.ok()??;
+    if row.owner_gen != deps.gen.as_str() || row.phase != storage::ledger::Phase::Attaching {
+        return None;
+    }
+    let events = deps.storage.live_events(id.to_owned(), 0, usize::MAX >> 1).await.ok()??;
+    Some((row, events))
+}
+
+/// Close a row this generation holds that cannot run (its agent is not configured here, its request is
+/// unreadable): `interrupted`, naming why, so no sweep relaunches it.
+pub(super) async fn close_unstartable(deps: &RunDeps, row: &LiveRow, events: Vec<Value>, reason: &str) -> Ended {
+    tracing::error!(run_id = %row.run_id, generation = deps.gen.as_str(), reason, "closing a run that cannot start here");
+    deps.registry.discard(&row.run_id);
+    match close_row(deps, row, events, RunStatus::Interrupted, reason).await {
+        Ok(successor) => (StopReason::Finished(RunStatus::Interrupted), successor),
+        Err(e) => {
+            tracing::warn!(run_id = %row.run_id, error = %e, "close failed; the supervisor retries it");
+            (StopReason::StorageLost, None)
+        }
+    }
+}
+
+/// Close a row with a record built from the row and its live events, through the finish transaction
+/// (`eventCount` = last seq, `finishedAt` = now), which admits the successor for its unread inbox
+/// (SPEC §5.2 step 8); answers that successor when it was admitted here.
+pub async fn close_row(
+    deps: &RunDeps,
+    row: &LiveRow,
+    mut events: Vec<Value>,
+    status: RunStatus,
+    reason: &str,
+) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
+    let meta = meta_from_row(row);
+    let now = deps.clock.now_ms();
+    let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
+    let record = assemble_record(&row.run_id, &meta, row.started_at, now, status, events, last + 1, false, Default::default())
+        .ok_or("the row does not make a valid record")?;
+    let successor = Successor { run_id: uuid::Uuid::now_v7().to_string(), lease_ms: deps.lease_ms, inbox_consumed: None };
+    let successor_id = successor.run_id.clone();
+    match deps.storage.finish(deps.gen.as_str().to_owned(), record, None, Some(successor)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(run_id = %row.run_id, generation = deps.gen.as_str(), status = status.as_str(), reason, "closed a run");
+            Ok(admitted_successor(deps, &successor_id).await)
+        }
+        Ok(Err(refusal)) => Err(refusal.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
