@@ -138,17 +138,14 @@ impl ChildServer {
     /// continue briefly and try again. The probe waits up to 50 ms for the lock, so a lock another
     /// (running) process holds for one transaction does not count against the paused one.
     pub fn pause_outside_transaction(&self, db: &Path) -> anyhow::Result<()> {
-        let probe = rusqlite::Connection::open(db)?;
-        probe.busy_timeout(Duration::from_millis(50))?;
+        let probe = storage::WriteLockProbe::open(db, Duration::from_millis(50))?;
         for _ in 0..200 {
             self.signal("-STOP")?;
-            match probe.execute_batch("BEGIN IMMEDIATE; ROLLBACK;") {
-                Ok(()) => return Ok(()),
-                Err(_) => {
-                    self.signal("-CONT")?;
-                    std::thread::sleep(Duration::from_millis(3));
-                }
+            if probe.is_free().unwrap_or(false) {
+                return Ok(());
             }
+            self.signal("-CONT")?;
+            std::thread::sleep(Duration::from_millis(3));
         }
         anyhow::bail!("the process kept holding the write lock")
     }

@@ -39,6 +39,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub delivery: DeliveryConfig,
     pub plan: PlanConfig,
+    pub supervisor: SupervisorSettings,
     /// Where this configuration came from, for error messages (not a key).
     #[serde(skip)]
     pub source: String,
@@ -59,6 +60,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             delivery: DeliveryConfig::default(),
             plan: PlanConfig::default(),
+            supervisor: SupervisorSettings::default(),
             source: "<defaults>".into(),
         }
     }
@@ -246,6 +248,21 @@ impl Default for PlanConfig {
     }
 }
 
+/// `[supervisor]`: the restart policy (SPEC §1.1). A run re-adopted (after a panic or lost storage) more
+/// than `max_restarts` times within `window_ms` closes `failed`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisorSettings {
+    pub max_restarts: u32,
+    pub window_ms: u64,
+}
+
+impl Default for SupervisorSettings {
+    fn default() -> Self {
+        SupervisorSettings { max_restarts: 1, window_ms: 600_000 }
+    }
+}
+
 impl Config {
     /// Load `path` (or the embedded default when `None`), apply environment overrides, validate.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -366,6 +383,9 @@ impl Config {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 return Err(self.bad("delivery.webhook_url", "must start with http:// or https://"));
             }
+        }
+        if self.supervisor.window_ms == 0 {
+            return Err(self.bad("supervisor.window_ms", "must be positive"));
         }
         if self.plan.max_concurrent == 0 {
             return Err(self.bad("plan.max_concurrent", "must be positive"));

@@ -200,7 +200,10 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         draining: draining.clone(),
         metrics: metrics.clone(),
         operations: operations.clone(),
-        restart_policy: Default::default(),
+        restart_policy: actors::supervisor::RestartPolicy {
+            max_restarts: config.supervisor.max_restarts,
+            window_ms: config.supervisor.window_ms as i64,
+        },
     }));
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
     let report = supervisor

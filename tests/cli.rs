@@ -112,8 +112,9 @@ async fn runs_kill_deletes_through_the_api() {
     let keep = app.start_run("t2", "steps=1 ms=0").await;
     app.final_record(&keep).await;
     // Before: the record and its events are there, through the API and on disk.
-    let (code, _) = app.get_json(&format!("/api/runs/{id}"), None).await;
-    assert_eq!(code, 200);
+    for path in [format!("/api/runs/{id}"), format!("/api/runs/{id}/events")] {
+        assert_eq!(app.get_json(&path, None).await.0, 200, "{path}");
+    }
     let before = rows_left(&app.db_path(), &id);
     assert!(before.contains(&("runs", 1)), "{before:?}");
     assert!(before.contains(&("run_events", record.events.len() as u64)), "{before:?}");
@@ -122,7 +123,7 @@ async fn runs_kill_deletes_through_the_api() {
     assert!(ok, "{err}");
     assert!(out.contains("killing"), "{out}");
 
-    // After: 404 through the API (the record, its events, its stream) …
+    // After: 404 through the API (the record, with or without its events, and its event pages) …
     for path in [format!("/api/runs/{id}"), format!("/api/runs/{id}?include=events"), format!("/api/runs/{id}/events")] {
         assert_eq!(app.get_json(&path, None).await.0, 404, "{path}");
     }

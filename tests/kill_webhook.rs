@@ -107,7 +107,7 @@ const ROW_GONE: u8 = 3;
 /// Queue one watch job on the storage thread (see the module docs). `first` marks the job that arms it.
 fn watch(storage: StorageHandle, run_id: String, state: Arc<AtomicU8>, first: bool) {
     let next = storage.clone();
-    let job = storage.transact(move |b, now| {
+    let job = storage.transact_for_test(move |b, now| {
         match b.get_live(&run_id)? {
             Some(row) if row.phase == Phase::Finishing => {
                 if first {

@@ -1,10 +1,11 @@
 //! `Heartbeat`: renews the leases of the runs this process owns.
 //!
-//! Owns the set of tracked runs (run id → generation, the run's stop recipient, the stop modes already
-//! relayed). Every `heartbeat_ms` it calls the ledger's `heartbeat` for each: the lease moves to
-//! `now + lease_ms`; a stop any generation requested is relayed to the run once per mode; a fenced or
-//! unknown-run answer tells the run it is fenced and stops tracking it. A storage error is logged and
-//! retried at the next tick (lease expiry alone never fences).
+//! Owns the set of tracked runs (run id → generation, the stop modes already relayed). Every
+//! `heartbeat_ms` it calls the ledger's `heartbeat` for each: the lease moves to `now + lease_ms`; a stop
+//! any generation requested is reported once per mode; a fenced or unknown-run answer is reported and the
+//! run is no longer tracked. Reports go to the supervisor ([`RunNews`]), the one fan-out point that tells
+//! run actors (SPEC §1.1). A storage error is logged and retried at the next tick (lease expiry alone
+//! never fences).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,12 +24,20 @@ pub enum HeartbeatNews {
     Fenced,
 }
 
+/// News about one run, for the supervisor to pass on.
+#[derive(Message, Debug, Clone, PartialEq)]
+#[rtype(result = "()")]
+pub struct RunNews {
+    pub run_id: String,
+    pub news: HeartbeatNews,
+}
+
+/// Renew this run's lease from now on.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Track {
     pub run_id: String,
     pub gen: String,
-    pub news: Recipient<HeartbeatNews>,
 }
 
 #[derive(Message)]
@@ -37,7 +46,6 @@ pub struct Untrack(pub String);
 
 struct Tracked {
     gen: String,
-    news: Recipient<HeartbeatNews>,
     relayed: Vec<StopMode>,
 }
 
@@ -46,11 +54,13 @@ pub struct Heartbeat {
     every: Duration,
     lease_ms: i64,
     runs: HashMap<String, Tracked>,
+    /// Where news goes: the supervisor.
+    report: Recipient<RunNews>,
 }
 
 impl Heartbeat {
-    pub fn new(storage: StorageHandle, every: Duration, lease_ms: i64) -> Self {
-        Heartbeat { storage, every, lease_ms, runs: HashMap::new() }
+    pub fn new(storage: StorageHandle, every: Duration, lease_ms: i64, report: Recipient<RunNews>) -> Self {
+        Heartbeat { storage, every, lease_ms, runs: HashMap::new(), report }
     }
 }
 
@@ -85,11 +95,11 @@ impl Actor for Heartbeat {
                         HeartbeatNews::Stop(mode) if t.relayed.contains(&mode) => {}
                         HeartbeatNews::Stop(mode) => {
                             t.relayed.push(mode);
-                            t.news.do_send(HeartbeatNews::Stop(mode));
+                            act.report.do_send(RunNews { run_id, news: HeartbeatNews::Stop(mode) });
                         }
                         HeartbeatNews::Fenced => {
-                            t.news.do_send(HeartbeatNews::Fenced);
                             act.runs.remove(&run_id);
+                            act.report.do_send(RunNews { run_id, news: HeartbeatNews::Fenced });
                         }
                     }
                 }));
@@ -104,7 +114,7 @@ impl Handler<Track> for Heartbeat {
     type Result = ();
 
     fn handle(&mut self, msg: Track, _ctx: &mut Context<Self>) {
-        self.runs.insert(msg.run_id, Tracked { gen: msg.gen, news: msg.news, relayed: Vec::new() });
+        self.runs.insert(msg.run_id, Tracked { gen: msg.gen, relayed: Vec::new() });
     }
 }
 
@@ -138,18 +148,22 @@ mod tests {
     const WITNESS_GEN: &str = "20260101T000000Z-00000003";
     const EVERY: Duration = Duration::from_millis(10);
 
-    /// Stands in for a run actor: forwards the heartbeat's news to the test.
-    struct Probe(mpsc::UnboundedSender<HeartbeatNews>);
+    type Routes = Arc<std::sync::Mutex<HashMap<String, mpsc::UnboundedSender<HeartbeatNews>>>>;
+
+    /// Stands in for the supervisor: passes each run's news to that run's channel in the test.
+    struct Probe(Routes);
 
     impl Actor for Probe {
         type Context = Context<Self>;
     }
 
-    impl Handler<HeartbeatNews> for Probe {
+    impl Handler<RunNews> for Probe {
         type Result = ();
 
-        fn handle(&mut self, msg: HeartbeatNews, _ctx: &mut Context<Self>) {
-            let _ = self.0.send(msg);
+        fn handle(&mut self, msg: RunNews, _ctx: &mut Context<Self>) {
+            if let Some(tx) = self.0.lock().unwrap().get(&msg.run_id) {
+                let _ = tx.send(msg.news);
+            }
         }
     }
 
@@ -157,6 +171,7 @@ mod tests {
         storage: StorageHandle,
         clock: ManualClock,
         heartbeat: Addr<Heartbeat>,
+        routes: Routes,
     }
 
     impl Fixture {
@@ -178,15 +193,17 @@ mod tests {
                 let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: LEASE };
                 storage.claim((*id).into(), (*gen).into(), p).await.unwrap().unwrap();
             }
-            let heartbeat = Heartbeat::new(storage.clone(), EVERY, LEASE).start();
-            Fixture { storage, clock, heartbeat }
+            let routes = Routes::default();
+            let report = Probe(routes.clone()).start().recipient();
+            let heartbeat = Heartbeat::new(storage.clone(), EVERY, LEASE, report).start();
+            Fixture { storage, clock, heartbeat, routes }
         }
 
         /// Track `id` for `gen`; answers the receiving end of its news.
         async fn track(&self, id: &str, gen: &str) -> mpsc::UnboundedReceiver<HeartbeatNews> {
             let (tx, rx) = mpsc::unbounded_channel();
-            let news = Probe(tx).start().recipient();
-            self.heartbeat.send(Track { run_id: id.into(), gen: gen.into(), news }).await.unwrap();
+            self.routes.lock().unwrap().insert(id.into(), tx);
+            self.heartbeat.send(Track { run_id: id.into(), gen: gen.into() }).await.unwrap();
             rx
         }
 

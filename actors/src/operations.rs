@@ -26,25 +26,32 @@
 //! `oneshot` the message carries. All of them are handled by the coordinator actor, which first ends
 //! the sessions past their cap.
 //!
-//! | message              | sent by                                                     | carries                                                        | answers                                                       |
-//! |----------------------|-------------------------------------------------------------|----------------------------------------------------------------|---------------------------------------------------------------|
-//! | `Acquire`            | `acquire`, `acquire_many`, `run`, `run_many`, `DeletionHandle::run` | app, entry (id, operation, claims, bypass flag), admission path, other apps to check in the same step | grant: `Ok(granted_at)` once granted, or the refusal at once |
-//! | `Release`            | a guard's or a pending request's `Drop`                     | app, entry id                                                  | —                                                             |
-//! | `CloseAdmission`     | `close_admission`                                           | app, fence id                                                  | `Ok` or `DeletionInProgress`                                  |
-//! | `Reopen`             | `AdmissionFence` / `DeletionHandle` `Drop`                  | app, fence id (ignored unless it still closes the app)         | —                                                             |
-//! | `Drain`              | `AdmissionFence::drain`                                     | app                                                            | `()` once nothing admitted is left                            |
-//! | `ReserveSession`     | `reserve_session`                                           | app, session id, operation, claims, bypass flag, `ended` watch | `Ok` or the refusal                                           |
-//! | `StartSession`       | `SessionReservation::start`                                 | app, session id, entry id                                      | grant: `Ok(granted_at)`, or `SessionCancelled`                |
-//! | `EndSession`         | `end_session` (any session), a reservation's or session's `Drop` (only its own id) | app, optional session id                | — (the owner learns why through `ended`)                      |
-//! | `CheckSession`       | `SessionReservation::check`, `Session::is_live`             | app, session id                                                | whether it is still the app's session                         |
-//! | `RefuseIfSession`    | `refuse_if_session`                                         | app, claims, action                                            | `Ok` or `RefusedBySession`                                    |
-//! | `BlockSessionStart`  | `block_session_start`                                       | app, block id, reason                                          | —                                                             |
-//! | `UnblockSessionStart`| `SessionStartBlock` `Drop`                                  | app, block id                                                  | —                                                             |
-//! | `ExpireSessions`     | `expire_sessions`, the session reaper                       | —                                                              | —                                                             |
-//! | `GetSnapshot`        | `snapshot`                                                  | app                                                            | [`AppSnapshot`]                                               |
-//! | `Lock`               | `with_lock`                                                 | key, lock id                                                   | grant `()` once it holds the key                              |
-//! | `Unlock`             | `with_lock`'s lease `Drop`                                  | key, lock id                                                   | —                                                             |
-//! | `GetLockKeyCount`    | `active_lock_keys`                                          | —                                                              | keys held or awaited                                          |
+//! Each entry: sender → what it carries → what it answers (— for none).
+//! - `Acquire`: `acquire`, `acquire_many`, `run`, `run_many`, `DeletionHandle::run` → app, entry (id,
+//!   operation, claims, bypass flag), admission path (ordinary, or a deletion fence), the later apps of
+//!   a cross-app operation to admission-check in the same step → grant: `Ok(granted_at)` once granted,
+//!   or the refusal at once;
+//! - `Release`: `Drop` of a guard or of a pending request's ticket → app, entry id → —;
+//! - `CloseAdmission`: `close_admission` → app, fence id → `Ok` or `DeletionInProgress`;
+//! - `Reopen`: `Drop` of `AdmissionFence` / `DeletionHandle` → app, fence id (ignored unless it still
+//!   closes the app) → —;
+//! - `Drain`: `AdmissionFence::drain` → app → `()` once nothing admitted is left;
+//! - `ReserveSession`: `reserve_session` → app, session id, operation, claims, bypass flag, the `ended`
+//!   watch → `Ok`, or `AdmissionClosed` / `SessionStartBlocked` / `SessionActive`;
+//! - `StartSession`: `SessionReservation::start` → app, session id, entry id → grant:
+//!   `Ok(granted_at)`, or `SessionCancelled`;
+//! - `EndSession`: `end_session` (any session: teardown), `Drop` of a reservation or session (only its
+//!   own id) → app, optional session id → — (the owner learns why through `ended`);
+//! - `CheckSession`: `SessionReservation::check`, `Session::is_live` → app, session id → whether it is
+//!   still the app's session;
+//! - `RefuseIfSession`: `refuse_if_session` → app, claims, action → `Ok` or `RefusedBySession`;
+//! - `BlockSessionStart` / `UnblockSessionStart`: `block_session_start` / `Drop` of its token → app,
+//!   block id (and reason) → —;
+//! - `ExpireSessions`: `expire_sessions`, the session reaper → nothing → —;
+//! - `GetSnapshot`: `snapshot` → app → [`AppSnapshot`];
+//! - `Lock` / `Unlock`: `with_lock` / `Drop` of its lease → key, lease id → `Lock`: grant `()` once the
+//!   lease holds the key;
+//! - `GetLockKeyCount`: `active_lock_keys` → nothing → how many keys are held or awaited.
 //!
 //! # Conflicts
 //!
@@ -61,10 +68,10 @@
 //!
 //! An operation's claims on one app:
 //!
-//! | state   | means to others                                        | leaves by                             |
-//! |---------|--------------------------------------------------------|---------------------------------------|
-//! | waiting | holds nothing; later conflicting work queues behind it | granted whole, or cancelled (`Release`) |
-//! | holding | holds every claim it declared for this app             | guard dropped (`Release`), or granted to a waiter that was gone |
+//! | state   | means to others                                        | leaves by                                |
+//! |---------|--------------------------------------------------------|------------------------------------------|
+//! | waiting | holds nothing; later conflicting work queues behind it | granted whole, or cancelled (`Release`)  |
+//! | holding | holds every claim it declared for this app             | guard dropped (`Release`); waiter gone   |
 //!
 //! An app's admission (owner: whoever holds the fence, then the deletion handle):
 //!
@@ -567,7 +574,8 @@ impl OperationCoordinator {
     }
 
     /// A consistent picture of one app, for tests, logs and debug endpoints: it reflects every message
-    /// sent before this call. Holders are listed in the order they were enqueued, waiters in queue order.
+    /// sent before this call. Holders are listed by request id (the order their requests were made),
+    /// waiters in queue order.
     pub async fn snapshot(&self, app: &AppId) -> Result<AppSnapshot, OperationError> {
         self.ask(|reply| GetSnapshot { app: app.clone(), reply }).await
     }
@@ -594,7 +602,7 @@ impl AppSnapshot {
         }
     }
 
-    /// Names of the operations holding claims, in enqueue order.
+    /// Names of the operations holding claims, in request order.
     pub fn holding_names(&self) -> Vec<&str> {
         self.holding.iter().map(|e| e.operation.as_str()).collect()
     }

@@ -302,8 +302,13 @@ impl Actor for Supervisor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let (config, tools) = self.parts.take().expect("a supervisor starts once");
         let flusher = Flusher::new(config.storage.clone(), self.config.metrics.event_batch_failures.clone()).start();
-        let heartbeat =
-            Heartbeat::new(config.storage.clone(), Duration::from_millis(config.heartbeat_ms), config.lease_ms).start();
+        let heartbeat = Heartbeat::new(
+            config.storage.clone(),
+            Duration::from_millis(config.heartbeat_ms),
+            config.lease_ms,
+            ctx.address().recipient(),
+        )
+        .start();
         self.deps = Some(RunDeps {
             gen: config.gen,
             storage: config.storage,
@@ -345,6 +350,20 @@ impl Handler<AdmitMessage> for Supervisor {
         }
         let slot = self.slot(&msg.request.thread_key(), ctx.address());
         Box::pin(async move { slot.send(msg).await.map_err(|e| AdmitError::Unavailable(e.to_string()))? })
+    }
+}
+
+/// The heartbeat's news about a run: the supervisor is the one fan-out point that tells run actors
+/// (SPEC §1.1). A fence for a run with no actor here ends its registry row.
+impl Handler<crate::heartbeat::RunNews> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: crate::heartbeat::RunNews, _ctx: &mut Context<Self>) {
+        match self.runs.get(&msg.run_id) {
+            Some(run) => run.do_send(msg.news),
+            None if msg.news == crate::heartbeat::HeartbeatNews::Fenced => self.deps().registry.discard(&msg.run_id),
+            None => {}
+        }
     }
 }
 

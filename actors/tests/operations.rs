@@ -927,7 +927,8 @@ async fn session_and_request_race() {
                 for _ in 0..session_yields {
                     tokio::task::yield_now().await;
                 }
-                let reservation = coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
+                let reservation =
+                    coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap();
                 let session = reservation.start().await.unwrap();
                 log.lock().unwrap().push("session live");
                 // Hold until the request is done; seeing it queued behind us is the window.
@@ -998,8 +999,13 @@ async fn block_session_start_refuses_starts_until_every_token_drops() {
     // With the token held, a preflight refusal is race-free.
     coord.refuse_if_session(&ws, &Claims::new().write(Repository), "restore").await.unwrap();
     drop(second);
-    let session =
-        coord.reserve_session(&ws, Operation::new("recording"), recording_claims()).await.unwrap().start().await.unwrap();
+    let session = coord
+        .reserve_session(&ws, Operation::new("recording"), recording_claims())
+        .await
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
     // A block taken while a session runs does not end it.
     let block = coord.block_session_start(&ws, "late");
     assert!(session.is_live().await);
@@ -1020,7 +1026,8 @@ async fn a_second_session_on_an_app_is_refused() {
         OperationError::SessionActive { app: ws.clone(), session: "recording".into() }
     );
     // Another app is independent.
-    let _other = coord.reserve_session(&app("ws-2"), Operation::new("test run"), Claim::write(TestFiles)).await.unwrap();
+    let _other =
+        coord.reserve_session(&app("ws-2"), Operation::new("test run"), Claim::write(TestFiles)).await.unwrap();
 }
 
 #[actix_rt::test]

@@ -58,8 +58,19 @@ impl StorageHandle {
         &self.clock
     }
 
+    /// A free-form transaction for tests that inject faults or orderings (the `test-hooks` feature);
+    /// everything else goes through the typed methods below.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub async fn transact_for_test<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
+    {
+        self.transact(f).await
+    }
+
     /// Run `f` as one transaction on the storage thread, with the handle's `now_ms`.
-    pub async fn transact<R, F>(&self, f: F) -> Result<R>
+    async fn transact<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,

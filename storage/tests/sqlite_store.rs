@@ -115,7 +115,7 @@ async fn a_panicking_transaction_is_an_error_and_the_actor_keeps_serving() {
     let spec = BackendSpec::Sqlite { path: dir.path().join("t.db"), synchronous: Synchronous::Normal };
     let h = StorageHandle::start(spec, std::sync::Arc::new(ManualClock::new(NOW)));
     h.put(record("r1", 1), None).await.unwrap();
-    let err = h.transact(|_, _| -> storage::Result<()> { panic!("boom") }).await.unwrap_err();
+    let err = h.transact_for_test(|_, _| -> storage::Result<()> { panic!("boom") }).await.unwrap_err();
     assert!(matches!(&err, Error::Panicked(m) if m == "boom"), "{err:?}");
     // The actor reopened its backend through the factory and still answers, data intact.
     assert!(h.get("r1".into()).await.unwrap().is_some());

@@ -15,9 +15,7 @@ use std::future::Future;
 use tokio::sync::oneshot;
 
 use super::actor::{CloseAdmission, Drain, Reopen};
-use super::{
-    Admission, Admit, AppId, Claims, Operation, OperationCoordinator, OperationError, OperationGuard, State,
-};
+use super::{Admission, Admit, AppId, Claims, Operation, OperationCoordinator, OperationError, OperationGuard, State};
 
 impl State {
     /// `CloseAdmission`: refused with `DeletionInProgress` when already closed.

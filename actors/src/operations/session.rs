@@ -113,10 +113,8 @@ impl State {
             a.queue.remove(entry);
             // Still queued: its start is told it was cancelled.
             if let Some(grant) = self.waiters.remove(&entry) {
-                let _ = grant.send(Err(OperationError::SessionCancelled {
-                    app: app.clone(),
-                    session: slot.operation.clone(),
-                }));
+                let _ = grant
+                    .send(Err(OperationError::SessionCancelled { app: app.clone(), session: slot.operation.clone() }));
             }
         }
         tracing::debug!(app = %app, session = %slot.operation, ?why, "session slot emptied");

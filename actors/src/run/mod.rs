@@ -16,7 +16,7 @@
 //! | [`Fenced`] | supervisor → run | why (handed off past the drain budget) | — |
 //! | [`Killed`] | supervisor → run | — (the deletion fence is written) | — |
 //! | [`DrainRun`] | supervisor → run | — | — |
-//! | [`HeartbeatNews`] | heartbeat → run | a stop another generation requested, or a fence | — |
+//! | [`HeartbeatNews`] | supervisor → run (from the heartbeat's [`crate::heartbeat::RunNews`]) | a stop another generation requested, or a fence | — |
 //! | [`RunEnded`] | run → supervisor | the [`StopReason`] and any successor run the finish admitted | — |
 //!
 //! # The run, in order (SPEC §5.2)
@@ -402,7 +402,7 @@ impl Actor for RunActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let launch = self.launch.take().expect("a run actor starts once");
         // The heartbeat starts with the run (at the reservation for a fresh run, at once for an adoption).
-        self.deps.heartbeat.do_send(Track { run_id: self.id.clone(), gen: self.deps.gen.as_str().to_owned(), news: ctx.address().recipient() });
+        self.deps.heartbeat.do_send(Track { run_id: self.id.clone(), gen: self.deps.gen.as_str().to_owned() });
         let deps = self.deps.clone();
         let fut = async move {
             match launch {

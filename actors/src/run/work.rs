@@ -78,6 +78,9 @@ pub(super) struct Run {
     /// The model's turn of the current step, from its answer until its tools ran.
     pub current: Option<AssistantTurn>,
     pub workspace: PathBuf,
+    /// What this incarnation writes into the workspace fence: the generation and a token of this actor,
+    /// so a task a panicked incarnation left behind is fenced out after the re-adoption (SPEC §1.1).
+    pub fence: String,
     pub model_ms: u64,
     pub model_calls: u64,
     pub tool_ms: u64,
@@ -89,7 +92,9 @@ pub(super) struct Run {
 impl Run {
     fn new(deps: RunDeps, id: String, meta: RunMeta, deadline: i64, agent: AgentEntry) -> Self {
         let workspace = crate::tools::workspace_dir(&deps.data_dir, &id);
+        let fence = format!("{}#{}", deps.gen.as_str(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
         Run {
+            fence,
             gen: deps.gen.as_str().to_owned(),
             tool_defs: deps.tools.defs(),
             system: agent.system.clone(),
@@ -462,7 +467,7 @@ pub(super) enum Delivery {
 struct ToolRunner {
     deps: RunDeps,
     id: String,
-    gen: String,
+    fence: String,
     workspace: PathBuf,
     step: u64,
     tracked: bool,
@@ -470,7 +475,7 @@ struct ToolRunner {
 
 impl ToolRunner {
     fn of(run: &Run) -> Self {
-        ToolRunner { deps: run.deps.clone(), id: run.id.clone(), gen: run.gen.clone(), workspace: run.workspace.clone(), step: run.step, tracked: run.tracked() }
+        ToolRunner { deps: run.deps.clone(), id: run.id.clone(), fence: run.fence.clone(), workspace: run.workspace.clone(), step: run.step, tracked: run.tracked() }
     }
 
     fn publish(&self, event: Value) {
@@ -485,7 +490,7 @@ impl ToolRunner {
             "summary": summarize(&call.args.to_string()), "step": self.step}));
         let output = match self.deps.tools.get(&call.tool) {
             Some(tool) => {
-                let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.gen.clone() };
+                let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.fence.clone() };
                 let claim = if tool.def().side_effect_free {
                     Claim::read(Resource::RepositoryWorktree)
                 } else {
@@ -611,7 +616,7 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
 async fn take_workspace(run: &Run, mode: crate::tools::TakeMode) -> Result<(), String> {
     let mut delay = WRITE_RETRY;
     loop {
-        match crate::tools::take_workspace_async(run.workspace.clone(), run.gen.clone(), mode).await {
+        match crate::tools::take_workspace_async(run.workspace.clone(), run.fence.clone(), mode).await {
             Ok(()) => return Ok(()),
             Err(crate::tools::WorkspaceError::Busy { .. }) => {
                 tracing::warn!(run_id = %run.id, generation = %run.gen, "workspace lock held by another owner; retrying");
