@@ -153,9 +153,6 @@ fn build_auth(config: &Config) -> anyhow::Result<web::AuthConfig> {
 /// [`start`] with a given toolbox (tests add tools of their own).
 pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
     let clock = storage::clock::system();
-    let generation = Generation::mint(clock.now_ms());
-    let span = tracing::info_span!("boot", generation = generation.as_str());
-    let _enter = span.enter();
     let spec = match config.storage.kind {
         config::StorageKind::Memory => BackendSpec::Memory(MemoryStore::new()),
         config::StorageKind::Sqlite => {
@@ -172,7 +169,6 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let loaded_at = clock.now_ms();
     let storage = StorageHandle::start(spec, clock.clone());
     storage.ping().await.context("start storage actor")?;
-    storage.record_generation(actors::host::this_process(generation.as_str(), loaded_at)).await.context("record the generation")?;
     let tokens = TokenMinter::new(&storage.capability_secret().await.context("read the capability secret")?);
     let draining = Arc::new(AtomicBool::new(false));
     let registry = Registry::new(clock.clone());
@@ -183,8 +179,8 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
     let data_dir = config.storage.path.parent().map(|p| p.to_path_buf()).unwrap_or_else(|| ".".into());
-    let supervisor = actix::Actor::start(Supervisor::new(SupervisorConfig {
-        gen: generation.clone(),
+    // The supervisor mints and owns this process's generation (its fencing token).
+    let supervisor = Supervisor::new(SupervisorConfig {
         storage: storage.clone(),
         registry: registry.clone(),
         history: history.clone(),
@@ -204,7 +200,12 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             max_restarts: config.supervisor.max_restarts,
             window_ms: config.supervisor.window_ms as i64,
         },
-    }));
+    });
+    let generation = supervisor.generation().clone();
+    let span = tracing::info_span!("boot", generation = generation.as_str());
+    let _enter = span.enter();
+    storage.record_generation(actors::host::this_process(generation.as_str(), loaded_at)).await.context("record the generation")?;
+    let supervisor = actix::Actor::start(supervisor);
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
     let report = supervisor
         .send(actors::supervisor::ReclaimPass { defer_launch: true })

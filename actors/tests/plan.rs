@@ -709,7 +709,7 @@ mod agent_provider {
     use actors::token::TokenMinter;
     use actors::tools::Toolbox;
     use storage::plan::{Card, Import, RequestState, Revision, TerminalReason};
-    use storage::{BackendSpec, Generation, StorageHandle, Synchronous};
+    use storage::{BackendSpec, StorageHandle, Synchronous};
 
     use super::{pid, settings, snap, ManualTimer};
 
@@ -735,9 +735,7 @@ mod agent_provider {
         );
         let secret = storage.capability_secret().await.expect("secret");
         let clock_for_ops = clock.clone();
-        let generation = Generation::mint(clock.now_ms());
         let supervisor = Supervisor::new(SupervisorConfig {
-            gen: generation.clone(),
             storage: storage.clone(),
             registry: registry.clone(),
             history: HistoryWriter::new(Arc::new(storage.clone()), None),
@@ -754,8 +752,9 @@ mod agent_provider {
             metrics: Arc::default(),
             operations: actors::operations::OperationCoordinator::new(clock_for_ops),
             restart_policy: Default::default(),
-        })
-        .start();
+        });
+        let generation = supervisor.generation().clone();
+        let supervisor = supervisor.start();
         let provider = AgentPlanProvider::new(supervisor, registry.clone(), None);
         let plans = PlanHandle::spawn(storage, generation, Arc::new(provider), Arc::new(ManualTimer::default()), settings(4));
         plans.import(Import { plan_id: pid("p1"), snapshot_id: snap("s1"), advance_revision: true }).await.expect("import");

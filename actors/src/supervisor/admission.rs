@@ -1,0 +1,188 @@
+//! Admission (SPEC §5.1): one `ThreadSlot` per thread with activity orders that thread's messages; the
+//! ledger's atomic `admit` decides.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture};
+use serde_json::{json, Value};
+use storage::ledger::{decisions, Admit, AdmitOutcome, ReceiptKey};
+use storage::record::ChannelVisibility;
+
+use crate::registry::RunMeta;
+use crate::run::{Launch, Request};
+
+use super::{LaunchRun, SlotShared, Supervisor};
+
+/// How long a keyed message waits for a finishing run to free its thread (SPEC §5.1).
+const BUSY_WAIT: Duration = Duration::from_secs(5);
+const BUSY_POLL: Duration = Duration::from_millis(100);
+
+/// A message to admit.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "Result<Admitted, AdmitError>")]
+pub struct AdmitMessage {
+    pub request: Request,
+    pub key: Option<ReceiptKey>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admitted {
+    Started { run_id: String, token: String },
+    Steered { run_id: String, seq: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdmitError {
+    #[error("the process is draining")]
+    Draining,
+    #[error("unknown agent {0:?}")]
+    UnknownAgent(String),
+    #[error("unknown visibility {0:?}")]
+    BadVisibility(String),
+    #[error("thread key {0:?} is not 1 to 256 characters")]
+    BadThread(String),
+    #[error("the idempotency key was used with another body")]
+    KeyConflict,
+    #[error("the thread's run is finishing")]
+    ThreadBusy,
+    #[error("the run id is fenced")]
+    Fenced,
+    #[error("the live run holds the most keyed messages it may ({})", storage::ledger::MAX_RECEIPTS_PER_RUN)]
+    ReceiptLimit,
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl Handler<AdmitMessage> for Supervisor {
+    type Result = ResponseFuture<Result<Admitted, AdmitError>>;
+
+    fn handle(&mut self, msg: AdmitMessage, ctx: &mut Context<Self>) -> Self::Result {
+        if self.config.draining.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(AdmitError::Draining) });
+        }
+        let slot = self.slot(&msg.request.thread_key(), ctx.address());
+        Box::pin(async move { slot.send(msg).await.map_err(|e| AdmitError::Unavailable(e.to_string()))? })
+    }
+}
+
+/// `ThreadSlot`: one per thread with activity; admits that thread's messages one at a time.
+pub struct ThreadSlot {
+    shared: Arc<SlotShared>,
+    supervisor: Addr<Supervisor>,
+}
+
+impl ThreadSlot {
+    pub(super) fn new(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>) -> Self {
+        ThreadSlot { shared, supervisor }
+    }
+}
+
+impl Actor for ThreadSlot {
+    type Context = Context<Self>;
+}
+
+impl Handler<AdmitMessage> for ThreadSlot {
+    type Result = AtomicResponse<Self, Result<Admitted, AdmitError>>;
+
+    fn handle(&mut self, msg: AdmitMessage, _ctx: &mut Context<Self>) -> Self::Result {
+        let shared = self.shared.clone();
+        let supervisor = self.supervisor.clone();
+        AtomicResponse::new(Box::pin(admit(shared, supervisor, msg).into_actor(self)))
+    }
+}
+
+/// Admission (SPEC §5.1): the ledger's atomic `admit`, then — only for a run it started — the registry
+/// row, `run_meta` and `input`, and the run actor.
+async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: AdmitMessage) -> Result<Admitted, AdmitError> {
+    let req = msg.request;
+    let thread_key = req.thread_key();
+    if !decisions::is_valid_thread_key(&thread_key) {
+        return Err(AdmitError::BadThread(thread_key));
+    }
+    let agent_name = req.agent.clone().unwrap_or_else(|| shared.default_agent.clone());
+    let agent = shared.agents.get(&agent_name).ok_or_else(|| AdmitError::UnknownAgent(agent_name.clone()))?;
+    let visibility = match req.visibility.as_deref() {
+        None => ChannelVisibility::Machine,
+        Some(v) => ChannelVisibility::parse(v).ok_or_else(|| AdmitError::BadVisibility(v.to_owned()))?,
+    };
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let meta = RunMeta {
+        agent: agent_name.clone(),
+        model: agent.agent.model().to_owned(),
+        label: storage::ledger::label_of(&req.text),
+        thread_key: thread_key.clone(),
+        channel_id: req.channel.clone(),
+        user_id: req.user.clone(),
+        channel_visibility: visibility,
+        parent_run_id: None,
+    };
+    let request = serde_json::to_value(&req).map_err(|e| AdmitError::Unavailable(e.to_string()))?;
+    let waited_since = shared.clock.now_ms();
+    loop {
+        let now = shared.clock.now_ms();
+        let mut meta_json = meta.event();
+        if let Value::Object(m) = &mut meta_json {
+            m.remove("type");
+            m.insert("deadline".into(), json!(now + agent.budget_ms));
+            m.insert("request".into(), request.clone());
+        }
+        let admit = Admit {
+            thread_key: thread_key.clone(),
+            gen: shared.gen.as_str().to_owned(),
+            run_id: run_id.clone(),
+            request: request.clone(),
+            meta: meta_json,
+            key: msg.key.clone(),
+            lease_ms: shared.lease_ms,
+        };
+        // `run_meta` and `input` (seqs 1 and 2) commit with the admission itself: a crash right after it
+        // still replays them, so a restarted run never loses (or repeats) its input (SPEC §5.2 step 2).
+        let first_events: Vec<Value> = [meta.event(), json!({"type": "input", "text": req.text, "source": "request"})]
+            .into_iter()
+            .zip(1u64..)
+            .map(|(mut event, seq)| {
+                event["seq"] = json!(seq);
+                event["at"] = json!(now);
+                storage::record::cap_event_for_publish(event)
+            })
+            .collect();
+        let outcome = shared
+            .storage
+            .admit_with_events(admit, first_events.clone(), now)
+            .await
+            .map_err(|e| AdmitError::Unavailable(e.to_string()))?;
+        return match outcome {
+            AdmitOutcome::Started { run_id: started } if started == run_id => {
+                let token = shared.tokens.mint(&run_id);
+                shared.registry.create(&run_id, meta.clone(), now, token.clone(), first_events, 3);
+                tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
+                shared.metrics.runs_started.fetch_add(1, Ordering::Relaxed);
+                supervisor.do_send(LaunchRun(Launch::Fresh {
+                    id: run_id.clone(),
+                    meta: meta.clone(),
+                    request: req.clone(),
+                    started_at: now,
+                }));
+                Ok(Admitted::Started { run_id, token })
+            }
+            // A keyed retry of an earlier admission: its answer, verbatim.
+            AdmitOutcome::Started { run_id } => Ok(Admitted::Started { token: shared.tokens.mint(&run_id), run_id }),
+            AdmitOutcome::Steered { run_id, seq } => {
+                tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), inbox_seq = seq, "steered into a live run");
+                Ok(Admitted::Steered { run_id, seq })
+            }
+            AdmitOutcome::Busy { .. } if now - waited_since < BUSY_WAIT.as_millis() as i64 => {
+                tokio::time::sleep(BUSY_POLL).await;
+                continue;
+            }
+            AdmitOutcome::Busy { .. } => Err(AdmitError::ThreadBusy),
+            AdmitOutcome::KeyConflict => Err(AdmitError::KeyConflict),
+            AdmitOutcome::Fenced => Err(AdmitError::Fenced),
+            AdmitOutcome::ReceiptLimit { .. } => Err(AdmitError::ReceiptLimit),
+        };
+    }
+}
+
+

@@ -1,0 +1,363 @@
+//! Recovery (SPEC §6.1): the boot reclaim and the periodic sweep, classification of taken rows, and the
+//! re-adoption of this generation's own rows that no actor drives.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+use serde_json::Value;
+use storage::ledger::{decisions, LiveRow, Phase};
+use storage::record::RunStatus;
+
+use crate::run::{self, Adoption, Launch, RunDeps};
+
+use super::kill::purge_killed;
+use super::Supervisor;
+
+impl Supervisor {
+    /// Re-adopt a row of this generation that no actor of this process drives (after a caught panic,
+    /// `StorageLost`, a failed launch or close; SPEC §6.1): planned exactly as a reclaim plans it, owner
+    /// unchanged. A row gone or owned elsewhere is dropped with its registry row; a row that still cannot
+    /// be taken stays an orphan, and after [`MAX_READOPT_FAILURES`] failed sweeps closes `interrupted`.
+    pub(super) fn readopt(&mut self, run_id: String, ctx: &mut Context<Self>) {
+        let deps = self.deps().clone();
+        let id = run_id.clone();
+        let fut = async move { plan_readoption(&deps, &id).await };
+        ctx.spawn(fut.into_actor(self).map(move |plan, act, ctx| match plan {
+            Ok(Readoption::Launch(launch)) => {
+                act.orphans.remove(&run_id);
+                if act.runs.contains_key(&run_id) {
+                    return; // an actor came back meanwhile
+                }
+                tracing::info!(run_id = %run_id, generation = act.deps().gen.as_str(), "re-adopting a run of this generation");
+                act.deps().metrics.reclaimed("readopted", 1);
+                act.launch(launch, ctx);
+            }
+            Ok(Readoption::Gone) => {
+                act.orphans.remove(&run_id);
+                if !act.runs.contains_key(&run_id) {
+                    act.deps().registry.discard(&run_id);
+                }
+            }
+            Ok(Readoption::Closed(successor)) => {
+                act.orphans.remove(&run_id);
+                act.launch_successor(successor, ctx);
+            }
+            Err(e) => {
+                let failures = act.orphans.entry(run_id.clone()).or_default();
+                *failures += 1;
+                tracing::warn!(run_id = %run_id, failures = *failures, error = %e, "re-adoption failed; retried at the next sweep");
+            }
+        }));
+    }
+
+}
+
+/// What a re-adoption found.
+pub(super) enum Readoption {
+    Launch(Launch),
+    /// The row is gone or owned elsewhere: nothing to drive.
+    Gone,
+    /// The row was closed (a deletion fence, or too many failed attempts); with its successor, if any.
+    Closed(Option<(LiveRow, Vec<Value>)>),
+}
+
+/// Most sweeps a row of this generation may fail to re-adopt before it closes `interrupted`.
+const MAX_READOPT_FAILURES: u32 = 3;
+
+/// Plan the re-adoption of this generation's own row, as a reclaim would plan it (SPEC §6.1).
+async fn plan_readoption(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
+    let s = &deps.storage;
+    let Some(row) = s.get_live(run_id.to_owned()).await.map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+    if row.owner_gen != deps.gen.as_str() || row.phase == Phase::Handoff {
+        return Ok(Readoption::Gone);
+    }
+    if s.is_killed(run_id.to_owned()).await.map_err(|e| e.to_string())? {
+        purge_killed(deps.clone(), run_id.to_owned()).await;
+        return Ok(Readoption::Closed(None));
+    }
+    let last_step = s.last_step(run_id.to_owned()).await.map_err(|e| e.to_string())?;
+    let transcript = s.read_transcript(run_id.to_owned()).await.map_err(|e| e.to_string())?;
+    let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let from_gen = Some(deps.gen.as_str().to_owned());
+    let has_request = row.meta.get("request").is_some_and(Value::is_object);
+    if row.phase == Phase::Attaching || last_step.is_none() {
+        if !has_request {
+            let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON).await?;
+            return Ok(Readoption::Closed(successor));
+        }
+        return Ok(Readoption::Launch(Launch::Restart { row, events, from_gen }));
+    }
+    let last_step = last_step.expect("checked above");
+    match decisions::completeness(transcript.len() as u64, Some(last_step.cursor())) {
+        Ok(point) => Ok(Readoption::Launch(Launch::Resume(Adoption {
+            row,
+            last_step,
+            transcript,
+            events,
+            point,
+            from_gen: deps.gen.as_str().to_owned(),
+        }))),
+        Err(reason) => Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?)),
+    }
+}
+
+/// Close an orphan that failed [`MAX_READOPT_FAILURES`] sweeps.
+async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
+    let s = &deps.storage;
+    let Some(row) = s.get_live(run_id.to_owned()).await.map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+    if row.owner_gen != deps.gen.as_str() {
+        return Ok(Readoption::Gone);
+    }
+    let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
+    Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, &why).await?))
+}
+
+// ---- Recovery: reclaim at boot and on a sweep (SPEC §6.1), drain as handoff (SPEC §6.4) ----
+
+/// One reclaim pass. At boot (`defer_launch`) the runs to resume are held until [`OpenIngress`].
+#[derive(Message)]
+#[rtype(result = "Result<ReclaimReport, String>")]
+pub struct ReclaimPass {
+    pub defer_launch: bool,
+}
+
+/// Ingress is open: launch the runs the boot reclaim adopted and start the periodic sweep.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct OpenIngress;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReclaimReport {
+    pub resumed: Vec<String>,
+    pub restarted: Vec<String>,
+    pub closed: Vec<(String, String)>,
+    pub failed: Vec<String>,
+    pub live_elsewhere: usize,
+}
+
+/// What one reclaimed row became.
+#[allow(clippy::large_enum_variant)] // one per reclaimed row, moved once
+enum Fate {
+    Launch(Launch),
+    /// Closed, how, and the successor its close admitted here for unread follow-ups.
+    Closed(String, Option<(LiveRow, Vec<Value>)>),
+}
+
+/// Classify and act on one taken row (SPEC §6.1): close it, or plan its resume or restart.
+async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(String, Fate), String> {
+    let id = r.row.run_id.clone();
+    let s = &deps.storage;
+    // A killed run is never resumed or closed: it is purged.
+    if s.is_killed(id.clone()).await.map_err(|e| e.to_string())? {
+        purge_killed(deps.clone(), id.clone()).await;
+        return Ok((id, Fate::Closed("killed: purged".into(), None)));
+    }
+    let transcript = s.read_transcript(id.clone()).await.map_err(|e| e.to_string())?;
+    let final_status = r.row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
+    let input = decisions::ClassifyInput {
+        prior_phase: r.prior_phase,
+        stop: r.row.stop,
+        final_status: final_status.as_deref(),
+        detached: r.row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
+        has_request: r.row.meta.get("request").is_some_and(|v| v.is_object()),
+        turn_count: transcript.len() as u64,
+        last_step: r.last_step.as_ref().map(|s| s.cursor()),
+    };
+    let events = s.live_events(id.clone(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let fate = match decisions::classify(&input) {
+        decisions::Classification::CloseFinal { status } => {
+            let status = RunStatus::parse(&status).unwrap_or(RunStatus::Completed);
+            let successor = run::close_row(deps, &r.row, events, status, "closed from finishing; delivery unknown").await?;
+            Fate::Closed(status.as_str().into(), successor)
+        }
+        decisions::Classification::CloseHardStopped => {
+            let successor = run::close_row(deps, &r.row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?;
+            Fate::Closed("stopped_hard".into(), successor)
+        }
+        decisions::Classification::CloseInterrupted { reason } => {
+            let successor = run::close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+            Fate::Closed(format!("interrupted: {reason}"), successor)
+        }
+        decisions::Classification::Restart => {
+            Fate::Launch(Launch::Restart { row: r.row, events, from_gen: Some(r.prior_owner) })
+        }
+        decisions::Classification::Resume(point) => {
+            let agent = r.row.meta.get("agent").and_then(Value::as_str).unwrap_or_default().to_owned();
+            match r.last_step {
+                Some(last_step) if deps.agents.contains_key(&agent) => Fate::Launch(Launch::Resume(Adoption {
+                    row: r.row,
+                    last_step,
+                    transcript,
+                    events,
+                    point,
+                    from_gen: r.prior_owner,
+                })),
+                _ => {
+                    let reason = format!("agent {agent:?} is not configured here");
+                    let successor = run::close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+                    Fate::Closed(format!("interrupted: {reason}"), successor)
+                }
+            }
+        }
+    };
+    Ok((id, fate))
+}
+
+impl Supervisor {
+    /// Storage answered a sweep: re-adopt (or, after too many failures, close) every orphan, and make
+    /// orphans of this generation's rows — and drop registry rows — that had no actor two sweeps running.
+    fn attend(&mut self, mine: Vec<String>, ctx: &mut Context<Self>) {
+        if self.config.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        let registry: Vec<String> =
+            self.deps().registry.rows().into_iter().filter(|r| r.finished_at.is_none()).map(|r| r.id).collect();
+        let idle: std::collections::HashSet<String> = mine
+            .iter()
+            .chain(&registry)
+            .filter(|id| !self.runs.contains_key(*id) && !self.handed.contains(*id) && !self.orphans.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in idle.intersection(&self.unattended) {
+            if mine.contains(id) {
+                tracing::warn!(run_id = %id, generation = self.deps().gen.as_str(), "a row of this generation has no actor");
+                self.orphans.insert(id.clone(), 0);
+            } else {
+                self.deps().registry.discard(id);
+            }
+        }
+        self.unattended = idle;
+        let orphans: Vec<(String, u32)> = self.orphans.iter().map(|(id, n)| (id.clone(), *n)).collect();
+        for (id, failures) in orphans {
+            if self.runs.contains_key(&id) {
+                self.orphans.remove(&id);
+            } else if failures >= MAX_READOPT_FAILURES {
+                self.close_orphan(id, ctx);
+            } else {
+                self.readopt(id, ctx);
+            }
+        }
+    }
+
+    fn close_orphan(&mut self, run_id: String, ctx: &mut Context<Self>) {
+        let deps = self.deps().clone();
+        let id = run_id.clone();
+        let fut = async move { close_orphan(&deps, &id).await };
+        ctx.spawn(fut.into_actor(self).map(move |closed, act, ctx| match closed {
+            Ok(Readoption::Closed(successor)) => {
+                act.orphans.remove(&run_id);
+                act.launch_successor(successor, ctx);
+            }
+            Ok(_) => {
+                act.orphans.remove(&run_id);
+                act.deps().registry.discard(&run_id);
+            }
+            Err(e) => tracing::warn!(run_id = %run_id, error = %e, "closing an orphan failed; retried at the next sweep"),
+        }));
+    }
+
+    fn launch_or_defer(&mut self, launch: Launch, defer: bool, ctx: &mut Context<Self>) {
+        if defer {
+            self.deferred.push(launch);
+        } else {
+            self.launch(launch, ctx);
+        }
+    }
+}
+
+impl Handler<ReclaimPass> for Supervisor {
+    type Result = actix::ResponseActFuture<Self, Result<ReclaimReport, String>>;
+
+    fn handle(&mut self, msg: ReclaimPass, _ctx: &mut Context<Self>) -> Self::Result {
+        if self.sweeping {
+            return Box::pin(actix::fut::ready(Ok(ReclaimReport::default())));
+        }
+        self.sweeping = true;
+        let deps = self.deps().clone();
+        let lease_ms = deps.lease_ms;
+        let fut = async move {
+            let dead: Vec<String> = match deps.storage.generations().await {
+                Ok(gens) => gens.into_iter().filter(|g| g.gen != deps.gen.as_str() && crate::host::is_gone(g)).map(|g| g.gen).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read generations; no fast reclaim this pass");
+                    Vec::new()
+                }
+            };
+            let answer = deps.storage.reclaim(deps.gen.as_str().to_owned(), lease_ms, dead).await.map_err(|e| e.to_string())?;
+            let mut report = ReclaimReport { live_elsewhere: answer.live_elsewhere.len(), ..Default::default() };
+            let mut launches = Vec::new();
+            for r in answer.taken {
+                let id = r.row.run_id.clone();
+                // One row's failure is logged and never stops the others; the row stays ours and is
+                // re-adopted at a later sweep.
+                match take_row(&deps, r).await {
+                    Ok((id, Fate::Closed(how, successor))) => {
+                        report.closed.push((id, how));
+                        if let Some((row, events)) = successor {
+                            launches.push(Launch::Restart { row, events, from_gen: None });
+                        }
+                    }
+                    Ok((id, Fate::Launch(l))) => {
+                        match &l {
+                            Launch::Restart { .. } => report.restarted.push(id),
+                            _ => report.resumed.push(id),
+                        }
+                        launches.push(l);
+                    }
+                    Err(e) => {
+                        tracing::error!(run_id = %id, generation = deps.gen.as_str(), error = %e, "reclaimed row could not be classified or closed");
+                        report.failed.push(id);
+                    }
+                }
+            }
+            deps.metrics.reclaimed("resumed", report.resumed.len() as u64);
+            deps.metrics.reclaimed("restarted", report.restarted.len() as u64);
+            deps.metrics.reclaimed("closed", report.closed.len() as u64);
+            deps.metrics.reclaimed("failed", report.failed.len() as u64);
+            if !(report.resumed.is_empty() && report.restarted.is_empty() && report.closed.is_empty()) {
+                tracing::info!(generation = deps.gen.as_str(), resumed = report.resumed.len(), restarted = report.restarted.len(), closed = report.closed.len(), "reclaim pass");
+            }
+            // Rows of this generation, to find any without an actor (SPEC §6.1: no run is live without one).
+            let mine: Vec<String> = match deps.storage.list_live().await {
+                Ok(rows) => rows
+                    .into_iter()
+                    .filter(|r| r.owner_gen == deps.gen.as_str() && r.phase != Phase::Handoff)
+                    .map(|r| r.run_id)
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            Ok::<_, String>((report, launches, mine))
+        };
+        Box::pin(fut.into_actor(self).map(move |result, act, ctx| {
+            act.sweeping = false;
+            let (report, launches, mine) = result?;
+            for id in &report.failed {
+                act.orphans.entry(id.clone()).or_default();
+            }
+            for l in launches {
+                act.launch_or_defer(l, msg.defer_launch, ctx);
+            }
+            if !msg.defer_launch {
+                act.attend(mine, ctx);
+            }
+            Ok(report)
+        }))
+    }
+}
+
+impl Handler<OpenIngress> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: OpenIngress, ctx: &mut Context<Self>) {
+        for l in std::mem::take(&mut self.deferred) {
+            self.launch(l, ctx);
+        }
+        let every = Duration::from_millis(self.deps().lease_ms.max(100) as u64);
+        ctx.run_interval(every, |_act, ctx| {
+            ctx.address().do_send(ReclaimPass { defer_launch: false });
+        });
+    }
+}
+
