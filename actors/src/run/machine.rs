@@ -275,6 +275,8 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             Written::Fenced => end(&mut s, &mut fx, End::Fenced),
             Written::Lost => end(&mut s, &mut fx, End::StorageLost),
             Written::Ok if s.fenced => end(&mut s, &mut fx, End::Fenced),
+            // A hard stop that came while the step was written: its tools never start.
+            Written::Ok if calls && s.stop == Some(StopMode::Hard) => conclude(&mut s, &mut fx, None),
             Written::Ok if calls => {
                 s.phase = Phase::Tools;
                 fx.push(Effect::RunTools);
@@ -328,7 +330,9 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
         }
         (Msg::Recorded, Phase::Recording) => {
             let status = s.status.expect("a record follows a conclusion");
-            end(&mut s, &mut fx, End::Finished(status));
+            // A fence that came while the record was written: the ledger refused the finish.
+            let how = if s.fenced { End::Fenced } else { End::Finished(status) };
+            end(&mut s, &mut fx, how);
         }
         // Anything else does not fit the phase: a late completion of an aborted effect.
         _ => {}
@@ -436,6 +440,8 @@ mod tests {
             ("a hard stop aborts the model call",       at(P::Calling), hard.clone(), vec![E::AnnounceStop(StopMode::Hard), E::AbortInFlight, gate(S::StoppedHard, None)], P::Gating),
             ("a soft stop lets tools finish",           at(P::Tools), soft.clone(), vec![E::AnnounceStop(StopMode::Soft)], P::Tools),
             ("a hard stop waits for a write",           at(P::Writing { calls: true }), hard.clone(), vec![E::AnnounceStop(StopMode::Hard)], P::Writing { calls: true }),
+            ("a written step under a hard stop runs no tools", with(P::Writing { calls: true }, |s| s.stop = Some(StopMode::Hard)), Msg::StepWritten(Written::Ok), vec![gate(S::StoppedHard, None)], P::Gating),
+            ("a record refused under a fence is silent", with(P::Recording, |s| { s.status = Some(S::Completed); s.fenced = true; }), Msg::Recorded, vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a repeated stop is announced once",       with(P::Tools, |s| { s.stop = Some(StopMode::Soft); s.announced = vec![StopMode::Soft]; }), soft.clone(), vec![], P::Tools),
             ("a fence aborts tools",                    at(P::Tools), Msg::Fenced, vec![E::AbortInFlight, E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a fence aborts a launch",                 at(P::Starting), Msg::Fenced, vec![E::AbortInFlight, E::End(End::Fenced)], P::Ended(End::Fenced)),
