@@ -13,7 +13,7 @@ use crate::ledger::{
     Promotion, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Successor, Turn,
 };
 use crate::record::{RunListItem, RunRecord, RunStatus};
-use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome, StoredPolicy};
+use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
 #[derive(Clone)]
@@ -116,10 +116,6 @@ impl StorageHandle {
         self.transact(move |b, _| b.delete(&id)).await
     }
 
-    pub async fn policy(&self) -> Result<StoredPolicy> {
-        self.transact(|b, _| b.policy()).await
-    }
-
     // ---- the live-run ledger (SPEC §4.3); each call is one transaction on the storage thread ----
 
     pub async fn record_generation(&self, info: GenerationInfo) -> Result<()> {
@@ -195,14 +191,6 @@ impl StorageHandle {
         .await
     }
 
-    pub async fn step(&self, run_id: String, gen: String, record: StepRecord) -> Result<Outcome<()>> {
-        self.transact(move |b, _| b.step(&run_id, &gen, &record)).await
-    }
-
-    pub async fn write_transcript(&self, run_id: String, gen: String, first_idx: u64, turns: Vec<Turn>) -> Result<Outcome<()>> {
-        self.transact(move |b, _| b.write_transcript(&run_id, &gen, first_idx, &turns)).await
-    }
-
     pub async fn read_transcript(&self, run_id: String) -> Result<Vec<Turn>> {
         self.transact(move |b, _| b.read_transcript(&run_id)).await
     }
@@ -267,10 +255,6 @@ impl StorageHandle {
 
     pub async fn get_live(&self, run_id: String) -> Result<Option<LiveRow>> {
         self.transact(move |b, _| b.get_live(&run_id)).await
-    }
-
-    pub async fn inbox_after(&self, run_id: String, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
-        self.transact(move |b, _| b.inbox_after(&run_id, after_seq)).await
     }
 
     pub async fn last_step(&self, run_id: String) -> Result<Option<StepRecord>> {
@@ -378,7 +362,7 @@ impl StorageHandle {
 
 /// One transaction: the ledger's `finish` of `record` and, when the run left unread follow-ups past what
 /// it consumed, the admission of their successor run with its first events (SPEC §5.2 step 8).
-pub fn finish_in(
+fn finish_in(
     b: &mut dyn Backend,
     gen: &str,
     record: &RunRecord,

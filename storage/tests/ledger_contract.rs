@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::{
-    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, InFlight, InboxItem, Job, LiveRow, Outcome, Phase,
+    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, InFlight, InboxItem, LiveRow, Outcome, Phase,
     Promotion, ReceiptKey, Reclaimed, Refusal, RunLedger, StepRecord, StopMode, Turn, MAX_TRANSCRIPT_PART_BYTES,
 };
 use storage::record::{validate_record, RunRecord, RunStatus, VisibilityFilter};
@@ -228,7 +228,7 @@ fn snapshot<S: Ledger>(s: &mut S, run: &str, now: i64) -> Snapshot {
     }
 }
 
-/// Try every owner write (SPEC §4.3: append, step, transcript write, set_state, put_job, heartbeat,
+/// Try every owner write (SPEC §4.3: append, step, transcript write, set_state, heartbeat,
 /// finishing, finish, abandon) as `gen`, the destructive ones last; answers each refusal by name.
 fn every_owner_write<S: Ledger>(s: &mut S, run: &str, gen: &str, now: i64) -> Vec<(&'static str, Outcome<()>)> {
     let zombie_record = record(run, "C9:zombie", NOW, now, vec![ev(1, "zombie final")]);
@@ -240,10 +240,6 @@ fn every_owner_write<S: Ledger>(s: &mut S, run: &str, gen: &str, now: i64) -> Ve
             s.write_transcript(run, gen, 40, &[turn("user", &["zombie"])]).expect("write_transcript"),
         ),
         ("set_state", s.set_state(run, gen, &obj(json!({"zombie": true}))).expect("set_state")),
-        (
-            "put_job",
-            s.put_job(run, gen, &Job { kind: "zombie".to_owned(), json: json!({"z": 1}) }).expect("put_job"),
-        ),
         ("heartbeat", s.heartbeat(run, gen, LEASE, now).expect("heartbeat").map(|_| ())),
         ("finishing", s.finishing(run, gen, RunStatus::Completed, Some("zombie")).expect("finishing")),
         ("finish", s.finish(run, gen, &zombie_record, None, now).expect("finish").map(|_| ())),
@@ -257,8 +253,8 @@ fn assert_all_refused(results: Vec<(&'static str, Outcome<()>)>, expected: &Refu
     }
 }
 
-/// Give a live run some content of every kind: events, transcript, state, a step record, a job and
-/// an inbox item.
+/// Give a live run some content of every kind: events, transcript, state, a step record and an inbox
+/// item.
 fn furnish<S: Ledger>(s: &mut S, run: &str, gen: &str) {
     assert_eq!(s.append(run, gen, &[ev(1, "one"), ev(2, "two")]).unwrap(), Ok(()));
     assert_eq!(
@@ -267,7 +263,6 @@ fn furnish<S: Ledger>(s: &mut S, run: &str, gen: &str) {
     );
     assert_eq!(s.set_state(run, gen, &obj(json!({"binding": {"backend": "local"}}))).unwrap(), Ok(()));
     assert_eq!(s.step(run, gen, &step_record(0, 2, None)).unwrap(), Ok(()));
-    assert_eq!(s.put_job(run, gen, &Job { kind: "reflect".to_owned(), json: json!({"n": 1}) }).unwrap(), Ok(()));
     assert_eq!(s.push_inbox(run, &json!({"text": "follow-up"})).unwrap(), Ok(1));
 }
 
@@ -509,12 +504,11 @@ fn every_owner_write_from_another_generation_is_fenced_and_changes_nothing<S: Le
     assert_all_refused(results, &fenced("run-a"), "from another generation");
     assert_eq!(snapshot(s, "run-a", NOW + 1_000), before, "the refused writes changed nothing");
 
-    // Neither the refused step nor the refused job landed: a reclaim answers only the owner's.
+    // The refused step did not land: a reclaim answers only the owner's.
     let ans = s.reclaim(G3, NOW + 1_000, LEASE, &[G1.to_owned()]).unwrap();
     let taken = by_id(ans.taken);
     let t = taken.get("run-a").expect("run-a is taken from its dead owner");
     assert_eq!(t.last_step, Some(step_record(0, 2, None)));
-    assert_eq!(t.jobs, vec![Job { kind: "reflect".to_owned(), json: json!({"n": 1}) }]);
     assert_eq!(t.row.state.get("zombie"), None);
     assert_eq!(t.row.state.get("finalStatus"), None);
 }
@@ -551,7 +545,6 @@ fn an_expired_lease_alone_never_fences_the_owner<S: Ledger>(s: &mut S) {
     assert_eq!(s.write_transcript("run-a", G1, 0, &[turn("system", &["sys"])]).unwrap(), Ok(()));
     assert_eq!(s.step("run-a", G1, &step_record(0, 1, None)).unwrap(), Ok(()));
     assert_eq!(s.set_state("run-a", G1, &obj(json!({"k": 1}))).unwrap(), Ok(()));
-    assert_eq!(s.put_job("run-a", G1, &Job { kind: "reflect".to_owned(), json: json!({}) }).unwrap(), Ok(()));
     // The heartbeat refreshes the row.
     let hb = s.heartbeat("run-a", G1, LEASE, late).unwrap().expect("owner heartbeat after expiry");
     assert_eq!(hb.phase, Phase::Live);
@@ -903,7 +896,7 @@ fn finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once<S
     assert_eq!(s.append("run-a", G1, &[ev(6, "late")]).unwrap(), Err(unknown("run-a")));
     assert_eq!(s.heartbeat("run-a", G1, LEASE, NOW + 1_001).unwrap(), Err(unknown("run-a")));
     assert_eq!(s.events("run-a", 0, None, NOW + 1_001).unwrap().unwrap().events, rec.events);
-    // The finished run's steps and jobs went with it: a reclaim finds nothing to take.
+    // The finished run's steps went with it: a reclaim finds nothing to take.
     let ans = s.reclaim(G2, NOW + 10 * LEASE, LEASE, &[G1.to_owned()]).unwrap();
     assert!(ans.taken.is_empty() && ans.live_elsewhere.is_empty(), "{ans:?}");
 
@@ -1078,7 +1071,7 @@ const T: i64 = NOW + LEASE;
 
 /// Rows of every kind, for a reclaim by G3 at `T` with `dead_gens = [G2, G3]`:
 /// - `r-attach`  G1, attaching, lease ends exactly at T (equal-now: expired); two steered messages;
-/// - `r-live`    G1, live, expired; steps 0 and 1 (inboxConsumedSeq 2), inbox 1..3, state, a job, a soft stop;
+/// - `r-live`    G1, live, expired; steps 0 and 1 (inboxConsumedSeq 2), inbox 1..3, state, a soft stop;
 /// - `r-handoff` G1, handed off under a current lease;
 /// - `r-fin`     G1, finishing (stopped_soft, "the answer"), expired;
 /// - `r-dead`    G2 (dead), live under a current lease;
@@ -1099,10 +1092,6 @@ fn reclaim_fixture<S: Ledger>(s: &mut S) -> BTreeMap<String, LiveRow> {
     }
     assert_eq!(s.step("r-live", G1, &step_record(1, 4, Some(2))).unwrap(), Ok(()));
     assert_eq!(s.set_state("r-live", G1, &obj(json!({"binding": {"backend": "local"}}))).unwrap(), Ok(()));
-    assert_eq!(s.put_job("r-live", G1, &Job { kind: "reflect".to_owned(), json: json!({"n": 1}) }).unwrap(), Ok(()));
-    assert_eq!(s.put_job("r-live", G1, &Job { kind: "summary".to_owned(), json: json!({"v": 1}) }).unwrap(), Ok(()));
-    // Jobs are keyed by kind: a second put of a kind replaces it.
-    assert_eq!(s.put_job("r-live", G1, &Job { kind: "summary".to_owned(), json: json!({"v": 2}) }).unwrap(), Ok(()));
     s.request_stop("r-live", StopMode::Soft, NOW + 3).unwrap().expect("stop");
     assert_eq!(s.append("r-live", G1, &[ev(1, "one"), ev(2, "two")]).unwrap(), Ok(()));
 
@@ -1180,27 +1169,18 @@ fn reclaim_takes_expired_handed_off_and_dead_owner_rows_and_never_its_own<S: Led
     assert!(again.taken.iter().all(|t| !["r-attach", "r-live", "r-handoff", "r-fin", "r-dead", "r-own", "r-own-ho"].contains(&t.row.run_id.as_str())), "{:?}", again.taken);
 }
 
-fn reclaim_answers_last_step_unread_inbox_state_and_jobs<S: Ledger>(s: &mut S) {
+fn reclaim_answers_last_step_unread_inbox_and_state<S: Ledger>(s: &mut S) {
     reclaim_fixture(s);
     let ans = s.reclaim(G3, T, LEASE, &[G2.to_owned()]).unwrap();
     let taken = by_id(ans.taken);
 
-    // r-live: the last (highest) step, the inbox past its inboxConsumedSeq, state, jobs, the stop.
+    // r-live: the last (highest) step, the inbox past its inboxConsumedSeq, state, the stop.
     let t = &taken["r-live"];
     assert_eq!(t.last_step, Some(step_record(1, 4, Some(2))));
     assert_eq!(inbox_seqs(&t.unread_inbox), [3], "only items past inboxConsumedSeq = 2");
     assert_eq!(t.unread_inbox[0].message, json!({"text": "m3"}));
     assert_eq!(t.row.state.get("binding"), Some(&json!({"backend": "local"})));
     assert_eq!(t.row.state.get("seeded"), Some(&json!(true)));
-    let mut jobs = t.jobs.clone();
-    jobs.sort_by(|a, b| a.kind.cmp(&b.kind));
-    assert_eq!(
-        jobs,
-        vec![
-            Job { kind: "reflect".to_owned(), json: json!({"n": 1}) },
-            Job { kind: "summary".to_owned(), json: json!({"v": 2}) },
-        ]
-    );
     assert_eq!(t.row.stop, Some(StopMode::Soft));
     // Its live events are still readable for a close record.
     assert_eq!(live_events(s, "r-live").map(|e| seqs(&e)), Some(vec![1, 2]));
@@ -1211,7 +1191,6 @@ fn reclaim_answers_last_step_unread_inbox_state_and_jobs<S: Ledger>(s: &mut S) {
     assert_eq!(inbox_seqs(&t.unread_inbox), [1, 2]);
     assert_eq!(t.unread_inbox[0].message, request("C1:t1", "first follow-up"));
     assert_eq!(t.row.meta["request"], request("C1:t1", "hello"));
-    assert!(t.jobs.is_empty());
 
     // A run taken from finishing comes back with its recorded final status and answer.
     let t = &taken["r-fin"];
@@ -1384,7 +1363,7 @@ contract!(
     abandon_after_a_tombstone_leaves_the_tombstone_and_frees_the_thread,
     inbox_is_not_fenced_and_reads_strictly_after_the_cursor,
     reclaim_takes_expired_handed_off_and_dead_owner_rows_and_never_its_own,
-    reclaim_answers_last_step_unread_inbox_state_and_jobs,
+    reclaim_answers_last_step_unread_inbox_and_state,
     after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced,
     a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere,
     generations_round_trip,
@@ -1392,7 +1371,7 @@ contract!(
 );
 
 /// SQLite only: what the trait cannot show. Finish deletes the run's execution rows (`live_runs`,
-/// `run_steps`, `run_jobs`) in its transaction and keeps `run_inbox` and the receipts (SPEC §4.1, §4.3
+/// `run_steps`) in its transaction and keeps `run_inbox` and the receipts (SPEC §4.1, §4.3
 /// finish: "deletion of the run's live_runs and run_steps rows … Inbox rows and receipts stay").
 #[test]
 fn sqlite_finish_deletes_the_execution_rows_and_keeps_inbox_and_receipts() {
@@ -1409,12 +1388,10 @@ fn sqlite_finish_deletes_the_execution_rows_and_keeps_inbox_and_receipts() {
             .expect("count")
     };
     assert_eq!(count(&mut s, "run_steps"), 2);
-    assert_eq!(count(&mut s, "run_jobs"), 1);
     let rec = record("run-a", "C1:t1", NOW, NOW + 1, vec![ev(1, "one")]);
     assert!(s.finish("run-a", G1, &rec, None, NOW + 1).unwrap().is_ok());
     assert_eq!(count(&mut s, "live_runs"), 0);
     assert_eq!(count(&mut s, "run_steps"), 0, "finish deletes the step records");
-    assert_eq!(count(&mut s, "run_jobs"), 0, "finish deletes the jobs");
     assert_eq!(count(&mut s, "run_inbox"), 1, "inbox rows stay");
     assert_eq!(count(&mut s, "admit_receipts"), 1, "receipts stay");
 }

@@ -367,6 +367,43 @@ fn a_read_only_store_reads_an_older_schema_as_is() {
     assert!(before == fingerprint(&path), "reading a version-3 file changed it");
 }
 
+/// Migration 5 drops `run_jobs` (nothing read it): a version-4 file, rows in it and all, upgrades in place and
+/// keeps everything else; a read-only store over the version-4 file reads it as is.
+#[test]
+fn migration_five_drops_run_jobs_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v4.db");
+    let summary = serde_json::to_string(&record("old", 1).head).unwrap();
+    old_database(
+        &path,
+        4,
+        &format!(
+            "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key, channel_visibility,
+                status, event_count, bytes, digest, stored_at, summary_json)
+             VALUES ('old', {NOW}, {}, NULL, 'C1', 'U1', 'C1:t', 'public', 'completed', 1, 100, 'd', {NOW}, '{summary}');
+             INSERT INTO run_events (run_id, seq, json) VALUES
+                ('old', 1, '{{\"type\":\"note\",\"seq\":1,\"at\":{NOW},\"summary\":\"s\"}}');
+             INSERT INTO run_jobs (run_id, kind, json) VALUES ('old', 'reflect', '{{}}');",
+            NOW - 10
+        ),
+    );
+    let mut r = SqliteStore::open_read_only(&path).expect("a version-4 file opens");
+    assert_eq!(r.schema_version().unwrap(), 4);
+    assert_eq!(r.get("old", NOW).unwrap(), Some(record("old", 1)));
+    drop(r);
+
+    let mut s = open(&path);
+    assert_eq!(s.schema_version().unwrap(), storage::sqlite::schema::current_version());
+    let tables: i64 = s
+        .connection()
+        .query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'run_jobs'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(tables, 0, "run_jobs is gone");
+    assert_eq!(s.get("old", NOW).unwrap(), Some(record("old", 1)), "the history is untouched");
+    let rows: Vec<(&str, u64)> = s.rows_of_run("old").unwrap().into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(rows, [("runs", 1), ("run_events", 1)]);
+}
+
 #[test]
 fn a_read_only_store_refuses_a_newer_schema_a_missing_file_and_a_foreign_one() {
     let dir = tempfile::tempdir().unwrap();

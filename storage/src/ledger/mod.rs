@@ -1,7 +1,7 @@
 //! The live-run ledger (SPEC §4): which runs are live, who owns each (generation + lease), and what a
 //! next process needs to resume them — transcript, step records, inbox, state.
 //!
-//! Owns (SQLite): `live_runs`, `run_steps`, `transcript`, `run_inbox`, `run_jobs`, `admit_receipts`,
+//! Owns (SQLite): `live_runs`, `run_steps`, `transcript`, `run_inbox`, `admit_receipts`,
 //! `deletion_fences`, `generations`; shares `run_events` with the finished-run history (a live run's
 //! events are appended here, and `finish` replaces them with the record's).
 //!
@@ -18,7 +18,6 @@
 //!   at most once between them.
 
 pub mod decisions;
-pub mod memory;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -242,13 +241,6 @@ pub enum HandoffResult {
     WrongPhase,
 }
 
-/// Post-run work a handoff leaves for the next generation (`run_jobs(run_id, kind)`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Job {
-    pub kind: String,
-    pub json: Value,
-}
-
 /// A row a reclaim took, with everything a resume or a close needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reclaimed {
@@ -259,7 +251,6 @@ pub struct Reclaimed {
     pub last_step: Option<StepRecord>,
     /// Inbox items past the last step's `inboxConsumedSeq`.
     pub unread_inbox: Vec<InboxItem>,
-    pub jobs: Vec<Job>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -309,7 +300,6 @@ pub trait RunLedger: Send {
     fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>>;
     /// Merge `patch` into the row's state by top-level key.
     fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>>;
-    fn put_job(&mut self, run_id: &str, gen: &str, job: &Job) -> Result<Outcome<()>>;
     /// Extend the owner's lease to `now + lease_ms`; answers the stop any generation requested and the phase.
     fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>>;
     /// Record a stop from any generation (not fenced); hard never downgrades.

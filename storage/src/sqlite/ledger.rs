@@ -1,18 +1,24 @@
 //! SQL for the live-run ledger tables (SPEC §4.1): the [`RunLedger`] implementation.
 //!
+//! Writes `live_runs`, `run_steps`, `transcript`, `run_inbox`, `admit_receipts`, `deletion_fences` and
+//! `generations` here; reads rows through [`super::live`]; reaches the finished-run tables (`runs`,
+//! `run_events`) only through [`super::records`] — `finish` upserts the record with the same
+//! [`put_in`] a `put` runs, inside this method's transaction.
+//!
 //! Every method is one `BEGIN IMMEDIATE` transaction that reads the rows it decides on, asks
 //! [`decisions`] what to do, and writes the answer before committing — so a refusal is decided under the
 //! write lock and two processes sharing the file cannot both win a row.
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{Map, Value};
 
-use super::runs::put_in;
+use super::live::{get_row, is_killed, live_row, row_by_thread, ROW_COLUMNS};
+use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::SqliteStore;
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
     check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
-    HandoffResult, HeartbeatAnswer, InboxItem, Job, KillAnswer, LiveRow, Outcome, Promotion, ReclaimAnswer, Reclaimed, Refusal,
+    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, ReclaimAnswer, Reclaimed, Refusal,
     RunLedger, StepRecord, StopAnswer, Turn,
 };
 use crate::record::{RunRecord, RunStatus};
@@ -22,70 +28,6 @@ use crate::{Error, Result};
 /// Most ids one `killed_among` statement binds (far below SQLite's variable limit); more ids take more
 /// statements in the same read transaction.
 const KILLED_AMONG_CHUNK: usize = 500;
-
-const ROW_COLUMNS: &str = "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
-                           system_text, tools_json, state_json";
-
-fn json_col(row: &Row, i: usize, what: &'static str) -> rusqlite::Result<Value> {
-    let s: String = row.get(i)?;
-    serde_json::from_str(&s).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(CorruptColumn(what, e.to_string()))))
-}
-
-#[derive(Debug)]
-struct CorruptColumn(&'static str, String);
-impl std::fmt::Display for CorruptColumn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "corrupt {}: {}", self.0, self.1)
-    }
-}
-impl std::error::Error for CorruptColumn {}
-
-fn bad_text(i: usize, what: &'static str, v: &str) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(CorruptColumn(what, v.to_owned())))
-}
-
-fn live_row(row: &Row) -> rusqlite::Result<LiveRow> {
-    let phase: String = row.get(5)?;
-    let stop: Option<String> = row.get(6)?;
-    let state = match json_col(row, 10, "live_runs.state_json")? {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
-    Ok(LiveRow {
-        run_id: row.get(0)?,
-        thread_key: row.get(1)?,
-        owner_gen: row.get(2)?,
-        lease_until: row.get(3)?,
-        started_at: row.get(4)?,
-        phase: Phase::parse(&phase).ok_or_else(|| bad_text(5, "live_runs.phase", &phase))?,
-        stop: match stop {
-            None => None,
-            Some(s) => Some(StopMode::parse(&s).ok_or_else(|| bad_text(6, "live_runs.stop", &s))?),
-        },
-        meta: json_col(row, 7, "live_runs.meta_json")?,
-        system_text: row.get(8)?,
-        tools: json_col(row, 9, "live_runs.tools_json")?,
-        state,
-    })
-}
-
-fn get_row(tx: &Connection, run_id: &str) -> Result<Option<LiveRow>> {
-    Ok(tx
-        .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = ?1"))?
-        .query_row([run_id], live_row)
-        .optional()?)
-}
-
-fn row_by_thread(tx: &Connection, thread_key: &str) -> Result<Option<LiveRow>> {
-    Ok(tx
-        .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = ?1"))?
-        .query_row([thread_key], live_row)
-        .optional()?)
-}
-
-pub(crate) fn is_killed(tx: &Connection, run_id: &str) -> Result<bool> {
-    Ok(tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([run_id])?)
-}
 
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
 fn owned(tx: &Connection, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
@@ -150,23 +92,9 @@ fn last_step(tx: &Connection, run_id: &str) -> Result<Option<StepRecord>> {
     json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e))).transpose()
 }
 
-fn jobs(tx: &Connection, run_id: &str) -> Result<Vec<Job>> {
-    let mut stmt = tx.prepare_cached("SELECT kind, json FROM run_jobs WHERE run_id = ?1 ORDER BY kind")?;
-    let rows = stmt.query_map([run_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-    rows.map(|r| {
-        let (kind, json) = r?;
-        Ok(Job { kind, json: serde_json::from_str(&json).map_err(|e| Error::corrupt("run_jobs.json", e))? })
-    })
-    .collect()
-}
-
-/// Delete a run's execution rows (`live_runs`, `run_steps`, `run_jobs`); inbox, transcript and receipts stay.
+/// Delete a run's execution rows (`live_runs`, `run_steps`); inbox, transcript and receipts stay.
 fn delete_live(tx: &Connection, run_id: &str) -> Result<()> {
-    for sql in [
-        "DELETE FROM live_runs WHERE run_id = ?1",
-        "DELETE FROM run_steps WHERE run_id = ?1",
-        "DELETE FROM run_jobs WHERE run_id = ?1",
-    ] {
+    for sql in ["DELETE FROM live_runs WHERE run_id = ?1", "DELETE FROM run_steps WHERE run_id = ?1"] {
         tx.prepare_cached(sql)?.execute([run_id])?;
     }
     Ok(())
@@ -310,12 +238,7 @@ impl RunLedger for SqliteStore {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         let (rows, refused) = check_events(events);
-        {
-            let mut ins = tx.prepare_cached("INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)")?;
-            for (seq, _event, json) in rows {
-                ins.execute(params![run_id, seq as i64, json])?;
-            }
-        }
+        insert_events(&tx, run_id, rows.into_iter().map(|(seq, _event, json)| (seq, json)))?;
         tx.commit()?;
         Ok(refused.map_or(Ok(()), Err))
     }
@@ -371,15 +294,6 @@ impl RunLedger for SqliteStore {
         let mut row = owner!(tx, run_id, gen);
         merge_state(&mut row.state, patch);
         write_state(&tx, run_id, &row.state)?;
-        tx.commit()?;
-        Ok(Ok(()))
-    }
-
-    fn put_job(&mut self, run_id: &str, gen: &str, job: &Job) -> Result<Outcome<()>> {
-        let tx = self.immediate()?;
-        owner!(tx, run_id, gen);
-        tx.prepare_cached("INSERT OR REPLACE INTO run_jobs (run_id, kind, json) VALUES (?1, ?2, ?3)")?
-            .execute(params![run_id, job.kind, job.json.to_string()])?;
         tx.commit()?;
         Ok(Ok(()))
     }
@@ -468,8 +382,8 @@ impl RunLedger for SqliteStore {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         delete_live(&tx, run_id)?;
-        if !tx.prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?.exists([run_id])? {
-            tx.prepare_cached("DELETE FROM run_events WHERE run_id = ?1")?.execute([run_id])?;
+        if !has_record(&tx, run_id)? {
+            delete_events(&tx, run_id)?;
         }
         tx.commit()?;
         Ok(Ok(()))
@@ -524,8 +438,7 @@ impl RunLedger for SqliteStore {
                     let last_step = last_step(&tx, &row.run_id)?;
                     let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
                     let unread_inbox = inbox_after(&tx, &row.run_id, consumed)?;
-                    let jobs = jobs(&tx, &row.run_id)?;
-                    answer.taken.push(Reclaimed { row, prior_phase, prior_owner, last_step, unread_inbox, jobs });
+                    answer.taken.push(Reclaimed { row, prior_phase, prior_owner, last_step, unread_inbox });
                 }
             }
         }
@@ -540,7 +453,7 @@ impl RunLedger for SqliteStore {
         if row.is_some() {
             tx.prepare_cached("UPDATE live_runs SET stop = 'hard' WHERE run_id = ?1")?.execute([run_id])?;
         }
-        let had_record = tx.prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?.exists([run_id])?;
+        let had_record = has_record(&tx, run_id)?;
         tx.commit()?;
         Ok(KillAnswer {
             owner_lease_live: row.as_ref().is_some_and(|r| !decisions::lease_expired(r.lease_until, now_ms)),
@@ -558,13 +471,11 @@ impl RunLedger for SqliteStore {
         for sql in [
             "DELETE FROM live_runs WHERE run_id = ?1",
             "DELETE FROM run_steps WHERE run_id = ?1",
-            "DELETE FROM run_jobs WHERE run_id = ?1",
             "DELETE FROM transcript WHERE run_id = ?1",
-            "DELETE FROM runs WHERE run_id = ?1",
-            "DELETE FROM run_events WHERE run_id = ?1",
         ] {
             n += tx.prepare_cached(sql)?.execute([run_id])?;
         }
+        n += purge_in(&tx, run_id)?;
         tx.commit()?;
         Ok(n > 0)
     }
@@ -593,19 +504,7 @@ impl RunLedger for SqliteStore {
         if get_row(&tx, run_id)?.is_none() {
             return Ok(None);
         }
-        let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
-        let rows = stmt.query_map(params![run_id, after_seq as i64, limit as i64], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-        })?;
-        let mut out = Vec::new();
-        for r in rows {
-            let (seq, json) = r?;
-            match serde_json::from_str(&json) {
-                Ok(v) => out.push(v),
-                Err(e) => tracing::warn!(run_id, seq, error = %e, "skipped a corrupt live event row"),
-            }
-        }
-        Ok(Some(out))
+        live_events_in(&tx, run_id, after_seq, limit).map(Some)
     }
 
     fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {

@@ -16,10 +16,23 @@
 //! then `maxRuns`, then `maxBytes` are all prefix cuts of one total order), so it is described by a
 //! [`Kept`] floor. One aggregate over the in-cutoff rows decides whether a floor is needed at all; within
 //! policy a list page is one indexed `SELECT`.
+//!
+//! # Layout
+//! SQL grouped per table, below the trait implementations; dependencies point down only.
+//! - `schema`: migrations by `PRAGMA user_version`;
+//! - `live`: reads of `live_runs` and `deletion_fences` shared by both sides (row decoding, `is_live`,
+//!   `is_killed`);
+//! - `records`: the `runs` and `run_events` tables and the policy row of `meta` — the record upsert
+//!   `put_in` that `put` and the ledger's `finish` share, list and event pages, trims;
+//! - `runs`: [`RunStore`](crate::store::RunStore) for [`SqliteStore`], over `records`;
+//! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`SqliteStore`], over `live` and `records`;
+//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`SqliteStore`] (its own tables).
 
 pub mod schema;
-mod ledger;
+mod live;
+mod records;
 mod runs;
+mod ledger;
 mod plan;
 
 use std::path::Path;
@@ -29,7 +42,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::{Error, Result};
 
-pub use runs::Kept;
+pub use records::Kept;
 
 /// SQLite's `synchronous` setting for the WAL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -164,9 +177,8 @@ impl SqliteStore {
     /// kill or a retention trim left behind, without SQL outside this crate). Tables an older schema lacks
     /// count 0 on a read-only store.
     pub fn rows_of_run(&mut self, run_id: &str) -> Result<Vec<(&'static str, u64)>> {
-        const TABLES: [&str; 9] = [
-            "runs", "run_events", "live_runs", "run_steps", "transcript", "run_inbox", "run_jobs", "admit_receipts",
-            "deletion_fences",
+        const TABLES: [&str; 8] = [
+            "runs", "run_events", "live_runs", "run_steps", "transcript", "run_inbox", "admit_receipts", "deletion_fences",
         ];
         let tx = self.read()?;
         let mut out = Vec::with_capacity(TABLES.len());

@@ -117,6 +117,11 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE plan_requests ADD COLUMN lease_until INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX plan_requests_pending ON plan_requests(created_at, request_id) WHERE state = 'pending';
     "#,
+    // 5: `run_jobs` goes: nothing ever wrote it outside tests and nothing read it back (a reclaim answered
+    // its rows, and no caller looked). A file from before holds no rows a current build would miss.
+    r#"
+    DROP TABLE run_jobs;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

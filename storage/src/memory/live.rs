@@ -1,0 +1,241 @@
+//! The in-memory ledger tables (SPEC §4.1) as plain maps, and the row-level operations on them that
+//! the in-memory [`RunLedger`](crate::ledger::RunLedger) is built from.
+//!
+//! **Owns:** [`LedgerState`] — live rows (with a `thread_key → run_id` index standing in for
+//! `thread_key UNIQUE`), step records, live events, transcript parts, the inbox, admit receipts,
+//! deletion fences and generations. It sits inside the memory store's one `State`
+//! ([`super::state`]), next to the finished-run history, so `finish` can delete a run's live rows and
+//! upsert its record under the same lock, exactly as the SQLite ledger does in one transaction.
+//!
+//! **Callers:** the ledger implementation ([`super::ledger`]) and the history's upsert
+//! ([`super::state`]), which asks [`LedgerState::is_live`] and [`LedgerState::is_killed`] before it
+//! writes. This module knows nothing of either.
+//!
+//! **Invariants:**
+//! - at most one live row per thread: `threads` maps each row's thread key to its run id and no
+//!   other entry ever exists ([`LedgerState::insert_row`] and [`LedgerState::drop_live`] keep them in step);
+//! - transcript parts are written once and never edited; inbox seqs per run start at 1 and only grow;
+//!   inbox rows, transcript parts and receipts outlive the run's live row.
+//!
+//! # Design
+//! Each per-run table is a map from run id to an ordered inner map (`BTreeMap<u64, …>` for the
+//! step, event and inbox seqs, `(idx, part)` for the transcript), so "everything of this run, in
+//! order" is one lookup and dropping a run's rows is one `remove`. Transcript parts keep the exact
+//! JSON text [`check_turns`](crate::ledger::check_turns) measured, as the SQLite `json` column does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Map, Value};
+
+use crate::ledger::decisions::{decide_admit, AdmitDecision, INSERT_PHASE};
+use crate::ledger::{
+    fence_refusal, Admit, AdmitOutcome, GenerationInfo, InboxItem, LiveRow, Outcome, Refusal, StepRecord, Turn,
+};
+use crate::record::RecordError;
+use crate::{Error, Result};
+
+/// The ledger's tables, inside the memory store's one lock (see the module doc).
+#[derive(Debug, Default)]
+pub(super) struct LedgerState {
+    /// `live_runs`, by run id.
+    pub(super) rows: BTreeMap<String, LiveRow>,
+    /// `thread_key UNIQUE`: the run holding each thread. Kept in step with `rows` by
+    /// [`LedgerState::insert_row`] and [`LedgerState::drop_live`] only.
+    pub(super) threads: BTreeMap<String, String>,
+    /// `run_steps(run_id, step)`.
+    pub(super) steps: BTreeMap<String, BTreeMap<u64, StepRecord>>,
+    /// A live run's `run_events(run_id, seq)`; replaced by the record's events at `finish`.
+    pub(super) events: BTreeMap<String, BTreeMap<u64, Value>>,
+    /// `transcript(run_id, idx, part) → json` (`{"role", "part"}`), first write stands.
+    pub(super) transcript: BTreeMap<String, BTreeMap<(u64, u64), String>>,
+    /// `run_inbox(run_id, seq) → message`, seqs from 1 per run.
+    pub(super) inbox: BTreeMap<String, BTreeMap<u64, Value>>,
+    /// `admit_receipts(scope, key)`.
+    pub(super) receipts: BTreeMap<(String, String), Receipt>,
+    /// `deletion_fences(run_id)`: ids a kill fenced; admit answers them `Fenced`.
+    pub(super) deletion_fences: BTreeSet<String>,
+    /// `generations`, by generation.
+    pub(super) generations: BTreeMap<String, GenerationInfo>,
+}
+
+/// A stored admission answer for a keyed message.
+#[derive(Debug, Clone)]
+pub(super) struct Receipt {
+    pub(super) body_hash: String,
+    pub(super) answer: AdmitOutcome,
+}
+
+/// What `finish` took out of the live tables, kept until the record upsert succeeds so a failed
+/// upsert leaves the ledger exactly as it was.
+pub(super) struct Removed {
+    pub(super) row: Option<LiveRow>,
+    pub(super) steps: Option<BTreeMap<u64, StepRecord>>,
+    pub(super) events: Option<BTreeMap<u64, Value>>,
+}
+
+impl LedgerState {
+    /// Whether `run_id` has a live row.
+    pub(super) fn is_live(&self, run_id: &str) -> bool {
+        self.rows.contains_key(run_id)
+    }
+
+    /// The row holding `thread_key`, if any.
+    pub(super) fn by_thread(&self, thread_key: &str) -> Option<&LiveRow> {
+        self.threads.get(thread_key).and_then(|run_id| self.rows.get(run_id))
+    }
+
+    /// The caller's row for an owner write, or the fence refusal (another owner / no row).
+    /// The owner check of every owner write: a killed run fences its owner too.
+    pub(super) fn fence(&self, run_id: &str, gen: &str) -> Option<Refusal> {
+        if self.deletion_fences.contains(run_id) {
+            return Some(Refusal::Fenced { run_id: run_id.to_owned() });
+        }
+        fence_refusal(self.rows.get(run_id), run_id, gen)
+    }
+
+    pub(super) fn is_killed(&self, run_id: &str) -> bool {
+        self.deletion_fences.contains(run_id)
+    }
+
+    pub(super) fn owned_mut(&mut self, run_id: &str, gen: &str) -> Outcome<&mut LiveRow> {
+        if let Some(refusal) = self.fence(run_id, gen) {
+            return Err(refusal);
+        }
+        self.rows.get_mut(run_id).ok_or_else(|| Refusal::UnknownRun { run_id: run_id.to_owned() })
+    }
+
+    pub(super) fn insert_row(&mut self, row: LiveRow) {
+        self.threads.insert(row.thread_key.clone(), row.run_id.clone());
+        self.rows.insert(row.run_id.clone(), row);
+    }
+
+    /// Delete a run's live row (freeing its thread), step records and live events; inbox,
+    /// transcript and receipts stay.
+    pub(super) fn drop_live(&mut self, run_id: &str) -> Removed {
+        let row = self.rows.remove(run_id);
+        if let Some(r) = &row {
+            if self.threads.get(&r.thread_key).is_some_and(|holder| holder == run_id) {
+                self.threads.remove(&r.thread_key);
+            }
+        }
+        Removed {
+            row,
+            steps: self.steps.remove(run_id),
+            events: self.events.remove(run_id),
+        }
+    }
+
+    /// Undo [`LedgerState::drop_live`].
+    pub(super) fn restore(&mut self, run_id: &str, removed: Removed) {
+        if let Some(row) = removed.row {
+            self.insert_row(row);
+        }
+        if let Some(steps) = removed.steps {
+            self.steps.insert(run_id.to_owned(), steps);
+        }
+        if let Some(events) = removed.events {
+            self.events.insert(run_id.to_owned(), events);
+        }
+    }
+
+    /// Append `message` to the run's inbox under the next per-run seq (from 1).
+    pub(super) fn push_inbox(&mut self, run_id: &str, message: &Value) -> u64 {
+        let inbox = self.inbox.entry(run_id.to_owned()).or_default();
+        let seq = inbox.keys().next_back().map_or(1, |last| last + 1);
+        inbox.insert(seq, message.clone());
+        seq
+    }
+
+    pub(super) fn inbox_items(&self, run_id: &str, keep: impl Fn(u64) -> bool) -> Vec<InboxItem> {
+        self.inbox
+            .get(run_id)
+            .into_iter()
+            .flatten()
+            .filter(|(seq, _)| keep(**seq))
+            .map(|(seq, message)| InboxItem { seq: *seq, message: message.clone() })
+            .collect()
+    }
+
+    pub(super) fn last_step(&self, run_id: &str) -> Option<StepRecord> {
+        self.steps.get(run_id).and_then(|s| s.values().next_back()).cloned()
+    }
+
+
+    /// Admission after the receipt lookup: deletion fence, then [`decide_admit`].
+    pub(super) fn admit_past_receipt(&mut self, admit: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+        if self.deletion_fences.contains(&admit.run_id) {
+            return Ok(AdmitOutcome::Fenced);
+        }
+        let holder = self.by_thread(&admit.thread_key).map(LiveRow::view);
+        match decide_admit(holder.as_ref(), admit.key.is_some()) {
+            AdmitDecision::Insert => {
+                if let Some(other) = self.rows.get(&admit.run_id) {
+                    // The pre-minted id is live on another thread: SQLite's primary key refuses
+                    // the insert as an error, not a refusal; say the same thing here.
+                    tracing::warn!(run_id = %admit.run_id, thread = %other.thread_key, "admit with a run id already live");
+                    return Err(Error::InvalidRecord(RecordError::Field {
+                        field: "runId",
+                        why: "is already live on another thread",
+                    }));
+                }
+                self.insert_row(LiveRow {
+                    run_id: admit.run_id.clone(),
+                    thread_key: admit.thread_key.clone(),
+                    owner_gen: admit.gen.clone(),
+                    lease_until: now_ms + admit.lease_ms,
+                    started_at: now_ms,
+                    phase: INSERT_PHASE,
+                    stop: None,
+                    meta: admit.meta.clone(),
+                    system_text: String::new(),
+                    tools: Value::Null,
+                    state: Map::new(),
+                });
+                Ok(AdmitOutcome::Started { run_id: admit.run_id.clone() })
+            }
+            AdmitDecision::Steer { run_id }
+                if admit.key.is_some()
+                    && self.receipts.values().filter(|r| answer_run(&r.answer) == Some(run_id.as_str())).count()
+                        >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
+            {
+                Ok(AdmitOutcome::ReceiptLimit { run_id })
+            }
+            AdmitDecision::Steer { run_id } => {
+                let seq = self.push_inbox(&run_id, &admit.request);
+                Ok(AdmitOutcome::Steered { run_id, seq })
+            }
+            AdmitDecision::Busy { run_id } => Ok(AdmitOutcome::Busy { run_id }),
+        }
+    }
+}
+
+/// The run a stored answer names (what `admit_receipts.run_id` holds in SQLite).
+fn answer_run(answer: &AdmitOutcome) -> Option<&str> {
+    match answer {
+        AdmitOutcome::Started { run_id } | AdmitOutcome::Steered { run_id, .. } => Some(run_id),
+        _ => None,
+    }
+}
+
+/// Whether an admission answer is kept as the key's receipt. `Busy` is not: it means "come back
+/// shortly" (SPEC §5.1: the keyed sender waits for the thread and retries with the same key), so a
+/// stored `Busy` would answer every retry with it forever. `KeyConflict` is never produced past the
+/// lookup.
+pub(super) fn keeps_receipt(answer: &AdmitOutcome) -> bool {
+    !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict | AdmitOutcome::ReceiptLimit { .. })
+}
+
+/// Rebuild turns from `(idx, part) → {"role", "part"}` rows: one turn per idx, parts in order.
+pub(super) fn turns_from_rows<'a>(rows: impl Iterator<Item = (&'a (u64, u64), &'a String)>) -> Result<Vec<Turn>> {
+    let mut turns: Vec<(u64, Turn)> = Vec::new();
+    for ((idx, _part), json) in rows {
+        let mut v: Value = serde_json::from_str(json).map_err(|e| Error::corrupt("transcript", e))?;
+        let role = v.get("role").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let part = v.get_mut("part").map(Value::take).unwrap_or(Value::Null);
+        match turns.last_mut() {
+            Some((last, turn)) if *last == *idx => turn.parts.push(part),
+            _ => turns.push((*idx, Turn { role, parts: vec![part] })),
+        }
+    }
+    Ok(turns.into_iter().map(|(_, t)| t).collect())
+}

@@ -1,0 +1,412 @@
+//! SQL for the `runs` and `run_events` tables and the policy row of `meta` (SPEC §3): everything that
+//! reads or writes a finished record, as free functions over one transaction.
+//!
+//! **Callers:** both trait implementations — the finished-run history (`runs.rs`, [`RunStore`]) and the
+//! live-run ledger (`ledger.rs`), whose `finish` upserts the record with [`put_in`] inside its own
+//! transaction, whose `append` writes live events into the shared `run_events`, and whose `abandon`,
+//! `kill` and `purge` ask about or remove a run's record. Neither is known here.
+//!
+//! **Depends on:** [`super::live`] for the two facts about the ledger a history write must respect: while a
+//! run is live its `run_events` are the ledger's (a put writes only the `runs` row, and trims never delete
+//! them); a killed id takes no record ever again.
+//!
+//! [`RunStore`]: crate::store::RunStore
+
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::live::{is_killed, is_live};
+use crate::record::{
+    is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
+};
+use crate::store::{clamp_future, EventsPage, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::{Error, Result};
+
+const POLICY_KEY: &str = "retention_policy";
+
+/// The rows the retention policy keeps, as a floor in newest-first order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// Every row finished at or after the age cutoff.
+    All,
+    /// In-cutoff rows at or newer than `(finished_at, run_id)`.
+    From(i64, String),
+    /// The newest row alone is over the byte budget.
+    Nothing,
+}
+
+impl Kept {
+    /// The SQL predicate for "kept", appending its parameters.
+    fn sql(&self, cutoff: i64, params: &mut Vec<SqlValue>) -> String {
+        params.push(SqlValue::Integer(cutoff));
+        match self {
+            Kept::All => "finished_at >= ?".into(),
+            Kept::From(f, id) => {
+                params.push(SqlValue::Integer(*f));
+                params.push(SqlValue::Text(id.clone()));
+                "finished_at >= ? AND (finished_at, run_id) >= (?, ?)".into()
+            }
+            Kept::Nothing => "0".into(),
+        }
+    }
+}
+
+pub(super) fn read_policy(tx: &Connection) -> Result<StoredPolicy> {
+    let raw: Option<String> =
+        tx.query_row("SELECT value FROM meta WHERE key = ?1", [POLICY_KEY], |r| r.get(0)).optional()?;
+    let Some(raw) = raw else { return Ok(StoredPolicy::default()) };
+    let v: serde_json::Value = serde_json::from_str(&raw).map_err(|e| Error::corrupt("meta.retention_policy", e))?;
+    let num = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+    Ok(StoredPolicy {
+        policy: RetentionPolicy::clamp(num("retentionDays"), num("maxRuns"), num("maxBytes")),
+        updated_at: v.get("policyUpdatedAt").and_then(serde_json::Value::as_i64),
+    })
+}
+
+fn write_policy(tx: &Connection, p: &StoredPolicy) -> Result<()> {
+    let v = serde_json::json!({
+        "retentionDays": p.policy.retention_days,
+        "maxRuns": p.policy.max_runs,
+        "maxBytes": p.policy.max_bytes,
+        "policyUpdatedAt": p.updated_at,
+    });
+    tx.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", params![POLICY_KEY, v.to_string()])?;
+    Ok(())
+}
+
+/// Decide the kept floor from one aggregate over the in-cutoff rows; walks the newest rows only when a
+/// count or byte bound is exceeded.
+pub(super) fn kept(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
+    let cutoff = policy.cutoff_ms(now_ms);
+    let (count, bytes): (i64, i64) = tx.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM runs WHERE finished_at >= ?1",
+        [cutoff],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    if count <= i64::from(policy.max_runs) && bytes as u64 <= policy.max_bytes {
+        return Ok(Kept::All);
+    }
+    let mut stmt = tx.prepare_cached(
+        "SELECT finished_at, run_id, bytes FROM runs WHERE finished_at >= ?1
+         ORDER BY finished_at DESC, run_id DESC LIMIT ?2",
+    )?;
+    let mut rows = stmt.query(params![cutoff, policy.max_runs])?;
+    let (mut total, mut floor) = (0u64, Kept::Nothing);
+    while let Some(row) = rows.next()? {
+        total += row.get::<_, i64>(2)?.max(0) as u64;
+        if total > policy.max_bytes {
+            break;
+        }
+        floor = Kept::From(row.get(0)?, row.get(1)?);
+    }
+    Ok(floor)
+}
+
+/// The SQL form of the visibility predicate (SPEC §2), over the `runs` listing columns.
+fn visibility_sql(f: &VisibilityFilter, params: &mut Vec<SqlValue>) -> String {
+    fn placeholders(n: usize) -> String {
+        vec!["?"; n].join(", ")
+    }
+    match f {
+        VisibilityFilter::All => "1".into(),
+        VisibilityFilter::None => "0".into(),
+        VisibilityFilter::ChannelsIn { ids } if ids.is_empty() => "0".into(),
+        VisibilityFilter::ChannelsIn { ids } => {
+            params.extend(ids.iter().map(|i| SqlValue::Text(i.clone())));
+            format!("channel_id IN ({})", placeholders(ids.len()))
+        }
+        VisibilityFilter::UserIs { id } => {
+            params.push(SqlValue::Text(id.clone()));
+            "user_id = ?".into()
+        }
+        VisibilityFilter::VisibilityIn { values } if values.is_empty() => "0".into(),
+        VisibilityFilter::VisibilityIn { values } => {
+            params.extend(values.iter().map(|v| SqlValue::Text(v.as_str().into())));
+            format!("channel_visibility IN ({})", placeholders(values.len()))
+        }
+        VisibilityFilter::Or { of } | VisibilityFilter::And { of } if of.is_empty() => "0".into(),
+        VisibilityFilter::Or { of } => {
+            format!("({})", of.iter().map(|g| visibility_sql(g, params)).collect::<Vec<_>>().join(" OR "))
+        }
+        VisibilityFilter::And { of } => {
+            format!("({})", of.iter().map(|g| visibility_sql(g, params)).collect::<Vec<_>>().join(" AND "))
+        }
+    }
+}
+
+/// The one page query of `list` (SQL text and parameters); `None` when the filter matches nothing.
+pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(String, Vec<SqlValue>)> {
+    if matches!(kept, Kept::Nothing) || matches!(query.visible_to, VisibilityFilter::None) {
+        return None;
+    }
+    let mut p = Vec::new();
+    let mut clauses = vec![kept.sql(cutoff, &mut p)];
+    if let Some(s) = query.since_ms {
+        clauses.push("finished_at >= ?".into());
+        p.push(SqlValue::Integer(s));
+    }
+    for (col, v) in [
+        ("agent", &query.agent),
+        ("channel_id", &query.channel),
+        ("thread_key", &query.thread_key),
+        ("parent_run_id", &query.parent_run_id),
+    ] {
+        if let Some(v) = v {
+            clauses.push(format!("{col} = ?"));
+            p.push(SqlValue::Text(v.clone()));
+        }
+    }
+    if let Some(c) = &query.before {
+        p.push(SqlValue::Integer(c.finished_at));
+        match &c.id {
+            Some(id) => {
+                clauses.push("(finished_at, run_id) < (?, ?)".into());
+                p.push(SqlValue::Text(id.clone()));
+            }
+            None => clauses.push("finished_at < ?".into()),
+        }
+    }
+    if !matches!(query.visible_to, VisibilityFilter::All) {
+        clauses.push(visibility_sql(&query.visible_to, &mut p));
+    }
+    p.push(SqlValue::Integer(query.effective_limit() as i64));
+    let sql = format!(
+        "SELECT summary_json, bytes FROM runs WHERE {} ORDER BY finished_at DESC, run_id DESC LIMIT ?",
+        clauses.join(" AND ")
+    );
+    Some((sql, p))
+}
+
+pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem> {
+    let head: RunHead = serde_json::from_str(summary_json).map_err(|e| Error::corrupt("runs.summary_json", e))?;
+    Ok(RunListItem { head: RunHead { diagnosis: head.diagnosis.clone().normalized(), ..head }, bytes: Some(bytes.max(0) as u64) })
+}
+
+/// The listing row of `id` when it is visible under the policy.
+pub(super) fn visible_summary(tx: &Connection, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+    let policy = read_policy(tx)?.policy;
+    let kept = kept(tx, &policy, now_ms)?;
+    let mut p = vec![SqlValue::Text(id.into())];
+    let sql = format!("SELECT summary_json, bytes FROM runs WHERE run_id = ? AND {}", kept.sql(policy.cutoff_ms(now_ms), &mut p));
+    let row: Option<(String, i64)> =
+        tx.query_row(&sql, params_from_iter(p), |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+    row.map(|(s, b)| decode_item(&s, b)).transpose()
+}
+
+/// Delete a run's row and, unless it is live, its events.
+pub(super) fn delete_run(tx: &Connection, id: &str) -> Result<bool> {
+    if !is_live(tx, id)? {
+        tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+    }
+    Ok(tx.execute("DELETE FROM runs WHERE run_id = ?1", [id])? > 0)
+}
+
+fn encode(record: &RunRecord) -> Result<(String, String)> {
+    let summary = serde_json::to_string(&record.head).map_err(|e| Error::corrupt("record", e))?;
+    let full = serde_json::to_vec(record).map_err(|e| Error::corrupt("record", e))?;
+    Ok((summary, hex::encode(Sha256::digest(&full))))
+}
+
+/// Rows the policy keeps (a put's `retained`).
+fn retained(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
+    let mut p = Vec::new();
+    let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept(tx, policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p));
+    Ok(tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64)
+}
+
+/// Upsert `record` inside `tx`: the shared body of `put` (and of the ledger's `finish`).
+pub(super) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+    if !is_valid_run_id(&record.head.id) {
+        return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
+    }
+    // A killed id takes no record ever again (SPEC §4.3 `kill`).
+    if is_killed(tx, &record.head.id)? {
+        let policy = read_policy(tx)?.policy;
+        return Ok(PutOutcome { stored: false, rewritten: false, retained: retained(tx, &policy, now_ms)? });
+    }
+    let mut stored_policy = read_policy(tx)?;
+    if stored_policy.consider(proposal, now_ms) {
+        write_policy(tx, &stored_policy)?;
+    }
+    let policy = stored_policy.policy;
+    let mut record = clamp_future(record, now_ms);
+    // A live run's events are the ledger's: a put while it lives writes only the runs row.
+    let live = is_live(tx, &record.head.id)?;
+    if live {
+        record.events.clear();
+    }
+    let id = record.head.id.as_str();
+    let existing: Option<(bool, String)> = tx
+        .query_row("SELECT provisional, digest FROM runs WHERE run_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    // The tombstone floor: a provisional write never replaces a final record.
+    if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
+        return Ok(PutOutcome { stored: true, rewritten: false, retained: retained(tx, &policy, now_ms)? });
+    }
+    let (summary, digest) = encode(&record)?;
+    let bytes = record.encoded_len() as i64;
+    let unchanged = existing.as_ref().is_some_and(|(_, d)| *d == digest);
+    if !unchanged {
+        let h = &record.head;
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
+                channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+        )?
+        .execute(params![
+            id, h.finished_at, h.started_at, h.agent, h.channel_id, h.user_id, h.thread_key,
+            h.channel_visibility.as_str(), h.parent_run_id, h.status.as_str(), h.provisional,
+            h.event_count as i64, bytes, digest, now_ms, summary
+        ])?;
+        if !live {
+            tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+        }
+        insert_events(tx, id, stored_event_seqs(&record.events).into_iter().zip(record.events.iter().map(|ev| ev.to_string())))?;
+    }
+    // Trim by the persisted policy, oldest first, a bounded amount per put.
+    let kept_now = kept(tx, &policy, now_ms)?;
+    let mut p = Vec::new();
+    let keep_sql = kept_now.sql(policy.cutoff_ms(now_ms), &mut p);
+    p.push(SqlValue::Integer(TRIM_PER_PUT as i64));
+    let doomed: Vec<String> = tx
+        .prepare(&format!(
+            "SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT ?"
+        ))?
+        .query_map(params_from_iter(p), |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if !doomed.is_empty() {
+        tracing::info!(trimmed = doomed.len(), "retention trimmed finished runs");
+    }
+    for d in &doomed {
+        delete_run(tx, d)?;
+    }
+    // The record itself goes regardless when the policy does not keep it.
+    let stored = visible(tx, id, &kept_now, policy.cutoff_ms(now_ms))?;
+    if !stored {
+        delete_run(tx, id)?;
+    }
+    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(tx, &policy, now_ms)? })
+}
+
+fn visible(tx: &Connection, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
+    let mut p = vec![SqlValue::Text(id.into())];
+    let sql = format!("SELECT 1 FROM runs WHERE run_id = ? AND {}", kept.sql(cutoff, &mut p));
+    Ok(tx.query_row(&sql, params_from_iter(p), |_| Ok(())).optional()?.is_some())
+}
+
+pub(super) fn events_in(tx: &Connection, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
+    let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
+    let rows: Vec<(i64, String)> = stmt
+        .query_map(params![id, after_seq as i64, limit as i64 + 1], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let more = rows.len() > limit;
+    let mut events = Vec::with_capacity(rows.len().min(limit));
+    let mut last = after_seq;
+    for (seq, json) in rows.into_iter().take(limit) {
+        last = seq as u64;
+        match serde_json::from_str(&json) {
+            Ok(v) => events.push(v),
+            Err(e) => tracing::warn!(run_id = id, seq, error = %e, "skipped a corrupt event row"),
+        }
+    }
+    Ok(EventsPage { events, next_after_seq: more.then_some(last) })
+}
+
+/// Write events into `run_events` keyed by seq (`INSERT OR REPLACE`: an identical retry is a no-op): a
+/// record's events from [`put_in`], a live run's from the ledger's `append`.
+pub(super) fn insert_events(tx: &Connection, run_id: &str, rows: impl IntoIterator<Item = (u64, String)>) -> Result<()> {
+    let mut ins = tx.prepare_cached("INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)")?;
+    for (seq, json) in rows {
+        ins.execute(params![run_id, seq as i64, json])?;
+    }
+    Ok(())
+}
+
+/// A live run's events strictly after `after_seq`, in seq order, at most `limit` (the ledger's
+/// `live_events`). A corrupt row is skipped and logged.
+pub(super) fn live_events_in(tx: &Connection, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Value>> {
+    let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
+    let rows = stmt.query_map(params![run_id, after_seq as i64, limit as i64], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (seq, json) = r?;
+        match serde_json::from_str(&json) {
+            Ok(v) => out.push(v),
+            Err(e) => tracing::warn!(run_id, seq, error = %e, "skipped a corrupt live event row"),
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `run_id` has a `runs` row (final or provisional), whatever the policy.
+pub(super) fn has_record(tx: &Connection, run_id: &str) -> Result<bool> {
+    Ok(tx.prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?.exists([run_id])?)
+}
+
+/// Delete every `run_events` row of `run_id` (an abandoned run without a record leaves none behind).
+pub(super) fn delete_events(tx: &Connection, run_id: &str) -> Result<()> {
+    tx.prepare_cached("DELETE FROM run_events WHERE run_id = ?1")?.execute([run_id])?;
+    Ok(())
+}
+
+/// Delete `run_id`'s record and every event, live or not (a killed run's purge); answers the rows removed.
+pub(super) fn purge_in(tx: &Connection, run_id: &str) -> Result<usize> {
+    let mut n = 0;
+    for sql in ["DELETE FROM runs WHERE run_id = ?1", "DELETE FROM run_events WHERE run_id = ?1"] {
+        n += tx.prepare_cached(sql)?.execute([run_id])?;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::validate_record;
+    use crate::sqlite::{SqliteStore, Synchronous};
+    use crate::store::RunStore;
+
+    /// Within policy, a list page is ONE indexed SELECT: no table scan and no sort step.
+    #[test]
+    fn a_page_within_policy_is_one_indexed_select() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).unwrap();
+        let now = 1_800_000_000_000;
+        for i in 0..50 {
+            let r = validate_record(&serde_json::json!({
+                "id": format!("r{i}"), "channelId": format!("C{}", i % 3), "userId": "U1", "threadKey": "t",
+                "startedAt": now - 100, "finishedAt": now - i, "status": "completed", "eventCount": 0,
+                "storedEventCount": 0, "truncated": false, "events": []
+            }))
+            .unwrap();
+            s.put(&r, None, now).unwrap();
+        }
+        let tx = s.conn.transaction().unwrap();
+        let policy = read_policy(&tx).unwrap().policy;
+        let kept = kept(&tx, &policy, now).unwrap();
+        assert_eq!(kept, Kept::All);
+        let cursor = crate::store::Cursor { finished_at: now - 10, id: Some("r10".into()) };
+        for query in [
+            ListQuery::visible_to(VisibilityFilter::All),
+            ListQuery { before: Some(cursor.clone()), ..ListQuery::visible_to(VisibilityFilter::All) },
+            ListQuery { agent: Some("demo".into()), ..ListQuery::visible_to(VisibilityFilter::All) },
+            ListQuery::visible_to(VisibilityFilter::UserIs { id: "U1".into() }),
+        ] {
+            let (sql, params) = list_sql(&query, &kept, policy.cutoff_ms(now)).expect("a query");
+            assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");
+            let plan: Vec<String> = tx
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            eprintln!("{sql}\n  plan: {plan:?}");
+            assert!(plan.iter().all(|step| step.contains("USING INDEX") || step.contains("USING COVERING INDEX")), "{plan:?}");
+            assert!(!plan.iter().any(|step| step.contains("TEMP B-TREE")), "{plan:?}");
+        }
+    }
+}
