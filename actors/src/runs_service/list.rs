@@ -1,0 +1,685 @@
+//! `list_runs` (SPEC §7): its parameters and page, the three-source merge, and the cached ledger listing
+//! (with the kill state of every id it may serve) that point reads share.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use storage::ledger::decisions::Phase;
+use storage::ledger::LiveRow;
+use storage::record::{event_seq, RunListItem, VisibilityFilter};
+use storage::store::{Cursor, ListQuery, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT};
+
+use super::{RunView, RunsService, LEDGER_EVENTS_CHUNK};
+
+/// One `list_live` serves reads for this long (seed `LEDGER_LIST_TTL_MS`).
+pub const LEDGER_LIST_TTL_MS: i64 = 2_000;
+/// The `nextBefore` of a page filled by unfinished rows alone: every finished run is older than it
+/// (2^53 − 1, exact in every JSON reader).
+pub const CURSOR_TOP: i64 = 9_007_199_254_740_991;
+
+/// Which runs a listing covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StatusFilter {
+    /// Unfinished runs of this process and runs live under other generations; never reads the store.
+    Active,
+    /// Finished registry rows and the store.
+    Finished,
+    All,
+}
+
+impl StatusFilter {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "active" => Some(StatusFilter::Active),
+            "finished" => Some(StatusFilter::Finished),
+            "all" => Some(StatusFilter::All),
+            _ => None,
+        }
+    }
+}
+
+/// `list_runs` parameters (SPEC §7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListParams {
+    pub status: StatusFilter,
+    /// Required: the caller's visibility.
+    pub visible_to: VisibilityFilter,
+    pub agent: Option<String>,
+    pub channel: Option<String>,
+    pub thread_key: Option<String>,
+    pub parent_run_id: Option<String>,
+    /// Compared with `finishedAt ?? startedAt`.
+    pub since_ms: Option<i64>,
+    /// ≤ 200, default 50.
+    pub limit: Option<usize>,
+    /// A cursor page (`nextBefore` of the previous page): live rows are omitted.
+    pub before: Option<Cursor>,
+}
+
+impl ListParams {
+    pub fn new(status: StatusFilter, visible_to: VisibilityFilter) -> Self {
+        ListParams {
+            status,
+            visible_to,
+            agent: None,
+            channel: None,
+            thread_key: None,
+            parent_run_id: None,
+            since_ms: None,
+            limit: None,
+            before: None,
+        }
+    }
+
+    fn effective_limit(&self) -> usize {
+        self.limit.unwrap_or(LIST_DEFAULT_LIMIT).clamp(1, LIST_MAX_LIMIT)
+    }
+
+    /// The non-visibility filters on a live row (a ledger row without the field is excluded).
+    fn admits(&self, v: &RunView) -> bool {
+        self.agent.as_deref().is_none_or(|a| v.agent.as_deref() == Some(a))
+            && self.channel.as_deref().is_none_or(|c| v.channel_id == c)
+            && self.thread_key.as_deref().is_none_or(|t| v.thread_key == t)
+            && self.parent_run_id.as_deref().is_none_or(|p| v.parent_run_id.as_deref() == Some(p))
+            && self.since_ms.is_none_or(|s| v.finished_at.unwrap_or(v.started_at) >= s)
+            && v.visible_to(&self.visible_to)
+    }
+}
+
+/// The wire form of a list cursor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NextBefore {
+    pub finished_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+impl NextBefore {
+    pub fn to_cursor(&self) -> Cursor {
+        Cursor { finished_at: self.finished_at, id: self.id.clone() }
+    }
+}
+
+/// A listing page.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunList {
+    pub runs: Vec<RunView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<NextBefore>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub store_unavailable: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ledger_unavailable: bool,
+}
+
+/// One `list_live` answer with the highest known event seq of each row, and the kill state of every id
+/// the listing may serve.
+#[derive(Debug, Default)]
+pub(super) struct LiveListing {
+    pub(super) rows: Vec<LiveRow>,
+    pub(super) last_seq: HashMap<String, u64>,
+    /// The ids whose deletion fence was asked for: this process's registry rows at listing time and the
+    /// listed ledger rows. A registry row created since is not covered (a point read asks for it).
+    asked: HashSet<String>,
+    /// Those of `asked` that carry a deletion fence: never served, never listed.
+    pub(super) killed: HashSet<String>,
+}
+
+impl LiveListing {
+    /// Whether `id` was killed, when this listing knows (`None`: it did not ask).
+    pub(super) fn killed(&self, id: &str) -> Option<bool> {
+        self.asked.contains(id).then(|| self.killed.contains(id))
+    }
+}
+
+/// The ledger listing shared by a service's clones (see [`RunsService`]'s `live` field).
+#[derive(Debug, Default)]
+pub(super) struct LiveCache {
+    /// The last successful listing and when (service clock) it was taken.
+    listing: Option<(i64, Arc<LiveListing>)>,
+    /// Highest event seq seen per ledger row, so a refresh reads only the events past it.
+    last_seq: HashMap<String, u64>,
+}
+
+impl RunsService {
+    fn cache(&self) -> MutexGuard<'_, LiveCache> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forget the cached ledger listing (after a kill, so the run disappears at once).
+    pub fn invalidate_live(&self) {
+        self.cache().listing = None;
+    }
+
+    /// The cached ledger listing while it is at most [`LEDGER_LIST_TTL_MS`] old.
+    pub(super) fn fresh_listing(&self) -> Option<Arc<LiveListing>> {
+        let now = self.clock.now_ms();
+        match &self.cache().listing {
+            Some((at, listing)) if (0..LEDGER_LIST_TTL_MS).contains(&(now - at)) => Some(listing.clone()),
+            _ => None,
+        }
+    }
+
+    /// The ledger listing, at most [`LEDGER_LIST_TTL_MS`] old; `Err` (logged once) when it cannot be read.
+    /// A refresh costs one `list_live`, one `killed_among` (chunked by the ledger when the ids are many)
+    /// and, per listed row, a read of the events past the highest seq already known.
+    pub(super) async fn live_listing(&self) -> Result<Arc<LiveListing>, String> {
+        if let Some(listing) = self.fresh_listing() {
+            return Ok(listing);
+        }
+        let now = self.clock.now_ms();
+        let unavailable = |e: storage::Error| {
+            tracing::warn!(generation = self.gen.as_str(), error = %e, "ledger listing failed; serving registry and store");
+            e.to_string()
+        };
+        let rows = self.source.list_live().await.map_err(unavailable)?;
+        // Each row's highest seq, reading only past what is already known (rows in parallel).
+        let known: HashMap<String, u64> = {
+            let cache = self.cache();
+            rows.iter().map(|r| (r.run_id.clone(), cache.last_seq.get(&r.run_id).copied().unwrap_or(0))).collect()
+        };
+        let reads = rows.iter().map(|r| {
+            let (id, from) = (r.run_id.clone(), known[&r.run_id]);
+            async move { (id.clone(), self.highest_live_seq(id, from).await) }
+        });
+        // The kill state of everything this listing may serve, read beside the seqs.
+        let asked: HashSet<String> =
+            self.registry.rows().into_iter().map(|r| r.id).chain(rows.iter().map(|r| r.run_id.clone())).collect();
+        let kills = async {
+            if asked.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.source.killed_among(asked.iter().cloned().collect()).await
+        };
+        let (seqs, killed) = futures_util::future::join(futures_util::future::join_all(reads), kills).await;
+        let killed: HashSet<String> = killed.map_err(unavailable)?.into_iter().collect();
+        let last_seq: HashMap<String, u64> = seqs.into_iter().collect();
+        let listing = Arc::new(LiveListing { rows, last_seq: last_seq.clone(), asked, killed });
+        let mut cache = self.cache();
+        cache.last_seq = last_seq;
+        cache.listing = Some((now, listing.clone()));
+        Ok(listing)
+    }
+
+    /// The highest live event seq of `id` past `from` (or `from` when none follow or the read fails).
+    async fn highest_live_seq(&self, id: String, mut from: u64) -> u64 {
+        loop {
+            match self.source.live_events(id.clone(), from, LEDGER_EVENTS_CHUNK).await {
+                Ok(Some(events)) => {
+                    let n = events.len();
+                    from = events.iter().filter_map(event_seq).max().unwrap_or(from).max(from);
+                    if n < LEDGER_EVENTS_CHUNK {
+                        return from;
+                    }
+                }
+                _ => return from,
+            }
+        }
+    }
+
+    /// Whether a ledger row is listed by this process: every row except this generation's `attaching`
+    /// reservations (their registry row is about to exist) and rows the registry already serves.
+    pub(super) fn lists_ledger_row(&self, row: &LiveRow) -> bool {
+        !(row.owner_gen == self.gen.as_str() && row.phase == Phase::Attaching) && self.registry.row(&row.run_id).is_none()
+    }
+
+    /// `list_runs` (SPEC §7): the three-source merge, sorted, limited, with the store cursor.
+    pub async fn list_runs(&self, params: &ListParams) -> RunList {
+        let limit = params.effective_limit();
+        if params.visible_to == VisibilityFilter::None {
+            // Nothing is visible: touch neither the ledger nor the store.
+            return RunList::default();
+        }
+        let cursor = params.before.as_ref();
+        let older_than_cursor = |v: &RunView| {
+            cursor.is_none_or(|c| match &c.id {
+                Some(id) => v.key() < (c.finished_at, id.as_str()),
+                None => v.key().0 < c.finished_at,
+            })
+        };
+
+        // Live rows: the registry, then ledger rows it does not hold; a killed id lists from no source.
+        let listing = self.live_listing().await;
+        let mut suppress: HashSet<String> = HashSet::new();
+        if let Ok(listing) = &listing {
+            suppress.extend(listing.killed.iter().cloned());
+        }
+        let mut unfinished: Vec<RunView> = Vec::new();
+        let mut finished_live: Vec<RunView> = Vec::new();
+        for row in self.registry.rows() {
+            if suppress.contains(&row.id) {
+                continue;
+            }
+            let view = RunView::from_registry(&row);
+            if view.finished {
+                finished_live.push(view);
+            } else {
+                suppress.insert(view.id.clone());
+                unfinished.push(view);
+            }
+        }
+        if let Ok(listing) = &listing {
+            for row in &listing.rows {
+                if listing.killed.contains(&row.run_id) {
+                    continue; // suppressed already
+                }
+                suppress.insert(row.run_id.clone());
+                if self.lists_ledger_row(row) {
+                    let seq = listing.last_seq.get(&row.run_id).copied().unwrap_or(0);
+                    unfinished.push(RunView::from_live(row, seq));
+                }
+            }
+        }
+        unfinished.retain(|v| params.admits(v));
+        finished_live.retain(|v| params.admits(v) && older_than_cursor(v));
+        if cursor.is_some() || params.status == StatusFilter::Finished {
+            unfinished.clear();
+        }
+        if params.status == StatusFilter::Active {
+            finished_live.clear();
+        }
+
+        // The store: one bounded page, asked for enough rows to survive suppression and merging.
+        let mut store_unavailable = false;
+        let mut boundary: Option<Cursor> = None;
+        let mut stored: Vec<RunListItem> = Vec::new();
+        if params.status != StatusFilter::Active {
+            let ask = (limit + suppress.len() + finished_live.len()).min(LIST_MAX_LIMIT);
+            let query = ListQuery {
+                visible_to: params.visible_to.clone(),
+                limit: Some(ask),
+                before: params.before.clone(),
+                since_ms: params.since_ms,
+                agent: params.agent.clone(),
+                channel: params.channel.clone(),
+                thread_key: params.thread_key.clone(),
+                parent_run_id: params.parent_run_id.clone(),
+            };
+            match self.source.list(query).await {
+                Ok(page) => {
+                    boundary = page.next_before;
+                    stored = page.items;
+                }
+                Err(e) => {
+                    tracing::warn!(generation = self.gen.as_str(), error = %e, "history store listing failed; serving live rows");
+                    store_unavailable = true;
+                }
+            }
+        }
+
+        // Merge: a finished registry row takes its final record's finish fields; suppressed ids vanish.
+        let mut finished: HashMap<String, RunView> = finished_live.into_iter().map(|v| (v.id.clone(), v)).collect();
+        for item in stored {
+            let h = &item.head;
+            if suppress.contains(&h.id) || !params.visible_to.matches_head(h) {
+                continue;
+            }
+            match finished.get_mut(&h.id) {
+                // The tombstone lends nothing, not even its status.
+                Some(live) if !h.provisional => live.merge_record(h),
+                Some(_) => {}
+                None => {
+                    finished.insert(h.id.clone(), RunView::from_head(h));
+                }
+            }
+        }
+        let mut finished: Vec<RunView> = finished.into_values().collect();
+        // A full store page is only complete down to its last row: older registry rows wait for the next page.
+        if let Some(b) = &boundary {
+            let b_key = (b.finished_at, b.id.as_deref().unwrap_or(""));
+            finished.retain(|v| v.key() >= b_key);
+        }
+        unfinished.sort_by(|a, b| (b.started_at, &b.id).cmp(&(a.started_at, &a.id)));
+        finished.sort_by(|a, b| b.key().cmp(&a.key()));
+
+        let shown_unfinished = unfinished.len().min(limit);
+        let shown_finished = finished.len().min(limit - shown_unfinished);
+        let next_before = if shown_finished < finished.len() {
+            Some(match shown_finished.checked_sub(1).map(|i| &finished[i]) {
+                Some(last) => NextBefore { finished_at: last.key().0, id: Some(last.id.clone()) },
+                None => NextBefore { finished_at: CURSOR_TOP, id: None },
+            })
+        } else {
+            boundary.map(|b| NextBefore { finished_at: b.finished_at, id: b.id })
+        };
+        let mut runs = unfinished;
+        runs.truncate(shown_unfinished);
+        runs.extend(finished.into_iter().take(shown_finished));
+        RunList { runs, next_before, store_unavailable, ledger_unavailable: listing.is_err() }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use storage::ledger::StopMode;
+    use storage::record::{event_seq, RunStatus};
+
+    use super::*;
+    use crate::runs_service::testing::*;
+    use crate::runs_service::{FrictionSource, RunsError};
+
+    #[tokio::test]
+    async fn an_unfinished_live_row_wins_whole_and_its_tombstone_never_lists() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 500, None);
+        f.put(record("r1", "c1", NOW - 500, NOW - 500, true, vec![]));
+        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+            let list = f.list(status).await;
+            let r1: Vec<&RunView> = list.runs.iter().filter(|v| v.id == "r1").collect();
+            if status == StatusFilter::Finished {
+                assert!(r1.is_empty(), "{status:?}: the tombstone surfaced: {list:?}");
+            } else {
+                assert_eq!(r1.len(), 1, "{status:?}");
+                assert!(!r1[0].finished && r1[0].provisional.is_none() && r1[0].status.is_none());
+            }
+        }
+        // A point read serves the live row too.
+        let v = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
+        assert!(!v.finished && v.provisional.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_finished_registry_row_merges_with_its_record_whose_finish_fields_win() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 900, Some(NOW - 100));
+        f.registry.set_stop("r1", StopMode::Soft);
+        // Before the record lands: not persisted, and the tombstone lends nothing.
+        f.put(record("r1", "c1", NOW - 900, NOW - 900, true, vec![]));
+        let list = f.list(StatusFilter::Finished).await;
+        assert_eq!(ids(&list), ["r1"]);
+        let v = &list.runs[0];
+        assert_eq!((v.finished_at, v.persisted, v.provisional, v.status), (Some(NOW - 100), None, None, Some(RunStatus::Completed)));
+        // The final record lands with its own finish fields: they win; the live stop and counts stay.
+        let mut final_record = record("r1", "c1", NOW - 900, NOW - 90, false, events(2, NOW - 95));
+        final_record.head.status = RunStatus::StoppedSoft;
+        f.put(final_record);
+        let list = f.list(StatusFilter::All).await;
+        assert_eq!(ids(&list), ["r1"]);
+        let v = &list.runs[0];
+        assert_eq!((v.finished_at, v.status, v.persisted), (Some(NOW - 90), Some(RunStatus::StoppedSoft), Some(true)));
+        assert_eq!((v.stop, v.event_count, v.agent.as_deref()), (Some(StopMode::Soft), 2, Some("demo")));
+        let got = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
+        assert_eq!((got.finished_at, got.persisted), (Some(NOW - 90), Some(true)));
+        // After eviction the store serves the same run with the same event count.
+        f.clock.advance(crate::registry::FINISHED_TTL_MS);
+        f.registry.evict_expired();
+        let cold = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
+        assert_eq!((cold.event_count, cold.persisted, cold.finished), (got.event_count, Some(true), true));
+    }
+
+    #[tokio::test]
+    async fn a_foreign_ledger_row_lists_as_live_with_its_owner_and_suppresses_its_tombstone() {
+        let f = fixture();
+        f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 4);
+        f.put(record("remote", "c1", NOW - 300, NOW - 300, true, vec![]));
+        for status in [StatusFilter::All, StatusFilter::Active] {
+            let list = f.list(status).await;
+            assert_eq!(ids(&list), ["remote"], "{status:?}");
+            let v = &list.runs[0];
+            assert_eq!((v.owner_gen.as_deref(), v.finished, v.event_count), (Some(OTHER_GEN), false, 4));
+            assert_eq!(v.label.as_deref(), Some("remote"));
+        }
+        assert!(f.list(StatusFilter::Finished).await.runs.is_empty(), "never finished, never the tombstone");
+        // Point reads answer for it after the registry and before the store.
+        let v = f.svc.get_run("remote", true, &VisibilityFilter::All).await.unwrap();
+        assert_eq!((v.owner_gen.as_deref(), v.events.as_ref().map(Vec::len)), (Some(OTHER_GEN), Some(4)));
+        let page = f.svc.get_run_events("remote", 2, None, &VisibilityFilter::All).await.unwrap();
+        assert_eq!(page.events.iter().filter_map(event_seq).collect::<Vec<_>>(), [3, 4]);
+        let fr = f.svc.get_run_friction("remote", &VisibilityFilter::All).await.unwrap();
+        assert_eq!((fr.source, fr.finished), (FrictionSource::Ledger, false));
+        // Serialized, no view carries the prompt, tools or state of the row.
+        let all = serde_json::to_string(&(f.list(StatusFilter::All).await, v)).unwrap();
+        assert!(!all.contains("SYSTEM PROMPT"));
+    }
+
+    #[tokio::test]
+    async fn a_run_in_the_registry_and_the_ledger_lists_once_as_the_registry_row() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 300, None);
+        f.ledger_row("r1", "c1", f.svc.gen.as_str(), NOW - 300, false, 2);
+        let list = f.list(StatusFilter::All).await;
+        assert_eq!(ids(&list), ["r1"]);
+        assert_eq!(list.runs[0].owner_gen, None);
+    }
+
+    #[tokio::test]
+    async fn this_generations_attaching_rows_not_yet_in_the_registry_are_skipped() {
+        let f = fixture();
+        let gen = f.svc.gen.as_str().to_owned();
+        f.ledger_row("mine", "c1", &gen, NOW, true, 0);
+        f.ledger_row("theirs", "c1", OTHER_GEN, NOW - 1, true, 0);
+        f.put(record("mine", "c1", NOW, NOW, true, vec![]));
+        let list = f.list(StatusFilter::All).await;
+        // Ours is skipped (and still suppresses its tombstone); another generation's reservation lists.
+        assert_eq!(ids(&list), ["theirs"]);
+    }
+
+    #[tokio::test]
+    async fn active_is_live_rows_only_and_never_calls_the_store() {
+        let f = fixture();
+        f.local("live", "c1", NOW - 10, None);
+        f.local("done", "c1", NOW - 20, Some(NOW - 5));
+        f.put(record("old", "c1", NOW - 100, NOW - 50, false, vec![]));
+        let list = f.list(StatusFilter::Active).await;
+        assert_eq!(ids(&list), ["live"]);
+        assert_eq!(list.next_before, None);
+        assert_eq!(f.double.list_calls.load(Ordering::SeqCst), 0);
+        // A failing store does not touch active listings.
+        f.double.fail_store.store(true, Ordering::SeqCst);
+        assert!(!f.list(StatusFilter::Active).await.store_unavailable);
+        // `finished` = finished registry rows ∪ store; `all` = both.
+        f.double.fail_store.store(false, Ordering::SeqCst);
+        assert_eq!(ids(&f.list(StatusFilter::Finished).await), ["done", "old"]);
+        assert_eq!(ids(&f.list(StatusFilter::All).await), ["live", "done", "old"]);
+    }
+
+    #[tokio::test]
+    async fn a_store_failure_degrades_to_live_rows_with_store_unavailable() {
+        let f = fixture();
+        f.local("live", "c1", NOW - 10, None);
+        f.local("done", "c1", NOW - 20, Some(NOW - 5));
+        f.put(record("old", "c1", NOW - 100, NOW - 50, false, vec![]));
+        f.double.fail_store.store(true, Ordering::SeqCst);
+        let all = f.list(StatusFilter::All).await;
+        assert_eq!((ids(&all), all.store_unavailable), (vec!["live", "done"], true));
+        let fin = f.list(StatusFilter::Finished).await;
+        assert_eq!((ids(&fin), fin.store_unavailable), (vec!["done"], true));
+        // A point read of a stored run is unavailable, not "not found".
+        assert!(matches!(f.svc.get_run("old", false, &VisibilityFilter::All).await, Err(RunsError::Unavailable(_))));
+    }
+
+    #[tokio::test]
+    async fn a_ledger_failure_sets_ledger_unavailable_and_is_not_cached() {
+        let f = fixture();
+        f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 1);
+        f.put(record("old", "c1", NOW - 100, NOW - 50, false, vec![]));
+        f.double.fail_ledger.store(true, Ordering::SeqCst);
+        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+            let list = f.list(status).await;
+            assert!(list.ledger_unavailable, "{status:?}");
+        }
+        let cursor_page = ListParams { before: Some(Cursor { finished_at: NOW, id: None }), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) };
+        let page = f.svc.list_runs(&cursor_page).await;
+        assert!(page.ledger_unavailable && ids(&page) == ["old"]);
+        // The next successful listing clears the marker at once (the failure was not cached).
+        f.double.fail_ledger.store(false, Ordering::SeqCst);
+        let list = f.list(StatusFilter::All).await;
+        assert!(!list.ledger_unavailable);
+        assert_eq!(ids(&list), ["remote", "old"]);
+    }
+
+    #[tokio::test]
+    async fn one_ledger_listing_serves_reads_for_two_seconds() {
+        let f = fixture();
+        f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 3);
+        f.list(StatusFilter::All).await;
+        f.svc.get_run("remote", false, &VisibilityFilter::All).await.unwrap();
+        f.svc.get_run_events("remote", 0, None, &VisibilityFilter::All).await.unwrap();
+        f.svc.get_run_friction("remote", &VisibilityFilter::All).await.unwrap();
+        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
+        f.clock.advance(LEDGER_LIST_TTL_MS - 1);
+        f.list(StatusFilter::Active).await;
+        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
+        f.clock.advance(1);
+        f.list(StatusFilter::Active).await;
+        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn unfinished_rows_sort_first_then_finished_newest_and_the_limit_applies_after_the_merge() {
+        let f = fixture();
+        f.local("l-old", "c1", NOW - 5000, None);
+        f.local("l-new", "c1", NOW - 10, None);
+        f.ledger_row("l-mid", "c1", OTHER_GEN, NOW - 100, false, 0);
+        f.local("f-reg", "c1", NOW - 3000, Some(NOW - 40));
+        f.put(record("s-a", "c1", NOW - 9000, NOW - 50, false, vec![]));
+        f.put(record("s-b", "c1", NOW - 9000, NOW - 50, false, vec![]));
+        f.put(record("s-c", "c1", NOW - 100, NOW - 60, false, vec![]));
+        let list = f.list(StatusFilter::All).await;
+        assert_eq!(ids(&list), ["l-new", "l-mid", "l-old", "f-reg", "s-b", "s-a", "s-c"]);
+        let limited = f.svc.list_runs(&ListParams { limit: Some(4), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) }).await;
+        assert_eq!(ids(&limited), ["l-new", "l-mid", "l-old", "f-reg"]);
+        assert_eq!(limited.next_before, Some(NextBefore { finished_at: NOW - 40, id: Some("f-reg".into()) }));
+    }
+
+    #[tokio::test]
+    async fn the_store_is_asked_for_limit_plus_the_live_count_capped_at_200() {
+        let f = fixture();
+        f.local("a", "c1", NOW - 10, None);
+        f.local("b", "c1", NOW - 20, None);
+        f.svc.list_runs(&ListParams { limit: Some(10), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) }).await;
+        f.svc.list_runs(&ListParams { limit: Some(500), ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All) }).await;
+        assert_eq!(*f.double.list_limits.lock().unwrap(), [12, 200]);
+    }
+
+    #[tokio::test]
+    async fn cursor_pages_walk_the_store_without_skipping_same_millisecond_siblings_or_listing_live_rows() {
+        let f = fixture();
+        f.local("live", "c1", NOW - 10, None);
+        // Seven runs, four of them finishing in the same millisecond.
+        for (id, fin) in [("a", 10), ("b", 20), ("c", 20), ("d", 20), ("e", 20), ("f", 30), ("g", 40)] {
+            f.put(record(id, "c1", NOW - 1000, NOW - 1000 + fin, false, vec![]));
+        }
+        let mut seen = Vec::new();
+        let mut params = ListParams { limit: Some(3), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) };
+        for _ in 0..10 {
+            let page = f.svc.list_runs(&params).await;
+            seen.extend(page.runs.iter().map(|v| v.id.clone()));
+            match page.next_before {
+                Some(nb) => params.before = Some(nb.to_cursor()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["live", "g", "f", "e", "d", "c", "b", "a"]);
+    }
+
+    #[tokio::test]
+    async fn next_before_stays_present_when_tombstone_suppression_shortens_a_full_store_page() {
+        let f = fixture();
+        // Three stored rows; the two newest are tombstones of runs live elsewhere.
+        f.put(record("t1", "c1", NOW - 10, NOW - 10, true, vec![]));
+        f.put(record("t2", "c1", NOW - 20, NOW - 20, true, vec![]));
+        f.put(record("old", "c1", NOW - 500, NOW - 400, false, vec![]));
+        f.ledger_row("t1", "c1", OTHER_GEN, NOW - 10, false, 0);
+        f.ledger_row("t2", "c1", OTHER_GEN, NOW - 20, false, 0);
+        let list = f.svc.list_runs(&ListParams { limit: Some(1), ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All) }).await;
+        // Asked for 1 + 2 live = 3 rows: all three came, two were suppressed.
+        assert_eq!(ids(&list), ["old"]);
+        assert_eq!(list.next_before, Some(NextBefore { finished_at: NOW - 400, id: Some("old".into()) }));
+        let f2 = fixture();
+        for i in 0..3 {
+            f2.put(record(&format!("t{i}"), "c1", NOW - 10 - i, NOW - 10 - i, true, vec![]));
+            f2.ledger_row(&format!("t{i}"), "c1", OTHER_GEN, NOW - 10 - i, false, 0);
+        }
+        f2.put(record("old", "c1", NOW - 500, NOW - 400, false, vec![]));
+        // Limit 1 + 3 live → 4 rows; 4 exist → the page is full, three suppressed: still a cursor.
+        let list = f2.svc.list_runs(&ListParams { limit: Some(1), ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All) }).await;
+        assert_eq!(ids(&list), ["old"]);
+        assert!(list.next_before.is_some());
+    }
+
+    #[tokio::test]
+    async fn filters_narrow_live_rows_by_their_meta_and_since_compares_finished_or_started() {
+        let f = fixture();
+        f.local("t-live", "c1", NOW - 10, None);
+        f.local("other", "c2", NOW - 20, None);
+        f.local("fin", "c1", NOW - 5000, Some(NOW - 100));
+        let mut p = ListParams::new(StatusFilter::All, VisibilityFilter::All);
+        p.thread_key = Some("c1:t-live".into());
+        assert_eq!(ids(&f.svc.list_runs(&p).await), ["t-live"]);
+        let mut p = ListParams::new(StatusFilter::All, VisibilityFilter::All);
+        p.channel = Some("c2".into());
+        assert_eq!(ids(&f.svc.list_runs(&p).await), ["other"]);
+        let mut p = ListParams::new(StatusFilter::All, VisibilityFilter::All);
+        p.agent = Some("nope".into());
+        assert!(f.svc.list_runs(&p).await.runs.is_empty());
+        // sinceMs: the finished run counts from its finish (NOW-100), not its start.
+        let mut p = ListParams::new(StatusFilter::All, VisibilityFilter::All);
+        p.since_ms = Some(NOW - 150);
+        assert_eq!(ids(&f.svc.list_runs(&p).await), ["t-live", "other", "fin"]);
+        p.since_ms = Some(NOW - 15);
+        assert_eq!(ids(&f.svc.list_runs(&p).await), ["t-live"]);
+    }
+
+    // ---- kills from other processes (SPEC §5.6): deletion fences checked before a registry row is served ----
+
+    #[tokio::test]
+    async fn the_kill_state_costs_one_read_per_listing_and_a_point_read_outside_it_asks_for_its_id_alone() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 900, Some(NOW - 100));
+        f.ledger_row("x1", "c1", OTHER_GEN, NOW - 30, false, 2);
+        // One listing: one question, about every id it may serve (the registry's and the ledger's rows).
+        f.list(StatusFilter::All).await;
+        assert_eq!(*f.double.kill_questions.lock().unwrap(), [vec!["r1".to_owned(), "x1".to_owned()]]);
+        // Reads within the TTL, listings and point reads alike, are answered from it.
+        f.list(StatusFilter::Active).await;
+        f.svc.get_run("r1", true, &VisibilityFilter::All).await.unwrap();
+        f.svc.get_run_events("r1", 0, None, &VisibilityFilter::All).await.unwrap();
+        f.svc.get_run_friction("x1", &VisibilityFilter::All).await.unwrap();
+        f.svc.index_rows(&VisibilityFilter::All).await;
+        assert_eq!(f.double.kill_reads(), 1);
+        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
+        // Past the TTL, a point read of a registry row asks about its id alone, and lists nothing.
+        f.clock.advance(LEDGER_LIST_TTL_MS);
+        f.kill_elsewhere("r1");
+        assert_eq!(f.svc.get_run("r1", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        assert_eq!(f.double.kill_questions.lock().unwrap().last().unwrap(), &["r1".to_owned()]);
+        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
+        // A registry row newer than a fresh listing was not asked about: its point read asks.
+        f.list(StatusFilter::All).await;
+        let before = f.double.kill_reads();
+        f.local("new", "c1", NOW - 1, None);
+        f.kill_elsewhere("new");
+        assert_eq!(f.svc.get_run("new", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        assert_eq!(f.double.kill_reads(), before + 1);
+        // An empty process asks nothing.
+        let empty = fixture();
+        empty.list(StatusFilter::All).await;
+        assert_eq!(empty.double.kill_reads(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_kill_read_fails_the_listing_uncached_and_a_point_read_serves_the_registry_row() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 900, Some(NOW - 100));
+        f.ledger_row("x1", "c1", OTHER_GEN, NOW - 30, false, 0);
+        f.double.fail_kills.store(true, Ordering::SeqCst);
+        // As with any ledger failure: the registry and the store are served, the ledger's rows are not.
+        let list = f.list(StatusFilter::All).await;
+        assert!(list.ledger_unavailable);
+        assert_eq!(ids(&list), ["r1"]);
+        // A failed check is no proof of a kill.
+        assert!(f.svc.get_run("r1", false, &VisibilityFilter::All).await.is_ok());
+        // The failed listing was not cached: the next read lists again and sees the fence.
+        f.double.fail_kills.store(false, Ordering::SeqCst);
+        f.kill_elsewhere("r1");
+        let list = f.list(StatusFilter::All).await;
+        assert!(!list.ledger_unavailable);
+        assert_eq!(ids(&list), ["x1"]);
+    }
+}

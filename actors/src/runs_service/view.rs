@@ -1,0 +1,200 @@
+//! [`RunView`]: a run as every read surface shows it — one shape built from each source (registry row,
+//! ledger row, stored record) — and the merge of a finished registry row with its final record.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use storage::ledger::{LiveRow, StopMode};
+use storage::record::{ChannelVisibility, RunHead, RunStatus, VisibilityFilter};
+
+use crate::registry::RunRow;
+
+/// A run as every read surface shows it: the same shape from every source (SPEC §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub channel_id: String,
+    pub user_id: String,
+    pub thread_key: String,
+    pub channel_visibility: ChannelVisibility,
+    pub started_at: i64,
+    pub finished: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RunStatus>,
+    pub event_count: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_event_count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<bool>,
+    /// The strongest stop requested so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopMode>,
+    /// Present (`true`) once the run's final record is in the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persisted: Option<bool>,
+    /// Present (`true`) for a stored tombstone: no finish was recorded (render "unfinished — no finish
+    /// recorded", never "interrupted").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisional: Option<bool>,
+    /// The generation a run live in another process is owned by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_gen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// Only when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<Value>>,
+}
+
+impl RunView {
+    /// A row of this process's registry.
+    pub fn from_registry(row: &RunRow) -> Self {
+        let m = &row.meta;
+        RunView {
+            id: row.id.clone(),
+            label: Some(m.label.clone()).filter(|l| !l.is_empty()),
+            agent: Some(m.agent.clone()),
+            model: Some(m.model.clone()),
+            channel_id: m.channel_id.clone(),
+            user_id: m.user_id.clone(),
+            thread_key: m.thread_key.clone(),
+            channel_visibility: m.channel_visibility,
+            started_at: row.started_at,
+            finished: row.finished_at.is_some(),
+            finished_at: row.finished_at,
+            status: row.status,
+            event_count: row.event_count,
+            stored_event_count: Some(row.stored_event_count),
+            truncated: Some(row.truncated),
+            stop: row.stop,
+            persisted: row.persisted.then_some(true),
+            provisional: None,
+            owner_gen: None,
+            parent_run_id: m.parent_run_id.clone(),
+            events: None,
+        }
+    }
+
+    /// A stored record or listing row.
+    pub fn from_head(h: &RunHead) -> Self {
+        RunView {
+            id: h.id.clone(),
+            label: h.label.clone(),
+            agent: h.agent.clone(),
+            model: h.model.clone(),
+            channel_id: h.channel_id.clone(),
+            user_id: h.user_id.clone(),
+            thread_key: h.thread_key.clone(),
+            channel_visibility: h.channel_visibility,
+            started_at: h.started_at,
+            finished: true,
+            finished_at: Some(h.finished_at),
+            status: Some(h.status),
+            event_count: h.event_count,
+            stored_event_count: Some(h.stored_event_count),
+            truncated: Some(h.truncated),
+            stop: None,
+            persisted: Some(true),
+            provisional: h.provisional.then_some(true),
+            owner_gen: None,
+            parent_run_id: h.parent_run_id.clone(),
+            events: None,
+        }
+    }
+
+    /// A ledger row (a run live in some process), with the highest event seq known for it.
+    pub fn from_live(row: &LiveRow, event_count: u64) -> Self {
+        let s = |k: &str| row.meta.get(k).and_then(Value::as_str).map(str::to_owned);
+        RunView {
+            id: row.run_id.clone(),
+            label: s("label").filter(|l| !l.is_empty()),
+            agent: s("agent"),
+            model: s("model"),
+            channel_id: s("channelId").unwrap_or_default(),
+            user_id: s("userId").unwrap_or_default(),
+            thread_key: s("threadKey").unwrap_or_else(|| row.thread_key.clone()),
+            channel_visibility: s("channelVisibility").and_then(|v| ChannelVisibility::parse(&v)).unwrap_or_default(),
+            started_at: row.started_at,
+            finished: false,
+            finished_at: None,
+            status: None,
+            event_count,
+            stored_event_count: None,
+            truncated: None,
+            stop: row.stop,
+            persisted: None,
+            provisional: None,
+            owner_gen: Some(row.owner_gen.clone()),
+            parent_run_id: s("parentRunId"),
+            events: None,
+        }
+    }
+
+    /// Overlay a finished live row with its (final) record: the record's finish fields win.
+    pub(super) fn merge_record(&mut self, h: &RunHead) {
+        self.finished = true;
+        self.finished_at = Some(h.finished_at);
+        self.status = Some(h.status);
+        self.stored_event_count = Some(h.stored_event_count);
+        self.truncated = Some(h.truncated);
+        self.persisted = Some(true);
+    }
+
+    pub fn visible_to(&self, filter: &VisibilityFilter) -> bool {
+        filter.matches(&self.channel_id, &self.user_id, self.channel_visibility)
+    }
+
+    /// The listing order key of a finished row: `(finishedAt, id)`.
+    pub(super) fn key(&self) -> (i64, &str) {
+        (self.finished_at.unwrap_or(self.started_at), self.id.as_str())
+    }
+
+    /// Wall time from start to finish (or to `now_ms` while live).
+    pub fn duration_ms(&self, now_ms: i64) -> i64 {
+        (self.finished_at.unwrap_or(now_ms) - self.started_at).max(0)
+    }
+
+    /// The status word every surface shows: `live` / `stopping` while unfinished, the third state
+    /// `unfinished — no finish recorded` for a tombstone, else the status.
+    pub fn status_label(&self) -> String {
+        if !self.finished {
+            return match self.stop {
+                Some(m) => format!("stopping ({})", m.as_str()),
+                None => "live".into(),
+            };
+        }
+        if self.provisional == Some(true) {
+            return "unfinished — no finish recorded".into();
+        }
+        self.status.map(|s| s.as_str().to_owned()).unwrap_or_else(|| "finished".into())
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runs_service::testing::*;
+    use crate::runs_service::StatusFilter;
+
+    #[tokio::test]
+    async fn no_view_carries_a_capability_token() {
+        let f = fixture();
+        f.local("r1", "c1", NOW - 10, None);
+        f.local("r2", "c1", NOW - 20, Some(NOW - 1));
+        let list = serde_json::to_string(&f.list(StatusFilter::All).await).unwrap();
+        let one = serde_json::to_string(&f.svc.get_run("r1", true, &VisibilityFilter::All).await.unwrap()).unwrap();
+        let feed = serde_json::to_string(&f.svc.index_rows(&VisibilityFilter::All).await.0).unwrap();
+        for s in [list, one, feed] {
+            assert!(!s.contains("secret-token") && !s.contains("\"token\""), "{s}");
+        }
+        let v = serde_json::to_value(f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap()).unwrap();
+        assert_eq!((v["finished"].as_bool(), v.get("events")), (Some(false), None));
+    }
+}
