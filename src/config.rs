@@ -40,6 +40,10 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     pub plan: PlanConfig,
     pub supervisor: SupervisorSettings,
+    /// `[[tools.http]]` and `[[tools.mcp]]`: external tools (SPEC §8.3).
+    pub tools: ToolsConfig,
+    /// `[redaction]`: extra patterns for the redactor (SPEC §8.3).
+    pub redaction: RedactionConfig,
     /// Where this configuration came from, for error messages (not a key).
     #[serde(skip)]
     pub source: String,
@@ -61,6 +65,8 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             plan: PlanConfig::default(),
             supervisor: SupervisorSettings::default(),
+            tools: ToolsConfig::default(),
+            redaction: RedactionConfig::default(),
             source: "<defaults>".into(),
         }
     }
@@ -134,13 +140,19 @@ pub struct LedgerConfig {
     pub lease_ms: u64,
     /// Lease renewal interval; at most half the lease.
     pub heartbeat_ms: u64,
+    /// How long a keyed admission's receipt answers retries after its run ended; the reclaim sweep
+    /// prunes it then (SPEC §4.3 finish). Within 1 minute..=365 days.
+    pub receipt_ttl_ms: u64,
 }
 
 impl Default for LedgerConfig {
     fn default() -> Self {
-        LedgerConfig { lease_ms: 30_000, heartbeat_ms: 10_000 }
+        LedgerConfig { lease_ms: 30_000, heartbeat_ms: 10_000, receipt_ttl_ms: storage::ledger::DEFAULT_RECEIPT_TTL_MS as u64 }
     }
 }
+
+/// Bounds of `[ledger] receipt_ttl_ms`: a retry window of at least a minute, at most a year.
+const RECEIPT_TTL_MS: std::ops::RangeInclusive<u64> = 60_000..=365 * 86_400_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -158,20 +170,57 @@ impl Default for DrainConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentKind {
+    /// The deterministic demo agent; the provider keys are ignored.
     #[default]
     Scripted,
+    /// An OpenAI-compatible chat-completions provider (`{base_url}/chat/completions`).
     Openai,
+    /// The Anthropic Messages API (`{base_url}/v1/messages`).
+    Anthropic,
 }
 
+impl AgentKind {
+    /// The spelling in `config.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentKind::Scripted => "scripted",
+            AgentKind::Openai => "openai",
+            AgentKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// Whether the agent calls a model provider over HTTP (and so needs `model`, `base_url`, `api_key_env`).
+    pub fn is_provider(self) -> bool {
+        matches!(self, AgentKind::Openai | AgentKind::Anthropic)
+    }
+}
+
+/// `[agents.NAME]` (SPEC §8.3, §8.4).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     pub kind: AgentKind,
+    /// The run's budget; waiting between retries counts against it.
     pub budget_ms: u64,
     pub system: String,
+    /// The provider's model name (required for `openai` and `anthropic`).
     pub model: Option<String>,
+    /// e.g. `https://api.openai.com/v1` or `https://api.anthropic.com` (required for providers).
     pub base_url: Option<String>,
+    /// The environment variable holding the API key, never the key itself (required for providers).
     pub api_key_env: Option<String>,
+    /// One model request, connect to last byte (default 120000).
+    pub timeout_ms: u64,
+    /// Sent to the provider when set (openai 0..=2, anthropic 0..=1).
+    pub temperature: Option<f64>,
+    /// Sent to the provider when set (anthropic requires one and sends 4096 when unset).
+    pub max_tokens: Option<u32>,
+    /// The tools the model sees, by name; `None` means every built-in. The run enforces it.
+    pub tools: Option<Vec<String>>,
+    /// Stream text deltas to the owning process's SSE viewers (SPEC §8.3); default false.
+    pub stream: bool,
+    /// `[agents.NAME.retry]`.
+    pub retry: AgentRetryConfig,
 }
 
 impl Default for AgentConfig {
@@ -183,7 +232,199 @@ impl Default for AgentConfig {
             model: None,
             base_url: None,
             api_key_env: None,
+            timeout_ms: 120_000,
+            temperature: None,
+            max_tokens: None,
+            tools: None,
+            stream: false,
+            retry: AgentRetryConfig::default(),
         }
+    }
+}
+
+/// `[agents.NAME.retry]`: how the run retries the agent's transient errors (SPEC §8.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentRetryConfig {
+    /// Attempts in total, the first included (≥ 1).
+    pub max_attempts: u32,
+    /// The first backoff ceiling; doubles per attempt.
+    pub initial_ms: u64,
+    /// The backoff cap; a `Retry-After` above it ends the retries.
+    pub max_ms: u64,
+}
+
+impl Default for AgentRetryConfig {
+    fn default() -> Self {
+        AgentRetryConfig { max_attempts: 5, initial_ms: 1000, max_ms: 30_000 }
+    }
+}
+
+impl AgentConfig {
+    /// The problems of one agent's keys, as `(key under agents.NAME, why)`; the first is reported.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.budget_ms == 0 {
+            return Err(("budget_ms", "must be positive".into()));
+        }
+        let kind = self.kind.as_str();
+        if self.kind.is_provider() {
+            for (k, v) in [("model", &self.model), ("base_url", &self.base_url), ("api_key_env", &self.api_key_env)] {
+                if v.as_deref().is_none_or(|s| s.trim().is_empty()) {
+                    return Err((k, format!("is required for kind = \"{kind}\"")));
+                }
+            }
+            let base = self.base_url.as_deref().unwrap_or_default();
+            if !(base.starts_with("http://") || base.starts_with("https://")) {
+                return Err(("base_url", "must start with http:// or https://".into()));
+            }
+        }
+        if self.timeout_ms == 0 {
+            return Err(("timeout_ms", "must be positive".into()));
+        }
+        if let Some(t) = self.temperature {
+            let max = if self.kind == AgentKind::Anthropic { 1.0 } else { 2.0 };
+            if !(0.0..=max).contains(&t) {
+                return Err(("temperature", format!("must be within 0..={max} for kind = \"{kind}\"")));
+            }
+        }
+        if self.max_tokens == Some(0) {
+            return Err(("max_tokens", "must be positive".into()));
+        }
+        if let Some(tools) = &self.tools {
+            if let Some(t) = tools.iter().find(|t| t.trim().is_empty()) {
+                return Err(("tools", format!("tool names must not be empty (got {t:?})")));
+            }
+            if let Some(dup) = tools.iter().enumerate().find_map(|(i, t)| tools[..i].contains(t).then_some(t)) {
+                return Err(("tools", format!("`{dup}` is listed twice")));
+            }
+        }
+        let r = &self.retry;
+        if r.max_attempts == 0 {
+            return Err(("retry.max_attempts", "must be at least 1 (the first attempt counts)".into()));
+        }
+        if r.initial_ms > r.max_ms {
+            return Err(("retry.initial_ms", format!("must not exceed retry.max_ms ({})", r.max_ms)));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod agent_config_tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse("test.toml", text, Vec::new())
+    }
+
+    /// A minimal valid openai agent; a test appends keys to its table.
+    const GPT: &str = r#"
+[defaults]
+agent = "gpt"
+[agents.gpt]
+kind = "openai"
+model = "gpt-4o-mini"
+base_url = "https://api.openai.com/v1"
+api_key_env = "OPENAI_API_KEY"
+"#;
+
+    #[test]
+    fn agent_keys_have_documented_defaults() {
+        let c = parse(GPT).expect("gpt agent");
+        let a = &c.agents["gpt"];
+        assert_eq!(a.kind, AgentKind::Openai);
+        assert_eq!((a.timeout_ms, a.budget_ms, a.stream), (120_000, 600_000, false));
+        assert_eq!((a.temperature, a.max_tokens, a.tools.clone()), (None, None, None));
+        assert_eq!(a.retry, AgentRetryConfig { max_attempts: 5, initial_ms: 1000, max_ms: 30_000 });
+    }
+
+    #[test]
+    fn a_complete_anthropic_agent_parses() {
+        let text = r#"
+[defaults]
+agent = "claude"
+[agents.claude]
+kind = "anthropic"
+model = "claude-sonnet-4-5"
+base_url = "https://api.anthropic.com"
+api_key_env = "ANTHROPIC_API_KEY"
+timeout_ms = 60000
+temperature = 0.2
+max_tokens = 2048
+system = "be brief"
+budget_ms = 300000
+tools = ["echo", "sleep"]
+stream = true
+[agents.claude.retry]
+max_attempts = 3
+initial_ms = 500
+max_ms = 8000
+"#;
+        let c = parse(text).expect("claude agent");
+        let a = &c.agents["claude"];
+        assert_eq!(a.kind, AgentKind::Anthropic);
+        assert_eq!(a.model.as_deref(), Some("claude-sonnet-4-5"));
+        assert_eq!((a.timeout_ms, a.temperature, a.max_tokens), (60_000, Some(0.2), Some(2048)));
+        assert_eq!(a.tools, Some(vec!["echo".to_owned(), "sleep".to_owned()]));
+        assert!(a.stream);
+        assert_eq!(a.retry, AgentRetryConfig { max_attempts: 3, initial_ms: 500, max_ms: 8000 });
+    }
+
+    #[test]
+    fn bad_agent_keys_are_named() {
+        let claude = "[agents.c]\nkind = \"anthropic\"\nmodel = \"m\"\n";
+        let cases: Vec<(String, &str)> = vec![
+            ("[agents.gpt]\nkind = \"openai\"\n".into(), "agents.gpt.model"),
+            (claude.into(), "agents.c.base_url"),
+            (format!("{claude}base_url = \"https://x\"\n"), "agents.c.api_key_env"),
+            ("[agents.c]\nkind = \"gemini\"\n".into(), "agents.c.kind"),
+            (format!("{GPT}base_url_typo = 1\n"), "agents.gpt.base_url_typo"),
+            (GPT.replace("https://api.openai.com/v1", "api.openai.com"), "agents.gpt.base_url"),
+            (format!("{GPT}timeout_ms = 0\n"), "agents.gpt.timeout_ms"),
+            (format!("{GPT}temperature = 2.5\n"), "agents.gpt.temperature"),
+            (format!("{GPT}max_tokens = 0\n"), "agents.gpt.max_tokens"),
+            (format!("{GPT}tools = [\"echo\", \"echo\"]\n"), "agents.gpt.tools"),
+            (format!("{GPT}tools = [\"\"]\n"), "agents.gpt.tools"),
+            (format!("{GPT}[agents.gpt.retry]\nmax_attempts = 0\n"), "agents.gpt.retry.max_attempts"),
+            (format!("{GPT}[agents.gpt.retry]\ninitial_ms = 5000\nmax_ms = 1000\n"), "agents.gpt.retry.initial_ms"),
+            (format!("{GPT}[agents.gpt.retry]\nmax_attempt = 3\n"), "agents.gpt.retry.max_attempt"),
+            (
+                format!("{claude}base_url = \"https://x\"\napi_key_env = \"K\"\ntemperature = 1.5\n"),
+                "agents.c.temperature",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.contains(&format!("`{key}`")), "{text:?} → {e}");
+        }
+        // The message says why, naming the kind.
+        let e = parse("[agents.gpt]\nkind = \"openai\"\n").unwrap_err().to_string();
+        assert!(e.contains("is required for kind = \"openai\""), "{e}");
+    }
+
+    #[test]
+    fn commented_agent_examples_in_config_toml_are_complete_and_valid() {
+        // Uncomment the key and table lines of the agents section (prose comments stay comments).
+        let start = EMBEDDED.find("[agents.demo]").expect("agents section");
+        let end = start + EMBEDDED[start..].find("\n[auth]").expect("auth section after agents");
+        let agents: String = EMBEDDED[start..end]
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.starts_with('[') || rest.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')) => {
+                    rest
+                }
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let text = format!("{}{agents}{}", &EMBEDDED[..start], &EMBEDDED[end..]);
+        let c = Config::parse("uncommented config.toml", &text, Vec::new()).expect("uncommented examples");
+        let (gpt, claude) = (&c.agents["gpt"], &c.agents["claude"]);
+        assert_eq!((gpt.kind, claude.kind), (AgentKind::Openai, AgentKind::Anthropic));
+        assert!(gpt.temperature.is_some() && gpt.max_tokens.is_some() && gpt.tools.is_some());
+        assert!(claude.stream && claude.tools.is_some());
+        assert_eq!(gpt.retry, AgentRetryConfig::default());
+        assert_eq!(claude.retry, AgentRetryConfig::default());
     }
 }
 
@@ -228,10 +469,109 @@ pub struct TokenConfig {
     pub visible_to: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeliveryConfig {
     pub webhook_url: Option<String>,
+    /// The environment variable holding the Standard Webhooks signing secret (never the secret itself);
+    /// webhook deliveries and `[[tools.http]]` calls are signed when it is set. A `whsec_<base64>` value
+    /// is decoded; any other value is used as is.
+    pub secret_env: Option<String>,
+    /// How long a webhook delivery keeps retrying (connect errors, timeouts, 5xx).
+    pub deadline_ms: u64,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig { webhook_url: None, secret_env: None, deadline_ms: 30_000 }
+    }
+}
+
+/// `[tools]`: external tools offered beside the built-ins (SPEC §8.3). They come from the file only.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    pub http: Vec<HttpToolConfig>,
+    pub mcp: Vec<McpToolConfig>,
+}
+
+/// One `[[tools.http]]` entry: a tool whose calls POST `{runId, callId, input}` to `url`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpToolConfig {
+    /// The tool name the model sees: `[A-Za-z0-9_-]{1,64}`.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the `input` object, as a TOML table or a string holding JSON; default
+    /// `{"type": "object"}`.
+    #[serde(default)]
+    pub input_schema: Option<serde_json::Value>,
+    pub url: String,
+    /// `false` declares the endpoint free of effects (re-run at resume).
+    #[serde(default = "yes")]
+    pub mutating: bool,
+    /// `true` declares that the endpoint honours `Idempotency-Key` (a call in flight at a crash is
+    /// re-sent with the same key).
+    #[serde(default)]
+    pub idempotent: bool,
+    /// Per call; default 30000.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// One `[[tools.mcp]]` entry: an MCP server over streamable HTTP whose tools are `<name>__<tool>`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolConfig {
+    /// The prefix of the server's tool names: `[A-Za-z0-9_-]+`.
+    pub name: String,
+    pub url: String,
+    /// Bounds the boot handshake and each call; default 30000.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl ToolsConfig {
+    /// What `actors::tools::external_tools` needs; `secret` is the key `delivery.secret_env` names.
+    pub fn to_settings(&self, secret: Option<Vec<u8>>) -> actors::tools::ExternalToolsSettings {
+        let timeout = |ms: Option<u64>| {
+            ms.map(std::time::Duration::from_millis).unwrap_or(actors::tools::DEFAULT_EXTERNAL_TIMEOUT)
+        };
+        actors::tools::ExternalToolsSettings {
+            http: self
+                .http
+                .iter()
+                .map(|t| actors::tools::HttpToolSpec {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    input_schema: t.input_schema.clone().unwrap_or(serde_json::Value::Null),
+                    url: t.url.clone(),
+                    mutating: t.mutating,
+                    idempotent: t.idempotent,
+                    timeout: timeout(t.timeout_ms),
+                })
+                .collect(),
+            mcp: self
+                .mcp
+                .iter()
+                .map(|m| actors::tools::McpServerSpec { prefix: m.name.clone(), url: m.url.clone(), timeout: timeout(m.timeout_ms) })
+                .collect(),
+            secret,
+        }
+    }
+}
+
+/// `[redaction]`: regexes whose matches are replaced with `[redacted]` in labels, `run_failed`
+/// messages, tool summaries and event text, beside the built-in credential patterns.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedactionConfig {
+    pub patterns: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -352,20 +692,14 @@ impl Config {
                 format!("2 × heartbeat_ms ({}) must not exceed ledger.lease_ms ({})", 2 * l.heartbeat_ms, l.lease_ms),
             ));
         }
+        if !RECEIPT_TTL_MS.contains(&l.receipt_ttl_ms) {
+            return Err(self.bad("ledger.receipt_ttl_ms", "must be within 60000 (a minute)..=31536000000 (a year)"));
+        }
         for (name, a) in &self.agents {
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
                 return Err(self.bad(format!("agents.{name}"), "agent names use letters, digits, `_` and `-`"));
             }
-            if a.budget_ms == 0 {
-                return Err(self.bad(format!("agents.{name}.budget_ms"), "must be positive"));
-            }
-            if a.kind == AgentKind::Openai {
-                for (k, v) in [("model", &a.model), ("base_url", &a.base_url), ("api_key_env", &a.api_key_env)] {
-                    if v.as_deref().is_none_or(str::is_empty) {
-                        return Err(self.bad(format!("agents.{name}.{k}"), "is required for kind = \"openai\""));
-                    }
-                }
-            }
+            a.check().map_err(|(key, why)| self.bad(format!("agents.{name}.{key}"), why))?;
         }
         if !self.agents.contains_key(&self.defaults.agent) {
             return Err(self.bad("defaults.agent", format!("names no configured agent `{}`", self.defaults.agent)));
@@ -442,6 +776,16 @@ mod tests {
         assert_eq!(c.history.retention_days, 30);
         assert_eq!(c.storage.synchronous, SynchronousSetting::Full);
         assert_eq!(c.defaults.agent, "demo");
+    }
+
+    #[test]
+    fn receipt_ttl_defaults_to_a_day_and_is_bounded() {
+        assert_eq!(parse("").expect("empty config").ledger.receipt_ttl_ms, 86_400_000);
+        assert_eq!(parse("[ledger]\nreceipt_ttl_ms = 60000\n").expect("a minute").ledger.receipt_ttl_ms, 60_000);
+        for text in ["[ledger]\nreceipt_ttl_ms = 59999\n", "[ledger]\nreceipt_ttl_ms = 31536000001\n"] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains("ledger.receipt_ttl_ms"), "{text:?} → {e}");
+        }
     }
 
     #[test]

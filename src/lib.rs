@@ -22,9 +22,10 @@ use std::sync::Arc;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use actors::agent::anthropic::{AnthropicAgent, AnthropicConfig};
 use actors::agent::openai::{OpenAiAgent, OpenAiConfig};
 use actors::agent::scripted::ScriptedAgent;
-use actors::agent::Agent;
+use actors::agent::{Agent, RetryPolicy};
 use actors::history::HistoryWriter;
 use actors::registry::Registry;
 use actors::run::AgentEntry;
@@ -108,27 +109,48 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     start_with_tools(config, Toolbox::builtin()).await
 }
 
-/// The agents `config` names, built.
+/// The agents `config` names, built: each provider with its timeout, temperature and max_tokens; the
+/// API key read from the environment variable `api_key_env` names (a warning when it is unset).
 fn build_agents(config: &Config) -> anyhow::Result<HashMap<String, AgentEntry>> {
     let mut agents = HashMap::new();
     for (name, a) in &config.agents {
+        let api_key = || {
+            let env = a.api_key_env.clone().unwrap_or_default();
+            let key = std::env::var(&env).unwrap_or_default();
+            if key.is_empty() {
+                tracing::warn!(agent = %name, env = %env, "the agent's API key variable is not set");
+            }
+            key
+        };
+        let timeout = Duration::from_millis(a.timeout_ms);
         let agent: Arc<dyn Agent> = match a.kind {
             config::AgentKind::Scripted => Arc::new(ScriptedAgent::new()),
-            config::AgentKind::Openai => {
-                let env = a.api_key_env.clone().unwrap_or_default();
-                let api_key = std::env::var(&env).unwrap_or_default();
-                if api_key.is_empty() {
-                    tracing::warn!(agent = %name, env = %env, "the agent's API key variable is not set");
-                }
-                Arc::new(OpenAiAgent::new(OpenAiConfig {
-                    base_url: a.base_url.clone().unwrap_or_default(),
-                    model: a.model.clone().unwrap_or_default(),
-                    api_key,
-                    timeout: Duration::from_secs(120),
-                }))
-            }
+            config::AgentKind::Openai => Arc::new(OpenAiAgent::new(OpenAiConfig {
+                base_url: a.base_url.clone().unwrap_or_default(),
+                model: a.model.clone().unwrap_or_default(),
+                api_key: api_key(),
+                timeout,
+                temperature: a.temperature,
+                max_tokens: a.max_tokens,
+            })),
+            config::AgentKind::Anthropic => Arc::new(AnthropicAgent::new(AnthropicConfig {
+                base_url: a.base_url.clone().unwrap_or_default(),
+                model: a.model.clone().unwrap_or_default(),
+                api_key: api_key(),
+                timeout,
+                temperature: a.temperature,
+                max_tokens: a.max_tokens,
+            })),
         };
-        agents.insert(name.clone(), AgentEntry { agent, budget_ms: a.budget_ms as i64, system: a.system.clone() });
+        let retry = RetryPolicy {
+            max_attempts: a.retry.max_attempts,
+            initial: Duration::from_millis(a.retry.initial_ms),
+            max: Duration::from_millis(a.retry.max_ms),
+        };
+        agents.insert(
+            name.clone(),
+            AgentEntry { agent, budget_ms: a.budget_ms as i64, system: a.system.clone(), tools: a.tools.clone(), retry, stream: a.stream },
+        );
     }
     Ok(agents)
 }
@@ -167,11 +189,24 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         }
     };
     let loaded_at = clock.now_ms();
-    let storage = StorageHandle::start(spec, clock.clone());
+    let options = storage::StorageOptions { receipt_ttl_ms: config.ledger.receipt_ttl_ms as i64, ..Default::default() };
+    let storage = StorageHandle::start_with(spec, clock.clone(), options);
     storage.ping().await.context("start storage actor")?;
     let tokens = TokenMinter::new(&storage.capability_secret().await.context("read the capability secret")?);
     let draining = Arc::new(AtomicBool::new(false));
-    let registry = Registry::new(clock.clone());
+    let redactor = actors::redact::Redactor::new(&config.redaction.patterns).context("compile the redaction patterns")?;
+    let registry = Registry::new(clock.clone()).with_redactor(Arc::new(redactor));
+    let webhook_secret =
+        actors::delivery::secret_from_env(config.delivery.secret_env.as_deref()).context("read the webhook secret")?;
+    let webhook = config.delivery.webhook_url.clone().map(|url| actors::delivery::Webhook {
+        url,
+        secret: webhook_secret.clone(),
+        deadline: Duration::from_millis(config.delivery.deadline_ms),
+    });
+    let external = actors::tools::external_tools(&config.tools.to_settings(webhook_secret), &reqwest::Client::new())
+        .await
+        .context("connect the external tools")?;
+    let tools = tools.with_external(external).context("add the external tools")?;
     let metrics = actors::metrics::Metrics::shared();
     let operations = actors::operations::OperationCoordinator::new(clock.clone());
     // Sessions are capped even when no other call comes in to notice.
@@ -190,7 +225,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         data_dir,
         lease_ms: config.ledger.lease_ms as i64,
         heartbeat_ms: config.ledger.heartbeat_ms,
-        webhook_url: config.delivery.webhook_url.clone(),
+        webhook,
         clock: clock.clone(),
         tokens: tokens.clone(),
         draining: draining.clone(),

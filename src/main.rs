@@ -1,9 +1,19 @@
-//! The `switchboard` binary: parse the CLI, load the configuration, run.
+//! The `switchboard` binary: parse the CLI, set up logging, load the configuration, run.
+//!
+//! Logging goes to stderr through `tracing-subscriber`: `RUST_LOG` decides the filter; without it
+//! `serve` and `chaos` log at info, every other command at warn (a client's stdout is its answer, and its
+//! stderr should not fill with a server's info lines). `serve --log-format json` writes one JSON object
+//! per line; text (the default) is coloured only when stderr is a terminal and `NO_COLOR` is unset, so
+//! a log redirected to a file never carries ANSI escapes.
+//!
+//! Exit codes: `runs` maps its failures per SPEC §8.2 ([`switchboard::cli::exit_code`]); clap's usage
+//! errors exit 2; any other failure exits 1.
 
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use switchboard::Config;
 
 #[derive(Parser)]
@@ -20,8 +30,14 @@ enum Command {
         /// The configuration file (default: ./config.toml when present, else the embedded default).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// How log lines are written to stderr.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
     },
     /// Read and control runs: against a running server (`--url`, `--token`) or a database (`--db`).
+    ///
+    /// Exit codes: 0 ok, 1 other failure, 2 usage, 3 not found, 4 conflict, 5 unauthorized or
+    /// forbidden, 6 unavailable.
     Runs(switchboard::cli::RunsArgs),
     /// Measure: `steps`, `runs`, `sse`, `recovery`, `idle` or `all` (SPEC §11).
     Bench(switchboard::bench::BenchArgs),
@@ -34,26 +50,67 @@ enum Command {
         /// The agent to run (default: `[defaults] agent`).
         #[arg(long)]
         agent: Option<String>,
+        /// The configuration file (default: ./config.toml when present, else the embedded default).
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Print a shell completion script to stdout (e.g. `switchboard completions bash > /etc/bash_completion.d/switchboard`).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines (coloured only on a terminal without NO_COLOR).
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields, spans).
+    Json,
+}
+
+/// Install the global subscriber: `RUST_LOG` when set (and valid), else `default_level`.
+fn init_tracing(default_level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => {
+            let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(ansi).init();
+        }
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let (level, format) = match &cli.command {
+        Command::Serve { log_format, .. } => ("info", *log_format),
+        Command::Chaos(_) => ("info", LogFormat::Text),
+        Command::Ask { .. } | Command::Bench(_) | Command::Runs(_) | Command::Completions { .. } => ("warn", LogFormat::Text),
+    };
+    init_tracing(level, format);
     let result = match cli.command {
-        Command::Serve { config } => serve(config),
+        Command::Serve { config, .. } => serve(config),
         Command::Ask { text, agent, config } => ask(text, agent, config),
-        Command::Runs(args) => switchboard::cli::run(args),
+        Command::Runs(args) => {
+            return match switchboard::cli::run(args) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("switchboard: {e:#}");
+                    std::process::ExitCode::from(switchboard::cli::exit_code(&e))
+                }
+            };
+        }
         Command::Bench(args) => switchboard::bench::run(args),
         Command::Chaos(args) => switchboard::chaos::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "switchboard", &mut std::io::stdout());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -117,5 +174,39 @@ async fn shutdown_signal() -> std::io::Result<()> {
     #[cfg(not(unix))]
     {
         tokio::signal::ctrl_c().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subcommand and every argument of the commands this file and `cli.rs` define says what it is
+    /// for (SPEC §8.2), and clap's own consistency checks pass for the whole tree.
+    #[test]
+    fn every_flag_and_subcommand_has_help() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = ["help", "version"].contains(&arg.get_id().as_str());
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(sub_path.clone());
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        for name in ["serve", "runs", "ask", "completions"] {
+            let sub = cli.find_subcommand(name).expect("a subcommand");
+            walk(sub, name, &mut missing);
+        }
+        assert!(missing.is_empty(), "without help text: {missing:?}");
     }
 }

@@ -36,10 +36,8 @@ async fn a_three_step_demo_run_completes_with_its_events_in_seq_order() {
     assert_eq!(app.running.storage.get_live(run_id.clone()).await.unwrap(), None);
     let page = app.running.storage.list(storage::store::ListQuery::visible_to(storage::record::VisibilityFilter::All)).await.unwrap();
     assert_eq!(page.items.len(), 1);
-    // The durable transcript: system + user seed, then (assistant, results) turns and the answer.
-    let turns = app.running.storage.read_transcript(run_id.clone()).await.unwrap();
-    assert_eq!(turns.iter().map(|t| t.role.as_str()).collect::<Vec<_>>(),
-        ["system", "user", "assistant", "tool_results", "assistant", "tool_results", "assistant", "tool_results", "assistant"]);
+    // The transcript went with the live row: the record is the run's history from here.
+    assert!(app.running.storage.read_transcript(run_id.clone()).await.unwrap().is_empty());
 }
 
 #[actix_web::test]
@@ -204,6 +202,7 @@ impl actors::tools::Tool for PanicOnce {
             parameters: json!({"type": "object"}),
             side_effect_free: true,
             rerun_safe: true,
+            idempotent: false,
         }
     }
 
@@ -426,6 +425,7 @@ impl actors::tools::Tool for LeakThenPanic {
             parameters: json!({"type": "object"}),
             side_effect_free: false,
             rerun_safe: false,
+            idempotent: false,
         }
     }
 
@@ -516,6 +516,7 @@ impl actors::tools::Tool for PanicAlways {
             parameters: json!({"type": "object"}),
             side_effect_free: true,
             rerun_safe: true,
+            idempotent: false,
         }
     }
 

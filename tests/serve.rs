@@ -17,7 +17,7 @@ async fn healthz_reports_generation_pid_version_storage_and_draining() {
     assert!(storage::Generation::parse(body["generation"].as_str().unwrap()).is_some(), "{body}");
     assert_eq!(body["pid"], std::process::id());
     assert_eq!(body["version"], switchboard::VERSION);
-    assert_eq!(body["storage"], "sqlite");
+    assert_eq!((body["storage"].as_str(), body["storageKind"].as_str()), (Some("ok"), Some("sqlite")), "{body}");
     assert_eq!(body["draining"], false);
     assert!(app.db_path().exists(), "the database was created and migrated at boot");
     app.running.stop().await.expect("clean stop");
@@ -27,7 +27,7 @@ async fn healthz_reports_generation_pid_version_storage_and_draining() {
 async fn memory_storage_boots_without_a_database_file() {
     let app = TestApp::spawn_with(|c| c.storage.kind = switchboard::config::StorageKind::Memory).await;
     let body: serde_json::Value = app.client.get(app.url("/healthz")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(body["storage"], "memory");
+    assert_eq!((body["storage"].as_str(), body["storageKind"].as_str()), (Some("ok"), Some("memory")), "{body}");
     assert!(!app.db_path().exists());
 }
 

@@ -6,6 +6,7 @@
 //! - [`history`]: the history writer (fire-and-forget record writes with retries).
 
 pub mod agent;
+pub mod delivery;
 pub mod flusher;
 pub mod heartbeat;
 pub mod history;
@@ -13,6 +14,7 @@ pub mod host;
 pub mod metrics;
 pub mod operations;
 pub mod plan;
+pub mod redact;
 pub mod registry;
 pub mod run;
 pub mod runs_service;

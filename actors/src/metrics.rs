@@ -21,6 +21,8 @@ pub struct Metrics {
     ledger_refusals: Mutex<BTreeMap<String, u64>>,
     reclaims: Mutex<BTreeMap<String, u64>>,
     restarts: Mutex<BTreeMap<String, u64>>,
+    /// Tokens by `agent="…",model="…",kind="input|output"`.
+    tokens: Mutex<BTreeMap<String, u64>>,
 }
 
 fn bump(map: &Mutex<BTreeMap<String, u64>>, label: &str, by: u64) {
@@ -32,6 +34,11 @@ fn labelled(out: &mut String, name: &str, help: &str, label: &str, map: &Mutex<B
     for (k, v) in map.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {v}");
     }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 fn single(out: &mut String, name: &str, help: &str, kind: &str, v: u64) {
@@ -75,6 +82,13 @@ impl Metrics {
         bump(&self.restarts, reason, 1);
     }
 
+    /// Tokens a model call used, by agent and model (SPEC §8.3).
+    pub fn tokens(&self, agent: &str, model: &str, input: u64, output: u64) {
+        let label = |kind: &str| format!("agent=\"{}\",model=\"{}\",kind=\"{kind}\"", escape_label(agent), escape_label(model));
+        bump(&self.tokens, &label("input"), input);
+        bump(&self.tokens, &label("output"), output);
+    }
+
     /// Run actors that failed, by reason.
     pub fn restarts(&self, reason: &str) -> u64 {
         self.restarts.lock().unwrap_or_else(|p| p.into_inner()).get(reason).copied().unwrap_or(0)
@@ -90,6 +104,10 @@ impl Metrics {
         labelled(&mut out, "switchboard_ledger_refusals_total", "Ledger refusals, by kind.", "kind", &self.ledger_refusals);
         single(&mut out, "switchboard_fences_total", "Runs this process found fenced by another generation.", "counter", self.fences.load(Ordering::Relaxed));
         labelled(&mut out, "switchboard_reclaims_total", "Reclaimed rows, by outcome.", "outcome", &self.reclaims);
+        let _ = writeln!(out, "# HELP switchboard_tokens_total Model tokens, by agent, model and kind.\n# TYPE switchboard_tokens_total counter");
+        for (labels, v) in self.tokens.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let _ = writeln!(out, "switchboard_tokens_total{{{labels}}} {v}");
+        }
         labelled(&mut out, "switchboard_run_restarts_total", "Run actors that failed and were re-adopted or closed, by reason.", "reason", &self.restarts);
         single(&mut out, "switchboard_history_write_failures_total", "Record writes lost after retries.", "counter", observed.history_write_failures);
         single(&mut out, "switchboard_event_batch_failures_total", "Event batches the ledger refused or could not take.", "counter", self.event_batch_failures.load(Ordering::Relaxed));

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{json, Value};
 use storage::ledger::StopMode;
-use storage::record::{ChannelVisibility, RunStatus};
+use storage::record::RunStatus;
 use storage::Clock;
 use tokio::sync::mpsc;
 
@@ -33,33 +33,9 @@ pub const SUBSCRIBER_QUEUE: usize = 1024;
 /// Event types kept at the head of the backlog whatever its length.
 const HEAD_TYPES: [&str; 3] = ["run_meta", "input", "context"];
 
-/// Identity of a run, as stamped on `run_meta`, the ledger row's meta and the record.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunMeta {
-    pub agent: String,
-    pub model: String,
-    pub label: String,
-    pub thread_key: String,
-    pub channel_id: String,
-    pub user_id: String,
-    pub channel_visibility: ChannelVisibility,
-    pub parent_run_id: Option<String>,
-}
-
-impl RunMeta {
-    /// The `run_meta` event body.
-    pub fn event(&self) -> Value {
-        let mut v = json!({
-            "type": "run_meta", "agent": self.agent, "model": self.model, "label": self.label,
-            "threadKey": self.thread_key, "channelId": self.channel_id, "userId": self.user_id,
-            "channelVisibility": self.channel_visibility.as_str(),
-        });
-        if let Some(p) = &self.parent_run_id {
-            v["parentRunId"] = json!(p);
-        }
-        v
-    }
-}
+/// Identity of a run, as stamped on `run_meta`, the ledger row's meta and the record: one typed
+/// encoder and decoder for all three.
+pub type RunMeta = storage::ledger::RunIdentity;
 
 /// A run's row as readers see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +77,8 @@ pub struct Registry {
     inner: Arc<Mutex<HashMap<String, Entry>>>,
     clock: Arc<dyn Clock>,
     backlog_limit: usize,
+    /// Applied to every event before it is stored or shown (SPEC §8.3 redaction).
+    redactor: Arc<crate::redact::Redactor>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -115,7 +93,19 @@ impl Registry {
     }
 
     pub fn with_backlog_limit(clock: Arc<dyn Clock>, backlog_limit: usize) -> Self {
-        Registry { inner: Arc::default(), clock, backlog_limit: backlog_limit.max(4) }
+        let redactor = Arc::new(crate::redact::Redactor::new(&[]).expect("the built-in redaction rules compile"));
+        Registry { inner: Arc::default(), clock, backlog_limit: backlog_limit.max(4), redactor }
+    }
+
+    /// The same registry redacting with `redactor` (the built-in rules plus `[redaction] patterns`).
+    pub fn with_redactor(mut self, redactor: Arc<crate::redact::Redactor>) -> Self {
+        self.redactor = redactor;
+        self
+    }
+
+    /// The redactor every published event goes through.
+    pub fn redactor(&self) -> &crate::redact::Redactor {
+        &self.redactor
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
@@ -146,7 +136,8 @@ impl Registry {
             tail: VecDeque::new(),
             subscribers: Vec::new(),
         };
-        for e in replay {
+        for mut e in replay {
+            self.redactor.redact_event(&mut e);
             Self::store(&mut entry, e, self.backlog_limit);
         }
         entry.row.event_count = highest;
@@ -176,6 +167,7 @@ impl Registry {
         entry.last_seq += 1;
         event["seq"] = json!(entry.last_seq);
         event["at"] = json!(now);
+        self.redactor.redact_event(&mut event);
         // No event over 64 KiB is ever published: its text is capped here, the full text stays in the
         // request and the transcript (SPEC §4.3 `append`).
         let event = storage::record::cap_event_for_publish(event);
@@ -190,6 +182,14 @@ impl Registry {
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         });
         Some(event)
+    }
+
+    /// Send an ephemeral frame (a streamed `assistant_delta`) to this run's live subscribers: no seq, never
+    /// stored, never replayed; a subscriber that fell behind is dropped as for any event.
+    pub fn broadcast(&self, id: &str, frame: Value) {
+        let mut map = self.lock();
+        let Some(entry) = map.get_mut(id) else { return };
+        entry.subscribers.retain(|s| s.try_send(frame.clone()).is_ok());
     }
 
     /// Events strictly after `after_seq` and a receiver for the ones published from now on.
@@ -271,6 +271,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use storage::record::ChannelVisibility;
     use storage::ManualClock;
 
     fn meta() -> RunMeta {

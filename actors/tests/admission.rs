@@ -28,7 +28,7 @@ async fn fixture() -> Fixture {
     let clock = storage::clock::system();
     let storage = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), clock.clone());
     let mut agents = HashMap::new();
-    agents.insert("demo".to_owned(), AgentEntry { agent: Arc::new(ScriptedAgent::new()), budget_ms: 600_000, system: "s".into() });
+    agents.insert("demo".to_owned(), AgentEntry::new(Arc::new(ScriptedAgent::new()), 600_000, "s"));
     let secret = storage.capability_secret().await.expect("secret");
     let draining = Arc::new(AtomicBool::new(false));
     let supervisor = Supervisor::new(SupervisorConfig {
@@ -41,7 +41,7 @@ async fn fixture() -> Fixture {
         data_dir: dir.path().to_owned(),
         lease_ms: 30_000,
         heartbeat_ms: 10_000,
-        webhook_url: None,
+        webhook: None,
         clock: clock.clone(),
         tokens: TokenMinter::new(&secret),
         draining: draining.clone(),

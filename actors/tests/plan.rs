@@ -731,7 +731,7 @@ mod agent_provider {
         let mut agents = HashMap::new();
         agents.insert(
             "demo".to_owned(),
-            AgentEntry { agent: Arc::new(ScriptedAgent::new()), budget_ms: 600_000, system: "plan".into() },
+            AgentEntry::new(Arc::new(ScriptedAgent::new()), 600_000, "plan"),
         );
         let secret = storage.capability_secret().await.expect("secret");
         let clock_for_ops = clock.clone();
@@ -745,7 +745,7 @@ mod agent_provider {
             data_dir: dir.path().to_owned(),
             lease_ms: 30_000,
             heartbeat_ms: 10_000,
-            webhook_url: None,
+            webhook: None,
             clock,
             tokens: TokenMinter::new(&secret),
             draining: Arc::new(AtomicBool::new(false)),

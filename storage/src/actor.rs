@@ -14,6 +14,16 @@
 //! handler cannot (it gets one message at a time), so the actor is a plain thread reading a channel; it is
 //! still the single writer, and its mailbox is still the only way in.
 //!
+//! # Design: a bounded queue
+//! The mailbox is a `sync_channel` of [`DEFAULT_QUEUE_CAPACITY`] jobs (configurable through
+//! [`crate::StorageOptions`]). A sender never waits for room: a full queue answers
+//! [`Error::Unavailable`] at once (transient — the caller retries, SPEC §5.5) and is counted in
+//! [`GroupStats::rejected`]. An unbounded queue would only hide an overload until memory ran out, and a
+//! blocking one would park async callers' executor threads.
+//!
+//! Reads do not come here on SQLite: they run on read-only connections ([`crate::readers`]), so
+//! nothing this thread does waits behind a listing or an SSE poll.
+//!
 //! Invariants:
 //! - a job never panics out: a panicking transaction body is caught and answered as
 //!   [`Error::Panicked`]; the backend is reopened after a poisoning error;
@@ -22,7 +32,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{mpsc, Arc};
 
 use crate::memory::MemoryStore;
 use crate::sqlite::{SqliteStore, Synchronous};
@@ -139,26 +151,90 @@ pub type Reply = Box<dyn FnOnce(Option<&Error>) + Send>;
 /// One message: run one backend method; answers its reply and whether its error poisons the connection.
 pub type Job = Box<dyn FnOnce(&mut dyn Backend) -> (Reply, bool) + Send>;
 
-/// Counters of the actor's group commits.
+/// Default capacity of the storage actor's queue (messages waiting for the write thread).
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+
+/// Counters of the storage actor and its readers, shared by every clone of the handle; a metrics
+/// page reads them with `Relaxed` loads (each counter is independent, none guards data).
 #[derive(Debug, Default)]
 pub struct GroupStats {
     /// Transactions that carried more than one message.
-    pub groups: std::sync::atomic::AtomicU64,
+    pub groups: AtomicU64,
     /// Messages committed inside those transactions.
-    pub grouped_messages: std::sync::atomic::AtomicU64,
+    pub grouped_messages: AtomicU64,
+    /// Messages refused at once because the actor's queue was full (each answered `Unavailable`).
+    pub rejected: AtomicU64,
+    /// Messages waiting in the actor's queue right now.
+    pub queued: AtomicU64,
+    /// Reads answered on a read-only connection (never queued behind writes).
+    pub pooled_reads: AtomicU64,
+    /// Reads refused at once because the readers' queue was full (each answered `Unavailable`).
+    pub reads_rejected: AtomicU64,
+    /// Reads waiting in the readers' queue right now.
+    pub reads_queued: AtomicU64,
+    /// Reads a reader handed to the actor because it could not open its connection (a database not
+    /// created or migrated yet).
+    pub reads_on_actor: AtomicU64,
+}
+
+/// Why a job could not be queued; the job comes back so the caller may route it elsewhere.
+pub enum SendError {
+    /// The queue is at capacity (counted); nothing waited.
+    Full(Job),
+    /// The thread behind the queue is gone.
+    Gone(Job),
+}
+
+impl std::fmt::Debug for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SendError::Full(_) => "Full",
+            SendError::Gone(_) => "Gone",
+        })
+    }
+}
+
+impl SendError {
+    /// What the caller answers: both are transient ([`Error::is_transient`]).
+    pub fn into_error(self, what: &str) -> Error {
+        match self {
+            SendError::Full(_) => Error::Unavailable(format!("the {what} queue is full")),
+            SendError::Gone(_) => Error::Unavailable(format!("the {what} is gone")),
+        }
+    }
 }
 
 /// The sending side of the actor's mailbox; cheap to clone. Dropping every clone stops the actor.
 #[derive(Clone)]
 pub struct Mailbox {
-    tx: mpsc::Sender<Job>,
-    pub stats: std::sync::Arc<GroupStats>,
+    /// Bounded (see the module doc): a sender never blocks.
+    tx: mpsc::SyncSender<Job>,
+    pub stats: Arc<GroupStats>,
 }
 
 impl Mailbox {
-    /// Queue `job`; `false` when the actor is gone.
+    /// Queue `job`; `false` when the actor is gone or its queue is full (then counted).
     pub fn send(&self, job: Job) -> bool {
-        self.tx.send(job).is_ok()
+        self.try_send(job).is_ok()
+    }
+
+    /// Queue `job` without waiting: a full queue is [`SendError::Full`] (counted in
+    /// [`GroupStats::rejected`]), a stopped actor [`SendError::Gone`].
+    pub fn try_send(&self, job: Job) -> std::result::Result<(), SendError> {
+        self.stats.queued.fetch_add(1, Relaxed);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.stats.queued.fetch_sub(1, Relaxed);
+                Err(match e {
+                    mpsc::TrySendError::Full(job) => {
+                        self.stats.rejected.fetch_add(1, Relaxed);
+                        SendError::Full(job)
+                    }
+                    mpsc::TrySendError::Disconnected(job) => SendError::Gone(job),
+                })
+            }
+        }
     }
 }
 
@@ -195,7 +271,7 @@ pub fn job<R: Send + 'static>(
 pub struct StorageActor {
     spec: BackendSpec,
     backend: std::result::Result<Box<dyn Backend>, String>,
-    stats: std::sync::Arc<GroupStats>,
+    stats: Arc<GroupStats>,
 }
 
 impl StorageActor {
@@ -241,7 +317,6 @@ impl StorageActor {
         }
         let commit_failed = if grouped { backend.end_group(true).err() } else { None };
         if grouped && commit_failed.is_none() {
-            use std::sync::atomic::Ordering::Relaxed;
             self.stats.groups.fetch_add(1, Relaxed);
             self.stats.grouped_messages.fetch_add(replies.len() as u64, Relaxed);
         }
@@ -259,9 +334,15 @@ impl StorageActor {
     }
 }
 
-/// Start the storage actor on its own thread; answers its mailbox.
+/// Start the storage actor on its own thread with a queue of [`DEFAULT_QUEUE_CAPACITY`]; answers its
+/// mailbox.
 pub fn start(spec: BackendSpec) -> Mailbox {
-    let (tx, rx) = mpsc::channel::<Job>();
+    start_with_capacity(spec, DEFAULT_QUEUE_CAPACITY)
+}
+
+/// Start the storage actor on its own thread with a queue of `capacity` messages (at least 1).
+pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
+    let (tx, rx) = mpsc::sync_channel::<Job>(capacity.max(1));
     let mut actor = StorageActor::new(spec);
     let stats = actor.stats.clone();
     std::thread::Builder::new()
@@ -275,6 +356,7 @@ pub fn start(spec: BackendSpec) -> Mailbox {
                         Err(_) => break,
                     }
                 }
+                actor.stats.queued.fetch_sub(jobs.len() as u64, Relaxed);
                 actor.run_group(jobs);
             }
         })

@@ -1,8 +1,15 @@
-//! `StorageHandle`: the async face of the storage actor.
+//! `StorageHandle`: the async face of the storage actor and its readers.
 //!
-//! Cheap to clone; every method sends one [`Transact`] message and awaits its answer. A closed or full
-//! mailbox becomes [`Error::Unavailable`], never a panic. The handle stamps `now_ms` from its injected
-//! [`Clock`], so time is the handle's, not the database thread's.
+//! Cheap to clone; every method sends one job and awaits its answer. Writes (and every method of the
+//! memory backend) go to the storage actor's queue; reads of the SQLite backend go to the readers'
+//! queue ([`crate::readers`]), so a heartbeat or a step never waits behind a list or an SSE poll
+//! (SPEC §1.2). Both queues are bounded: a full one, a closed one or a dropped message becomes
+//! [`Error::Unavailable`] at once (transient: the caller retries), never a panic and never a wait. The
+//! handle stamps `now_ms` from its injected [`Clock`], so time is the handle's, not a database thread's.
+//!
+//! A read sees everything committed before it began: a caller that holds the answer of a write sees
+//! that write in its next read (the actor answers only after `COMMIT`). Two calls issued concurrently
+//! without awaiting the first are not ordered.
 
 use std::sync::Arc;
 
@@ -10,17 +17,46 @@ use crate::actor::{atomic, Backend, BackendSpec, Mailbox};
 use crate::clock::Clock;
 use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
-    Promotion, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Successor, Turn,
+    Promotion, PruneReport, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Successor, TableRows, Turn,
 };
+use crate::readers::ReadPool;
 use crate::record::{RunListItem, RunRecord, RunStatus};
 use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
+/// How a [`StorageHandle`] sizes its queues and readers, and how long receipts live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageOptions {
+    /// Capacity of the storage actor's queue; a full queue answers `Unavailable` at once.
+    pub queue_capacity: usize,
+    /// Reader threads, each with a read-only connection (SQLite only); 0 sends reads to the actor.
+    pub readers: usize,
+    /// Capacity of the readers' shared queue.
+    pub read_queue_capacity: usize,
+    /// How long a receipt answers retries after its run ended (`[ledger] receipt_ttl_ms`), used by
+    /// [`StorageHandle::prune_dead`].
+    pub receipt_ttl_ms: i64,
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        StorageOptions {
+            queue_capacity: crate::actor::DEFAULT_QUEUE_CAPACITY,
+            readers: crate::readers::DEFAULT_READERS,
+            read_queue_capacity: crate::readers::DEFAULT_READ_QUEUE_CAPACITY,
+            receipt_ttl_ms: crate::ledger::DEFAULT_RECEIPT_TTL_MS,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct StorageHandle {
     mailbox: Mailbox,
+    /// The readers (SQLite with `readers > 0`); `None`: reads go to the actor like writes.
+    readers: Option<ReadPool>,
     clock: Arc<dyn Clock>,
     kind: &'static str,
+    receipt_ttl_ms: i64,
     /// Fault injection (tests, `chaos`): while set, every call answers `Unavailable` without reaching
     /// the storage thread — what a full disk or a dead database looks like to callers. Shared by clones.
     outage: Arc<std::sync::atomic::AtomicBool>,
@@ -33,10 +69,31 @@ impl std::fmt::Debug for StorageHandle {
 }
 
 impl StorageHandle {
-    /// Start a storage actor for `spec` on its own thread.
+    /// Start a storage actor for `spec` on its own thread (and, for SQLite, its readers) with the
+    /// default [`StorageOptions`].
     pub fn start(spec: BackendSpec, clock: Arc<dyn Clock>) -> Self {
+        Self::start_with(spec, clock, StorageOptions::default())
+    }
+
+    /// Start a storage actor for `spec` on its own thread and, for SQLite with `options.readers > 0`,
+    /// its reader threads. Readers open their connections on first use.
+    pub fn start_with(spec: BackendSpec, clock: Arc<dyn Clock>, options: StorageOptions) -> Self {
         let kind = spec.kind();
-        StorageHandle { mailbox: crate::actor::start(spec), clock, kind, outage: Default::default() }
+        let path = match &spec {
+            BackendSpec::Sqlite { path, .. } if options.readers > 0 => Some(path.clone()),
+            _ => None,
+        };
+        let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity);
+        let readers =
+            path.map(|path| ReadPool::start(path, options.readers, options.read_queue_capacity, mailbox.clone()));
+        StorageHandle {
+            mailbox,
+            readers,
+            clock,
+            kind,
+            receipt_ttl_ms: options.receipt_ttl_ms,
+            outage: Default::default(),
+        }
     }
 
     /// Start (`true`) or end an injected outage: meanwhile every call answers `Unavailable`.
@@ -44,9 +101,14 @@ impl StorageHandle {
         self.outage.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Group-commit counters of the storage actor.
+    /// Counters of the storage actor (group commits, queue depth and refusals) and of its readers.
     pub fn group_stats(&self) -> &crate::actor::GroupStats {
         &self.mailbox.stats
+    }
+
+    /// The receipt TTL [`StorageHandle::prune_dead`] applies.
+    pub fn receipt_ttl_ms(&self) -> i64 {
+        self.receipt_ttl_ms
     }
 
     /// `"sqlite"` or `"memory"`.
@@ -69,6 +131,17 @@ impl StorageHandle {
         self.transact(f).await
     }
 
+    /// A free-form read, routed as the handle's reads are (a reader's read-only connection, or the actor
+    /// without readers), for tests of that routing (the `test-hooks` feature).
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub async fn read_for_test<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
+    {
+        self.read(f).await
+    }
+
     /// Run `f` as one transaction on the storage thread, with the handle's `now_ms`.
     async fn transact<R, F>(&self, f: F) -> Result<R>
     where
@@ -81,10 +154,31 @@ impl StorageHandle {
         let now = self.clock.now_ms();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
-        if !self.mailbox.send(crate::actor::job(body, tx)) {
-            return Err(Error::Unavailable("the storage actor is gone".into()));
+        if let Err(e) = self.mailbox.try_send(crate::actor::job(body, tx)) {
+            return Err(e.into_error("storage actor"));
         }
         rx.await.map_err(|_| Error::Unavailable("the storage actor dropped the message".into()))?
+    }
+
+    /// Run the read `f` on a reader's read-only connection, with the handle's `now_ms`; on the actor
+    /// when there are no readers (the memory backend). `f` must only read: a reader's connection
+    /// refuses writes.
+    async fn read<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
+    {
+        let Some(readers) = &self.readers else { return self.transact(f).await };
+        if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable("injected outage".into()));
+        }
+        let now = self.clock.now_ms();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
+        if let Err(e) = readers.try_send(crate::actor::job(body, tx)) {
+            return Err(e.into_error("storage readers"));
+        }
+        rx.await.map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
     }
 
     /// A no-op round trip: answers whether the storage thread is alive and its backend open.
@@ -97,19 +191,19 @@ impl StorageHandle {
     }
 
     pub async fn get(&self, id: String) -> Result<Option<RunRecord>> {
-        self.transact(move |b, now| b.get(&id, now)).await
+        self.read(move |b, now| b.get(&id, now)).await
     }
 
     pub async fn get_summary(&self, id: String) -> Result<Option<RunListItem>> {
-        self.transact(move |b, now| b.get_summary(&id, now)).await
+        self.read(move |b, now| b.get_summary(&id, now)).await
     }
 
     pub async fn list(&self, query: ListQuery) -> Result<ListPage> {
-        self.transact(move |b, now| b.list(&query, now)).await
+        self.read(move |b, now| b.list(&query, now)).await
     }
 
     pub async fn events(&self, id: String, after_seq: u64, limit: Option<usize>) -> Result<Option<EventsPage>> {
-        self.transact(move |b, now| b.events(&id, after_seq, limit, now)).await
+        self.read(move |b, now| b.events(&id, after_seq, limit, now)).await
     }
 
     pub async fn delete(&self, id: String) -> Result<bool> {
@@ -123,7 +217,7 @@ impl StorageHandle {
     }
 
     pub async fn generations(&self) -> Result<Vec<GenerationInfo>> {
-        self.transact(|b, _| b.generations()).await
+        self.read(|b, _| b.generations()).await
     }
 
     /// Admit at `now_ms` (the caller's clock reading, so the run's `startedAt` is the same everywhere).
@@ -192,7 +286,7 @@ impl StorageHandle {
     }
 
     pub async fn read_transcript(&self, run_id: String) -> Result<Vec<Turn>> {
-        self.transact(move |b, _| b.read_transcript(&run_id)).await
+        self.read(move |b, _| b.read_transcript(&run_id)).await
     }
 
     pub async fn set_state(
@@ -242,7 +336,7 @@ impl StorageHandle {
     }
 
     pub async fn read_inbox(&self, run_id: String, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
-        self.transact(move |b, _| b.read_inbox(&run_id, after_seq)).await
+        self.read(move |b, _| b.read_inbox(&run_id, after_seq)).await
     }
 
     pub async fn reclaim(&self, gen: String, lease_ms: i64, dead_gens: Vec<String>) -> Result<ReclaimAnswer> {
@@ -250,15 +344,15 @@ impl StorageHandle {
     }
 
     pub async fn list_live(&self) -> Result<Vec<LiveRow>> {
-        self.transact(|b, _| b.list_live()).await
+        self.read(|b, _| b.list_live()).await
     }
 
     pub async fn get_live(&self, run_id: String) -> Result<Option<LiveRow>> {
-        self.transact(move |b, _| b.get_live(&run_id)).await
+        self.read(move |b, _| b.get_live(&run_id)).await
     }
 
     pub async fn last_step(&self, run_id: String) -> Result<Option<StepRecord>> {
-        self.transact(move |b, _| b.last_step(&run_id)).await
+        self.read(move |b, _| b.last_step(&run_id)).await
     }
 
     pub async fn capability_secret(&self) -> Result<String> {
@@ -274,16 +368,51 @@ impl StorageHandle {
     }
 
     pub async fn is_killed(&self, run_id: String) -> Result<bool> {
-        self.transact(move |b, _| b.is_killed(&run_id)).await
+        self.read(move |b, _| b.is_killed(&run_id)).await
     }
 
     pub async fn live_events(&self, run_id: String, after_seq: u64, limit: usize) -> Result<Option<Vec<serde_json::Value>>> {
-        self.transact(move |b, _| b.live_events(&run_id, after_seq, limit)).await
+        self.read(move |b, _| b.live_events(&run_id, after_seq, limit)).await
     }
 
     /// Which of `run_ids` carry a deletion fence (sorted, each once): one read for a whole listing.
     pub async fn killed_among(&self, run_ids: Vec<String>) -> Result<Vec<String>> {
-        self.transact(move |b, _| b.killed_among(&run_ids)).await
+        self.read(move |b, _| b.killed_among(&run_ids)).await
+    }
+
+    /// The reclaim sweep's housekeeping, one transaction (SPEC §4.3 finish): receipts whose run ended
+    /// [`StorageHandle::receipt_ttl_ms`] ago or earlier go; of `dead_gens` (generations the caller found
+    /// dead — never its own), those that own no rows and started more than a day ago go; leftover
+    /// transcript, step and inbox rows of runs without a live row go. Every generation not in
+    /// `dead_gens` is kept ([`RunLedger::prune`]'s `keep_gens`), so a process that is merely idle never
+    /// loses its row.
+    ///
+    /// [`RunLedger::prune`]: crate::ledger::RunLedger::prune
+    pub async fn prune_dead(&self, dead_gens: Vec<String>) -> Result<PruneReport> {
+        let ttl = self.receipt_ttl_ms;
+        self.transact(move |b, now| {
+            atomic(
+                b,
+                |b| {
+                    let keep: Vec<String> =
+                        b.generations()?.into_iter().map(|g| g.gen).filter(|g| !dead_gens.contains(g)).collect();
+                    b.prune(now, ttl, &keep)
+                },
+                |_| true,
+            )
+        })
+        .await
+    }
+
+    /// [`RunLedger::prune`](crate::ledger::RunLedger::prune) as is: every generation not in `keep_gens`
+    /// may go, and receipts live `receipt_ttl_ms` after their run ended.
+    pub async fn prune(&self, receipt_ttl_ms: i64, keep_gens: Vec<String>) -> Result<PruneReport> {
+        self.transact(move |b, now| b.prune(now, receipt_ttl_ms, &keep_gens)).await
+    }
+
+    /// Row counts of every table (a full count: tests, forensics, an occasional gauge).
+    pub async fn table_rows(&self) -> Result<TableRows> {
+        self.read(|b, _| b.table_rows()).await
     }
 
     // ---- plans (SPEC §9); each call is one transaction on the storage thread ----
@@ -293,7 +422,7 @@ impl StorageHandle {
     }
 
     pub async fn plan(&self, plan_id: crate::plan::PlanId) -> Result<Option<crate::plan::Plan>> {
-        self.transact(move |b, _| b.plan(&plan_id)).await
+        self.read(move |b, _| b.plan(&plan_id)).await
     }
 
     /// Allocate a request held by `holder` for `lease_ms` (SPEC §9).
@@ -318,7 +447,7 @@ impl StorageHandle {
 
     /// The pending requests whose holder is among `dead`, past its lease, or absent.
     pub async fn orphaned_plan_requests(&self, dead: Vec<crate::Generation>) -> Result<Vec<crate::plan::Orphan>> {
-        self.transact(move |b, now| b.orphaned_requests(&dead, now)).await
+        self.read(move |b, now| b.orphaned_requests(&dead, now)).await
     }
 
     /// The publication CAS: the plan's binding, every card and the exact pending attempt are checked in
@@ -356,12 +485,16 @@ impl StorageHandle {
     }
 
     pub async fn plan_request(&self, request_id: crate::plan::RequestId) -> Result<Option<crate::plan::PlanRequest>> {
-        self.transact(move |b, _| b.get_request(&request_id)).await
+        self.read(move |b, _| b.get_request(&request_id)).await
     }
 }
 
 /// One transaction: the ledger's `finish` of `record` and, when the run left unread follow-ups past what
 /// it consumed, the admission of their successor run with its first events (SPEC §5.2 step 8).
+///
+/// The unread follow-ups are read before the ledger's `finish`, which deletes every inbox row of the run;
+/// the successor carries them in its own request, so nothing of the finished run's inbox is needed
+/// after this transaction, and nothing of it stays behind.
 fn finish_in(
     b: &mut dyn Backend,
     gen: &str,

@@ -9,11 +9,15 @@
 //! - [`store`]: the [`RunStore`] trait (finished-run history) and its vocabulary.
 //! - [`ledger`]: the live-run ledger; [`ledger::decisions`] holds every pure decision.
 //! - [`memory`], [`sqlite`]: the two implementations; one contract suite tests both.
-//! - [`actor`], [`handle`]: the storage actor (one thread, one connection) and its async handle.
+//! - [`actor`], [`handle`]: the storage actor (one thread, the one write connection, a bounded queue)
+//!   and its async handle;
+//! - [`readers`]: read-only connections on threads of their own, so reads never queue behind writes.
 //! - [`clock`]: injected time.
 //!
 //! Invariants:
 //! - only the storage actor's thread writes the database; each message is one transaction;
+//! - reads of the SQLite backend run on read-only connections, never in the actor's queue;
+//! - every queue is bounded: a full one answers [`Error::Unavailable`] at once, never blocks;
 //! - a refusal is a typed result value; an [`Error`] means storage could not answer;
 //! - a bad run id never reaches SQL.
 
@@ -25,6 +29,7 @@ pub mod handle;
 pub mod ledger;
 pub mod memory;
 pub mod plan;
+pub mod readers;
 pub mod record;
 pub mod sqlite;
 pub mod store;
@@ -33,7 +38,7 @@ pub use actor::BackendSpec;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use generation::Generation;
-pub use handle::StorageHandle;
+pub use handle::{StorageHandle, StorageOptions};
 pub use memory::MemoryStore;
 pub use sqlite::{SqliteStore, Synchronous, WriteLockProbe};
 pub use store::RunStore;

@@ -824,6 +824,16 @@ impl MemoryPlanStore {
         // A panic while holding the lock leaves maps that are still structurally valid; keep serving.
         self.tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// The generations holding a pending request (rows a generation owns, for the ledger's prune).
+    pub(crate) fn pending_holders(&self) -> std::collections::BTreeSet<String> {
+        self.lock()
+            .requests
+            .values()
+            .filter(|r| r.state == RequestState::Pending)
+            .filter_map(|r| r.holder.as_ref().map(|h| h.generation.as_str().to_owned()))
+            .collect()
+    }
 }
 
 impl PlanStore for MemoryPlanStore {

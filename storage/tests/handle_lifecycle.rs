@@ -1,6 +1,6 @@
 //! The storage handle's composite transactions, against every backend: admission with its first events,
-//! a durable step with its events, and a finish that admits the successor for unread follow-ups
-//! (SPEC §4.3, §5.2 steps 2, 5 and 8).
+//! a durable step with its events, and a finish that admits the successor for unread follow-ups and
+//! leaves none of the finished run's ledger rows behind (SPEC §4.3, §5.2 steps 2, 5 and 8).
 
 use serde_json::{json, Value};
 use storage::ledger::{Admit, AdmitOutcome, Phase, Promotion, StepRecord, Successor, Turn};
@@ -103,6 +103,12 @@ async fn a_finish_admits_one_successor_for_the_unread_inbox_in_the_same_transact
         assert_eq!(kinds, ["run_meta", "input"], "{name}");
         assert_eq!((events[1]["text"].as_str(), events[1]["source"].as_str()), (Some("third"), Some("followup")), "{name}");
         assert!(s3 > s2, "{name}");
+        // Nothing of r1's ledger rows stayed: its inbox went with it (read or not — the successor took
+        // over what was unread in its own request), and so did its transcript and step records.
+        assert_eq!(h.read_transcript("r1".into()).await.unwrap(), vec![], "{name}");
+        assert_eq!(h.last_step("r1".into()).await.unwrap(), None, "{name}");
+        let rows = h.table_rows().await.unwrap();
+        assert_eq!((rows.live_runs, rows.run_steps, rows.transcript, rows.run_inbox), (1, 0, 0, 0), "{name}: {rows:?}");
     }
 }
 

@@ -14,8 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Map, Value};
 use storage::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, InFlight, InboxItem, LiveRow, Outcome, Phase,
-    Promotion, ReceiptKey, Reclaimed, Refusal, RunLedger, StepRecord, StopMode, Turn, MAX_TRANSCRIPT_PART_BYTES,
+    Promotion, PruneReport, ReceiptKey, Reclaimed, Refusal, RunLedger, StepRecord, StopMode, TableRows, Turn,
+    MAX_TRANSCRIPT_PART_BYTES,
 };
+use storage::plan::{Import, PlanBinding, PlanId, PlanStore, Revision, SettleOutcome, Settlement, SnapshotId, TerminalReason};
 use storage::record::{validate_record, RunRecord, RunStatus, VisibilityFilter};
 use storage::store::{ListQuery, RunStore};
 use storage::{MemoryStore, SqliteStore, Synchronous};
@@ -28,9 +30,10 @@ const G1: &str = "20270115T080000Z-11111111";
 const G2: &str = "20270115T090000Z-22222222";
 const G3: &str = "20270115T100000Z-33333333";
 
-/// What every case needs: the finished-run history and the live-run ledger over one state.
-trait Ledger: RunStore + RunLedger {}
-impl<T: RunStore + RunLedger> Ledger for T {}
+/// What every case needs: the finished-run history and the live-run ledger over one state (and the
+/// plan tables, whose pending requests a generation owns).
+trait Ledger: RunStore + RunLedger + PlanStore {}
+impl<T: RunStore + RunLedger + PlanStore> Ledger for T {}
 
 // ---------------------------------------------------------------------------------------------
 // Builders
@@ -1280,6 +1283,159 @@ fn generations_round_trip<S: Ledger>(s: &mut S) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Bounded tables: what finish leaves behind, and the sweep's prune (SPEC §4.3 finish)
+// ---------------------------------------------------------------------------------------------
+
+const TTL: i64 = 86_400_000;
+const DAY: i64 = 86_400_000;
+
+fn generation(gen: &str, started_at: i64) -> GenerationInfo {
+    GenerationInfo { gen: gen.to_owned(), host: "host-a".to_owned(), pid: 7, proc_start: "1".to_owned(), started_at }
+}
+
+/// Every ledger row of `run` is gone (its record and receipts are not the ledger's live rows).
+fn assert_no_live_rows_of<S: Ledger>(s: &mut S, run: &str, who: &str) {
+    assert_eq!(s.get_live(run).unwrap(), None, "{who}: live row");
+    assert_eq!(s.read_transcript(run).unwrap(), Vec::<Turn>::new(), "{who}: transcript");
+    assert_eq!(s.last_step(run).unwrap(), None, "{who}: step records");
+    assert_eq!(s.inbox_after(run, None).unwrap(), Vec::<InboxItem>::new(), "{who}: inbox, read or not");
+}
+
+/// A finished run leaves its record and its receipts, and nothing else: no live row, step record,
+/// transcript part or inbox row — read or unread (a successor admission reads the unread ones first, in
+/// the same transaction, and carries them in its own request).
+fn finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run<S: Ledger>(s: &mut S) {
+    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "h1");
+    assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
+    promote(s, "run-a", G1, NOW);
+    furnish(s, "run-a", G1);
+    assert_eq!(s.write_transcript("run-a", G1, 2, &[turn("assistant", &["a1"])]).unwrap(), Ok(()));
+    assert_eq!(s.step("run-a", G1, &step_record(1, 3, Some(1))).unwrap(), Ok(()));
+    // A second follow-up arrives and is never read.
+    assert_eq!(s.admit(&keyed(admission("C1:t1", G1, "run-x", "late"), "tok", "k2", "h2"), NOW + 1).unwrap(), steered("run-a", 2));
+    // Another run on another thread, untouched by run-a's finish.
+    go_live(s, "run-b", "C1:t2", G1, NOW);
+    furnish(s, "run-b", G1);
+    let before = s.table_rows().unwrap();
+    assert_eq!((before.live_runs, before.run_steps, before.transcript, before.run_inbox, before.admit_receipts), (2, 3, 5, 3, 2));
+
+    let rec = record("run-a", "C1:t1", NOW, NOW + 10, vec![ev(1, "one")]);
+    assert!(s.finish("run-a", G1, &rec, None, NOW + 10).unwrap().expect("finish").stored);
+    assert_no_live_rows_of(s, "run-a", "after finish");
+    let after = s.table_rows().unwrap();
+    assert_eq!(
+        after,
+        TableRows { live_runs: 1, run_steps: 1, transcript: 2, run_inbox: 1, runs: 1, run_events: after.run_events, ..before },
+        "only run-b's rows stay besides run-a's record and both receipts"
+    );
+    // The receipts still answer verbatim, within their TTL.
+    assert_eq!(s.admit(&a, NOW + 20).unwrap(), started("run-a"));
+    assert_eq!(s.get("run-a", NOW + 20).unwrap(), Some(rec));
+    // run-b is intact.
+    assert_eq!(s.read_transcript("run-b").unwrap().len(), 2);
+    assert_eq!(s.read_inbox("run-b", None).unwrap().map(|i| inbox_seqs(&i)), Ok(vec![1]));
+}
+
+/// An abandoned run leaves nothing either; a purged one (killed, settled) loses its inbox too.
+fn abandon_and_purge_leave_no_transcript_steps_or_inbox_rows<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    furnish(s, "run-a", G1);
+    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
+    assert_no_live_rows_of(s, "run-a", "after abandon");
+    go_live(s, "run-k", "C1:t2", G1, NOW);
+    furnish(s, "run-k", G1);
+    s.kill("run-k", NOW + 1).unwrap();
+    assert!(s.purge("run-k").unwrap());
+    assert_no_live_rows_of(s, "run-k", "after purge");
+    let rows = s.table_rows().unwrap();
+    assert_eq!((rows.live_runs, rows.run_steps, rows.transcript, rows.run_inbox, rows.run_events), (0, 0, 0, 0, 0));
+    assert_eq!(rows.deletion_fences, 1, "the fence stays for good");
+}
+
+/// Receipts answer retries while their run lives and for `receipt_ttl_ms` after it ended; then a prune
+/// takes them (and the key admits afresh). A receipt of a run that ended without a stamp (abandon)
+/// starts its TTL at the first prune that sees it.
+fn receipts_are_pruned_a_ttl_after_their_run_ended_and_younger_ones_kept<S: Ledger>(s: &mut S) {
+    let keep = [G1.to_owned()];
+    // run-a: started and steered with keys, finished at NOW + 1_000.
+    let a1 = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "a1", "h");
+    let a2 = keyed(admission("C1:t1", G1, "run-y", "more"), "tok", "a2", "h");
+    assert_eq!(s.admit(&a1, NOW).unwrap(), started("run-a"));
+    assert_eq!(s.admit(&a2, NOW).unwrap(), steered("run-a", 1));
+    assert!(s.finish("run-a", G1, &record("run-a", "C1:t1", NOW, NOW + 1_000, vec![]), None, NOW + 1_000).unwrap().is_ok());
+    // run-c: finished half a TTL later.
+    let c1 = keyed(admission("C1:t3", G1, "run-c", "hello"), "tok", "c1", "h");
+    assert_eq!(s.admit(&c1, NOW).unwrap(), started("run-c"));
+    assert!(s.finish("run-c", G1, &record("run-c", "C1:t3", NOW, NOW + TTL / 2, vec![]), None, NOW + TTL / 2).unwrap().is_ok());
+    // run-b: still live, however old its receipt.
+    let b1 = keyed(admission("C1:t2", G1, "run-b", "hello"), "tok", "b1", "h");
+    assert_eq!(s.admit(&b1, NOW).unwrap(), started("run-b"));
+    // run-d: abandoned (no end stamp of its own).
+    let d1 = keyed(admission("C1:t4", G1, "run-d", "hello"), "tok", "d1", "h");
+    assert_eq!(s.admit(&d1, NOW).unwrap(), started("run-d"));
+    assert_eq!(s.abandon("run-d", G1).unwrap(), Ok(()));
+    assert_eq!(s.table_rows().unwrap().admit_receipts, 5);
+
+    // One millisecond before run-a's TTL is up, nothing goes; run-d's receipt gets its end stamp.
+    assert_eq!(s.prune(NOW + 1_000 + TTL - 1, TTL, &keep).unwrap(), PruneReport::default());
+    assert_eq!(s.admit(&a1, NOW + 1_000 + TTL - 1).unwrap(), started("run-a"), "still answered verbatim");
+    // At the TTL, run-a's two receipts go; run-c's (younger), run-b's (live) and run-d's (stamped
+    // just now) stay.
+    let report = s.prune(NOW + 1_000 + TTL, TTL, &keep).unwrap();
+    assert_eq!(report, PruneReport { receipts: 2, ..Default::default() });
+    assert_eq!(s.table_rows().unwrap().admit_receipts, 3);
+    assert_eq!(s.admit(&c1, NOW + 1_000 + TTL).unwrap(), started("run-c"), "a younger receipt still answers");
+    assert_eq!(s.admit(&b1, NOW + 1_000 + TTL).unwrap(), started("run-b"), "a live run's receipt stays");
+    // run-a's key is free again: a retry now is a new admission (here, a new run on the free thread).
+    assert_eq!(s.admit(&keyed(admission("C1:t1", G1, "run-a2", "hello"), "tok", "a1", "h"), NOW + 1_001 + TTL).unwrap(), started("run-a2"));
+
+    // run-c's and run-d's go once their own TTL is up; run-b's never while it lives.
+    let report = s.prune(NOW + 1_000 + TTL - 1 + TTL, TTL, &keep).unwrap();
+    assert_eq!(report.receipts, 2, "{report:?}");
+    let receipts_left = s.table_rows().unwrap().admit_receipts;
+    assert_eq!(receipts_left, 2, "run-b's and run-a2's");
+    assert_eq!(s.prune(NOW + 100 * TTL, TTL, &keep).unwrap().receipts, 0, "live runs' receipts stay");
+}
+
+/// Generations go when they are not kept, own no rows (no live row, no pending plan request) and
+/// started more than a day ago; each of those conditions alone keeps one.
+fn dead_generations_are_pruned_and_live_ones_and_ones_owning_rows_kept<S: Ledger>(s: &mut S) {
+    const G4: &str = "20270115T110000Z-44444444";
+    const G5: &str = "20270115T120000Z-55555555";
+    const G6: &str = "20270115T130000Z-66666666";
+    let old = NOW - 2 * DAY;
+    s.record_generation(&generation(G1, old)).unwrap(); // owns a live row
+    s.record_generation(&generation(G2, old)).unwrap(); // dead, owns nothing: pruned
+    s.record_generation(&generation(G3, old)).unwrap(); // owns nothing, but kept by the caller
+    s.record_generation(&generation(G4, NOW - DAY + 10)).unwrap(); // owns nothing, less than a day old
+    s.record_generation(&generation(G5, old)).unwrap(); // holds a pending plan request
+    s.record_generation(&generation(G6, NOW - DAY)).unwrap(); // exactly a day old: not *older*
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let plan = PlanId::parse("plan-1").unwrap();
+    let snapshot = SnapshotId::parse("snap-1").unwrap();
+    s.import(&Import { plan_id: plan.clone(), snapshot_id: snapshot.clone(), advance_revision: false }, NOW).unwrap();
+    let binding = PlanBinding { plan_id: plan, revision: Revision::new(1), snapshot_id: snapshot };
+    let holder = storage::Generation::parse(G5).unwrap();
+    let request = s.allocate_request(&binding, &holder, LEASE, NOW).unwrap().expect("allocated");
+
+    let report = s.prune(NOW, TTL, &[G3.to_owned()]).unwrap();
+    assert_eq!(report, PruneReport { generations: 1, ..Default::default() });
+    let left: BTreeSet<String> = s.generations().unwrap().into_iter().map(|g| g.gen).collect();
+    assert_eq!(left, set(&[G1, G3, G4, G5, G6]));
+
+    // Once G1's run finished and G5's request settled, they go too; G3 stays while kept.
+    assert!(s.finish("run-a", G1, &record("run-a", "C1:t1", NOW, NOW + 1, vec![]), None, NOW + 1).unwrap().is_ok());
+    let cancelled = Settlement { outcome: SettleOutcome::Cancelled, reason: TerminalReason::Cancelled, diagnostic: "done".into() };
+    s.settle_suggestion(&request.request_id, &binding, &cancelled, NOW + 1).unwrap().expect("settled");
+    let report = s.prune(NOW + 2, TTL, &[G3.to_owned()]).unwrap();
+    assert_eq!(report.generations, 3, "G1, G5 and G6 (now older than a day): {report:?}");
+    let left: BTreeSet<String> = s.generations().unwrap().into_iter().map(|g| g.gen).collect();
+    assert_eq!(left, set(&[G3, G4]));
+    // Nothing else was touched.
+    assert_eq!(s.get("run-a", NOW + 2).unwrap().map(|r| r.head.id), Some("run-a".to_owned()));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Deletion fences, read in bulk
 // ---------------------------------------------------------------------------------------------
 
@@ -1368,13 +1524,17 @@ contract!(
     a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere,
     generations_round_trip,
     killed_among_answers_exactly_the_fenced_ids_asked_about,
+    finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run,
+    abandon_and_purge_leave_no_transcript_steps_or_inbox_rows,
+    receipts_are_pruned_a_ttl_after_their_run_ended_and_younger_ones_kept,
+    dead_generations_are_pruned_and_live_ones_and_ones_owning_rows_kept,
 );
 
-/// SQLite only: what the trait cannot show. Finish deletes the run's execution rows (`live_runs`,
-/// `run_steps`) in its transaction and keeps `run_inbox` and the receipts (SPEC §4.1, §4.3
-/// finish: "deletion of the run's live_runs and run_steps rows … Inbox rows and receipts stay").
+/// SQLite only: what the trait cannot show. Finish deletes the run's `live_runs`, `run_steps`,
+/// `transcript` and `run_inbox` rows in its transaction and keeps the receipts, stamped with the run's
+/// end (SPEC §4.3 finish).
 #[test]
-fn sqlite_finish_deletes_the_execution_rows_and_keeps_inbox_and_receipts() {
+fn sqlite_finish_deletes_the_ledger_rows_and_stamps_the_receipts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).expect("open");
     let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "h1");
@@ -1388,12 +1548,64 @@ fn sqlite_finish_deletes_the_execution_rows_and_keeps_inbox_and_receipts() {
             .expect("count")
     };
     assert_eq!(count(&mut s, "run_steps"), 2);
+    let ended = |s: &mut SqliteStore| -> Option<i64> {
+        s.connection().query_row("SELECT ended_at FROM admit_receipts WHERE run_id = 'run-a'", [], |r| r.get(0)).expect("receipt")
+    };
+    assert_eq!(ended(&mut s), None, "a live run's receipt carries no end");
     let rec = record("run-a", "C1:t1", NOW, NOW + 1, vec![ev(1, "one")]);
     assert!(s.finish("run-a", G1, &rec, None, NOW + 1).unwrap().is_ok());
     assert_eq!(count(&mut s, "live_runs"), 0);
     assert_eq!(count(&mut s, "run_steps"), 0, "finish deletes the step records");
-    assert_eq!(count(&mut s, "run_inbox"), 1, "inbox rows stay");
+    assert_eq!(count(&mut s, "transcript"), 0, "finish deletes the transcript");
+    assert_eq!(count(&mut s, "run_inbox"), 0, "finish deletes the inbox");
     assert_eq!(count(&mut s, "admit_receipts"), 1, "receipts stay");
+    assert_eq!(ended(&mut s), Some(NOW + 1), "stamped with the run's end");
+}
+
+/// SQLite only: rows an older build's finish left behind (transcript, steps, inbox of runs without a
+/// live row) go at the next prune, a bounded number of runs per pass; a live run's rows never.
+#[test]
+fn sqlite_prune_takes_rows_an_older_finish_left_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).expect("open");
+    go_live(&mut s, "run-live", "C1:t1", G1, NOW);
+    furnish(&mut s, "run-live", G1);
+    let n = storage::ledger::PRUNE_LEFTOVER_RUNS + 20;
+    {
+        let conn = s.connection();
+        let tx = conn.transaction().unwrap();
+        for i in 0..n {
+            let run = format!("old-{i:04}");
+            tx.execute("INSERT INTO transcript (run_id, idx, part, json) VALUES (?1, 0, 0, '{}')", [&run]).unwrap();
+            tx.execute("INSERT INTO run_steps (run_id, step, json) VALUES (?1, 0, '{}')", [&run]).unwrap();
+            tx.execute("INSERT INTO run_inbox (run_id, seq, json) VALUES (?1, 1, '{}')", [&run]).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let first = s.prune(NOW, TTL, &[G1.to_owned()]).unwrap();
+    assert_eq!(first.leftover_runs as usize, storage::ledger::PRUNE_LEFTOVER_RUNS, "bounded per pass");
+    let second = s.prune(NOW, TTL, &[G1.to_owned()]).unwrap();
+    assert_eq!(second.leftover_runs, 20);
+    assert_eq!(s.prune(NOW, TTL, &[G1.to_owned()]).unwrap().leftover_runs, 0);
+    let rows = s.table_rows().unwrap();
+    assert_eq!((rows.transcript, rows.run_steps, rows.run_inbox), (2, 1, 1), "only the live run's rows stay");
+}
+
+/// SQLite only: a file whose receipts predate the end stamp (migration 6) reads them as unended; the
+/// first prune stamps those of runs no longer live, and their TTL runs from then.
+#[test]
+fn sqlite_receipts_from_before_the_end_stamp_get_one_at_the_first_prune() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).expect("open");
+    s.connection()
+        .execute_batch(
+            "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
+             VALUES ('tok', 'old', 'h', 'gone-run', 'started', NULL, '{\"outcome\":\"started\",\"runId\":\"gone-run\"}');",
+        )
+        .unwrap();
+    assert_eq!(s.prune(NOW, TTL, &[]).unwrap().receipts, 0, "stamped, not pruned");
+    assert_eq!(s.prune(NOW + TTL - 1, TTL, &[]).unwrap().receipts, 0);
+    assert_eq!(s.prune(NOW + TTL, TTL, &[]).unwrap().receipts, 1);
 }
 
 // Keep the imports used by the macro's expansions visible to the compiler's unused-import check.

@@ -1,7 +1,10 @@
 //! `ApiError`: the one map from failures to HTTP answers `{error, message}` (SPEC §8.1).
 //!
 //! Details are logged where the error is handled; a 500 carries a generic message, never internals.
+//! Answers that actix itself produces (an extractor's 413, a resource's bare 405) are rewritten to the
+//! same shape by the edge middleware through [`code_for_status`], so no answer escapes as text.
 
+use actix_web::http::header::{HeaderValue, ALLOW};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
@@ -15,8 +18,17 @@ pub enum ApiError {
     Unauthorized,
     #[error("missing scope {0}")]
     Forbidden(&'static str),
+    /// Refused whoever the caller is: a cross-site request, or a Host the process does not serve under
+    /// dev bypass (SPEC §8.1, cross-site protection). The message says which check refused it.
+    #[error("{0}")]
+    Refused(String),
     #[error("{0} not found")]
     NotFound(String),
+    /// The path exists, the method does not; `Allow` lists the methods it has.
+    #[error("method {method} is not allowed here; use {allow}")]
+    MethodNotAllowed { method: String, allow: &'static str },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("{0}")]
     Conflict(String),
     #[error("the idempotency key was used with another body")]
@@ -40,8 +52,10 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => "bad_request",
             ApiError::Unauthorized => "unauthorized",
-            ApiError::Forbidden(_) => "forbidden",
+            ApiError::Forbidden(_) | ApiError::Refused(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Conflict(_) => "conflict",
             ApiError::KeyConflict => "key_conflict",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
@@ -52,13 +66,33 @@ impl ApiError {
     }
 }
 
+/// The `error` code for an answer of `status` that no [`ApiError`] produced (actix's own answers), and
+/// the message it carries: never the original text of a 5xx.
+pub fn code_for_status(status: StatusCode) -> (&'static str, &'static str) {
+    match status.as_u16() {
+        400 => ("bad_request", "the request is malformed"),
+        401 => ("unauthorized", "authentication required"),
+        403 => ("forbidden", "forbidden"),
+        404 => ("not_found", "no such route"),
+        405 => ("method_not_allowed", "the method is not allowed on this path"),
+        409 => ("conflict", "conflict"),
+        413 => ("payload_too_large", "the request body is too large"),
+        415 => ("unsupported_media_type", "the request body must be application/json"),
+        503 => ("unavailable", "temporarily unavailable"),
+        _ if status.is_client_error() => ("bad_request", "the request cannot be served"),
+        _ => ("internal", "internal error"),
+    }
+}
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::Refused(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Conflict(_) | ApiError::KeyConflict => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unavailable(_) | ApiError::Draining | ApiError::ThreadBusy => StatusCode::SERVICE_UNAVAILABLE,
@@ -66,6 +100,10 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code()).json(json!({"error": self.code(), "message": self.to_string()}))
+        let mut res = HttpResponse::build(self.status_code()).json(json!({"error": self.code(), "message": self.to_string()}));
+        if let ApiError::MethodNotAllowed { allow, .. } = self {
+            res.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        res
     }
 }

@@ -4,23 +4,32 @@
 //! SQLite (everything goes through `storage::StorageHandle` or the actors).
 //!
 //! # Layout
-//! - [`configure`]: mounts every route on an actix-web `ServiceConfig`.
+//! - [`configure`]: mounts every route on an actix-web `ServiceConfig`, inside the edge middleware;
+//!   `/`, `/healthz`, `/readyz`, `/metrics` live here.
+//! - [`edge`]: the one middleware every request passes — cross-site protection, the dev-bypass Host
+//!   check, security headers, JSON errors.
 //! - [`auth`]: principals, scopes, the dev bypass.
 //! - [`error`]: `ApiError`, the one map to HTTP answers.
-//! - [`routes`]: `messages` (admission), `runs` (stop).
+//! - [`routes`]: `messages` (admission), `runs` (stop, kill), `api` (JSON reads), `sse`, `html`,
+//!   `admin`, `plans`.
 
 pub mod auth;
+pub mod edge;
 pub mod error;
 pub mod routes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
+use actix_web::http::header;
+use actix_web::{web, HttpResponse, ResponseError};
 use serde::Serialize;
+use serde_json::json;
 use storage::{Generation, StorageHandle};
 
 pub use auth::AuthConfig;
+use error::ApiError;
 
 /// What every route handler can reach.
 #[derive(Clone)]
@@ -46,57 +55,119 @@ pub struct AppState {
     pub plans: actors::plan::PlanHandle,
 }
 
-/// Mount every route.
+/// How long a health probe waits for storage before calling it failing.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Mount every route, all inside one scope wrapped by the [`edge::Edge`] middleware — so every request,
+/// the 404 of a path no route has included, passes the cross-site checks and leaves with the security
+/// headers and a JSON error shape. Bodies are capped at [`routes::runs::BODY_LIMIT`] unless a resource
+/// says otherwise (messages and plan starts: 2 MiB).
 pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
+        let checks = edge::Checks::new(state.auth.dev_bypass, &state.public_base_url);
         cfg.app_data(web::Data::new(state.plans.clone()))
             .app_data(web::Data::new(state))
-            .app_data(web::PayloadConfig::new(routes::messages::MESSAGE_BODY_LIMIT + 1))
-            .route("/healthz", web::get().to(healthz))
-            .route("/metrics", web::get().to(metrics))
-            .route("/api/messages", web::post().to(routes::messages::post_message))
-            .route("/api/runs/{id}/stop", web::post().to(routes::runs::stop_run))
-            .route("/api/runs/{id}", web::delete().to(routes::runs::kill_run))
-            .configure(routes::api::configure)
-            .configure(routes::sse::configure)
-            .configure(routes::html::configure)
-            .configure(routes::admin::configure)
-            .configure(routes::plans::configure);
+            .app_data(web::PayloadConfig::new(routes::runs::BODY_LIMIT))
+            .service(
+                web::scope("")
+                    .wrap(edge::Edge::new(checks))
+                    .service(routes::resource("/", "GET").route(web::get().to(root)))
+                    .service(routes::resource("/healthz", "GET").route(web::get().to(healthz)))
+                    .service(routes::resource("/readyz", "GET").route(web::get().to(readyz)))
+                    .service(routes::resource("/metrics", "GET").route(web::get().to(metrics)))
+                    .configure(routes::messages::configure)
+                    .configure(routes::runs::configure)
+                    .configure(routes::api::configure)
+                    // Before `html`: `/runs/feed` must win over `/runs/{id}`.
+                    .configure(routes::sse::configure)
+                    .configure(routes::html::configure)
+                    .configure(routes::admin::configure)
+                    .configure(routes::plans::configure)
+                    .default_service(web::to(routes::not_found)),
+            );
+    }
+}
+
+/// `GET /`: the runs index.
+async fn root() -> HttpResponse {
+    HttpResponse::Found().insert_header((header::LOCATION, "/runs")).finish()
+}
+
+/// Whether storage answers a round trip within [`PROBE_TIMEOUT`] (the one probe behind `/healthz` and
+/// `/readyz`).
+async fn storage_ok(state: &AppState) -> bool {
+    match tokio::time::timeout(PROBE_TIMEOUT, state.storage.ping()).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(generation = state.generation.as_str(), error = %e, "health probe: storage failing");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(generation = state.generation.as_str(), timeout_ms = PROBE_TIMEOUT.as_millis() as u64, "health probe: storage did not answer");
+            false
+        }
+    }
+}
+
+fn storage_word(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "degraded"
     }
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Health<'a> {
     ok: bool,
     generation: &'a str,
     pid: u32,
     version: &'static str,
+    /// `"ok"` or `"degraded"` (the storage probe failed or timed out).
     storage: &'static str,
+    /// The backend: `"sqlite"`, `"memory"`, `"postgres"`.
+    storage_kind: &'static str,
     draining: bool,
 }
 
-/// `GET /healthz`: liveness of the process and its storage actor (a closed mailbox answers 503).
+/// `GET /healthz`: liveness — always 200 while the process answers (`ok: true`); a failing storage shows
+/// as `storage: "degraded"` here and as a 503 on `/readyz`, never as a restart-worthy failure.
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    let storage_ok = match state.storage.ping().await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(generation = state.generation.as_str(), error = %e, "health check: storage unavailable");
-            false
-        }
-    };
-    let body = Health {
-        ok: storage_ok,
+    let storage_ok = storage_ok(&state).await;
+    HttpResponse::Ok().insert_header((header::CACHE_CONTROL, "no-store")).json(Health {
+        ok: true,
         generation: state.generation.as_str(),
         pid: std::process::id(),
         version: state.version,
-        storage: state.storage.kind(),
+        storage: storage_word(storage_ok),
+        storage_kind: state.storage.kind(),
         draining: state.draining.load(Ordering::SeqCst),
+    })
+}
+
+/// `GET /readyz`: 200 `{ready: true}`; 503 `{ready: false, error, message, draining, storage}` while
+/// draining (`error: "draining"`) or while storage is failing (`error: "unavailable"`).
+async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let draining = state.draining.load(Ordering::SeqCst);
+    let storage_ok = storage_ok(&state).await;
+    let refusal = match (draining, storage_ok) {
+        (false, true) => {
+            return HttpResponse::Ok().insert_header((header::CACHE_CONTROL, "no-store")).json(json!({"ready": true}))
+        }
+        (true, _) => ApiError::Draining,
+        (false, false) => ApiError::Unavailable("storage is failing".into()),
     };
-    if storage_ok {
-        HttpResponse::Ok().json(body)
-    } else {
-        HttpResponse::ServiceUnavailable().json(body)
-    }
+    let mut res = refusal.error_response();
+    let body = json!({
+        "ready": false,
+        "error": if draining { "draining" } else { "unavailable" },
+        "message": refusal.to_string(),
+        "draining": draining,
+        "storage": storage_word(storage_ok),
+    });
+    res.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    res.set_body(actix_web::body::BoxBody::new(body.to_string()))
 }
 
 /// `GET /metrics`: Prometheus text.

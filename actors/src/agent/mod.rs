@@ -2,14 +2,16 @@
 //!
 //! Owns nothing durable. It defines the [`Agent`] trait, the provider-neutral turn/part vocabulary every
 //! module writes into the transcript (SPEC §4.2), and the constructors for it. Built-in agents:
-//! [`scripted`] (the deterministic `demo` agent) and [`openai`] (an OpenAI-compatible chat-completions
-//! provider).
+//! [`scripted`] (the deterministic `demo` agent), [`openai`] (an OpenAI-compatible chat-completions
+//! provider) and [`anthropic`] (the Anthropic Messages API); [`http`] holds what the two providers share
+//! (per-thread clients, status classification, `Retry-After`, server-sent events).
 //!
-//! Who talks to it: the run actor calls [`Agent::next`] once per step (SPEC §5.2 step 5) with the
-//! system prompt, every turn after it and the tool definitions; it writes the returned
-//! [`AssistantTurn::to_turn`] and, after the tools ran, a [`results_turn`] into the ledger's transcript.
-//! A resume rebuilds the same [`Conversation`] from the stored turns, so an agent sees the same input
-//! either way.
+//! Who talks to it: the run actor calls [`Agent::next`] (or [`Agent::next_streaming`] when the agent is
+//! configured with `stream = true`) once per model call (SPEC §5.2 step 5) with the system prompt, every
+//! turn after it and the tool definitions; it writes the returned [`AssistantTurn::to_turn`] and, after
+//! the tools ran, a [`results_turn`] into the ledger's transcript. A resume rebuilds the same
+//! [`Conversation`] from the stored turns, so an agent sees the same input either way. On a transient
+//! error the run waits [`RetryPolicy::wait`] and calls again.
 //!
 //! # Turns and parts
 //!
@@ -22,6 +24,9 @@
 //! | `assistant`    | `{"type":"text","text":…}` (omitted when empty), then one `{"type":"tool_call","callId":…,"tool":…,"args":{…}}` per call |
 //! | `tool_results` | one `{"type":"tool_result","callId":…,"tool":…,"ok":bool,"output":"…"}` per call, in call order, then the follow-ups folded at that step as `{"type":"text","text":…,"inboxSeq":n}` |
 //!
+//! Token [`Usage`] travels with the [`AssistantTurn`] the agent answers, not in the transcript: the run
+//! puts it on the assistant event and sums it into the record (SPEC §8.3).
+//!
 //! Invariants:
 //! - turns are built only through the constructors here ([`system_turn`], [`user_turn`],
 //!   [`AssistantTurn::to_turn`], [`results_turn`], [`followups_turn`]), so every writer agrees on the
@@ -29,14 +34,20 @@
 //! - an agent is a pure function of its [`Conversation`] plus the provider's answer: it holds no
 //!   per-run state, so a resumed run needs nothing but the transcript;
 //! - an agent never logs message text or credentials;
-//! - errors are typed: [`AgentError::Transient`] may succeed on a retry, [`AgentError::Permanent`]
-//!   will not. An agent does not retry on its own; the caller decides.
+//! - errors are typed: [`AgentError::Transient`] may succeed on a retry (and may say when, from the
+//!   provider's `Retry-After`), [`AgentError::Permanent`] will not. An agent does not retry on its own;
+//!   the caller decides, with a [`RetryPolicy`];
+//! - streamed text deltas are a preview only: the completed turn an agent answers is the truth, whether
+//!   or not deltas were reported.
 
+pub mod anthropic;
+pub mod http;
 pub mod openai;
 pub mod scripted;
 
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
+use std::time::Duration;
 use storage::ledger::Turn;
 
 /// The role names of the transcript.
@@ -68,6 +79,10 @@ pub struct ToolDef {
     pub side_effect_free: bool,
     /// It has effects, but running it again after an unknown outcome is harmless.
     pub rerun_safe: bool,
+    /// An HTTP tool declared `idempotent` or an MCP tool annotated `idempotentHint: true`: a call in
+    /// flight at a crash is re-sent with the same idempotency key (`how: "resent"`, SPEC §6.2).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idempotent: bool,
 }
 
 /// One tool call the model asked for.
@@ -79,11 +94,43 @@ pub struct ToolCall {
     pub args: Value,
 }
 
+/// Tokens one model call consumed, as the provider reported them (SPEC §8.3 "Token usage").
+///
+/// A wire type: it appears as `usage {inputTokens, outputTokens}` on assistant events and, summed per
+/// model, on the run record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// Prompt tokens (OpenAI `prompt_tokens`, Anthropic `input_tokens`).
+    pub input_tokens: u64,
+    /// Generated tokens (OpenAI `completion_tokens`, Anthropic `output_tokens`).
+    pub output_tokens: u64,
+}
+
+impl std::ops::Add for Usage {
+    type Output = Usage;
+    fn add(self, other: Usage) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+        }
+    }
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        *self = *self + other;
+    }
+}
+
 /// What the model answered: text (possibly empty) and tool calls (none means "this is the answer").
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct AssistantTurn {
     pub text: String,
     pub calls: Vec<ToolCall>,
+    /// The tokens the call consumed; `None` when the provider did not say (and for a turn read back
+    /// from the transcript, which does not store it).
+    pub usage: Option<Usage>,
 }
 
 impl AssistantTurn {
@@ -124,7 +171,7 @@ impl AssistantTurn {
                 _ => {}
             }
         }
-        Some(AssistantTurn { text: texts.join("\n"), calls })
+        Some(AssistantTurn { text: texts.join("\n"), calls, usage: None })
     }
 }
 
@@ -229,20 +276,100 @@ pub struct Conversation<'a> {
     pub tools: &'a [ToolDef],
 }
 
+/// Receives streamed text deltas, in order, while a model call runs (see [`Agent::next_streaming`]).
+///
+/// `Sync` because the call's future holds a reference to it across awaits and must stay `Send`; an
+/// `UnboundedSender<String>` captured in a closure qualifies. It is called on the calling task, so it
+/// must not block.
+pub type DeltaFn<'a> = dyn Fn(&str) + Sync + 'a;
+
 /// Why a model call produced no turn.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AgentError {
-    /// The provider could not answer now (connect failure, timeout, 5xx, 429, 408); a retry may work.
-    #[error("transient: {0}")]
-    Transient(String),
+    /// The provider could not answer now (connect failure, timeout, 5xx, 429, 408, a stream cut short);
+    /// a retry may work.
+    #[error("transient: {message}")]
+    Transient {
+        message: String,
+        /// How long the provider asked us to wait (its `Retry-After`, seconds or an HTTP date, as a
+        /// duration from when the answer arrived); `None` when it did not say.
+        retry_after: Option<Duration>,
+    },
     /// The call cannot succeed as made (bad request, bad credentials, malformed answer, scripted failure).
     #[error("permanent: {0}")]
     Permanent(String),
 }
 
 impl AgentError {
+    /// A transient error without a `Retry-After`.
+    pub fn transient(message: impl Into<String>) -> AgentError {
+        AgentError::Transient { message: message.into(), retry_after: None }
+    }
+
+    pub fn permanent(message: impl Into<String>) -> AgentError {
+        AgentError::Permanent(message.into())
+    }
+
     pub fn is_transient(&self) -> bool {
-        matches!(self, AgentError::Transient(_))
+        matches!(self, AgentError::Transient { .. })
+    }
+
+    /// The provider's requested wait, for a transient error that carried one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AgentError::Transient { retry_after, .. } => *retry_after,
+            AgentError::Permanent(_) => None,
+        }
+    }
+
+    /// The message without the `transient: ` / `permanent: ` prefix.
+    pub fn message(&self) -> &str {
+        match self {
+            AgentError::Transient { message, .. } | AgentError::Permanent(message) => message,
+        }
+    }
+}
+
+/// How a run retries an agent's transient errors (SPEC §8.3 `[agents.NAME.retry]`).
+///
+/// Pure: [`RetryPolicy::wait`] takes the jitter from the caller, so the schedule is a function of its
+/// inputs and the caller owns the randomness (and the clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in total, the first included (≥ 1; 1 means "never retry").
+    pub max_attempts: u32,
+    /// The backoff ceiling before the first retry.
+    pub initial: Duration,
+    /// The backoff cap, and the longest `Retry-After` the run is willing to honour.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { max_attempts: 5, initial: Duration::from_millis(1000), max: Duration::from_millis(30_000) }
+    }
+}
+
+impl RetryPolicy {
+    /// How long to wait after attempt `attempt` (1-based; 0 counts as 1) failed transiently, or `None`
+    /// to stop retrying: the attempts are spent, or the provider's `retry_after` exceeds [`Self::max`].
+    ///
+    /// The wait is `max(full-jitter backoff, retry_after)`, where the backoff is
+    /// `min(initial · 2^(attempt−1), max) · jitter` and `jitter` is a uniform draw from `0..=1` supplied
+    /// by the caller (clamped into that range; a NaN counts as 0).
+    pub fn wait(&self, attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Option<Duration> {
+        let attempt = attempt.max(1);
+        if attempt >= self.max_attempts {
+            return None;
+        }
+        if retry_after.is_some_and(|r| r > self.max) {
+            return None;
+        }
+        let factor = 1u32.checked_shl(attempt - 1).unwrap_or(u32::MAX);
+        let ceiling = self.initial.checked_mul(factor).unwrap_or(Duration::MAX).min(self.max);
+        let jitter = if jitter.is_nan() { 0.0 } else { jitter.clamp(0.0, 1.0) };
+        let backoff = ceiling.mul_f64(jitter);
+        Some(backoff.max(retry_after.unwrap_or(Duration::ZERO)))
     }
 }
 
@@ -250,12 +377,24 @@ impl AgentError {
 ///
 /// Shared across runs (`Arc<dyn Agent>`); implementations keep no per-run state.
 pub trait Agent: Send + Sync + 'static {
-    /// `"scripted"` or `"openai"`.
+    /// `"scripted"`, `"openai"` or `"anthropic"`.
     fn kind(&self) -> &'static str;
     /// The model name recorded with the run (`"scripted"` for the scripted agent).
     fn model(&self) -> &str;
     /// The next assistant turn. Dropping the future abandons the call (a hard stop does).
     fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>>;
+    /// The next assistant turn, reporting its text to `on_delta` piece by piece as it is generated
+    /// (the providers ask for a streamed answer). The completed turn (with usage) is still the answer;
+    /// the deltas of a call that then fails are to be discarded by the caller. The default reports
+    /// nothing and answers [`Agent::next`].
+    fn next_streaming<'a>(
+        &'a self,
+        conv: Conversation<'a>,
+        on_delta: &'a DeltaFn<'a>,
+    ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
+        let _ = on_delta;
+        self.next(conv)
+    }
 }
 
 #[cfg(test)]
@@ -267,6 +406,7 @@ mod tests {
         let turn = AssistantTurn {
             text: "step 1".into(),
             calls: vec![ToolCall { call_id: "call-1".into(), tool: "sleep".into(), args: json!({"ms": 5}) }],
+            usage: None,
         };
         let t = turn.to_turn();
         assert_eq!(t.role, "assistant");
@@ -285,6 +425,7 @@ mod tests {
         let turn = AssistantTurn {
             text: String::new(),
             calls: vec![ToolCall { call_id: "c".into(), tool: "echo".into(), args: json!({"text": "x"}) }],
+            usage: None,
         };
         let t = turn.to_turn();
         assert_eq!(t.parts.len(), 1);
@@ -349,11 +490,113 @@ mod tests {
             parameters: json!({"type": "object"}),
             side_effect_free: true,
             rerun_safe: true,
+            idempotent: false,
         };
         assert_eq!(
             serde_json::to_value(&def).unwrap(),
             json!({"name": "echo", "description": "d", "parameters": {"type": "object"},
                    "sideEffectFree": true, "rerunSafe": true})
         );
+    }
+
+    #[test]
+    fn usage_does_not_enter_the_transcript_and_reads_back_as_none() {
+        let turn = AssistantTurn {
+            text: "hi".into(),
+            calls: vec![],
+            usage: Some(Usage { input_tokens: 12, output_tokens: 3 }),
+        };
+        let t = turn.to_turn();
+        assert_eq!(t.parts, vec![json!({"type": "text", "text": "hi"})]);
+        assert_eq!(AssistantTurn::from_turn(&t), Some(AssistantTurn { usage: None, ..turn }));
+    }
+
+    #[test]
+    fn usage_serializes_camel_case_and_sums() {
+        let a = Usage { input_tokens: 10, output_tokens: 2 };
+        assert_eq!(serde_json::to_value(a).unwrap(), json!({"inputTokens": 10, "outputTokens": 2}));
+        let back: Usage = serde_json::from_value(json!({"inputTokens": 1, "outputTokens": 4})).unwrap();
+        let mut total = a + back;
+        assert_eq!(total, Usage { input_tokens: 11, output_tokens: 6 });
+        total += Usage { input_tokens: u64::MAX, output_tokens: 0 };
+        assert_eq!(total.input_tokens, u64::MAX, "sums saturate");
+    }
+
+    #[test]
+    fn agent_errors_say_whether_and_when_to_retry() {
+        let t = AgentError::Transient { message: "http 429".into(), retry_after: Some(Duration::from_secs(3)) };
+        assert!(t.is_transient());
+        assert_eq!(t.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(t.to_string(), "transient: http 429");
+        assert_eq!(t.message(), "http 429");
+        let t = AgentError::transient("reset");
+        assert!(t.is_transient());
+        assert_eq!(t.retry_after(), None);
+        let p = AgentError::permanent("http 400");
+        assert!(!p.is_transient());
+        assert_eq!(p.retry_after(), None);
+        assert_eq!(p.to_string(), "permanent: http 400");
+    }
+
+    #[test]
+    fn retry_policy_waits_full_jitter_backoff_or_retry_after_whichever_is_longer() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        // The defaults: 5 attempts in total, 1 s doubling, capped at 30 s.
+        let p = RetryPolicy::default();
+        assert_eq!(p, RetryPolicy { max_attempts: 5, initial: s(1), max: s(30) });
+        let cases: Vec<(&str, RetryPolicy, u32, Option<Duration>, f64, Option<Duration>)> = vec![
+            ("first failure, full jitter draw", p, 1, None, 1.0, Some(s(1))),
+            ("first failure, half jitter", p, 1, None, 0.5, Some(ms(500))),
+            ("jitter 0 waits nothing", p, 1, None, 0.0, Some(Duration::ZERO)),
+            ("second failure doubles", p, 2, None, 1.0, Some(s(2))),
+            ("fourth failure is 8 s", p, 4, None, 1.0, Some(s(8))),
+            ("fifth failure: attempts spent", p, 5, None, 1.0, None),
+            ("beyond the attempts: still spent", p, 9, None, 1.0, None),
+            ("attempt 0 counts as the first", p, 0, None, 1.0, Some(s(1))),
+            ("retry-after longer than the backoff wins", p, 1, Some(s(3)), 1.0, Some(s(3))),
+            ("backoff longer than retry-after wins", p, 4, Some(s(3)), 1.0, Some(s(8))),
+            ("retry-after of exactly max is honoured", p, 1, Some(s(30)), 0.2, Some(s(30))),
+            ("retry-after above max ends the retries", p, 1, Some(ms(30_001)), 1.0, None),
+            ("retry-after zero: the backoff stands", p, 2, Some(Duration::ZERO), 0.25, Some(ms(500))),
+            ("jitter above 1 is clamped", p, 1, None, 7.0, Some(s(1))),
+            ("negative jitter is clamped", p, 1, None, -1.0, Some(Duration::ZERO)),
+            ("NaN jitter counts as 0", p, 1, None, f64::NAN, Some(Duration::ZERO)),
+            (
+                "the cap applies before the jitter",
+                RetryPolicy { max_attempts: 10, initial: s(1), max: s(5) },
+                6,
+                None,
+                0.5,
+                Some(ms(2500)),
+            ),
+            (
+                "huge attempt numbers do not overflow",
+                RetryPolicy { max_attempts: u32::MAX, initial: s(1), max: s(30) },
+                200,
+                None,
+                1.0,
+                Some(s(30)),
+            ),
+            (
+                "one attempt means never retry",
+                RetryPolicy { max_attempts: 1, initial: s(1), max: s(30) },
+                1,
+                None,
+                1.0,
+                None,
+            ),
+            (
+                "zero initial retries at once",
+                RetryPolicy { max_attempts: 3, initial: Duration::ZERO, max: Duration::ZERO },
+                2,
+                None,
+                1.0,
+                Some(Duration::ZERO),
+            ),
+        ];
+        for (name, policy, attempt, retry_after, jitter, want) in cases {
+            assert_eq!(policy.wait(attempt, retry_after, jitter), want, "{name}");
+        }
     }
 }

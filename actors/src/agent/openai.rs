@@ -1,11 +1,12 @@
 //! The `openai` agent: an OpenAI-compatible chat-completions provider over reqwest (SPEC §8.3).
 //!
-//! Owns one HTTP client per calling thread (see [`OpenAiAgent`]) and its configuration: base URL,
-//! model, API key and a per-request timeout.
+//! Owns one HTTP client per calling thread ([`ClientPool`], see [`super::http`]) and its configuration:
+//! base URL, model, API key, per-request timeout, and the optional `temperature` and `max_tokens`.
 //!
-//! Who calls it: the run actor, through [`Agent::next`]. Each call is one
-//! `POST {base_url}/chat/completions` with `{model, messages, tools}` and bearer auth; the transcript
-//! is mapped to messages as follows:
+//! Who calls it: the run actor, through [`Agent::next`] or [`Agent::next_streaming`]. Each call is one
+//! `POST {base_url}/chat/completions` with `{model, messages, tools?, temperature?, max_tokens?}` and
+//! bearer auth (plus `stream: true, stream_options: {include_usage: true}` when streaming); the
+//! transcript is mapped to messages as follows:
 //!
 //! | transcript                           | messages                                                        |
 //! |--------------------------------------|-----------------------------------------------------------------|
@@ -16,32 +17,35 @@
 //! | `tool_results` turn, follow-up texts | one `{role:"user", content}` after the tool messages            |
 //!
 //! The answer is `choices[0].message`: `content` (a string, or an array of text parts) and `tool_calls`
-//! (whose `arguments` JSON string is parsed; one that does not parse is a permanent error naming the call).
+//! (whose `arguments` JSON string is parsed; one that does not parse is a permanent error naming the call),
+//! with `usage {prompt_tokens, completion_tokens}` as the turn's [`Usage`]. A streamed answer is a series
+//! of `data:` chunks whose `choices[0].delta` carries text (`content`, reported as deltas) and tool-call
+//! fragments (by `index`: `id` and `function.name` once, `function.arguments` in pieces), then a chunk
+//! with `usage` and `data: [DONE]`; the pieces are assembled into the same message and parsed as above.
 //!
 //! Invariants:
-//! - errors are typed: connect failures, timeouts, 5xx, 429 and 408 are [`AgentError::Transient`];
-//!   any other 4xx and a malformed body are [`AgentError::Permanent`]; the agent never retries;
+//! - errors are typed (the table in [`super::http`]): connect failures, timeouts, 5xx, 429 and 408 are
+//!   [`AgentError::Transient`] (with the provider's `Retry-After`); any other 4xx and a malformed body
+//!   are [`AgentError::Permanent`]; the agent never retries;
 //! - it never logs, nor puts into an error, message text or the API key (the key is also redacted
 //!   from `Debug`); errors carry the status and the provider's short error message only.
-//!
-//! # Design
-//! A `reqwest::Client`'s pooled connection is driven by a task on the runtime that opened it, and every
-//! actix arbiter is its own single-threaded runtime: one client shared by runs on two arbiters couples
-//! them (a blocked arbiter stalls the other's request, a stopped one kills its pooled connections;
-//! PITFALLS "actix / tokio" 4). So the agent keeps one client per thread, built on first use.
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::thread::ThreadId;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use storage::ledger::Turn;
 
-use super::{results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, ToolCall, ToolDef};
+use super::http::{self, ClientPool, SseEvent};
+use super::{
+    results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, DeltaFn, ToolCall, ToolDef, Usage,
+};
 
-/// How to reach the provider.
+/// The endpoint's name in errors.
+const WHAT: &str = "chat completions";
+
+/// How to reach the provider and how to ask it.
 #[derive(Clone)]
 pub struct OpenAiConfig {
     /// e.g. `https://api.openai.com/v1`; `/chat/completions` is appended (a trailing `/` is ignored).
@@ -49,8 +53,25 @@ pub struct OpenAiConfig {
     pub model: String,
     /// Sent as `Authorization: Bearer <key>`; an empty key sends no header (local servers).
     pub api_key: String,
-    /// The whole request, connect to last body byte.
+    /// The whole request, connect to last body byte (for a stream, its last event).
     pub timeout: Duration,
+    /// Sent as `temperature` when set.
+    pub temperature: Option<f64>,
+    /// Sent as `max_tokens` when set (the key OpenAI-compatible servers share).
+    pub max_tokens: Option<u32>,
+}
+
+impl Default for OpenAiConfig {
+    fn default() -> Self {
+        OpenAiConfig {
+            base_url: String::new(),
+            model: String::new(),
+            api_key: String::new(),
+            timeout: Duration::from_secs(120),
+            temperature: None,
+            max_tokens: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for OpenAiConfig {
@@ -60,6 +81,8 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("model", &self.model)
             .field("api_key", &if self.api_key.is_empty() { "<none>" } else { "<redacted>" })
             .field("timeout", &self.timeout)
+            .field("temperature", &self.temperature)
+            .field("max_tokens", &self.max_tokens)
             .finish()
     }
 }
@@ -69,9 +92,8 @@ pub struct OpenAiAgent {
     config: OpenAiConfig,
     /// `{base_url}/chat/completions`, computed once.
     url: String,
-    /// One client per calling thread (see the module's `# Design`). A std `Mutex` because it is held
-    /// only to look up or insert, never across an await; entries are few (one per arbiter thread).
-    clients: Mutex<HashMap<ThreadId, reqwest::Client>>,
+    /// One client per calling thread (see [`super::http`]'s `# Design`).
+    clients: ClientPool,
 }
 
 impl std::fmt::Debug for OpenAiAgent {
@@ -83,59 +105,55 @@ impl std::fmt::Debug for OpenAiAgent {
 impl OpenAiAgent {
     pub fn new(config: OpenAiConfig) -> Self {
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-        OpenAiAgent { config, url, clients: Mutex::new(HashMap::new()) }
+        let clients = ClientPool::new(config.timeout);
+        OpenAiAgent { config, url, clients }
     }
 
     pub fn config(&self) -> &OpenAiConfig {
         &self.config
     }
 
-    /// This thread's client, built on first use.
-    fn client(&self) -> Result<reqwest::Client, AgentError> {
-        let id = std::thread::current().id();
-        // A poisoned map is still a valid map: take it.
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = clients.get(&id) {
-            return Ok(c.clone());
-        }
-        let client = reqwest::Client::builder()
-            .timeout(self.config.timeout)
-            .build()
-            .map_err(|e| AgentError::Permanent(format!("build http client: {}", chain(&e))))?;
-        clients.insert(id, client.clone());
-        Ok(client)
-    }
-
-    async fn call(&self, conv: Conversation<'_>) -> Result<AssistantTurn, AgentError> {
-        let body = request_body(&self.config.model, conv);
-        let client = self.client()?;
+    /// One model call; streamed when `on_delta` is given.
+    async fn call(&self, conv: Conversation<'_>, on_delta: Option<&DeltaFn<'_>>) -> Result<AssistantTurn, AgentError> {
+        let body = request_body(&self.config, conv, on_delta.is_some());
+        let client = self.clients.client()?;
         let mut req = client.post(&self.url).json(&body);
+        if on_delta.is_some() {
+            req = req.header(reqwest::header::ACCEPT, "text/event-stream");
+        }
         if !self.config.api_key.is_empty() {
             req = req.bearer_auth(&self.config.api_key);
         }
         let started = Instant::now();
-        let resp = req.send().await.map_err(send_error)?;
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(send_error)?;
+        let resp = http::send(WHAT, req).await?;
+        let turn = match on_delta {
+            Some(on_delta) if http::is_event_stream(&resp) => {
+                let mut reply = StreamedReply::default();
+                let done = http::for_each_event(WHAT, resp, |event| reply.take(event, on_delta)).await?;
+                if !done && !reply.finished {
+                    return Err(AgentError::transient(format!("{WHAT} stream ended before the answer was complete")));
+                }
+                parse_reply(&reply.into_body())?
+            }
+            _ => {
+                let turn = parse_reply(&http::json_body(WHAT, resp).await?)?;
+                // Asked to stream but answered at once: the whole text is the one delta.
+                if let Some(on_delta) = on_delta.filter(|_| !turn.text.is_empty()) {
+                    on_delta(&turn.text);
+                }
+                turn
+            }
+        };
         tracing::debug!(
             model = %self.config.model,
-            status,
             elapsed_ms = started.elapsed().as_millis() as u64,
-            bytes = bytes.len(),
+            streamed = on_delta.is_some(),
+            calls = turn.calls.len(),
+            input_tokens = turn.usage.map(|u| u.input_tokens),
+            output_tokens = turn.usage.map(|u| u.output_tokens),
             "chat completion answered"
         );
-        if !(200..300).contains(&status) {
-            let detail = provider_error(&bytes).map(|m| format!(": {m}")).unwrap_or_default();
-            let msg = format!("chat completions answered http {status}{detail}");
-            return Err(if matches!(status, 408 | 429 | 500..=599) {
-                AgentError::Transient(msg)
-            } else {
-                AgentError::Permanent(msg)
-            });
-        }
-        let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| AgentError::Permanent(format!("malformed response body: {e}")))?;
-        parse_reply(&value)
+        Ok(turn)
     }
 }
 
@@ -149,65 +167,36 @@ impl Agent for OpenAiAgent {
     }
 
     fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
-        self.call(conv).boxed()
+        self.call(conv, None).boxed()
+    }
+
+    fn next_streaming<'a>(
+        &'a self,
+        conv: Conversation<'a>,
+        on_delta: &'a DeltaFn<'a>,
+    ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
+        self.call(conv, Some(on_delta)).boxed()
     }
 }
 
-/// A send/receive failure: anything on the way (connect, timeout, reset) may work on a retry.
-fn send_error(e: reqwest::Error) -> AgentError {
-    let what = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "connect failed"
-    } else {
-        "request failed"
-    };
-    AgentError::Transient(format!("chat completions {what}: {}", chain(&e.without_url())))
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(cause) = src {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        src = cause.source();
-    }
-    s
-}
-
-/// The provider's `{error: {type|code, message}}`, shortened; `None` when the body has none.
-fn provider_error(bytes: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(bytes).ok()?;
-    let err = v.get("error")?;
-    let message = match err {
-        Value::String(s) => s.clone(),
-        _ => {
-            let kind = err.get("type").or_else(|| err.get("code")).and_then(Value::as_str);
-            let message = err.get("message").and_then(Value::as_str).unwrap_or("");
-            match kind {
-                Some(k) if !message.is_empty() => format!("{k}: {message}"),
-                Some(k) => k.to_owned(),
-                None => message.to_owned(),
-            }
-        }
-    };
-    const MAX: usize = 300;
-    Some(if message.chars().count() > MAX {
-        format!("{}…", message.chars().take(MAX).collect::<String>())
-    } else {
-        message
-    })
-}
-
-/// The request body: `{model, messages, tools}` (`tools` left out when there are none).
-pub fn request_body(model: &str, conv: Conversation<'_>) -> Value {
+/// The request body: `{model, messages, tools?, temperature?, max_tokens?}` (`tools` left out when there
+/// are none), plus `stream: true` and `stream_options: {include_usage: true}` when `stream`.
+pub fn request_body(config: &OpenAiConfig, conv: Conversation<'_>, stream: bool) -> Value {
     let mut body = Map::new();
-    body.insert("model".into(), json!(model));
+    body.insert("model".into(), json!(config.model));
     body.insert("messages".into(), Value::Array(messages(conv.system, conv.turns)));
     if !conv.tools.is_empty() {
         body.insert("tools".into(), Value::Array(conv.tools.iter().map(tool_json).collect()));
+    }
+    if let Some(t) = config.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(m) = config.max_tokens {
+        body.insert("max_tokens".into(), json!(m));
+    }
+    if stream {
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
     }
     Value::Object(body)
 }
@@ -270,7 +259,7 @@ pub fn messages(system: &str, turns: &[Turn]) -> Vec<Value> {
     out
 }
 
-/// `choices[0].message` as an assistant turn.
+/// `choices[0].message` as an assistant turn, with `usage` when the body has it.
 pub fn parse_reply(body: &Value) -> Result<AssistantTurn, AgentError> {
     let malformed = |what: &str| AgentError::Permanent(format!("malformed response body: {what}"));
     let message = body
@@ -319,7 +308,100 @@ pub fn parse_reply(body: &Value) -> Result<AssistantTurn, AgentError> {
             calls.push(ToolCall { call_id, tool, args });
         }
     }
-    Ok(AssistantTurn { text, calls })
+    Ok(AssistantTurn { text, calls, usage: parse_usage(body.get("usage")) })
+}
+
+/// `usage {prompt_tokens, completion_tokens}`; `None` when absent or not numbers (usage is reported,
+/// never required: a compatible server without it still answers).
+pub fn parse_usage(usage: Option<&Value>) -> Option<Usage> {
+    let u = usage?;
+    let input_tokens = u.get("prompt_tokens").and_then(Value::as_u64);
+    let output_tokens = u.get("completion_tokens").and_then(Value::as_u64);
+    if input_tokens.is_none() && output_tokens.is_none() {
+        return None;
+    }
+    Some(Usage { input_tokens: input_tokens.unwrap_or(0), output_tokens: output_tokens.unwrap_or(0) })
+}
+
+/// A streamed answer being assembled from its chunks.
+#[derive(Debug, Default)]
+struct StreamedReply {
+    text: String,
+    /// Tool-call fragments by their `index`.
+    calls: BTreeMap<u64, PartialCall>,
+    usage: Option<Value>,
+    /// A `finish_reason` arrived: the answer is complete even if `[DONE]` never does.
+    finished: bool,
+}
+
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+impl StreamedReply {
+    /// Takes one event; `Ok(true)` at `[DONE]`.
+    fn take(&mut self, event: SseEvent, on_delta: &DeltaFn<'_>) -> Result<bool, AgentError> {
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            return Ok(true);
+        }
+        if data.is_empty() {
+            return Ok(false);
+        }
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|e| AgentError::Permanent(format!("malformed stream chunk: {e}")))?;
+        if chunk.get("error").is_some_and(|e| !e.is_null()) {
+            return Err(http::stream_error(WHAT, &chunk));
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(choice) = chunk.get("choices").and_then(Value::as_array).and_then(|c| c.first()) else {
+            return Ok(false);
+        };
+        let delta = choice.get("delta").unwrap_or(&Value::Null);
+        if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            on_delta(text);
+            self.text.push_str(text);
+        }
+        if let Some(list) = delta.get("tool_calls").and_then(Value::as_array) {
+            for (position, c) in list.iter().enumerate() {
+                let index = c.get("index").and_then(Value::as_u64).unwrap_or(position as u64);
+                let call = self.calls.entry(index).or_default();
+                if let Some(id) = c.get("id").and_then(Value::as_str).filter(|id| !id.is_empty()) {
+                    call.id = Some(id.to_owned());
+                }
+                let function = c.get("function").unwrap_or(&Value::Null);
+                if let Some(name) = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) {
+                    call.name = name.to_owned();
+                }
+                if let Some(piece) = function.get("arguments").and_then(Value::as_str) {
+                    call.arguments.push_str(piece);
+                }
+            }
+        }
+        if choice.get("finish_reason").is_some_and(Value::is_string) {
+            self.finished = true;
+        }
+        Ok(false)
+    }
+
+    /// The assembled answer in the non-streamed body's shape, for [`parse_reply`].
+    fn into_body(self) -> Value {
+        let calls: Vec<Value> = self
+            .calls
+            .into_values()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+        let mut message = json!({"role": "assistant", "content": self.text});
+        if !calls.is_empty() {
+            message["tool_calls"] = Value::Array(calls);
+        }
+        json!({"choices": [{"message": message}], "usage": self.usage})
+    }
 }
 
 #[cfg(test)]
@@ -327,7 +409,7 @@ mod tests {
     use super::*;
     use crate::agent::{followups_turn, results_turn, user_turn, ToolResult};
     use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     /// What the stub saw: the `Authorization` header and the JSON body of each request.
     type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
@@ -383,6 +465,7 @@ mod tests {
                 model: "gpt-test".into(),
                 api_key: "sk-test-key".into(),
                 timeout,
+                ..OpenAiConfig::default()
             })
         }
 
@@ -398,6 +481,7 @@ mod tests {
             parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
             side_effect_free: true,
             rerun_safe: true,
+            idempotent: false,
         }]
     }
 
@@ -407,6 +491,7 @@ mod tests {
         let call = AssistantTurn {
             text: "step 1".into(),
             calls: vec![ToolCall { call_id: "call-1".into(), tool: "echo".into(), args: json!({"text": "hi"}) }],
+            usage: None,
         };
         vec![
             user_turn("say hi"),
@@ -415,7 +500,7 @@ mod tests {
                 &[ToolResult { call_id: "call-1".into(), tool: "echo".into(), ok: false, output: "boom".into() }],
                 &[(5, "also wave".into())],
             ),
-            AssistantTurn { text: "hi".into(), calls: vec![] }.to_turn(),
+            AssistantTurn { text: "hi".into(), calls: vec![], usage: None }.to_turn(),
             followups_turn(&[(6, "again".into())]),
         ]
     }
@@ -447,6 +532,7 @@ mod tests {
         let only_call = AssistantTurn {
             text: String::new(),
             calls: vec![ToolCall { call_id: "c".into(), tool: "echo".into(), args: json!({}) }],
+            usage: None,
         };
         let msgs = messages("", &[only_call.to_turn()]);
         assert_eq!(msgs.len(), 1);
@@ -459,7 +545,7 @@ mod tests {
             (
                 "text reply",
                 serde_json::from_str(TEXT_REPLY).unwrap(),
-                Ok(AssistantTurn { text: "all done".into(), calls: vec![] }),
+                Ok(AssistantTurn { text: "all done".into(), calls: vec![], usage: None }),
             ),
             (
                 "tool call reply",
@@ -471,6 +557,7 @@ mod tests {
                         tool: "echo".into(),
                         args: json!({"text": "hello"}),
                     }],
+                    usage: None,
                 }),
             ),
             (
@@ -480,6 +567,17 @@ mod tests {
                 Ok(AssistantTurn {
                     text: "ab".into(),
                     calls: vec![ToolCall { call_id: "c1".into(), tool: "sleep".into(), args: json!({}) }],
+                    usage: None,
+                }),
+            ),
+            (
+                "usage is read when present",
+                json!({"choices": [{"message": {"content": "ok"}}],
+                    "usage": {"prompt_tokens": 31, "completion_tokens": 4, "total_tokens": 35}}),
+                Ok(AssistantTurn {
+                    text: "ok".into(),
+                    calls: vec![],
+                    usage: Some(Usage { input_tokens: 31, output_tokens: 4 }),
                 }),
             ),
             (
@@ -519,6 +617,7 @@ mod tests {
             model: "m".into(),
             api_key: "sk-secret".into(),
             timeout: Duration::from_secs(1),
+            ..OpenAiConfig::default()
         });
         let shown = format!("{agent:?}");
         assert!(!shown.contains("sk-secret"), "{shown}");
@@ -542,6 +641,7 @@ mod tests {
                     tool: "echo".into(),
                     args: json!({"text": "hello"})
                 }],
+                usage: None,
             })
         );
         let seen = stub.seen.lock().unwrap().clone();
@@ -564,7 +664,7 @@ mod tests {
         let agent = stub.agent(Duration::from_secs(10));
         let turns = [user_turn("hello")];
         let got = agent.next(Conversation { system: "", turns: &turns, tools: &[] }).await;
-        assert_eq!(got, Ok(AssistantTurn { text: "all done".into(), calls: vec![] }));
+        assert_eq!(got, Ok(AssistantTurn { text: "all done".into(), calls: vec![], usage: None }));
         // No tools: the field is left out rather than sent empty.
         let body = stub.seen.lock().unwrap()[0].1.clone();
         assert!(body.get("tools").is_none(), "{body}");
@@ -577,10 +677,10 @@ mod tests {
             (
                 500,
                 r#"{"error":{"message":"upstream broke","type":"server_error"}}"#,
-                AgentError::Transient("chat completions answered http 500: server_error: upstream broke".into()),
+                AgentError::transient("chat completions answered http 500: server_error: upstream broke"),
             ),
-            (429, "", AgentError::Transient("chat completions answered http 429".into())),
-            (408, "", AgentError::Transient("chat completions answered http 408".into())),
+            (429, "", AgentError::transient("chat completions answered http 429")),
+            (408, "", AgentError::transient("chat completions answered http 408")),
             (
                 400,
                 r#"{"error":{"message":"unknown model","type":"invalid_request_error"}}"#,
@@ -617,7 +717,7 @@ mod tests {
         let got =
             stub.agent(Duration::from_millis(200)).next(Conversation { system: "", turns: &turns, tools: &[] }).await;
         assert!(
-            matches!(&got, Err(AgentError::Transient(m)) if m.starts_with("chat completions timed out")),
+            matches!(&got, Err(AgentError::Transient { message: m, .. }) if m.starts_with("chat completions timed out")),
             "{got:?}"
         );
         assert!(started.elapsed() < Duration::from_secs(3));
@@ -633,11 +733,12 @@ mod tests {
             model: "m".into(),
             api_key: String::new(),
             timeout: Duration::from_secs(5),
+            ..OpenAiConfig::default()
         });
         let turns = [user_turn("hello")];
         let got = agent.next(Conversation { system: "", turns: &turns, tools: &[] }).await;
         assert!(
-            matches!(&got, Err(AgentError::Transient(m)) if m.starts_with("chat completions connect failed")),
+            matches!(&got, Err(AgentError::Transient { message: m, .. }) if m.starts_with("chat completions connect failed")),
             "{got:?}"
         );
     }

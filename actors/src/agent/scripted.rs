@@ -21,6 +21,11 @@
 //! Follow-ups (text parts of user turns after the first, and text parts inside `tool_results` turns) are
 //! echoed in the answer as `<answer> (follow-ups: <text1>; <text2>)`, so a steered message is visible.
 //!
+//! Each answer reports a deterministic [`Usage`] (see [`usage_of`]): input = the words the conversation
+//! shows the model, output = the words of the answer plus one per tool call, so usage sums can be
+//! tested without a network. Asked to stream ([`Agent::next_streaming`]), it reports its text word by
+//! word (each delta keeps its trailing whitespace, so the deltas concatenate to the text).
+//!
 //! Invariants: no state between calls, no randomness, no clock reads (the only effect is the
 //! `think_ms` sleep).
 
@@ -30,7 +35,10 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use storage::ledger::Turn;
 
-use super::{results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, ToolCall};
+use super::{
+    part, part_type, results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, DeltaFn, ToolCall,
+    Usage,
+};
 
 /// The deterministic demo agent. Stateless: one value serves every run.
 #[derive(Debug, Clone, Default)]
@@ -115,7 +123,8 @@ fn set_u64(slot: &mut u64, value: &str) {
     }
 }
 
-/// The scripted agent's decision for a conversation, without the `think_ms` latency.
+/// The scripted agent's decision for a conversation, without the `think_ms` latency (and without
+/// usage: see [`usage_of`]).
 pub fn decide(turns: &[Turn]) -> Result<AssistantTurn, AgentError> {
     let d = Directives::of(turns);
     let call_no = turns.iter().filter(|t| t.role == role::ASSISTANT).count() as u64 + 1;
@@ -129,12 +138,48 @@ pub fn decide(turns: &[Turn]) -> Result<AssistantTurn, AgentError> {
         return Ok(AssistantTurn {
             text: format!("step {n}"),
             calls: vec![ToolCall { call_id: format!("call-{n}"), tool: d.tool.clone(), args: d.args(n) }],
+            usage: None,
         });
     }
     let followups = followups(turns);
     let text =
         if followups.is_empty() { d.answer } else { format!("{} (follow-ups: {})", d.answer, followups.join("; ")) };
-    Ok(AssistantTurn { text, calls: Vec::new() })
+    Ok(AssistantTurn { text, calls: Vec::new(), usage: None })
+}
+
+/// The scripted token count of answering `answer` to `conv`: input = whitespace-separated words of the
+/// system prompt, of every text part and of every tool result's output, plus one per tool call in the
+/// transcript; output = words of the answer's text plus one per tool call it makes.
+pub fn usage_of(conv: &Conversation<'_>, answer: &AssistantTurn) -> Usage {
+    let words = |s: &str| s.split_whitespace().count() as u64;
+    let mut input_tokens = words(conv.system);
+    for p in conv.turns.iter().flat_map(|t| &t.parts) {
+        input_tokens += match part_type(p) {
+            Some(part::TEXT) => p.get("text").and_then(Value::as_str).map_or(0, words),
+            Some(part::TOOL_RESULT) => p.get("output").and_then(Value::as_str).map_or(0, words),
+            Some(part::TOOL_CALL) => 1,
+            _ => 0,
+        };
+    }
+    Usage { input_tokens, output_tokens: words(&answer.text) + answer.calls.len() as u64 }
+}
+
+impl ScriptedAgent {
+    /// A model call: the `think_ms` latency, the decision, its usage; the text to `on_delta` word by word.
+    async fn call(&self, conv: Conversation<'_>, on_delta: Option<&DeltaFn<'_>>) -> Result<AssistantTurn, AgentError> {
+        let think_ms = Directives::of(conv.turns).think_ms;
+        if think_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(think_ms)).await;
+        }
+        let mut turn = decide(conv.turns)?;
+        turn.usage = Some(usage_of(&conv, &turn));
+        if let Some(on_delta) = on_delta {
+            for word in turn.text.split_inclusive(char::is_whitespace) {
+                on_delta(word);
+            }
+        }
+        Ok(turn)
+    }
 }
 
 /// Follow-up texts in transcript order: user turns after the first, and text parts of results turns.
@@ -161,14 +206,15 @@ impl Agent for ScriptedAgent {
     }
 
     fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
-        async move {
-            let think_ms = Directives::of(conv.turns).think_ms;
-            if think_ms > 0 {
-                tokio::time::sleep(Duration::from_millis(think_ms)).await;
-            }
-            decide(conv.turns)
-        }
-        .boxed()
+        self.call(conv, None).boxed()
+    }
+
+    fn next_streaming<'a>(
+        &'a self,
+        conv: Conversation<'a>,
+        on_delta: &'a DeltaFn<'a>,
+    ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
+        self.call(conv, Some(on_delta)).boxed()
     }
 }
 
@@ -181,11 +227,12 @@ mod tests {
         AssistantTurn {
             text: format!("step {n}"),
             calls: vec![ToolCall { call_id: format!("call-{n}"), tool: tool.into(), args }],
+            usage: None,
         }
     }
 
     fn answer(text: &str) -> AssistantTurn {
-        AssistantTurn { text: text.into(), calls: vec![] }
+        AssistantTurn { text: text.into(), calls: vec![], usage: None }
     }
 
     /// A transcript after `done` completed steps: the request, then per step an assistant turn and
@@ -304,11 +351,50 @@ mod tests {
         let turns = after_steps("think_ms=250", 0, &[]);
         let start = tokio::time::Instant::now();
         let got = agent.next(Conversation { system: "s", turns: &turns, tools: &tools }).await;
-        assert_eq!(got, Ok(call(1, "sleep", json!({"ms": 200}))));
+        let usage = Some(Usage { input_tokens: 2, output_tokens: 3 });
+        assert_eq!(got, Ok(AssistantTurn { usage, ..call(1, "sleep", json!({"ms": 200})) }));
         assert_eq!(start.elapsed(), Duration::from_millis(250));
         // Default think_ms=0: no timer at all, the answer is ready on first poll.
         let turns = after_steps("go", 0, &[]);
         let fut = agent.next(Conversation { system: "s", turns: &turns, tools: &tools });
         assert!(fut.now_or_never().is_some());
+    }
+
+    #[test]
+    fn usage_counts_words_in_and_out() {
+        // System "be brief" (2) + request "steps=1 go" (2) + the call's text "step 1" (2) and the call
+        // (1) + its result "ok" (1) + the folded follow-up "and also" (2) = 10 in; the answer
+        // "done (follow-ups: and also)" is 4 out.
+        let turns = after_steps("steps=1 go", 1, &[(4, "and also".into())]);
+        let conv = Conversation { system: "be brief", turns: &turns, tools: &[] };
+        let answer = decide(&turns).unwrap();
+        assert_eq!(answer.text, "done (follow-ups: and also)");
+        assert_eq!(usage_of(&conv, &answer), Usage { input_tokens: 10, output_tokens: 4 });
+        // A tool-call turn: "step 1" is two words, plus one for the call.
+        let turns = after_steps("go", 0, &[]);
+        let conv = Conversation { system: "", turns: &turns, tools: &[] };
+        assert_eq!(usage_of(&conv, &decide(&turns).unwrap()), Usage { input_tokens: 1, output_tokens: 3 });
+    }
+
+    #[tokio::test]
+    async fn streaming_reports_the_text_word_by_word_then_the_same_turn() {
+        let agent = ScriptedAgent::new();
+        let turns = after_steps("steps=0 answer=hello", 0, &[(1, "one more".into())]);
+        let deltas = std::sync::Mutex::new(Vec::<String>::new());
+        let sink = |d: &str| deltas.lock().unwrap().push(d.to_owned());
+        let conv = Conversation { system: "s", turns: &turns, tools: &[] };
+        let streamed = agent.next_streaming(conv, &sink).await.unwrap();
+        let plain = agent.next(conv).await.unwrap();
+        assert_eq!(streamed, plain);
+        assert_eq!(streamed.text, "hello");
+        assert_eq!(deltas.into_inner().unwrap(), vec!["hello"]);
+
+        let turns = after_steps("go", 3, &[(9, "a b".into())]);
+        let deltas = std::sync::Mutex::new(Vec::<String>::new());
+        let sink = |d: &str| deltas.lock().unwrap().push(d.to_owned());
+        let got = agent.next_streaming(Conversation { system: "", turns: &turns, tools: &[] }, &sink).await.unwrap();
+        let deltas = deltas.into_inner().unwrap();
+        assert_eq!(deltas, vec!["done ", "(follow-ups: ", "a ", "b)"]);
+        assert_eq!(deltas.concat(), got.text);
     }
 }

@@ -78,12 +78,30 @@ impl Request {
     }
 }
 
-/// A configured agent with its budget and system prompt.
+/// A configured agent with its budget, system prompt, tool allowlist, retry policy and streaming flag.
 #[derive(Clone)]
 pub struct AgentEntry {
     pub agent: Arc<dyn Agent>,
     pub budget_ms: i64,
     pub system: String,
+    /// The tools the model sees and may call; `None`: every tool of the process.
+    pub tools: Option<Vec<String>>,
+    /// Retries of transient model errors (SPEC §8.3).
+    pub retry: crate::agent::RetryPolicy,
+    /// Text deltas go to live viewers as `assistant_delta` frames.
+    pub stream: bool,
+}
+
+impl AgentEntry {
+    /// An agent with every tool, the default retry policy and no streaming.
+    pub fn new(agent: Arc<dyn Agent>, budget_ms: i64, system: impl Into<String>) -> Self {
+        AgentEntry { agent, budget_ms, system: system.into(), tools: None, retry: Default::default(), stream: false }
+    }
+
+    /// Whether the model may call `tool` (SPEC §8.3 `tools` allowlist).
+    pub fn allows(&self, tool: &str) -> bool {
+        self.tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| t == tool))
+    }
 }
 
 /// Everything a run needs from the process; cloned into each run.
@@ -99,7 +117,8 @@ pub struct RunDeps {
     pub tools: Arc<Toolbox>,
     pub data_dir: PathBuf,
     pub lease_ms: i64,
-    pub webhook_url: Option<String>,
+    /// Where finished runs' replies go, if anywhere.
+    pub webhook: Option<crate::delivery::Webhook>,
     pub http: reqwest::Client,
     pub clock: Arc<dyn Clock>,
     pub tokens: crate::token::TokenMinter,
@@ -302,7 +321,7 @@ impl RunActor {
             Effect::WriteStep => {
                 let run = self.run();
                 if run.current.as_ref().is_some_and(|t| !t.calls.is_empty()) {
-                    let event = json!({"type": "assistant", "text": run.current.as_ref().map(|t| t.text.clone()), "step": run.step});
+                    let event = run.assistant_event();
                     run.publish_in_step(event);
                 }
                 let (turns, calls) = run.take_step_turns();
@@ -335,7 +354,7 @@ impl RunActor {
             }
             Effect::Note(kind) => self.run().note(kind, "the run's time budget ran out"),
             Effect::PublishFailure(message) => {
-                let event = json!({"type": "run_failed", "message": work::summarize(&message)});
+                let event = json!({"type": "run_failed", "message": work::summarize(&self.deps, &message)});
                 match self.run.as_ref() {
                     Some(run) => run.publish(event),
                     None => {
@@ -452,6 +471,11 @@ impl Handler<Done> for RunActor {
                 run.model_calls += 1;
                 match reply {
                     Ok(turn) => {
+                        if let Some(usage) = turn.usage {
+                            let model = run.agent.agent.model().to_owned();
+                            run.deps.metrics.tokens(&run.meta.agent, &model, usage.input_tokens, usage.output_tokens);
+                            *run.usage.entry(model).or_default() += usage;
+                        }
                         let msg = Msg::ModelAnswered { text: turn.text.clone(), calls: turn.calls.len() };
                         run.current = Some(turn);
                         msg
@@ -468,8 +492,8 @@ impl Handler<Done> for RunActor {
                 let unread = items.len();
                 if unread > 0 {
                     // The answer turn is not the end: show it, then the follow-ups become a turn.
-                    let text = run.current.as_ref().map(|t| t.text.clone()).unwrap_or_default();
-                    run.publish(json!({"type": "assistant", "text": text, "step": run.step}));
+                    let event = run.assistant_event();
+                    run.publish(event);
                     run.fold(items);
                 }
                 Msg::Inbox { unread }

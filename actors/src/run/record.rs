@@ -14,6 +14,8 @@ pub struct RecordExtras {
     pub reply: Option<(bool, Option<String>)>,
     pub diagnosis: Option<Value>,
     pub step_count: Option<u64>,
+    /// `{<model>: {inputTokens, outputTokens}}`, when the agent reported usage.
+    pub usage: Option<Value>,
 }
 
 /// Assemble, validate and fit a record (the one place a record is built): the registry's snapshot at a
@@ -30,21 +32,27 @@ pub fn assemble_record(
     truncated: bool,
     extras: RecordExtras,
 ) -> Option<RunRecord> {
-    let m = meta;
-    let mut v = json!({
-        "id": id, "label": m.label, "agent": m.agent, "model": m.model, "channelId": m.channel_id,
-        "userId": m.user_id, "threadKey": m.thread_key, "channelVisibility": m.channel_visibility.as_str(),
-        "startedAt": started_at, "finishedAt": finished_at, "status": status.as_str(),
-        "eventCount": event_count, "storedEventCount": events.len(), "truncated": truncated,
-        "events": events, "diagnosis": extras.diagnosis.unwrap_or_else(|| json!({"byCategory": {}})),
-    });
-    if let Some(p) = &m.parent_run_id {
-        v["parentRunId"] = json!(p);
+    let mut v = Value::Object(meta.fields());
+    for (k, val) in [
+        ("id", json!(id)),
+        ("startedAt", json!(started_at)),
+        ("finishedAt", json!(finished_at)),
+        ("status", json!(status.as_str())),
+        ("eventCount", json!(event_count)),
+        ("storedEventCount", json!(events.len())),
+        ("truncated", json!(truncated)),
+        ("events", Value::Array(events)),
+        ("diagnosis", extras.diagnosis.unwrap_or_else(|| json!({"byCategory": {}}))),
+    ] {
+        v[k] = val;
     }
     if extras.provisional {
         v["provisional"] = json!(true);
     } else {
         v["sealedAt"] = json!(finished_at);
+    }
+    if let Some(usage) = extras.usage {
+        v["usage"] = usage;
     }
     if let Some(n) = extras.step_count {
         v["stepCount"] = json!(n);
@@ -72,17 +80,7 @@ pub fn build_record(deps: &RunDeps, id: &str, status: RunStatus, finished_at: i6
 
 /// The run identity saved in a ledger row's `meta_json`.
 pub fn meta_from_row(row: &LiveRow) -> RunMeta {
-    let s = |k: &str| row.meta.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-    RunMeta {
-        agent: s("agent"),
-        model: s("model"),
-        label: s("label"),
-        thread_key: row.thread_key.clone(),
-        channel_id: s("channelId"),
-        user_id: s("userId"),
-        channel_visibility: storage::record::ChannelVisibility::parse(&s("channelVisibility")).unwrap_or_default(),
-        parent_run_id: row.meta.get("parentRunId").and_then(Value::as_str).map(str::to_owned),
-    }
+    RunMeta::from_meta(&row.thread_key, &row.meta)
 }
 
 /// The successor run a finish (or close) admitted under this generation: its `attaching` row and first

@@ -14,7 +14,7 @@ use storage::record::RunStatus;
 use super::machine::{Started, Written};
 use super::record::{admitted_successor, build_record, close_unstartable, meta_from_row, RecordExtras};
 use super::{publish, Adoption, AgentEntry, Ended, Request, RunDeps, StopReason};
-use crate::agent::{self, AssistantTurn, Conversation, ToolCall, ToolDef, ToolResult};
+use crate::agent::{self, AssistantTurn, Conversation, ToolCall, ToolDef, ToolResult, Usage};
 use crate::history::{Via, WriteOutcome};
 use crate::registry::RunMeta;
 use crate::tools::ToolContext;
@@ -27,8 +27,9 @@ const CLAIM_RETRIES: [Duration; 2] = [Duration::from_millis(200), Duration::from
 const WRITE_RETRY: Duration = Duration::from_millis(200);
 const MAX_WRITE_RETRY: Duration = Duration::from_secs(5);
 
-pub(super) fn summarize(s: &str) -> String {
-    truncate_chars(s, SUMMARY_CHARS)
+/// A published summary: redacted first (a secret cut at the edge must not leak its prefix), then capped.
+pub(super) fn summarize(deps: &RunDeps, s: &str) -> String {
+    truncate_chars(&deps.registry.redactor().redact(s), SUMMARY_CHARS)
 }
 
 /// At most `max` characters of `s`, with a trailing `…` when something was cut.
@@ -87,16 +88,19 @@ pub(super) struct Run {
     pub tool_calls: u64,
     /// `(replyOk, replyNote)` when a webhook was called.
     pub reply: Option<(bool, Option<String>)>,
+    /// Token usage summed per model over the run's model calls.
+    pub usage: std::collections::BTreeMap<String, Usage>,
 }
 
 impl Run {
     fn new(deps: RunDeps, id: String, meta: RunMeta, deadline: i64, agent: AgentEntry) -> Self {
         let workspace = crate::tools::workspace_dir(&deps.data_dir, &id);
+        let tool_defs = deps.tools.defs().into_iter().filter(|d| agent.allows(&d.name)).collect();
         let fence = format!("{}#{}", deps.gen.as_str(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
         Run {
             fence,
             gen: deps.gen.as_str().to_owned(),
-            tool_defs: deps.tools.defs(),
+            tool_defs,
             system: agent.system.clone(),
             deps,
             id,
@@ -118,6 +122,7 @@ impl Run {
             tool_ms: 0,
             tool_calls: 0,
             reply: None,
+            usage: Default::default(),
         }
     }
 
@@ -240,6 +245,17 @@ impl Run {
         })
     }
 
+    /// The current step's `assistant` event, with the model and its usage when the agent reported it.
+    pub fn assistant_event(&self) -> Value {
+        let turn = self.current.as_ref();
+        let mut event = json!({"type": "assistant", "text": turn.map(|t| t.text.clone()).unwrap_or_default(), "step": self.step});
+        if let Some(usage) = turn.and_then(|t| t.usage) {
+            event["usage"] = json!(usage);
+            event["model"] = json!(self.agent.agent.model());
+        }
+        event
+    }
+
     /// This step's turns: the pending results (or follow-ups) and the model's turn.
     pub fn take_step_turns(&mut self) -> (Vec<Turn>, Vec<ToolCall>) {
         let turn = self.current.clone().expect("a step write follows a model answer");
@@ -281,12 +297,14 @@ impl Run {
     }
 
     /// The model call of the next step: follow-ups join a pending results turn first (step 1 has none:
-    /// its follow-ups wait, so the transcript keeps its one-turn-per-step shape). Answers the items read
-    /// (for [`Run::fold`]), the model's reply and its latency.
+    /// its follow-ups wait, so the transcript keeps its one-turn-per-step shape). A transient error is
+    /// retried per the agent's policy (SPEC §8.3): each retry publishes `model_retry`, and the wait counts
+    /// against the budget. Answers the items read (for [`Run::fold`]), the model's reply and the time spent.
     pub fn call_model(&self) -> impl std::future::Future<Output = (Vec<InboxItem>, Result<AssistantTurn, String>, u64)> + 'static {
         let inbox = self.pending.is_some().then(|| self.read_inbox());
         let (agent, system, defs, turns, pending) =
-            (self.agent.agent.clone(), self.system.clone(), self.tool_defs.clone(), self.turns.clone(), self.pending.clone());
+            (self.agent.clone(), self.system.clone(), self.tool_defs.clone(), self.turns.clone(), self.pending.clone());
+        let (deps, id, tracked, step, deadline) = (self.deps.clone(), self.id.clone(), self.tracked(), self.step + 1, self.deadline);
         async move {
             let items = match inbox {
                 Some(read) => read.await,
@@ -300,8 +318,35 @@ impl Run {
                 conversation.push(turn);
             }
             let started = Instant::now();
-            let reply = agent.next(Conversation { system: &system, turns: &conversation, tools: &defs }).await;
-            (items, reply.map_err(|e| e.to_string()), started.elapsed().as_millis() as u64)
+            let mut attempt = 1;
+            let reply = loop {
+                let conv = Conversation { system: &system, turns: &conversation, tools: &defs };
+                let answer = if agent.stream {
+                    // Deltas reach this process's live viewers only: never stored, never replayed.
+                    let on_delta = |text: &str| {
+                        deps.registry.broadcast(&id, json!({"type": "assistant_delta", "step": step, "attempt": attempt, "text": text}));
+                    };
+                    agent.agent.next_streaming(conv, &on_delta).await
+                } else {
+                    agent.agent.next(conv).await
+                };
+                let err = match answer {
+                    Ok(turn) => break Ok(turn),
+                    Err(e) if !e.is_transient() => break Err(e.to_string()),
+                    Err(e) => e,
+                };
+                let Some(wait) = agent.retry.wait(attempt, err.retry_after(), rand::random::<f64>()) else {
+                    break Err(err.to_string());
+                };
+                if deps.clock.now_ms() + wait.as_millis() as i64 >= deadline {
+                    break Err(format!("time budget exhausted while waiting to retry: {err}"));
+                }
+                publish(&deps, &id, json!({"type": "model_retry", "attempt": attempt, "waitMs": wait.as_millis() as u64,
+                    "error": summarize(&deps, &err.to_string()), "step": step}), tracked);
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            };
+            (items, reply, started.elapsed().as_millis() as u64)
         }
     }
 
@@ -399,17 +444,29 @@ impl Run {
             "user": self.meta.user_id, "status": status.as_str(), "answer": answer, "finishedAt": self.now(),
         });
         async move {
-            let Some(url) = deps.webhook_url.as_ref() else { return Delivery::Sent(None) };
-            if !detached && deps.storage.is_killed(id.clone()).await.unwrap_or(false) {
+            let Some(hook) = deps.webhook.as_ref() else { return Delivery::Sent(None) };
+            // Signed, retried until the deadline; the kill state is checked before every attempt.
+            let proceed = || {
+                let (storage, id) = (deps.storage.clone(), id.clone());
+                async move { detached || !storage.is_killed(id).await.unwrap_or(false) }
+            };
+            let policy = crate::delivery::RetryPolicy::with_deadline(hook.deadline);
+            let reply = crate::delivery::deliver_guarded(
+                &deps.http,
+                &hook.url,
+                hook.secret.as_deref(),
+                policy,
+                &id,
+                &body,
+                crate::delivery::unix_now_secs,
+                proceed,
+            )
+            .await;
+            if reply.withheld {
                 tracing::info!(run_id = %id, generation = %gen, "killed after the finishing gate: no webhook");
                 return Delivery::Killed;
             }
-            let sent = deps.http.post(url).timeout(Duration::from_secs(10)).json(&body).send().await;
-            Delivery::Sent(Some(match sent {
-                Ok(r) if r.status().is_success() => (true, None),
-                Ok(r) => (false, Some(format!("webhook answered {}", r.status().as_u16()))),
-                Err(e) => (false, Some(format!("webhook failed: {}", if e.is_timeout() { "timeout" } else { "connection" }))),
-            }))
+            Delivery::Sent(Some(reply.into_pair()))
         }
     }
 
@@ -426,7 +483,8 @@ impl Run {
         let finished_at = self.now();
         self.deps.registry.finish(&self.id, status, finished_at);
         self.deps.metrics.run_finished(status.as_str());
-        let extras = RecordExtras { reply: self.reply.clone(), diagnosis: Some(self.diagnosis()), step_count: Some(self.step), ..Default::default() };
+        let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
+        let extras = RecordExtras { reply: self.reply.clone(), diagnosis: Some(self.diagnosis()), step_count: Some(self.step), usage, ..Default::default() };
         let record = build_record(&self.deps, &self.id, status, finished_at, extras);
         let successor = self.tracked().then(|| Successor {
             run_id: uuid::Uuid::now_v7().to_string(),
@@ -471,11 +529,21 @@ struct ToolRunner {
     workspace: PathBuf,
     step: u64,
     tracked: bool,
+    /// The agent's allowlist: a call to another tool gets "not available" (SPEC §8.3).
+    allowed: Option<Vec<String>>,
 }
 
 impl ToolRunner {
     fn of(run: &Run) -> Self {
-        ToolRunner { deps: run.deps.clone(), id: run.id.clone(), fence: run.fence.clone(), workspace: run.workspace.clone(), step: run.step, tracked: run.tracked() }
+        ToolRunner {
+            deps: run.deps.clone(),
+            id: run.id.clone(),
+            fence: run.fence.clone(),
+            workspace: run.workspace.clone(),
+            step: run.step,
+            tracked: run.tracked(),
+            allowed: run.agent.tools.clone(),
+        }
     }
 
     fn publish(&self, event: Value) {
@@ -487,8 +555,9 @@ impl ToolRunner {
     async fn call(&self, call: &ToolCall) -> ToolResult {
         use crate::operations::{AppId, Claim, Operation, Resource};
         self.publish(json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
-            "summary": summarize(&call.args.to_string()), "step": self.step}));
-        let output = match self.deps.tools.get(&call.tool) {
+            "summary": summarize(&self.deps, &call.args.to_string()), "step": self.step}));
+        let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
+        let output = match self.deps.tools.get(&call.tool).filter(|_| allowed) {
             Some(tool) => {
                 let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.fence.clone() };
                 let claim = if tool.def().side_effect_free {
@@ -499,14 +568,14 @@ impl ToolRunner {
                 let app = AppId::new(self.id.clone());
                 self.deps
                     .operations
-                    .run(&app, Operation::new(call.tool.clone()), claim, tool.call(&ctx, &call.args))
+                    .run(&app, Operation::new(call.tool.clone()), claim, tool.call_keyed(&ctx, &call.call_id, &call.args))
                     .await
                     .unwrap_or_else(|e| crate::tools::ToolOutput::err(format!("refused: {e}")))
             }
             None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
         };
         self.publish(json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
-            "summary": summarize(&output.output), "step": self.step}));
+            "summary": summarize(&self.deps, &output.output), "step": self.step}));
         ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: output.ok, output: output.output }
     }
 }
@@ -744,7 +813,12 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                 return Settlement::Rerun;
             }
             let def = run.tool_defs.iter().find(|d| d.name == call.tool);
-            decisions::settlement(def.is_some(), def.is_some_and(|d| d.side_effect_free), def.is_some_and(|d| d.rerun_safe))
+            decisions::settlement(
+                def.is_some(),
+                def.is_some_and(|d| d.side_effect_free),
+                def.is_some_and(|d| d.rerun_safe),
+                def.is_some_and(|d| d.idempotent),
+            )
         })
         .collect();
     let settled: Vec<Value> = if fresh_calls {
@@ -765,7 +839,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                 Some(text) => {
                     // A visible settlement: viewers see the call's effects are unknown (SPEC §6.2).
                     let mut event = json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": false,
-                        "summary": summarize(text), "step": run.step});
+                        "summary": summarize(&run.deps, text), "step": run.step});
                     if how == Settlement::EffectsUnknown {
                         event["effectsUnknown"] = json!(true);
                     }

@@ -112,16 +112,17 @@ impl RunView {
 
     /// A ledger row (a run live in some process), with the highest event seq known for it.
     pub fn from_live(row: &LiveRow, event_count: u64) -> Self {
-        let s = |k: &str| row.meta.get(k).and_then(Value::as_str).map(str::to_owned);
+        let id = storage::ledger::RunIdentity::from_meta(&row.thread_key, &row.meta);
+        let some = |s: String| Some(s).filter(|s| !s.is_empty());
         RunView {
             id: row.run_id.clone(),
-            label: s("label").filter(|l| !l.is_empty()),
-            agent: s("agent"),
-            model: s("model"),
-            channel_id: s("channelId").unwrap_or_default(),
-            user_id: s("userId").unwrap_or_default(),
-            thread_key: s("threadKey").unwrap_or_else(|| row.thread_key.clone()),
-            channel_visibility: s("channelVisibility").and_then(|v| ChannelVisibility::parse(&v)).unwrap_or_default(),
+            label: some(id.label),
+            agent: some(id.agent),
+            model: some(id.model),
+            channel_id: id.channel_id,
+            user_id: id.user_id,
+            thread_key: id.thread_key,
+            channel_visibility: id.channel_visibility,
             started_at: row.started_at,
             finished: false,
             finished_at: None,
@@ -133,7 +134,7 @@ impl RunView {
             persisted: None,
             provisional: None,
             owner_gen: Some(row.owner_gen.clone()),
-            parent_run_id: s("parentRunId"),
+            parent_run_id: id.parent_run_id,
             events: None,
         }
     }

@@ -111,7 +111,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
     let meta = RunMeta {
         agent: agent_name.clone(),
         model: agent.agent.model().to_owned(),
-        label: storage::ledger::label_of(&req.text),
+        label: storage::ledger::label_of(&shared.registry.redactor().redact(&req.text)),
         thread_key: thread_key.clone(),
         channel_id: req.channel.clone(),
         user_id: req.user.clone(),
@@ -122,12 +122,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
     let waited_since = shared.clock.now_ms();
     loop {
         let now = shared.clock.now_ms();
-        let mut meta_json = meta.event();
-        if let Value::Object(m) = &mut meta_json {
-            m.remove("type");
-            m.insert("deadline".into(), json!(now + agent.budget_ms));
-            m.insert("request".into(), request.clone());
-        }
+        let meta_json = meta.meta_json(Some(now + agent.budget_ms), &request);
         let admit = Admit {
             thread_key: thread_key.clone(),
             gen: shared.gen.as_str().to_owned(),
@@ -145,6 +140,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
             .map(|(mut event, seq)| {
                 event["seq"] = json!(seq);
                 event["at"] = json!(now);
+                shared.registry.redactor().redact_event(&mut event);
                 storage::record::cap_event_for_publish(event)
             })
             .collect();

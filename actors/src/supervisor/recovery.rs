@@ -285,6 +285,8 @@ impl Handler<ReclaimPass> for Supervisor {
                     Vec::new()
                 }
             };
+            // Receipts past their TTL, and dead generations that own nothing (SPEC §4.3 finish): once per pass.
+            if let Err(e) = deps.storage.prune_dead(dead.clone()).await { tracing::warn!(error = %e, "could not prune receipts and dead generations; retried next pass"); }
             let answer = deps.storage.reclaim(deps.gen.as_str().to_owned(), lease_ms, dead).await.map_err(|e| e.to_string())?;
             let mut report = ReclaimReport { live_elsewhere: answer.live_elsewhere.len(), ..Default::default() };
             let mut launches = Vec::new();

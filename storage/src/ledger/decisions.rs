@@ -26,8 +26,9 @@
 //! - A mutating tool in flight at a crash is never re-run ([`settlement`]): "re-running is earned,
 //!   never assumed".
 //!
-//! This module deliberately does not decide about receipts, deletion fences or byte budgets: those
-//! are lookups and size checks the ledgers do directly.
+//! This module deliberately does not decide about receipt lookups, deletion fences or byte budgets:
+//! those are lookups and size checks the ledgers do directly. What it does decide of pruning is the
+//! arithmetic ([`receipt_expired`], [`generation_prunable`]), which SQLite compiles to the same cutoffs.
 //!
 //! # Phase machine
 //!
@@ -523,13 +524,16 @@ pub enum Settlement {
     EffectsUnknown,
     /// A synthetic result [`NOT_AVAILABLE_TEXT`]: this build does not know the tool.
     NotAvailable,
+    /// Send it again with the same idempotency key: its endpoint honours the key, so the effect happens
+    /// once and the outcome becomes known.
+    Resent,
 }
 
 impl Settlement {
     /// The synthetic result text, or `None` when the call is re-run.
     pub fn synthetic_text(self) -> Option<&'static str> {
         match self {
-            Settlement::Rerun => None,
+            Settlement::Rerun | Settlement::Resent => None,
             Settlement::EffectsUnknown => Some(EFFECTS_UNKNOWN_TEXT),
             Settlement::NotAvailable => Some(NOT_AVAILABLE_TEXT),
         }
@@ -540,12 +544,15 @@ pub const EFFECTS_UNKNOWN_TEXT: &str =
     "restarted while this call was in flight; its effects are unknown";
 pub const NOT_AVAILABLE_TEXT: &str = "not available";
 
-/// The settlement rule (SPEC §6.2): re-running is earned by the tool's declaration, never assumed.
-pub fn settlement(tool_known: bool, side_effect_free: bool, rerun_safe: bool) -> Settlement {
+/// The settlement rule (SPEC §6.2): re-running is earned by the tool's declaration, never assumed; an
+/// idempotent external call is re-sent with its key.
+pub fn settlement(tool_known: bool, side_effect_free: bool, rerun_safe: bool, idempotent: bool) -> Settlement {
     if !tool_known {
         Settlement::NotAvailable
     } else if side_effect_free || rerun_safe {
         Settlement::Rerun
+    } else if idempotent {
+        Settlement::Resent
     } else {
         Settlement::EffectsUnknown
     }
@@ -562,6 +569,35 @@ pub fn unread_after(seqs: &[u64], consumed: Option<u64>) -> Vec<u64> {
         .copied()
         .filter(|&s| is_unread(s, consumed))
         .collect()
+}
+
+// ---- pruning (SPEC §4.3 finish: receipts after their TTL, dead generations) ----
+
+/// How long an idle generation's row outlives its start before a prune may take it (one day).
+pub const GENERATION_PRUNE_AGE_MS: i64 = 86_400_000;
+
+/// The newest end time a receipt may have and still be pruned at `now_ms`: a receipt goes once
+/// `receipt_ttl_ms` have passed since its run ended (`ended_at <= cutoff`).
+pub fn receipt_cutoff(now_ms: i64, receipt_ttl_ms: i64) -> i64 {
+    now_ms.saturating_sub(receipt_ttl_ms.max(0))
+}
+
+/// Whether a receipt is past its TTL: its run has ended (`ended_at` set), at least `receipt_ttl_ms`
+/// ago. A receipt of a run still live (`None`) always stays.
+pub fn receipt_expired(ended_at: Option<i64>, now_ms: i64, receipt_ttl_ms: i64) -> bool {
+    ended_at.is_some_and(|ended| ended <= receipt_cutoff(now_ms, receipt_ttl_ms))
+}
+
+/// The latest start a generation may have and still be pruned at `now_ms` (strictly older than
+/// [`GENERATION_PRUNE_AGE_MS`]: `started_at < cutoff`).
+pub fn generation_cutoff(now_ms: i64) -> i64 {
+    now_ms.saturating_sub(GENERATION_PRUNE_AGE_MS)
+}
+
+/// Whether a generation's row may be pruned: not one the caller keeps (its own, or any it has not
+/// found dead), owning no live row and no pending plan request, and started more than a day ago.
+pub fn generation_prunable(started_at: i64, kept: bool, owns_rows: bool, now_ms: i64) -> bool {
+    !kept && !owns_rows && started_at < generation_cutoff(now_ms)
 }
 
 /// Longest thread key, in characters (the key column's cap).
@@ -586,6 +622,30 @@ mod tests {
             owner_gen,
             phase,
             lease_until,
+        }
+    }
+
+    /// A receipt stays while its run lives and for exactly `ttl` after it ended; a generation goes
+    /// only when it is not kept, owns nothing and is more than a day old.
+    #[test]
+    fn receipts_expire_a_ttl_after_their_run_ended_and_only_idle_old_unkept_generations_are_prunable() {
+        const NOW: i64 = 1_800_000_000_000;
+        const TTL: i64 = 86_400_000;
+        // (ended_at, expired?)
+        for (ended, expired) in [(None, false), (Some(NOW), false), (Some(NOW - TTL + 1), false), (Some(NOW - TTL), true), (Some(0), true)] {
+            assert_eq!(receipt_expired(ended, NOW, TTL), expired, "{ended:?}");
+        }
+        assert!(receipt_expired(Some(NOW), NOW, 0), "a zero TTL prunes at the next pass");
+        let day = GENERATION_PRUNE_AGE_MS;
+        // (started_at, kept, owns_rows, prunable?)
+        for (started, kept, owns, prunable) in [
+            (NOW - day - 1, false, false, true),
+            (NOW - day, false, false, false),
+            (NOW - day - 1, true, false, false),
+            (NOW - day - 1, false, true, false),
+            (NOW, false, false, false),
+        ] {
+            assert_eq!(generation_prunable(started, kept, owns, NOW), prunable, "{started} {kept} {owns}");
         }
     }
 
@@ -944,7 +1004,7 @@ mod tests {
 
     #[test]
     fn settlement_table() {
-        use Settlement::{EffectsUnknown, NotAvailable, Rerun};
+        use Settlement::{EffectsUnknown, NotAvailable, Rerun, Resent};
         // (known, side_effect_free, rerun_safe) → settlement
         #[rustfmt::skip]
         let cases = [
@@ -958,8 +1018,12 @@ mod tests {
             (true,  true,  true,  Rerun),
         ];
         for (known, sef, safe, want) in cases {
-            assert_eq!(settlement(known, sef, safe), want, "{known} {sef} {safe}");
+            assert_eq!(settlement(known, sef, safe, false), want, "{known} {sef} {safe}");
         }
+        assert_eq!(settlement(true, false, false, true), Resent, "an idempotent call is re-sent");
+        assert_eq!(settlement(true, true, false, true), Rerun, "a read-only one is simply re-run");
+        assert_eq!(settlement(false, false, false, true), NotAvailable);
+        assert_eq!(Resent.synthetic_text(), None);
         assert_eq!(Rerun.synthetic_text(), None);
         assert_eq!(EffectsUnknown.synthetic_text(), Some(EFFECTS_UNKNOWN_TEXT));
         assert_eq!(NotAvailable.synthetic_text(), Some("not available"));

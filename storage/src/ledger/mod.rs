@@ -13,11 +13,14 @@
 //! - a refusal is a value ([`Refusal`]), never an error string; [`crate::Error`] means "could not
 //!   answer";
 //! - `finish` is ONE transaction: the record upsert exactly as `RunStore::put` and the deletion of the
-//!   run's live rows, so the thread is free exactly when the record is durable;
+//!   run's live rows — `live_runs`, `run_steps`, `transcript` and every `run_inbox` row — so the thread
+//!   is free exactly when the record is durable, and a finished run leaves nothing behind but its
+//!   record and its receipts (which [`RunLedger::prune`] takes `receipt_ttl_ms` after the end);
 //! - reclaim never takes the caller's own rows, and two generations reclaiming at once each take a row
 //!   at most once between them.
 
 pub mod decisions;
+mod identity;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -26,6 +29,7 @@ use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::Result;
 pub use decisions::{Phase, StopMode};
+pub use identity::RunIdentity;
 
 /// Keyed receipts one run may hold (SPEC §5.1); a new key past it is held, an earlier one never evicted.
 pub const MAX_RECEIPTS_PER_RUN: usize = 256;
@@ -271,6 +275,49 @@ pub struct KillAnswer {
     pub had_record: bool,
 }
 
+/// How long a keyed receipt answers retries after its run ended, unless configured (`[ledger]
+/// receipt_ttl_ms`): one day.
+pub const DEFAULT_RECEIPT_TTL_MS: i64 = 86_400_000;
+
+/// Most runs whose leftover rows (transcript, step or inbox rows without a live row, as builds before
+/// finish deleted them left behind) one prune removes; the next pass takes the rest.
+pub const PRUNE_LEFTOVER_RUNS: usize = 500;
+
+/// What one [`RunLedger::prune`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Receipts whose run ended at least `receipt_ttl_ms` ago.
+    pub receipts: u64,
+    /// Generations not kept, owning no rows, started more than a day ago.
+    pub generations: u64,
+    /// Runs without a live row whose transcript, step or inbox rows were still there.
+    pub leftover_runs: u64,
+}
+
+impl PruneReport {
+    pub fn is_empty(&self) -> bool {
+        *self == PruneReport::default()
+    }
+}
+
+/// Row counts of the storage tables (SPEC §4.1): what bounded growth is checked against. A full count
+/// — for tests, forensics and an occasional gauge, not a hot path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableRows {
+    /// Finished (and provisional) records.
+    pub runs: u64,
+    /// Events of records and of live runs.
+    pub run_events: u64,
+    pub live_runs: u64,
+    pub run_steps: u64,
+    /// Transcript parts.
+    pub transcript: u64,
+    pub run_inbox: u64,
+    pub admit_receipts: u64,
+    pub deletion_fences: u64,
+    pub generations: u64,
+}
+
 /// A process that ran against this database (`generations` table), for fast reclaim (SPEC §6.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GenerationInfo {
@@ -307,7 +354,10 @@ pub trait RunLedger: Send {
     fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>>;
     /// The gate before the reply: commit `state.finalStatus` and the answer, phase → `finishing`.
     fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>>;
-    /// ONE transaction: upsert the record as `put` does and delete the run's live rows.
+    /// ONE transaction: upsert the record as `put` does and delete the run's live rows, step records,
+    /// transcript and every inbox row (a caller that hands unread follow-ups to a successor reads them
+    /// first, in the same transaction — see `StorageHandle::finish`); the run's receipts are stamped
+    /// with its end, from which [`RunLedger::prune`] counts their TTL.
     fn finish(
         &mut self,
         run_id: &str,
@@ -316,12 +366,14 @@ pub trait RunLedger: Send {
         proposal: Option<&PolicyProposal>,
         now_ms: i64,
     ) -> Result<Outcome<PutOutcome>>;
-    /// The owner drops its row without a record.
+    /// The owner drops its row without a record, and with it the run's step records, transcript and
+    /// inbox (nothing will ever read them).
     fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>>;
     fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>>;
     fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>>;
-    /// Inbox rows past `after_seq` whether or not the run is still live (they outlive `finish`): how a
-    /// finished run hands its unread follow-ups to the next run without a window to lose one.
+    /// Inbox rows past `after_seq`, without the live-row check of `read_inbox`: how a finishing run hands
+    /// its unread follow-ups to the next run without a window to lose one — read inside the finish's
+    /// transaction, just before `finish` deletes them.
     fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>>;
     /// The run's highest step record (re-adopting a run this generation owns).
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>>;
@@ -331,8 +383,9 @@ pub trait RunLedger: Send {
     /// Kill (SPEC §5.6): write the deletion fence and `stop = hard` in one transaction. From then on a put,
     /// claim, admit or finish for the id is refused, and the owner's heartbeat answers `Fenced`.
     fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer>;
-    /// Once a killed run has settled: delete its live rows, transcript, record and events (inbox rows and
-    /// receipts stay). A no-op (`false`) for a run without a deletion fence.
+    /// Once a killed run has settled: delete its live rows, transcript, inbox, record and events (its
+    /// receipts stay until [`RunLedger::prune`] takes them; the deletion fence stays for good). A no-op
+    /// (`false`) for a run without a deletion fence.
     fn purge(&mut self, run_id: &str) -> Result<bool>;
     fn is_killed(&mut self, run_id: &str) -> Result<bool>;
     /// Live events strictly after `after_seq`, in seq order; `None` when the run has no live row.
@@ -341,6 +394,19 @@ pub trait RunLedger: Send {
     /// answer for an empty question. One bounded, indexed read however many ids are asked (chunked), so a
     /// reader can drop killed runs from a whole listing at once.
     fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>>;
+    /// ONE transaction that keeps the ledger's tables bounded (SPEC §4.3 finish; run by the reclaim
+    /// sweep once per pass):
+    /// - a receipt of a run with no live row that carries no end yet is stamped `now_ms` (a run that
+    ///   ended by abandon or purge, or before this build stamped ends);
+    /// - receipts whose run ended at least `receipt_ttl_ms` ago go ([`decisions::receipt_expired`]);
+    /// - generations that are not in `keep_gens` (the caller's own and every one it has not found
+    ///   dead), own no live row and no pending plan request, and started more than a day ago go
+    ///   ([`decisions::generation_prunable`]);
+    /// - transcript, step and inbox rows of runs without a live row go, at most
+    ///   [`PRUNE_LEFTOVER_RUNS`] runs per call.
+    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport>;
+    /// Row counts of every table (see [`TableRows`]).
+    fn table_rows(&mut self) -> Result<TableRows>;
 }
 
 /// Validate an append batch: the rows that may land (`(seq, event, json)`), and the first refusal among
@@ -439,21 +505,18 @@ pub fn successor_admission(finished: &LiveRow, gen: &str, unread: &[InboxItem], 
     let mut request = (*first).clone();
     request.insert("text".into(), Value::from(texts.join("\n\n")));
     let request = Value::Object(request);
-    let label = label_of(request["text"].as_str().unwrap_or_default());
-    let mut meta = finished.meta.as_object().cloned().unwrap_or_default();
-    meta.remove("deadline"); // a restart computes it from the successor's own start
-    meta.remove("parentRunId");
-    meta.insert("label".into(), Value::from(label));
-    if let Some(user) = first.get("user") {
-        meta.insert("userId".into(), user.clone());
+    let mut identity = RunIdentity::from_meta(&finished.thread_key, &finished.meta);
+    identity.label = label_of(request["text"].as_str().unwrap_or_default());
+    identity.parent_run_id = None;
+    if let Some(user) = first.get("user").and_then(Value::as_str) {
+        identity.user_id = user.to_owned();
     }
-    meta.insert("request".into(), request.clone());
-    let mut run_meta: Map<String, Value> =
-        meta.iter().filter(|(k, _)| !matches!(k.as_str(), "request")).map(|(k, v)| (k.clone(), v.clone())).collect();
-    run_meta.insert("type".into(), Value::from("run_meta"));
-    run_meta.insert("seq".into(), Value::from(1));
-    run_meta.insert("at".into(), Value::from(now_ms));
-    let mut events = vec![Value::Object(run_meta)];
+    // No deadline: a restart computes it from the successor's own start.
+    let meta = identity.meta_json(None, &request);
+    let mut run_meta = identity.event();
+    run_meta["seq"] = Value::from(1);
+    run_meta["at"] = Value::from(now_ms);
+    let mut events = vec![run_meta];
     for (i, text) in texts.iter().enumerate() {
         events.push(serde_json::json!({"type": "input", "text": text, "source": "followup", "seq": i + 2, "at": now_ms}));
     }
@@ -463,7 +526,7 @@ pub fn successor_admission(finished: &LiveRow, gen: &str, unread: &[InboxItem], 
         gen: gen.to_owned(),
         run_id: successor.run_id.clone(),
         request,
-        meta: Value::Object(meta),
+        meta,
         key: None,
         lease_ms: successor.lease_ms,
     };

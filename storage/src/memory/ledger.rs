@@ -26,13 +26,13 @@ use serde_json::{Map, Value};
 use super::live::{keeps_receipt, turns_from_rows, Receipt};
 use super::MemoryStore;
 use crate::ledger::decisions::{
-    decide_claim, is_unread, lease_expired, phase_transition, reclaim_phase, reclaim_selection, strongest_stop,
-    ClaimDecision, PhaseChange, ReclaimSelection,
+    decide_claim, generation_prunable, is_unread, lease_expired, phase_transition, receipt_expired, reclaim_phase,
+    reclaim_selection, strongest_stop, ClaimDecision, PhaseChange, ReclaimSelection,
 };
 use crate::ledger::{
     check_events, check_turns, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult,
-    HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Phase, Promotion, ReclaimAnswer, Reclaimed,
-    Refusal, RunLedger, StepRecord, StopAnswer, StopMode, Turn,
+    HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Phase, Promotion, PruneReport, ReclaimAnswer, Reclaimed,
+    Refusal, RunLedger, StepRecord, StopAnswer, StopMode, TableRows, Turn,
 };
 use crate::record::{stored_event_seqs, RecordError, RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
@@ -67,10 +67,7 @@ impl RunLedger for MemoryStore {
         let answer = ledger.admit_past_receipt(admit, now_ms)?;
         if let Some(key) = &admit.key {
             if keeps_receipt(&answer) {
-                ledger.receipts.insert(
-                    (key.scope.clone(), key.key.clone()),
-                    Receipt { body_hash: key.body_hash.clone(), answer: answer.clone() },
-                );
+                ledger.receipts.insert((key.scope.clone(), key.key.clone()), Receipt::new(&key.body_hash, &answer));
             }
         }
         Ok(answer)
@@ -261,7 +258,10 @@ impl RunLedger for MemoryStore {
         // stripped); a refused upsert puts everything back, as SQLite's rollback does.
         let removed = st.ledger.drop_live(run_id);
         match st.put(record, proposal, now_ms) {
-            Ok(outcome) => Ok(Ok(outcome)),
+            Ok(outcome) => {
+                st.ledger.stamp_receipts(run_id, now_ms);
+                Ok(Ok(outcome))
+            }
             Err(e) => {
                 st.ledger.restore(run_id, removed);
                 Err(e)
@@ -311,9 +311,8 @@ impl RunLedger for MemoryStore {
             return Ok(false);
         }
         let removed = st.ledger.drop_live(run_id);
-        let transcript = st.ledger.transcript.remove(run_id).is_some();
         let record = st.runs.remove(run_id).is_some();
-        Ok(removed.row.is_some() || transcript || record)
+        Ok(removed.any() || record)
     }
 
     fn is_killed(&mut self, run_id: &str) -> Result<bool> {
@@ -408,6 +407,69 @@ impl RunLedger for MemoryStore {
         let fenced: BTreeSet<&String> = run_ids.iter().filter(|id| st.ledger.is_killed(id)).collect();
         Ok(fenced.into_iter().cloned().collect())
     }
+
+    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+        // The plan tables have their own lock; read them first so the two locks are never nested.
+        let plan_holders = self.plan_holders();
+        let mut st = self.lock();
+        let ledger = &mut st.ledger;
+        let mut report = PruneReport::default();
+        // Receipts of runs that ended without a stamp (abandon, purge) start their TTL now.
+        for r in ledger.receipts.values_mut() {
+            if r.ended_at.is_none() && !ledger.rows.contains_key(&r.run_id) {
+                r.ended_at = Some(now_ms);
+            }
+        }
+        let before = ledger.receipts.len();
+        ledger.receipts.retain(|_, r| !receipt_expired(r.ended_at, now_ms, receipt_ttl_ms));
+        report.receipts = (before - ledger.receipts.len()) as u64;
+        let owners: BTreeSet<&str> = ledger.rows.values().map(|r| r.owner_gen.as_str()).collect();
+        let doomed: Vec<String> = ledger
+            .generations
+            .values()
+            .filter(|g| {
+                let owns_rows = owners.contains(g.gen.as_str()) || plan_holders.contains(&g.gen);
+                generation_prunable(g.started_at, keep_gens.contains(&g.gen), owns_rows, now_ms)
+            })
+            .map(|g| g.gen.clone())
+            .collect();
+        for gen in &doomed {
+            ledger.generations.remove(gen);
+        }
+        report.generations = doomed.len() as u64;
+        // Only a live run has transcript, step or inbox rows.
+        let leftovers: BTreeSet<String> = ledger
+            .transcript
+            .keys()
+            .chain(ledger.steps.keys())
+            .chain(ledger.inbox.keys())
+            .filter(|run_id| !ledger.rows.contains_key(*run_id))
+            .take(crate::ledger::PRUNE_LEFTOVER_RUNS)
+            .cloned()
+            .collect();
+        for run_id in &leftovers {
+            ledger.drop_live(run_id);
+        }
+        report.leftover_runs = leftovers.len() as u64;
+        Ok(report)
+    }
+
+    fn table_rows(&mut self) -> Result<TableRows> {
+        let st = self.lock();
+        let l = &st.ledger;
+        let inner = |m: &BTreeMap<String, BTreeMap<u64, Value>>| m.values().map(|v| v.len() as u64).sum::<u64>();
+        Ok(TableRows {
+            runs: st.runs.len() as u64,
+            run_events: st.runs.values().map(|r| r.record.events.len() as u64).sum::<u64>() + inner(&l.events),
+            live_runs: l.rows.len() as u64,
+            run_steps: l.steps.values().map(|s| s.len() as u64).sum(),
+            transcript: l.transcript.values().map(|t| t.len() as u64).sum(),
+            run_inbox: inner(&l.inbox),
+            admit_receipts: l.receipts.len() as u64,
+            deletion_fences: l.deletion_fences.len() as u64,
+            generations: l.generations.len() as u64,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -474,11 +536,11 @@ mod tests {
         ));
         let put = s.finish("r1", "g1", &record("r1"), None, NOW).ok();
         assert_eq!(put.map(|o| o.map(|p| p.stored)), Some(Ok(true)));
-        // The record's events replaced the live ones; the thread is free; the inbox stays.
+        // The record's events replaced the live ones; the thread is free; the inbox went with the run.
         let stored = RunStore::get(&mut s, "r1", NOW).ok().flatten().map(|r| r.events);
         assert_eq!(stored, Some(vec![json!({"type": "answer", "seq": 7, "at": NOW, "text": "done"})]));
         assert_eq!(s.live_events("r1", 0, 10).ok(), Some(None));
-        assert_eq!(s.lock().ledger.inbox.get("r1").map(BTreeMap::len), Some(1));
+        assert_eq!(s.lock().ledger.inbox.get("r1").map(BTreeMap::len), None);
         assert_eq!(s.admit(&admit("C1:t1", "r3", "g1", None), NOW).ok(), Some(AdmitOutcome::Started { run_id: "r3".into() }));
     }
 

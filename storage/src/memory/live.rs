@@ -15,7 +15,8 @@
 //! - at most one live row per thread: `threads` maps each row's thread key to its run id and no
 //!   other entry ever exists ([`LedgerState::insert_row`] and [`LedgerState::drop_live`] keep them in step);
 //! - transcript parts are written once and never edited; inbox seqs per run start at 1 and only grow;
-//!   inbox rows, transcript parts and receipts outlive the run's live row.
+//!   step records, transcript parts and inbox rows live exactly as long as the run's live row
+//!   ([`LedgerState::drop_live`] takes them together); receipts outlive it until a prune.
 //!
 //! # Design
 //! Each per-run table is a map from run id to an ordered inner map (`BTreeMap<u64, …>` for the
@@ -63,6 +64,21 @@ pub(super) struct LedgerState {
 pub(super) struct Receipt {
     pub(super) body_hash: String,
     pub(super) answer: AdmitOutcome,
+    /// The run the answer names (`""` for none), as `admit_receipts.run_id`.
+    pub(super) run_id: String,
+    /// When that run ended (`admit_receipts.ended_at`); `None` while it lives.
+    pub(super) ended_at: Option<i64>,
+}
+
+impl Receipt {
+    pub(super) fn new(body_hash: &str, answer: &AdmitOutcome) -> Self {
+        Receipt {
+            body_hash: body_hash.to_owned(),
+            answer: answer.clone(),
+            run_id: answer_run(answer).unwrap_or_default().to_owned(),
+            ended_at: None,
+        }
+    }
 }
 
 /// What `finish` took out of the live tables, kept until the record upsert succeeds so a failed
@@ -71,6 +87,15 @@ pub(super) struct Removed {
     pub(super) row: Option<LiveRow>,
     pub(super) steps: Option<BTreeMap<u64, StepRecord>>,
     pub(super) events: Option<BTreeMap<u64, Value>>,
+    pub(super) transcript: Option<BTreeMap<(u64, u64), String>>,
+    pub(super) inbox: Option<BTreeMap<u64, Value>>,
+}
+
+impl Removed {
+    /// Whether any row was removed.
+    pub(super) fn any(&self) -> bool {
+        self.row.is_some() || self.steps.is_some() || self.events.is_some() || self.transcript.is_some() || self.inbox.is_some()
+    }
 }
 
 impl LedgerState {
@@ -109,8 +134,8 @@ impl LedgerState {
         self.rows.insert(row.run_id.clone(), row);
     }
 
-    /// Delete a run's live row (freeing its thread), step records and live events; inbox,
-    /// transcript and receipts stay.
+    /// Delete a run's live row (freeing its thread), step records, live events, transcript and inbox;
+    /// receipts stay.
     pub(super) fn drop_live(&mut self, run_id: &str) -> Removed {
         let row = self.rows.remove(run_id);
         if let Some(r) = &row {
@@ -122,6 +147,15 @@ impl LedgerState {
             row,
             steps: self.steps.remove(run_id),
             events: self.events.remove(run_id),
+            transcript: self.transcript.remove(run_id),
+            inbox: self.inbox.remove(run_id),
+        }
+    }
+
+    /// Stamp the end of `run_id` on its receipts that carry none yet.
+    pub(super) fn stamp_receipts(&mut self, run_id: &str, now_ms: i64) {
+        for r in self.receipts.values_mut().filter(|r| r.run_id == run_id && r.ended_at.is_none()) {
+            r.ended_at = Some(now_ms);
         }
     }
 
@@ -135,6 +169,12 @@ impl LedgerState {
         }
         if let Some(events) = removed.events {
             self.events.insert(run_id.to_owned(), events);
+        }
+        if let Some(transcript) = removed.transcript {
+            self.transcript.insert(run_id.to_owned(), transcript);
+        }
+        if let Some(inbox) = removed.inbox {
+            self.inbox.insert(run_id.to_owned(), inbox);
         }
     }
 
@@ -195,7 +235,7 @@ impl LedgerState {
             }
             AdmitDecision::Steer { run_id }
                 if admit.key.is_some()
-                    && self.receipts.values().filter(|r| answer_run(&r.answer) == Some(run_id.as_str())).count()
+                    && self.receipts.values().filter(|r| r.run_id == run_id).count()
                         >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
             {
                 Ok(AdmitOutcome::ReceiptLimit { run_id })

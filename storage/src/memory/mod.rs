@@ -48,6 +48,11 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// The generations holding a pending plan request.
+    pub(crate) fn plan_holders(&self) -> std::collections::BTreeSet<String> {
+        self.plans.pending_holders()
+    }
+
     pub(crate) fn secret(&self) -> &str {
         &self.secret
     }

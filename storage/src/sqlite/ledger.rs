@@ -18,8 +18,8 @@ use super::SqliteStore;
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
     check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
-    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, ReclaimAnswer, Reclaimed, Refusal,
-    RunLedger, StepRecord, StopAnswer, Turn,
+    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
+    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Turn, PRUNE_LEFTOVER_RUNS,
 };
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
@@ -92,12 +92,32 @@ fn last_step(tx: &Connection, run_id: &str) -> Result<Option<StepRecord>> {
     json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e))).transpose()
 }
 
-/// Delete a run's execution rows (`live_runs`, `run_steps`); inbox, transcript and receipts stay.
-fn delete_live(tx: &Connection, run_id: &str) -> Result<()> {
-    for sql in ["DELETE FROM live_runs WHERE run_id = ?1", "DELETE FROM run_steps WHERE run_id = ?1"] {
-        tx.prepare_cached(sql)?.execute([run_id])?;
+/// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
+/// went; its receipts stay (they answer retries until pruned), and so do its events (the history's).
+fn delete_live(tx: &Connection, run_id: &str) -> Result<usize> {
+    let mut n = 0;
+    for sql in [
+        "DELETE FROM live_runs WHERE run_id = ?1",
+        "DELETE FROM run_steps WHERE run_id = ?1",
+        "DELETE FROM transcript WHERE run_id = ?1",
+        "DELETE FROM run_inbox WHERE run_id = ?1",
+    ] {
+        n += tx.prepare_cached(sql)?.execute([run_id])?;
     }
+    Ok(n)
+}
+
+/// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
+fn stamp_receipts(tx: &Connection, run_id: &str, now_ms: i64) -> Result<()> {
+    tx.prepare_cached("UPDATE admit_receipts SET ended_at = ?2 WHERE run_id = ?1 AND ended_at IS NULL")?
+        .execute(params![run_id, now_ms])?;
     Ok(())
+}
+
+/// Count the rows of `table` (a full count; see [`crate::ledger::TableRows`]).
+fn count(tx: &Connection, table: &str) -> Result<u64> {
+    let n: i64 = tx.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))?;
+    Ok(n.max(0) as u64)
 }
 
 impl RunLedger for SqliteStore {
@@ -372,6 +392,7 @@ impl RunLedger for SqliteStore {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         delete_live(&tx, run_id)?;
+        stamp_receipts(&tx, run_id, now_ms)?;
         // With the live row gone, the put replaces the live events with the record's.
         let out = put_in(&tx, record, proposal, now_ms)?;
         tx.commit()?;
@@ -467,14 +488,7 @@ impl RunLedger for SqliteStore {
         if !is_killed(&tx, run_id)? {
             return Ok(false);
         }
-        let mut n = 0;
-        for sql in [
-            "DELETE FROM live_runs WHERE run_id = ?1",
-            "DELETE FROM run_steps WHERE run_id = ?1",
-            "DELETE FROM transcript WHERE run_id = ?1",
-        ] {
-            n += tx.prepare_cached(sql)?.execute([run_id])?;
-        }
+        let mut n = delete_live(&tx, run_id)?;
         n += purge_in(&tx, run_id)?;
         tx.commit()?;
         Ok(n > 0)
@@ -523,5 +537,66 @@ impl RunLedger for SqliteStore {
         out.sort_unstable();
         out.dedup();
         Ok(out)
+    }
+
+    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+        let tx = self.immediate()?;
+        // Receipts of runs that ended without a stamp (abandon, purge, older builds) start their TTL now.
+        tx.prepare_cached(
+            "UPDATE admit_receipts SET ended_at = ?1
+             WHERE ended_at IS NULL AND NOT EXISTS (SELECT 1 FROM live_runs l WHERE l.run_id = admit_receipts.run_id)",
+        )?
+        .execute([now_ms])?;
+        // `decisions::receipt_expired`, compiled: ended_at <= receipt_cutoff.
+        let receipts = tx
+            .prepare_cached("DELETE FROM admit_receipts WHERE ended_at IS NOT NULL AND ended_at <= ?1")?
+            .execute([decisions::receipt_cutoff(now_ms, receipt_ttl_ms)])?;
+        // `decisions::generation_prunable`, with the facts read per generation.
+        let candidates: Vec<(String, i64, bool)> = tx
+            .prepare_cached(
+                "SELECT g.gen, g.started_at,
+                        EXISTS (SELECT 1 FROM live_runs l WHERE l.owner_gen = g.gen)
+                        OR EXISTS (SELECT 1 FROM plan_requests p WHERE p.generation = g.gen AND p.state = 'pending')
+                 FROM generations g WHERE g.started_at < ?1",
+            )?
+            .query_map([decisions::generation_cutoff(now_ms)], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut generations = 0;
+        for (gen, started_at, owns_rows) in candidates {
+            if decisions::generation_prunable(started_at, keep_gens.contains(&gen), owns_rows, now_ms) {
+                generations += tx.prepare_cached("DELETE FROM generations WHERE gen = ?1")?.execute([&gen])?;
+            }
+        }
+        // Rows a finish of an older build left behind: only a live run has transcript, steps or inbox.
+        let leftovers: Vec<String> = tx
+            .prepare_cached(
+                "SELECT run_id FROM (
+                    SELECT DISTINCT run_id FROM transcript
+                    UNION SELECT DISTINCT run_id FROM run_steps
+                    UNION SELECT DISTINCT run_id FROM run_inbox
+                 ) WHERE run_id NOT IN (SELECT run_id FROM live_runs) LIMIT ?1",
+            )?
+            .query_map([PRUNE_LEFTOVER_RUNS as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        for run_id in &leftovers {
+            delete_live(&tx, run_id)?;
+        }
+        tx.commit()?;
+        Ok(PruneReport { receipts: receipts as u64, generations: generations as u64, leftover_runs: leftovers.len() as u64 })
+    }
+
+    fn table_rows(&mut self) -> Result<TableRows> {
+        let tx = self.read()?;
+        Ok(TableRows {
+            runs: count(&tx, "runs")?,
+            run_events: count(&tx, "run_events")?,
+            live_runs: count(&tx, "live_runs")?,
+            run_steps: count(&tx, "run_steps")?,
+            transcript: count(&tx, "transcript")?,
+            run_inbox: count(&tx, "run_inbox")?,
+            admit_receipts: count(&tx, "admit_receipts")?,
+            deletion_fences: count(&tx, "deletion_fences")?,
+            generations: count(&tx, "generations")?,
+        })
     }
 }

@@ -6,8 +6,9 @@
 //! `busy_timeout` makes a writer wait up to 5 s before `SQLITE_BUSY` becomes a transient error.
 //!
 //! Only this crate opens connections (SPEC §1.2). Besides the writer ([`SqliteStore::open`], which
-//! creates and migrates), it offers two that never change the file: [`SqliteStore::open_read_only`] (the
-//! CLI's `--db` reads, any schema version up to this build's, never migrated) and [`WriteLockProbe`]
+//! creates and migrates), it offers three that never change the file: [`SqliteStore::open_reader`] (the
+//! handle's readers, [`crate::readers`], on a file at this build's schema), [`SqliteStore::open_read_only`]
+//! (the CLI's `--db` reads, any schema version up to this build's, never migrated) and [`WriteLockProbe`]
 //! (whether some process holds the write lock right now). The raw connection is reachable only under the
 //! `test-hooks` feature, which this crate's own integration tests enable.
 //!
@@ -156,6 +157,32 @@ impl SqliteStore {
         if found < supported {
             schema::stand_ins(&conn)?;
         }
+        conn.pragma_update(None, "query_only", true)?;
+        Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
+    }
+
+    /// A read-only connection for the handle's readers ([`crate::readers`]) on a database this build's
+    /// writer has already created and migrated: opened `SQLITE_OPEN_READ_ONLY` and `query_only`, never
+    /// created, never migrated. A file at another schema version is refused (the writer has not migrated
+    /// it yet, or a newer build has): its reads then go through the storage actor.
+    pub fn open_reader(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            return Err(Error::Unavailable(format!("no database at {}", path.display())));
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        let supported = schema::current_version();
+        if found != supported {
+            return Err(Error::Unavailable(format!(
+                "{} is at schema version {found}, this build reads {supported}",
+                path.display()
+            )));
+        }
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.pragma_update(None, "query_only", true)?;
         Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
     }

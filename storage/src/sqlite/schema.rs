@@ -122,6 +122,13 @@ pub const MIGRATIONS: &[&str] = &[
     r#"
     DROP TABLE run_jobs;
     "#,
+    // 6: when each receipt's run ended, so the sweep prunes receipts `receipt_ttl_ms` after it (SPEC
+    // §4.3 finish). Receipts from before read NULL; the next prune stamps those whose run is no longer
+    // live, and their TTL runs from then.
+    r#"
+    ALTER TABLE admit_receipts ADD COLUMN ended_at INTEGER;
+    CREATE INDEX admit_receipts_by_end ON admit_receipts(ended_at);
+    "#,
 ];
 
 pub fn current_version() -> i64 {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
+use super::resource;
 use crate::auth::DEPLOY_WRITE;
 use crate::error::ApiError;
 use crate::AppState;
@@ -15,16 +16,8 @@ pub const CRASH_EXIT_CODE: i32 = 137;
 pub const CRASH_DELAY: Duration = Duration::from_millis(50);
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::resource("/admin/crash").route(web::post().to(crash)).route(web::route().to(method_not_allowed)),
-    )
-    .service(web::resource("/admin/drain").route(web::post().to(drain)).route(web::route().to(method_not_allowed)));
-}
-
-async fn method_not_allowed() -> HttpResponse {
-    HttpResponse::MethodNotAllowed()
-        .insert_header(("allow", "POST"))
-        .json(json!({"error": "method_not_allowed", "message": "use POST"}))
+    cfg.service(resource("/admin/crash", "POST").route(web::post().to(crash)))
+        .service(resource("/admin/drain", "POST").route(web::post().to(drain)));
 }
 
 /// 503 when no caller could ever hold `deploy:write` (dev bypass off, no token configured).

@@ -16,18 +16,22 @@ use serde_json::json;
 use storage::record::{is_valid_run_id, VisibilityFilter};
 use storage::store::Cursor;
 
+use super::resource;
 use crate::auth::RUNS_READ;
 use crate::error::ApiError;
 use crate::AppState;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    // `cfg.route` keeps the method guard on the resource, so other methods on the same paths
-    // (`DELETE /api/runs/{id}`, `POST /api/runs/{id}/stop`) reach their own handlers.
-    cfg.route("/api/runs", web::get().to(list_runs))
-        .route("/api/runs/{id}", web::get().to(get_run))
-        .route("/api/runs/{id}/events", web::get().to(get_events))
-        .route("/api/runs/{id}/friction", web::get().to(get_friction))
-        .route("/api/live", web::get().to(live));
+    // One resource per path with all of its methods: `DELETE /api/runs/{id}` (kill) sits beside the read.
+    cfg.service(resource("/api/runs", "GET").route(web::get().to(list_runs)))
+        .service(
+            resource("/api/runs/{id}", "GET, DELETE")
+                .route(web::get().to(get_run))
+                .route(web::delete().to(super::runs::kill_run)),
+        )
+        .service(resource("/api/runs/{id}/events", "GET").route(web::get().to(get_events)))
+        .service(resource("/api/runs/{id}/friction", "GET").route(web::get().to(get_friction)))
+        .service(resource("/api/live", "GET").route(web::get().to(live)));
 }
 
 /// The query string as a map (the last value of a repeated key wins); undecodable → 400 `query`.
@@ -92,9 +96,22 @@ fn limit(q: &HashMap<String, String>) -> Result<Option<usize>, ApiError> {
     }
 }
 
-/// `after_seq` from `field` (a non-negative integer).
+/// The largest seq and seq cursor (SPEC §3): the store's integers are signed 64-bit, so a larger cursor
+/// would wrap negative in SQL and read from the start.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// A seq cursor named `field` (`afterSeq`, `Last-Event-ID`): an integer in `0..=MAX_SEQ`, else a 400
+/// naming `field`.
+pub fn seq_cursor(field: &str, value: &str) -> Result<u64, ApiError> {
+    match value.trim().parse::<u64>() {
+        Ok(seq) if seq <= MAX_SEQ => Ok(seq),
+        _ => Err(ApiError::bad(field, format!("must be an integer from 0 to {MAX_SEQ}"))),
+    }
+}
+
+/// `after_seq` from `field` (see [`seq_cursor`]).
 pub fn after_seq(q: &HashMap<String, String>, field: &str) -> Result<Option<u64>, ApiError> {
-    num::<u64>(q, field, "a non-negative integer")
+    q.get(field).map(|v| seq_cursor(field, v)).transpose()
 }
 
 /// `list_runs` parameters from a query (`status, agent, channel, threadKey, parentRunId, sinceMs, limit,

@@ -11,23 +11,33 @@
 //!   the browser, never as markup: a `<script>` in a message renders as text;
 //! - values the script needs (id, token, cursor) travel in `data-` attributes, never inside the script;
 //! - a capability token in the page URL (`?token=`) authorizes the page, and the page passes it on to its
-//!   stream and its buttons.
+//!   stream and its buttons;
+//! - the only script and style a page runs are this module's constants, allowed by their SHA-256 in
+//!   [`content_security_policy`] (which the edge middleware puts on every HTML answer): a new inline
+//!   script must join [`SCRIPTS`];
+//! - the buttons' `fetch` calls are same-origin and send a body only as `application/json`, which is
+//!   what the edge's cross-site protection lets through.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actors::runs_service::{ListParams, RunList, RunView, StatusFilter};
+use base64::prelude::{Engine as _, BASE64_STANDARD};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use storage::record::is_valid_run_id;
 use storage::store::Cursor;
 
 use super::api::{capability, query_map, reader, runs_error};
+use super::resource;
 use crate::error::ApiError;
 use crate::AppState;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/runs", web::get().to(index)).route("/runs/{id}", web::get().to(run_page));
+    cfg.service(resource("/runs", "GET").route(web::get().to(index)))
+        .service(resource("/runs/{id}", "GET").route(web::get().to(run_page)));
 }
 
 /// Escape text for HTML element content and quoted attribute values.
@@ -94,7 +104,6 @@ fn html(status: StatusCode, body: String) -> HttpResponse {
     HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
         .insert_header(("cache-control", "no-store"))
-        .insert_header(("x-content-type-options", "nosniff"))
         .body(body)
 }
 
@@ -132,6 +141,30 @@ fn page(title: &str, body: &str, script: &str) -> String {
         esc(title),
         if script.is_empty() { String::new() } else { format!("<script>{script}</script>") }
     )
+}
+
+/// Every inline script a page may carry.
+pub const SCRIPTS: [&str; 2] = [INDEX_JS, RUN_JS];
+
+/// The `Content-Security-Policy` of every HTML answer: nothing loads from anywhere but this origin (the
+/// pages' `EventSource` and `fetch` are same-origin), the only scripts and the only style that run are
+/// [`SCRIPTS`] and [`CSS`], allowed by their SHA-256 — no `'unsafe-inline'`, so markup that ever slipped
+/// past [`esc`] still could not run — and no page may be framed (`frame-ancestors 'none'`).
+///
+/// Hashes rather than a per-response nonce: the scripts are constants, so the policy is too, and a hash
+/// admits exactly that text where a nonce admits whatever carries it.
+pub fn content_security_policy() -> &'static str {
+    static POLICY: OnceLock<String> = OnceLock::new();
+    POLICY.get_or_init(|| {
+        let hash = |s: &str| format!("'sha256-{}'", BASE64_STANDARD.encode(Sha256::digest(s.as_bytes())));
+        let scripts: Vec<String> = SCRIPTS.iter().map(|s| hash(s)).collect();
+        format!(
+            "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self'; \
+             base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+            scripts.join(" "),
+            hash(CSS)
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,6 +576,52 @@ mod tests {
         // A hostile event type cannot break out of the class attribute.
         let odd = event_html(&json!({"type": "x\" onmouseover=\"alert(1)", "seq": 1}));
         assert!(odd.contains("class=\"ev ev-xonmouseoveralert1\""), "{odd}");
+    }
+
+    /// The text of every `<tag>…</tag>` in `page`.
+    fn inline(page: &str, tag: &str) -> Vec<String> {
+        let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+        page.split(&open).skip(1).map(|rest| rest.split(&close).next().unwrap_or("").to_owned()).collect()
+    }
+
+    #[test]
+    fn every_inline_script_and_style_of_every_page_is_allowed_by_its_hash_and_nothing_else_is() {
+        let policy = content_security_policy();
+        let hash = |s: &str| format!("'sha256-{}'", BASE64_STANDARD.encode(Sha256::digest(s.as_bytes())));
+        let list = RunList { runs: Vec::new(), next_before: None, store_unavailable: false, ledger_unavailable: false };
+        let pages = [
+            index_html(&list, false, false, None, 0),
+            index_html(&list, true, false, None, 0),
+            page("Run", "<main></main>", RUN_JS),
+            page("404 Not Found", "<main><h1>404</h1></main>", ""),
+        ];
+        let mut scripts = 0;
+        for p in &pages {
+            for script in inline(p, "script") {
+                assert!(policy.contains(&hash(&script)), "a page script is not in the policy: {policy}");
+                scripts += 1;
+            }
+            for style in inline(p, "style") {
+                assert!(policy.contains(&hash(&style)), "a page style is not in the policy: {policy}");
+            }
+        }
+        assert_eq!(scripts, 2, "the live index and the run page each carry their script");
+        // Nothing inline is allowed by keyword, nothing loads from another origin, no framing.
+        for forbidden in ["unsafe-inline", "unsafe-eval", "*", "http:", "https:", "data:"] {
+            assert!(!policy.contains(forbidden), "{forbidden} in {policy}");
+        }
+        for directive in ["default-src 'none'", "connect-src 'self'", "frame-ancestors 'none'", "base-uri 'none'"] {
+            assert!(policy.contains(directive), "{directive} missing from {policy}");
+        }
+    }
+
+    #[test]
+    fn the_buttons_post_json_and_send_no_body_otherwise() {
+        // The edge refuses a body that is not `application/json` (SPEC §8.1): the script's one `fetch`
+        // sets that type whenever it sends a body, and Kill sends none.
+        assert!(RUN_JS.contains("if (body) { init.headers['content-type'] = 'application/json'; init.body = JSON.stringify(body); }"));
+        assert!(RUN_JS.contains("call('DELETE', base);"));
+        assert_eq!(RUN_JS.matches("fetch(").count(), 1);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use storage::ledger::ReceiptKey;
 
+use super::resource;
 use crate::auth::MESSAGES_WRITE;
 use crate::error::ApiError;
 use crate::AppState;
@@ -86,6 +87,14 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
         }
     };
     Ok((request, key))
+}
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        resource("/api/messages", "POST")
+            .app_data(web::PayloadConfig::new(MESSAGE_BODY_LIMIT))
+            .route(web::post().to(post_message)),
+    );
 }
 
 pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

@@ -17,6 +17,7 @@ use actors::plan::{
 use serde_json::{json, Map, Value};
 use storage::plan::{Card, Import, PlanId, PlanRefusal, PlanRequest, RequestId, Revision, SnapshotId, TerminalReason};
 
+use super::resource;
 use crate::auth::{RUNS_READ, RUNS_WRITE};
 use crate::error::ApiError;
 use crate::AppState;
@@ -28,11 +29,17 @@ pub const MAX_PROMPT_BYTES: usize = 64 << 10;
 
 /// Mount the plan routes. Needs `web::Data<AppState>` and `web::Data<PlanHandle>` in the app data.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/api/plans/{id}/suggestions", web::post().to(start_suggestion))
-        .route("/api/plans/{id}/suggestions/{rid}", web::get().to(get_suggestion))
-        .route("/api/plans/{id}/suggestions/{rid}/cancel", web::post().to(cancel_suggestion))
-        .route("/api/plans/{id}/suggestions/{rid}/dismiss", web::post().to(dismiss_suggestion))
-        .route("/api/plans/{id}/import", web::post().to(import_plan));
+    // A start carries the base cards (up to 100 of 8 KiB): its body cap is the messages' 2 MiB, not the
+    // 512 KiB every other route has.
+    cfg.service(
+        resource("/api/plans/{id}/suggestions", "POST")
+            .app_data(web::PayloadConfig::new(PLAN_BODY_LIMIT))
+            .route(web::post().to(start_suggestion)),
+    )
+    .service(resource("/api/plans/{id}/suggestions/{rid}", "GET").route(web::get().to(get_suggestion)))
+    .service(resource("/api/plans/{id}/suggestions/{rid}/cancel", "POST").route(web::post().to(cancel_suggestion)))
+    .service(resource("/api/plans/{id}/suggestions/{rid}/dismiss", "POST").route(web::post().to(dismiss_suggestion)))
+    .service(resource("/api/plans/{id}/import", "POST").route(web::post().to(import_plan)));
 }
 
 // ---- wire forms ----

@@ -7,12 +7,18 @@ use actors::supervisor::{KillRun, StopError};
 use serde_json::{json, Value};
 use storage::ledger::StopMode;
 
+use super::resource;
 use crate::auth::{RUNS_KILL, RUNS_WRITE};
 use crate::error::ApiError;
 use crate::AppState;
 
-/// The body cap for every route but messages.
+/// The body cap for every route but messages (and a plan suggestion's start).
 pub const BODY_LIMIT: usize = 512 << 10;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    // `DELETE /api/runs/{id}` (kill) is mounted with the read of the same path (`api::configure`).
+    cfg.service(resource("/api/runs/{id}/stop", "POST").route(web::post().to(stop_run)));
+}
 
 pub async fn stop_run(
     req: HttpRequest,

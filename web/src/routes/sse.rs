@@ -27,7 +27,8 @@ use storage::record::{event_seq, VisibilityFilter};
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, Instant, Interval};
 
-use super::api::{after_seq, query_map, reader, runs_error};
+use super::api::{after_seq, query_map, reader, runs_error, seq_cursor};
+use super::resource;
 use crate::auth::RUNS_READ;
 use crate::error::ApiError;
 use crate::AppState;
@@ -42,7 +43,9 @@ const CLIENT_QUEUE: usize = 64;
 const READ_CHUNK: usize = 500;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/api/runs/{id}/stream", web::get().to(stream_run)).route("/runs/feed", web::get().to(index_feed));
+    // `/runs/feed` is mounted before the HTML `/runs/{id}` (this module's `configure` runs first).
+    cfg.service(resource("/api/runs/{id}/stream", "GET").route(web::get().to(stream_run)))
+        .service(resource("/runs/feed", "GET").route(web::get().to(index_feed)));
 }
 
 /// The SSE response over a frame queue.
@@ -78,12 +81,7 @@ async fn stream_run(req: HttpRequest, path: web::Path<String>, state: web::Data<
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let last_event_id = match req.headers().get("last-event-id") {
         None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or_else(|| ApiError::bad("Last-Event-ID", "must be a non-negative integer"))?,
-        ),
+        Some(v) => Some(seq_cursor("Last-Event-ID", v.to_str().unwrap_or("-"))?),
     };
     let after = match last_event_id {
         Some(seq) => seq,
@@ -123,6 +121,11 @@ impl RunStream {
 
     /// Send `event` unless it is at or before the cursor.
     async fn emit(&mut self, event: &Value) -> Result<(), Closed> {
+        // A streamed text delta: its own event type, no `id:` (so `Last-Event-ID` is untouched), never
+        // replayed (SPEC §8.3 `stream`).
+        if event.get("type").and_then(Value::as_str) == Some("assistant_delta") {
+            return self.send(frame("assistant_delta", None, event)).await;
+        }
         let seq = event_seq(event);
         if seq.is_some_and(|s| s <= self.last) {
             return Ok(());

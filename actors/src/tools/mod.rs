@@ -17,6 +17,12 @@
 //! | `echo`        | `{text}`       | yes              | yes        | the text                  |
 //! | `append_file` | `{path, line}` | no               | no         | `appended <n> bytes to <path>` |
 //!
+//! External tools (SPEC §8.3), built at boot by [`external_tools`] from `[[tools.http]]` and
+//! `[[tools.mcp]]`: [`http::HttpTool`] (a POST per call) and [`mcp::McpTool`] (an MCP server's tools over
+//! streamable HTTP). They act outside the process, so each call carries the idempotency key
+//! `<runId>/<callId>` ([`idempotency_key`]) and is dispatched through [`Tool::call_keyed`]; a mutating
+//! one checks the workspace fence ([`with_fence`] with a no-op write) immediately before it sends.
+//!
 //! Invariants:
 //! - a tool never panics and never returns an error type: every failure (bad args, a refused path,
 //!   an I/O error) is `ToolOutput { ok: false, output }` with an output that names what went wrong;
@@ -67,6 +73,15 @@ use std::time::{Duration, Instant};
 
 use crate::agent::ToolDef;
 
+mod external;
+pub mod http;
+pub mod mcp;
+
+pub use external::{
+    external_tools, idempotency_key, ExternalToolError, ExternalToolsSettings, HttpToolSpec, McpServerSpec,
+    DEFAULT_EXTERNAL_TIMEOUT, MAX_TOOL_NAME,
+};
+
 /// What a tool call knows about its run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolContext {
@@ -101,6 +116,23 @@ pub trait Tool: Send + Sync + 'static {
     fn def(&self) -> ToolDef;
     /// Runs the call. Never panics; a failure is `ok: false`.
     fn call<'a>(&'a self, ctx: &'a ToolContext, args: &'a Value) -> BoxFuture<'a, ToolOutput>;
+
+    /// Runs the call the model named `call_id` (unique within the run). The run dispatches every call
+    /// through here: a tool acting outside the process sends `<runId>/<callId>` ([`idempotency_key`]) as
+    /// its idempotency key, so a call re-sent after a resume carries the key of the first attempt. The
+    /// default ignores the id and runs [`Tool::call`].
+    fn call_keyed<'a>(&'a self, ctx: &'a ToolContext, call_id: &'a str, args: &'a Value) -> BoxFuture<'a, ToolOutput> {
+        let _ = call_id;
+        self.call(ctx, args)
+    }
+
+    /// Whether a call in flight at a crash may be re-sent with the same idempotency key after the
+    /// resume (`how: "resent"`, SPEC §6.2) instead of being settled "effects unknown": an HTTP tool
+    /// declared `idempotent`, an MCP tool annotated `idempotentHint: true`. Only meaningful for a tool
+    /// that is not side-effect free (those are re-run anyway).
+    fn idempotent(&self) -> bool {
+        self.def().idempotent
+    }
 }
 
 /// The tools a run may use, by name. Cheap to clone (the tools are shared).
@@ -131,6 +163,26 @@ impl Toolbox {
     pub fn with(mut self, tool: impl Tool) -> Self {
         self.tools.insert(tool.def().name, Arc::new(tool));
         self
+    }
+
+    /// Adds (or replaces, by name) a shared tool.
+    pub fn with_shared(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools.insert(tool.def().name, tool);
+        self
+    }
+
+    /// Adds the external tools [`external_tools`] built. Unlike [`Toolbox::with`] it never replaces:
+    /// a name already in the box (a built-in, or another external tool) is
+    /// [`ExternalToolError::Taken`], so a config entry cannot silently shadow `append_file`.
+    pub fn with_external(mut self, tools: Vec<Arc<dyn Tool>>) -> Result<Self, ExternalToolError> {
+        for tool in tools {
+            let name = tool.def().name;
+            if self.tools.contains_key(&name) {
+                return Err(ExternalToolError::Taken { name });
+            }
+            self.tools.insert(name, tool);
+        }
+        Ok(self)
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
@@ -512,6 +564,7 @@ impl Tool for SleepTool {
             }),
             side_effect_free: true,
             rerun_safe: true,
+            idempotent: false,
         }
     }
 
@@ -545,6 +598,7 @@ impl Tool for EchoTool {
             }),
             side_effect_free: true,
             rerun_safe: true,
+            idempotent: false,
         }
     }
 
@@ -581,6 +635,7 @@ impl Tool for AppendFileTool {
             }),
             side_effect_free: false,
             rerun_safe: false,
+            idempotent: false,
         }
     }
 

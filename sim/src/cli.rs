@@ -1,0 +1,148 @@
+//! The command-line face of the simulator (`switchboard sim`, and `cargo run -p sim --example sweep`):
+//! sweep a range of seeds over the cores, print a table and a JSON line, and the replayable report of the
+//! first failing seed. A single seed prints its whole trace.
+
+use std::collections::BTreeSet;
+
+use crate::{simulate, sweep, Fault, SimConfig, Summary};
+
+/// What to simulate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    /// How many seeds.
+    pub seeds: u64,
+    /// The first seed.
+    pub seed: u64,
+    /// The faults the seeds may land (`None`: all).
+    pub faults: Option<BTreeSet<Fault>>,
+    /// Fail on the known production issues too.
+    pub strict: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args { seeds: 1000, seed: 0, faults: None, strict: false }
+    }
+}
+
+/// Parse `--seeds N`, `--seed S`, `--faults list` and `--strict` (for the example; the binary uses clap).
+pub fn parse(args: &[String]) -> Result<Args, String> {
+    let mut out = Args::default();
+    let mut seeds_given = false;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--seeds" => {
+                out.seeds = value()?.parse().map_err(|e| format!("--seeds: {e}"))?;
+                seeds_given = true;
+            }
+            "--seed" => {
+                out.seed = value()?.parse().map_err(|e| format!("--seed: {e}"))?;
+                if !seeds_given {
+                    out.seeds = 1;
+                }
+            }
+            "--faults" => out.faults = Some(Fault::parse_list(&value()?)?),
+            "--strict" => out.strict = true,
+            other => return Err(format!("unknown argument {other:?} (expected --seeds N, --seed S, --faults LIST, --strict)")),
+        }
+    }
+    Ok(out)
+}
+
+/// The config `args` ask for.
+pub fn config(args: &Args) -> SimConfig {
+    let mut config = SimConfig::default();
+    if let Some(faults) = &args.faults {
+        config.faults = faults.clone();
+    }
+    if args.strict {
+        config = config.strict();
+    }
+    config
+}
+
+/// Run and print; answers the process exit code (0: every invariant held, 1: a seed failed).
+pub fn run(args: &Args) -> i32 {
+    let config = config(args);
+    if args.seeds == 1 {
+        let outcome = simulate(args.seed, &config.with_trace(true));
+        for line in &outcome.trace {
+            println!("{line}");
+        }
+        for v in &outcome.tolerated {
+            println!("known issue [{}]: {}", v.invariant, v.detail);
+        }
+        if !outcome.ok() {
+            println!("{}", outcome.report());
+        }
+        println!(
+            "{}",
+            serde_json::json!({
+                "seed": outcome.seed, "ok": outcome.ok(), "steps": outcome.steps, "simulatedMs": outcome.sim_ms,
+                "violations": outcome.violations.iter().map(|v| v.invariant).collect::<Vec<_>>(),
+                "knownIssues": outcome.tolerated.iter().map(|v| v.invariant).collect::<Vec<_>>(),
+            })
+        );
+        return i32::from(!outcome.ok());
+    }
+    let summary = sweep_parallel(args.seed..args.seed + args.seeds, &config);
+    print!("{}", summary.table());
+    if let Some(first) = summary.failures.first() {
+        println!("{}", first.report());
+    }
+    println!("{}", summary.json());
+    i32::from(!summary.failures.is_empty())
+}
+
+/// [`sweep`] over the cores: each thread takes every n-th seed (each seed is still one thread, one RNG,
+/// so every outcome is what `simulate(seed)` gives). Failures come back in seed order.
+pub fn sweep_parallel(seeds: std::ops::Range<u64>, config: &SimConfig) -> Summary {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).max(1) as u64;
+    let started = std::time::Instant::now();
+    let parts: Vec<Summary> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let seeds = seeds.clone().skip(t as usize).step_by(threads as usize);
+                scope.spawn(move || sweep(seeds, config, usize::MAX))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a sweep thread does not panic")).collect()
+    });
+    let mut total = Summary::default();
+    for part in parts {
+        total.seeds += part.seeds;
+        total.steps += part.steps;
+        total.runs += part.runs;
+        total.messages += part.messages;
+        total.effects += part.effects;
+        total.failures.extend(part.failures);
+        total.tolerated.extend(part.tolerated);
+        for (k, n) in part.faults {
+            *total.faults.entry(k).or_default() += n;
+        }
+    }
+    total.failures.sort_by_key(|f| f.seed);
+    total.tolerated.sort();
+    total.elapsed_ms = started.elapsed().as_millis();
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Result<Args, String> {
+        parse(&s.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn a_lone_seed_replays_it_and_seeds_sweep_from_it() {
+        assert_eq!(args("--seed 64").map(|a| (a.seed, a.seeds)), Ok((64, 1)));
+        assert_eq!(args("--seeds 500 --seed 10").map(|a| (a.seed, a.seeds)), Ok((10, 500)));
+        assert_eq!(args("--seeds 5 --faults crash,pause").map(|a| a.faults.map(|f| f.len())), Ok(Some(2)));
+        assert!(args("--faults lightning").is_err());
+        assert!(args("--bogus").is_err());
+    }
+}

@@ -1,0 +1,217 @@
+//! Deterministic simulation of Switchboard's run lifecycle: thousands of seeded crash schedules per CI
+//! run, every failure a replayable seed (issue 19).
+//!
+//! Owns nothing durable: each seed builds its own world — one shared in-memory store
+//! ([`storage::MemoryStore`], the ledger and the history), a manual clock, two or three virtual processes
+//! (each incarnation a generation running a supervisor-like loop and run actors driven by the real
+//! [`actors::run::machine::transition`]) and a seeded scheduler that picks the next message, effect
+//! completion or fault. [`simulate`]`(seed, config)` replays a seed exactly.
+//!
+//! # Layout
+//! - [`config`]: [`SimConfig`], the [`Fault`] kinds, and the re-introducible [`Bugs`];
+//! - `world`: the world, its tasks, the scheduler, fault injection, storage calls with faults;
+//! - `run`: the run actor's shell — each machine effect executed the way `actors::run` does;
+//! - `supervisor`: admission, boot and sweeps, heartbeat, flusher, stop/kill, drain, history writes;
+//! - `agent`: the scripted agent and the fake tools;
+//! - `model`: the world model and every invariant (the table is in its docs);
+//! - `registry`: a process's per-run event log (seqs, as `actors::registry` stamps them);
+//! - [`cli`]: `switchboard sim` — sweeps over the cores, a table and a JSON line.
+//!
+//! Invariants of the simulator itself:
+//! - one thread, no wall clock, one seeded RNG, ordered maps wherever a choice is made: a seed is a
+//!   complete description of its run;
+//! - it depends on `storage` and `actors` for their pure parts and vocabulary only (the machine, the
+//!   decisions, the record assembly, the registry); it starts no actix runtime, no thread, no file.
+//!
+//! # Design
+//! Production code cannot be paused at an arbitrary await point, so the simulator re-implements the thin
+//! actor shells (what `RunActor`, `Supervisor`, `Heartbeat`, `Flusher` and the history writer do with
+//! storage) over the real decisions, and cuts every effect into its await-point segments. That mirror is
+//! the price of determinism: it is written to be read side by side with `actors/src/run/work.rs` and
+//! `actors/src/supervisor/recovery.rs`, and the bugs of [`Bugs`] live only here.
+
+pub mod agent;
+pub mod cli;
+pub mod config;
+mod model;
+mod registry;
+mod run;
+mod supervisor;
+mod world;
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+pub use config::{Bugs, Fault, SimConfig, KNOWN_ISSUES};
+pub use world::Violation;
+
+/// What one seed did.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub seed: u64,
+    pub violations: Vec<Violation>,
+    /// Violations of tolerated invariants: known production issues ([`config::KNOWN_ISSUES`]).
+    pub tolerated: Vec<Violation>,
+    /// The readable trace (only with [`SimConfig::trace`]).
+    pub trace: Vec<String>,
+    pub steps: usize,
+    /// Simulated milliseconds.
+    pub sim_ms: i64,
+    pub processes: usize,
+    pub runs: usize,
+    pub messages: usize,
+    pub effects: u64,
+    pub faults: BTreeMap<&'static str, u32>,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The failure as a person reads it: seed, violations, then the trace.
+    pub fn report(&self) -> String {
+        let mut out = format!("seed {} failed after {} steps ({} ms simulated):\n", self.seed, self.steps, self.sim_ms);
+        for v in &self.violations {
+            out.push_str(&format!("  [{}] {} (step {}, +{} ms)\n", v.invariant, v.detail, v.step, v.at_ms));
+        }
+        if !self.trace.is_empty() {
+            out.push_str("trace:\n");
+            for line in &self.trace {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out.push_str(&format!("replay: sim::simulate({}, &config) or `switchboard sim --seed {}`\n", self.seed, self.seed));
+        out
+    }
+}
+
+/// Run one seed to quiescence and check every invariant. Deterministic: the same seed and config give
+/// the same outcome.
+pub fn simulate(seed: u64, config: &SimConfig) -> Outcome {
+    let mut w = world::World::new(seed, config);
+    w.run();
+    Outcome {
+        seed,
+        violations: w.violations.clone(),
+        tolerated: w.tolerated.clone(),
+        trace: std::mem::take(&mut w.trace),
+        steps: w.step,
+        sim_ms: w.now() - world::T0,
+        processes: w.procs.len(),
+        runs: w.model.run_threads.len(),
+        messages: w.model.messages.len(),
+        effects: w.model.effects,
+        faults: w.faults_landed.clone(),
+    }
+}
+
+/// A sweep over many seeds.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub seeds: u64,
+    pub failures: Vec<Outcome>,
+    /// Seeds that hit a tolerated invariant (a known production issue), with it.
+    pub tolerated: Vec<(u64, &'static str)>,
+    pub steps: u64,
+    pub runs: u64,
+    pub messages: u64,
+    pub effects: u64,
+    pub faults: BTreeMap<&'static str, u64>,
+    pub elapsed_ms: u128,
+}
+
+impl Summary {
+    pub fn seeds_per_second(&self) -> f64 {
+        self.seeds as f64 / (self.elapsed_ms.max(1) as f64 / 1000.0)
+    }
+
+    /// A table for people.
+    pub fn table(&self) -> String {
+        let mut rows = vec![
+            ("seeds".to_owned(), self.seeds.to_string()),
+            ("failed seeds".to_owned(), self.failures.len().to_string()),
+            ("seeds with a known issue".to_owned(), self.tolerated.len().to_string()),
+            ("seeds/s".to_owned(), format!("{:.0}", self.seeds_per_second())),
+            ("scheduler steps".to_owned(), self.steps.to_string()),
+            ("runs".to_owned(), self.runs.to_string()),
+            ("messages".to_owned(), self.messages.to_string()),
+            ("tool effects".to_owned(), self.effects.to_string()),
+        ];
+        for (fault, n) in &self.faults {
+            rows.push((format!("faults: {fault}"), n.to_string()));
+        }
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let mut out = String::new();
+        for (k, v) in rows {
+            out.push_str(&format!("{k:<width$}  {v:>10}\n"));
+        }
+        for (invariant, (n, first)) in self.known_issues() {
+            out.push_str(&format!("known issue [{invariant}]: {n} seeds (first {first})\n"));
+        }
+        for f in &self.failures {
+            if let Some(v) = f.violations.first() {
+                out.push_str(&format!("seed {}: [{}] {}\n", f.seed, v.invariant, v.detail));
+            }
+        }
+        out
+    }
+
+    /// Per known issue: how many seeds hit it, and the first.
+    pub fn known_issues(&self) -> BTreeMap<&'static str, (u64, u64)> {
+        let mut out: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+        for (seed, invariant) in &self.tolerated {
+            out.entry(invariant).or_insert((0, *seed)).0 += 1;
+        }
+        out
+    }
+
+    /// One machine-readable line.
+    pub fn json(&self) -> String {
+        serde_json::json!({
+            "seeds": self.seeds,
+            "failed": self.failures.iter().map(|f| f.seed).collect::<Vec<_>>(),
+            "violations": self.failures.iter().filter_map(|f| f.violations.first().map(|v| v.invariant)).collect::<Vec<_>>(),
+            "knownIssues": self.known_issues(),
+            "seedsPerSecond": (self.seeds_per_second() * 10.0).round() / 10.0,
+            "steps": self.steps,
+            "runs": self.runs,
+            "messages": self.messages,
+            "effects": self.effects,
+            "faults": self.faults,
+            "elapsedMs": self.elapsed_ms,
+        })
+        .to_string()
+    }
+}
+
+/// Simulate every seed in `seeds`; a failing seed is re-run with the trace on (determinism makes the
+/// replay exact) and kept. Stops early after `stop_after` failures.
+pub fn sweep(seeds: impl IntoIterator<Item = u64>, config: &SimConfig, stop_after: usize) -> Summary {
+    let started = Instant::now();
+    let mut summary = Summary::default();
+    for seed in seeds {
+        let outcome = simulate(seed, config);
+        summary.seeds += 1;
+        summary.steps += outcome.steps as u64;
+        summary.runs += outcome.runs as u64;
+        summary.messages += outcome.messages as u64;
+        summary.effects += outcome.effects;
+        for (k, n) in &outcome.faults {
+            *summary.faults.entry(k).or_default() += u64::from(*n);
+        }
+        if let Some(v) = outcome.tolerated.first() {
+            summary.tolerated.push((seed, v.invariant));
+        }
+        if !outcome.ok() {
+            let traced = if config.trace { outcome } else { simulate(seed, &config.clone().with_trace(true)) };
+            summary.failures.push(traced);
+            if summary.failures.len() >= stop_after {
+                break;
+            }
+        }
+    }
+    summary.elapsed_ms = started.elapsed().as_millis();
+    summary
+}

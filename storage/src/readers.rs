@@ -1,0 +1,122 @@
+//! The readers: a few threads, each with its own read-only SQLite connection, that answer the handle's
+//! reads (lists, event pages, SSE following, live rows, transcripts) beside the storage actor.
+//!
+//! Owns `readers` threads and their connections (opened `SQLITE_OPEN_READ_ONLY`, `query_only`), and one
+//! bounded queue they share. The handle sends read jobs here; the storage actor never sees them, so a
+//! heartbeat or a durable step never waits behind a read (SPEC §1.2). WAL lets these connections read
+//! while the actor writes: each read is its own deferred transaction, so it sees everything committed
+//! before it began — in particular every write whose reply its caller already holds (the actor replies
+//! only after `COMMIT`).
+//!
+//! Invariants:
+//! - nothing here writes: the connections are read-only twice over (open flags and `query_only`);
+//! - a full queue answers `Unavailable` at once and is counted ([`GroupStats::reads_rejected`]); a
+//!   sender never blocks;
+//! - a reader that cannot open its connection (the file not created or not migrated yet) hands the
+//!   job to the storage actor instead, so a read is never refused for that; it tries again on its next
+//!   job;
+//! - a job that fails with a connection-poisoning error drops that reader's connection; the next job
+//!   opens a fresh one.
+//!
+//! # Design
+//! Dedicated threads rather than `spawn_blocking`: they need no tokio runtime (the handle is used from
+//! actix arbiters, web workers and plain threads alike), their number bounds the connections, and the
+//! queue in front of them is bounded like the actor's. The threads share one receiver behind a
+//! `std::sync::Mutex` (held only while waiting for the next job, never while running one). They stop
+//! when every handle is dropped; each holds a clone of the actor's mailbox (its fallback), so the actor
+//! outlives them.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{mpsc, Arc, Mutex};
+
+use crate::actor::{GroupStats, Job, Mailbox, SendError};
+use crate::sqlite::SqliteStore;
+
+/// Default number of reader threads (and read-only connections).
+pub const DEFAULT_READERS: usize = 4;
+
+/// Default capacity of the readers' shared queue.
+pub const DEFAULT_READ_QUEUE_CAPACITY: usize = 4096;
+
+/// The sending side of the readers' queue; cheap to clone. Dropping every clone stops the readers.
+#[derive(Clone)]
+pub struct ReadPool {
+    /// Bounded: a sender never blocks (see the module doc).
+    tx: mpsc::SyncSender<Job>,
+    stats: Arc<GroupStats>,
+}
+
+impl ReadPool {
+    /// Start `readers` threads (at least 1) reading the SQLite database at `path`, behind a queue of
+    /// `capacity` jobs; `fallback` is the storage actor, which answers a job a reader cannot.
+    pub fn start(path: PathBuf, readers: usize, capacity: usize, fallback: Mailbox) -> Self {
+        let stats = fallback.stats.clone();
+        let (tx, rx) = mpsc::sync_channel::<Job>(capacity.max(1));
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..readers.max(1) {
+            let (rx, path, fallback) = (rx.clone(), path.clone(), fallback.clone());
+            std::thread::Builder::new()
+                .name(format!("storage-reader-{i}"))
+                .spawn(move || reader(&rx, &path, &fallback))
+                .expect("spawn a storage reader thread");
+        }
+        ReadPool { tx, stats }
+    }
+
+    /// Queue a read without waiting: a full queue is [`SendError::Full`] (counted), stopped readers
+    /// [`SendError::Gone`].
+    pub fn try_send(&self, job: Job) -> Result<(), SendError> {
+        self.stats.reads_queued.fetch_add(1, Relaxed);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.stats.reads_queued.fetch_sub(1, Relaxed);
+                Err(match e {
+                    mpsc::TrySendError::Full(job) => {
+                        self.stats.reads_rejected.fetch_add(1, Relaxed);
+                        SendError::Full(job)
+                    }
+                    mpsc::TrySendError::Disconnected(job) => SendError::Gone(job),
+                })
+            }
+        }
+    }
+}
+
+/// One reader thread: take the next job, run it on this thread's connection (opened on demand).
+fn reader(rx: &Mutex<mpsc::Receiver<Job>>, path: &std::path::Path, fallback: &Mailbox) {
+    let stats = fallback.stats.clone();
+    let mut conn: Option<SqliteStore> = None;
+    loop {
+        // The lock is held only while waiting; a poisoned lock still guards a valid receiver.
+        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+            Ok(job) => job,
+            Err(_) => return, // every handle is gone
+        };
+        stats.reads_queued.fetch_sub(1, Relaxed);
+        if conn.is_none() {
+            conn = match SqliteStore::open_reader(path) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::debug!(error = %e, path = %path.display(), "a reader could not open its connection; the actor answers");
+                    None
+                }
+            };
+        }
+        let Some(store) = conn.as_mut() else {
+            stats.reads_on_actor.fetch_add(1, Relaxed);
+            // Dropping a job the actor cannot take drops its reply channel: the caller answers
+            // `Unavailable`.
+            let _ = fallback.try_send(job);
+            continue;
+        };
+        let (reply, poisoned) = job(store);
+        stats.pooled_reads.fetch_add(1, Relaxed);
+        reply(None);
+        if poisoned {
+            tracing::warn!(path = %path.display(), "a reader's connection is dropped after a poisoning error");
+            conn = None;
+        }
+    }
+}
