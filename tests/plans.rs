@@ -24,7 +24,8 @@ async fn a_suggestion_is_published_as_cards_and_an_import_makes_it_stale_history
     let (status, plan) = post(&app, "/api/plans/p1/import", json!({"snapshotId": "s1"})).await;
     assert_eq!(status, 201, "{plan}");
     assert_eq!(plan["revision"], 1);
-    let prompt = r#"steps=0 answer=[{"title":"Ship","body":"Deploy-Monday"}]"#;
+    // `think_ms` keeps the model busy long enough that the second start surely finds it running.
+    let prompt = r#"steps=0 think_ms=800 answer=[{"title":"Ship","body":"Deploy-Monday"}]"#;
     let (status, started) =
         post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": prompt})).await;
     assert_eq!(status, 202, "{started}");
@@ -32,9 +33,8 @@ async fn a_suggestion_is_published_as_cards_and_an_import_makes_it_stale_history
     // A second start for the same plan while it runs is refused naming the active request.
     let (status, busy) =
         post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": prompt})).await;
-    if status == 409 {
-        assert!(busy.to_string().contains(&rid), "{busy}");
-    }
+    assert_eq!(status, 409, "{busy}");
+    assert!(busy.to_string().contains(&rid), "{busy}");
     let path = format!("/api/plans/p1/suggestions/{rid}");
     let ready = support::wait_until(std::time::Duration::from_secs(30), || {
         let (app, path) = (&app, path.clone());
