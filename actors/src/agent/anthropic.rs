@@ -38,7 +38,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use storage::ledger::Turn;
 
 use super::http::{self, ClientPool, SseEvent};
@@ -54,47 +54,9 @@ pub const API_VERSION: &str = "2023-06-01";
 /// `max_tokens` when the agent's configuration sets none (the API requires one).
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
-/// How to reach the provider and how to ask it.
-#[derive(Clone)]
-pub struct AnthropicConfig {
-    /// e.g. `https://api.anthropic.com`; `/v1/messages` is appended (a trailing `/` is ignored).
-    pub base_url: String,
-    pub model: String,
-    /// Sent as `x-api-key`; an empty key sends no header (local proxies).
-    pub api_key: String,
-    /// The whole request, connect to last body byte (for a stream, its last event).
-    pub timeout: Duration,
-    /// Sent as `temperature` when set.
-    pub temperature: Option<f64>,
-    /// Sent as `max_tokens`; [`DEFAULT_MAX_TOKENS`] when `None`.
-    pub max_tokens: Option<u32>,
-}
-
-impl Default for AnthropicConfig {
-    fn default() -> Self {
-        AnthropicConfig {
-            base_url: String::new(),
-            model: String::new(),
-            api_key: String::new(),
-            timeout: Duration::from_secs(120),
-            temperature: None,
-            max_tokens: None,
-        }
-    }
-}
-
-impl std::fmt::Debug for AnthropicConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicConfig")
-            .field("base_url", &self.base_url)
-            .field("model", &self.model)
-            .field("api_key", &if self.api_key.is_empty() { "<none>" } else { "<redacted>" })
-            .field("timeout", &self.timeout)
-            .field("temperature", &self.temperature)
-            .field("max_tokens", &self.max_tokens)
-            .finish()
-    }
-}
+/// How to reach the provider and how to ask it: `base_url` e.g. `https://api.anthropic.com` (`/v1/messages`
+/// is appended), the key sent as `x-api-key`, and `max_tokens` ([`DEFAULT_MAX_TOKENS`] when `None`).
+pub type AnthropicConfig = http::ProviderConfig;
 
 /// A Messages API agent.
 pub struct AnthropicAgent {

@@ -429,3 +429,45 @@ mod tests {
         assert_eq!(d.finish(), vec![]);
     }
 }
+
+/// How to reach a provider and how to ask it (both providers take the same settings).
+#[derive(Clone)]
+pub struct ProviderConfig {
+    /// The provider's base URL; the endpoint path is appended (a trailing `/` is ignored).
+    pub base_url: String,
+    pub model: String,
+    /// The API key; an empty key sends no auth header (local servers and proxies).
+    pub api_key: String,
+    /// The whole request, connect to last body byte (for a stream, its last event).
+    pub timeout: Duration,
+    /// Sent as `temperature` when set.
+    pub temperature: Option<f64>,
+    /// Sent as `max_tokens` when set.
+    pub max_tokens: Option<u32>,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        ProviderConfig {
+            base_url: String::new(),
+            model: String::new(),
+            api_key: String::new(),
+            timeout: Duration::from_secs(120),
+            temperature: None,
+            max_tokens: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ProviderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &if self.api_key.is_empty() { "<none>" } else { "<redacted>" })
+            .field("timeout", &self.timeout)
+            .field("temperature", &self.temperature)
+            .field("max_tokens", &self.max_tokens)
+            .finish()
+    }
+}

@@ -34,7 +34,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use storage::ledger::Turn;
 
 use super::http::{self, ClientPool, SseEvent};
@@ -45,47 +45,9 @@ use super::{
 /// The endpoint's name in errors.
 const WHAT: &str = "chat completions";
 
-/// How to reach the provider and how to ask it.
-#[derive(Clone)]
-pub struct OpenAiConfig {
-    /// e.g. `https://api.openai.com/v1`; `/chat/completions` is appended (a trailing `/` is ignored).
-    pub base_url: String,
-    pub model: String,
-    /// Sent as `Authorization: Bearer <key>`; an empty key sends no header (local servers).
-    pub api_key: String,
-    /// The whole request, connect to last body byte (for a stream, its last event).
-    pub timeout: Duration,
-    /// Sent as `temperature` when set.
-    pub temperature: Option<f64>,
-    /// Sent as `max_tokens` when set (the key OpenAI-compatible servers share).
-    pub max_tokens: Option<u32>,
-}
-
-impl Default for OpenAiConfig {
-    fn default() -> Self {
-        OpenAiConfig {
-            base_url: String::new(),
-            model: String::new(),
-            api_key: String::new(),
-            timeout: Duration::from_secs(120),
-            temperature: None,
-            max_tokens: None,
-        }
-    }
-}
-
-impl std::fmt::Debug for OpenAiConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiConfig")
-            .field("base_url", &self.base_url)
-            .field("model", &self.model)
-            .field("api_key", &if self.api_key.is_empty() { "<none>" } else { "<redacted>" })
-            .field("timeout", &self.timeout)
-            .field("temperature", &self.temperature)
-            .field("max_tokens", &self.max_tokens)
-            .finish()
-    }
-}
+/// How to reach the provider and how to ask it: `base_url` e.g. `https://api.openai.com/v1`
+/// (`/chat/completions` is appended), the key sent as `Authorization: Bearer <key>`.
+pub type OpenAiConfig = http::ProviderConfig;
 
 /// An OpenAI-compatible chat-completions agent.
 pub struct OpenAiAgent {
@@ -407,6 +369,7 @@ impl StreamedReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use crate::agent::{followups_turn, results_turn, user_turn, ToolResult};
     use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
     use std::sync::{Arc, Mutex};
