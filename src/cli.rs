@@ -796,8 +796,13 @@ fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
             let Some(record) = RunStore::get(&mut store, &a.id, now).context("read the run")? else {
                 return fail(Exit::NotFound, format!("run {} not found", a.id));
             };
+            let usage = record.head.extra.get("usage").filter(|u| u.as_object().is_some_and(|m| !m.is_empty())).cloned();
             let view = RunView { events: Some(record.events), ..RunView::from_head(&record.head) };
             let mut v = serde_json::to_value(&view)?;
+            // The record's own per-model sum (SPEC §2 `usage`), which the view does not carry.
+            if let (Some(u), Some(obj)) = (usage, v.as_object_mut()) {
+                obj.insert("usage".into(), u);
+            }
             with_outcome(&mut v, a.events);
             if args.json {
                 return Ok(pretty(&v));
@@ -916,9 +921,43 @@ fn with_outcome(view: &mut Value, keep_events: bool) {
             obj.insert("stoppedBy".into(), by);
         }
     }
+    if !obj.contains_key("usage") {
+        if let Some(usage) = usage_of_events(&events) {
+            obj.insert("usage".into(), usage);
+        }
+    }
     if !keep_events {
         obj.remove("events");
     }
+}
+
+/// Token usage summed per model over the `assistant` events that carry it (SPEC §8.3): the record's
+/// `usage` shape, `{<model>: {inputTokens, outputTokens}}`; `None` when no event carries usage.
+fn usage_of_events(events: &[Value]) -> Option<Value> {
+    let mut sums: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e.get("type").and_then(Value::as_str) == Some("assistant")) {
+        let Some(u) = e.get("usage").filter(|u| u.is_object()) else { continue };
+        let model = e.get("model").and_then(Value::as_str).unwrap_or("-").to_owned();
+        let sum = sums.entry(model).or_default();
+        sum.0 += u.get("inputTokens").and_then(Value::as_u64).unwrap_or(0);
+        sum.1 += u.get("outputTokens").and_then(Value::as_u64).unwrap_or(0);
+    }
+    (!sums.is_empty()).then(|| {
+        Value::Object(sums.into_iter().map(|(m, (i, o))| (m, json!({"inputTokens": i, "outputTokens": o}))).collect())
+    })
+}
+
+/// `usage` as one line per model: `gpt-4o: 30 in / 8 out`.
+fn usage_words(usage: &Value) -> Option<String> {
+    let lines: Vec<String> = usage
+        .as_object()?
+        .iter()
+        .map(|(model, u)| {
+            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+            format!("{model}: {} in / {} out", n("inputTokens"), n("outputTokens"))
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 /// A plain-text table with columns as wide as their widest cell.
@@ -1057,6 +1096,9 @@ fn run_text(raw: &Value, now: i64) -> anyhow::Result<String> {
     if let Some(e) = raw.get("error").filter(|e| !e.is_null()) {
         rows.push(("Error", text_of(e)));
     }
+    if let Some(u) = raw.get("usage").and_then(usage_words) {
+        rows.push(("Usage", u));
+    }
     if let Some(a) = raw.get("answer").filter(|a| !a.is_null()) {
         rows.push(("Answer", text_of(a)));
     }
@@ -1138,5 +1180,25 @@ mod tests {
         with_outcome(&mut v, true);
         assert_eq!(v["answer"], "from the view");
         assert!(v["events"].is_array());
+    }
+
+    #[test]
+    fn usage_is_summed_per_model_from_assistant_events_and_printed() {
+        let mut v = json!({"id": "r1", "events": [
+            {"type": "assistant", "seq": 2, "model": "m1", "usage": {"inputTokens": 10, "outputTokens": 3}},
+            {"type": "assistant", "seq": 4, "model": "m1", "usage": {"inputTokens": 20, "outputTokens": 5}},
+            {"type": "assistant", "seq": 6, "model": "m2", "usage": {"inputTokens": 1, "outputTokens": 1}},
+            {"type": "assistant", "seq": 7, "text": "no usage"},
+        ]});
+        with_outcome(&mut v, false);
+        assert_eq!(v["usage"], json!({"m1": {"inputTokens": 30, "outputTokens": 8}, "m2": {"inputTokens": 1, "outputTokens": 1}}));
+        assert_eq!(usage_words(&v["usage"]).as_deref(), Some("m1: 30 in / 8 out\nm2: 1 in / 1 out"));
+        // A view that carries usage is taken at its word; none at all adds none.
+        let mut v = json!({"id": "r1", "usage": {"x": {"inputTokens": 1, "outputTokens": 2}}, "events": []});
+        with_outcome(&mut v, false);
+        assert_eq!(v["usage"], json!({"x": {"inputTokens": 1, "outputTokens": 2}}));
+        let mut v = json!({"id": "r1", "events": [{"type": "assistant", "text": "hi"}]});
+        with_outcome(&mut v, false);
+        assert!(v.get("usage").is_none());
     }
 }

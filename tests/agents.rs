@@ -109,6 +109,9 @@ async fn transient_errors_are_retried_usage_is_summed_and_the_allowlist_is_what_
     let full = app.running.storage.get(record.head.id.clone()).await.unwrap().unwrap();
     let usage = serde_json::to_value(&full).unwrap()["usage"].clone();
     assert_eq!(usage, json!({"gpt-test": {"inputTokens": 30, "outputTokens": 8}}), "{usage}");
+    // The run's view carries it too.
+    let view: Value = app.client.get(app.url(&format!("/api/runs/{}", record.head.id))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(view["usage"], usage, "{view}");
     // The model saw exactly the allowlist.
     let requests = stub.requests.lock().unwrap().clone();
     assert_eq!(requests.len(), 4);

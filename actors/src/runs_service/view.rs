@@ -49,6 +49,9 @@ pub struct RunView {
     pub owner_gen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<String>,
+    /// `{<model>: {inputTokens, outputTokens}}` summed over the run's model calls (finished runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Value>,
     /// Only when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<Value>>,
@@ -79,6 +82,7 @@ impl RunView {
             provisional: None,
             owner_gen: None,
             parent_run_id: m.parent_run_id.clone(),
+            usage: None,
             events: None,
         }
     }
@@ -106,6 +110,7 @@ impl RunView {
             provisional: h.provisional.then_some(true),
             owner_gen: None,
             parent_run_id: h.parent_run_id.clone(),
+            usage: h.extra.get("usage").cloned(),
             events: None,
         }
     }
@@ -135,6 +140,7 @@ impl RunView {
             provisional: None,
             owner_gen: Some(row.owner_gen.clone()),
             parent_run_id: id.parent_run_id,
+            usage: None,
             events: None,
         }
     }
@@ -147,6 +153,7 @@ impl RunView {
         self.stored_event_count = Some(h.stored_event_count);
         self.truncated = Some(h.truncated);
         self.persisted = Some(true);
+        self.usage = h.extra.get("usage").cloned();
     }
 
     pub fn visible_to(&self, filter: &VisibilityFilter) -> bool {

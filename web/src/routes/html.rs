@@ -407,10 +407,11 @@ fn run_html(v: &RunView, token: &str, now: i64) -> String {
     let last_seq = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
     let answer = events.iter().rev().find(|e| e["type"] == "answer").and_then(|e| e["text"].as_str()).unwrap_or("");
     let title = v.label.clone().unwrap_or_else(|| v.id.clone());
+    let usage = view_usage(v).unwrap_or_else(|| usage_of(events));
     let mut b = String::new();
     let _ = write!(
         b,
-        "<main id=\"run\" data-id=\"{id}\" data-token=\"{token}\" data-last-seq=\"{last_seq}\" data-finished=\"{fin}\" data-started-at=\"{started}\">\
+        "<main id=\"run\" data-id=\"{id}\" data-token=\"{token}\" data-last-seq=\"{last_seq}\" data-finished=\"{fin}\" data-started-at=\"{started}\" data-usage=\"{usage}\">\
          <nav><a href=\"/runs\">← Runs</a></nav><h1>{title}</h1>\
          <p>Status: <span id=\"status\" class=\"status st-{cls}\">{status}</span> <span id=\"conn\"></span></p><dl>",
         id = esc(&v.id),
@@ -418,6 +419,7 @@ fn run_html(v: &RunView, token: &str, now: i64) -> String {
         fin = v.finished,
         started = v.started_at,
         title = esc(&title),
+        usage = esc(&Value::Object(usage.iter().map(|(m, (i, o))| (m.clone(), serde_json::json!([i, o]))).collect()).to_string()),
         cls = status_class(v),
         status = esc(&v.status_label()),
     );
@@ -434,6 +436,7 @@ fn run_html(v: &RunView, token: &str, now: i64) -> String {
     field("Finished", &v.finished_at.map(fmt_time).unwrap_or_default(), "f-finished");
     field("Duration", &fmt_duration(v.duration_ms(now)), "f-duration");
     field("Events", &v.event_count.to_string(), "f-events");
+    field("Tokens", &usage_words(&usage), "f-usage");
     if let Some(g) = &v.owner_gen {
         field("Live in generation", g, "f-owner");
     }
@@ -453,6 +456,34 @@ fn run_html(v: &RunView, token: &str, now: i64) -> String {
     }
     b.push_str("</ol></main>");
     page(&format!("Run {title}"), &b, RUN_JS)
+}
+
+/// Token usage summed per model over the `assistant` events that carry it (SPEC §8.3): model →
+/// (input, output).
+fn usage_of(events: &[Value]) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut sums = std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e["type"] == "assistant") {
+        let Some(u) = e.get("usage").filter(|u| u.is_object()) else { continue };
+        let sum: &mut (u64, u64) = sums.entry(e["model"].as_str().unwrap_or("-").to_owned()).or_default();
+        sum.0 += u["inputTokens"].as_u64().unwrap_or(0);
+        sum.1 += u["outputTokens"].as_u64().unwrap_or(0);
+    }
+    sums
+}
+
+/// The `usage` a view carries (SPEC §7 `usage?`), as model → (input, output).
+fn view_usage(v: &RunView) -> Option<std::collections::BTreeMap<String, (u64, u64)>> {
+    let view = serde_json::to_value(v).ok()?;
+    let usage = view.get("usage")?.as_object()?;
+    let n = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let sums: std::collections::BTreeMap<_, _> =
+        usage.iter().map(|(m, u)| (m.clone(), (n(u, "inputTokens"), n(u, "outputTokens")))).collect();
+    (!sums.is_empty()).then_some(sums)
+}
+
+/// `m1: 30 in / 8 out · m2: …` — the same words the page's script renders.
+fn usage_words(usage: &std::collections::BTreeMap<String, (u64, u64)>) -> String {
+    usage.iter().map(|(m, (i, o))| format!("{m}: {i} in / {o} out")).collect::<Vec<_>>().join(" · ")
 }
 
 const RUN_JS: &str = r#"
@@ -491,6 +522,14 @@ const RUN_JS: &str = r#"
     li.appendChild(span('seq', '#' + li.dataset.seq)); li.appendChild(span('kind', d[0])); li.appendChild(span('body', d[1]));
     return li;
   }
+  var usage = JSON.parse(root.getAttribute('data-usage') || '{}');
+  function addUsage(e) {
+    var m = e.model == null ? '-' : String(e.model), u = usage[m] || [0, 0];
+    usage[m] = [u[0] + (e.usage.inputTokens || 0), u[1] + (e.usage.outputTokens || 0)];
+    document.getElementById('f-usage').textContent = Object.keys(usage).sort().map(function (k) {
+      return k + ': ' + usage[k][0] + ' in / ' + usage[k][1] + ' out';
+    }).join(' \u00b7 ');
+  }
   function setStatus(text, cls) { statusEl.textContent = text; statusEl.className = 'status st-' + cls; }
   function statusClass(s) {
     if (s === 'completed') return 'ok';
@@ -526,6 +565,7 @@ const RUN_JS: &str = r#"
       list.appendChild(render(e));
       document.getElementById('f-events').textContent = String(last);
       if (e.type === 'answer') document.getElementById('answer').textContent = str(e.text);
+      if (e.type === 'assistant' && e.usage) addUsage(e);
       if (e.type === 'stop_requested') setStatus('stopping (' + str(e.mode) + ')', 'stopping');
     });
     es.addEventListener('end', function (m) {
