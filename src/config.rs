@@ -77,13 +77,13 @@ impl Default for Config {
 pub struct ServerConfig {
     /// Address the HTTP server listens on; port 0 picks a free port.
     pub bind: String,
-    /// Base of the `liveUrl` handed to integrations.
-    pub public_base_url: String,
+    /// Base of the `liveUrl` handed to integrations; derived from the bound address when unset.
+    pub public_base_url: Option<String>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { bind: "127.0.0.1:8080".into(), public_base_url: "http://127.0.0.1:8080".into() }
+        ServerConfig { bind: "127.0.0.1:8080".into(), public_base_url: None }
     }
 }
 
@@ -665,9 +665,10 @@ impl Config {
         if self.server.bind.parse::<SocketAddr>().is_err() {
             return Err(self.bad("server.bind", format!("`{}` is not an address like 127.0.0.1:8080", self.server.bind)));
         }
-        let base = &self.server.public_base_url;
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(self.bad("server.public_base_url", "must start with http:// or https://"));
+        if let Some(base) = &self.server.public_base_url {
+            if !(base.starts_with("http://") || base.starts_with("https://")) {
+                return Err(self.bad("server.public_base_url", "must start with http:// or https://"));
+            }
         }
         if self.storage.kind == StorageKind::Sqlite && self.storage.path.as_os_str().is_empty() {
             return Err(self.bad("storage.path", "must name a database file"));

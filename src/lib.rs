@@ -267,6 +267,11 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         },
     );
     let shutdown = Arc::new(tokio::sync::Notify::new());
+    // Bind first: an unset `public_base_url` is the address actually bound (port 0 included).
+    let listener = std::net::TcpListener::bind(&config.server.bind)
+        .with_context(|| format!("bind http listener on {}", config.server.bind))?;
+    let addr = listener.local_addr().context("bind http listener: no address")?;
+    let public_base_url = config.server.public_base_url.clone().unwrap_or_else(|| format!("http://{addr}"));
     let state = web::AppState {
         generation: generation.clone(),
         version: VERSION,
@@ -276,7 +281,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         registry: registry.clone(),
         tokens,
         auth: build_auth(&config)?,
-        public_base_url: config.server.public_base_url.clone(),
+        public_base_url,
         runs: actors::runs_service::RunsService::new(registry.clone(), storage.clone(), generation.clone(), clock.clone()),
         shutdown: shutdown.clone(),
         metrics: metrics.clone(),
@@ -286,9 +291,8 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(web::configure(state.clone())))
         .disable_signals()
         .shutdown_timeout(5)
-        .bind(&config.server.bind)
-        .with_context(|| format!("bind http listener on {}", config.server.bind))?;
-    let addr = *server.addrs().first().context("bind http listener: no address")?;
+        .listen(listener)
+        .with_context(|| format!("listen on {addr}"))?;
     let server = server.run();
     let handle = server.handle();
     let task = actix_web::rt::spawn(server);

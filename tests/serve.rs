@@ -104,3 +104,13 @@ fn ask_runs_one_message_and_prints_the_answer_once_the_record_landed() {
     assert!(items[0].head.thread_key.starts_with("cli:"));
     assert_eq!(items[0].head.status, storage::record::RunStatus::Completed);
 }
+
+#[actix_web::test]
+async fn the_live_url_points_at_the_bound_address_when_public_base_url_is_unset() {
+    let app = TestApp::spawn().await;
+    assert!(app.running.addr.port() != 8080 && app.running.addr.port() != 0);
+    let (status, body) = app.post(serde_json::json!({"thread": "t", "channel": "c", "user": "u", "text": "steps=0"})).await;
+    assert_eq!(status, 202, "{body}");
+    let live = body["liveUrl"].as_str().unwrap();
+    assert!(live.starts_with(&format!("{}/runs/", app.base)), "{live} should start with {}", app.base);
+}

@@ -117,7 +117,7 @@ async fn a_cross_site_crash_is_refused_and_the_server_stays_up() {
 
 #[actix_web::test]
 async fn under_dev_bypass_a_rebinding_host_is_refused_even_for_reads() {
-    let app = TestApp::spawn_with(|c| c.server.public_base_url = "https://switchboard.example.com".into()).await;
+    let app = TestApp::spawn_with(|c| c.server.public_base_url = Some("https://switchboard.example.com".into())).await;
     let port = app.running.addr.port();
     // A DNS-rebinding page: its own name now resolves to 127.0.0.1, so its requests are same-origin to
     // the browser and carry its Host.
