@@ -17,7 +17,7 @@ async fn a_three_step_demo_run_completes_with_its_events_in_seq_order() {
     assert_eq!(status, 202, "{body}");
     let run_id = body["runId"].as_str().unwrap().to_owned();
     let live_url = body["liveUrl"].as_str().unwrap();
-    assert!(live_url.starts_with(&format!("http://127.0.0.1:8080/runs/{run_id}?token=")), "{live_url}");
+    assert!(live_url.starts_with(&format!("{}/runs/{run_id}?token=", app.base)), "{live_url}");
     let record = app.final_record(&run_id).await;
     assert_eq!(record.head.status, RunStatus::Completed);
     assert!(!record.head.provisional);

@@ -118,6 +118,22 @@ pub async fn close_row(
     status: RunStatus,
     reason: &str,
 ) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
+    // The workspace fence goes to the closer first, so an old owner that wakes up later cannot write into
+    // the workspace of a run already closed (SPEC §8.3). Best effort: a workspace that is gone, or whose
+    // lock a paused owner holds, leaves the old fence, which names a generation that no longer owns the row.
+    let dir = row
+        .state
+        .get("binding")
+        .and_then(|b| b.get("workspace"))
+        .and_then(Value::as_str)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| crate::tools::workspace_dir(&deps.data_dir, &row.run_id));
+    if dir.is_dir() {
+        let fence = format!("{}#close", deps.gen.as_str());
+        if let Err(e) = crate::tools::take_workspace_async(dir, fence, crate::tools::TakeMode::Existing).await {
+            tracing::warn!(run_id = %row.run_id, error = %e, "could not take the workspace fence before closing");
+        }
+    }
     let meta = meta_from_row(row);
     let now = deps.clock.now_ms();
     let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);

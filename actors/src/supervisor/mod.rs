@@ -29,13 +29,13 @@ use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::{json, Value};
-use storage::ledger::{LiveRow, Successor};
+use storage::ledger::LiveRow;
 use storage::record::RunStatus;
 use storage::{Clock, Generation, StorageHandle};
 
 use crate::flusher::Flusher;
 use crate::heartbeat::Heartbeat;
-use crate::history::{HistoryWriter, Via};
+use crate::history::HistoryWriter;
 use crate::registry::Registry;
 use crate::run::{self, AgentEntry, Launch, RunActor, RunDeps, RunEnded, StopReason};
 use crate::token::TokenMinter;
@@ -193,20 +193,34 @@ impl Supervisor {
     }
 
     /// Past the restart policy: close the run `failed` through the finish transaction.
+    /// Past the restart policy: close the run `failed` from its ledger row and live events, through the
+    /// finish transaction (as a reclaim closes a row), so its record and its successor agree on which
+    /// follow-ups it consumed. A close that fails leaves the row an orphan, retried at the next sweep.
     fn close_failed(&mut self, run_id: &str, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
-        let now = deps.clock.now_ms();
-        run::publish(&deps, run_id, json!({"type": "run_failed", "message": "the run failed more often than the restart policy allows"}), true);
-        deps.registry.finish(run_id, RunStatus::Failed, now);
-        let Some(record) = run::build_record(&deps, run_id, RunStatus::Failed, now, Default::default()) else { return };
-        let successor = Successor { run_id: uuid::Uuid::now_v7().to_string(), lease_ms: deps.lease_ms, inbox_consumed: None };
-        let successor_id = successor.run_id.clone();
-        let ticket = deps.history.write(record, Via::Ledger { gen: deps.gen.as_str().to_owned(), successor: Some(successor) });
+        deps.registry.discard(run_id);
+        let id = run_id.to_owned();
         let fut = async move {
-            ticket.landed().await;
-            run::admitted_successor(&deps, &successor_id).await
+            let row = deps.storage.get_live(id.clone()).await.map_err(|e| e.to_string())?.ok_or("the row is gone")?;
+            if row.owner_gen != deps.gen.as_str() {
+                return Err("the row is owned elsewhere".to_owned());
+            }
+            // What the failed incarnation published reaches the ledger first.
+            let _ = deps.flusher.send(crate::flusher::FlushRun(id.clone())).await;
+            let mut events = deps.storage.live_events(id.clone(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+            let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+            let message = "the run failed more often than the restart policy allows";
+            events.push(json!({"type": "run_failed", "seq": last + 1, "at": deps.clock.now_ms(), "message": message}));
+            run::close_row(&deps, &row, events, RunStatus::Failed, message).await
         };
-        ctx.spawn(fut.into_actor(self).map(|successor, act, ctx| act.launch_successor(successor, ctx)));
+        let id = run_id.to_owned();
+        ctx.spawn(fut.into_actor(self).map(move |closed, act, ctx| match closed {
+            Ok(successor) => act.launch_successor(successor, ctx),
+            Err(e) => {
+                tracing::warn!(run_id = %id, error = %e, "could not close a run past its restart policy; retried at the next sweep");
+                act.orphans.insert(id, recovery::MAX_READOPT_FAILURES);
+            }
+        }));
     }
 
     fn slot(&mut self, thread_key: &str, supervisor: Addr<Supervisor>) -> Addr<ThreadSlot> {

@@ -63,7 +63,7 @@ pub(super) enum Readoption {
 }
 
 /// Most sweeps a row of this generation may fail to re-adopt before it closes `interrupted`.
-const MAX_READOPT_FAILURES: u32 = 3;
+pub(super) const MAX_READOPT_FAILURES: u32 = 3;
 
 /// Plan the re-adoption of this generation's own row, as a reclaim would plan it (SPEC §6.1).
 async fn plan_readoption(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
@@ -81,6 +81,16 @@ async fn plan_readoption(deps: &RunDeps, run_id: &str) -> Result<Readoption, Str
     let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
     let from_gen = Some(deps.gen.as_str().to_owned());
     let has_request = row.meta.get("request").is_some_and(Value::is_object);
+    // A row past its finishing gate continues its reply (this process knows it never delivered it); a
+    // recorded hard stop or a detached row closes exactly as a reclaim would close it (SPEC §6.1).
+    if row.phase != Phase::Finishing {
+        if row.stop == Some(storage::ledger::StopMode::Hard) {
+            return Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?));
+        }
+        if row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
+            return Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, decisions::DETACHED_REASON).await?));
+        }
+    }
     if row.phase == Phase::Attaching || last_step.is_none() {
         if !has_request {
             let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON).await?;

@@ -411,7 +411,9 @@ pub const NO_STEP_RECORD_REASON: &str = "no step record: killed before the seed"
 /// `finishing` comes first because its answer may already have reached the thread: closing with
 /// the committed status is the only outcome that neither loses it nor says it twice.
 pub fn classify(input: &ClassifyInput) -> Classification {
-    if input.prior_phase == Phase::Finishing {
+    // A final status is written only by the finishing gate: a row that carries one was past it, even when
+    // an earlier reclaimer moved it back to `live` and died before closing it.
+    if input.prior_phase == Phase::Finishing || input.final_status.is_some_and(|s| !s.is_empty()) {
         let status = input
             .final_status
             .filter(|s| !s.is_empty())
@@ -917,6 +919,7 @@ mod tests {
             ("finishing with empty status is completed",    ClassifyInput { final_status: Some(""), ..input(Finishing) }, final_("completed")),
             ("finishing wins over a hard stop",             ClassifyInput { stop: hard, final_status: Some("completed"), ..input(Finishing) }, final_("completed")),
             ("finishing wins over detached",                ClassifyInput { detached: true, ..input(Finishing) }, final_("completed")),
+            ("a final status closes a row reclaimed back to live", ClassifyInput { final_status: Some("stopped_soft"), ..input(Live) }, final_("stopped_soft")),
             ("hard stop beats resume",                      ClassifyInput { stop: hard, ..input(Live) }, Classification::CloseHardStopped),
             ("hard stop beats restart",                     ClassifyInput { stop: hard, ..input(Attaching) }, Classification::CloseHardStopped),
             ("hard stop beats detached",                    ClassifyInput { stop: hard, detached: true, ..input(Handoff) }, Classification::CloseHardStopped),
