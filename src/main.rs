@@ -54,12 +54,33 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Deterministic simulation of the run lifecycle: seeded crash schedules over one in-memory ledger;
+    /// prints a table and a JSON line, and the replayable trace of a failing seed (exit 1).
+    Sim(SimArgs),
     /// Print a shell completion script to stdout (e.g. `switchboard completions bash > /etc/bash_completion.d/switchboard`).
     Completions {
         /// The shell to complete for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+/// `switchboard sim`: which seeds, which faults.
+#[derive(clap::Args)]
+struct SimArgs {
+    /// How many seeds to simulate, spread over the cores (default 1000).
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// The first seed (default 0); given alone, replay that one seed and print its trace.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The faults the seeds may land: `all`, `none`, or a comma-separated list of crash, pause, drain,
+    /// outage, permanent, lost-reply, expire-leases, stop, kill.
+    #[arg(long, default_value = "all", value_parser = sim::Fault::parse_list)]
+    faults: std::collections::BTreeSet<sim::Fault>,
+    /// Fail on the known production issues too (by default they are reported, not failed on).
+    #[arg(long)]
+    strict: bool,
 }
 
 /// How log lines are written.
@@ -90,7 +111,9 @@ fn main() -> std::process::ExitCode {
     let (level, format) = match &cli.command {
         Command::Serve { log_format, .. } => ("info", *log_format),
         Command::Chaos(_) => ("info", LogFormat::Text),
-        Command::Ask { .. } | Command::Bench(_) | Command::Runs(_) | Command::Completions { .. } => ("warn", LogFormat::Text),
+        Command::Ask { .. } | Command::Bench(_) | Command::Runs(_) | Command::Completions { .. } | Command::Sim(_) => {
+            ("warn", LogFormat::Text)
+        }
     };
     init_tracing(level, format);
     let result = match cli.command {
@@ -107,6 +130,11 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(args) => switchboard::bench::run(args),
         Command::Chaos(args) => switchboard::chaos::run(args),
+        Command::Sim(args) => {
+            let seeds = args.seeds.unwrap_or(if args.seed.is_some() { 1 } else { 1000 });
+            let run = sim::cli::Args { seeds, seed: args.seed.unwrap_or(0), faults: Some(args.faults), strict: args.strict };
+            return std::process::ExitCode::from(sim::cli::run(&run) as u8);
+        }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "switchboard", &mut std::io::stdout());
             Ok(())

@@ -12,15 +12,17 @@ use actors::agent::{self, AssistantTurn, ToolCall, ToolDef};
 use serde_json::{json, Value};
 use storage::ledger::Turn;
 
-/// The tools every simulated process offers, with the flags a resume settles in-flight calls by.
+/// The tools every simulated process offers, with the flags a resume settles in-flight calls by: `mut`
+/// (mutating: effects unknown), `pure` (side-effect free: re-run), `idem` (an external tool honouring its
+/// idempotency key: re-sent with the same key).
 pub fn tool_defs() -> Vec<ToolDef> {
-    let def = |name: &str, side_effect_free: bool, rerun_safe: bool| ToolDef {
+    let def = |name: &str, side_effect_free: bool, idempotent: bool| ToolDef {
         name: name.to_owned(),
         description: String::new(),
         parameters: json!({"type": "object"}),
         side_effect_free,
-        rerun_safe,
-            idempotent: false,
+        rerun_safe: false,
+        idempotent,
     };
     vec![def("mut", false, false), def("pure", true, false), def("idem", false, true)]
 }

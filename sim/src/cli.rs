@@ -74,8 +74,8 @@ pub fn run(args: &Args) -> i32 {
         for v in &outcome.tolerated {
             println!("known issue [{}]: {}", v.invariant, v.detail);
         }
-        if !outcome.ok() {
-            println!("{}", outcome.report());
+        for v in &outcome.violations {
+            println!("VIOLATION [{}] {} (step {}, +{} ms)", v.invariant, v.detail, v.step, v.at_ms);
         }
         println!(
             "{}",

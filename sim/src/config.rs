@@ -128,7 +128,7 @@ impl Default for SimConfig {
             max_steps: 20_000,
             trace: false,
             max_faults: 8,
-            tolerate: KNOWN_ISSUES.iter().map(|(invariant, _)| *invariant).collect(),
+            tolerate: KNOWN_ISSUES.iter().map(|k| k.invariant).collect(),
         }
     }
 }
@@ -151,58 +151,87 @@ impl SimConfig {
     }
 }
 
+/// A production issue this simulator found: the invariant that reports it, a seed that shows it (replay
+/// it with `simulate(witness, &SimConfig::default().strict())`), and what goes wrong.
+#[derive(Debug, Clone, Copy)]
+pub struct KnownIssue {
+    pub invariant: &'static str,
+    pub witness: u64,
+    pub what: &'static str,
+}
+
 /// Production issues this simulator found, by the invariant that reports them. Tolerated by default (a
-/// CI sweep stays green while they are open); `SimConfig::strict` fails on them, and a test per issue
-/// shows the simulator still finds it. Remove an entry once production fixes it.
-pub const KNOWN_ISSUES: &[(&str, &str)] = &[
-    (
-        "detached runs are never resumed",
-        "the supervisor's re-adoption (`plan_readoption`) skips classification: a row of this generation marked \
-         `state.detached` (a permanent ledger failure) that no actor drives is resumed, and its answer is \
-         delivered a second time, instead of closing `interrupted` (SPEC §5.5)",
-    ),
-    (
-        "no record after a fence",
-        "a final record written as a plain put replaces the record another generation's finish wrote: the \
+/// CI sweep stays green while they are open; a seed that hits one records it and everything after it as
+/// tolerated); `SimConfig::strict` fails on them, and a test replays each witness seed. Remove an entry
+/// once production fixes it.
+pub const KNOWN_ISSUES: &[KnownIssue] = &[
+    KnownIssue {
+        invariant: "no record after a fence",
+        witness: 44,
+        what: "a final record written as a plain put replaces the record another generation's finish wrote: the \
          history writer reads the ledger's `UnknownRun` on `finish` as \"my earlier finish committed\" and \
          falls back to a put (a paused owner past its finishing gate, closed meanwhile by a reclaim), and a \
          detached run puts its best-effort record over the reclaim's close, whose successor already holds \
          the follow-ups the detached run folded: they then appear in two runs (SPEC §5.4, §5.5 vs §5.6)",
-    ),
-    (
-        "one driver per run",
-        "a generation may reclaim a row it owned before (another generation took it, then lost it: its \
-         lease ran out or it died) while its own old actor for that run is still alive, e.g. retrying a \
-         step write through a storage outage; the supervisor launches a second actor for the run without \
-         checking its `runs` map, and both write under the same generation, which the ledger fence cannot \
-         tell apart (mutating calls run twice) (SPEC §1.1, seed #36)",
-    ),
-        (
-        "effect after close",
-        "a reclaim that closes a row (a recorded hard stop, a `finishing` row, an interrupted one) does not \
-         take the workspace fence, which only a resume, restart or re-adoption rewrites: a paused owner that \
-         continues runs its next mutating call into the workspace of a run already closed elsewhere, and no \
-         record accounts for it (SPEC §8.3 workspace fencing, §5.6)",
-    ),
-    (
-        "finishing re-adoption never replays the reply",
-        "when the final record's write is lost (the history writer's retries spent during an outage), the row \
+    },
+    KnownIssue {
+        invariant: "one driver per run",
+        witness: 1,
+        what: "a generation may reclaim a row it owned before (another generation took it, then lost it: its \
+         lease ran out or it died) while its own old actor for that run is still alive (paused with the \
+         process, or retrying a step write through a storage outage) or its restart policy's \
+         `close_failed` finish is still retrying: the supervisor launches a second actor without checking \
+         its `runs` map, and both write under the same generation, which the ledger fence cannot tell apart \
+         (mutating calls run twice; a late `close_failed` finish replaces the resumed run's events and \
+         strands a follow-up it consumed) (SPEC §1.1, seed #36)",
+    },
+    KnownIssue {
+        invariant: "finishing re-adoption never replays the reply",
+        witness: 1859,
+        what: "when the final record's write is lost (the history writer's retries spent during an outage), the row \
          stays `finishing` under the generation, the actor ends `Finished`, and the next sweeps re-adopt the \
          orphan: the resume continues the reply from the saved answer and delivers it a second time — the \
          process did deliver it, it only failed to record it (SPEC §5.2 step 7)",
-    ),
-    (
-        "detached runs run no unrecorded mutating call",
-        "a detached run continues best-effort and dispatches mutating calls with no step record; its one \
-         attempt to mark the row detached can lose to a reclaim (the heartbeat stopped, the lease ran out), \
-         and the resuming generation then asks for the same calls again, so they run twice (SPEC §5.5)",
-    ),
-    (
-        "a run past its finishing gate is never resumed",
-        "a reclaim moves a `finishing` row to `live` (`reclaim_phase`) before it classifies it; when the \
-         reclaiming process dies (or loses the reclaim's reply, or fails the close) before its close commits, \
-         the next reclaim sees prior phase `live`, classifies by completeness, resumes the run from its \
-         transcript — which ends on the answer — and delivers the reply a second time: classification keys \
-         on the prior phase, not on the committed `state.finalStatus` (SPEC §6.1)",
-    ),
+    },
+    KnownIssue {
+        invariant: "detached runs run no unrecorded mutating call",
+        witness: 25,
+        what: "a detached run continues best-effort and dispatches mutating calls with no step record, or on a \
+         row another generation owns by then; its one attempt to mark the row detached can lose to a \
+         reclaim (the heartbeat stopped, the lease ran out), and the resuming generation asks for the same \
+         calls again, so they run twice. A stale reclaimer shows the same: it classifies a row from the \
+         reclaim's step record and a transcript read later (another generation wrote a step meanwhile), \
+         resumes `RunStepFresh`, and a permanent failure of that first write detaches it instead of \
+         fencing it, so it re-runs the new owner's calls (SPEC §5.5, §6.1)",
+    },
+    KnownIssue {
+        invariant: "a run past its finishing gate is never resumed",
+        witness: 23954,
+        what: "a reclaim moves a `finishing` row to `live` before it classifies it; since 08953ef the \
+         classification closes any row carrying `state.finalStatus`, but re-adoption (`plan_readoption`) \
+         does not classify: a generation whose reclaim of a dead owner's finishing row committed while its \
+         sweep then failed (a lost reply, an outage) finds the row as its own orphan, `live` with a final \
+         status, and resumes it from its transcript, which ends on the answer: the reply goes out again \
+         (SPEC §6.1)",
+    },
+    KnownIssue {
+        invariant: "re-adoption keeps the final status",
+        witness: 27948,
+        what: "re-adopting a row in `finishing` starts a fresh machine with `Started::Finish(answer)`, which \
+         concludes `completed` (the stop or failure that decided the committed `state.finalStatus` is not \
+         carried over); the gate then reads back `stopped_soft` / `stopped_hard` / `failed`, answers \
+         `Fenced`, the actor ends, and the next sweep re-adopts it again: the run never ends while this \
+         process lives (SPEC §5.2 step 7)",
+    },
+    KnownIssue {
+        invariant: "only the run's owner takes its workspace",
+        witness: 354,
+        what: "the workspace fence is rewritten before the ledger confirms ownership: a launch takes it \
+         before its claim (`promote`), and since 08953ef a close takes it before its finish (`close_row`). \
+         A late launcher (paused between its admission and its launch while another generation restarted \
+         the run) or a stale closer (paused in its sweep while another generation took the row; seed \
+         8446) rewrites the fence, its ledger write is then refused, and the real owner's mutating tools \
+         are refused `fenced` from then on; a late launcher whose claim fails permanently instead runs \
+         detached and repeats the owner's calls (SPEC §8.3)",
+    },
 ];

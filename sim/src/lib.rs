@@ -2,7 +2,7 @@
 //! run, every failure a replayable seed (issue 19).
 //!
 //! Owns nothing durable: each seed builds its own world — one shared in-memory store
-//! ([`storage::MemoryStore`], the ledger and the history), a manual clock, two or three virtual processes
+//! ([`storage::MemoryStore`], the ledger and the history), a manual clock, one to three virtual processes
 //! (each incarnation a generation running a supervisor-like loop and run actors driven by the real
 //! [`actors::run::machine::transition`]) and a seeded scheduler that picks the next message, effect
 //! completion or fault. [`simulate`]`(seed, config)` replays a seed exactly.
@@ -12,7 +12,7 @@
 //! - `world`: the world, its tasks, the scheduler, fault injection, storage calls with faults;
 //! - `run`: the run actor's shell — each machine effect executed the way `actors::run` does;
 //! - `supervisor`: admission, boot and sweeps, heartbeat, flusher, stop/kill, drain, history writes;
-//! - `agent`: the scripted agent and the fake tools;
+//! - [`agent`]: the scripted agent and the fake tools;
 //! - `model`: the world model and every invariant (the table is in its docs);
 //! - `registry`: a process's per-run event log (seqs, as `actors::registry` stamps them);
 //! - [`cli`]: `switchboard sim` — sweeps over the cores, a table and a JSON line.
@@ -21,14 +21,16 @@
 //! - one thread, no wall clock, one seeded RNG, ordered maps wherever a choice is made: a seed is a
 //!   complete description of its run;
 //! - it depends on `storage` and `actors` for their pure parts and vocabulary only (the machine, the
-//!   decisions, the record assembly, the registry); it starts no actix runtime, no thread, no file.
+//!   decisions, the record assembly, the agent's turn types); it starts no actix runtime and no file, and
+//!   one simulation never spawns a thread ([`cli`] runs different seeds on different cores).
 //!
 //! # Design
 //! Production code cannot be paused at an arbitrary await point, so the simulator re-implements the thin
 //! actor shells (what `RunActor`, `Supervisor`, `Heartbeat`, `Flusher` and the history writer do with
 //! storage) over the real decisions, and cuts every effect into its await-point segments. That mirror is
 //! the price of determinism: it is written to be read side by side with `actors/src/run/work.rs` and
-//! `actors/src/supervisor/recovery.rs`, and the bugs of [`Bugs`] live only here.
+//! `actors/src/supervisor/recovery.rs`, and the bugs of [`Bugs`] live only here. Production issues the
+//! simulator found are [`KNOWN_ISSUES`], each with a witness seed.
 
 pub mod agent;
 pub mod cli;
@@ -42,7 +44,7 @@ mod world;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-pub use config::{Bugs, Fault, SimConfig, KNOWN_ISSUES};
+pub use config::{Bugs, Fault, KnownIssue, SimConfig, KNOWN_ISSUES};
 pub use world::Violation;
 
 /// What one seed did.

@@ -12,10 +12,14 @@
 //! | `effect after close` | at each mutating effect | the run was already closed by another generation |
 //! | `mutating effect at most once` | at each mutating effect | a mutating call's effect landed twice (a re-run) |
 //! | `tools after their step record` | at each effect of a tracked run | the call is not in the ledger's step record |
-//! | `one driver per run` | at each launch | a second actor for a run in one process |
+//! | `one driver per run` | at each reclaim and launch | a process takes or launches a run one of its own actors still drives |
 //! | `one reply per run` | at each reply | a tracked run's answer delivered twice (a detached run replies best-effort) |
 //! | `finishing re-adoption never replays the reply` | at each reply | a re-adopted `finishing` row replies again after its own generation already replied |
 //! | `a run past its finishing gate is never resumed` | at each resume | a row holding a final status is continued from its transcript |
+//! | `re-adoption keeps the final status` | at a re-adopted gate | a re-adopted `finishing` row is gated with another status than the committed one |
+//! | `a folded follow-up keeps its input event` | at each fold | a follow-up is consumed while its `input` event has nowhere to go |
+//! | `only the run's owner takes its workspace` | at each launch | the workspace fence is rewritten by a process that does not own the run |
+//! | `a finish and its successor share no follow-up` | at each finish with a successor | a follow-up is an input of the finished record and of the run admitted for the unread inbox |
 //! | `detached runs run no unrecorded mutating call` | at each mutating effect | a detached run dispatches a call no step record names |
 //! | `detached runs are never resumed` | at each resume | a row marked `detached` is adopted and continued |
 //! | `no record after a fence` | at each final plain put | a generation that lost the run writes its record |
@@ -177,8 +181,14 @@ pub fn tool_effect(w: &mut World, slot: usize, run: &RunData, call: &ToolCall) -
     let key = (run.id.clone(), call.call_id.clone());
     match call.tool.as_str() {
         "mut" => {
-            if run.tracking == crate::run::Tracking::Detached && !recorded_in_ledger(w, run, call) {
-                w.violate("detached runs run no unrecorded mutating call", format!("{} runs {}/{} detached, with no step record naming it", run.gen, run.id, call.call_id));
+            if run.tracking == crate::run::Tracking::Detached {
+                let (recorded, owner) = ledger_view(w, run, call);
+                if !recorded || owner.as_deref() != Some(run.gen.as_str()) {
+                    w.violate(
+                        "detached runs run no unrecorded mutating call",
+                        format!("{} runs {}/{} detached, with no step record naming it or no longer the owner ({owner:?})", run.gen, run.id, call.call_id),
+                    );
+                }
             }
             let fence = w.model.workspace.get(&run.id).cloned();
             let taken_over = fence.as_deref() != Some(run.fence.as_str());
@@ -211,9 +221,12 @@ pub fn tool_effect(w: &mut World, slot: usize, run: &RunData, call: &ToolCall) -
     (true, "ok".into())
 }
 
-fn recorded_in_ledger(w: &World, run: &RunData, call: &ToolCall) -> bool {
-    let last = w.peek().last_step(&run.id).ok().flatten();
-    last.is_some_and(|l| l.in_flight.iter().any(|c| c.call_id == call.call_id))
+/// Whether the ledger's last step record names `call`, and who owns the run's row.
+fn ledger_view(w: &World, run: &RunData, call: &ToolCall) -> (bool, Option<String>) {
+    let mut store = w.peek();
+    let last = store.last_step(&run.id).ok().flatten();
+    let owner = store.get_live(&run.id).ok().flatten().map(|r| r.owner_gen);
+    (last.is_some_and(|l| l.in_flight.iter().any(|c| c.call_id == call.call_id)), owner)
 }
 
 /// The ledger's view at the moment an effect lands: the caller still owns the run, or the call is in the
@@ -253,6 +266,26 @@ fn check_owner(w: &mut World, _slot: usize, run: &RunData, call: &ToolCall) {
     }
 }
 
+/// A finish that admitted a successor: no follow-up is an `input` of both the finished record and the
+/// successor's first events.
+pub fn check_successor_disjoint(w: &mut World, record: &storage::record::RunRecord, successor: &str) {
+    let nonces = |events: &[Value]| -> BTreeSet<usize> {
+        events
+            .iter()
+            .filter(|e| e.get("type").and_then(Value::as_str) == Some("input"))
+            .flat_map(|e| crate::agent::nonces(e.get("text").and_then(Value::as_str).unwrap_or_default()))
+            .collect()
+    };
+    let theirs = nonces(&w.peek().live_events(successor, 0, usize::MAX >> 1).ok().flatten().unwrap_or_default());
+    let both: Vec<usize> = nonces(&record.events).intersection(&theirs).copied().collect();
+    if !both.is_empty() {
+        w.violate(
+            "a finish and its successor share no follow-up",
+            format!("{}'s record and its successor {successor} both hold the input of {both:?}", record.head.id),
+        );
+    }
+}
+
 /// A final record put by `gen` (not through the ledger's finish): the run must not belong to, or have
 /// been closed by, another generation.
 pub fn check_record_writer(w: &mut World, gen: &str, id: &str) {
@@ -287,7 +320,8 @@ pub fn orphan_ages(w: &mut World, slot: usize, mine: &[String]) {
             if *age == 2 {
                 *second = now;
             }
-            // Two sightings make an orphan, re-adopted at once: a third sighting well after is a failure.
+            // Two sightings make an orphan, re-adopted at once: a third sighting well after, with no
+            // re-adoption on its way, is a failure.
             if *age >= 3 && now - *second >= LEASE_MS / 3 {
                 stale.push((id.clone(), *age));
             }
@@ -295,6 +329,13 @@ pub fn orphan_ages(w: &mut World, slot: usize, mine: &[String]) {
         *last = sweep;
     }
     for (id, age) in stale {
+        let adopting = w.tasks.iter().any(|t| {
+            t.at == crate::world::At::Proc { slot, inc }
+                && matches!(&t.kind, crate::world::Kind::Readopt { run } | crate::world::Kind::CloseOrphan { run } if *run == id)
+        });
+        if adopting {
+            continue;
+        }
         let gen = w.procs[slot].gen.clone();
         w.violate("orphan adopted within a sweep", format!("{id} is live under {gen} with no actor for {age} sweeps"));
     }
@@ -324,6 +365,16 @@ pub fn final_checks(w: &mut World) {
                 continue;
             }
         };
+        if w.cfg.trace {
+            let inputs: Vec<String> = record
+                .events
+                .iter()
+                .filter(|e| e.get("type").and_then(Value::as_str) == Some("input"))
+                .map(|e| format!("{}@{}", e.get("text").and_then(Value::as_str).unwrap_or_default(), storage::record::event_seq(e).unwrap_or(0)))
+                .collect();
+            let (status, n) = (record.head.status, record.events.len());
+            w.note(|| format!("record {run} ({thread}): {status:?}, {n} events, inputs {inputs:?}"));
+        }
         let seqs: Vec<u64> = record.events.iter().filter_map(storage::record::event_seq).collect();
         if seqs.windows(2).any(|p| p[0] >= p[1]) || seqs.len() != record.events.len() {
             w.violate("seqs strictly increase", format!("{run}: {seqs:?}"));

@@ -366,6 +366,16 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             spawn_op(w, slot, a, delay, Op::HandOff { write, tracked, since: now, delay: WRITE_RETRY_MS, written: false });
         }
         Effect::Gate { status, answer } => {
+            if a.readopted_finishing {
+                let saved = w.peek().get_live(&a.run_id).ok().flatten().and_then(|r| r.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned));
+                if saved.as_deref().is_some_and(|s| s != status.as_str()) {
+                    let gen = w.procs[slot].gen.clone();
+                    w.violate(
+                        "re-adoption keeps the final status",
+                        format!("{gen} re-adopts {} in finishing and gates it {status:?} although {} is committed: the gate refuses, forever", a.run_id, saved.unwrap_or_default()),
+                    );
+                }
+            }
             let tracking = run_data(a).tracking;
             match tracking {
                 Tracking::Fenced => complete(w, slot, a, Completion::Gate(Written::Fenced)),
@@ -386,7 +396,7 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             let gen = run.gen.clone();
             if !w.webhook {
                 // No webhook: the published answer is the reply.
-                w.model.replied(&a.run_id, &gen, tracked, a.readopted_finishing);
+                w.model.replied(&a.run_id, &gen, tracked || a.readopted_finishing, a.readopted_finishing);
                 check_replies(w, &a.run_id);
             }
             let delay = w.io_latency();
@@ -533,6 +543,13 @@ fn fold(w: &mut World, slot: usize, run: &mut RunData, items: Vec<InboxItem>) {
     for item in items {
         let text = item.message.get("text").and_then(Value::as_str).unwrap_or_default().to_owned();
         let event = json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq});
+        if w.procs[slot].registry.row(&run.id).is_none() && run.tracked() {
+            let (gen, id, seq) = (run.gen.clone(), run.id.clone(), item.seq);
+            w.violate(
+                "a folded follow-up keeps its input event",
+                format!("{gen} folds inbox item {seq} into {id} after its registry row was discarded: the step commits it without its input"),
+            );
+        }
         if w.cfg.bugs.followup_outside_step {
             publish_run(w, slot, run, event);
         } else {
@@ -830,7 +847,7 @@ fn run_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
             }
             let tracked = a.run.as_ref().is_some_and(RunData::tracked);
             let gen = w.procs[slot].gen.clone();
-            w.model.replied(&id, &gen, tracked, a.readopted_finishing);
+            w.model.replied(&id, &gen, tracked || a.readopted_finishing, a.readopted_finishing);
             check_replies(w, &id);
             complete(w, slot, a, Completion::Replied { killed: false, reply: Some((true, None)) });
         }
@@ -856,6 +873,13 @@ fn run_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
 /// tool runs.
 fn promote(w: &mut World, slot: usize, a: &mut Actor, request_text: String) {
     let id = a.run_id.clone();
+    let gen = w.procs[slot].gen.clone();
+    if let Some(owner) = w.peek().get_live(&id).ok().flatten().map(|r| r.owner_gen).filter(|o| *o != gen) {
+        w.violate(
+            "only the run's owner takes its workspace",
+            format!("{gen} takes the workspace fence of {id} before its claim, while {owner} owns the run: the owner's mutating tools are fenced out"),
+        );
+    }
     w.model.take_workspace(&id, &a.fence);
     let (now, delay) = (w.now(), w.io_latency());
     spawn_op(w, slot, a, delay, Op::Claim { request_text, since: now, delay: WRITE_RETRY_MS });
@@ -883,7 +907,8 @@ fn launched(w: &mut World, slot: usize, a: &mut Actor, started: Started) {
 /// Adopt a row this generation owns and continue it from its transcript (`work::resume`).
 fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     let row = ad.row;
-    if row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
+    // A row in `finishing` continues its reply whatever else it records; any other detached row closes.
+    if row.phase != storage::ledger::Phase::Finishing && row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
         let gen = w.procs[slot].gen.clone();
         w.violate("detached runs are never resumed", format!("{gen} resumes {} although its row is marked detached", row.run_id));
     }

@@ -255,16 +255,27 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
             w.model.sweep_started(inc);
             let gen = w.procs[slot].gen.clone();
             let dead: Vec<String> = w.dead_gens.iter().filter(|g| **g != gen).cloned().collect();
-            match w.io(slot, Io::Write, |s, now| s.reclaim(&gen, now, LEASE_MS, &dead)) {
+            let before: Vec<(String, String)> = w.peek().list_live().unwrap_or_default().into_iter().map(|r| (r.run_id, r.owner_gen)).collect();
+            let answer = w.io(slot, Io::Write, |s, now| s.reclaim(&gen, now, LEASE_MS, &dead));
+            // What the reclaim took, whatever this process was told (a lost reply hides it).
+            let after = w.peek().list_live().unwrap_or_default();
+            for row in after.iter().filter(|r| r.owner_gen == gen) {
+                let Some((_, prior)) = before.iter().find(|(id, owner)| *id == row.run_id && *owner != gen) else { continue };
+                let inc = w.procs[slot].inc;
+                let driving = w.procs[slot].actors.values().any(|a| a.run_id == row.run_id)
+                    || w.tasks.iter().any(|t| {
+                        t.at == crate::world::At::Proc { slot, inc }
+                            && matches!(&t.kind, Kind::History { record, via: Via::Ledger { .. }, .. } if record.head.id == row.run_id)
+                    });
+                if driving {
+                    w.violate(
+                        "one driver per run",
+                        format!("{gen} reclaims {} from {prior} while its own earlier actor (or its pending close) still drives it", row.run_id),
+                    );
+                }
+            }
+            match answer {
                 Ok(answer) => {
-                    for r in &answer.taken {
-                        if w.procs[slot].actors.values().any(|a| a.run_id == r.row.run_id) {
-                            w.violate(
-                                "one driver per run",
-                                format!("{gen} reclaims {} from {} while its own earlier actor for it still runs", r.row.run_id, r.prior_owner),
-                            );
-                        }
-                    }
                     if w.cfg.trace && !answer.taken.is_empty() {
                         let ids: Vec<String> = answer.taken.iter().map(|r| format!("{} (from {} {})", r.row.run_id, r.prior_owner, r.prior_phase)).collect();
                         w.note(|| format!("{gen} reclaims {}", ids.join(", ")));
@@ -292,7 +303,7 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
                         st.launches.push(Launch::Restart { row, events, from_gen: None });
                     }
                 }
-                Ok(Fate::Launch(l)) => st.launches.push(*l),
+                Ok(Fate::Launch(l)) => st.launches.push(l),
                 Err(why) => {
                     w.note(|| format!("  {id}: classify or close failed: {why}"));
                     st.failed.push(id);
@@ -342,8 +353,9 @@ fn start_sweep_later(w: &mut World, slot: usize) {
 }
 
 /// What one reclaimed row became.
+#[allow(clippy::large_enum_variant)] // one per reclaimed row, moved once (as `recovery::Fate`)
 enum Fate {
-    Launch(Box<Launch>),
+    Launch(Launch),
     Closed(Option<(LiveRow, Vec<Value>)>),
 }
 
@@ -384,17 +396,17 @@ fn take_row(w: &mut World, slot: usize, r: Reclaimed) -> Result<Fate, String> {
             Fate::Closed(close_row(w, slot, &r.row, events, RunStatus::Interrupted, &reason, true)?)
         }
         decisions::Classification::Restart => {
-            Fate::Launch(Box::new(Launch::Restart { row: r.row, events, from_gen: Some(r.prior_owner) }))
+            Fate::Launch(Launch::Restart { row: r.row, events, from_gen: Some(r.prior_owner) })
         }
         decisions::Classification::Resume(point) => match r.last_step {
-            Some(last_step) => Fate::Launch(Box::new(Launch::Resume(Adoption {
+            Some(last_step) => Fate::Launch(Launch::Resume(Adoption {
                 row: r.row,
                 last_step,
                 transcript,
                 events,
                 point,
                 from_gen: r.prior_owner,
-            }))),
+            })),
             None => Fate::Closed(close_row(w, slot, &r.row, events, RunStatus::Interrupted, "no step record", true)?),
         },
     })
@@ -411,6 +423,18 @@ fn close_row(
     reason: &str,
     with_successor: bool,
 ) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
+    // The workspace fence goes to the closer first, so an old owner that wakes up later cannot write into
+    // the workspace of a run already closed (best effort: a missing workspace keeps no fence).
+    if w.model.workspace_exists(&row.run_id) {
+        let gen = w.procs[slot].gen.clone();
+        if let Some(owner) = w.peek().get_live(&row.run_id).ok().flatten().map(|r| r.owner_gen).filter(|o| *o != gen) {
+            w.violate(
+                "only the run's owner takes its workspace",
+                format!("{gen} takes the workspace fence of {} to close it, while {owner} owns the run", row.run_id),
+            );
+        }
+        w.model.take_workspace(&row.run_id, &format!("{gen}#close"));
+    }
     let meta = meta_from_row(row);
     let now = w.now();
     let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
@@ -464,6 +488,7 @@ pub fn finish_tx(w: &mut World, slot: usize, gen: &str, record: &RunRecord, succ
     if let Some(s) = successor {
         if w.peek().get_live(&s.run_id).ok().flatten().is_some() {
             w.model.started(&s.run_id, &thread);
+            crate::model::check_successor_disjoint(w, record, &s.run_id);
         }
     }
     out
@@ -620,8 +645,9 @@ fn attend(w: &mut World, slot: usize, mine: &[String]) {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // one per re-adoption, moved once
 enum Readoption {
-    Launch(Box<Launch>),
+    Launch(Launch),
     Gone,
     Closed(Option<(LiveRow, Vec<Value>)>),
 }
@@ -642,6 +668,15 @@ fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, S
     let events = w.io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
     let from_gen = Some(gen.clone());
     let has_request = row.meta.get("request").is_some_and(Value::is_object);
+    // A recorded hard stop or a detached row closes exactly as a reclaim would close it.
+    if row.phase != Phase::Finishing {
+        if row.stop == Some(storage::ledger::StopMode::Hard) {
+            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::StoppedHard, "a hard stop was recorded", true)?));
+        }
+        if row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
+            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::DETACHED_REASON, true)?));
+        }
+    }
     if row.phase == Phase::Attaching || last_step.is_none() {
         if !has_request {
             return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON, true)?));
@@ -649,11 +684,11 @@ fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, S
         if w.cfg.bugs.close_unseeded && row.phase != Phase::Attaching {
             return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::NO_STEP_RECORD_REASON, true)?));
         }
-        return Ok(Readoption::Launch(Box::new(Launch::Restart { row, events, from_gen })));
+        return Ok(Readoption::Launch(Launch::Restart { row, events, from_gen }));
     }
     let last_step = last_step.expect("checked above");
     match decisions::completeness(transcript.len() as u64, Some(last_step.cursor())) {
-        Ok(point) => Ok(Readoption::Launch(Box::new(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen: gen })))),
+        Ok(point) => Ok(Readoption::Launch(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen: gen }))),
         Err(reason) => Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, &reason, true)?)),
     }
 }
@@ -666,7 +701,7 @@ fn readopt(w: &mut World, slot: usize, id: String) {
                 return; // an actor came back meanwhile
             }
             w.note(|| format!("  {id}: re-adopted"));
-            run::start(w, slot, *launch);
+            run::start(w, slot, launch);
         }
         Ok(Readoption::Gone) => {
             let p = &mut w.procs[slot];
@@ -741,15 +776,29 @@ fn run_ended(w: &mut World, slot: usize, run: String, reason: StopReason, succes
     }
 }
 
-/// Past the restart policy: close the run `failed` through the finish transaction (`close_failed`).
+/// Past the restart policy: close the run `failed` from its ledger row and live events, as a reclaim
+/// closes a row (`close_failed`); a close that fails leaves an orphan closed at the next sweep.
 fn close_failed(w: &mut World, slot: usize, run: String) {
-    let now = w.now();
-    run::publish(w, slot, &run, json!({"type": "run_failed", "message": "the run failed more often than the restart policy allows"}), true);
-    w.procs[slot].registry.finish(&run, now);
-    let Some(record) = w.procs[slot].registry.build_record(&run, RunStatus::Failed, now, Default::default()) else { return };
-    let successor = Successor { run_id: w.mint_run("s"), lease_ms: LEASE_MS, inbox_consumed: None };
+    w.procs[slot].registry.discard(&run);
     let gen = w.procs[slot].gen.clone();
-    history(w, slot, record, Via::Ledger { gen, successor: Some(successor) }, 0);
+    let closed = (|| -> Result<Option<(LiveRow, Vec<Value>)>, String> {
+        let row = w.io(slot, Io::Read, |s, _| s.get_live(&run)).map_err(|e| e.to_string())?.ok_or("the row is gone")?;
+        if row.owner_gen != gen {
+            return Err("the row is owned elsewhere".to_owned());
+        }
+        run::flush_run(w, slot, &run);
+        let mut events = w.io(slot, Io::Read, |s, _| s.live_events(&run, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
+        let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+        let message = "the run failed more often than the restart policy allows";
+        events.push(json!({"type": "run_failed", "seq": last + 1, "at": w.now(), "message": message}));
+        close_row(w, slot, &row, events, RunStatus::Failed, message, true)
+    })();
+    match closed {
+        Ok(successor) => launch_successor(w, slot, successor),
+        Err(_) => {
+            w.procs[slot].orphans.insert(run, MAX_READOPT_FAILURES);
+        }
+    }
 }
 
 // ---- stop and kill (SPEC §5.6) ----
@@ -857,7 +906,7 @@ fn drain_poll(w: &mut World, slot: usize) {
         if let Some(actor) = w.procs[slot].runs.get(&id).copied() {
             w.spawn_in(slot, 0, Kind::Msg { actor, msg: ActorMsg::Fenced });
         }
-        w.procs[slot].registry.discard(&id);
+        // The run discards its own registry row when it ends (as production does).
     }
     w.spawn_in(slot, 100, Kind::DrainWait);
 }

@@ -407,7 +407,7 @@ impl World {
             if !self.violations.is_empty() {
                 return;
             }
-            if self.quiescing && self.step % 8 == 0 && self.quiet() {
+            if self.quiescing && self.step.is_multiple_of(8) && self.quiet() {
                 break;
             }
         }
@@ -530,16 +530,8 @@ impl World {
     fn client(&mut self, kind: Kind) {
         match kind {
             Kind::Send { msg, waited_since } => crate::supervisor::send(self, msg, waited_since),
-            Kind::Restart { slot } => {
-                if self.procs[slot].status == Status::Down {
-                    self.boot(slot);
-                }
-            }
-            Kind::Resume { slot, inc } => {
-                if self.procs[slot].inc == inc {
-                    self.resume(slot);
-                }
-            }
+            Kind::Restart { slot } if self.procs[slot].status == Status::Down => self.boot(slot),
+            Kind::Resume { slot, inc } if self.procs[slot].inc == inc => self.resume(slot),
             _ => {}
         }
     }

@@ -87,7 +87,8 @@ impl Handler<Drain> for Supervisor {
                 if let Some(run) = act.runs.get(id) {
                     run.do_send(run::Fenced { why: "handed off to the next generation past the handoff budget" });
                 }
-                deps.registry.discard(id);
+                // The run discards its own registry row when it ends: discarding it here, before the run
+                // sees the fence, would drop the `input` event of a follow-up its in-flight step commits.
             }
             if !handed.is_empty() {
                 tracing::info!(generation = deps.gen.as_str(), runs = ?handed, "drain: handed off runs still busy at the budget");
