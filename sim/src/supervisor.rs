@@ -725,6 +725,11 @@ fn close_orphan(w: &mut World, slot: usize, id: String) {
         if row.owner_gen != gen {
             return Ok(Readoption::Gone);
         }
+        // A killed run is purged, never closed (its finish would be refused every sweep).
+        if w.io(slot, Io::Read, |s, _| s.is_killed(&id)).map_err(|e| e.to_string())? {
+            purge_killed(w, slot, &id);
+            return Ok(Readoption::Closed(None));
+        }
         let events = w.io(slot, Io::Read, |s, _| s.live_events(&id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
         w.model.tainted.insert(id.clone());
         let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");

@@ -119,6 +119,11 @@ async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String
     if row.owner_gen != deps.gen.as_str() {
         return Ok(Readoption::Gone);
     }
+    // A killed run is purged, never closed (its finish would be refused at every sweep).
+    if s.is_killed(run_id.to_owned()).await.map_err(|e| e.to_string())? {
+        purge_killed(deps.clone(), run_id.to_owned()).await;
+        return Ok(Readoption::Closed(None));
+    }
     let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
     let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
     Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, &why).await?))
