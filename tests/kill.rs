@@ -389,7 +389,11 @@ fn twenty_random_crashes_leave_one_terminal_record_per_run_and_no_blocked_thread
         assert!(!r.head.provisional);
         // Every message is answered: a crash resumes or restarts its run, never closes it.
         assert_eq!(r.head.status, RunStatus::Completed, "{id}: {:?}", r.events);
-        assert!(r.events.iter().any(|e| e["type"] == "answer" && e["text"] == "done"), "{id}");
+        // Its answer, unless it crashed past its finishing gate (then it closes with the saved status,
+        // delivery unknown, and the answer event may not have reached the ledger).
+        let answered = r.events.iter().any(|e| e["type"] == "answer" && e["text"] == "done");
+        let closed_from_finishing = r.events.iter().any(|e| e["kind"] == "reclaimed" && e["summary"].as_str().is_some_and(|s| s.contains("finishing")));
+        assert!(answered || closed_from_finishing, "{id}: {:?}", r.events);
         assert_contiguous(&r);
         resumed += count(&r.events, "resumed");
         let lines = workspace_lines(&data, id);
