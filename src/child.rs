@@ -33,7 +33,13 @@ impl ChildServer {
     /// directory, if missing). A child that exits or never listens within 60 s is killed and the error
     /// carries the tail of its log.
     pub fn start_logged(exe: &Path, data: &Path, extra_env: &[(&str, &str)], log_file: Option<&Path>) -> anyhow::Result<ChildServer> {
-        let mut cmd = Command::new(exe);
+        Self::start_command(Command::new(exe), data, extra_env, log_file)
+    }
+
+    /// [`ChildServer::start_logged`] with the command line begun by the caller: the executable, or a
+    /// wrapper and then the executable (`strace … switchboard`); `serve` is appended. The child's pid is
+    /// then the wrapper's: ask the server's `/healthz` for its own.
+    pub fn start_command(mut cmd: Command, data: &Path, extra_env: &[(&str, &str)], log_file: Option<&Path>) -> anyhow::Result<ChildServer> {
         cmd.arg("serve")
             .current_dir(data)
             .env("SWITCHBOARD_SERVER__BIND", "127.0.0.1:0")

@@ -325,18 +325,20 @@ pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyh
         .map_err(|e| anyhow::anyhow!("admit the message: {e}"))?;
     let Admitted::Started { run_id, .. } = admitted else { anyhow::bail!("a fresh thread was steered") };
     loop {
-        if let Some((row, events)) = running.registry.snapshot(&run_id) {
-            if let (Some(status), true) = (row.status, row.persisted) {
-                let answer = events.iter().rev().find(|e| e["type"] == "answer");
-                return Ok((status.as_str().to_owned(), answer.and_then(|a| a["text"].as_str()).map(str::to_owned)));
+        match running.registry.row(&run_id) {
+            // Finished but the record did not land: say so rather than wait forever.
+            Some(row) if row.finished_at.is_some() && running.history.pending() == 0 => {
+                anyhow::bail!("run {run_id} finished {:?} but its record did not land", row.status)
             }
-            if row.finished_at.is_some() && running.history.pending() == 0 {
-                // Finished but the record did not land: say so rather than wait forever.
-                anyhow::bail!("run {run_id} finished {:?} but its record did not land", row.status);
+            Some(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+            // The registry forgets a run once its record landed: the store has it from then on.
+            None => {
+                let record = running.storage.get(run_id.clone()).await.context("read the record")?;
+                let record = record.filter(|r| !r.head.provisional);
+                let record = record.with_context(|| format!("run {run_id} ended without a record (fenced)"))?;
+                let answer = record.events.iter().rev().find(|e| e["type"] == "answer");
+                return Ok((record.head.status.as_str().to_owned(), answer.and_then(|a| a["text"].as_str()).map(str::to_owned)));
             }
-        } else {
-            anyhow::bail!("run {run_id} ended without a record (fenced)");
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

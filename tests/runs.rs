@@ -565,3 +565,28 @@ async fn a_run_that_panics_past_the_restart_policy_closes_failed_and_frees_its_t
     let next = post("steps=0 answer=ok").await;
     assert_eq!(next["outcome"], "started", "{next}");
 }
+
+/// Memory follows the live runs, not the history (issue: ~15 KB a finished run held for a minute grew the
+/// server by hundreds of MB under load): a run leaves the registry as soon as its record landed, and is
+/// then served from the store, events and all.
+#[actix_web::test]
+async fn finished_runs_leave_the_registry_once_their_records_land() {
+    let app = TestApp::spawn().await;
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(app.start_run(&format!("mem{i}"), "steps=2 ms=0").await);
+    }
+    for id in &ids {
+        assert_eq!(app.final_record(id).await.head.status, RunStatus::Completed);
+    }
+    let registry = app.running.registry.clone();
+    let emptied = support::wait_until(std::time::Duration::from_secs(10), move || {
+        let registry = registry.clone();
+        async move { registry.rows().is_empty().then_some(()) }
+    })
+    .await;
+    assert!(emptied.is_some(), "finished runs still held: {}", app.running.registry.rows().len());
+    let (status, view) = app.get_json(&format!("/api/runs/{}?include=events", ids[0]), None).await;
+    assert_eq!((status, view["persisted"].as_bool(), view["status"].as_str()), (200, Some(true), Some("completed")), "{view}");
+    assert!(types(view["events"].as_array().expect("events")).contains(&"answer"), "{view}");
+}

@@ -214,13 +214,20 @@ async fn the_index_feed_upserts_live_and_finished_rows_and_removes_a_killed_one(
     }
     assert!(saw_live, "the feed showed the run while it was live");
     app.final_record(&id).await;
-    // Gone from the registry and the store (as a kill leaves it): `removed`.
-    app.running.registry.discard(&id);
-    app.running.storage.delete(id.clone()).await.unwrap();
+    // A live run killed: it goes without a record, so the feed says `removed`.
+    let doomed = app.start_run("t2", "steps=50 ms=400").await;
+    loop {
+        let e = feed.next(WAIT).await.expect("feed open");
+        if e.event == "upsert" && e.data["id"] == doomed.as_str() {
+            break;
+        }
+    }
+    let res = app.client.delete(app.url(&format!("/api/runs/{doomed}"))).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 202);
     loop {
         let e = feed.next(WAIT).await.expect("feed open");
         if e.event == "removed" {
-            assert_eq!(e.data["id"], id.as_str());
+            assert_eq!(e.data["id"], doomed.as_str());
             break;
         }
     }

@@ -499,7 +499,7 @@ impl Run {
         async move {
             let record = record?;
             if let WriteOutcome::Landed(_) = deps.history.write(record, via).landed().await {
-                deps.registry.mark_persisted(&id);
+                deps.registry.landed(&id);
             }
             admitted_successor(&deps, &successor?.run_id).await
         }

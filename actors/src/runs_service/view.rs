@@ -78,7 +78,7 @@ impl RunView {
             stored_event_count: Some(row.stored_event_count),
             truncated: Some(row.truncated),
             stop: row.stop,
-            persisted: row.persisted.then_some(true),
+            persisted: None,
             provisional: None,
             owner_gen: None,
             parent_run_id: m.parent_run_id.clone(),

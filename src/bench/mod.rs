@@ -5,7 +5,6 @@
 //! flags say otherwise. Benchmarks are reports, never gates: nothing here asserts a speed.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -13,12 +12,17 @@ use serde_json::{json, Value};
 use storage::ledger::{Admit, Promotion, StepRecord, Turn};
 use storage::{BackendSpec, StorageHandle, Synchronous};
 
-use crate::Config;
+mod remote;
+mod served;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// `steps`, `runs`, `sse`, `recovery`, `idle` or `all`.
+    /// `steps`, `runs`, `sse`, `recovery`, `idle`, `commits`, `soak` or `all` (every one but `soak`).
     pub scenario: String,
+    /// Drive the server already running at this base URL (`runs`, `sse`, `idle`, `soak`) rather than a
+    /// child this bench starts; its memory and CPU are read from `/proc` when it runs on this machine.
+    #[arg(long)]
+    pub url: Option<String>,
     /// Iterations (runs, steps, crashes, parked runs) for one configuration.
     #[arg(long)]
     pub n: Option<usize>,
@@ -55,36 +59,21 @@ pub(crate) fn report(table: &[(&str, String)], line: Value) {
     println!("{line}");
 }
 
-/// Peak resident memory of this process (KiB), from `/proc/self/status`.
-pub fn peak_rss_kib() -> u64 {
-    status_kib("VmHWM:")
-}
-
-/// Current resident memory of this process (KiB).
-pub fn rss_kib() -> u64 {
-    status_kib("VmRSS:")
-}
-
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
-        .unwrap_or(0)
-}
-
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let scenarios: Vec<&str> = match args.scenario.as_str() {
-        "all" => vec!["steps", "runs", "sse", "recovery", "idle"],
-        s @ ("steps" | "runs" | "sse" | "recovery" | "idle") => vec![s],
-        other => anyhow::bail!("unknown scenario {other:?}: use steps, runs, sse, recovery, idle or all"),
+        "all" => vec!["steps", "runs", "commits", "sse", "recovery", "idle"],
+        s @ ("steps" | "runs" | "commits" | "sse" | "recovery" | "idle" | "soak") => vec![s],
+        other => anyhow::bail!("unknown scenario {other:?}: use steps, runs, commits, sse, recovery, idle, soak or all"),
     };
     for s in scenarios {
         match s {
             "steps" => steps(&args)?,
-            "runs" => runs(&args)?,
-            "sse" => sse(&args)?,
+            "runs" => served::runs(&args)?,
+            "commits" => served::commits(&args)?,
+            "sse" => served::sse(&args)?,
             "recovery" => recovery(&args)?,
-            _ => idle(&args)?,
+            "idle" => served::idle(&args)?,
+            _ => served::soak(&args)?,
         }
     }
     Ok(())
@@ -177,220 +166,6 @@ async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) ->
         out.push(ms(t.elapsed()));
     }
     Ok(out)
-}
-
-/// The committed default configuration over a temp data dir on a free port.
-fn bench_config(dir: &Path) -> anyhow::Result<Config> {
-    let mut config = Config::parse(crate::config::EMBEDDED_NAME, crate::config::EMBEDDED, Vec::new())?;
-    config.server.bind = "127.0.0.1:0".into();
-    config.storage.path = dir.join("switchboard.db");
-    Ok(config)
-}
-
-/// End-to-end short runs through the HTTP admission route until each record has landed.
-fn runs(args: &BenchArgs) -> anyhow::Result<()> {
-    let presets = match (args.n, args.concurrency) {
-        (None, None) => vec![(300, 1), (1000, 16), (2000, 256)],
-        (n, c) => vec![(n.unwrap_or(1000), c.unwrap_or(16))],
-    };
-    for (n, concurrency) in presets {
-        let dir = tempfile::tempdir()?;
-        let config = bench_config(dir.path())?;
-        let (lat, wall) = actix_web::rt::System::new().block_on(async move {
-            let running = crate::start(config).await?;
-            let url = format!("http://{}/api/messages", running.addr);
-            let registry = running.registry.clone();
-            let client = reqwest::Client::new();
-            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let started = Instant::now();
-            let workers: Vec<_> = (0..concurrency)
-                .map(|_| {
-                    let (client, url, registry, next) = (client.clone(), url.clone(), registry.clone(), next.clone());
-                    actix_web::rt::spawn(async move {
-                        let mut lat = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if i >= n {
-                                return Ok::<_, anyhow::Error>(lat);
-                            }
-                            let t = Instant::now();
-                            let body: Value = client
-                                .post(&url)
-                                .json(&json!({"thread": format!("b{i}"), "channel": "bench", "user": "u", "text": "steps=3 ms=0 think_ms=0"}))
-                                .send()
-                                .await?
-                                .json()
-                                .await?;
-                            let id = body["runId"].as_str().context("runId")?.to_owned();
-                            while !registry.row(&id).is_some_and(|r| r.persisted) {
-                                tokio::time::sleep(Duration::from_micros(500)).await;
-                            }
-                            lat.push(ms(t.elapsed()));
-                        }
-                    })
-                })
-                .collect();
-            let mut lat = Vec::new();
-            for w in workers {
-                lat.extend(w.await??);
-            }
-            let wall = started.elapsed();
-            running.stop().await?;
-            Ok::<_, anyhow::Error>((lat, wall))
-        })?;
-        let s = summarize(lat);
-        let rps = n as f64 / wall.as_secs_f64();
-        let rss = peak_rss_kib();
-        report(
-            &[
-                ("scenario", format!("runs (n = {n}, concurrency = {concurrency})")),
-                ("runs/s", format!("{rps:.0}")),
-                ("latency p50 / p99 / max", format!("{:.1} / {:.1} / {:.1} ms", s.p50, s.p99, s.max)),
-                ("peak RSS (server + client)", format!("{:.1} MiB", rss as f64 / 1024.0)),
-            ],
-            json!({"scenario": "runs", "runs_per_s": rps, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
-                "n": n, "concurrency": concurrency, "peak_rss_mib": rss as f64 / 1024.0}),
-        );
-    }
-    Ok(())
-}
-
-/// Resident memory per parked live run: runs waiting on a long tool.
-fn idle(args: &BenchArgs) -> anyhow::Result<()> {
-    let n = args.n.unwrap_or(10_000);
-    let dir = tempfile::tempdir()?;
-    let mut config = bench_config(dir.path())?;
-    config.storage.synchronous = crate::config::SynchronousSetting::Normal;
-    let (before, after, took) = actix_web::rt::System::new().block_on(async move {
-        let running = crate::start(config).await?;
-        let url = format!("http://{}/api/messages", running.addr);
-        let client = reqwest::Client::new();
-        let before = rss_kib();
-        let started = Instant::now();
-        for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
-            let posts = chunk.iter().map(|i| {
-                client
-                    .post(&url)
-                    .json(&json!({"thread": format!("idle{i}"), "channel": "bench", "user": "u", "text": "steps=1 ms=3600000"}))
-                    .send()
-            });
-            for r in futures_util::future::join_all(posts).await {
-                anyhow::ensure!(r?.status().as_u16() == 202, "admission refused");
-            }
-        }
-        // Parked: every run has published its tool call and waits on the tool.
-        while running.registry.rows().iter().filter(|r| r.event_count >= 4).count() < n {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let took = started.elapsed();
-        let after = rss_kib();
-        running.stop().await?;
-        Ok::<_, anyhow::Error>((before, after, took))
-    })?;
-    let per_run = (after.saturating_sub(before)) as f64 * 1024.0 / n as f64;
-    report(
-        &[
-            ("scenario", format!("idle ({n} parked runs)")),
-            ("RSS before / after", format!("{:.1} / {:.1} MiB", before as f64 / 1024.0, after as f64 / 1024.0)),
-            ("per parked run", format!("{:.1} KiB", per_run / 1024.0)),
-            ("admitted and parked in", format!("{:.1} s", took.as_secs_f64())),
-        ],
-        json!({"scenario": "idle", "runs_per_s": n as f64 / took.as_secs_f64(), "p50_ms": 0.0, "p99_ms": 0.0,
-            "max_ms": 0.0, "n": n, "concurrency": 64, "bytes_per_run": per_run}),
-    );
-    Ok(())
-}
-
-/// SSE fan-out: `n` subscribers on one live run while it publishes 2,000 events; delivery lag from
-/// publish to receipt (both clocks are this process's) and memory per subscriber.
-fn sse(args: &BenchArgs) -> anyhow::Result<()> {
-    use futures_util::StreamExt;
-    let subscribers = args.concurrency.unwrap_or(1000);
-    let events = args.n.unwrap_or(2000);
-    let dir = tempfile::tempdir()?;
-    let config = bench_config(dir.path())?;
-    let (lags, per_sub, delivered) = actix_web::rt::System::new().block_on(async move {
-        let running = crate::start(config).await?;
-        let client = reqwest::Client::builder().pool_max_idle_per_host(subscribers + 16).build()?;
-        let body: Value = client
-            .post(format!("http://{}/api/messages", running.addr))
-            .json(&json!({"thread": "sse", "channel": "bench", "user": "u", "text": "steps=1 ms=3600000"}))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let id = body["runId"].as_str().context("runId")?.to_owned();
-        while running.registry.row(&id).is_none_or(|r| r.event_count < 4) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let epoch = Instant::now();
-        let before = rss_kib();
-        let after_seq = running.registry.last_seq(&id).unwrap_or(0);
-        let connected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut readers = Vec::with_capacity(subscribers);
-        for _ in 0..subscribers {
-            let url = format!("http://{}/api/runs/{id}/stream?afterSeq={after_seq}", running.addr);
-            let (client, connected) = (client.clone(), connected.clone());
-            readers.push(actix_web::rt::spawn(async move {
-                let res = client.get(url).send().await?;
-                connected.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let mut stream = res.bytes_stream();
-                let (mut buf, mut lags) = (String::new(), Vec::with_capacity(events));
-                while lags.len() < events {
-                    let Some(chunk) = stream.next().await else { break };
-                    buf.push_str(&String::from_utf8_lossy(&chunk?));
-                    while let Some(end) = buf.find("\n\n") {
-                        let frame: String = buf.drain(..end + 2).collect();
-                        if let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) {
-                            if let Ok(v) = serde_json::from_str::<Value>(data) {
-                                if let Some(sent) = v["sentUs"].as_u64() {
-                                    lags.push((epoch.elapsed().as_micros() as u64).saturating_sub(sent) as f64 / 1000.0);
-                                }
-                            }
-                        }
-                    }
-                }
-                Ok::<_, anyhow::Error>(lags)
-            }));
-        }
-        while connected.load(std::sync::atomic::Ordering::SeqCst) < subscribers {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        // Every stream is registered with the run before the first event is published.
-        while running.registry.subscriber_count() < subscribers {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let per_sub = (rss_kib().saturating_sub(before)) as f64 * 1024.0 / subscribers as f64;
-        for i in 0..events {
-            let sent = epoch.elapsed().as_micros() as u64;
-            running.registry.publish(&id, json!({"type": "note", "kind": "bench", "summary": format!("event {i}"), "sentUs": sent}));
-            // A steady 200 events/s (a busy run), so lag measures delivery rather than a backlog.
-            if i % 10 == 9 {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        let mut lags = Vec::new();
-        let mut delivered = 0;
-        for r in readers {
-            let l = r.await??;
-            delivered += l.len();
-            lags.extend(l);
-        }
-        running.stop().await?;
-        Ok::<_, anyhow::Error>((lags, per_sub, delivered))
-    })?;
-    let s = summarize(lags);
-    report(
-        &[
-            ("scenario", format!("sse ({subscribers} subscribers, {events} events)")),
-            ("delivered", format!("{delivered} of {}", subscribers * events)),
-            ("lag p50 / p99 / max", format!("{:.2} / {:.2} / {:.2} ms", s.p50, s.p99, s.max)),
-            ("memory per subscriber", format!("{:.1} KiB (server + client)", per_sub / 1024.0)),
-        ],
-        json!({"scenario": "sse", "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max, "n": events,
-            "concurrency": subscribers, "delivered": delivered, "bytes_per_subscriber": per_sub}),
-    );
-    Ok(())
 }
 
 /// Crash-to-resumed time over repeated crashes (same-host fast reclaim, then lease expiry), and duplicate

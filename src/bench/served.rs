@@ -1,0 +1,271 @@
+//! The scenarios that measure a served process from outside (SPEC §11): `runs`, `sse`, `idle`, `commits`
+//! and `soak`. Each drives a child `serve` on a temp data dir, or the server at `--url`, from this
+//! process; memory and CPU figures are the server's own.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use super::remote::{runtime, Load, ProcStats, Server};
+use super::{report, summarize, BenchArgs};
+
+/// A short run: three durable steps, no tool latency, no model latency.
+const SHORT_RUN: &str = "steps=3 ms=0 think_ms=0";
+/// Commits a 3-step run needs without a webhook (SPEC §5.2 step 3): admission with the tombstone, the
+/// promotion with the seed, one per step, the finish with the record.
+const CONTRACT_COMMITS_PER_RUN: f64 = 6.0;
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn stats_text(s: Option<ProcStats>) -> String {
+    s.map_or("n/a (server on another machine)".into(), |s| format!("{:.1} MiB (peak {:.1} MiB)", mib(s.rss_kib), mib(s.peak_kib)))
+}
+
+/// End-to-end short runs; server RSS and CPU per run.
+pub(super) fn runs(args: &BenchArgs) -> anyhow::Result<()> {
+    let presets = match (args.n, args.concurrency) {
+        (None, None) => vec![(300, 1), (1000, 16), (2000, 256)],
+        (n, c) => vec![(n.unwrap_or(1000), c.unwrap_or(16))],
+    };
+    let rt = runtime()?;
+    for (n, concurrency) in presets {
+        let load = Load::new(concurrency)?;
+        let server = rt.block_on(Server::open(args.url.as_deref(), &[], &load))?;
+        let before = server.stats();
+        let started = Instant::now();
+        let lat = rt.block_on(load.drive(&server.base, 0..n, concurrency, SHORT_RUN))?;
+        let wall = started.elapsed();
+        let after = server.stats();
+        server.stop()?;
+        let s = summarize(lat);
+        let rps = n as f64 / wall.as_secs_f64();
+        let cpu_ms = before.zip(after).map(|(b, a)| (a.cpu_s - b.cpu_s) * 1000.0 / n as f64);
+        report(
+            &[
+                ("scenario", format!("runs (n = {n}, concurrency = {concurrency})")),
+                ("runs/s", format!("{rps:.0}")),
+                ("latency p50 / p99 / max", format!("{:.2} / {:.2} / {:.2} ms", s.p50, s.p99, s.max)),
+                ("server RSS", stats_text(after)),
+                ("server CPU per run", cpu_ms.map_or("n/a".into(), |c| format!("{c:.2} ms"))),
+            ],
+            json!({"scenario": "runs", "runs_per_s": rps, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
+                "n": n, "concurrency": concurrency, "server_rss_mib": after.map(|a| mib(a.rss_kib)),
+                "server_peak_rss_mib": after.map(|a| mib(a.peak_kib)), "server_cpu_ms_per_run": cpu_ms}),
+        );
+    }
+    Ok(())
+}
+
+/// Commits per run: the server runs under `strace -f -c -e trace=fsync,fdatasync`, once with no run (its
+/// boot and drain) and once with `n` short runs at concurrency 1; the difference over `n` is the count
+/// per run, beside the contract's minimum.
+pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.url.is_none(), "commits counts the fsyncs of a server it starts itself: drop --url");
+    anyhow::ensure!(Command::new("strace").arg("-V").output().is_ok(), "commits needs strace (apt-get install -y strace)");
+    let n = args.n.unwrap_or(200);
+    let rt = runtime()?;
+    let load = Load::new(1)?;
+    let mut fsyncs = Vec::new();
+    for runs in [0, n] {
+        let out = tempfile::NamedTempFile::new()?;
+        let mut cmd = Command::new("strace");
+        cmd.args(["-f", "-c", "-e", "trace=fsync,fdatasync", "-o"]).arg(out.path()).arg(std::env::current_exe()?);
+        let server = rt.block_on(Server::spawn(cmd, &[], &load))?;
+        rt.block_on(load.drive(&server.base, 0..runs, 1, SHORT_RUN))?;
+        server.stop()?;
+        fsyncs.push(count_syncs(&std::fs::read_to_string(out.path())?));
+    }
+    let per_run = (fsyncs[1].saturating_sub(fsyncs[0])) as f64 / n as f64;
+    report(
+        &[
+            ("scenario", format!("commits ({n} runs of 3 steps, concurrency 1)")),
+            ("fsyncs per run", format!("{per_run:.2}")),
+            ("contract minimum", format!("{CONTRACT_COMMITS_PER_RUN} commits")),
+            ("boot and drain alone", format!("{} fsyncs", fsyncs[0])),
+        ],
+        json!({"scenario": "commits", "runs_per_s": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "n": n,
+            "concurrency": 1, "fsyncs_per_run": per_run, "contract_commits_per_run": CONTRACT_COMMITS_PER_RUN,
+            "baseline_fsyncs": fsyncs[0]}),
+    );
+    Ok(())
+}
+
+/// The `calls` column of `strace -c`'s fsync and fdatasync rows.
+fn count_syncs(summary: &str) -> u64 {
+    summary
+        .lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            matches!(cols.last(), Some(&"fsync" | &"fdatasync")).then(|| cols.get(3)?.parse::<u64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// A long soak with `history.max_runs = 1000`: server RSS and the database's size after a tenth, a
+/// quarter, half and all of `n` runs (20,000 by default) at concurrency 16, then after 10 s idle.
+pub(super) fn soak(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.n.unwrap_or(20_000);
+    let concurrency = args.concurrency.unwrap_or(16);
+    let rt = runtime()?;
+    let load = Load::new(concurrency)?;
+    let server = rt.block_on(Server::open(args.url.as_deref(), &[("SWITCHBOARD_HISTORY__MAX_RUNS", "1000")], &load))?;
+    let mut rows = Vec::new();
+    let mut done = 0;
+    let started = Instant::now();
+    for mark in [n / 10, n / 4, n / 2, n] {
+        rt.block_on(load.drive(&server.base, done..mark, concurrency, SHORT_RUN))?;
+        done = mark;
+        rows.push((format!("after {mark} runs"), server.stats(), server.database_bytes()));
+        eprintln!("soak: {mark} of {n} runs in {:.0} s", started.elapsed().as_secs_f64());
+    }
+    std::thread::sleep(Duration::from_secs(10));
+    rows.push(("after 10 s idle".into(), server.stats(), server.database_bytes()));
+    server.stop()?;
+    let rss = |i: usize| rows[i].1.map(|s| s.rss_kib);
+    let ratio = rss(3).zip(rss(0)).map(|(last, first)| last as f64 / first.max(1) as f64);
+    let mut table = vec![("scenario", format!("soak ({n} runs, concurrency {concurrency}, max_runs 1000)"))];
+    let lines: Vec<String> = rows
+        .iter()
+        .map(|(when, s, db)| {
+            let db = db.map_or("n/a".into(), |b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64));
+            format!("{when}: server RSS {}, database {db}", s.map_or("n/a".into(), |s| format!("{:.1} MiB", mib(s.rss_kib))))
+        })
+        .collect();
+    table.extend(lines.iter().map(|l| ("", l.clone())));
+    table.push(("RSS at the end / at the first mark", ratio.map_or("n/a".into(), |r| format!("{r:.2}"))));
+    report(
+        &table,
+        json!({"scenario": "soak", "runs_per_s": n as f64 / started.elapsed().as_secs_f64(), "p50_ms": 0.0,
+            "p99_ms": 0.0, "max_ms": 0.0, "n": n, "concurrency": concurrency,
+            "rss_mib": rows.iter().map(|r| r.1.map(|s| mib(s.rss_kib))).collect::<Vec<_>>(),
+            "database_mib": rows.iter().map(|r| r.2.map(|b| b as f64 / (1 << 20) as f64)).collect::<Vec<_>>(),
+            "rss_ratio": ratio}),
+    );
+    Ok(())
+}
+
+/// Server memory per parked live run: `n` runs waiting on a one-hour tool.
+pub(super) fn idle(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.n.unwrap_or(10_000);
+    let rt = runtime()?;
+    let load = Load::new(64)?;
+    let server = rt.block_on(Server::open(args.url.as_deref(), &[("SWITCHBOARD_STORAGE__SYNCHRONOUS", "normal")], &load))?;
+    let before = server.stats();
+    let started = Instant::now();
+    rt.block_on(async {
+        let mut ids = Vec::with_capacity(n);
+        for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+            let admitted = futures_util::future::join_all(chunk.iter().map(|i| load.admit(&server.base, *i, "steps=1 ms=3600000")));
+            for id in admitted.await {
+                ids.push(id?);
+            }
+        }
+        // Parked: every run has published its tool call and waits on the tool.
+        for id in &ids {
+            loop {
+                let view: Value = load.client.get(format!("{}/api/runs/{id}", server.base)).send().await?.json().await?;
+                if view["eventCount"].as_u64().unwrap_or(0) >= 4 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let took = started.elapsed();
+    let after = server.stats();
+    server.stop()?;
+    let per_run = before.zip(after).map(|(b, a)| (a.rss_kib.saturating_sub(b.rss_kib)) as f64 * 1024.0 / n as f64);
+    report(
+        &[
+            ("scenario", format!("idle ({n} parked runs)")),
+            ("server RSS before / after", format!("{} / {}", stats_text(before), stats_text(after))),
+            ("per parked run", per_run.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0))),
+            ("admitted and parked in", format!("{:.1} s", took.as_secs_f64())),
+        ],
+        json!({"scenario": "idle", "runs_per_s": n as f64 / took.as_secs_f64(), "p50_ms": 0.0, "p99_ms": 0.0,
+            "max_ms": 0.0, "n": n, "concurrency": 64, "bytes_per_run": per_run}),
+    );
+    Ok(())
+}
+
+/// SSE fan-out: `concurrency` subscribers (1,000 by default) on one live run that keeps stepping (a model
+/// call of 10 ms a step); delivery lag is the reader's clock at receipt minus the event's own `at`
+/// (both this machine's wall clock, in milliseconds), over events published after every reader joined.
+pub(super) fn sse(args: &BenchArgs) -> anyhow::Result<()> {
+    let subscribers = args.concurrency.unwrap_or(1000);
+    let seconds = args.n.unwrap_or(10) as u64;
+    let rt = runtime()?;
+    let load = Load::new(subscribers)?;
+    let server = rt.block_on(Server::open(args.url.as_deref(), &[], &load))?;
+    let before = server.stats();
+    let (lags, published, after) = rt.block_on(async {
+        let id = load.admit(&server.base, 0, "steps=1000000 ms=0 think_ms=10").await?;
+        // Readers start after what is published by now, so none replays the run's history.
+        let view: Value = load.client.get(format!("{}/api/runs/{id}", server.base)).send().await?.json().await?;
+        let after_seq = view["eventCount"].as_u64().unwrap_or(0);
+        let connected = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let mut readers = Vec::with_capacity(subscribers);
+        for _ in 0..subscribers {
+            let (client, connected) = (load.client.clone(), connected.clone());
+            let url = format!("{}/api/runs/{id}/stream?afterSeq={after_seq}", server.base);
+            readers.push(tokio::spawn(async move {
+                let res = client.get(url).send().await?;
+                connected.add_permits(1);
+                let mut events = res.bytes_stream().eventsource();
+                let mut seen = Vec::new();
+                while let Some(event) = events.next().await {
+                    let event = event?;
+                    if event.event == "end" {
+                        break;
+                    }
+                    seen.push((now_ms(), event.data));
+                }
+                Ok::<_, anyhow::Error>(seen)
+            }));
+        }
+        let _all = connected.acquire_many(subscribers as u32).await?;
+        let joined = now_ms();
+        let after = server.stats();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let stop = load.client.post(format!("{}/api/runs/{id}/stop", server.base)).json(&json!({"mode": "hard"})).send().await?;
+        anyhow::ensure!(stop.status().as_u16() == 202, "stop answered {}", stop.status());
+        let (mut lags, mut published) = (Vec::new(), std::collections::BTreeSet::new());
+        for r in readers {
+            for (got, data) in r.await?? {
+                let event: Value = serde_json::from_str(&data).context("an event")?;
+                let at = event["at"].as_i64().unwrap_or(0);
+                if at > joined {
+                    lags.push((got - at) as f64);
+                    published.insert(event["seq"].as_u64().unwrap_or(0));
+                }
+            }
+        }
+        Ok::<_, anyhow::Error>((lags, published.len(), after))
+    })?;
+    server.stop()?;
+    let delivered = lags.len();
+    let per_sub = before.zip(after).map(|(b, a)| (a.rss_kib.saturating_sub(b.rss_kib)) as f64 * 1024.0 / subscribers as f64);
+    let s = summarize(lags);
+    report(
+        &[
+            ("scenario", format!("sse ({subscribers} subscribers, {seconds} s of a stepping run)")),
+            ("delivered", format!("{delivered} of {} ({published} events)", published * subscribers)),
+            ("lag p50 / p99 / max", format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max)),
+            ("server memory per subscriber", per_sub.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0))),
+        ],
+        json!({"scenario": "sse", "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
+            "n": published, "concurrency": subscribers, "delivered": delivered, "bytes_per_subscriber": per_sub}),
+    );
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
