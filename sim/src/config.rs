@@ -89,9 +89,8 @@ pub struct Bugs {
     pub no_successor_on_finishing_close: bool,
     /// (c) Mutating workspace tools skip the workspace fence check.
     pub no_workspace_fence: bool,
-    /// (d) A promoted row with no step record (killed before its seed) closes `interrupted` instead of
-    /// restarting from its request.
-    pub close_unseeded: bool,
+    // (d), an unseeded run closed instead of restarted, went with its window: the promotion and the seed
+    // now share one commit, so no promoted row lacks a step record.
     /// (e) The supervisor never re-adopts (or closes) its own orphaned rows.
     pub no_readopt: bool,
 }
@@ -167,7 +166,7 @@ pub struct KnownIssue {
 pub const KNOWN_ISSUES: &[KnownIssue] = &[
     KnownIssue {
         invariant: "no record after a fence",
-        witness: 44,
+        witness: 116,
         what: "a final record written as a plain put replaces the record another generation's finish wrote: the \
          history writer reads the ledger's `UnknownRun` on `finish` as \"my earlier finish committed\" and \
          falls back to a put (a paused owner past its finishing gate, closed meanwhile by a reclaim), and a \
@@ -176,7 +175,7 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
     },
     KnownIssue {
         invariant: "one driver per run",
-        witness: 1,
+        witness: 46,
         what: "a generation may reclaim a row it owned before (another generation took it, then lost it: its \
          lease ran out or it died) while its own old actor for that run is still alive (paused with the \
          process, or retrying a step write through a storage outage) or its restart policy's \
@@ -187,7 +186,7 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
     },
     KnownIssue {
         invariant: "finishing re-adoption never replays the reply",
-        witness: 1859,
+        witness: 1517,
         what: "when the final record's write is lost (the history writer's retries spent during an outage), the row \
          stays `finishing` under the generation, the actor ends `Finished`, and the next sweeps re-adopt the \
          orphan: the resume continues the reply from the saved answer and delivers it a second time — the \
@@ -195,7 +194,7 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
     },
     KnownIssue {
         invariant: "detached runs run no unrecorded mutating call",
-        witness: 25,
+        witness: 44,
         what: "a detached run continues best-effort and dispatches mutating calls with no step record, or on a \
          row another generation owns by then; its one attempt to mark the row detached can lose to a \
          reclaim (the heartbeat stopped, the lease ran out), and the resuming generation asks for the same \
@@ -206,7 +205,7 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
     },
     KnownIssue {
         invariant: "a run past its finishing gate is never resumed",
-        witness: 23954,
+        witness: 31889,
         what: "a reclaim moves a `finishing` row to `live` before it classifies it; since 08953ef the \
          classification closes any row carrying `state.finalStatus`, but re-adoption (`plan_readoption`) \
          does not classify: a generation whose reclaim of a dead owner's finishing row committed while its \
@@ -216,7 +215,7 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
     },
     KnownIssue {
         invariant: "re-adoption keeps the final status",
-        witness: 27948,
+        witness: 3809,
         what: "re-adopting a row in `finishing` starts a fresh machine with `Started::Finish(answer)`, which \
          concludes `completed` (the stop or failure that decided the committed `state.finalStatus` is not \
          carried over); the gate then reads back `stopped_soft` / `stopped_hard` / `failed`, answers \
@@ -225,7 +224,7 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
     },
     KnownIssue {
         invariant: "only the run's owner takes its workspace",
-        witness: 354,
+        witness: 101,
         what: "the workspace fence is rewritten before the ledger confirms ownership: a launch takes it \
          before its claim (`promote`), and since 08953ef a close takes it before its finish (`close_row`). \
          A late launcher (paused between its admission and its launch while another generation restarted \

@@ -21,7 +21,8 @@ use actors::run::machine::{self, Effect, End, Msg, RunState, Started, Written};
 use actors::run::{meta_from_row, Adoption, RecordExtras, Request, StopReason};
 use serde_json::{json, Map, Value};
 use storage::ledger::decisions::{self, ResumePoint, Settlement};
-use storage::ledger::{InFlight, InboxItem, LiveRow, Outcome, Promotion, Refusal, RunLedger, StepRecord, StopMode, Successor, Turn};
+use storage::ledger::{InFlight, InboxItem, LiveRow, Outcome, Promotion, Refusal, RunLedger, StepRecord, StepWrite, StopMode, Successor, Turn};
+use storage::MemoryStore;
 use storage::record::{RunRecord, RunStatus};
 
 use crate::agent as script;
@@ -113,30 +114,15 @@ pub struct Actor {
     readopted_finishing: bool,
 }
 
-/// One step's durable write: its turns, its events and its record.
-#[derive(Debug, Clone)]
-pub struct StepWrite {
-    first_idx: u64,
-    turns: Vec<Turn>,
-    record: StepRecord,
-    events: Vec<Value>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum After {
-    /// The launch's seed write.
-    Seed,
-    /// A step of the loop.
-    Step,
-}
 
 /// One await-point segment of an effect in flight.
 pub enum Op {
     Fresh { request: Request, started_at: i64 },
     Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
     Resume(Adoption),
-    Claim { request_text: String, since: i64, delay: i64 },
-    Write { w: StepWrite, since: i64, delay: i64, after: After },
+    /// The promotion and the seed step, in one commit (`StorageHandle::promote`).
+    Claim { seed: Option<StepWrite>, since: i64, delay: i64 },
+    Write { w: StepWrite, since: i64, delay: i64 },
     Model,
     ReadInbox,
     /// Tool calls one at a time; `out` holds a dispatched call's output until its completion. With
@@ -157,7 +143,7 @@ impl Op {
             Op::Restart { .. } => "launch restart".into(),
             Op::Resume(_) => "launch resume".into(),
             Op::Claim { .. } => "claim".into(),
-            Op::Write { w, after, .. } => format!("durable step {} ({after:?}, {} turns)", w.record.step, w.turns.len()),
+            Op::Write { w, .. } => format!("durable step {} ({} turns)", w.record.step, w.turns.len()),
             Op::Model => "model call".into(),
             Op::ReadInbox => "read inbox".into(),
             Op::Tools { calls, i, out, settle, .. } => match calls.get(*i) {
@@ -324,7 +310,7 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             match durable_step(w, slot, run, turns, &calls) {
                 Some(write) => {
                     let (now, delay) = (w.now(), w.io_latency());
-                    spawn_op(w, slot, a, delay, Op::Write { w: write, since: now, delay: WRITE_RETRY_MS, after: After::Step });
+                    spawn_op(w, slot, a, delay, Op::Write { w: write, since: now, delay: WRITE_RETRY_MS });
                 }
                 None => complete(w, slot, a, Completion::StepWritten(Some(Ok(Ok(()))))),
             }
@@ -596,17 +582,20 @@ fn next_delay(delay: i64) -> i64 {
 }
 
 fn write_step(w: &mut World, slot: usize, run_id: &str, gen: &str, sw: &StepWrite) -> storage::Result<Outcome<()>> {
-    w.io(slot, Io::OwnerWrite, |s, _| {
-        if let Err(refusal) = s.write_transcript(run_id, gen, sw.first_idx, &sw.turns)? {
+    w.io(slot, Io::OwnerWrite, |s, _| step_in(s, run_id, gen, sw))
+}
+
+/// A step's turns, its events and then its record (`StorageHandle::durable_step`'s body).
+fn step_in(s: &mut MemoryStore, run_id: &str, gen: &str, sw: &StepWrite) -> storage::Result<Outcome<()>> {
+    if let Err(refusal) = s.write_transcript(run_id, gen, sw.first_idx, &sw.turns)? {
+        return Ok(Err(refusal));
+    }
+    if !sw.events.is_empty() {
+        if let Err(refusal) = s.append(run_id, gen, &sw.events)? {
             return Ok(Err(refusal));
         }
-        if !sw.events.is_empty() {
-            if let Err(refusal) = s.append(run_id, gen, &sw.events)? {
-                return Ok(Err(refusal));
-            }
-        }
-        s.step(run_id, gen, &sw.record)
-    })
+    }
+    s.step(run_id, gen, &sw.record)
 }
 
 /// Append everything the flusher holds for `run` now (`FlushRun`).
@@ -659,60 +648,39 @@ fn run_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
             promote(w, slot, a, request.text);
         }
         Op::Resume(adoption) => resume(w, slot, a, adoption),
-        Op::Claim { request_text, since, delay } => {
+        Op::Claim { seed, since, delay } => {
             let mut run = a.launching.take().expect("a claim belongs to a launch");
             let (id, gen) = (run.id.clone(), run.gen.clone());
             let mut state = Map::new();
             state.insert("binding".into(), json!({"workspace": format!("ws/{id}")}));
             let promotion = Promotion { system_text: run.system.clone(), tools: json!(script::tool_defs()), state, lease_ms: LEASE_MS };
-            let answer = w.io(slot, Io::OwnerWrite, |s, now| s.claim(&id, &gen, &promotion, now));
+            let answer = w.io(slot, Io::OwnerWrite, |s, now| {
+                let claimed = match s.claim(&id, &gen, &promotion, now)? {
+                    Ok(claimed) => claimed,
+                    Err(refusal) => return Ok(Err(refusal)),
+                };
+                let Some(sw) = &seed else { return Ok(Ok(claimed)) };
+                Ok(step_in(s, &id, &gen, sw)?.map(|()| claimed))
+            });
             let answer = match retried(w, answer, since, delay) {
                 Ok(answer) => answer,
                 Err(d) => {
                     a.launching = Some(run);
-                    return spawn_op(w, slot, a, d, Op::Claim { request_text, since, delay: next_delay(d) });
+                    return spawn_op(w, slot, a, d, Op::Claim { seed, since, delay: next_delay(d) });
                 }
             };
-            match settle(w, slot, &mut run, "promotion", answer) {
-                Written::Ok => {
-                    // Seed: the first model call's messages and the step-0 record, in one commit.
-                    let seed = vec![agent::system_turn(&run.system), agent::user_turn(&request_text)];
-                    let write = durable_step(w, slot, &mut run, seed, &[]);
-                    a.launching = Some(run);
-                    match write {
-                        Some(sw) => {
-                            let (now, d) = (w.now(), w.io_latency());
-                            spawn_op(w, slot, a, d, Op::Write { w: sw, since: now, delay: WRITE_RETRY_MS, after: After::Seed });
-                        }
-                        None => seeded(w, slot, a, Written::Ok),
-                    }
-                }
-                Written::Fenced => {
-                    a.launching = Some(run);
-                    launched(w, slot, a, Started::Fenced)
-                }
-                Written::Lost => {
-                    a.launching = Some(run);
-                    launched(w, slot, a, Started::Lost)
-                }
-            }
+            let written = settle(w, slot, &mut run, "promotion", answer);
+            a.launching = Some(run);
+            seeded(w, slot, a, written);
         }
-        Op::Write { w: sw, since, delay, after } => {
+        Op::Write { w: sw, since, delay } => {
             let (id, gen) = (a.run_id.clone(), w.procs[slot].gen.clone());
             let answer = write_step(w, slot, &id, &gen, &sw);
             let answer = match retried(w, answer, since, delay) {
                 Ok(answer) => answer,
-                Err(d) => return spawn_op(w, slot, a, d, Op::Write { w: sw, since, delay: next_delay(d), after }),
+                Err(d) => return spawn_op(w, slot, a, d, Op::Write { w: sw, since, delay: next_delay(d) }),
             };
-            match after {
-                After::Step => complete(w, slot, a, Completion::StepWritten(answer)),
-                After::Seed => {
-                    let mut run = a.launching.take().expect("a seed belongs to a launch");
-                    let written = settle(w, slot, &mut run, "step record", answer);
-                    a.launching = Some(run);
-                    seeded(w, slot, a, written);
-                }
-            }
+            complete(w, slot, a, Completion::StepWritten(answer));
         }
 
         // ---- the loop ----
@@ -881,8 +849,13 @@ fn promote(w: &mut World, slot: usize, a: &mut Actor, request_text: String) {
         );
     }
     w.model.take_workspace(&id, &a.fence);
+    // The seed (the first model call's messages and the step-0 record) commits with the promotion.
+    let seed = a.launching.as_mut().and_then(|run| {
+        let turns = vec![agent::system_turn(&run.system), agent::user_turn(&request_text)];
+        durable_step(w, slot, run, turns, &[])
+    });
     let (now, delay) = (w.now(), w.io_latency());
-    spawn_op(w, slot, a, delay, Op::Claim { request_text, since: now, delay: WRITE_RETRY_MS });
+    spawn_op(w, slot, a, delay, Op::Claim { seed, since: now, delay: WRITE_RETRY_MS });
 }
 
 /// The seed write answered: the launch is over (`promote`'s tail).

@@ -378,10 +378,7 @@ fn take_row(w: &mut World, slot: usize, r: Reclaimed) -> Result<Fate, String> {
         last_step: r.last_step.as_ref().map(|s| s.cursor()),
     };
     let events = w.io(slot, Io::Read, |s, _| s.live_events(&id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
-    let mut class = decisions::classify(&input);
-    if w.cfg.bugs.close_unseeded && matches!(r.prior_phase, Phase::Live | Phase::Handoff) && r.last_step.is_none() {
-        class = decisions::Classification::CloseInterrupted { reason: decisions::NO_STEP_RECORD_REASON.to_owned() };
-    }
+    let class = decisions::classify(&input);
     w.note(|| format!("  {id}: {class:?}"));
     Ok(match class {
         decisions::Classification::CloseFinal { status } => {
@@ -680,9 +677,6 @@ fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, S
     if row.phase == Phase::Attaching || last_step.is_none() {
         if !has_request {
             return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON, true)?));
-        }
-        if w.cfg.bugs.close_unseeded && row.phase != Phase::Attaching {
-            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::NO_STEP_RECORD_REASON, true)?));
         }
         return Ok(Readoption::Launch(Launch::Restart { row, events, from_gen }));
     }

@@ -93,11 +93,6 @@ fn bug_c_effects_after_a_fence_are_found() {
 }
 
 #[test]
-fn bug_d_a_run_killed_before_its_seed_closed_instead_of_restarted_is_found() {
-    finds(Bugs { close_unseeded: true, ..Bugs::default() }, &["accepted messages get answered"]);
-}
-
-#[test]
 fn bug_e_orphaned_rows_never_readopted_are_found() {
     // Without permanent faults, so the orphan is a run whose storage came back (not a detached row).
     let mut config = SimConfig::default().with_bugs(Bugs { no_readopt: true, ..Bugs::default() });

@@ -17,7 +17,7 @@ use crate::actor::{atomic, Backend, BackendSpec, Mailbox};
 use crate::clock::Clock;
 use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
-    Promotion, PruneReport, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Successor, TableRows, Turn,
+    Promotion, PruneReport, ReclaimAnswer, StepRecord, StepWrite, StopAnswer, StopMode, Successor, TableRows, Turn,
 };
 use crate::readers::ReadPool;
 use crate::record::{RunListItem, RunRecord, RunStatus};
@@ -245,19 +245,23 @@ impl StorageHandle {
         record: StepRecord,
         events: Vec<serde_json::Value>,
     ) -> Result<Outcome<()>> {
-        self.transact(move |b, _| {
+        let write = StepWrite { first_idx, turns, record, events };
+        self.transact(move |b, _| atomic(b, |b| step_in(b, &run_id, &gen, &write), |out| out.is_ok())).await
+    }
+
+    /// Promote the reserved row and write the seed step (SPEC §5.2 steps 4–5, which §5.2 step 3 allows
+    /// to share one commit): the run is resumable exactly when its seed is durable. Re-running it after
+    /// an uncertain answer is harmless: a re-claim keeps the row, and the same turns rewrite as they were.
+    pub async fn promote(&self, run_id: String, gen: String, promotion: Promotion, seed: StepWrite) -> Result<Outcome<Claimed>> {
+        self.transact(move |b, now| {
             atomic(
                 b,
                 |b| {
-                    if let Err(refusal) = b.write_transcript(&run_id, &gen, first_idx, &turns)? {
-                        return Ok(Err(refusal));
-                    }
-                    if !events.is_empty() {
-                        if let Err(refusal) = b.append(&run_id, &gen, &events)? {
-                            return Ok(Err(refusal));
-                        }
-                    }
-                    b.step(&run_id, &gen, &record)
+                    let claimed = match b.claim(&run_id, &gen, &promotion, now)? {
+                        Ok(claimed) => claimed,
+                        Err(refusal) => return Ok(Err(refusal)),
+                    };
+                    Ok(step_in(b, &run_id, &gen, &seed)?.map(|()| claimed))
                 },
                 |out| out.is_ok(),
             )
@@ -367,8 +371,11 @@ impl StorageHandle {
         self.transact(move |b, _| b.purge(&run_id)).await
     }
 
+    /// Through the storage actor's queue, not a reader: the check a run makes right before its webhook
+    /// attempt then sees every kill this process queued before it (a reader might run ahead of a kill
+    /// still waiting for its commit).
     pub async fn is_killed(&self, run_id: String) -> Result<bool> {
-        self.read(move |b, _| b.is_killed(&run_id)).await
+        self.transact(move |b, _| b.is_killed(&run_id)).await
     }
 
     pub async fn live_events(&self, run_id: String, after_seq: u64, limit: usize) -> Result<Option<Vec<serde_json::Value>>> {
@@ -532,4 +539,17 @@ fn finish_in(
         },
         |out| out.is_ok(),
     )
+}
+
+/// A step's turns, its events and then its record, in that order (the body of [`StorageHandle::durable_step`]).
+fn step_in(b: &mut dyn Backend, run_id: &str, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
+    if let Err(refusal) = b.write_transcript(run_id, gen, write.first_idx, &write.turns)? {
+        return Ok(Err(refusal));
+    }
+    if !write.events.is_empty() {
+        if let Err(refusal) = b.append(run_id, gen, &write.events)? {
+            return Ok(Err(refusal));
+        }
+    }
+    b.step(run_id, gen, &write.record)
 }

@@ -241,7 +241,7 @@ enum Completion {
     HandedOff(bool),
     Finishing(Gate),
     Replied(Delivery),
-    Finish(Option<(LiveRow, Vec<Value>)>),
+    Finish(work::Recorded),
     Panicked(String),
 }
 
@@ -518,7 +518,8 @@ impl Handler<Done> for RunActor {
                 self.run().reply = reply;
                 Msg::Replied { killed: false, failed }
             }
-            Completion::Finish(successor) => {
+            Completion::Finish(work::Recorded::Fenced) => return self.end(End::Fenced, None, ctx),
+            Completion::Finish(work::Recorded::Ended(successor)) => {
                 let (next, effects) = machine::transition(&self.state, &Msg::Recorded);
                 self.state = next;
                 for effect in effects {

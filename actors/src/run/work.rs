@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::decisions::{self, ResumePoint, Settlement};
-use storage::ledger::{InFlight, InboxItem, LiveRow, Outcome, Promotion, Refusal, StepRecord, Successor, Turn};
+use storage::ledger::{InFlight, InboxItem, LiveRow, Outcome, Promotion, Refusal, StepRecord, StepWrite, Successor, Turn};
 use storage::record::RunStatus;
 
 use super::machine::{Started, Written};
@@ -231,6 +231,16 @@ impl Run {
     /// in one commit (the record is never durable without its turns; the tools run only after both).
     /// The transcript in memory moves on at once; `None` when there is nothing to write (untracked).
     pub fn durable_step(&mut self, new: Vec<Turn>, calls: &[ToolCall]) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static> {
+        let w = self.step_write(new, calls)?;
+        let (s, id, gen, lease_ms) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone(), self.deps.lease_ms);
+        Some(async move {
+            retry_transient(lease_ms, || s.durable_step(id.clone(), gen.clone(), w.first_idx, w.turns.clone(), w.record.clone(), w.events.clone())).await
+        })
+    }
+
+    /// What [`Run::durable_step`] writes; the transcript in memory moves on at once. `None` when the run
+    /// writes nothing (untracked).
+    fn step_write(&mut self, new: Vec<Turn>, calls: &[ToolCall]) -> Option<StepWrite> {
         let first_idx = self.turn_count;
         self.turn_count += new.len() as u64;
         self.turns.extend(new.iter().cloned());
@@ -238,11 +248,7 @@ impl Run {
         if !self.tracked() {
             return None;
         }
-        let record = self.step_record(calls);
-        let (s, id, gen, lease_ms) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone(), self.deps.lease_ms);
-        Some(async move {
-            retry_transient(lease_ms, || s.durable_step(id.clone(), gen.clone(), first_idx, new.clone(), record.clone(), events.clone())).await
-        })
+        Some(StepWrite { first_idx, turns: new, record: self.step_record(calls), events })
     }
 
     /// The current step's `assistant` event, with the model and its usage when the agent reported it.
@@ -479,7 +485,9 @@ impl Run {
 
     /// The final record through the ledger's finish, which admits the successor for unread follow-ups
     /// in the same transaction (SPEC §5.2 step 8); answers that successor when it was admitted here.
-    pub fn record(&self, status: RunStatus) -> impl std::future::Future<Output = Option<(LiveRow, Vec<Value>)>> + 'static {
+    /// Answers [`Recorded::Fenced`] when the ledger refused the finish (killed meanwhile, or owned by
+    /// another generation): the run then ends fenced, and a killed one is purged.
+    pub fn record(&self, status: RunStatus) -> impl std::future::Future<Output = Recorded> + 'static {
         let finished_at = self.now();
         self.deps.registry.finish(&self.id, status, finished_at);
         self.deps.metrics.run_finished(status.as_str());
@@ -497,13 +505,28 @@ impl Run {
         };
         let (deps, id) = (self.deps.clone(), self.id.clone());
         async move {
-            let record = record?;
-            if let WriteOutcome::Landed(_) = deps.history.write(record, via).landed().await {
-                deps.registry.landed(&id);
+            let Some(record) = record else { return Recorded::Ended(None) };
+            match deps.history.write(record, via).landed().await {
+                WriteOutcome::Landed(_) | WriteOutcome::Reconciled => deps.registry.landed(&id),
+                // Killed, or another generation owns the run: this process serves it no longer.
+                WriteOutcome::Fenced => return Recorded::Fenced,
+                // Kept (and served from here) for its TTL: the store does not have it.
+                WriteOutcome::StoodDown | WriteOutcome::Lost(_) => {}
             }
-            admitted_successor(&deps, &successor?.run_id).await
+            match successor {
+                Some(s) => Recorded::Ended(admitted_successor(&deps, &s.run_id).await),
+                None => Recorded::Ended(None),
+            }
         }
     }
+}
+
+/// How the final record went.
+pub(super) enum Recorded {
+    /// Written (or kept here when the store would not take it), with the successor it admitted.
+    Ended(Option<(LiveRow, Vec<Value>)>),
+    /// The ledger refused the finish: killed meanwhile, or another generation owns the run.
+    Fenced,
 }
 
 /// What the finishing gate answered; `Detach` when a permanent storage error detached the run (it then
@@ -641,8 +664,20 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     let mut state = Map::new();
     state.insert("binding".into(), json!({"workspace": run.workspace.display().to_string()}));
     let promotion = Promotion { system_text: run.system.clone(), tools: json!(run.tool_defs), state, lease_ms: run.deps.lease_ms };
+    // The promotion and the seed (the first model call's messages and the step-0 record) share one
+    // commit: the run is resumable exactly when its seed is durable.
+    let seed = run.step_write(vec![agent::system_turn(&run.system), agent::user_turn(request_text)], &[]);
+    let seeded = seed.is_some();
     let (s, id, gen) = (run.deps.storage.clone(), run.id.clone(), run.gen.clone());
-    let claim = || s.claim(id.clone(), gen.clone(), promotion.clone());
+    let claim = || {
+        let (s, id, gen, promotion, seed) = (s.clone(), id.clone(), gen.clone(), promotion.clone(), seed.clone());
+        async move {
+            match seed {
+                Some(seed) => s.promote(id, gen, promotion, seed).await,
+                None => s.claim(id, gen, promotion).await,
+            }
+        }
+    };
     let mut answer = claim().await;
     for delay in CLAIM_RETRIES {
         if !answer.as_ref().is_err_and(storage::Error::is_transient) {
@@ -656,20 +691,10 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     } else {
         Some(answer)
     };
-    match run.settle("promotion", answer) {
-        Written::Ok => {}
-        Written::Fenced => return Launched::Run(Box::new(run), Started::Fenced),
-        Written::Lost => return Launched::Run(Box::new(run), Started::Lost),
+    let written = run.settle("promotion", answer);
+    if seeded && matches!(written, Written::Ok) {
+        run.deps.metrics.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed); // the seed's step record
     }
-    // Seed: the first model call's messages and the step-0 record, in one commit.
-    let seed = vec![agent::system_turn(&run.system), agent::user_turn(request_text)];
-    let written = match run.durable_step(seed, &[]) {
-        Some(write) => {
-            let answer = write.await;
-            run.settle("step record", answer)
-        }
-        None => Written::Ok,
-    };
     run.turns.remove(0); // `turns` holds what follows the system turn
     let started = match written {
         Written::Ok => Started::Continue,

@@ -178,6 +178,15 @@ pub enum Claimed {
 }
 
 /// A tool call a step is about to dispatch.
+/// One step's durable write: its transcript turns from `first_idx`, its events, then its record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepWrite {
+    pub first_idx: u64,
+    pub turns: Vec<Turn>,
+    pub record: StepRecord,
+    pub events: Vec<Value>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InFlight {
