@@ -155,7 +155,7 @@ impl Run {
     /// Another generation owns the row: stop writing and renewing.
     pub fn fence(&mut self) {
         if self.tracking != Tracking::Fenced {
-            self.deps.metrics.fences.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.deps.metrics.fences.inc();
             tracing::warn!(run_id = %self.id, generation = %self.gen, "fenced: another generation owns the run");
             self.tracking = Tracking::Fenced;
             self.deps.heartbeat.do_send(crate::heartbeat::Untrack(self.id.clone()));
@@ -194,7 +194,7 @@ impl Run {
         match answer {
             Ok(Ok(_)) => {
                 if what == "step record" {
-                    self.deps.metrics.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.deps.metrics.steps.inc();
                 }
                 Written::Ok
             }
@@ -240,8 +240,15 @@ impl Run {
         }
         let record = self.step_record(calls);
         let (s, id, gen, lease_ms) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone(), self.deps.lease_ms);
+        let metrics = self.deps.metrics.clone();
         Some(async move {
-            retry_transient(lease_ms, || s.durable_step(id.clone(), gen.clone(), first_idx, new.clone(), record.clone(), events.clone())).await
+            let started = Instant::now();
+            let answer =
+                retry_transient(lease_ms, || s.durable_step(id.clone(), gen.clone(), first_idx, new.clone(), record.clone(), events.clone())).await;
+            if answer.is_some() {
+                metrics.step_commit(started.elapsed()); // storage answered (committed or refused) within the lease
+            }
+            answer
         })
     }
 
@@ -305,6 +312,7 @@ impl Run {
         let (agent, system, defs, turns, pending) =
             (self.agent.clone(), self.system.clone(), self.tool_defs.clone(), self.turns.clone(), self.pending.clone());
         let (deps, id, tracked, step, deadline) = (self.deps.clone(), self.id.clone(), self.tracked(), self.step + 1, self.deadline);
+        let agent_name = self.meta.agent.clone();
         async move {
             let items = match inbox {
                 Some(read) => read.await,
@@ -346,6 +354,7 @@ impl Run {
                 tokio::time::sleep(wait).await;
                 attempt += 1;
             };
+            deps.metrics.model_call(&agent_name, agent.agent.model(), started.elapsed());
             (items, reply, started.elapsed().as_millis() as u64)
         }
     }
@@ -483,6 +492,10 @@ impl Run {
         let finished_at = self.now();
         self.deps.registry.finish(&self.id, status, finished_at);
         self.deps.metrics.run_finished(status.as_str());
+        if let Some(row) = self.deps.registry.row(&self.id) {
+            let took = Duration::from_millis(u64::try_from(finished_at - row.started_at).unwrap_or(0));
+            self.deps.metrics.run_duration(status.as_str(), took);
+        }
         let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
         let extras = RecordExtras { reply: self.reply.clone(), diagnosis: Some(self.diagnosis()), step_count: Some(self.step), usage, ..Default::default() };
         let record = build_record(&self.deps, &self.id, status, finished_at, extras);
@@ -557,7 +570,11 @@ impl ToolRunner {
         self.publish(json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
             "summary": summarize(&self.deps, &call.args.to_string()), "step": self.step}));
         let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
-        let output = match self.deps.tools.get(&call.tool).filter(|_| allowed) {
+        let started = Instant::now();
+        let tool = self.deps.tools.get(&call.tool).filter(|_| allowed);
+        // The label is a configured tool's name, never a name a model made up.
+        let label = if tool.is_some() { call.tool.as_str() } else { "not_available" };
+        let output = match tool {
             Some(tool) => {
                 let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.fence.clone() };
                 let claim = if tool.def().side_effect_free {
@@ -574,6 +591,7 @@ impl ToolRunner {
             }
             None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
         };
+        self.deps.metrics.tool_call(label, started.elapsed());
         self.publish(json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
             "summary": summarize(&self.deps, &output.output), "step": self.step}));
         ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: output.ok, output: output.output }
