@@ -207,7 +207,7 @@ impl Metrics {
         r.register_with_unit("switchboard_run_duration", "Run duration from start to finish, by final status", Unit::Seconds, run_duration.clone());
         r.register_with_unit("switchboard_step_commit", "Durable step write latency (turns, events and step record in one commit)", Unit::Seconds, step_commit.clone());
         r.register_with_unit("switchboard_model_call", "Model call latency (retries included), by agent and model", Unit::Seconds, model_call.clone());
-        r.register_with_unit("switchboard_tool_call", "Tool call latency, by tool", Unit::Seconds, tool_call.clone());
+        r.register_with_unit("switchboard_tool_call", "Tool call latency (its workspace claim included), by tool", Unit::Seconds, tool_call.clone());
         r.register_with_unit("switchboard_http_request_duration", "HTTP request latency until the response head, by route pattern and status class", Unit::Seconds, http_request.clone());
         r.register_collector(Box::new(sampled.clone()));
         let event_batch_failures = sampled.event_batch_failures.clone();
@@ -256,7 +256,7 @@ impl Metrics {
         self.model_call.get_or_create(&ModelLabels { agent: agent.to_owned(), model: model.to_owned() }).observe(took.as_secs_f64());
     }
 
-    /// One tool call, by the tool's configured name (`not_available` for a tool the agent may not call).
+    /// One tool call (from its workspace claim to its output), by the tool's configured name (`not_available` for a tool the agent may not call).
     pub fn tool_call(&self, tool: &str, took: Duration) {
         self.tool_call.get_or_create(&ToolLabel { tool: tool.to_owned() }).observe(took.as_secs_f64());
     }
