@@ -207,7 +207,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         .await
         .context("connect the external tools")?;
     let tools = tools.with_external(external).context("add the external tools")?;
-    let metrics = actors::metrics::Metrics::shared();
+    let metrics = actors::metrics::Metrics::shared(VERSION);
     let operations = actors::operations::OperationCoordinator::new(clock.clone());
     // Sessions are capped even when no other call comes in to notice.
     operations.spawn_session_reaper(Duration::from_secs(30));

@@ -19,7 +19,9 @@
 //!   HTML answers also carry [`crate::routes::html::content_security_policy`];
 //! - an error that is neither JSON nor an HTML page (actix's own answers: an extractor's 413, a bare 405
 //!   or 404) is rewritten to `{error, message}` with the same status and headers;
-//! - one debug log line: method, route pattern, status, latency.
+//! - one debug log line: method, route pattern, status, latency; the same latency (until the response
+//!   head: an SSE stream counts until it starts) goes to `switchboard_http_request_duration_seconds` by
+//!   route pattern and status class.
 //!
 //! # Design
 //! The threat is the operator's own browser. Dev bypass trusts a loopback peer, and any page the operator
@@ -32,7 +34,10 @@
 //! header is read, never `X-Forwarded-Host` (a same-origin page may set that one freely).
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
+
+use actors::metrics::Metrics;
 
 use actix_web::body::BoxBody;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse, Transform};
@@ -230,11 +235,12 @@ pub fn finish(res: ServiceResponse) -> ServiceResponse {
 #[derive(Clone)]
 pub struct Edge {
     checks: Rc<Checks>,
+    metrics: Arc<Metrics>,
 }
 
 impl Edge {
-    pub fn new(checks: Checks) -> Self {
-        Edge { checks: Rc::new(checks) }
+    pub fn new(checks: Checks, metrics: Arc<Metrics>) -> Self {
+        Edge { checks: Rc::new(checks), metrics }
     }
 }
 
@@ -250,13 +256,14 @@ where
     type Future = Ready<Result<Self::Transform, ()>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
-        ready(Ok(EdgeService { service, checks: self.checks.clone() }))
+        ready(Ok(EdgeService { service, checks: self.checks.clone(), metrics: self.metrics.clone() }))
     }
 }
 
 pub struct EdgeService<S> {
     service: S,
     checks: Rc<Checks>,
+    metrics: Arc<Metrics>,
 }
 
 impl<S> Service<ServiceRequest> for EdgeService<S>
@@ -276,26 +283,30 @@ where
         if let Err(refusal) = self.checks.check(req.request()) {
             tracing::debug!(method = %req.method(), path = req.path(), error = %refusal, "refused at the edge");
             let res = finish(req.error_response(refusal));
-            log(&res, started);
+            log(&res, started, &self.metrics);
             return Box::pin(ready(Ok(res)));
         }
         let fut = self.service.call(req);
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             // Routes answer their own errors; an `Err` here is actix's, and it renders it.
             let res = finish(fut.await?);
-            log(&res, started);
+            log(&res, started, &metrics);
             Ok(res)
         })
     }
 }
 
-/// The per-request debug line: method, route pattern, status, latency.
-fn log(res: &ServiceResponse, started: Instant) {
+/// The per-request debug line (method, route pattern, status, latency) and its latency histogram.
+fn log(res: &ServiceResponse, started: Instant, metrics: &Metrics) {
+    let took = started.elapsed();
+    let route = res.request().match_pattern();
+    metrics.http_request(route.as_deref(), res.status().as_u16(), took);
     tracing::debug!(
         method = %res.request().method(),
-        route = res.request().match_pattern().as_deref().unwrap_or("-"),
+        route = route.as_deref().unwrap_or("-"),
         status = res.status().as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1e3,
+        latency_ms = took.as_secs_f64() * 1e3,
         "request"
     );
 }

@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`configure`]: mounts every route on an actix-web `ServiceConfig`, inside the edge middleware;
 //!   `/`, `/healthz`, `/readyz`, `/metrics` live here.
+//! - [`openapi`]: `GET /api/openapi.json`, generated with `utoipa` from the handlers' annotations.
 //! - [`edge`]: the one middleware every request passes — cross-site protection, the dev-bypass Host
 //!   check, security headers, JSON errors.
 //! - [`auth`]: principals, scopes, the dev bypass.
@@ -16,6 +17,7 @@
 pub mod auth;
 pub mod edge;
 pub mod error;
+pub mod openapi;
 pub mod routes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,16 +67,18 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         let checks = edge::Checks::new(state.auth.dev_bypass, &state.public_base_url);
+        let edge = edge::Edge::new(checks, state.metrics.clone());
         cfg.app_data(web::Data::new(state.plans.clone()))
             .app_data(web::Data::new(state))
             .app_data(web::PayloadConfig::new(routes::runs::BODY_LIMIT))
             .service(
                 web::scope("")
-                    .wrap(edge::Edge::new(checks))
+                    .wrap(edge)
                     .service(routes::resource("/", "GET").route(web::get().to(root)))
                     .service(routes::resource("/healthz", "GET").route(web::get().to(healthz)))
                     .service(routes::resource("/readyz", "GET").route(web::get().to(readyz)))
                     .service(routes::resource("/metrics", "GET").route(web::get().to(metrics)))
+                    .service(routes::resource("/api/openapi.json", "GET").route(web::get().to(openapi::openapi_json)))
                     .configure(routes::messages::configure)
                     .configure(routes::runs::configure)
                     .configure(routes::api::configure)
@@ -170,7 +174,7 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     res.set_body(actix_web::body::BoxBody::new(body.to_string()))
 }
 
-/// `GET /metrics`: Prometheus text.
+/// `GET /metrics`: Prometheus text (format 0.0.4), see [`actors::metrics`].
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let live_runs = state.registry.rows().iter().filter(|r| r.finished_at.is_none()).count() as u64;
     let observed = actors::metrics::Observed {
@@ -178,5 +182,5 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         sse_subscribers: state.registry.subscriber_count() as u64,
         history_write_failures: state.history.failures(),
     };
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render(observed))
+    HttpResponse::Ok().content_type(actors::metrics::CONTENT_TYPE).body(state.metrics.render(observed))
 }

@@ -155,7 +155,7 @@ impl Run {
     /// Another generation owns the row: stop writing and renewing.
     pub fn fence(&mut self) {
         if self.tracking != Tracking::Fenced {
-            self.deps.metrics.fences.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.deps.metrics.fences.inc();
             tracing::warn!(run_id = %self.id, generation = %self.gen, "fenced: another generation owns the run");
             self.tracking = Tracking::Fenced;
             self.deps.heartbeat.do_send(crate::heartbeat::Untrack(self.id.clone()));
@@ -194,7 +194,7 @@ impl Run {
         match answer {
             Ok(Ok(_)) => {
                 if what == "step record" {
-                    self.deps.metrics.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.deps.metrics.steps.inc();
                 }
                 Written::Ok
             }
@@ -233,8 +233,15 @@ impl Run {
     pub fn durable_step(&mut self, new: Vec<Turn>, calls: &[ToolCall]) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static> {
         let w = self.step_write(new, calls)?;
         let (s, id, gen, lease_ms) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone(), self.deps.lease_ms);
+        let metrics = self.deps.metrics.clone();
         Some(async move {
-            retry_transient(lease_ms, || s.durable_step(id.clone(), gen.clone(), w.first_idx, w.turns.clone(), w.record.clone(), w.events.clone())).await
+            let started = Instant::now();
+            let answer =
+                retry_transient(lease_ms, || s.durable_step(id.clone(), gen.clone(), w.first_idx, w.turns.clone(), w.record.clone(), w.events.clone())).await;
+            if answer.is_some() {
+                metrics.step_commit(started.elapsed()); // storage answered (committed or refused) within the lease
+            }
+            answer
         })
     }
 
@@ -311,6 +318,7 @@ impl Run {
         let (agent, system, defs, turns, pending) =
             (self.agent.clone(), self.system.clone(), self.tool_defs.clone(), self.turns.clone(), self.pending.clone());
         let (deps, id, tracked, step, deadline) = (self.deps.clone(), self.id.clone(), self.tracked(), self.step + 1, self.deadline);
+        let agent_name = self.meta.agent.clone();
         async move {
             let items = match inbox {
                 Some(read) => read.await,
@@ -352,6 +360,7 @@ impl Run {
                 tokio::time::sleep(wait).await;
                 attempt += 1;
             };
+            deps.metrics.model_call(&agent_name, agent.agent.model(), started.elapsed());
             (items, reply, started.elapsed().as_millis() as u64)
         }
     }
@@ -491,6 +500,10 @@ impl Run {
         let finished_at = self.now();
         self.deps.registry.finish(&self.id, status, finished_at);
         self.deps.metrics.run_finished(status.as_str());
+        if let Some(row) = self.deps.registry.row(&self.id) {
+            let took = Duration::from_millis(u64::try_from(finished_at - row.started_at).unwrap_or(0));
+            self.deps.metrics.run_duration(status.as_str(), took);
+        }
         let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
         let extras = RecordExtras { reply: self.reply.clone(), diagnosis: Some(self.diagnosis()), step_count: Some(self.step), usage, ..Default::default() };
         let record = build_record(&self.deps, &self.id, status, finished_at, extras);
@@ -580,7 +593,11 @@ impl ToolRunner {
         self.publish(json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
             "summary": summarize(&self.deps, &call.args.to_string()), "step": self.step}));
         let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
-        let output = match self.deps.tools.get(&call.tool).filter(|_| allowed) {
+        let started = Instant::now();
+        let tool = self.deps.tools.get(&call.tool).filter(|_| allowed);
+        // The label is a configured tool's name, never a name a model made up.
+        let label = if tool.is_some() { call.tool.as_str() } else { "not_available" };
+        let output = match tool {
             Some(tool) => {
                 let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.fence.clone() };
                 let claim = if tool.def().side_effect_free {
@@ -597,6 +614,7 @@ impl ToolRunner {
             }
             None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
         };
+        self.deps.metrics.tool_call(label, started.elapsed());
         self.publish(json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
             "summary": summarize(&self.deps, &output.output), "step": self.step}));
         ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: output.ok, output: output.output }
@@ -693,7 +711,7 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     };
     let written = run.settle("promotion", answer);
     if seeded && matches!(written, Written::Ok) {
-        run.deps.metrics.steps.fetch_add(1, std::sync::atomic::Ordering::Relaxed); // the seed's step record
+        run.deps.metrics.steps.inc(); // the seed's step record
     }
     run.turns.remove(0); // `turns` holds what follows the system turn
     let started = match written {

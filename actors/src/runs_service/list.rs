@@ -89,7 +89,7 @@ impl ListParams {
 }
 
 /// The wire form of a list cursor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NextBefore {
     pub finished_at: i64,
@@ -104,7 +104,7 @@ impl NextBefore {
 }
 
 /// A listing page.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunList {
     pub runs: Vec<RunView>,

@@ -37,7 +37,7 @@ impl RunStopper for actix::Addr<Supervisor> {
 }
 
 /// A page of a run's events.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventPage {
     pub events: Vec<Value>,
@@ -47,7 +47,7 @@ pub struct EventPage {
 }
 
 /// Where a friction answer came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FrictionSource {
     /// Analyzed from this process's registry events.
@@ -59,7 +59,7 @@ pub enum FrictionSource {
 }
 
 /// `get_run_friction`'s answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Friction {
     pub id: String,
@@ -70,7 +70,7 @@ pub struct Friction {
 }
 
 /// A stop that was recorded and signalled.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StopAccepted {
     pub id: String,
     pub mode: StopMode,
@@ -79,7 +79,7 @@ pub struct StopAccepted {
 }
 
 /// A ledger row as `GET /api/live` shows it: never the prompt, the tools or the state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LiveRowView {
     pub run_id: String,

@@ -9,7 +9,7 @@ use storage::record::{ChannelVisibility, RunHead, RunStatus, VisibilityFilter};
 use crate::registry::RunRow;
 
 /// A run as every read surface shows it: the same shape from every source (SPEC §7).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunView {
     pub id: String,

@@ -154,7 +154,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
                 let token = shared.tokens.mint(&run_id);
                 shared.registry.create(&run_id, meta.clone(), now, token.clone(), first_events, 3);
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
-                shared.metrics.runs_started.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.runs_started.inc();
                 supervisor.do_send(LaunchRun(Launch::Fresh {
                     id: run_id.clone(),
                     meta: meta.clone(),

@@ -104,7 +104,7 @@ impl fmt::Display for Phase {
 
 /// A requested stop, stored in `live_runs.stop`. Declared in strength order, so the derived `Ord`
 /// has `Hard > Soft` and "keep the strongest" is `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StopMode {
     /// Finish gracefully (`stopped_soft`).

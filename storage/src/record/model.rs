@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// How a run ended. Every finished record carries exactly one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// The agent produced its answer.
@@ -54,7 +54,7 @@ impl RunStatus {
 }
 
 /// The channel's visibility as the directory reported it at dispatch; what authorization reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ChannelVisibility {
     Public,
@@ -99,7 +99,7 @@ impl ChannelVisibility {
 pub const DIAGNOSIS_CATEGORIES: [&str; 5] = ["model", "tool", "storage", "wait", "retry"];
 
 /// Totals for one friction category.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CategoryStat {
     pub count: u64,
@@ -108,7 +108,7 @@ pub struct CategoryStat {
 
 /// Where a run spent its friction, per category. Kept on the list item too, so the friction
 /// ledger is served from a listing without loading events.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Diagnosis {
     pub by_category: BTreeMap<String, CategoryStat>,

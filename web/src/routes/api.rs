@@ -147,6 +147,24 @@ pub fn list_params(q: &HashMap<String, String>, visible_to: VisibilityFilter) ->
 }
 
 /// `GET /api/runs` → `{runs, nextBefore?, storeUnavailable?, ledgerUnavailable?}`.
+#[utoipa::path(
+    get,
+    path = "/api/runs",
+    tag = "runs",
+    params(
+        ("status" = Option<String>, Query, description = "`active`, `finished`, `all` (default) or a terminal status"),
+        ("agent" = Option<String>, Query, description = "Only this agent's runs"),
+        ("channel" = Option<String>, Query, description = "Only this channel's runs"),
+        ("threadKey" = Option<String>, Query, description = "Only this thread's runs"),
+        ("parentRunId" = Option<String>, Query, description = "Only runs admitted as this run's successor"),
+        ("sinceMs" = Option<i64>, Query, description = "Only runs finished (or started, while live) at or after this epoch ms"),
+        ("limit" = Option<u64>, Query, description = "Page size (1 or more; clamped)"),
+        ("before" = Option<i64>, Query, description = "Cursor: `nextBefore.finishedAt` of the previous page"),
+        ("beforeId" = Option<String>, Query, description = "Cursor: `nextBefore.id` of the previous page"),
+    ),
+    responses((status = 200, description = "A page of runs, live first, newest first", body = actors::runs_service::RunList), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
+    security((), ("bearer" = ["runs:read"]))
+)]
 async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, None, &q)?;
@@ -155,6 +173,14 @@ async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
 }
 
 /// `GET /api/runs/{id}` (`?include=events`) → a RunView.
+#[utoipa::path(
+    get,
+    path = "/api/runs/{id}",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id"), ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)"), ("include" = Option<String>, Query, description = "`events`: include the run's events")),
+    responses((status = 200, description = "The run", body = actors::runs_service::RunView), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
+    security((), ("bearer" = ["runs:read"]))
+)]
 async fn get_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
@@ -169,6 +195,18 @@ async fn get_run(req: HttpRequest, path: web::Path<String>, state: web::Data<App
 }
 
 /// `GET /api/runs/{id}/events?afterSeq&limit` → `{events, nextAfterSeq?}`.
+#[utoipa::path(
+    get,
+    path = "/api/runs/{id}/events",
+    tag = "runs",
+    params(
+        ("id" = String, Path, description = "Run id"), ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)"),
+        ("afterSeq" = Option<u64>, Query, description = "Events strictly after this seq (default 0)"),
+        ("limit" = Option<u64>, Query, description = "Page size (1 or more; clamped)"),
+    ),
+    responses((status = 200, description = "A page of the run's events", body = actors::runs_service::EventPage), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
+    security((), ("bearer" = ["runs:read"]))
+)]
 async fn get_events(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
@@ -180,6 +218,14 @@ async fn get_events(req: HttpRequest, path: web::Path<String>, state: web::Data<
 }
 
 /// `GET /api/runs/{id}/friction` → the diagnosis (live: analyzed from the events; persisted: stored).
+#[utoipa::path(
+    get,
+    path = "/api/runs/{id}/friction",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id"), ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)")),
+    responses((status = 200, description = "Where the run spent its time", body = actors::runs_service::Friction), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
+    security((), ("bearer" = ["runs:read"]))
+)]
 async fn get_friction(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
@@ -189,6 +235,13 @@ async fn get_friction(req: HttpRequest, path: web::Path<String>, state: web::Dat
 }
 
 /// `GET /api/live` → `{runs: [ledger rows of every generation the caller may see]}`.
+#[utoipa::path(
+    get,
+    path = "/api/live",
+    tag = "runs",
+    responses((status = 200, description = "Live ledger rows (never the prompt, tools or state)", body = crate::openapi::LiveRuns), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
+    security((), ("bearer" = ["runs:read"]))
+)]
 async fn live(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
     let rows = state.runs.live_rows(&visible_to).await.map_err(|e| runs_error(e, "-"))?;

@@ -23,6 +23,9 @@ pub const MAX_USER_CHARS: usize = 256;
 pub const MAX_AGENT_CHARS: usize = 64;
 pub const MAX_KEY_CHARS: usize = 256;
 
+/// The fields of a message body; any other is a 400 naming it.
+pub const MESSAGE_FIELDS: [&str; 7] = ["thread", "channel", "user", "text", "agent", "visibility", "key"];
+
 const _: () = assert!(MAX_CHANNEL_CHARS + 1 + MAX_THREAD_CHARS <= storage::ledger::decisions::MAX_THREAD_KEY_CHARS);
 
 fn string_field(body: &Map<String, Value>, field: &'static str, required: bool) -> Result<Option<String>, ApiError> {
@@ -50,7 +53,7 @@ fn check_chars(field: &'static str, value: &str, min: usize, max: usize) -> Resu
 pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>), ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?;
     let Value::Object(map) = value else { return Err(ApiError::bad("body", "must be a JSON object")) };
-    if let Some(unknown) = map.keys().find(|k| !["thread", "channel", "user", "text", "agent", "visibility", "key"].contains(&k.as_str())) {
+    if let Some(unknown) = map.keys().find(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad(unknown.clone(), "is not a field of a message"));
     }
     let req = |f| string_field(&map, f, true).map(|v| v.expect("required"));
@@ -97,6 +100,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
+/// `POST /api/messages`: admit a message — a new run on its thread, or a follow-up into the thread's live run.
+#[utoipa::path(
+    post,
+    path = "/api/messages",
+    tag = "runs",
+    request_body = crate::openapi::MessageBody,
+    responses(
+        (status = 202, description = "Started a run or steered into the live one", body = crate::openapi::Admission),
+        (status = 400, description = "A bad field (named), an unknown agent", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 409, description = "thread_busy, key_conflict or conflict", body = crate::openapi::ErrorBody),
+        (status = 413, description = "Body over 2 MiB or text over 1 MiB", body = crate::openapi::ErrorBody),
+        (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Draining or storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["messages:write"]))
+)]
 pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let principal = state.auth.require(&req, MESSAGES_WRITE)?;
     if body.len() > MESSAGE_BODY_LIMIT {

@@ -27,6 +27,10 @@ pub const PLAN_BODY_LIMIT: usize = 2 << 20;
 /// Longest `prompt`, in UTF-8 bytes.
 pub const MAX_PROMPT_BYTES: usize = 64 << 10;
 
+/// The fields of a suggestion start's body and of an import's; any other is a 400 naming it.
+pub const START_FIELDS: [&str; 5] = ["revision", "snapshotId", "prompt", "cards", "context"];
+pub const IMPORT_FIELDS: [&str; 2] = ["snapshotId", "advanceRevision"];
+
 /// Mount the plan routes. Needs `web::Data<AppState>` and `web::Data<PlanHandle>` in the app data.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     // A start carries the base cards (up to 100 of 8 KiB): its body cap is the messages' 2 MiB, not the
@@ -134,6 +138,22 @@ fn refusal_response(status: StatusCode, code: &str, message: String, extra: Valu
 /// `POST /api/plans/{id}/suggestions` with `{revision, snapshotId, prompt, cards?, context?}`: 202 with the
 /// pending request; 409 `busy` (naming the active request) or `stale_identity` (naming the current one);
 /// 503 `capacity` while `[plan] max_concurrent` requests run.
+#[utoipa::path(
+    post,
+    path = "/api/plans/{id}/suggestions",
+    tag = "plans",
+    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)")),
+    request_body = crate::openapi::StartSuggestionBody,
+    responses(
+        (status = 202, description = "The pending request", body = crate::openapi::SuggestionStarted),
+        (status = 400, description = "A bad field (named)", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such plan", body = crate::openapi::ErrorBody),
+        (status = 409, description = "busy (names requestId) or stale_identity (names current)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "capacity (names limit), draining or storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:write"]))
+)]
 pub async fn start_suggestion(
     req: HttpRequest,
     path: web::Path<String>,
@@ -146,7 +166,7 @@ pub async fn start_suggestion(
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::Draining);
     }
-    let map = body_object(&body, &["revision", "snapshotId", "prompt", "cards", "context"])?;
+    let map = body_object(&body, &START_FIELDS)?;
     let revision = match map.get("revision") {
         Some(v) => v.as_u64().filter(|n| *n >= 1).ok_or_else(|| ApiError::bad("revision", "must be a positive integer"))?,
         None => return Err(ApiError::bad("revision", "is required")),
@@ -203,6 +223,19 @@ pub async fn start_suggestion(
 
 /// `GET /api/plans/{id}/suggestions/{rid}`: the durable request and, while this process runs it, the
 /// invocation (`{state, stopping}`).
+#[utoipa::path(
+    get,
+    path = "/api/plans/{id}/suggestions/{rid}",
+    tag = "plans",
+    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)"), ("rid" = String, Path, description = "Suggestion request id")),
+    responses(
+        (status = 200, description = "The request and its invocation", body = crate::openapi::SuggestionView),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such plan or request", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:read"]))
+)]
 pub async fn get_suggestion(
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -218,6 +251,19 @@ pub async fn get_suggestion(
 
 /// `POST /api/plans/{id}/suggestions/{rid}/cancel`: the request settles `cancelled` at once (unless it
 /// already left pending) and its provider is asked to abort; answers the request after that.
+#[utoipa::path(
+    post,
+    path = "/api/plans/{id}/suggestions/{rid}/cancel",
+    tag = "plans",
+    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)"), ("rid" = String, Path, description = "Suggestion request id")),
+    responses(
+        (status = 200, description = "The request after the cancel", body = crate::openapi::SuggestionView),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such plan or request", body = crate::openapi::ErrorBody), (status = 409, description = "Not ready (dismiss) or pending elsewhere", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:write"]))
+)]
 pub async fn cancel_suggestion(
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -233,6 +279,19 @@ pub async fn cancel_suggestion(
 
 /// `POST /api/plans/{id}/suggestions/{rid}/dismiss`: explicit user dismissal of a ready reply; 409 when
 /// the request is not ready.
+#[utoipa::path(
+    post,
+    path = "/api/plans/{id}/suggestions/{rid}/dismiss",
+    tag = "plans",
+    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)"), ("rid" = String, Path, description = "Suggestion request id")),
+    responses(
+        (status = 200, description = "The dismissed request", body = crate::openapi::SuggestionRequest),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such plan or request", body = crate::openapi::ErrorBody), (status = 409, description = "Not ready (dismiss) or pending elsewhere", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:write"]))
+)]
 pub async fn dismiss_suggestion(
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -249,6 +308,21 @@ pub async fn dismiss_suggestion(
 /// `POST /api/plans/{id}/import` with `{snapshotId, advanceRevision?}` (default `true`): creates the plan
 /// at revision 1, or advances its revision and/or replaces its snapshot, invalidating its pending and
 /// ready requests. Answers the plan and the invalidated request ids.
+#[utoipa::path(
+    post,
+    path = "/api/plans/{id}/import",
+    tag = "plans",
+    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)")),
+    request_body = crate::openapi::ImportBody,
+    responses(
+        (status = 200, description = "The plan advanced", body = crate::openapi::Imported),
+        (status = 201, description = "The plan was created at revision 1", body = crate::openapi::Imported),
+        (status = 400, description = "A bad field (named) or plan id", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:write"]))
+)]
 pub async fn import_plan(
     req: HttpRequest,
     path: web::Path<String>,
@@ -259,7 +333,7 @@ pub async fn import_plan(
     state.auth.require(&req, RUNS_WRITE)?;
     let id = path.into_inner();
     let plan_id = PlanId::parse(&id).ok_or_else(|| ApiError::bad("id", "must match ^[A-Za-z0-9_-]{1,64}$"))?;
-    let map = body_object(&body, &["snapshotId", "advanceRevision"])?;
+    let map = body_object(&body, &IMPORT_FIELDS)?;
     let snapshot_id = snapshot_field(&map)?;
     let advance_revision = match map.get("advanceRevision") {
         None | Some(Value::Null) => true,

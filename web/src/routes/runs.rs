@@ -20,6 +20,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/api/runs/{id}/stop", "POST").route(web::post().to(stop_run)));
 }
 
+/// `POST /api/runs/{id}/stop`: record a soft or hard stop and signal the run's owner.
+#[utoipa::path(
+    post,
+    path = "/api/runs/{id}/stop",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id"), ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)")),
+    request_body(content = Option<crate::openapi::StopBody>, description = "Empty: a soft stop"),
+    responses(
+        (status = 202, description = "The stop is recorded", body = actors::runs_service::StopAccepted),
+        (status = 400, description = "A bad mode", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody),
+        (status = 409, description = "The run has finished", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:write"]))
+)]
 pub async fn stop_run(
     req: HttpRequest,
     path: web::Path<String>,
@@ -63,6 +80,20 @@ pub async fn stop_run(
 }
 
 /// `DELETE /api/runs/{id}`: kill (SPEC §5.6) — deletion fence, abort as a fence, purge.
+#[utoipa::path(
+    delete,
+    path = "/api/runs/{id}",
+    tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 202, description = "The kill is recorded; the run, its record and its workspace go", body = crate::openapi::KillAccepted),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody),
+        (status = 409, description = "Already finished", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:kill"]))
+)]
 pub async fn kill_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let principal = state.auth.require(&req, RUNS_KILL)?;
     let run_id = path.into_inner();

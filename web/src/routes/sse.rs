@@ -75,6 +75,25 @@ fn pinger() -> Interval {
 }
 
 /// `GET /api/runs/{id}/stream`.
+#[utoipa::path(
+    get,
+    path = "/api/runs/{id}/stream",
+    tag = "runs",
+    params(
+        ("id" = String, Path, description = "Run id"),
+        ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)"),
+        ("afterSeq" = Option<u64>, Query, description = "Events strictly after this seq (`Last-Event-ID` wins)"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"),
+    ),
+    responses(
+        (status = 200, description = "Server-Sent Events: `run_event` frames (`id: <seq>`, data: the stored event), then `end` `{status, finishedAt}` once the run has finished; `: ping` every 15 s", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad cursor", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
+    ),
+    security((), ("bearer" = ["runs:read"]))
+)]
 async fn stream_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
