@@ -191,7 +191,7 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
     let finished_disabled = v.finished;
     let body = html! {
         main id="run" data-id=(v.id) data-token=(token) data-last-seq=(last_seq) data-finished=(v.finished.to_string())
-            data-started-at=(v.started_at) data-usage=(usage_json) data-tail=(tail.to_string()) data-count=(events.len()) {
+            data-started-at=(v.started_at) data-usage=(usage_json) data-tail=(tail.to_string()) data-count=(events.len()) data-first=(first + 1) {
             nav class="crumbs" { a href="/runs" { "← Runs" } }
             section class="card" {
                 div class="head-row" {

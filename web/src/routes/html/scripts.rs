@@ -108,6 +108,8 @@ pub const RUN_JS: &str = r#"
   var id = root.dataset.id, token = root.dataset.token || '';
   var last = Number(root.dataset.lastSeq || 0);
   var count = Number(root.dataset.count || 0);
+  var first = Number(root.dataset.first || 1);
+  var range = document.getElementById('ev-range');
   var tail = root.dataset.tail === 'true';
   var list = document.getElementById('events');
   var statusEl = document.getElementById('status');
@@ -234,7 +236,8 @@ pub const RUN_JS: &str = r#"
       if (tail) {
         var follow = atBottom();
         list.appendChild(render(e));
-        while (list.children.length > MAX_ITEMS) list.removeChild(list.firstChild);
+        while (list.children.length > MAX_ITEMS) { list.removeChild(list.firstChild); first += 1; }
+        range.textContent = first + '\u2013' + count + ' of ' + count;
         if (follow) window.scrollTo(0, document.documentElement.scrollHeight);
       }
       if (e.type === 'answer') document.getElementById('answer').textContent = str(e.text);
@@ -253,6 +256,7 @@ pub const RUN_JS: &str = r#"
         document.getElementById('f-finished').textContent = t;
       }
       finish();
+      document.getElementById('now-slot').textContent = '';
       if (d.finishedAt != null) { ranEl.textContent = dur(d.finishedAt - startedAt); durEl.textContent = ranEl.textContent; }
       conn.textContent = '';
       refresh();
