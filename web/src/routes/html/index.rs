@@ -36,7 +36,8 @@ pub(super) struct Ask {
 }
 
 impl Ask {
-    /// The filter part of a link (status or `all=1`, agent, channel, limit).
+    /// The filter part of a link (status or `all=1`, agent, channel, threadKey, parentRunId, sinceMs,
+    /// limit).
     fn pairs(&self, keep_status: bool) -> Vec<(&'static str, String)> {
         let mut pairs = Vec::new();
         if keep_status {
@@ -51,6 +52,15 @@ impl Ask {
         }
         if let Some(c) = &self.params.channel {
             pairs.push(("channel", c.clone()));
+        }
+        if let Some(t) = &self.params.thread_key {
+            pairs.push(("threadKey", t.clone()));
+        }
+        if let Some(p) = &self.params.parent_run_id {
+            pairs.push(("parentRunId", p.clone()));
+        }
+        if let Some(s) = self.params.since_ms {
+            pairs.push(("sinceMs", s.to_string()));
         }
         if let Some(l) = self.params.limit {
             pairs.push(("limit", l.to_string()));
@@ -213,6 +223,9 @@ fn filters(ask: &Ask) -> Markup {
             }
             label { "Agent" input type="text" name="agent" value=[ask.params.agent.as_deref()] placeholder="any"; }
             label { "Channel" input type="text" name="channel" value=[ask.params.channel.as_deref()] placeholder="any"; }
+            @if let Some(t) = &ask.params.thread_key { input type="hidden" name="threadKey" value=(t); }
+            @if let Some(p) = &ask.params.parent_run_id { input type="hidden" name="parentRunId" value=(p); }
+            @if let Some(s) = ask.params.since_ms { input type="hidden" name="sinceMs" value=(s); }
             @if let Some(l) = ask.params.limit { input type="hidden" name="limit" value=(l); }
             button class="btn-primary" type="submit" { "Filter" }
             a class="btn" href="/runs" { "Reset" }
@@ -366,9 +379,11 @@ mod tests {
         };
         let mut params = ListParams::new(StatusFilter::Terminal(RunStatus::Failed), VisibilityFilter::All);
         params.agent = Some("de mo".into());
+        params.thread_key = Some("c1:t".into());
         params.limit = Some(1);
         let html = index_html(&list, &RunList::default(), &Ask { params, all: false }, NOW).into_string();
-        let want = format!("id=\"older\" href=\"/runs?status=failed&amp;before={}&amp;beforeId=r1&amp;agent=de%20mo&amp;limit=1\"", NOW - 180_000);
+        let want = format!("id=\"older\" href=\"/runs?status=failed&amp;before={}&amp;beforeId=r1&amp;agent=de%20mo&amp;threadKey=c1%3At&amp;limit=1\"", NOW - 180_000);
+        assert!(html.contains("<input type=\"hidden\" name=\"threadKey\" value=\"c1:t\">"), "the form keeps the filter it does not show");
         assert!(html.contains(&want), "{html}");
         let all = Ask { params: ListParams::new(StatusFilter::All, VisibilityFilter::All), all: true };
         let html = index_html(&list, &RunList::default(), &all, NOW).into_string();

@@ -358,7 +358,9 @@ pub fn render(t: &Timeline) -> Markup {
                         @for i in 0..=4u32 {
                             @let x = f64::from(i) * 25.0;
                             @let anchor = match i { 0 => "start", 4 => "end", _ => "middle" };
-                            text x=(pct(x)) y="12" text-anchor=(anchor) { "+" (fmt_duration(span * i64::from(i) / 4)) }
+                            text x=(pct(x)) y="12" text-anchor=(anchor) {
+                                @if i == 0 { "0" } @else { "+" (fmt_duration(span * i64::from(i) / 4)) }
+                            }
                         }
                     }
                     div class="tl-dur" {}
