@@ -26,7 +26,7 @@
 //! from the run's events (the last `answer`, the last `run_failed`, the strongest `stop_requested`), so
 //! the command says the same against every server and against a database. Likewise `runs list
 //! --status <terminal status>`: a server that refuses the status (400 naming `status`) has its finished
-//! pages filtered here, as `--db` always does.
+//! pages filtered here (`--db` asks the store, which filters by status itself).
 //!
 //! `runs events --follow` and `runs stop --wait` follow `/api/runs/{id}/stream`. A stream that drops
 //! (server restarting, slow client dropped, no byte for [`STREAM_IDLE`]) is reopened with
@@ -833,12 +833,11 @@ fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
     }
 }
 
-/// `runs list --db`: one store page, or — for a terminal status, which the store has no index for —
-/// store pages filtered here until the limit is met (a tombstone matches no terminal status: it is
-/// shown as unfinished, not as `interrupted`).
+/// `runs list --db`: one store page; a terminal status is the store's own filter (one indexed query; a
+/// tombstone matches none: it is shown as unfinished, not as `interrupted`).
 fn db_list(store: &mut SqliteStore, a: &ListArgs, now: i64) -> anyhow::Result<RunList> {
     let limit = a.limit.map_or(LIST_DEFAULT_LIMIT, |l| l as usize);
-    let mut query = ListQuery {
+    let query = ListQuery {
         visible_to: VisibilityFilter::All,
         limit: Some(limit),
         before: a.before.map(|finished_at| Cursor { finished_at, id: a.before_id.clone() }),
@@ -847,36 +846,11 @@ fn db_list(store: &mut SqliteStore, a: &ListArgs, now: i64) -> anyhow::Result<Ru
         channel: a.channel.clone(),
         thread_key: a.thread_key.clone(),
         parent_run_id: a.parent_run_id.clone(),
+        status: a.status.terminal().and_then(storage::record::RunStatus::parse),
     };
-    let mut runs = Vec::new();
-    let mut next_before = None;
-    match a.status.terminal() {
-        None => {
-            let page = store.list(&query, now).context("list runs")?;
-            runs.extend(page.items.iter().map(|i| RunView::from_head(&i.head)));
-            next_before = page.next_before;
-        }
-        Some(status) => {
-            query.limit = Some(LIST_MAX_LIMIT);
-            'pages: loop {
-                let page = store.list(&query, now).context("list runs")?;
-                for item in &page.items {
-                    let h = &item.head;
-                    if h.status.as_str() == status && !h.provisional {
-                        runs.push(RunView::from_head(h));
-                        if runs.len() == limit {
-                            next_before = Some(Cursor { finished_at: h.finished_at, id: Some(h.id.clone()) });
-                            break 'pages;
-                        }
-                    }
-                }
-                match page.next_before {
-                    Some(c) => query.before = Some(c),
-                    None => break,
-                }
-            }
-        }
-    }
+    let page = store.list(&query, now).context("list runs")?;
+    let runs = page.items.iter().map(|i| RunView::from_head(&i.head)).collect();
+    let next_before = page.next_before;
     Ok(RunList {
         runs,
         next_before: next_before.map(|c| NextBefore { finished_at: c.finished_at, id: c.id }),

@@ -288,7 +288,8 @@ async fn html_pages_escape_run_strings_and_show_history_with_an_older_runs_link(
 
     let (code, page) = app.get_text(&format!("/runs/{hostile}"), None).await;
     assert_eq!(code, 200);
-    assert!(page.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"), "{page}");
+    // maud escapes `&`, `<`, `>` and `"` (every attribute is double-quoted, so `'` needs none).
+    assert!(page.contains("&lt;script&gt;alert('x')&lt;/script&gt;"), "{page}");
     assert!(!page.contains("<script>alert"), "a run's script must render as text");
     assert!(page.contains("id=\"status\" class=\"status st-ok\">completed<"), "status header");
     assert!(page.contains("class=\"ev ev-answer\""), "the answer is in the history seed");
@@ -314,4 +315,72 @@ async fn html_pages_escape_run_strings_and_show_history_with_an_older_runs_link(
     assert!(full.contains("Duration") && full.contains("Finished"));
     let (_, live_index) = app.get_text("/runs", None).await;
     assert!(live_index.contains("No live runs") && live_index.contains("new EventSource('/runs/feed')"));
+}
+
+#[actix_web::test]
+async fn list_filters_take_a_terminal_status_an_agent_and_a_channel_in_json_and_in_html() {
+    let app = TestApp::spawn().await;
+    let ok = app.start_run("f-ok", "steps=1 ms=0").await;
+    let failed = app.start_run("f-bad", "steps=2 ms=0 fail_at=2").await;
+    let (status, body) = app.post(json!({"thread": "f-c2", "channel": "c2", "user": "u1", "text": "steps=1 ms=0"})).await;
+    assert_eq!(status, 202, "{body}");
+    let other = body["runId"].as_str().unwrap().to_owned();
+    for id in [&ok, &failed, &other] {
+        app.final_record(id).await;
+    }
+    let live = app.start_run("f-live", "steps=5 ms=3000").await;
+    app.event(&live, "tool_call").await;
+
+    // A terminal status lists finished runs with that status only, with a failed run's error.
+    let (code, body) = app.get_json("/api/runs?status=failed", None).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(ids(&body), [failed.clone()]);
+    assert_eq!(body["runs"][0]["status"], "failed");
+    assert!(body["runs"][0]["error"].as_str().unwrap().contains("scripted failure at model call 2"), "{body}");
+    let mut completed = ids(&app.get_json("/api/runs?status=completed", None).await.1);
+    completed.sort();
+    let mut want = vec![ok.clone(), other.clone()];
+    want.sort();
+    assert_eq!(completed, want);
+    for status in ["stopped_soft", "stopped_hard", "interrupted"] {
+        assert_eq!(ids(&app.get_json(&format!("/api/runs?status={status}"), None).await.1), Vec::<String>::new(), "{status}");
+    }
+    // With the agent and channel filters, and still `active|finished|all`.
+    assert_eq!(ids(&app.get_json("/api/runs?status=completed&channel=c2", None).await.1), [other.clone()]);
+    assert_eq!(ids(&app.get_json("/api/runs?status=failed&channel=c2", None).await.1), Vec::<String>::new());
+    assert_eq!(ids(&app.get_json("/api/runs?status=failed&agent=demo", None).await.1), [failed.clone()]);
+    assert_eq!(ids(&app.get_json("/api/runs?agent=nope", None).await.1), Vec::<String>::new());
+    assert_eq!(ids(&app.get_json("/api/runs?status=active", None).await.1), [live.clone()]);
+    assert_eq!(ids(&app.get_json("/api/runs?status=all&channel=c2", None).await.1), [other.clone()]);
+    // Paging a terminal status: one run a page, each once.
+    let (_, first) = app.get_json("/api/runs?status=completed&limit=1", None).await;
+    let nb = &first["nextBefore"];
+    let next = format!("/api/runs?status=completed&limit=1&before={}&beforeId={}", nb["finishedAt"], nb["id"].as_str().unwrap());
+    let (_, second) = app.get_json(&next, None).await;
+    let mut paged = [ids(&first), ids(&second)].concat();
+    paged.sort();
+    assert_eq!(paged, want);
+    // An unknown status is a 400 naming `status`, in JSON and in HTML.
+    let (code, body) = app.get_json("/api/runs?status=exploded", None).await;
+    assert_eq!((code, body["error"].as_str()), (400, Some("bad_request")), "{body}");
+    assert!(body["message"].as_str().unwrap().starts_with("status"), "{body}");
+    assert!(body["message"].as_str().unwrap().contains("failed"), "the message lists the terminal statuses: {body}");
+    let (code, page) = app.get_text("/runs?status=exploded", None).await;
+    assert_eq!(code, 400);
+    assert!(page.contains("status: must be one of all, active, finished, completed, failed"), "{page}");
+
+    // The HTML index applies the same filters (an empty form field means "any").
+    let (code, page) = app.get_text("/runs?status=failed&agent=&channel=", None).await;
+    assert_eq!(code, 200);
+    assert!(page.contains(&failed) && !page.contains(&ok) && !page.contains(&other) && !page.contains(&live), "failed only");
+    assert!(page.contains("scripted failure at model call 2"), "the failed run's error is shown");
+    assert!(page.contains("<option value=\"failed\" selected>"), "the form shows the filter");
+    let (_, page) = app.get_text("/runs?status=completed&channel=c2", None).await;
+    assert!(page.contains(&other) && !page.contains(&ok) && !page.contains(&failed));
+    // The chart counts the last hour's runs by status, whatever the page's status filter.
+    assert!(page.contains("id=\"chart\" data-total=\"1\""), "channel c2 has one run in the last hour");
+    let (_, page) = app.get_text("/runs?all=1", None).await;
+    assert!(page.contains("id=\"chart\" data-total=\"4\""), "four runs in the last hour");
+    stop_hard(&app, &live).await;
+    app.final_record(&live).await;
 }

@@ -11,7 +11,7 @@
 //! - a `provisional` put never overwrites a final record (the tombstone floor);
 //! - a put is all-or-nothing.
 
-use crate::record::{RetentionPolicy, RunListItem, RunRecord, VisibilityFilter};
+use crate::record::{RetentionPolicy, RunListItem, RunRecord, RunStatus, VisibilityFilter};
 use crate::Result;
 
 /// Clamp for a record's future timestamps: at most this far past the store's clock.
@@ -87,6 +87,9 @@ pub struct ListQuery {
     pub channel: Option<String>,
     pub thread_key: Option<String>,
     pub parent_run_id: Option<String>,
+    /// Only final records with this status (SPEC §7's terminal-status filter): a provisional tombstone
+    /// matches none, since it shows as "unfinished", never as its stored `interrupted`.
+    pub status: Option<RunStatus>,
 }
 
 impl ListQuery {
@@ -100,6 +103,7 @@ impl ListQuery {
             channel: None,
             thread_key: None,
             parent_run_id: None,
+            status: None,
         }
     }
 
@@ -115,6 +119,7 @@ impl ListQuery {
             && self.channel.as_deref().is_none_or(|c| h.channel_id == c)
             && self.thread_key.as_deref().is_none_or(|t| h.thread_key == t)
             && self.parent_run_id.as_deref().is_none_or(|p| h.parent_run_id.as_deref() == Some(p))
+            && self.status.is_none_or(|s| h.status == s && !h.provisional)
             && self.before.as_ref().is_none_or(|c| match &c.id {
                 Some(id) => (h.finished_at, h.id.as_str()) < (c.finished_at, id.as_str()),
                 None => h.finished_at < c.finished_at,

@@ -300,6 +300,24 @@ fn delete_removes_the_run_and_its_events(s: &mut dyn RunStore) {
     assert!(!s.delete("gone").unwrap());
 }
 
+fn a_terminal_status_lists_final_records_with_that_status_and_never_a_tombstone(s: &mut dyn RunStore) {
+    s.put(&record("ok1", NOW - 1), None, NOW).unwrap();
+    s.put(&with("bad1", NOW - 2, json!({"status": "failed"})), None, NOW).unwrap();
+    s.put(&with("bad2", NOW - 3, json!({"status": "failed", "agent": "other"})), None, NOW).unwrap();
+    s.put(&with("cut", NOW - 4, json!({"status": "interrupted"})), None, NOW).unwrap();
+    s.put(&with("tomb", NOW - 5, json!({"status": "interrupted", "provisional": true})), None, NOW).unwrap();
+    let q = |status: RunStatus| ListQuery { status: Some(status), ..all() };
+    assert_eq!(ids(s, &q(RunStatus::Failed), NOW), ["bad1", "bad2"]);
+    assert_eq!(ids(s, &q(RunStatus::Completed), NOW), ["ok1"]);
+    assert_eq!(ids(s, &q(RunStatus::Interrupted), NOW), ["cut"], "the tombstone shows as unfinished, not interrupted");
+    assert_eq!(ids(s, &q(RunStatus::StoppedSoft), NOW), Vec::<String>::new());
+    // With the other filters and the cursor.
+    assert_eq!(ids(s, &ListQuery { agent: Some("other".into()), ..q(RunStatus::Failed) }, NOW), ["bad2"]);
+    let page = s.list(&ListQuery { limit: Some(1), ..q(RunStatus::Failed) }, NOW).unwrap();
+    let next = ListQuery { before: page.next_before, ..q(RunStatus::Failed) };
+    assert_eq!(ids(s, &next, NOW), ["bad2"]);
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -332,6 +350,7 @@ contract!(
     policy_proposals_take_the_store_clock_and_newer_wins,
     finished_at_far_ahead_is_clamped_to_a_day_past_now,
     delete_removes_the_run_and_its_events,
+    a_terminal_status_lists_final_records_with_that_status_and_never_a_tombstone,
 );
 
 // Keep the imports used by the macro's expansions visible to the compiler's unused-import check.

@@ -51,6 +51,12 @@ pub fn assemble_record(
     } else {
         v["sealedAt"] = json!(finished_at);
     }
+    // A failed run's error rides on its head, so a listing shows it without reading events.
+    if status == RunStatus::Failed {
+        if let Some(message) = crate::runs_service::failure_message(v["events"].as_array().map(Vec::as_slice).unwrap_or_default()) {
+            v["error"] = json!(message);
+        }
+    }
     if let Some(usage) = extras.usage {
         v["usage"] = usage;
     }

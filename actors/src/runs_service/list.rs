@@ -7,7 +7,7 @@ use std::sync::{Arc, MutexGuard};
 use serde::{Deserialize, Serialize};
 use storage::ledger::decisions::Phase;
 use storage::ledger::LiveRow;
-use storage::record::{event_seq, RunListItem, VisibilityFilter};
+use storage::record::{event_seq, RunListItem, RunStatus, VisibilityFilter};
 use storage::store::{Cursor, ListQuery, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT};
 
 use super::{RunView, RunsService, LEDGER_EVENTS_CHUNK};
@@ -18,23 +18,58 @@ pub const LEDGER_LIST_TTL_MS: i64 = 2_000;
 /// (2^53 − 1, exact in every JSON reader).
 pub const CURSOR_TOP: i64 = 9_007_199_254_740_991;
 
-/// Which runs a listing covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// Which runs a listing covers (SPEC §7 `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusFilter {
     /// Unfinished runs of this process and runs live under other generations; never reads the store.
     Active,
     /// Finished registry rows and the store.
     Finished,
     All,
+    /// Finished runs whose (final) status is this one: finished registry rows with it and one indexed
+    /// store query. A tombstone matches none (it shows as unfinished, not as `interrupted`).
+    Terminal(RunStatus),
 }
 
 impl StatusFilter {
+    /// Every spelling [`parse`](Self::parse) accepts, in the order a form offers them.
+    pub const CHOICES: [&'static str; 8] =
+        ["all", "active", "finished", "completed", "failed", "stopped_soft", "stopped_hard", "interrupted"];
+
+    /// `active`, `finished`, `all`, or a terminal status (`completed`, `failed`, …).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "active" => Some(StatusFilter::Active),
             "finished" => Some(StatusFilter::Finished),
             "all" => Some(StatusFilter::All),
+            other => RunStatus::parse(other).map(StatusFilter::Terminal),
+        }
+    }
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusFilter::Active => "active",
+            StatusFilter::Finished => "finished",
+            StatusFilter::All => "all",
+            StatusFilter::Terminal(s) => s.as_str(),
+        }
+    }
+
+    /// Whether unfinished rows list.
+    fn lists_live(self) -> bool {
+        matches!(self, StatusFilter::Active | StatusFilter::All)
+    }
+
+    /// Whether finished rows (the registry's and the store's) list.
+    fn lists_finished(self) -> bool {
+        !matches!(self, StatusFilter::Active)
+    }
+
+    /// The terminal status asked for, if any.
+    pub fn terminal(self) -> Option<RunStatus> {
+        match self {
+            StatusFilter::Terminal(s) => Some(s),
             _ => None,
         }
     }
@@ -254,8 +289,12 @@ impl RunsService {
             if suppress.contains(&row.id) {
                 continue;
             }
-            let view = RunView::from_registry(&row);
+            let mut view = RunView::from_registry(&row);
             if view.finished {
+                if view.status == Some(RunStatus::Failed) {
+                    // A failed run's error shows in listings; its record may not have landed yet.
+                    view.fill_error_from(&self.registry.snapshot(&row.id).map(|(_, e)| e).unwrap_or_default());
+                }
                 finished_live.push(view);
             } else {
                 suppress.insert(view.id.clone());
@@ -276,10 +315,10 @@ impl RunsService {
         }
         unfinished.retain(|v| params.admits(v));
         finished_live.retain(|v| params.admits(v) && older_than_cursor(v));
-        if cursor.is_some() || params.status == StatusFilter::Finished {
+        if cursor.is_some() || !params.status.lists_live() {
             unfinished.clear();
         }
-        if params.status == StatusFilter::Active {
+        if !params.status.lists_finished() {
             finished_live.clear();
         }
 
@@ -287,7 +326,7 @@ impl RunsService {
         let mut store_unavailable = false;
         let mut boundary: Option<Cursor> = None;
         let mut stored: Vec<RunListItem> = Vec::new();
-        if params.status != StatusFilter::Active {
+        if params.status.lists_finished() {
             let ask = (limit + suppress.len() + finished_live.len()).min(LIST_MAX_LIMIT);
             let query = ListQuery {
                 visible_to: params.visible_to.clone(),
@@ -298,6 +337,7 @@ impl RunsService {
                 channel: params.channel.clone(),
                 thread_key: params.thread_key.clone(),
                 parent_run_id: params.parent_run_id.clone(),
+                status: params.status.terminal(),
             };
             match self.source.list(query).await {
                 Ok(page) => {
@@ -328,6 +368,11 @@ impl RunsService {
             }
         }
         let mut finished: Vec<RunView> = finished.into_values().collect();
+        // A terminal status: the record's status won the merge, so filter after it (the store asked
+        // for it already).
+        if let Some(status) = params.status.terminal() {
+            finished.retain(|v| v.status == Some(status) && v.provisional.is_none());
+        }
         // A full store page is only complete down to its last row: older registry rows wait for the next page.
         if let Some(b) = &boundary {
             let b_key = (b.finished_at, b.id.as_deref().unwrap_or(""));
@@ -356,6 +401,7 @@ impl RunsService {
 mod tests {
     use std::sync::atomic::Ordering;
 
+    use serde_json::json;
     use storage::ledger::StopMode;
     use storage::record::{event_seq, RunStatus};
 
@@ -624,6 +670,35 @@ mod tests {
         assert_eq!(ids(&f.svc.list_runs(&p).await), ["t-live", "other", "fin"]);
         p.since_ms = Some(NOW - 15);
         assert_eq!(ids(&f.svc.list_runs(&p).await), ["t-live"]);
+    }
+
+    #[tokio::test]
+    async fn a_terminal_status_lists_finished_runs_with_it_from_the_registry_and_the_store_with_their_error() {
+        let f = fixture();
+        f.local("live", "c1", NOW - 10, None);
+        f.local("reg-failed", "c1", NOW - 900, None);
+        f.registry.publish("reg-failed", json!({"type": "run_failed", "message": "model exploded"}));
+        f.registry.finish("reg-failed", RunStatus::Failed, NOW - 20);
+        f.local("reg-ok", "c1", NOW - 900, Some(NOW - 30));
+        let mut failed = record("st-failed", "c1", NOW - 500, NOW - 400, false, vec![]);
+        failed.head.status = RunStatus::Failed;
+        failed.head.extra.insert("error".into(), json!("tool went away"));
+        f.put(failed);
+        f.put(record("st-ok", "c1", NOW - 500, NOW - 450, false, vec![]));
+        // A tombstone (stored `interrupted`) shows as unfinished, so no terminal status lists it.
+        f.put(record("tomb", "c1", NOW - 600, NOW - 600, true, vec![]));
+        let list = f.list(StatusFilter::Terminal(RunStatus::Failed)).await;
+        assert_eq!(ids(&list), ["reg-failed", "st-failed"]);
+        let errors: Vec<Option<&str>> = list.runs.iter().map(|v| v.error.as_deref()).collect();
+        assert_eq!(errors, [Some("model exploded"), Some("tool went away")]);
+        assert_eq!(ids(&f.list(StatusFilter::Terminal(RunStatus::Completed)).await), ["reg-ok", "st-ok"]);
+        assert!(f.list(StatusFilter::Terminal(RunStatus::Interrupted)).await.runs.is_empty());
+        assert!(f.list(StatusFilter::Terminal(RunStatus::StoppedHard)).await.runs.is_empty());
+        // Every spelling round-trips; anything else is refused.
+        for s in StatusFilter::CHOICES {
+            assert_eq!(StatusFilter::parse(s).map(StatusFilter::as_str), Some(s));
+        }
+        assert_eq!(StatusFilter::parse("broken"), None);
     }
 
     // ---- kills from other processes (SPEC §5.6): deletion fences checked before a registry row is served ----

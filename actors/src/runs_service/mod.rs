@@ -81,7 +81,7 @@ pub use point::{
     EVENTS_PAGE_MAX_BYTES,
 };
 pub use sources::{RunSource, SourceFuture};
-pub use view::RunView;
+pub use view::{failure_message, RunView};
 
 /// Page size for reading a live run's events from the ledger.
 const LEDGER_EVENTS_CHUNK: usize = 1000;

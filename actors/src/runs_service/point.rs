@@ -182,6 +182,15 @@ impl RunsService {
 
     /// `get_run` (SPEC §7): one run's view, with its events when asked.
     pub async fn get_run(&self, id: &str, include_events: bool, visible_to: &VisibilityFilter) -> RunsResult<RunView> {
+        let mut view = self.find_view(id, include_events, visible_to).await?;
+        if let Some(events) = view.events.take() {
+            view.fill_error_from(&events);
+            view.events = Some(events);
+        }
+        Ok(view)
+    }
+
+    async fn find_view(&self, id: &str, include_events: bool, visible_to: &VisibilityFilter) -> RunsResult<RunView> {
         match self.find(id).await? {
             Found::Registry(row) => {
                 let mut view = RunView::from_registry(&row);

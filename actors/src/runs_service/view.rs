@@ -49,6 +49,9 @@ pub struct RunView {
     pub owner_gen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<String>,
+    /// The `run_failed` message of a failed run (from its record, or its events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// `{<model>: {inputTokens, outputTokens}}` summed over the run's model calls (finished runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Value>,
@@ -82,6 +85,7 @@ impl RunView {
             provisional: None,
             owner_gen: None,
             parent_run_id: m.parent_run_id.clone(),
+            error: None,
             usage: None,
             events: None,
         }
@@ -110,6 +114,7 @@ impl RunView {
             provisional: h.provisional.then_some(true),
             owner_gen: None,
             parent_run_id: h.parent_run_id.clone(),
+            error: record_error(h),
             usage: h.extra.get("usage").cloned(),
             events: None,
         }
@@ -140,6 +145,7 @@ impl RunView {
             provisional: None,
             owner_gen: Some(row.owner_gen.clone()),
             parent_run_id: id.parent_run_id,
+            error: None,
             usage: None,
             events: None,
         }
@@ -154,6 +160,15 @@ impl RunView {
         self.truncated = Some(h.truncated);
         self.persisted = Some(true);
         self.usage = h.extra.get("usage").cloned();
+        self.error = record_error(h).or(self.error.take());
+    }
+
+    /// Take `error` from `events` (the last `run_failed` message) when the run failed and no record
+    /// said it.
+    pub fn fill_error_from(&mut self, events: &[Value]) {
+        if self.error.is_none() && self.status == Some(RunStatus::Failed) {
+            self.error = failure_message(events);
+        }
     }
 
     pub fn visible_to(&self, filter: &VisibilityFilter) -> bool {
@@ -185,6 +200,16 @@ impl RunView {
         self.status.map(|s| s.as_str().to_owned()).unwrap_or_else(|| "finished".into())
     }
 }
+/// The message of the last `run_failed` event in `events`.
+pub fn failure_message(events: &[Value]) -> Option<String> {
+    events.iter().rev().find(|e| e["type"] == "run_failed").and_then(|e| e["message"].as_str()).map(str::to_owned)
+}
+
+/// The `error` a record's head carries (records written since the field existed).
+fn record_error(h: &RunHead) -> Option<String> {
+    h.extra.get("error").and_then(Value::as_str).map(str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

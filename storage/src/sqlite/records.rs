@@ -158,6 +158,10 @@ pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(S
             p.push(SqlValue::Text(v.clone()));
         }
     }
+    if let Some(status) = query.status {
+        clauses.push("status = ? AND provisional = 0".into());
+        p.push(SqlValue::Text(status.as_str().into()));
+    }
     if let Some(c) = &query.before {
         p.push(SqlValue::Integer(c.finished_at));
         match &c.id {
@@ -393,6 +397,12 @@ mod tests {
             ListQuery::visible_to(VisibilityFilter::All),
             ListQuery { before: Some(cursor.clone()), ..ListQuery::visible_to(VisibilityFilter::All) },
             ListQuery { agent: Some("demo".into()), ..ListQuery::visible_to(VisibilityFilter::All) },
+            ListQuery { status: Some(crate::record::RunStatus::Failed), ..ListQuery::visible_to(VisibilityFilter::All) },
+            ListQuery {
+                status: Some(crate::record::RunStatus::Completed),
+                before: Some(cursor.clone()),
+                ..ListQuery::visible_to(VisibilityFilter::All)
+            },
             ListQuery::visible_to(VisibilityFilter::UserIs { id: "U1".into() }),
         ] {
             let (sql, params) = list_sql(&query, &kept, policy.cutoff_ms(now)).expect("a query");

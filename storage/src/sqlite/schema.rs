@@ -129,6 +129,10 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE admit_receipts ADD COLUMN ended_at INTEGER;
     CREATE INDEX admit_receipts_by_end ON admit_receipts(ended_at);
     "#,
+    // 7: listing by terminal status (SPEC §7 `status=failed` …) is one indexed query, newest first.
+    r#"
+    CREATE INDEX runs_by_status ON runs(status, finished_at, run_id);
+    "#,
 ];
 
 pub fn current_version() -> i64 {

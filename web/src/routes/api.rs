@@ -119,7 +119,7 @@ pub fn after_seq(q: &HashMap<String, String>, field: &str) -> Result<Option<u64>
 pub fn list_params(q: &HashMap<String, String>, visible_to: VisibilityFilter) -> Result<ListParams, ApiError> {
     let status = match q.get("status").map(String::as_str) {
         None => StatusFilter::All,
-        Some(s) => StatusFilter::parse(s).ok_or_else(|| ApiError::bad("status", "must be active, finished or all"))?,
+        Some(s) => StatusFilter::parse(s).ok_or_else(|| ApiError::bad("status", format!("must be one of {}", StatusFilter::CHOICES.join(", "))))?,
     };
     let before = num::<i64>(q, "before", "an integer (epoch ms)")?;
     let before_id = text(q, "beforeId")?;

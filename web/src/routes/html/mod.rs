@@ -1,0 +1,402 @@
+//! Server-rendered HTML (SPEC §8.1): `GET /runs` (the index), `GET /runs/{id}` (the live view) and
+//! `GET /runs/{id}/timeline` (the live view's "now" line and timeline, which its script re-fetches as
+//! events arrive).
+//!
+//! No build step: every page is rendered with `maud`, whose `html!` escapes every interpolated value at
+//! compile-time-checked points, with one stylesheet ([`CSS`]) and a small vanilla script per page
+//! ([`scripts`]). No external assets: no fonts, images or scripts from anywhere.
+//!
+//! # Layout
+//! - `index` — the index: `list_runs` filters as a form, the runs-per-minute chart, the table (cards on
+//!   a narrow screen), the "Older runs" cursor link;
+//! - `live` — the live view: header, answer or error, controls, the paged event list;
+//! - `timeline` — the pure timeline model and its SVG rows;
+//! - `scripts` — the pages' scripts (constants, allowed by hash).
+//!
+//! Invariants:
+//! - every string that comes from a run reaches markup through `maud`'s escaping, and the browser sets
+//!   run strings with `textContent`; the only markup the browser inserts is this module's own fragment
+//!   (`/runs/{id}/timeline`), parsed with `DOMParser`: a `<script>` in a message renders as text;
+//! - values the scripts need (id, token, cursor) travel in `data-` attributes, never inside a script;
+//! - a capability token in the page URL (`?token=`) authorizes the page, and the page passes it on to its
+//!   stream, its fragment and its buttons;
+//! - the only scripts and style a page runs are [`scripts::ALL`] and [`CSS`], allowed by their SHA-256 in
+//!   [`content_security_policy`] (which the edge middleware puts on every HTML answer); geometry lives in
+//!   SVG presentation attributes, never in `style` attributes (which that policy refuses);
+//! - a page never renders an unbounded list: the event list shows at most [`live::EVENTS_PAGE`] events
+//!   with "earlier"/"later" links, the timeline at most [`timeline::MAX_ROWS`] steps;
+//! - the buttons' `fetch` calls are same-origin and send a body only as `application/json`, which is
+//!   what the edge's cross-site protection lets through.
+
+mod index;
+mod live;
+mod scripts;
+pub mod timeline;
+
+use std::sync::OnceLock;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse, ResponseError};
+use actors::runs_service::RunView;
+use base64::prelude::{Engine as _, BASE64_STANDARD};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::resource;
+use crate::error::ApiError;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/runs", "GET").route(web::get().to(index::index)))
+        .service(resource("/runs/{id}", "GET").route(web::get().to(live::run_page)))
+        .service(resource("/runs/{id}/timeline", "GET").route(web::get().to(live::timeline_fragment)));
+}
+
+/// `YYYY-MM-DD HH:MM:SSZ` (UTC) for an epoch-ms instant.
+pub fn fmt_time(ms: i64) -> String {
+    let s = storage::generation::utc_stamp(ms);
+    format!("{}-{}-{} {}:{}:{}Z", &s[0..4], &s[4..6], &s[6..8], &s[9..11], &s[11..13], &s[13..15])
+}
+
+/// `850 ms`, `12.3 s`, `4 m 03 s`, `2 h 05 m`.
+pub fn fmt_duration(ms: i64) -> String {
+    let ms = ms.max(0);
+    match ms {
+        0..=999 => format!("{ms} ms"),
+        1_000..=59_999 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..=3_599_999 => format!("{} m {:02} s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{} h {:02} m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// `just now`, `42 s ago`, `3 min ago`, `5 h ago`, `2 d ago` — the same words the scripts render.
+pub fn fmt_ago(now_ms: i64, ms: i64) -> String {
+    let s = (now_ms - ms).max(0) / 1000;
+    match s {
+        0..=4 => "just now".into(),
+        5..=59 => format!("{s} s ago"),
+        60..=3_599 => format!("{} min ago", s / 60),
+        3_600..=86_399 => format!("{} h ago", s / 3_600),
+        _ => format!("{} d ago", s / 86_400),
+    }
+}
+
+/// A relative time that never wraps, with the absolute one as its tooltip; the scripts keep it current.
+fn ago(now_ms: i64, ms: i64) -> Markup {
+    html! { time class="ago" datetime=(fmt_time(ms)) title=(fmt_time(ms)) data-ms=(ms) { (fmt_ago(now_ms, ms)) } }
+}
+
+/// A CSS class for a run's status chip.
+fn status_class(v: &RunView) -> &'static str {
+    use storage::record::RunStatus::*;
+    if !v.finished {
+        return if v.stop.is_some() { "stopping" } else { "live" };
+    }
+    if v.provisional == Some(true) {
+        return "warn";
+    }
+    match v.status {
+        Some(Completed) => "ok",
+        Some(StoppedSoft | StoppedHard) => "stopped",
+        Some(Failed | Interrupted) | None => "bad",
+    }
+}
+
+/// The status chip (`id` given to the live view's, which its script updates).
+fn status_chip(v: &RunView, id: Option<&str>) -> Markup {
+    html! { span id=[id] class=(format!("status st-{}", status_class(v))) { (v.status_label()) } }
+}
+
+/// An error as a small HTML page with the API's status.
+fn error_page(e: ApiError) -> HttpResponse {
+    let status = e.status_code();
+    let title = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or(""));
+    let body = html! {
+        main class="narrow" {
+            div class="card" {
+                h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+                p { (e.to_string()) }
+                p { a href="/runs" { "All runs" } }
+            }
+        }
+    };
+    respond(status, page(&title, body, None))
+}
+
+/// An HTML answer that is never cached (pages show live state and may carry a capability token).
+fn respond(status: StatusCode, body: Markup) -> HttpResponse {
+    HttpResponse::build(status)
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("cache-control", "no-store"))
+        .body(body.into_string())
+}
+
+/// The one stylesheet of every page (allowed by its hash).
+pub const CSS: &str = r#"
+:root{--bg:#f4f6f9;--card:#fff;--ink:#18212f;--muted:#677489;--line:#e3e7ee;--blue:#2563eb;--green:#15803d;--red:#c81e1e;--amber:#b45309;--violet:#7c3aed;--gray:#8a94a6}
+*{box-sizing:border-box}
+body{font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:var(--ink);background:var(--bg)}
+a{color:var(--blue);text-decoration:none}a:hover{text-decoration:underline}
+code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace}
+.top{background:#111827;color:#e5e7eb;display:flex;align-items:center;gap:18px;padding:10px 20px;flex-wrap:wrap}
+.top .brand{color:#fff;font-weight:700;letter-spacing:.02em}
+.top nav{display:flex;gap:14px;flex-wrap:wrap}.top nav a{color:#cbd5e1}
+main{max-width:1180px;margin:0 auto;padding:18px 20px 48px}
+main.narrow{max-width:640px}
+h1{font-size:22px;margin:4px 0 12px;overflow-wrap:anywhere}
+h2{font-size:15px;margin:0 0 10px}
+.card{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:14px 16px;margin:0 0 14px;box-shadow:0 1px 2px rgba(16,24,40,.04)}
+.muted{color:var(--muted)}
+.status{display:inline-block;padding:1px 9px;border-radius:999px;font-weight:600;font-size:12px;white-space:nowrap}
+.st-live{background:#dbeafe;color:#1e40af}.st-stopping{background:#fef3c7;color:#92400e}
+.st-ok{background:#dcfce7;color:#166534}.st-stopped{background:#e5e7eb;color:#374151}
+.st-bad{background:#fee2e2;color:#991b1b}.st-warn{background:#fef3c7;color:#92400e}
+.banner{background:#fff7ed;border:1px solid #fdba74;border-radius:8px;padding:8px 12px;margin:0 0 12px}
+time.ago{white-space:nowrap}
+.filters{display:flex;flex-wrap:wrap;gap:10px;align-items:flex-end}
+.filters label{display:flex;flex-direction:column;font-size:12px;color:var(--muted);gap:3px}
+.filters select,.filters input{font:inherit;height:34px;padding:0 8px;border:1px solid #cfd6e0;border-radius:6px;background:#fff;min-width:0;width:160px}
+.btn,button{font:inherit;height:34px;padding:0 14px;border-radius:6px;border:1px solid #cfd6e0;background:#fff;color:var(--ink);cursor:pointer;display:inline-flex;align-items:center}
+.btn:hover{text-decoration:none;background:#f8fafc}
+.btn-primary{background:var(--blue);border-color:var(--blue);color:#fff}
+button:disabled{opacity:.45;cursor:default}
+.btn-danger{border-color:#f3b4b4;color:var(--red)}
+.chart-card{display:flex;flex-direction:column;gap:6px}
+.chart-head{display:flex;justify-content:space-between;gap:10px;flex-wrap:wrap;align-items:baseline}
+svg.chart{width:100%;height:90px;display:block;background:#fbfcfe;border-radius:6px}
+.chart-axis{display:flex;justify-content:space-between;font-size:11px;color:var(--muted)}
+.legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;color:var(--muted);align-items:center}
+.legend>span{white-space:nowrap}
+.sw{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:5px;vertical-align:-1px}
+.c-completed,.sw-completed{fill:#22c55e;background:#22c55e}.c-failed,.sw-failed{fill:#ef4444;background:#ef4444}
+.c-stopped,.sw-stopped{fill:#94a3b8;background:#94a3b8}.c-interrupted,.sw-interrupted{fill:#f59e0b;background:#f59e0b}
+.c-live,.sw-live{fill:#3b82f6;background:#3b82f6}
+table.runs{border-collapse:collapse;width:100%}
+.runs th,.runs td{text-align:left;padding:8px 10px;border-bottom:1px solid var(--line);vertical-align:top}
+.runs td.run,.runs td.col-thread{overflow-wrap:anywhere}
+.runs td.run a{font-weight:600}
+@media (min-width:641px){.runs th,.runs td{white-space:nowrap}.runs td.run,.runs td.col-thread{white-space:normal}.runs td.run{min-width:240px}.runs td.col-thread{max-width:200px}}
+.runs th{font-size:12px;font-weight:600;color:var(--muted);text-transform:uppercase;letter-spacing:.03em}
+.runs tbody tr:hover{background:#f8fafc}
+.runs .sub{color:var(--muted);font-size:12px;word-break:break-all}
+.runs .err{color:var(--red);font-size:12px;margin-top:3px;max-width:420px;overflow:hidden;text-overflow:ellipsis;display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;word-break:break-word}
+.num{font-variant-numeric:tabular-nums;white-space:nowrap}
+.pager{display:flex;gap:16px;margin-top:10px}
+.table-card{padding:4px 6px}
+@media (max-width:900px){.col-thread{display:none}}
+@media (max-width:640px){
+ main{padding:12px 10px 40px}.top{padding:10px 12px}
+ .filters label{flex:1 1 140px}.filters select,.filters input{width:100%}
+ table.runs,.runs tbody,.runs tr,.runs td{display:block;width:100%}
+ .runs thead{display:none}
+ .runs tr{border-bottom:1px solid var(--line);padding:8px 4px}
+ .runs td{border:0;padding:2px 6px;display:flex;gap:10px}
+ .runs td::before{content:attr(data-label);flex:0 0 76px;color:var(--muted);font-size:12px}
+ .runs td>*{min-width:0}
+ .runs td.col-thread{display:none}
+ .runs .err{max-width:none}
+}
+.head-row{display:flex;align-items:center;gap:10px;flex-wrap:wrap}
+.head-row h1{margin:0}
+.meta-line{color:var(--muted);margin:6px 0 0;display:flex;flex-wrap:wrap;gap:4px 14px}
+.meta-line b{color:var(--ink);font-weight:600;overflow-wrap:anywhere}
+.now{margin:10px 0 0;font-weight:600;color:#1e40af}
+.pulse{display:inline-block;width:8px;height:8px;border-radius:50%;background:#3b82f6;margin-right:8px;animation:pulse 1.2s ease-in-out infinite}
+@keyframes pulse{50%{opacity:.3}}
+.errbox{background:#fef2f2;border:1px solid #fca5a5;border-left:4px solid var(--red);border-radius:8px;padding:10px 14px;margin:0 0 14px;color:#7f1d1d;white-space:pre-wrap;word-break:break-word}
+.errbox strong{display:block;color:var(--red);margin-bottom:2px}
+.answer{background:#f0fdf4;border:1px solid #86efac;border-left:4px solid var(--green);border-radius:8px;padding:10px 14px;margin:0 0 14px;white-space:pre-wrap;word-break:break-word}
+.answer:empty{display:none}
+dl.facts{display:grid;grid-template-columns:repeat(auto-fill,minmax(210px,1fr));gap:8px 18px;margin:0}
+dl.facts div{min-width:0}
+dt{color:var(--muted);font-size:12px}dd{margin:0;word-break:break-word}
+.controls{display:flex;gap:8px;align-items:center;flex-wrap:wrap;margin-top:12px}
+#control-msg{color:var(--muted)}
+.tl-head{display:flex;justify-content:space-between;align-items:baseline;gap:10px;flex-wrap:wrap;margin-bottom:6px}
+.sw-model{background:#6366f1}.sw-tool{background:#14b8a6}.sw-bad{background:#ef4444}.sw-unknown{background:#f59e0b}.sw-gap{background:#fde68a;border:1px dashed #d97706}
+.tl-row{display:grid;grid-template-columns:64px minmax(0,1fr) minmax(0,230px);gap:10px;align-items:center;padding:2px 0}
+.tl-label{font-size:12px;color:var(--muted);white-space:nowrap}
+.tl-dur{font-size:12px;color:var(--muted);white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+svg.tl-track{display:block;overflow:visible}
+.tl-axis text{font-size:10px;fill:var(--muted)}
+.lane{fill:#f3f5f9}
+.bar-model{fill:#6366f1}.bar-tool{fill:#14b8a6}.bar-bad{fill:#ef4444}.bar-unknown{fill:#f59e0b}
+.bar-cut{fill:#cbd5e1;stroke:#ef4444;stroke-dasharray:2 2}
+.bar-open{opacity:.65}
+.band-gap{fill:#fde68a;opacity:.55}.gap-mark{opacity:1;stroke:#d97706;stroke-dasharray:3 2}
+.tl-gap .tl-label{color:#b45309;font-weight:600}.tl-gap .tl-dur{color:#92400e}
+.tl-failed .tl-label{color:var(--red)}.tl-unknown .tl-label{color:var(--amber)}
+@media (max-width:640px){.tl-row{grid-template-columns:50px minmax(0,1fr)}.tl-dur{grid-column:2}}
+.ev-head{display:flex;justify-content:space-between;align-items:baseline;gap:10px;flex-wrap:wrap}
+ol#events{list-style:none;padding:0;margin:0}
+ol#events li{padding:7px 4px;border-bottom:1px solid #eef0f3;display:grid;grid-template-columns:56px 64px minmax(0,1fr);gap:2px 10px}
+.seq,.rel{color:var(--gray);font:12px/1.6 ui-monospace,SFMono-Regular,Menlo,monospace;white-space:nowrap}
+.kind{font-weight:600}
+.dur{color:var(--muted);font-size:12px;margin-left:8px;white-space:nowrap}
+.body{grid-column:3;white-space:pre-wrap;word-break:break-word;color:#344054}
+.body:empty{display:none}
+.ev-tool_call .kind,.ev-tool_result .kind{color:#6b21a8}
+.ev-answer{background:#f0fdf4}.ev-run_failed{background:#fef2f2}.ev-stop_requested{background:#fffbeb}.ev-resumed{background:#fffbeb}
+.ev-unknown .kind::after{content:" · effects unknown";color:var(--amber)}
+"#;
+
+/// A whole page: the common header, `body`, and the page's script when it has one.
+fn page(title: &str, body: Markup, script: Option<&'static str>) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Switchboard" }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header class="top" {
+                    a class="brand" href="/runs" { "Switchboard" }
+                    nav {
+                        a href="/runs" { "Live" }
+                        a href="/runs?all=1" { "All runs" }
+                        a href="/runs?status=failed" { "Failed" }
+                    }
+                }
+                (body)
+                @if let Some(s) = script {
+                    script { (PreEscaped(s)) }
+                }
+            }
+        }
+    }
+}
+
+/// The `Content-Security-Policy` of every HTML answer: nothing loads from anywhere but this origin (the
+/// pages' `EventSource` and `fetch` are same-origin), the only scripts and the only style that run are
+/// [`scripts::ALL`] and [`CSS`], allowed by their SHA-256 — no `'unsafe-inline'`, so markup that ever
+/// slipped past escaping still could not run — and no page may be framed (`frame-ancestors 'none'`).
+///
+/// Hashes rather than a per-response nonce: the scripts are constants, so the policy is too, and a hash
+/// admits exactly that text where a nonce admits whatever carries it.
+pub fn content_security_policy() -> &'static str {
+    static POLICY: OnceLock<String> = OnceLock::new();
+    POLICY.get_or_init(|| {
+        let hash = |s: &str| format!("'sha256-{}'", BASE64_STANDARD.encode(Sha256::digest(s.as_bytes())));
+        let scripts: Vec<String> = scripts::ALL.iter().map(|s| hash(s)).collect();
+        format!(
+            "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self'; \
+             base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+            scripts.join(" "),
+            hash(CSS)
+        )
+    })
+}
+
+/// What an event says, as (heading, body) — the same words the page's script renders.
+pub fn describe(e: &Value) -> (String, String) {
+    let s = |k: &str| match e.get(k) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(v) => v.to_string(),
+    };
+    let kind = s("type");
+    match kind.as_str() {
+        "run_meta" => ("run started".into(), format!("agent {} · model {}", s("agent"), s("model"))),
+        "input" => (format!("input ({})", s("source")), s("text")),
+        "context" => ("context".into(), s("text")),
+        "assistant" => (format!("step {} · assistant", s("step")), s("text")),
+        "tool_call" => (format!("step {} · tool call {}", s("step"), s("tool")), s("summary")),
+        "tool_result" => {
+            let ok = if e.get("ok").and_then(Value::as_bool).unwrap_or(false) { "ok" } else { "failed" };
+            (format!("step {} · tool result {} {ok}", s("step"), s("tool")), s("summary"))
+        }
+        "note" => (format!("note {}", s("kind")), s("summary")),
+        "stop_requested" => {
+            let actor = e.get("actor");
+            let a = |k: &str| actor.and_then(|a| a.get(k)).and_then(Value::as_str).unwrap_or("").to_owned();
+            (format!("stop requested ({})", s("mode")), format!("by {}:{}", a("kind"), a("id")))
+        }
+        "resumed" => ("resumed".into(), format!("from generation {}", s("fromGeneration"))),
+        "run_failed" => ("run failed".into(), s("message")),
+        "answer" => ("answer".into(), s("text")),
+        _ => (kind, e.to_string()),
+    }
+}
+
+/// Percent-encode a query value (everything but RFC 3986 unreserved characters).
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// `path?k=v&…` with the values encoded.
+fn href(path: &str, pairs: &[(&str, String)]) -> String {
+    if pairs.is_empty() {
+        return path.to_owned();
+    }
+    let q: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect();
+    format!("{path}?{}", q.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The text of every `<tag>…</tag>` in `page`.
+    pub(super) fn inline(page: &str, tag: &str) -> Vec<String> {
+        let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+        page.split(&open).skip(1).map(|rest| rest.split(&close).next().unwrap_or("").to_owned()).collect()
+    }
+
+    #[test]
+    fn every_inline_script_and_style_of_every_page_is_allowed_by_its_hash_and_nothing_else_is() {
+        let policy = content_security_policy();
+        let hash = |s: &str| format!("'sha256-{}'", BASE64_STANDARD.encode(Sha256::digest(s.as_bytes())));
+        let mut pages = index::sample_pages();
+        pages.push(live::sample_page());
+        pages.push(page("404 Not Found", html! { main { h1 { "404" } } }, None).into_string());
+        let mut scripts = 0;
+        for p in &pages {
+            for script in inline(p, "script") {
+                assert!(policy.contains(&hash(&script)), "a page script is not in the policy: {policy}");
+                scripts += 1;
+            }
+            for style in inline(p, "style") {
+                assert!(policy.contains(&hash(&style)), "a page style is not in the policy: {policy}");
+            }
+            // Geometry never travels in style attributes (the policy would refuse them).
+            assert!(!p.contains(" style=\""), "a style attribute: {p}");
+        }
+        assert_eq!(scripts, pages.len() - 2, "each live page carries its script; a history page and an error page none");
+        // Nothing inline is allowed by keyword, nothing loads from another origin, no framing.
+        for forbidden in ["unsafe-inline", "unsafe-eval", "*", "http:", "https:", "data:"] {
+            assert!(!policy.contains(forbidden), "{forbidden} in {policy}");
+        }
+        for directive in ["default-src 'none'", "connect-src 'self'", "frame-ancestors 'none'", "base-uri 'none'"] {
+            assert!(policy.contains(directive), "{directive} missing from {policy}");
+        }
+    }
+
+    #[test]
+    fn times_and_durations_render_readably() {
+        assert_eq!(fmt_time(0), "1970-01-01 00:00:00Z");
+        assert_eq!(fmt_duration(850), "850 ms");
+        assert_eq!(fmt_duration(12_345), "12.3 s");
+        assert_eq!(fmt_duration(243_000), "4 m 03 s");
+        assert_eq!(fmt_duration(7_500_000), "2 h 05 m");
+        let now = 10_000_000_000;
+        let ago = |s: i64| fmt_ago(now, now - s * 1000);
+        assert_eq!([ago(0), ago(42), ago(185), ago(7_300), ago(200_000)], ["just now", "42 s ago", "3 min ago", "2 h ago", "2 d ago"]);
+        assert_eq!(fmt_ago(now, now + 5_000), "just now", "a clock ahead of ours is not the future");
+    }
+
+    #[test]
+    fn links_encode_their_values() {
+        assert_eq!(href("/runs", &[]), "/runs");
+        assert_eq!(href("/runs", &[("agent", "a b&c".into()), ("status", "failed".into())]), "/runs?agent=a%20b%26c&status=failed");
+    }
+}

@@ -1,0 +1,307 @@
+//! The pages' scripts: constants, served inline and allowed by their SHA-256 (see
+//! [`content_security_policy`](super::content_security_policy)); a new script must join [`ALL`].
+//!
+//! They set run strings with `textContent` only. The one markup they insert is the run page's own
+//! fragment (`/runs/{id}/timeline`), parsed with `DOMParser` and swapped in by id.
+
+/// Every inline script a page may carry.
+pub const ALL: [&str; 2] = [INDEX_JS, RUN_JS];
+
+/// The live index: follows `/runs/feed` (rows of other agents or channels than the page's filter are
+/// skipped) and keeps the relative times current.
+pub const INDEX_JS: &str = r#"
+(function () {
+  var root = document.getElementById('index');
+  var rows = document.getElementById('rows');
+  var wantAgent = root.dataset.agent || null, wantChannel = root.dataset.channel || null;
+  function pad(n) { return (n < 10 ? '0' : '') + n; }
+  function iso(ms) {
+    var d = new Date(ms);
+    return d.getUTCFullYear() + '-' + pad(d.getUTCMonth() + 1) + '-' + pad(d.getUTCDate()) + ' ' +
+      pad(d.getUTCHours()) + ':' + pad(d.getUTCMinutes()) + ':' + pad(d.getUTCSeconds()) + 'Z';
+  }
+  function dur(ms) {
+    ms = Math.max(0, ms);
+    if (ms < 1000) return ms + ' ms';
+    if (ms < 60000) return (ms / 1000).toFixed(1) + ' s';
+    if (ms < 3600000) return Math.floor(ms / 60000) + ' m ' + pad(Math.floor(ms % 60000 / 1000)) + ' s';
+    return Math.floor(ms / 3600000) + ' h ' + pad(Math.floor(ms % 3600000 / 60000)) + ' m';
+  }
+  function ago(ms) {
+    var s = Math.floor(Math.max(0, Date.now() - ms) / 1000);
+    if (s < 5) return 'just now';
+    if (s < 60) return s + ' s ago';
+    if (s < 3600) return Math.floor(s / 60) + ' min ago';
+    if (s < 86400) return Math.floor(s / 3600) + ' h ago';
+    return Math.floor(s / 86400) + ' d ago';
+  }
+  function timeEl(ms) {
+    var t = document.createElement('time');
+    t.className = 'ago'; t.dataset.ms = String(ms); t.title = iso(ms); t.textContent = ago(ms);
+    return t;
+  }
+  function label(v) {
+    if (!v.finished) return v.stop ? 'stopping (' + v.stop + ')' : 'live';
+    if (v.provisional) return 'unfinished \u2014 no finish recorded';
+    return v.status || 'finished';
+  }
+  function cls(v) {
+    if (!v.finished) return v.stop ? 'stopping' : 'live';
+    if (v.provisional) return 'warn';
+    if (v.status === 'completed') return 'ok';
+    if (v.status === 'stopped_soft' || v.status === 'stopped_hard') return 'stopped';
+    return 'bad';
+  }
+  function el(tag, className, text) {
+    var e = document.createElement(tag);
+    if (className) e.className = className;
+    if (text != null) e.textContent = String(text);
+    return e;
+  }
+  function cell(tr, name, className) {
+    var td = el('td', className); td.dataset.label = name; tr.appendChild(td); return td;
+  }
+  function render(v) {
+    var tr = document.createElement('tr');
+    tr.id = 'run-' + v.id; tr.dataset.id = v.id;
+    cell(tr, 'Status').appendChild(el('span', 'status st-' + cls(v), label(v)));
+    var box = el('div'); cell(tr, 'Run', 'run').appendChild(box);
+    var a = el('a', null, v.label || v.id); a.href = '/runs/' + encodeURIComponent(v.id); box.appendChild(a);
+    box.appendChild(el('div', 'sub', v.id));
+    if (v.error) { var err = el('div', 'err', v.error); err.title = v.error; box.appendChild(err); }
+    cell(tr, 'Agent').textContent = v.agent || '\u2014';
+    cell(tr, 'Channel').textContent = v.channelId;
+    cell(tr, 'Thread', 'col-thread').appendChild(el('span', 'sub', v.threadKey));
+    cell(tr, 'Started').appendChild(timeEl(v.startedAt));
+    cell(tr, 'Duration', 'num').textContent = dur((v.finishedAt || Date.now()) - v.startedAt);
+    var fin = cell(tr, 'Finished');
+    if (v.finishedAt != null) fin.appendChild(timeEl(v.finishedAt)); else fin.appendChild(el('span', 'muted', '\u2014'));
+    cell(tr, 'Events', 'num').textContent = String(v.eventCount);
+    return tr;
+  }
+  var es = new EventSource('/runs/feed');
+  es.addEventListener('upsert', function (m) {
+    var v = JSON.parse(m.data);
+    if ((wantAgent && v.agent !== wantAgent) || (wantChannel && v.channelId !== wantChannel)) return;
+    var old = document.getElementById('run-' + v.id);
+    var tr = render(v);
+    if (old) { rows.replaceChild(tr, old); } else { rows.insertBefore(tr, rows.firstChild); }
+    var empty = document.getElementById('empty'); if (empty) empty.remove();
+  });
+  es.addEventListener('removed', function (m) {
+    var v = JSON.parse(m.data);
+    var old = document.getElementById('run-' + v.id); if (old) old.remove();
+  });
+  setInterval(function () {
+    var times = document.querySelectorAll('time.ago');
+    for (var i = 0; i < times.length; i++) times[i].textContent = ago(Number(times[i].dataset.ms));
+  }, 15000);
+})();
+"#;
+
+/// The live view: follows the run's stream from the last seeded seq (on the newest page), appends events
+/// with their relative time and duration and follows the tail while scrolled to the bottom, re-fetches
+/// the timeline as events arrive, ticks the "now" line, and drives the Stop / Kill buttons.
+pub const RUN_JS: &str = r#"
+(function () {
+  var root = document.getElementById('run');
+  var id = root.dataset.id, token = root.dataset.token || '';
+  var last = Number(root.dataset.lastSeq || 0);
+  var count = Number(root.dataset.count || 0);
+  var first = Number(root.dataset.first || 1);
+  var range = document.getElementById('ev-range');
+  var tail = root.dataset.tail === 'true';
+  var list = document.getElementById('events');
+  var statusEl = document.getElementById('status');
+  var conn = document.getElementById('conn');
+  var msg = document.getElementById('control-msg');
+  var base = '/api/runs/' + encodeURIComponent(id);
+  var tq = token ? 'token=' + encodeURIComponent(token) : '';
+  var startedAt = Number(root.dataset.startedAt || 0);
+  var MAX_ITEMS = 400;
+  function str(v) { return v == null ? '' : (typeof v === 'string' ? v : JSON.stringify(v)); }
+  function pad(n) { return (n < 10 ? '0' : '') + n; }
+  function dur(ms) {
+    ms = Math.max(0, ms);
+    if (ms < 1000) return ms + ' ms';
+    if (ms < 60000) return (ms / 1000).toFixed(1) + ' s';
+    if (ms < 3600000) return Math.floor(ms / 60000) + ' m ' + pad(Math.floor(ms % 60000 / 1000)) + ' s';
+    return Math.floor(ms / 3600000) + ' h ' + pad(Math.floor(ms % 3600000 / 60000)) + ' m';
+  }
+  function describe(e) {
+    switch (e.type) {
+      case 'run_meta': return ['run started', 'agent ' + str(e.agent) + ' \u00b7 model ' + str(e.model)];
+      case 'input': return ['input (' + str(e.source) + ')', str(e.text)];
+      case 'context': return ['context', str(e.text)];
+      case 'assistant': return ['step ' + str(e.step) + ' \u00b7 assistant', str(e.text)];
+      case 'tool_call': return ['step ' + str(e.step) + ' \u00b7 tool call ' + str(e.tool), str(e.summary)];
+      case 'tool_result': return ['step ' + str(e.step) + ' \u00b7 tool result ' + str(e.tool) + ' ' + (e.ok === true ? 'ok' : 'failed'), str(e.summary)];
+      case 'note': return ['note ' + str(e.kind), str(e.summary)];
+      case 'stop_requested': var a = e.actor || {}; return ['stop requested (' + str(e.mode) + ')', 'by ' + str(a.kind) + ':' + str(a.id)];
+      case 'resumed': return ['resumed', 'from generation ' + str(e.fromGeneration)];
+      case 'run_failed': return ['run failed', str(e.message)];
+      case 'answer': return ['answer', str(e.text)];
+      default: return [str(e.type), JSON.stringify(e)];
+    }
+  }
+  // Durations as the server computes them: a tool result closes its call, an assistant turn the model
+  // call that began when the model got its input.
+  var calls = {}, ready = null;
+  function durationOf(e) {
+    if (e.at == null) return null;
+    var d = null;
+    if (e.type === 'tool_call') { calls[e.callId] = e.at; return null; }
+    if (e.type === 'tool_result' && calls[e.callId] != null) { d = e.at - calls[e.callId]; delete calls[e.callId]; }
+    if (e.type === 'assistant' && ready != null) d = e.at - ready;
+    if (['run_meta', 'input', 'context', 'tool_result', 'resumed', 'assistant'].indexOf(e.type) >= 0) ready = e.at;
+    return d;
+  }
+  function span(cls, text) { var s = document.createElement('span'); s.className = cls; s.textContent = text; return s; }
+  function render(e) {
+    var d = describe(e), li = document.createElement('li');
+    li.className = 'ev ev-' + String(e.type || 'other').replace(/[^A-Za-z0-9_]/g, '') + (e.effectsUnknown === true ? ' ev-unknown' : '');
+    li.dataset.seq = e.seq == null ? '' : String(e.seq);
+    li.appendChild(span('seq', '#' + li.dataset.seq));
+    li.appendChild(span('rel', e.at == null ? '' : '+' + dur(e.at - startedAt)));
+    var head = span('head', ''); head.appendChild(span('kind', d[0]));
+    var took = durationOf(e); if (took != null) head.appendChild(span('dur', dur(took)));
+    li.appendChild(head); li.appendChild(span('body', d[1]));
+    return li;
+  }
+  var usage = JSON.parse(root.getAttribute('data-usage') || '{}');
+  function addUsage(e) {
+    var m = e.model == null ? '-' : String(e.model), u = usage[m] || [0, 0];
+    usage[m] = [u[0] + (e.usage.inputTokens || 0), u[1] + (e.usage.outputTokens || 0)];
+    document.getElementById('f-usage').textContent = Object.keys(usage).sort().map(function (k) {
+      return k + ': ' + usage[k][0] + ' in / ' + usage[k][1] + ' out';
+    }).join(' \u00b7 ');
+  }
+  function setStatus(text, cls) { statusEl.textContent = text; statusEl.className = 'status st-' + cls; }
+  function statusClass(s) {
+    if (s === 'completed') return 'ok';
+    if (s === 'stopped_soft' || s === 'stopped_hard') return 'stopped';
+    return 'bad';
+  }
+  function showError(text) {
+    document.getElementById('error-text').textContent = text;
+    document.getElementById('error-box').hidden = false;
+  }
+  // The timeline and the "now" line: one server renderer, re-fetched at most once a second.
+  var refreshing = false, again = false;
+  function refresh() {
+    if (refreshing) { again = true; return; }
+    refreshing = true;
+    fetch('/runs/' + encodeURIComponent(id) + '/timeline' + (tq ? '?' + tq : ''), { headers: { accept: 'text/html' } })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (text) {
+        if (text == null) return;
+        var doc = new DOMParser().parseFromString(text, 'text/html');
+        ['now-slot', 'timeline'].forEach(function (k) {
+          var fresh = doc.getElementById(k), old = document.getElementById(k);
+          if (fresh && old) old.replaceWith(document.importNode(fresh, true));
+        });
+      }, function () {})
+      .then(function () {
+        setTimeout(function () { refreshing = false; if (again) { again = false; refresh(); } }, 1000);
+      });
+  }
+  var ranEl = document.getElementById('f-ran'), durEl = document.getElementById('f-duration');
+  function tick() {
+    var t = dur(Date.now() - startedAt);
+    ranEl.textContent = t; durEl.textContent = t;
+    var now = document.getElementById('now'), forEl = document.getElementById('now-for');
+    if (now && forEl) forEl.textContent = dur(Date.now() - Number(now.dataset.since));
+  }
+  var ticker = null;
+  function finish() {
+    document.getElementById('stop-soft').disabled = true;
+    document.getElementById('stop-hard').disabled = true;
+    if (ticker) { clearInterval(ticker); ticker = null; }
+  }
+  function atBottom() {
+    return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
+  }
+  if (root.dataset.finished !== 'true') {
+    ticker = setInterval(tick, 1000);
+    var url = base + '/stream?afterSeq=' + last + (tq ? '&' + tq : '');
+    var es = new EventSource(url);
+    es.onopen = function () { conn.textContent = ''; };
+    es.onerror = function () { if (es.readyState !== 2) conn.textContent = '(reconnecting\u2026)'; };
+    es.addEventListener('run_event', function (m) {
+      var e = JSON.parse(m.data);
+      if (e.seq != null && e.seq <= last) return;
+      if (e.seq != null) last = e.seq;
+      count += 1;
+      document.getElementById('f-events').textContent = String(count);
+      if (tail) {
+        var follow = atBottom();
+        list.appendChild(render(e));
+        while (list.children.length > MAX_ITEMS) { list.removeChild(list.firstChild); first += 1; }
+        range.textContent = first + '\u2013' + count + ' of ' + count;
+        if (follow) window.scrollTo(0, document.documentElement.scrollHeight);
+      }
+      if (e.type === 'answer') document.getElementById('answer').textContent = str(e.text);
+      if (e.type === 'run_failed') showError(str(e.message));
+      if (e.type === 'assistant' && e.usage) addUsage(e);
+      if (e.type === 'stop_requested') setStatus('stopping (' + str(e.mode) + ')', 'stopping');
+      refresh();
+    });
+    es.addEventListener('end', function (m) {
+      es.close();
+      var d = JSON.parse(m.data);
+      if (d.provisional) setStatus('unfinished \u2014 no finish recorded', 'warn');
+      else setStatus(str(d.status), statusClass(d.status));
+      if (d.finishedAt != null) {
+        var t = new Date(d.finishedAt).toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+        document.getElementById('f-finished').textContent = t;
+      }
+      finish();
+      document.getElementById('now-slot').textContent = '';
+      if (d.finishedAt != null) { ranEl.textContent = dur(d.finishedAt - startedAt); durEl.textContent = ranEl.textContent; }
+      conn.textContent = '';
+      refresh();
+    });
+  }
+  function call(method, path, body) {
+    msg.textContent = '\u2026';
+    var url = path + (tq ? (path.indexOf('?') < 0 ? '?' : '&') + tq : '');
+    var init = { method: method, headers: {} };
+    if (body) { init.headers['content-type'] = 'application/json'; init.body = JSON.stringify(body); }
+    fetch(url, init).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (b) {
+        msg.textContent = r.status + ' ' + str(b.state || b.message || b.error || '');
+      });
+    }, function (err) { msg.textContent = 'request failed: ' + err; });
+  }
+  document.getElementById('stop-soft').addEventListener('click', function () { call('POST', base + '/stop', { mode: 'soft' }); });
+  document.getElementById('stop-hard').addEventListener('click', function () { call('POST', base + '/stop', { mode: 'hard' }); });
+  document.getElementById('kill').addEventListener('click', function () {
+    if (window.confirm && !window.__noConfirm && !window.confirm('Kill this run? Its history is deleted.')) return;
+    call('DELETE', base);
+  });
+})();
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buttons_post_json_and_send_no_body_otherwise() {
+        // The edge refuses a body that is not `application/json` (SPEC §8.1): the script's one button
+        // `fetch` sets that type whenever it sends a body, and Kill sends none.
+        assert!(RUN_JS.contains("if (body) { init.headers['content-type'] = 'application/json'; init.body = JSON.stringify(body); }"));
+        assert!(RUN_JS.contains("call('DELETE', base);"));
+        // Two fetches: the buttons' one, and the timeline fragment's GET (no body).
+        assert_eq!(RUN_JS.matches("fetch(").count(), 2);
+        assert!(RUN_JS.contains("fetch('/runs/' + encodeURIComponent(id) + '/timeline'"));
+    }
+
+    #[test]
+    fn run_strings_are_set_as_text_and_only_the_servers_fragment_as_markup() {
+        for js in ALL {
+            assert!(!js.contains("innerHTML") && !js.contains("insertAdjacentHTML") && !js.contains("document.write"));
+        }
+        assert_eq!(RUN_JS.matches("parseFromString(").count(), 1);
+    }
+}
