@@ -696,6 +696,7 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
             }
         }
     };
+    let started = Instant::now();
     let mut answer = claim().await;
     for delay in CLAIM_RETRIES {
         if !answer.as_ref().is_err_and(storage::Error::is_transient) {
@@ -709,6 +710,9 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     } else {
         Some(answer)
     };
+    if seeded && answer.is_some() {
+        run.deps.metrics.step_commit(started.elapsed());
+    }
     let written = run.settle("promotion", answer);
     if seeded && matches!(written, Written::Ok) {
         run.deps.metrics.steps.inc(); // the seed's step record

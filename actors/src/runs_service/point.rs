@@ -200,8 +200,11 @@ impl RunsService {
                 self.overlay_record(&mut view).await;
                 if include_events {
                     // Taken after the row: the events cover at least what the row counted.
-                    let events = self.registry.snapshot(id).map(|(_, e)| e).unwrap_or_default();
-                    view.events = Some(events);
+                    match self.registry.snapshot(id) {
+                        Some((_, events)) => view.events = Some(events),
+                        // Its record landed meanwhile and the registry let it go: the store has it all.
+                        None => return self.stored_run(id, true, visible_to).await,
+                    }
                 }
                 Ok(view)
             }
@@ -272,7 +275,10 @@ impl RunsService {
                 if !RunView::from_registry(&row).visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
-                let events = self.registry.snapshot(id).map(|(_, e)| e).unwrap_or_default();
+                let Some((_, events)) = self.registry.snapshot(id) else {
+                    // Its record landed since the lookup: the record holds the same seqs.
+                    return self.stored_events(id, after_seq, limit, visible_to).await;
+                };
                 let after = events.into_iter().filter(|e| event_seq(e).is_some_and(|s| s > after_seq));
                 Ok(page_of(after, limit, None))
             }
@@ -316,7 +322,10 @@ impl RunsService {
                 if !RunView::from_registry(&row).visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
-                let (row, events) = self.registry.snapshot(id).ok_or(RunsError::NotFound)?;
+                let Some((row, events)) = self.registry.snapshot(id) else {
+                    // Its record landed since the lookup.
+                    return self.stored_friction(id, visible_to).await;
+                };
                 Ok(Friction {
                     id: id.to_owned(),
                     finished: row.finished_at.is_some(),
