@@ -111,7 +111,7 @@ impl StorageHandle {
         self.receipt_ttl_ms
     }
 
-    /// `"sqlite"` or `"memory"`.
+    /// `"sqlite"`, `"postgres"` or `"memory"`.
     pub fn kind(&self) -> &'static str {
         self.kind
     }
@@ -128,7 +128,7 @@ impl StorageHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        self.transact(f).await
+        self.transact_once(f).await
     }
 
     /// A free-form read, routed as the handle's reads are (a reader's read-only connection, or the actor
@@ -139,11 +139,28 @@ impl StorageHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        self.read(f).await
+        self.read_once(f).await
     }
 
-    /// Run `f` as one transaction on the storage thread, with the handle's `now_ms`.
-    async fn transact<R, F>(&self, f: F) -> Result<R>
+    /// Run `f` as one transaction on the storage thread, with the handle's `now_ms`. The actor may run
+    /// it again alone after a lost race (PostgreSQL, [`Backend::rerun_alone`]), hence `FnMut`.
+    async fn transact<R, F>(&self, mut f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnMut(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
+    {
+        if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable("injected outage".into()));
+        }
+        let now = self.clock.now_ms();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let body: crate::actor::BodyAgain<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
+        self.send(crate::actor::job_again(body, tx), rx).await
+    }
+
+    /// [`StorageHandle::transact`] for a body that can run only once (tests): never run again.
+    #[cfg(any(test, feature = "test-hooks"))]
+    async fn transact_once<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
@@ -154,21 +171,24 @@ impl StorageHandle {
         let now = self.clock.now_ms();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
-        if let Err(e) = self.mailbox.try_send(crate::actor::job(body, tx)) {
+        self.send(crate::actor::job(body, tx), rx).await
+    }
+
+    async fn send<R>(&self, job: crate::actor::Job, rx: tokio::sync::oneshot::Receiver<Result<R>>) -> Result<R> {
+        if let Err(e) = self.mailbox.try_send(job) {
             return Err(e.into_error("storage actor"));
         }
         rx.await.map_err(|_| Error::Unavailable("the storage actor dropped the message".into()))?
     }
 
-    /// Run the read `f` on a reader's read-only connection, with the handle's `now_ms`; on the actor
-    /// when there are no readers (the memory backend). `f` must only read: a reader's connection
-    /// refuses writes.
-    async fn read<R, F>(&self, f: F) -> Result<R>
+    /// [`StorageHandle::read`] for a body that can run only once (tests).
+    #[cfg(any(test, feature = "test-hooks"))]
+    async fn read_once<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        let Some(readers) = &self.readers else { return self.transact(f).await };
+        let Some(readers) = &self.readers else { return self.transact_once(f).await };
         if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Unavailable("injected outage".into()));
         }
@@ -176,6 +196,27 @@ impl StorageHandle {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
         if let Err(e) = readers.try_send(crate::actor::job(body, tx)) {
+            return Err(e.into_error("storage readers"));
+        }
+        rx.await.map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
+    }
+
+    /// Run the read `f` on a reader's read-only connection, with the handle's `now_ms`; on the actor
+    /// when there are no readers (the memory backend). `f` must only read: a reader's connection
+    /// refuses writes.
+    async fn read<R, F>(&self, mut f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnMut(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
+    {
+        let Some(readers) = &self.readers else { return self.transact(f).await };
+        if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable("injected outage".into()));
+        }
+        let now = self.clock.now_ms();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let body: crate::actor::BodyAgain<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
+        if let Err(e) = readers.try_send(crate::actor::job_again(body, tx)) {
             return Err(e.into_error("storage readers"));
         }
         rx.await.map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?

@@ -111,9 +111,10 @@ fn reader(rx: &Mutex<mpsc::Receiver<Job>>, path: &std::path::Path, fallback: &Ma
             let _ = fallback.try_send(job);
             continue;
         };
-        let (reply, poisoned) = job(store);
+        let mut job = job;
+        let poisoned = job.run(store);
         stats.pooled_reads.fetch_add(1, Relaxed);
-        reply(None);
+        job.reply(None);
         if poisoned {
             tracing::warn!(path = %path.display(), "a reader's connection is dropped after a poisoning error");
             conn = None;

@@ -1,4 +1,5 @@
-//! The `RunLedger` contract (SPEC §4), run against every implementation: in-memory and SQLite.
+//! The `RunLedger` contract (SPEC §4), run against every implementation: in-memory, SQLite and
+//! PostgreSQL (a fresh database per case in one throwaway cluster per test binary, `storage::testing::pg`).
 //!
 //! Each case is a plain function over a store that is both the finished-run history and the live-run
 //! ledger (`S: RunStore + RunLedger`); the `contract!` macro instantiates it once per implementation,
@@ -1485,6 +1486,12 @@ macro_rules! contract {
                 super::$case(&mut s);
             })*
         }
+        mod postgres {
+            $(#[test] fn $case() {
+                let mut s = storage::PgStore::open(&storage::testing::pg::database()).expect("open");
+                super::$case(&mut s);
+            })*
+        }
     };
 }
 
@@ -1692,6 +1699,14 @@ mod kill {
         let mut s = storage::SqliteStore::open(&dir.path().join("b.db"), storage::Synchronous::Normal).unwrap();
         killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing(&mut s);
     }
+
+    #[test]
+    fn postgres_kill() {
+        let mut s = storage::PgStore::open(&storage::testing::pg::database()).unwrap();
+        a_kill_fences_the_owner_and_refuses_every_later_write(&mut s);
+        let mut s = storage::PgStore::open(&storage::testing::pg::database()).unwrap();
+        killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing(&mut s);
+    }
 }
 
 // ---- keyed receipts per run (SPEC §5.1) ----
@@ -1743,6 +1758,12 @@ mod receipt_limit {
     fn sqlite_receipt_limit() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = storage::SqliteStore::open(&dir.path().join("r.db"), storage::Synchronous::Normal).unwrap();
+        a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one(&mut s);
+    }
+
+    #[test]
+    fn postgres_receipt_limit() {
+        let mut s = storage::PgStore::open(&storage::testing::pg::database()).unwrap();
         a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one(&mut s);
     }
 }
