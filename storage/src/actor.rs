@@ -472,11 +472,15 @@ pub fn start(spec: BackendSpec) -> Mailbox {
 /// Start the storage actor on its own thread with a queue of `capacity` messages (at least 1).
 pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
     let (tx, rx) = mpsc::sync_channel::<Job>(capacity.max(1));
-    let mut actor = StorageActor::new(spec);
-    let stats = actor.stats.clone();
+    // The backend opens on the storage thread — the synchronous PostgreSQL client refuses to block
+    // inside a caller's async runtime — and this waits for it, so a caller finds the database created
+    // and migrated (or the failure logged) when `start` returns, as before.
+    let (opened_tx, opened) = mpsc::sync_channel::<Arc<GroupStats>>(1);
     std::thread::Builder::new()
         .name("storage-actor".into())
         .spawn(move || {
+            let mut actor = StorageActor::new(spec);
+            let _ = opened_tx.send(actor.stats.clone());
             while let Ok(first) = rx.recv() {
                 let mut jobs = vec![first];
                 while jobs.len() < MAX_GROUP {
@@ -490,5 +494,6 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
             }
         })
         .expect("spawn the storage thread");
+    let stats = opened.recv().expect("the storage thread opens its backend");
     Mailbox { tx, stats }
 }

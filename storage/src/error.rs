@@ -17,7 +17,7 @@ pub enum Error {
     /// PostgreSQL failed: a lost race (serialization failure `40001`, deadlock `40P01`, unique
     /// violation `23505` from a concurrent insert), a lock or statement timeout, a dropped connection —
     /// all transient ([`Error::is_transient`]) — or anything else, which is not.
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", pg_display(.0))]
     Postgres(#[from] postgres::Error),
     /// The database was written by a newer version of Switchboard than this one.
     #[error("database schema version {found} is newer than this build supports ({supported})")]
@@ -76,6 +76,17 @@ const PG_RACES: [&str; 3] = ["40001", "40P01", "23505"];
 
 fn pg_code(e: &postgres::Error) -> Option<&str> {
     e.code().map(postgres::error::SqlState::code)
+}
+
+/// A PostgreSQL error with what the server said (`postgres::Error` alone prints "db error").
+fn pg_display(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
 }
 
 /// No answer from the server: the connection is closed, or an I/O error (connecting included).

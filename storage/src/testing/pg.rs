@@ -126,19 +126,29 @@ impl Cluster {
     }
 
     /// Create a fresh, empty database and answer its URL. Panics (failing the test) when it cannot.
+    /// Callable from async tests too: the synchronous client runs on a thread of its own (it would
+    /// refuse to start its runtime inside the caller's).
     pub fn database(&self) -> String {
         let name = format!("t{}_{}", std::process::id(), self.next.fetch_add(1, Ordering::SeqCst));
-        let mut admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
-        if admin.as_ref().is_none_or(postgres::Client::is_closed) {
-            let client = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
-                .unwrap_or_else(|e| panic!("connect to the test cluster on port {}: {e}", self.port));
-            *admin = Some(client);
+        let created = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let mut admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+                    if admin.as_ref().is_none_or(postgres::Client::is_closed) {
+                        let client = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
+                            .map_err(|e| format!("connect to the test cluster on port {}: {e}", self.port))?;
+                        *admin = Some(client);
+                    }
+                    let client = admin.as_mut().expect("connected above");
+                    client.batch_execute(&format!("CREATE DATABASE {name}")).map_err(|e| format!("create database {name}: {e}"))
+                })
+                .join()
+        });
+        match created {
+            Ok(Ok(())) => self.url(&name),
+            Ok(Err(why)) => panic!("{why}"),
+            Err(_) => panic!("creating database {name} panicked"),
         }
-        let client = admin.as_mut().expect("connected above");
-        client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .unwrap_or_else(|e| panic!("create database {name}: {e}"));
-        self.url(&name)
     }
 
     /// Stop the server now (`-m immediate`); the temp dir goes with the watchdog.
