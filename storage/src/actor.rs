@@ -1,6 +1,7 @@
 //! `StorageActor`: the one thread of this process that touches the database.
 //!
-//! Owns the backend ([`SqliteStore`] or [`MemoryStore`]) on a dedicated thread, so every storage
+//! Owns the backend ([`SqliteStore`], [`PgStore`] or [`MemoryStore`]) on a dedicated thread (opened there:
+//! the synchronous PostgreSQL client must not block inside a caller's async runtime), so every storage
 //! transaction of the process runs in order — like a Durable Object's input gate. Messages are jobs: each
 //! runs exactly one backend method, and each backend method is one logical transaction. Callers never see
 //! this type; they use [`crate::StorageHandle`].
@@ -10,7 +11,11 @@
 //! commit rate. The actor therefore drains its queue: the messages that arrived while a transaction ran are
 //! committed together in the next one — one `BEGIN IMMEDIATE`, a `SAVEPOINT` per message (a failing
 //! message rolls back only itself), one `COMMIT`. No reply leaves before that `COMMIT`; if it fails, every
-//! message of the group answers the error. This needs to see the queue, which an actix `SyncContext`
+//! message of the group answers the error — unless the backend says the failure was a lost race
+//! ([`Backend::rerun_alone`], PostgreSQL, SPEC §1.3): nothing of the group landed, so each message runs
+//! again as its own transaction and answers after its own commit. A message that lost a race itself runs
+//! again alone too, at most [`RERUN_ALONE`] times. Only jobs built with [`job_again`] (an `FnMut` body,
+//! every typed method of the handle) run again; a one-shot job answers the error. This needs to see the queue, which an actix `SyncContext`
 //! handler cannot (it gets one message at a time), so the actor is a plain thread reading a channel; it is
 //! still the single writer, and its mailbox is still the only way in.
 //!

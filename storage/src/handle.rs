@@ -1,7 +1,7 @@
 //! `StorageHandle`: the async face of the storage actor and its readers.
 //!
 //! Cheap to clone; every method sends one job and awaits its answer. Writes (and every method of the
-//! memory backend) go to the storage actor's queue; reads of the SQLite backend go to the readers'
+//! memory and PostgreSQL backends — PostgreSQL has no read pool yet) go to the storage actor's queue; reads of the SQLite backend go to the readers'
 //! queue ([`crate::readers`]), so a heartbeat or a step never waits behind a list or an SSE poll
 //! (SPEC §1.2). Both queues are bounded: a full one, a closed one or a dropped message becomes
 //! [`Error::Unavailable`] at once (transient: the caller retries), never a panic and never a wait. The

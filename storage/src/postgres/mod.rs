@@ -58,8 +58,9 @@ use crate::{Error, Result};
 /// How long a statement waits for a lock before failing (transient).
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long one statement may run before failing (transient).
-pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one statement may run before failing (transient). Longer than [`LOCK_TIMEOUT`], so a
+/// statement stuck behind a peer's lock reports the lock.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -259,7 +260,7 @@ fn connect(url: &str) -> Result<Client> {
         LOCK_TIMEOUT.as_millis(),
         STATEMENT_TIMEOUT.as_millis(),
         // A transaction left open by a stalled process stops holding its locks.
-        STATEMENT_TIMEOUT.as_millis() * 12,
+        STATEMENT_TIMEOUT.as_millis() * 4,
     ))?;
     Ok(client)
 }

@@ -1,7 +1,7 @@
 //! Versioned migrations of the PostgreSQL schema, recorded in a one-row `schema_version` table.
 //!
-//! Migration N (1-based) brings a database from version N-1 to N inside one transaction, together with
-//! the version bump, so a failing step leaves the previous version intact. Hosts that start together
+//! Migration N (1-based) brings a database from version N-1 to N; the pending steps run in one
+//! transaction together with the version bump, so a failing step leaves the version found intact. Hosts that start together
 //! serialize on a transaction-scoped advisory lock, and each re-reads the version under it: exactly one
 //! runs each step. A database stamped with a version newer than [`MIGRATIONS`] knows is refused by name
 //! ([`Error::SchemaTooNew`]) and never written by an older build.
