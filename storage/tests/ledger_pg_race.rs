@@ -9,12 +9,16 @@
 //!   change nothing;
 //! - three hosts admit onto one free thread: exactly one starts the run, the others are steered into
 //!   its inbox (never a refusal, never an error);
-//! - a completion and a cleanup settle race on one plan request: exactly one wins.
+//! - a completion and a cleanup settle race on one plan request: exactly one wins;
+//! - and the reclaim race once more with each contender an OS process of its own (this test binary,
+//!   started again to run `contender_process`), as hosts are.
 //!
 //! And one case through the storage actor: a group commit that loses a race at `COMMIT` answers every
 //! message with its decided value, each after its own commit — none answers the race.
 
 use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -199,6 +203,130 @@ fn three_hosts_admitting_onto_one_free_thread_start_exactly_one_run_and_steer_th
         assert_eq!(inbox.len(), 2, "round {round}");
         let live = hosts[0].list_live().unwrap();
         assert_eq!(live.iter().filter(|r| r.thread_key == thread).count(), 1, "round {round}: one row per thread");
+    }
+}
+
+/// Where `contender_process` finds its part: `url|gen|at`. Set only for the child processes.
+const CONTENDER_ENV: &str = "SWITCHBOARD_PG_RACE_CONTENDER";
+
+/// Not a case of its own: the body of one contender process of
+/// `three_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_winner`, which starts
+/// this binary again with [`CONTENDER_ENV`] set. Without it there is nothing to do. The contender
+/// connects, says `READY`, waits for a line on stdin (the start signal every contender gets at once),
+/// reclaims, and prints its answer as one `RESULT` line of JSON.
+#[test]
+fn contender_process() {
+    let Ok(part) = std::env::var(CONTENDER_ENV) else { return };
+    let fields: Vec<&str> = part.split('|').collect();
+    let [url, gen, at] = fields[..] else { panic!("bad {CONTENDER_ENV}: {part}") };
+    let at: i64 = at.parse().expect("at");
+    let mut s = open(url);
+    // Straight to stdout, past the harness's output capture (which takes `println!`).
+    let say = |line: String| {
+        let mut out = std::io::stdout().lock();
+        out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()).expect("stdout");
+    };
+    say("READY".into());
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).expect("the start signal");
+    let answer = s.reclaim(gen, at, LEASE, &[]).expect("a race is retried, never an error");
+    let taken: Vec<&str> = answer.taken.iter().map(|t| t.row.run_id.as_str()).collect();
+    let elsewhere: Vec<Value> =
+        answer.live_elsewhere.iter().map(|r| json!([r.run_id, r.owner_gen, r.lease_until])).collect();
+    say(format!("RESULT {}", json!({"taken": taken, "elsewhere": elsewhere})));
+}
+
+/// A contender process: started, connected and waiting for the start signal.
+struct Contender {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Contender {
+    fn start(url: &str, gen: &str, at: i64) -> Contender {
+        let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+            .args(["contender_process", "--exact", "--test-threads=1"])
+            .env(CONTENDER_ENV, format!("{url}|{gen}|{at}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a contender process");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut c = Contender { child, out };
+        c.line_after("READY");
+        c
+    }
+
+    /// What follows `prefix` on the first stdout line holding it (the harness prints its own text, and
+    /// `test contender_process ... ` with no newline before the contender's first line).
+    fn line_after(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.out.read_line(&mut line).expect("read a contender's output");
+            assert!(n > 0, "the contender ended before printing {prefix}");
+            if let Some(at) = line.find(prefix) {
+                return line[at + prefix.len()..].trim().to_owned();
+            }
+        }
+    }
+
+    fn go(&mut self) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"go\n").and_then(|()| stdin.flush()).expect("start the contender");
+    }
+
+    /// The contender's answer: the ids it took and `(id, owner, lease_until)` of what it saw live elsewhere.
+    fn answer(mut self) -> (BTreeSet<String>, Vec<(String, String, i64)>) {
+        let result: Value = serde_json::from_str(&self.line_after("RESULT")).expect("RESULT json");
+        assert!(self.child.wait().expect("wait for the contender").success(), "the contender failed");
+        let taken = result["taken"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+        let elsewhere = result["elsewhere"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v[0].as_str().unwrap().to_owned(), v[1].as_str().unwrap().to_owned(), v[2].as_i64().unwrap()))
+            .collect();
+        (taken, elsewhere)
+    }
+}
+
+#[test]
+fn three_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_winner() {
+    let url = pg::database();
+    let mut dead = open(&url);
+    let mut hosts: Vec<PgStore> = GENS.iter().map(|_| open(&url)).collect();
+    for round in 0..10 {
+        let t0 = NOW + round as i64 * 10 * LEASE;
+        let ids: Vec<String> = (0..ROWS).map(|i| format!("p{round:03}-{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let thread = format!("C1:p{round}-{i}");
+            assert_eq!(dead.admit(&admission(&thread, id, DEAD, t0), t0).unwrap(), AdmitOutcome::Started { run_id: id.clone() });
+            assert_eq!(dead.claim(id, DEAD, &promotion(), t0).unwrap(), Ok(Claimed::Promoted));
+        }
+        let at = t0 + LEASE;
+        let mut contenders: Vec<Contender> = GENS.iter().map(|g| Contender::start(&url, g, at)).collect();
+        for c in &mut contenders {
+            c.go();
+        }
+        let answers: Vec<_> = contenders.into_iter().map(Contender::answer).collect();
+        let mut all = BTreeSet::new();
+        for (taken, _) in &answers {
+            assert!(taken.is_disjoint(&all), "round {round}: a row taken twice: {answers:?}");
+            all.extend(taken.iter().cloned());
+        }
+        assert_eq!(all, ids.iter().cloned().collect::<BTreeSet<_>>(), "round {round}: every row has a winner");
+        for id in &ids {
+            let w = answers.iter().position(|(t, _)| t.contains(id)).expect("a winner");
+            for (l, (_, elsewhere)) in answers.iter().enumerate().filter(|(l, _)| *l != w) {
+                let seen = elsewhere.iter().find(|(r, _, _)| r == id);
+                let seen = seen.unwrap_or_else(|| panic!("round {round}: process {l} does not see {id} live elsewhere"));
+                assert_eq!((seen.1.as_str(), seen.2), (GENS[w], at + LEASE), "round {round}: {id}");
+            }
+            assert_eq!(hosts[w].get_live(id).unwrap().map(|r| r.owner_gen), Some(GENS[w].to_owned()));
+            assert_eq!(hosts[w].abandon(id, GENS[w]).unwrap(), Ok(()), "round {round}: {id}");
+        }
+        assert!(hosts[0].list_live().unwrap().is_empty());
     }
 }
 
