@@ -6,7 +6,7 @@
 //! the loser's transaction fails with a serialization failure and runs again, deciding on the winner's
 //! committed rows. A refusal is decided before any write, so committing it writes nothing.
 
-use postgres::Client;
+use super::Db;
 use serde_json::{Map, Value};
 
 use super::live::{get_row, is_killed, live_rows, row_by_thread, ROW_COLUMNS};
@@ -23,7 +23,7 @@ use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
-fn owned(c: &mut Client, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
     if is_killed(c, run_id)? {
         return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
     }
@@ -44,23 +44,23 @@ macro_rules! owner {
     };
 }
 
-fn write_state(c: &mut Client, run_id: &str, state: &Map<String, Value>) -> Result<()> {
+fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
     c.execute("UPDATE live_runs SET state_json = $2 WHERE run_id = $1", &[&run_id, &Value::Object(state.clone()).to_string()])?;
     Ok(())
 }
 
-fn set_phase(c: &mut Client, run_id: &str, phase: Phase) -> Result<()> {
+fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
     c.execute("UPDATE live_runs SET phase = $2 WHERE run_id = $1", &[&run_id, &phase.as_str()])?;
     Ok(())
 }
 
-fn push_inbox_in(c: &mut Client, run_id: &str, message: &Value) -> Result<u64> {
+fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
     let seq: i64 = c.query_one("SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = $1", &[&run_id])?.get(0);
     c.execute("INSERT INTO run_inbox (run_id, seq, json) VALUES ($1, $2, $3)", &[&run_id, &seq, &message.to_string()])?;
     Ok(seq as u64)
 }
 
-fn inbox_after(c: &mut Client, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
+fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
     let Ok(after) = i64::try_from(after.unwrap_or(0)) else { return Ok(Vec::new()) };
     c.query("SELECT seq, json FROM run_inbox WHERE run_id = $1 AND seq > $2 ORDER BY seq", &[&run_id, &after])?
         .iter()
@@ -72,7 +72,7 @@ fn inbox_after(c: &mut Client, run_id: &str, after: Option<u64>) -> Result<Vec<I
         .collect()
 }
 
-fn last_step(c: &mut Client, run_id: &str) -> Result<Option<StepRecord>> {
+fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
     let json: Option<String> = c
         .query_opt("SELECT json FROM run_steps WHERE run_id = $1 ORDER BY step DESC LIMIT 1", &[&run_id])?
         .map(|r| r.get(0));
@@ -81,7 +81,7 @@ fn last_step(c: &mut Client, run_id: &str) -> Result<Option<StepRecord>> {
 
 /// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
 /// went; its receipts and events stay.
-fn delete_live(c: &mut Client, run_id: &str) -> Result<u64> {
+fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
     let mut n = 0;
     for sql in [
         "DELETE FROM live_runs WHERE run_id = $1",
@@ -95,17 +95,17 @@ fn delete_live(c: &mut Client, run_id: &str) -> Result<u64> {
 }
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
-fn stamp_receipts(c: &mut Client, run_id: &str, now_ms: i64) -> Result<()> {
+fn stamp_receipts(c: &mut Db, run_id: &str, now_ms: i64) -> Result<()> {
     c.execute("UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL", &[&run_id, &now_ms])?;
     Ok(())
 }
 
-fn count(c: &mut Client, table: &str) -> Result<u64> {
+fn count(c: &mut Db, table: &str) -> Result<u64> {
     let n: i64 = c.query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.get(0);
     Ok(n.max(0) as u64)
 }
 
-fn admit_in(c: &mut Client, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
     if let Some(k) = &a.key {
         let hit = c.query_opt("SELECT body_hash, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2", &[&k.scope, &k.key])?;
         if let Some(hit) = hit {
@@ -167,7 +167,7 @@ fn admit_in(c: &mut Client, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
     Ok(outcome)
 }
 
-fn claim_in(c: &mut Client, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+fn claim_in(c: &mut Db, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
     if is_killed(c, run_id)? {
         return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
     }
@@ -208,7 +208,7 @@ fn claim_in(c: &mut Client, run_id: &str, gen: &str, p: &Promotion, now_ms: i64)
     })
 }
 
-fn reclaim_in(c: &mut Client, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+fn reclaim_in(c: &mut Db, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
     let rows = live_rows(c.query(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"), &[])?)?;
     let mut answer = ReclaimAnswer::default();
     for mut row in rows {
@@ -234,7 +234,7 @@ fn reclaim_in(c: &mut Client, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: 
     Ok(answer)
 }
 
-fn prune_in(c: &mut Client, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+fn prune_in(c: &mut Db, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
     // Receipts of runs that ended without a stamp (abandon, purge) start their TTL now.
     c.execute(
         "UPDATE admit_receipts SET ended_at = $1

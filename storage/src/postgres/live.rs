@@ -2,7 +2,9 @@
 //! the finished-run SQL (`records.rs`): decoding a live row, finding it by run or by thread, and the two
 //! facts a history write must respect — [`is_live`] and [`is_killed`]. Mirrors `sqlite/live.rs`.
 
-use postgres::{Client, Row};
+use postgres::Row;
+
+use super::Db;
 use serde_json::{Map, Value};
 
 use crate::ledger::{LiveRow, Phase, StopMode};
@@ -49,7 +51,7 @@ pub(super) fn live_rows(rows: Vec<Row>) -> Result<Vec<LiveRow>> {
 }
 
 /// The live row of `run_id`, if any.
-pub(super) fn get_row(c: &mut Client, run_id: &str) -> Result<Option<LiveRow>> {
+pub(super) fn get_row(c: &mut Db, run_id: &str) -> Result<Option<LiveRow>> {
     c.query_opt(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = $1"), &[&run_id])?
         .as_ref()
         .map(live_row)
@@ -57,7 +59,7 @@ pub(super) fn get_row(c: &mut Client, run_id: &str) -> Result<Option<LiveRow>> {
 }
 
 /// The live row holding `thread_key` (`thread_key UNIQUE`), if any.
-pub(super) fn row_by_thread(c: &mut Client, thread_key: &str) -> Result<Option<LiveRow>> {
+pub(super) fn row_by_thread(c: &mut Db, thread_key: &str) -> Result<Option<LiveRow>> {
     c.query_opt(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = $1"), &[&thread_key])?
         .as_ref()
         .map(live_row)
@@ -65,11 +67,11 @@ pub(super) fn row_by_thread(c: &mut Client, thread_key: &str) -> Result<Option<L
 }
 
 /// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`).
-pub(super) fn is_killed(c: &mut Client, run_id: &str) -> Result<bool> {
+pub(super) fn is_killed(c: &mut Db, run_id: &str) -> Result<bool> {
     Ok(c.query_opt("SELECT 1 FROM deletion_fences WHERE run_id = $1", &[&run_id])?.is_some())
 }
 
 /// Whether `run_id` has a live row: its `run_events` are then the ledger's, not the history's.
-pub(super) fn is_live(c: &mut Client, run_id: &str) -> Result<bool> {
+pub(super) fn is_live(c: &mut Db, run_id: &str) -> Result<bool> {
     Ok(c.query_opt("SELECT 1 FROM live_runs WHERE run_id = $1", &[&run_id])?.is_some())
 }

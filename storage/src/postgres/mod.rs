@@ -1,7 +1,8 @@
 //! The PostgreSQL implementation of the storage traits (`storage.kind = "postgres"`, SPEC §1.3): many
 //! hosts sharing one database.
 //!
-//! Owns one synchronous `postgres::Client`. Exactly one `PgStore` per process writes, inside the storage
+//! Owns one synchronous `postgres::Client` and the statements prepared on it (`Db`: each statement text
+//! is parsed once per connection, every later run is one round trip). Exactly one `PgStore` per process writes, inside the storage
 //! actor's thread ([`crate::actor`]); the synchronous client fits that thread as `rusqlite` does — the
 //! actor is a plain OS thread that runs one transaction at a time, so an async client would only add a
 //! runtime to block on. Reads of this backend go to the same actor (no read pool yet: `pool` in
@@ -47,11 +48,12 @@ mod plan;
 mod records;
 mod runs;
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
 use postgres::types::ToSql;
-use postgres::{Client, NoTls};
+use postgres::{Client, NoTls, Row, Statement};
 
 use crate::{Error, Result};
 
@@ -68,8 +70,80 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a transaction outside a group runs again after losing a race.
 pub const RACE_RETRIES: u32 = 8;
 
-pub struct PgStore {
+/// Distinct statement texts a connection keeps prepared; past it the cache starts over (list queries
+/// are built from their filters, so their texts are not a fixed set).
+const MAX_STATEMENTS: usize = 256;
+
+/// The connection and its prepared statements: each statement text is parsed once per connection, and
+/// every later run of it is one round trip (prepared statements outlive transactions and rollbacks).
+pub(crate) struct Db {
     client: Client,
+    statements: HashMap<String, Statement>,
+}
+
+impl Db {
+    fn new(client: Client) -> Self {
+        Db { client, statements: HashMap::new() }
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        if self.statements.len() >= MAX_STATEMENTS {
+            self.statements.clear();
+        }
+        let s = self.client.prepare(sql)?;
+        self.statements.insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+
+    /// Forget the prepared statements when the server says one went stale (a schema another host
+    /// changed under them: `0A000` "cached plan must not change result type", `26000`).
+    fn checked<T>(&mut self, out: std::result::Result<T, postgres::Error>) -> Result<T> {
+        if let Err(e) = &out {
+            if e.code().is_some_and(|c| matches!(c.code(), "0A000" | "26000")) {
+                self.statements.clear();
+            }
+        }
+        Ok(out?)
+    }
+
+    pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let st = self.statement(sql)?;
+        let out = self.client.query(&st, params);
+        self.checked(out)
+    }
+
+    pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        let st = self.statement(sql)?;
+        let out = self.client.query_one(&st, params);
+        self.checked(out)
+    }
+
+    pub(crate) fn query_opt(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+        let st = self.statement(sql)?;
+        let out = self.client.query_opt(&st, params);
+        self.checked(out)
+    }
+
+    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let st = self.statement(sql)?;
+        let out = self.client.execute(&st, params);
+        self.checked(out)
+    }
+
+    fn batch_execute(&mut self, sql: &str) -> std::result::Result<(), postgres::Error> {
+        self.client.batch_execute(sql)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+}
+
+pub struct PgStore {
+    db: Db,
     /// Inside a group commit: each method runs in a `SAVEPOINT` of the group's one transaction.
     grouped: bool,
     /// Open atomic units, innermost last: `true` when the unit opened the group itself.
@@ -101,12 +175,12 @@ impl Params {
 /// An open transaction or savepoint on `client`, rolled back when dropped unfinished — also while a
 /// panicking body unwinds, so a savepoint never commits half a message.
 struct Open<'c> {
-    client: &'c mut Client,
+    client: &'c mut Db,
     rollback: Option<&'static str>,
 }
 
 impl<'c> Open<'c> {
-    fn begin(client: &'c mut Client, begin: &str, rollback: &'static str) -> Result<Self> {
+    fn begin(client: &'c mut Db, begin: &str, rollback: &'static str) -> Result<Self> {
         client.batch_execute(begin)?;
         Ok(Open { client, rollback: Some(rollback) })
     }
@@ -134,19 +208,19 @@ impl PgStore {
     pub fn open(url: &str) -> Result<Self> {
         let mut client = connect(url)?;
         schema::migrate(&mut client)?;
-        Ok(PgStore { client, grouped: false, atomic: Vec::new() })
+        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new() })
     }
 
     /// The schema version in the database.
     pub fn schema_version(&mut self) -> Result<i64> {
-        schema::version(&mut self.client)
+        schema::version(&mut self.db.client)
     }
 
     /// The client, for this crate's tests (the `test-hooks` feature): nothing outside the storage crate
     /// runs SQL of its own (SPEC §1.2).
     #[cfg(any(test, feature = "test-hooks"))]
     pub fn connection(&mut self) -> &mut Client {
-        &mut self.client
+        &mut self.db.client
     }
 
     /// The 32-byte capability secret created at the first migration (hex).
@@ -157,14 +231,14 @@ impl PgStore {
     /// Run `body` as one writing transaction: `SERIALIZABLE` on its own, run again after a lost race;
     /// a savepoint inside a group (no retry there: the group's transaction is the one that lost). An
     /// `Ok` commits (a refusal decided before any write commits nothing), an `Err` rolls back.
-    fn write<R>(&mut self, mut body: impl FnMut(&mut Client) -> Result<R>) -> Result<R> {
+    fn write<R>(&mut self, mut body: impl FnMut(&mut Db) -> Result<R>) -> Result<R> {
         if self.grouped {
-            return nested(&mut self.client, body);
+            return nested(&mut self.db, body);
         }
         let mut attempt = 0;
         loop {
             let out: Result<R> = (|| {
-                let tx = Open::begin(&mut self.client, BEGIN_WRITE, "ROLLBACK")?;
+                let tx = Open::begin(&mut self.db, BEGIN_WRITE, "ROLLBACK")?;
                 let v = body(tx.client)?;
                 tx.finish("COMMIT")?;
                 Ok(v)
@@ -181,11 +255,11 @@ impl PgStore {
 
     /// Run `body` as one read: a `REPEATABLE READ READ ONLY` transaction, or a savepoint inside a group
     /// (which sees the group's writes).
-    fn read<R>(&mut self, body: impl FnOnce(&mut Client) -> Result<R>) -> Result<R> {
+    fn read<R>(&mut self, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
         if self.grouped {
-            return nested(&mut self.client, body);
+            return nested(&mut self.db, body);
         }
-        let tx = Open::begin(&mut self.client, BEGIN_READ, "ROLLBACK")?;
+        let tx = Open::begin(&mut self.db, BEGIN_READ, "ROLLBACK")?;
         let v = body(tx.client)?;
         tx.finish("COMMIT")?;
         Ok(v)
@@ -197,7 +271,7 @@ impl PgStore {
         if self.grouped {
             return Ok(false);
         }
-        self.client.batch_execute(BEGIN_WRITE)?;
+        self.db.batch_execute(BEGIN_WRITE)?;
         self.grouped = true;
         Ok(true)
     }
@@ -206,9 +280,9 @@ impl PgStore {
     /// transaction open (PostgreSQL rolls it back).
     pub fn end_group(&mut self, commit: bool) -> Result<()> {
         self.grouped = false;
-        let done = self.client.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" });
-        if done.is_err() && !self.client.is_closed() {
-            let _ = self.client.batch_execute("ROLLBACK");
+        let done = self.db.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" });
+        if done.is_err() && !self.db.is_closed() {
+            let _ = self.db.batch_execute("ROLLBACK");
         }
         Ok(done?)
     }
@@ -217,7 +291,7 @@ impl PgStore {
     pub fn begin_atomic(&mut self) -> Result<()> {
         let opened = self.begin_group()?;
         if !opened {
-            self.client.batch_execute("SAVEPOINT atomic_unit")?;
+            self.db.batch_execute("SAVEPOINT atomic_unit")?;
         }
         self.atomic.push(opened);
         Ok(())
@@ -227,15 +301,15 @@ impl PgStore {
     pub fn end_atomic(&mut self, commit: bool) -> Result<()> {
         match self.atomic.pop() {
             Some(true) => self.end_group(commit),
-            Some(false) if commit => Ok(self.client.batch_execute("RELEASE SAVEPOINT atomic_unit")?),
-            Some(false) => Ok(self.client.batch_execute("ROLLBACK TO SAVEPOINT atomic_unit; RELEASE SAVEPOINT atomic_unit")?),
+            Some(false) if commit => Ok(self.db.batch_execute("RELEASE SAVEPOINT atomic_unit")?),
+            Some(false) => Ok(self.db.batch_execute("ROLLBACK TO SAVEPOINT atomic_unit; RELEASE SAVEPOINT atomic_unit")?),
             None => Ok(()),
         }
     }
 }
 
 /// One method inside a group: a savepoint released on `Ok`, rolled back to on `Err` (or a panic).
-fn nested<R>(client: &mut Client, body: impl FnOnce(&mut Client) -> Result<R>) -> Result<R> {
+fn nested<R>(client: &mut Db, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
     let sp = Open::begin(client, "SAVEPOINT message", "ROLLBACK TO SAVEPOINT message; RELEASE SAVEPOINT message")?;
     let v = body(sp.client)?;
     sp.finish("RELEASE SAVEPOINT message")?;

@@ -5,7 +5,9 @@
 //! [`decisions`] what to do, and writes the answer: two hosts cannot both win a request (the loser runs
 //! again and is refused by value on the winner's row), and two cannot both hold one plan.
 
-use postgres::{Client, Row};
+use postgres::Row;
+
+use super::Db;
 
 use super::PgStore;
 use crate::plan::decisions::{self, Invalidation};
@@ -62,7 +64,7 @@ fn decode_all(rows: Vec<Row>) -> Result<Vec<PlanRequest>> {
     rows.iter().map(decode).collect()
 }
 
-fn get_plan(c: &mut Client, plan_id: &PlanId) -> Result<Option<Plan>> {
+fn get_plan(c: &mut Db, plan_id: &PlanId) -> Result<Option<Plan>> {
     let Some(row) = c.query_opt("SELECT revision, snapshot_id FROM plans WHERE plan_id = $1", &[&plan_id.as_str()])? else {
         return Ok(None);
     };
@@ -78,7 +80,7 @@ fn revision_param(r: Revision) -> Result<i64> {
     i64::try_from(r.get()).map_err(|_| super::too_big("plans.revision", r.get()))
 }
 
-fn put_plan(c: &mut Client, plan: &Plan) -> Result<()> {
+fn put_plan(c: &mut Db, plan: &Plan) -> Result<()> {
     c.execute(
         "INSERT INTO plans (plan_id, revision, snapshot_id) VALUES ($1, $2, $3)
          ON CONFLICT (plan_id) DO UPDATE SET revision = EXCLUDED.revision, snapshot_id = EXCLUDED.snapshot_id",
@@ -87,7 +89,7 @@ fn put_plan(c: &mut Client, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-fn get_request(c: &mut Client, request_id: &RequestId) -> Result<Option<PlanRequest>> {
+fn get_request(c: &mut Db, request_id: &RequestId) -> Result<Option<PlanRequest>> {
     c.query_opt(&format!("SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE request_id = $1"), &[&request_id.as_str()])?
         .as_ref()
         .map(decode)
@@ -95,7 +97,7 @@ fn get_request(c: &mut Client, request_id: &RequestId) -> Result<Option<PlanRequ
 }
 
 /// The plan's pending requests, oldest first.
-fn pending_of_plan(c: &mut Client, plan_id: &PlanId) -> Result<Vec<PlanRequest>> {
+fn pending_of_plan(c: &mut Db, plan_id: &PlanId) -> Result<Vec<PlanRequest>> {
     decode_all(c.query(
         &format!(
             "SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE plan_id = $1 AND state = 'pending' ORDER BY created_at, request_id"
@@ -108,7 +110,7 @@ fn cards_json(cards: &Option<Vec<Card>>) -> Result<Option<String>> {
     cards.as_ref().map(|c| serde_json::to_string(c).map_err(|e| Error::corrupt("plan_requests.cards_json", e))).transpose()
 }
 
-fn insert_request(c: &mut Client, r: &PlanRequest) -> Result<()> {
+fn insert_request(c: &mut Db, r: &PlanRequest) -> Result<()> {
     c.execute(
         &format!(
             "INSERT INTO plan_requests ({REQUEST_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
@@ -132,7 +134,7 @@ fn insert_request(c: &mut Client, r: &PlanRequest) -> Result<()> {
 }
 
 /// Write a row's mutable columns (the binding, `created_at` and the holder's generation never change).
-fn update_request(c: &mut Client, r: &PlanRequest) -> Result<()> {
+fn update_request(c: &mut Db, r: &PlanRequest) -> Result<()> {
     c.execute(
         "UPDATE plan_requests SET state = $2, reason = $3, diagnostic = $4, cards_json = $5, settled_at = $6,
          lease_until = $7 WHERE request_id = $1",
@@ -151,7 +153,7 @@ fn update_request(c: &mut Client, r: &PlanRequest) -> Result<()> {
 
 /// Invalidate the plan's pending and ready requests (all but `except`) with `cause`; answers their ids.
 fn invalidate_siblings(
-    c: &mut Client,
+    c: &mut Db,
     plan_id: &PlanId,
     except: Option<&RequestId>,
     cause: &Invalidation,

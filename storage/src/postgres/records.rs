@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use postgres::Client;
+use super::Db;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -35,7 +35,7 @@ fn kept_sql(kept: &Kept, cutoff: i64, p: &mut Params) -> String {
     }
 }
 
-pub(super) fn read_policy(c: &mut Client) -> Result<StoredPolicy> {
+pub(super) fn read_policy(c: &mut Db) -> Result<StoredPolicy> {
     let raw: Option<String> = c.query_opt("SELECT value FROM meta WHERE key = $1", &[&POLICY_KEY])?.map(|r| r.get(0));
     let Some(raw) = raw else { return Ok(StoredPolicy::default()) };
     let v: Value = serde_json::from_str(&raw).map_err(|e| Error::corrupt("meta.retention_policy", e))?;
@@ -46,7 +46,7 @@ pub(super) fn read_policy(c: &mut Client) -> Result<StoredPolicy> {
     })
 }
 
-fn write_policy(c: &mut Client, p: &StoredPolicy) -> Result<()> {
+fn write_policy(c: &mut Db, p: &StoredPolicy) -> Result<()> {
     let v = serde_json::json!({
         "retentionDays": p.policy.retention_days,
         "maxRuns": p.policy.max_runs,
@@ -62,7 +62,7 @@ fn write_policy(c: &mut Client, p: &StoredPolicy) -> Result<()> {
 
 /// Decide the kept floor from one aggregate over the in-cutoff rows; walks the newest rows only when a
 /// count or byte bound is exceeded.
-pub(super) fn kept(c: &mut Client, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
+pub(super) fn kept(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
     let cutoff = policy.cutoff_ms(now_ms);
     let row = c.query_one(
         "SELECT COUNT(*), COALESCE(SUM(bytes), 0)::BIGINT FROM runs WHERE finished_at >= $1",
@@ -155,7 +155,7 @@ pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem>
 }
 
 /// The listing row of `id` when it is visible under the policy.
-pub(super) fn visible_summary(c: &mut Client, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+pub(super) fn visible_summary(c: &mut Db, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
     let policy = read_policy(c)?.policy;
     let kept = kept(c, &policy, now_ms)?;
     let mut p = Params::default();
@@ -166,7 +166,7 @@ pub(super) fn visible_summary(c: &mut Client, id: &str, now_ms: i64) -> Result<O
 }
 
 /// Delete a run's row and, unless it is live, its events.
-pub(super) fn delete_run(c: &mut Client, id: &str) -> Result<bool> {
+pub(super) fn delete_run(c: &mut Db, id: &str) -> Result<bool> {
     if !is_live(c, id)? {
         c.execute("DELETE FROM run_events WHERE run_id = $1", &[&id])?;
     }
@@ -180,7 +180,7 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
 }
 
 /// Rows the policy keeps (a put's `retained`).
-fn retained(c: &mut Client, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
+fn retained(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
     let kept = kept(c, policy, now_ms)?;
     let mut p = Params::default();
     let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept_sql(&kept, policy.cutoff_ms(now_ms), &mut p));
@@ -188,7 +188,7 @@ fn retained(c: &mut Client, policy: &RetentionPolicy, now_ms: i64) -> Result<u64
 }
 
 /// Upsert `record` inside the open transaction: the shared body of `put` (and of the ledger's `finish`).
-pub(super) fn put_in(c: &mut Client, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
@@ -265,7 +265,7 @@ pub(super) fn put_in(c: &mut Client, record: &RunRecord, proposal: Option<&Polic
     Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(c, &policy, now_ms)? })
 }
 
-fn visible(c: &mut Client, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
+fn visible(c: &mut Db, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
     let mut p = Params::default();
     let idp = p.push(id.to_owned());
     let sql = format!("SELECT 1 FROM runs WHERE run_id = {idp} AND {}", kept_sql(kept, cutoff, &mut p));
@@ -273,7 +273,7 @@ fn visible(c: &mut Client, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
 }
 
 /// A page of `run_events` strictly after `after_seq` (a cursor past `i64::MAX` is past every row).
-pub(super) fn events_in(c: &mut Client, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
+pub(super) fn events_in(c: &mut Db, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
     let Ok(after) = i64::try_from(after_seq) else { return Ok(EventsPage { events: Vec::new(), next_after_seq: None }) };
     let rows = c.query(
         "SELECT seq, json FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
@@ -295,7 +295,7 @@ pub(super) fn events_in(c: &mut Client, id: &str, after_seq: u64, limit: usize) 
 
 /// Write events into `run_events` keyed by seq (an upsert: an identical retry is a no-op; within one
 /// batch the last event of a seq wins, as SQLite's `INSERT OR REPLACE` in order does). One statement.
-pub(super) fn insert_events(c: &mut Client, run_id: &str, rows: impl IntoIterator<Item = (u64, String)>) -> Result<()> {
+pub(super) fn insert_events(c: &mut Db, run_id: &str, rows: impl IntoIterator<Item = (u64, String)>) -> Result<()> {
     let mut by_seq = BTreeMap::new();
     for (seq, json) in rows {
         by_seq.insert(i64::try_from(seq).map_err(|_| too_big("run_events.seq", seq))?, json);
@@ -314,7 +314,7 @@ pub(super) fn insert_events(c: &mut Client, run_id: &str, rows: impl IntoIterato
 
 /// A live run's events strictly after `after_seq`, in seq order, at most `limit`. A corrupt row is
 /// skipped and logged.
-pub(super) fn live_events_in(c: &mut Client, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Value>> {
+pub(super) fn live_events_in(c: &mut Db, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Value>> {
     let Ok(after) = i64::try_from(after_seq) else { return Ok(Vec::new()) };
     let rows = c.query(
         "SELECT seq, json FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
@@ -332,18 +332,18 @@ pub(super) fn live_events_in(c: &mut Client, run_id: &str, after_seq: u64, limit
 }
 
 /// Whether `run_id` has a `runs` row (final or provisional), whatever the policy.
-pub(super) fn has_record(c: &mut Client, run_id: &str) -> Result<bool> {
+pub(super) fn has_record(c: &mut Db, run_id: &str) -> Result<bool> {
     Ok(c.query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[&run_id])?.is_some())
 }
 
 /// Delete every `run_events` row of `run_id`.
-pub(super) fn delete_events(c: &mut Client, run_id: &str) -> Result<()> {
+pub(super) fn delete_events(c: &mut Db, run_id: &str) -> Result<()> {
     c.execute("DELETE FROM run_events WHERE run_id = $1", &[&run_id])?;
     Ok(())
 }
 
 /// Delete `run_id`'s record and every event, live or not (a killed run's purge); answers the rows removed.
-pub(super) fn purge_in(c: &mut Client, run_id: &str) -> Result<u64> {
+pub(super) fn purge_in(c: &mut Db, run_id: &str) -> Result<u64> {
     let mut n = 0;
     for sql in ["DELETE FROM runs WHERE run_id = $1", "DELETE FROM run_events WHERE run_id = $1"] {
         n += c.execute(sql, &[&run_id])?;

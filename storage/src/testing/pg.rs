@@ -69,7 +69,10 @@ impl Cluster {
             return Err(format!("running as root, and there is no `postgres` OS user to run the server as ({INSTALL_HINT} creates it)"));
         }
         let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("switchboard-pg-{}-{:x}", std::process::id(), stamp & 0xffff_ffff));
+        // `/tmp`, not `$TMPDIR`: the `postgres` user must reach it, and the server's socket path in it
+        // must stay under the 107 bytes a Unix socket name may have.
+        let base = if Path::new("/tmp").is_dir() { PathBuf::from("/tmp") } else { std::env::temp_dir() };
+        let dir = base.join(format!("switchboard-pg-{}-{:x}", std::process::id(), stamp & 0xffff_ffff));
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         if as_postgres {
             run(Command::new("chown").args(["postgres:postgres"]).arg(&dir))?;
