@@ -26,7 +26,7 @@
 //! [`GroupStats::rejected`]. An unbounded queue would only hide an overload until memory ran out, and a
 //! blocking one would park async callers' executor threads.
 //!
-//! Reads do not come here on SQLite: they run on read-only connections ([`crate::readers`]), so
+//! Reads do not come here on SQLite (nor on PostgreSQL with a read pool): they run on read-only connections ([`crate::readers`]), so
 //! nothing this thread does waits behind a listing or an SSE poll.
 //!
 //! Invariants:
@@ -161,8 +161,8 @@ impl Backend for MemoryStore {
 #[derive(Debug, Clone)]
 pub enum BackendSpec {
     Sqlite { path: PathBuf, synchronous: Synchronous },
-    /// PostgreSQL at `url` (SPEC §1.3). `pool` is the number of read connections the handle may open
-    /// beside the actor's; reads go to the actor for now, so it is recorded and not used yet.
+    /// PostgreSQL at `url` (SPEC §1.3). `pool` is the number of read connections the handle opens
+    /// beside the actor's (its readers, [`crate::readers`]); 0 sends reads to the actor.
     Postgres { url: String, pool: usize },
     /// The memory backend's clones share one state, so a reopened actor sees the same data.
     Memory(MemoryStore),

@@ -19,7 +19,7 @@ use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
     Promotion, PruneReport, ReclaimAnswer, StepRecord, StopAnswer, StopMode, Successor, TableRows, Turn,
 };
-use crate::readers::ReadPool;
+use crate::readers::{ReadPool, ReadSource};
 use crate::record::{RunListItem, RunRecord, RunStatus};
 use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome};
 use crate::{Error, Result};
@@ -29,7 +29,8 @@ use crate::{Error, Result};
 pub struct StorageOptions {
     /// Capacity of the storage actor's queue; a full queue answers `Unavailable` at once.
     pub queue_capacity: usize,
-    /// Reader threads, each with a read-only connection (SQLite only); 0 sends reads to the actor.
+    /// Reader threads, each with a read-only connection (SQLite; PostgreSQL takes its `pool` from
+    /// [`BackendSpec::Postgres`]); 0 sends reads to the actor.
     pub readers: usize,
     /// Capacity of the readers' shared queue.
     pub read_queue_capacity: usize,
@@ -79,13 +80,13 @@ impl StorageHandle {
     /// its reader threads. Readers open their connections on first use.
     pub fn start_with(spec: BackendSpec, clock: Arc<dyn Clock>, options: StorageOptions) -> Self {
         let kind = spec.kind();
-        let path = match &spec {
-            BackendSpec::Sqlite { path, .. } if options.readers > 0 => Some(path.clone()),
+        let source = match &spec {
+            BackendSpec::Sqlite { path, .. } if options.readers > 0 => Some((ReadSource::Sqlite(path.clone()), options.readers)),
+            BackendSpec::Postgres { url, pool } if *pool > 0 => Some((ReadSource::Postgres(url.clone()), *pool)),
             _ => None,
         };
         let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity);
-        let readers =
-            path.map(|path| ReadPool::start(path, options.readers, options.read_queue_capacity, mailbox.clone()));
+        let readers = source.map(|(source, n)| ReadPool::start(source, n, options.read_queue_capacity, mailbox.clone()));
         StorageHandle {
             mailbox,
             readers,

@@ -1,7 +1,7 @@
 //! PostgreSQL-only behaviour (SPEC §1.3): versioned migrations (a newer schema refused by name, hosts
 //! starting together migrate once), the session's timeouts (a peer holding a lock becomes a transient
 //! error, not a hang), faults mid-transaction inside and outside a group commit, the handle's kind and
-//! the database clock. The contract suites cover everything the traits say.
+//! read pool, and the database clock. The contract suites cover everything the traits say.
 
 use std::time::{Duration, Instant};
 
@@ -175,6 +175,14 @@ async fn the_handle_on_postgres_says_so_and_keeps_its_secret_across_a_restart() 
     h.ping().await.unwrap();
     let secret = h.capability_secret().await.unwrap();
     h.put(record("r", 3), None).await.unwrap();
+    // Reads go to the pool's read-only connections and see every write whose answer is in hand.
+    let pooled = || h.group_stats().pooled_reads.load(std::sync::atomic::Ordering::Relaxed);
+    let before = pooled();
+    assert_eq!(h.get("r".into()).await.unwrap(), Some(record("r", 3)));
+    assert_eq!(pooled(), before + 1, "the read ran on a reader");
+    let err = h.read_for_test(|b, now| b.put(&record("sneaky", 1), None, now)).await.unwrap_err();
+    assert!(err.to_string().contains("25006"), "a reader refuses writes (read-only transaction): {err}");
+    assert_eq!(h.get("sneaky".into()).await.unwrap(), None);
     drop(h);
     let again = StorageHandle::start(spec, clock);
     assert_eq!(again.capability_secret().await.unwrap(), secret);

@@ -5,8 +5,8 @@
 //! is parsed once per connection, every later run is one round trip). Exactly one `PgStore` per process writes, inside the storage
 //! actor's thread ([`crate::actor`]); the synchronous client fits that thread as `rusqlite` does — the
 //! actor is a plain OS thread that runs one transaction at a time, so an async client would only add a
-//! runtime to block on. Reads of this backend go to the same actor (no read pool yet: `pool` in
-//! [`crate::BackendSpec::Postgres`] is accepted and not used).
+//! runtime to block on. The handle's reads go to `pool` reader connections ([`PgStore::open_reader`],
+//! [`crate::readers`]; `pool` of [`crate::BackendSpec::Postgres`]), or to the actor when it is 0.
 //!
 //! Every decision is the shared pure code ([`crate::ledger::decisions`], [`crate::plan`], the record
 //! contract); this module is I/O only and mirrors `sqlite/` method by method.
@@ -208,6 +208,21 @@ impl PgStore {
     pub fn open(url: &str) -> Result<Self> {
         let mut client = connect(url)?;
         schema::migrate(&mut client)?;
+        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new() })
+    }
+
+    /// A read-only connection for the handle's readers ([`crate::readers`]) on a database this build's
+    /// writer has already migrated: never migrates, refuses another schema version (its reads then go
+    /// through the storage actor), and sets `default_transaction_read_only`, so a write method answers
+    /// an error and changes nothing.
+    pub fn open_reader(url: &str) -> Result<Self> {
+        let mut client = connect(url)?;
+        let found = schema::version(&mut client)?;
+        let supported = schema::current_version();
+        if found != supported {
+            return Err(Error::Unavailable(format!("the database is at schema version {found}, this build reads {supported}")));
+        }
+        client.batch_execute("SET default_transaction_read_only = on")?;
         Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new() })
     }
 
