@@ -104,6 +104,7 @@ impl SinkError {
 /// |-------------------|-----------|----------------------------------------------------------------------|
 /// | `Unavailable`     | transient | mailbox closed or backend not open; see below                        |
 /// | `Sqlite`          | transient | busy/locked after `busy_timeout`, and any other SQLite failure: unclassified errors are retried, then counted (digest §1.G) |
+/// | `Postgres`        | transient | as `Sqlite`: a lost race, a lock or statement timeout, a dropped connection, and any other failure |
 /// | `Panicked`        | transient | the transaction rolled back and the actor reopened its connection    |
 /// | `InvalidRecord`   | permanent | the same record is refused again                                     |
 /// | `Corrupt`         | permanent | a stored value does not decode; retrying reads the same bytes        |
@@ -121,6 +122,7 @@ impl From<storage::Error> for SinkError {
         match e {
             E::Unavailable(why) => SinkError::Transient(format!("storage unavailable: {why}")),
             e @ E::Sqlite(_) => SinkError::Transient(e.to_string()),
+            e @ E::Postgres(_) => SinkError::Transient(e.to_string()),
             e @ E::Panicked(_) => SinkError::Transient(e.to_string()),
             e @ E::InvalidRecord(_) => SinkError::Permanent(e.to_string()),
             E::Corrupt { what, .. } => SinkError::Permanent(format!("corrupt stored value in {what}")),

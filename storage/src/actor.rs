@@ -1,6 +1,7 @@
 //! `StorageActor`: the one thread of this process that touches the database.
 //!
-//! Owns the backend ([`SqliteStore`] or [`MemoryStore`]) on a dedicated thread, so every storage
+//! Owns the backend ([`SqliteStore`], [`PgStore`] or [`MemoryStore`]) on a dedicated thread (opened there:
+//! the synchronous PostgreSQL client must not block inside a caller's async runtime), so every storage
 //! transaction of the process runs in order — like a Durable Object's input gate. Messages are jobs: each
 //! runs exactly one backend method, and each backend method is one logical transaction. Callers never see
 //! this type; they use [`crate::StorageHandle`].
@@ -10,7 +11,11 @@
 //! commit rate. The actor therefore drains its queue: the messages that arrived while a transaction ran are
 //! committed together in the next one — one `BEGIN IMMEDIATE`, a `SAVEPOINT` per message (a failing
 //! message rolls back only itself), one `COMMIT`. No reply leaves before that `COMMIT`; if it fails, every
-//! message of the group answers the error. This needs to see the queue, which an actix `SyncContext`
+//! message of the group answers the error — unless the backend says the failure was a lost race
+//! ([`Backend::rerun_alone`], PostgreSQL, SPEC §1.3): nothing of the group landed, so each message runs
+//! again as its own transaction and answers after its own commit. A message that lost a race itself runs
+//! again alone too, at most [`RERUN_ALONE`] times. Only jobs built with [`job_again`] (an `FnMut` body,
+//! every typed method of the handle) run again; a one-shot job answers the error. This needs to see the queue, which an actix `SyncContext`
 //! handler cannot (it gets one message at a time), so the actor is a plain thread reading a channel; it is
 //! still the single writer, and its mailbox is still the only way in.
 //!
@@ -21,7 +26,7 @@
 //! [`GroupStats::rejected`]. An unbounded queue would only hide an overload until memory ran out, and a
 //! blocking one would park async callers' executor threads.
 //!
-//! Reads do not come here on SQLite: they run on read-only connections ([`crate::readers`]), so
+//! Reads do not come here on SQLite (nor on PostgreSQL with a read pool): they run on read-only connections ([`crate::readers`]), so
 //! nothing this thread does waits behind a listing or an SSE poll.
 //!
 //! Invariants:
@@ -37,6 +42,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 
 use crate::memory::MemoryStore;
+use crate::postgres::PgStore;
 use crate::sqlite::{SqliteStore, Synchronous};
 use crate::ledger::RunLedger;
 use crate::plan::PlanStore;
@@ -68,6 +74,13 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
     /// Release (`commit`) or roll back everything written since the matching [`Backend::begin_atomic`].
     fn end_atomic(&mut self, _commit: bool) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether a message (or a group whose `COMMIT` failed) that answered `error` should run again
+    /// alone: a lost race against another host, which nothing of the message's writes survived. Only
+    /// backends with such races say yes (PostgreSQL); SQLite's writers queue for one lock instead.
+    fn rerun_alone(&self, _error: &Error) -> bool {
+        false
     }
 }
 
@@ -112,6 +125,32 @@ impl Backend for SqliteStore {
     }
 }
 
+impl Backend for PgStore {
+    fn capability_secret(&mut self) -> Result<String> {
+        PgStore::capability_secret(self)
+    }
+
+    fn begin_group(&mut self) -> Result<bool> {
+        PgStore::begin_group(self)
+    }
+
+    fn end_group(&mut self, commit: bool) -> Result<()> {
+        PgStore::end_group(self, commit)
+    }
+
+    fn begin_atomic(&mut self) -> Result<()> {
+        PgStore::begin_atomic(self)
+    }
+
+    fn end_atomic(&mut self, commit: bool) -> Result<()> {
+        PgStore::end_atomic(self, commit)
+    }
+
+    fn rerun_alone(&self, error: &Error) -> bool {
+        error.is_race()
+    }
+}
+
 impl Backend for MemoryStore {
     fn capability_secret(&mut self) -> Result<String> {
         Ok(self.secret().to_owned())
@@ -122,6 +161,9 @@ impl Backend for MemoryStore {
 #[derive(Debug, Clone)]
 pub enum BackendSpec {
     Sqlite { path: PathBuf, synchronous: Synchronous },
+    /// PostgreSQL at `url` (SPEC §1.3). `pool` is the number of read connections the handle opens
+    /// beside the actor's (its readers, [`crate::readers`]); 0 sends reads to the actor.
+    Postgres { url: String, pool: usize },
     /// The memory backend's clones share one state, so a reopened actor sees the same data.
     Memory(MemoryStore),
 }
@@ -130,6 +172,7 @@ impl BackendSpec {
     pub fn open(&self) -> Result<Box<dyn Backend>> {
         Ok(match self {
             BackendSpec::Sqlite { path, synchronous } => Box::new(SqliteStore::open(path, *synchronous)?),
+            BackendSpec::Postgres { url, .. } => Box::new(PgStore::open(url)?),
             BackendSpec::Memory(m) => Box::new(m.clone()),
         })
     }
@@ -137,6 +180,7 @@ impl BackendSpec {
     pub fn kind(&self) -> &'static str {
         match self {
             BackendSpec::Sqlite { .. } => "sqlite",
+            BackendSpec::Postgres { .. } => "postgres",
             BackendSpec::Memory(_) => "memory",
         }
     }
@@ -145,11 +189,89 @@ impl BackendSpec {
 /// Most messages committed in one group.
 pub const MAX_GROUP: usize = 64;
 
-/// What a job hands back: the reply, sent once the group's fate is known (`Some` = the commit failed).
-pub type Reply = Box<dyn FnOnce(Option<&Error>) + Send>;
+/// One message: one backend method, run (and, when the backend asks, run again) on the actor's thread;
+/// its answer is sent once the fate of the transaction holding its writes is known.
+pub struct Job(Box<dyn Task>);
 
-/// One message: run one backend method; answers its reply and whether its error poisons the connection.
-pub type Job = Box<dyn FnOnce(&mut dyn Backend) -> (Reply, bool) + Send>;
+impl Job {
+    /// Run the body (again, when it already ran: only for a job built by [`job_again`]); answers
+    /// whether its error poisons the connection. A panicking body answers [`Error::Panicked`].
+    pub fn run(&mut self, backend: &mut dyn Backend) -> bool {
+        self.0.run(backend)
+    }
+
+    /// Send the answer of the last run; `commit_failed` when the group holding its writes did not
+    /// commit (an `Ok` then answers `Unavailable`).
+    pub fn reply(self, commit_failed: Option<&Error>) {
+        self.0.reply(commit_failed)
+    }
+
+    fn rerunnable(&self) -> bool {
+        self.0.rerunnable()
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.0.error()
+    }
+}
+
+trait Task: Send {
+    fn run(&mut self, backend: &mut dyn Backend) -> bool;
+    fn rerunnable(&self) -> bool;
+    fn error(&self) -> Option<&Error>;
+    fn reply(self: Box<Self>, commit_failed: Option<&Error>);
+}
+
+enum Callable<R> {
+    Once(Option<Body<R>>),
+    Again(BodyAgain<R>),
+}
+
+struct Call<R> {
+    body: Callable<R>,
+    out: Option<Result<R>>,
+    reply: tokio::sync::oneshot::Sender<Result<R>>,
+}
+
+impl<R: Send + 'static> Task for Call<R> {
+    fn run(&mut self, backend: &mut dyn Backend) -> bool {
+        let out = catch_unwind(AssertUnwindSafe(|| match &mut self.body {
+            Callable::Once(body) => match body.take() {
+                Some(body) => body(backend),
+                None => Err(Error::Unavailable("a one-shot storage message cannot run twice".into())),
+            },
+            Callable::Again(body) => body(backend),
+        }))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::Panicked(what))
+        });
+        let poisoned = out.as_ref().err().is_some_and(Error::poisons_connection);
+        self.out = Some(out);
+        poisoned
+    }
+
+    fn rerunnable(&self) -> bool {
+        matches!(self.body, Callable::Again(_))
+    }
+
+    fn error(&self) -> Option<&Error> {
+        self.out.as_ref().and_then(|o| o.as_ref().err())
+    }
+
+    fn reply(self: Box<Self>, commit_failed: Option<&Error>) {
+        let out = self.out.unwrap_or_else(|| Err(Error::Unavailable("the storage message never ran".into())));
+        let out = match (commit_failed, out) {
+            (Some(e), Ok(_)) => Err(Error::Unavailable(format!("group commit failed: {e}"))),
+            (_, out) => out,
+        };
+        let _ = self.reply.send(out);
+    }
+}
 
 /// Default capacity of the storage actor's queue (messages waiting for the write thread).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
@@ -241,31 +363,23 @@ impl Mailbox {
 /// The body of one transaction: one backend method call.
 pub type Body<R> = Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send>;
 
-/// Build a job from a transaction body and the channel its result goes back on.
-pub fn job<R: Send + 'static>(
-    body: Body<R>,
-    reply: tokio::sync::oneshot::Sender<Result<R>>,
-) -> Job {
-    Box::new(move |backend| {
-        let out = catch_unwind(AssertUnwindSafe(|| body(backend))).unwrap_or_else(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(Error::Panicked(what))
-        });
-        let poisoned = out.as_ref().err().is_some_and(Error::poisons_connection);
-        let reply: Reply = Box::new(move |commit_failed: Option<&Error>| {
-            let out = match (commit_failed, out) {
-                (Some(e), Ok(_)) => Err(Error::Unavailable(format!("group commit failed: {e}"))),
-                (_, out) => out,
-            };
-            let _ = reply.send(out);
-        });
-        (reply, poisoned)
-    })
+/// A body that may run again: the actor re-runs it alone when its group lost a race at `COMMIT`, or
+/// when it lost one itself ([`Backend::rerun_alone`]).
+pub type BodyAgain<R> = Box<dyn FnMut(&mut dyn Backend) -> Result<R> + Send>;
+
+/// Build a job from a transaction body and the channel its result goes back on; it runs once.
+pub fn job<R: Send + 'static>(body: Body<R>, reply: tokio::sync::oneshot::Sender<Result<R>>) -> Job {
+    Job(Box::new(Call { body: Callable::Once(Some(body)), out: None, reply }))
 }
+
+/// Build a job the actor may run again alone after a lost race.
+pub fn job_again<R: Send + 'static>(body: BodyAgain<R>, reply: tokio::sync::oneshot::Sender<Result<R>>) -> Job {
+    Job(Box::new(Call { body: Callable::Again(body), out: None, reply }))
+}
+
+/// How often the actor runs one message again alone after it lost a race (on top of the backend's own
+/// retries of a single transaction).
+pub const RERUN_ALONE: usize = 3;
 
 /// The actor's state: the backend (or why it could not be opened) and how to reopen it.
 pub struct StorageActor {
@@ -309,23 +423,43 @@ impl StorageActor {
                 }
             };
         let mut poisoned = false;
-        let mut replies: Vec<Reply> = Vec::with_capacity(jobs.len());
-        for j in jobs {
-            let (reply, p) = j(backend.as_mut());
-            poisoned |= p;
-            replies.push(reply);
+        let mut jobs = jobs;
+        for j in &mut jobs {
+            poisoned |= j.run(backend.as_mut());
         }
-        let commit_failed = if grouped { backend.end_group(true).err() } else { None };
+        let mut commit_failed = if grouped { backend.end_group(true).err() } else { None };
         if grouped && commit_failed.is_none() {
             self.stats.groups.fetch_add(1, Relaxed);
-            self.stats.grouped_messages.fetch_add(replies.len() as u64, Relaxed);
+            self.stats.grouped_messages.fetch_add(jobs.len() as u64, Relaxed);
         }
         if let Some(e) = &commit_failed {
-            tracing::error!(error = %e, messages = replies.len(), "group commit failed");
             poisoned |= e.poisons_connection();
+            if backend.rerun_alone(e) && !poisoned && jobs.iter().all(Job::rerunnable) {
+                // SPEC §1.3: the group lost a race at COMMIT; nothing of it landed. Each message runs
+                // again as its own transaction, and answers after its own commit.
+                tracing::warn!(error = %e, messages = jobs.len(), "group commit lost a race; running its messages one by one");
+                for j in &mut jobs {
+                    poisoned |= j.run(backend.as_mut());
+                }
+                commit_failed = None;
+            } else {
+                tracing::error!(error = %e, messages = jobs.len(), "group commit failed");
+            }
         }
-        for reply in replies {
-            reply(commit_failed.as_ref());
+        if commit_failed.is_none() && !poisoned {
+            // A message that lost a race itself (its savepoint, or its own transaction, rolled back)
+            // runs again alone, a few times, before its race answers as a transient error.
+            for j in &mut jobs {
+                for _ in 0..RERUN_ALONE {
+                    if !(j.rerunnable() && j.error().is_some_and(|e| backend.rerun_alone(e))) {
+                        break;
+                    }
+                    poisoned |= j.run(backend.as_mut());
+                }
+            }
+        }
+        for j in jobs {
+            j.reply(commit_failed.as_ref());
         }
         if poisoned {
             tracing::error!("storage backend reopens after a poisoning error");
@@ -343,11 +477,15 @@ pub fn start(spec: BackendSpec) -> Mailbox {
 /// Start the storage actor on its own thread with a queue of `capacity` messages (at least 1).
 pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
     let (tx, rx) = mpsc::sync_channel::<Job>(capacity.max(1));
-    let mut actor = StorageActor::new(spec);
-    let stats = actor.stats.clone();
+    // The backend opens on the storage thread — the synchronous PostgreSQL client refuses to block
+    // inside a caller's async runtime — and this waits for it, so a caller finds the database created
+    // and migrated (or the failure logged) when `start` returns, as before.
+    let (opened_tx, opened) = mpsc::sync_channel::<Arc<GroupStats>>(1);
     std::thread::Builder::new()
         .name("storage-actor".into())
         .spawn(move || {
+            let mut actor = StorageActor::new(spec);
+            let _ = opened_tx.send(actor.stats.clone());
             while let Ok(first) = rx.recv() {
                 let mut jobs = vec![first];
                 while jobs.len() < MAX_GROUP {
@@ -361,5 +499,6 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
             }
         })
         .expect("spawn the storage thread");
+    let stats = opened.recv().expect("the storage thread opens its backend");
     Mailbox { tx, stats }
 }

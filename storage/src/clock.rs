@@ -43,6 +43,40 @@ impl Clock for ManualClock {
     }
 }
 
+/// The database's clock, read on the host (SPEC §1.3: lease arithmetic uses the database's `now()`):
+/// the host's clock plus an offset measured once against the database when connecting
+/// ([`crate::postgres::clock_offset_ms`]). Every host sharing a database then stamps leases on one
+/// time line, whatever the skew between their own clocks; a host's clock drifting after the
+/// measurement is not followed.
+#[derive(Debug, Clone)]
+pub struct DbClock {
+    base: Arc<dyn Clock>,
+    offset_ms: i64,
+}
+
+impl DbClock {
+    /// `base` shifted by `offset_ms` (database time minus host time).
+    pub fn new(base: Arc<dyn Clock>, offset_ms: i64) -> Self {
+        DbClock { base, offset_ms }
+    }
+
+    /// Measure the offset of the PostgreSQL database at `url` against `base`.
+    pub fn measure(base: Arc<dyn Clock>, url: &str) -> crate::Result<Self> {
+        let offset_ms = crate::postgres::clock_offset_ms(url, || base.now_ms())?;
+        Ok(DbClock { base, offset_ms })
+    }
+
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms
+    }
+}
+
+impl Clock for DbClock {
+    fn now_ms(&self) -> i64 {
+        self.base.now_ms().saturating_add(self.offset_ms)
+    }
+}
+
 /// The clock every production component shares.
 pub fn system() -> Arc<dyn Clock> {
     Arc::new(SystemClock)

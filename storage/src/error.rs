@@ -14,6 +14,11 @@ pub enum Error {
     /// SQLite failed (including `SQLITE_BUSY` after `busy_timeout`); transient from the caller's view.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL failed: a lost race (serialization failure `40001`, deadlock `40P01`, unique
+    /// violation `23505` from a concurrent insert), a lock or statement timeout, a dropped connection —
+    /// all transient ([`Error::is_transient`]) — or anything else, which is not.
+    #[error("postgres: {}", pg_display(.0))]
+    Postgres(#[from] postgres::Error),
     /// The database was written by a newer version of Switchboard than this one.
     #[error("database schema version {found} is newer than this build supports ({supported})")]
     SchemaTooNew { found: i64, supported: i64 },
@@ -43,8 +48,16 @@ impl Error {
                 e.code,
                 rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked | rusqlite::ErrorCode::DiskFull
             ),
+            Error::Postgres(e) => pg_transient(e),
             _ => false,
         }
+    }
+
+    /// Whether this is a lost race against another connection (a serialization failure, a deadlock, or
+    /// a unique violation from a concurrent insert): running the whole transaction again decides anew.
+    /// A race is transient and never a refusal (SPEC §1.3).
+    pub fn is_race(&self) -> bool {
+        matches!(self, Error::Postgres(e) if pg_code(e).is_some_and(|c| PG_RACES.contains(&c)))
     }
 
     /// Whether the connection may be left in a bad state, so the actor should reopen it.
@@ -53,6 +66,43 @@ impl Error {
             || matches!(self, Error::Sqlite(rusqlite::Error::SqliteFailure(e, _))
                 if matches!(e.code, rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::NotADatabase
                     | rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::SystemIoFailure))
+            || matches!(self, Error::Postgres(e) if pg_lost(e)
+                || pg_code(e).is_some_and(|c| c.starts_with("08") || c.starts_with("57P")))
+    }
+}
+
+/// SQLSTATEs of a lost race: `serialization_failure`, `deadlock_detected`, `unique_violation`.
+const PG_RACES: [&str; 3] = ["40001", "40P01", "23505"];
+
+fn pg_code(e: &postgres::Error) -> Option<&str> {
+    e.code().map(postgres::error::SqlState::code)
+}
+
+/// A PostgreSQL error with what the server said (`postgres::Error` alone prints "db error").
+fn pg_display(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// No answer from the server: the connection is closed, or an I/O error (connecting included).
+fn pg_lost(e: &postgres::Error) -> bool {
+    e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+/// A PostgreSQL error worth retrying: a race, a lock or statement timeout (`55P03`, `57014`), too many
+/// connections or no resources (`53…`), a server shutting down or a connection lost (`57P…`, `08…`), or
+/// no answer from the server at all (an I/O error, a closed connection).
+fn pg_transient(e: &postgres::Error) -> bool {
+    match pg_code(e) {
+        None => pg_lost(e),
+        Some(c) => {
+            PG_RACES.contains(&c) || matches!(c, "55P03" | "57014") || c.starts_with("53") || c.starts_with("57P") || c.starts_with("08")
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! `StorageHandle`: the async face of the storage actor and its readers.
 //!
 //! Cheap to clone; every method sends one job and awaits its answer. Writes (and every method of the
-//! memory backend) go to the storage actor's queue; reads of the SQLite backend go to the readers'
+//! memory and PostgreSQL backends — PostgreSQL has no read pool yet) go to the storage actor's queue; reads of the SQLite backend go to the readers'
 //! queue ([`crate::readers`]), so a heartbeat or a step never waits behind a list or an SSE poll
 //! (SPEC §1.2). Both queues are bounded: a full one, a closed one or a dropped message becomes
 //! [`Error::Unavailable`] at once (transient: the caller retries), never a panic and never a wait. The
@@ -19,7 +19,7 @@ use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
     Promotion, PruneReport, ReclaimAnswer, StepRecord, StepWrite, StopAnswer, StopMode, Successor, TableRows, Turn,
 };
-use crate::readers::ReadPool;
+use crate::readers::{ReadPool, ReadSource};
 use crate::record::{RunListItem, RunRecord, RunStatus};
 use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome};
 use crate::{Error, Result};
@@ -29,7 +29,8 @@ use crate::{Error, Result};
 pub struct StorageOptions {
     /// Capacity of the storage actor's queue; a full queue answers `Unavailable` at once.
     pub queue_capacity: usize,
-    /// Reader threads, each with a read-only connection (SQLite only); 0 sends reads to the actor.
+    /// Reader threads, each with a read-only connection (SQLite; PostgreSQL takes its `pool` from
+    /// [`BackendSpec::Postgres`]); 0 sends reads to the actor.
     pub readers: usize,
     /// Capacity of the readers' shared queue.
     pub read_queue_capacity: usize,
@@ -79,13 +80,13 @@ impl StorageHandle {
     /// its reader threads. Readers open their connections on first use.
     pub fn start_with(spec: BackendSpec, clock: Arc<dyn Clock>, options: StorageOptions) -> Self {
         let kind = spec.kind();
-        let path = match &spec {
-            BackendSpec::Sqlite { path, .. } if options.readers > 0 => Some(path.clone()),
+        let source = match &spec {
+            BackendSpec::Sqlite { path, .. } if options.readers > 0 => Some((ReadSource::Sqlite(path.clone()), options.readers)),
+            BackendSpec::Postgres { url, pool } if *pool > 0 => Some((ReadSource::Postgres(url.clone()), *pool)),
             _ => None,
         };
         let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity);
-        let readers =
-            path.map(|path| ReadPool::start(path, options.readers, options.read_queue_capacity, mailbox.clone()));
+        let readers = source.map(|(source, n)| ReadPool::start(source, n, options.read_queue_capacity, mailbox.clone()));
         StorageHandle {
             mailbox,
             readers,
@@ -111,7 +112,7 @@ impl StorageHandle {
         self.receipt_ttl_ms
     }
 
-    /// `"sqlite"` or `"memory"`.
+    /// `"sqlite"`, `"postgres"` or `"memory"`.
     pub fn kind(&self) -> &'static str {
         self.kind
     }
@@ -128,7 +129,7 @@ impl StorageHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        self.transact(f).await
+        self.transact_once(f).await
     }
 
     /// A free-form read, routed as the handle's reads are (a reader's read-only connection, or the actor
@@ -139,11 +140,28 @@ impl StorageHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        self.read(f).await
+        self.read_once(f).await
     }
 
-    /// Run `f` as one transaction on the storage thread, with the handle's `now_ms`.
-    async fn transact<R, F>(&self, f: F) -> Result<R>
+    /// Run `f` as one transaction on the storage thread, with the handle's `now_ms`. The actor may run
+    /// it again alone after a lost race (PostgreSQL, [`Backend::rerun_alone`]), hence `FnMut`.
+    async fn transact<R, F>(&self, mut f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnMut(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
+    {
+        if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable("injected outage".into()));
+        }
+        let now = self.clock.now_ms();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let body: crate::actor::BodyAgain<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
+        self.send(crate::actor::job_again(body, tx), rx).await
+    }
+
+    /// [`StorageHandle::transact`] for a body that can run only once (tests): never run again.
+    #[cfg(any(test, feature = "test-hooks"))]
+    async fn transact_once<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
@@ -154,21 +172,24 @@ impl StorageHandle {
         let now = self.clock.now_ms();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
-        if let Err(e) = self.mailbox.try_send(crate::actor::job(body, tx)) {
+        self.send(crate::actor::job(body, tx), rx).await
+    }
+
+    async fn send<R>(&self, job: crate::actor::Job, rx: tokio::sync::oneshot::Receiver<Result<R>>) -> Result<R> {
+        if let Err(e) = self.mailbox.try_send(job) {
             return Err(e.into_error("storage actor"));
         }
         rx.await.map_err(|_| Error::Unavailable("the storage actor dropped the message".into()))?
     }
 
-    /// Run the read `f` on a reader's read-only connection, with the handle's `now_ms`; on the actor
-    /// when there are no readers (the memory backend). `f` must only read: a reader's connection
-    /// refuses writes.
-    async fn read<R, F>(&self, f: F) -> Result<R>
+    /// [`StorageHandle::read`] for a body that can run only once (tests).
+    #[cfg(any(test, feature = "test-hooks"))]
+    async fn read_once<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        let Some(readers) = &self.readers else { return self.transact(f).await };
+        let Some(readers) = &self.readers else { return self.transact_once(f).await };
         if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Unavailable("injected outage".into()));
         }
@@ -176,6 +197,27 @@ impl StorageHandle {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::Body<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
         if let Err(e) = readers.try_send(crate::actor::job(body, tx)) {
+            return Err(e.into_error("storage readers"));
+        }
+        rx.await.map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
+    }
+
+    /// Run the read `f` on a reader's read-only connection, with the handle's `now_ms`; on the actor
+    /// when there are no readers (the memory backend). `f` must only read: a reader's connection
+    /// refuses writes.
+    async fn read<R, F>(&self, mut f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnMut(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
+    {
+        let Some(readers) = &self.readers else { return self.transact(f).await };
+        if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable("injected outage".into()));
+        }
+        let now = self.clock.now_ms();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let body: crate::actor::BodyAgain<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
+        if let Err(e) = readers.try_send(crate::actor::job_again(body, tx)) {
             return Err(e.into_error("storage readers"));
         }
         rx.await.map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?

@@ -8,11 +8,12 @@
 //! - [`record`]: the pure record contract — `RunRecord`, validation, retention, byte budget, visibility.
 //! - [`store`]: the [`RunStore`] trait (finished-run history) and its vocabulary.
 //! - [`ledger`]: the live-run ledger; [`ledger::decisions`] holds every pure decision.
-//! - [`memory`], [`sqlite`]: the two implementations; one contract suite tests both.
+//! - [`memory`], [`sqlite`], [`postgres`]: the three implementations; one contract suite tests them all.
 //! - [`actor`], [`handle`]: the storage actor (one thread, the one write connection, a bounded queue)
 //!   and its async handle;
 //! - [`readers`]: read-only connections on threads of their own, so reads never queue behind writes.
 //! - [`clock`]: injected time.
+//! - `testing` (the `test-hooks` feature): a throwaway PostgreSQL cluster for tests.
 //!
 //! Invariants:
 //! - only the storage actor's thread writes the database; each message is one transaction;
@@ -29,16 +30,20 @@ pub mod handle;
 pub mod ledger;
 pub mod memory;
 pub mod plan;
+pub mod postgres;
 pub mod readers;
 pub mod record;
 pub mod sqlite;
 pub mod store;
+#[cfg(any(test, feature = "test-hooks"))]
+pub mod testing;
 
 pub use actor::BackendSpec;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, DbClock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use generation::Generation;
 pub use handle::{StorageHandle, StorageOptions};
 pub use memory::MemoryStore;
+pub use postgres::PgStore;
 pub use sqlite::{SqliteStore, Synchronous, WriteLockProbe};
 pub use store::RunStore;

@@ -1,8 +1,9 @@
-//! The readers: a few threads, each with its own read-only SQLite connection, that answer the handle's
+//! The readers: a few threads, each with its own read-only connection, that answer the handle's
 //! reads (lists, event pages, SSE following, live rows, transcripts) beside the storage actor.
 //!
-//! Owns `readers` threads and their connections (opened `SQLITE_OPEN_READ_ONLY`, `query_only`), and one
-//! bounded queue they share. The handle sends read jobs here; the storage actor never sees them, so a
+//! Owns `readers` threads and their connections — SQLite: opened `SQLITE_OPEN_READ_ONLY`, `query_only`;
+//! PostgreSQL: `default_transaction_read_only`, each read a `REPEATABLE READ READ ONLY` transaction
+//! ([`ReadSource`]) — and one bounded queue they share. The handle sends read jobs here; the storage actor never sees them, so a
 //! heartbeat or a durable step never waits behind a read (SPEC §1.2). WAL lets these connections read
 //! while the actor writes: each read is its own deferred transaction, so it sees everything committed
 //! before it began — in particular every write whose reply its caller already holds (the actor replies
@@ -30,8 +31,35 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc, Mutex};
 
-use crate::actor::{GroupStats, Job, Mailbox, SendError};
+use crate::actor::{Backend, GroupStats, Job, Mailbox, SendError};
+use crate::postgres::PgStore;
 use crate::sqlite::SqliteStore;
+
+/// Where a reader's connection goes.
+#[derive(Debug, Clone)]
+pub enum ReadSource {
+    /// The SQLite file at this path ([`SqliteStore::open_reader`]).
+    Sqlite(PathBuf),
+    /// The PostgreSQL database at this URL ([`PgStore::open_reader`]).
+    Postgres(String),
+}
+
+impl ReadSource {
+    fn open(&self) -> crate::Result<Box<dyn Backend>> {
+        Ok(match self {
+            ReadSource::Sqlite(path) => Box::new(SqliteStore::open_reader(path)?),
+            ReadSource::Postgres(url) => Box::new(PgStore::open_reader(url)?),
+        })
+    }
+
+    /// For the log: the file, or "postgres" (a URL may carry a password).
+    fn describe(&self) -> String {
+        match self {
+            ReadSource::Sqlite(path) => path.display().to_string(),
+            ReadSource::Postgres(_) => "postgres".into(),
+        }
+    }
+}
 
 /// Default number of reader threads (and read-only connections).
 pub const DEFAULT_READERS: usize = 4;
@@ -48,17 +76,17 @@ pub struct ReadPool {
 }
 
 impl ReadPool {
-    /// Start `readers` threads (at least 1) reading the SQLite database at `path`, behind a queue of
-    /// `capacity` jobs; `fallback` is the storage actor, which answers a job a reader cannot.
-    pub fn start(path: PathBuf, readers: usize, capacity: usize, fallback: Mailbox) -> Self {
+    /// Start `readers` threads (at least 1) reading `source`, behind a queue of `capacity` jobs;
+    /// `fallback` is the storage actor, which answers a job a reader cannot.
+    pub fn start(source: ReadSource, readers: usize, capacity: usize, fallback: Mailbox) -> Self {
         let stats = fallback.stats.clone();
         let (tx, rx) = mpsc::sync_channel::<Job>(capacity.max(1));
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..readers.max(1) {
-            let (rx, path, fallback) = (rx.clone(), path.clone(), fallback.clone());
+            let (rx, source, fallback) = (rx.clone(), source.clone(), fallback.clone());
             std::thread::Builder::new()
                 .name(format!("storage-reader-{i}"))
-                .spawn(move || reader(&rx, &path, &fallback))
+                .spawn(move || reader(&rx, &source, &fallback))
                 .expect("spawn a storage reader thread");
         }
         ReadPool { tx, stats }
@@ -85,9 +113,9 @@ impl ReadPool {
 }
 
 /// One reader thread: take the next job, run it on this thread's connection (opened on demand).
-fn reader(rx: &Mutex<mpsc::Receiver<Job>>, path: &std::path::Path, fallback: &Mailbox) {
+fn reader(rx: &Mutex<mpsc::Receiver<Job>>, source: &ReadSource, fallback: &Mailbox) {
     let stats = fallback.stats.clone();
-    let mut conn: Option<SqliteStore> = None;
+    let mut conn: Option<Box<dyn Backend>> = None;
     loop {
         // The lock is held only while waiting; a poisoned lock still guards a valid receiver.
         let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
@@ -96,10 +124,10 @@ fn reader(rx: &Mutex<mpsc::Receiver<Job>>, path: &std::path::Path, fallback: &Ma
         };
         stats.reads_queued.fetch_sub(1, Relaxed);
         if conn.is_none() {
-            conn = match SqliteStore::open_reader(path) {
+            conn = match source.open() {
                 Ok(c) => Some(c),
                 Err(e) => {
-                    tracing::debug!(error = %e, path = %path.display(), "a reader could not open its connection; the actor answers");
+                    tracing::debug!(error = %e, source = %source.describe(), "a reader could not open its connection; the actor answers");
                     None
                 }
             };
@@ -111,11 +139,12 @@ fn reader(rx: &Mutex<mpsc::Receiver<Job>>, path: &std::path::Path, fallback: &Ma
             let _ = fallback.try_send(job);
             continue;
         };
-        let (reply, poisoned) = job(store);
+        let mut job = job;
+        let poisoned = job.run(store.as_mut());
         stats.pooled_reads.fetch_add(1, Relaxed);
-        reply(None);
+        job.reply(None);
         if poisoned {
-            tracing::warn!(path = %path.display(), "a reader's connection is dropped after a poisoning error");
+            tracing::warn!(source = %source.describe(), "a reader's connection is dropped after a poisoning error");
             conn = None;
         }
     }

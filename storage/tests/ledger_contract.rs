@@ -1,4 +1,5 @@
-//! The `RunLedger` contract (SPEC §4), run against every implementation: in-memory and SQLite.
+//! The `RunLedger` contract (SPEC §4), run against every implementation: in-memory, SQLite and
+//! PostgreSQL (a fresh database per case in one throwaway cluster per test binary, `storage::testing::pg`).
 //!
 //! Each case is a plain function over a store that is both the finished-run history and the live-run
 //! ledger (`S: RunStore + RunLedger`); the `contract!` macro instantiates it once per implementation,
@@ -1485,6 +1486,12 @@ macro_rules! contract {
                 super::$case(&mut s);
             })*
         }
+        mod postgres {
+            $(#[test] fn $case() {
+                let mut s = storage::PgStore::open(&storage::testing::pg::database()).expect("open");
+                super::$case(&mut s);
+            })*
+        }
     };
 }
 
@@ -1608,6 +1615,60 @@ fn sqlite_receipts_from_before_the_end_stamp_get_one_at_the_first_prune() {
     assert_eq!(s.prune(NOW + TTL, TTL, &[]).unwrap().receipts, 1);
 }
 
+/// PostgreSQL: what the trait cannot show, as `sqlite_finish_deletes_the_ledger_rows_and_stamps_the_receipts`.
+#[test]
+fn postgres_finish_deletes_the_ledger_rows_and_stamps_the_receipts() {
+    let mut s = storage::PgStore::open(&storage::testing::pg::database()).expect("open");
+    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "h1");
+    assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
+    promote(&mut s, "run-a", G1, NOW);
+    furnish(&mut s, "run-a", G1);
+    assert_eq!(s.step("run-a", G1, &step_record(1, 4, Some(1))).unwrap(), Ok(()));
+    let count = |s: &mut storage::PgStore, table: &str| -> i64 {
+        s.connection().query_one(&format!("SELECT count(*) FROM {table} WHERE run_id = 'run-a'"), &[]).expect("count").get(0)
+    };
+    assert_eq!(count(&mut s, "run_steps"), 2);
+    let ended = |s: &mut storage::PgStore| -> Option<i64> {
+        s.connection().query_one("SELECT ended_at FROM admit_receipts WHERE run_id = 'run-a'", &[]).expect("receipt").get(0)
+    };
+    assert_eq!(ended(&mut s), None, "a live run's receipt carries no end");
+    let rec = record("run-a", "C1:t1", NOW, NOW + 1, vec![ev(1, "one")]);
+    assert!(s.finish("run-a", G1, &rec, None, NOW + 1).unwrap().is_ok());
+    assert_eq!(count(&mut s, "live_runs"), 0);
+    assert_eq!(count(&mut s, "run_steps"), 0, "finish deletes the step records");
+    assert_eq!(count(&mut s, "transcript"), 0, "finish deletes the transcript");
+    assert_eq!(count(&mut s, "run_inbox"), 0, "finish deletes the inbox");
+    assert_eq!(count(&mut s, "admit_receipts"), 1, "receipts stay");
+    assert_eq!(ended(&mut s), Some(NOW + 1), "stamped with the run's end");
+}
+
+/// PostgreSQL: as `sqlite_prune_takes_rows_an_older_finish_left_behind` — rows without a live run go,
+/// a bounded number of runs per pass; a live run's rows never.
+#[test]
+fn postgres_prune_takes_rows_left_behind_without_a_live_run() {
+    let mut s = storage::PgStore::open(&storage::testing::pg::database()).expect("open");
+    go_live(&mut s, "run-live", "C1:t1", G1, NOW);
+    furnish(&mut s, "run-live", G1);
+    let n = storage::ledger::PRUNE_LEFTOVER_RUNS + 20;
+    {
+        let mut tx = s.connection().transaction().unwrap();
+        for i in 0..n {
+            let run = format!("old-{i:04}");
+            tx.execute("INSERT INTO transcript (run_id, idx, part, json) VALUES ($1, 0, 0, '{}')", &[&run]).unwrap();
+            tx.execute("INSERT INTO run_steps (run_id, step, json) VALUES ($1, 0, '{}')", &[&run]).unwrap();
+            tx.execute("INSERT INTO run_inbox (run_id, seq, json) VALUES ($1, 1, '{}')", &[&run]).unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let first = s.prune(NOW, TTL, &[G1.to_owned()]).unwrap();
+    assert_eq!(first.leftover_runs as usize, storage::ledger::PRUNE_LEFTOVER_RUNS, "bounded per pass");
+    let second = s.prune(NOW, TTL, &[G1.to_owned()]).unwrap();
+    assert_eq!(second.leftover_runs, 20);
+    assert_eq!(s.prune(NOW, TTL, &[G1.to_owned()]).unwrap().leftover_runs, 0);
+    let rows = s.table_rows().unwrap();
+    assert_eq!((rows.transcript, rows.run_steps, rows.run_inbox), (2, 1, 1), "only the live run's rows stay");
+}
+
 // Keep the imports used by the macro's expansions visible to the compiler's unused-import check.
 #[allow(dead_code)]
 fn _implementations(_: MemoryStore, _: Option<SqliteStore>, _: Synchronous) {}
@@ -1692,6 +1753,14 @@ mod kill {
         let mut s = storage::SqliteStore::open(&dir.path().join("b.db"), storage::Synchronous::Normal).unwrap();
         killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing(&mut s);
     }
+
+    #[test]
+    fn postgres_kill() {
+        let mut s = storage::PgStore::open(&storage::testing::pg::database()).unwrap();
+        a_kill_fences_the_owner_and_refuses_every_later_write(&mut s);
+        let mut s = storage::PgStore::open(&storage::testing::pg::database()).unwrap();
+        killing_a_finished_run_purges_its_record_and_an_unfenced_purge_does_nothing(&mut s);
+    }
 }
 
 // ---- keyed receipts per run (SPEC §5.1) ----
@@ -1743,6 +1812,12 @@ mod receipt_limit {
     fn sqlite_receipt_limit() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = storage::SqliteStore::open(&dir.path().join("r.db"), storage::Synchronous::Normal).unwrap();
+        a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one(&mut s);
+    }
+
+    #[test]
+    fn postgres_receipt_limit() {
+        let mut s = storage::PgStore::open(&storage::testing::pg::database()).unwrap();
         a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one(&mut s);
     }
 }

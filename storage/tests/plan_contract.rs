@@ -1,4 +1,4 @@
-//! The `PlanStore` contract (SPEC §9), run against every implementation: in-memory and SQLite.
+//! The `PlanStore` contract (SPEC §9), run against every implementation: in-memory, SQLite and PostgreSQL.
 //!
 //! Each case is a function over `&mut dyn PlanStore`; the `contract!` macro instantiates it once per
 //! implementation, so both run exactly the same assertions. SQLite-only cases at the end use two handles on
@@ -372,6 +372,12 @@ macro_rules! contract {
             $(#[test] fn $case() {
                 let dir = tempfile::tempdir().expect("tempdir");
                 let mut s = storage::SqliteStore::open(&dir.path().join("t.db"), storage::Synchronous::Normal).expect("open");
+                super::$case(&mut s);
+            })*
+        }
+        mod postgres {
+            $(#[test] fn $case() {
+                let mut s = storage::PgStore::open(&storage::testing::pg::database()).expect("open");
                 super::$case(&mut s);
             })*
         }

@@ -1,4 +1,4 @@
-//! The `RunStore` contract (SPEC §3), run against every implementation: in-memory and SQLite.
+//! The `RunStore` contract (SPEC §3), run against every implementation: in-memory, SQLite and PostgreSQL.
 //!
 //! Each case is a function over `&mut dyn RunStore`; the `contract!` macro instantiates it once per
 //! implementation, so both run exactly the same assertions.
@@ -327,6 +327,12 @@ macro_rules! contract {
             $(#[test] fn $case() {
                 let dir = tempfile::tempdir().expect("tempdir");
                 let mut s = storage::SqliteStore::open(&dir.path().join("t.db"), storage::Synchronous::Normal).expect("open");
+                super::$case(&mut s);
+            })*
+        }
+        mod postgres {
+            $(#[test] fn $case() {
+                let mut s = storage::PgStore::open(&storage::testing::pg::database()).expect("open");
                 super::$case(&mut s);
             })*
         }

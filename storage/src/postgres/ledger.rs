@@ -1,0 +1,600 @@
+//! SQL for the live-run ledger tables (SPEC §4.1): the [`RunLedger`] implementation on PostgreSQL,
+//! mirroring `sqlite/ledger.rs` method by method.
+//!
+//! Every writing method is one `SERIALIZABLE` transaction ([`PgStore::write`]) that reads the rows it
+//! decides on, asks [`decisions`] what to do, and writes the answer — two hosts cannot both win a row:
+//! the loser's transaction fails with a serialization failure and runs again, deciding on the winner's
+//! committed rows. A refusal is decided before any write, so committing it writes nothing.
+
+use super::Db;
+use serde_json::{Map, Value};
+
+use super::live::{get_row, is_killed, live_rows, row_by_thread, ROW_COLUMNS};
+use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
+use super::{big, too_big, PgStore};
+use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
+use crate::ledger::{
+    check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
+    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Turn, PRUNE_LEFTOVER_RUNS,
+};
+use crate::record::{RunRecord, RunStatus};
+use crate::store::{PolicyProposal, PutOutcome};
+use crate::{Error, Result};
+
+/// The row when `gen` owns it, else the refusal. A killed run fences its owner.
+fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+    if is_killed(c, run_id)? {
+        return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+    }
+    let row = get_row(c, run_id)?;
+    Ok(match fence_refusal(row.as_ref(), run_id, gen) {
+        Some(refusal) => Err(refusal),
+        None => Ok(row.expect("fence_check passes only with a row")),
+    })
+}
+
+/// Unwrap an owner check or return its refusal from the enclosing closure.
+macro_rules! owner {
+    ($c:expr, $run:expr, $gen:expr) => {
+        match owned($c, $run, $gen)? {
+            Ok(row) => row,
+            Err(refusal) => return Ok(Err(refusal)),
+        }
+    };
+}
+
+fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
+    c.execute("UPDATE live_runs SET state_json = $2 WHERE run_id = $1", &[&run_id, &Value::Object(state.clone()).to_string()])?;
+    Ok(())
+}
+
+fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
+    c.execute("UPDATE live_runs SET phase = $2 WHERE run_id = $1", &[&run_id, &phase.as_str()])?;
+    Ok(())
+}
+
+fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
+    let seq: i64 = c.query_one("SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = $1", &[&run_id])?.get(0);
+    c.execute("INSERT INTO run_inbox (run_id, seq, json) VALUES ($1, $2, $3)", &[&run_id, &seq, &message.to_string()])?;
+    Ok(seq as u64)
+}
+
+fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
+    let Ok(after) = i64::try_from(after.unwrap_or(0)) else { return Ok(Vec::new()) };
+    c.query("SELECT seq, json FROM run_inbox WHERE run_id = $1 AND seq > $2 ORDER BY seq", &[&run_id, &after])?
+        .iter()
+        .map(|r| {
+            let (seq, json): (i64, String) = (r.get(0), r.get(1));
+            let message = serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
+            Ok(InboxItem { seq: seq as u64, message })
+        })
+        .collect()
+}
+
+fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
+    let json: Option<String> = c
+        .query_opt("SELECT json FROM run_steps WHERE run_id = $1 ORDER BY step DESC LIMIT 1", &[&run_id])?
+        .map(|r| r.get(0));
+    json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e))).transpose()
+}
+
+/// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
+/// went; its receipts and events stay.
+fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
+    let mut n = 0;
+    for sql in [
+        "DELETE FROM live_runs WHERE run_id = $1",
+        "DELETE FROM run_steps WHERE run_id = $1",
+        "DELETE FROM transcript WHERE run_id = $1",
+        "DELETE FROM run_inbox WHERE run_id = $1",
+    ] {
+        n += c.execute(sql, &[&run_id])?;
+    }
+    Ok(n)
+}
+
+/// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
+fn stamp_receipts(c: &mut Db, run_id: &str, now_ms: i64) -> Result<()> {
+    c.execute("UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL", &[&run_id, &now_ms])?;
+    Ok(())
+}
+
+fn count(c: &mut Db, table: &str) -> Result<u64> {
+    let n: i64 = c.query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.get(0);
+    Ok(n.max(0) as u64)
+}
+
+fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+    if let Some(k) = &a.key {
+        let hit = c.query_opt("SELECT body_hash, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2", &[&k.scope, &k.key])?;
+        if let Some(hit) = hit {
+            let (hash, answer): (String, String) = (hit.get(0), hit.get(1));
+            if hash != k.body_hash {
+                return Ok(AdmitOutcome::KeyConflict);
+            }
+            return serde_json::from_str(&answer).map_err(|e| Error::corrupt("admit_receipts.answer_json", e));
+        }
+    }
+    if is_killed(c, &a.run_id)? {
+        return Ok(AdmitOutcome::Fenced);
+    }
+    let holder = row_by_thread(c, &a.thread_key)?;
+    let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some()) {
+        decisions::AdmitDecision::Insert => {
+            c.execute(
+                "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &a.run_id,
+                    &a.thread_key,
+                    &a.gen,
+                    &(now_ms + a.lease_ms),
+                    &now_ms,
+                    &decisions::INSERT_PHASE.as_str(),
+                    &a.meta.to_string(),
+                ],
+            )?;
+            AdmitOutcome::Started { run_id: a.run_id.clone() }
+        }
+        decisions::AdmitDecision::Steer { run_id }
+            if a.key.is_some()
+                && c.query_one("SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1", &[&run_id])?.get::<_, i64>(0) as usize
+                    >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
+        {
+            AdmitOutcome::ReceiptLimit { run_id }
+        }
+        decisions::AdmitDecision::Steer { run_id } => {
+            let seq = push_inbox_in(c, &run_id, &a.request)?;
+            AdmitOutcome::Steered { run_id, seq }
+        }
+        decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
+    };
+    if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. })) {
+        let (run_id, seq) = match &outcome {
+            AdmitOutcome::Started { run_id } => (run_id.as_str(), None),
+            AdmitOutcome::Steered { run_id, seq } => (run_id.as_str(), Some(*seq as i64)),
+            _ => ("", None),
+        };
+        let answer = serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
+        let kind = serde_json::to_value(&outcome).ok().and_then(|v| v["outcome"].as_str().map(str::to_owned));
+        c.execute(
+            "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&k.scope, &k.key, &k.body_hash, &run_id, &kind.unwrap_or_default(), &seq, &answer],
+        )?;
+    }
+    Ok(outcome)
+}
+
+fn claim_in(c: &mut Db, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+    if is_killed(c, run_id)? {
+        return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+    }
+    let by_run = get_row(c, run_id)?;
+    let by_thread = match &by_run {
+        Some(r) => row_by_thread(c, &r.thread_key)?,
+        None => None,
+    };
+    let decision = decisions::decide_claim(
+        by_thread.as_ref().map(LiveRow::view).as_ref(),
+        by_run.as_ref().map(LiveRow::view).as_ref(),
+        run_id,
+        gen,
+    );
+    Ok(match decision {
+        ClaimDecision::Promote => {
+            let mut row = by_run.expect("promote needs the run's row");
+            merge_state(&mut row.state, &p.state);
+            c.execute(
+                "UPDATE live_runs SET phase = $2, system_text = $3, tools_json = $4, state_json = $5, lease_until = $6
+                 WHERE run_id = $1 AND owner_gen = $7",
+                &[
+                    &run_id,
+                    &Phase::Live.as_str(),
+                    &p.system_text,
+                    &p.tools.to_string(),
+                    &Value::Object(row.state).to_string(),
+                    &(now_ms + p.lease_ms),
+                    &gen,
+                ],
+            )?;
+            Ok(Claimed::Promoted)
+        }
+        ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
+        ClaimDecision::ThreadLive { .. } => Err(by_thread.expect("thread-live names the holder").thread_live()),
+        ClaimDecision::Fenced => Err(Refusal::Fenced { run_id: run_id.to_owned() }),
+        ClaimDecision::UnknownRun => Err(Refusal::UnknownRun { run_id: run_id.to_owned() }),
+    })
+}
+
+fn reclaim_in(c: &mut Db, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+    let rows = live_rows(c.query(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"), &[])?)?;
+    let mut answer = ReclaimAnswer::default();
+    for mut row in rows {
+        match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens) {
+            ReclaimSelection::Own => {}
+            ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row),
+            ReclaimSelection::Take => {
+                let prior_phase = row.phase;
+                let prior_owner = std::mem::replace(&mut row.owner_gen, gen.to_owned());
+                row.phase = decisions::reclaim_phase(prior_phase);
+                row.lease_until = now_ms + lease_ms;
+                c.execute(
+                    "UPDATE live_runs SET owner_gen = $2, lease_until = $3, phase = $4 WHERE run_id = $1",
+                    &[&row.run_id, &gen, &row.lease_until, &row.phase.as_str()],
+                )?;
+                let last_step = last_step(c, &row.run_id)?;
+                let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
+                let unread_inbox = inbox_after(c, &row.run_id, consumed)?;
+                answer.taken.push(Reclaimed { row, prior_phase, prior_owner, last_step, unread_inbox });
+            }
+        }
+    }
+    Ok(answer)
+}
+
+fn prune_in(c: &mut Db, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+    // Receipts of runs that ended without a stamp (abandon, purge) start their TTL now.
+    c.execute(
+        "UPDATE admit_receipts SET ended_at = $1
+         WHERE ended_at IS NULL AND NOT EXISTS (SELECT 1 FROM live_runs l WHERE l.run_id = admit_receipts.run_id)",
+        &[&now_ms],
+    )?;
+    // `decisions::receipt_expired`, compiled: ended_at <= receipt_cutoff.
+    let receipts = c.execute(
+        "DELETE FROM admit_receipts WHERE ended_at IS NOT NULL AND ended_at <= $1",
+        &[&decisions::receipt_cutoff(now_ms, receipt_ttl_ms)],
+    )?;
+    // `decisions::generation_prunable`, with the facts read per generation.
+    let candidates: Vec<(String, i64, bool)> = c
+        .query(
+            "SELECT g.gen, g.started_at,
+                    EXISTS (SELECT 1 FROM live_runs l WHERE l.owner_gen = g.gen)
+                    OR EXISTS (SELECT 1 FROM plan_requests p WHERE p.generation = g.gen AND p.state = 'pending')
+             FROM generations g WHERE g.started_at < $1",
+            &[&decisions::generation_cutoff(now_ms)],
+        )?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let mut generations = 0;
+    for (gen, started_at, owns_rows) in candidates {
+        if decisions::generation_prunable(started_at, keep_gens.contains(&gen), owns_rows, now_ms) {
+            generations += c.execute("DELETE FROM generations WHERE gen = $1", &[&gen])?;
+        }
+    }
+    // Rows a finish of an older build left behind: only a live run has transcript, steps or inbox.
+    let leftovers: Vec<String> = c
+        .query(
+            "SELECT run_id FROM (
+                SELECT run_id FROM transcript
+                UNION SELECT run_id FROM run_steps
+                UNION SELECT run_id FROM run_inbox
+             ) AS owners WHERE run_id NOT IN (SELECT run_id FROM live_runs) LIMIT $1",
+            &[&big(PRUNE_LEFTOVER_RUNS)],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for run_id in &leftovers {
+        delete_live(c, run_id)?;
+    }
+    Ok(PruneReport { receipts, generations, leftover_runs: leftovers.len() as u64 })
+}
+
+impl RunLedger for PgStore {
+    fn record_generation(&mut self, info: &GenerationInfo) -> Result<()> {
+        self.write(|c| {
+            c.execute(
+                "INSERT INTO generations (gen, host, pid, proc_start, started_at) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (gen) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid,
+                    proc_start = EXCLUDED.proc_start, started_at = EXCLUDED.started_at",
+                &[&info.gen, &info.host, &i64::from(info.pid), &info.proc_start, &info.started_at],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn generations(&mut self) -> Result<Vec<GenerationInfo>> {
+        self.read(|c| {
+            c.query("SELECT gen, host, pid, proc_start, started_at FROM generations ORDER BY started_at, gen", &[])?
+                .iter()
+                .map(|r| {
+                    let pid: i64 = r.get(2);
+                    Ok(GenerationInfo {
+                        gen: r.get(0),
+                        host: r.get(1),
+                        pid: u32::try_from(pid).map_err(|e| Error::corrupt("generations.pid", e))?,
+                        proc_start: r.get(3),
+                        started_at: r.get(4),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn admit(&mut self, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+        self.write(|c| admit_in(c, a, now_ms))
+    }
+
+    fn claim(&mut self, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+        self.write(|c| claim_in(c, run_id, gen, p, now_ms))
+    }
+
+    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
+        self.write(|c| {
+            owner!(c, run_id, gen);
+            let (rows, refused) = check_events(events);
+            insert_events(c, run_id, rows.into_iter().map(|(seq, _event, json)| (seq, json)))?;
+            Ok(refused.map_or(Ok(()), Err))
+        })
+    }
+
+    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
+        let step = i64::try_from(record.step).map_err(|_| too_big("run_steps.step", record.step))?;
+        let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
+        self.write(|c| {
+            owner!(c, run_id, gen);
+            c.execute(
+                "INSERT INTO run_steps (run_id, step, json) VALUES ($1, $2, $3)
+                 ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json",
+                &[&run_id, &step, &json],
+            )?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>> {
+        self.write(|c| {
+            owner!(c, run_id, gen);
+            let rows = match check_turns(first_idx, turns) {
+                Ok(rows) => rows,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
+            let (mut idxs, mut parts, mut jsons) = (Vec::new(), Vec::new(), Vec::new());
+            for (idx, part, json) in rows {
+                idxs.push(i64::try_from(idx).map_err(|_| too_big("transcript.idx", idx))?);
+                parts.push(i64::try_from(part).map_err(|_| too_big("transcript.part", part))?);
+                jsons.push(json);
+            }
+            c.execute(
+                "INSERT INTO transcript (run_id, idx, part, json)
+                 SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
+                 ON CONFLICT (run_id, idx, part) DO NOTHING",
+                &[&run_id, &idxs, &parts, &jsons],
+            )?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>> {
+        self.read(|c| {
+            let mut turns: Vec<(i64, Turn)> = Vec::new();
+            for r in c.query("SELECT idx, json FROM transcript WHERE run_id = $1 ORDER BY idx, part", &[&run_id])? {
+                let (idx, json): (i64, String) = (r.get(0), r.get(1));
+                let v: Value = serde_json::from_str(&json).map_err(|e| Error::corrupt("transcript.json", e))?;
+                let role = v["role"].as_str().unwrap_or_default().to_owned();
+                let part = v.get("part").cloned().unwrap_or(Value::Null);
+                match turns.last_mut() {
+                    Some((i, t)) if *i == idx => t.parts.push(part),
+                    _ => turns.push((idx, Turn { role, parts: vec![part] })),
+                }
+            }
+            Ok(turns.into_iter().map(|(_, t)| t).collect())
+        })
+    }
+
+    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>> {
+        self.write(|c| {
+            let mut row = owner!(c, run_id, gen);
+            merge_state(&mut row.state, patch);
+            write_state(c, run_id, &row.state)?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
+        self.write(|c| {
+            let row = owner!(c, run_id, gen);
+            c.execute("UPDATE live_runs SET lease_until = $2 WHERE run_id = $1", &[&run_id, &(now_ms + lease_ms)])?;
+            Ok(Ok(HeartbeatAnswer { stop: row.stop, phase: row.phase }))
+        })
+    }
+
+    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>> {
+        self.write(|c| {
+            let Some(row) = get_row(c, run_id)? else {
+                return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            };
+            let stop = decisions::strongest_stop(row.stop, mode);
+            c.execute("UPDATE live_runs SET stop = $2 WHERE run_id = $1", &[&run_id, &stop.as_str()])?;
+            Ok(Ok(StopAnswer {
+                stop,
+                owner_lease_live: !decisions::lease_expired(row.lease_until, now_ms),
+                owner_gen: row.owner_gen,
+            }))
+        })
+    }
+
+    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
+        self.write(|c| {
+            let mut out = Vec::with_capacity(run_ids.len());
+            for id in run_ids {
+                let result = match get_row(c, id)? {
+                    Some(row) if row.owner_gen == gen => match decisions::phase_transition(row.phase, PhaseChange::Handoff) {
+                        Ok(next) => {
+                            set_phase(c, id, next)?;
+                            HandoffResult::HandedOff
+                        }
+                        Err(_) => HandoffResult::WrongPhase,
+                    },
+                    _ => HandoffResult::NotOwner,
+                };
+                out.push((id.clone(), result));
+            }
+            Ok(out)
+        })
+    }
+
+    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>> {
+        self.write(|c| {
+            let mut row = owner!(c, run_id, gen);
+            let next = match decisions::phase_transition(row.phase, PhaseChange::Finishing) {
+                Ok(next) => next,
+                Err(_) => {
+                    return Ok(Err(Refusal::WrongPhase { run_id: run_id.to_owned(), phase: row.phase, change: "finishing" }))
+                }
+            };
+            merge_state(&mut row.state, &crate::ledger::finishing_patch(status, answer));
+            write_state(c, run_id, &row.state)?;
+            set_phase(c, run_id, next)?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn finish(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<Outcome<PutOutcome>> {
+        if record.head.id != run_id {
+            return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
+        }
+        self.write(|c| {
+            owner!(c, run_id, gen);
+            delete_live(c, run_id)?;
+            stamp_receipts(c, run_id, now_ms)?;
+            // With the live row gone, the put replaces the live events with the record's.
+            Ok(Ok(put_in(c, record, proposal, now_ms)?))
+        })
+    }
+
+    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+        self.write(|c| {
+            owner!(c, run_id, gen);
+            delete_live(c, run_id)?;
+            if !has_record(c, run_id)? {
+                delete_events(c, run_id)?;
+            }
+            Ok(Ok(()))
+        })
+    }
+
+    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
+        self.write(|c| {
+            if get_row(c, run_id)?.is_none() {
+                return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            }
+            Ok(Ok(push_inbox_in(c, run_id, message)?))
+        })
+    }
+
+    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
+        self.read(|c| {
+            if get_row(c, run_id)?.is_none() {
+                return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            }
+            Ok(Ok(inbox_after(c, run_id, after_seq)?))
+        })
+    }
+
+    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
+        self.read(|c| inbox_after(c, run_id, after_seq))
+    }
+
+    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
+        self.read(|c| last_step(c, run_id))
+    }
+
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+        self.write(|c| reclaim_in(c, gen, now_ms, lease_ms, dead_gens))
+    }
+
+    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
+        self.write(|c| {
+            c.execute(
+                "INSERT INTO deletion_fences (run_id, at) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING",
+                &[&run_id, &now_ms],
+            )?;
+            let row = get_row(c, run_id)?;
+            if row.is_some() {
+                c.execute("UPDATE live_runs SET stop = 'hard' WHERE run_id = $1", &[&run_id])?;
+            }
+            let had_record = has_record(c, run_id)?;
+            Ok(KillAnswer {
+                owner_lease_live: row.as_ref().is_some_and(|r| !decisions::lease_expired(r.lease_until, now_ms)),
+                live_owner: row.map(|r| r.owner_gen),
+                had_record,
+            })
+        })
+    }
+
+    fn purge(&mut self, run_id: &str) -> Result<bool> {
+        self.write(|c| {
+            if !is_killed(c, run_id)? {
+                return Ok(false);
+            }
+            let n = delete_live(c, run_id)? + purge_in(c, run_id)?;
+            Ok(n > 0)
+        })
+    }
+
+    fn is_killed(&mut self, run_id: &str) -> Result<bool> {
+        self.read(|c| is_killed(c, run_id))
+    }
+
+    fn list_live(&mut self) -> Result<Vec<LiveRow>> {
+        self.read(|c| live_rows(c.query(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"), &[])?))
+    }
+
+    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
+        self.read(|c| get_row(c, run_id))
+    }
+
+    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>> {
+        self.read(|c| {
+            if get_row(c, run_id)?.is_none() {
+                return Ok(None);
+            }
+            live_events_in(c, run_id, after_seq, limit).map(Some)
+        })
+    }
+
+    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
+        // One statement over an array parameter, however many ids.
+        self.read(|c| {
+            let mut out: Vec<String> = c
+                .query("SELECT run_id FROM deletion_fences WHERE run_id = ANY($1)", &[&run_ids])?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            out.sort_unstable();
+            out.dedup();
+            Ok(out)
+        })
+    }
+
+    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+        self.write(|c| prune_in(c, now_ms, receipt_ttl_ms, keep_gens))
+    }
+
+    fn table_rows(&mut self) -> Result<TableRows> {
+        self.read(|c| {
+            Ok(TableRows {
+                runs: count(c, "runs")?,
+                run_events: count(c, "run_events")?,
+                live_runs: count(c, "live_runs")?,
+                run_steps: count(c, "run_steps")?,
+                transcript: count(c, "transcript")?,
+                run_inbox: count(c, "run_inbox")?,
+                admit_receipts: count(c, "admit_receipts")?,
+                deletion_fences: count(c, "deletion_fences")?,
+                generations: count(c, "generations")?,
+            })
+        })
+    }
+}

@@ -1,0 +1,77 @@
+//! Reads of the ledger's `live_runs` and `deletion_fences` tables shared by the ledger (`ledger.rs`) and
+//! the finished-run SQL (`records.rs`): decoding a live row, finding it by run or by thread, and the two
+//! facts a history write must respect — [`is_live`] and [`is_killed`]. Mirrors `sqlite/live.rs`.
+
+use postgres::Row;
+
+use super::Db;
+use serde_json::{Map, Value};
+
+use crate::ledger::{LiveRow, Phase, StopMode};
+use crate::{Error, Result};
+
+/// The `live_runs` columns [`live_row`] decodes, in its order.
+pub(super) const ROW_COLUMNS: &str = "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
+                           system_text, tools_json, state_json";
+
+fn json_col(row: &Row, i: usize, what: &'static str) -> Result<Value> {
+    let s: String = row.try_get(i)?;
+    serde_json::from_str(&s).map_err(|e| Error::corrupt(what, e))
+}
+
+/// Decode one `live_runs` row selected with [`ROW_COLUMNS`]; a corrupt column is [`Error::Corrupt`] naming it.
+pub(super) fn live_row(row: &Row) -> Result<LiveRow> {
+    let phase: String = row.try_get(5)?;
+    let stop: Option<String> = row.try_get(6)?;
+    let state = match json_col(row, 10, "live_runs.state_json")? {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    Ok(LiveRow {
+        run_id: row.try_get(0)?,
+        thread_key: row.try_get(1)?,
+        owner_gen: row.try_get(2)?,
+        lease_until: row.try_get(3)?,
+        started_at: row.try_get(4)?,
+        phase: Phase::parse(&phase).ok_or_else(|| Error::corrupt("live_runs.phase", &phase))?,
+        stop: match stop {
+            None => None,
+            Some(s) => Some(StopMode::parse(&s).ok_or_else(|| Error::corrupt("live_runs.stop", &s))?),
+        },
+        meta: json_col(row, 7, "live_runs.meta_json")?,
+        system_text: row.try_get(8)?,
+        tools: json_col(row, 9, "live_runs.tools_json")?,
+        state,
+    })
+}
+
+/// Decode every row of a query selecting [`ROW_COLUMNS`].
+pub(super) fn live_rows(rows: Vec<Row>) -> Result<Vec<LiveRow>> {
+    rows.iter().map(live_row).collect()
+}
+
+/// The live row of `run_id`, if any.
+pub(super) fn get_row(c: &mut Db, run_id: &str) -> Result<Option<LiveRow>> {
+    c.query_opt(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = $1"), &[&run_id])?
+        .as_ref()
+        .map(live_row)
+        .transpose()
+}
+
+/// The live row holding `thread_key` (`thread_key UNIQUE`), if any.
+pub(super) fn row_by_thread(c: &mut Db, thread_key: &str) -> Result<Option<LiveRow>> {
+    c.query_opt(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = $1"), &[&thread_key])?
+        .as_ref()
+        .map(live_row)
+        .transpose()
+}
+
+/// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`).
+pub(super) fn is_killed(c: &mut Db, run_id: &str) -> Result<bool> {
+    Ok(c.query_opt("SELECT 1 FROM deletion_fences WHERE run_id = $1", &[&run_id])?.is_some())
+}
+
+/// Whether `run_id` has a live row: its `run_events` are then the ledger's, not the history's.
+pub(super) fn is_live(c: &mut Db, run_id: &str) -> Result<bool> {
+    Ok(c.query_opt("SELECT 1 FROM live_runs WHERE run_id = $1", &[&run_id])?.is_some())
+}

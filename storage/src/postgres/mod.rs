@@ -1,0 +1,375 @@
+//! The PostgreSQL implementation of the storage traits (`storage.kind = "postgres"`, SPEC §1.3): many
+//! hosts sharing one database.
+//!
+//! Owns one synchronous `postgres::Client` and the statements prepared on it (`Db`: each statement text
+//! is parsed once per connection, every later run is one round trip). Exactly one `PgStore` per process writes, inside the storage
+//! actor's thread ([`crate::actor`]); the synchronous client fits that thread as `rusqlite` does — the
+//! actor is a plain OS thread that runs one transaction at a time, so an async client would only add a
+//! runtime to block on. The handle's reads go to `pool` reader connections ([`PgStore::open_reader`],
+//! [`crate::readers`]; `pool` of [`crate::BackendSpec::Postgres`]), or to the actor when it is 0.
+//!
+//! Every decision is the shared pure code ([`crate::ledger::decisions`], [`crate::plan`], the record
+//! contract); this module is I/O only and mirrors `sqlite/` method by method.
+//!
+//! # Design: races across hosts
+//! Every writing method is one `SERIALIZABLE` transaction that reads the rows it decides on, asks the
+//! decisions what to do and writes the answer — so two hosts cannot both win a row: PostgreSQL aborts
+//! one of two conflicting transactions with a serialization failure (`40001`), and a concurrent insert
+//! of the same key fails with a unique violation (`23505`). Those, and deadlocks (`40P01`), are races
+//! ([`Error::is_race`]): a transaction that is not part of a group is run again from the start (at
+//! most [`RACE_RETRIES`] times, after a short random pause), and what is still a race after that is a
+//! transient error ([`Error::is_transient`]), never a refusal. Reads are `REPEATABLE READ READ ONLY`:
+//! one snapshot, never aborted.
+//!
+//! Every connection sets `lock_timeout` and `statement_timeout` ([`LOCK_TIMEOUT`],
+//! [`STATEMENT_TIMEOUT`]): a paused peer holding a lock becomes a transient error, not a hang.
+//!
+//! # Design: group commit
+//! As with SQLite: [`PgStore::begin_group`] is one `BEGIN ISOLATION LEVEL SERIALIZABLE`, each method
+//! inside it a `SAVEPOINT` (a failing method rolls back only itself), [`PgStore::end_group`] one
+//! `COMMIT`. When that `COMMIT` fails with a race, the actor runs the group's messages again one by one
+//! ([`crate::actor::Backend::rerun_alone`]).
+//!
+//! # Layout
+//! - `schema`: versioned migrations in a `schema_version` table;
+//! - `live`: reads of `live_runs` and `deletion_fences` shared by both sides;
+//! - `records`: the `runs` and `run_events` tables and the policy row of `meta`;
+//! - `runs`: [`RunStore`](crate::store::RunStore) for [`PgStore`];
+//! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`PgStore`];
+//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`PgStore`].
+//!
+//! JSON is stored as `text`, byte for byte what SQLite stores, so both answer identically; text
+//! columns are `COLLATE "C"`, so every `ORDER BY` sorts by bytes as SQLite's `BINARY` does.
+
+pub mod schema;
+mod ledger;
+mod live;
+mod plan;
+mod records;
+mod runs;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Row, Statement};
+
+use crate::{Error, Result};
+
+/// How long a statement waits for a lock before failing (transient).
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one statement may run before failing (transient). Longer than [`LOCK_TIMEOUT`], so a
+/// statement stuck behind a peer's lock reports the lock.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a transaction outside a group runs again after losing a race.
+pub const RACE_RETRIES: u32 = 8;
+
+/// Distinct statement texts a connection keeps prepared; past it the cache starts over (list queries
+/// are built from their filters, so their texts are not a fixed set).
+const MAX_STATEMENTS: usize = 256;
+
+/// The connection and its prepared statements: each statement text is parsed once per connection, and
+/// every later run of it is one round trip (prepared statements outlive transactions and rollbacks).
+pub(crate) struct Db {
+    client: Client,
+    statements: HashMap<String, Statement>,
+}
+
+impl Db {
+    fn new(client: Client) -> Self {
+        Db { client, statements: HashMap::new() }
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        if self.statements.len() >= MAX_STATEMENTS {
+            self.statements.clear();
+        }
+        let s = self.client.prepare(sql)?;
+        self.statements.insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+
+    /// Forget the prepared statements when the server says one went stale (a schema another host
+    /// changed under them: `0A000` "cached plan must not change result type", `26000`).
+    fn checked<T>(&mut self, out: std::result::Result<T, postgres::Error>) -> Result<T> {
+        if let Err(e) = &out {
+            if e.code().is_some_and(|c| matches!(c.code(), "0A000" | "26000")) {
+                self.statements.clear();
+            }
+        }
+        Ok(out?)
+    }
+
+    pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let st = self.statement(sql)?;
+        let out = self.client.query(&st, params);
+        self.checked(out)
+    }
+
+    pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        let st = self.statement(sql)?;
+        let out = self.client.query_one(&st, params);
+        self.checked(out)
+    }
+
+    pub(crate) fn query_opt(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+        let st = self.statement(sql)?;
+        let out = self.client.query_opt(&st, params);
+        self.checked(out)
+    }
+
+    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let st = self.statement(sql)?;
+        let out = self.client.execute(&st, params);
+        self.checked(out)
+    }
+
+    fn batch_execute(&mut self, sql: &str) -> std::result::Result<(), postgres::Error> {
+        self.client.batch_execute(sql)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+}
+
+pub struct PgStore {
+    db: Db,
+    /// Inside a group commit: each method runs in a `SAVEPOINT` of the group's one transaction.
+    grouped: bool,
+    /// Open atomic units, innermost last: `true` when the unit opened the group itself.
+    atomic: Vec<bool>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("grouped", &self.grouped).finish()
+    }
+}
+
+/// Parameters of one statement built at run time, numbered `$1, $2, …` in push order.
+#[derive(Default)]
+pub(crate) struct Params(Vec<Box<dyn ToSql + Sync + Send>>);
+
+impl Params {
+    /// Bind `v`; answers its placeholder.
+    pub(crate) fn push(&mut self, v: impl ToSql + Sync + Send + 'static) -> String {
+        self.0.push(Box::new(v));
+        format!("${}", self.0.len())
+    }
+
+    pub(crate) fn refs(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.0.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+/// An open transaction or savepoint on `client`, rolled back when dropped unfinished — also while a
+/// panicking body unwinds, so a savepoint never commits half a message.
+struct Open<'c> {
+    client: &'c mut Db,
+    rollback: Option<&'static str>,
+}
+
+impl<'c> Open<'c> {
+    fn begin(client: &'c mut Db, begin: &str, rollback: &'static str) -> Result<Self> {
+        client.batch_execute(begin)?;
+        Ok(Open { client, rollback: Some(rollback) })
+    }
+
+    fn finish(mut self, sql: &str) -> Result<()> {
+        self.rollback = None;
+        Ok(self.client.batch_execute(sql)?)
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if let Some(sql) = self.rollback.take() {
+            let _ = self.client.batch_execute(sql);
+        }
+    }
+}
+
+const BEGIN_WRITE: &str = "BEGIN ISOLATION LEVEL SERIALIZABLE";
+const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
+impl PgStore {
+    /// Connect to `url` (`postgres://user@host:port/db`), set the session's timeouts, create or
+    /// migrate the schema (a newer one is refused by name, [`Error::SchemaTooNew`]).
+    pub fn open(url: &str) -> Result<Self> {
+        let mut client = connect(url)?;
+        schema::migrate(&mut client)?;
+        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new() })
+    }
+
+    /// A read-only connection for the handle's readers ([`crate::readers`]) on a database this build's
+    /// writer has already migrated: never migrates, refuses another schema version (its reads then go
+    /// through the storage actor), and sets `default_transaction_read_only`, so a write method answers
+    /// an error and changes nothing.
+    pub fn open_reader(url: &str) -> Result<Self> {
+        let mut client = connect(url)?;
+        let found = schema::version(&mut client)?;
+        let supported = schema::current_version();
+        if found != supported {
+            return Err(Error::Unavailable(format!("the database is at schema version {found}, this build reads {supported}")));
+        }
+        client.batch_execute("SET default_transaction_read_only = on")?;
+        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new() })
+    }
+
+    /// The schema version in the database.
+    pub fn schema_version(&mut self) -> Result<i64> {
+        schema::version(&mut self.db.client)
+    }
+
+    /// The client, for this crate's tests (the `test-hooks` feature): nothing outside the storage crate
+    /// runs SQL of its own (SPEC §1.2).
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn connection(&mut self) -> &mut Client {
+        &mut self.db.client
+    }
+
+    /// The 32-byte capability secret created at the first migration (hex).
+    pub fn capability_secret(&mut self) -> Result<String> {
+        self.read(|c| Ok(c.query_one("SELECT value FROM meta WHERE key = 'capability_secret'", &[])?.get(0)))
+    }
+
+    /// Run `body` as one writing transaction: `SERIALIZABLE` on its own, run again after a lost race;
+    /// a savepoint inside a group (no retry there: the group's transaction is the one that lost). An
+    /// `Ok` commits (a refusal decided before any write commits nothing), an `Err` rolls back.
+    fn write<R>(&mut self, mut body: impl FnMut(&mut Db) -> Result<R>) -> Result<R> {
+        if self.grouped {
+            return nested(&mut self.db, body);
+        }
+        let mut attempt = 0;
+        loop {
+            let out: Result<R> = (|| {
+                let tx = Open::begin(&mut self.db, BEGIN_WRITE, "ROLLBACK")?;
+                let v = body(tx.client)?;
+                tx.finish("COMMIT")?;
+                Ok(v)
+            })();
+            match out {
+                Err(e) if e.is_race() && attempt < RACE_RETRIES => {
+                    attempt += 1;
+                    race_pause(attempt);
+                }
+                out => return out,
+            }
+        }
+    }
+
+    /// Run `body` as one read: a `REPEATABLE READ READ ONLY` transaction, or a savepoint inside a group
+    /// (which sees the group's writes).
+    fn read<R>(&mut self, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
+        if self.grouped {
+            return nested(&mut self.db, body);
+        }
+        let tx = Open::begin(&mut self.db, BEGIN_READ, "ROLLBACK")?;
+        let v = body(tx.client)?;
+        tx.finish("COMMIT")?;
+        Ok(v)
+    }
+
+    /// Start a group commit: one `SERIALIZABLE` transaction the next methods join as savepoints.
+    /// Answers `false` (and starts nothing) when a group is already open.
+    pub fn begin_group(&mut self) -> Result<bool> {
+        if self.grouped {
+            return Ok(false);
+        }
+        self.db.batch_execute(BEGIN_WRITE)?;
+        self.grouped = true;
+        Ok(true)
+    }
+
+    /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false). A failed `COMMIT` leaves no
+    /// transaction open (PostgreSQL rolls it back).
+    pub fn end_group(&mut self, commit: bool) -> Result<()> {
+        self.grouped = false;
+        let done = self.db.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" });
+        if done.is_err() && !self.db.is_closed() {
+            let _ = self.db.batch_execute("ROLLBACK");
+        }
+        Ok(done?)
+    }
+
+    /// Start an atomic unit of several methods: a savepoint inside a group, else a group of its own.
+    pub fn begin_atomic(&mut self) -> Result<()> {
+        let opened = self.begin_group()?;
+        if !opened {
+            self.db.batch_execute("SAVEPOINT atomic_unit")?;
+        }
+        self.atomic.push(opened);
+        Ok(())
+    }
+
+    /// End the innermost atomic unit: release or roll back its savepoint, or end its group.
+    pub fn end_atomic(&mut self, commit: bool) -> Result<()> {
+        match self.atomic.pop() {
+            Some(true) => self.end_group(commit),
+            Some(false) if commit => Ok(self.db.batch_execute("RELEASE SAVEPOINT atomic_unit")?),
+            Some(false) => Ok(self.db.batch_execute("ROLLBACK TO SAVEPOINT atomic_unit; RELEASE SAVEPOINT atomic_unit")?),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One method inside a group: a savepoint released on `Ok`, rolled back to on `Err` (or a panic).
+fn nested<R>(client: &mut Db, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
+    let sp = Open::begin(client, "SAVEPOINT message", "ROLLBACK TO SAVEPOINT message; RELEASE SAVEPOINT message")?;
+    let v = body(sp.client)?;
+    sp.finish("RELEASE SAVEPOINT message")?;
+    Ok(v)
+}
+
+/// A short random pause before running a transaction that lost a race again, growing with `attempt`,
+/// so two hosts that collided do not collide again in lockstep.
+fn race_pause(attempt: u32) {
+    let ms = rand::random_range(1..=(2u64 << attempt.min(6)));
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+/// Connect and set the session: timeouts (SPEC §1.3) and UTC.
+fn connect(url: &str) -> Result<Client> {
+    let mut config = postgres::Config::from_str(url)?;
+    config.connect_timeout(CONNECT_TIMEOUT);
+    config.application_name("switchboard");
+    let mut client = config.connect(NoTls)?;
+    client.batch_execute(&format!(
+        "SET lock_timeout = {}; SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'",
+        LOCK_TIMEOUT.as_millis(),
+        STATEMENT_TIMEOUT.as_millis(),
+        // A transaction left open by a stalled process stops holding its locks.
+        STATEMENT_TIMEOUT.as_millis() * 4,
+    ))?;
+    Ok(client)
+}
+
+/// Milliseconds the database's clock (`now()`) is ahead of `local_ms` — what a [`crate::clock::DbClock`]
+/// adds to the host's clock. Measured as the midpoint of one round trip.
+pub fn clock_offset_ms(url: &str, local_ms: impl Fn() -> i64) -> Result<i64> {
+    let mut client = connect(url)?;
+    let before = local_ms();
+    let db: f64 = client.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::float8", &[])?.get(0);
+    let after = local_ms();
+    Ok(db.round() as i64 - (before + (after - before) / 2))
+}
+
+/// Clamp a count or limit to what a `BIGINT` parameter holds.
+pub(crate) fn big(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+/// The error for a value a column cannot hold (a `u64` past `i64::MAX`).
+pub(crate) fn too_big(what: &'static str, n: u64) -> Error {
+    Error::corrupt(what, format!("{n} is past i64::MAX"))
+}

@@ -1,0 +1,355 @@
+//! SQL for the `runs` and `run_events` tables and the policy row of `meta` (SPEC §3): everything that
+//! reads or writes a finished record, as free functions over one transaction. Mirrors `sqlite/records.rs`
+//! function by function; the retention floor is the same [`Kept`].
+//!
+//! **Callers:** `runs.rs` ([`RunStore`](crate::store::RunStore)) and `ledger.rs` (`finish` upserts the
+//! record with [`put_in`] inside its own transaction; `append` writes live events into `run_events`).
+//! **Depends on:** [`super::live`] for [`is_live`] and [`is_killed`].
+
+use std::collections::BTreeMap;
+
+use super::Db;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::live::{is_killed, is_live};
+use super::{big, too_big, Params};
+use crate::record::{
+    is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
+};
+use crate::sqlite::Kept;
+use crate::store::{clamp_future, EventsPage, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::{Error, Result};
+
+const POLICY_KEY: &str = "retention_policy";
+
+/// The SQL predicate for "kept", binding its parameters.
+fn kept_sql(kept: &Kept, cutoff: i64, p: &mut Params) -> String {
+    match kept {
+        Kept::All => format!("finished_at >= {}", p.push(cutoff)),
+        Kept::From(f, id) => {
+            let c = p.push(cutoff);
+            format!("finished_at >= {c} AND (finished_at, run_id) >= ({}, {})", p.push(*f), p.push(id.clone()))
+        }
+        Kept::Nothing => "FALSE".into(),
+    }
+}
+
+pub(super) fn read_policy(c: &mut Db) -> Result<StoredPolicy> {
+    let raw: Option<String> = c.query_opt("SELECT value FROM meta WHERE key = $1", &[&POLICY_KEY])?.map(|r| r.get(0));
+    let Some(raw) = raw else { return Ok(StoredPolicy::default()) };
+    let v: Value = serde_json::from_str(&raw).map_err(|e| Error::corrupt("meta.retention_policy", e))?;
+    let num = |k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    Ok(StoredPolicy {
+        policy: RetentionPolicy::clamp(num("retentionDays"), num("maxRuns"), num("maxBytes")),
+        updated_at: v.get("policyUpdatedAt").and_then(Value::as_i64),
+    })
+}
+
+fn write_policy(c: &mut Db, p: &StoredPolicy) -> Result<()> {
+    let v = serde_json::json!({
+        "retentionDays": p.policy.retention_days,
+        "maxRuns": p.policy.max_runs,
+        "maxBytes": p.policy.max_bytes,
+        "policyUpdatedAt": p.updated_at,
+    });
+    c.execute(
+        "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        &[&POLICY_KEY, &v.to_string()],
+    )?;
+    Ok(())
+}
+
+/// Decide the kept floor from one aggregate over the in-cutoff rows; walks the newest rows only when a
+/// count or byte bound is exceeded.
+pub(super) fn kept(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
+    let cutoff = policy.cutoff_ms(now_ms);
+    let row = c.query_one(
+        "SELECT COUNT(*), COALESCE(SUM(bytes), 0)::BIGINT FROM runs WHERE finished_at >= $1",
+        &[&cutoff],
+    )?;
+    let (count, bytes): (i64, i64) = (row.get(0), row.get(1));
+    if count <= i64::from(policy.max_runs) && bytes as u64 <= policy.max_bytes {
+        return Ok(Kept::All);
+    }
+    let rows = c.query(
+        "SELECT finished_at, run_id, bytes FROM runs WHERE finished_at >= $1
+         ORDER BY finished_at DESC, run_id DESC LIMIT $2",
+        &[&cutoff, &i64::from(policy.max_runs)],
+    )?;
+    let (mut total, mut floor) = (0u64, Kept::Nothing);
+    for row in rows {
+        total += row.get::<_, i64>(2).max(0) as u64;
+        if total > policy.max_bytes {
+            break;
+        }
+        floor = Kept::From(row.get(0), row.get(1));
+    }
+    Ok(floor)
+}
+
+/// The SQL form of the visibility predicate (SPEC §2), over the `runs` listing columns.
+fn visibility_sql(f: &VisibilityFilter, p: &mut Params) -> String {
+    match f {
+        VisibilityFilter::All => "TRUE".into(),
+        VisibilityFilter::None => "FALSE".into(),
+        VisibilityFilter::ChannelsIn { ids } if ids.is_empty() => "FALSE".into(),
+        VisibilityFilter::ChannelsIn { ids } => format!("channel_id = ANY({})", p.push(ids.clone())),
+        VisibilityFilter::UserIs { id } => format!("user_id = {}", p.push(id.clone())),
+        VisibilityFilter::VisibilityIn { values } if values.is_empty() => "FALSE".into(),
+        VisibilityFilter::VisibilityIn { values } => {
+            let v: Vec<String> = values.iter().map(|v| v.as_str().to_owned()).collect();
+            format!("channel_visibility = ANY({})", p.push(v))
+        }
+        VisibilityFilter::Or { of } | VisibilityFilter::And { of } if of.is_empty() => "FALSE".into(),
+        VisibilityFilter::Or { of } => {
+            format!("({})", of.iter().map(|g| visibility_sql(g, p)).collect::<Vec<_>>().join(" OR "))
+        }
+        VisibilityFilter::And { of } => {
+            format!("({})", of.iter().map(|g| visibility_sql(g, p)).collect::<Vec<_>>().join(" AND "))
+        }
+    }
+}
+
+/// The one page query of `list` (SQL text and parameters); `None` when the filter matches nothing.
+pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(String, Params)> {
+    if matches!(kept, Kept::Nothing) || matches!(query.visible_to, VisibilityFilter::None) {
+        return None;
+    }
+    let mut p = Params::default();
+    let mut clauses = vec![kept_sql(kept, cutoff, &mut p)];
+    if let Some(s) = query.since_ms {
+        clauses.push(format!("finished_at >= {}", p.push(s)));
+    }
+    for (col, v) in [
+        ("agent", &query.agent),
+        ("channel_id", &query.channel),
+        ("thread_key", &query.thread_key),
+        ("parent_run_id", &query.parent_run_id),
+    ] {
+        if let Some(v) = v {
+            clauses.push(format!("{col} = {}", p.push(v.clone())));
+        }
+    }
+    if let Some(status) = query.status {
+        clauses.push(format!("status = {} AND NOT provisional", p.push(status.as_str().to_owned())));
+    }
+    if let Some(cur) = &query.before {
+        let f = p.push(cur.finished_at);
+        match &cur.id {
+            Some(id) => clauses.push(format!("(finished_at, run_id) < ({f}, {})", p.push(id.clone()))),
+            None => clauses.push(format!("finished_at < {f}")),
+        }
+    }
+    if !matches!(query.visible_to, VisibilityFilter::All) {
+        clauses.push(visibility_sql(&query.visible_to, &mut p));
+    }
+    let limit = p.push(big(query.effective_limit()));
+    let sql = format!(
+        "SELECT summary_json, bytes FROM runs WHERE {} ORDER BY finished_at DESC, run_id DESC LIMIT {limit}",
+        clauses.join(" AND ")
+    );
+    Some((sql, p))
+}
+
+pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem> {
+    let head: RunHead = serde_json::from_str(summary_json).map_err(|e| Error::corrupt("runs.summary_json", e))?;
+    Ok(RunListItem { head: RunHead { diagnosis: head.diagnosis.clone().normalized(), ..head }, bytes: Some(bytes.max(0) as u64) })
+}
+
+/// The listing row of `id` when it is visible under the policy.
+pub(super) fn visible_summary(c: &mut Db, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+    let policy = read_policy(c)?.policy;
+    let kept = kept(c, &policy, now_ms)?;
+    let mut p = Params::default();
+    let idp = p.push(id.to_owned());
+    let sql = format!("SELECT summary_json, bytes FROM runs WHERE run_id = {idp} AND {}", kept_sql(&kept, policy.cutoff_ms(now_ms), &mut p));
+    let row = c.query_opt(&sql, &p.refs())?;
+    row.map(|r| decode_item(&r.get::<_, String>(0), r.get(1))).transpose()
+}
+
+/// Delete a run's row and, unless it is live, its events.
+pub(super) fn delete_run(c: &mut Db, id: &str) -> Result<bool> {
+    if !is_live(c, id)? {
+        c.execute("DELETE FROM run_events WHERE run_id = $1", &[&id])?;
+    }
+    Ok(c.execute("DELETE FROM runs WHERE run_id = $1", &[&id])? > 0)
+}
+
+fn encode(record: &RunRecord) -> Result<(String, String)> {
+    let summary = serde_json::to_string(&record.head).map_err(|e| Error::corrupt("record", e))?;
+    let full = serde_json::to_vec(record).map_err(|e| Error::corrupt("record", e))?;
+    Ok((summary, hex::encode(Sha256::digest(&full))))
+}
+
+/// Rows the policy keeps (a put's `retained`).
+fn retained(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
+    let kept = kept(c, policy, now_ms)?;
+    let mut p = Params::default();
+    let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept_sql(&kept, policy.cutoff_ms(now_ms), &mut p));
+    Ok(c.query_one(&sql, &p.refs())?.get::<_, i64>(0).max(0) as u64)
+}
+
+/// Upsert `record` inside the open transaction: the shared body of `put` (and of the ledger's `finish`).
+pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+    if !is_valid_run_id(&record.head.id) {
+        return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
+    }
+    // A killed id takes no record ever again (SPEC §4.3 `kill`).
+    if is_killed(c, &record.head.id)? {
+        let policy = read_policy(c)?.policy;
+        return Ok(PutOutcome { stored: false, rewritten: false, retained: retained(c, &policy, now_ms)? });
+    }
+    let mut stored_policy = read_policy(c)?;
+    if stored_policy.consider(proposal, now_ms) {
+        write_policy(c, &stored_policy)?;
+    }
+    let policy = stored_policy.policy;
+    let mut record = clamp_future(record, now_ms);
+    // A live run's events are the ledger's: a put while it lives writes only the runs row.
+    let live = is_live(c, &record.head.id)?;
+    if live {
+        record.events.clear();
+    }
+    let id = record.head.id.as_str();
+    let existing: Option<(bool, String)> =
+        c.query_opt("SELECT provisional, digest FROM runs WHERE run_id = $1", &[&id])?.map(|r| (r.get(0), r.get(1)));
+    // The tombstone floor: a provisional write never replaces a final record.
+    if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
+        return Ok(PutOutcome { stored: true, rewritten: false, retained: retained(c, &policy, now_ms)? });
+    }
+    let (summary, digest) = encode(&record)?;
+    let bytes = big(record.encoded_len());
+    let unchanged = existing.as_ref().is_some_and(|(_, d)| *d == digest);
+    if !unchanged {
+        let h = &record.head;
+        c.execute(
+            "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
+                channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+             ON CONFLICT (run_id) DO UPDATE SET finished_at = EXCLUDED.finished_at, started_at = EXCLUDED.started_at,
+                agent = EXCLUDED.agent, channel_id = EXCLUDED.channel_id, user_id = EXCLUDED.user_id,
+                thread_key = EXCLUDED.thread_key, channel_visibility = EXCLUDED.channel_visibility,
+                parent_run_id = EXCLUDED.parent_run_id, status = EXCLUDED.status, provisional = EXCLUDED.provisional,
+                event_count = EXCLUDED.event_count, bytes = EXCLUDED.bytes, digest = EXCLUDED.digest,
+                stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json",
+            &[
+                &id, &h.finished_at, &h.started_at, &h.agent, &h.channel_id, &h.user_id, &h.thread_key,
+                &h.channel_visibility.as_str(), &h.parent_run_id, &h.status.as_str(), &h.provisional,
+                &big(h.event_count), &bytes, &digest, &now_ms, &summary,
+            ],
+        )?;
+        if !live {
+            c.execute("DELETE FROM run_events WHERE run_id = $1", &[&id])?;
+        }
+        insert_events(c, id, stored_event_seqs(&record.events).into_iter().zip(record.events.iter().map(|ev| ev.to_string())))?;
+    }
+    // Trim by the persisted policy, oldest first, a bounded amount per put.
+    let kept_now = kept(c, &policy, now_ms)?;
+    let mut p = Params::default();
+    let keep_sql = kept_sql(&kept_now, policy.cutoff_ms(now_ms), &mut p);
+    let limit = p.push(big(TRIM_PER_PUT));
+    let doomed: Vec<String> = c
+        .query(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT {limit}"), &p.refs())?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !doomed.is_empty() {
+        tracing::info!(trimmed = doomed.len(), "retention trimmed finished runs");
+    }
+    for d in &doomed {
+        delete_run(c, d)?;
+    }
+    // The record itself goes regardless when the policy does not keep it.
+    let stored = visible(c, id, &kept_now, policy.cutoff_ms(now_ms))?;
+    if !stored {
+        delete_run(c, id)?;
+    }
+    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(c, &policy, now_ms)? })
+}
+
+fn visible(c: &mut Db, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
+    let mut p = Params::default();
+    let idp = p.push(id.to_owned());
+    let sql = format!("SELECT 1 FROM runs WHERE run_id = {idp} AND {}", kept_sql(kept, cutoff, &mut p));
+    Ok(c.query_opt(&sql, &p.refs())?.is_some())
+}
+
+/// A page of `run_events` strictly after `after_seq` (a cursor past `i64::MAX` is past every row).
+pub(super) fn events_in(c: &mut Db, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
+    let Ok(after) = i64::try_from(after_seq) else { return Ok(EventsPage { events: Vec::new(), next_after_seq: None }) };
+    let rows = c.query(
+        "SELECT seq, json FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        &[&id, &after, &big(limit).saturating_add(1)],
+    )?;
+    let more = rows.len() > limit;
+    let mut events = Vec::with_capacity(rows.len().min(limit));
+    let mut last = after_seq;
+    for row in rows.iter().take(limit) {
+        let (seq, json): (i64, String) = (row.get(0), row.get(1));
+        last = seq as u64;
+        match serde_json::from_str(&json) {
+            Ok(v) => events.push(v),
+            Err(e) => tracing::warn!(run_id = id, seq, error = %e, "skipped a corrupt event row"),
+        }
+    }
+    Ok(EventsPage { events, next_after_seq: more.then_some(last) })
+}
+
+/// Write events into `run_events` keyed by seq (an upsert: an identical retry is a no-op; within one
+/// batch the last event of a seq wins, as SQLite's `INSERT OR REPLACE` in order does). One statement.
+pub(super) fn insert_events(c: &mut Db, run_id: &str, rows: impl IntoIterator<Item = (u64, String)>) -> Result<()> {
+    let mut by_seq = BTreeMap::new();
+    for (seq, json) in rows {
+        by_seq.insert(i64::try_from(seq).map_err(|_| too_big("run_events.seq", seq))?, json);
+    }
+    if by_seq.is_empty() {
+        return Ok(());
+    }
+    let (seqs, jsons): (Vec<i64>, Vec<String>) = by_seq.into_iter().unzip();
+    c.execute(
+        "INSERT INTO run_events (run_id, seq, json) SELECT $1, s, j FROM UNNEST($2::BIGINT[], $3::text[]) AS t(s, j)
+         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json",
+        &[&run_id, &seqs, &jsons],
+    )?;
+    Ok(())
+}
+
+/// A live run's events strictly after `after_seq`, in seq order, at most `limit`. A corrupt row is
+/// skipped and logged.
+pub(super) fn live_events_in(c: &mut Db, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Value>> {
+    let Ok(after) = i64::try_from(after_seq) else { return Ok(Vec::new()) };
+    let rows = c.query(
+        "SELECT seq, json FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        &[&run_id, &after, &big(limit)],
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let (seq, json): (i64, String) = (row.get(0), row.get(1));
+        match serde_json::from_str(&json) {
+            Ok(v) => out.push(v),
+            Err(e) => tracing::warn!(run_id, seq, error = %e, "skipped a corrupt live event row"),
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `run_id` has a `runs` row (final or provisional), whatever the policy.
+pub(super) fn has_record(c: &mut Db, run_id: &str) -> Result<bool> {
+    Ok(c.query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[&run_id])?.is_some())
+}
+
+/// Delete every `run_events` row of `run_id`.
+pub(super) fn delete_events(c: &mut Db, run_id: &str) -> Result<()> {
+    c.execute("DELETE FROM run_events WHERE run_id = $1", &[&run_id])?;
+    Ok(())
+}
+
+/// Delete `run_id`'s record and every event, live or not (a killed run's purge); answers the rows removed.
+pub(super) fn purge_in(c: &mut Db, run_id: &str) -> Result<u64> {
+    let mut n = 0;
+    for sql in ["DELETE FROM runs WHERE run_id = $1", "DELETE FROM run_events WHERE run_id = $1"] {
+        n += c.execute(sql, &[&run_id])?;
+    }
+    Ok(n)
+}

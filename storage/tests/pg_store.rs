@@ -1,0 +1,204 @@
+//! PostgreSQL-only behaviour (SPEC §1.3): versioned migrations (a newer schema refused by name, hosts
+//! starting together migrate once), the session's timeouts (a peer holding a lock becomes a transient
+//! error, not a hang), faults mid-transaction inside and outside a group commit, the handle's kind and
+//! read pool, and the database clock. The contract suites cover everything the traits say.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use storage::ledger::{Admit, AdmitOutcome, Claimed, Promotion, RunLedger};
+use storage::record::{validate_record, RunRecord};
+use storage::store::RunStore;
+use storage::testing::pg;
+use storage::{BackendSpec, Clock, DbClock, Error, ManualClock, PgStore, StorageHandle, SystemClock};
+
+const NOW: i64 = 1_800_000_000_000;
+
+fn record(id: &str, events: usize) -> RunRecord {
+    let events: Vec<_> = (1..=events).map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"})).collect();
+    validate_record(&json!({
+        "id": id, "channelId": "C1", "userId": "U1", "threadKey": "C1:t", "channelVisibility": "public",
+        "startedAt": NOW - 10, "finishedAt": NOW, "status": "completed", "eventCount": events.len(),
+        "storedEventCount": events.len(), "truncated": false, "events": events
+    }))
+    .expect("valid record")
+}
+
+fn open(url: &str) -> PgStore {
+    PgStore::open(url).expect("open")
+}
+
+/// A trigger that fails the insert of `doomed`'s third event, after its runs row and first events.
+fn inject_fault(s: &mut PgStore) {
+    s.connection()
+        .batch_execute(
+            "CREATE FUNCTION fail_third() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.run_id = 'doomed' AND NEW.seq = 3 THEN RAISE EXCEPTION 'injected fault'; END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER fail_third BEFORE INSERT ON run_events FOR EACH ROW EXECUTE FUNCTION fail_third();",
+        )
+        .expect("install the fault");
+}
+
+fn events_of(s: &mut PgStore, id: &str) -> i64 {
+    s.connection().query_one("SELECT count(*) FROM run_events WHERE run_id = $1", &[&id]).unwrap().get(0)
+}
+
+#[test]
+fn a_database_from_a_newer_version_is_refused_by_name_and_left_untouched() {
+    let url = pg::database();
+    let mut s = open(&url);
+    assert_eq!(s.schema_version().unwrap(), storage::postgres::schema::current_version());
+    s.put(&record("kept", 1), None, NOW).unwrap();
+    s.connection().batch_execute("UPDATE schema_version SET version = 99").unwrap();
+    let err = PgStore::open(&url).unwrap_err();
+    let supported = storage::postgres::schema::current_version();
+    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported), "{err:?}");
+    assert!(!err.is_transient());
+    let msg = err.to_string();
+    assert!(msg.contains("99") && msg.contains(&supported.to_string()), "{msg}");
+    assert_eq!(s.schema_version().unwrap(), 99, "the stamp is as it was");
+    assert!(s.get("kept", NOW).unwrap().is_some(), "and so is the data");
+}
+
+#[test]
+fn hosts_starting_together_on_a_fresh_database_migrate_it_once() {
+    let url = pg::database();
+    let barrier = std::sync::Barrier::new(4);
+    let secrets: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    open(&url).capability_secret().expect("secret")
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("host")).collect()
+    });
+    assert_eq!(secrets[0].len(), 64, "32 bytes, hex");
+    assert!(secrets.iter().all(|s| *s == secrets[0]), "one secret for every host: {secrets:?}");
+    let mut s = open(&url);
+    let rows: i64 = s.connection().query_one("SELECT count(*) FROM schema_version", &[]).unwrap().get(0);
+    assert_eq!((rows, s.schema_version().unwrap()), (1, storage::postgres::schema::current_version()));
+}
+
+#[test]
+fn every_connection_sets_lock_and_statement_timeouts() {
+    let mut s = open(&pg::database());
+    for (setting, want) in [("lock_timeout", "5s"), ("statement_timeout", "15s")] {
+        let got: String = s.connection().query_one(&format!("SHOW {setting}"), &[]).unwrap().get(0);
+        assert_eq!(got, want, "{setting}");
+    }
+}
+
+/// A peer that holds a row lock and stalls (a paused host) costs the writer `lock_timeout`, then a
+/// transient error — never a hang, never a refusal — and the connection stays usable.
+#[test]
+fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
+    let url = pg::database();
+    let mut s = open(&url);
+    let admit = Admit {
+        thread_key: "C1:t".into(),
+        gen: "g1".into(),
+        run_id: "r1".into(),
+        request: json!({"text": "x"}),
+        meta: json!({"agent": "demo", "request": {"text": "x"}}),
+        key: None,
+        lease_ms: 30_000,
+    };
+    assert_eq!(s.admit(&admit, NOW).unwrap(), AdmitOutcome::Started { run_id: "r1".into() });
+    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+    assert_eq!(s.claim("r1", "g1", &p, NOW).unwrap(), Ok(Claimed::Promoted));
+    let mut peer = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut tx = peer.transaction().unwrap();
+    tx.query("SELECT 1 FROM live_runs WHERE run_id = 'r1' FOR UPDATE", &[]).unwrap();
+    let started = Instant::now();
+    let err = s.heartbeat("r1", "g1", 30_000, NOW + 1).unwrap_err();
+    let waited = started.elapsed();
+    assert!(err.is_transient() && !err.is_race(), "{err}");
+    assert!(err.to_string().contains("55P03"), "a lock timeout: {err}");
+    assert!(waited >= Duration::from_secs(4) && waited < Duration::from_secs(20), "{waited:?}");
+    tx.rollback().unwrap();
+    assert!(s.heartbeat("r1", "g1", 30_000, NOW + 2).unwrap().is_ok(), "the connection is usable again");
+}
+
+#[test]
+fn a_fault_mid_put_leaves_no_row_and_no_events_and_the_connection_goes_on() {
+    let mut s = open(&pg::database());
+    s.put(&record("before", 2), None, NOW).unwrap();
+    inject_fault(&mut s);
+    let err = s.put(&record("doomed", 5), None, NOW).unwrap_err();
+    assert!(matches!(err, Error::Postgres(_)) && !err.is_transient(), "{err}");
+    assert!(err.to_string().contains("injected fault"), "the server's message: {err}");
+    assert_eq!(s.get("doomed", NOW).unwrap(), None);
+    assert_eq!(events_of(&mut s, "doomed"), 0);
+    assert_eq!(s.get("before", NOW).unwrap(), Some(record("before", 2)), "earlier data untouched");
+    s.put(&record("after", 1), None, NOW).unwrap();
+    assert_eq!(s.get("after", NOW).unwrap(), Some(record("after", 1)));
+}
+
+/// Inside a group commit a failing message rolls back to its own savepoint: the group commits the others.
+#[test]
+fn a_failing_message_in_a_group_rolls_back_only_itself() {
+    let mut s = open(&pg::database());
+    inject_fault(&mut s);
+    assert!(s.begin_group().unwrap());
+    assert!(!s.begin_group().unwrap(), "a group is already open");
+    s.put(&record("a", 1), None, NOW).unwrap();
+    assert!(s.put(&record("doomed", 5), None, NOW).is_err());
+    s.put(&record("b", 2), None, NOW).unwrap();
+    assert_eq!(s.get("a", NOW).unwrap(), Some(record("a", 1)), "a read inside the group sees its writes");
+    s.end_group(true).unwrap();
+    let mut fresh = open(&s.connection().query_one("SELECT current_database()", &[]).map(|r| r.get::<_, String>(0)).map(|db| pg::shared().url(&db)).unwrap());
+    assert_eq!(fresh.get("a", NOW).unwrap(), Some(record("a", 1)));
+    assert_eq!(fresh.get("b", NOW).unwrap(), Some(record("b", 2)));
+    assert_eq!(fresh.get("doomed", NOW).unwrap(), None);
+    assert_eq!(events_of(&mut fresh, "doomed"), 0);
+    // An atomic unit rolled back leaves nothing, grouped or not.
+    s.begin_atomic().unwrap();
+    s.put(&record("c", 1), None, NOW).unwrap();
+    s.end_atomic(false).unwrap();
+    assert_eq!(fresh.get("c", NOW).unwrap(), None);
+}
+
+#[actix_rt::test]
+async fn the_handle_on_postgres_says_so_and_keeps_its_secret_across_a_restart() {
+    let url = pg::database();
+    let clock = std::sync::Arc::new(ManualClock::new(NOW));
+    let spec = BackendSpec::Postgres { url: url.clone(), pool: 4 };
+    assert_eq!(spec.kind(), "postgres");
+    let h = StorageHandle::start(spec.clone(), clock.clone());
+    assert_eq!(h.kind(), "postgres");
+    h.ping().await.unwrap();
+    let secret = h.capability_secret().await.unwrap();
+    h.put(record("r", 3), None).await.unwrap();
+    // Reads go to the pool's read-only connections and see every write whose answer is in hand.
+    let pooled = || h.group_stats().pooled_reads.load(std::sync::atomic::Ordering::Relaxed);
+    let before = pooled();
+    assert_eq!(h.get("r".into()).await.unwrap(), Some(record("r", 3)));
+    assert_eq!(pooled(), before + 1, "the read ran on a reader");
+    let err = h.read_for_test(|b, now| b.put(&record("sneaky", 1), None, now)).await.unwrap_err();
+    assert!(err.to_string().contains("25006"), "a reader refuses writes (read-only transaction): {err}");
+    assert_eq!(h.get("sneaky".into()).await.unwrap(), None);
+    drop(h);
+    let again = StorageHandle::start(spec, clock);
+    assert_eq!(again.capability_secret().await.unwrap(), secret);
+    assert_eq!(again.get("r".into()).await.unwrap(), Some(record("r", 3)));
+}
+
+/// A `DbClock` reads the host's clock shifted to the database's: measured against a host clock that
+/// is a day behind, it answers the database's time.
+#[test]
+fn the_database_clock_corrects_a_skewed_host_clock() {
+    let url = pg::database();
+    let real = SystemClock.now_ms();
+    let skewed = std::sync::Arc::new(ManualClock::new(real - 86_400_000));
+    let clock = DbClock::measure(skewed.clone(), &url).expect("measure");
+    assert!((clock.offset_ms() - 86_400_000).abs() < 5_000, "offset {}", clock.offset_ms());
+    assert!((clock.now_ms() - SystemClock.now_ms()).abs() < 5_000);
+    skewed.advance(1_000);
+    assert_eq!(clock.now_ms(), skewed.now_ms() + clock.offset_ms(), "it follows its base");
+}
