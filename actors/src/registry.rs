@@ -38,6 +38,27 @@ const HEAD_TYPES: [&str; 3] = ["run_meta", "input", "context"];
 /// encoder and decoder for all three.
 pub type RunMeta = storage::ledger::RunIdentity;
 
+/// How long [`Registry::recently_landed`] remembers a landed run: as long as a cached ledger listing
+/// may be served (`runs_service::LEDGER_LIST_TTL_MS`).
+pub const LANDED_MEMORY_MS: i64 = 2_000;
+
+/// Ids of recently landed runs, oldest first; bounded by the landing rate times [`LANDED_MEMORY_MS`].
+#[derive(Default)]
+struct Landed {
+    order: VecDeque<(i64, String)>,
+    ids: std::collections::HashSet<String>,
+}
+
+impl Landed {
+    fn forget_before(&mut self, cutoff: i64) {
+        while self.order.front().is_some_and(|(at, _)| *at < cutoff) {
+            if let Some((_, id)) = self.order.pop_front() {
+                self.ids.remove(&id);
+            }
+        }
+    }
+}
+
 /// A run's row as readers see it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRow {
@@ -74,6 +95,9 @@ impl Entry {
 #[derive(Clone)]
 pub struct Registry {
     inner: Arc<Mutex<HashMap<String, Entry>>>,
+    /// Runs whose record landed in the last [`LANDED_MEMORY_MS`]: a ledger listing cached before the
+    /// landing still shows them live, and readers must not serve that (see [`Registry::recently_landed`]).
+    landed: Arc<Mutex<Landed>>,
     clock: Arc<dyn Clock>,
     backlog_limit: usize,
     /// Applied to every event before it is stored or shown (SPEC §8.3 redaction).
@@ -93,7 +117,7 @@ impl Registry {
 
     pub fn with_backlog_limit(clock: Arc<dyn Clock>, backlog_limit: usize) -> Self {
         let redactor = Arc::new(crate::redact::Redactor::new(&[]).expect("the built-in redaction rules compile"));
-        Registry { inner: Arc::default(), clock, backlog_limit: backlog_limit.max(4), redactor }
+        Registry { inner: Arc::default(), landed: Arc::default(), clock, backlog_limit: backlog_limit.max(4), redactor }
     }
 
     /// The same registry redacting with `redactor` (the built-in rules plus `[redaction] patterns`).
@@ -252,7 +276,21 @@ impl Registry {
     /// once. Holding finished runs for a while would make memory grow with the admission rate, not with
     /// the live runs (about 15 KB a run at 500 runs/s over a minute).
     pub fn landed(&self, id: &str) {
+        let now = self.clock.now_ms();
+        let mut landed = self.landed.lock().unwrap_or_else(|p| p.into_inner());
+        landed.forget_before(now - LANDED_MEMORY_MS);
+        landed.order.push_back((now, id.to_owned()));
+        landed.ids.insert(id.to_owned());
+        drop(landed);
         self.lock().remove(id);
+    }
+
+    /// Whether `id`'s record landed here in the last [`LANDED_MEMORY_MS`]: a ledger row of it in a listing
+    /// cached before that is stale, and the store serves the run.
+    pub fn recently_landed(&self, id: &str) -> bool {
+        let mut landed = self.landed.lock().unwrap_or_else(|p| p.into_inner());
+        landed.forget_before(self.clock.now_ms() - LANDED_MEMORY_MS);
+        landed.ids.contains(id)
     }
 
     /// Forget a run entirely (a fenced or killed run, or one handed to another process).

@@ -13,7 +13,7 @@ use storage::store::{Cursor, ListQuery, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT};
 use super::{RunView, RunsService, LEDGER_EVENTS_CHUNK};
 
 /// One `list_live` serves reads for this long (seed `LEDGER_LIST_TTL_MS`).
-pub const LEDGER_LIST_TTL_MS: i64 = 2_000;
+pub const LEDGER_LIST_TTL_MS: i64 = crate::registry::LANDED_MEMORY_MS;
 /// The `nextBefore` of a page filled by unfinished rows alone: every finished run is older than it
 /// (2^53 − 1, exact in every JSON reader).
 pub const CURSOR_TOP: i64 = 9_007_199_254_740_991;
@@ -257,9 +257,13 @@ impl RunsService {
     }
 
     /// Whether a ledger row is listed by this process: every row except this generation's `attaching`
-    /// reservations (their registry row is about to exist) and rows the registry already serves.
+    /// reservations (their registry row is about to exist), rows the registry already serves, and rows of
+    /// runs whose record landed here since the listing was taken (the store serves those).
     pub(super) fn lists_ledger_row(&self, row: &LiveRow) -> bool {
-        !(row.owner_gen == self.gen.as_str() && row.phase == Phase::Attaching) && self.registry.row(&row.run_id).is_none()
+        let own = row.owner_gen == self.gen.as_str();
+        !(own && row.phase == Phase::Attaching)
+            && self.registry.row(&row.run_id).is_none()
+            && !(own && self.registry.recently_landed(&row.run_id))
     }
 
     /// `list_runs` (SPEC §7): the three-source merge, sorted, limited, with the store cursor.
