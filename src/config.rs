@@ -93,6 +93,8 @@ pub enum StorageKind {
     #[default]
     Sqlite,
     Memory,
+    /// PostgreSQL at `storage.url`, shared by many hosts (SPEC §1.3).
+    Postgres,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -103,18 +105,45 @@ pub enum SynchronousSetting {
     Normal,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[storage]`. Its `Debug` redacts the password a PostgreSQL `url` may hold.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub kind: StorageKind,
     /// The SQLite database file; its directory is the data dir (workspaces live beside it).
     pub path: PathBuf,
     pub synchronous: SynchronousSetting,
+    /// The PostgreSQL database (`postgres://user[:password]@host[:port]/db`); required for
+    /// `kind = "postgres"`, ignored otherwise. May hold a password: never logged as is.
+    pub url: Option<String>,
+    /// PostgreSQL read connections beside the storage actor's (0 sends reads to the actor).
+    pub pool: u32,
 }
+
+/// Bounds of `[storage] pool`.
+pub const POOL: std::ops::RangeInclusive<u32> = 0..=64;
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { kind: StorageKind::Sqlite, path: "data/switchboard.db".into(), synchronous: SynchronousSetting::Full }
+        StorageConfig {
+            kind: StorageKind::Sqlite,
+            path: "data/switchboard.db".into(),
+            synchronous: SynchronousSetting::Full,
+            url: None,
+            pool: 4,
+        }
+    }
+}
+
+impl std::fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("kind", &self.kind)
+            .field("path", &self.path)
+            .field("synchronous", &self.synchronous)
+            .field("url", &self.url.as_deref().map(storage::redact_url))
+            .field("pool", &self.pool)
+            .finish()
     }
 }
 
@@ -673,6 +702,18 @@ impl Config {
         if self.storage.kind == StorageKind::Sqlite && self.storage.path.as_os_str().is_empty() {
             return Err(self.bad("storage.path", "must name a database file"));
         }
+        if self.storage.kind == StorageKind::Postgres {
+            let url = self.storage.url.as_deref().map(str::trim).unwrap_or_default();
+            if url.is_empty() {
+                return Err(self.bad("storage.url", "is required for kind = \"postgres\" (or set SWITCHBOARD_STORAGE__URL)"));
+            }
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(self.bad("storage.url", "must start with postgres:// or postgresql://"));
+            }
+        }
+        if !POOL.contains(&self.storage.pool) {
+            return Err(self.bad("storage.pool", format!("must be within {}..={}", POOL.start(), POOL.end())));
+        }
         let h = &self.history;
         if !(1..=365).contains(&h.retention_days) {
             return Err(self.bad("history.retention_days", "must be within 1..=365"));
@@ -800,7 +841,12 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         for (text, key) in [
-            ("[storage]\nkind = \"postgres\"\n", "storage.kind"),
+            ("[storage]\nkind = \"oracle\"\n", "storage.kind"),
+            ("[storage]\nkind = \"postgres\"\n", "storage.url"),
+            ("[storage]\nkind = \"postgres\"\nurl = \"\"\n", "storage.url"),
+            ("[storage]\nkind = \"postgres\"\nurl = \"mysql://h/db\"\n", "storage.url"),
+            ("[storage]\nkind = \"postgres\"\nurl = \"postgres://h/db\"\npool = 65\n", "storage.pool"),
+            ("[storage]\npool = -1\n", "storage.pool"),
             ("[storage]\nsynchronous = \"off\"\n", "storage.synchronous"),
             ("[ledger]\nlease_ms = 10000\nheartbeat_ms = 6000\n", "ledger.heartbeat_ms"),
             ("[history]\nretention_days = 0\n", "history.retention_days"),
@@ -833,5 +879,31 @@ mod tests {
         let env = vec![("SWITCHBOARD_LEDGER__LEASE_MS".to_owned(), "soon".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("ledger.lease_ms") && e.contains("SWITCHBOARD_LEDGER__LEASE_MS"), "{e}");
+        let env = vec![("SWITCHBOARD_STORAGE__POOL".to_owned(), "100".to_owned())];
+        let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
+        assert!(e.contains("storage.pool"), "{e}");
+    }
+
+    #[test]
+    fn postgres_storage_takes_url_and_pool_and_the_url_from_the_environment() {
+        let c = parse("[storage]\nkind = \"postgres\"\nurl = \"postgres://sb@db.internal/switchboard\"\n").expect("postgres");
+        assert_eq!(c.storage.kind, StorageKind::Postgres);
+        assert_eq!(c.storage.url.as_deref(), Some("postgres://sb@db.internal/switchboard"));
+        assert_eq!(c.storage.pool, 4, "pool defaults to 4");
+        let c = parse("[storage]\nkind = \"postgres\"\nurl = \"postgresql://h/db\"\npool = 0\n").expect("pool 0");
+        assert_eq!(c.storage.pool, 0);
+
+        let env = vec![
+            ("SWITCHBOARD_STORAGE__KIND".to_owned(), "postgres".to_owned()),
+            ("SWITCHBOARD_STORAGE__URL".to_owned(), "postgres://sb:hunter2@10.0.0.5:5433/sb".to_owned()),
+            ("SWITCHBOARD_STORAGE__POOL".to_owned(), "8".to_owned()),
+        ];
+        let c = Config::parse("test.toml", "[storage]\nurl = \"postgres://file/db\"\n", env).expect("env");
+        assert_eq!(c.storage.kind, StorageKind::Postgres);
+        assert_eq!(c.storage.url.as_deref(), Some("postgres://sb:hunter2@10.0.0.5:5433/sb"));
+        assert_eq!(c.storage.pool, 8);
+        // The password never shows in Debug output (which logs may carry).
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("hunter2") && debug.contains("10.0.0.5:5433"), "{debug}");
     }
 }

@@ -35,7 +35,7 @@ use actors::tools::Toolbox;
 use anyhow::Context;
 use storage::record::VisibilityFilter;
 use storage::store::PolicyProposal;
-use storage::{BackendSpec, Generation, MemoryStore, SqliteStore, StorageHandle, Synchronous};
+use storage::{BackendSpec, Generation, MemoryStore, PgStore, SqliteStore, StorageHandle, Synchronous};
 
 pub use config::Config;
 
@@ -172,22 +172,45 @@ fn build_auth(config: &Config) -> anyhow::Result<web::AuthConfig> {
     Ok(web::AuthConfig { dev_bypass: config.auth.dev_bypass, tokens })
 }
 
-/// [`start`] with a given toolbox (tests add tools of their own).
-pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
-    let clock = storage::clock::system();
-    let spec = match config.storage.kind {
-        config::StorageKind::Memory => BackendSpec::Memory(MemoryStore::new()),
+/// The storage backend `config` names, opened and migrated once here (so a bad path, an unreachable
+/// database or a too-new schema fails boot with context), and the clock leases are stamped with: the
+/// host's, except for PostgreSQL, where it is the database's (SPEC §1.3: hosts with skewed clocks
+/// share one lease time line), measured once at boot.
+async fn backend(config: &Config) -> anyhow::Result<(BackendSpec, Arc<dyn storage::Clock>)> {
+    let system = storage::clock::system();
+    Ok(match config.storage.kind {
+        config::StorageKind::Memory => (BackendSpec::Memory(MemoryStore::new()), system),
         config::StorageKind::Sqlite => {
             let synchronous = match config.storage.synchronous {
                 config::SynchronousSetting::Full => Synchronous::Full,
                 config::SynchronousSetting::Normal => Synchronous::Normal,
             };
             let path = config.storage.path.clone();
-            // Open and migrate once here, so a bad path or a too-new schema fails boot with context.
             SqliteStore::open(&path, synchronous).with_context(|| format!("open database {}", path.display()))?;
-            BackendSpec::Sqlite { path, synchronous }
+            (BackendSpec::Sqlite { path, synchronous }, system)
         }
-    };
+        config::StorageKind::Postgres => {
+            // Validation made it present; the password never reaches a message.
+            let url = config.storage.url.clone().unwrap_or_default();
+            let shown = storage::redact_url(&url);
+            // The synchronous client runs its own runtime: off this (async) thread.
+            let (u, base) = (url.clone(), system.clone());
+            let clock = tokio::task::spawn_blocking(move || {
+                PgStore::open(&u)?;
+                storage::DbClock::measure(base, &u)
+            })
+            .await
+            .context("join the database probe")?
+            .with_context(|| format!("open database {shown}"))?;
+            tracing::info!(url = %shown, offset_ms = clock.offset_ms(), pool = config.storage.pool, "postgres storage; leases on the database's clock");
+            (BackendSpec::Postgres { url, pool: config.storage.pool as usize }, Arc::new(clock))
+        }
+    })
+}
+
+/// [`start`] with a given toolbox (tests add tools of their own).
+pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
+    let (spec, clock) = backend(&config).await?;
     let loaded_at = clock.now_ms();
     let options = storage::StorageOptions { receipt_ttl_ms: config.ledger.receipt_ttl_ms as i64, ..Default::default() };
     let storage = StorageHandle::start_with(spec, clock.clone(), options);
