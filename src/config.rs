@@ -79,11 +79,14 @@ pub struct ServerConfig {
     pub bind: String,
     /// Base of the `liveUrl` handed to integrations; derived from the bound address when unset.
     pub public_base_url: Option<String>,
+    /// This process's host identity, recorded with its generation; fast reclaim of dead generations
+    /// applies to its own host_id only (SPEC §1.3). Default: the machine's hostname ([`Config::host_id`]).
+    pub host_id: Option<String>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { bind: "127.0.0.1:8080".into(), public_base_url: None }
+        ServerConfig { bind: "127.0.0.1:8080".into(), public_base_url: None, host_id: None }
     }
 }
 
@@ -699,6 +702,12 @@ impl Config {
                 return Err(self.bad("server.public_base_url", "must start with http:// or https://"));
             }
         }
+        if let Some(id) = &self.server.host_id {
+            let ok = id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:/".contains(c));
+            if id.is_empty() || id.len() > 255 || !ok {
+                return Err(self.bad("server.host_id", "must be 1..=255 of letters, digits and `-_.:/`"));
+            }
+        }
         if self.storage.kind == StorageKind::Sqlite && self.storage.path.as_os_str().is_empty() {
             return Err(self.bad("storage.path", "must name a database file"));
         }
@@ -770,6 +779,11 @@ impl Config {
             return Err(self.bad("plan.timeout_ms", "must be positive"));
         }
         Ok(())
+    }
+
+    /// This process's host identity: `[server] host_id`, else the machine's hostname.
+    pub fn host_id(&self) -> String {
+        self.server.host_id.clone().unwrap_or_else(actors::host::hostname)
     }
 
     /// The retention policy this process proposes to the store (already within bounds).
@@ -882,6 +896,19 @@ mod tests {
         let env = vec![("SWITCHBOARD_STORAGE__POOL".to_owned(), "100".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("storage.pool"), "{e}");
+    }
+
+    #[test]
+    fn host_id_defaults_to_the_hostname_and_is_checked() {
+        let c = parse("").expect("empty");
+        assert_eq!((c.server.host_id.clone(), c.host_id()), (None, actors::host::hostname()));
+        let env = vec![("SWITCHBOARD_SERVER__HOST_ID".to_owned(), "rack-2.b".to_owned())];
+        assert_eq!(Config::parse("test.toml", "", env).expect("env").host_id(), "rack-2.b");
+        assert_eq!(parse("[server]\nhost_id = \"a\"\n").expect("a").host_id(), "a");
+        for text in ["[server]\nhost_id = \"\"\n", "[server]\nhost_id = \"two words\"\n"] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains("server.host_id"), "{text:?} → {e}");
+        }
     }
 
     #[test]

@@ -237,6 +237,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
     let data_dir = config.storage.path.parent().map(|p| p.to_path_buf()).unwrap_or_else(|| ".".into());
+    let host_id = config.host_id();
     // The supervisor mints and owns this process's generation (its fencing token).
     let supervisor = Supervisor::new(SupervisorConfig {
         storage: storage.clone(),
@@ -258,11 +259,15 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             max_restarts: config.supervisor.max_restarts,
             window_ms: config.supervisor.window_ms as i64,
         },
+        host_id: host_id.clone(),
     });
     let generation = supervisor.generation().clone();
-    let span = tracing::info_span!("boot", generation = generation.as_str());
+    let span = tracing::info_span!("boot", generation = generation.as_str(), host_id = %host_id);
     let _enter = span.enter();
-    storage.record_generation(actors::host::this_process(generation.as_str(), loaded_at)).await.context("record the generation")?;
+    storage
+        .record_generation(actors::host::this_process(generation.as_str(), loaded_at, &host_id))
+        .await
+        .context("record the generation")?;
     let supervisor = actix::Actor::start(supervisor);
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
     let report = supervisor
@@ -287,6 +292,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             max_concurrent: config.plan.max_concurrent as usize,
             timeout: Duration::from_millis(config.plan.timeout_ms),
             lease: Duration::from_millis(config.ledger.lease_ms),
+            host_id: host_id.clone(),
         },
     );
     let shutdown = Arc::new(tokio::sync::Notify::new());
