@@ -897,40 +897,4 @@ mod tests {
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("storage.pool"), "{e}");
     }
-
-    #[test]
-    fn host_id_defaults_to_the_hostname_and_is_checked() {
-        let c = parse("").expect("empty");
-        assert_eq!((c.server.host_id.clone(), c.host_id()), (None, actors::host::hostname()));
-        let env = vec![("SWITCHBOARD_SERVER__HOST_ID".to_owned(), "rack-2.b".to_owned())];
-        assert_eq!(Config::parse("test.toml", "", env).expect("env").host_id(), "rack-2.b");
-        assert_eq!(parse("[server]\nhost_id = \"a\"\n").expect("a").host_id(), "a");
-        for text in ["[server]\nhost_id = \"\"\n", "[server]\nhost_id = \"two words\"\n"] {
-            let e = parse(text).unwrap_err().to_string();
-            assert!(e.contains("server.host_id"), "{text:?} → {e}");
-        }
-    }
-
-    #[test]
-    fn postgres_storage_takes_url_and_pool_and_the_url_from_the_environment() {
-        let c = parse("[storage]\nkind = \"postgres\"\nurl = \"postgres://sb@db.internal/switchboard\"\n").expect("postgres");
-        assert_eq!(c.storage.kind, StorageKind::Postgres);
-        assert_eq!(c.storage.url.as_deref(), Some("postgres://sb@db.internal/switchboard"));
-        assert_eq!(c.storage.pool, 4, "pool defaults to 4");
-        let c = parse("[storage]\nkind = \"postgres\"\nurl = \"postgresql://h/db\"\npool = 0\n").expect("pool 0");
-        assert_eq!(c.storage.pool, 0);
-
-        let env = vec![
-            ("SWITCHBOARD_STORAGE__KIND".to_owned(), "postgres".to_owned()),
-            ("SWITCHBOARD_STORAGE__URL".to_owned(), "postgres://sb:hunter2@10.0.0.5:5433/sb".to_owned()),
-            ("SWITCHBOARD_STORAGE__POOL".to_owned(), "8".to_owned()),
-        ];
-        let c = Config::parse("test.toml", "[storage]\nurl = \"postgres://file/db\"\n", env).expect("env");
-        assert_eq!(c.storage.kind, StorageKind::Postgres);
-        assert_eq!(c.storage.url.as_deref(), Some("postgres://sb:hunter2@10.0.0.5:5433/sb"));
-        assert_eq!(c.storage.pool, 8);
-        // The password never shows in Debug output (which logs may carry).
-        let debug = format!("{c:?}");
-        assert!(!debug.contains("hunter2") && debug.contains("10.0.0.5:5433"), "{debug}");
-    }
 }
