@@ -79,11 +79,14 @@ pub struct ServerConfig {
     pub bind: String,
     /// Base of the `liveUrl` handed to integrations; derived from the bound address when unset.
     pub public_base_url: Option<String>,
+    /// This process's host identity, recorded with its generation; fast reclaim of dead generations
+    /// applies to its own host_id only (SPEC §1.3). Default: the machine's hostname ([`Config::host_id`]).
+    pub host_id: Option<String>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { bind: "127.0.0.1:8080".into(), public_base_url: None }
+        ServerConfig { bind: "127.0.0.1:8080".into(), public_base_url: None, host_id: None }
     }
 }
 
@@ -93,6 +96,8 @@ pub enum StorageKind {
     #[default]
     Sqlite,
     Memory,
+    /// PostgreSQL at `storage.url`, shared by many hosts (SPEC §1.3).
+    Postgres,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -103,18 +108,45 @@ pub enum SynchronousSetting {
     Normal,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `[storage]`. Its `Debug` redacts the password a PostgreSQL `url` may hold.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub kind: StorageKind,
     /// The SQLite database file; its directory is the data dir (workspaces live beside it).
     pub path: PathBuf,
     pub synchronous: SynchronousSetting,
+    /// The PostgreSQL database (`postgres://user[:password]@host[:port]/db`); required for
+    /// `kind = "postgres"`, ignored otherwise. May hold a password: never logged as is.
+    pub url: Option<String>,
+    /// PostgreSQL read connections beside the storage actor's (0 sends reads to the actor).
+    pub pool: u32,
 }
+
+/// Bounds of `[storage] pool`.
+pub const POOL: std::ops::RangeInclusive<u32> = 0..=64;
 
 impl Default for StorageConfig {
     fn default() -> Self {
-        StorageConfig { kind: StorageKind::Sqlite, path: "data/switchboard.db".into(), synchronous: SynchronousSetting::Full }
+        StorageConfig {
+            kind: StorageKind::Sqlite,
+            path: "data/switchboard.db".into(),
+            synchronous: SynchronousSetting::Full,
+            url: None,
+            pool: 4,
+        }
+    }
+}
+
+impl std::fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("kind", &self.kind)
+            .field("path", &self.path)
+            .field("synchronous", &self.synchronous)
+            .field("url", &self.url.as_deref().map(storage::redact_url))
+            .field("pool", &self.pool)
+            .finish()
     }
 }
 
@@ -670,8 +702,26 @@ impl Config {
                 return Err(self.bad("server.public_base_url", "must start with http:// or https://"));
             }
         }
+        if let Some(id) = &self.server.host_id {
+            let ok = id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:/".contains(c));
+            if id.is_empty() || id.len() > 255 || !ok {
+                return Err(self.bad("server.host_id", "must be 1..=255 of letters, digits and `-_.:/`"));
+            }
+        }
         if self.storage.kind == StorageKind::Sqlite && self.storage.path.as_os_str().is_empty() {
             return Err(self.bad("storage.path", "must name a database file"));
+        }
+        if self.storage.kind == StorageKind::Postgres {
+            let url = self.storage.url.as_deref().map(str::trim).unwrap_or_default();
+            if url.is_empty() {
+                return Err(self.bad("storage.url", "is required for kind = \"postgres\" (or set SWITCHBOARD_STORAGE__URL)"));
+            }
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(self.bad("storage.url", "must start with postgres:// or postgresql://"));
+            }
+        }
+        if !POOL.contains(&self.storage.pool) {
+            return Err(self.bad("storage.pool", format!("must be within {}..={}", POOL.start(), POOL.end())));
         }
         let h = &self.history;
         if !(1..=365).contains(&h.retention_days) {
@@ -729,6 +779,11 @@ impl Config {
             return Err(self.bad("plan.timeout_ms", "must be positive"));
         }
         Ok(())
+    }
+
+    /// This process's host identity: `[server] host_id`, else the machine's hostname.
+    pub fn host_id(&self) -> String {
+        self.server.host_id.clone().unwrap_or_else(actors::host::hostname)
     }
 
     /// The retention policy this process proposes to the store (already within bounds).
@@ -800,7 +855,12 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         for (text, key) in [
-            ("[storage]\nkind = \"postgres\"\n", "storage.kind"),
+            ("[storage]\nkind = \"oracle\"\n", "storage.kind"),
+            ("[storage]\nkind = \"postgres\"\n", "storage.url"),
+            ("[storage]\nkind = \"postgres\"\nurl = \"\"\n", "storage.url"),
+            ("[storage]\nkind = \"postgres\"\nurl = \"mysql://h/db\"\n", "storage.url"),
+            ("[storage]\nkind = \"postgres\"\nurl = \"postgres://h/db\"\npool = 65\n", "storage.pool"),
+            ("[storage]\npool = -1\n", "storage.pool"),
             ("[storage]\nsynchronous = \"off\"\n", "storage.synchronous"),
             ("[ledger]\nlease_ms = 10000\nheartbeat_ms = 6000\n", "ledger.heartbeat_ms"),
             ("[history]\nretention_days = 0\n", "history.retention_days"),
@@ -833,5 +893,8 @@ mod tests {
         let env = vec![("SWITCHBOARD_LEDGER__LEASE_MS".to_owned(), "soon".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("ledger.lease_ms") && e.contains("SWITCHBOARD_LEDGER__LEASE_MS"), "{e}");
+        let env = vec![("SWITCHBOARD_STORAGE__POOL".to_owned(), "100".to_owned())];
+        let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
+        assert!(e.contains("storage.pool"), "{e}");
     }
 }

@@ -35,7 +35,7 @@ use actors::tools::Toolbox;
 use anyhow::Context;
 use storage::record::VisibilityFilter;
 use storage::store::PolicyProposal;
-use storage::{BackendSpec, Generation, MemoryStore, SqliteStore, StorageHandle, Synchronous};
+use storage::{BackendSpec, Generation, MemoryStore, PgStore, SqliteStore, StorageHandle, Synchronous};
 
 pub use config::Config;
 
@@ -172,22 +172,45 @@ fn build_auth(config: &Config) -> anyhow::Result<web::AuthConfig> {
     Ok(web::AuthConfig { dev_bypass: config.auth.dev_bypass, tokens })
 }
 
-/// [`start`] with a given toolbox (tests add tools of their own).
-pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
-    let clock = storage::clock::system();
-    let spec = match config.storage.kind {
-        config::StorageKind::Memory => BackendSpec::Memory(MemoryStore::new()),
+/// The storage backend `config` names, opened and migrated once here (so a bad path, an unreachable
+/// database or a too-new schema fails boot with context), and the clock leases are stamped with: the
+/// host's, except for PostgreSQL, where it is the database's (SPEC §1.3: hosts with skewed clocks
+/// share one lease time line), measured once at boot.
+async fn backend(config: &Config) -> anyhow::Result<(BackendSpec, Arc<dyn storage::Clock>)> {
+    let system = storage::clock::system();
+    Ok(match config.storage.kind {
+        config::StorageKind::Memory => (BackendSpec::Memory(MemoryStore::new()), system),
         config::StorageKind::Sqlite => {
             let synchronous = match config.storage.synchronous {
                 config::SynchronousSetting::Full => Synchronous::Full,
                 config::SynchronousSetting::Normal => Synchronous::Normal,
             };
             let path = config.storage.path.clone();
-            // Open and migrate once here, so a bad path or a too-new schema fails boot with context.
             SqliteStore::open(&path, synchronous).with_context(|| format!("open database {}", path.display()))?;
-            BackendSpec::Sqlite { path, synchronous }
+            (BackendSpec::Sqlite { path, synchronous }, system)
         }
-    };
+        config::StorageKind::Postgres => {
+            // Validation made it present; the password never reaches a message.
+            let url = config.storage.url.clone().unwrap_or_default();
+            let shown = storage::redact_url(&url);
+            // The synchronous client runs its own runtime: off this (async) thread.
+            let (u, base) = (url.clone(), system.clone());
+            let clock = tokio::task::spawn_blocking(move || {
+                PgStore::open(&u)?;
+                storage::DbClock::measure(base, &u)
+            })
+            .await
+            .context("join the database probe")?
+            .with_context(|| format!("open database {shown}"))?;
+            tracing::info!(url = %shown, offset_ms = clock.offset_ms(), pool = config.storage.pool, "postgres storage; leases on the database's clock");
+            (BackendSpec::Postgres { url, pool: config.storage.pool as usize }, Arc::new(clock))
+        }
+    })
+}
+
+/// [`start`] with a given toolbox (tests add tools of their own).
+pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
+    let (spec, clock) = backend(&config).await?;
     let loaded_at = clock.now_ms();
     let options = storage::StorageOptions { receipt_ttl_ms: config.ledger.receipt_ttl_ms as i64, ..Default::default() };
     let storage = StorageHandle::start_with(spec, clock.clone(), options);
@@ -214,6 +237,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
     let data_dir = config.storage.path.parent().map(|p| p.to_path_buf()).unwrap_or_else(|| ".".into());
+    let host_id = config.host_id();
     // The supervisor mints and owns this process's generation (its fencing token).
     let supervisor = Supervisor::new(SupervisorConfig {
         storage: storage.clone(),
@@ -235,11 +259,15 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             max_restarts: config.supervisor.max_restarts,
             window_ms: config.supervisor.window_ms as i64,
         },
+        host_id: host_id.clone(),
     });
     let generation = supervisor.generation().clone();
-    let span = tracing::info_span!("boot", generation = generation.as_str());
+    let span = tracing::info_span!("boot", generation = generation.as_str(), host_id = %host_id);
     let _enter = span.enter();
-    storage.record_generation(actors::host::this_process(generation.as_str(), loaded_at)).await.context("record the generation")?;
+    storage
+        .record_generation(actors::host::this_process(generation.as_str(), loaded_at, &host_id))
+        .await
+        .context("record the generation")?;
     let supervisor = actix::Actor::start(supervisor);
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
     let report = supervisor
@@ -264,6 +292,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             max_concurrent: config.plan.max_concurrent as usize,
             timeout: Duration::from_millis(config.plan.timeout_ms),
             lease: Duration::from_millis(config.ledger.lease_ms),
+            host_id: host_id.clone(),
         },
     );
     let shutdown = Arc::new(tokio::sync::Notify::new());

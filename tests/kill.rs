@@ -221,6 +221,7 @@ fn crash_while_attaching_restarts_from_the_request_with_the_same_id_and_start() 
         .record_generation(&storage::ledger::GenerationInfo {
             gen: dead.into(),
             host: actors::host::hostname(),
+            host_id: actors::host::hostname(),
             pid: u32::MAX - 11,
             proc_start: "1".into(),
             started_at: now_ms() - 10_000,

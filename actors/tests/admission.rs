@@ -48,6 +48,7 @@ async fn fixture() -> Fixture {
         metrics: Arc::default(),
         operations: actors::operations::OperationCoordinator::new(clock),
         restart_policy: Default::default(),
+        host_id: "test-host".into(),
     })
     .start();
     Fixture { _dir: dir, supervisor, storage, draining }

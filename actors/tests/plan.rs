@@ -142,7 +142,7 @@ struct Fixture {
 }
 
 fn settings(max_concurrent: usize) -> PlanSettings {
-    PlanSettings { max_concurrent, timeout: TIMEOUT, lease: LEASE }
+    PlanSettings { max_concurrent, timeout: TIMEOUT, lease: LEASE, host_id: host::hostname() }
 }
 
 /// A storage actor with its own connection to `path`: one process's view of the database.
@@ -154,7 +154,7 @@ fn process_storage(path: &Path, clock: &Arc<ManualClock>) -> StorageHandle {
 /// `adjust` (another host, a pid that is gone); answers it.
 async fn record_generation(storage: &StorageHandle, adjust: impl FnOnce(GenerationInfo) -> GenerationInfo) -> Generation {
     let generation = Generation::mint(NOW);
-    storage.record_generation(adjust(host::this_process(generation.as_str(), NOW))).await.expect("record the generation");
+    storage.record_generation(adjust(host::this_process(generation.as_str(), NOW, &host::hostname()))).await.expect("record the generation");
     generation
 }
 
@@ -758,6 +758,7 @@ mod agent_provider {
             metrics: Arc::default(),
             operations: actors::operations::OperationCoordinator::new(clock_for_ops),
             restart_policy: Default::default(),
+            host_id: actors::host::hostname(),
         });
         let generation = supervisor.generation().clone();
         let supervisor = supervisor.start();

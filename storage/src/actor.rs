@@ -157,8 +157,9 @@ impl Backend for MemoryStore {
     }
 }
 
-/// Which backend the actor opens (and reopens after a poisoned connection).
-#[derive(Debug, Clone)]
+/// Which backend the actor opens (and reopens after a poisoned connection). Its `Debug` redacts the
+/// password a PostgreSQL URL may hold.
+#[derive(Clone)]
 pub enum BackendSpec {
     Sqlite { path: PathBuf, synchronous: Synchronous },
     /// PostgreSQL at `url` (SPEC §1.3). `pool` is the number of read connections the handle opens
@@ -166,6 +167,20 @@ pub enum BackendSpec {
     Postgres { url: String, pool: usize },
     /// The memory backend's clones share one state, so a reopened actor sees the same data.
     Memory(MemoryStore),
+}
+
+impl std::fmt::Debug for BackendSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendSpec::Sqlite { path, synchronous } => {
+                f.debug_struct("Sqlite").field("path", path).field("synchronous", synchronous).finish()
+            }
+            BackendSpec::Postgres { url, pool } => {
+                f.debug_struct("Postgres").field("url", &crate::redact_url(url)).field("pool", pool).finish()
+            }
+            BackendSpec::Memory(m) => f.debug_tuple("Memory").field(m).finish(),
+        }
+    }
 }
 
 impl BackendSpec {

@@ -44,6 +44,6 @@ pub use error::{Error, Result};
 pub use generation::Generation;
 pub use handle::{StorageHandle, StorageOptions};
 pub use memory::MemoryStore;
-pub use postgres::PgStore;
+pub use postgres::{redact_url, PgStore};
 pub use sqlite::{SqliteStore, Synchronous, WriteLockProbe};
 pub use store::RunStore;

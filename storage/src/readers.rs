@@ -35,13 +35,22 @@ use crate::actor::{Backend, GroupStats, Job, Mailbox, SendError};
 use crate::postgres::PgStore;
 use crate::sqlite::SqliteStore;
 
-/// Where a reader's connection goes.
-#[derive(Debug, Clone)]
+/// Where a reader's connection goes. Its `Debug` redacts a PostgreSQL URL's password.
+#[derive(Clone)]
 pub enum ReadSource {
     /// The SQLite file at this path ([`SqliteStore::open_reader`]).
     Sqlite(PathBuf),
     /// The PostgreSQL database at this URL ([`PgStore::open_reader`]).
     Postgres(String),
+}
+
+impl std::fmt::Debug for ReadSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadSource::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
+            ReadSource::Postgres(url) => f.debug_tuple("Postgres").field(&crate::redact_url(url)).finish(),
+        }
+    }
 }
 
 impl ReadSource {

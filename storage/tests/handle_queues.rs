@@ -180,7 +180,7 @@ async fn prune_dead_takes_only_dead_idle_old_generations_and_receipts_past_the_c
         let options = StorageOptions { receipt_ttl_ms: 60_000, ..Default::default() };
         let h = StorageHandle::start_with(spec, Arc::new(clock.clone()), options);
         assert_eq!(h.receipt_ttl_ms(), 60_000);
-        let gen = |g: &str, started_at: i64| GenerationInfo { gen: g.into(), host: "h".into(), pid: 1, proc_start: "1".into(), started_at };
+        let gen = |g: &str, started_at: i64| GenerationInfo { gen: g.into(), host: "h".into(), host_id: "h".into(), pid: 1, proc_start: "1".into(), started_at };
         let (own, idle, dead) = ("20260101T000000Z-00000001", "20260101T000000Z-00000002", "20260101T000000Z-00000003");
         for g in [own, idle, dead] {
             h.record_generation(gen(g, NOW - 2 * DAY)).await.unwrap();

@@ -1265,6 +1265,7 @@ fn generations_round_trip<S: Ledger>(s: &mut S) {
     let a = GenerationInfo {
         gen: G1.to_owned(),
         host: "host-a".to_owned(),
+        host_id: "rack-1/a".to_owned(),
         pid: 4242,
         proc_start: "123456789".to_owned(),
         started_at: NOW,
@@ -1272,6 +1273,7 @@ fn generations_round_trip<S: Ledger>(s: &mut S) {
     let b = GenerationInfo {
         gen: G2.to_owned(),
         host: "host-b".to_owned(),
+        host_id: "host-b".to_owned(),
         pid: 1,
         proc_start: "987".to_owned(),
         started_at: NOW + 1_000,
@@ -1291,7 +1293,7 @@ const TTL: i64 = 86_400_000;
 const DAY: i64 = 86_400_000;
 
 fn generation(gen: &str, started_at: i64) -> GenerationInfo {
-    GenerationInfo { gen: gen.to_owned(), host: "host-a".to_owned(), pid: 7, proc_start: "1".to_owned(), started_at }
+    GenerationInfo { gen: gen.to_owned(), host: "host-a".to_owned(), host_id: "host-a".to_owned(), pid: 7, proc_start: "1".to_owned(), started_at }
 }
 
 /// Every ledger row of `run` is gone (its record and receipts are not the ledger's live rows).

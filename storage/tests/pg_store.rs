@@ -202,3 +202,35 @@ fn the_database_clock_corrects_a_skewed_host_clock() {
     skewed.advance(1_000);
     assert_eq!(clock.now_ms(), skewed.now_ms() + clock.offset_ms(), "it follows its base");
 }
+
+/// Migration 2 adds each generation's `host_id` (SPEC §1.3); a generation recorded at version 1 has its
+/// hostname as its host identity.
+#[test]
+fn migration_two_gives_old_generations_their_hostname_as_host_id() {
+    use storage::ledger::GenerationInfo;
+    let url = pg::database();
+    let mut s = open(&url);
+    // The database as version 1 left it, with one generation in it.
+    s.connection()
+        .batch_execute(
+            "ALTER TABLE generations DROP COLUMN host_id; UPDATE schema_version SET version = 1;
+             INSERT INTO generations (gen, host, pid, proc_start, started_at)
+             VALUES ('20260101T000000Z-0000000a', 'box-1', 42, '777', 5);",
+        )
+        .unwrap();
+    drop(s);
+    let mut s = open(&url);
+    assert_eq!((s.schema_version().unwrap(), storage::postgres::schema::current_version()), (2, 2));
+    let old = GenerationInfo {
+        gen: "20260101T000000Z-0000000a".into(),
+        host: "box-1".into(),
+        host_id: "box-1".into(),
+        pid: 42,
+        proc_start: "777".into(),
+        started_at: 5,
+    };
+    assert_eq!(s.generations().unwrap(), vec![old.clone()]);
+    let new = GenerationInfo { gen: "20260101T000000Z-0000000b".into(), host_id: "blue".into(), started_at: 6, ..old.clone() };
+    s.record_generation(&new).unwrap();
+    assert_eq!(s.generations().unwrap(), vec![old, new]);
+}

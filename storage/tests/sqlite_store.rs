@@ -445,3 +445,32 @@ fn the_write_lock_probe_sees_a_held_lock_and_writes_nothing() {
     assert!(storage::WriteLockProbe::open(&missing, std::time::Duration::ZERO).is_err());
     assert!(!missing.exists());
 }
+
+/// Migration 8 adds each generation's `host_id` (SPEC §1.3); generations recorded before have their
+/// hostname as their host identity, so fast reclaim on their own host goes on as before.
+#[test]
+fn migration_eight_gives_old_generations_their_hostname_as_host_id() {
+    use storage::ledger::{GenerationInfo, RunLedger};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v7.db");
+    old_database(
+        &path,
+        7,
+        "INSERT INTO generations (gen, host, pid, proc_start, started_at)
+         VALUES ('20260101T000000Z-0000000a', 'box-1', 42, '777', 5);",
+    );
+    let mut s = open(&path);
+    assert_eq!((s.schema_version().unwrap(), storage::sqlite::schema::current_version()), (8, 8));
+    let old = GenerationInfo {
+        gen: "20260101T000000Z-0000000a".into(),
+        host: "box-1".into(),
+        host_id: "box-1".into(),
+        pid: 42,
+        proc_start: "777".into(),
+        started_at: 5,
+    };
+    assert_eq!(s.generations().unwrap(), vec![old.clone()]);
+    let new = GenerationInfo { gen: "20260101T000000Z-0000000b".into(), host_id: "blue".into(), started_at: 6, ..old.clone() };
+    s.record_generation(&new).unwrap();
+    assert_eq!(s.generations().unwrap(), vec![old, new]);
+}

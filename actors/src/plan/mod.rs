@@ -84,7 +84,7 @@ use provider::AbortTrigger;
 const RECENT_OUTCOMES: usize = 256;
 
 /// The coordinator's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanSettings {
     /// `[plan] max_concurrent`: tracked invocations across every plan identity.
     pub max_concurrent: usize,
@@ -94,6 +94,9 @@ pub struct PlanSettings {
     /// `[ledger] lease_ms`: how long a request's holder may go without renewing before other processes
     /// settle its pending requests as interrupted. Renewals and sweeps run every third of it.
     pub lease: Duration,
+    /// `[server] host_id`: a dead holder's requests are settled at once only when it ran under this host
+    /// identity (the reclaim's rule); other hosts' wait for their lease.
+    pub host_id: String,
 }
 
 impl PlanSettings {
@@ -285,7 +288,7 @@ impl PlanCoordinator {
     /// A sweep of the durable requests as of now (see [`sweep`]).
     fn sweep(&self) -> impl Future<Output = Result<Vec<PlanRequest>, storage::Error>> + 'static {
         let running = self.active.values().map(|i| i.request_id.clone()).collect();
-        sweep(self.storage.clone(), self.generation.clone(), running, self.settings.lease_ms())
+        sweep(self.storage.clone(), self.generation.clone(), self.settings.host_id.clone(), running, self.settings.lease_ms())
     }
 
     fn admission(&self, plan_id: &PlanId) -> Result<(), StartError> {
@@ -444,6 +447,7 @@ impl PlanCoordinator {
 async fn sweep(
     storage: StorageHandle,
     generation: Generation,
+    host_id: String,
     running: Vec<RequestId>,
     lease_ms: i64,
 ) -> Result<Vec<PlanRequest>, storage::Error> {
@@ -454,7 +458,7 @@ async fn sweep(
         .generations()
         .await?
         .into_iter()
-        .filter(|g| g.gen != generation.as_str() && crate::host::is_gone(g))
+        .filter(|g| g.gen != generation.as_str() && crate::host::is_gone(g, &host_id))
         .filter_map(|g| Generation::parse(&g.gen))
         .collect();
     let mut settled = Vec::new();

@@ -65,6 +65,9 @@ pub struct SupervisorConfig {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub operations: crate::operations::OperationCoordinator,
     pub restart_policy: RestartPolicy,
+    /// This process's host identity (`[server] host_id`): fast reclaim takes the rows of dead
+    /// generations of this host identity only (SPEC §1.3).
+    pub host_id: String,
 }
 
 /// How often a run may be re-adopted after a panic or `StorageLost` (SPEC §1.1, `[supervisor]`): more
@@ -130,6 +133,7 @@ struct SlotShared {
     draining: Arc<AtomicBool>,
     metrics: Arc<crate::metrics::Metrics>,
     restart_policy: RestartPolicy,
+    host_id: String,
 }
 
 impl Supervisor {
@@ -149,6 +153,7 @@ impl Supervisor {
             draining: config.draining.clone(),
             metrics: config.metrics.clone(),
             restart_policy: config.restart_policy,
+            host_id: config.host_id.clone(),
         };
         let tools = std::mem::replace(&mut config.tools, Toolbox::empty());
         config.agents = HashMap::new();

@@ -292,9 +292,14 @@ impl Handler<ReclaimPass> for Supervisor {
         self.sweeping = true;
         let deps = self.deps().clone();
         let lease_ms = deps.lease_ms;
+        let host_id = self.config.host_id.clone();
         let fut = async move {
             let dead: Vec<String> = match deps.storage.generations().await {
-                Ok(gens) => gens.into_iter().filter(|g| g.gen != deps.gen.as_str() && crate::host::is_gone(g)).map(|g| g.gen).collect(),
+                Ok(gens) => gens
+                    .into_iter()
+                    .filter(|g| g.gen != deps.gen.as_str() && crate::host::is_gone(g, &host_id))
+                    .map(|g| g.gen)
+                    .collect(),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read generations; no fast reclaim this pass");
                     Vec::new()

@@ -331,7 +331,12 @@ pub struct TableRows {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GenerationInfo {
     pub gen: String,
+    /// The machine's hostname, where `pid` and `proc_start` mean something.
     pub host: String,
+    /// The process's host identity (`[server] host_id`, default the hostname): fast reclaim of a dead
+    /// generation applies only to generations of the reclaiming process's own host_id; generations of
+    /// other hosts wait for the lease (SPEC §1.3).
+    pub host_id: String,
     pub pid: u32,
     /// The process start time as the OS reports it (e.g. `/proc/<pid>/stat` field 22), to tell a
     /// reused pid apart.

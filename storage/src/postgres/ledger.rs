@@ -287,10 +287,10 @@ impl RunLedger for PgStore {
     fn record_generation(&mut self, info: &GenerationInfo) -> Result<()> {
         self.write(|c| {
             c.execute(
-                "INSERT INTO generations (gen, host, pid, proc_start, started_at) VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (gen) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid,
+                "INSERT INTO generations (gen, host, host_id, pid, proc_start, started_at) VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (gen) DO UPDATE SET host = EXCLUDED.host, host_id = EXCLUDED.host_id, pid = EXCLUDED.pid,
                     proc_start = EXCLUDED.proc_start, started_at = EXCLUDED.started_at",
-                &[&info.gen, &info.host, &i64::from(info.pid), &info.proc_start, &info.started_at],
+                &[&info.gen, &info.host, &info.host_id, &i64::from(info.pid), &info.proc_start, &info.started_at],
             )?;
             Ok(())
         })
@@ -298,16 +298,17 @@ impl RunLedger for PgStore {
 
     fn generations(&mut self) -> Result<Vec<GenerationInfo>> {
         self.read(|c| {
-            c.query("SELECT gen, host, pid, proc_start, started_at FROM generations ORDER BY started_at, gen", &[])?
+            c.query("SELECT gen, host, host_id, pid, proc_start, started_at FROM generations ORDER BY started_at, gen", &[])?
                 .iter()
                 .map(|r| {
-                    let pid: i64 = r.get(2);
+                    let pid: i64 = r.get(3);
                     Ok(GenerationInfo {
                         gen: r.get(0),
                         host: r.get(1),
+                        host_id: r.get(2),
                         pid: u32::try_from(pid).map_err(|e| Error::corrupt("generations.pid", e))?,
-                        proc_start: r.get(3),
-                        started_at: r.get(4),
+                        proc_start: r.get(4),
+                        started_at: r.get(5),
                     })
                 })
                 .collect()

@@ -364,6 +364,29 @@ pub fn clock_offset_ms(url: &str, local_ms: impl Fn() -> i64) -> Result<i64> {
     Ok(db.round() as i64 - (before + (after - before) / 2))
 }
 
+/// `url` with its password (if any) replaced by `***`, for logs and `Debug` output: the URL form
+/// (`postgres://user:secret@host/db`) and a `password=` query or key-value parameter alike.
+pub fn redact_url(url: &str) -> String {
+    let mut out = url.to_owned();
+    if let Some(scheme_end) = out.find("://") {
+        let rest = scheme_end + 3;
+        let authority_end = out[rest..].find(['/', '?']).map_or(out.len(), |i| rest + i);
+        if let Some(at) = out[rest..authority_end].rfind('@') {
+            let userinfo = &out[rest..rest + at];
+            if let Some(colon) = userinfo.find(':') {
+                out.replace_range(rest + colon + 1..rest + at, "***");
+            }
+        }
+    }
+    let lower = out.to_ascii_lowercase();
+    if let Some(i) = lower.find("password=") {
+        let start = i + "password=".len();
+        let end = out[start..].find(['&', ' ']).map_or(out.len(), |j| start + j);
+        out.replace_range(start..end, "***");
+    }
+    out
+}
+
 /// Clamp a count or limit to what a `BIGINT` parameter holds.
 pub(crate) fn big(n: impl TryInto<i64>) -> i64 {
     n.try_into().unwrap_or(i64::MAX)
@@ -372,4 +395,18 @@ pub(crate) fn big(n: impl TryInto<i64>) -> i64 {
 /// The error for a value a column cannot hold (a `u64` past `i64::MAX`).
 pub(crate) fn too_big(what: &'static str, n: u64) -> Error {
     Error::corrupt(what, format!("{n} is past i64::MAX"))
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_redacted_and_the_rest_is_kept() {
+        assert_eq!(redact_url("postgres://sb:hunter2@db:5432/x"), "postgres://sb:***@db:5432/x");
+        assert_eq!(redact_url("postgres://sb:p%40ss@w@db/x"), "postgres://sb:***@db/x");
+        assert_eq!(redact_url("postgres://sb@db/x"), "postgres://sb@db/x");
+        assert_eq!(redact_url("postgresql://db/x?user=sb&password=hunter2&sslmode=off"), "postgresql://db/x?user=sb&password=***&sslmode=off");
+        assert_eq!(redact_url("host=db password=hunter2 user=sb"), "host=db password=*** user=sb");
+    }
 }

@@ -113,6 +113,12 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX plan_requests_by_plan ON plan_requests(plan_id, state);
     CREATE INDEX plan_requests_pending ON plan_requests(created_at, request_id) WHERE state = 'pending';
     "#,
+    // 2: each generation's host identity (`[server] host_id`, SPEC §1.3), as SQLite's migration 8: fast
+    // reclaim of a dead generation is for its own host only. Rows from before: their hostname.
+    r#"
+    ALTER TABLE generations ADD COLUMN host_id text COLLATE "C" NOT NULL DEFAULT '';
+    UPDATE generations SET host_id = host;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

@@ -124,8 +124,8 @@ impl RunLedger for SqliteStore {
     fn record_generation(&mut self, info: &GenerationInfo) -> Result<()> {
         let tx = self.immediate()?;
         tx.execute(
-            "INSERT OR REPLACE INTO generations (gen, host, pid, proc_start, started_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![info.gen, info.host, info.pid, info.proc_start, info.started_at],
+            "INSERT OR REPLACE INTO generations (gen, host, host_id, pid, proc_start, started_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![info.gen, info.host, info.host_id, info.pid, info.proc_start, info.started_at],
         )?;
         tx.commit()?;
         Ok(())
@@ -133,10 +133,18 @@ impl RunLedger for SqliteStore {
 
     fn generations(&mut self) -> Result<Vec<GenerationInfo>> {
         let tx = self.read()?;
-        let mut stmt = tx.prepare("SELECT gen, host, pid, proc_start, started_at FROM generations ORDER BY started_at, gen")?;
+        let mut stmt =
+            tx.prepare("SELECT gen, host, host_id, pid, proc_start, started_at FROM generations ORDER BY started_at, gen")?;
         let out = stmt
             .query_map([], |r| {
-                Ok(GenerationInfo { gen: r.get(0)?, host: r.get(1)?, pid: r.get(2)?, proc_start: r.get(3)?, started_at: r.get(4)? })
+                Ok(GenerationInfo {
+                    gen: r.get(0)?,
+                    host: r.get(1)?,
+                    host_id: r.get(2)?,
+                    pid: r.get(3)?,
+                    proc_start: r.get(4)?,
+                    started_at: r.get(5)?,
+                })
             })?
             .collect::<rusqlite::Result<_>>()?;
         Ok(out)

@@ -133,6 +133,12 @@ pub const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX runs_by_status ON runs(status, finished_at, run_id);
     "#,
+    // 8: each generation's host identity (`[server] host_id`, SPEC §1.3): fast reclaim of a dead
+    // generation is for its own host only. Rows from before were recorded by hostname: that is their id.
+    r#"
+    ALTER TABLE generations ADD COLUMN host_id TEXT NOT NULL DEFAULT '';
+    UPDATE generations SET host_id = host;
+    "#,
 ];
 
 pub fn current_version() -> i64 {
