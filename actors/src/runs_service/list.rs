@@ -260,10 +260,15 @@ impl RunsService {
     /// reservations (their registry row is about to exist), rows the registry already serves, and rows of
     /// runs whose record landed here since the listing was taken (the store serves those).
     pub(super) fn lists_ledger_row(&self, row: &LiveRow) -> bool {
-        let own = row.owner_gen == self.gen.as_str();
-        !(own && row.phase == Phase::Attaching)
+        !(row.owner_gen == self.gen.as_str() && row.phase == Phase::Attaching)
             && self.registry.row(&row.run_id).is_none()
-            && !(own && self.registry.recently_landed(&row.run_id))
+            && !self.landed_here(row)
+    }
+
+    /// A ledger row of this generation whose record landed since the listing was read: stale, and the
+    /// store has the run.
+    fn landed_here(&self, row: &LiveRow) -> bool {
+        row.owner_gen == self.gen.as_str() && self.registry.recently_landed(&row.run_id)
     }
 
     /// `list_runs` (SPEC §7): the three-source merge, sorted, limited, with the store cursor.
@@ -309,6 +314,9 @@ impl RunsService {
             for row in &listing.rows {
                 if listing.killed.contains(&row.run_id) {
                     continue; // suppressed already
+                }
+                if self.landed_here(row) {
+                    continue; // the listing predates its record, which the store lists
                 }
                 suppress.insert(row.run_id.clone());
                 if self.lists_ledger_row(row) {
@@ -495,6 +503,23 @@ mod tests {
         let list = f.list(StatusFilter::All).await;
         assert_eq!(ids(&list), ["r1"]);
         assert_eq!(list.runs[0].owner_gen, None);
+    }
+
+    #[tokio::test]
+    async fn a_run_that_landed_after_the_listing_was_cached_lists_once_from_the_store() {
+        let f = fixture();
+        let gen = f.svc.gen.as_str().to_owned();
+        f.local("r1", "c1", NOW - 300, None);
+        f.ledger_row("r1", "c1", &gen, NOW - 300, false, 2);
+        assert_eq!(ids(&f.list(StatusFilter::All).await), ["r1"]); // caches the listing with r1 live
+        // The record lands and the registry lets the run go; the cached listing still has the live row.
+        f.put(record("r1", "c1", NOW - 300, NOW - 10, false, events(2, NOW - 20)));
+        f.registry.landed("r1");
+        let list = f.list(StatusFilter::All).await;
+        assert_eq!(ids(&list), ["r1"]);
+        assert_eq!((list.runs[0].finished, list.runs[0].persisted), (true, Some(true)));
+        let v = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
+        assert_eq!((v.finished, v.persisted), (true, Some(true)));
     }
 
     #[tokio::test]
