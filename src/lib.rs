@@ -317,6 +317,11 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         history: history.clone(),
         plans: plans.clone(),
     };
+    // Cross-host news (PostgreSQL): followers of other hosts' runs wake at each note, kills and ends
+    // elsewhere drop cached views (SPEC §1.3).
+    if let Some(news) = storage.news() {
+        state.runs.hear_news(news);
+    }
     let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(web::configure(state.clone())))
         // No Nagle: SSE frames and small answers leave at once instead of waiting for the peer's
         // delayed ACK (about 40 ms per run end to end, measured by `bench runs`).

@@ -5,14 +5,16 @@
 //! any generation requested is reported once per mode; a fenced or unknown-run answer is reported and the
 //! run is no longer tracked. Reports go to the supervisor ([`RunNews`]), the one fan-out point that tells
 //! run actors (SPEC §1.1). A storage error is logged and retried at the next tick (lease expiry alone
-//! never fences).
+//! never fences). With cross-host news (PostgreSQL, SPEC §1.3) a stop or kill another host wrote beats
+//! that run at once, so its owner acts within a round trip instead of up to `heartbeat_ms` later.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient};
+use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient, StreamHandler};
 use storage::ledger::{Refusal, StopMode};
-use storage::StorageHandle;
+use storage::{News, StorageHandle};
+use tokio::sync::broadcast;
 
 /// What the heartbeat tells a run.
 #[derive(Message, Debug, Clone, PartialEq)]
@@ -56,11 +58,13 @@ pub struct Heartbeat {
     runs: HashMap<String, Tracked>,
     /// Where news goes: the supervisor.
     report: Recipient<RunNews>,
+    /// Cross-host news, until `started` turns it into a stream ([`Heartbeat::with_news`]).
+    news: Option<broadcast::Receiver<News>>,
 }
 
 impl Heartbeat {
     pub fn new(storage: StorageHandle, every: Duration, lease_ms: i64, report: Recipient<RunNews>) -> Self {
-        Heartbeat { storage, every, lease_ms, runs: HashMap::new(), report }
+        Heartbeat { storage, every, lease_ms, runs: HashMap::new(), report, news: None }
     }
 }
 
@@ -80,32 +84,88 @@ async fn beat(storage: StorageHandle, run_id: String, gen: String, lease_ms: i64
     }
 }
 
+impl Heartbeat {
+    /// Also beat a tracked run at once when cross-host news says a stop or a kill was written for it
+    /// (SPEC §1.3: the owner acts before its next heartbeat), and every tracked run when notes may have
+    /// been missed. Without news (SQLite, memory) the interval alone relays stops.
+    pub fn with_news(mut self, news: Option<broadcast::Receiver<News>>) -> Self {
+        self.news = news;
+        self
+    }
+
+    /// Beat `run_id` now (if tracked) and relay what the ledger answers.
+    fn beat_run(&self, run_id: &str, ctx: &mut Context<Self>) {
+        let Some(t) = self.runs.get(run_id) else { return };
+        let fut = beat(self.storage.clone(), run_id.to_owned(), t.gen.clone(), self.lease_ms);
+        let run_id = run_id.to_owned();
+        ctx.spawn(actix::fut::wrap_future::<_, Self>(fut).map(move |news, act, _| {
+            let Some(news) = news else { return };
+            let Some(t) = act.runs.get_mut(&run_id) else { return };
+            match news {
+                HeartbeatNews::Stop(mode) if t.relayed.contains(&mode) => {}
+                HeartbeatNews::Stop(mode) => {
+                    t.relayed.push(mode);
+                    act.report.do_send(RunNews { run_id, news: HeartbeatNews::Stop(mode) });
+                }
+                HeartbeatNews::Fenced => {
+                    act.runs.remove(&run_id);
+                    act.report.do_send(RunNews { run_id, news: HeartbeatNews::Fenced });
+                }
+            }
+        }));
+    }
+
+    fn beat_all(&self, ctx: &mut Context<Self>) {
+        for run_id in self.runs.keys() {
+            self.beat_run(run_id, ctx);
+        }
+    }
+}
+
 impl Actor for Heartbeat {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(self.every, |act, ctx| {
-            for (run_id, t) in &act.runs {
-                let fut = beat(act.storage.clone(), run_id.clone(), t.gen.clone(), act.lease_ms);
-                let run_id = run_id.clone();
-                ctx.spawn(actix::fut::wrap_future::<_, Self>(fut).map(move |news, act, _| {
-                    let Some(news) = news else { return };
-                    let Some(t) = act.runs.get_mut(&run_id) else { return };
-                    match news {
-                        HeartbeatNews::Stop(mode) if t.relayed.contains(&mode) => {}
-                        HeartbeatNews::Stop(mode) => {
-                            t.relayed.push(mode);
-                            act.report.do_send(RunNews { run_id, news: HeartbeatNews::Stop(mode) });
-                        }
-                        HeartbeatNews::Fenced => {
-                            act.runs.remove(&run_id);
-                            act.report.do_send(RunNews { run_id, news: HeartbeatNews::Fenced });
-                        }
-                    }
-                }));
-            }
-        });
+        ctx.run_interval(self.every, |act, ctx| act.beat_all(ctx));
+        if let Some(news) = self.news.take() {
+            ctx.add_stream(wakes(news));
+        }
     }
+}
+
+/// What cross-host news asks of the heartbeat.
+enum Wake {
+    /// A stop or kill was written for this run.
+    Run(String),
+    /// Notes may have been missed.
+    All,
+}
+
+/// The notes the heartbeat acts on, as a stream that ends when the feed does.
+fn wakes(news: broadcast::Receiver<News>) -> impl futures_util::Stream<Item = Wake> {
+    futures_util::stream::unfold(news, |mut rx| async move {
+        loop {
+            let wake = match rx.recv().await {
+                Ok(News::Stop { run_id } | News::Killed { run_id }) => Wake::Run(run_id),
+                Ok(News::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => Wake::All,
+                Ok(News::Appended { .. } | News::Ended { .. }) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            return Some((wake, rx));
+        }
+    })
+}
+
+impl StreamHandler<Wake> for Heartbeat {
+    fn handle(&mut self, wake: Wake, ctx: &mut Context<Self>) {
+        match wake {
+            Wake::Run(run_id) => self.beat_run(&run_id, ctx),
+            Wake::All => self.beat_all(ctx),
+        }
+    }
+
+    /// The feed ended (its storage is gone): keep beating on the interval.
+    fn finished(&mut self, _ctx: &mut Context<Self>) {}
 }
 
 use actix::ActorFutureExt;
@@ -172,11 +232,18 @@ mod tests {
         clock: ManualClock,
         heartbeat: Addr<Heartbeat>,
         routes: Routes,
+        /// Cross-host news as another host's writes would send it.
+        feed: Arc<storage::NewsFeed>,
     }
 
     impl Fixture {
         /// A memory ledger with live runs (one thread each), each `(id, owner generation)`, and a heartbeat.
         async fn new(runs: &[(&str, &str)]) -> Fixture {
+            Self::build(runs, EVERY).await
+        }
+
+        /// [`Fixture::new`] with the heartbeat's interval `every`.
+        async fn build(runs: &[(&str, &str)], every: Duration) -> Fixture {
             let clock = ManualClock::new(NOW);
             let storage = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), Arc::new(clock.clone()));
             for (id, gen) in runs {
@@ -195,8 +262,9 @@ mod tests {
             }
             let routes = Routes::default();
             let report = Probe(routes.clone()).start().recipient();
-            let heartbeat = Heartbeat::new(storage.clone(), EVERY, LEASE, report).start();
-            Fixture { storage, clock, heartbeat, routes }
+            let feed = storage::NewsFeed::local();
+            let heartbeat = Heartbeat::new(storage.clone(), every, LEASE, report).with_news(Some(feed.subscribe())).start();
+            Fixture { storage, clock, heartbeat, routes, feed }
         }
 
         /// Track `id` for `gen`; answers the receiving end of its news.
@@ -300,5 +368,28 @@ mod tests {
         f.tick(1_000, "a").await;
         f.storage.abandon("a".into(), GEN.into()).await.unwrap().unwrap();
         assert_eq!(next(&mut news).await, HeartbeatNews::Fenced);
+    }
+
+    /// With an hour between beats, only news can make the heartbeat read the row now: a stop or kill
+    /// another host wrote reaches the run at once; a note about another run or an untracked one does
+    /// nothing.
+    #[actix_rt::test]
+    async fn news_of_a_stop_or_kill_from_another_host_beats_that_run_at_once() {
+        let f = Fixture::build(&[("a", GEN), ("b", GEN)], Duration::from_secs(3600)).await;
+        let mut a = f.track("a", GEN).await;
+        let mut b = f.track("b", GEN).await;
+        f.storage.request_stop("a".into(), StopMode::Soft).await.unwrap().unwrap();
+        f.feed.publish(News::Appended { run_id: "a".into(), seq: 9 });
+        f.feed.publish(News::Stop { run_id: "untracked".into() });
+        f.feed.publish(News::Stop { run_id: "a".into() });
+        assert_eq!(next(&mut a).await, HeartbeatNews::Stop(StopMode::Soft));
+        f.storage.kill("b".into()).await.unwrap();
+        f.feed.publish(News::Killed { run_id: "b".into() });
+        assert_eq!(next(&mut b).await, HeartbeatNews::Fenced);
+        // A resync beats every tracked run: `a`'s stronger stop arrives without a note of its own.
+        f.storage.request_stop("a".into(), StopMode::Hard).await.unwrap().unwrap();
+        f.feed.publish(News::Resync);
+        assert_eq!(next(&mut a).await, HeartbeatNews::Stop(StopMode::Hard));
+        assert!(a.try_recv().is_err() && b.try_recv().is_err());
     }
 }

@@ -285,8 +285,8 @@ impl Registry {
         self.lock().remove(id);
     }
 
-    /// Whether `id`'s record landed here in the last [`LANDED_MEMORY_MS`]: a ledger row of it in a listing
-    /// cached before that is stale, and the store serves the run.
+    /// Whether `id`'s record landed in the last [`LANDED_MEMORY_MS`] — here, or on another host as its
+    /// news said: a ledger row of it in a listing cached before that is stale, and the store serves it.
     pub fn recently_landed(&self, id: &str) -> bool {
         let mut landed = self.landed.lock().unwrap_or_else(|p| p.into_inner());
         landed.forget_before(self.clock.now_ms() - LANDED_MEMORY_MS);

@@ -58,6 +58,8 @@ pub struct StorageHandle {
     clock: Arc<dyn Clock>,
     kind: &'static str,
     receipt_ttl_ms: i64,
+    /// Cross-host news (PostgreSQL); `None` for SQLite and memory, whose readers poll.
+    news: Option<Arc<crate::news::NewsFeed>>,
     /// Fault injection (tests, `chaos`): while set, every call answers `Unavailable` without reaching
     /// the storage thread — what a full disk or a dead database looks like to callers. Shared by clones.
     outage: Arc<std::sync::atomic::AtomicBool>,
@@ -85,6 +87,10 @@ impl StorageHandle {
             BackendSpec::Postgres { url, pool } if *pool > 0 => Some((ReadSource::Postgres(url.clone()), *pool)),
             _ => None,
         };
+        let news = match &spec {
+            BackendSpec::Postgres { url, .. } => Some(crate::news::NewsFeed::postgres(url.clone())),
+            _ => None,
+        };
         let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity);
         let readers = source.map(|(source, n)| ReadPool::start(source, n, options.read_queue_capacity, mailbox.clone()));
         StorageHandle {
@@ -93,8 +99,16 @@ impl StorageHandle {
             clock,
             kind,
             receipt_ttl_ms: options.receipt_ttl_ms,
+            news,
             outage: Default::default(),
         }
+    }
+
+    /// Every note of cross-host news from now on (SPEC §1.3), or `None` when the backend has none
+    /// (SQLite, memory: poll instead). The first call starts the listener, which says
+    /// [`crate::News::Resync`] once it listens.
+    pub fn news(&self) -> Option<tokio::sync::broadcast::Receiver<crate::News>> {
+        self.news.as_ref().map(crate::news::NewsFeed::subscribe)
     }
 
     /// Start (`true`) or end an injected outage: meanwhile every call answers `Unavailable`.

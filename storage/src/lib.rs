@@ -12,6 +12,7 @@
 //! - [`actor`], [`handle`]: the storage actor (one thread, the one write connection, a bounded queue)
 //!   and its async handle;
 //! - [`readers`]: read-only connections on threads of their own, so reads never queue behind writes.
+//! - [`news`]: cross-host news (PostgreSQL's LISTEN/NOTIFY) and its in-process fan-out.
 //! - [`clock`]: injected time.
 //! - `testing` (the `test-hooks` feature): a throwaway PostgreSQL cluster for tests.
 //!
@@ -29,6 +30,7 @@ pub mod generation;
 pub mod handle;
 pub mod ledger;
 pub mod memory;
+pub mod news;
 pub mod plan;
 pub mod postgres;
 pub mod readers;
@@ -44,6 +46,7 @@ pub use error::{Error, Result};
 pub use generation::Generation;
 pub use handle::{StorageHandle, StorageOptions};
 pub use memory::MemoryStore;
+pub use news::{News, NewsFeed};
 pub use postgres::{redact_url, PgStore};
 pub use sqlite::{SqliteStore, Synchronous, WriteLockProbe};
 pub use store::RunStore;

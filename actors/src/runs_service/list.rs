@@ -258,17 +258,17 @@ impl RunsService {
 
     /// Whether a ledger row is listed by this process: every row except this generation's `attaching`
     /// reservations (their registry row is about to exist), rows the registry already serves, and rows of
-    /// runs whose record landed here since the listing was taken (the store serves those).
+    /// runs whose record landed since the listing was taken (the store serves those).
     pub(super) fn lists_ledger_row(&self, row: &LiveRow) -> bool {
         !(row.owner_gen == self.gen.as_str() && row.phase == Phase::Attaching)
             && self.registry.row(&row.run_id).is_none()
-            && !self.landed_here(row)
+            && !self.landed_since(row)
     }
 
-    /// A ledger row of this generation whose record landed since the listing was read: stale, and the
-    /// store has the run.
-    fn landed_here(&self, row: &LiveRow) -> bool {
-        row.owner_gen == self.gen.as_str() && self.registry.recently_landed(&row.run_id)
+    /// A ledger row whose record landed since the listing was read (here, or on another host as its news
+    /// said): stale, and the store has the run.
+    fn landed_since(&self, row: &LiveRow) -> bool {
+        self.registry.recently_landed(&row.run_id)
     }
 
     /// `list_runs` (SPEC §7): the three-source merge, sorted, limited, with the store cursor.
@@ -315,7 +315,7 @@ impl RunsService {
                 if listing.killed.contains(&row.run_id) {
                     continue; // suppressed already
                 }
-                if self.landed_here(row) {
+                if self.landed_since(row) {
                     continue; // the listing predates its record, which the store lists
                 }
                 suppress.insert(row.run_id.clone());

@@ -29,6 +29,8 @@
 //!   final record;
 //! - `list` — [`list_runs`](RunsService::list_runs): [`ListParams`], the three-source merge and the
 //!   ledger-listing cache every read shares;
+//! - `news` — cross-host news (PostgreSQL, SPEC §1.3): wake-ups for readers following another host's run,
+//!   and the cached views a kill or an end elsewhere drops;
 //! - `point` — one run at a time: [`get_run`](RunsService::get_run), its events, its friction ([`analyze`]),
 //!   [`stop_run`](RunsService::stop_run), and the live and index rows;
 //! - `testing` (tests only) — the `Double` source and the `Fixture` the tests of every module share.
@@ -63,6 +65,7 @@
 //! A persisted run answers its stored diagnosis (what the run actor measured), normalized.
 
 mod list;
+mod news;
 mod point;
 mod sources;
 #[cfg(test)]
@@ -112,6 +115,8 @@ pub struct RunsService {
     source: Arc<dyn RunSource>,
     /// Shared by clones; a `std` mutex because it is held only for map updates, never across an `.await`.
     live: Arc<Mutex<LiveCache>>,
+    /// Cross-host news: the followers' wake-ups (same mutex discipline as `live`).
+    news: Arc<Mutex<news::NewsBoard>>,
 }
 
 impl std::fmt::Debug for RunsService {
@@ -127,6 +132,6 @@ impl RunsService {
 
     /// Over any [`RunSource`] (tests pass a double).
     pub fn with_source(registry: Registry, source: Arc<dyn RunSource>, gen: Generation, clock: Arc<dyn Clock>) -> Self {
-        RunsService { registry, gen, clock, source, live: Arc::default() }
+        RunsService { registry, gen, clock, source, live: Arc::default(), news: Arc::default() }
     }
 }

@@ -254,6 +254,7 @@ impl Actor for Supervisor {
             config.lease_ms,
             ctx.address().recipient(),
         )
+        .with_news(config.storage.news())
         .start();
         self.deps = Some(RunDeps {
             gen: self.config.gen.clone(),

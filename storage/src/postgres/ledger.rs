@@ -9,6 +9,7 @@
 use super::Db;
 use serde_json::{Map, Value};
 
+use super::news::notify;
 use super::live::{get_row, is_killed, live_rows, row_by_thread, ROW_COLUMNS};
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::{big, too_big, PgStore};
@@ -18,6 +19,7 @@ use crate::ledger::{
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
     Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Turn, PRUNE_LEFTOVER_RUNS,
 };
+use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
@@ -327,7 +329,11 @@ impl RunLedger for PgStore {
         self.write(|c| {
             owner!(c, run_id, gen);
             let (rows, refused) = check_events(events);
+            let last = rows.iter().map(|(seq, _, _)| *seq).max();
             insert_events(c, run_id, rows.into_iter().map(|(seq, _event, json)| (seq, json)))?;
+            if let Some(seq) = last {
+                notify(c, &News::Appended { run_id: run_id.to_owned(), seq })?;
+            }
             Ok(refused.map_or(Ok(()), Err))
         })
     }
@@ -410,6 +416,7 @@ impl RunLedger for PgStore {
             };
             let stop = decisions::strongest_stop(row.stop, mode);
             c.execute("UPDATE live_runs SET stop = $2 WHERE run_id = $1", &[&run_id, &stop.as_str()])?;
+            notify(c, &News::Stop { run_id: run_id.to_owned() })?;
             Ok(Ok(StopAnswer {
                 stop,
                 owner_lease_live: !decisions::lease_expired(row.lease_until, now_ms),
@@ -469,6 +476,7 @@ impl RunLedger for PgStore {
             owner!(c, run_id, gen);
             delete_live(c, run_id)?;
             stamp_receipts(c, run_id, now_ms)?;
+            notify(c, &News::Ended { run_id: run_id.to_owned() })?;
             // With the live row gone, the put replaces the live events with the record's.
             Ok(Ok(put_in(c, record, proposal, now_ms)?))
         })
@@ -481,6 +489,7 @@ impl RunLedger for PgStore {
             if !has_record(c, run_id)? {
                 delete_events(c, run_id)?;
             }
+            notify(c, &News::Ended { run_id: run_id.to_owned() })?;
             Ok(Ok(()))
         })
     }
@@ -526,6 +535,7 @@ impl RunLedger for PgStore {
                 c.execute("UPDATE live_runs SET stop = 'hard' WHERE run_id = $1", &[&run_id])?;
             }
             let had_record = has_record(c, run_id)?;
+            notify(c, &News::Killed { run_id: run_id.to_owned() })?;
             Ok(KillAnswer {
                 owner_lease_live: row.as_ref().is_some_and(|r| !decisions::lease_expired(r.lease_until, now_ms)),
                 live_owner: row.map(|r| r.owner_gen),

@@ -36,7 +36,8 @@
 //! - `records`: the `runs` and `run_events` tables and the policy row of `meta`;
 //! - `runs`: [`RunStore`](crate::store::RunStore) for [`PgStore`];
 //! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`PgStore`];
-//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`PgStore`].
+//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`PgStore`];
+//! - `news`: the writers' `pg_notify` and the listener thread of cross-host news ([`crate::news`]).
 //!
 //! JSON is stored as `text`, byte for byte what SQLite stores, so both answer identically; text
 //! columns are `COLLATE "C"`, so every `ORDER BY` sorts by bytes as SQLite's `BINARY` does.
@@ -44,6 +45,7 @@
 pub mod schema;
 mod ledger;
 mod live;
+pub(crate) mod news;
 mod plan;
 mod records;
 mod runs;

@@ -1,8 +1,9 @@
 //! Server-Sent Events (SPEC §8.1): `GET /api/runs/{id}/stream` (one run) and `GET /runs/feed` (the index).
 //!
 //! Owns, per connection, one pump task and a bounded queue of frames to the client. Who feeds it: the
-//! registry (a run this process drives), the ledger (a run live under another generation, polled every
-//! 500 ms) and the store (a finished run's record).
+//! registry (a run this process drives), the ledger (a run live under another generation: read again at
+//! every cross-host note about it on PostgreSQL, else polled every 500 ms) and the store (a finished
+//! run's record).
 //!
 //! Run stream frames: `id: <seq>` / `event: run_event` / `data: <event JSON>` per event, strictly after the
 //! cursor (`Last-Event-ID`, else `?afterSeq`, else 0), then `event: end` / `data: {status, finishedAt}` once
@@ -35,8 +36,14 @@ use crate::AppState;
 
 /// Keep-alive comment period.
 pub const PING_EVERY: Duration = Duration::from_secs(15);
-/// How often a run live under another generation (and the index feed) is polled.
+/// How often a run live under another generation (and the index feed) is polled without cross-host news.
 pub const POLL_EVERY: Duration = Duration::from_millis(500);
+/// With cross-host news a follower reads at every note about its run, and at least this often (a note
+/// is a hint; this bounds what a lost one costs).
+pub const NEWS_SAFETY_POLL: Duration = Duration::from_secs(30);
+/// How long a follower of another host's run holds at a gap in the seqs before deciding the missing
+/// events will never commit (four of the owner's 500 ms flush intervals).
+pub const GAP_PATIENCE: Duration = Duration::from_secs(2);
 /// Frames queued for one client before its pump waits (and, behind it, the registry drops it).
 const CLIENT_QUEUE: usize = 64;
 /// Events per ledger or store read while following or replaying.
@@ -215,8 +222,20 @@ impl RunStream {
         }
     }
 
-    /// A run live under another generation: poll its ledger events until its row goes.
+    /// A run live under another generation: read its ledger events until its row goes — again at every
+    /// cross-host note about it (PostgreSQL), else every [`POLL_EVERY`].
+    ///
+    /// The ledger's events are not committed in seq order: a step's own events commit with the step,
+    /// the rest (tool results, notes) with the owner's next flush up to 500 ms later. So a follower
+    /// sends only the unbroken run of seqs past its cursor and holds at a gap until the missing events
+    /// commit — skipping it only when the gap cannot fill: after [`GAP_PATIENCE`] (what a crash or a
+    /// dropped batch lost), or at once when the event after it is a `resumed` (the new owner continued
+    /// past whatever the old one never wrote). Without the hold, a follower that read a step before its
+    /// predecessor's tool results would skip those results for good.
     async fn follow_ledger(&mut self) -> Result<(), Closed> {
+        // Taken before the first read, so a note landing between a read and the wait is not missed.
+        let mut news = self.runs.follow_news(&self.id);
+        let mut gap_since: Option<Instant> = None;
         loop {
             let page = match self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await {
                 Ok(Some(page)) => page,
@@ -224,12 +243,33 @@ impl RunStream {
                 Err(_) => return Err("ledger unavailable"),
             };
             let full = page.len() >= READ_CHUNK;
+            let mut held = false;
             for e in &page {
+                let seq = event_seq(e).unwrap_or(0);
+                if seq > self.last + 1 {
+                    let since = *gap_since.get_or_insert_with(Instant::now);
+                    let resumed = e.get("type").and_then(Value::as_str) == Some("resumed");
+                    if !resumed && since.elapsed() < GAP_PATIENCE {
+                        held = true;
+                        break;
+                    }
+                }
+                gap_since = None;
                 self.emit(e).await?;
             }
-            if !full {
+            if held || !full {
+                let mut poll = if news.is_some() { NEWS_SAFETY_POLL } else { POLL_EVERY };
+                if let Some(since) = gap_since {
+                    poll = poll.min(GAP_PATIENCE.saturating_sub(since.elapsed()));
+                }
                 tokio::select! {
-                    _ = tokio::time::sleep(POLL_EVERY) => {}
+                    _ = tokio::time::sleep(poll) => {}
+                    woke = changed(&mut news) => {
+                        // A closed feed (storage gone) falls back to polling.
+                        if woke.is_err() {
+                            news = None;
+                        }
+                    }
                     _ = self.ping.tick() => self.send(ping_frame()).await?,
                 }
             }
@@ -254,6 +294,14 @@ impl RunStream {
             }
         }
         self.end(&view).await
+    }
+}
+
+/// The next cross-host note about the followed run (never, without news).
+async fn changed(news: &mut Option<tokio::sync::watch::Receiver<u64>>) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match news {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
     }
 }
 
