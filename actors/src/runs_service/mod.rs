@@ -27,6 +27,8 @@
 //! - `sources` — the [`RunSource`] seam and its [`StorageHandle`] implementation;
 //! - `view` — [`RunView`], the one shape of a run, with its constructors per source and the merge with a
 //!   final record;
+//! - `gaps` — [`settled_prefix`]: how far a live run's ledger events may be served without skipping
+//!   events that commit out of seq order;
 //! - `list` — [`list_runs`](RunsService::list_runs): [`ListParams`], the three-source merge and the
 //!   ledger-listing cache every read shares;
 //! - `news` — cross-host news (PostgreSQL, SPEC §1.3): wake-ups for readers following another host's run,
@@ -64,6 +66,7 @@
 //!
 //! A persisted run answers its stored diagnosis (what the run actor measured), normalized.
 
+mod gaps;
 mod list;
 mod news;
 mod point;
@@ -78,6 +81,7 @@ use storage::{Clock, Generation, StorageHandle};
 
 use crate::registry::Registry;
 use list::LiveCache;
+pub use gaps::{settled_prefix, GAP_PATIENCE_MS};
 pub use list::{ListParams, NextBefore, RunList, StatusFilter, CURSOR_TOP, LEDGER_LIST_TTL_MS};
 pub use point::{
     analyze, EventPage, Friction, FrictionSource, LiveRowView, RunStopper, StopAccepted, EVENTS_PAGE_MAX,

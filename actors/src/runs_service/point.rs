@@ -288,7 +288,11 @@ impl RunsService {
                 }
                 let read = self.source.live_events(id.to_owned(), after_seq, limit + 1).await;
                 match read.map_err(|e| RunsError::Unavailable(e.to_string()))? {
-                    Some(events) => Ok(page_of(events.into_iter(), limit, None)),
+                    // Up to the first gap that may still fill: a later read serves it in order.
+                    Some(events) => {
+                        let (settled, _) = super::settled_prefix(&events, after_seq, self.clock.now_ms());
+                        Ok(page_of(events.into_iter().take(settled), limit, None))
+                    }
                     // Finished between the listing and this read: the record holds the same seqs.
                     None => self.stored_events(id, after_seq, limit, visible_to).await,
                 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
-use actors::runs_service::{RunView, RunsError, RunsService};
+use actors::runs_service::{settled_prefix, RunView, RunsError, RunsService};
 use serde_json::{json, Value};
 use storage::record::{event_seq, VisibilityFilter};
 use tokio::sync::mpsc;
@@ -41,9 +41,6 @@ pub const POLL_EVERY: Duration = Duration::from_millis(500);
 /// With cross-host news a follower reads at every note about its run, and at least this often (a note
 /// is a hint; this bounds what a lost one costs).
 pub const NEWS_SAFETY_POLL: Duration = Duration::from_secs(30);
-/// How long a follower of another host's run holds at a gap in the seqs before deciding the missing
-/// events will never commit (four of the owner's 500 ms flush intervals).
-pub const GAP_PATIENCE: Duration = Duration::from_secs(2);
 /// Frames queued for one client before its pump waits (and, behind it, the registry drops it).
 const CLIENT_QUEUE: usize = 64;
 /// Events per ledger or store read while following or replaying.
@@ -225,42 +222,26 @@ impl RunStream {
     /// A run live under another generation: read its ledger events until its row goes — again at every
     /// cross-host note about it (PostgreSQL), else every [`POLL_EVERY`].
     ///
-    /// The ledger's events are not committed in seq order: a step's own events commit with the step,
-    /// the rest (tool results, notes) with the owner's next flush up to 500 ms later. So a follower
-    /// sends only the unbroken run of seqs past its cursor and holds at a gap until the missing events
-    /// commit — skipping it only when the gap cannot fill: after [`GAP_PATIENCE`] (what a crash or a
-    /// dropped batch lost), or at once when the event after it is a `resumed` (the new owner continued
-    /// past whatever the old one never wrote). Without the hold, a follower that read a step before its
-    /// predecessor's tool results would skip those results for good.
+    /// Only the settled prefix of each read is sent ([`settled_prefix`]): the ledger's events commit out
+    /// of seq order, and a follower that moved past a gap would skip the late events for good.
     async fn follow_ledger(&mut self) -> Result<(), Closed> {
         // Taken before the first read, so a note landing between a read and the wait is not missed.
         let mut news = self.runs.follow_news(&self.id);
-        let mut gap_since: Option<Instant> = None;
         loop {
             let page = match self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await {
                 Ok(Some(page)) => page,
                 Ok(None) => return Ok(()),
                 Err(_) => return Err("ledger unavailable"),
             };
-            let full = page.len() >= READ_CHUNK;
-            let mut held = false;
-            for e in &page {
-                let seq = event_seq(e).unwrap_or(0);
-                if seq > self.last + 1 {
-                    let since = *gap_since.get_or_insert_with(Instant::now);
-                    let resumed = e.get("type").and_then(Value::as_str) == Some("resumed");
-                    if !resumed && since.elapsed() < GAP_PATIENCE {
-                        held = true;
-                        break;
-                    }
-                }
-                gap_since = None;
+            let (settled, gap_final_at) = settled_prefix(&page, self.last, self.runs.clock.now_ms());
+            for e in &page[..settled] {
                 self.emit(e).await?;
             }
-            if held || !full {
+            if gap_final_at.is_some() || page.len() < READ_CHUNK {
                 let mut poll = if news.is_some() { NEWS_SAFETY_POLL } else { POLL_EVERY };
-                if let Some(since) = gap_since {
-                    poll = poll.min(GAP_PATIENCE.saturating_sub(since.elapsed()));
+                if let Some(at) = gap_final_at {
+                    let wait = u64::try_from(at - self.runs.clock.now_ms()).unwrap_or(0);
+                    poll = poll.min(Duration::from_millis(wait));
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(poll) => {}
