@@ -414,12 +414,16 @@ fn a_host_is_paused_only_outside_its_transactions() {
     let dir = tempfile::tempdir().expect("tempdir");
     let host = serve(dir.path(), &url, "a");
     for i in 0..4 {
-        let body = json!({"thread": format!("p-{i}"), "channel": "k", "user": "u", "text": "steps=20 ms=0 think_ms=0"});
+        let body = json!({"thread": format!("p-{i}"), "channel": "k", "user": "u", "text": "steps=100000 ms=0 think_ms=0"});
         let (status, v) = http(|cl| cl.post(host.url("/api/messages")).json(&body));
         assert_eq!(status, 202, "{v}");
     }
     let db = switchboard::shared_db::DbSpec::Postgres { url: url.clone() };
     let mut probe = switchboard::shared_db::PgActivityProbe::connect(&url).expect("probe");
+    // Running, the host is caught inside a transaction now and then: the probe sees its connections.
+    wait_for("the probe to see the running host in a transaction", Duration::from_secs(20), || {
+        (!probe.is_idle(host.pid()).expect("probe")).then_some(())
+    });
     for _ in 0..5 {
         db.pause_outside_transaction(&host, dir.path()).expect("paused outside a transaction");
         let state = std::fs::read_to_string(format!("/proc/{}/stat", host.pid())).expect("stat");
