@@ -140,20 +140,32 @@ impl ChildServer {
 
     /// SIGSTOP the process at a moment it holds no SQLite write lock on `db` (a paused process that holds
     /// the lock stalls every writer of the file until it resumes — a limit of a shared SQLite file, not
-    /// something a paused generation can be fenced out of): stop, probe the lock, and if it is held,
-    /// continue briefly and try again. The probe waits up to 50 ms for the lock, so a lock another
-    /// (running) process holds for one transaction does not count against the paused one.
+    /// something a paused generation can be fenced out of). The probe waits up to 50 ms for the lock, so a
+    /// lock another (running) process holds for one transaction does not count against the paused one.
     pub fn pause_outside_transaction(&self, db: &Path) -> anyhow::Result<()> {
         let probe = storage::WriteLockProbe::open(db, Duration::from_millis(50))?;
+        self.pause_when(|| Ok(probe.is_free().unwrap_or(false)))
+            .map_err(|e| e.context("the process kept holding the write lock"))
+    }
+
+    /// SIGSTOP the process at a moment `is_free` (asked while it is stopped) says yes: stop, ask, and if
+    /// not, continue briefly and try again, up to 200 times. An error from `is_free` continues the
+    /// process and ends the attempt.
+    pub fn pause_when(&self, mut is_free: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
         for _ in 0..200 {
             self.signal("-STOP")?;
-            if probe.is_free().unwrap_or(false) {
-                return Ok(());
+            match is_free() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    self.signal("-CONT")?;
+                    return Err(e);
+                }
             }
             self.signal("-CONT")?;
             std::thread::sleep(Duration::from_millis(3));
         }
-        anyhow::bail!("the process kept holding the write lock")
+        anyhow::bail!("no moment outside a transaction in 200 tries")
     }
 
     /// The exit code if the process has exited (`-1` for a death by signal), without waiting.

@@ -8,12 +8,15 @@
 //! - [`start`]: boot — mint the generation, open and migrate the database, start the storage actor, bind
 //!   the HTTP server — answering a [`Running`] handle.
 //! - `main.rs`: the CLI (clap), tracing, signal handling.
+//! - [`child`], [`shared_db`]: `serve` child processes and the database they share, for [`bench`] and
+//!   [`chaos`].
 
 pub mod bench;
 pub mod chaos;
 pub mod child;
 pub mod cli;
 pub mod config;
+pub mod shared_db;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;

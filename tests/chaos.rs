@@ -1,10 +1,12 @@
-//! `switchboard chaos` as a bounded CI test (SPEC §11): the real binary starts two `serve` processes on one
+//! `switchboard chaos` as bounded CI tests (SPEC §11): the real binary starts two `serve` processes on one
 //! SQLite database, four clients admit and steer while twelve faults land (kill -9, `/admin/crash`,
-//! SIGSTOP past the lease, SIGTERM drain), and the verifier must count no violation.
+//! SIGSTOP past the lease, SIGTERM drain), and the verifier must count no violation; and the same on
+//! PostgreSQL with three processes of three host identities on one database of a throwaway cluster (which
+//! `chaos` starts itself; the server package must be installed).
 //!
 //! The seed is fixed so a failure replays the same fault schedule (`CHAOS_SEED` overrides it); on a
-//! failure the scenario keeps its data dir (database, workspaces, every child's log) and the assertion
-//! message names it.
+//! failure the scenario keeps its data dir (workspaces, every child's log, the SQLite database) and the
+//! assertion message names it.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -33,8 +35,25 @@ const VIOLATIONS: [&str; 11] = [
 #[test]
 fn chaos_with_crashes_pauses_and_drains_loses_and_duplicates_nothing() {
     let seed: u64 = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_130);
+    let report = chaos(&["--clients", "4", "--faults", "12", "--processes", "2"], seed, 12);
+    assert_eq!(report["storage"], "sqlite", "{report}");
+}
+
+#[test]
+fn chaos_on_postgres_with_three_hosts_loses_and_duplicates_nothing() {
+    let seed: u64 = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_202);
+    let report = chaos(&["--storage", "postgres", "--clients", "4", "--faults", "12", "--processes", "3"], seed, 12);
+    assert_eq!((report["storage"].as_str(), report["processes"].as_u64()), (Some("postgres"), Some(3)), "{report}");
+}
+
+/// Run `switchboard chaos ARGS --json --seed SEED` to its end (or [`WATCHDOG`]), assert that it found no
+/// violation, settled, exited 0 and really ran (`faults` landed or were reported skipped, messages were
+/// accepted and steered, runs were read back); answers its JSON line.
+fn chaos(args: &[&str], seed: u64, faults: u64) -> Value {
     let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-        .args(["chaos", "--clients", "4", "--faults", "12", "--processes", "2", "--json", "--seed", &seed.to_string()])
+        .arg("chaos")
+        .args(args)
+        .args(["--json", "--seed", &seed.to_string()])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -94,9 +113,10 @@ fn chaos_with_crashes_pauses_and_drains_loses_and_duplicates_nothing() {
     assert!(status.success(), "chaos exits 0 without violations ({status}): {line}\nstderr:\n{stderr}");
 
     // The scenario really ran: faults landed, messages were accepted and steered, runs were read back.
-    let faults = report["faults"].as_u64().unwrap_or(0) + report["pauses_skipped"].as_u64().unwrap_or(0);
-    assert_eq!(faults, 12, "every fault landed or was reported skipped: {line}");
+    let landed = report["faults"].as_u64().unwrap_or(0) + report["pauses_skipped"].as_u64().unwrap_or(0);
+    assert_eq!(landed, faults, "every fault landed or was reported skipped: {line}");
     assert!(report["accepted"].as_u64().unwrap_or(0) > 0, "messages were accepted: {line}");
     assert!(report["steered"].as_u64().unwrap_or(0) > 0, "follow-ups steered into live runs: {line}");
     assert!(report["runs"].as_u64().unwrap_or(0) > 0, "runs were read back: {line}");
+    report
 }

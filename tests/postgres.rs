@@ -1,11 +1,17 @@
 //! End to end on PostgreSQL (SPEC §1.3): the configuration keys (`[storage] kind = "postgres"`, `url`,
 //! `pool`, `[server] host_id`); the app on a throwaway cluster (`storage::testing::pg`) completes runs
 //! readable through the JSON API; and three `serve` processes of three host identities on one database:
-//! one is killed -9, the others resume its runs after the lease, under the same ids, once each.
+//! one is killed -9, the others resume its runs after the lease, under the same ids, once each; and the
+//! three are restarted one after another (SIGTERM, a drain that hands the runs off, a replacement of the
+//! same host) under steady admissions and follow-ups, and every accepted message is answered and recorded
+//! exactly once.
 
 mod support;
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -205,4 +211,229 @@ fn three_hosts_on_one_database_resume_a_killed_hosts_runs_after_the_lease_once_e
     let took = |p: &ChildServer| p.log_lines().iter().any(|l| l.contains("reclaim pass") && !l.contains("resumed=0"));
     assert!(took(&b) || took(&c), "B or C resumed them");
     assert!(!b.logged("panicked") && !c.logged("panicked"));
+}
+
+/// One message the rolling-restart clients sent: its nonce, its thread key, and whether a 2xx answered it.
+#[derive(Debug, Clone)]
+struct Posted {
+    nonce: String,
+    thread_key: String,
+    accepted: bool,
+}
+
+/// `serve` for the rolling restart: as [`serve`], with a short handoff budget so a drain takes about a
+/// second.
+fn serve_draining(data: &Path, url: &str, host_id: &str) -> ChildServer {
+    let env = [
+        ("SWITCHBOARD_STORAGE__KIND", "postgres"),
+        ("SWITCHBOARD_STORAGE__URL", url),
+        ("SWITCHBOARD_SERVER__HOST_ID", host_id),
+        ("SWITCHBOARD_LEDGER__LEASE_MS", "1500"),
+        ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300"),
+        ("SWITCHBOARD_DRAIN__HANDOFF_BUDGET_MS", "1000"),
+    ];
+    ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &env).expect("start switchboard")
+}
+
+/// A client of the rolling restart: a message every ~100 ms to one of four shared threads, on the live
+/// processes in turn, until `stop`. A failed or refused request is not retried: the next message carries
+/// a fresh nonce.
+async fn rolling_client(id: usize, addrs: Arc<Mutex<Vec<String>>>, stop: Arc<AtomicBool>, posted: Arc<Mutex<Vec<Posted>>>) {
+    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().expect("client");
+    let mut n = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let addr = {
+            let addrs = addrs.lock().unwrap_or_else(|p| p.into_inner());
+            addrs[(id + n) % addrs.len()].clone()
+        };
+        let thread = format!("roll-{}", (id * 7 + n) % 4);
+        let nonce = format!("r{id}x{n:05}");
+        let body = json!({"thread": thread, "channel": "roll", "user": format!("c{id}"),
+            "text": format!("tool=append_file steps=3 ms=50 nonce={nonce}")});
+        let accepted = matches!(http.post(format!("http://{addr}/api/messages")).json(&body).send().await,
+            Ok(r) if r.status().is_success());
+        posted.lock().unwrap_or_else(|p| p.into_inner()).push(Posted { nonce, thread_key: format!("roll:{thread}"), accepted });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every run the API lists (`status=all`, paged with `before`/`beforeId`).
+fn list_all_runs(base: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut cursor = String::new();
+    for _ in 0..1000 {
+        let (status, page) = http(|cl| cl.get(format!("{base}/api/runs?status=all&limit=200{cursor}")));
+        assert_eq!(status, 200, "{page}");
+        out.extend(page["runs"].as_array().cloned().unwrap_or_default());
+        let next = &page["nextBefore"];
+        if next.is_null() {
+            return out;
+        }
+        let next = format!("&before={}&beforeId={}", next["finishedAt"], next["id"].as_str().unwrap_or(""));
+        if next == cursor {
+            return out;
+        }
+        cursor = next;
+    }
+    panic!("the run listing never ended")
+}
+
+/// Every event of a run, paged with `afterSeq`.
+fn all_events(base: &str, id: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    for _ in 0..1000 {
+        let (status, page) = http(|cl| cl.get(format!("{base}/api/runs/{id}/events?afterSeq={after}&limit=500")));
+        assert_eq!(status, 200, "{page}");
+        out.extend(page["events"].as_array().cloned().unwrap_or_default());
+        match page["nextAfterSeq"].as_u64() {
+            Some(n) if n > after => after = n,
+            _ => return out,
+        }
+    }
+    panic!("the events of {id} never ended")
+}
+
+/// Whether a listed run has its final record: finished, not a tombstone, persisted.
+fn has_final_record(run: &Value) -> bool {
+    run["finished"] == true && run["provisional"] != true && run["persisted"] == true
+}
+
+#[test]
+fn a_rolling_restart_of_three_hosts_answers_and_records_every_message_once() {
+    let url = storage::testing::pg::database();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path();
+    let hosts = ["a", "b", "c"];
+    let mut procs: Vec<ChildServer> = hosts.iter().map(|h| serve_draining(data, &url, h)).collect();
+    let addrs = Arc::new(Mutex::new(procs.iter().map(|p| p.addr.clone()).collect::<Vec<_>>()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let posted: Arc<Mutex<Vec<Posted>>> = Arc::new(Mutex::new(Vec::new()));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let clients: Vec<_> = (0..3).map(|id| rt.spawn(rolling_client(id, addrs.clone(), stop.clone(), posted.clone()))).collect();
+    let accepted = || posted.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|p| p.accepted).count();
+
+    // Each host in turn: with messages flowing and runs live, SIGTERM it (it stops admitting, hands its
+    // runs off at their next step boundary and exits 0), then start its replacement as the same host.
+    let mut drained = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let before = accepted();
+        wait_for(&format!("steady admissions before draining host {host}"), Duration::from_secs(30), || {
+            (accepted() >= before + 20).then_some(())
+        });
+        // The host owns a live run: the drain has something to hand off.
+        let (_, health) = http(|cl| cl.get(procs[i].url("/healthz")));
+        let gen = health["generation"].as_str().expect("generation").to_owned();
+        wait_for(&format!("a live run of host {host}"), Duration::from_secs(20), || {
+            let (_, v) = http(|cl| cl.get(procs[i].url("/api/live")));
+            v["runs"].as_array().is_some_and(|rows| rows.iter().any(|r| r["ownerGen"] == gen.as_str())).then_some(())
+        });
+        drained.push(gen);
+        addrs.lock().unwrap_or_else(|p| p.into_inner()).retain(|a| *a != procs[i].addr);
+        procs[i].signal("-TERM").expect("SIGTERM");
+        assert_eq!(procs[i].wait_exit(Duration::from_secs(40)), Some(0), "host {host} drained and exited 0: {:?}", procs[i].log_lines());
+        assert!(!procs[i].logged("panicked"), "host {host}: {:?}", procs[i].log_lines());
+        procs[i] = serve_draining(data, &url, host);
+        addrs.lock().unwrap_or_else(|p| p.into_inner()).push(procs[i].addr.clone());
+    }
+    let before = accepted();
+    wait_for("admissions after the last restart", Duration::from_secs(30), || (accepted() >= before + 20).then_some(()));
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        rt.block_on(c).expect("client");
+    }
+    let posted = std::mem::take(&mut *posted.lock().unwrap_or_else(|p| p.into_inner()));
+
+    // Settled: no active run on any host, no live row, every listed run has its final record.
+    let base = procs[0].url("");
+    let runs = wait_for("every run to settle", Duration::from_secs(60), || {
+        let idle = procs.iter().all(|p| {
+            let (_, v) = http(|cl| cl.get(p.url("/api/runs?status=active")));
+            v["runs"].as_array().is_some_and(Vec::is_empty)
+        });
+        let (_, live) = http(|cl| cl.get(format!("{base}/api/live")));
+        let runs = list_all_runs(&base);
+        (idle && live["runs"].as_array().is_some_and(Vec::is_empty) && runs.iter().all(has_final_record)).then_some(runs)
+    });
+
+    // Every run: one completed record, one terminal event, no repeated seq.
+    let mut inputs: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut handed_over = 0;
+    for run in &runs {
+        let id = run["id"].as_str().expect("id");
+        assert_eq!(run["status"], "completed", "a drained run is handed off and completes elsewhere: {run}");
+        let events = all_events(&base, id);
+        let terminals = events.iter().filter(|e| matches!(e["type"].as_str(), Some("answer" | "run_failed"))).count();
+        assert_eq!(terminals, 1, "run {id} has one terminal event: {events:?}");
+        let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "run {id}: one stream, no repeated seq: {seqs:?}");
+        let from_drained = |e: &Value| e["type"] == "resumed" && drained.iter().any(|g| e["fromGeneration"] == g.as_str());
+        if events.iter().any(from_drained) {
+            handed_over += 1;
+        }
+        let thread = run["threadKey"].as_str().unwrap_or("").to_owned();
+        for e in events.iter().filter(|e| e["type"] == "input") {
+            let text = e["text"].as_str().unwrap_or("");
+            for (i, _) in text.match_indices("nonce=") {
+                let nonce: String = text[i + 6..].chars().take_while(char::is_ascii_alphanumeric).collect();
+                inputs.entry(nonce).or_default().push((id.to_owned(), thread.clone()));
+            }
+        }
+    }
+    assert!(handed_over >= 1, "a drained host handed a live run over and another process resumed it");
+    // Every accepted message is one `input` event of one run of its own thread; any other at most one.
+    let accepted: Vec<&Posted> = posted.iter().filter(|p| p.accepted).collect();
+    assert!(accepted.len() >= 80, "steady load: {} accepted of {}", accepted.len(), posted.len());
+    for p in &posted {
+        let places = inputs.get(&p.nonce).map(Vec::as_slice).unwrap_or(&[]);
+        if p.accepted {
+            assert_eq!(places.len(), 1, "accepted message {} is exactly one input event: {places:?}", p.nonce);
+        } else {
+            assert!(places.len() <= 1, "unanswered message {} is at most one input event: {places:?}", p.nonce);
+        }
+        assert!(places.iter().all(|(_, t)| *t == p.thread_key), "{} stayed in {}: {places:?}", p.nonce, p.thread_key);
+    }
+    // No mutating call ran twice: every `append_file` line of every workspace is written once.
+    for entry in std::fs::read_dir(data.join("workspaces")).expect("workspaces").flatten() {
+        let log = std::fs::read_to_string(entry.path().join("steps.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let unique: std::collections::HashSet<&str> = lines.iter().copied().collect();
+        assert_eq!(unique.len(), lines.len(), "workspace {:?}: no append_file line twice: {lines:?}", entry.file_name());
+    }
+    for p in &procs {
+        assert!(!p.logged("panicked"), "{:?}", p.log_lines());
+    }
+}
+
+#[test]
+fn a_host_is_paused_only_outside_its_transactions() {
+    // chaos's pause fault on PostgreSQL: stop a busy host at a moment none of its connections (named
+    // `switchboard/<pid>`) is in a transaction, so its peers never wait on its row locks.
+    let url = storage::testing::pg::database();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = serve(dir.path(), &url, "a");
+    for i in 0..4 {
+        let body = json!({"thread": format!("p-{i}"), "channel": "k", "user": "u", "text": "steps=100000 ms=0 think_ms=0"});
+        let (status, v) = http(|cl| cl.post(host.url("/api/messages")).json(&body));
+        assert_eq!(status, 202, "{v}");
+    }
+    let db = switchboard::shared_db::DbSpec::Postgres { url: url.clone() };
+    let mut probe = switchboard::shared_db::PgActivityProbe::connect(&url).expect("probe");
+    // Running, the host is caught inside a transaction now and then: the probe sees its connections.
+    wait_for("the probe to see the running host in a transaction", Duration::from_secs(20), || {
+        (!probe.is_idle(host.pid()).expect("probe")).then_some(())
+    });
+    for _ in 0..5 {
+        db.pause_outside_transaction(&host, dir.path()).expect("paused outside a transaction");
+        let state = std::fs::read_to_string(format!("/proc/{}/stat", host.pid())).expect("stat");
+        assert!(state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T')), "stopped: {state}");
+        // Stopped, it stays outside: every backend of its pid is idle, look after look.
+        for _ in 0..5 {
+            assert!(probe.is_idle(host.pid()).expect("probe"), "a stopped host holds no transaction");
+        }
+        host.signal("-CONT").expect("SIGCONT");
+    }
+    // A pid with no connection of that name (init's): the probe says it cannot tell, never "idle".
+    assert!(probe.is_idle(1).is_err());
 }

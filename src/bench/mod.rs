@@ -3,6 +3,11 @@
 //! Each scenario prints a human table and one JSON line (`scenario, runs_per_s, p50_ms, p99_ms, max_ms,
 //! n, concurrency`, plus its own fields) and works in a temp data dir with the committed defaults unless
 //! flags say otherwise. Benchmarks are reports, never gates: nothing here asserts a speed.
+//!
+//! `runs` and `sse` also run on PostgreSQL (`--storage postgres`): on a throwaway cluster this bench
+//! starts ([`SharedDb`]; tuned for throwaway data, `fsync = off`) or on the database `--storage-url`
+//! names. `sse` on PostgreSQL is cross-host: the run lives on one `serve` process and every subscriber
+//! reads from a second one, of another `host_id`, on the same database.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -11,6 +16,8 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use storage::ledger::{Admit, Promotion, StepRecord, Turn};
 use storage::{BackendSpec, StorageHandle, Synchronous};
+
+use crate::shared_db::{SharedDb, StorageChoice};
 
 mod remote;
 mod served;
@@ -26,11 +33,20 @@ pub struct BenchArgs {
     /// Iterations (runs, steps, crashes, parked runs) for one configuration.
     #[arg(long)]
     pub n: Option<usize>,
+    /// Concurrent clients (`runs`), subscribers (`sse`).
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// `full` or `normal` (steps: both when absent).
     #[arg(long)]
     pub synchronous: Option<String>,
+    /// `runs`, `sse`: the database of the server this bench starts (postgres: a throwaway cluster this
+    /// bench starts and stops, with fsync off, unless --storage-url names one; `sse` then runs cross-host).
+    #[arg(long, value_enum, default_value_t = StorageChoice::Sqlite)]
+    pub storage: StorageChoice,
+    /// With --storage postgres: use this existing database (postgres://user@host:port/db) instead of a
+    /// throwaway cluster; the bench's runs stay in it.
+    #[arg(long, value_name = "URL")]
+    pub storage_url: Option<String>,
 }
 
 /// Latency summary in milliseconds.
@@ -65,12 +81,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         s @ ("steps" | "runs" | "commits" | "sse" | "recovery" | "idle" | "soak") => vec![s],
         other => anyhow::bail!("unknown scenario {other:?}: use steps, runs, commits, sse, recovery, idle, soak or all"),
     };
+    if args.storage != StorageChoice::Sqlite || args.storage_url.is_some() {
+        anyhow::ensure!(
+            scenarios.iter().all(|s| matches!(*s, "runs" | "sse")),
+            "--storage postgres applies to `runs` and `sse` only"
+        );
+        anyhow::ensure!(args.url.is_none(), "--storage chooses the database of a server this bench starts: drop --url");
+    }
+    // Started before any runtime and dropped after them: the cluster outlives every child.
+    let db = SharedDb::open(args.storage, args.storage_url.as_deref())?;
     for s in scenarios {
         match s {
             "steps" => steps(&args)?,
-            "runs" => served::runs(&args)?,
+            "runs" => served::runs(&args, &db)?,
             "commits" => served::commits(&args)?,
-            "sse" => served::sse(&args)?,
+            "sse" => served::sse(&args, &db)?,
             "recovery" => recovery(&args)?,
             "idle" => served::idle(&args)?,
             _ => served::soak(&args)?,

@@ -27,6 +27,8 @@ pub(super) struct ProcStats {
 /// A running server and, when it runs on this machine, its pid.
 pub(super) struct Server {
     pub base: String,
+    /// The backend, as its `/healthz` names it (`sqlite`, `postgres`, `memory`).
+    pub storage: String,
     pid: Option<u32>,
     child: Option<ChildServer>,
     dir: Option<tempfile::TempDir>,
@@ -38,8 +40,8 @@ impl Server {
         match url {
             Some(url) => {
                 let base = url.trim_end_matches('/').to_owned();
-                let pid = load.server_pid(&base).await?;
-                Ok(Server { base, pid, child: None, dir: None })
+                let (pid, storage) = load.server_pid(&base).await?;
+                Ok(Server { base, storage, pid, child: None, dir: None })
             }
             None => Self::spawn(Command::new(std::env::current_exe()?), env, load).await,
         }
@@ -50,8 +52,8 @@ impl Server {
         let dir = tempfile::Builder::new().prefix("switchboard-bench-").tempdir()?;
         let child = ChildServer::start_command(cmd, dir.path(), env, Some(&dir.path().join("serve.log")))?;
         let base = format!("http://{}", child.addr);
-        let pid = load.server_pid(&base).await?;
-        Ok(Server { base, pid, child: Some(child), dir: Some(dir) })
+        let (pid, storage) = load.server_pid(&base).await?;
+        Ok(Server { base, storage, pid, child: Some(child), dir: Some(dir) })
     }
 
     pub fn stats(&self) -> Option<ProcStats> {
@@ -107,12 +109,13 @@ impl Load {
         Ok(Load { client, tag })
     }
 
-    /// The server's pid from `/healthz`, when that process is on this machine.
-    async fn server_pid(&self, base: &str) -> anyhow::Result<Option<u32>> {
+    /// The server's pid from `/healthz`, when that process is on this machine, and its backend.
+    async fn server_pid(&self, base: &str) -> anyhow::Result<(Option<u32>, String)> {
         let health: Value = self.client.get(format!("{base}/healthz")).send().await?.json().await?;
         let pid = health["pid"].as_u64().context("pid in /healthz")? as u32;
+        let storage = health["storageKind"].as_str().unwrap_or("unknown").to_owned();
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        Ok(String::from_utf8_lossy(&cmdline).contains("switchboard").then_some(pid))
+        Ok((String::from_utf8_lossy(&cmdline).contains("switchboard").then_some(pid), storage))
     }
 
     /// Admit `text` on a fresh thread; answers the run id.

@@ -1,6 +1,7 @@
 //! The scenarios that measure a served process from outside (SPEC §11): `runs`, `sse`, `idle`, `commits`
 //! and `soak`. Each drives a child `serve` on a temp data dir, or the server at `--url`, from this
-//! process; memory and CPU figures are the server's own.
+//! process; memory and CPU figures are the server's own (on PostgreSQL: the `serve` process's, not the
+//! database server's).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::remote::{runtime, Load, ProcStats, Server};
 use super::{report, summarize, BenchArgs};
+use crate::shared_db::{DbSpec, SharedDb};
 
 /// A short run: three durable steps, no tool latency, no model latency.
 const SHORT_RUN: &str = "steps=3 ms=0 think_ms=0";
@@ -27,35 +29,59 @@ fn stats_text(s: Option<ProcStats>) -> String {
     s.map_or("n/a (server on another machine)".into(), |s| format!("{:.1} MiB (peak {:.1} MiB)", mib(s.rss_kib), mib(s.peak_kib)))
 }
 
+/// The environment of a `serve` child on `db`, as host `host_id` when that is a PostgreSQL database.
+fn child_env(db: &SharedDb, host_id: &str) -> Vec<(String, String)> {
+    let mut env = db.spec.env();
+    if matches!(db.spec, DbSpec::Postgres { .. }) {
+        env.push(("SWITCHBOARD_SERVER__HOST_ID".to_owned(), host_id.to_owned()));
+    }
+    env
+}
+
+fn borrowed(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// What the table adds to a scenario's name for a database other than the default SQLite file.
+fn on_storage(db: &SharedDb) -> &'static str {
+    match (&db.spec, db.is_throwaway()) {
+        (DbSpec::Sqlite, _) => "",
+        (DbSpec::Postgres { .. }, true) => ", postgres: throwaway cluster, fsync off",
+        (DbSpec::Postgres { .. }, false) => ", postgres at --storage-url",
+    }
+}
+
 /// End-to-end short runs; server RSS and CPU per run.
-pub(super) fn runs(args: &BenchArgs) -> anyhow::Result<()> {
+pub(super) fn runs(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
     let presets = match (args.n, args.concurrency) {
         (None, None) => vec![(300, 1), (1000, 16), (2000, 256)],
         (n, c) => vec![(n.unwrap_or(1000), c.unwrap_or(16))],
     };
     let rt = runtime()?;
+    let env = child_env(db, "bench");
     for (n, concurrency) in presets {
         let load = Load::new(concurrency)?;
-        let server = rt.block_on(Server::open(args.url.as_deref(), &[], &load))?;
+        let server = rt.block_on(Server::open(args.url.as_deref(), &borrowed(&env), &load))?;
         let before = server.stats();
         let started = Instant::now();
         let lat = rt.block_on(load.drive(&server.base, 0..n, concurrency, SHORT_RUN))?;
         let wall = started.elapsed();
         let after = server.stats();
+        let storage = server.storage.clone();
         server.stop()?;
         let s = summarize(lat);
         let rps = n as f64 / wall.as_secs_f64();
         let cpu_ms = before.zip(after).map(|(b, a)| (a.cpu_s - b.cpu_s) * 1000.0 / n as f64);
         report(
             &[
-                ("scenario", format!("runs (n = {n}, concurrency = {concurrency})")),
+                ("scenario", format!("runs (n = {n}, concurrency = {concurrency}{})", on_storage(db))),
                 ("runs/s", format!("{rps:.0}")),
                 ("latency p50 / p99 / max", format!("{:.2} / {:.2} / {:.2} ms", s.p50, s.p99, s.max)),
                 ("server RSS", stats_text(after)),
                 ("server CPU per run", cpu_ms.map_or("n/a".into(), |c| format!("{c:.2} ms"))),
             ],
             json!({"scenario": "runs", "runs_per_s": rps, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
-                "n": n, "concurrency": concurrency, "server_rss_mib": after.map(|a| mib(a.rss_kib)),
+                "n": n, "concurrency": concurrency, "storage": storage, "server_rss_mib": after.map(|a| mib(a.rss_kib)),
                 "server_peak_rss_mib": after.map(|a| mib(a.peak_kib)), "server_cpu_ms_per_run": cpu_ms}),
         );
     }
@@ -198,23 +224,32 @@ pub(super) fn idle(args: &BenchArgs) -> anyhow::Result<()> {
 /// SSE fan-out: `concurrency` subscribers (1,000 by default) on one live run that keeps stepping (a model
 /// call of 10 ms a step); delivery lag is the reader's clock at receipt minus the event's own `at`
 /// (both this machine's wall clock, in milliseconds), over events published after every reader joined.
-pub(super) fn sse(args: &BenchArgs) -> anyhow::Result<()> {
+///
+/// On PostgreSQL the lag is cross-host: the run is admitted on one `serve` process (host `bench-a`) and
+/// every subscriber reads from a second one (host `bench-b`) on the same database, which follows a run
+/// another generation drives by reading the ledger; memory per subscriber is the second process's.
+pub(super) fn sse(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
     let subscribers = args.concurrency.unwrap_or(1000);
     let seconds = args.n.unwrap_or(10) as u64;
+    let cross_host = matches!(db.spec, DbSpec::Postgres { .. });
     let rt = runtime()?;
     let load = Load::new(subscribers)?;
-    let server = rt.block_on(Server::open(args.url.as_deref(), &[], &load))?;
-    let before = server.stats();
+    let owner = rt.block_on(Server::open(args.url.as_deref(), &borrowed(&child_env(db, "bench-a")), &load))?;
+    let follower =
+        if cross_host { Some(rt.block_on(Server::open(None, &borrowed(&child_env(db, "bench-b")), &load))?) } else { None };
+    // The process the subscribers read from.
+    let readers_at = follower.as_ref().unwrap_or(&owner);
+    let before = readers_at.stats();
     let (lags, published, after) = rt.block_on(async {
-        let id = load.admit(&server.base, 0, "steps=1000000 ms=0 think_ms=10").await?;
+        let id = load.admit(&owner.base, 0, "steps=1000000 ms=0 think_ms=10").await?;
         // Readers start after what is published by now, so none replays the run's history.
-        let view: Value = load.client.get(format!("{}/api/runs/{id}", server.base)).send().await?.json().await?;
+        let view: Value = load.client.get(format!("{}/api/runs/{id}", owner.base)).send().await?.json().await?;
         let after_seq = view["eventCount"].as_u64().unwrap_or(0);
         let connected = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
         let mut readers = Vec::with_capacity(subscribers);
         for _ in 0..subscribers {
             let (client, connected) = (load.client.clone(), connected.clone());
-            let url = format!("{}/api/runs/{id}/stream?afterSeq={after_seq}", server.base);
+            let url = format!("{}/api/runs/{id}/stream?afterSeq={after_seq}", readers_at.base);
             readers.push(tokio::spawn(async move {
                 let res = client.get(url).send().await?;
                 connected.add_permits(1);
@@ -232,9 +267,9 @@ pub(super) fn sse(args: &BenchArgs) -> anyhow::Result<()> {
         }
         let _all = connected.acquire_many(subscribers as u32).await?;
         let joined = now_ms();
-        let after = server.stats();
+        let after = readers_at.stats();
         tokio::time::sleep(Duration::from_secs(seconds)).await;
-        let stop = load.client.post(format!("{}/api/runs/{id}/stop", server.base)).json(&json!({"mode": "hard"})).send().await?;
+        let stop = load.client.post(format!("{}/api/runs/{id}/stop", owner.base)).json(&json!({"mode": "hard"})).send().await?;
         anyhow::ensure!(stop.status().as_u16() == 202, "stop answered {}", stop.status());
         let (mut lags, mut published) = (Vec::new(), std::collections::BTreeSet::new());
         for r in readers {
@@ -249,19 +284,29 @@ pub(super) fn sse(args: &BenchArgs) -> anyhow::Result<()> {
         }
         Ok::<_, anyhow::Error>((lags, published.len(), after))
     })?;
-    server.stop()?;
+    let storage = readers_at.storage.clone();
+    owner.stop()?;
+    if let Some(f) = follower {
+        f.stop()?;
+    }
     let delivered = lags.len();
     let per_sub = before.zip(after).map(|(b, a)| (a.rss_kib.saturating_sub(b.rss_kib)) as f64 * 1024.0 / subscribers as f64);
     let s = summarize(lags);
+    let scenario = if cross_host {
+        format!("sse ({subscribers} subscribers on another host than the run, {seconds} s of a stepping run{})", on_storage(db))
+    } else {
+        format!("sse ({subscribers} subscribers, {seconds} s of a stepping run)")
+    };
     report(
         &[
-            ("scenario", format!("sse ({subscribers} subscribers, {seconds} s of a stepping run)")),
+            ("scenario", scenario),
             ("delivered", format!("{delivered} of {} ({published} events)", published * subscribers)),
             ("lag p50 / p99 / max", format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max)),
             ("server memory per subscriber", per_sub.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0))),
         ],
         json!({"scenario": "sse", "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
-            "n": published, "concurrency": subscribers, "delivered": delivered, "bytes_per_subscriber": per_sub}),
+            "n": published, "concurrency": subscribers, "delivered": delivered, "bytes_per_subscriber": per_sub,
+            "storage": storage, "cross_host": cross_host}),
     );
     Ok(())
 }

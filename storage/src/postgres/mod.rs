@@ -344,7 +344,7 @@ fn race_pause(attempt: u32) {
 fn connect(url: &str) -> Result<Client> {
     let mut config = postgres::Config::from_str(url)?;
     config.connect_timeout(CONNECT_TIMEOUT);
-    config.application_name("switchboard");
+    config.application_name(&format!("switchboard/{}", std::process::id()));
     let mut client = config.connect(NoTls)?;
     client.batch_execute(&format!(
         "SET lock_timeout = {}; SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'",

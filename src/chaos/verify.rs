@@ -1,0 +1,418 @@
+//! The verifier of `switchboard chaos`: wait until every run has settled, read every run back through the
+//! JSON API of whichever process is up, read every workspace file, and count what breaks the contract
+//! (SPEC §11) in a [`Verdict`].
+//!
+//! It reads nothing but the API and the shared `workspaces/` dir, so it is the same for every backend.
+//! Counted as violations: an accepted message lost or duplicated, a repeated or late `append_file` line,
+//! a run without its one final record (or with a live row left), two terminals, a run a 2xx named that
+//! no listing shows, a repeated seq, a message in another thread's run; plus the fault driver's drain
+//! failures and unexpected exits. What the contract allows (a refused or unanswered message admitted
+//! once, a run closed `interrupted`) is a note at most.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use super::fleet::{Fault, FaultLog, Fleet};
+use super::{Answer, ChaosArgs, Sent, LEASE_MS};
+use crate::shared_db::DbSpec;
+
+/// How long the verifier waits for every run to settle.
+const SETTLE: Duration = Duration::from_secs(120);
+
+/// GET `path` from one live process after another until one answers 2xx JSON.
+async fn get_json(http: &reqwest::Client, fleet: &Fleet, path: &str) -> anyhow::Result<Value> {
+    let mut last = anyhow::anyhow!("no process is up");
+    for attempt in 0..10 {
+        let addrs = fleet.live_addrs();
+        if let Some(addr) = addrs.get(attempt % addrs.len().max(1)) {
+            match http.get(format!("http://{addr}{path}")).send().await {
+                Ok(r) if r.status().is_success() => return r.json().await.with_context(|| format!("decode GET {path}")),
+                Ok(r) => last = anyhow::anyhow!("GET {path}: {}", r.status()),
+                Err(e) => last = anyhow::Error::from(e).context(format!("GET {path}")),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(last)
+}
+
+/// Every run the API lists (`status=all`, paged with `before`/`beforeId`), newest first, by id.
+async fn list_all(http: &reqwest::Client, fleet: &Fleet) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut cursor: Option<(i64, Option<String>)> = None;
+    for _ in 0..10_000 {
+        let mut path = "/api/runs?status=all&limit=200".to_owned();
+        if let Some((before, id)) = &cursor {
+            let _ = write!(path, "&before={before}");
+            if let Some(id) = id {
+                let _ = write!(path, "&beforeId={id}");
+            }
+        }
+        let page = get_json(http, fleet, &path).await?;
+        out.extend(page["runs"].as_array().cloned().unwrap_or_default());
+        let next = page.get("nextBefore").filter(|n| !n.is_null()).map(|n| (n["finishedAt"].as_i64().unwrap_or(0), n["id"].as_str().map(str::to_owned)));
+        match next {
+            Some(n) if Some(&n) != cursor.as_ref() => cursor = Some(n),
+            _ => return Ok(out),
+        }
+    }
+    anyhow::bail!("the run listing never ended")
+}
+
+/// Every event of a run, paged with `afterSeq`.
+async fn events_all(http: &reqwest::Client, fleet: &Fleet, id: &str) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut after = 0u64;
+    for _ in 0..10_000 {
+        let page = get_json(http, fleet, &format!("/api/runs/{id}/events?afterSeq={after}&limit=500")).await?;
+        out.extend(page["events"].as_array().cloned().unwrap_or_default());
+        match page["nextAfterSeq"].as_u64() {
+            Some(n) if n > after => after = n,
+            _ => return Ok(out),
+        }
+    }
+    anyhow::bail!("the events of run {id} never ended")
+}
+
+/// Whether a listed run has its final record: finished, not a tombstone, persisted.
+fn has_final_record(run: &Value) -> bool {
+    run["finished"] == true && run["provisional"] != true && run["persisted"] == true && run["status"].is_string()
+}
+
+/// Wait (≤ [`SETTLE`]) until no process lists an active run, the ledger has no live row and every listed
+/// run has its final record. Answers whether that happened.
+pub(super) async fn settle(http: &reqwest::Client, fleet: &Fleet) -> bool {
+    let until = Instant::now() + SETTLE;
+    while Instant::now() < until {
+        let mut quiet = true;
+        for addr in fleet.live_addrs() {
+            let active = http.get(format!("http://{addr}/api/runs?status=active&limit=200")).send().await;
+            let active: Option<Value> = match active {
+                Ok(r) if r.status().is_success() => r.json().await.ok(),
+                _ => None,
+            };
+            if active.is_none_or(|v| v["runs"].as_array().is_none_or(|r| !r.is_empty())) {
+                quiet = false;
+                break;
+            }
+        }
+        if quiet {
+            quiet = get_json(http, fleet, "/api/live").await.is_ok_and(|v| v["runs"].as_array().is_some_and(Vec::is_empty));
+        }
+        if quiet {
+            quiet = list_all(http, fleet).await.is_ok_and(|runs| runs.iter().all(has_final_record));
+        }
+        if quiet {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}
+
+/// What the verifier counted. Every field but the informational ones is a violation when non-zero.
+#[derive(Debug, Default)]
+pub(super) struct Verdict {
+    pub settled: bool,
+    pub accepted: usize,
+    pub steered: usize,
+    pub unanswered: usize,
+    pub refused: usize,
+    pub runs: usize,
+    pub faults: FaultLog,
+    /// Accepted messages whose nonce is in no `input` event.
+    pub lost_inputs: usize,
+    /// Messages whose nonce is in more than one `input` event.
+    pub duplicated_inputs: usize,
+    /// `append_file` lines that repeat an earlier line of the same workspace file.
+    pub duplicated_effects: usize,
+    /// `append_file` lines below the highest step already written (written after a fence).
+    pub out_of_order_effects: usize,
+    /// Runs without their one final record: unfinished, a tombstone, or a live row left.
+    pub stuck_runs: usize,
+    /// Runs with more than one terminal event (`answer` / `run_failed`).
+    pub duplicate_terminals: usize,
+    /// Run ids a 2xx answer named that no listing shows.
+    pub missing_runs: usize,
+    /// Event seqs that repeat within a run.
+    pub repeated_seqs: usize,
+    /// Messages found in a run of another thread.
+    pub crossed_threads: usize,
+    /// Informational: refused messages that were admitted anyway (once).
+    pub refused_but_present: usize,
+    /// Informational: nonces found that no client sent.
+    pub unknown_nonces: usize,
+    pub elapsed: Duration,
+    /// One line per violation.
+    pub details: Vec<String>,
+    /// One line per informational finding.
+    pub notes: Vec<String>,
+}
+
+impl Verdict {
+    pub fn violations(&self) -> usize {
+        self.lost_inputs
+            + self.duplicated_inputs
+            + self.duplicated_effects
+            + self.out_of_order_effects
+            + self.stuck_runs
+            + self.duplicate_terminals
+            + self.missing_runs
+            + self.repeated_seqs
+            + self.crossed_threads
+            + self.faults.drain_failures
+            + self.faults.unexpected_exits
+    }
+
+    fn faults_by_kind(&self) -> BTreeMap<&'static str, usize> {
+        Fault::ALL.iter().map(|f| (f.as_str(), self.faults.by_kind.get(f).copied().unwrap_or(0))).collect()
+    }
+
+    pub fn table(&self, args: &ChaosArgs, db: &DbSpec, seed: u64) -> Vec<(&'static str, String)> {
+        let kinds: Vec<String> = self.faults_by_kind().iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let on = match db {
+            DbSpec::Sqlite => String::new(),
+            other => format!(" on {}", other.name()),
+        };
+        vec![
+            ("scenario", format!("chaos ({} clients, {} processes{on}, seed {seed})", args.clients, args.processes)),
+            ("accepted (steered)", format!("{} ({})", self.accepted, self.steered)),
+            ("unanswered / refused", format!("{} / {}", self.unanswered, self.refused)),
+            ("runs", self.runs.to_string()),
+            ("faults", format!("{} ({})", self.faults.by_kind.values().sum::<usize>(), kinds.join(", "))),
+            ("settled", if self.settled { "yes".into() } else { "no (waited 2 min)".into() }),
+            ("lost inputs", self.lost_inputs.to_string()),
+            ("duplicated inputs", self.duplicated_inputs.to_string()),
+            ("duplicated effects", self.duplicated_effects.to_string()),
+            ("out-of-order effects", self.out_of_order_effects.to_string()),
+            ("stuck runs", self.stuck_runs.to_string()),
+            ("duplicate terminals", self.duplicate_terminals.to_string()),
+            ("missing runs", self.missing_runs.to_string()),
+            ("repeated seqs", self.repeated_seqs.to_string()),
+            ("crossed threads", self.crossed_threads.to_string()),
+            ("drain failures", self.faults.drain_failures.to_string()),
+            ("unexpected exits", self.faults.unexpected_exits.to_string()),
+            ("elapsed", format!("{:.1} s", self.elapsed.as_secs_f64())),
+            ("verdict", if self.violations() == 0 { "ok".into() } else { format!("{} violation(s)", self.violations()) }),
+        ]
+    }
+
+    pub fn json(&self, args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> Value {
+        json!({
+            "scenario": "chaos", "seed": seed, "clients": args.clients, "processes": args.processes,
+            "storage": db.name(), "lease_ms": LEASE_MS,
+            "faults": self.faults.by_kind.values().sum::<usize>(), "faults_by_kind": self.faults_by_kind(),
+            "pauses_skipped": self.faults.pauses_skipped, "crash_fallbacks": self.faults.crash_fallbacks,
+            "accepted": self.accepted, "steered": self.steered, "unanswered": self.unanswered, "refused": self.refused,
+            "runs": self.runs, "settled": self.settled,
+            "lost_inputs": self.lost_inputs, "duplicated_inputs": self.duplicated_inputs,
+            "duplicated_effects": self.duplicated_effects, "out_of_order_effects": self.out_of_order_effects,
+            "stuck_runs": self.stuck_runs, "duplicate_terminals": self.duplicate_terminals,
+            "missing_runs": self.missing_runs, "repeated_seqs": self.repeated_seqs,
+            "crossed_threads": self.crossed_threads, "drain_failures": self.faults.drain_failures,
+            "unexpected_exits": self.faults.unexpected_exits,
+            "refused_but_present": self.refused_but_present, "unknown_nonces": self.unknown_nonces,
+            "violations": self.violations(), "ok": self.violations() == 0,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "data_dir": if self.violations() > 0 || args.keep { Value::from(data.display().to_string()) } else { Value::Null },
+        })
+    }
+}
+
+/// Every `nonce=` token in a text.
+fn nonces_in(text: &str) -> Vec<&str> {
+    text.match_indices("nonce=")
+        .map(|(i, m)| {
+            let rest = &text[i + m.len()..];
+            let end = rest.find(|c: char| !c.is_ascii_alphanumeric()).unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// `append_file` lines (`step <n>`) of one workspace file: (repeats, lines below the highest so far).
+fn effect_order(log: &str) -> (usize, usize) {
+    let (mut seen, mut high, mut dup, mut late) = (HashSet::new(), 0u64, 0, 0);
+    for n in log.lines().filter_map(|l| l.trim().strip_prefix("step ")?.parse::<u64>().ok()) {
+        if !seen.insert(n) {
+            dup += 1;
+        } else if n < high {
+            late += 1;
+        }
+        high = high.max(n);
+    }
+    (dup, late)
+}
+
+pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], settled: bool) -> anyhow::Result<Verdict> {
+    let mut v = Verdict { settled, ..Verdict::default() };
+    for s in sent {
+        match &s.answer {
+            Answer::Accepted { outcome, .. } => {
+                v.accepted += 1;
+                if outcome == "steered" {
+                    v.steered += 1;
+                }
+            }
+            Answer::Refused { .. } => v.refused += 1,
+            Answer::Unanswered => v.unanswered += 1,
+        }
+    }
+    let mut runs: BTreeMap<String, Value> = BTreeMap::new();
+    for run in list_all(http, fleet).await.context("list every run")? {
+        if let Some(id) = run["id"].as_str() {
+            runs.entry(id.to_owned()).or_insert(run);
+        }
+    }
+    v.runs = runs.len();
+
+    // Terminal records and live rows.
+    let live = get_json(http, fleet, "/api/live").await.context("read the live rows")?;
+    let mut stuck: BTreeMap<String, String> = BTreeMap::new();
+    for row in live["runs"].as_array().into_iter().flatten() {
+        let id = row["runId"].as_str().or(row["run_id"].as_str()).or(row["id"].as_str()).unwrap_or("?");
+        stuck.insert(id.to_owned(), format!("a live row remains: {row}"));
+    }
+    for (id, run) in &runs {
+        if !has_final_record(run) {
+            stuck.entry(id.clone()).or_insert_with(|| {
+                format!(
+                    "no final record (finished {}, status {}, provisional {}, persisted {})",
+                    run["finished"], run["status"], run["provisional"], run["persisted"]
+                )
+            });
+        }
+    }
+    v.stuck_runs = stuck.len();
+    for (id, why) in &stuck {
+        v.details.push(format!("stuck run {id}: {why}"));
+    }
+    for s in sent {
+        if let Answer::Accepted { run_id, outcome } = &s.answer {
+            if !run_id.is_empty() && !runs.contains_key(run_id) && !stuck.contains_key(run_id) {
+                v.missing_runs += 1;
+                v.details.push(format!("missing run {run_id}: answered {outcome} for {} on {}", s.nonce, s.thread_key));
+            }
+        }
+    }
+
+    // Events: seqs, terminals, inputs.
+    let mut found: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    // Where a nonce shows in an answer (the scripted agent echoes the follow-ups it read): tells a lost
+    // `input` event of a message a run did read apart from a message no run ever read.
+    let mut answered: HashMap<String, String> = HashMap::new();
+    for (id, run) in &runs {
+        let events = events_all(http, fleet, id).await.with_context(|| format!("read the events of run {id}"))?;
+        let mut seqs = HashSet::new();
+        let mut terminals = 0;
+        for e in &events {
+            if let Some(seq) = e["seq"].as_u64() {
+                if !seqs.insert(seq) {
+                    v.repeated_seqs += 1;
+                    v.details.push(format!("repeated seq {seq} in run {id}"));
+                }
+            }
+            match e["type"].as_str() {
+                Some("answer" | "run_failed") => {
+                    terminals += 1;
+                    for n in nonces_in(e["text"].as_str().unwrap_or("")) {
+                        answered.entry(n.to_owned()).or_insert_with(|| id.clone());
+                    }
+                }
+                Some("input") => {
+                    for n in nonces_in(e["text"].as_str().unwrap_or("")) {
+                        let thread = run["threadKey"].as_str().unwrap_or("").to_owned();
+                        found.entry(n.to_owned()).or_default().push((id.clone(), thread));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if terminals > 1 {
+            v.duplicate_terminals += 1;
+            v.details.push(format!("run {id} has {terminals} terminal events (answer / run_failed)"));
+        }
+    }
+
+    // Messages against what the runs hold.
+    let by_nonce: HashMap<&str, &Sent> = sent.iter().map(|s| (s.nonce.as_str(), s)).collect();
+    for s in sent {
+        let places = found.get(&s.nonce).map(Vec::as_slice).unwrap_or(&[]);
+        match (&s.answer, places.len()) {
+            (Answer::Accepted { outcome, run_id }, 0) => {
+                v.lost_inputs += 1;
+                let read = match answered.get(&s.nonce) {
+                    Some(r) => format!("read: the answer of run {r} names it"),
+                    None => "no run read it".into(),
+                };
+                v.details.push(format!("lost input {} ({outcome} into run {run_id} on {}; {read})", s.nonce, s.thread_key));
+            }
+            (Answer::Refused { status }, 1) => {
+                v.refused_but_present += 1;
+                v.notes.push(format!("refused ({status}) message {} was admitted anyway (run {})", s.nonce, places[0].0));
+            }
+            (_, 0 | 1) => {}
+            (answer, n) => {
+                v.duplicated_inputs += 1;
+                let runs: Vec<&str> = places.iter().map(|(r, _)| r.as_str()).collect();
+                v.details.push(format!("duplicated input {} ({answer:?}): {n} input events, runs {runs:?}", s.nonce));
+            }
+        }
+        let crossed: Vec<&(String, String)> = places.iter().filter(|(_, t)| *t != s.thread_key).collect();
+        if !crossed.is_empty() {
+            v.crossed_threads += 1;
+            v.details.push(format!("crossed thread: {} was sent to {} but is in {crossed:?}", s.nonce, s.thread_key));
+        }
+    }
+    v.unknown_nonces = found.keys().filter(|n| !by_nonce.contains_key(n.as_str())).count();
+    if v.runs >= 19_000 {
+        v.notes.push(format!("{} runs: near the 20000-run retention cap, so trimmed runs may count as lost", v.runs));
+    }
+
+    // Workspaces: every steps.log on disk, whether or not its run is listed.
+    let root = fleet.data.join("workspaces");
+    if let Ok(dirs) = std::fs::read_dir(&root) {
+        for dir in dirs.flatten() {
+            let Ok(log) = std::fs::read_to_string(dir.path().join("steps.log")) else { continue };
+            let (dup, late) = effect_order(&log);
+            if dup + late > 0 {
+                let id = dir.file_name().to_string_lossy().into_owned();
+                v.duplicated_effects += dup;
+                v.out_of_order_effects += late;
+                let lines: Vec<&str> = log.lines().collect();
+                v.details.push(format!("workspace {id}: {dup} repeated and {late} out-of-order append_file lines: {lines:?}"));
+            }
+        }
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_are_found_inside_joined_successor_requests() {
+        let joined = "tool=append_file steps=3 ms=50 nonce=q01x000007\n\ntool=append_file steps=3 ms=50 nonce=q02x000011";
+        assert_eq!(nonces_in(joined), vec!["q01x000007", "q02x000011"]);
+        assert_eq!(nonces_in("no nonce here, nonce= either"), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn effect_order_counts_repeats_and_late_lines_apart() {
+        // A resume may skip a step (its call settled effects-unknown): a gap is fine.
+        assert_eq!(effect_order("step 1\nstep 2\nstep 4\n"), (0, 0));
+        // The same step twice: a mutating call ran twice.
+        assert_eq!(effect_order("step 1\nstep 2\nstep 2\nstep 3\n"), (1, 0));
+        // A stale owner writing step 2 after the new owner wrote step 3.
+        assert_eq!(effect_order("step 1\nstep 3\nstep 2\n"), (0, 1));
+        // Other lines are not effects of the scripted agent.
+        assert_eq!(effect_order("hello\nstep 1\n"), (0, 0));
+    }
+}
