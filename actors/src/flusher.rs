@@ -2,7 +2,7 @@
 //!
 //! Owns the pending batches, per run. A [`Push`] never blocks the publisher (`do_send` into the
 //! mailbox); a run's batch is appended when it reaches [`FLUSH_EVENTS`] events, and every batch every
-//! [`FLUSH_INTERVAL`]. A failed or refused batch is reported (log + counter) and dropped: the transcript,
+//! [`FLUSH_INTERVAL`] ([`SHARED_FLUSH_INTERVAL`] on storage other hosts follow). A failed or refused batch is reported (log + counter) and dropped: the transcript,
 //! not the event stream, is what a resume rebuilds from, and the finish record carries every event.
 //!
 //! Invariant: appends carry the run's generation, so a fenced process's late batch changes nothing.
@@ -17,6 +17,10 @@ use serde_json::Value;
 use storage::StorageHandle;
 
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
+/// The interval on storage other hosts follow over cross-host news (PostgreSQL): a follower there reads
+/// an event when it commits, and a run's later events wait behind a gap until the flush fills it, so
+/// this bounds the cross-host delivery lag. At most 20 group-committed appends a second per process.
+pub const SHARED_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 pub const FLUSH_EVENTS: usize = 32;
 
 /// One published event for a run's ledger row.
@@ -44,13 +48,15 @@ pub struct Flusher {
     pending: HashMap<String, (String, Vec<Value>)>,
     /// Batches refused or failed; shared with the metrics.
     failures: Arc<AtomicU64>,
-    /// How often every pending batch is appended ([`FLUSH_INTERVAL`] outside tests).
+    /// How often every pending batch is appended ([`FLUSH_INTERVAL`] or [`SHARED_FLUSH_INTERVAL`]; tests set it).
     every: Duration,
 }
 
 impl Flusher {
+    /// A flusher at [`FLUSH_INTERVAL`], or [`SHARED_FLUSH_INTERVAL`] when the storage has cross-host news.
     pub fn new(storage: StorageHandle, failures: Arc<AtomicU64>) -> Self {
-        Self::with_interval(storage, failures, FLUSH_INTERVAL)
+        let every = if storage.has_news() { SHARED_FLUSH_INTERVAL } else { FLUSH_INTERVAL };
+        Self::with_interval(storage, failures, every)
     }
 
     /// A flusher that appends every pending batch each `every` (tests shorten or lengthen it).

@@ -104,6 +104,11 @@ impl StorageHandle {
         }
     }
 
+    /// Whether the backend has cross-host news (other hosts follow this one's writes as they commit).
+    pub fn has_news(&self) -> bool {
+        self.news.is_some()
+    }
+
     /// Every note of cross-host news from now on (SPEC §1.3), or `None` when the backend has none
     /// (SQLite, memory: poll instead). The first call starts the listener, which says
     /// [`crate::News::Resync`] once it listens.

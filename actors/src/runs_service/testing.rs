@@ -28,6 +28,7 @@ pub(super) struct Double {
     pub(super) get_calls: Arc<AtomicUsize>,
     pub(super) summary_calls: Arc<AtomicUsize>,
     pub(super) live_list_calls: Arc<AtomicUsize>,
+    pub(super) live_event_calls: Arc<AtomicUsize>,
     /// Fails only `killed_among` (the rest of the ledger answers).
     pub(super) fail_kills: Arc<AtomicBool>,
     /// Every `killed_among` question, in order.
@@ -46,6 +47,7 @@ impl Double {
             get_calls: Arc::default(),
             summary_calls: Arc::default(),
             live_list_calls: Arc::default(),
+            live_event_calls: Arc::default(),
             fail_kills: Arc::default(),
             kill_questions: Arc::default(),
         }
@@ -99,6 +101,7 @@ impl RunSource for Double {
         self.ledger(move |m| m.get_live(&id))
     }
     fn live_events(&self, id: String, after_seq: u64, limit: usize) -> SourceFuture<'_, Option<Vec<Value>>> {
+        self.live_event_calls.fetch_add(1, Ordering::SeqCst);
         self.ledger(move |m| m.live_events(&id, after_seq, limit))
     }
     fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>> {

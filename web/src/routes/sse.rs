@@ -18,6 +18,7 @@
 //! - a disconnected client is noticed at the latest by the next ping, and its task ends.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web::Bytes;
@@ -227,8 +228,23 @@ impl RunStream {
     async fn follow_ledger(&mut self) -> Result<(), Closed> {
         // Taken before the first read, so a note landing between a read and the wait is not missed.
         let mut news = self.runs.follow_news(&self.id);
+        // Whether this read follows a note (or is the first): then the run's followers that woke at the
+        // same note share one read. A timer's read (a gap turning final, the safety poll) reads alone.
+        let mut noted = true;
         loop {
-            let page = match self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await {
+            let read = match &mut news {
+                Some(rx) if noted => {
+                    let notes = *rx.borrow_and_update();
+                    self.runs.read_followed(&self.id, self.last, READ_CHUNK, notes).await
+                }
+                Some(rx) => {
+                    rx.borrow_and_update();
+                    self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await.map(|p| p.map(Arc::new))
+                }
+                None => self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await.map(|p| p.map(Arc::new)),
+            };
+            noted = true;
+            let page = match read {
                 Ok(Some(page)) => page,
                 Ok(None) => return Ok(()),
                 Err(_) => return Err("ledger unavailable"),
@@ -244,7 +260,7 @@ impl RunStream {
                     poll = poll.min(Duration::from_millis(wait));
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(poll) => {}
+                    _ = tokio::time::sleep(poll) => noted = false,
                     woke = changed(&mut news) => {
                         // A closed feed (storage gone) falls back to polling.
                         if woke.is_err() {
