@@ -209,7 +209,7 @@ async fn shutdown_signal() -> std::io::Result<()> {
 mod tests {
     use super::*;
 
-    /// Every subcommand and every argument of the commands this file and `cli.rs` define says what it is
+    /// Every subcommand and every argument of the commands this file and `cli/` define says what it is
     /// for (SPEC §8.2), and clap's own consistency checks pass for the whole tree.
     #[test]
     fn every_flag_and_subcommand_has_help() {

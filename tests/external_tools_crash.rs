@@ -4,16 +4,19 @@
 //! settles the call in flight by the tool's flags: a mutating HTTP tool → effects unknown (never
 //! re-sent), an idempotent HTTP tool → re-sent with the same key, a read-only MCP tool → re-run.
 
+mod support;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use storage::record::{RunRecord, RunStatus};
 use storage::{RunStore, SqliteStore, Synchronous};
+use support::child::{http, now_ms, Proc};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 /// How long the stub holds each tool call open.
@@ -139,62 +142,15 @@ impl Stub {
 
 // ---- the binary under test ----
 
-struct Proc(switchboard::child::ChildServer);
-
-impl Proc {
-    /// `switchboard serve` in `data`, which holds the `config.toml` it reads.
-    fn start(data: &Path) -> Proc {
-        Proc(switchboard::child::ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &[]).expect("start switchboard"))
-    }
-
-    fn crash(&mut self) {
-        let res = http(|c| c.post(self.0.url("/admin/crash")));
-        assert_eq!(res.0, 202, "{}", res.1);
-        assert_eq!(self.0.wait_exit(Duration::from_secs(10)), Some(137), "crash exits 137");
-    }
-}
-
-/// A blocking HTTP call on a throwaway runtime; answers (status, JSON body).
-fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                let client = reqwest::Client::new();
-                match f(&client).send().await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        (status, r.json().await.unwrap_or(Value::Null))
-                    }
-                    Err(e) => (0, json!({"error": e.to_string()})),
-                }
-            })
-        })
-        .join()
-        .unwrap()
-    })
-}
-
 fn post_run(p: &Proc, text: &str) -> String {
     let (status, body) =
-        http(|c| c.post(p.0.url("/api/messages")).json(&json!({"thread": "t1", "channel": "k", "user": "u", "text": text})));
+        http(|c| c.post(p.url("/api/messages")).json(&json!({"thread": "t1", "channel": "k", "user": "u", "text": text})));
     assert_eq!(status, 202, "{body}");
     body["runId"].as_str().expect("runId").to_owned()
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_for<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    support::child::wait_for(what, DEADLINE, check)
 }
 
 fn final_record(data: &Path, run_id: &str) -> RunRecord {
@@ -223,12 +179,12 @@ fn data_dir(tools: &str) -> (tempfile::TempDir, PathBuf) {
 /// Start a process, run one call of `tool`, crash while the stub holds it, start the next process and
 /// answer the final record and the settlement the `resumed` event names.
 fn crash_mid_call(data: &Path, stub: &Stub, tool: &str) -> (RunRecord, Value) {
-    let mut a = Proc::start(data);
+    let mut a = Proc::start(data, &[]);
     let run_id = post_run(&a, &format!("steps=1 tool={tool} answer=finished"));
     wait_for("the call at the stub", || (!stub.calls().is_empty()).then_some(()));
     a.crash();
     assert_eq!(stub.calls().len(), 1, "one call before the crash");
-    let _b = Proc::start(data);
+    let _b = Proc::start(data, &[]);
     let record = final_record(data, &run_id);
     let resumed = of_type(&record, "resumed");
     assert_eq!(resumed.len(), 1, "{:?}", record.events);

@@ -2,6 +2,8 @@
 //! drained, paused and restarted, while runs go through the API. Every wait has a deadline and watches
 //! observable state (the database, the process, its log); every process started is killed on drop.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -9,59 +11,9 @@ use serde_json::{json, Value};
 use storage::ledger::{RunLedger, StopMode};
 use storage::record::{RunRecord, RunStatus};
 use storage::{RunStore, SqliteStore, Synchronous};
+use support::child::{http, now_ms, Proc};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// The binary under test, as a child process.
-struct Proc(switchboard::child::ChildServer);
-
-impl std::ops::Deref for Proc {
-    type Target = switchboard::child::ChildServer;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl Proc {
-    fn start(data: &Path, extra_env: &[(&str, &str)]) -> Proc {
-        Proc(switchboard::child::ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, extra_env).expect("start switchboard"))
-    }
-
-    fn signal(&self, sig: &str) {
-        self.0.signal(sig).expect("signal");
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        self.0.wait_exit(within)
-    }
-
-    fn crash(&mut self) {
-        let res = http(|c| c.post(self.url("/admin/crash")));
-        assert_eq!(res.0, 202, "{}", res.1);
-        assert_eq!(self.wait_exit(Duration::from_secs(10)), Some(137), "crash exits 137");
-    }
-}
-
-/// A blocking HTTP call on a throwaway runtime; answers (status, JSON body).
-fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                let client = reqwest::Client::new();
-                match f(&client).send().await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        (status, r.json().await.unwrap_or(Value::Null))
-                    }
-                    Err(e) => (0, json!({"error": e.to_string()})),
-                }
-            })
-        })
-        .join()
-        .unwrap()
-    })
-}
 
 fn post_run(p: &Proc, thread: &str, text: &str) -> String {
     let (status, body) =
@@ -74,19 +26,8 @@ fn db(data: &Path) -> SqliteStore {
     SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal).expect("open the database")
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_for<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    support::child::wait_for(what, DEADLINE, check)
 }
 
 /// The live events the ledger holds for a run (empty once it finished).

@@ -10,7 +10,8 @@
 //! # Layout
 //! - [`config`]: [`SimConfig`], the [`Fault`] kinds, and the re-introducible [`Bugs`];
 //! - `world`: the world, its tasks, the scheduler, fault injection, storage calls with faults;
-//! - `run`: the run actor's shell — each machine effect executed the way `actors::run` does;
+//! - `run`: the run actor's shell — each machine effect executed the way `actors::run` does (its
+//!   `launch` paths and its `work`, as there);
 //! - `supervisor`: admission, boot and sweeps, heartbeat, flusher, stop/kill, drain, history writes;
 //! - [`agent`]: the scripted agent and the fake tools;
 //! - `model`: the world model and every invariant (the table is in its docs);
@@ -28,7 +29,7 @@
 //! Production code cannot be paused at an arbitrary await point, so the simulator re-implements the thin
 //! actor shells (what `RunActor`, `Supervisor`, `Heartbeat`, `Flusher` and the history writer do with
 //! storage) over the real decisions, and cuts every effect into its await-point segments. That mirror is
-//! the price of determinism: it is written to be read side by side with `actors/src/run/work.rs` and
+//! the price of determinism: it is written to be read side by side with `actors/src/run/` and
 //! `actors/src/supervisor/recovery.rs`, and the bugs of [`Bugs`] live only here. Production issues the
 //! simulator found are [`KNOWN_ISSUES`], each with a witness seed.
 

@@ -6,7 +6,7 @@
 //! thread, released together by one `Barrier`, round after round:
 //! - three generations reclaim the same expired rows: every row has exactly one winner, the losers see
 //!   it live elsewhere under the winner's lease, and the dead generation's zombie writes are fenced and
-//!   change nothing;
+//!   change nothing (the round every backend's race shares: [`race::reclaim_rounds`]);
 //! - three hosts admit onto one free thread: exactly one starts the run, the others are steered into
 //!   its inbox (never a refusal, never an error);
 //! - a completion and a cleanup settle race on one plan request: exactly one wins;
@@ -16,95 +16,28 @@
 //! And one case through the storage actor: a group commit that loses a race at `COMMIT` answers every
 //! message with its decided value, each after its own commit — none answers the race.
 
+mod race;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use race::{admission, contend, dead_rows, promotion, reclaim_rounds, GENS, LEASE, NOW};
 use serde_json::{json, Value};
-use storage::ledger::{
-    Admit, AdmitOutcome, Claimed, InFlight, Promotion, ReclaimAnswer, Refusal, RunLedger, StepRecord, StopMode,
-};
+use storage::ledger::{AdmitOutcome, Claimed, Refusal, RunLedger, StopMode};
 use storage::plan::{
     Card, Import, PlanBinding, PlanId, PlanRefusal, PlanStore, RequestState, Revision, SettleOutcome, Settlement,
     SnapshotId, TerminalReason,
 };
-use storage::record::validate_record;
-use storage::store::RunStore;
 use storage::testing::pg;
 use storage::{BackendSpec, Generation, ManualClock, PgStore, StorageHandle};
 
-const NOW: i64 = 1_800_000_000_000;
-const LEASE: i64 = 30_000;
 const ROUNDS: usize = 30;
-const ROWS: usize = 5;
-
-const DEAD: &str = "20270115T080000Z-deaddead";
-const GENS: [&str; 3] = ["20270115T090000Z-aaaaaaaa", "20270115T100000Z-bbbbbbbb", "20270115T110000Z-cccccccc"];
 
 fn open(url: &str) -> PgStore {
     PgStore::open(url).expect("open")
-}
-
-fn admission(thread: &str, run_id: &str, gen: &str, now: i64) -> Admit {
-    let request = json!({"thread": thread, "channel": "C1", "user": "U1", "text": format!("from {gen}")});
-    Admit {
-        thread_key: thread.to_owned(),
-        gen: gen.to_owned(),
-        run_id: run_id.to_owned(),
-        request: request.clone(),
-        meta: json!({
-            "agent": "demo", "model": "m1", "label": "race", "threadKey": thread, "channelId": "C1",
-            "userId": "U1", "channelVisibility": "public", "deadline": now + 600_000, "request": request
-        }),
-        key: None,
-        lease_ms: LEASE,
-    }
-}
-
-fn promotion() -> Promotion {
-    Promotion { system_text: "sys".into(), tools: json!([]), state: Default::default(), lease_ms: LEASE }
-}
-
-fn ev(seq: u64, text: &str) -> Value {
-    json!({"type": "note", "seq": seq, "at": NOW, "kind": "progress", "summary": text})
-}
-
-fn step(step: u64) -> StepRecord {
-    StepRecord {
-        step,
-        seq: step,
-        turn_index: 2 * step + 1,
-        in_flight: vec![InFlight { call_id: format!("c{step}"), tool: "search".to_owned() }],
-        inbox_consumed_seq: None,
-        remaining_ms: 1_000,
-        turn: step,
-        iteration: step,
-    }
-}
-
-fn taken_ids(a: &ReclaimAnswer) -> BTreeSet<String> {
-    a.taken.iter().map(|t| t.row.run_id.clone()).collect()
-}
-
-/// Run `f(i, store)` on one thread per store, released together; answers the results in order.
-fn race<S: Send, R: Send>(stores: &mut [S], f: impl Fn(usize, &mut S) -> R + Sync) -> Vec<R> {
-    let barrier = Barrier::new(stores.len());
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = stores
-            .iter_mut()
-            .enumerate()
-            .map(|(i, s)| {
-                let (barrier, f) = (&barrier, &f);
-                scope.spawn(move || {
-                    barrier.wait();
-                    f(i, s)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("contender thread")).collect()
-    })
 }
 
 #[test]
@@ -112,65 +45,7 @@ fn three_hosts_reclaiming_the_same_expired_rows_each_row_has_exactly_one_winner(
     let url = pg::database();
     let mut dead = open(&url);
     let mut hosts: Vec<PgStore> = GENS.iter().map(|_| open(&url)).collect();
-    let mut wins = [0usize; 3];
-    for round in 0..ROUNDS {
-        let t0 = NOW + round as i64 * 10 * LEASE;
-        let ids: Vec<String> = (0..ROWS).map(|i| format!("r{round:03}-{i}")).collect();
-        for (i, id) in ids.iter().enumerate() {
-            let thread = format!("C1:r{round}-{i}");
-            assert_eq!(dead.admit(&admission(&thread, id, DEAD, t0), t0).unwrap(), AdmitOutcome::Started { run_id: id.clone() });
-            assert_eq!(dead.claim(id, DEAD, &promotion(), t0).unwrap(), Ok(Claimed::Promoted));
-            assert_eq!(dead.append(id, DEAD, &[ev(1, "one")]).unwrap(), Ok(()));
-            assert_eq!(dead.step(id, DEAD, &step(1)).unwrap(), Ok(()));
-        }
-        // Every survivor reclaims at the lease end (equal-now is expired), released together.
-        let at = t0 + LEASE;
-        let answers = race(&mut hosts, |i, s| s.reclaim(GENS[i], at, LEASE, &[]).expect("a race is retried, never an error"));
-        let taken: Vec<BTreeSet<String>> = answers.iter().map(taken_ids).collect();
-        let want: BTreeSet<String> = ids.iter().cloned().collect();
-        let mut all = BTreeSet::new();
-        for t in &taken {
-            assert!(t.is_disjoint(&all), "round {round}: a row taken twice: {taken:?}");
-            all.extend(t.iter().cloned());
-        }
-        assert_eq!(all, want, "round {round}: every row has a winner");
-        for id in &ids {
-            let w = taken.iter().position(|t| t.contains(id)).expect("a winner");
-            let t = answers[w].taken.iter().find(|t| &t.row.run_id == id).unwrap();
-            assert_eq!((t.prior_owner.as_str(), t.last_step.clone()), (DEAD, Some(step(1))));
-            for (l, loser) in answers.iter().enumerate().filter(|(l, _)| *l != w) {
-                let seen = loser.live_elsewhere.iter().find(|r| &r.run_id == id);
-                let seen = seen.unwrap_or_else(|| panic!("round {round}: host {l} does not see {id} live elsewhere"));
-                assert_eq!((seen.owner_gen.as_str(), seen.lease_until), (GENS[w], at + LEASE), "round {round}: {id}");
-            }
-            wins[w] += 1;
-        }
-
-        // The zombie is fenced on every write and changes nothing.
-        let z = &ids[0];
-        let mut reader = open(&url);
-        let row_before = reader.get_live(z).unwrap().expect("row");
-        let events_before = reader.live_events(z, 0, 100).unwrap();
-        assert_eq!(dead.append(z, DEAD, &[ev(2, "zombie")]).unwrap(), Err(Refusal::Fenced { run_id: z.clone() }));
-        assert_eq!(dead.step(z, DEAD, &step(2)).unwrap(), Err(Refusal::Fenced { run_id: z.clone() }));
-        let rec = validate_record(&json!({
-            "id": z, "channelId": "C1", "userId": "U1", "threadKey": format!("C1:r{round}-0"),
-            "channelVisibility": "public", "startedAt": t0, "finishedAt": at + 1, "status": "completed",
-            "eventCount": 1, "storedEventCount": 1, "truncated": false, "events": [ev(1, "zombie final")]
-        }))
-        .unwrap();
-        assert_eq!(dead.finish(z, DEAD, &rec, None, at + 1).unwrap(), Err(Refusal::Fenced { run_id: z.clone() }));
-        assert_eq!(reader.get_live(z).unwrap(), Some(row_before), "round {round}: the zombie changed the row");
-        assert_eq!(reader.live_events(z, 0, 100).unwrap(), events_before);
-        assert_eq!(reader.get(z, at + 1).unwrap(), None, "round {round}: the zombie's finish wrote a record");
-
-        // The winners clean up, so the next round starts from an empty ledger.
-        for id in &ids {
-            let w = taken.iter().position(|t| t.contains(id)).unwrap();
-            assert_eq!(hosts[w].abandon(id, GENS[w]).unwrap(), Ok(()), "round {round}: {id}");
-        }
-        assert!(reader.list_live().unwrap().is_empty());
-    }
+    let wins = reclaim_rounds(&mut dead, &mut hosts, ROUNDS, || open(&url));
     eprintln!("rows won: {wins:?}");
 }
 
@@ -180,7 +55,7 @@ fn three_hosts_admitting_onto_one_free_thread_start_exactly_one_run_and_steer_th
     let mut hosts: Vec<PgStore> = GENS.iter().map(|_| open(&url)).collect();
     for round in 0..ROUNDS {
         let thread = format!("C1:admit-{round}");
-        let outcomes = race(&mut hosts, |i, s| {
+        let outcomes = contend(&mut hosts, |i, s| {
             let run = format!("a{round:03}-{i}");
             s.admit(&admission(&thread, &run, GENS[i], NOW), NOW).expect("a race is retried, never an error")
         });
@@ -298,12 +173,7 @@ fn three_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_win
     let mut hosts: Vec<PgStore> = GENS.iter().map(|_| open(&url)).collect();
     for round in 0..10 {
         let t0 = NOW + round as i64 * 10 * LEASE;
-        let ids: Vec<String> = (0..ROWS).map(|i| format!("p{round:03}-{i}")).collect();
-        for (i, id) in ids.iter().enumerate() {
-            let thread = format!("C1:p{round}-{i}");
-            assert_eq!(dead.admit(&admission(&thread, id, DEAD, t0), t0).unwrap(), AdmitOutcome::Started { run_id: id.clone() });
-            assert_eq!(dead.claim(id, DEAD, &promotion(), t0).unwrap(), Ok(Claimed::Promoted));
-        }
+        let ids = dead_rows(&mut dead, "p", round, t0, false);
         let at = t0 + LEASE;
         let mut contenders: Vec<Contender> = GENS.iter().map(|g| Contender::start(&url, g, at)).collect();
         for c in &mut contenders {
@@ -356,7 +226,7 @@ fn a_completion_and_a_cleanup_racing_on_one_database_have_exactly_one_winner() {
             reason: TerminalReason::ProviderError,
             diagnostic: "lost?".into(),
         };
-        let out = race(&mut hosts, |i, s| {
+        let out = contend(&mut hosts, |i, s| {
             if i == 0 {
                 s.complete_suggestions(&r.request_id, &bind, &cards, NOW).expect("never an error")
             } else {

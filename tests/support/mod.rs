@@ -1,6 +1,9 @@
-//! Shared helpers for end-to-end tests: start the real app on 127.0.0.1:0 over a temp data dir.
+//! Shared helpers for end-to-end tests: start the real app on 127.0.0.1:0 over a temp data dir; [`child`]:
+//! the real binary as a child process.
 
 #![allow(dead_code)]
+
+pub mod child;
 
 use std::path::PathBuf;
 

@@ -31,6 +31,7 @@
 //! - after a fence nothing more from this process reaches the thread: no answer, no webhook, no record;
 //! - a detached run (a ledger write failed permanently) keeps running best-effort but is never resumed.
 
+mod launch;
 pub mod machine;
 mod record;
 mod work;
@@ -56,7 +57,8 @@ use crate::registry::{Registry, RunMeta};
 use crate::tools::Toolbox;
 use machine::{Effect, End, Msg, RunState, Written};
 pub use record::{admitted_successor, assemble_record, build_record, close_row, meta_from_row, RecordExtras};
-use work::{Delivery, Gate, Launched, Run};
+use launch::Launched;
+use work::{Delivery, Gate, Run};
 
 /// An admitted message, as saved in `meta.request` and replayed by a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -425,9 +427,9 @@ impl Actor for RunActor {
         let deps = self.deps.clone();
         let fut = async move {
             match launch {
-                Launch::Fresh { id, meta, request, started_at } => work::fresh(deps, id, meta, request, started_at).await,
-                Launch::Resume(adoption) => work::resume(deps, adoption).await,
-                Launch::Restart { row, events, from_gen } => work::restart(deps, row, events, from_gen).await,
+                Launch::Fresh { id, meta, request, started_at } => launch::fresh(deps, id, meta, request, started_at).await,
+                Launch::Resume(adoption) => launch::resume(deps, adoption).await,
+                Launch::Restart { row, events, from_gen } => launch::restart(deps, row, events, from_gen).await,
             }
         };
         self.spawn(ctx, fut, Completion::Launched);

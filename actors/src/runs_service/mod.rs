@@ -8,7 +8,7 @@
 //!
 //! Precedence is registry > ledger > store, and a run in several sources is ONE row.
 //!
-//! Who uses it: `web` (API, SSE, HTML) and `src/cli.rs` (through the API). Every read takes the caller's
+//! Who uses it: `web` (API, SSE, HTML) and `src/cli/` (through the API). Every read takes the caller's
 //! [`VisibilityFilter`](storage::record::VisibilityFilter); a run outside it answers exactly as an unknown
 //! run does ([`RunsError::NotFound`]).
 //!

@@ -125,6 +125,26 @@ fn plan_error(e: PlanError) -> ApiError {
     }
 }
 
+/// What the routes on one suggestion request share, in their order: the scope (401/403), the plan and
+/// request ids from the path (a malformed one is not found, as an unknown one), then `op` on the
+/// coordinator with them — its answer is the 200 body, a [`PlanError`] its status (see [`plan_error`]).
+async fn on_request<Fut>(
+    req: &HttpRequest,
+    state: &AppState,
+    scope: &'static str,
+    path: web::Path<(String, String)>,
+    op: impl FnOnce(PlanId, RequestId) -> Fut,
+) -> Result<HttpResponse, ApiError>
+where
+    Fut: std::future::Future<Output = Result<Value, PlanError>>,
+{
+    state.auth.require(req, scope)?;
+    let (id, rid) = path.into_inner();
+    let (plan_id, request_id) = request_path(&id, &rid)?;
+    let body = op(plan_id, request_id).await.map_err(plan_error)?;
+    Ok(HttpResponse::Ok().json(body))
+}
+
 fn refusal_response(status: StatusCode, code: &str, message: String, extra: Value) -> HttpResponse {
     let mut body = json!({"error": code, "message": message});
     if let (Value::Object(b), Value::Object(x)) = (&mut body, extra) {
@@ -236,17 +256,11 @@ pub async fn start_suggestion(
     ),
     security((), ("bearer" = ["runs:read"]))
 )]
-pub async fn get_suggestion(
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    state: web::Data<AppState>,
-    plans: web::Data<PlanHandle>,
-) -> Result<HttpResponse, ApiError> {
-    state.auth.require(&req, RUNS_READ)?;
-    let (id, rid) = path.into_inner();
-    let (plan_id, request_id) = request_path(&id, &rid)?;
-    let view = plans.suggestion(&plan_id, request_id).await.map_err(plan_error)?;
-    Ok(HttpResponse::Ok().json(view_json(&view)))
+pub async fn get_suggestion(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<AppState>, plans: web::Data<PlanHandle>) -> Result<HttpResponse, ApiError> {
+    on_request(&req, &state, RUNS_READ, path, |plan_id, request_id| async move {
+        plans.suggestion(&plan_id, request_id).await.map(|view| view_json(&view))
+    })
+    .await
 }
 
 /// `POST /api/plans/{id}/suggestions/{rid}/cancel`: the request settles `cancelled` at once (unless it
@@ -264,17 +278,11 @@ pub async fn get_suggestion(
     ),
     security((), ("bearer" = ["runs:write"]))
 )]
-pub async fn cancel_suggestion(
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    state: web::Data<AppState>,
-    plans: web::Data<PlanHandle>,
-) -> Result<HttpResponse, ApiError> {
-    state.auth.require(&req, RUNS_WRITE)?;
-    let (id, rid) = path.into_inner();
-    let (plan_id, request_id) = request_path(&id, &rid)?;
-    let view = plans.cancel(&plan_id, request_id).await.map_err(plan_error)?;
-    Ok(HttpResponse::Ok().json(view_json(&view)))
+pub async fn cancel_suggestion(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<AppState>, plans: web::Data<PlanHandle>) -> Result<HttpResponse, ApiError> {
+    on_request(&req, &state, RUNS_WRITE, path, |plan_id, request_id| async move {
+        plans.cancel(&plan_id, request_id).await.map(|view| view_json(&view))
+    })
+    .await
 }
 
 /// `POST /api/plans/{id}/suggestions/{rid}/dismiss`: explicit user dismissal of a ready reply; 409 when
@@ -292,17 +300,11 @@ pub async fn cancel_suggestion(
     ),
     security((), ("bearer" = ["runs:write"]))
 )]
-pub async fn dismiss_suggestion(
-    req: HttpRequest,
-    path: web::Path<(String, String)>,
-    state: web::Data<AppState>,
-    plans: web::Data<PlanHandle>,
-) -> Result<HttpResponse, ApiError> {
-    state.auth.require(&req, RUNS_WRITE)?;
-    let (id, rid) = path.into_inner();
-    let (plan_id, request_id) = request_path(&id, &rid)?;
-    let row = plans.dismiss(&plan_id, request_id).await.map_err(plan_error)?;
-    Ok(HttpResponse::Ok().json(request_json(&row)))
+pub async fn dismiss_suggestion(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<AppState>, plans: web::Data<PlanHandle>) -> Result<HttpResponse, ApiError> {
+    on_request(&req, &state, RUNS_WRITE, path, |plan_id, request_id| async move {
+        plans.dismiss(&plan_id, request_id).await.map(|row| request_json(&row))
+    })
+    .await
 }
 
 /// `POST /api/plans/{id}/import` with `{snapshotId, advanceRevision?}` (default `true`): creates the plan

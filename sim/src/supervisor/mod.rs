@@ -1,24 +1,33 @@
 //! A process's supervisor-like loop, simulated: admission (`ThreadSlot` + the ledger's atomic `admit`),
-//! boot and the periodic reclaim sweep (classify → resume / restart / close with a successor; orphans of
-//! this generation re-adopted), the heartbeat (lease renewal, stop relay, fence news), the flusher, stop
-//! and kill, the drain (SIGTERM: hand off at step boundaries, exit), the run actors' endings and the
-//! history writer's fire-and-forget writes. Each mirrors `actors::supervisor` (`admission.rs`,
-//! `recovery.rs`, `drain.rs`, `kill.rs`, `mod.rs`), `actors::heartbeat`, `actors::flusher` and
-//! `actors::history`; every storage call goes through [`World::io`] so faults land on it.
+//! boot and the periodic reclaim sweep (classify → resume / restart / close with a successor), the
+//! heartbeat (lease renewal, stop relay, fence news), the flusher, stop and kill, the drain (SIGTERM: hand
+//! off at step boundaries, exit) and the run actors' endings. Each mirrors `actors::supervisor`
+//! (`admission.rs`, `recovery.rs`, `drain.rs`, `kill.rs`, `mod.rs`), `actors::heartbeat` and
+//! `actors::flusher`; every storage call goes through [`World::io`] so faults land on it.
+//!
+//! # Layout
+//! - this module: the task dispatch, admission, the heartbeat and the flusher, the sweep, run endings,
+//!   stop and kill, the drain;
+//! - `history`: closing a row and every record write (the ledger's finish with its successor, a plain
+//!   put, the history writer's fire-and-forget writes: `actors::history`);
+//! - `orphans`: this generation's rows no actor drives, re-adopted or closed.
 
-use std::collections::BTreeSet;
+mod history;
+mod orphans;
 
 use actors::registry::RunMeta;
-use actors::run::{assemble_record, meta_from_row, Adoption, Launch, RecordExtras, Request, StopReason};
+use actors::run::{Adoption, Launch, RecordExtras, Request, StopReason};
 use rand::Rng;
 use serde_json::{json, Value};
-use storage::ledger::{decisions, Admit, AdmitOutcome, LiveRow, Outcome, Phase, Reclaimed, ReceiptKey, Refusal, RunLedger, Successor};
-use storage::record::{ChannelVisibility, RunRecord, RunStatus};
-use storage::store::PutOutcome;
-use storage::{MemoryStore, RunStore};
+use storage::ledger::{decisions, Admit, AdmitOutcome, LiveRow, Phase, Reclaimed, ReceiptKey, Refusal, RunLedger};
+use storage::record::{ChannelVisibility, RunStatus};
+use storage::RunStore;
 
 use crate::run::{self, ActorMsg};
 use crate::world::{Io, Kind, Status, World, DRAIN_DEADLINE_MS, FLUSH_MS, HANDOFF_BUDGET_MS, HEARTBEAT_MS, LEASE_MS, BUDGET_MS};
+pub use history::{admitted_successor, close_unstartable, history_attempt, Attempt, Via};
+use history::{close_row, history, launch_successor};
+use orphans::{attend, close_orphan, readopt};
 
 /// Most sweeps a row of this generation may fail to re-adopt before it closes `interrupted`.
 const MAX_READOPT_FAILURES: u32 = 3;
@@ -26,15 +35,6 @@ const MAX_READOPT_FAILURES: u32 = 3;
 const BUSY_WAIT_MS: i64 = 5_000;
 /// The history writer's retry delays (SPEC §5.4), each jittered ±50 %.
 const HISTORY_BACKOFF_MS: [i64; 2] = [1_000, 4_000];
-
-/// Which operation carries a history write.
-#[derive(Debug, Clone)]
-pub enum Via {
-    /// A plain store put; `detached` when a detached run writes its own record best-effort.
-    Store { detached: bool },
-    /// The ledger's finish under `gen`, admitting `successor` in the same transaction.
-    Ledger { gen: String, successor: Option<Successor> },
-}
 
 /// One reclaim pass, a task per stage so a crash can land between rows.
 pub struct SweepState {
@@ -407,339 +407,6 @@ fn take_row(w: &mut World, slot: usize, r: Reclaimed) -> Result<Fate, String> {
             None => Fate::Closed(close_row(w, slot, &r.row, events, RunStatus::Interrupted, "no step record", true)?),
         },
     })
-}
-
-/// Close a row with a record built from the row and its live events, through the finish transaction,
-/// which admits the successor for its unread inbox (`run::close_row`).
-fn close_row(
-    w: &mut World,
-    slot: usize,
-    row: &LiveRow,
-    mut events: Vec<Value>,
-    status: RunStatus,
-    reason: &str,
-    with_successor: bool,
-) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
-    // The workspace fence goes to the closer first, so an old owner that wakes up later cannot write into
-    // the workspace of a run already closed (best effort: a missing workspace keeps no fence).
-    if w.model.workspace_exists(&row.run_id) {
-        let gen = w.procs[slot].gen.clone();
-        if let Some(owner) = w.peek().get_live(&row.run_id).ok().flatten().map(|r| r.owner_gen).filter(|o| *o != gen) {
-            w.violate(
-                "only the run's owner takes its workspace",
-                format!("{gen} takes the workspace fence of {} to close it, while {owner} owns the run", row.run_id),
-            );
-        }
-        w.model.take_workspace(&row.run_id, &format!("{gen}#close"));
-    }
-    let meta = meta_from_row(row);
-    let now = w.now();
-    let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
-    let record = assemble_record(&row.run_id, &meta, row.started_at, now, status, events, last + 1, false, Default::default())
-        .ok_or("the row does not make a valid record")?;
-    let successor = with_successor.then(|| Successor { run_id: w.mint_run("s"), lease_ms: LEASE_MS, inbox_consumed: None });
-    let successor_id = successor.as_ref().map(|s| s.run_id.clone());
-    let gen = w.procs[slot].gen.clone();
-    if status == RunStatus::Interrupted {
-        w.model.closed_interrupted(&row.run_id, reason);
-    }
-    match finish_tx(w, slot, &gen, &record, successor) {
-        Ok(Ok(_)) => Ok(successor_id.and_then(|id| admitted_successor(w, slot, &id))),
-        Ok(Err(refusal)) => Err(refusal.to_string()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Close a row this generation holds that cannot run (`close_unstartable`).
-pub fn close_unstartable(w: &mut World, slot: usize, row: &LiveRow, events: Vec<Value>, reason: &str) -> (StopReason, Option<(LiveRow, Vec<Value>)>) {
-    w.procs[slot].registry.discard(&row.run_id);
-    match close_row(w, slot, row, events, RunStatus::Interrupted, reason, true) {
-        Ok(successor) => (StopReason::Finished(RunStatus::Interrupted), successor),
-        Err(_) => (StopReason::StorageLost, None),
-    }
-}
-
-/// The successor a finish admitted under this generation (`admitted_successor`).
-pub fn admitted_successor(w: &mut World, slot: usize, id: &str) -> Option<(LiveRow, Vec<Value>)> {
-    let gen = w.procs[slot].gen.clone();
-    let row = w.io(slot, Io::Read, |s, _| s.get_live(id)).ok()??;
-    if row.owner_gen != gen || row.phase != Phase::Attaching {
-        return None;
-    }
-    let events = w.io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1)).ok()??;
-    Some((row, events))
-}
-
-/// The ledger's finish with its successor admission, as one transaction (`storage::handle::finish_in`),
-/// and what the world model learns from it.
-pub fn finish_tx(w: &mut World, slot: usize, gen: &str, record: &RunRecord, successor: Option<Successor>) -> storage::Result<Outcome<PutOutcome>> {
-    let id = record.head.id.clone();
-    let thread = record.head.thread_key.clone();
-    let before = w.peek().get_live(&id).ok().flatten();
-    let out = w.io(slot, Io::Write, |s, now| finish_in(s, gen, record, successor.as_ref(), now));
-    let after = w.peek().get_live(&id).ok().flatten();
-    if before.is_some() && after.is_none() {
-        w.model.closed(&id, gen, record.head.status);
-    }
-    if let Some(s) = successor {
-        if w.peek().get_live(&s.run_id).ok().flatten().is_some() {
-            w.model.started(&s.run_id, &thread);
-            crate::model::check_successor_disjoint(w, record, &s.run_id);
-        }
-    }
-    out
-}
-
-/// One transaction: the ledger's `finish` of `record` and, when the run left unread follow-ups past what
-/// it consumed, the admission of their successor with its first events (`storage::handle::finish_in`,
-/// step for step; the memory store has no rollback, and nothing after `finish` can refuse here: the
-/// thread was just freed and the successor's id is fresh).
-fn finish_in(s: &mut MemoryStore, gen: &str, record: &RunRecord, successor: Option<&Successor>, now: i64) -> storage::Result<Outcome<PutOutcome>> {
-    let id = record.head.id.as_str();
-    let admission = match successor {
-        None => None,
-        Some(succ) => match s.get_live(id)? {
-            None => None,
-            Some(row) => {
-                let stepped = s.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
-                let consumed = stepped.max(succ.inbox_consumed);
-                let unread = s.inbox_after(id, consumed)?;
-                storage::ledger::successor_admission(&row, gen, &unread, succ, now)
-            }
-        },
-    };
-    let out = s.finish(id, gen, record, None, now)?;
-    if let (Ok(_), Some((admit, events))) = (&out, admission) {
-        match s.admit(&admit, now)? {
-            AdmitOutcome::Started { .. } => {
-                s.append(&admit.run_id, gen, &events)?.map_err(|r| storage::Error::Unavailable(format!("successor events refused: {r}")))?;
-            }
-            other => return Err(storage::Error::Unavailable(format!("successor not admitted: {other:?}"))),
-        }
-    }
-    Ok(out)
-}
-
-/// A plain store put, and the check that no final record comes from a generation that lost the run.
-fn put_tx(w: &mut World, slot: usize, record: &RunRecord, detached: bool) -> storage::Result<Outcome<PutOutcome>> {
-    let gen = w.procs[slot].gen.clone();
-    let _ = detached;
-    if !record.head.provisional {
-        crate::model::check_record_writer(w, &gen, &record.head.id);
-    }
-    w.io(slot, Io::Write, |s, now| RunStore::put(s, record, None, now)).map(Ok)
-}
-
-/// How one history write attempt went.
-pub enum Attempt {
-    Retry { via: Via, delay: i64 },
-    Done { landed: bool },
-}
-
-/// One attempt of the history writer (`Inner::drive`): an `UnknownRun` finish falls back to a plain put
-/// at once; a fenced finish writes nothing; transient failures get two retries (1 s, then 4 s, ±50 %).
-pub fn history_attempt(w: &mut World, slot: usize, record: &RunRecord, mut via: Via, spent: usize) -> Attempt {
-    let id = record.head.id.clone();
-    if record.head.provisional && w.procs[slot].finals.contains(&id) {
-        return Attempt::Done { landed: false }; // final beats provisional: stood down
-    }
-    if !record.head.provisional {
-        w.procs[slot].finals.insert(id.clone());
-    }
-    loop {
-        let answer = match &via {
-            Via::Ledger { gen, successor } => {
-                let gen = gen.clone();
-                finish_tx(w, slot, &gen, record, successor.clone())
-            }
-            Via::Store { detached } => put_tx(w, slot, record, *detached),
-        };
-        let transient = match answer {
-            Ok(Ok(_)) => return Attempt::Done { landed: true },
-            Ok(Err(Refusal::UnknownRun { .. })) if matches!(via, Via::Ledger { .. }) => {
-                w.note(|| format!("  {id}: the ledger has no live row; the record falls back to a plain put"));
-                via = Via::Store { detached: false };
-                continue;
-            }
-            Ok(Err(_)) => return Attempt::Done { landed: false },
-            Err(e) => matches!(e, storage::Error::Unavailable(_) | storage::Error::Sqlite(_) | storage::Error::Panicked(_)),
-        };
-        if !transient || spent >= HISTORY_BACKOFF_MS.len() {
-            w.note(|| format!("  {id}: the history write is lost"));
-            return Attempt::Done { landed: false };
-        }
-        let base = HISTORY_BACKOFF_MS[spent];
-        let delay = w.rng.random_range(base / 2..=base * 3 / 2);
-        return Attempt::Retry { via, delay };
-    }
-}
-
-/// A fire-and-forget history write; a ledger write with a successor launches it once settled (the
-/// supervisor's `close_failed`).
-fn history(w: &mut World, slot: usize, record: RunRecord, via: Via, spent: usize) {
-    let successor = match &via {
-        Via::Ledger { successor: Some(s), .. } => Some(s.run_id.clone()),
-        _ => None,
-    };
-    match history_attempt(w, slot, &record, via, spent) {
-        Attempt::Retry { via, delay } => w.spawn_in(slot, delay, Kind::History { record, via, spent: spent + 1 }),
-        Attempt::Done { .. } => {
-            if let Some(id) = successor {
-                let next = admitted_successor(w, slot, &id);
-                launch_successor(w, slot, next);
-            }
-        }
-    }
-}
-
-fn launch_successor(w: &mut World, slot: usize, successor: Option<(LiveRow, Vec<Value>)>) {
-    if let Some((row, events)) = successor {
-        run::start(w, slot, Launch::Restart { row, events, from_gen: None });
-    }
-}
-
-// ---- orphans: rows of this generation no actor drives (SPEC §6.1) ----
-
-/// Make orphans of this generation's rows that had no actor two sweeps running, and re-adopt (or, after
-/// too many failures, close) every orphan (`Supervisor::attend`).
-fn attend(w: &mut World, slot: usize, mine: &[String]) {
-    let p = &w.procs[slot];
-    if p.draining {
-        return;
-    }
-    let registry: BTreeSet<String> = p.registry.unfinished();
-    let idle: BTreeSet<String> = mine
-        .iter()
-        .chain(&registry)
-        .filter(|id| !p.runs.contains_key(*id) && !p.handed.contains(*id) && !p.orphans.contains_key(*id))
-        .cloned()
-        .collect();
-    let seen_twice: Vec<String> = idle.intersection(&p.unattended).cloned().collect();
-    for id in seen_twice {
-        if mine.contains(&id) {
-            w.note(|| format!("  {id}: a row of this generation has no actor"));
-            w.procs[slot].orphans.insert(id, 0);
-        } else {
-            w.procs[slot].registry.discard(&id);
-        }
-    }
-    w.procs[slot].unattended = idle;
-    if w.cfg.bugs.no_readopt {
-        return;
-    }
-    let orphans: Vec<(String, u32)> = w.procs[slot].orphans.iter().map(|(id, n)| (id.clone(), *n)).collect();
-    for (id, failures) in orphans {
-        if w.procs[slot].runs.contains_key(&id) {
-            w.procs[slot].orphans.remove(&id);
-        } else if failures >= MAX_READOPT_FAILURES {
-            let delay = w.io_latency();
-            w.spawn_in(slot, delay, Kind::CloseOrphan { run: id });
-        } else {
-            let delay = w.io_latency();
-            w.spawn_in(slot, delay, Kind::Readopt { run: id });
-        }
-    }
-}
-
-#[allow(clippy::large_enum_variant)] // one per re-adoption, moved once
-enum Readoption {
-    Launch(Launch),
-    Gone,
-    Closed(Option<(LiveRow, Vec<Value>)>),
-}
-
-/// Plan the re-adoption of this generation's own row, as a reclaim would plan it (`plan_readoption`).
-fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, String> {
-    let gen = w.procs[slot].gen.clone();
-    let Some(row) = w.io(slot, Io::Read, |s, _| s.get_live(id)).map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
-    if row.owner_gen != gen || row.phase == Phase::Handoff {
-        return Ok(Readoption::Gone);
-    }
-    if w.io(slot, Io::Read, |s, _| s.is_killed(id)).map_err(|e| e.to_string())? {
-        purge_killed(w, slot, id);
-        return Ok(Readoption::Closed(None));
-    }
-    let last_step = w.io(slot, Io::Read, |s, _| s.last_step(id)).map_err(|e| e.to_string())?;
-    let transcript = w.io(slot, Io::Read, |s, _| s.read_transcript(id)).map_err(|e| e.to_string())?;
-    let events = w.io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
-    let from_gen = Some(gen.clone());
-    let has_request = row.meta.get("request").is_some_and(Value::is_object);
-    // A recorded hard stop or a detached row closes exactly as a reclaim would close it.
-    if row.phase != Phase::Finishing {
-        if row.stop == Some(storage::ledger::StopMode::Hard) {
-            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::StoppedHard, "a hard stop was recorded", true)?));
-        }
-        if row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
-            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::DETACHED_REASON, true)?));
-        }
-    }
-    if row.phase == Phase::Attaching || last_step.is_none() {
-        if !has_request {
-            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON, true)?));
-        }
-        return Ok(Readoption::Launch(Launch::Restart { row, events, from_gen }));
-    }
-    let last_step = last_step.expect("checked above");
-    match decisions::completeness(transcript.len() as u64, Some(last_step.cursor())) {
-        Ok(point) => Ok(Readoption::Launch(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen: gen }))),
-        Err(reason) => Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, &reason, true)?)),
-    }
-}
-
-fn readopt(w: &mut World, slot: usize, id: String) {
-    match plan_readoption(w, slot, &id) {
-        Ok(Readoption::Launch(launch)) => {
-            w.procs[slot].orphans.remove(&id);
-            if w.procs[slot].runs.contains_key(&id) {
-                return; // an actor came back meanwhile
-            }
-            w.note(|| format!("  {id}: re-adopted"));
-            run::start(w, slot, launch);
-        }
-        Ok(Readoption::Gone) => {
-            let p = &mut w.procs[slot];
-            p.orphans.remove(&id);
-            if !p.runs.contains_key(&id) {
-                p.registry.discard(&id);
-            }
-        }
-        Ok(Readoption::Closed(successor)) => {
-            w.procs[slot].orphans.remove(&id);
-            launch_successor(w, slot, successor);
-        }
-        Err(_) => *w.procs[slot].orphans.entry(id).or_default() += 1,
-    }
-}
-
-fn close_orphan(w: &mut World, slot: usize, id: String) {
-    let gen = w.procs[slot].gen.clone();
-    let closed = (|| -> Result<Readoption, String> {
-        let Some(row) = w.io(slot, Io::Read, |s, _| s.get_live(&id)).map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
-        if row.owner_gen != gen {
-            return Ok(Readoption::Gone);
-        }
-        // A killed run is purged, never closed (its finish would be refused every sweep).
-        if w.io(slot, Io::Read, |s, _| s.is_killed(&id)).map_err(|e| e.to_string())? {
-            purge_killed(w, slot, &id);
-            return Ok(Readoption::Closed(None));
-        }
-        let events = w.io(slot, Io::Read, |s, _| s.live_events(&id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
-        w.model.tainted.insert(id.clone());
-        let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
-        Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, &why, true)?))
-    })();
-    match closed {
-        Ok(Readoption::Closed(successor)) => {
-            w.procs[slot].orphans.remove(&id);
-            launch_successor(w, slot, successor);
-        }
-        Ok(_) => {
-            w.procs[slot].orphans.remove(&id);
-            w.procs[slot].registry.discard(&id);
-        }
-        Err(_) => {}
-    }
 }
 
 // ---- run endings and the restart policy ----

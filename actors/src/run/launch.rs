@@ -1,0 +1,278 @@
+//! The launch paths (SPEC §5.2, §6.2, §6.3): a fresh run (tombstone, promote, seed), a restart from a
+//! row's saved request, and a resume from a row's transcript. Each builds the run's [`Run`] data and
+//! answers where it stands, or closes a row it cannot run; the effects that follow live in [`super::work`].
+//!
+//! Invariants: a promoted row always has its seed (the promotion and the step-0 record share one commit),
+//! and no tool runs before the workspace fence names this incarnation.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use storage::ledger::decisions::{self, ResumePoint, Settlement};
+use storage::ledger::{LiveRow, Promotion};
+use storage::record::RunStatus;
+
+use super::machine::{Started, Written};
+use super::record::{build_record, close_unstartable, meta_from_row, RecordExtras};
+use super::work::{retry_transient, summarize, Run, ToolRunner, MAX_WRITE_RETRY, WRITE_RETRY};
+use super::{Adoption, Ended, Request, RunDeps, StopReason};
+use crate::agent::{self, AssistantTurn, ToolResult};
+use crate::history::Via;
+use crate::registry::RunMeta;
+
+/// Retry delays of the promotion claim (SPEC §5.5).
+const CLAIM_RETRIES: [Duration; 2] = [Duration::from_millis(200), Duration::from_millis(800)];
+
+/// How a launch went: the run's data and where it stands, or the row closed without running.
+pub(super) enum Launched {
+    Run(Box<Run>, Started),
+    Over(Ended),
+}
+
+/// A run admitted here: tombstone, promote, seed.
+pub(super) async fn fresh(deps: RunDeps, id: String, meta: RunMeta, request: Request, started_at: i64) -> Launched {
+    let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
+        // The slot checks the agent before admitting; a config reload could still race it.
+        tracing::error!(run_id = %id, agent = %meta.agent, "unknown agent; abandoning the reservation");
+        let _ = deps.storage.abandon(id.clone(), deps.gen.as_str().to_owned()).await;
+        deps.registry.discard(&id);
+        return Launched::Over((StopReason::Finished(RunStatus::Failed), None));
+    };
+    let deadline = started_at + agent.budget_ms;
+    let run = Run::new(deps, id, meta, deadline, agent);
+    // Tombstone: a provisional record, so a crash before the finish still leaves a trace.
+    let tombstone = RecordExtras { provisional: true, ..Default::default() };
+    if let Some(tomb) = build_record(&run.deps, &run.id, RunStatus::Interrupted, started_at, tombstone) {
+        run.deps.history.write(tomb, Via::Store);
+    }
+    promote(run, &request.text).await
+}
+
+/// Take the workspace, promote the reserved row and seed the transcript (SPEC §5.2 steps 4–5): from here
+/// the run is resumable.
+async fn promote(mut run: Run, request_text: &str) -> Launched {
+    // The workspace fence names this generation before any tool runs (SPEC §8.3).
+    if let Err(why) = take_workspace(&run, crate::tools::TakeMode::Create).await {
+        return Launched::Run(Box::new(run), Started::Fail(why));
+    }
+    let mut state = Map::new();
+    state.insert("binding".into(), json!({"workspace": run.workspace.display().to_string()}));
+    let promotion = Promotion { system_text: run.system.clone(), tools: json!(run.tool_defs), state, lease_ms: run.deps.lease_ms };
+    // The promotion and the seed (the first model call's messages and the step-0 record) share one
+    // commit: the run is resumable exactly when its seed is durable.
+    let seed = run.step_write(vec![agent::system_turn(&run.system), agent::user_turn(request_text)], &[]);
+    let seeded = seed.is_some();
+    let (s, id, gen) = (run.deps.storage.clone(), run.id.clone(), run.gen.clone());
+    let claim = || {
+        let (s, id, gen, promotion, seed) = (s.clone(), id.clone(), gen.clone(), promotion.clone(), seed.clone());
+        async move {
+            match seed {
+                Some(seed) => s.promote(id, gen, promotion, seed).await,
+                None => s.claim(id, gen, promotion).await,
+            }
+        }
+    };
+    let started = Instant::now();
+    let mut answer = claim().await;
+    for delay in CLAIM_RETRIES {
+        if !answer.as_ref().is_err_and(storage::Error::is_transient) {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        answer = claim().await;
+    }
+    let answer = if answer.as_ref().is_err_and(storage::Error::is_transient) {
+        retry_transient(run.deps.lease_ms, claim).await
+    } else {
+        Some(answer)
+    };
+    if seeded && answer.is_some() {
+        run.deps.metrics.step_commit(started.elapsed());
+    }
+    let written = run.settle("promotion", answer);
+    if seeded && matches!(written, Written::Ok) {
+        run.deps.metrics.steps.inc(); // the seed's step record
+    }
+    run.turns.remove(0); // `turns` holds what follows the system turn
+    let started = match written {
+        Written::Ok => Started::Continue,
+        Written::Fenced => Started::Fenced,
+        Written::Lost => Started::Lost,
+    };
+    Launched::Run(Box::new(run), started)
+}
+
+/// Take the run's workspace for this generation (SPEC §8.3 workspace fencing): rewrite its fence under
+/// the exclusive lock before any tool runs. A lock a paused old owner still holds is retried with backoff
+/// (a fence of this run aborts the launch meanwhile); any other failure is answered.
+async fn take_workspace(run: &Run, mode: crate::tools::TakeMode) -> Result<(), String> {
+    let mut delay = WRITE_RETRY;
+    loop {
+        match crate::tools::take_workspace_async(run.workspace.clone(), run.fence.clone(), mode).await {
+            Ok(()) => return Ok(()),
+            Err(crate::tools::WorkspaceError::Busy { .. }) => {
+                tracing::warn!(run_id = %run.id, generation = %run.gen, "workspace lock held by another owner; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_WRITE_RETRY);
+            }
+            Err(e) => return Err(format!("workspace: {e}")),
+        }
+    }
+}
+
+/// Re-run a row from its saved request: same id, original start and deadline; the first attempt's
+/// events replayed under their seqs, then `resumed`, then the steps (SPEC §6.3). A successor admitted
+/// here (`from_gen: None`) starts the same way, without `resumed`.
+pub(super) async fn restart(deps: RunDeps, row: LiveRow, events: Vec<Value>, from_gen: Option<String>) -> Launched {
+    let meta = meta_from_row(&row);
+    let request: Option<Request> = row.meta.get("request").and_then(|r| serde_json::from_value(r.clone()).ok());
+    let (Some(agent), Some(request)) = (deps.agents.get(&meta.agent).cloned(), request) else {
+        let reason = format!("cannot restart: agent {:?} is not configured here, or the saved request is unreadable", meta.agent);
+        return Launched::Over(close_unstartable(&deps, &row, events, &reason).await);
+    };
+    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + agent.budget_ms);
+    let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let token = deps.tokens.mint(&row.run_id);
+    let had_input = events.iter().any(|e| e["type"] == "input");
+    // Past anything the dead attempt may have published but not flushed; a first start just continues.
+    let next_seq = if from_gen.is_some() { highest + 1000 } else { highest + 1 };
+    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, next_seq);
+    let run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent);
+    if highest == 0 || !had_input {
+        // The first attempt's events never reached the ledger: publish the identity and request once.
+        run.publish(meta.event());
+        run.publish(json!({"type": "input", "text": request.text, "source": "request"}));
+    }
+    if let Some(from_gen) = from_gen {
+        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}));
+    }
+    promote(run, &request.text).await
+}
+
+/// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2): re-attach the
+/// workspace, settle the calls in flight, then the steps go on.
+pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
+    let row = a.row;
+    let meta = meta_from_row(&row);
+    let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
+        let reason = format!("cannot resume: agent {:?} is not configured here", meta.agent);
+        return Launched::Over(close_unstartable(&deps, &row, a.events, &reason).await);
+    };
+    let now = deps.clock.now_ms();
+    let highest = a.events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let token = deps.tokens.mint(&row.run_id);
+    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, a.events, highest + 1000);
+    let mut run = Run::new(deps, row.run_id.clone(), meta, now + a.last_step.remaining_ms, agent);
+    if !row.system_text.is_empty() {
+        run.system = row.system_text.clone();
+    }
+    // Re-attach the workspace the row is bound to; never migrate silently (SPEC §8.3).
+    if let Some(bound) = row.state.get("binding").and_then(|b| b.get("workspace")).and_then(Value::as_str) {
+        run.workspace = PathBuf::from(bound);
+    }
+    if let Err(why) = take_workspace(&run, crate::tools::TakeMode::Existing).await {
+        if !run.workspace.is_dir() {
+            let events = run.deps.registry.snapshot(&run.id).map(|(_, e)| e).unwrap_or_default();
+            let deps = run.deps.clone();
+            return Launched::Over(close_unstartable(&deps, &row, events, &format!("the run's workspace is missing ({why})")).await);
+        }
+        return Launched::Run(Box::new(run), Started::Fail(why));
+    }
+    run.turn_count = a.transcript.len() as u64;
+    run.turns = a.transcript.into_iter().skip(1).collect();
+    run.step = a.last_step.step;
+    run.iteration = a.last_step.iteration;
+    run.inbox_consumed = a.last_step.inbox_consumed_seq;
+    let last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+    if row.phase == storage::ledger::Phase::Finishing {
+        // Re-adopted past its finishing gate (after `StorageLost`): this process knows it never
+        // delivered the reply, so it continues the reply from the saved answer (SPEC §5.2 step 7).
+        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
+        let answer = row.state.get("answer").and_then(Value::as_str).unwrap_or(&last_text).to_owned();
+        return Launched::Run(Box::new(run), Started::Finish(answer));
+    }
+    let last_assistant = run.turns.last().and_then(AssistantTurn::from_turn);
+    // Which calls to settle, and whether the transcript already ends on the answer (a finish plan).
+    let mut calls = Vec::new();
+    let mut finish_plan = None;
+    match a.point {
+        ResumePoint::ResumeAt { .. } => {
+            let recorded: Vec<String> = a.last_step.in_flight.iter().map(|c| c.call_id.clone()).collect();
+            if let Some(turn) = &last_assistant {
+                let ids: Vec<String> = turn.calls.iter().map(|c| c.call_id.clone()).collect();
+                if let Err(reason) = decisions::in_flight_matches(&recorded, &ids) {
+                    run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
+                    return Launched::Run(Box::new(run), Started::Fail(reason));
+                }
+                if turn.calls.is_empty() {
+                    finish_plan = Some(turn.text.clone());
+                }
+                calls = turn.calls.clone();
+            }
+        }
+        ResumePoint::RunStepFresh { step } => {
+            // The step's turns landed but not its record: nothing was dispatched, run its calls fresh.
+            run.step = step;
+            run.iteration += 1;
+            calls = last_assistant.as_ref().map(|t| t.calls.clone()).unwrap_or_default();
+            if calls.is_empty() {
+                finish_plan = Some(last_text.clone());
+            }
+            if let Some(write) = run.durable_step(Vec::new(), &calls) {
+                let answer = write.await;
+                match run.settle("step record", answer) {
+                    Written::Ok => {}
+                    Written::Fenced => return Launched::Run(Box::new(run), Started::Fenced),
+                    Written::Lost => return Launched::Run(Box::new(run), Started::Lost),
+                }
+            }
+        }
+    }
+    let fresh_calls = matches!(a.point, ResumePoint::RunStepFresh { .. });
+    let how: Vec<Settlement> = calls
+        .iter()
+        .map(|call| {
+            if fresh_calls {
+                return Settlement::Rerun;
+            }
+            let def = run.tool_defs.iter().find(|d| d.name == call.tool);
+            decisions::settlement(
+                def.is_some(),
+                def.is_some_and(|d| d.side_effect_free),
+                def.is_some_and(|d| d.rerun_safe),
+                def.is_some_and(|d| d.idempotent),
+            )
+        })
+        .collect();
+    let settled: Vec<Value> = if fresh_calls {
+        Vec::new()
+    } else {
+        calls.iter().zip(&how).map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h})).collect()
+    };
+    run.publish(json!({"type": "resumed", "settled": settled, "fromGeneration": a.from_gen}));
+    if let Some(text) = finish_plan {
+        return Launched::Run(Box::new(run), Started::Finish(text));
+    }
+    if !calls.is_empty() {
+        let tools = ToolRunner::of(&run);
+        let mut results = Vec::with_capacity(calls.len());
+        for (call, how) in calls.iter().zip(how) {
+            match how.synthetic_text() {
+                None => results.push(tools.call(call).await),
+                Some(text) => {
+                    // A visible settlement: viewers see the call's effects are unknown (SPEC §6.2).
+                    let mut event = json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": false,
+                        "summary": summarize(&run.deps, text), "step": run.step});
+                    if how == Settlement::EffectsUnknown {
+                        event["effectsUnknown"] = json!(true);
+                    }
+                    run.publish(event);
+                    results.push(ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: false, output: text.to_owned() });
+                }
+            }
+        }
+        run.pending = Some(agent::results_turn(&results, &[]));
+    }
+    Launched::Run(Box::new(run), Started::Continue)
+}
