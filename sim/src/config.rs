@@ -185,14 +185,6 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
          strands a follow-up it consumed) (SPEC §1.1, seed #36)",
     },
     KnownIssue {
-        invariant: "finishing re-adoption never replays the reply",
-        witness: 1517,
-        what: "when the final record's write is lost (the history writer's retries spent during an outage), the row \
-         stays `finishing` under the generation, the actor ends `Finished`, and the next sweeps re-adopt the \
-         orphan: the resume continues the reply from the saved answer and delivers it a second time — the \
-         process did deliver it, it only failed to record it (SPEC §5.2 step 7)",
-    },
-    KnownIssue {
         invariant: "detached runs run no unrecorded mutating call",
         witness: 44,
         what: "a detached run continues best-effort and dispatches mutating calls with no step record, or on a \
@@ -202,25 +194,6 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
          reclaim's step record and a transcript read later (another generation wrote a step meanwhile), \
          resumes `RunStepFresh`, and a permanent failure of that first write detaches it instead of \
          fencing it, so it re-runs the new owner's calls (SPEC §5.5, §6.1)",
-    },
-    KnownIssue {
-        invariant: "a run past its finishing gate is never resumed",
-        witness: 31889,
-        what: "a reclaim moves a `finishing` row to `live` before it classifies it; since 08953ef the \
-         classification closes any row carrying `state.finalStatus`, but re-adoption (`plan_readoption`) \
-         does not classify: a generation whose reclaim of a dead owner's finishing row committed while its \
-         sweep then failed (a lost reply, an outage) finds the row as its own orphan, `live` with a final \
-         status, and resumes it from its transcript, which ends on the answer: the reply goes out again \
-         (SPEC §6.1)",
-    },
-    KnownIssue {
-        invariant: "re-adoption keeps the final status",
-        witness: 3809,
-        what: "re-adopting a row in `finishing` starts a fresh machine with `Started::Finish(answer)`, which \
-         concludes `completed` (the stop or failure that decided the committed `state.finalStatus` is not \
-         carried over); the gate then reads back `stopped_soft` / `stopped_hard` / `failed`, answers \
-         `Fenced`, the actor ends, and the next sweep re-adopts it again: the run never ends while this \
-         process lives (SPEC §5.2 step 7)",
     },
     KnownIssue {
         invariant: "only the run's owner takes its workspace",

@@ -14,9 +14,7 @@
 //! | `tools after their step record` | at each effect of a tracked run | the call is not in the ledger's step record |
 //! | `one driver per run` | at each reclaim and launch | a process takes or launches a run one of its own actors still drives |
 //! | `one reply per run` | at each reply | a tracked run's answer delivered twice (a detached run replies best-effort) |
-//! | `finishing re-adoption never replays the reply` | at each reply | a re-adopted `finishing` row replies again after its own generation already replied |
-//! | `a run past its finishing gate is never resumed` | at each resume | a row holding a final status is continued from its transcript |
-//! | `re-adoption keeps the final status` | at a re-adopted gate | a re-adopted `finishing` row is gated with another status than the committed one |
+//! | `a run past its finishing gate is never resumed` | at each resume | a row in `finishing` or holding a final status is continued from its transcript |
 //! | `a folded follow-up keeps its input event` | at each fold | a follow-up is consumed while its `input` event has nowhere to go |
 //! | `only the run's owner takes its workspace` | at each launch | the workspace fence is rewritten by a process that does not own the run |
 //! | `a finish and its successor share no follow-up` | at each finish with a successor | a follow-up is an input of the finished record and of the run admitted for the unread inbox |
@@ -79,8 +77,8 @@ pub struct Model {
     pub killed_threads: BTreeSet<String>,
     /// Runs a permanent fault or a give-up close touched: `interrupted` is their legitimate end.
     pub tainted: BTreeSet<String>,
-    /// Each run's replies: (generation, whether the replying actor re-adopted the row in `finishing`).
-    pub replies: BTreeMap<String, Vec<(String, bool)>>,
+    /// Each run's replies: the generation of each.
+    pub replies: BTreeMap<String, Vec<String>>,
     /// The generation whose finish removed each run's live row.
     pub closed_by: BTreeMap<String, String>,
     /// Each run's workspace fence token, while the workspace exists.
@@ -126,9 +124,9 @@ impl Model {
 
     /// A reply went out. A detached run replies best-effort by design (SPEC §5.2 step 7), so only a
     /// tracked run's reply counts toward "one reply per run".
-    pub fn replied(&mut self, run: &str, gen: &str, tracked: bool, readopted_finishing: bool) {
+    pub fn replied(&mut self, run: &str, gen: &str, tracked: bool) {
         if tracked {
-            self.replies.entry(run.to_owned()).or_default().push((gen.to_owned(), readopted_finishing));
+            self.replies.entry(run.to_owned()).or_default().push(gen.to_owned());
         }
     }
 

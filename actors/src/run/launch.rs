@@ -185,13 +185,6 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     run.iteration = a.last_step.iteration;
     run.inbox_consumed = a.last_step.inbox_consumed_seq;
     let last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
-    if row.phase == storage::ledger::Phase::Finishing {
-        // Re-adopted past its finishing gate (after `StorageLost`): this process knows it never
-        // delivered the reply, so it continues the reply from the saved answer (SPEC §5.2 step 7).
-        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
-        let answer = row.state.get("answer").and_then(Value::as_str).unwrap_or(&last_text).to_owned();
-        return Launched::Run(Box::new(run), Started::Finish(answer));
-    }
     let last_assistant = run.turns.last().and_then(AssistantTurn::from_turn);
     // Which calls to settle, and whether the transcript already ends on the answer (a finish plan).
     let mut calls = Vec::new();

@@ -77,39 +77,14 @@ async fn plan_readoption(deps: &RunDeps, run_id: &str) -> Result<Readoption, Str
         return Ok(Readoption::Closed(None));
     }
     let last_step = s.last_step(run_id.to_owned()).await.map_err(|e| e.to_string())?;
-    let transcript = s.read_transcript(run_id.to_owned()).await.map_err(|e| e.to_string())?;
-    let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
-    let from_gen = Some(deps.gen.as_str().to_owned());
-    let has_request = row.meta.get("request").is_some_and(Value::is_object);
-    // A row past its finishing gate continues its reply (this process knows it never delivered it); a
-    // recorded hard stop or a detached row closes exactly as a reclaim would close it (SPEC §6.1).
-    if row.phase != Phase::Finishing {
-        if row.stop == Some(storage::ledger::StopMode::Hard) {
-            return Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?));
-        }
-        if row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
-            return Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, decisions::DETACHED_REASON).await?));
-        }
-    }
-    if row.phase == Phase::Attaching || last_step.is_none() {
-        if !has_request {
-            let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON).await?;
-            return Ok(Readoption::Closed(successor));
-        }
-        return Ok(Readoption::Launch(Launch::Restart { row, events, from_gen }));
-    }
-    let last_step = last_step.expect("checked above");
-    match decisions::completeness(transcript.len() as u64, Some(last_step.cursor())) {
-        Ok(point) => Ok(Readoption::Launch(Launch::Resume(Adoption {
-            row,
-            last_step,
-            transcript,
-            events,
-            point,
-            from_gen: deps.gen.as_str().to_owned(),
-        }))),
-        Err(reason) => Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?)),
-    }
+    // Planned exactly as a reclaim plans a taken row: a row past its finishing gate closes with its final
+    // status and is never resumed — its reply may have gone out (the record write was what failed), and
+    // a resume would send it again or conclude another status than the one the gate committed.
+    let phase = row.phase;
+    Ok(match plan_row(deps, row, phase, last_step, deps.gen.as_str().to_owned()).await? {
+        Fate::Launch(launch) => Readoption::Launch(launch),
+        Fate::Closed(_, successor) => Readoption::Closed(successor),
+    })
 }
 
 /// Close an orphan that failed [`MAX_READOPT_FAILURES`] sweeps.
@@ -160,64 +135,70 @@ enum Fate {
     Closed(String, Option<(LiveRow, Vec<Value>)>),
 }
 
-/// Classify and act on one taken row (SPEC §6.1): close it, or plan its resume or restart.
+/// Classify and act on one taken row (SPEC §6.1): purge it when killed, else [`plan_row`].
 async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(String, Fate), String> {
     let id = r.row.run_id.clone();
-    let s = &deps.storage;
     // A killed run is never resumed or closed: it is purged.
-    if s.is_killed(id.clone()).await.map_err(|e| e.to_string())? {
+    if deps.storage.is_killed(id.clone()).await.map_err(|e| e.to_string())? {
         purge_killed(deps.clone(), id.clone()).await;
         return Ok((id, Fate::Closed("killed: purged".into(), None)));
     }
+    Ok((id, plan_row(deps, r.row, r.prior_phase, r.last_step, r.prior_owner).await?))
+}
+
+/// Classify a row this generation holds — taken by a reclaim from `from_gen`, or its own orphan — and
+/// close it or plan its resume or restart (SPEC §6.1; [`decisions::classify`] decides).
+async fn plan_row(
+    deps: &RunDeps,
+    row: LiveRow,
+    prior_phase: Phase,
+    last_step: Option<storage::ledger::StepRecord>,
+    from_gen: String,
+) -> Result<Fate, String> {
+    let id = row.run_id.clone();
+    let s = &deps.storage;
     let transcript = s.read_transcript(id.clone()).await.map_err(|e| e.to_string())?;
-    let final_status = r.row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
+    let final_status = row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
     let input = decisions::ClassifyInput {
-        prior_phase: r.prior_phase,
-        stop: r.row.stop,
+        prior_phase,
+        stop: row.stop,
         final_status: final_status.as_deref(),
-        detached: r.row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
-        has_request: r.row.meta.get("request").is_some_and(|v| v.is_object()),
+        detached: row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
+        has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
         turn_count: transcript.len() as u64,
-        last_step: r.last_step.as_ref().map(|s| s.cursor()),
+        last_step: last_step.as_ref().map(|s| s.cursor()),
     };
     let events = s.live_events(id.clone(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
     let fate = match decisions::classify(&input) {
         decisions::Classification::CloseFinal { status } => {
             let status = RunStatus::parse(&status).unwrap_or(RunStatus::Completed);
-            let successor = run::close_row(deps, &r.row, events, status, "closed from finishing; delivery unknown").await?;
+            let successor = run::close_row(deps, &row, events, status, "closed from finishing; delivery unknown").await?;
             Fate::Closed(status.as_str().into(), successor)
         }
         decisions::Classification::CloseHardStopped => {
-            let successor = run::close_row(deps, &r.row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?;
+            let successor = run::close_row(deps, &row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?;
             Fate::Closed("stopped_hard".into(), successor)
         }
         decisions::Classification::CloseInterrupted { reason } => {
-            let successor = run::close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+            let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?;
             Fate::Closed(format!("interrupted: {reason}"), successor)
         }
-        decisions::Classification::Restart => {
-            Fate::Launch(Launch::Restart { row: r.row, events, from_gen: Some(r.prior_owner) })
-        }
+        decisions::Classification::Restart => Fate::Launch(Launch::Restart { row, events, from_gen: Some(from_gen) }),
         decisions::Classification::Resume(point) => {
-            let agent = r.row.meta.get("agent").and_then(Value::as_str).unwrap_or_default().to_owned();
-            match r.last_step {
-                Some(last_step) if deps.agents.contains_key(&agent) => Fate::Launch(Launch::Resume(Adoption {
-                    row: r.row,
-                    last_step,
-                    transcript,
-                    events,
-                    point,
-                    from_gen: r.prior_owner,
-                })),
+            let agent = row.meta.get("agent").and_then(Value::as_str).unwrap_or_default().to_owned();
+            match last_step {
+                Some(last_step) if deps.agents.contains_key(&agent) => {
+                    Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen }))
+                }
                 _ => {
                     let reason = format!("agent {agent:?} is not configured here");
-                    let successor = run::close_row(deps, &r.row, events, RunStatus::Interrupted, &reason).await?;
+                    let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?;
                     Fate::Closed(format!("interrupted: {reason}"), successor)
                 }
             }
         }
     };
-    Ok((id, fate))
+    Ok(fate)
 }
 
 impl Supervisor {

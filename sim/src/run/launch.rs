@@ -161,19 +161,12 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     run.iteration = ad.last_step.iteration;
     run.inbox_consumed = ad.last_step.inbox_consumed_seq;
     let last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
-    if row.phase != storage::ledger::Phase::Finishing && row.state.contains_key("finalStatus") {
+    if row.phase == storage::ledger::Phase::Finishing || row.state.contains_key("finalStatus") {
         let gen = w.procs[slot].gen.clone();
         w.violate(
             "a run past its finishing gate is never resumed",
-            format!("{gen} resumes {} from the transcript although its row holds a final status (its reply may be out)", row.run_id),
+            format!("{gen} resumes {} from the transcript although its row is past its finishing gate (its reply may be out)", row.run_id),
         );
-    }
-    if row.phase == storage::ledger::Phase::Finishing {
-        publish_run(w, slot, &run, json!({"type": "resumed", "settled": [], "fromGeneration": ad.from_gen}));
-        let answer = row.state.get("answer").and_then(Value::as_str).unwrap_or(&last_text).to_owned();
-        a.launching = Some(run);
-        a.readopted_finishing = true;
-        return launched(w, slot, a, Started::Finish(answer));
     }
     let last_assistant = run.turns.last().and_then(AssistantTurn::from_turn);
     let mut calls = Vec::new();

@@ -26,7 +26,7 @@ use actors::run::machine::{self, Effect, End, Msg, RunState, Started, Written};
 use actors::run::{Adoption, RecordExtras, Request, StopReason};
 use serde_json::{json, Value};
 use storage::ledger::decisions::Settlement;
-use storage::ledger::{InboxItem, LiveRow, Outcome, RunLedger, StepWrite, StopMode, Successor, Turn};
+use storage::ledger::{InboxItem, LiveRow, Outcome, StepWrite, StopMode, Successor, Turn};
 use storage::record::{RunRecord, RunStatus};
 
 use crate::supervisor::Via;
@@ -62,8 +62,6 @@ pub struct Actor {
     launching: Option<RunData>,
     pub fence: String,
     ended: bool,
-    /// Launched by re-adopting its own row in `finishing` (it replies from the saved answer).
-    readopted_finishing: bool,
 }
 
 
@@ -143,7 +141,7 @@ pub fn start(w: &mut World, slot: usize, launch: actors::run::Launch) {
         w.violate("one driver per run", format!("{gen} launches a second actor for {run_id} while one still runs"));
     }
     let fence = format!("{}#{id}", w.procs[slot].gen);
-    let actor = Actor { id, run_id: run_id.clone(), state: RunState::starting(), epoch: 0, run: None, launching: None, fence, ended: false, readopted_finishing: false };
+    let actor = Actor { id, run_id: run_id.clone(), state: RunState::starting(), epoch: 0, run: None, launching: None, fence, ended: false };
     let p = &mut w.procs[slot];
     p.runs.insert(run_id.clone(), id);
     p.actors.insert(id, actor);
@@ -291,16 +289,6 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             spawn_op(w, slot, a, delay, Op::HandOff { write, tracked, since: now, delay: WRITE_RETRY_MS, written: false });
         }
         Effect::Gate { status, answer } => {
-            if a.readopted_finishing {
-                let saved = w.peek().get_live(&a.run_id).ok().flatten().and_then(|r| r.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned));
-                if saved.as_deref().is_some_and(|s| s != status.as_str()) {
-                    let gen = w.procs[slot].gen.clone();
-                    w.violate(
-                        "re-adoption keeps the final status",
-                        format!("{gen} re-adopts {} in finishing and gates it {status:?} although {} is committed: the gate refuses, forever", a.run_id, saved.unwrap_or_default()),
-                    );
-                }
-            }
             let tracking = run_data(a).tracking;
             match tracking {
                 Tracking::Fenced => complete(w, slot, a, Completion::Gate(Written::Fenced)),
@@ -321,7 +309,7 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             let gen = run.gen.clone();
             if !w.webhook {
                 // No webhook: the published answer is the reply.
-                w.model.replied(&a.run_id, &gen, tracked || a.readopted_finishing, a.readopted_finishing);
+                w.model.replied(&a.run_id, &gen, tracked);
                 check_replies(w, &a.run_id);
             }
             let delay = w.io_latency();
@@ -353,12 +341,7 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
 
 fn check_replies(w: &mut World, run: &str) {
     let Some(replies) = w.model.replies.get(run).filter(|r| r.len() > 1).cloned() else { return };
-    let (gen, readopted) = replies.last().cloned().expect("more than one reply");
-    if readopted && replies[..replies.len() - 1].iter().any(|(g, _)| *g == gen) {
-        w.violate("finishing re-adoption never replays the reply", format!("{gen} re-adopted {run} in finishing and replied again"));
-    } else {
-        w.violate("one reply per run", format!("{run} delivered its reply {} times ({replies:?})", replies.len()));
-    }
+    w.violate("one reply per run", format!("{run} delivered its reply {} times (by {replies:?})", replies.len()));
 }
 
 /// The run is over: tell the supervisor and stop (`RunActor::end`).

@@ -382,7 +382,7 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
             }
             let tracked = a.run.as_ref().is_some_and(RunData::tracked);
             let gen = w.procs[slot].gen.clone();
-            w.model.replied(&id, &gen, tracked || a.readopted_finishing, a.readopted_finishing);
+            w.model.replied(&id, &gen, tracked);
             check_replies(w, &id);
             complete(w, slot, a, Completion::Replied { killed: false, reply: Some((true, None)) });
         }

@@ -19,7 +19,7 @@ use actors::registry::RunMeta;
 use actors::run::{Adoption, Launch, RecordExtras, Request, StopReason};
 use rand::Rng;
 use serde_json::{json, Value};
-use storage::ledger::{decisions, Admit, AdmitOutcome, LiveRow, Phase, Reclaimed, ReceiptKey, Refusal, RunLedger};
+use storage::ledger::{decisions, Admit, AdmitOutcome, LiveRow, Phase, Reclaimed, ReceiptKey, Refusal, RunLedger, StepRecord};
 use storage::record::{ChannelVisibility, RunStatus};
 use storage::RunStore;
 
@@ -354,28 +354,42 @@ fn start_sweep_later(w: &mut World, slot: usize) {
 
 /// What one reclaimed row became.
 #[allow(clippy::large_enum_variant)] // one per reclaimed row, moved once (as `recovery::Fate`)
-enum Fate {
+pub(super) enum Fate {
     Launch(Launch),
     Closed(Option<(LiveRow, Vec<Value>)>),
 }
 
-/// Classify and act on one taken row (`take_row`).
+/// Classify and act on one taken row (`take_row`): purge it when killed, else [`plan_row`].
 fn take_row(w: &mut World, slot: usize, r: Reclaimed) -> Result<Fate, String> {
     let id = r.row.run_id.clone();
     if w.io(slot, Io::Read, |s, _| s.is_killed(&id)).map_err(|e| e.to_string())? {
         purge_killed(w, slot, &id);
         return Ok(Fate::Closed(None));
     }
+    plan_row(w, slot, r.row, r.prior_phase, r.last_step, r.prior_owner)
+}
+
+/// Classify a row this generation holds — taken by a reclaim, or its own orphan — and close it or plan
+/// its launch (`plan_row`).
+pub(super) fn plan_row(
+    w: &mut World,
+    slot: usize,
+    row: LiveRow,
+    prior_phase: Phase,
+    last_step: Option<StepRecord>,
+    from_gen: String,
+) -> Result<Fate, String> {
+    let id = row.run_id.clone();
     let transcript = w.io(slot, Io::Read, |s, _| s.read_transcript(&id)).map_err(|e| e.to_string())?;
-    let final_status = r.row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
+    let final_status = row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
     let input = decisions::ClassifyInput {
-        prior_phase: r.prior_phase,
-        stop: r.row.stop,
+        prior_phase,
+        stop: row.stop,
         final_status: final_status.as_deref(),
-        detached: r.row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
-        has_request: r.row.meta.get("request").is_some_and(|v| v.is_object()),
+        detached: row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
+        has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
         turn_count: transcript.len() as u64,
-        last_step: r.last_step.as_ref().map(|s| s.cursor()),
+        last_step: last_step.as_ref().map(|s| s.cursor()),
     };
     let events = w.io(slot, Io::Read, |s, _| s.live_events(&id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
     let class = decisions::classify(&input);
@@ -384,27 +398,18 @@ fn take_row(w: &mut World, slot: usize, r: Reclaimed) -> Result<Fate, String> {
         decisions::Classification::CloseFinal { status } => {
             let status = RunStatus::parse(&status).unwrap_or(RunStatus::Completed);
             let successor = !w.cfg.bugs.no_successor_on_finishing_close;
-            Fate::Closed(close_row(w, slot, &r.row, events, status, "closed from finishing; delivery unknown", successor)?)
+            Fate::Closed(close_row(w, slot, &row, events, status, "closed from finishing; delivery unknown", successor)?)
         }
         decisions::Classification::CloseHardStopped => {
-            Fate::Closed(close_row(w, slot, &r.row, events, RunStatus::StoppedHard, "a hard stop was recorded", true)?)
+            Fate::Closed(close_row(w, slot, &row, events, RunStatus::StoppedHard, "a hard stop was recorded", true)?)
         }
         decisions::Classification::CloseInterrupted { reason } => {
-            Fate::Closed(close_row(w, slot, &r.row, events, RunStatus::Interrupted, &reason, true)?)
+            Fate::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, &reason, true)?)
         }
-        decisions::Classification::Restart => {
-            Fate::Launch(Launch::Restart { row: r.row, events, from_gen: Some(r.prior_owner) })
-        }
-        decisions::Classification::Resume(point) => match r.last_step {
-            Some(last_step) => Fate::Launch(Launch::Resume(Adoption {
-                row: r.row,
-                last_step,
-                transcript,
-                events,
-                point,
-                from_gen: r.prior_owner,
-            })),
-            None => Fate::Closed(close_row(w, slot, &r.row, events, RunStatus::Interrupted, "no step record", true)?),
+        decisions::Classification::Restart => Fate::Launch(Launch::Restart { row, events, from_gen: Some(from_gen) }),
+        decisions::Classification::Resume(point) => match last_step {
+            Some(last_step) => Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen })),
+            None => Fate::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, "no step record", true)?),
         },
     })
 }

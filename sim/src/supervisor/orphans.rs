@@ -5,13 +5,13 @@
 
 use std::collections::BTreeSet;
 
-use actors::run::{Adoption, Launch};
+use actors::run::Launch;
 use serde_json::Value;
-use storage::ledger::{decisions, LiveRow, Phase, RunLedger};
+use storage::ledger::{LiveRow, Phase, RunLedger};
 use storage::record::RunStatus;
 
 use super::history::{close_row, launch_successor};
-use super::{purge_killed, MAX_READOPT_FAILURES};
+use super::{plan_row, purge_killed, Fate, MAX_READOPT_FAILURES};
 use crate::run;
 use crate::world::{Io, Kind, World};
 
@@ -75,30 +75,13 @@ fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, S
         return Ok(Readoption::Closed(None));
     }
     let last_step = w.io(slot, Io::Read, |s, _| s.last_step(id)).map_err(|e| e.to_string())?;
-    let transcript = w.io(slot, Io::Read, |s, _| s.read_transcript(id)).map_err(|e| e.to_string())?;
-    let events = w.io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
-    let from_gen = Some(gen.clone());
-    let has_request = row.meta.get("request").is_some_and(Value::is_object);
-    // A recorded hard stop or a detached row closes exactly as a reclaim would close it.
-    if row.phase != Phase::Finishing {
-        if row.stop == Some(storage::ledger::StopMode::Hard) {
-            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::StoppedHard, "a hard stop was recorded", true)?));
-        }
-        if row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
-            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::DETACHED_REASON, true)?));
-        }
-    }
-    if row.phase == Phase::Attaching || last_step.is_none() {
-        if !has_request {
-            return Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, decisions::NO_REQUEST_REASON, true)?));
-        }
-        return Ok(Readoption::Launch(Launch::Restart { row, events, from_gen }));
-    }
-    let last_step = last_step.expect("checked above");
-    match decisions::completeness(transcript.len() as u64, Some(last_step.cursor())) {
-        Ok(point) => Ok(Readoption::Launch(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen: gen }))),
-        Err(reason) => Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, &reason, true)?)),
-    }
+    // Planned exactly as a reclaim plans a taken row: a row past its finishing gate closes with its final
+    // status and is never resumed.
+    let phase = row.phase;
+    Ok(match plan_row(w, slot, row, phase, last_step, gen)? {
+        Fate::Launch(launch) => Readoption::Launch(launch),
+        Fate::Closed(successor) => Readoption::Closed(successor),
+    })
 }
 
 pub(super) fn readopt(w: &mut World, slot: usize, id: String) {
