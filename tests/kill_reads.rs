@@ -7,49 +7,18 @@
 //! could otherwise serve the run from its registry for the rest of the minute — answers 404 and stops
 //! listing it. Every wait polls observable state under a deadline well below the registry's TTL.
 
-use std::path::Path;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::child::{http, now_ms, wait_for, Proc};
 use storage::{RunStore, SqliteStore, Synchronous};
 
 /// How long A may take to stop serving the killed run: far below the registry's 60 s TTL (so only the
 /// kill check can explain it), far above one ledger listing (2 s).
 const WITHIN: Duration = Duration::from_secs(15);
 const DEADLINE: Duration = Duration::from_secs(60);
-
-struct Proc(switchboard::child::ChildServer);
-
-impl Proc {
-    fn start(data: &Path) -> Proc {
-        let exe = Path::new(env!("CARGO_BIN_EXE_switchboard"));
-        Proc(switchboard::child::ChildServer::start(exe, data, &[]).expect("start switchboard"))
-    }
-
-    fn url(&self, path: &str) -> String {
-        self.0.url(path)
-    }
-}
-
-/// One blocking HTTP call on a throwaway runtime; answers (status, JSON body or Null).
-fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async {
-                match f(&reqwest::Client::new()).send().await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        (status, r.json().await.unwrap_or(Value::Null))
-                    }
-                    Err(e) => (0, json!({"error": e.to_string()})),
-                }
-            })
-        })
-        .join()
-        .expect("http thread")
-    })
-}
 
 fn get(p: &Proc, path: &str) -> (u16, Value) {
     http(|c| c.get(p.url(path)))
@@ -61,27 +30,12 @@ fn listed(p: &Proc, run_id: &str) -> bool {
     body["runs"].as_array().expect("runs").iter().any(|r| r["id"] == run_id)
 }
 
-fn wait_for<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + within;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < until, "timed out after {within:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
-}
-
 #[test]
 fn a_run_killed_through_another_process_disappears_from_this_processs_reads_within_one_listing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path();
-    let a = Proc::start(data);
-    let b = Proc::start(data);
+    let a = Proc::start(data, &[]);
+    let b = Proc::start(data, &[]);
 
     // A runs two short runs to completion; both are in A's registry (finished, persisted) for a minute.
     let post = |thread: &str| {

@@ -12,11 +12,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use storage::record::{RunRecord, RunStatus};
 use storage::{PgStore, RunStore};
+use support::child::{http, now_ms, serve_postgres, wait_for};
 use support::TestApp;
 use switchboard::child::ChildServer;
 use switchboard::config::{ConfigError, StorageKind};
@@ -102,55 +103,13 @@ fn postgres_storage_takes_url_and_pool_and_the_url_from_the_environment() {
     assert!(!debug.contains("hunter2") && debug.contains("10.0.0.5:5433"), "{debug}");
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
-fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async {
-                match f(&reqwest::Client::new()).send().await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        (status, r.json().await.unwrap_or(Value::Null))
-                    }
-                    Err(e) => (0, json!({"error": e.to_string()})),
-                }
-            })
-        })
-        .join()
-        .expect("http thread")
-    })
-}
-
-fn wait_for<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + within;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
 fn count(events: &[Value], kind: &str) -> usize {
     events.iter().filter(|e| e["type"] == kind).count()
 }
 
-/// `serve` on the shared database as host `host_id`, with a 1.5 s lease. Every process has the same
-/// data dir: the workspaces are on a filesystem every host mounts (SPEC §1.3).
+/// `serve` on the shared database as host `host_id`, with a 1.5 s lease.
 fn serve(data: &Path, url: &str, host_id: &str) -> ChildServer {
-    let env = [
-        ("SWITCHBOARD_STORAGE__KIND", "postgres"),
-        ("SWITCHBOARD_STORAGE__URL", url),
-        ("SWITCHBOARD_SERVER__HOST_ID", host_id),
-        ("SWITCHBOARD_LEDGER__LEASE_MS", "1500"),
-        ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300"),
-    ];
-    ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &env).expect("start switchboard")
+    serve_postgres(data, url, host_id, &[("SWITCHBOARD_LEDGER__LEASE_MS", "1500"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300")])
 }
 
 #[test]
@@ -225,14 +184,11 @@ struct Posted {
 /// second.
 fn serve_draining(data: &Path, url: &str, host_id: &str) -> ChildServer {
     let env = [
-        ("SWITCHBOARD_STORAGE__KIND", "postgres"),
-        ("SWITCHBOARD_STORAGE__URL", url),
-        ("SWITCHBOARD_SERVER__HOST_ID", host_id),
         ("SWITCHBOARD_LEDGER__LEASE_MS", "1500"),
         ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300"),
         ("SWITCHBOARD_DRAIN__HANDOFF_BUDGET_MS", "1000"),
     ];
-    ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &env).expect("start switchboard")
+    serve_postgres(data, url, host_id, &env)
 }
 
 /// A client of the rolling restart: a message every ~100 ms to one of four shared threads, on the live

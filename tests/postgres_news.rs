@@ -5,6 +5,8 @@
 //! stop sent to B ends A's run before it could complete; a kill sent to B purges A's run mid tool call
 //! and every host answers it as unknown.
 
+mod support;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,19 +15,13 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use storage::ledger::RunLedger;
 use storage::{PgStore, RunStore};
+use support::child::serve_postgres;
 use switchboard::child::ChildServer;
 
 /// Heartbeats a minute apart (the lease must be at least two of them): a run learns nothing from its
 /// heartbeat within a test.
 fn serve(data: &Path, url: &str, host_id: &str) -> ChildServer {
-    let env = [
-        ("SWITCHBOARD_STORAGE__KIND", "postgres"),
-        ("SWITCHBOARD_STORAGE__URL", url),
-        ("SWITCHBOARD_SERVER__HOST_ID", host_id),
-        ("SWITCHBOARD_LEDGER__LEASE_MS", "150000"),
-        ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "60000"),
-    ];
-    ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &env).expect("start switchboard")
+    serve_postgres(data, url, host_id, &[("SWITCHBOARD_LEDGER__LEASE_MS", "150000"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "60000")])
 }
 
 fn runtime() -> tokio::runtime::Runtime {

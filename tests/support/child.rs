@@ -80,3 +80,12 @@ pub fn wait_for<T>(what: &str, within: Duration, mut check: impl FnMut() -> Opti
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `switchboard serve` on the PostgreSQL database `url` as host `host_id`, with `extra` environment
+/// (lease and heartbeat, drain settings). Every host shares `data`: its workspaces are on a filesystem
+/// every host mounts (SPEC §1.3).
+pub fn serve_postgres(data: &Path, url: &str, host_id: &str, extra: &[(&str, &str)]) -> switchboard::child::ChildServer {
+    let mut env = vec![("SWITCHBOARD_STORAGE__KIND", "postgres"), ("SWITCHBOARD_STORAGE__URL", url), ("SWITCHBOARD_SERVER__HOST_ID", host_id)];
+    env.extend_from_slice(extra);
+    switchboard::child::ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &env).expect("start switchboard")
+}
