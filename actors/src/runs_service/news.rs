@@ -122,6 +122,8 @@ impl RunsService {
         if !board.hearing {
             return None;
         }
+        // Runs whose followers all left (with the read they cached) go as new ones come.
+        board.followers.retain(|_, f| f.notes.receiver_count() > 0);
         let followed = board.followers.entry(run_id.to_owned()).or_insert_with(|| Followed { notes: watch::channel(0).0, read: None });
         Some(followed.notes.subscribe())
     }

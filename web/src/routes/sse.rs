@@ -232,15 +232,9 @@ impl RunStream {
         // same note share one read. A timer's read (a gap turning final, the safety poll) reads alone.
         let mut noted = true;
         loop {
-            let read = match &mut news {
-                Some(rx) if noted => {
-                    let notes = *rx.borrow_and_update();
-                    self.runs.read_followed(&self.id, self.last, READ_CHUNK, notes).await
-                }
-                Some(rx) => {
-                    rx.borrow_and_update();
-                    self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await.map(|p| p.map(Arc::new))
-                }
+            let seen = news.as_mut().map(|rx| *rx.borrow_and_update());
+            let read = match seen.filter(|_| noted) {
+                Some(notes) => self.runs.read_followed(&self.id, self.last, READ_CHUNK, notes).await,
                 None => self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await.map(|p| p.map(Arc::new)),
             };
             noted = true;
