@@ -14,7 +14,7 @@
 //! - [`readers`]: read-only connections on threads of their own, so reads never queue behind writes.
 //! - [`news`]: cross-host news (PostgreSQL's LISTEN/NOTIFY) and its in-process fan-out.
 //! - [`clock`]: injected time.
-//! - `testing` (the `test-hooks` feature): a throwaway PostgreSQL cluster for tests.
+//! - `testing` (the `pg-cluster` feature): a throwaway PostgreSQL cluster for tests, `chaos` and `bench`.
 //!
 //! Invariants:
 //! - only the storage actor's thread writes the database; each message is one transaction;
@@ -37,7 +37,7 @@ pub mod readers;
 pub mod record;
 pub mod sqlite;
 pub mod store;
-#[cfg(any(test, feature = "test-hooks"))]
+#[cfg(any(test, feature = "pg-cluster"))]
 pub mod testing;
 
 pub use actor::BackendSpec;

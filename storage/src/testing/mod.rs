@@ -1,4 +1,5 @@
-//! Support for tests of this crate and of the crates above it (the `test-hooks` feature).
+//! Support for tests of this crate and of the crates above it, and for `chaos` / `bench` (the `pg-cluster`
+//! feature).
 //!
 //! - [`pg`]: a throwaway PostgreSQL cluster per test process and a fresh database per test.
 
