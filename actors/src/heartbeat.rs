@@ -349,7 +349,7 @@ mod tests {
 
         // Another generation takes the row (its owner declared dead): the run hears it is fenced, once,
         // and the heartbeat stops beating for it; the new owner's lease is left alone.
-        let answer = f.storage.reclaim(OTHER_GEN.into(), LEASE, vec![GEN.into()]).await.unwrap();
+        let answer = f.storage.reclaim(OTHER_GEN.into(), LEASE, vec![GEN.into()], vec![]).await.unwrap();
         let taken: Vec<&str> = answer.taken.iter().map(|t| t.row.run_id.as_str()).collect();
         assert_eq!(taken, ["a"]);
         assert_eq!(next(&mut news).await, HeartbeatNews::Fenced);

@@ -450,6 +450,13 @@ impl HistoryWriter {
         ticket
     }
 
+    /// The runs with a final record still being written (accepted, not yet settled): their ledger
+    /// `finish` may still commit, so this process still drives them.
+    pub fn final_writes_pending(&self) -> Vec<String> {
+        let ids = self.inner.lock_ids();
+        ids.gates.keys().filter(|id| ids.finals.contains(*id)).cloned().collect()
+    }
+
     /// Writes not yet settled, including those sleeping in backoff.
     pub fn pending(&self) -> usize {
         *self.inner.pending.borrow()

@@ -175,14 +175,13 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
     },
     KnownIssue {
         invariant: "one driver per run",
-        witness: 46,
-        what: "a generation may reclaim a row it owned before (another generation took it, then lost it: its \
-         lease ran out or it died) while its own old actor for that run is still alive (paused with the \
-         process, or retrying a step write through a storage outage) or its restart policy's \
-         `close_failed` finish is still retrying: the supervisor launches a second actor without checking \
-         its `runs` map, and both write under the same generation, which the ledger fence cannot tell apart \
-         (mutating calls run twice; a late `close_failed` finish replaces the resumed run's events and \
-         strands a follow-up it consumed) (SPEC §1.1, seed #36)",
+        witness: 3464,
+        what: "a generation's admission whose launch is still pending (the process paused between the \
+         admission's commit and the launch) while another generation restarted the run and died, and this \
+         generation then reclaims the row back: the pending fresh launch and the reclaim's resume both drive \
+         it — the fresh launch's claim is a no-op for its own generation's live row, so it runs the request \
+         again from scratch. (A reclaim no longer takes back a run the generation still drives through an \
+         actor or a pending close: 2,347 → 20 of 300,000 seeds.) (SPEC §1.1, seed #36)",
     },
     KnownIssue {
         invariant: "detached runs run no unrecorded mutating call",

@@ -404,8 +404,8 @@ impl StorageHandle {
         self.read(move |b, _| b.read_inbox(&run_id, after_seq)).await
     }
 
-    pub async fn reclaim(&self, gen: String, lease_ms: i64, dead_gens: Vec<String>) -> Result<ReclaimAnswer> {
-        self.transact(move |b, now| b.reclaim(&gen, now, lease_ms, &dead_gens)).await
+    pub async fn reclaim(&self, gen: String, lease_ms: i64, dead_gens: Vec<String>, driven: Vec<String>) -> Result<ReclaimAnswer> {
+        self.transact(move |b, now| b.reclaim(&gen, now, lease_ms, &dead_gens, &driven)).await
     }
 
     pub async fn list_live(&self) -> Result<Vec<LiveRow>> {

@@ -509,7 +509,7 @@ fn every_owner_write_from_another_generation_is_fenced_and_changes_nothing<S: Le
     assert_eq!(snapshot(s, "run-a", NOW + 1_000), before, "the refused writes changed nothing");
 
     // The refused step did not land: a reclaim answers only the owner's.
-    let ans = s.reclaim(G3, NOW + 1_000, LEASE, &[G1.to_owned()]).unwrap();
+    let ans = s.reclaim(G3, NOW + 1_000, LEASE, &[G1.to_owned()], &[]).unwrap();
     let taken = by_id(ans.taken);
     let t = taken.get("run-a").expect("run-a is taken from its dead owner");
     assert_eq!(t.last_step, Some(step_record(0, 2, None)));
@@ -557,7 +557,7 @@ fn an_expired_lease_alone_never_fences_the_owner<S: Ledger>(s: &mut S) {
     assert_eq!(row.owner_gen, G1);
     assert_eq!(live_events(s, "run-a").map(|e| seqs(&e)), Some(vec![1]));
     // So a reclaim right after finds the lease current again.
-    let ans = s.reclaim(G2, late + 1, LEASE, &[]).unwrap();
+    let ans = s.reclaim(G2, late + 1, LEASE, &[], &[]).unwrap();
     assert!(ans.taken.is_empty(), "{:?}", ans.taken);
     assert_eq!(ids_of(&ans.live_elsewhere), set(&["run-a"]));
     // And the owner can still finish.
@@ -627,13 +627,13 @@ fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: 
     assert_eq!(s.step("run-a", G1, &step2).unwrap(), Ok(()));
     assert_eq!(s.step("run-a", G1, &step_record(1, 4, Some(0))).unwrap(), Ok(()));
 
-    let ans = s.reclaim(G2, NOW, LEASE, &[G1.to_owned()]).unwrap();
+    let ans = s.reclaim(G2, NOW, LEASE, &[G1.to_owned()], &[]).unwrap();
     let taken = by_id(ans.taken);
     assert_eq!(taken["run-a"].last_step, Some(step2), "the highest step, as last written");
 
     // A run without step records answers none.
     go_live(s, "run-b", "C1:t2", G1, NOW);
-    let ans = s.reclaim(G2, NOW, LEASE, &[G1.to_owned()]).unwrap();
+    let ans = s.reclaim(G2, NOW, LEASE, &[G1.to_owned()], &[]).unwrap();
     let taken = by_id(ans.taken);
     assert_eq!(taken["run-b"].last_step, None);
 }
@@ -860,13 +860,13 @@ fn handoff_then_finishing_is_allowed_for_the_owner<S: Ledger>(s: &mut S) {
     assert_eq!(row.phase, Phase::Finishing);
     assert_eq!(row.state.get("finalStatus"), Some(&json!("completed")));
     // No longer handed off: a reclaim under the owner's current lease leaves it alone.
-    let ans = s.reclaim(G2, NOW + 1, LEASE, &[]).unwrap();
+    let ans = s.reclaim(G2, NOW + 1, LEASE, &[], &[]).unwrap();
     assert!(ans.taken.is_empty(), "{:?}", ans.taken);
     assert_eq!(ids_of(&ans.live_elsewhere), set(&["run-a"]));
     // After its finish no reclaim finds it.
     let fin = s.finish("run-a", G1, &record("run-a", "C1:t1", NOW, NOW + 2, vec![]), None, NOW + 2).unwrap();
     assert!(fin.is_ok());
-    let ans = s.reclaim(G2, NOW + 10 * LEASE, LEASE, &[G1.to_owned()]).unwrap();
+    let ans = s.reclaim(G2, NOW + 10 * LEASE, LEASE, &[G1.to_owned()], &[]).unwrap();
     assert!(ans.taken.is_empty() && ans.live_elsewhere.is_empty(), "{ans:?}");
 }
 
@@ -901,7 +901,7 @@ fn finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once<S
     assert_eq!(s.heartbeat("run-a", G1, LEASE, NOW + 1_001).unwrap(), Err(unknown("run-a")));
     assert_eq!(s.events("run-a", 0, None, NOW + 1_001).unwrap().unwrap().events, rec.events);
     // The finished run's steps went with it: a reclaim finds nothing to take.
-    let ans = s.reclaim(G2, NOW + 10 * LEASE, LEASE, &[G1.to_owned()]).unwrap();
+    let ans = s.reclaim(G2, NOW + 10 * LEASE, LEASE, &[G1.to_owned()], &[]).unwrap();
     assert!(ans.taken.is_empty() && ans.live_elsewhere.is_empty(), "{ans:?}");
 
     // The thread is free at commit: a new admission starts a new run, whose inbox starts fresh.
@@ -914,7 +914,7 @@ fn finish_by_a_zombie_generation_after_a_reclaim_is_fenced_and_changes_nothing<S
     go_live(s, "run-a", "C1:t1", G1, NOW);
     furnish(s, "run-a", G1);
     // G1's lease lapses and G2 reclaims the run.
-    let ans = s.reclaim(G2, NOW + LEASE, LEASE, &[]).unwrap();
+    let ans = s.reclaim(G2, NOW + LEASE, LEASE, &[], &[]).unwrap();
     assert_eq!(by_id(ans.taken).keys().cloned().collect::<BTreeSet<_>>(), set(&["run-a"]));
     let before = snapshot(s, "run-a", NOW + LEASE + 1);
 
@@ -1053,7 +1053,7 @@ fn inbox_is_not_fenced_and_reads_strictly_after_the_cursor<S: Ledger>(s: &mut S)
     assert_eq!(s.read_inbox("run-a", Some(99)).unwrap(), Ok(vec![]));
 
     // After the owner changes, pushes still land and continue the sequence.
-    let ans = s.reclaim(G2, NOW + 1, LEASE, &[G1.to_owned()]).unwrap();
+    let ans = s.reclaim(G2, NOW + 1, LEASE, &[G1.to_owned()], &[]).unwrap();
     assert_eq!(ans.taken.len(), 1);
     assert_eq!(s.push_inbox("run-a", &json!({"text": "m5"})).unwrap(), Ok(5));
     assert_eq!(s.read_inbox("run-a", Some(4)).unwrap().map(|i| inbox_seqs(&i)), Ok(vec![5]));
@@ -1119,7 +1119,7 @@ fn reclaim_fixture<S: Ledger>(s: &mut S) -> BTreeMap<String, LiveRow> {
 fn reclaim_takes_expired_handed_off_and_dead_owner_rows_and_never_its_own<S: Ledger>(s: &mut S) {
     let before = reclaim_fixture(s);
     assert_eq!(before.len(), 9);
-    let ans = s.reclaim(G3, T, LEASE, &[G2.to_owned(), G3.to_owned()]).unwrap();
+    let ans = s.reclaim(G3, T, LEASE, &[G2.to_owned(), G3.to_owned()], &[]).unwrap();
     let taken = by_id(ans.taken);
     assert_eq!(
         taken.keys().cloned().collect::<BTreeSet<_>>(),
@@ -1169,13 +1169,13 @@ fn reclaim_takes_expired_handed_off_and_dead_owner_rows_and_never_its_own<S: Led
     assert_eq!(s.list_live().unwrap().len(), 9, "a reclaim deletes nothing");
 
     // A reclaim right after takes nothing more: G3 owns them now and its own rows are never taken.
-    let again = s.reclaim(G3, T + 10 * LEASE, LEASE, &[]).unwrap();
+    let again = s.reclaim(G3, T + 10 * LEASE, LEASE, &[], &[]).unwrap();
     assert!(again.taken.iter().all(|t| !["r-attach", "r-live", "r-handoff", "r-fin", "r-dead", "r-own", "r-own-ho"].contains(&t.row.run_id.as_str())), "{:?}", again.taken);
 }
 
 fn reclaim_answers_last_step_unread_inbox_and_state<S: Ledger>(s: &mut S) {
     reclaim_fixture(s);
-    let ans = s.reclaim(G3, T, LEASE, &[G2.to_owned()]).unwrap();
+    let ans = s.reclaim(G3, T, LEASE, &[G2.to_owned()], &[]).unwrap();
     let taken = by_id(ans.taken);
 
     // r-live: the last (highest) step, the inbox past its inboxConsumedSeq, state, the stop.
@@ -1207,7 +1207,7 @@ fn reclaim_answers_last_step_unread_inbox_and_state<S: Ledger>(s: &mut S) {
 
 fn after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced<S: Ledger>(s: &mut S) {
     reclaim_fixture(s);
-    s.reclaim(G3, T, LEASE, &[G2.to_owned()]).unwrap();
+    s.reclaim(G3, T, LEASE, &[G2.to_owned()], &[]).unwrap();
 
     for (id, old) in [("r-live", G1), ("r-fin", G1), ("r-handoff", G1), ("r-dead", G2)] {
         let before = snapshot(s, id, T + 1);
@@ -1237,12 +1237,12 @@ fn a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere<S
     for (i, id) in ["ra", "rb", "rc"].iter().enumerate() {
         go_live(s, id, &format!("C1:s{i}"), G1, NOW);
     }
-    let first = s.reclaim(G2, NOW + LEASE, LEASE, &[]).unwrap();
+    let first = s.reclaim(G2, NOW + LEASE, LEASE, &[], &[]).unwrap();
     assert_eq!(by_id(first.taken).keys().cloned().collect::<BTreeSet<_>>(), set(&["ra", "rb", "rc"]));
     assert!(first.live_elsewhere.is_empty());
 
     // At the same instant, another generation finds them under G2's fresh lease: nothing to take.
-    let second = s.reclaim(G3, NOW + LEASE, LEASE, &[G1.to_owned()]).unwrap();
+    let second = s.reclaim(G3, NOW + LEASE, LEASE, &[G1.to_owned()], &[]).unwrap();
     assert!(second.taken.is_empty(), "each row is taken once: {:?}", second.taken);
     assert_eq!(ids_of(&second.live_elsewhere), set(&["ra", "rb", "rc"]));
     for r in &second.live_elsewhere {
@@ -1250,10 +1250,27 @@ fn a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere<S
         assert_eq!(r.lease_until, NOW + 2 * LEASE);
     }
     // Once G2's lease lapses too, G3 takes them from G2.
-    let third = s.reclaim(G3, NOW + 2 * LEASE, LEASE, &[]).unwrap();
+    let third = s.reclaim(G3, NOW + 2 * LEASE, LEASE, &[], &[]).unwrap();
     let taken = by_id(third.taken);
     assert_eq!(taken.keys().cloned().collect::<BTreeSet<_>>(), set(&["ra", "rb", "rc"]));
     assert!(taken.values().all(|t| t.prior_owner == G2 && t.row.owner_gen == G3));
+}
+
+/// A generation never takes back a run it still drives (an old actor of its own, or its pending close,
+/// from before another generation took the row): the row is left to its owner, reported nowhere, and
+/// taken at a later reclaim once nothing drives it here.
+fn a_run_the_reclaimer_still_drives_is_left_alone_until_it_does_not<S: Ledger>(s: &mut S) {
+    go_live(s, "ra", "C1:d1", G1, NOW);
+    go_live(s, "rb", "C1:d2", G1, NOW);
+    let ans = s.reclaim(G2, NOW + LEASE, LEASE, &[], &["ra".to_owned()]).unwrap();
+    assert_eq!(by_id(ans.taken).keys().cloned().collect::<BTreeSet<_>>(), set(&["rb"]));
+    assert!(ans.live_elsewhere.is_empty(), "{:?}", ans.live_elsewhere);
+    let ra = s.get_live("ra").unwrap().expect("ra");
+    assert_eq!((ra.owner_gen.as_str(), ra.lease_until), (G1, NOW + LEASE), "untouched");
+    let later = s.reclaim(G2, NOW + LEASE + 1, LEASE, &[], &[]).unwrap();
+    let taken = by_id(later.taken);
+    assert_eq!(taken.keys().cloned().collect::<BTreeSet<_>>(), set(&["ra"]));
+    assert_eq!(taken["ra"].prior_owner, G1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1531,6 +1548,7 @@ contract!(
     reclaim_answers_last_step_unread_inbox_and_state,
     after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced,
     a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere,
+    a_run_the_reclaimer_still_drives_is_left_alone_until_it_does_not,
     generations_round_trip,
     killed_among_answers_exactly_the_fenced_ids_asked_about,
     finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run,

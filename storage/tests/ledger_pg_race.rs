@@ -104,7 +104,7 @@ fn contender_process() {
     say("READY".into());
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).expect("the start signal");
-    let answer = s.reclaim(gen, at, LEASE, &[]).expect("a race is retried, never an error");
+    let answer = s.reclaim(gen, at, LEASE, &[], &[]).expect("a race is retried, never an error");
     let taken: Vec<&str> = answer.taken.iter().map(|t| t.row.run_id.as_str()).collect();
     let elsewhere: Vec<Value> =
         answer.live_elsewhere.iter().map(|r| json!([r.run_id, r.owner_gen, r.lease_until])).collect();

@@ -118,6 +118,9 @@ pub struct Supervisor {
     /// Rows (ledger or registry) seen without an actor at the last sweep: one more sighting and they
     /// are orphans (two sightings, so an admission between its commit and its launch is never taken).
     unattended: std::collections::HashSet<String>,
+    /// Runs whose close past the restart policy is running (`close_failed`): like an actor, it still
+    /// drives the run, so a reclaim never takes the run back meanwhile.
+    closing: std::collections::HashSet<String>,
 }
 
 /// What slots share.
@@ -169,6 +172,7 @@ impl Supervisor {
             handed: Default::default(),
             orphans: HashMap::new(),
             unattended: Default::default(),
+            closing: Default::default(),
         }
     }
 
@@ -179,6 +183,14 @@ impl Supervisor {
 
     fn deps(&self) -> &RunDeps {
         self.deps.as_ref().expect("deps are built when the supervisor starts")
+    }
+
+    /// The runs this process still drives: an actor, a close past the restart policy, or a final record
+    /// on its way through the ledger's finish. A reclaim never takes one back (SPEC §1.1: one driver).
+    fn driven(&self) -> Vec<String> {
+        let mut driven: std::collections::BTreeSet<String> = self.runs.keys().chain(&self.closing).cloned().collect();
+        driven.extend(self.deps().history.final_writes_pending());
+        driven.into_iter().collect()
     }
 
     fn launch(&mut self, launch: Launch, ctx: &mut Context<Self>) {
@@ -204,6 +216,7 @@ impl Supervisor {
     fn close_failed(&mut self, run_id: &str, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         deps.registry.discard(run_id);
+        self.closing.insert(run_id.to_owned());
         let id = run_id.to_owned();
         let fut = async move {
             let row = deps.storage.get_live(id.clone()).await.map_err(|e| e.to_string())?.ok_or("the row is gone")?;
@@ -219,11 +232,14 @@ impl Supervisor {
             run::close_row(&deps, &row, events, RunStatus::Failed, message).await
         };
         let id = run_id.to_owned();
-        ctx.spawn(fut.into_actor(self).map(move |closed, act, ctx| match closed {
-            Ok(successor) => act.launch_successor(successor, ctx),
-            Err(e) => {
-                tracing::warn!(run_id = %id, error = %e, "could not close a run past its restart policy; retried at the next sweep");
-                act.orphans.insert(id, recovery::MAX_READOPT_FAILURES);
+        ctx.spawn(fut.into_actor(self).map(move |closed, act, ctx| {
+            act.closing.remove(&id);
+            match closed {
+                Ok(successor) => act.launch_successor(successor, ctx),
+                Err(e) => {
+                    tracing::warn!(run_id = %id, error = %e, "could not close a run past its restart policy; retried at the next sweep");
+                    act.orphans.insert(id, recovery::MAX_READOPT_FAILURES);
+                }
             }
         }));
     }

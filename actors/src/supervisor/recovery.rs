@@ -274,6 +274,7 @@ impl Handler<ReclaimPass> for Supervisor {
         let deps = self.deps().clone();
         let lease_ms = deps.lease_ms;
         let host_id = self.config.host_id.clone();
+        let driven = self.driven();
         let fut = async move {
             let dead: Vec<String> = match deps.storage.generations().await {
                 Ok(gens) => gens
@@ -288,7 +289,7 @@ impl Handler<ReclaimPass> for Supervisor {
             };
             // Receipts past their TTL, and dead generations that own nothing (SPEC §4.3 finish): once per pass.
             if let Err(e) = deps.storage.prune_dead(dead.clone()).await { tracing::warn!(error = %e, "could not prune receipts and dead generations; retried next pass"); }
-            let answer = deps.storage.reclaim(deps.gen.as_str().to_owned(), lease_ms, dead).await.map_err(|e| e.to_string())?;
+            let answer = deps.storage.reclaim(deps.gen.as_str().to_owned(), lease_ms, dead, driven).await.map_err(|e| e.to_string())?;
             let mut report = ReclaimReport { live_elsewhere: answer.live_elsewhere.len(), ..Default::default() };
             let mut launches = Vec::new();
             for r in answer.taken {

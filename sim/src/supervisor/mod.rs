@@ -242,6 +242,21 @@ fn beat(w: &mut World, slot: usize, run: String, gen: String) {
 
 // ---- boot and the reclaim sweep (SPEC §6.1) ----
 
+/// The runs this process still drives (`Supervisor::driven`): an actor, or a final record on its way
+/// through the ledger's finish (a close past the restart policy writes one at once here).
+fn driven(w: &World, slot: usize) -> Vec<String> {
+    let inc = w.procs[slot].inc;
+    let mut driven: std::collections::BTreeSet<String> = w.procs[slot].actors.values().map(|a| a.run_id.clone()).collect();
+    for t in &w.tasks {
+        if let Kind::History { record, via: Via::Ledger { .. }, .. } = &t.kind {
+            if t.at == (crate::world::At::Proc { slot, inc }) {
+                driven.insert(record.head.id.clone());
+            }
+        }
+    }
+    driven.into_iter().collect()
+}
+
 fn start_sweep(w: &mut World, slot: usize, defer: bool) {
     w.procs[slot].sweeping = true;
     let state = SweepState { stage: Stage::Start, defer, taken: Vec::new(), launches: Vec::new(), failed: Vec::new() };
@@ -256,18 +271,13 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
             let gen = w.procs[slot].gen.clone();
             let dead: Vec<String> = w.dead_gens.iter().filter(|g| **g != gen).cloned().collect();
             let before: Vec<(String, String)> = w.peek().list_live().unwrap_or_default().into_iter().map(|r| (r.run_id, r.owner_gen)).collect();
-            let answer = w.io(slot, Io::Write, |s, now| s.reclaim(&gen, now, LEASE_MS, &dead));
+            let keep = driven(w, slot);
+            let answer = w.io(slot, Io::Write, |s, now| s.reclaim(&gen, now, LEASE_MS, &dead, &keep));
             // What the reclaim took, whatever this process was told (a lost reply hides it).
             let after = w.peek().list_live().unwrap_or_default();
             for row in after.iter().filter(|r| r.owner_gen == gen) {
                 let Some((_, prior)) = before.iter().find(|(id, owner)| *id == row.run_id && *owner != gen) else { continue };
-                let inc = w.procs[slot].inc;
-                let driving = w.procs[slot].actors.values().any(|a| a.run_id == row.run_id)
-                    || w.tasks.iter().any(|t| {
-                        t.at == crate::world::At::Proc { slot, inc }
-                            && matches!(&t.kind, Kind::History { record, via: Via::Ledger { .. }, .. } if record.head.id == row.run_id)
-                    });
-                if driving {
+                if driven(w, slot).contains(&row.run_id) {
                     w.violate(
                         "one driver per run",
                         format!("{gen} reclaims {} from {prior} while its own earlier actor (or its pending close) still drives it", row.run_id),

@@ -332,15 +332,21 @@ pub enum ReclaimSelection {
     Own,
     /// Another generation holds it under a current lease: left alone and reported.
     LiveElsewhere,
+    /// Takeable, but the reclaimer still drives it (an actor of its own, or its close, still runs from
+    /// before another generation took it): left alone until that ends, so two drivers of one generation
+    /// never write one run (SPEC §1.1).
+    Driven,
 }
 
 /// The reclaim selection (SPEC §4.3 `reclaim`, §6.1 fast reclaim): take a row iff another
-/// generation owns it AND (its lease expired, OR it is handed off, OR its owner is provably dead).
+/// generation owns it AND (its lease expired, OR it is handed off, OR its owner is provably dead) AND the
+/// reclaimer does not still drive it (`driven`: the runs it has an actor or a pending close for).
 pub fn reclaim_selection(
     row: &RowView,
     gen: &str,
     now_ms: i64,
     dead_gens: &[String],
+    driven: &[String],
 ) -> ReclaimSelection {
     if row.owner_gen == gen {
         ReclaimSelection::Own
@@ -348,7 +354,11 @@ pub fn reclaim_selection(
         || row.phase == Phase::Handoff
         || dead_gens.iter().any(|d| d == row.owner_gen)
     {
-        ReclaimSelection::Take
+        if driven.iter().any(|d| d == row.run_id) {
+            ReclaimSelection::Driven
+        } else {
+            ReclaimSelection::Take
+        }
     } else {
         ReclaimSelection::LiveElsewhere
     }
@@ -874,14 +884,21 @@ mod tests {
             ("dead gen under a current lease", row("r", "gdead", Live,      now + 5), ReclaimSelection::Take),
             ("current lease",                  row("r", "g2",    Live,      now + 1), ReclaimSelection::LiveElsewhere),
             ("current lease finishing",        row("r", "g2",    Finishing, now + 1), ReclaimSelection::LiveElsewhere),
+            // A run the reclaimer still drives (its old actor, or its close) waits until that ends.
+            ("driven, expired",                row("d", "g2",    Live,      now - 1), ReclaimSelection::Driven),
+            ("driven, handoff",                row("d", "g2",    Handoff,   now + 5), ReclaimSelection::Driven),
+            ("driven, dead gen",               row("d", "gdead", Live,      now + 5), ReclaimSelection::Driven),
+            ("driven, current lease",          row("d", "g2",    Live,      now + 1), ReclaimSelection::LiveElsewhere),
+            ("driven, own",                    row("d", "gme",   Live,      0),       ReclaimSelection::Own),
         ];
+        let driven = vec!["d".to_owned()];
         for (name, r, want) in cases {
-            assert_eq!(reclaim_selection(&r, "gme", now, &dead), want, "{name}");
+            assert_eq!(reclaim_selection(&r, "gme", now, &dead, &driven), want, "{name}");
         }
         // Naming ourselves as dead still never takes our own row.
         let own = row("r", "gme", Live, 0);
         assert_eq!(
-            reclaim_selection(&own, "gme", now, &["gme".to_owned()]),
+            reclaim_selection(&own, "gme", now, &["gme".to_owned()], &[]),
             ReclaimSelection::Own
         );
     }

@@ -391,7 +391,9 @@ pub trait RunLedger: Send {
     fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>>;
     /// The run's highest step record (re-adopting a run this generation owns).
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>>;
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer>;
+    /// Take the rows [`decisions::reclaim_selection`] selects for `gen`; `driven` are the runs `gen`
+    /// still drives (an actor, or a pending close), which it never takes back while it does.
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer>;
     fn list_live(&mut self) -> Result<Vec<LiveRow>>;
     fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>>;
     /// Kill (SPEC §5.6): write the deletion fence and `stop = hard` in one transaction. From then on a put,

@@ -343,14 +343,14 @@ impl RunLedger for MemoryStore {
         Ok(self.lock().ledger.last_step(run_id))
     }
 
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         let mut answer = ReclaimAnswer::default();
         let mut taken: Vec<(String, Phase, String)> = Vec::new();
         // `rows` is ordered by run id, so both lists come out in run-id order.
         for row in ledger.rows.values_mut() {
-            match reclaim_selection(&row.view(), gen, now_ms, dead_gens) {
+            match reclaim_selection(&row.view(), gen, now_ms, dead_gens, driven) {
                 ReclaimSelection::Take => {
                     let prior_phase = row.phase;
                     let prior_owner = std::mem::replace(&mut row.owner_gen, gen.to_owned());
@@ -359,7 +359,7 @@ impl RunLedger for MemoryStore {
                     taken.push((row.run_id.clone(), prior_phase, prior_owner));
                 }
                 ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row.clone()),
-                ReclaimSelection::Own => {}
+                ReclaimSelection::Own | ReclaimSelection::Driven => {}
             }
         }
         for (run_id, prior_phase, prior_owner) in taken {
@@ -610,7 +610,7 @@ mod tests {
         for n in 1..=2 {
             assert_eq!(s.push_inbox("ra", &json!({"n": n})).ok(), Some(Ok(n)));
         }
-        let answer = s.reclaim("g2", NOW + LEASE, LEASE, &[]).expect("reclaim");
+        let answer = s.reclaim("g2", NOW + LEASE, LEASE, &[], &[]).expect("reclaim");
         // `ra`'s lease ended exactly now: taken; `rb` is still leased: reported.
         assert_eq!(answer.taken.len(), 1);
         let taken = &answer.taken[0];

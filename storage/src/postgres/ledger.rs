@@ -210,12 +210,12 @@ fn claim_in(c: &mut Db, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> 
     })
 }
 
-fn reclaim_in(c: &mut Db, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+fn reclaim_in(c: &mut Db, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
     let rows = live_rows(c.query(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"), &[])?)?;
     let mut answer = ReclaimAnswer::default();
     for mut row in rows {
-        match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens) {
-            ReclaimSelection::Own => {}
+        match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens, driven) {
+            ReclaimSelection::Own | ReclaimSelection::Driven => {}
             ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row),
             ReclaimSelection::Take => {
                 let prior_phase = row.phase;
@@ -520,8 +520,8 @@ impl RunLedger for PgStore {
         self.read(|c| last_step(c, run_id))
     }
 
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
-        self.write(|c| reclaim_in(c, gen, now_ms, lease_ms, dead_gens))
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
+        self.write(|c| reclaim_in(c, gen, now_ms, lease_ms, dead_gens, driven))
     }
 
     fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {

@@ -446,7 +446,7 @@ impl RunLedger for SqliteStore {
         last_step(&tx, run_id)
     }
 
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String]) -> Result<ReclaimAnswer> {
+    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
         let tx = self.immediate()?;
         let rows: Vec<LiveRow> = tx
             .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"))?
@@ -454,8 +454,8 @@ impl RunLedger for SqliteStore {
             .collect::<rusqlite::Result<_>>()?;
         let mut answer = ReclaimAnswer::default();
         for mut row in rows {
-            match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens) {
-                ReclaimSelection::Own => {}
+            match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens, driven) {
+                ReclaimSelection::Own | ReclaimSelection::Driven => {}
                 ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row),
                 ReclaimSelection::Take => {
                     let prior_phase = row.phase;

@@ -123,7 +123,7 @@ where
         let ids = dead_rows(dead, "r", round, t0, true);
         // Every survivor reclaims at the lease end (equal-now is expired), released together.
         let at = t0 + LEASE;
-        let answers = contend(hosts, |i, s| s.reclaim(gens[i], at, LEASE, &[]).expect("a race is retried, never an error"));
+        let answers = contend(hosts, |i, s| s.reclaim(gens[i], at, LEASE, &[], &[]).expect("a race is retried, never an error"));
         let taken: Vec<BTreeSet<String>> = answers.iter().map(taken_ids).collect();
         let want: BTreeSet<String> = ids.iter().cloned().collect();
         let mut all = BTreeSet::new();
