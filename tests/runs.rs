@@ -124,7 +124,7 @@ async fn a_fenced_run_writes_no_record_from_the_fenced_process() {
     // Another generation (a second process on the same file) reclaims the row as if its lease ran out.
     let mut other = storage::SqliteStore::open(&app.db_path(), storage::Synchronous::Normal).unwrap();
     let far = 4_000_000_000_000;
-    let taken = storage::ledger::RunLedger::reclaim(&mut other, "20990101T000000Z-0000beef", far, 30_000, &[]).unwrap();
+    let taken = storage::ledger::RunLedger::reclaim(&mut other, "20990101T000000Z-0000beef", far, 30_000, &[], &[]).unwrap();
     assert_eq!(taken.taken.len(), 1);
     // The fenced process stops the run and forgets it; no final record appears.
     let registry = app.running.registry.clone();
