@@ -174,16 +174,6 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
          the follow-ups the detached run folded: they then appear in two runs (SPEC §5.4, §5.5 vs §5.6)",
     },
     KnownIssue {
-        invariant: "one driver per run",
-        witness: 3464,
-        what: "a generation's admission whose launch is still pending (the process paused between the \
-         admission's commit and the launch) while another generation restarted the run and died, and this \
-         generation then reclaims the row back: the pending fresh launch and the reclaim's resume both drive \
-         it — the fresh launch's claim is a no-op for its own generation's live row, so it runs the request \
-         again from scratch. (A reclaim no longer takes back a run the generation still drives through an \
-         actor or a pending close: 2,347 → 20 of 300,000 seeds.) (SPEC §1.1, seed #36)",
-    },
-    KnownIssue {
         invariant: "detached runs run no unrecorded mutating call",
         witness: 44,
         what: "a detached run continues best-effort and dispatches mutating calls with no step record, or on a \

@@ -12,7 +12,7 @@
 //! | `effect after close` | at each mutating effect | the run was already closed by another generation |
 //! | `mutating effect at most once` | at each mutating effect | a mutating call's effect landed twice (a re-run) |
 //! | `tools after their step record` | at each effect of a tracked run | the call is not in the ledger's step record |
-//! | `one driver per run` | at each reclaim and launch | a process takes or launches a run one of its own actors still drives |
+//! | `one driver per run` | at each reclaim | a process takes back a run one of its own actors (or its pending close) still drives |
 //! | `one reply per run` | at each reply | a tracked run's answer delivered twice (a detached run replies best-effort) |
 //! | `a run past its finishing gate is never resumed` | at each resume | a row in `finishing` or holding a final status is continued from its transcript |
 //! | `a folded follow-up keeps its input event` | at each fold | a follow-up is consumed while its `input` event has nowhere to go |

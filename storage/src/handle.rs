@@ -17,7 +17,8 @@ use crate::actor::{atomic, Backend, BackendSpec, Mailbox};
 use crate::clock::Clock;
 use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
-    Promotion, PruneReport, ReclaimAnswer, StepRecord, StepWrite, StopAnswer, StopMode, Successor, TableRows, Turn,
+    Promotion, PruneReport, ReclaimAnswer, Refusal, StepRecord, StepWrite, StopAnswer, StopMode, Successor, TableRows,
+    Turn,
 };
 use crate::readers::{ReadPool, ReadSource};
 use crate::record::{RunListItem, RunRecord, RunStatus};
@@ -313,6 +314,9 @@ impl StorageHandle {
     /// Promote the reserved row and write the seed step (SPEC §5.2 steps 4–5, which §5.2 step 3 allows
     /// to share one commit): the run is resumable exactly when its seed is durable. Re-running it after
     /// an uncertain answer is harmless: a re-claim keeps the row, and the same turns rewrite as they were.
+    /// A row of this generation that already ran past its seed was not promoted by this launch (another
+    /// generation restarted the run meanwhile and this one reclaimed it back): `Fenced`, so a late
+    /// launch never runs the request again over that progress ([`crate::ledger::ran_past_its_seed`]).
     pub async fn promote(&self, run_id: String, gen: String, promotion: Promotion, seed: StepWrite) -> Result<Outcome<Claimed>> {
         self.transact(move |b, now| {
             atomic(
@@ -322,6 +326,9 @@ impl StorageHandle {
                         Ok(claimed) => claimed,
                         Err(refusal) => return Ok(Err(refusal)),
                     };
+                    if crate::ledger::ran_past_its_seed(claimed, b.last_step(&run_id)?.as_ref()) {
+                        return Ok(Err(Refusal::Fenced { run_id: run_id.clone() }));
+                    }
                     Ok(step_in(b, &run_id, &gen, &seed)?.map(|()| claimed))
                 },
                 |out| out.is_ok(),

@@ -141,3 +141,26 @@ async fn a_fenced_finish_admits_no_successor() {
         assert!(h.get_live("r1".into()).await.unwrap().is_some(), "{name}");
     }
 }
+
+/// A promotion repeated after an uncertain answer keeps its row and rewrites its seed; a late one — the
+/// run already stepped past its seed under this generation (another generation restarted it and this one
+/// reclaimed it back) — is refused `Fenced` and writes nothing, so the request never runs twice.
+#[actix_rt::test]
+async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        assert!(matches!(h.admit_with_events(admission("r1", "hi"), first_events("hi"), NOW).await.unwrap(), AdmitOutcome::Started { .. }));
+        let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+        let seed_turns = vec![Turn { role: "system".into(), parts: vec![json!("s")] }, Turn { role: "user".into(), parts: vec![json!("hi")] }];
+        let seed = storage::ledger::StepWrite { first_idx: 0, turns: seed_turns, record: step(0, 2, None), events: vec![] };
+        let first = h.promote("r1".into(), GEN.into(), p.clone(), seed.clone()).await.unwrap();
+        assert_eq!(first, Ok(storage::ledger::Claimed::Promoted), "{name}");
+        let again = h.promote("r1".into(), GEN.into(), p.clone(), seed.clone()).await.unwrap();
+        assert_eq!(again, Ok(storage::ledger::Claimed::AlreadyLive), "{name}: a repeat after an uncertain answer");
+        let answer = Turn { role: "assistant".into(), parts: vec![json!("done")] };
+        h.durable_step("r1".into(), GEN.into(), 2, vec![answer], step(1, 3, None), vec![]).await.unwrap().unwrap();
+        let late = h.promote("r1".into(), GEN.into(), p, seed).await.unwrap();
+        assert!(matches!(late, Err(storage::ledger::Refusal::Fenced { .. })), "{name}: {late:?}");
+        assert_eq!(h.last_step("r1".into()).await.unwrap().map(|s| s.step), Some(1), "{name}: untouched");
+    }
+}

@@ -163,6 +163,17 @@ pub enum Launch {
     Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
 }
 
+impl Launch {
+    /// The run it launches.
+    pub fn run_id(&self) -> &str {
+        match self {
+            Launch::Fresh { id, .. } => id,
+            Launch::Resume(a) => &a.row.run_id,
+            Launch::Restart { row, .. } => &row.run_id,
+        }
+    }
+}
+
 /// What a resume adopts.
 pub struct Adoption {
     pub row: LiveRow,

@@ -193,8 +193,16 @@ impl Supervisor {
         driven.into_iter().collect()
     }
 
+    /// Start an actor for `launch` — unless one already drives the run (a late launch of an admission
+    /// meeting a reclaim's resume of the same run): one driver per run (SPEC §1.1). The one running
+    /// either drives it, or ends (a late launch is refused `Fenced` once the run ran past its seed) and
+    /// leaves the row an orphan the next sweeps re-adopt.
     fn launch(&mut self, launch: Launch, ctx: &mut Context<Self>) {
         let _ = ctx;
+        if self.runs.contains_key(launch.run_id()) {
+            tracing::warn!(run_id = launch.run_id(), generation = self.deps().gen.as_str(), "an actor already drives this run; not launching a second");
+            return;
+        }
         let actor = RunActor::new(self.deps().clone(), launch);
         let id = actor_id(&actor);
         let addr = actor.start();

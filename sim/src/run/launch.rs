@@ -77,6 +77,9 @@ pub(super) fn claim(w: &mut World, slot: usize, a: &mut Actor, seed: Option<Step
             Err(refusal) => return Ok(Err(refusal)),
         };
         let Some(sw) = &seed else { return Ok(Ok(claimed)) };
+        if storage::ledger::ran_past_its_seed(claimed, s.last_step(&id)?.as_ref()) {
+            return Ok(Err(storage::ledger::Refusal::Fenced { run_id: id.clone() }));
+        }
         Ok(step_in(s, &id, &gen, sw)?.map(|()| claimed))
     });
     let answer = match retried(w, answer, since, delay) {

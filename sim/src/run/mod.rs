@@ -129,17 +129,13 @@ enum Completion {
 
 /// Start an actor for `launch` in process `slot` (the supervisor's `launch`).
 pub fn start(w: &mut World, slot: usize, launch: actors::run::Launch) {
-    let run_id = match &launch {
-        actors::run::Launch::Fresh { id, .. } => id.clone(),
-        actors::run::Launch::Resume(a) => a.row.run_id.clone(),
-        actors::run::Launch::Restart { row, .. } => row.run_id.clone(),
-    };
-    let id = w.mint_actor();
-    let p = &w.procs[slot];
-    if p.actors.values().any(|a| a.run_id == run_id) {
-        let gen = p.gen.clone();
-        w.violate("one driver per run", format!("{gen} launches a second actor for {run_id} while one still runs"));
+    let run_id = launch.run_id().to_owned();
+    // One driver per run (`Supervisor::launch`): an actor already drives it; no second one.
+    if w.procs[slot].actors.values().any(|a| a.run_id == run_id) {
+        w.note(|| format!("  {run_id}: an actor already drives it; not launching a second"));
+        return;
     }
+    let id = w.mint_actor();
     let fence = format!("{}#{id}", w.procs[slot].gen);
     let actor = Actor { id, run_id: run_id.clone(), state: RunState::starting(), epoch: 0, run: None, launching: None, fence, ended: false };
     let p = &mut w.procs[slot];

@@ -177,6 +177,14 @@ pub enum Claimed {
     AlreadyLive,
 }
 
+/// Whether a claim found the row already promoted AND past its seed (a step record after step 0): then
+/// the claimant did not promote it — another generation restarted the run meanwhile and ran steps — and
+/// a launch must not seed it again (SPEC §1.1: one driver per run). A re-claim after an uncertain answer
+/// finds at most its own seed.
+pub fn ran_past_its_seed(claimed: Claimed, last_step: Option<&StepRecord>) -> bool {
+    claimed == Claimed::AlreadyLive && last_step.is_some_and(|s| s.step > 0)
+}
+
 /// A tool call a step is about to dispatch.
 /// One step's durable write: its transcript turns from `first_idx`, its events, then its record.
 #[derive(Debug, Clone, PartialEq)]
