@@ -13,14 +13,11 @@
 //! of.
 //!
 //! # Design
-//! On PostgreSQL the probe is [`PgActivityProbe`]: every connection the storage crate opens names itself
-//! `switchboard/<pid>` (`application_name`), so `pg_stat_activity` tells which backends belong to the
-//! stopped process and whether any of them is in a transaction or a statement. This probe and `bench
-//! steps`' raw-commit baseline are the only database connections outside the storage crate: it reads a
-//! server statistics view and touches no table of Switchboard's.
+//! On PostgreSQL the probe is `storage::postgres::ActivityProbe`: every connection the storage crate opens
+//! names itself `switchboard/<pid>` (`application_name`), so `pg_stat_activity` tells which backends belong
+//! to the stopped process and whether any of them is in a transaction or a statement.
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Context;
 use storage::testing::pg::Cluster;
@@ -113,65 +110,10 @@ impl DbSpec {
         match self {
             DbSpec::Sqlite => child.pause_outside_transaction(&data.join("switchboard.db")),
             DbSpec::Postgres { url } => {
-                let mut probe = PgActivityProbe::connect(url)?;
+                let mut probe = storage::postgres::ActivityProbe::connect(url).context("connect the pause probe to PostgreSQL")?;
                 let pid = child.pid();
-                child.pause_when(|| probe.is_idle(pid))
+                child.pause_when(|| probe.is_idle(pid).context("read pg_stat_activity"))
             }
         }
     }
-}
-
-/// Whether a process has a PostgreSQL transaction or statement open right now, from `pg_stat_activity`
-/// (the process's connections are named `switchboard/<pid>`).
-pub struct PgActivityProbe {
-    client: postgres::Client,
-}
-
-/// How long after a first look the second look comes: a query the stopped process sent just before the
-/// stop is read by its backend within this, and then shows as `active` or `idle in transaction`.
-const SETTLE: Duration = Duration::from_millis(20);
-
-impl PgActivityProbe {
-    pub fn connect(url: &str) -> anyhow::Result<PgActivityProbe> {
-        let mut config: postgres::Config = url.parse().context("parse the PostgreSQL URL")?;
-        config.application_name("switchboard-probe").connect_timeout(Duration::from_secs(10));
-        let client = config.connect(postgres::NoTls).context("connect the pause probe to PostgreSQL")?;
-        Ok(PgActivityProbe { client })
-    }
-
-    /// `true` when every backend of process `pid` is `idle` (outside a transaction), twice in a row
-    /// [`SETTLE`] apart with no state change between (so a query still in flight when the process was
-    /// stopped is not missed). A process with no connection at all is an error: the probe could not tell.
-    pub fn is_idle(&mut self, pid: u32) -> anyhow::Result<bool> {
-        let first = self.look(pid)?;
-        if first.busy > 0 {
-            return Ok(false);
-        }
-        std::thread::sleep(SETTLE);
-        let second = self.look(pid)?;
-        Ok(second.busy == 0 && second.changed == first.changed && second.backends == first.backends)
-    }
-
-    fn look(&mut self, pid: u32) -> anyhow::Result<Look> {
-        let row = self
-            .client
-            .query_one(
-                "SELECT count(*) FILTER (WHERE state IS DISTINCT FROM 'idle'), count(*), coalesce(max(state_change)::text, '')
-                 FROM pg_stat_activity WHERE application_name = $1",
-                &[&format!("switchboard/{pid}")],
-            )
-            .context("read pg_stat_activity")?;
-        let look = Look { busy: row.get(0), backends: row.get(1), changed: row.get(2) };
-        anyhow::ensure!(look.backends > 0, "no PostgreSQL connection is named switchboard/{pid}");
-        Ok(look)
-    }
-}
-
-/// One look at a process's backends.
-struct Look {
-    /// Backends in a transaction or a statement.
-    busy: i64,
-    backends: i64,
-    /// The latest state change among them.
-    changed: String,
 }

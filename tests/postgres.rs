@@ -375,7 +375,7 @@ fn a_host_is_paused_only_outside_its_transactions() {
         assert_eq!(status, 202, "{v}");
     }
     let db = switchboard::shared_db::DbSpec::Postgres { url: url.clone() };
-    let mut probe = switchboard::shared_db::PgActivityProbe::connect(&url).expect("probe");
+    let mut probe = storage::postgres::ActivityProbe::connect(&url).expect("probe");
     // Running, the host is caught inside a transaction now and then: the probe sees its connections.
     wait_for("the probe to see the running host in a transaction", Duration::from_secs(20), || {
         (!probe.is_idle(host.pid()).expect("probe")).then_some(())

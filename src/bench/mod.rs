@@ -113,13 +113,13 @@ fn synchronous_modes(args: &BenchArgs) -> anyhow::Result<Vec<Synchronous>> {
     })
 }
 
-/// Durable step latency (transcript turn + step record through the storage actor) beside raw rusqlite
-/// single-row transactions on the same file system with the same `synchronous`.
+/// Durable step latency (transcript turn + step record through the storage actor) beside raw SQLite
+/// single-row transactions ([`storage::sqlite::raw_commit_latencies`]) on the same file system with the same `synchronous`.
 fn steps(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.n.unwrap_or(2000);
     for sync in synchronous_modes(args)? {
         let dir = tempfile::tempdir().context("create a temp dir")?;
-        let raw = raw_commits(&dir.path().join("raw.db"), sync, n)?;
+        let raw = storage::sqlite::raw_commit_latencies(&dir.path().join("raw.db"), sync, n)?.into_iter().map(ms).collect();
         let path = dir.path().join("bench.db");
         let durable = actix_web::rt::System::new().block_on(durable_steps(path, sync, n))?;
         let (d, r) = (summarize(durable.clone()), summarize(raw));
@@ -139,22 +139,6 @@ fn steps(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn raw_commits(path: &Path, sync: Synchronous, n: usize) -> anyhow::Result<Vec<f64>> {
-    let conn = rusqlite::Connection::open(path)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", if sync == Synchronous::Full { "FULL" } else { "NORMAL" })?;
-    conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        conn.execute("INSERT INTO t (k, v) VALUES (?1, ?2)", rusqlite::params![i as i64, "step"])?;
-        conn.execute_batch("COMMIT")?;
-        out.push(ms(t.elapsed()));
-    }
-    Ok(out)
 }
 
 async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) -> anyhow::Result<Vec<f64>> {

@@ -37,7 +37,8 @@
 //! - `runs`: [`RunStore`](crate::store::RunStore) for [`PgStore`];
 //! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`PgStore`];
 //! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`PgStore`];
-//! - `news`: the writers' `pg_notify` and the listener thread of cross-host news ([`crate::news`]).
+//! - `news`: the writers' `pg_notify` and the listener thread of cross-host news ([`crate::news`]);
+//! - `probe`: [`ActivityProbe`], whether a process holds a transaction open (for `chaos` pauses).
 //!
 //! JSON is stored as `text`, byte for byte what SQLite stores, so both answer identically; text
 //! columns are `COLLATE "C"`, so every `ORDER BY` sorts by bytes as SQLite's `BINARY` does.
@@ -46,6 +47,7 @@ pub mod schema;
 mod ledger;
 mod live;
 pub(crate) mod news;
+mod probe;
 mod plan;
 mod records;
 mod runs;
@@ -53,6 +55,8 @@ mod runs;
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
+
+pub use probe::ActivityProbe;
 
 use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement};
@@ -344,7 +348,7 @@ fn race_pause(attempt: u32) {
 fn connect(url: &str) -> Result<Client> {
     let mut config = postgres::Config::from_str(url)?;
     config.connect_timeout(CONNECT_TIMEOUT);
-    config.application_name(&format!("switchboard/{}", std::process::id()));
+    config.application_name(&application_name(std::process::id()));
     let mut client = config.connect(NoTls)?;
     client.batch_execute(&format!(
         "SET lock_timeout = {}; SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'",
@@ -354,6 +358,12 @@ fn connect(url: &str) -> Result<Client> {
         STATEMENT_TIMEOUT.as_millis() * 4,
     ))?;
     Ok(client)
+}
+
+/// The name every connection of process `pid` carries (`switchboard/<pid>`), so `pg_stat_activity` tells
+/// which process holds what ([`ActivityProbe`]).
+fn application_name(pid: u32) -> String {
+    format!("switchboard/{pid}")
 }
 
 /// Milliseconds the database's clock (`now()`) is ahead of `local_ms` — what a [`crate::clock::DbClock`]

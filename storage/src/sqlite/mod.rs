@@ -318,3 +318,23 @@ impl WriteLockProbe {
         }
     }
 }
+
+/// The floor a durable step is measured against (`switchboard bench steps`, SPEC §11): `n` single-row
+/// transactions (`BEGIN IMMEDIATE`, one insert, `COMMIT`) on a fresh database at `path` in WAL mode with
+/// `synchronous` — raw SQLite, no actor, no schema of ours. Answers each commit's latency. Here because
+/// only this crate opens database connections (SPEC §1.2).
+pub fn raw_commit_latencies(path: &Path, synchronous: Synchronous, n: usize) -> Result<Vec<Duration>> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", if synchronous == Synchronous::Full { "FULL" } else { "NORMAL" })?;
+    conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = std::time::Instant::now();
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        conn.execute("INSERT INTO t (k, v) VALUES (?1, ?2)", rusqlite::params![i as i64, "step"])?;
+        conn.execute_batch("COMMIT")?;
+        out.push(t.elapsed());
+    }
+    Ok(out)
+}
