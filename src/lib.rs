@@ -363,7 +363,7 @@ pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyh
     };
     let admitted = running
         .supervisor
-        .send(AdmitMessage { request, key: None })
+        .send(AdmitMessage { request, key: None, writer: None })
         .await
         .context("reach the supervisor")?
         .map_err(|e| anyhow::anyhow!("admit the message: {e}"))?;

@@ -183,6 +183,7 @@ fn crash_while_attaching_restarts_from_the_request_with_the_same_id_and_start() 
                 meta,
                 key: None,
                 lease_ms: 30_000,
+                writer: None,
             },
             started_at,
         )
@@ -349,4 +350,61 @@ fn twenty_random_crashes_leave_one_terminal_record_per_run_and_no_blocked_thread
     }
     assert!(resumed > 0, "twenty crashes mid-run resumed some run");
     wait_for("every thread free", || db(&data).list_live().unwrap().is_empty().then_some(()));
+}
+
+/// The events a viewer of the owning process was shown (its registry serves them before the ledger has
+/// them all).
+fn shown(p: &Proc, run_id: &str) -> Option<Vec<Value>> {
+    let (status, body) = http(|c| c.get(p.url(&format!("/api/runs/{run_id}/events"))));
+    (status == 200).then(|| body["events"].as_array().cloned()).flatten()
+}
+
+#[test]
+fn events_a_viewer_was_shown_before_a_crash_are_in_the_record_under_their_seqs() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let run_id = post_run(&a, "t-seen", "steps=4 ms=1500 tool=append_file");
+    // Step 3's call is shown: step 2's result and step 3's call are in the committed transcript.
+    let seen = wait_for("step 3's tool call, shown", || shown(&a, &run_id).filter(|e| count(e, "tool_call") >= 3));
+    a.crash();
+    let _b = Proc::start(&data, &[]);
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert_contiguous(&record);
+    for e in seen.iter().filter(|e| ["assistant", "tool_call", "tool_result"].contains(&e["type"].as_str().unwrap_or_default())) {
+        let kept = record.events.iter().find(|r| r["seq"] == e["seq"]);
+        assert_eq!(
+            kept.map(|r| (&r["type"], &r["callId"], &r["step"])),
+            Some((&e["type"], &e["callId"], &e["step"])),
+            "shown {e}, not kept under its seq: {:?}",
+            record.events
+        );
+    }
+    for call in record.events.iter().filter(|e| e["type"] == "tool_call") {
+        let results = record.events.iter().filter(|r| r["type"] == "tool_result" && r["callId"] == call["callId"]).count();
+        assert_eq!(results, 1, "call {call} has one result: {:?}", record.events);
+    }
+    assert_eq!(record.head.event_count, record.events.len() as u64, "eventCount counts events, never seqs");
+}
+
+#[test]
+fn a_run_closed_from_finishing_keeps_its_saved_answer_and_says_its_delivery_is_unknown() {
+    // A receiver that takes the connection and never answers: the run is past its gate, its POST in flight.
+    let hook = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    hook.set_nonblocking(true).unwrap();
+    let url = format!("http://{}/hook", hook.local_addr().unwrap());
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[("SWITCHBOARD_DELIVERY__WEBHOOK_URL", &url)]);
+    let run_id = post_run(&a, "t-gated", "steps=1 ms=10 answer=the-kept-answer");
+    let _conn = wait_for("the webhook POST", || hook.accept().ok());
+    a.crash();
+    let _b = Proc::start(&data, &[]);
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::Completed);
+    let answers: Vec<&Value> = record.events.iter().filter(|e| e["type"] == "answer").collect();
+    assert_eq!(answers.len(), 1, "{:?}", record.events);
+    assert_eq!(answers[0]["text"], "the-kept-answer");
+    assert_eq!(record.head.reply_ok, None, "nobody knows whether the reply went out");
+    assert_eq!(record.head.reply_note.as_deref(), Some(actors::run::DELIVERY_UNKNOWN));
+    assert_eq!(record.head.event_count, record.events.len() as u64);
 }

@@ -22,32 +22,9 @@ use futures_util::FutureExt;
 use serde_json::Value;
 use storage::ledger::Phase;
 use storage::StorageHandle;
-use support::{wait_until, SseEvent, TestApp};
+use support::{counting_webhook, wait_until, SseEvent, TestApp};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// A webhook receiver that counts the POSTs it gets; answers its URL and the counter.
-fn counting_webhook() -> (String, Arc<AtomicUsize>) {
-    use actix_web::{web, App, HttpResponse, HttpServer};
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counter = hits.clone();
-    let server = HttpServer::new(move || {
-        let counter = counter.clone();
-        App::new().route(
-            "/hook",
-            web::post().to(move |_: web::Json<Value>| {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { HttpResponse::Ok().finish() }
-            }),
-        )
-    })
-    .workers(1)
-    .bind("127.0.0.1:0")
-    .expect("bind the webhook receiver");
-    let url = format!("http://{}/hook", server.addrs()[0]);
-    actix_web::rt::spawn(server.run());
-    (url, hits)
-}
 
 /// The app with its reply webhook pointed at a fresh counting receiver.
 async fn app_with_webhook() -> (TestApp, Arc<AtomicUsize>) {

@@ -590,3 +590,33 @@ async fn finished_runs_leave_the_registry_once_their_records_land() {
     assert_eq!((status, view["persisted"].as_bool(), view["status"].as_str()), (200, Some(true), Some("completed")), "{view}");
     assert!(types(view["events"].as_array().expect("events")).contains(&"answer"), "{view}");
 }
+
+#[actix_web::test]
+async fn a_message_never_reaches_a_live_run_its_writer_may_not_see() {
+    let mut writer = String::new();
+    let app = TestApp::spawn_with(|c| {
+        writer = support::add_token(c, "machines", &["messages:write"], json!({"kind": "visibility-in", "values": ["machine"]}));
+    })
+    .await;
+    let (status, body) =
+        app.post(json!({"thread": "t-priv", "channel": "c1", "user": "u1", "text": "steps=2 ms=300", "visibility": "private"})).await;
+    assert_eq!(status, 202, "{body}");
+    let run_id = body["runId"].as_str().unwrap().to_owned();
+    app.event(&run_id, "tool_call").await;
+    let follow_up = json!({"thread": "t-priv", "channel": "c1", "user": "u2", "text": "answer=hijacked", "key": "k1"});
+    let (status, body) = app.post_as(&writer, follow_up.clone()).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"], "forbidden");
+    assert!(body["message"].as_str().unwrap_or_default().contains("c1:t-priv"), "names the thread: {body}");
+    assert!(!body.to_string().contains(&run_id), "never names the run: {body}");
+    // Nothing was written: not the message, not a receipt (a retry is refused again, not answered "steered").
+    let (status, _) = app.post_as(&writer, follow_up).await;
+    assert_eq!(status, 403);
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Completed);
+    assert_eq!(record.events.iter().filter(|e| e["type"] == "input").count(), 1, "{:?}", record.events);
+    assert!(!record.events.iter().any(|e| e.to_string().contains("hijacked")));
+    // A writer that may see the run still steers into it; an idle thread starts a run whatever the filter.
+    let (status, body) = app.post_as(&writer, json!({"thread": "t-priv", "channel": "c1", "user": "u2", "text": "steps=1 ms=1"})).await;
+    assert_eq!((status, body["outcome"].as_str()), (202, Some("started")), "{body}");
+}

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{wait_until, TestApp};
+use support::{counting_webhook, wait_until, TestApp};
 
 async fn app() -> TestApp {
     TestApp::spawn_with(|c| {
@@ -58,4 +58,36 @@ async fn a_brief_outage_inside_the_lease_is_ridden_out_without_a_restart() {
     assert!(!record.events.iter().any(|e| e["type"] == "resumed"), "{:?}", record.events);
     assert!(!record.events.iter().any(|e| e["type"] == "note" && e["kind"] == "ledger_detached"), "never detached");
     assert_eq!(app.running.metrics.restarts("storage_lost"), 0);
+}
+
+#[actix_web::test]
+async fn a_run_that_lost_storage_at_its_committed_gate_is_readopted_and_replies_once_from_the_saved_answer() {
+    let (url, hits) = counting_webhook();
+    let app = TestApp::spawn_with(|c| {
+        c.ledger.lease_ms = 1_000;
+        c.ledger.heartbeat_ms = 300;
+        c.delivery.webhook_url = Some(url);
+    })
+    .await;
+    // The gate commits, its answer is lost and storage stays away past the lease: StorageLost at the gate.
+    app.running.storage.inject_lost_finishing();
+    let run_id = app.start_run("t-gate", "steps=1 ms=10 answer=saved").await;
+    let metrics = app.running.metrics.clone();
+    let lost = wait_until(Duration::from_secs(20), || {
+        let n = metrics.restarts("storage_lost");
+        async move { (n > 0).then_some(n) }
+    })
+    .await;
+    assert_eq!(lost, Some(1));
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "no reply before the gate's answer");
+    app.running.storage.inject_outage(false);
+
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, storage::record::RunStatus::Completed);
+    let answers: Vec<_> = record.events.iter().filter(|e| e["type"] == "answer").collect();
+    assert_eq!(answers.len(), 1, "{:?}", record.events);
+    assert_eq!(answers[0]["text"], "saved");
+    assert_eq!(record.head.reply_ok, Some(true), "this process knew it never replied, and replied: {:?}", record.head.reply_note);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1, "one webhook");
+    assert!(app.running.storage.list_live().await.unwrap().is_empty(), "no live row remains");
 }

@@ -166,6 +166,7 @@ mod tests {
             meta: json!({"agent": "demo", "request": {"text": "x"}}),
             key: None,
             lease_ms: 30_000,
+            writer: None,
         };
         h.admit(admit, NOW).await.unwrap();
         let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };

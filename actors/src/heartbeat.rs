@@ -255,6 +255,7 @@ mod tests {
                     meta: json!({"agent": "demo", "request": {"text": "x"}}),
                     key: None,
                     lease_ms: LEASE,
+                    writer: None,
                 };
                 storage.admit(admit, NOW).await.unwrap();
                 let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: LEASE };

@@ -158,11 +158,13 @@ impl Registry {
             tail: VecDeque::new(),
             subscribers: Vec::new(),
         };
+        // Counts are event counts, never seqs: a resumed run's seqs jump past what the dead process may
+        // have published (SPEC §5.2 step 5).
+        entry.row.event_count = replay.len() as u64;
         for mut e in replay {
             self.redactor.redact_event(&mut e);
             Self::store(&mut entry, e, self.backlog_limit);
         }
-        entry.row.event_count = highest;
         map.insert(id.to_owned(), entry);
     }
 
@@ -193,7 +195,7 @@ impl Registry {
         // No event over 64 KiB is ever published: its text is capped here, the full text stays in the
         // request and the transcript (SPEC §4.3 `append`).
         let event = storage::record::cap_event_for_publish(event);
-        entry.row.event_count = entry.last_seq;
+        entry.row.event_count += 1;
         Self::store(entry, event.clone(), self.backlog_limit);
         entry.subscribers.retain(|s| match s.try_send(event.clone()) {
             Ok(()) => true,

@@ -64,6 +64,7 @@ fn message(thread: &str, text: &str) -> AdmitMessage {
             agent: None,
             visibility: None,
         },
+        writer: None,
         key: None,
     }
 }

@@ -47,6 +47,7 @@ async fn admitted(storage: &StorageHandle, gen: &str, thread: &str, run_id: &str
         meta,
         key: None,
         lease_ms: LEASE_MS,
+        writer: None,
     };
     let outcome = storage.admit(admit, NOW).await.expect("admit");
     assert_eq!(outcome, AdmitOutcome::Started { run_id: run_id.into() });

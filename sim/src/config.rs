@@ -174,17 +174,6 @@ pub const KNOWN_ISSUES: &[KnownIssue] = &[
          the follow-ups the detached run folded: they then appear in two runs (SPEC §5.4, §5.5 vs §5.6)",
     },
     KnownIssue {
-        invariant: "detached runs run no unrecorded mutating call",
-        witness: 44,
-        what: "a detached run continues best-effort and dispatches mutating calls with no step record, or on a \
-         row another generation owns by then; its one attempt to mark the row detached can lose to a \
-         reclaim (the heartbeat stopped, the lease ran out), and the resuming generation asks for the same \
-         calls again, so they run twice. A stale reclaimer shows the same: it classifies a row from the \
-         reclaim's step record and a transcript read later (another generation wrote a step meanwhile), \
-         resumes `RunStepFresh`, and a permanent failure of that first write detaches it instead of \
-         fencing it, so it re-runs the new owner's calls (SPEC §5.5, §6.1)",
-    },
-    KnownIssue {
         invariant: "only the run's owner takes its workspace",
         witness: 101,
         what: "the workspace fence is rewritten before the ledger confirms ownership: a launch takes it \

@@ -142,6 +142,8 @@ pub struct Proc {
     /// The flusher's pending batches: run id → (generation, events).
     pub flusher: BTreeMap<String, (String, Vec<Value>)>,
     pub orphans: BTreeMap<String, u32>,
+    /// Runs whose actor ended `StorageLost` (`Supervisor::undelivered`).
+    pub undelivered: BTreeSet<String>,
     pub unattended: BTreeSet<String>,
     pub handed: BTreeSet<String>,
     pub restarts: BTreeMap<String, Vec<i64>>,
@@ -335,6 +337,7 @@ impl World {
             tracked: BTreeMap::new(),
             flusher: BTreeMap::new(),
             orphans: BTreeMap::new(),
+            undelivered: BTreeSet::new(),
             unattended: BTreeSet::new(),
             handed: BTreeSet::new(),
             restarts: BTreeMap::new(),

@@ -153,6 +153,7 @@ async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) ->
         meta: json!({"agent": "demo", "request": {"text": "bench"}}),
         key: None,
         lease_ms: 3_600_000,
+        writer: None,
     };
     storage.admit(admit, storage.clock().now_ms()).await?;
     let promotion = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 3_600_000 };

@@ -5,7 +5,9 @@
 //! It reads nothing but the API and the shared `workspaces/` dir, so it is the same for every backend.
 //! Counted as violations: an accepted message lost or duplicated, a repeated or late `append_file` line,
 //! a run without its one final record (or with a live row left), two terminals, a run a 2xx named that
-//! no listing shows, a repeated seq, a message in another thread's run; plus the fault driver's drain
+//! no listing shows, a repeated seq, a message in another thread's run, a `completed` record without its
+//! answer, a tool call of a `completed` or `stopped_soft` record without its result, an `eventCount`
+//! that is not the record's number of events; plus the fault driver's drain
 //! failures and unexpected exits. What the contract allows (a refused or unanswered message admitted
 //! once, a run closed `interrupted`) is a note at most.
 
@@ -143,6 +145,12 @@ pub(super) struct Verdict {
     pub repeated_seqs: usize,
     /// Messages found in a run of another thread.
     pub crossed_threads: usize,
+    /// `completed` records without an `answer` event.
+    pub unanswered_completed: usize,
+    /// `tool_call` events of `completed` / `stopped_soft` records with no `tool_result` for their call.
+    pub calls_without_results: usize,
+    /// Records whose `eventCount` is not the number of events they hold (untruncated records).
+    pub miscounted_records: usize,
     /// Informational: refused messages that were admitted anyway (once).
     pub refused_but_present: usize,
     /// Informational: nonces found that no client sent.
@@ -165,6 +173,9 @@ impl Verdict {
             + self.missing_runs
             + self.repeated_seqs
             + self.crossed_threads
+            + self.unanswered_completed
+            + self.calls_without_results
+            + self.miscounted_records
             + self.faults.drain_failures
             + self.faults.unexpected_exits
     }
@@ -195,6 +206,9 @@ impl Verdict {
             ("missing runs", self.missing_runs.to_string()),
             ("repeated seqs", self.repeated_seqs.to_string()),
             ("crossed threads", self.crossed_threads.to_string()),
+            ("completed without answer", self.unanswered_completed.to_string()),
+            ("calls without results", self.calls_without_results.to_string()),
+            ("miscounted records", self.miscounted_records.to_string()),
             ("drain failures", self.faults.drain_failures.to_string()),
             ("unexpected exits", self.faults.unexpected_exits.to_string()),
             ("elapsed", format!("{:.1} s", self.elapsed.as_secs_f64())),
@@ -214,7 +228,9 @@ impl Verdict {
             "duplicated_effects": self.duplicated_effects, "out_of_order_effects": self.out_of_order_effects,
             "stuck_runs": self.stuck_runs, "duplicate_terminals": self.duplicate_terminals,
             "missing_runs": self.missing_runs, "repeated_seqs": self.repeated_seqs,
-            "crossed_threads": self.crossed_threads, "drain_failures": self.faults.drain_failures,
+            "crossed_threads": self.crossed_threads, "unanswered_completed": self.unanswered_completed,
+            "calls_without_results": self.calls_without_results, "miscounted_records": self.miscounted_records,
+            "drain_failures": self.faults.drain_failures,
             "unexpected_exits": self.faults.unexpected_exits,
             "refused_but_present": self.refused_but_present, "unknown_nonces": self.unknown_nonces,
             "violations": self.violations(), "ok": self.violations() == 0,
@@ -222,6 +238,33 @@ impl Verdict {
             "data_dir": if self.violations() > 0 || args.keep { Value::from(data.display().to_string()) } else { Value::Null },
         })
     }
+}
+
+/// What a finished record must hold (SPEC §5.2 steps 5 and 7): whether a `completed` run has its
+/// answer; the calls of a `completed` or `stopped_soft` run that have no `tool_result`; and, for an
+/// untruncated record, `(eventCount, events)` when they disagree (counts are event counts, never seqs).
+fn record_gaps(run: &Value, events: &[Value]) -> (bool, Vec<String>, Option<(u64, u64)>) {
+    let status = run["status"].as_str().unwrap_or_default();
+    if !has_final_record(run) {
+        return (true, Vec::new(), None);
+    }
+    let answered = status != "completed" || events.iter().any(|e| e["type"] == "answer");
+    let calls = if matches!(status, "completed" | "stopped_soft") {
+        let results: HashSet<&str> = events.iter().filter(|e| e["type"] == "tool_result").filter_map(|e| e["callId"].as_str()).collect();
+        events
+            .iter()
+            .filter(|e| e["type"] == "tool_call")
+            .filter_map(|e| e["callId"].as_str())
+            .filter(|c| !results.contains(c))
+            .map(str::to_owned)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let said = run["eventCount"].as_u64().unwrap_or_default();
+    let held = events.len() as u64;
+    let count = (run["truncated"] != true && said != held).then_some((said, held));
+    (answered, calls, count)
 }
 
 /// Every `nonce=` token in a text.
@@ -338,6 +381,19 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
             v.duplicate_terminals += 1;
             v.details.push(format!("run {id} has {terminals} terminal events (answer / run_failed)"));
         }
+        let (answer, calls, count) = record_gaps(run, &events);
+        if !answer {
+            v.unanswered_completed += 1;
+            v.details.push(format!("run {id} is completed without an answer event"));
+        }
+        if !calls.is_empty() {
+            v.calls_without_results += calls.len();
+            v.details.push(format!("run {id} ({}) has tool calls without a result: {calls:?}", run["status"]));
+        }
+        if let Some((said, held)) = count {
+            v.miscounted_records += 1;
+            v.details.push(format!("run {id} says eventCount {said} for {held} events"));
+        }
     }
 
     // Messages against what the runs hold.
@@ -396,6 +452,22 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_finished_record_must_hold_its_answer_its_results_and_a_true_count() {
+        let run = |status: &str, count: u64| json!({"status": status, "finished": true, "persisted": true, "eventCount": count});
+        let call = |id: &str| json!({"type": "tool_call", "callId": id});
+        let result = |id: &str| json!({"type": "tool_result", "callId": id});
+        let answer = json!({"type": "answer", "text": "a"});
+        let whole = vec![call("c1"), result("c1"), answer.clone()];
+        assert_eq!(record_gaps(&run("completed", 3), &whole), (true, vec![], None));
+        assert_eq!(record_gaps(&run("completed", 2), &whole[..2]), (false, vec![], None), "completed without its answer");
+        assert_eq!(record_gaps(&run("completed", 1014), &whole), (true, vec![], Some((1014, 3))), "a seq is not a count");
+        let cut = vec![call("c1"), call("c2"), result("c1"), answer];
+        assert_eq!(record_gaps(&run("stopped_soft", 4), &cut), (true, vec!["c2".to_owned()], None));
+        assert_eq!(record_gaps(&run("stopped_hard", 4), &cut), (true, vec![], None), "a hard stop drops calls in flight");
+        assert_eq!(record_gaps(&run("interrupted", 4), &cut), (true, vec![], None));
+    }
 
     #[test]
     fn nonces_are_found_inside_joined_successor_requests() {

@@ -64,6 +64,9 @@ pub struct StorageHandle {
     /// Fault injection (tests, `chaos`): while set, every call answers `Unavailable` without reaching
     /// the storage thread — what a full disk or a dead database looks like to callers. Shared by clones.
     outage: Arc<std::sync::atomic::AtomicBool>,
+    /// Tests: the next `finishing` commits, then its answer is lost and an outage begins.
+    #[cfg(any(test, feature = "test-hooks"))]
+    lose_finishing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for StorageHandle {
@@ -102,6 +105,8 @@ impl StorageHandle {
             receipt_ttl_ms: options.receipt_ttl_ms,
             news,
             outage: Default::default(),
+            #[cfg(any(test, feature = "test-hooks"))]
+            lose_finishing: Default::default(),
         }
     }
 
@@ -120,6 +125,13 @@ impl StorageHandle {
     /// Start (`true`) or end an injected outage: meanwhile every call answers `Unavailable`.
     pub fn inject_outage(&self, on: bool) {
         self.outage.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Tests: the next `finishing` commits, but its caller is told storage went away, and an injected
+    /// outage begins at once (a connection lost after its COMMIT).
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn inject_lost_finishing(&self) {
+        self.lose_finishing.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Counters of the storage actor (group commits, queue depth and refusals) and of its readers.
@@ -383,7 +395,13 @@ impl StorageHandle {
     }
 
     pub async fn finishing(&self, run_id: String, gen: String, status: RunStatus, answer: Option<String>) -> Result<Outcome<()>> {
-        self.transact(move |b, _| b.finishing(&run_id, &gen, status, answer.as_deref())).await
+        let answered = self.transact(move |b, _| b.finishing(&run_id, &gen, status, answer.as_deref())).await;
+        #[cfg(any(test, feature = "test-hooks"))]
+        if answered.is_ok() && self.lose_finishing.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.inject_outage(true);
+            return Err(Error::Unavailable("injected: the answer of a committed finishing was lost".into()));
+        }
+        answered
     }
 
     /// The ledger's finish, and in the same transaction the admission of `successor` for the inbox rows

@@ -33,6 +33,7 @@ fn admission(run_id: &str, text: &str) -> Admit {
             "channelVisibility": "machine", "deadline": NOW + 1000, "request": request(text, "u1")}),
         key: None,
         lease_ms: 30_000,
+        writer: None,
     }
 }
 

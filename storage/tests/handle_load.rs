@@ -29,6 +29,7 @@ fn admission(run_id: &str, thread: &str, now: i64) -> Admit {
         meta: json!({"agent": "demo", "request": {"text": "x"}, "deadline": now + 600_000}),
         key: None,
         lease_ms: LEASE_MS,
+        writer: None,
     }
 }
 

@@ -194,6 +194,7 @@ async fn prune_dead_takes_only_dead_idle_old_generations_and_receipts_past_the_c
             meta: json!({"agent": "demo", "request": {"text": "x"}}),
             key: Some(ReceiptKey { scope: "tok".into(), key: "k".into(), body_hash: "h".into() }),
             lease_ms: 30_000,
+            writer: None,
         };
         assert_eq!(h.admit(admit, NOW).await.unwrap(), AdmitOutcome::Started { run_id: "r1".into() });
         h.finish(own.into(), record("r1"), None, None).await.unwrap().unwrap();

@@ -40,6 +40,7 @@ fn admission(run_id: &str, thread: &str, keyed: bool) -> Admit {
             "channelVisibility": "machine", "deadline": NOW + 600_000, "request": request(thread, "go")}),
         key: keyed.then(|| ReceiptKey { scope: "tok".into(), key: format!("key-{run_id}"), body_hash: "h".into() }),
         lease_ms: LEASE,
+        writer: None,
     }
 }
 

@@ -65,6 +65,7 @@ fn admission(thread: &str, gen: &str, run_id: &str, text: &str) -> Admit {
         meta: meta(thread, text),
         key: None,
         lease_ms: LEASE,
+        writer: None,
     }
 }
 
@@ -411,6 +412,24 @@ fn a_keyed_admit_to_a_finishing_run_is_busy_and_an_unkeyed_one_is_steered<S: Led
     let k_again = keyed(admission("C1:t1", G2, "run-d", "next"), "tok", "k-busy", "hash-b");
     assert_eq!(s.admit(&k_again, NOW + 40).unwrap(), started("run-d"));
     assert_eq!(live_row(s, "run-d").phase, Phase::Attaching);
+}
+
+fn a_message_from_a_writer_who_may_not_see_the_live_run_is_forbidden_and_writes_nothing<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let machines: VisibilityFilter = serde_json::from_value(json!({"kind": "visibility-in", "values": ["machine"]})).unwrap();
+    let mut from_machines = keyed(admission("C1:t1", G2, "run-b", "hijack"), "tok", "k-forbidden", "hash-f");
+    from_machines.writer = Some(machines);
+    assert_eq!(s.admit(&from_machines, NOW + 10).unwrap(), AdmitOutcome::Forbidden);
+    assert_eq!(s.read_inbox("run-a", None).unwrap(), Ok(vec![]), "nothing appended");
+    assert_eq!(s.get_live("run-b").unwrap(), None, "nothing reserved");
+    // No receipt: the same key from a writer who may see the run steers.
+    let mut from_all = keyed(admission("C1:t1", G2, "run-c", "hijack"), "tok", "k-forbidden", "hash-f");
+    from_all.writer = Some(VisibilityFilter::All);
+    assert_eq!(s.admit(&from_all, NOW + 20).unwrap(), steered("run-a", 1));
+    // A free thread starts a run whatever the writer's filter.
+    let mut idle = admission("C1:t2", G2, "run-d", "fresh");
+    idle.writer = Some(VisibilityFilter::None);
+    assert_eq!(s.admit(&idle, NOW + 30).unwrap(), started("run-d"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1520,6 +1539,7 @@ contract!(
     a_keyed_admit_retried_returns_the_stored_answer_and_appends_once,
     the_same_key_with_another_body_is_a_key_conflict_and_keys_are_scoped,
     a_keyed_admit_to_a_finishing_run_is_busy_and_an_unkeyed_one_is_steered,
+    a_message_from_a_writer_who_may_not_see_the_live_run_is_forbidden_and_writes_nothing,
     claim_promotes_the_owners_reservation_and_keeps_identity_start_and_meta,
     re_claim_by_the_owner_is_idempotent_and_changes_nothing,
     claim_by_another_generation_is_fenced_and_of_an_unknown_run_is_unknown_run,
@@ -1712,6 +1732,7 @@ mod kill {
             meta: json!({"agent": "demo", "request": {"text": "x"}}),
             key: None,
             lease_ms: 30_000,
+            writer: None,
         };
         assert_eq!(s.admit(&a, NOW).unwrap(), AdmitOutcome::Started { run_id: id.into() });
     }
@@ -1744,7 +1765,7 @@ mod kill {
         assert_eq!(s.get("k1", NOW + 4).unwrap(), None);
         assert!(s.list(&ListQuery::visible_to(VisibilityFilter::All), NOW + 4).unwrap().items.is_empty());
         assert_eq!(s.admit(&Admit { thread_key: "c:t".into(), gen: "g2".into(), run_id: "k1".into(),
-            request: json!({}), meta: json!({}), key: None, lease_ms: 1 }, NOW + 5).unwrap(), AdmitOutcome::Fenced);
+            request: json!({}), meta: json!({}), key: None, lease_ms: 1, writer: None }, NOW + 5).unwrap(), AdmitOutcome::Fenced);
         admit(s, "k2", "c:t", "g2");
     }
 
@@ -1800,6 +1821,7 @@ mod receipt_limit {
             meta: json!({"agent": "demo", "request": {"text": key}}),
             key: Some(ReceiptKey { scope: "tok".into(), key: key.into(), body_hash: format!("h-{key}") }),
             lease_ms: 30_000,
+            writer: None,
         }
     }
 

@@ -47,6 +47,7 @@ async fn live_run(h: &StorageHandle, run_id: &str) {
         meta: json!({"agent": "demo", "request": {"text": "hi"}}),
         key: None,
         lease_ms: 60_000,
+        writer: None,
     };
     h.admit(admit, h.clock().now_ms()).await.unwrap();
     let promotion = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 60_000 };

@@ -108,6 +108,7 @@ fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
         meta: json!({"agent": "demo", "request": {"text": "x"}}),
         key: None,
         lease_ms: 30_000,
+        writer: None,
     };
     assert_eq!(s.admit(&admit, NOW).unwrap(), AdmitOutcome::Started { run_id: "r1".into() });
     let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };

@@ -195,6 +195,7 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
         meta: json!({"agent": "demo", "request": {"text": "x"}}),
         key: None,
         lease_ms: 30_000,
+        writer: None,
     };
     h.admit(admit, NOW).await.unwrap();
     let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };

@@ -86,6 +86,31 @@ impl TestApp {
 }
 
 /// Poll `check` until it answers `Some`, or `None` after `timeout` (for eventual properties only).
+/// A webhook receiver that counts the POSTs it gets; answers its URL and the counter.
+#[allow(dead_code)] // not every test binary delivers replies
+pub fn counting_webhook() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use actix_web::{web, App, HttpResponse, HttpServer};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let server = HttpServer::new(move || {
+        let counter = counter.clone();
+        App::new().route(
+            "/hook",
+            web::post().to(move |_: web::Json<serde_json::Value>| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { HttpResponse::Ok().finish() }
+            }),
+        )
+    })
+    .workers(1)
+    .bind("127.0.0.1:0")
+    .expect("bind the webhook receiver");
+    let url = format!("http://{}/hook", server.addrs()[0]);
+    actix_web::rt::spawn(server.run());
+    (url, hits)
+}
+
 pub async fn wait_until<T, F, Fut>(timeout: std::time::Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,

@@ -123,6 +123,16 @@ impl std::ops::AddAssign for Usage {
     }
 }
 
+/// Usage summed per model over `events`' `assistant` events (what a resumed run starts its totals from).
+pub fn usage_of(events: &[serde_json::Value]) -> std::collections::BTreeMap<String, Usage> {
+    let mut totals = std::collections::BTreeMap::<String, Usage>::new();
+    for e in events.iter().filter(|e| e["type"] == "assistant") {
+        let (Some(model), Ok(usage)) = (e["model"].as_str(), serde_json::from_value::<Usage>(e["usage"].clone())) else { continue };
+        *totals.entry(model.to_owned()).or_default() += usage;
+    }
+    totals
+}
+
 /// What the model answered: text (possibly empty) and tool calls (none means "this is the answer").
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct AssistantTurn {
@@ -394,6 +404,26 @@ pub trait Agent: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
         let _ = on_delta;
         self.next(conv)
+    }
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    #[test]
+    fn usage_of_sums_assistant_events_per_model_and_skips_the_rest() {
+        let events = vec![
+            serde_json::json!({"type": "assistant", "model": "m1", "usage": {"inputTokens": 3, "outputTokens": 4}}),
+            serde_json::json!({"type": "assistant", "model": "m1", "usage": {"inputTokens": 1, "outputTokens": 11}}),
+            serde_json::json!({"type": "assistant", "model": "m2", "usage": {"inputTokens": 2, "outputTokens": 0}}),
+            serde_json::json!({"type": "assistant", "text": "no usage"}),
+            serde_json::json!({"type": "tool_result", "model": "m1", "usage": {"inputTokens": 9, "outputTokens": 9}}),
+        ];
+        let totals = usage_of(&events);
+        assert_eq!(totals.len(), 2);
+        assert_eq!(totals["m1"], Usage { input_tokens: 4, output_tokens: 15 });
+        assert_eq!(totals["m2"], Usage { input_tokens: 2, output_tokens: 0 });
     }
 }
 

@@ -65,7 +65,7 @@ impl AgentPlanProvider {
         };
         let admitted = self
             .supervisor
-            .send(AdmitMessage { request, key: None })
+            .send(AdmitMessage { request, key: None, writer: None })
             .await
             .map_err(|e| ProviderError::Rejected(format!("supervisor: {e}")))?
             .map_err(|e| ProviderError::Rejected(format!("admission refused: {e}")))?;

@@ -138,7 +138,9 @@ pub(super) async fn restart(deps: RunDeps, row: LiveRow, events: Vec<Value>, fro
     // Past anything the dead attempt may have published but not flushed; a first start just continues.
     let next_seq = if from_gen.is_some() { highest + 1000 } else { highest + 1 };
     deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, next_seq);
-    let run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent);
+    let mut run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent);
+    run.usage = agent::usage_of(&events_usage(&run));
+    run.recorded_stop = row.stop;
     if highest == 0 || !had_input {
         // The first attempt's events never reached the ledger: publish the identity and request once.
         run.publish(meta.event());
@@ -164,6 +166,8 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     let token = deps.tokens.mint(&row.run_id);
     deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, a.events, highest + 1000);
     let mut run = Run::new(deps, row.run_id.clone(), meta, now + a.last_step.remaining_ms, agent);
+    run.usage = agent::usage_of(&events_usage(&run));
+    run.recorded_stop = row.stop;
     if !row.system_text.is_empty() {
         run.system = row.system_text.clone();
     }
@@ -212,6 +216,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
             if calls.is_empty() {
                 finish_plan = Some(last_text.clone());
             }
+            run.publish_calls(&calls);
             if let Some(write) = run.durable_step(Vec::new(), &calls) {
                 let answer = write.await;
                 match run.settle("step record", answer) {
@@ -252,7 +257,13 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
         let mut results = Vec::with_capacity(calls.len());
         for (call, how) in calls.iter().zip(how) {
             match how.synthetic_text() {
-                None => results.push(tools.call(call).await),
+                None => {
+                    let (result, event) = tools.call(call).await;
+                    results.push(result);
+                    if let Some(event) = event {
+                        run.keep(event);
+                    }
+                }
                 Some(text) => {
                     // A visible settlement: viewers see the call's effects are unknown (SPEC §6.2).
                     let mut event = json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": false,
@@ -260,7 +271,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                     if how == Settlement::EffectsUnknown {
                         event["effectsUnknown"] = json!(true);
                     }
-                    run.publish(event);
+                    run.publish_kept(event);
                     results.push(ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: false, output: text.to_owned() });
                 }
             }
@@ -268,4 +279,38 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
         run.pending = Some(agent::results_turn(&results, &[]));
     }
     Launched::Run(Box::new(run), Started::Continue)
+}
+
+/// The replayed events of a run just created in the registry (usage totals never go backwards: a resumed
+/// run starts from what its earlier incarnations' `assistant` events reported).
+fn events_usage(run: &Run) -> Vec<Value> {
+    run.deps.registry.snapshot(&run.id).map(|(_, events)| events).unwrap_or_default()
+}
+
+/// Continue the reply of a row this generation holds past its finishing gate, whose reply never went
+/// out (its actor lost storage at the gate; SPEC §5.2 step 7): the saved status and answer go through
+/// the gate again (the committed gate answers as `Ok`), then the answer, the webhook and the record.
+/// The registry still holds what the lost actor published; else the ledger's events are replayed.
+pub(super) async fn deliver(deps: RunDeps, row: LiveRow, events: Vec<Value>, step: u64) -> Launched {
+    let meta = meta_from_row(&row);
+    let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
+        let reason = format!("cannot deliver: agent {:?} is not configured here", meta.agent);
+        return Launched::Over(close_unstartable(&deps, &row, events, &reason).await);
+    };
+    if deps.registry.row(&row.run_id).is_none() {
+        let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+        let token = deps.tokens.mint(&row.run_id);
+        deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, highest + 1000);
+    }
+    let status = row.state.get("finalStatus").and_then(Value::as_str).and_then(RunStatus::parse).unwrap_or(RunStatus::Completed);
+    let answer = row.state.get("answer").and_then(Value::as_str).map(str::to_owned);
+    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + agent.budget_ms);
+    let mut run = Run::new(deps, row.run_id.clone(), meta, deadline, agent);
+    run.usage = agent::usage_of(&events_usage(&run));
+    run.step = step;
+    if let Some(bound) = row.state.get("binding").and_then(|b| b.get("workspace")).and_then(Value::as_str) {
+        run.workspace = PathBuf::from(bound);
+    }
+    tracing::info!(run_id = %run.id, generation = %run.gen, status = status.as_str(), "continuing the reply of a run past its finishing gate");
+    Launched::Run(Box::new(run), Started::Gated { status, answer })
 }

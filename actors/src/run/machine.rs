@@ -7,7 +7,7 @@
 //!  Starting ──Started──▶ (step boundary) ──CallModel──▶ Calling ──ModelAnswered──▶ Writing
 //!      ▲                    │   ▲                                                     │
 //!      │                    │   └────────ToolsDone──── Tools ◀──StepWritten(calls)────┤
-//!      │                    │   └────────Inbox(n>0)── Reading ◀─StepWritten(text)─────┘
+//!      │                    │   └──StepWritten── Folding ◀─Inbox(n>0)── Reading ◀─StepWritten(text)┘
 //!      │                    ├──drain──▶ HandingOff ──HandedOff──▶ Ended(HandedOff)
 //!      │                    └──end of loop──▶ Gating ──Gate(open)──▶ Replying ──Replied──▶ Recording
 //!      │                                                                                   │
@@ -34,6 +34,8 @@ pub enum Phase {
     Writing { calls: bool },
     /// The inbox is read after a text-only turn.
     Reading,
+    /// The follow-ups read after a text-only turn are written as a turn of their own.
+    Folding,
     /// The step's tool calls run.
     Tools,
     /// The last results commit at the step boundary and the row goes to the next generation.
@@ -86,6 +88,9 @@ pub enum Started {
     Finish(String),
     /// The run cannot go on (an unreadable plan, a missing workspace): conclude `failed`.
     Fail(String),
+    /// Past its finishing gate with this status and answer, the reply not yet sent: gate again (the
+    /// committed gate answers as `Ok`), then reply and record.
+    Gated { status: RunStatus, answer: Option<String> },
     Fenced,
     Lost,
 }
@@ -129,6 +134,9 @@ pub enum Effect {
     WriteStep,
     /// Read the inbox after a text-only turn ([`Msg::Inbox`]).
     ReadInbox,
+    /// Write the follow-ups read after a text-only turn, with that turn's `assistant` event and their
+    /// `input` events, in one commit ([`Msg::StepWritten`]).
+    WriteFollowups,
     RunTools,
     /// Drop the effect in flight (a model call or tool calls): hard stop or fence.
     AbortInFlight,
@@ -205,7 +213,7 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             s.fenced = true;
             match phase {
                 // A write in flight answers for itself (its answer will be `Fenced`).
-                Phase::Writing { .. } | Phase::Gating | Phase::HandingOff | Phase::Recording => {}
+                Phase::Writing { .. } | Phase::Folding | Phase::Gating | Phase::HandingOff | Phase::Recording => {}
                 Phase::Boundary => end(&mut s, &mut fx, End::Fenced),
                 _ => {
                     fx.push(Effect::AbortInFlight);
@@ -243,6 +251,12 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             }
             Started::Finish(text) => conclude(&mut s, &mut fx, Some(Ending::Answer(text.clone()))),
             Started::Fail(why) => conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone()))),
+            Started::Gated { status, answer } => {
+                s.status = Some(*status);
+                s.answer = answer.clone();
+                s.phase = Phase::Gating;
+                fx.push(Effect::Gate { status: *status, answer: answer.clone() });
+            }
             Started::Fenced => end(&mut s, &mut fx, End::Fenced),
             Started::Lost => end(&mut s, &mut fx, End::StorageLost),
         },
@@ -289,13 +303,22 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
         },
         (Msg::Inbox { unread }, Phase::Reading) => {
             if *unread > 0 {
-                s.phase = Phase::Boundary;
-                fx.push(Effect::NextStep);
+                s.phase = Phase::Folding;
+                fx.push(Effect::WriteFollowups);
             } else {
                 let text = s.last_text.clone();
                 conclude(&mut s, &mut fx, Some(Ending::Answer(text)));
             }
         }
+        (Msg::StepWritten(written), Phase::Folding) => match written {
+            Written::Fenced => end(&mut s, &mut fx, End::Fenced),
+            Written::Lost => end(&mut s, &mut fx, End::StorageLost),
+            Written::Ok if s.fenced => end(&mut s, &mut fx, End::Fenced),
+            Written::Ok => {
+                s.phase = Phase::Boundary;
+                fx.push(Effect::NextStep);
+            }
+        },
         (Msg::ToolsDone, Phase::Tools) => {
             s.phase = Phase::Boundary;
             fx.push(Effect::NextStep);
@@ -414,6 +437,7 @@ mod tests {
             ("started goes to the first step",          at(P::Starting), Msg::Started(Started::Continue), vec![E::NextStep], P::Boundary),
             ("a finish plan skips the model",           at(P::Starting), Msg::Started(Started::Finish("a".into())), vec![gate(S::Completed, Some("a"))], P::Gating),
             ("a failed launch fails the run",           at(P::Starting), Msg::Started(Started::Fail("no workspace".into())), vec![E::PublishFailure("no workspace".into()), gate(S::Failed, None)], P::Gating),
+            ("a gated row continues at its gate",       at(P::Starting), Msg::Started(Started::Gated { status: S::StoppedSoft, answer: Some("a".into()) }), vec![gate(S::StoppedSoft, Some("a"))], P::Gating),
             ("a fenced launch ends silently",           at(P::Starting), Msg::Started(Started::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a launch without storage is lost",        at(P::Starting), Msg::Started(Started::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
             // step boundary
@@ -432,7 +456,12 @@ mod tests {
             ("a written text turn reads the inbox",     at(P::Writing { calls: false }), Msg::StepWritten(Written::Ok), vec![E::ReadInbox], P::Reading),
             ("a fenced step write ends silently",       at(P::Writing { calls: true }), Msg::StepWritten(Written::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a lost step write ends storage-lost",     at(P::Writing { calls: true }), Msg::StepWritten(Written::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
-            ("follow-ups after an answer go on",        texted.clone(), Msg::Inbox { unread: 2 }, vec![E::NextStep], P::Boundary),
+            ("follow-ups after an answer are written",  texted.clone(), Msg::Inbox { unread: 2 }, vec![E::WriteFollowups], P::Folding),
+            ("written follow-ups go on",                at(P::Folding), Msg::StepWritten(Written::Ok), vec![E::NextStep], P::Boundary),
+            ("a fenced follow-up write ends silently",  at(P::Folding), Msg::StepWritten(Written::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a lost follow-up write ends storage-lost", at(P::Folding), Msg::StepWritten(Written::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
+            ("a fence waits for the follow-up write",   at(P::Folding), Msg::Fenced, vec![], P::Folding),
+            ("a hard stop waits for the follow-up write", at(P::Folding), Msg::Stop(StopMode::Hard), vec![E::AnnounceStop(StopMode::Hard)], P::Folding),
             ("no follow-ups: the answer concludes",     texted, Msg::Inbox { unread: 0 }, vec![gate(S::Completed, Some("hello"))], P::Gating),
             // tools
             ("tools done: the next step",               at(P::Tools), Msg::ToolsDone, vec![E::NextStep], P::Boundary),

@@ -56,7 +56,7 @@ use crate::history::HistoryWriter;
 use crate::registry::{Registry, RunMeta};
 use crate::tools::Toolbox;
 use machine::{Effect, End, Msg, RunState, Written};
-pub use record::{admitted_successor, assemble_record, build_record, close_row, meta_from_row, RecordExtras};
+pub use record::{admitted_successor, assemble_record, build_record, close_row, closing_record, meta_from_row, RecordExtras, DELIVERY_UNKNOWN};
 use launch::Launched;
 use work::{Delivery, Gate, Run};
 
@@ -138,11 +138,11 @@ pub struct StopActor {
 }
 
 impl StopActor {
-    /// Sanitize the id to `^[A-Za-z0-9:@._-]{1,128}$`, else `unknown` (SPEC §5.6).
+    /// Sanitize the id to `^[A-Za-z0-9:@._-]{1,128}$` (SPEC §5.6): other characters are stripped, the rest
+    /// capped at 128; nothing left reads `unknown`.
     pub fn new(kind: &str, id: &str) -> Self {
-        let ok = (1..=128).contains(&id.len())
-            && id.chars().all(|c| c.is_ascii_alphanumeric() || ":@._-".contains(c));
-        StopActor { kind: kind.to_owned(), id: if ok { id.to_owned() } else { "unknown".to_owned() } }
+        let kept: String = id.chars().filter(|c| c.is_ascii_alphanumeric() || ":@._-".contains(*c)).take(128).collect();
+        StopActor { kind: kind.to_owned(), id: if kept.is_empty() { "unknown".to_owned() } else { kept } }
     }
 }
 
@@ -161,6 +161,9 @@ pub enum Launch {
     /// Re-run an `attaching` row from its saved request under the same id and start (SPEC §6.3); with
     /// `from_gen: None`, a successor run a finish admitted here, started for the first time.
     Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
+    /// Continue the reply of a row of this generation past its finishing gate whose reply never went
+    /// out (its actor lost storage at the gate): the saved status and answer, then the record.
+    Deliver { row: LiveRow, events: Vec<Value>, step: u64 },
 }
 
 impl Launch {
@@ -169,7 +172,7 @@ impl Launch {
         match self {
             Launch::Fresh { id, .. } => id,
             Launch::Resume(a) => &a.row.run_id,
-            Launch::Restart { row, .. } => &row.run_id,
+            Launch::Restart { row, .. } | Launch::Deliver { row, .. } => &row.run_id,
         }
     }
 }
@@ -250,7 +253,7 @@ enum Completion {
     ModelDone { items: Vec<InboxItem>, reply: Result<AssistantTurn, String>, ms: u64 },
     StepWritten(Option<storage::Result<storage::ledger::Outcome<()>>>),
     InboxRead(Vec<InboxItem>),
-    ToolsDone { results: Vec<ToolResult>, ms: u64 },
+    ToolsDone { results: Vec<ToolResult>, events: Vec<Value>, ms: u64 },
     HandedOff(bool),
     Finishing(Gate),
     Replied(Delivery),
@@ -277,7 +280,7 @@ impl RunActor {
         let id = match &launch {
             Launch::Fresh { id, .. } => id.clone(),
             Launch::Resume(a) => a.row.run_id.clone(),
-            Launch::Restart { row, .. } => row.run_id.clone(),
+            Launch::Restart { row, .. } | Launch::Deliver { row, .. } => row.run_id.clone(),
         };
         RunActor { id, deps, launch: Some(launch), state: RunState::starting(), run: None, in_flight: None, epoch: 0, stop_actor: None }
     }
@@ -333,11 +336,12 @@ impl RunActor {
             }
             Effect::WriteStep => {
                 let run = self.run();
-                if run.current.as_ref().is_some_and(|t| !t.calls.is_empty()) {
+                let (turns, calls) = run.take_step_turns();
+                if !calls.is_empty() {
                     let event = run.assistant_event();
                     run.publish_in_step(event);
+                    run.publish_calls(&calls);
                 }
-                let (turns, calls) = run.take_step_turns();
                 match run.durable_step(turns, &calls) {
                     Some(write) => self.spawn(ctx, write, Completion::StepWritten),
                     None => ctx.notify(Done { epoch: self.epoch, what: Completion::StepWritten(Some(Ok(Ok(())))) }),
@@ -349,8 +353,12 @@ impl RunActor {
             }
             Effect::RunTools => {
                 let fut = self.run().run_tools();
-                self.spawn(ctx, fut, |(results, ms)| Completion::ToolsDone { results, ms });
+                self.spawn(ctx, fut, |(results, events, ms)| Completion::ToolsDone { results, events, ms });
             }
+            Effect::WriteFollowups => match self.run().write_followups() {
+                Some(write) => self.spawn(ctx, write, Completion::StepWritten),
+                None => ctx.notify(Done { epoch: self.epoch, what: Completion::StepWritten(Some(Ok(Ok(())))) }),
+            },
             Effect::AbortInFlight => {
                 self.epoch += 1;
                 if let Some(handle) = self.in_flight.take() {
@@ -441,6 +449,7 @@ impl Actor for RunActor {
                 Launch::Fresh { id, meta, request, started_at } => launch::fresh(deps, id, meta, request, started_at).await,
                 Launch::Resume(adoption) => launch::resume(deps, adoption).await,
                 Launch::Restart { row, events, from_gen } => launch::restart(deps, row, events, from_gen).await,
+                Launch::Deliver { row, events, step } => launch::deliver(deps, row, events, step).await,
             }
         };
         self.spawn(ctx, fut, Completion::Launched);
@@ -472,6 +481,12 @@ impl Handler<Done> for RunActor {
             Completion::Launched(Launched::Over((reason, successor))) => return self.finish_actor(reason, successor, ctx),
             Completion::Launched(Launched::Run(run, started)) => {
                 self.state.last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+                if let Some(mode) = run.recorded_stop {
+                    // Committed and announced by an earlier incarnation: it decides from the first step.
+                    self.deps.registry.set_stop(&self.id, mode);
+                    self.state.stop = Some(mode);
+                    self.state.announced.push(mode);
+                }
                 self.run = Some(run);
                 Msg::Started(started)
             }
@@ -504,15 +519,19 @@ impl Handler<Done> for RunActor {
                 let run = self.run();
                 let unread = items.len();
                 if unread > 0 {
-                    // The answer turn is not the end: show it, then the follow-ups become a turn.
+                    // The answer turn is not the end: show it, then the follow-ups become a turn, written
+                    // at once with both events ([`machine::Effect::WriteFollowups`]).
                     let event = run.assistant_event();
-                    run.publish(event);
+                    run.publish_in_step(event);
                     run.fold(items);
                 }
                 Msg::Inbox { unread }
             }
-            Completion::ToolsDone { results, ms } => {
+            Completion::ToolsDone { results, events, ms } => {
                 let run = self.run();
+                for event in events {
+                    run.keep(event);
+                }
                 run.tool_ms += ms;
                 run.tool_calls += results.len() as u64;
                 run.pending = Some(agent::results_turn(&results, &[]));
@@ -611,3 +630,17 @@ pub(crate) fn publish(deps: &RunDeps, id: &str, event: Value, durable: bool) -> 
     Some(stamped)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::StopActor;
+
+    #[test]
+    fn a_stop_actor_id_is_stripped_to_its_charset_and_capped_and_nothing_left_reads_unknown() {
+        assert_eq!(StopActor::new("token", "ops@example.com").id, "ops@example.com");
+        assert_eq!(StopActor::new("token", "ops team <boss>").id, "opsteamboss");
+        assert_eq!(StopActor::new("token", &"a".repeat(300)).id, "a".repeat(128));
+        assert_eq!(StopActor::new("token", "").id, "unknown");
+        assert_eq!(StopActor::new("token", "☃ ☃").id, "unknown");
+    }
+}

@@ -16,7 +16,13 @@ pub struct RecordExtras {
     pub step_count: Option<u64>,
     /// `{<model>: {inputTokens, outputTokens}}`, when the agent reported usage.
     pub usage: Option<Value>,
+    /// The run passed its finishing gate under a process that ended before its record: whether its
+    /// reply went out is unknown (`replyOk` absent, `replyNote` says so).
+    pub delivery_unknown: bool,
 }
+
+/// The `replyNote` of a run closed from `finishing` (SPEC §6.1: delivery unknown).
+pub const DELIVERY_UNKNOWN: &str = "delivery unknown: the process that held the run ended after its finishing gate";
 
 /// Assemble, validate and fit a record (the one place a record is built): the registry's snapshot at a
 /// finish, or a reclaimed row's meta and live events at a close.
@@ -68,6 +74,8 @@ pub fn assemble_record(
         if let Some(n) = note {
             v["replyNote"] = json!(n);
         }
+    } else if extras.delivery_unknown {
+        v["replyNote"] = json!(DELIVERY_UNKNOWN);
     }
     match validate_record(&v) {
         Ok(r) => Some(fit_record_to_budget(&r, MAX_RECORD_BYTES)),
@@ -114,13 +122,40 @@ pub(super) async fn close_unstartable(deps: &RunDeps, row: &LiveRow, events: Vec
     }
 }
 
+/// The record that closes `row` without running it: its live events, the answer its finishing gate
+/// saved (`state.answer`, when the row passed the gate and no `answer` event reached the ledger), a
+/// `reclaimed` note naming `reason`; `eventCount` counts events; a gated row's delivery is unknown.
+pub fn closing_record(
+    row: &LiveRow,
+    mut events: Vec<Value>,
+    status: RunStatus,
+    reason: &str,
+    now: i64,
+    redactor: &crate::redact::Redactor,
+) -> Option<RunRecord> {
+    let mut last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let gated = row.state.get("finalStatus").is_some();
+    if let Some(answer) = row.state.get("answer").and_then(Value::as_str).filter(|_| gated) {
+        if !events.iter().any(|e| e["type"] == "answer") {
+            last += 1;
+            let text = redactor.redact(answer);
+            events.push(storage::record::cap_event_for_publish(json!({"type": "answer", "seq": last, "at": now, "text": text})));
+        }
+    }
+    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
+    let count = events.len() as u64;
+    let extras = RecordExtras { delivery_unknown: gated, ..Default::default() };
+    assemble_record(&row.run_id, &meta_from_row(row), row.started_at, now, status, events, count, false, extras)
+}
+
 /// Close a row with a record built from the row and its live events, through the finish transaction
-/// (`eventCount` = last seq, `finishedAt` = now), which admits the successor for its unread inbox
-/// (SPEC §5.2 step 8); answers that successor when it was admitted here.
+/// (`finishedAt` = now), which admits the successor for its unread inbox (SPEC §5.2 step 8); answers
+/// that successor when it was admitted here. A row past its finishing gate keeps the answer the gate
+/// saved (`state.answer`) as its `answer` event, and says its delivery is unknown.
 pub async fn close_row(
     deps: &RunDeps,
     row: &LiveRow,
-    mut events: Vec<Value>,
+    events: Vec<Value>,
     status: RunStatus,
     reason: &str,
 ) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
@@ -140,11 +175,7 @@ pub async fn close_row(
             tracing::warn!(run_id = %row.run_id, error = %e, "could not take the workspace fence before closing");
         }
     }
-    let meta = meta_from_row(row);
-    let now = deps.clock.now_ms();
-    let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
-    let record = assemble_record(&row.run_id, &meta, row.started_at, now, status, events, last + 1, false, Default::default())
+    let record = closing_record(row, events, status, reason, deps.clock.now_ms(), deps.registry.redactor())
         .ok_or("the row does not make a valid record")?;
     let successor = Successor { run_id: uuid::Uuid::now_v7().to_string(), lease_ms: deps.lease_ms, inbox_consumed: None };
     let successor_id = successor.run_id.clone();

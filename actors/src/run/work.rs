@@ -89,6 +89,9 @@ pub(super) struct Run {
     pub reply: Option<(bool, Option<String>)>,
     /// Token usage summed per model over the run's model calls.
     pub usage: std::collections::BTreeMap<String, Usage>,
+    /// The stop an earlier incarnation committed to the row (a resume or restart honours it from its
+    /// first decision: a finish plan under a recorded soft stop concludes `stopped_soft`).
+    pub recorded_stop: Option<storage::ledger::StopMode>,
 }
 
 impl Run {
@@ -122,6 +125,7 @@ impl Run {
             tool_calls: 0,
             reply: None,
             usage: Default::default(),
+            recorded_stop: None,
         }
     }
 
@@ -144,6 +148,33 @@ impl Run {
             if self.tracked() {
                 self.step_events.push(stamped);
             }
+        }
+    }
+
+    /// Publish to the live view and the flusher now, and keep the event for the next durable write too:
+    /// a `tool_result` whose content the next transcript turn holds commits at the latest with that turn
+    /// (SPEC §5.2 step 5, "what a reader was shown is kept"); the flusher's earlier append of the same
+    /// row is an identical retry.
+    pub fn publish_kept(&mut self, event: Value) {
+        if let Some(stamped) = publish(&self.deps, &self.id, event, self.tracked()) {
+            self.keep(stamped);
+        }
+    }
+
+    /// Keep an already published event for the next durable write.
+    pub fn keep(&mut self, stamped: Value) {
+        if self.tracked() {
+            self.step_events.push(stamped);
+        }
+    }
+
+    /// The step's `tool_call` events, published with the step that records the calls in flight, so a
+    /// viewer never sees a call the transcript holds but the history lacks.
+    pub fn publish_calls(&mut self, calls: &[ToolCall]) {
+        for call in calls {
+            let event = json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
+                "summary": summarize(&self.deps, &call.args.to_string()), "step": self.step});
+            self.publish_in_step(event);
         }
     }
 
@@ -365,17 +396,30 @@ impl Run {
     }
 
     /// The current step's tool calls, one after another (SPEC §5.2 step 5).
-    pub fn run_tools(&self) -> impl std::future::Future<Output = (Vec<ToolResult>, u64)> + 'static {
+    /// Answers the results, their published `tool_result` events (kept for the next durable write) and
+    /// the time spent.
+    pub fn run_tools(&self) -> impl std::future::Future<Output = (Vec<ToolResult>, Vec<Value>, u64)> + 'static {
         let calls = self.current.as_ref().map(|t| t.calls.clone()).unwrap_or_default();
         let tools = ToolRunner::of(self);
         async move {
             let started = Instant::now();
             let mut results = Vec::with_capacity(calls.len());
+            let mut events = Vec::with_capacity(calls.len());
             for call in &calls {
-                results.push(tools.call(call).await);
+                let (result, event) = tools.call(call).await;
+                results.push(result);
+                events.extend(event);
             }
-            (results, started.elapsed().as_millis() as u64)
+            (results, events, started.elapsed().as_millis() as u64)
         }
+    }
+
+    /// Write the follow-ups folded after a text-only turn at once, as a turn of their own under the same
+    /// step with nothing in flight, together with that turn's `assistant` event and their `input`
+    /// events (SPEC §4.3): the transcript never holds the answer turn while its event is unflushed.
+    pub fn write_followups(&mut self) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static> {
+        let turns: Vec<Turn> = self.pending.take().into_iter().collect();
+        self.durable_step(turns, &[])
     }
 
     /// Drain (SPEC §6.4): at a step boundary, commit the last step's results (and any follow-ups folded
@@ -581,22 +625,21 @@ impl ToolRunner {
         }
     }
 
-    fn publish(&self, event: Value) {
-        publish(&self.deps, &self.id, event, self.tracked);
-    }
-
     /// Run one call under its workspace claim (SPEC §10): a mutating call holds the worktree for writing,
     /// a side-effect-free one for reading. An unknown tool answers "not available".
-    pub(super) async fn call(&self, call: &ToolCall) -> ToolResult {
+    /// Its `tool_call` event was published with the step; answers the result and its published
+    /// `tool_result` event.
+    pub(super) async fn call(&self, call: &ToolCall) -> (ToolResult, Option<Value>) {
         use crate::operations::{AppId, Claim, Operation, Resource};
-        self.publish(json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
-            "summary": summarize(&self.deps, &call.args.to_string()), "step": self.step}));
         let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
         let started = Instant::now();
         let tool = self.deps.tools.get(&call.tool).filter(|_| allowed);
         // The label is a configured tool's name, never a name a model made up.
         let label = if tool.is_some() { call.tool.as_str() } else { "not_available" };
         let output = match tool {
+            Some(tool) if !decisions::dispatchable(self.tracked, tool.def().side_effect_free) => {
+                crate::tools::ToolOutput::err(decisions::UNRECORDED_TEXT)
+            }
             Some(tool) => {
                 let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.fence.clone() };
                 let claim = if tool.def().side_effect_free {
@@ -614,9 +657,9 @@ impl ToolRunner {
             None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
         };
         self.deps.metrics.tool_call(label, started.elapsed());
-        self.publish(json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
-            "summary": summarize(&self.deps, &output.output), "step": self.step}));
-        ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: output.ok, output: output.output }
+        let event = publish(&self.deps, &self.id, json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
+            "summary": summarize(&self.deps, &output.output), "step": self.step}), self.tracked);
+        (ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: output.ok, output: output.output }, event)
     }
 }
 

@@ -216,7 +216,7 @@ impl RunsService {
                 if include_events {
                     match self.all_live_events(id).await? {
                         Some(events) => {
-                            view.event_count = events.iter().filter_map(event_seq).max().unwrap_or(0).max(seq);
+                            view.event_count = events.len() as u64; // a count, never a seq
                             view.events = Some(events);
                         }
                         // The row went between the listing and this read: it finished; read its record.

@@ -189,6 +189,7 @@ impl Fixture {
                 "channelId": channel, "userId": "u1", "channelVisibility": "public", "request": {"text": "hi"}}),
             key: None,
             lease_ms: 30_000,
+            writer: None,
         };
         m.admit(&admit, started).unwrap();
         if !attaching {

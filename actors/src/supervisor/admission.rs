@@ -25,6 +25,9 @@ const BUSY_POLL: Duration = Duration::from_millis(100);
 pub struct AdmitMessage {
     pub request: Request,
     pub key: Option<ReceiptKey>,
+    /// What the caller may see: a message reaches only a live run the caller may see (SPEC §8.1 Auth);
+    /// `None` for the process's own admissions (`ask`, the plan coordinator).
+    pub writer: Option<storage::record::VisibilityFilter>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +54,8 @@ pub enum AdmitError {
     Fenced,
     #[error("the live run holds the most keyed messages it may ({})", storage::ledger::MAX_RECEIPTS_PER_RUN)]
     ReceiptLimit,
+    #[error("thread {0:?} has a live run the caller may not see")]
+    Forbidden(String),
     #[error("storage unavailable: {0}")]
     Unavailable(String),
 }
@@ -131,6 +136,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
             meta: meta_json,
             key: msg.key.clone(),
             lease_ms: shared.lease_ms,
+            writer: msg.writer.clone(),
         };
         // `run_meta` and `input` (seqs 1 and 2) commit with the admission itself: a crash right after it
         // still replays them, so a restarted run never loses (or repeats) its input (SPEC §5.2 step 2).
@@ -177,6 +183,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
             AdmitOutcome::KeyConflict => Err(AdmitError::KeyConflict),
             AdmitOutcome::Fenced => Err(AdmitError::Fenced),
             AdmitOutcome::ReceiptLimit { .. } => Err(AdmitError::ReceiptLimit),
+            AdmitOutcome::Forbidden => Err(AdmitError::Forbidden(thread_key.clone())),
         };
     }
 }

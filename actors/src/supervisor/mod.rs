@@ -121,6 +121,10 @@ pub struct Supervisor {
     /// Runs whose close past the restart policy is running (`close_failed`): like an actor, it still
     /// drives the run, so a reclaim never takes the run back meanwhile.
     closing: std::collections::HashSet<String>,
+    /// Runs whose actor ended `StorageLost`: the only ending before a reply goes out (the finishing gate
+    /// is where it can happen), so a re-adoption that finds such a row past its gate continues the reply
+    /// from the saved answer instead of closing it delivery-unknown (SPEC §5.2 step 7).
+    undelivered: std::collections::HashSet<String>,
 }
 
 /// What slots share.
@@ -173,6 +177,7 @@ impl Supervisor {
             orphans: HashMap::new(),
             unattended: Default::default(),
             closing: Default::default(),
+            undelivered: Default::default(),
         }
     }
 
@@ -359,6 +364,7 @@ impl Handler<RunEnded> for Supervisor {
                     (true, StopReason::Panicked(_)) => self.readopt(msg.run_id, ctx),
                     // Re-adopted at the next sweep that storage answers.
                     (true, _) => {
+                        self.undelivered.insert(msg.run_id.clone());
                         self.orphans.entry(msg.run_id).or_default();
                     }
                 }

@@ -22,7 +22,8 @@ impl Supervisor {
     pub(super) fn readopt(&mut self, run_id: String, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         let id = run_id.clone();
-        let fut = async move { plan_readoption(&deps, &id).await };
+        let undelivered = self.undelivered.remove(&run_id);
+        let fut = async move { plan_readoption(&deps, &id, undelivered).await };
         ctx.spawn(fut.into_actor(self).map(move |plan, act, ctx| match plan {
             Ok(Readoption::Launch(launch)) => {
                 act.orphans.remove(&run_id);
@@ -44,6 +45,9 @@ impl Supervisor {
                 act.launch_successor(successor, ctx);
             }
             Err(e) => {
+                if undelivered {
+                    act.undelivered.insert(run_id.clone());
+                }
                 let failures = act.orphans.entry(run_id.clone()).or_default();
                 *failures += 1;
                 tracing::warn!(run_id = %run_id, failures = *failures, error = %e, "re-adoption failed; retried at the next sweep");
@@ -65,8 +69,10 @@ pub(super) enum Readoption {
 /// Most sweeps a row of this generation may fail to re-adopt before it closes `interrupted`.
 pub(super) const MAX_READOPT_FAILURES: u32 = 3;
 
-/// Plan the re-adoption of this generation's own row, as a reclaim would plan it (SPEC §6.1).
-async fn plan_readoption(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
+/// Plan the re-adoption of this generation's own row, as a reclaim would plan it (SPEC §6.1) — except a
+/// row past its finishing gate whose actor lost storage at that gate (`undelivered`): this process knows
+/// its reply never went out, so the reply continues from the saved answer (SPEC §5.2 step 7).
+async fn plan_readoption(deps: &RunDeps, run_id: &str, undelivered: bool) -> Result<Readoption, String> {
     let s = &deps.storage;
     let Some(row) = s.get_live(run_id.to_owned()).await.map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
     if row.owner_gen != deps.gen.as_str() || row.phase == Phase::Handoff {
@@ -77,6 +83,11 @@ async fn plan_readoption(deps: &RunDeps, run_id: &str) -> Result<Readoption, Str
         return Ok(Readoption::Closed(None));
     }
     let last_step = s.last_step(run_id.to_owned()).await.map_err(|e| e.to_string())?;
+    if undelivered && row.phase == Phase::Finishing {
+        let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+        let step = last_step.map_or(0, |l| l.step);
+        return Ok(Readoption::Launch(Launch::Deliver { row, events, step }));
+    }
     // Planned exactly as a reclaim plans a taken row: a row past its finishing gate closes with its final
     // status and is never resumed — its reply may have gone out (the record write was what failed), and
     // a resume would send it again or conclude another status than the one the gate committed.

@@ -52,7 +52,8 @@ pub(super) fn restart(w: &mut World, slot: usize, a: &mut Actor, row: LiveRow, e
     let next_seq = if from_gen.is_some() { highest + 1000 } else { highest + 1 };
     w.procs[slot].registry.create(&row.run_id, meta.clone(), row.started_at, events, next_seq);
     let gen = w.procs[slot].gen.clone();
-    let run = RunData::new(&gen, &a.fence, &row.run_id, deadline);
+    let mut run = RunData::new(&gen, &a.fence, &row.run_id, deadline);
+    run.recorded_stop = row.stop;
     if highest == 0 || !had_input {
         publish_run(w, slot, &run, meta.event());
         publish_run(w, slot, &run, json!({"type": "input", "text": request.text, "source": "request"}));
@@ -130,6 +131,24 @@ fn seeded(w: &mut World, slot: usize, a: &mut Actor, written: Written) {
     launched(w, slot, a, started);
 }
 
+/// Continue the reply of a row past its finishing gate whose actor lost storage at the gate
+/// (`launch::deliver`): the saved status and answer go through the gate again.
+pub(super) fn deliver(w: &mut World, slot: usize, a: &mut Actor, row: LiveRow, events: Vec<Value>, step: u64) {
+    let meta = meta_from_row(&row);
+    if w.procs[slot].registry.row(&row.run_id).is_none() {
+        let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+        w.procs[slot].registry.create(&row.run_id, meta, row.started_at, events, highest + 1000);
+    }
+    let status = row.state.get("finalStatus").and_then(Value::as_str).and_then(RunStatus::parse).unwrap_or(RunStatus::Completed);
+    let answer = row.state.get("answer").and_then(Value::as_str).map(str::to_owned);
+    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + BUDGET_MS);
+    let gen = w.procs[slot].gen.clone();
+    let mut run = RunData::new(&gen, &a.fence, &row.run_id, deadline);
+    run.step = step;
+    a.launching = Some(run);
+    launched(w, slot, a, Started::Gated { status, answer });
+}
+
 pub(super) fn launched(w: &mut World, slot: usize, a: &mut Actor, started: Started) {
     complete(w, slot, a, Completion::Launched(started));
 }
@@ -148,6 +167,7 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     w.procs[slot].registry.create(&row.run_id, meta.clone(), row.started_at, ad.events, highest + 1000);
     let gen = w.procs[slot].gen.clone();
     let mut run = RunData::new(&gen, &a.fence, &row.run_id, now + ad.last_step.remaining_ms);
+    run.recorded_stop = row.stop;
     if !row.system_text.is_empty() {
         run.system = row.system_text.clone();
     }
@@ -199,6 +219,7 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
             if calls.is_empty() {
                 finish_plan = Some(last_text.clone());
             }
+            super::work::publish_calls(w, slot, &mut run, &calls);
             if let Some(sw) = durable_step(w, slot, &mut run, Vec::new(), &calls) {
                 let (id, gen) = (run.id.clone(), run.gen.clone());
                 let answer = write_step(w, slot, &id, &gen, &sw);

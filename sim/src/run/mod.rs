@@ -70,6 +70,7 @@ pub enum Op {
     Fresh { request: Request, started_at: i64 },
     Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
     Resume(Adoption),
+    Deliver { row: LiveRow, events: Vec<Value>, step: u64 },
     /// The promotion and the seed step, in one commit (`StorageHandle::promote`).
     Claim { seed: Option<StepWrite>, since: i64, delay: i64 },
     Write { w: StepWrite, since: i64, delay: i64 },
@@ -92,6 +93,7 @@ impl Op {
             Op::Fresh { .. } => "launch fresh".into(),
             Op::Restart { .. } => "launch restart".into(),
             Op::Resume(_) => "launch resume".into(),
+            Op::Deliver { .. } => "launch deliver".into(),
             Op::Claim { .. } => "claim".into(),
             Op::Write { w, .. } => format!("durable step {} ({} turns)", w.record.step, w.turns.len()),
             Op::Model => "model call".into(),
@@ -149,6 +151,7 @@ pub fn start(w: &mut World, slot: usize, launch: actors::run::Launch) {
         actors::run::Launch::Fresh { request, started_at, .. } => Op::Fresh { request, started_at },
         actors::run::Launch::Restart { row, events, from_gen } => Op::Restart { row, events, from_gen },
         actors::run::Launch::Resume(a) => Op::Resume(a),
+        actors::run::Launch::Deliver { row, events, step } => Op::Deliver { row, events, step },
     };
     w.spawn_in(slot, 0, Kind::Op { actor: id, epoch: 0, op });
 }
@@ -235,12 +238,24 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
         }
         Effect::WriteStep => {
             let run = run_data(a);
-            if run.current.as_ref().is_some_and(|t| !t.calls.is_empty()) {
+            let (turns, calls) = take_step_turns(run);
+            if !calls.is_empty() {
                 let event = json!({"type": "assistant", "text": run.current.as_ref().map(|t| t.text.clone()), "step": run.step});
                 publish_in_step(w, slot, run, event);
+                work::publish_calls(w, slot, run, &calls);
             }
-            let (turns, calls) = take_step_turns(run);
             match durable_step(w, slot, run, turns, &calls) {
+                Some(write) => {
+                    let (now, delay) = (w.now(), w.io_latency());
+                    spawn_op(w, slot, a, delay, Op::Write { w: write, since: now, delay: WRITE_RETRY_MS });
+                }
+                None => complete(w, slot, a, Completion::StepWritten(Some(Ok(Ok(()))))),
+            }
+        }
+        Effect::WriteFollowups => {
+            let run = run_data(a);
+            let turns: Vec<Turn> = run.pending.take().into_iter().collect();
+            match durable_step(w, slot, run, turns, &[]) {
                 Some(write) => {
                     let (now, delay) = (w.now(), w.io_latency());
                     spawn_op(w, slot, a, delay, Op::Write { w: write, since: now, delay: WRITE_RETRY_MS });
@@ -376,6 +391,7 @@ fn run_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
         Op::Fresh { request, started_at } => launch::fresh(w, slot, a, request, started_at),
         Op::Restart { row, events, from_gen } => launch::restart(w, slot, a, row, events, from_gen),
         Op::Resume(adoption) => launch::resume(w, slot, a, adoption),
+        Op::Deliver { row, events, step } => launch::deliver(w, slot, a, row, events, step),
         Op::Claim { seed, since, delay } => launch::claim(w, slot, a, seed, since, delay),
         op => work::step_op(w, slot, a, op),
     }
@@ -388,6 +404,10 @@ fn complete(w: &mut World, slot: usize, a: &mut Actor, c: Completion) {
         Completion::Launched(started) => {
             let run = a.launching.take().expect("a launch built the run's data");
             a.state.last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+            if let Some(mode) = run.recorded_stop {
+                a.state.stop = Some(mode);
+                a.state.announced.push(mode);
+            }
             a.run = Some(run);
             Msg::Started(started)
         }
@@ -419,7 +439,7 @@ fn complete(w: &mut World, slot: usize, a: &mut Actor, c: Completion) {
             if unread > 0 {
                 let text = run.current.as_ref().map(|t| t.text.clone()).unwrap_or_default();
                 let step = run.step;
-                publish_run(w, slot, &run, json!({"type": "assistant", "text": text, "step": step}));
+                publish_in_step(w, slot, &mut run, json!({"type": "assistant", "text": text, "step": step}));
                 fold(w, slot, &mut run, items);
             }
             a.run = Some(run);

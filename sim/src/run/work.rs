@@ -10,7 +10,7 @@
 use actors::agent::{self, AssistantTurn, ToolCall, ToolResult};
 use actors::run::machine::{Started, Written};
 use serde_json::{json, Value};
-use storage::ledger::decisions::Settlement;
+use storage::ledger::decisions::{self, Settlement};
 use storage::ledger::{InFlight, InboxItem, Outcome, Refusal, RunLedger, StepRecord, StepWrite, Turn};
 use storage::MemoryStore;
 
@@ -45,6 +45,8 @@ pub struct RunData {
     /// This incarnation's workspace fence token (`<gen>#<actor>`).
     pub fence: String,
     pub reply: Option<(bool, Option<String>)>,
+    /// The stop an earlier incarnation committed (`Run::recorded_stop`).
+    pub recorded_stop: Option<storage::ledger::StopMode>,
 }
 
 impl RunData {
@@ -65,6 +67,7 @@ impl RunData {
             current: None,
             fence: fence.to_owned(),
             reply: None,
+            recorded_stop: None,
         }
     }
 
@@ -83,6 +86,24 @@ pub(super) fn publish_in_step(w: &mut World, slot: usize, run: &mut RunData, eve
         if run.tracked() {
             run.step_events.push(stamped);
         }
+    }
+}
+
+/// Publish now (flusher included) and keep for the next durable write (`Run::publish_kept`).
+pub(super) fn publish_kept(w: &mut World, slot: usize, run: &mut RunData, event: Value) {
+    if let Some(stamped) = publish(w, slot, &run.id, event, run.tracked()) {
+        if run.tracked() {
+            run.step_events.push(stamped);
+        }
+    }
+}
+
+/// The step's `tool_call` events, committed with the step (`Run::publish_calls`).
+pub(super) fn publish_calls(w: &mut World, slot: usize, run: &mut RunData, calls: &[ToolCall]) {
+    let step = run.step;
+    for call in calls {
+        let summary = call.args.to_string();
+        publish_in_step(w, slot, run, json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool, "summary": summary, "step": step}));
     }
 }
 
@@ -283,9 +304,11 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
             match out {
                 None => match hows[i].synthetic_text() {
                     None => {
-                        let summary = call.args.to_string();
-                        publish_run(w, slot, run, json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool, "summary": summary, "step": step}));
-                        let output = crate::model::tool_effect(w, slot, run, &call);
+                        let output = if decisions::dispatchable(run.tracked(), call.tool == "pure") {
+                            crate::model::tool_effect(w, slot, run, &call)
+                        } else {
+                            (false, decisions::UNRECORDED_TEXT.to_owned())
+                        };
                         let delay = w.work_latency();
                         spawn_op(w, slot, a, delay, Op::Tools { calls, hows, i, results, out: Some(output), settle });
                     }
@@ -295,13 +318,13 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
                             event["effectsUnknown"] = json!(true);
                             w.model.settled_unknown(&run.id, &call.call_id);
                         }
-                        publish_run(w, slot, run, event);
+                        publish_kept(w, slot, run, event);
                         results.push(ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: false, output: text.to_owned() });
                         spawn_op(w, slot, a, 0, Op::Tools { calls, hows, i: i + 1, results, out: None, settle });
                     }
                 },
                 Some((ok, output)) => {
-                    publish_run(w, slot, run, json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": ok, "summary": output, "step": step}));
+                    publish_kept(w, slot, run, json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": ok, "summary": output, "step": step}));
                     results.push(ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok, output });
                     spawn_op(w, slot, a, 0, Op::Tools { calls, hows, i: i + 1, results, out: None, settle });
                 }
@@ -401,6 +424,8 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
                 }
             }
         }
-        Op::Fresh { .. } | Op::Restart { .. } | Op::Resume(_) | Op::Claim { .. } => unreachable!("launch segments run in `launch`"),
+        Op::Fresh { .. } | Op::Restart { .. } | Op::Resume(_) | Op::Deliver { .. } | Op::Claim { .. } => {
+            unreachable!("launch segments run in `launch`")
+        }
     }
 }

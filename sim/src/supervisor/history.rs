@@ -4,9 +4,9 @@
 //! transient failure is retried twice with jitter (`actors::history`). Every write goes through
 //! [`World::io`] so faults land on it, and tells the world model what it closed.
 
-use actors::run::{assemble_record, meta_from_row, Launch, StopReason};
+use actors::run::{Launch, StopReason};
 use rand::Rng;
-use serde_json::{json, Value};
+use serde_json::Value;
 use storage::ledger::{AdmitOutcome, LiveRow, Outcome, Phase, Refusal, RunLedger, Successor};
 use storage::record::{RunRecord, RunStatus};
 use storage::store::PutOutcome;
@@ -31,7 +31,7 @@ pub(super) fn close_row(
     w: &mut World,
     slot: usize,
     row: &LiveRow,
-    mut events: Vec<Value>,
+    events: Vec<Value>,
     status: RunStatus,
     reason: &str,
     with_successor: bool,
@@ -48,12 +48,8 @@ pub(super) fn close_row(
         }
         w.model.take_workspace(&row.run_id, &format!("{gen}#close"));
     }
-    let meta = meta_from_row(row);
-    let now = w.now();
-    let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
-    let record = assemble_record(&row.run_id, &meta, row.started_at, now, status, events, last + 1, false, Default::default())
-        .ok_or("the row does not make a valid record")?;
+    let redactor = actors::redact::Redactor::new(&[]).expect("the built-in redaction rules compile");
+    let record = actors::run::closing_record(row, events, status, reason, w.now(), &redactor).ok_or("the row does not make a valid record")?;
     let successor = with_successor.then(|| Successor { run_id: w.mint_run("s"), lease_ms: LEASE_MS, inbox_consumed: None });
     let successor_id = successor.as_ref().map(|s| s.run_id.clone());
     let gen = w.procs[slot].gen.clone();

@@ -156,6 +156,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
         meta: meta_json,
         key: info.keyed.then(|| ReceiptKey { scope: "sim".into(), key: format!("k{msg}"), body_hash: format!("h{msg}") }),
         lease_ms: LEASE_MS,
+        writer: None,
     };
     let first_events: Vec<Value> = [meta.event(), json!({"type": "input", "text": req.text, "source": "request"})]
         .into_iter()
@@ -199,7 +200,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
                 w.model.refused(msg);
             }
         }
-        AdmitOutcome::KeyConflict | AdmitOutcome::Fenced | AdmitOutcome::ReceiptLimit { .. } => w.model.refused(msg),
+        AdmitOutcome::KeyConflict | AdmitOutcome::Fenced | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden => w.model.refused(msg),
     }
 }
 
@@ -442,6 +443,9 @@ fn run_ended(w: &mut World, slot: usize, run: String, reason: StopReason, succes
             if !allowed {
                 w.spawn_in(slot, 0, Kind::CloseFailed { run });
             } else {
+                if reason == StopReason::StorageLost {
+                    w.procs[slot].undelivered.insert(run.clone());
+                }
                 w.procs[slot].orphans.entry(run).or_default();
             }
         }

@@ -64,7 +64,7 @@ enum Readoption {
 }
 
 /// Plan the re-adoption of this generation's own row, as a reclaim would plan it (`plan_readoption`).
-fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, String> {
+fn plan_readoption(w: &mut World, slot: usize, id: &str, undelivered: bool) -> Result<Readoption, String> {
     let gen = w.procs[slot].gen.clone();
     let Some(row) = w.io(slot, Io::Read, |s, _| s.get_live(id)).map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
     if row.owner_gen != gen || row.phase == Phase::Handoff {
@@ -75,6 +75,12 @@ fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, S
         return Ok(Readoption::Closed(None));
     }
     let last_step = w.io(slot, Io::Read, |s, _| s.last_step(id)).map_err(|e| e.to_string())?;
+    // Its actor lost storage at the gate: the reply never went out, and continues from the saved answer.
+    if undelivered && row.phase == Phase::Finishing {
+        let events = w.io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
+        let step = last_step.map_or(0, |l| l.step);
+        return Ok(Readoption::Launch(Launch::Deliver { row, events, step }));
+    }
     // Planned exactly as a reclaim plans a taken row: a row past its finishing gate closes with its final
     // status and is never resumed.
     let phase = row.phase;
@@ -85,7 +91,8 @@ fn plan_readoption(w: &mut World, slot: usize, id: &str) -> Result<Readoption, S
 }
 
 pub(super) fn readopt(w: &mut World, slot: usize, id: String) {
-    match plan_readoption(w, slot, &id) {
+    let undelivered = w.procs[slot].undelivered.remove(&id);
+    match plan_readoption(w, slot, &id, undelivered) {
         Ok(Readoption::Launch(launch)) => {
             w.procs[slot].orphans.remove(&id);
             if w.procs[slot].runs.contains_key(&id) {
@@ -105,7 +112,12 @@ pub(super) fn readopt(w: &mut World, slot: usize, id: String) {
             w.procs[slot].orphans.remove(&id);
             launch_successor(w, slot, successor);
         }
-        Err(_) => *w.procs[slot].orphans.entry(id).or_default() += 1,
+        Err(_) => {
+            if undelivered {
+                w.procs[slot].undelivered.insert(id.clone());
+            }
+            *w.procs[slot].orphans.entry(id).or_default() += 1
+        }
     }
 }
 

@@ -301,13 +301,25 @@ pub enum AdmitDecision {
     /// The holding run is `finishing` and the message is keyed: a steer would never be read, and a
     /// keyed sender expects an answer it can rely on, so it is told to come back.
     Busy { run_id: String },
+    /// A run the writer may not see holds the thread: nothing is written.
+    Forbidden,
+}
+
+/// Whether a writer who sees `writer` may reach the live run whose `meta_json` is `meta` (SPEC §8.1:
+/// visibility applies to writes too). A row without a visibility stamp is `unknown`, never public.
+pub fn writer_sees(writer: Option<&crate::record::VisibilityFilter>, meta: &serde_json::Value) -> bool {
+    let Some(filter) = writer else { return true };
+    let field = |k: &str| meta.get(k).and_then(serde_json::Value::as_str).unwrap_or_default();
+    let visibility = crate::record::ChannelVisibility::parse(field("channelVisibility")).unwrap_or(crate::record::ChannelVisibility::Unknown);
+    filter.matches(field("channelId"), field("userId"), visibility)
 }
 
 /// The admission decision (SPEC §4.3 `admit`). An unkeyed message to a finishing run is still
 /// steered: it lands in the durable inbox, which finish keeps.
-pub fn decide_admit(by_thread: Option<&RowView>, keyed: bool) -> AdmitDecision {
+pub fn decide_admit(by_thread: Option<&RowView>, keyed: bool, writer_sees: bool) -> AdmitDecision {
     match by_thread {
         None => AdmitDecision::Insert,
+        Some(_) if !writer_sees => AdmitDecision::Forbidden,
         Some(r) if r.phase == Phase::Finishing && keyed => AdmitDecision::Busy {
             run_id: r.run_id.to_owned(),
         },
@@ -555,6 +567,15 @@ impl Settlement {
 pub const EFFECTS_UNKNOWN_TEXT: &str =
     "restarted while this call was in flight; its effects are unknown";
 pub const NOT_AVAILABLE_TEXT: &str = "not available";
+/// The result of a mutating call a run that no longer writes through its ledger row would dispatch.
+pub const UNRECORDED_TEXT: &str = "not run: this run can no longer record its calls, so a mutating call could run twice";
+
+/// Whether a call may be dispatched: a run that no longer writes through its row (detached or fenced)
+/// runs no mutating call, since no step record names it and a resume elsewhere may ask for it again
+/// (SPEC §5.5: a detached run continues best-effort, without effects it cannot record).
+pub fn dispatchable(tracked: bool, side_effect_free: bool) -> bool {
+    tracked || side_effect_free
+}
 
 /// The settlement rule (SPEC §6.2): re-running is earned by the tool's declaration, never assumed; an
 /// idempotent external call is re-sent with its key.
@@ -824,6 +845,20 @@ mod tests {
     }
 
     #[test]
+    fn a_writer_sees_a_live_run_through_its_filter_and_an_unstamped_row_is_unknown() {
+        use crate::record::VisibilityFilter;
+        let meta = serde_json::json!({"channelId": "C1", "userId": "U1", "channelVisibility": "private"});
+        let machine_only: VisibilityFilter = serde_json::from_value(serde_json::json!({"kind": "visibility-in", "values": ["machine"]})).unwrap();
+        let private: VisibilityFilter = serde_json::from_value(serde_json::json!({"kind": "visibility-in", "values": ["private"]})).unwrap();
+        let public: VisibilityFilter = serde_json::from_value(serde_json::json!({"kind": "visibility-in", "values": ["public"]})).unwrap();
+        assert!(writer_sees(None, &meta), "the process's own admissions");
+        assert!(!writer_sees(Some(&machine_only), &meta));
+        assert!(writer_sees(Some(&private), &meta));
+        assert!(!writer_sees(Some(&public), &serde_json::json!({"channelId": "C1", "userId": "U1"})), "unstamped reads unknown");
+        assert!(writer_sees(Some(&VisibilityFilter::All), &meta));
+    }
+
+    #[test]
     fn admit_decision_table() {
         let live = row("r1", "g1", Live, 10);
         let attaching = row("r1", "g1", Attaching, 10);
@@ -834,19 +869,22 @@ mod tests {
         let busy = AdmitDecision::Busy {
             run_id: "r1".into(),
         };
-        // (scenario, row on the thread, keyed, decision)
+        // (scenario, row on the thread, keyed, the writer sees the row, decision)
         #[rustfmt::skip]
         let cases = [
-            ("free thread inserts",         None,             false, AdmitDecision::Insert),
-            ("free thread inserts keyed",   None,             true,  AdmitDecision::Insert),
-            ("live row steers",             Some(&live),      false, steer.clone()),
-            ("live row steers keyed",       Some(&live),      true,  steer.clone()),
-            ("attaching row steers",        Some(&attaching), true,  steer.clone()),
-            ("finishing + unkeyed steers",  Some(&finishing), false, steer),
-            ("finishing + keyed is busy",   Some(&finishing), true,  busy),
+            ("free thread inserts",         None,             false, true,  AdmitDecision::Insert),
+            ("free thread inserts keyed",   None,             true,  true,  AdmitDecision::Insert),
+            ("a free thread has no run to hide", None,        false, false, AdmitDecision::Insert),
+            ("live row steers",             Some(&live),      false, true,  steer.clone()),
+            ("live row steers keyed",       Some(&live),      true,  true,  steer.clone()),
+            ("attaching row steers",        Some(&attaching), true,  true,  steer.clone()),
+            ("finishing + unkeyed steers",  Some(&finishing), false, true,  steer),
+            ("finishing + keyed is busy",   Some(&finishing), true,  true,  busy),
+            ("an unseen live row is forbidden", Some(&live),  false, false, AdmitDecision::Forbidden),
+            ("an unseen finishing row is forbidden", Some(&finishing), true, false, AdmitDecision::Forbidden),
         ];
-        for (name, by_thread, keyed, want) in cases {
-            assert_eq!(decide_admit(by_thread, keyed), want, "{name}");
+        for (name, by_thread, keyed, sees, want) in cases {
+            assert_eq!(decide_admit(by_thread, keyed, sees), want, "{name}");
         }
     }
 

@@ -125,6 +125,9 @@ pub struct Admit {
     pub meta: Value,
     pub key: Option<ReceiptKey>,
     pub lease_ms: i64,
+    /// What the caller may see: a message reaches a live run only when it may see that run (SPEC §8.1
+    /// Auth, visibility on writes); `None` for the process's own admissions (successors, tests).
+    pub writer: Option<crate::record::VisibilityFilter>,
 }
 
 /// What admission did. Stored verbatim in a keyed receipt and returned verbatim on a retry.
@@ -157,6 +160,8 @@ pub enum AdmitOutcome {
     },
     /// The id carries a deletion fence.
     Fenced,
+    /// The thread's live run is one the caller may not see: nothing was written (no receipt either).
+    Forbidden,
 }
 
 /// What a promotion writes onto the reserved row.
@@ -553,6 +558,7 @@ pub fn successor_admission(finished: &LiveRow, gen: &str, unread: &[InboxItem], 
         meta,
         key: None,
         lease_ms: successor.lease_ms,
+        writer: None,
     };
     Some((admit, events))
 }

@@ -493,6 +493,7 @@ mod tests {
             meta: json!({"agent": "demo", "request": {"text": "hi"}}),
             key: key.map(|(k, h)| ReceiptKey { scope: "api".into(), key: k.into(), body_hash: h.into() }),
             lease_ms: LEASE,
+            writer: None,
         }
     }
 

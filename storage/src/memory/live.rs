@@ -206,8 +206,10 @@ impl LedgerState {
         if self.deletion_fences.contains(&admit.run_id) {
             return Ok(AdmitOutcome::Fenced);
         }
-        let holder = self.by_thread(&admit.thread_key).map(LiveRow::view);
-        match decide_admit(holder.as_ref(), admit.key.is_some()) {
+        let holder_row = self.by_thread(&admit.thread_key);
+        let sees = holder_row.is_none_or(|h| crate::ledger::decisions::writer_sees(admit.writer.as_ref(), &h.meta));
+        let holder = holder_row.map(LiveRow::view);
+        match decide_admit(holder.as_ref(), admit.key.is_some(), sees) {
             AdmitDecision::Insert => {
                 if let Some(other) = self.rows.get(&admit.run_id) {
                     // The pre-minted id is live on another thread: SQLite's primary key refuses
@@ -245,6 +247,7 @@ impl LedgerState {
                 Ok(AdmitOutcome::Steered { run_id, seq })
             }
             AdmitDecision::Busy { run_id } => Ok(AdmitOutcome::Busy { run_id }),
+            AdmitDecision::Forbidden => Ok(AdmitOutcome::Forbidden),
         }
     }
 }
@@ -262,7 +265,7 @@ fn answer_run(answer: &AdmitOutcome) -> Option<&str> {
 /// stored `Busy` would answer every retry with it forever. `KeyConflict` is never produced past the
 /// lookup.
 pub(super) fn keeps_receipt(answer: &AdmitOutcome) -> bool {
-    !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict | AdmitOutcome::ReceiptLimit { .. })
+    !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden)
 }
 
 /// Rebuild turns from `(idx, part) → {"role", "part"}` rows: one turn per idx, parts in order.

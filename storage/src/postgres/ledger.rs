@@ -122,7 +122,8 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         return Ok(AdmitOutcome::Fenced);
     }
     let holder = row_by_thread(c, &a.thread_key)?;
-    let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some()) {
+    let sees = holder.as_ref().is_none_or(|h| decisions::writer_sees(a.writer.as_ref(), &h.meta));
+    let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some(), sees) {
         decisions::AdmitDecision::Insert => {
             c.execute(
                 "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
@@ -151,8 +152,9 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
             AdmitOutcome::Steered { run_id, seq }
         }
         decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
+        decisions::AdmitDecision::Forbidden => AdmitOutcome::Forbidden,
     };
-    if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. })) {
+    if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden)) {
         let (run_id, seq) = match &outcome {
             AdmitOutcome::Started { run_id } => (run_id.as_str(), None),
             AdmitOutcome::Steered { run_id, seq } => (run_id.as_str(), Some(*seq as i64)),

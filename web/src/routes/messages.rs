@@ -109,7 +109,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     responses(
         (status = 202, description = "Started a run or steered into the live one", body = crate::openapi::Admission),
         (status = 400, description = "A bad field (named), an unknown agent", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, a cross-site request, or the thread's live run is one the token may not see (nothing written)", body = crate::openapi::ErrorBody),
         (status = 409, description = "thread_busy, key_conflict or conflict", body = crate::openapi::ErrorBody),
         (status = 413, description = "Body over 2 MiB or text over 1 MiB", body = crate::openapi::ErrorBody),
         (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody),
@@ -126,7 +126,7 @@ pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<A
     let key = key.map(|(key, body_hash)| ReceiptKey { scope: principal.name.clone(), key, body_hash });
     let answer = state
         .supervisor
-        .send(AdmitMessage { request, key })
+        .send(AdmitMessage { request, key, writer: Some(principal.visible_to.clone()) })
         .await
         .map_err(|e| ApiError::Unavailable(format!("supervisor: {e}")))?;
     match answer {
@@ -144,6 +144,8 @@ pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<A
         Err(AdmitError::KeyConflict) => Err(ApiError::KeyConflict),
         Err(AdmitError::ThreadBusy) => Err(ApiError::ThreadBusy),
         Err(e @ (AdmitError::Fenced | AdmitError::ReceiptLimit)) => Err(ApiError::Conflict(e.to_string())),
+        // Names the thread, never the run the caller may not see (SPEC §8.1: visibility on writes).
+        Err(e @ AdmitError::Forbidden(_)) => Err(ApiError::Refused(e.to_string())),
         Err(e @ AdmitError::Unavailable(_)) => {
             tracing::warn!(error = %e, "admission unavailable");
             Err(ApiError::Unavailable("storage unavailable".into()))
