@@ -722,7 +722,22 @@ mod agent_provider {
     struct Runtime {
         _dir: tempfile::TempDir,
         registry: Registry,
+        storage: StorageHandle,
         plans: PlanHandle,
+    }
+
+    impl Runtime {
+        /// Whether the run on `thread` has finished (`None`: no run there): as its registry row says, or —
+        /// a finished run leaves the registry once its record lands — as the store's final record says.
+        async fn finished_on(&self, thread: &str) -> Option<bool> {
+            if let Some(row) = self.registry.rows().into_iter().find(|r| r.meta.thread_key == thread) {
+                return Some(row.finished_at.is_some());
+            }
+            let mut query = storage::store::ListQuery::visible_to(storage::record::VisibilityFilter::All);
+            query.thread_key = Some(thread.to_owned());
+            let page = self.storage.list(query).await.expect("list the store");
+            page.items.iter().any(|i| !i.head.provisional).then_some(true)
+        }
     }
 
     /// A real supervisor running the scripted agent, and a coordinator whose provider runs through it.
@@ -763,9 +778,9 @@ mod agent_provider {
         let generation = supervisor.generation().clone();
         let supervisor = supervisor.start();
         let provider = AgentPlanProvider::new(supervisor, registry.clone(), None);
-        let plans = PlanHandle::spawn(storage, generation, Arc::new(provider), Arc::new(ManualTimer::default()), settings(4));
+        let plans = PlanHandle::spawn(storage.clone(), generation, Arc::new(provider), Arc::new(ManualTimer::default()), settings(4));
         plans.import(Import { plan_id: pid("p1"), snapshot_id: snap("s1"), advance_revision: true }).await.expect("import");
-        Runtime { _dir: dir, registry, plans }
+        Runtime { _dir: dir, registry, storage, plans }
     }
 
     fn ask(prompt: &str) -> SuggestionInput {
@@ -784,7 +799,7 @@ mod agent_provider {
         assert_eq!(out.request.as_ref().and_then(|r| r.cards.clone()), Some(want));
         // The run lived on the fresh thread `plan:<request id>`.
         let thread = format!("plan:{}", started.request_id.as_str());
-        assert!(rt.registry.rows().iter().any(|r| r.meta.thread_key == thread), "no run on {thread}");
+        assert!(rt.finished_on(&thread).await.is_some(), "no run on {thread}");
     }
 
     #[actix_rt::test]
@@ -809,7 +824,6 @@ mod agent_provider {
         assert_eq!((out.state, out.reason), (InvocationState::Cancelled, Some(TerminalReason::Cancelled)));
         // The outcome came only after the run had finished.
         let thread = format!("plan:{}", started.request_id.as_str());
-        let row = rt.registry.rows().into_iter().find(|r| r.meta.thread_key == thread).expect("the run's row");
-        assert!(row.finished_at.is_some(), "{row:?}");
+        assert_eq!(rt.finished_on(&thread).await, Some(true), "the run on {thread} had not finished");
     }
 }
