@@ -5,7 +5,6 @@
 //! Invariants: a promoted row always has its seed (the promotion and the step-0 record share one commit),
 //! and no tool runs before the workspace fence names this incarnation.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
@@ -14,7 +13,7 @@ use storage::ledger::{LiveRow, Promotion};
 use storage::record::RunStatus;
 
 use super::machine::{Started, Written};
-use super::record::{build_record, close_unstartable, meta_from_row, RecordExtras};
+use super::record::{bound_workspace, build_record, close_unstartable, meta_from_row, RecordExtras};
 use super::work::{retry_transient, summarize, Run, ToolRunner, MAX_WRITE_RETRY, WRITE_RETRY};
 use super::{Adoption, Ended, Request, RunDeps, StopReason};
 use crate::agent::{self, AssistantTurn, ToolResult};
@@ -137,9 +136,10 @@ pub(super) async fn restart(deps: RunDeps, row: LiveRow, events: Vec<Value>, fro
     let had_input = events.iter().any(|e| e["type"] == "input");
     // Past anything the dead attempt may have published but not flushed; a first start just continues.
     let next_seq = if from_gen.is_some() { highest + 1000 } else { highest + 1 };
+    let usage = agent::usage_of(&events);
     deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, next_seq);
     let mut run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent);
-    run.usage = agent::usage_of(&events_usage(&run));
+    run.usage = usage;
     run.recorded_stop = row.stop;
     if highest == 0 || !had_input {
         // The first attempt's events never reached the ledger: publish the identity and request once.
@@ -164,16 +164,17 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     let now = deps.clock.now_ms();
     let highest = a.events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
     let token = deps.tokens.mint(&row.run_id);
+    let usage = agent::usage_of(&a.events);
     deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, a.events, highest + 1000);
     let mut run = Run::new(deps, row.run_id.clone(), meta, now + a.last_step.remaining_ms, agent);
-    run.usage = agent::usage_of(&events_usage(&run));
+    run.usage = usage;
     run.recorded_stop = row.stop;
     if !row.system_text.is_empty() {
         run.system = row.system_text.clone();
     }
     // Re-attach the workspace the row is bound to; never migrate silently (SPEC §8.3).
-    if let Some(bound) = row.state.get("binding").and_then(|b| b.get("workspace")).and_then(Value::as_str) {
-        run.workspace = PathBuf::from(bound);
+    if let Some(bound) = bound_workspace(&row) {
+        run.workspace = bound;
     }
     if let Err(why) = take_workspace(&run, crate::tools::TakeMode::Existing).await {
         if !run.workspace.is_dir() {
@@ -281,12 +282,6 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     Launched::Run(Box::new(run), Started::Continue)
 }
 
-/// The replayed events of a run just created in the registry (usage totals never go backwards: a resumed
-/// run starts from what its earlier incarnations' `assistant` events reported).
-fn events_usage(run: &Run) -> Vec<Value> {
-    run.deps.registry.snapshot(&run.id).map(|(_, events)| events).unwrap_or_default()
-}
-
 /// Continue the reply of a row this generation holds past its finishing gate, whose reply never went
 /// out (its actor lost storage at the gate; SPEC §5.2 step 7): the saved status and answer go through
 /// the gate again (the committed gate answers as `Ok`), then the answer, the webhook and the record.
@@ -305,11 +300,13 @@ pub(super) async fn deliver(deps: RunDeps, row: LiveRow, events: Vec<Value>, ste
     let status = row.state.get("finalStatus").and_then(Value::as_str).and_then(RunStatus::parse).unwrap_or(RunStatus::Completed);
     let answer = row.state.get("answer").and_then(Value::as_str).map(str::to_owned);
     let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + agent.budget_ms);
+    // Usage totals never go backwards: from what the lost actor (or the ledger) published.
+    let published = deps.registry.snapshot(&row.run_id).map(|(_, events)| events).unwrap_or_default();
     let mut run = Run::new(deps, row.run_id.clone(), meta, deadline, agent);
-    run.usage = agent::usage_of(&events_usage(&run));
+    run.usage = agent::usage_of(&published);
     run.step = step;
-    if let Some(bound) = row.state.get("binding").and_then(|b| b.get("workspace")).and_then(Value::as_str) {
-        run.workspace = PathBuf::from(bound);
+    if let Some(bound) = bound_workspace(&row) {
+        run.workspace = bound;
     }
     tracing::info!(run_id = %run.id, generation = %run.gen, status = status.as_str(), "continuing the reply of a run past its finishing gate");
     Launched::Run(Box::new(run), Started::Gated { status, answer })

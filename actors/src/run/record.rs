@@ -97,6 +97,12 @@ pub fn meta_from_row(row: &LiveRow) -> RunMeta {
     RunMeta::from_meta(&row.thread_key, &row.meta)
 }
 
+/// The workspace the row is bound to (`state.binding.workspace`), re-attached as is, never migrated
+/// (SPEC §8.3).
+pub(super) fn bound_workspace(row: &LiveRow) -> Option<std::path::PathBuf> {
+    row.state.get("binding").and_then(|b| b.get("workspace")).and_then(Value::as_str).map(std::path::PathBuf::from)
+}
+
 /// The successor run a finish (or close) admitted under this generation: its `attaching` row and first
 /// events, for the supervisor to launch. A crash before the launch leaves it to a reclaim's restart.
 pub async fn admitted_successor(deps: &RunDeps, id: &str) -> Option<(LiveRow, Vec<Value>)> {
@@ -162,13 +168,7 @@ pub async fn close_row(
     // The workspace fence goes to the closer first, so an old owner that wakes up later cannot write into
     // the workspace of a run already closed (SPEC §8.3). Best effort: a workspace that is gone, or whose
     // lock a paused owner holds, leaves the old fence, which names a generation that no longer owns the row.
-    let dir = row
-        .state
-        .get("binding")
-        .and_then(|b| b.get("workspace"))
-        .and_then(Value::as_str)
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| crate::tools::workspace_dir(&deps.data_dir, &row.run_id));
+    let dir = bound_workspace(row).unwrap_or_else(|| crate::tools::workspace_dir(&deps.data_dir, &row.run_id));
     if dir.is_dir() {
         let fence = format!("{}#close", deps.gen.as_str());
         if let Err(e) = crate::tools::take_workspace_async(dir, fence, crate::tools::TakeMode::Existing).await {

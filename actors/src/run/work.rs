@@ -145,9 +145,7 @@ impl Run {
     /// Publish to the live view now and to the ledger with the next durable step.
     pub fn publish_in_step(&mut self, event: Value) {
         if let Some(stamped) = publish(&self.deps, &self.id, event, false) {
-            if self.tracked() {
-                self.step_events.push(stamped);
-            }
+            self.keep(stamped);
         }
     }
 

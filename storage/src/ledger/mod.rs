@@ -83,6 +83,14 @@ pub struct LiveRow {
     pub state: Map<String, Value>,
 }
 
+impl Admit {
+    /// Whether this message may reach `holder`, the thread's live run (SPEC §8.1: visibility on writes);
+    /// a free thread has no run to hide.
+    pub fn reaches(&self, holder: Option<&LiveRow>) -> bool {
+        holder.is_none_or(|h| decisions::writer_sees(self.writer.as_ref(), &h.meta))
+    }
+}
+
 impl LiveRow {
     pub fn view(&self) -> decisions::RowView<'_> {
         decisions::RowView {

@@ -207,9 +207,9 @@ impl LedgerState {
             return Ok(AdmitOutcome::Fenced);
         }
         let holder_row = self.by_thread(&admit.thread_key);
-        let sees = holder_row.is_none_or(|h| crate::ledger::decisions::writer_sees(admit.writer.as_ref(), &h.meta));
+        let reaches = admit.reaches(holder_row);
         let holder = holder_row.map(LiveRow::view);
-        match decide_admit(holder.as_ref(), admit.key.is_some(), sees) {
+        match decide_admit(holder.as_ref(), admit.key.is_some(), reaches) {
             AdmitDecision::Insert => {
                 if let Some(other) = self.rows.get(&admit.run_id) {
                     // The pre-minted id is live on another thread: SQLite's primary key refuses

@@ -122,8 +122,7 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         return Ok(AdmitOutcome::Fenced);
     }
     let holder = row_by_thread(c, &a.thread_key)?;
-    let sees = holder.as_ref().is_none_or(|h| decisions::writer_sees(a.writer.as_ref(), &h.meta));
-    let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some(), sees) {
+    let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some(), a.reaches(holder.as_ref())) {
         decisions::AdmitDecision::Insert => {
             c.execute(
                 "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)

@@ -168,8 +168,7 @@ impl RunLedger for SqliteStore {
             return Ok(AdmitOutcome::Fenced);
         }
         let holder = row_by_thread(&tx, &a.thread_key)?;
-        let sees = holder.as_ref().is_none_or(|h| decisions::writer_sees(a.writer.as_ref(), &h.meta));
-        let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some(), sees) {
+        let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some(), a.reaches(holder.as_ref())) {
             decisions::AdmitDecision::Insert => {
                 tx.prepare_cached(
                     "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
