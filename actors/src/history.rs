@@ -115,7 +115,7 @@ impl SinkError {
 /// `Unavailable` without telling "never delivered" from "reply lost". So a mailbox failure reads as
 /// transient — which is safe, because a retried put of the identical record is idempotent (the store
 /// answers `rewritten: false`) and a retried `finish` that already committed is refused `UnknownRun`
-/// and falls back to that same idempotent put.
+/// and falls back to a provisional put, which the committed final record floors.
 impl From<storage::Error> for SinkError {
     fn from(e: storage::Error) -> Self {
         use storage::Error as E;
@@ -141,7 +141,7 @@ pub trait HistorySink: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<PutOutcome, SinkError>>;
 
     /// The ledger's one-transaction finish (SPEC §4.3); `Ok(Err(refusal))` when the ledger refuses
-    /// (`UnknownRun` → the writer falls back to a plain put; `Fenced` → no record from this process,
+    /// (`UnknownRun` → the writer falls back to a provisional put; `Fenced` → no record from this process,
     /// nothing counted as landed).
     fn finish(
         &self,
@@ -496,6 +496,7 @@ impl Inner {
     ) -> WriteOutcome {
         let id = record.head.id.as_str();
         let provisional = record.head.provisional;
+        let mut record = std::borrow::Cow::Borrowed(record);
         let mut spent = 0;
         loop {
             let answer = {
@@ -508,14 +509,18 @@ impl Inner {
                     return WriteOutcome::StoodDown;
                 }
                 *attempts += 1;
-                self.send(record, &via).await
+                self.send(&record, &via).await
             };
             let err = match answer {
                 Ok(Ok(put)) => return WriteOutcome::Landed(put),
                 Ok(Err(Refusal::UnknownRun { .. })) if matches!(via, Via::Ledger { .. }) => {
-                    // The live row is already gone (a reclaim closed it, or an earlier finish committed):
-                    // the record still belongs in the store.
-                    tracing::debug!(attempt = *attempts, "ledger has no live row; falling back to a plain put");
+                    // The live row is already gone: an earlier finish of ours committed (its answer was
+                    // lost), or another generation closed the row with a final record of its own (SPEC
+                    // §5.4 vs §5.6: no record from a process that lost the run). The put goes in as
+                    // provisional, so the store's tombstone floor keeps whichever final record is there
+                    // and only a run with none gets this one.
+                    tracing::debug!(attempt = *attempts, "ledger has no live row; falling back to a provisional put");
+                    record = std::borrow::Cow::Owned(as_fallback(&record));
                     via = Via::Store;
                     continue;
                 }
@@ -534,7 +539,7 @@ impl Inner {
                     Pause::Exhausted => return WriteOutcome::Lost(err),
                     Pause::StandDown => return WriteOutcome::StoodDown,
                 },
-                SinkError::Uncertain(_) => match self.reconcile(record, &err, &mut spent, &mut finals).await {
+                SinkError::Uncertain(_) => match self.reconcile(&record, &err, &mut spent, &mut finals).await {
                     Reconcile::Settled(outcome) => return outcome,
                     Reconcile::Resend => continue,
                 },
@@ -628,6 +633,15 @@ impl Inner {
         let factor = rand::rng().random_range((1.0 - self.jitter)..=(1.0 + self.jitter));
         base.mul_f64(factor)
     }
+}
+
+/// The put a final record falls back to when the ledger no longer has its row: provisional (never over a
+/// final record, by the store's tombstone floor), unsealed.
+fn as_fallback(record: &RunRecord) -> RunRecord {
+    let mut fallback = record.clone();
+    fallback.head.provisional = true;
+    fallback.head.sealed_at = None;
+    fallback
 }
 
 /// Whether a stored listing row is the one this request would have written.
@@ -1053,7 +1067,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn ledger_finish_unknown_run_falls_back_to_plain_put() {
+    async fn ledger_finish_unknown_run_falls_back_to_a_provisional_put() {
         let sink = ScriptedSink::new();
         sink.on_finish(Ok(Err(Refusal::UnknownRun { run_id: "r1".into() })));
         let w = writer(&sink);
@@ -1062,7 +1076,8 @@ mod tests {
         let outcome = w.write(r.clone(), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
 
         assert_eq!(outcome, WriteOutcome::Landed(STORED));
-        assert_eq!(sink.calls(), vec![Call::Finish("g1".into(), r.clone()), Call::Put(r)]);
+        assert_eq!(sink.calls(), vec![Call::Finish("g1".into(), r.clone()), Call::Put(as_fallback(&r))]);
+        assert!(as_fallback(&r).head.provisional);
         assert_eq!(w.failures(), 0);
     }
 
@@ -1160,15 +1175,28 @@ mod tests {
     }
 
     #[actix_rt::test]
-    async fn ledger_finish_without_a_live_row_lands_through_the_fallback_put() {
+    async fn ledger_finish_without_a_live_row_never_replaces_a_final_record() {
         let handle = storage_handle();
         let w = HistoryWriter::new(Arc::new(handle.clone()), None);
-        // The tombstone first, then the final record through the ledger; the run has no live row.
+        // Another generation closed the run: its final record is in the store, the live row is gone.
+        let mut closed = record("r1", false);
+        closed.head.status = storage::record::RunStatus::Interrupted;
+        assert!(w.write(closed.clone(), Via::Store).landed().await.is_landed());
+        let fin = w.write(record("r1", false), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
+
+        assert!(matches!(fin, WriteOutcome::Landed(PutOutcome { stored: true, rewritten: false, .. })), "{fin:?}");
+        assert_eq!(handle.get("r1".into()).await.expect("get"), Some(closed), "the closer's record stays");
+    }
+
+    #[actix_rt::test]
+    async fn ledger_finish_without_a_live_row_or_final_record_lands_provisional() {
+        let handle = storage_handle();
+        let w = HistoryWriter::new(Arc::new(handle.clone()), None);
         let tomb = w.write(record("r1", true), Via::Store).landed().await;
         assert!(tomb.is_landed(), "{tomb:?}");
         let fin = w.write(record("r1", false), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
 
         assert!(matches!(fin, WriteOutcome::Landed(PutOutcome { stored: true, rewritten: true, .. })), "{fin:?}");
-        assert_eq!(handle.get("r1".into()).await.expect("get"), Some(record("r1", false)));
+        assert_eq!(handle.get("r1".into()).await.expect("get"), Some(as_fallback(&record("r1", false))));
     }
 }

@@ -163,25 +163,4 @@ pub struct KnownIssue {
 /// CI sweep stays green while they are open; a seed that hits one records it and everything after it as
 /// tolerated); `SimConfig::strict` fails on them, and a test replays each witness seed. Remove an entry
 /// once production fixes it.
-pub const KNOWN_ISSUES: &[KnownIssue] = &[
-    KnownIssue {
-        invariant: "no record after a fence",
-        witness: 116,
-        what: "a final record written as a plain put replaces the record another generation's finish wrote: the \
-         history writer reads the ledger's `UnknownRun` on `finish` as \"my earlier finish committed\" and \
-         falls back to a put (a paused owner past its finishing gate, closed meanwhile by a reclaim), and a \
-         detached run puts its best-effort record over the reclaim's close, whose successor already holds \
-         the follow-ups the detached run folded: they then appear in two runs (SPEC §5.4, §5.5 vs §5.6)",
-    },
-    KnownIssue {
-        invariant: "only the run's owner takes its workspace",
-        witness: 101,
-        what: "the workspace fence is rewritten before the ledger confirms ownership: a launch takes it \
-         before its claim (`promote`), and since 08953ef a close takes it before its finish (`close_row`). \
-         A late launcher (paused between its admission and its launch while another generation restarted \
-         the run) or a stale closer (paused in its sweep while another generation took the row; seed \
-         8446) rewrites the fence, its ledger write is then refused, and the real owner's mutating tools \
-         are refused `fenced` from then on; a late launcher whose claim fails permanently instead runs \
-         detached and repeats the owner's calls (SPEC §8.3)",
-    },
-];
+pub const KNOWN_ISSUES: &[KnownIssue] = &[];

@@ -91,6 +91,12 @@ pub struct Model {
     sweeps: BTreeMap<u64, u64>,
     pub interrupted: BTreeMap<String, String>,
     pub effects: u64,
+    /// Per run: the `tool_call` and `tool_result` events a reader was shown (the registry's), as (seq,
+    /// content key, the incarnation's fence that published it).
+    shown: BTreeMap<String, Vec<(u64, String, String)>>,
+    /// (run, fence, content key): content a committed transcript turn of that incarnation holds (a call in
+    /// an assistant turn, a result in a results turn).
+    committed: BTreeSet<(String, String, String)>,
 }
 
 impl Model {
@@ -161,6 +167,25 @@ impl Model {
     }
 
     pub fn settled_unknown(&mut self, _run: &str, _call: &str) {}
+
+    /// A reader was shown `event` (stamped) of `run`, published by the incarnation `fence`.
+    pub fn shown(&mut self, run: &str, fence: &str, event: &Value) {
+        let (Some(key), Some(seq)) = (content_key(event), storage::record::event_seq(event)) else { return };
+        self.shown.entry(run.to_owned()).or_default().push((seq, key, fence.to_owned()));
+    }
+
+    /// The incarnation `fence` committed `turns` of `run` to its transcript.
+    pub fn committed(&mut self, run: &str, fence: &str, turns: &[storage::ledger::Turn]) {
+        for part in turns.iter().flat_map(|t| t.parts.iter()) {
+            let call = part.get("callId").and_then(Value::as_str);
+            let key = match (part.get("type").and_then(Value::as_str), call) {
+                (Some("tool_call"), Some(id)) => format!("call/{id}"),
+                (Some("tool_result"), Some(id)) => format!("result/{id}"),
+                _ => continue,
+            };
+            self.committed.insert((run.to_owned(), fence.to_owned(), key));
+        }
+    }
 
     /// A run some client could name (for stops and kills).
     pub fn some_run(&self, rng: &mut StdRng) -> Option<String> {
@@ -373,6 +398,15 @@ pub fn final_checks(w: &mut World) {
             let (status, n) = (record.head.status, record.events.len());
             w.note(|| format!("record {run} ({thread}): {status:?}, {n} events, inputs {inputs:?}"));
         }
+        // What a reader was shown is kept (SPEC §5.2 step 5): every shown call or result whose content its
+        // incarnation committed to the transcript is in the record under the seq it was shown with.
+        let kept: BTreeSet<(u64, String)> =
+            record.events.iter().filter_map(|e| Some((storage::record::event_seq(e)?, content_key(e)?))).collect();
+        for (seq, key, fence) in w.model.shown.get(&run).cloned().unwrap_or_default() {
+            if w.model.committed.contains(&(run.clone(), fence.clone(), key.clone())) && !kept.contains(&(seq, key.clone())) {
+                w.violate("what a reader was shown is kept", format!("{run}: {key} shown at seq {seq} by {fence} and committed, missing from the record"));
+            }
+        }
         let seqs: Vec<u64> = record.events.iter().filter_map(storage::record::event_seq).collect();
         if seqs.windows(2).any(|p| p[0] >= p[1]) || seqs.len() != record.events.len() {
             w.violate("seqs strictly increase", format!("{run}: {seqs:?}"));
@@ -410,5 +444,15 @@ pub fn final_checks(w: &mut World) {
         if !ok {
             w.violate("accepted exactly once", format!("m{k} ({:?}, run {:?}) is an input of {} runs: {found:?}", m.told, m.run, found.len()));
         }
+    }
+}
+
+/// The content a `tool_call` or `tool_result` event shows: `call/<callId>` or `result/<callId>`.
+fn content_key(event: &Value) -> Option<String> {
+    let id = event.get("callId").and_then(Value::as_str)?;
+    match event.get("type").and_then(Value::as_str)? {
+        "tool_call" => Some(format!("call/{id}")),
+        "tool_result" => Some(format!("result/{id}")),
+        _ => None,
     }
 }

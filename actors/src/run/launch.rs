@@ -51,9 +51,12 @@ pub(super) async fn fresh(deps: RunDeps, id: String, meta: RunMeta, request: Req
 /// Take the workspace, promote the reserved row and seed the transcript (SPEC §5.2 steps 4–5): from here
 /// the run is resumable.
 async fn promote(mut run: Run, request_text: &str) -> Launched {
-    // The workspace fence names this generation before any tool runs (SPEC §8.3).
-    if let Err(why) = take_workspace(&run, crate::tools::TakeMode::Create).await {
-        return Launched::Run(Box::new(run), Started::Fail(why));
+    // The workspace fence names this generation before any tool runs (SPEC §8.3); a launcher that lost
+    // its reserved row (paused while another generation restarted the run) leaves it alone.
+    match take_workspace(&run, crate::tools::TakeMode::Create).await {
+        Ok(()) => {}
+        Err(Took::NotOwner) => return Launched::Run(Box::new(run), Started::Fenced),
+        Err(Took::Failed(why)) => return Launched::Run(Box::new(run), Started::Fail(why)),
     }
     let mut state = Map::new();
     state.insert("binding".into(), json!({"workspace": run.workspace.display().to_string()}));
@@ -102,21 +105,39 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     Launched::Run(Box::new(run), started)
 }
 
+/// Why a take did not happen: the ledger names another owner, or the workspace could not be taken.
+enum Took {
+    NotOwner,
+    Failed(String),
+}
+
 /// Take the run's workspace for this generation (SPEC §8.3 workspace fencing): rewrite its fence under
-/// the exclusive lock before any tool runs. A lock a paused old owner still holds is retried with backoff
+/// the exclusive lock before any tool runs, while the ledger still names this generation as the run's
+/// owner. A lock a paused old owner still holds, or a ledger that cannot answer, is retried with backoff
 /// (a fence of this run aborts the launch meanwhile); any other failure is answered.
-async fn take_workspace(run: &Run, mode: crate::tools::TakeMode) -> Result<(), String> {
+async fn take_workspace(run: &Run, mode: crate::tools::TakeMode) -> Result<(), Took> {
     let mut delay = WRITE_RETRY;
     loop {
-        match crate::tools::take_workspace_async(run.workspace.clone(), run.fence.clone(), mode).await {
+        let owns = still_owner(&run.deps, &run.id);
+        match crate::tools::take_workspace_async(run.workspace.clone(), run.fence.clone(), mode, owns).await {
             Ok(()) => return Ok(()),
             Err(crate::tools::WorkspaceError::Busy { .. }) => {
                 tracing::warn!(run_id = %run.id, generation = %run.gen, "workspace lock held by another owner; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_WRITE_RETRY);
             }
-            Err(e) => return Err(format!("workspace: {e}")),
+            Err(crate::tools::WorkspaceError::NotOwner { .. }) => return Err(Took::NotOwner),
+            Err(e) => return Err(Took::Failed(format!("workspace: {e}"))),
         }
+    }
+}
+
+/// Whether the ledger names this generation as the owner of `run_id` (one read, no retry: a workspace
+/// take holds its lock while it waits for the answer).
+pub(super) async fn still_owner(deps: &RunDeps, run_id: &str) -> Result<bool, String> {
+    match deps.storage.get_live(run_id.to_owned()).await {
+        Ok(row) => Ok(row.is_some_and(|row| row.owner_gen == deps.gen.as_str())),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -176,13 +197,15 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     if let Some(bound) = bound_workspace(&row) {
         run.workspace = bound;
     }
-    if let Err(why) = take_workspace(&run, crate::tools::TakeMode::Existing).await {
-        if !run.workspace.is_dir() {
+    match take_workspace(&run, crate::tools::TakeMode::Existing).await {
+        Ok(()) => {}
+        Err(Took::NotOwner) => return Launched::Run(Box::new(run), Started::Fenced),
+        Err(Took::Failed(why)) if !run.workspace.is_dir() => {
             let events = run.deps.registry.snapshot(&run.id).map(|(_, e)| e).unwrap_or_default();
             let deps = run.deps.clone();
             return Launched::Over(close_unstartable(&deps, &row, events, &format!("the run's workspace is missing ({why})")).await);
         }
-        return Launched::Run(Box::new(run), Started::Fail(why));
+        Err(Took::Failed(why)) => return Launched::Run(Box::new(run), Started::Fail(why)),
     }
     run.turn_count = a.transcript.len() as u64;
     run.turns = a.transcript.into_iter().skip(1).collect();

@@ -166,13 +166,16 @@ pub async fn close_row(
     reason: &str,
 ) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
     // The workspace fence goes to the closer first, so an old owner that wakes up later cannot write into
-    // the workspace of a run already closed (SPEC §8.3). Best effort: a workspace that is gone, or whose
-    // lock a paused owner holds, leaves the old fence, which names a generation that no longer owns the row.
+    // the workspace of a run already closed (SPEC §8.3), and only while the ledger names the closer as
+    // the owner (a stale closer, paused while another generation took the row, leaves the real owner's
+    // fence alone; its finish is refused next). Best effort: a workspace that is gone, or whose lock a
+    // paused owner holds, leaves the old fence, which names a generation that no longer owns the row.
     let dir = bound_workspace(row).unwrap_or_else(|| crate::tools::workspace_dir(&deps.data_dir, &row.run_id));
     if dir.is_dir() {
         let fence = format!("{}#close", deps.gen.as_str());
-        if let Err(e) = crate::tools::take_workspace_async(dir, fence, crate::tools::TakeMode::Existing).await {
-            tracing::warn!(run_id = %row.run_id, error = %e, "could not take the workspace fence before closing");
+        let owns = super::launch::still_owner(deps, &row.run_id);
+        if let Err(e) = crate::tools::take_workspace_async(dir, fence, crate::tools::TakeMode::Existing, owns).await {
+            tracing::warn!(run_id = %row.run_id, generation = deps.gen.as_str(), error = %e, "did not take the workspace fence before closing");
         }
     }
     let record = closing_record(row, events, status, reason, deps.clock.now_ms(), deps.registry.redactor())

@@ -546,7 +546,17 @@ impl Run {
             self.deps.metrics.run_duration(status.as_str(), took);
         }
         let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
-        let extras = RecordExtras { reply: self.reply.clone(), diagnosis: Some(self.diagnosis()), step_count: Some(self.step), usage, ..Default::default() };
+        // A detached run's record is best effort (SPEC §5.5): provisional, so it never replaces the record
+        // of the reclaim that closes its row; until then it is the run's latest trace.
+        let provisional = !self.tracked();
+        let extras = RecordExtras {
+            provisional,
+            reply: self.reply.clone(),
+            diagnosis: Some(self.diagnosis()),
+            step_count: Some(self.step),
+            usage,
+            ..Default::default()
+        };
         let record = build_record(&self.deps, &self.id, status, finished_at, extras);
         let successor = self.tracked().then(|| Successor {
             run_id: uuid::Uuid::now_v7().to_string(),

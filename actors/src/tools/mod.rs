@@ -226,6 +226,10 @@ pub enum WorkspaceError {
     /// no generation can prove it owns the workspace, so nobody writes.
     #[error("workspace has no readable fence ({reason}); generation {gen:?} does not own it")]
     Unfenced { gen: String, reason: String },
+    /// [`take_workspace_async`]: the ledger names another owner of the run, so this taker lost it and
+    /// left the fence as it was.
+    #[error("generation {gen:?} no longer owns the run: the workspace fence was left as it was")]
+    NotOwner { gen: String },
     /// [`take_workspace`] refuses a generation that is empty or holds whitespace or control
     /// characters (the fence is one line and compared exactly).
     #[error("generation {0:?} cannot name a workspace owner")]
@@ -281,13 +285,60 @@ pub enum TakeMode {
 /// lock stayed held: retry later, and run no tool meanwhile), [`WorkspaceError::BadGeneration`],
 /// [`WorkspaceError::Io`].
 pub fn take_workspace(dir: &Path, gen: &str, mode: TakeMode) -> Result<(), WorkspaceError> {
+    let held = lock_for_take(dir, gen, mode)?;
+    let written = write_fence(dir, gen).map_err(|e| take_io(dir, "write the fence", e));
+    drop(held);
+    written
+}
+
+/// [`take_workspace`] off the async runtime (on tokio's blocking pool when one is present, inline
+/// otherwise), so a take waiting for a busy lock never stalls the other runs of an arbiter, and only
+/// while `still_owner` confirms, under the workspace lock, that the ledger names the taker as the run's
+/// owner (SPEC §8.3: "a new owner rewrites it"). A taker that lost the run between its claim and its
+/// take (paused past its lease, a stale closer) leaves the fence as it is, so it can never fence out
+/// the real owner: a later owner's take waits for this lock, so it lands after this one.
+///
+/// `still_owner` answers `Ok(false)` when another generation owns the run (→
+/// [`WorkspaceError::NotOwner`]) and `Err` when the ledger could not tell (→ [`WorkspaceError::Busy`]:
+/// retry later). It should read once, not retry: the lock is held while it runs.
+pub async fn take_workspace_async(
+    dir: PathBuf,
+    gen: String,
+    mode: TakeMode,
+    still_owner: impl std::future::Future<Output = Result<bool, String>>,
+) -> Result<(), WorkspaceError> {
+    let lost = |reason: String| WorkspaceError::Io { path: dir.display().to_string(), reason: format!("the take did not finish: {reason}") };
+    let (d, g) = (dir.clone(), gen.clone());
+    let held = off_runtime(move || lock_for_take(&d, &g, mode)).await.map_err(lost)??;
+    match still_owner.await {
+        Ok(true) => {}
+        Ok(false) => return Err(WorkspaceError::NotOwner { gen }),
+        Err(reason) => {
+            tracing::debug!(reason = %reason, "could not confirm ownership before the take");
+            return Err(WorkspaceError::Busy { path: dir.join(LOCK_FILE), waited_ms: 0 });
+        }
+    }
+    let d = dir.clone();
+    off_runtime(move || {
+        let written = write_fence(&d, &gen).map_err(|e| take_io(&d, "write the fence", e));
+        drop(held);
+        written
+    })
+    .await
+    .map_err(lost)?
+}
+
+fn take_io(dir: &Path, what: &str, e: std::io::Error) -> WorkspaceError {
+    WorkspaceError::Io { path: dir.display().to_string(), reason: format!("{what}: {e}") }
+}
+
+/// The first half of a take: check `gen`, create the directory if `mode` allows, and hold the
+/// workspace lock (trying for at most [`TAKE_LOCK_WAIT`]).
+fn lock_for_take(dir: &Path, gen: &str, mode: TakeMode) -> Result<WorkspaceLock, WorkspaceError> {
     if gen.is_empty() || gen.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(WorkspaceError::BadGeneration(gen.to_owned()));
     }
-    let io = |what: &str, e: std::io::Error| WorkspaceError::Io {
-        path: dir.display().to_string(),
-        reason: format!("{what}: {e}"),
-    };
+    let io = |what: &str, e: std::io::Error| take_io(dir, what, e);
     match mode {
         TakeMode::Create => {
             if !dir.is_dir() {
@@ -313,21 +364,10 @@ pub fn take_workspace(dir: &Path, gen: &str, mode: TakeMode) -> Result<(), Works
         }
         Err(e) => return Err(io("open the workspace lock", e)),
     };
-    let _held = WorkspaceLock::acquire(file, &lock_path, TAKE_LOCK_WAIT).map_err(|e| match e {
+    WorkspaceLock::acquire(file, &lock_path, TAKE_LOCK_WAIT).map_err(|e| match e {
         LockError::Busy(b) => b,
         LockError::Io(e) => io("lock the workspace", e),
-    })?;
-    write_fence(dir, gen).map_err(|e| io("write the fence", e))
-}
-
-/// [`take_workspace`] off the async runtime (on tokio's blocking pool when one is present, inline
-/// otherwise), so a take waiting for a busy lock never stalls the other runs of an arbiter.
-pub async fn take_workspace_async(dir: PathBuf, gen: String, mode: TakeMode) -> Result<(), WorkspaceError> {
-    let path = dir.display().to_string();
-    match off_runtime(move || take_workspace(&dir, &gen, mode)).await {
-        Ok(answer) => answer,
-        Err(reason) => Err(WorkspaceError::Io { path, reason: format!("the take did not finish: {reason}") }),
-    }
+    })
 }
 
 /// Run `write` while holding the workspace lock, if and only if the fence of `workspace` names
@@ -938,7 +978,7 @@ mod tests {
         let step1 = AppendFileTool.call(&a, &json!({"path": "steps.log", "line": "step 1"})).await;
         assert!(step1.ok, "{step1:?}");
         // A is paused; B resumes the run and takes the workspace over.
-        take_workspace_async(a.workspace.clone(), GEN_B.into(), TakeMode::Existing).await.unwrap();
+        take_workspace_async(a.workspace.clone(), GEN_B.into(), TakeMode::Existing, async { Ok(true) }).await.unwrap();
         assert_eq!(fence_owner(&a.workspace).unwrap(), GEN_B);
         // A continues: its write is refused and the file is unchanged, in the file and in a new one.
         for path in ["steps.log", "new/other.log"] {
@@ -1036,9 +1076,37 @@ mod tests {
     async fn take_workspace_async_answers_like_the_blocking_take() {
         let dir = tempfile::tempdir().unwrap();
         let ws = workspace_dir(dir.path(), "r1");
-        let missing = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing).await;
+        let missing = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async { Ok(true) }).await;
         assert_eq!(missing, Err(WorkspaceError::Missing(ws.clone())));
-        take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Create).await.unwrap();
+        take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Create, async { Ok(true) }).await.unwrap();
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_A);
+    }
+
+    #[tokio::test]
+    async fn a_take_whose_taker_no_longer_owns_the_run_leaves_the_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = workspace_dir(dir.path(), "r1");
+        take_workspace(&ws, GEN_B, TakeMode::Create).unwrap();
+        // A stale taker (A lost the run to B between its claim and its take) changes nothing.
+        let stale = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async { Ok(false) }).await;
+        assert_eq!(stale, Err(WorkspaceError::NotOwner { gen: GEN_A.into() }));
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_B);
+        // A ledger that cannot tell: busy, retried later; the fence stays too.
+        let unsure = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async { Err("storage down".into()) }).await;
+        assert!(matches!(unsure, Err(WorkspaceError::Busy { .. })), "{unsure:?}");
+        assert_eq!(fence_owner(&ws).unwrap(), GEN_B);
+        // The ownership check runs under the lock: a tool of B waiting meanwhile writes after it.
+        let (confirm_tx, confirm_rx) = tokio::sync::oneshot::channel::<bool>();
+        let take = tokio::spawn(take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async move {
+            Ok(confirm_rx.await.unwrap_or(false))
+        }));
+        // Wait until the take holds the lock (a tool's try then fails busy at once).
+        while !matches!(with_fence(&ws, GEN_B, Duration::ZERO, || ()), Err(WorkspaceError::Busy { .. })) {
+            assert!(!take.is_finished(), "the take ended before asking the ledger");
+            tokio::task::yield_now().await;
+        }
+        confirm_tx.send(true).unwrap();
+        take.await.unwrap().unwrap();
         assert_eq!(fence_owner(&ws).unwrap(), GEN_A);
     }
 }

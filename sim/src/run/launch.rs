@@ -26,7 +26,7 @@ pub(super) fn fresh(w: &mut World, slot: usize, a: &mut Actor, request: Request,
     let tombstone = RecordExtras { provisional: true, ..Default::default() };
     if let Some(record) = w.procs[slot].registry.build_record(&a.run_id, RunStatus::Interrupted, started_at, tombstone) {
         let delay = w.io_latency();
-        w.spawn_in(slot, delay, Kind::History { record, via: Via::Store { detached: false }, spent: 0 });
+        w.spawn_in(slot, delay, Kind::History { record, via: Via::Store, spent: 0 });
     }
     a.launching = Some(run);
     promote(w, slot, a, request.text);
@@ -96,17 +96,13 @@ pub(super) fn claim(w: &mut World, slot: usize, a: &mut Actor, seed: Option<Step
 }
 
 /// Take the workspace, then the claim (`promote`): the workspace fence names this incarnation before any
-/// tool runs.
+/// tool runs, and is taken only while the ledger names this generation the run's owner (the check runs
+/// under the workspace lock in production, so it and the write are one step here).
 fn promote(w: &mut World, slot: usize, a: &mut Actor, request_text: String) {
     let id = a.run_id.clone();
-    let gen = w.procs[slot].gen.clone();
-    if let Some(owner) = w.peek().get_live(&id).ok().flatten().map(|r| r.owner_gen).filter(|o| *o != gen) {
-        w.violate(
-            "only the run's owner takes its workspace",
-            format!("{gen} takes the workspace fence of {id} before its claim, while {owner} owns the run: the owner's mutating tools are fenced out"),
-        );
+    if !take_workspace(w, slot, &id, &a.fence.clone(), "before its claim") {
+        return launched(w, slot, a, Started::Fenced);
     }
-    w.model.take_workspace(&id, &a.fence);
     // The seed (the first model call's messages and the step-0 record) commits with the promotion.
     let seed = a.launching.as_mut().and_then(|run| {
         let turns = vec![agent::system_turn(&run.system), agent::user_turn(&request_text)];
@@ -114,6 +110,22 @@ fn promote(w: &mut World, slot: usize, a: &mut Actor, request_text: String) {
     });
     let (now, delay) = (w.now(), w.io_latency());
     spawn_op(w, slot, a, delay, Op::Claim { seed, since: now, delay: WRITE_RETRY_MS });
+}
+
+/// Take the workspace of `id` for `fence` when the ledger names this generation its owner
+/// (`tools::take_workspace_async` with `launch::still_owner`); false when another generation owns it.
+pub(crate) fn take_workspace(w: &mut World, slot: usize, id: &str, fence: &str, why: &str) -> bool {
+    let gen = w.procs[slot].gen.clone();
+    let owner = w.peek().get_live(id).ok().flatten().map(|r| r.owner_gen);
+    if owner.as_deref() != Some(gen.as_str()) {
+        w.note(|| format!("  {id}: {gen} leaves the workspace fence alone: the ledger names {owner:?} the owner"));
+        return false;
+    }
+    if let Some(owner) = w.peek().get_live(id).ok().flatten().map(|r| r.owner_gen).filter(|o| *o != gen) {
+        w.violate("only the run's owner takes its workspace", format!("{gen} takes the workspace fence of {id} {why}, while {owner} owns the run"));
+    }
+    w.model.take_workspace(id, fence);
+    true
 }
 
 /// The seed write answered: the launch is over (`promote`'s tail).
@@ -177,7 +189,10 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
         let (reason, successor) = supervisor::close_unstartable(w, slot, &row, events, "the run's workspace is missing");
         return complete(w, slot, a, Completion::Over(reason, successor));
     }
-    w.model.take_workspace(&row.run_id, &a.fence);
+    if !take_workspace(w, slot, &row.run_id, &a.fence.clone(), "to resume it") {
+        a.launching = Some(run);
+        return launched(w, slot, a, Started::Fenced);
+    }
     run.turn_count = ad.transcript.len() as u64;
     run.turns = ad.transcript.into_iter().skip(1).collect();
     run.step = ad.last_step.step;
@@ -221,8 +236,8 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
             }
             super::work::publish_calls(w, slot, &mut run, &calls);
             if let Some(sw) = durable_step(w, slot, &mut run, Vec::new(), &calls) {
-                let (id, gen) = (run.id.clone(), run.gen.clone());
-                let answer = write_step(w, slot, &id, &gen, &sw);
+                let (id, gen, fence) = (run.id.clone(), run.gen.clone(), run.fence.clone());
+                let answer = write_step(w, slot, &id, &gen, &fence, &sw);
                 let answer = if answer.as_ref().is_err_and(storage::Error::is_transient) { None } else { Some(answer) };
                 match settle(w, slot, &mut run, "step record", answer) {
                     Written::Ok => {}

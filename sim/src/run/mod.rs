@@ -18,6 +18,7 @@
 //! lands whole or not at all.
 
 mod launch;
+pub(crate) use launch::take_workspace;
 mod work;
 
 use actors::agent::{self, AssistantTurn, ToolCall, ToolResult};
@@ -330,7 +331,8 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             let now = w.now();
             let run = run_data(a);
             w.procs[slot].registry.finish(&run.id, now);
-            let extras = RecordExtras { reply: run.reply.clone(), step_count: Some(run.step), ..Default::default() };
+            // A detached run's record is best effort: provisional (`RunWork::record`).
+            let extras = RecordExtras { provisional: !run.tracked(), reply: run.reply.clone(), step_count: Some(run.step), ..Default::default() };
             let record = w.procs[slot].registry.build_record(&run.id, status, now, extras);
             let successor = run.tracked().then(|| Successor { run_id: String::new(), lease_ms: LEASE_MS, inbox_consumed: run.inbox_consumed });
             let gen = run.gen.clone();
@@ -341,7 +343,7 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             let successor_id = successor.as_ref().map(|s| s.run_id.clone());
             let via = match successor {
                 Some(s) => Via::Ledger { gen, successor: Some(s) },
-                None => Via::Store { detached: true },
+                None => Via::Store,
             };
             let delay = w.io_latency();
             spawn_op(w, slot, a, delay, Op::Record { record, via, spent: 0, successor: successor_id });

@@ -83,6 +83,7 @@ pub(super) fn publish_run(w: &mut World, slot: usize, run: &RunData, event: Valu
 /// Publish now; commit with the next durable step (`publish_in_step`).
 pub(super) fn publish_in_step(w: &mut World, slot: usize, run: &mut RunData, event: Value) {
     if let Some(stamped) = publish(w, slot, &run.id, event, false) {
+        w.model.shown(&run.id, &run.fence, &stamped);
         if run.tracked() {
             run.step_events.push(stamped);
         }
@@ -92,6 +93,7 @@ pub(super) fn publish_in_step(w: &mut World, slot: usize, run: &mut RunData, eve
 /// Publish now (flusher included) and keep for the next durable write (`Run::publish_kept`).
 pub(super) fn publish_kept(w: &mut World, slot: usize, run: &mut RunData, event: Value) {
     if let Some(stamped) = publish(w, slot, &run.id, event, run.tracked()) {
+        w.model.shown(&run.id, &run.fence, &stamped);
         if run.tracked() {
             run.step_events.push(stamped);
         }
@@ -236,8 +238,14 @@ pub(super) fn next_delay(delay: i64) -> i64 {
     (delay * 2).min(MAX_WRITE_RETRY_MS)
 }
 
-pub(super) fn write_step(w: &mut World, slot: usize, run_id: &str, gen: &str, sw: &StepWrite) -> storage::Result<Outcome<()>> {
-    w.io(slot, Io::OwnerWrite, |s, _| step_in(s, run_id, gen, sw))
+/// A durable step under `gen`, by the incarnation `fence`; what it committed (even when the reply was
+/// lost) is told to the model.
+pub(super) fn write_step(w: &mut World, slot: usize, run_id: &str, gen: &str, fence: &str, sw: &StepWrite) -> storage::Result<Outcome<()>> {
+    let answer = w.io(slot, Io::OwnerWrite, |s, _| step_in(s, run_id, gen, sw));
+    if w.peek().last_step(run_id).ok().flatten().as_ref() == Some(&sw.record) {
+        w.model.committed(run_id, fence, &sw.turns);
+    }
+    answer
 }
 
 /// A step's turns, its events and then its record (`StorageHandle::durable_step`'s body).
@@ -265,7 +273,7 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
     match op {
         Op::Write { w: sw, since, delay } => {
             let (id, gen) = (a.run_id.clone(), w.procs[slot].gen.clone());
-            let answer = write_step(w, slot, &id, &gen, &sw);
+            let answer = write_step(w, slot, &id, &gen, &a.fence.clone(), &sw);
             let answer = match retried(w, answer, since, delay) {
                 Ok(answer) => answer,
                 Err(d) => return spawn_op(w, slot, a, d, Op::Write { w: sw, since, delay: next_delay(d) }),
@@ -336,7 +344,7 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
             }
             let (id, gen) = (a.run_id.clone(), w.procs[slot].gen.clone());
             if let (Some(sw), false) = (&write, written) {
-                let answer = write_step(w, slot, &id, &gen, sw);
+                let answer = write_step(w, slot, &id, &gen, &a.fence.clone(), sw);
                 match retried(w, answer, since, delay) {
                     Err(d) => return spawn_op(w, slot, a, d, Op::HandOff { write, tracked, since, delay: next_delay(d), written }),
                     Ok(Some(Ok(Ok(())))) => {

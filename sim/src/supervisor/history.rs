@@ -19,8 +19,8 @@ use crate::world::{Io, Kind, World, LEASE_MS};
 /// Which operation carries a history write.
 #[derive(Debug, Clone)]
 pub enum Via {
-    /// A plain store put; `detached` when a detached run writes its own record best-effort.
-    Store { detached: bool },
+    /// A plain store put (a tombstone, a detached run's provisional record, a fallback).
+    Store,
     /// The ledger's finish under `gen`, admitting `successor` in the same transaction.
     Ledger { gen: String, successor: Option<Successor> },
 }
@@ -38,15 +38,10 @@ pub(super) fn close_row(
 ) -> Result<Option<(LiveRow, Vec<Value>)>, String> {
     // The workspace fence goes to the closer first, so an old owner that wakes up later cannot write into
     // the workspace of a run already closed (best effort: a missing workspace keeps no fence).
+    // Only while the ledger names the closer as the owner (a stale closer leaves the real owner's fence).
     if w.model.workspace_exists(&row.run_id) {
         let gen = w.procs[slot].gen.clone();
-        if let Some(owner) = w.peek().get_live(&row.run_id).ok().flatten().map(|r| r.owner_gen).filter(|o| *o != gen) {
-            w.violate(
-                "only the run's owner takes its workspace",
-                format!("{gen} takes the workspace fence of {} to close it, while {owner} owns the run", row.run_id),
-            );
-        }
-        w.model.take_workspace(&row.run_id, &format!("{gen}#close"));
+        run::take_workspace(w, slot, &row.run_id, &format!("{gen}#close"), "to close it");
     }
     let redactor = actors::redact::Redactor::new(&[]).expect("the built-in redaction rules compile");
     let record = actors::run::closing_record(row, events, status, reason, w.now(), &redactor).ok_or("the row does not make a valid record")?;
@@ -134,9 +129,8 @@ fn finish_in(s: &mut MemoryStore, gen: &str, record: &RunRecord, successor: Opti
 }
 
 /// A plain store put, and the check that no final record comes from a generation that lost the run.
-fn put_tx(w: &mut World, slot: usize, record: &RunRecord, detached: bool) -> storage::Result<Outcome<PutOutcome>> {
+fn put_tx(w: &mut World, slot: usize, record: &RunRecord) -> storage::Result<Outcome<PutOutcome>> {
     let gen = w.procs[slot].gen.clone();
-    let _ = detached;
     if !record.head.provisional {
         crate::model::check_record_writer(w, &gen, &record.head.id);
     }
@@ -153,6 +147,7 @@ pub enum Attempt {
 /// at once; a fenced finish writes nothing; transient failures get two retries (1 s, then 4 s, ±50 %).
 pub fn history_attempt(w: &mut World, slot: usize, record: &RunRecord, mut via: Via, spent: usize) -> Attempt {
     let id = record.head.id.clone();
+    let mut record = std::borrow::Cow::Borrowed(record);
     if record.head.provisional && w.procs[slot].finals.contains(&id) {
         return Attempt::Done { landed: false }; // final beats provisional: stood down
     }
@@ -163,15 +158,20 @@ pub fn history_attempt(w: &mut World, slot: usize, record: &RunRecord, mut via: 
         let answer = match &via {
             Via::Ledger { gen, successor } => {
                 let gen = gen.clone();
-                finish_tx(w, slot, &gen, record, successor.clone())
+                finish_tx(w, slot, &gen, &record, successor.clone())
             }
-            Via::Store { detached } => put_tx(w, slot, record, *detached),
+            Via::Store => put_tx(w, slot, &record),
         };
         let transient = match answer {
             Ok(Ok(_)) => return Attempt::Done { landed: true },
             Ok(Err(Refusal::UnknownRun { .. })) if matches!(via, Via::Ledger { .. }) => {
-                w.note(|| format!("  {id}: the ledger has no live row; the record falls back to a plain put"));
-                via = Via::Store { detached: false };
+                // Provisional, so the tombstone floor keeps a final record another generation wrote.
+                w.note(|| format!("  {id}: the ledger has no live row; the record falls back to a provisional put"));
+                let mut fallback = record.clone().into_owned();
+                fallback.head.provisional = true;
+                fallback.head.sealed_at = None;
+                record = std::borrow::Cow::Owned(fallback);
+                via = Via::Store;
                 continue;
             }
             Ok(Err(_)) => return Attempt::Done { landed: false },

@@ -606,7 +606,7 @@ fn drain_wait(w: &mut World, slot: usize) {
     for id in act {
         let provisional = RecordExtras { provisional: true, ..Default::default() };
         if let Some(record) = w.procs[slot].registry.build_record(&id, RunStatus::Interrupted, now, provisional) {
-            let _ = history_attempt(w, slot, &record, Via::Store { detached: false }, HISTORY_BACKOFF_MS.len());
+            let _ = history_attempt(w, slot, &record, Via::Store, HISTORY_BACKOFF_MS.len());
         }
     }
     w.take_down(slot, "drained; exit 0");
