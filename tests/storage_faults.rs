@@ -91,3 +91,28 @@ async fn a_run_that_lost_storage_at_its_committed_gate_is_readopted_and_replies_
     assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1, "one webhook");
     assert!(app.running.storage.list_live().await.unwrap().is_empty(), "no live row remains");
 }
+
+#[actix_web::test]
+async fn a_run_cannot_fail_on_a_workspace_it_could_not_get() {
+    let app = app().await;
+    // Nothing can be created where the workspaces go (the same failure as a full disk: the launch's
+    // `mkdir` fails).
+    let workspaces = app.dir.path().join("workspaces");
+    let _ = std::fs::remove_dir_all(&workspaces);
+    std::fs::write(&workspaces, b"not a directory").unwrap();
+
+    // A run that uses no workspace tool completes, and says why it has no workspace.
+    let plain = app.start_run("t-plain", "steps=2 ms=10 answer=fine").await;
+    let record = app.final_record(&plain).await;
+    assert_eq!(record.head.status, storage::record::RunStatus::Completed, "{:?}", record.events);
+    let note = record.events.iter().find(|e| e["type"] == "note" && e["kind"] == "workspace_unavailable");
+    assert!(note.is_some(), "{:?}", record.events);
+
+    // A run that does gets the tool's error as its result, and still completes.
+    let writer = app.start_run("t-writer", "steps=1 ms=10 tool=append_file answer=tried").await;
+    let record = app.final_record(&writer).await;
+    assert_eq!(record.head.status, storage::record::RunStatus::Completed, "{:?}", record.events);
+    let result = record.events.iter().find(|e| e["type"] == "tool_result").expect("a tool result");
+    assert_eq!(result["ok"], false, "{result}");
+    assert!(!workspaces.join(&writer).exists());
+}

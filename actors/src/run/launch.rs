@@ -53,13 +53,13 @@ pub(super) async fn fresh(deps: RunDeps, id: String, meta: RunMeta, request: Req
 async fn promote(mut run: Run, request_text: &str) -> Launched {
     // The workspace fence names this generation before any tool runs (SPEC §8.3); a launcher that lost
     // its reserved row (paused while another generation restarted the run) leaves it alone.
-    match take_workspace(&run, crate::tools::TakeMode::Create).await {
-        Ok(()) => {}
+    let binding = match take_workspace(&run, crate::tools::TakeMode::Create).await {
+        Ok(()) => json!({"workspace": run.workspace.display().to_string()}),
         Err(Took::NotOwner) => return Launched::Run(Box::new(run), Started::Fenced),
-        Err(Took::Failed(why)) => return Launched::Run(Box::new(run), Started::Fail(why)),
-    }
+        Err(Took::Failed(why)) => without_workspace(&run, &why),
+    };
     let mut state = Map::new();
-    state.insert("binding".into(), json!({"workspace": run.workspace.display().to_string()}));
+    state.insert("binding".into(), binding);
     let promotion = Promotion { system_text: run.system.clone(), tools: json!(run.tool_defs), state, lease_ms: run.deps.lease_ms };
     // The promotion and the seed (the first model call's messages and the step-0 record) share one
     // commit: the run is resumable exactly when its seed is durable.
@@ -103,6 +103,16 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
         Written::Lost => Started::Lost,
     };
     Launched::Run(Box::new(run), started)
+}
+
+/// A workspace that could not be created (a full disk, a bad `workspace_root`) does not fail the run: a
+/// run that never calls a workspace tool cannot fail on it, and one that does gets the tool's error as
+/// its result (its tools find no fence). The row's binding stays empty, so a resume creates the
+/// workspace then instead of closing the run for a workspace it never had (SPEC §8.3).
+fn without_workspace(run: &Run, why: &str) -> Value {
+    tracing::warn!(run_id = %run.id, generation = %run.gen, error = %why, "running without a workspace");
+    run.note("workspace_unavailable", &summarize(&run.deps, why));
+    json!({})
 }
 
 /// Why a take did not happen: the ledger names another owner, or the workspace could not be taken.
@@ -193,13 +203,19 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     if !row.system_text.is_empty() {
         run.system = row.system_text.clone();
     }
-    // Re-attach the workspace the row is bound to; never migrate silently (SPEC §8.3).
-    if let Some(bound) = bound_workspace(&row) {
+    // Re-attach the workspace the row is bound to; never migrate silently (SPEC §8.3). A row bound to no
+    // workspace (its launch could not create one) gets it created now.
+    let bound = bound_workspace(&row);
+    let mode = if bound.is_some() { crate::tools::TakeMode::Existing } else { crate::tools::TakeMode::Create };
+    if let Some(bound) = bound {
         run.workspace = bound;
     }
-    match take_workspace(&run, crate::tools::TakeMode::Existing).await {
+    match take_workspace(&run, mode).await {
         Ok(()) => {}
         Err(Took::NotOwner) => return Launched::Run(Box::new(run), Started::Fenced),
+        Err(Took::Failed(why)) if mode == crate::tools::TakeMode::Create => {
+            without_workspace(&run, &why);
+        }
         Err(Took::Failed(why)) if !run.workspace.is_dir() => {
             let events = run.deps.registry.snapshot(&run.id).map(|(_, e)| e).unwrap_or_default();
             let deps = run.deps.clone();
