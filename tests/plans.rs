@@ -90,6 +90,49 @@ async fn a_suggestion_running_past_the_configured_timeout_fails_with_reason_time
     assert_eq!(failed["diagnostic"], "timed out after 300 ms", "{failed}");
 }
 
+/// SPEC §9 `close()`: a drain refuses plan admissions first (503, nothing allocated), then closes the
+/// coordinator — the running suggestion settles `cancelled (shutdown)` once its provider has stopped —
+/// and storage still answers after it.
+#[actix_web::test]
+async fn a_drain_refuses_new_suggestions_and_settles_the_running_one_as_shutdown() {
+    let app = TestApp::spawn().await;
+    post(&app, "/api/plans/p1/import", json!({"snapshotId": "s1"})).await;
+    // A provider that would sleep ten minutes in its first tool call.
+    let (status, started) =
+        post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"})).await;
+    assert_eq!(status, 202, "{started}");
+    let rid = storage::plan::RequestId::parse(started["requestId"].as_str().unwrap()).unwrap();
+    let path = format!("/api/plans/p1/suggestions/{}", started["requestId"].as_str().unwrap());
+    assert_eq!(get(&app, &path).await.1["state"], "pending");
+
+    let TestApp { running, base, client, dir } = app;
+    let storage = running.storage.clone();
+    let drained = actix_web::rt::spawn(running.drain());
+    // Once the process says it is draining, a new suggestion is refused and nothing is allocated.
+    let draining = support::wait_until(std::time::Duration::from_secs(10), || {
+        let (client, url) = (client.clone(), format!("{base}/readyz"));
+        async move { (client.get(url).send().await.ok()?.status().as_u16() == 503).then_some(()) }
+    })
+    .await;
+    assert!(draining.is_some(), "never reported draining");
+    // The HTTP server stops only after the coordinator closed and the runs drained: it still answers.
+    let res = client
+        .post(format!("{base}/api/plans/p1/suggestions"))
+        .json(&json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=0"}))
+        .send()
+        .await
+        .expect("the server still answers while draining");
+    assert_eq!(res.status().as_u16(), 503);
+    drained.await.expect("join the drain").expect("drain");
+
+    let request = storage.plan_request(rid).await.expect("storage answers after the drain").expect("the request");
+    assert_eq!(request.state, storage::plan::RequestState::Cancelled, "{request:?}");
+    assert_eq!(request.reason, Some(storage::plan::TerminalReason::Shutdown), "{request:?}");
+    let plan = storage.plan(storage::plan::PlanId::parse("p1").unwrap()).await.unwrap().unwrap();
+    assert_eq!(plan.revision.get(), 1, "a drain never advances a plan");
+    drop(dir);
+}
+
 #[test]
 fn plan_timeout_ms_defaults_to_ten_minutes_and_must_be_positive() {
     let parse = |text: &str| switchboard::Config::parse("test.toml", text, Vec::new());
