@@ -18,7 +18,7 @@ use serde_json::Value;
 const WATCHDOG: Duration = Duration::from_secs(300);
 
 /// The counts that must be zero.
-const VIOLATIONS: [&str; 11] = [
+const VIOLATIONS: [&str; 15] = [
     "lost_inputs",
     "duplicated_inputs",
     "duplicated_effects",
@@ -28,6 +28,10 @@ const VIOLATIONS: [&str; 11] = [
     "missing_runs",
     "repeated_seqs",
     "crossed_threads",
+    "unanswered_completed",
+    "calls_without_results",
+    "miscounted_records",
+    "lost_shown_events",
     "drain_failures",
     "unexpected_exits",
 ];
@@ -118,5 +122,6 @@ fn chaos(args: &[&str], seed: u64, faults: u64) -> Value {
     assert!(report["accepted"].as_u64().unwrap_or(0) > 0, "messages were accepted: {line}");
     assert!(report["steered"].as_u64().unwrap_or(0) > 0, "follow-ups steered into live runs: {line}");
     assert!(report["runs"].as_u64().unwrap_or(0) > 0, "runs were read back: {line}");
+    assert!(report["shown_events"].as_u64().unwrap_or(0) > 0, "a reader was served committed events of runs live elsewhere: {line}");
     report
 }

@@ -210,6 +210,70 @@ enum Answer {
     Unanswered,
 }
 
+/// An event a reader was served while its run was live on another process: a page of such a run is
+/// read from the ledger (its settled prefix), so the event is committed, and the run's record must keep
+/// it under the same seq (SPEC §5.2 step 5, "what a reader was shown is kept").
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Shown {
+    run_id: String,
+    seq: u64,
+    kind: String,
+    call_id: Option<String>,
+}
+
+impl Shown {
+    fn of(run_id: &str, event: &Value) -> Option<Shown> {
+        Some(Shown {
+            run_id: run_id.to_owned(),
+            seq: event["seq"].as_u64()?,
+            kind: event["type"].as_str()?.to_owned(),
+            call_id: event["callId"].as_str().map(str::to_owned),
+        })
+    }
+}
+
+/// A reader: reads the events of recently started runs from random processes; keeps what a process
+/// serves for a run another generation owns (`ownerGen` before and after the page, unchanged).
+async fn reader_loop(seed: u64, fleet: Arc<Fleet>, stop: Arc<AtomicBool>, sent: Arc<Mutex<Vec<Sent>>>, shown: Arc<Mutex<Vec<Shown>>>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f_5ee);
+    let Ok(http) = client() else { return };
+    let owner = |v: &Value| v["ownerGen"].as_str().map(str::to_owned);
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..80))).await;
+        let recent: Vec<String> = {
+            let sent = sent.lock().unwrap_or_else(|p| p.into_inner());
+            sent.iter()
+                .rev()
+                .filter_map(|s| match &s.answer {
+                    Answer::Accepted { run_id, .. } if !run_id.is_empty() => Some(run_id.clone()),
+                    _ => None,
+                })
+                .take(32)
+                .collect()
+        };
+        let addrs = fleet.live_addrs();
+        if recent.is_empty() || addrs.is_empty() {
+            continue;
+        }
+        let (id, addr) = (&recent[rng.random_range(0..recent.len())], &addrs[rng.random_range(0..addrs.len())]);
+        let get = |path: String| {
+            let http = http.clone();
+            async move {
+                let r = http.get(path).send().await.ok().filter(|r| r.status().is_success())?;
+                r.json::<Value>().await.ok()
+            }
+        };
+        let Some(before) = get(format!("http://{addr}/api/runs/{id}")).await.as_ref().and_then(owner) else { continue };
+        let Some(page) = get(format!("http://{addr}/api/runs/{id}/events?afterSeq=0&limit=500")).await else { continue };
+        let after = get(format!("http://{addr}/api/runs/{id}")).await;
+        if after.as_ref().and_then(owner).as_deref() != Some(before.as_str()) {
+            continue; // the owner changed meanwhile: the page may have come from this process's registry
+        }
+        let events = page["events"].as_array().into_iter().flatten().filter_map(|e| Shown::of(id, e));
+        shown.lock().unwrap_or_else(|p| p.into_inner()).extend(events);
+    }
+}
+
 fn client() -> anyhow::Result<reqwest::Client> {
     reqwest::Client::builder().no_proxy().timeout(REQUEST_TIMEOUT).build().context("build an HTTP client")
 }
@@ -281,6 +345,8 @@ async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyh
     let clients: Vec<_> = (0..args.clients)
         .map(|id| tokio::spawn(client_loop(id, threads, seed, fleet.clone(), stop.clone(), sent.clone())))
         .collect();
+    let shown: Arc<Mutex<Vec<Shown>>> = Arc::new(Mutex::new(Vec::new()));
+    let reader = tokio::spawn(reader_loop(seed, fleet.clone(), stop.clone(), sent.clone(), shown.clone()));
 
     let show = !args.json && std::io::stderr().is_terminal();
     let total = args.faults;
@@ -297,6 +363,7 @@ async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyh
     for c in clients {
         let _ = c.await;
     }
+    let _ = reader.await;
     if show {
         eprintln!();
     }
@@ -305,7 +372,10 @@ async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyh
 
     let http = client()?;
     let settled = verify::settle(&http, &fleet).await;
-    let mut verdict = verify::verify(&http, &fleet, &sent, settled).await?;
+    let mut shown = std::mem::take(&mut *shown.lock().unwrap_or_else(|p| p.into_inner()));
+    shown.sort();
+    shown.dedup();
+    let mut verdict = verify::verify(&http, &fleet, &sent, &shown, settled).await?;
     verdict.details.extend(faults.details.iter().cloned());
     verdict.notes.extend(faults.notes.iter().cloned());
     verdict.faults = faults;

@@ -20,7 +20,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use super::fleet::{Fault, FaultLog, Fleet};
-use super::{Answer, ChaosArgs, Sent, LEASE_MS};
+use super::{Answer, ChaosArgs, Sent, Shown, LEASE_MS};
 use crate::shared_db::DbSpec;
 
 /// How long the verifier waits for every run to settle.
@@ -151,6 +151,10 @@ pub(super) struct Verdict {
     pub calls_without_results: usize,
     /// Records whose `eventCount` is not the number of events they hold (untruncated records).
     pub miscounted_records: usize,
+    /// Events a reader was served from the ledger (committed) that the run's record lacks under their seq.
+    pub lost_shown_events: usize,
+    /// Informational: committed events a reader was served, all checked against the records.
+    pub shown_events: usize,
     /// Informational: refused messages that were admitted anyway (once).
     pub refused_but_present: usize,
     /// Informational: nonces found that no client sent.
@@ -176,6 +180,7 @@ impl Verdict {
             + self.unanswered_completed
             + self.calls_without_results
             + self.miscounted_records
+            + self.lost_shown_events
             + self.faults.drain_failures
             + self.faults.unexpected_exits
     }
@@ -209,6 +214,7 @@ impl Verdict {
             ("completed without answer", self.unanswered_completed.to_string()),
             ("calls without results", self.calls_without_results.to_string()),
             ("miscounted records", self.miscounted_records.to_string()),
+            ("lost shown events", format!("{} (of {} read from the ledger)", self.lost_shown_events, self.shown_events)),
             ("drain failures", self.faults.drain_failures.to_string()),
             ("unexpected exits", self.faults.unexpected_exits.to_string()),
             ("elapsed", format!("{:.1} s", self.elapsed.as_secs_f64())),
@@ -230,6 +236,7 @@ impl Verdict {
             "missing_runs": self.missing_runs, "repeated_seqs": self.repeated_seqs,
             "crossed_threads": self.crossed_threads, "unanswered_completed": self.unanswered_completed,
             "calls_without_results": self.calls_without_results, "miscounted_records": self.miscounted_records,
+            "lost_shown_events": self.lost_shown_events, "shown_events": self.shown_events,
             "drain_failures": self.faults.drain_failures,
             "unexpected_exits": self.faults.unexpected_exits,
             "refused_but_present": self.refused_but_present, "unknown_nonces": self.unknown_nonces,
@@ -267,6 +274,13 @@ fn record_gaps(run: &Value, events: &[Value]) -> (bool, Vec<String>, Option<(u64
     (answered, calls, count)
 }
 
+/// The committed events a reader was shown that the record of `run_id` does not hold under the same seq,
+/// type and call.
+fn lost_shown<'a>(shown: &[&'a Shown], run_id: &str, events: &[Value]) -> Vec<&'a Shown> {
+    let held: HashSet<Shown> = events.iter().filter_map(|e| Shown::of(run_id, e)).collect();
+    shown.iter().copied().filter(|s| !held.contains(*s)).collect()
+}
+
 /// Every `nonce=` token in a text.
 fn nonces_in(text: &str) -> Vec<&str> {
     text.match_indices("nonce=")
@@ -293,8 +307,8 @@ fn effect_order(log: &str) -> (usize, usize) {
     (dup, late)
 }
 
-pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], settled: bool) -> anyhow::Result<Verdict> {
-    let mut v = Verdict { settled, ..Verdict::default() };
+pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], shown: &[Shown], settled: bool) -> anyhow::Result<Verdict> {
+    let mut v = Verdict { settled, shown_events: shown.len(), ..Verdict::default() };
     for s in sent {
         match &s.answer {
             Answer::Accepted { outcome, .. } => {
@@ -345,7 +359,11 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
         }
     }
 
-    // Events: seqs, terminals, inputs.
+    // Events: seqs, terminals, inputs, and what readers were shown.
+    let mut shown_by_run: HashMap<&str, Vec<&Shown>> = HashMap::new();
+    for s in shown {
+        shown_by_run.entry(s.run_id.as_str()).or_default().push(s);
+    }
     let mut found: HashMap<String, Vec<(String, String)>> = HashMap::new();
     // Where a nonce shows in an answer (the scripted agent echoes the follow-ups it read): tells a lost
     // `input` event of a message a run did read apart from a message no run ever read.
@@ -380,6 +398,13 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
         if terminals > 1 {
             v.duplicate_terminals += 1;
             v.details.push(format!("run {id} has {terminals} terminal events (answer / run_failed)"));
+        }
+        if has_final_record(run) && run["truncated"] != true {
+            let lost = lost_shown(shown_by_run.get(id.as_str()).map(Vec::as_slice).unwrap_or_default(), id, &events);
+            if !lost.is_empty() {
+                v.lost_shown_events += lost.len();
+                v.details.push(format!("run {id}: events served from the ledger are missing from its record: {lost:?}"));
+            }
         }
         let (answer, calls, count) = record_gaps(run, &events);
         if !answer {
@@ -467,6 +492,23 @@ mod tests {
         assert_eq!(record_gaps(&run("stopped_soft", 4), &cut), (true, vec!["c2".to_owned()], None));
         assert_eq!(record_gaps(&run("stopped_hard", 4), &cut), (true, vec![], None), "a hard stop drops calls in flight");
         assert_eq!(record_gaps(&run("interrupted", 4), &cut), (true, vec![], None));
+    }
+
+    #[test]
+    fn a_committed_event_a_reader_was_shown_must_stay_under_its_seq() {
+        let ev = |seq: u64, kind: &str, call: Option<&str>| {
+            let mut e = json!({"type": kind, "seq": seq});
+            if let Some(c) = call {
+                e["callId"] = json!(c);
+            }
+            e
+        };
+        let record = [ev(1, "run_meta", None), ev(4, "tool_call", Some("c1")), ev(5, "tool_result", Some("c1")), ev(1006, "resumed", None)];
+        let seen = [ev(4, "tool_call", Some("c1")), ev(5, "tool_result", Some("c1")), ev(6, "tool_call", Some("c2")), ev(5, "tool_result", Some("c9"))];
+        let shown: Vec<Shown> = seen.iter().filter_map(|e| Shown::of("r1", e)).collect();
+        let refs: Vec<&Shown> = shown.iter().collect();
+        let lost: Vec<(u64, Option<String>)> = lost_shown(&refs, "r1", &record).into_iter().map(|s| (s.seq, s.call_id.clone())).collect();
+        assert_eq!(lost, vec![(6, Some("c2".to_owned())), (5, Some("c9".to_owned()))], "a vanished seq, and a seq now holding another call");
     }
 
     #[test]
