@@ -154,6 +154,9 @@ pub struct PgStore {
     grouped: bool,
     /// Open atomic units, innermost last: `true` when the unit opened the group itself.
     atomic: Vec<bool>,
+    /// Writing methods that committed (or, inside a group, released their savepoint) on this
+    /// connection ([`PgStore::writes`]).
+    writes: u64,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -214,7 +217,7 @@ impl PgStore {
     pub fn open(url: &str) -> Result<Self> {
         let mut client = connect(url)?;
         schema::migrate(&mut client)?;
-        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new() })
+        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new(), writes: 0 })
     }
 
     /// A read-only connection for the handle's readers ([`crate::readers`]) on a database this build's
@@ -229,7 +232,7 @@ impl PgStore {
             return Err(Error::Unavailable(format!("the database is at schema version {found}, this build reads {supported}")));
         }
         client.batch_execute("SET default_transaction_read_only = on")?;
-        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new() })
+        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new(), writes: 0 })
     }
 
     /// The schema version in the database.
@@ -252,7 +255,16 @@ impl PgStore {
     /// Run `body` as one writing transaction: `SERIALIZABLE` on its own, run again after a lost race;
     /// a savepoint inside a group (no retry there: the group's transaction is the one that lost). An
     /// `Ok` commits (a refusal decided before any write commits nothing), an `Err` rolls back.
-    fn write<R>(&mut self, mut body: impl FnMut(&mut Db) -> Result<R>) -> Result<R> {
+    fn write<R>(&mut self, body: impl FnMut(&mut Db) -> Result<R>) -> Result<R> {
+        let out = self.write_retried(body);
+        if out.is_ok() {
+            self.writes += 1;
+        }
+        out
+    }
+
+    /// [`PgStore::write`] without the count.
+    fn write_retried<R>(&mut self, mut body: impl FnMut(&mut Db) -> Result<R>) -> Result<R> {
         if self.grouped {
             return nested(&mut self.db, body);
         }
@@ -272,6 +284,14 @@ impl PgStore {
                 out => return out,
             }
         }
+    }
+
+    /// How many writing methods committed on this connection (inside a group: released their savepoint;
+    /// the group's `COMMIT` is the actor's to check): it grows when a method that may write succeeded
+    /// ([`crate::actor::Backend::writes`]). A refusal decided before any write counts too: PostgreSQL
+    /// gives no cheap way to tell, and a disk full enough to fail `53100` fails the next real write again.
+    pub fn writes(&self) -> u64 {
+        self.writes
     }
 
     /// Run `body` as one read: a `REPEATABLE READ READ ONLY` transaction, or a savepoint inside a group
