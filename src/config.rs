@@ -15,6 +15,10 @@ use serde::Deserialize;
 pub const EMBEDDED: &str = include_str!("../config.toml");
 pub const EMBEDDED_NAME: &str = "<embedded config.toml>";
 const ENV_PREFIX: &str = "SWITCHBOARD_";
+/// The sections environment variables may override (SPEC §8.4: fixed sections only; agents, tools and
+/// tokens come from the file).
+const ENV_SECTIONS: [&str; 10] =
+    ["server", "storage", "history", "ledger", "drain", "defaults", "auth", "delivery", "plan", "supervisor"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -24,6 +28,9 @@ pub enum ConfigError {
     Syntax { file: String, why: String },
     #[error("config {file}: key `{key}`: {why}")]
     Key { file: String, key: String, why: String },
+    /// A bad environment override: the variable is named, since the file is not to blame.
+    #[error("environment variable {var}: key `{key}`: {why}")]
+    Env { var: String, key: String, why: String },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -47,6 +54,10 @@ pub struct Config {
     /// Where this configuration came from, for error messages (not a key).
     #[serde(skip)]
     pub source: String,
+    /// The keys environment variables set (`"ledger.lease_ms"` → `"SWITCHBOARD_LEDGER__LEASE_MS"`), so
+    /// a bad value is blamed on the variable, not the file (not a key).
+    #[serde(skip)]
+    pub overrides: BTreeMap<String, String>,
 }
 
 impl Default for Config {
@@ -68,6 +79,7 @@ impl Default for Config {
             tools: ToolsConfig::default(),
             redaction: RedactionConfig::default(),
             source: "<defaults>".into(),
+            overrides: BTreeMap::new(),
         }
     }
 }
@@ -661,27 +673,42 @@ impl Config {
         let mut overridden = BTreeMap::new();
         for (var, value) in env {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else { continue };
-            let Some((section, key)) = rest.split_once("__") else {
-                return Err(ConfigError::Key {
-                    file: format!("environment variable {var}"),
-                    key: rest.to_lowercase(),
-                    why: "expected SWITCHBOARD_<SECTION>__<KEY>".into(),
-                });
+            let Some((section, key)) = rest.split_once("__").filter(|(s, k)| !s.is_empty() && !k.is_empty()) else {
+                // Not an override: another variable of ours (`SWITCHBOARD_URL` for the CLI, a secret a
+                // `*_env` key names) — unless it reads like a mistyped one (`SWITCHBOARD_SERVER_BIND`).
+                let lower = rest.to_lowercase();
+                let typo = ENV_SECTIONS.iter().find(|s| lower.strip_prefix(**s).is_some_and(|k| k.starts_with('_')));
+                match typo {
+                    Some(section) if !names_variable(&table, &var) => {
+                        let why = format!("expected SWITCHBOARD_<SECTION>__<KEY> (two underscores after {})", section.to_uppercase());
+                        return Err(ConfigError::Env { key: lower, var, why });
+                    }
+                    _ => continue,
+                }
             };
             let (section, key) = (section.to_lowercase(), key.to_lowercase());
+            if !ENV_SECTIONS.contains(&section.as_str()) {
+                let why = format!("unknown section `{section}` (environment overrides: {})", ENV_SECTIONS.join(", "));
+                return Err(ConfigError::Env { key: format!("{section}.{key}"), var, why });
+            }
             let entry = table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
             let Some(t) = entry.as_table_mut() else {
-                return Err(ConfigError::Key { file: var, key: section, why: "is not a section".into() });
+                return Err(ConfigError::Env { key: section, var, why: "is not a section".into() });
             };
             t.insert(key.clone(), env_scalar(&value));
             overridden.insert(format!("{section}.{key}"), var);
         }
         let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let key = e.path().to_string();
-            let file = overridden.get(&key).map(|v| format!("{name} (overridden by {v})")).unwrap_or_else(|| name.into());
-            ConfigError::Key { file, key, why: e.into_inner().to_string() }
+            let why = e.into_inner().to_string();
+            match overridden.get(&key) {
+                // serde names an unknown key "field"; the operator wrote a key.
+                Some(var) => ConfigError::Env { var: var.clone(), key, why: why.replace("unknown field", "unknown key") },
+                None => ConfigError::Key { file: name.into(), key, why },
+            }
         })?;
         cfg.source = name.into();
+        cfg.overrides = overridden;
         if cfg.agents.is_empty() {
             cfg.agents.insert("demo".into(), AgentConfig::default());
         }
@@ -689,8 +716,13 @@ impl Config {
         Ok(cfg)
     }
 
+    /// A bad value of `key`, blamed on the environment variable that set it, else on the file.
     fn bad(&self, key: impl Into<String>, why: impl Into<String>) -> ConfigError {
-        ConfigError::Key { file: self.source.clone(), key: key.into(), why: why.into() }
+        let (key, why) = (key.into(), why.into());
+        match self.overrides.get(&key) {
+            Some(var) => ConfigError::Env { var: var.clone(), key, why },
+            None => ConfigError::Key { file: self.source.clone(), key, why },
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -791,6 +823,20 @@ impl Config {
         let h = &self.history;
         storage::record::RetentionPolicy::clamp(h.retention_days as f64, h.max_runs as f64, h.max_bytes as f64)
     }
+}
+
+/// Whether some string value of the file is `var` (a `token_env`, `secret_env` or `api_key_env` naming
+/// the variable): such a variable holds a secret, never an override.
+fn names_variable(table: &toml::Table, var: &str) -> bool {
+    fn names(v: &toml::Value, var: &str) -> bool {
+        match v {
+            toml::Value::String(s) => s == var,
+            toml::Value::Array(a) => a.iter().any(|v| names(v, var)),
+            toml::Value::Table(t) => t.values().any(|v| names(v, var)),
+            _ => false,
+        }
+    }
+    table.values().any(|v| names(v, var))
 }
 
 /// An environment value as a TOML scalar: integers, floats and booleans by their spelling, else a string.
@@ -896,5 +942,43 @@ mod tests {
         let env = vec![("SWITCHBOARD_STORAGE__POOL".to_owned(), "100".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("storage.pool"), "{e}");
+    }
+
+    #[test]
+    fn environment_errors_name_the_variable_not_the_file() {
+        let env = |k: &str, v: &str| vec![(k.to_owned(), v.to_owned())];
+        let blamed = |e: &ConfigError| match e {
+            ConfigError::Env { var, .. } => Some(var.clone()),
+            _ => None,
+        };
+        // A typo'd section: unknown, and the variable is named.
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVR__BIND", "127.0.0.1:1")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVR__BIND"), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("SWITCHBOARD_SERVR__BIND") && e.contains("unknown section `servr`") && !e.contains("test.toml"), "{e}");
+        // A typo'd key of a known section.
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVER__BIDN", "127.0.0.1:1")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVER__BIDN"), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("server.bidn") && e.contains("unknown key `bidn`") && !e.contains("test.toml"), "{e}");
+        // A value the validation refuses (it decodes, but is out of bounds).
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_HISTORY__MAX_RUNS", "0")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_HISTORY__MAX_RUNS"), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("history.max_runs") && e.contains("1..=20000") && !e.contains("test.toml"), "{e}");
+        // The same value from the file is still the file's.
+        let e = parse("[history]\nmax_runs = 0\n").unwrap_err();
+        assert!(blamed(&e).is_none() && e.to_string().contains("test.toml"), "{e}");
+        // A variable that cannot be an override is someone else's (the CLI's, a secret); one that reads
+        // like a mistyped override is named.
+        let others = vec![
+            ("SWITCHBOARD_URL".to_owned(), "http://x".to_owned()),
+            ("SWITCHBOARD_OPERATOR_TOKEN".to_owned(), "secret".to_owned()),
+        ];
+        Config::parse("test.toml", "", others).expect("not overrides");
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVER_BIND", "127.0.0.1:1")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVER_BIND"), "{e}");
+        let named = "[[auth.tokens]]\nname = \"ops\"\ntoken_env = \"SWITCHBOARD_SERVER_TOKEN\"\nscopes = [\"runs:read\"]\n";
+        Config::parse("test.toml", named, env("SWITCHBOARD_SERVER_TOKEN", "secret")).expect("a token the file names");
     }
 }
