@@ -125,7 +125,7 @@ pub enum SynchronousSetting {
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub kind: StorageKind,
-    /// The SQLite database file; its directory is the data dir (workspaces live beside it).
+    /// The SQLite database file; its directory is the data dir (by default the workspaces live there).
     pub path: PathBuf,
     pub synchronous: SynchronousSetting,
     /// The PostgreSQL database (`postgres://user[:password]@host[:port]/db`); required for
@@ -133,6 +133,9 @@ pub struct StorageConfig {
     pub url: Option<String>,
     /// PostgreSQL read connections beside the storage actor's (0 sends reads to the actor).
     pub pool: u32,
+    /// Where run workspaces live (`<workspace_root>/<run_id>/`, SPEC §8.3); default `<data dir>/workspaces`
+    /// ([`Config::workspace_root`]). With several hosts, a filesystem every host mounts with working locks.
+    pub workspace_root: Option<PathBuf>,
 }
 
 /// Bounds of `[storage] pool`.
@@ -146,6 +149,7 @@ impl Default for StorageConfig {
             synchronous: SynchronousSetting::Full,
             url: None,
             pool: 4,
+            workspace_root: None,
         }
     }
 }
@@ -158,6 +162,7 @@ impl std::fmt::Debug for StorageConfig {
             .field("synchronous", &self.synchronous)
             .field("url", &self.url.as_deref().map(storage::redact_url))
             .field("pool", &self.pool)
+            .field("workspace_root", &self.workspace_root)
             .finish()
     }
 }
@@ -752,6 +757,9 @@ impl Config {
                 return Err(self.bad("storage.url", "must start with postgres:// or postgresql://"));
             }
         }
+        if self.storage.workspace_root.as_ref().is_some_and(|r| r.as_os_str().is_empty()) {
+            return Err(self.bad("storage.workspace_root", "must name a directory (or be left out for <data dir>/workspaces)"));
+        }
         if !POOL.contains(&self.storage.pool) {
             return Err(self.bad("storage.pool", format!("must be within {}..={}", POOL.start(), POOL.end())));
         }
@@ -811,6 +819,19 @@ impl Config {
             return Err(self.bad("plan.timeout_ms", "must be positive"));
         }
         Ok(())
+    }
+
+    /// The data dir: the directory of `[storage] path` (`.` when it names a bare file).
+    pub fn data_dir(&self) -> PathBuf {
+        match self.storage.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => ".".into(),
+        }
+    }
+
+    /// Where run workspaces live: `[storage] workspace_root`, else `<data dir>/workspaces` (SPEC §8.4).
+    pub fn workspace_root(&self) -> PathBuf {
+        self.storage.workspace_root.clone().unwrap_or_else(|| self.data_dir().join("workspaces"))
     }
 
     /// This process's host identity: `[server] host_id`, else the machine's hostname.
@@ -942,6 +963,20 @@ mod tests {
         let env = vec![("SWITCHBOARD_STORAGE__POOL".to_owned(), "100".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("storage.pool"), "{e}");
+    }
+
+    #[test]
+    fn workspace_root_defaults_into_the_data_dir_and_is_overridden_by_file_and_environment() {
+        assert_eq!(parse("[storage]\npath = \"/srv/sb/db.sqlite\"\n").unwrap().workspace_root(), PathBuf::from("/srv/sb/workspaces"));
+        assert_eq!(parse("[storage]\npath = \"db.sqlite\"\n").unwrap().workspace_root(), PathBuf::from("./workspaces"));
+        let file = "[storage]\nworkspace_root = \"/mnt/shared/ws\"\n";
+        assert_eq!(parse(file).unwrap().workspace_root(), PathBuf::from("/mnt/shared/ws"));
+        let env = vec![("SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(), "/mnt/nfs/ws".to_owned())];
+        assert_eq!(Config::parse("test.toml", file, env).unwrap().workspace_root(), PathBuf::from("/mnt/nfs/ws"));
+        let env = vec![("SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(), String::new())];
+        let e = Config::parse("test.toml", file, env).unwrap_err().to_string();
+        assert!(e.contains("SWITCHBOARD_STORAGE__WORKSPACE_ROOT") && e.contains("storage.workspace_root"), "{e}");
+        assert!(!e.contains("test.toml"), "the file is not to blame: {e}");
     }
 
     #[test]

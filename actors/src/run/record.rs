@@ -168,7 +168,7 @@ pub async fn close_row(
     // The workspace fence goes to the closer first, so an old owner that wakes up later cannot write into
     // the workspace of a run already closed (SPEC §8.3). Best effort: a workspace that is gone, or whose
     // lock a paused owner holds, leaves the old fence, which names a generation that no longer owns the row.
-    let dir = bound_workspace(row).unwrap_or_else(|| crate::tools::workspace_dir(&deps.data_dir, &row.run_id));
+    let dir = bound_workspace(row).unwrap_or_else(|| crate::tools::workspace_dir(&deps.workspace_root, &row.run_id));
     if dir.is_dir() {
         let fence = format!("{}#close", deps.gen.as_str());
         if let Err(e) = crate::tools::take_workspace_async(dir, fence, crate::tools::TakeMode::Existing).await {
