@@ -15,6 +15,10 @@ use serde::Deserialize;
 pub const EMBEDDED: &str = include_str!("../config.toml");
 pub const EMBEDDED_NAME: &str = "<embedded config.toml>";
 const ENV_PREFIX: &str = "SWITCHBOARD_";
+/// The sections environment variables may override (SPEC §8.4: fixed sections only; agents, tools and
+/// tokens come from the file).
+const ENV_SECTIONS: [&str; 10] =
+    ["server", "storage", "history", "ledger", "drain", "defaults", "auth", "delivery", "plan", "supervisor"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -24,6 +28,9 @@ pub enum ConfigError {
     Syntax { file: String, why: String },
     #[error("config {file}: key `{key}`: {why}")]
     Key { file: String, key: String, why: String },
+    /// A bad environment override: the variable is named, since the file is not to blame.
+    #[error("environment variable {var}: key `{key}`: {why}")]
+    Env { var: String, key: String, why: String },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -47,6 +54,10 @@ pub struct Config {
     /// Where this configuration came from, for error messages (not a key).
     #[serde(skip)]
     pub source: String,
+    /// The keys environment variables set (`"ledger.lease_ms"` → `"SWITCHBOARD_LEDGER__LEASE_MS"`), so
+    /// a bad value is blamed on the variable, not the file (not a key).
+    #[serde(skip)]
+    pub overrides: BTreeMap<String, String>,
 }
 
 impl Default for Config {
@@ -68,6 +79,7 @@ impl Default for Config {
             tools: ToolsConfig::default(),
             redaction: RedactionConfig::default(),
             source: "<defaults>".into(),
+            overrides: BTreeMap::new(),
         }
     }
 }
@@ -113,7 +125,7 @@ pub enum SynchronousSetting {
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub kind: StorageKind,
-    /// The SQLite database file; its directory is the data dir (workspaces live beside it).
+    /// The SQLite database file; its directory is the data dir (by default the workspaces live there).
     pub path: PathBuf,
     pub synchronous: SynchronousSetting,
     /// The PostgreSQL database (`postgres://user[:password]@host[:port]/db`); required for
@@ -121,6 +133,9 @@ pub struct StorageConfig {
     pub url: Option<String>,
     /// PostgreSQL read connections beside the storage actor's (0 sends reads to the actor).
     pub pool: u32,
+    /// Where run workspaces live (`<workspace_root>/<run_id>/`, SPEC §8.3); default `<data dir>/workspaces`
+    /// ([`Config::workspace_root`]). With several hosts, a filesystem every host mounts with working locks.
+    pub workspace_root: Option<PathBuf>,
 }
 
 /// Bounds of `[storage] pool`.
@@ -134,6 +149,7 @@ impl Default for StorageConfig {
             synchronous: SynchronousSetting::Full,
             url: None,
             pool: 4,
+            workspace_root: None,
         }
     }
 }
@@ -146,6 +162,7 @@ impl std::fmt::Debug for StorageConfig {
             .field("synchronous", &self.synchronous)
             .field("url", &self.url.as_deref().map(storage::redact_url))
             .field("pool", &self.pool)
+            .field("workspace_root", &self.workspace_root)
             .finish()
     }
 }
@@ -661,27 +678,42 @@ impl Config {
         let mut overridden = BTreeMap::new();
         for (var, value) in env {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else { continue };
-            let Some((section, key)) = rest.split_once("__") else {
-                return Err(ConfigError::Key {
-                    file: format!("environment variable {var}"),
-                    key: rest.to_lowercase(),
-                    why: "expected SWITCHBOARD_<SECTION>__<KEY>".into(),
-                });
+            let Some((section, key)) = rest.split_once("__").filter(|(s, k)| !s.is_empty() && !k.is_empty()) else {
+                // Not an override: another variable of ours (`SWITCHBOARD_URL` for the CLI, a secret a
+                // `*_env` key names) — unless it reads like a mistyped one (`SWITCHBOARD_SERVER_BIND`).
+                let lower = rest.to_lowercase();
+                let typo = ENV_SECTIONS.iter().find(|s| lower.strip_prefix(**s).is_some_and(|k| k.starts_with('_')));
+                match typo {
+                    Some(section) if !names_variable(&table, &var) => {
+                        let why = format!("expected SWITCHBOARD_<SECTION>__<KEY> (two underscores after {})", section.to_uppercase());
+                        return Err(ConfigError::Env { key: lower, var, why });
+                    }
+                    _ => continue,
+                }
             };
             let (section, key) = (section.to_lowercase(), key.to_lowercase());
+            if !ENV_SECTIONS.contains(&section.as_str()) {
+                let why = format!("unknown section `{section}` (environment overrides: {})", ENV_SECTIONS.join(", "));
+                return Err(ConfigError::Env { key: format!("{section}.{key}"), var, why });
+            }
             let entry = table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
             let Some(t) = entry.as_table_mut() else {
-                return Err(ConfigError::Key { file: var, key: section, why: "is not a section".into() });
+                return Err(ConfigError::Env { key: section, var, why: "is not a section".into() });
             };
             t.insert(key.clone(), env_scalar(&value));
             overridden.insert(format!("{section}.{key}"), var);
         }
         let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
             let key = e.path().to_string();
-            let file = overridden.get(&key).map(|v| format!("{name} (overridden by {v})")).unwrap_or_else(|| name.into());
-            ConfigError::Key { file, key, why: e.into_inner().to_string() }
+            let why = e.into_inner().to_string();
+            match overridden.get(&key) {
+                // serde names an unknown key "field"; the operator wrote a key.
+                Some(var) => ConfigError::Env { var: var.clone(), key, why: why.replace("unknown field", "unknown key") },
+                None => ConfigError::Key { file: name.into(), key, why },
+            }
         })?;
         cfg.source = name.into();
+        cfg.overrides = overridden;
         if cfg.agents.is_empty() {
             cfg.agents.insert("demo".into(), AgentConfig::default());
         }
@@ -689,8 +721,13 @@ impl Config {
         Ok(cfg)
     }
 
+    /// A bad value of `key`, blamed on the environment variable that set it, else on the file.
     fn bad(&self, key: impl Into<String>, why: impl Into<String>) -> ConfigError {
-        ConfigError::Key { file: self.source.clone(), key: key.into(), why: why.into() }
+        let (key, why) = (key.into(), why.into());
+        match self.overrides.get(&key) {
+            Some(var) => ConfigError::Env { var: var.clone(), key, why },
+            None => ConfigError::Key { file: self.source.clone(), key, why },
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -719,6 +756,9 @@ impl Config {
             if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                 return Err(self.bad("storage.url", "must start with postgres:// or postgresql://"));
             }
+        }
+        if self.storage.workspace_root.as_ref().is_some_and(|r| r.as_os_str().is_empty()) {
+            return Err(self.bad("storage.workspace_root", "must name a directory (or be left out for <data dir>/workspaces)"));
         }
         if !POOL.contains(&self.storage.pool) {
             return Err(self.bad("storage.pool", format!("must be within {}..={}", POOL.start(), POOL.end())));
@@ -781,6 +821,19 @@ impl Config {
         Ok(())
     }
 
+    /// The data dir: the directory of `[storage] path` (`.` when it names a bare file).
+    pub fn data_dir(&self) -> PathBuf {
+        match self.storage.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => ".".into(),
+        }
+    }
+
+    /// Where run workspaces live: `[storage] workspace_root`, else `<data dir>/workspaces` (SPEC §8.4).
+    pub fn workspace_root(&self) -> PathBuf {
+        self.storage.workspace_root.clone().unwrap_or_else(|| self.data_dir().join("workspaces"))
+    }
+
     /// This process's host identity: `[server] host_id`, else the machine's hostname.
     pub fn host_id(&self) -> String {
         self.server.host_id.clone().unwrap_or_else(actors::host::hostname)
@@ -791,6 +844,20 @@ impl Config {
         let h = &self.history;
         storage::record::RetentionPolicy::clamp(h.retention_days as f64, h.max_runs as f64, h.max_bytes as f64)
     }
+}
+
+/// Whether some string value of the file is `var` (a `token_env`, `secret_env` or `api_key_env` naming
+/// the variable): such a variable holds a secret, never an override.
+fn names_variable(table: &toml::Table, var: &str) -> bool {
+    fn names(v: &toml::Value, var: &str) -> bool {
+        match v {
+            toml::Value::String(s) => s == var,
+            toml::Value::Array(a) => a.iter().any(|v| names(v, var)),
+            toml::Value::Table(t) => t.values().any(|v| names(v, var)),
+            _ => false,
+        }
+    }
+    table.values().any(|v| names(v, var))
 }
 
 /// An environment value as a TOML scalar: integers, floats and booleans by their spelling, else a string.
@@ -896,5 +963,57 @@ mod tests {
         let env = vec![("SWITCHBOARD_STORAGE__POOL".to_owned(), "100".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("storage.pool"), "{e}");
+    }
+
+    #[test]
+    fn workspace_root_defaults_into_the_data_dir_and_is_overridden_by_file_and_environment() {
+        assert_eq!(parse("[storage]\npath = \"/srv/sb/db.sqlite\"\n").unwrap().workspace_root(), PathBuf::from("/srv/sb/workspaces"));
+        assert_eq!(parse("[storage]\npath = \"db.sqlite\"\n").unwrap().workspace_root(), PathBuf::from("./workspaces"));
+        let file = "[storage]\nworkspace_root = \"/mnt/shared/ws\"\n";
+        assert_eq!(parse(file).unwrap().workspace_root(), PathBuf::from("/mnt/shared/ws"));
+        let env = vec![("SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(), "/mnt/nfs/ws".to_owned())];
+        assert_eq!(Config::parse("test.toml", file, env).unwrap().workspace_root(), PathBuf::from("/mnt/nfs/ws"));
+        let env = vec![("SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(), String::new())];
+        let e = Config::parse("test.toml", file, env).unwrap_err().to_string();
+        assert!(e.contains("SWITCHBOARD_STORAGE__WORKSPACE_ROOT") && e.contains("storage.workspace_root"), "{e}");
+        assert!(!e.contains("test.toml"), "the file is not to blame: {e}");
+    }
+
+    #[test]
+    fn environment_errors_name_the_variable_not_the_file() {
+        let env = |k: &str, v: &str| vec![(k.to_owned(), v.to_owned())];
+        let blamed = |e: &ConfigError| match e {
+            ConfigError::Env { var, .. } => Some(var.clone()),
+            _ => None,
+        };
+        // A typo'd section: unknown, and the variable is named.
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVR__BIND", "127.0.0.1:1")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVR__BIND"), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("SWITCHBOARD_SERVR__BIND") && e.contains("unknown section `servr`") && !e.contains("test.toml"), "{e}");
+        // A typo'd key of a known section.
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVER__BIDN", "127.0.0.1:1")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVER__BIDN"), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("server.bidn") && e.contains("unknown key `bidn`") && !e.contains("test.toml"), "{e}");
+        // A value the validation refuses (it decodes, but is out of bounds).
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_HISTORY__MAX_RUNS", "0")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_HISTORY__MAX_RUNS"), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("history.max_runs") && e.contains("1..=20000") && !e.contains("test.toml"), "{e}");
+        // The same value from the file is still the file's.
+        let e = parse("[history]\nmax_runs = 0\n").unwrap_err();
+        assert!(blamed(&e).is_none() && e.to_string().contains("test.toml"), "{e}");
+        // A variable that cannot be an override is someone else's (the CLI's, a secret); one that reads
+        // like a mistyped override is named.
+        let others = vec![
+            ("SWITCHBOARD_URL".to_owned(), "http://x".to_owned()),
+            ("SWITCHBOARD_OPERATOR_TOKEN".to_owned(), "secret".to_owned()),
+        ];
+        Config::parse("test.toml", "", others).expect("not overrides");
+        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVER_BIND", "127.0.0.1:1")).unwrap_err();
+        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVER_BIND"), "{e}");
+        let named = "[[auth.tokens]]\nname = \"ops\"\ntoken_env = \"SWITCHBOARD_SERVER_TOKEN\"\nscopes = [\"runs:read\"]\n";
+        Config::parse("test.toml", named, env("SWITCHBOARD_SERVER_TOKEN", "secret")).expect("a token the file names");
     }
 }

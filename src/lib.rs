@@ -239,7 +239,6 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     operations.spawn_session_reaper(Duration::from_secs(30));
     let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
-    let data_dir = config.storage.path.parent().map(|p| p.to_path_buf()).unwrap_or_else(|| ".".into());
     let host_id = config.host_id();
     // The supervisor mints and owns this process's generation (its fencing token).
     let supervisor = Supervisor::new(SupervisorConfig {
@@ -249,7 +248,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         agents: build_agents(&config)?,
         default_agent: config.defaults.agent.clone(),
         tools,
-        data_dir,
+        workspace_root: config.workspace_root(),
         lease_ms: config.ledger.lease_ms as i64,
         heartbeat_ms: config.ledger.heartbeat_ms,
         webhook,

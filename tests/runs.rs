@@ -356,6 +356,33 @@ async fn a_killed_live_run_leaves_no_record_no_rows_and_no_workspace() {
     assert_eq!(app.final_record(&next).await.head.status, RunStatus::Completed);
 }
 
+/// `[storage] workspace_root` (SPEC §8.3, §8.4): a run's workspace is `<workspace_root>/<run_id>/` wherever
+/// the database is — nothing lands in `<data dir>/workspaces` — and a kill deletes it there.
+#[actix_web::test]
+async fn workspaces_live_under_the_configured_workspace_root() {
+    let outside = tempfile::tempdir().expect("a directory outside the data dir");
+    let root = outside.path().join("ws");
+    let app = TestApp::spawn_with(|c| c.storage.workspace_root = Some(root.clone())).await;
+    let run_id = app.start_run("twr", "steps=2 ms=10 tool=append_file").await;
+    assert_eq!(app.final_record(&run_id).await.head.status, RunStatus::Completed);
+    let log = std::fs::read_to_string(root.join(&run_id).join("steps.log")).expect("steps.log under the root");
+    assert_eq!(log.lines().collect::<Vec<_>>(), ["step 1", "step 2"]);
+    assert!(!app.dir.path().join("workspaces").exists(), "nothing under the data dir");
+
+    let killed = app.start_run("twr-kill", "steps=5 ms=400 tool=append_file").await;
+    app.event(&killed, "tool_result").await;
+    let ws = root.join(&killed);
+    assert!(ws.join("steps.log").exists());
+    let (status, body) = kill(&app, &killed).await;
+    assert_eq!(status, 202, "{body}");
+    support::wait_until(std::time::Duration::from_secs(30), move || {
+        let gone = !ws.exists();
+        async move { gone.then_some(()) }
+    })
+    .await
+    .expect("the killed run's workspace is deleted under the root");
+}
+
 #[actix_web::test]
 async fn killing_a_finished_run_removes_its_record_and_an_unknown_id_is_404() {
     let app = TestApp::spawn().await;

@@ -116,3 +116,52 @@ async fn a_run_cannot_fail_on_a_workspace_it_could_not_get() {
     assert_eq!(result["ok"], false, "{result}");
     assert!(!workspaces.join(&writer).exists());
 }
+
+/// A database that fills up for real (SQLite at its `max_page_count`: every write that needs one more
+/// page fails `SQLITE_FULL`, as on a full disk) is visible to the probes (SPEC §8.1): while admissions
+/// answer 503, `/readyz` is 503 and `/healthz` says `storage: "degraded"`; once space is freed and one
+/// write commits, both are back.
+#[actix_web::test]
+async fn a_full_database_fails_readiness_until_a_write_commits_again() {
+    // Heartbeats far apart: no background write commits between the failing admission and the probes.
+    let app = TestApp::spawn_with(|c| {
+        c.ledger.lease_ms = 120_000;
+        c.ledger.heartbeat_ms = 60_000;
+    })
+    .await;
+    let probe = |path: &'static str| {
+        let (client, url) = (app.client.clone(), app.url(path));
+        async move {
+            let res = client.get(url).send().await.expect("probe");
+            (res.status().as_u16(), res.json::<serde_json::Value>().await.expect("a JSON probe body"))
+        }
+    };
+    assert_eq!(probe("/readyz").await, (200, serde_json::json!({"ready": true})));
+
+    app.running.storage.fill_sqlite_for_test(true).await.expect("cap the database at its size");
+    // A message big enough to need new pages (overflow pages of its text): refused for lack of space.
+    let text = format!("steps=1 ms=10 {}", "x".repeat(256 << 10));
+    let (status, body) = app.post(serde_json::json!({"thread": "full", "channel": "c1", "user": "u1", "text": text})).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "unavailable", "{body}");
+    assert_eq!(app.running.storage.write_space(), storage::WriteSpace::Exhausted);
+
+    let (status, ready) = probe("/readyz").await;
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(ready["ready"], false, "{ready}");
+    assert_eq!(ready["storage"], "degraded", "{ready}");
+    assert!(ready["message"].as_str().is_some_and(|m| m.contains("out of space")), "{ready}");
+    let (status, health) = probe("/healthz").await;
+    assert_eq!(status, 200, "liveness never fails for storage: {health}");
+    assert_eq!(health["storage"], "degraded", "{health}");
+    assert_eq!(health["ok"], true, "{health}");
+
+    // Space is freed; the probes wait for a write to prove it, and the next admission does.
+    app.running.storage.fill_sqlite_for_test(false).await.expect("lift the cap");
+    let run_id = app.start_run("full", "steps=1 ms=10 answer=roomy").await;
+    assert_eq!(app.running.storage.write_space(), storage::WriteSpace::Available);
+    assert_eq!(probe("/readyz").await, (200, serde_json::json!({"ready": true})));
+    let (status, health) = probe("/healthz").await;
+    assert_eq!((status, health["storage"].as_str()), (200, Some("ok")), "{health}");
+    assert_eq!(app.final_record(&run_id).await.head.status, storage::record::RunStatus::Completed);
+}

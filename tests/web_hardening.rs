@@ -501,3 +501,42 @@ async fn in_a_browser_the_pages_buttons_work_and_another_sites_page_and_a_rebind
     assert!(body.as_str().unwrap_or("").contains("\"forbidden\""), "{body}");
     browser.call(Method::DELETE, &format!("/session/{}", browser.session), None).await;
 }
+
+/// A capability token given twice (`?token=A&token=B`) is refused alike by every route that reads one —
+/// 400 naming `token` — instead of the read taking the last and the stop the first.
+#[actix_web::test]
+async fn a_repeated_capability_token_is_a_400_naming_it_on_every_route() {
+    // No dev bypass: only the capability token can let these requests in.
+    let mut config_token = None;
+    let app = TestApp::spawn_with(|c| {
+        c.auth.dev_bypass = false;
+        config_token = Some(add_token(c, "writer", &["messages:write"], json!({"kind": "all"})));
+    })
+    .await;
+    let bearer = config_token.expect("a token");
+    let (status, body) = app.post_as(&bearer, json!({"thread": "t-dup", "channel": "c1", "user": "u1", "text": "steps=3 ms=2000"})).await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["runId"].as_str().expect("runId").to_owned();
+    let token = body["liveUrl"].as_str().and_then(|u| u.split_once("?token=")).map(|(_, t)| t.to_owned()).expect("a token");
+    let (good, bad) = (format!("token={token}"), "token=bogus".to_owned());
+    for query in [format!("{good}&{bad}"), format!("{bad}&{good}")] {
+        for (method, path) in [
+            (Method::GET, format!("/api/runs/{id}?{query}")),
+            (Method::GET, format!("/api/runs/{id}/events?{query}")),
+            (Method::POST, format!("/api/runs/{id}/stop?{query}")),
+        ] {
+            let a = answer(app.client.request(method.clone(), app.url(&path))).await;
+            assert_json_error(&a, 400, "bad_request");
+            assert!(a.body["message"].as_str().is_some_and(|m| m.starts_with("token")), "{method} {path}: {}", a.text);
+        }
+        // The page answers its errors as a page.
+        let a = answer(app.client.get(app.url(&format!("/runs/{id}?{query}")))).await;
+        assert_eq!(a.status, 400, "{}", a.text);
+        assert!(a.text.contains("token: is given more than once"), "{}", a.text);
+    }
+    // Once, the token reads and stops its run.
+    let a = answer(app.client.get(app.url(&format!("/api/runs/{id}?{good}")))).await;
+    assert_eq!(a.status, 200, "{}", a.text);
+    let a = answer(app.client.post(app.url(&format!("/api/runs/{id}/stop?{good}")))).await;
+    assert_eq!(a.status, 202, "{}", a.text);
+}

@@ -763,7 +763,7 @@ mod agent_provider {
             agents,
             default_agent: "demo".into(),
             tools: Toolbox::builtin(),
-            data_dir: dir.path().to_owned(),
+            workspace_root: dir.path().join("workspaces"),
             lease_ms: 30_000,
             heartbeat_ms: 10_000,
             webhook: None,

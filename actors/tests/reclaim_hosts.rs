@@ -74,7 +74,7 @@ async fn a_dead_generation_of_another_host_id_waits_for_its_lease_while_one_of_t
         agents,
         default_agent: "demo".into(),
         tools: Toolbox::builtin(),
-        data_dir: dir.path().to_owned(),
+        workspace_root: dir.path().join("workspaces"),
         lease_ms: LEASE_MS,
         heartbeat_ms: 10_000,
         webhook: None,

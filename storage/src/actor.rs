@@ -33,12 +33,14 @@
 //! - a job never panics out: a panicking transaction body is caught and answered as
 //!   [`Error::Panicked`]; the backend is reopened after a poisoning error;
 //! - a backend that failed to open answers `Unavailable` and is reopened on the next message;
-//! - a reply is sent only after the transaction that holds its writes has committed.
+//! - a reply is sent only after the transaction that holds its writes has committed;
+//! - a write that failed for lack of space marks the actor's [`WriteSpace`] exhausted until a write
+//!   commits again (what `/readyz` reports, SPEC §8.1); a read never ends it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{mpsc, Arc};
 
 use crate::memory::MemoryStore;
@@ -82,6 +84,21 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
     fn rerun_alone(&self, _error: &Error) -> bool {
         false
     }
+
+    /// A count that grows whenever this connection writes (never shrinks while it is open): the actor
+    /// tells a transaction that wrote from one that only read by it, so a read that commits on a full
+    /// disk does not count as space found again ([`WriteSpace`]). Backends that never run out of space
+    /// (memory) keep the default.
+    fn writes(&self) -> u64 {
+        0
+    }
+
+    /// The SQLite store behind this backend, for tests that inject faults on the actor's own connection
+    /// (the `test-hooks` feature).
+    #[cfg(any(test, feature = "test-hooks"))]
+    fn as_sqlite(&mut self) -> Option<&mut SqliteStore> {
+        None
+    }
 }
 
 /// Run `body` as one logical transaction on `backend`: what it wrote lands together when `keep` says so
@@ -123,6 +140,15 @@ impl Backend for SqliteStore {
     fn end_atomic(&mut self, commit: bool) -> Result<()> {
         SqliteStore::end_atomic(self, commit)
     }
+
+    fn writes(&self) -> u64 {
+        SqliteStore::total_changes(self)
+    }
+
+    #[cfg(any(test, feature = "test-hooks"))]
+    fn as_sqlite(&mut self) -> Option<&mut SqliteStore> {
+        Some(self)
+    }
 }
 
 impl Backend for PgStore {
@@ -148,6 +174,10 @@ impl Backend for PgStore {
 
     fn rerun_alone(&self, error: &Error) -> bool {
         error.is_race()
+    }
+
+    fn writes(&self) -> u64 {
+        PgStore::writes(self)
     }
 }
 
@@ -288,6 +318,45 @@ impl<R: Send + 'static> Task for Call<R> {
     }
 }
 
+/// Whether the storage thread's writes find space (SPEC §8.1: `/readyz` answers 503 and `/healthz` says
+/// `storage: "degraded"` while they do not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteSpace {
+    /// No write failed for lack of space since the last write that committed (or ever).
+    Available,
+    /// The last write that ended failed for lack of space ([`Error::is_no_space`]: `SQLITE_FULL`,
+    /// PostgreSQL's `53100 disk_full`); the next transaction that writes and commits ends it.
+    Exhausted,
+}
+
+/// The [`WriteSpace`] of one storage actor: set by its thread after each group, read by every clone of
+/// the handle. One flag that guards no other data, hence an atomic with `SeqCst` and no lock.
+#[derive(Debug, Default)]
+pub struct SpaceWatch {
+    exhausted: AtomicBool,
+}
+
+impl SpaceWatch {
+    pub fn get(&self) -> WriteSpace {
+        if self.exhausted.load(SeqCst) {
+            WriteSpace::Exhausted
+        } else {
+            WriteSpace::Available
+        }
+    }
+
+    fn set(&self, space: WriteSpace) {
+        let exhausted = space == WriteSpace::Exhausted;
+        if self.exhausted.swap(exhausted, SeqCst) != exhausted {
+            if exhausted {
+                tracing::error!("storage writes fail for lack of space; readiness fails until a write commits");
+            } else {
+                tracing::warn!("storage writes commit again after running out of space");
+            }
+        }
+    }
+}
+
 /// Default capacity of the storage actor's queue (messages waiting for the write thread).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 
@@ -347,6 +416,8 @@ pub struct Mailbox {
     /// Bounded (see the module doc): a sender never blocks.
     tx: mpsc::SyncSender<Job>,
     pub stats: Arc<GroupStats>,
+    /// Whether the actor's last write found space.
+    pub space: Arc<SpaceWatch>,
 }
 
 impl Mailbox {
@@ -401,12 +472,13 @@ pub struct StorageActor {
     spec: BackendSpec,
     backend: std::result::Result<Box<dyn Backend>, String>,
     stats: Arc<GroupStats>,
+    space: Arc<SpaceWatch>,
 }
 
 impl StorageActor {
     pub fn new(spec: BackendSpec) -> Self {
         let backend = Self::open(&spec);
-        StorageActor { spec, backend, stats: Default::default() }
+        StorageActor { spec, backend, stats: Default::default(), space: Default::default() }
     }
 
     fn open(spec: &BackendSpec) -> std::result::Result<Box<dyn Backend>, String> {
@@ -437,6 +509,7 @@ impl StorageActor {
                     false
                 }
             };
+        let writes_before = backend.writes();
         let mut poisoned = false;
         let mut jobs = jobs;
         for j in &mut jobs {
@@ -473,6 +546,15 @@ impl StorageActor {
                 }
             }
         }
+        // SPEC §8.1: a write that failed for lack of space fails readiness until a write commits again
+        // (a failure in the group outweighs its other messages' commit).
+        let no_space = commit_failed.as_ref().is_some_and(Error::is_no_space)
+            || jobs.iter().any(|j| j.error().is_some_and(Error::is_no_space));
+        if no_space {
+            self.space.set(WriteSpace::Exhausted);
+        } else if commit_failed.is_none() && backend.writes() != writes_before {
+            self.space.set(WriteSpace::Available);
+        }
         for j in jobs {
             j.reply(commit_failed.as_ref());
         }
@@ -495,12 +577,12 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
     // The backend opens on the storage thread — the synchronous PostgreSQL client refuses to block
     // inside a caller's async runtime — and this waits for it, so a caller finds the database created
     // and migrated (or the failure logged) when `start` returns, as before.
-    let (opened_tx, opened) = mpsc::sync_channel::<Arc<GroupStats>>(1);
+    let (opened_tx, opened) = mpsc::sync_channel::<(Arc<GroupStats>, Arc<SpaceWatch>)>(1);
     std::thread::Builder::new()
         .name("storage-actor".into())
         .spawn(move || {
             let mut actor = StorageActor::new(spec);
-            let _ = opened_tx.send(actor.stats.clone());
+            let _ = opened_tx.send((actor.stats.clone(), actor.space.clone()));
             while let Ok(first) = rx.recv() {
                 let mut jobs = vec![first];
                 while jobs.len() < MAX_GROUP {
@@ -514,6 +596,6 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
             }
         })
         .expect("spawn the storage thread");
-    let stats = opened.recv().expect("the storage thread opens its backend");
-    Mailbox { tx, stats }
+    let (stats, space) = opened.recv().expect("the storage thread opens its backend");
+    Mailbox { tx, stats, space }
 }

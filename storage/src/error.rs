@@ -53,6 +53,18 @@ impl Error {
         }
     }
 
+    /// Whether the write failed for lack of space (SPEC §8.1: readiness fails while it lasts): SQLite's
+    /// `SQLITE_FULL` (its VFS reports a write that hit `ENOSPC` this way too, and so does a database at
+    /// its `max_page_count`), PostgreSQL's `53100 disk_full`. Transient: freeing space makes the same
+    /// write succeed.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => e.code == rusqlite::ErrorCode::DiskFull,
+            Error::Postgres(e) => pg_code(e) == Some("53100"),
+            _ => false,
+        }
+    }
+
     /// Whether this is a lost race against another connection (a serialization failure, a deadlock, or
     /// a unique violation from a concurrent insert): running the whole transaction again decides anew.
     /// A race is transient and never a refusal (SPEC §1.3).

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use crate::actor::{atomic, Backend, BackendSpec, Mailbox};
+use crate::actor::{atomic, Backend, BackendSpec, Mailbox, WriteSpace};
 use crate::clock::Clock;
 use crate::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
@@ -134,6 +134,14 @@ impl StorageHandle {
         self.lose_finishing.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Whether the storage thread's last write that ended found space: [`WriteSpace::Exhausted`] from a
+    /// write that failed for lack of space (a full disk, `SQLITE_FULL`, PostgreSQL's `53100 disk_full`)
+    /// until the next write that commits (SPEC §8.1: the health probes report it). Reads succeed on a
+    /// full disk, so a round trip alone ([`StorageHandle::ping`]) cannot tell.
+    pub fn write_space(&self) -> WriteSpace {
+        self.mailbox.space.get()
+    }
+
     /// Counters of the storage actor (group commits, queue depth and refusals) and of its readers.
     pub fn group_stats(&self) -> &crate::actor::GroupStats {
         &self.mailbox.stats
@@ -162,6 +170,22 @@ impl StorageHandle {
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
         self.transact_once(f).await
+    }
+
+    /// Fill the SQLite database for real (the `test-hooks` feature): `PRAGMA max_page_count` on the
+    /// actor's write connection caps the file at the pages it holds now, so a write that needs one more
+    /// page fails `SQLITE_FULL` exactly as on a full disk; `full = false` lifts the cap again. Answers
+    /// the cap now in force.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub async fn fill_sqlite_for_test(&self, full: bool) -> Result<u64> {
+        self.transact_once(move |b, _| {
+            let store = b.as_sqlite().ok_or_else(|| Error::Unavailable("not a SQLite backend".into()))?;
+            let conn = store.connection();
+            let pages: i64 = if full { conn.query_row("PRAGMA page_count", [], |r| r.get(0))? } else { i64::from(u32::MAX - 1) };
+            let cap: i64 = conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| r.get(0))?;
+            Ok(cap.max(0) as u64)
+        })
+        .await
     }
 
     /// A free-form read, routed as the handle's reads are (a reader's read-only connection, or the actor

@@ -40,7 +40,7 @@ pub mod store;
 #[cfg(any(test, feature = "pg-cluster"))]
 pub mod testing;
 
-pub use actor::BackendSpec;
+pub use actor::{BackendSpec, WriteSpace};
 pub use clock::{Clock, DbClock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use generation::Generation;

@@ -97,27 +97,44 @@ async fn root() -> HttpResponse {
     HttpResponse::Found().insert_header((header::LOCATION, "/runs")).finish()
 }
 
-/// Whether storage answers a round trip within [`PROBE_TIMEOUT`] (the one probe behind `/healthz` and
-/// `/readyz`).
-async fn storage_ok(state: &AppState) -> bool {
-    match tokio::time::timeout(PROBE_TIMEOUT, state.storage.ping()).await {
-        Ok(Ok(())) => true,
-        Ok(Err(e)) => {
-            tracing::warn!(generation = state.generation.as_str(), error = %e, "health probe: storage failing");
-            false
-        }
-        Err(_) => {
-            tracing::warn!(generation = state.generation.as_str(), timeout_ms = PROBE_TIMEOUT.as_millis() as u64, "health probe: storage did not answer");
-            false
+/// What the health probes say of storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StorageHealth {
+    /// A round trip answered within [`PROBE_TIMEOUT`] and the last write found space.
+    Ok,
+    /// The round trip failed or did not answer in time.
+    Failing,
+    /// The last write failed for lack of space (SPEC §8.1: e.g. a full disk) and none committed since;
+    /// reads still answer, admissions do not.
+    OutOfSpace,
+}
+
+impl StorageHealth {
+    fn word(self) -> &'static str {
+        match self {
+            StorageHealth::Ok => "ok",
+            StorageHealth::Failing | StorageHealth::OutOfSpace => "degraded",
         }
     }
 }
 
-fn storage_word(ok: bool) -> &'static str {
-    if ok {
-        "ok"
-    } else {
-        "degraded"
+/// The one probe behind `/healthz` and `/readyz`: whether the storage thread's last write found space
+/// ([`StorageHandle::write_space`] — a full disk still answers reads, so a round trip alone passes), and
+/// whether storage answers a round trip within [`PROBE_TIMEOUT`].
+async fn storage_health(state: &AppState) -> StorageHealth {
+    if state.storage.write_space() == storage::WriteSpace::Exhausted {
+        return StorageHealth::OutOfSpace;
+    }
+    match tokio::time::timeout(PROBE_TIMEOUT, state.storage.ping()).await {
+        Ok(Ok(())) => StorageHealth::Ok,
+        Ok(Err(e)) => {
+            tracing::warn!(generation = state.generation.as_str(), error = %e, "health probe: storage failing");
+            StorageHealth::Failing
+        }
+        Err(_) => {
+            tracing::warn!(generation = state.generation.as_str(), timeout_ms = PROBE_TIMEOUT.as_millis() as u64, "health probe: storage did not answer");
+            StorageHealth::Failing
+        }
     }
 }
 
@@ -128,7 +145,7 @@ struct Health<'a> {
     generation: &'a str,
     pid: u32,
     version: &'static str,
-    /// `"ok"` or `"degraded"` (the storage probe failed or timed out).
+    /// `"ok"` or `"degraded"` (the storage probe failed or timed out, or the last write found no space).
     storage: &'static str,
     /// The backend: `"sqlite"`, `"memory"`, `"postgres"`.
     storage_kind: &'static str,
@@ -138,29 +155,30 @@ struct Health<'a> {
 /// `GET /healthz`: liveness — always 200 while the process answers (`ok: true`); a failing storage shows
 /// as `storage: "degraded"` here and as a 503 on `/readyz`, never as a restart-worthy failure.
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    let storage_ok = storage_ok(&state).await;
+    let storage = storage_health(&state).await;
     HttpResponse::Ok().insert_header((header::CACHE_CONTROL, "no-store")).json(Health {
         ok: true,
         generation: state.generation.as_str(),
         pid: std::process::id(),
         version: state.version,
-        storage: storage_word(storage_ok),
+        storage: storage.word(),
         storage_kind: state.storage.kind(),
         draining: state.draining.load(Ordering::SeqCst),
     })
 }
 
 /// `GET /readyz`: 200 `{ready: true}`; 503 `{ready: false, error, message, draining, storage}` while
-/// draining (`error: "draining"`) or while storage is failing (`error: "unavailable"`).
+/// draining (`error: "draining"`) or while storage is failing or out of space (`error: "unavailable"`).
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let draining = state.draining.load(Ordering::SeqCst);
-    let storage_ok = storage_ok(&state).await;
-    let refusal = match (draining, storage_ok) {
-        (false, true) => {
+    let storage = storage_health(&state).await;
+    let refusal = match (draining, storage) {
+        (false, StorageHealth::Ok) => {
             return HttpResponse::Ok().insert_header((header::CACHE_CONTROL, "no-store")).json(json!({"ready": true}))
         }
         (true, _) => ApiError::Draining,
-        (false, false) => ApiError::Unavailable("storage is failing".into()),
+        (false, StorageHealth::OutOfSpace) => ApiError::Unavailable("storage is out of space".into()),
+        (false, _) => ApiError::Unavailable("storage is failing".into()),
     };
     let mut res = refusal.error_response();
     let body = json!({
@@ -168,7 +186,7 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         "error": if draining { "draining" } else { "unavailable" },
         "message": refusal.to_string(),
         "draining": draining,
-        "storage": storage_word(storage_ok),
+        "storage": storage.word(),
     });
     res.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
     res.set_body(actix_web::body::BoxBody::new(body.to_string()))

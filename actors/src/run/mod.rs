@@ -117,7 +117,7 @@ pub struct RunDeps {
     pub history: HistoryWriter,
     pub agents: Arc<std::collections::HashMap<String, AgentEntry>>,
     pub tools: Arc<Toolbox>,
-    pub data_dir: PathBuf,
+    pub workspace_root: PathBuf,
     pub lease_ms: i64,
     /// Where finished runs' replies go, if anywhere.
     pub webhook: Option<crate::delivery::Webhook>,

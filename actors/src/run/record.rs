@@ -170,7 +170,7 @@ pub async fn close_row(
     // the owner (a stale closer, paused while another generation took the row, leaves the real owner's
     // fence alone; its finish is refused next). Best effort: a workspace that is gone, or whose lock a
     // paused owner holds, leaves the old fence, which names a generation that no longer owns the row.
-    let dir = bound_workspace(row).unwrap_or_else(|| crate::tools::workspace_dir(&deps.data_dir, &row.run_id));
+    let dir = bound_workspace(row).unwrap_or_else(|| crate::tools::workspace_dir(&deps.workspace_root, &row.run_id));
     if dir.is_dir() {
         let fence = format!("{}#close", deps.gen.as_str());
         let owns = super::launch::still_owner(deps, &row.run_id);

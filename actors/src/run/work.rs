@@ -96,7 +96,7 @@ pub(super) struct Run {
 
 impl Run {
     pub(super) fn new(deps: RunDeps, id: String, meta: RunMeta, deadline: i64, agent: AgentEntry) -> Self {
-        let workspace = crate::tools::workspace_dir(&deps.data_dir, &id);
+        let workspace = crate::tools::workspace_dir(&deps.workspace_root, &id);
         let tool_defs = deps.tools.defs().into_iter().filter(|d| agent.allows(&d.name)).collect();
         let fence = format!("{}#{}", deps.gen.as_str(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
         Run {

@@ -86,7 +86,7 @@ pub(super) async fn purge_killed(deps: RunDeps, run_id: String) {
     let Ok(fence) = deps.operations.close_admission(&app).await else { return };
     deps.operations.end_session(&app);
     let handle = fence.drain().await;
-    let dir = crate::tools::workspace_dir(&deps.data_dir, &run_id);
+    let dir = crate::tools::workspace_dir(&deps.workspace_root, &run_id);
     let removed = handle
         .run(Operation::new("delete_workspace"), Claim::write(Resource::AppPath), async move {
             match std::fs::remove_dir_all(&dir) {

@@ -55,7 +55,8 @@ pub struct SupervisorConfig {
     pub agents: HashMap<String, AgentEntry>,
     pub default_agent: String,
     pub tools: Toolbox,
-    pub data_dir: PathBuf,
+    /// Where run workspaces live (`[storage] workspace_root`): `<workspace_root>/<run_id>/`.
+    pub workspace_root: PathBuf,
     pub lease_ms: i64,
     pub heartbeat_ms: u64,
     pub webhook: Option<crate::delivery::Webhook>,
@@ -294,7 +295,7 @@ impl Actor for Supervisor {
             history: config.history,
             agents: self.config.agents.clone(),
             tools: Arc::new(tools),
-            data_dir: config.data_dir,
+            workspace_root: config.workspace_root,
             lease_ms: config.lease_ms,
             webhook: config.webhook,
             http: reqwest::Client::new(),

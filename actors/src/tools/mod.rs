@@ -1,6 +1,6 @@
 //! Tools an agent may call, and the run workspace they act in (SPEC §8.3).
 //!
-//! Owns the per-run workspace directory `<data dir>/workspaces/<run_id>/` as far as tools write to it;
+//! Owns the per-run workspace directory `<workspace_root>/<run_id>/` as far as tools write to it;
 //! creating it at admission, recording it in `state.binding` and re-attaching it at resume belong to
 //! the run actor.
 //!
@@ -86,7 +86,7 @@ pub use external::{
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolContext {
     pub run_id: String,
-    /// The run's workspace (`<data dir>/workspaces/<run_id>`); it may not exist yet.
+    /// The run's workspace (`<workspace_root>/<run_id>`); it may not exist yet.
     pub workspace: PathBuf,
     /// The generation (fencing token) the call runs under: a mutating tool writes only while the
     /// workspace fence names exactly this string (see [`take_workspace`]).
@@ -495,11 +495,11 @@ async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stati
     }
 }
 
-/// `<data dir>/workspaces/<run_id>`.
+/// `<root>/<run_id>`: `root` is `[storage] workspace_root` (default `<data dir>/workspaces`, SPEC §8.3).
 ///
 /// Run ids are UUIDs; any character outside `[A-Za-z0-9._-]` (and a bare `.` or `..`) is replaced by `_`
-/// so that no id can name a directory outside `workspaces/`.
-pub fn workspace_dir(data_dir: &Path, run_id: &str) -> PathBuf {
+/// so that no id can name a directory outside `root`.
+pub fn workspace_dir(root: &Path, run_id: &str) -> PathBuf {
     let mut name: String = run_id
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
@@ -507,7 +507,7 @@ pub fn workspace_dir(data_dir: &Path, run_id: &str) -> PathBuf {
     if name.is_empty() || name == "." || name == ".." {
         name = "_".repeat(name.len().max(1));
     }
-    data_dir.join("workspaces").join(name)
+    root.join(name)
 }
 
 /// The path `rel` names inside `workspace`, lexically normalized (no `.` or `..` left in it).
@@ -791,7 +791,7 @@ mod tests {
 
     #[test]
     fn workspace_dir_is_under_workspaces_and_cannot_be_steered_out() {
-        let data = Path::new("/data");
+        let data = Path::new("/data/workspaces");
         assert_eq!(
             workspace_dir(data, "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"),
             Path::new("/data/workspaces/0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")
@@ -951,7 +951,7 @@ mod tests {
     #[test]
     fn a_resume_take_of_a_missing_workspace_answers_missing_and_creates_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let ws = workspace_dir(dir.path(), "r1");
+        let ws = workspace_dir(&dir.path().join("workspaces"), "r1");
         assert_eq!(take_workspace(&ws, GEN_B, TakeMode::Existing), Err(WorkspaceError::Missing(ws.clone())));
         assert!(!ws.exists());
         assert!(!dir.path().join("workspaces").exists());

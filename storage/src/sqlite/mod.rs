@@ -221,6 +221,12 @@ impl SqliteStore {
         Ok(self.conn.query_row("SELECT value FROM meta WHERE key = 'capability_secret'", [], |r| r.get(0))?)
     }
 
+    /// Rows this connection has inserted, updated or deleted since it opened (SQLite's
+    /// `sqlite3_total_changes64`): it grows exactly when a statement wrote.
+    pub fn total_changes(&self) -> u64 {
+        self.conn.total_changes()
+    }
+
     /// A write transaction: `BEGIN IMMEDIATE`, or a savepoint inside a group.
     fn immediate(&mut self) -> Result<Tx<'_>> {
         Ok(if self.grouped {

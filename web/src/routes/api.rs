@@ -34,11 +34,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(resource("/api/live", "GET").route(web::get().to(live)));
 }
 
-/// The query string as a map (the last value of a repeated key wins); undecodable → 400 `query`.
+/// The query string as a map (the last value of a repeated key wins); undecodable → 400 `query`. A
+/// repeated `token` is 400 `token`: which of two capability tokens a route would read is no choice to
+/// leave to its parser, so every route (reads, streams, pages, stop) refuses it alike.
 pub fn query_map(req: &HttpRequest) -> Result<HashMap<String, String>, ApiError> {
-    web::Query::<Vec<(String, String)>>::from_query(req.query_string())
-        .map(|q| q.into_inner().into_iter().collect())
-        .map_err(|e| ApiError::bad("query", format!("cannot be decoded: {e}")))
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map_err(|e| ApiError::bad("query", format!("cannot be decoded: {e}")))?
+        .into_inner();
+    if pairs.iter().filter(|(k, _)| k == "token").count() > 1 {
+        return Err(ApiError::bad("token", "is given more than once"));
+    }
+    Ok(pairs.into_iter().collect())
 }
 
 /// The capability token in `q` when it verifies for `run_id`.

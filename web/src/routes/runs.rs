@@ -44,12 +44,8 @@ pub async fn stop_run(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let run_id = path.into_inner();
-    // A run's capability token grants stopping that one run.
-    let by_token = req
-        .query_string()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("token="))
-        .is_some_and(|t| state.tokens.verify(&run_id, t));
+    // A run's capability token grants stopping that one run (read as every route reads it).
+    let by_token = super::api::capability(&state, &run_id, &super::api::query_map(&req)?).is_some();
     // The capability token sees its run whatever the visibility; a bearer sees what its filter allows.
     let (actor, visible_to) = if by_token {
         (StopActor::new("capability", &run_id), storage::record::VisibilityFilter::All)
