@@ -189,7 +189,7 @@ async fn an_idle_stream_gets_a_keep_alive_comment() {
 }
 
 #[actix_web::test]
-async fn the_index_feed_upserts_live_and_finished_rows_and_removes_a_killed_one() {
+async fn the_index_feed_upserts_live_quick_and_finished_rows_and_removes_killed_ones() {
     let app = TestApp::spawn().await;
     let (status, feed) = app.sse("/runs/feed", None, None).await;
     assert_eq!(status, 200);
@@ -228,6 +228,25 @@ async fn the_index_feed_upserts_live_and_finished_rows_and_removes_a_killed_one(
         let e = feed.next(WAIT).await.expect("feed open");
         if e.event == "removed" {
             assert_eq!(e.data["id"], doomed.as_str());
+            break;
+        }
+    }
+    // A run that starts and finishes between two polls is still shown, finished; killed once finished, it
+    // is removed too.
+    let quick = app.start_run("t3", "steps=0").await;
+    app.final_record(&quick).await;
+    loop {
+        let e = feed.next(WAIT).await.expect("feed open");
+        if e.event == "upsert" && e.data["id"] == quick.as_str() && e.data["finished"] == true {
+            break;
+        }
+    }
+    let res = app.client.delete(app.url(&format!("/api/runs/{quick}"))).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 202);
+    loop {
+        let e = feed.next(WAIT).await.expect("feed open");
+        if e.event == "removed" {
+            assert_eq!(e.data["id"], quick.as_str());
             break;
         }
     }

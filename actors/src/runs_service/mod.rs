@@ -66,6 +66,7 @@
 //!
 //! A persisted run answers its stored diagnosis (what the run actor measured), normalized.
 
+mod feed;
 mod gaps;
 mod list;
 mod news;
@@ -81,6 +82,7 @@ use storage::{Clock, Generation, StorageHandle};
 
 use crate::registry::Registry;
 use list::LiveCache;
+pub use feed::{FeedChange, IndexFeed, FEED_FINISHED_KEPT, FEED_LANDING_SLACK_MS};
 pub use gaps::{settled_prefix, GAP_PATIENCE_MS};
 pub use list::{ListParams, NextBefore, RunList, StatusFilter, CURSOR_TOP, LEDGER_LIST_TTL_MS};
 pub use point::{

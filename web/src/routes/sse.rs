@@ -17,13 +17,12 @@
 //! - a denied or unavailable read closes the stream without `end` (an `end` is a claim about the run);
 //! - a disconnected client is noticed at the latest by the next ping, and its task ends.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
-use actors::runs_service::{settled_prefix, RunView, RunsError, RunsService};
+use actors::runs_service::{settled_prefix, FeedChange, IndexFeed, RunView, RunsError, RunsService};
 use serde_json::{json, Value};
 use storage::record::{event_seq, VisibilityFilter};
 use tokio::sync::mpsc;
@@ -296,9 +295,9 @@ async fn changed(news: &mut Option<tokio::sync::watch::Receiver<u64>>) -> Result
     }
 }
 
-/// `GET /runs/feed`: the index feed — `upsert` (a RunView without events) when a row appears or changes,
-/// `removed` `{id}` when it goes without a record (killed, discarded). A run that leaves the live set
-/// with a record is upserted once more as that record and then no longer tracked.
+/// `GET /runs/feed`: the index feed — `upsert` (a RunView without events) when a run appears or changes
+/// (one that started and finished between two polls included), `removed` `{id}` when a run shown goes
+/// without a record or is killed ([`IndexFeed`]).
 async fn index_feed(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
     let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
@@ -315,7 +314,7 @@ async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: mpsc::Se
         async move { tx.send(f).await.map_err(|_| "client gone") }
     };
     send(Bytes::from_static(b"retry: 2000\n\n")).await?;
-    let mut known: HashMap<String, RunView> = HashMap::new();
+    let mut feed = IndexFeed::new(&runs, visible_to);
     let mut poll = tokio::time::interval(POLL_EVERY);
     let mut ping = pinger();
     loop {
@@ -326,31 +325,12 @@ async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: mpsc::Se
                 continue;
             }
         }
-        let (rows, ledger_ok) = runs.index_rows(&visible_to).await;
-        let mut next: HashMap<String, RunView> = HashMap::with_capacity(rows.len());
-        for view in rows {
-            if known.get(&view.id) != Some(&view) {
-                send(frame("upsert", None, &serde_json::to_value(&view).unwrap_or(Value::Null))).await?;
-            }
-            next.insert(view.id.clone(), view);
+        for change in feed.poll(&runs).await {
+            let frame = match change {
+                FeedChange::Upsert(view) => frame("upsert", None, &serde_json::to_value(&view).unwrap_or(Value::Null)),
+                FeedChange::Removed(id) => frame("removed", None, &json!({"id": id})),
+            };
+            send(frame).await?;
         }
-        for (id, old) in known {
-            if next.contains_key(&id) {
-                continue;
-            }
-            if !ledger_ok && old.owner_gen.is_some() {
-                // A failed listing proves nothing: keep the row until the ledger answers.
-                next.insert(id, old);
-                continue;
-            }
-            match runs.stored_summary(&id, &visible_to).await {
-                Ok(view) => send(frame("upsert", None, &serde_json::to_value(&view).unwrap_or(Value::Null))).await?,
-                Err(RunsError::NotFound) => send(frame("removed", None, &json!({"id": id}))).await?,
-                Err(_) => {
-                    next.insert(id, old);
-                }
-            }
-        }
-        known = next;
     }
 }
