@@ -64,6 +64,8 @@ pub struct StorageHandle {
     /// Fault injection (tests, `chaos`): while set, every call answers `Unavailable` without reaching
     /// the storage thread — what a full disk or a dead database looks like to callers. Shared by clones.
     outage: Arc<std::sync::atomic::AtomicBool>,
+    /// Where the next [`StorageHandle::expire`]'s orphan scan starts; shared by clones.
+    expire_after: Arc<std::sync::Mutex<String>>,
     /// Tests: the next `finishing` commits, then its answer is lost and an outage begins.
     #[cfg(any(test, feature = "test-hooks"))]
     lose_finishing: Arc<std::sync::atomic::AtomicBool>,
@@ -105,6 +107,7 @@ impl StorageHandle {
             receipt_ttl_ms: options.receipt_ttl_ms,
             news,
             outage: Default::default(),
+            expire_after: Default::default(),
             #[cfg(any(test, feature = "test-hooks"))]
             lose_finishing: Default::default(),
         }
@@ -306,6 +309,15 @@ impl StorageHandle {
 
     pub async fn delete(&self, id: String) -> Result<bool> {
         self.transact(move |b, _| b.delete(&id)).await
+    }
+
+    /// Retention with no write ([`RunStore::expire`](crate::store::RunStore::expire)), one pass: the
+    /// orphan scan carries on where this handle's previous pass stopped.
+    pub async fn expire(&self) -> Result<crate::store::Expired> {
+        let after = self.expire_after.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let out = self.transact(move |b, now| b.expire(now, &after)).await?;
+        *self.expire_after.lock().unwrap_or_else(|p| p.into_inner()) = out.scan_after.clone().unwrap_or_default();
+        Ok(out)
     }
 
     // ---- the live-run ledger (SPEC §4.3); each call is one transaction on the storage thread ----

@@ -69,6 +69,17 @@ pub struct PutOutcome {
     pub retained: u64,
 }
 
+/// What a retention pass with no write did ([`RunStore::expire`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Expired {
+    /// Finished runs the persisted policy no longer keeps, removed (at most [`TRIM_PER_PUT`] a pass).
+    pub runs: u64,
+    /// Runs whose event rows neither a record nor a live run owned, their events removed.
+    pub orphaned: u64,
+    /// Where the next pass's orphan scan starts (`None`: the scan went round; start from the first id).
+    pub scan_after: Option<String>,
+}
+
 /// The compound list cursor: rows strictly older than `(finished_at, id)` in newest-first order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
@@ -170,6 +181,11 @@ pub trait RunStore: Send {
     /// Remove the record and its events; answers whether a row existed.
     fn delete(&mut self, id: &str) -> Result<bool>;
     fn policy(&mut self) -> Result<StoredPolicy>;
+    /// Retention with no write (the seed's "alarm with no writes"): remove what the persisted policy no
+    /// longer keeps (oldest first, at most [`TRIM_PER_PUT`] runs), and of the next [`TRIM_PER_PUT`] run
+    /// ids with event rows after `scan_after` (in id order), the events of those that have neither a
+    /// record nor a live row. Each pass is short; passes that carry `scan_after` on go round the table.
+    fn expire(&mut self, now_ms: i64, scan_after: &str) -> Result<Expired>;
 }
 
 /// Clamp a record's timestamps to at most [`MAX_FUTURE_MS`] past the store's clock (SPEC §3), so a

@@ -475,3 +475,52 @@ fn migration_eight_gives_old_generations_their_hostname_as_host_id() {
     s.record_generation(&new).unwrap();
     assert_eq!(s.generations().unwrap(), vec![old, new]);
 }
+
+/// The seed's orphan sweep: with no write, `expire` removes the event rows of runs that have neither a
+/// record nor a live row, a bounded number of runs a pass, going round the table across passes; a
+/// record's events and a live run's events stay.
+#[test]
+fn expire_removes_event_rows_nobody_owns_a_bounded_amount_a_pass() {
+    use storage::ledger::{Admit, Promotion, RunLedger};
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(&dir.path().join("t.db"));
+    s.put(&record("kept", 3), None, NOW).unwrap();
+    let admit = Admit {
+        thread_key: "C1:live".into(),
+        gen: "20270115T080000Z-0000beef".into(),
+        run_id: "live".into(),
+        request: json!({"text": "hi"}),
+        meta: json!({"threadKey": "C1:live", "channelId": "C1", "userId": "U1", "channelVisibility": "public"}),
+        key: None,
+        lease_ms: 30_000,
+        writer: None,
+    };
+    s.admit(&admit, NOW).unwrap();
+    let p = Promotion { system_text: "S".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+    s.claim("live", "20270115T080000Z-0000beef", &p, NOW).unwrap().unwrap();
+    let live_events = vec![json!({"type": "note", "seq": 1, "at": NOW, "summary": "s"})];
+    s.append("live", "20270115T080000Z-0000beef", &live_events).unwrap().unwrap();
+    // 600 runs' event rows that nothing owns (what an older build could leave behind).
+    let tx = s.connection().unchecked_transaction().unwrap();
+    for i in 0..600 {
+        for seq in 1..=2 {
+            tx.execute("INSERT INTO run_events (run_id, seq, json) VALUES (?1, ?2, '{}')", rusqlite::params![format!("orphan-{i:03}"), seq])
+                .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+    let count = |s: &mut SqliteStore, id: &str| -> i64 {
+        s.connection().query_row("SELECT COUNT(*) FROM run_events WHERE run_id LIKE ?1", [id], |r| r.get(0)).unwrap()
+    };
+
+    let first = s.expire(NOW, "").unwrap();
+    // 500 run ids scanned in id order: "kept", "live" and 498 orphans.
+    assert_eq!((first.runs, first.orphaned), (0, 498));
+    let after = first.scan_after.clone().expect("the scan did not go round yet");
+    let second = s.expire(NOW, &after).unwrap();
+    assert_eq!((second.orphaned, second.scan_after), (102, None), "the second pass finishes the round");
+    assert_eq!(count(&mut s, "orphan-%"), 0);
+    assert_eq!(count(&mut s, "kept"), 3, "a record's events stay");
+    assert_eq!(count(&mut s, "live"), 1, "a live run's events stay");
+    assert_eq!(s.expire(NOW, "").unwrap().orphaned, 0);
+}

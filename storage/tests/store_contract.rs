@@ -193,6 +193,19 @@ fn retention_hides_expired_rows_on_every_read_before_any_write(s: &mut dyn RunSt
     assert!(s.get_summary("new", later).unwrap().is_some());
 }
 
+fn expire_removes_what_the_policy_no_longer_keeps_with_no_write(s: &mut dyn RunStore) {
+    s.put(&record("old", NOW - 29 * DAY), None, NOW).unwrap();
+    s.put(&record("new", NOW), None, NOW).unwrap();
+    let out = s.expire(NOW, "").unwrap();
+    assert_eq!((out.runs, out.orphaned), (0, 0), "both kept");
+    // Two days on, with no put in between: "old" is past the 30-day policy and goes from disk.
+    let out = s.expire(NOW + 2 * DAY, "").unwrap();
+    assert_eq!(out.runs, 1);
+    assert!(!s.delete("old").unwrap(), "nothing of it stays on disk");
+    assert!(s.get("new", NOW + 2 * DAY).unwrap().is_some());
+    assert_eq!(s.expire(NOW + 2 * DAY, "").unwrap().runs, 0, "a second pass finds nothing");
+}
+
 fn put_outside_policy_is_not_stored(s: &mut dyn RunStore) {
     let out = s.put(&record("ancient", NOW - 31 * DAY), None, NOW).unwrap();
     assert!(!out.stored);
@@ -347,6 +360,7 @@ contract!(
     filters_and_visibility_narrow_the_list,
     events_page_strictly_after_the_cursor,
     retention_hides_expired_rows_on_every_read_before_any_write,
+    expire_removes_what_the_policy_no_longer_keeps_with_no_write,
     put_outside_policy_is_not_stored,
     identical_repeat_is_not_a_rewrite_and_a_change_replaces_events_whole,
     provisional_put_over_a_final_record_writes_nothing,

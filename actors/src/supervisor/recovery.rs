@@ -300,6 +300,11 @@ impl Handler<ReclaimPass> for Supervisor {
             };
             // Receipts past their TTL, and dead generations that own nothing (SPEC §4.3 finish): once per pass.
             if let Err(e) = deps.storage.prune_dead(dead.clone()).await { tracing::warn!(error = %e, "could not prune receipts and dead generations; retried next pass"); }
+            // Finished runs past the retention policy and event rows nobody owns go even while nothing
+            // is written (a put trims too, but an idle store has no puts).
+            if let Err(e) = deps.storage.expire().await {
+                tracing::warn!(error = %e, "could not expire finished runs; retried next pass");
+            }
             let answer = deps.storage.reclaim(deps.gen.as_str().to_owned(), lease_ms, dead, driven).await.map_err(|e| e.to_string())?;
             let mut report = ReclaimReport { live_elsewhere: answer.live_elsewhere.len(), ..Default::default() };
             let mut launches = Vec::new();

@@ -54,6 +54,20 @@ impl State {
         self.kept(now_ms).len() as u64
     }
 
+    /// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers the ids the
+    /// policy keeps and how many went.
+    pub(super) fn trim(&mut self, now_ms: i64) -> (std::collections::HashSet<String>, usize) {
+        let kept: std::collections::HashSet<String> = self.kept(now_ms).into_iter().map(|i| i.head.id).collect();
+        let mut doomed: Vec<RunListItem> =
+            self.runs.values().filter(|r| !kept.contains(&r.record.head.id)).map(StoredRun::item).collect();
+        doomed.sort_by(|a, b| crate::record::newest_first(&a.head, &b.head).reverse());
+        doomed.truncate(TRIM_PER_PUT);
+        for d in &doomed {
+            self.runs.remove(&d.head.id);
+        }
+        (kept, doomed.len())
+    }
+
     /// The one upsert of a record, shared by `put` and the ledger's `finish` (SPEC §3).
     pub(super) fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
         if !is_valid_run_id(&record.head.id) {
@@ -81,13 +95,7 @@ impl State {
         if !unchanged {
             st.runs.insert(id.clone(), StoredRun { record, bytes: encoded.len() as u64, digest });
         }
-        let kept: std::collections::HashSet<String> = st.kept(now_ms).into_iter().map(|i| i.head.id).collect();
-        let mut doomed: Vec<RunListItem> =
-            st.runs.values().filter(|r| !kept.contains(&r.record.head.id)).map(StoredRun::item).collect();
-        doomed.sort_by(|a, b| crate::record::newest_first(&a.head, &b.head).reverse());
-        for d in doomed.iter().take(TRIM_PER_PUT) {
-            st.runs.remove(&d.head.id);
-        }
+        let (kept, _) = st.trim(now_ms);
         let stored = kept.contains(&id);
         if !stored {
             st.runs.remove(&id);

@@ -18,7 +18,7 @@ use crate::record::{
     is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
 };
 use crate::sqlite::Kept;
-use crate::store::{clamp_future, EventsPage, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::store::{clamp_future, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
 use crate::{Error, Result};
 
 const POLICY_KEY: &str = "retention_policy";
@@ -244,10 +244,20 @@ pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyPro
         }
         insert_events(c, id, stored_event_seqs(&record.events).into_iter().zip(record.events.iter().map(|ev| ev.to_string())))?;
     }
-    // Trim by the persisted policy, oldest first, a bounded amount per put.
     let kept_now = kept(c, &policy, now_ms)?;
+    trim(c, &kept_now, policy.cutoff_ms(now_ms))?;
+    // The record itself goes regardless when the policy does not keep it.
+    let stored = visible(c, id, &kept_now, policy.cutoff_ms(now_ms))?;
+    if !stored {
+        delete_run(c, id)?;
+    }
+    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(c, &policy, now_ms)? })
+}
+
+/// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
+fn trim(c: &mut Db, kept: &Kept, cutoff: i64) -> Result<usize> {
     let mut p = Params::default();
-    let keep_sql = kept_sql(&kept_now, policy.cutoff_ms(now_ms), &mut p);
+    let keep_sql = kept_sql(kept, cutoff, &mut p);
     let limit = p.push(big(TRIM_PER_PUT));
     let doomed: Vec<String> = c
         .query(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT {limit}"), &p.refs())?
@@ -260,12 +270,34 @@ pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyPro
     for d in &doomed {
         delete_run(c, d)?;
     }
-    // The record itself goes regardless when the policy does not keep it.
-    let stored = visible(c, id, &kept_now, policy.cutoff_ms(now_ms))?;
-    if !stored {
-        delete_run(c, id)?;
+    Ok(doomed.len())
+}
+
+/// [`crate::store::RunStore::expire`] inside one transaction.
+pub(super) fn expire_in(c: &mut Db, now_ms: i64, scan_after: &str) -> Result<Expired> {
+    let policy = read_policy(c)?.policy;
+    let kept_now = kept(c, &policy, now_ms)?;
+    let runs = trim(c, &kept_now, policy.cutoff_ms(now_ms))?;
+    let scanned: Vec<String> = c
+        .query(
+            "SELECT DISTINCT run_id FROM run_events WHERE run_id > $1 ORDER BY run_id LIMIT $2",
+            &[&scan_after, &big(TRIM_PER_PUT)],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut orphaned = 0;
+    for run_id in &scanned {
+        if c.query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[run_id])?.is_none() && !is_live(c, run_id)? {
+            c.execute("DELETE FROM run_events WHERE run_id = $1", &[run_id])?;
+            orphaned += 1;
+        }
     }
-    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(c, &policy, now_ms)? })
+    if orphaned > 0 {
+        tracing::info!(runs = orphaned, "removed event rows no record and no live run owned");
+    }
+    let scan_after = (scanned.len() == TRIM_PER_PUT).then(|| scanned.last().cloned()).flatten();
+    Ok(Expired { runs: runs as u64, orphaned, scan_after })
 }
 
 fn visible(c: &mut Db, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {

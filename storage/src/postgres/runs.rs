@@ -3,11 +3,11 @@
 //! not-found (or refused) before any SQL runs.
 
 use super::live::is_live;
-use super::records::{decode_item, delete_run, events_in, kept, list_sql, put_in, read_policy, visible_summary};
+use super::records::{decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy, visible_summary};
 use super::PgStore;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
 use crate::store::{
-    effective_events_limit, EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome, RunStore, StoredPolicy,
+    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome, RunStore, StoredPolicy,
 };
 use crate::Result;
 
@@ -93,5 +93,9 @@ impl RunStore for PgStore {
 
     fn policy(&mut self) -> Result<StoredPolicy> {
         self.read(read_policy)
+    }
+
+    fn expire(&mut self, now_ms: i64, scan_after: &str) -> Result<Expired> {
+        self.write(|c| expire_in(c, now_ms, scan_after))
     }
 }

@@ -21,7 +21,7 @@ use super::live::{is_killed, is_live};
 use crate::record::{
     is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
 };
-use crate::store::{clamp_future, EventsPage, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::store::{clamp_future, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
 use crate::{Error, Result};
 
 const POLICY_KEY: &str = "retention_policy";
@@ -269,15 +269,23 @@ pub(super) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
         }
         insert_events(tx, id, stored_event_seqs(&record.events).into_iter().zip(record.events.iter().map(|ev| ev.to_string())))?;
     }
-    // Trim by the persisted policy, oldest first, a bounded amount per put.
     let kept_now = kept(tx, &policy, now_ms)?;
+    trim(tx, &kept_now, policy.cutoff_ms(now_ms))?;
+    // The record itself goes regardless when the policy does not keep it.
+    let stored = visible(tx, id, &kept_now, policy.cutoff_ms(now_ms))?;
+    if !stored {
+        delete_run(tx, id)?;
+    }
+    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(tx, &policy, now_ms)? })
+}
+
+/// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
+fn trim(tx: &Connection, kept: &Kept, cutoff: i64) -> Result<usize> {
     let mut p = Vec::new();
-    let keep_sql = kept_now.sql(policy.cutoff_ms(now_ms), &mut p);
+    let keep_sql = kept.sql(cutoff, &mut p);
     p.push(SqlValue::Integer(TRIM_PER_PUT as i64));
     let doomed: Vec<String> = tx
-        .prepare(&format!(
-            "SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT ?"
-        ))?
+        .prepare(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT ?"))?
         .query_map(params_from_iter(p), |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     if !doomed.is_empty() {
@@ -286,12 +294,29 @@ pub(super) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
     for d in &doomed {
         delete_run(tx, d)?;
     }
-    // The record itself goes regardless when the policy does not keep it.
-    let stored = visible(tx, id, &kept_now, policy.cutoff_ms(now_ms))?;
-    if !stored {
-        delete_run(tx, id)?;
+    Ok(doomed.len())
+}
+
+/// [`crate::store::RunStore::expire`] inside `tx`.
+pub(super) fn expire_in(tx: &Connection, now_ms: i64, scan_after: &str) -> Result<Expired> {
+    let policy = read_policy(tx)?.policy;
+    let runs = trim(tx, &kept(tx, &policy, now_ms)?, policy.cutoff_ms(now_ms))?;
+    let scanned: Vec<String> = tx
+        .prepare_cached("SELECT DISTINCT run_id FROM run_events WHERE run_id > ?1 ORDER BY run_id LIMIT ?2")?
+        .query_map(params![scan_after, TRIM_PER_PUT as i64], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut orphaned = 0;
+    for run_id in &scanned {
+        if !has_record(tx, run_id)? && !is_live(tx, run_id)? {
+            delete_events(tx, run_id)?;
+            orphaned += 1;
+        }
     }
-    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(tx, &policy, now_ms)? })
+    if orphaned > 0 {
+        tracing::info!(runs = orphaned, "removed event rows no record and no live run owned");
+    }
+    let scan_after = (scanned.len() == TRIM_PER_PUT).then(|| scanned.last().cloned()).flatten();
+    Ok(Expired { runs: runs as u64, orphaned, scan_after })
 }
 
 fn visible(tx: &Connection, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {

@@ -7,11 +7,11 @@
 use rusqlite::params_from_iter;
 
 use super::live::is_live;
-use super::records::{decode_item, delete_run, events_in, kept, list_sql, put_in, read_policy, visible_summary};
+use super::records::{decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy, visible_summary};
 use super::SqliteStore;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
 use crate::store::{
-    effective_events_limit, EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome, RunStore, StoredPolicy,
+    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome, RunStore, StoredPolicy,
 };
 use crate::Result;
 
@@ -104,5 +104,12 @@ impl RunStore for SqliteStore {
     fn policy(&mut self) -> Result<StoredPolicy> {
         let tx = self.read()?;
         read_policy(&tx)
+    }
+
+    fn expire(&mut self, now_ms: i64, scan_after: &str) -> Result<Expired> {
+        let tx = self.immediate()?;
+        let out = expire_in(&tx, now_ms, scan_after)?;
+        tx.commit()?;
+        Ok(out)
     }
 }
