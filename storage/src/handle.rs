@@ -405,7 +405,7 @@ impl StorageHandle {
         .await
     }
 
-    pub async fn read_transcript(&self, run_id: String) -> Result<Vec<Turn>> {
+    pub async fn read_transcript(&self, run_id: String) -> Result<crate::ledger::Transcript> {
         self.read(move |b, _| b.read_transcript(&run_id)).await
     }
 

@@ -106,7 +106,7 @@ async fn a_finish_admits_one_successor_for_the_unread_inbox_in_the_same_transact
         assert!(s3 > s2, "{name}");
         // Nothing of r1's ledger rows stayed: its inbox went with it (read or not — the successor took
         // over what was unread in its own request), and so did its transcript and step records.
-        assert_eq!(h.read_transcript("r1".into()).await.unwrap(), vec![], "{name}");
+        assert_eq!(h.read_transcript("r1".into()).await.unwrap().turns, vec![], "{name}");
         assert_eq!(h.last_step("r1".into()).await.unwrap(), None, "{name}");
         let rows = h.table_rows().await.unwrap();
         assert_eq!((rows.live_runs, rows.run_steps, rows.transcript, rows.run_inbox), (1, 0, 0, 0), "{name}: {rows:?}");

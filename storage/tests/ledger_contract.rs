@@ -226,7 +226,7 @@ fn snapshot<S: Ledger>(s: &mut S, run: &str, now: i64) -> Snapshot {
     Snapshot {
         row: s.get_live(run).expect("get_live"),
         events: live_events(s, run),
-        transcript: s.read_transcript(run).expect("read_transcript"),
+        transcript: s.read_transcript(run).expect("read_transcript").turns,
         inbox: s.read_inbox(run, None).expect("read_inbox"),
         record: s.get(run, now).expect("get"),
         live: live_ids(s),
@@ -547,7 +547,7 @@ fn every_owner_write_on_a_run_without_a_row_is_unknown_run_and_writes_nothing<S:
     assert_eq!(s.get("ghost", NOW).unwrap(), None);
     assert_eq!(s.get_live("ghost").unwrap(), None);
     assert_eq!(live_events(s, "ghost"), None);
-    assert!(s.read_transcript("ghost").unwrap().is_empty());
+    assert!(s.read_transcript("ghost").unwrap().turns.is_empty());
     assert_eq!(listed(s, NOW), Vec::<String>::new());
     assert_eq!(snapshot(s, "run-a", NOW), other);
 
@@ -657,6 +657,18 @@ fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: 
     assert_eq!(taken["run-b"].last_step, None);
 }
 
+/// Seed item 32: a transcript read stops at its first hole and names it; the turns before stay.
+fn a_transcript_with_a_missing_turn_reads_back_to_the_gap_and_names_it<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let (t0, t1, t3) = (turn("system", &["sys"]), turn("user", &["hi"]), turn("assistant", &["late"]));
+    assert_eq!(s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()]).unwrap(), Ok(()));
+    assert_eq!(s.write_transcript("run-a", G1, 3, &[t3]).unwrap(), Ok(()));
+    let read = s.read_transcript("run-a").unwrap();
+    assert_eq!(read.turns, vec![t0, t1]);
+    assert_eq!(read.gap, Some(storage::ledger::TranscriptGap::Turn { idx: 2 }));
+    assert_eq!(read.gap.unwrap().to_string(), "turn 2 is missing");
+}
+
 fn transcript_turns_read_back_in_order_and_are_never_edited<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     let t0 = turn("system", &["You are demo."]);
@@ -674,7 +686,7 @@ fn transcript_turns_read_back_in_order_and_are_never_edited<S: Ledger>(s: &mut S
     };
     assert_eq!(s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()]).unwrap(), Ok(()));
     assert_eq!(s.write_transcript("run-a", G1, 2, std::slice::from_ref(&t2)).unwrap(), Ok(()));
-    assert_eq!(s.read_transcript("run-a").unwrap(), vec![t0.clone(), t1.clone(), t2.clone()]);
+    assert_eq!(s.read_transcript("run-a").unwrap().turns, vec![t0.clone(), t1.clone(), t2.clone()]);
 
     // An identical retry is a no-op.
     assert_eq!(s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()]).unwrap(), Ok(()));
@@ -686,13 +698,13 @@ fn transcript_turns_read_back_in_order_and_are_never_edited<S: Ledger>(s: &mut S
     };
     assert_eq!(s.write_transcript("run-a", G1, 2, &[t2_edited, t3.clone()]).unwrap(), Ok(()));
     assert_eq!(
-        s.read_transcript("run-a").unwrap(),
+        s.read_transcript("run-a").unwrap().turns,
         vec![t0, t1, t2, t3],
         "first write stands; one row per part, assembled in (idx, part) order"
     );
     // A run that wrote nothing reads back empty.
     go_live(s, "run-b", "C1:t2", G1, NOW);
-    assert!(s.read_transcript("run-b").unwrap().is_empty());
+    assert!(s.read_transcript("run-b").unwrap().turns.is_empty());
 }
 
 fn an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_lands<S: Ledger>(s: &mut S) {
@@ -708,11 +720,11 @@ fn an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_land
         matches!(out, Err(Refusal::PartTooLarge { idx: 2, part: 1, bytes }) if bytes > MAX_TRANSCRIPT_PART_BYTES),
         "refused by name (turn 2, part 1): {out:?}"
     );
-    assert_eq!(s.read_transcript("run-a").unwrap(), vec![t0.clone()], "nothing of the refused batch");
+    assert_eq!(s.read_transcript("run-a").unwrap().turns, vec![t0.clone()], "nothing of the refused batch");
 
     // The batch without the oversized part lands afterwards at the same indexes.
     assert_eq!(s.write_transcript("run-a", G1, 1, std::slice::from_ref(&ok_turn)).unwrap(), Ok(()));
-    assert_eq!(s.read_transcript("run-a").unwrap(), vec![t0, ok_turn]);
+    assert_eq!(s.read_transcript("run-a").unwrap().turns, vec![t0, ok_turn]);
 }
 
 fn set_state_merges_by_top_level_key<S: Ledger>(s: &mut S) {
@@ -1335,7 +1347,7 @@ fn generation(gen: &str, started_at: i64) -> GenerationInfo {
 /// Every ledger row of `run` is gone (its record and receipts are not the ledger's live rows).
 fn assert_no_live_rows_of<S: Ledger>(s: &mut S, run: &str, who: &str) {
     assert_eq!(s.get_live(run).unwrap(), None, "{who}: live row");
-    assert_eq!(s.read_transcript(run).unwrap(), Vec::<Turn>::new(), "{who}: transcript");
+    assert_eq!(s.read_transcript(run).unwrap().turns, Vec::<Turn>::new(), "{who}: transcript");
     assert_eq!(s.last_step(run).unwrap(), None, "{who}: step records");
     assert_eq!(s.inbox_after(run, None).unwrap(), Vec::<InboxItem>::new(), "{who}: inbox, read or not");
 }
@@ -1371,7 +1383,7 @@ fn finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run<S: Ledger>(s: &mut
     assert_eq!(s.admit(&a, NOW + 20).unwrap(), started("run-a"));
     assert_eq!(s.get("run-a", NOW + 20).unwrap(), Some(rec));
     // run-b is intact.
-    assert_eq!(s.read_transcript("run-b").unwrap().len(), 2);
+    assert_eq!(s.read_transcript("run-b").unwrap().turns.len(), 2);
     assert_eq!(s.read_inbox("run-b", None).unwrap().map(|i| inbox_seqs(&i)), Ok(vec![1]));
 }
 
@@ -1550,6 +1562,7 @@ contract!(
     an_oversized_or_unsequenced_event_is_refused_alone,
     step_records_are_keyed_by_step_and_reclaim_answers_the_highest,
     transcript_turns_read_back_in_order_and_are_never_edited,
+    a_transcript_with_a_missing_turn_reads_back_to_the_gap_and_names_it,
     an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_lands,
     set_state_merges_by_top_level_key,
     heartbeat_extends_only_the_owners_lease_and_relays_stop_and_phase,

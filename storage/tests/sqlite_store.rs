@@ -217,7 +217,7 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
     let refused = h.durable_step("r".into(), gen.clone(), 0, vec![turn("ok"), huge], record(1, 2), vec![input(1, "a")]).await.unwrap();
     assert!(matches!(refused, Err(Refusal::PartTooLarge { idx: 1, .. })), "{refused:?}");
     assert_eq!(h.last_step("r".into()).await.unwrap(), None);
-    assert!(h.read_transcript("r".into()).await.unwrap().is_empty(), "not even the first turn landed");
+    assert!(h.read_transcript("r".into()).await.unwrap().turns.is_empty(), "not even the first turn landed");
     assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![]), "nor its events");
     // A step whose event is refused lands nothing either (its input events ride with it).
     let big = input(2, &"y".repeat(70_000));
@@ -228,7 +228,7 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
     // A good step lands turns, events and record.
     h.durable_step("r".into(), gen.clone(), 0, vec![turn("a"), turn("b")], record(1, 2), vec![input(1, "a")]).await.unwrap().unwrap();
     assert_eq!(h.last_step("r".into()).await.unwrap().map(|s| s.turn_index), Some(2));
-    assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2);
+    assert_eq!(h.read_transcript("r".into()).await.unwrap().turns.len(), 2);
     assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![input(1, "a")]));
     // Another generation's step is fenced and writes neither.
     let fenced = h
@@ -236,7 +236,7 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
         .await
         .unwrap();
     assert!(matches!(fenced, Err(Refusal::Fenced { .. })));
-    assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2);
+    assert_eq!(h.read_transcript("r".into()).await.unwrap().turns.len(), 2);
     assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap().map(|e| e.len()), Some(1));
 
     // Inside a group commit (many messages queued at once) a refused step still lands nothing of its
@@ -260,7 +260,7 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
     }
     assert_eq!(oks, 39, "every heartbeat landed, the refused step did not");
     assert!(h.group_stats().groups.load(std::sync::atomic::Ordering::Relaxed) > 0, "the messages were grouped");
-    assert_eq!(h.read_transcript("r".into()).await.unwrap().len(), 2, "no part of the refused step");
+    assert_eq!(h.read_transcript("r".into()).await.unwrap().turns.len(), 2, "no part of the refused step");
     assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap().map(|e| e.len()), Some(1));
 }
 

@@ -176,7 +176,8 @@ async fn plan_row(
         final_status: final_status.as_deref(),
         detached: row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
         has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
-        turn_count: transcript.len() as u64,
+        turn_count: transcript.turns.len() as u64,
+        gap: transcript.gap,
         last_step: last_step.as_ref().map(|s| s.cursor()),
     };
     let events = s.live_events(id.clone(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
@@ -199,7 +200,7 @@ async fn plan_row(
             let agent = row.meta.get("agent").and_then(Value::as_str).unwrap_or_default().to_owned();
             match last_step {
                 Some(last_step) if deps.agents.contains_key(&agent) => {
-                    Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen }))
+                    Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript: transcript.turns, events, point, from_gen }))
                 }
                 _ => {
                     let reason = format!("agent {agent:?} is not configured here");

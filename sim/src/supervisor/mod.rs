@@ -399,7 +399,8 @@ pub(super) fn plan_row(
         final_status: final_status.as_deref(),
         detached: row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
         has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
-        turn_count: transcript.len() as u64,
+        turn_count: transcript.turns.len() as u64,
+        gap: transcript.gap,
         last_step: last_step.as_ref().map(|s| s.cursor()),
     };
     let events = w.io(slot, Io::Read, |s, _| s.live_events(&id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
@@ -419,7 +420,7 @@ pub(super) fn plan_row(
         }
         decisions::Classification::Restart => Fate::Launch(Launch::Restart { row, events, from_gen: Some(from_gen) }),
         decisions::Classification::Resume(point) => match last_step {
-            Some(last_step) => Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript, events, point, from_gen })),
+            Some(last_step) => Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript: transcript.turns, events, point, from_gen })),
             None => Fate::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, "no step record", true)?),
         },
     })

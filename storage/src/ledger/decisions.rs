@@ -396,8 +396,10 @@ pub struct ClassifyInput<'a> {
     pub detached: bool,
     /// `meta.request` is present and readable.
     pub has_request: bool,
-    /// Turns in the run's transcript.
+    /// Turns in the run's transcript (before its gap, when it has one).
     pub turn_count: u64,
+    /// Where the transcript stops short ([`crate::ledger::Transcript::gap`]).
+    pub gap: Option<crate::ledger::TranscriptGap>,
     pub last_step: Option<StepCursor>,
 }
 
@@ -461,6 +463,11 @@ pub fn classify(input: &ClassifyInput) -> Classification {
         // gets its answer from a restart (SPEC §6.1).
         Phase::Live | Phase::Handoff if input.last_step.is_none() && input.has_request => Classification::Restart,
         Phase::Live | Phase::Handoff | Phase::Finishing => {
+            if let Some(gap) = input.gap {
+                return Classification::CloseInterrupted {
+                    reason: format!("transcript gap: {gap} ({} turns before it)", input.turn_count),
+                };
+            }
             match completeness(input.turn_count, input.last_step) {
                 Ok(point) => Classification::Resume(point),
                 Err(reason) => Classification::CloseInterrupted { reason },
@@ -950,6 +957,7 @@ mod tests {
             detached: false,
             has_request: true,
             turn_count: 5,
+            gap: None,
             last_step: Some(StepCursor {
                 step: 2,
                 turn_index: 5,
@@ -988,6 +996,8 @@ mod tests {
             ("handoff with a whole transcript resumes",     input(Handoff), resume_at(2)),
             ("live with the next step's turns runs fresh",  ClassifyInput { turn_count: 7, ..input(Live) }, Classification::Resume(ResumePoint::RunStepFresh { step: 3 })),
             ("live with a gap closes naming it",            ClassifyInput { turn_count: 6, ..input(Live) }, interrupted("partial write: transcript has 6 turns, step 2 recorded 5")),
+            ("a hole in the transcript closes naming it",   ClassifyInput { turn_count: 3, gap: Some(crate::ledger::TranscriptGap::Turn { idx: 3 }), ..input(Live) }, interrupted("transcript gap: turn 3 is missing (3 turns before it)")),
+            ("a missing part closes naming it",             ClassifyInput { turn_count: 5, gap: Some(crate::ledger::TranscriptGap::Part { idx: 5, part: 1 }), ..input(Handoff) }, interrupted("transcript gap: part 1 of turn 5 is missing (5 turns before it)")),
             ("live with no step record restarts",           ClassifyInput { last_step: None, ..input(Live) }, Classification::Restart),
             ("handoff with no step record restarts",        ClassifyInput { last_step: None, ..input(Handoff) }, Classification::Restart),
             ("no step record and no request closes",        ClassifyInput { last_step: None, has_request: false, ..input(Live) }, interrupted(NO_STEP_RECORD_REASON)),

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
 
-use super::live::{keeps_receipt, turns_from_rows, Receipt};
+use super::live::{keeps_receipt, Receipt};
 use super::MemoryStore;
 use crate::ledger::decisions::{
     decide_claim, generation_prunable, is_unread, lease_expired, phase_transition, receipt_expired, reclaim_phase,
@@ -32,7 +32,7 @@ use crate::ledger::decisions::{
 use crate::ledger::{
     check_events, check_turns, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult,
     HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Phase, Promotion, PruneReport, ReclaimAnswer, Reclaimed,
-    Refusal, RunLedger, StepRecord, StopAnswer, StopMode, TableRows, Turn,
+    Refusal, RunLedger, StepRecord, StopAnswer, StopMode, TableRows, Transcript, Turn,
 };
 use crate::record::{stored_event_seqs, RecordError, RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
@@ -159,11 +159,11 @@ impl RunLedger for MemoryStore {
         Ok(Ok(()))
     }
 
-    fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>> {
+    fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
         let st = self.lock();
         match st.ledger.transcript.get(run_id) {
-            Some(rows) => turns_from_rows(rows.iter()),
-            None => Ok(Vec::new()),
+            Some(rows) => Transcript::assemble(rows.iter().map(|(&(idx, part), json)| (idx, part, json.clone()))),
+            None => Ok(Transcript::default()),
         }
     }
 
@@ -633,7 +633,7 @@ mod tests {
         assert_eq!(s.write_transcript("r1", "g1", 0, &turns).ok(), Some(Ok(())));
         let edit = vec![Turn { role: "assistant".into(), parts: vec![json!("changed")] }];
         assert_eq!(s.write_transcript("r1", "g1", 1, &edit).ok(), Some(Ok(())));
-        assert_eq!(s.read_transcript("r1").ok(), Some(turns));
-        assert_eq!(s.read_transcript("nobody").ok(), Some(vec![]));
+        assert_eq!(s.read_transcript("r1").ok().map(|t| t.turns), Some(turns));
+        assert_eq!(s.read_transcript("nobody").ok().map(|t| t.turns), Some(vec![]));
     }
 }

@@ -30,7 +30,7 @@ use serde_json::{Map, Value};
 
 use crate::ledger::decisions::{decide_admit, AdmitDecision, INSERT_PHASE};
 use crate::ledger::{
-    fence_refusal, Admit, AdmitOutcome, GenerationInfo, InboxItem, LiveRow, Outcome, Refusal, StepRecord, Turn,
+    fence_refusal, Admit, AdmitOutcome, GenerationInfo, InboxItem, LiveRow, Outcome, Refusal, StepRecord,
 };
 use crate::record::RecordError;
 use crate::{Error, Result};
@@ -266,19 +266,4 @@ fn answer_run(answer: &AdmitOutcome) -> Option<&str> {
 /// lookup.
 pub(super) fn keeps_receipt(answer: &AdmitOutcome) -> bool {
     !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden)
-}
-
-/// Rebuild turns from `(idx, part) → {"role", "part"}` rows: one turn per idx, parts in order.
-pub(super) fn turns_from_rows<'a>(rows: impl Iterator<Item = (&'a (u64, u64), &'a String)>) -> Result<Vec<Turn>> {
-    let mut turns: Vec<(u64, Turn)> = Vec::new();
-    for ((idx, _part), json) in rows {
-        let mut v: Value = serde_json::from_str(json).map_err(|e| Error::corrupt("transcript", e))?;
-        let role = v.get("role").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let part = v.get_mut("part").map(Value::take).unwrap_or(Value::Null);
-        match turns.last_mut() {
-            Some((last, turn)) if *last == *idx => turn.parts.push(part),
-            _ => turns.push((*idx, Turn { role, parts: vec![part] })),
-        }
-    }
-    Ok(turns.into_iter().map(|(_, t)| t).collect())
 }

@@ -17,7 +17,7 @@ use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimS
 use crate::ledger::{
     check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
-    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Turn, PRUNE_LEFTOVER_RUNS,
+    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_LEFTOVER_RUNS,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
@@ -376,20 +376,10 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>> {
+    fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
         self.read(|c| {
-            let mut turns: Vec<(i64, Turn)> = Vec::new();
-            for r in c.query("SELECT idx, json FROM transcript WHERE run_id = $1 ORDER BY idx, part", &[&run_id])? {
-                let (idx, json): (i64, String) = (r.get(0), r.get(1));
-                let v: Value = serde_json::from_str(&json).map_err(|e| Error::corrupt("transcript.json", e))?;
-                let role = v["role"].as_str().unwrap_or_default().to_owned();
-                let part = v.get("part").cloned().unwrap_or(Value::Null);
-                match turns.last_mut() {
-                    Some((i, t)) if *i == idx => t.parts.push(part),
-                    _ => turns.push((idx, Turn { role, parts: vec![part] })),
-                }
-            }
-            Ok(turns.into_iter().map(|(_, t)| t).collect())
+            let rows = c.query("SELECT idx, part, json FROM transcript WHERE run_id = $1 ORDER BY idx, part", &[&run_id])?;
+            Transcript::assemble(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64, r.get(2))))
         })
     }
 

@@ -19,7 +19,7 @@ use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimS
 use crate::ledger::{
     check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
-    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Turn, PRUNE_LEFTOVER_RUNS,
+    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_LEFTOVER_RUNS,
 };
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
@@ -300,22 +300,13 @@ impl RunLedger for SqliteStore {
         Ok(Ok(()))
     }
 
-    fn read_transcript(&mut self, run_id: &str) -> Result<Vec<Turn>> {
+    fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
         let tx = self.read()?;
-        let mut stmt = tx.prepare_cached("SELECT idx, json FROM transcript WHERE run_id = ?1 ORDER BY idx, part")?;
-        let rows = stmt.query_map([run_id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?;
-        let mut turns: Vec<(i64, Turn)> = Vec::new();
-        for r in rows {
-            let (idx, json) = r?;
-            let v: Value = serde_json::from_str(&json).map_err(|e| Error::corrupt("transcript.json", e))?;
-            let role = v["role"].as_str().unwrap_or_default().to_owned();
-            let part = v.get("part").cloned().unwrap_or(Value::Null);
-            match turns.last_mut() {
-                Some((i, t)) if *i == idx => t.parts.push(part),
-                _ => turns.push((idx, Turn { role, parts: vec![part] })),
-            }
-        }
-        Ok(turns.into_iter().map(|(_, t)| t).collect())
+        let mut stmt = tx.prepare_cached("SELECT idx, part, json FROM transcript WHERE run_id = ?1 ORDER BY idx, part")?;
+        let rows: Vec<(u64, u64, String)> = stmt
+            .query_map([run_id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get(2)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Transcript::assemble(rows)
     }
 
     fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>> {
