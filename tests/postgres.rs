@@ -112,14 +112,27 @@ fn serve(data: &Path, url: &str, host_id: &str) -> ChildServer {
     serve_postgres(data, url, host_id, &[("SWITCHBOARD_LEDGER__LEASE_MS", "1500"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300")])
 }
 
+/// Three hosts, each with a data directory of its own, their workspaces on one shared directory
+/// (`[storage] workspace_root`, README "Several hosts"): a host resuming another's run finds its
+/// workspace and fence there.
 #[test]
 fn three_hosts_on_one_database_resume_a_killed_hosts_runs_after_the_lease_once_each() {
     let url = storage::testing::pg::database();
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path();
-    let mut a = serve(data, &url, "a");
-    let b = serve(data, &url, "b");
-    let c = serve(data, &url, "c");
+    let shared = dir.path().join("shared-workspaces");
+    let host = |name: &str| {
+        let data = dir.path().join(name);
+        std::fs::create_dir_all(&data).expect("data dir");
+        let lease = [
+            ("SWITCHBOARD_LEDGER__LEASE_MS", "1500"),
+            ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300"),
+            ("SWITCHBOARD_STORAGE__WORKSPACE_ROOT", shared.to_str().expect("utf-8 path")),
+        ];
+        serve_postgres(&data, &url, name, &lease)
+    };
+    let mut a = host("a");
+    let b = host("b");
+    let c = host("c");
     let runs: Vec<String> = (0..3)
         .map(|i| {
             let body = json!({"thread": format!("mh-{i}"), "channel": "k", "user": "u", "text": "steps=6 ms=300 tool=append_file"});
@@ -160,7 +173,7 @@ fn three_hosts_on_one_database_resume_a_killed_hosts_runs_after_the_lease_once_e
         assert!(at >= killed_at + 1_500 - 300 - 100, "resumed {} ms after the kill, within A's lease", at - killed_at);
         let seqs: Vec<u64> = record.events.iter().filter_map(|e| e["seq"].as_u64()).collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "one contiguous stream: {seqs:?}");
-        let steps = std::fs::read_to_string(data.join("workspaces").join(id).join("steps.log")).unwrap_or_default();
+        let steps = std::fs::read_to_string(shared.join(id).join("steps.log")).unwrap_or_default();
         let lines: Vec<&str> = steps.lines().collect();
         let unique: std::collections::HashSet<&str> = lines.iter().copied().collect();
         assert_eq!(unique.len(), lines.len(), "no append_file line written twice: {lines:?}");

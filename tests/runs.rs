@@ -37,7 +37,7 @@ async fn a_three_step_demo_run_completes_with_its_events_in_seq_order() {
     let page = app.running.storage.list(storage::store::ListQuery::visible_to(storage::record::VisibilityFilter::All)).await.unwrap();
     assert_eq!(page.items.len(), 1);
     // The transcript went with the live row: the record is the run's history from here.
-    assert!(app.running.storage.read_transcript(run_id.clone()).await.unwrap().is_empty());
+    assert!(app.running.storage.read_transcript(run_id.clone()).await.unwrap().turns.is_empty());
 }
 
 #[actix_web::test]
@@ -646,4 +646,37 @@ async fn a_message_never_reaches_a_live_run_its_writer_may_not_see() {
     // A writer that may see the run still steers into it; an idle thread starts a run whatever the filter.
     let (status, body) = app.post_as(&writer, json!({"thread": "t-priv", "channel": "c1", "user": "u2", "text": "steps=1 ms=1"})).await;
     assert_eq!((status, body["outcome"].as_str()), (202, Some("started")), "{body}");
+}
+
+/// SPEC §8.1 Auth: a stop reaches only runs its caller may see — 403 naming nothing of the run, and
+/// nothing is written (no stop on the row, no `stop_requested`, the run completes).
+#[actix_web::test]
+async fn a_stop_never_reaches_a_live_run_its_caller_may_not_see() {
+    let mut stopper = String::new();
+    let app = TestApp::spawn_with(|c| {
+        stopper = support::add_token(c, "machines", &["runs:write"], json!({"kind": "visibility-in", "values": ["machine"]}));
+    })
+    .await;
+    let (status, body) =
+        app.post(json!({"thread": "t-priv", "channel": "c1", "user": "u1", "text": "steps=2 ms=300", "visibility": "private"})).await;
+    assert_eq!(status, 202, "{body}");
+    let run_id = body["runId"].as_str().unwrap().to_owned();
+    app.event(&run_id, "tool_call").await;
+    let res = app
+        .client
+        .post(app.url(&format!("/api/runs/{run_id}/stop")))
+        .bearer_auth(&stopper)
+        .json(&json!({"mode": "hard"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 403);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "forbidden", "{body}");
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Completed, "{:?}", record.events);
+    assert!(!record.events.iter().any(|e| e["type"] == "stop_requested"), "{:?}", record.events);
+    // An unknown run is still 404 to the same token.
+    let res = app.client.post(app.url("/api/runs/no-such-run/stop")).bearer_auth(&stopper).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 404);
 }

@@ -101,6 +101,10 @@ pub enum RunsError {
     /// Unknown, malformed, expired, killed — or outside the caller's view (the same answer on purpose).
     #[error("run not found")]
     NotFound,
+    /// A write (a stop) to a run the caller may not see (SPEC §8.1 Auth: 403, nothing written). Reads
+    /// answer [`RunsError::NotFound`] instead.
+    #[error("the caller may not see run {0}")]
+    Forbidden(String),
     /// The operation does not apply to the run as it is (a stop of a finished run).
     #[error("{0}")]
     Conflict(String),

@@ -387,7 +387,8 @@ impl RunsService {
 
     /// `stop_run` (SPEC §7, §5.6): a live run (here or under another generation) → `stopping` through the
     /// supervisor, which commits the stop to the ledger before signalling and publishes `stop_requested`
-    /// with `actor`; a finished run → conflict; unknown or invisible → not found. Runs outside the registry
+    /// with `actor`; a finished run → conflict; unknown or killed → not found; one the caller may not see →
+    /// forbidden (SPEC §8.1: visibility applies to writes; nothing is written). Runs outside the registry
     /// are looked up uncached (`get_live`, then `get_summary` — never `get`).
     pub async fn stop_run(
         &self,
@@ -402,8 +403,11 @@ impl RunsService {
         }
         let finished = || RunsError::Conflict(format!("run {id} has finished"));
         if let Some(row) = self.registry.row(id) {
-            if !RunView::from_registry(&row).visible_to(visible_to) || self.registry_row_killed(id).await {
+            if self.registry_row_killed(id).await {
                 return Err(RunsError::NotFound);
+            }
+            if !RunView::from_registry(&row).visible_to(visible_to) {
+                return Err(RunsError::Forbidden(id.to_owned()));
             }
             if row.finished_at.is_some() {
                 return Err(finished());
@@ -412,13 +416,14 @@ impl RunsService {
             match self.source.get_live(id.to_owned()).await {
                 Ok(Some(row)) => {
                     if !RunView::from_live(&row, 0).visible_to(visible_to) {
-                        return Err(RunsError::NotFound);
+                        return Err(RunsError::Forbidden(id.to_owned()));
                     }
                 }
                 Ok(None) => {
                     return match self.source.get_summary(id.to_owned()).await {
                         Ok(Some(item)) if visible_to.matches_head(&item.head) => Err(finished()),
-                        Ok(_) => Err(RunsError::NotFound),
+                        Ok(Some(_)) => Err(RunsError::Forbidden(id.to_owned())),
+                        Ok(None) => Err(RunsError::NotFound),
                         Err(e) => Err(RunsError::Unavailable(e.to_string())),
                     };
                 }
@@ -627,8 +632,9 @@ mod tests {
             assert_eq!(f.svc.get_run(id, true, &c1).await, Err(RunsError::NotFound), "{id}");
             assert_eq!(f.svc.get_run_events(id, 0, None, &c1).await, Err(RunsError::NotFound), "{id}");
             assert_eq!(f.svc.get_run_friction(id, &c1).await, Err(RunsError::NotFound), "{id}");
+            // A write to a run the caller may not see is refused as such, and reaches nothing.
             let stop = f.svc.stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &c1).await;
-            assert_eq!(stop, Err(RunsError::NotFound), "{id}");
+            assert_eq!(stop, Err(RunsError::Forbidden(id.into())), "{id}");
         }
         assert_eq!(f.svc.live_rows(&c1).await.unwrap().len(), 0);
         assert_eq!(f.svc.index_rows(&c1).await.0.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), ["l1"]);

@@ -70,6 +70,7 @@ pub fn reader(
 pub fn runs_error(e: RunsError, run_id: &str) -> ApiError {
     match e {
         RunsError::NotFound => ApiError::NotFound(format!("run {run_id}")),
+        e @ RunsError::Forbidden(_) => ApiError::Refused(e.to_string()),
         RunsError::Conflict(m) => ApiError::Conflict(m),
         RunsError::Unavailable(why) => {
             tracing::warn!(run_id, error = %why, "run read unavailable");

@@ -30,8 +30,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     responses(
         (status = 202, description = "The stop is recorded", body = actors::runs_service::StopAccepted),
         (status = 400, description = "A bad mode", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
-        (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, a cross-site request, or the run is one the token may not see (nothing is written)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such run", body = crate::openapi::ErrorBody),
         (status = 409, description = "The run has finished", body = crate::openapi::ErrorBody),
         (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
     ),
@@ -67,6 +67,7 @@ pub async fn stop_run(
     match state.runs.stop_run(&state.supervisor, &run_id, mode, actor, &visible_to).await {
         Ok(accepted) => Ok(HttpResponse::Accepted().json(json!({"id": accepted.id, "mode": mode.as_str(), "state": accepted.state}))),
         Err(RunsError::NotFound) => Err(ApiError::NotFound(format!("run {run_id}"))),
+        Err(e @ RunsError::Forbidden(_)) => Err(ApiError::Refused(e.to_string())),
         Err(RunsError::Conflict(m)) => Err(ApiError::Conflict(m)),
         Err(RunsError::Unavailable(e)) => {
             tracing::warn!(run_id, error = %e, "stop unavailable");
@@ -96,7 +97,9 @@ pub async fn kill_run(req: HttpRequest, path: web::Path<String>, state: web::Dat
     // A run the caller cannot see is, to it, a run that does not exist.
     match state.runs.get_run(&run_id, false, &principal.visible_to).await {
         Ok(_) => {}
-        Err(RunsError::NotFound | RunsError::Conflict(_)) => return Err(ApiError::NotFound(format!("run {run_id}"))),
+        Err(RunsError::NotFound | RunsError::Forbidden(_) | RunsError::Conflict(_)) => {
+            return Err(ApiError::NotFound(format!("run {run_id}")))
+        }
         Err(RunsError::Unavailable(e)) => {
             tracing::warn!(run_id, error = %e, "kill: run lookup unavailable");
             return Err(ApiError::Unavailable("could not read the run".into()));
