@@ -98,7 +98,7 @@ async fn a_finished_run_replays_then_ends_from_the_registry_and_from_the_store()
 /// publisher never waited. The browser then reconnects with `Last-Event-ID` and misses nothing.
 #[actix_web::test]
 async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
-    use actors::registry::{RunMeta, SUBSCRIBER_QUEUE};
+    use actors::registry::{RunMeta, SUBSCRIBER_QUEUE_BYTES};
     use storage::record::ChannelVisibility;
     use tokio::time::Instant;
 
@@ -142,7 +142,10 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
         published += 1;
         assert_eq!(stamped.and_then(|e| e["seq"].as_u64()), Some(published));
     }
-    assert!(published > SUBSCRIBER_QUEUE as u64, "dropped after {published} events, before its queue was full");
+    let flooded = published as usize * filler.len();
+    assert!(flooded > SUBSCRIBER_QUEUE_BYTES, "dropped after {flooded} bytes, before its queue was full");
+    // Dropped means released: nothing stays queued for it.
+    assert_eq!(registry.subscriber_queued_bytes(), 0);
     assert!(slowest < Duration::from_millis(500), "a publish waited {slowest:?} for the slow subscriber");
     eprintln!("subscriber dropped after {published} events in {:?} (slowest publish {slowest:?})", flood.elapsed());
     // The run is still live, and every event was counted.
@@ -167,6 +170,72 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
     let (rest, end) = reader.unwrap().until_end(WAIT).await;
     assert_eq!(seqs(&rest), (last + 1..=published).collect::<Vec<_>>());
     assert_eq!(end.expect("end after the finish").data["status"], "completed");
+}
+
+/// Many viewers that stop reading a run of large events (SPEC §8.1; issue 24 item 4): each is dropped
+/// once its queue is full in bytes — long before its event count would be — and pins nothing after,
+/// while a viewer that reads gets every event in order and admissions carry on.
+#[actix_web::test]
+async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_a_reader_keeps_up() {
+    use actors::registry::{RunMeta, SUBSCRIBER_QUEUE, SUBSCRIBER_QUEUE_BYTES};
+    use storage::record::ChannelVisibility;
+    use tokio::io::AsyncWriteExt;
+
+    const STALLED: usize = 40;
+    let app = TestApp::spawn().await;
+    let registry = app.running.registry.clone();
+    let id = "stalled-viewers-run";
+    let meta = RunMeta {
+        agent: "demo".into(),
+        model: "scripted".into(),
+        label: "large".into(),
+        thread_key: "c1:large".into(),
+        channel_id: "c1".into(),
+        user_id: "u1".into(),
+        channel_visibility: ChannelVisibility::Public,
+        parent_run_id: None,
+    };
+    registry.create(id, meta, 1_000, "capability".into(), vec![], 1);
+    // Viewers that send their request and never read a byte (a small receive buffer, as a stalled phone).
+    let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..STALLED {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut conn = socket.connect(addr).await.unwrap();
+        conn.write_all(format!("GET /api/runs/{id}/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+        stalled.push(conn);
+    }
+    let (status, reader) = app.sse(&format!("/api/runs/{id}/stream"), None, None).await;
+    assert_eq!(status, 200);
+    let reading = tokio::spawn(async move { reader.unwrap().until_end(WAIT).await });
+    let subscribed = support::wait_until(WAIT, || {
+        let n = registry.subscriber_count();
+        async move { (n == STALLED + 1).then_some(()) }
+    })
+    .await;
+    assert!(subscribed.is_some(), "{} of {} streams subscribed", registry.subscriber_count(), STALLED + 1);
+
+    // 60 KB events, paced so the reading viewer keeps up, until only it is left.
+    let text = "y".repeat(60_000);
+    let mut published = 0u64;
+    while registry.subscriber_count() > 1 {
+        assert!(published < 2_000, "{published} large events and {} viewers still attached", registry.subscriber_count());
+        registry.publish(id, json!({"type": "note", "kind": "large", "summary": text}));
+        published += 1;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!((published as usize) < SUBSCRIBER_QUEUE, "dropped by bytes after {published} events, not by count");
+    // What the server still holds for viewers is the reading one's queue at most.
+    assert!(registry.subscriber_queued_bytes() <= SUBSCRIBER_QUEUE_BYTES, "{}", registry.subscriber_queued_bytes());
+    let (code, body) = app.post(json!({"thread": "t-other", "channel": "c1", "user": "u1", "text": "steps=1 ms=1"})).await;
+    assert_eq!((code, body["outcome"].as_str()), (202, Some("started")), "{body}");
+
+    registry.finish(id, RunStatus::Completed, 2_000);
+    let (events, end) = reading.await.unwrap();
+    assert_eq!(seqs(&events), (1..=published).collect::<Vec<_>>(), "the reading viewer missed or repeated an event");
+    assert_eq!(end.expect("end").data["status"], "completed");
+    drop(stalled);
 }
 
 #[actix_web::test]

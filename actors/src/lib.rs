@@ -14,6 +14,7 @@ pub mod host;
 pub mod metrics;
 pub mod operations;
 pub mod plan;
+pub mod queue;
 pub mod redact;
 pub mod registry;
 pub mod run;

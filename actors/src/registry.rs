@@ -11,25 +11,60 @@
 //!
 //! Invariants:
 //! - `seq` only grows per run; a resumed run continues past the highest replayed seq;
-//! - a subscriber queue is bounded: a subscriber that falls behind is dropped, never awaited — a slow
-//!   viewer cannot slow a run;
+//! - an event is published once and shared: the backlog and every subscriber hold one reference-counted
+//!   [`Published`] (its value and its JSON bytes), so a viewer costs pointers, not copies;
+//! - the backlog is bounded in events and bytes ([`BACKLOG_LIMIT`], [`BACKLOG_BYTES`]) and a subscriber
+//!   queue in events and bytes ([`SUBSCRIBER_QUEUE`], [`SUBSCRIBER_QUEUE_BYTES`]): a subscriber that falls
+//!   behind is dropped and its queue released at once, never awaited — a slow viewer cannot slow a run
+//!   or hold its memory;
 //! - the lock is a `std::sync::Mutex` held only for map updates, never across an `.await`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use serde_json::{json, Value};
 use storage::ledger::StopMode;
 use storage::record::RunStatus;
 use storage::Clock;
-use tokio::sync::mpsc;
+
+use crate::queue::{self, SendError};
 
 /// How long a finished run whose record did not land stays in the registry.
 pub const FINISHED_TTL_MS: i64 = 60_000;
 /// Default bound of a run's event backlog.
 pub const BACKLOG_LIMIT: usize = 20_000;
-/// Per-subscriber queue bound; a subscriber this far behind is dropped.
+/// Bound of a run's backlog in JSON bytes (the protected head aside): the newest events are kept, as
+/// for the count. Above the record's byte budget (`storage::record::MAX_RECORD_BYTES`), so the record
+/// a run writes is cut by its own budget, not by this one.
+pub const BACKLOG_BYTES: usize = 8 * 1024 * 1024;
+/// Per-subscriber queue bound in events; a subscriber this far behind is dropped.
 pub const SUBSCRIBER_QUEUE: usize = 1024;
+/// Per-subscriber queue bound in JSON bytes; a subscriber this far behind is dropped.
+pub const SUBSCRIBER_QUEUE_BYTES: usize = 1024 * 1024;
+
+/// An event as published: its value and its JSON, shared by the backlog and every subscriber.
+#[derive(Debug, PartialEq)]
+pub struct Published {
+    pub event: Value,
+    /// `event` serialized once (compact JSON, no newline).
+    pub json: Bytes,
+}
+
+impl Published {
+    pub fn new(event: Value) -> Arc<Self> {
+        let json = Bytes::from(serde_json::to_vec(&event).unwrap_or_default());
+        Arc::new(Published { event, json })
+    }
+
+    /// What a queue or backlog counts it as.
+    pub fn bytes(&self) -> usize {
+        self.json.len()
+    }
+}
+
+/// A subscriber's end of a run's events (and its ephemeral frames).
+pub type Subscription = queue::Receiver<Arc<Published>>;
 
 /// Event types kept at the head of the backlog whatever its length.
 const HEAD_TYPES: [&str; 3] = ["run_meta", "input", "context"];
@@ -80,15 +115,35 @@ struct Entry {
     row: RunRow,
     token: String,
     last_seq: u64,
-    head: Vec<Value>,
-    tail: VecDeque<Value>,
-    subscribers: Vec<mpsc::Sender<Value>>,
+    head: Vec<Arc<Published>>,
+    tail: VecDeque<Arc<Published>>,
+    /// JSON bytes of `tail`.
+    tail_bytes: usize,
+    subscribers: Vec<queue::Sender<Arc<Published>>>,
 }
 
 impl Entry {
-    fn events(&self) -> Vec<Value> {
+    /// The backlog, as shared references (cheap under the lock).
+    fn events(&self) -> Vec<Arc<Published>> {
         self.head.iter().chain(self.tail.iter()).cloned().collect()
     }
+
+    /// Hand `p` to every subscriber; one that has no room is dropped (its queue released at once).
+    fn fan_out(&mut self, id: &str, p: &Arc<Published>) {
+        self.subscribers.retain(|s| match s.try_send(p.clone(), p.bytes()) {
+            Ok(()) => true,
+            Err(SendError::Overflow) => {
+                tracing::warn!(run_id = id, "dropped a subscriber that fell behind");
+                false
+            }
+            Err(SendError::Closed) => false,
+        });
+    }
+}
+
+/// Values of shared events, copied outside the registry lock.
+fn values(events: Vec<Arc<Published>>) -> Vec<Value> {
+    events.iter().map(|p| p.event.clone()).collect()
 }
 
 /// Shared handle; clones see one registry.
@@ -156,6 +211,7 @@ impl Registry {
             last_seq: highest.max(next_seq.saturating_sub(1)),
             head: Vec::new(),
             tail: VecDeque::new(),
+            tail_bytes: 0,
             subscribers: Vec::new(),
         };
         // Counts are event counts, never seqs: a resumed run's seqs jump past what the dead process may
@@ -163,20 +219,24 @@ impl Registry {
         entry.row.event_count = replay.len() as u64;
         for mut e in replay {
             self.redactor.redact_event(&mut e);
-            Self::store(&mut entry, e, self.backlog_limit);
+            Self::store(&mut entry, Published::new(e), self.backlog_limit);
         }
         map.insert(id.to_owned(), entry);
     }
 
-    fn store(entry: &mut Entry, event: Value, limit: usize) {
+    fn store(entry: &mut Entry, event: Arc<Published>, limit: usize) {
         let is_head = entry.tail.is_empty()
-            && event.get("type").and_then(Value::as_str).is_some_and(|t| HEAD_TYPES.contains(&t));
+            && event.event.get("type").and_then(Value::as_str).is_some_and(|t| HEAD_TYPES.contains(&t));
         if is_head {
             entry.head.push(event);
         } else {
+            entry.tail_bytes += event.bytes();
             entry.tail.push_back(event);
-            while entry.head.len() + entry.tail.len() > limit {
-                entry.tail.pop_front();
+            // The newest event always stays, whatever its size.
+            while entry.tail.len() > 1 && (entry.head.len() + entry.tail.len() > limit || entry.tail_bytes > BACKLOG_BYTES) {
+                if let Some(old) = entry.tail.pop_front() {
+                    entry.tail_bytes -= old.bytes();
+                }
                 entry.row.truncated = true;
             }
         }
@@ -195,16 +255,10 @@ impl Registry {
         // No event over 64 KiB is ever published: its text is capped here, the full text stays in the
         // request and the transcript (SPEC §4.3 `append`).
         let event = storage::record::cap_event_for_publish(event);
+        let shared = Published::new(event.clone());
         entry.row.event_count += 1;
-        Self::store(entry, event.clone(), self.backlog_limit);
-        entry.subscribers.retain(|s| match s.try_send(event.clone()) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                tracing::warn!(run_id = id, "dropped a subscriber that fell behind");
-                false
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        });
+        Self::store(entry, shared.clone(), self.backlog_limit);
+        entry.fan_out(id, &shared);
         Some(event)
     }
 
@@ -213,19 +267,22 @@ impl Registry {
     pub fn broadcast(&self, id: &str, frame: Value) {
         let mut map = self.lock();
         let Some(entry) = map.get_mut(id) else { return };
-        entry.subscribers.retain(|s| s.try_send(frame.clone()).is_ok());
+        if !entry.subscribers.is_empty() {
+            entry.fan_out(id, &Published::new(frame));
+        }
     }
 
-    /// Events strictly after `after_seq` and a receiver for the ones published from now on.
-    pub fn subscribe(&self, id: &str, after_seq: u64) -> Option<(Vec<Value>, mpsc::Receiver<Value>, bool)> {
+    /// Events strictly after `after_seq` (shared, so a replay of a long run costs pointers under the lock)
+    /// and a subscription to the ones published from now on.
+    pub fn subscribe(&self, id: &str, after_seq: u64) -> Option<(Vec<Arc<Published>>, Subscription, bool)> {
         let mut map = self.lock();
         let entry = map.get_mut(id)?;
-        let backlog: Vec<Value> = entry
+        let backlog: Vec<Arc<Published>> = entry
             .events()
             .into_iter()
-            .filter(|e| storage::record::event_seq(e).is_some_and(|s| s > after_seq))
+            .filter(|p| storage::record::event_seq(&p.event).is_some_and(|s| s > after_seq))
             .collect();
-        let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
+        let (tx, rx) = queue::bounded(SUBSCRIBER_QUEUE, SUBSCRIBER_QUEUE_BYTES);
         let finished = entry.row.finished_at.is_some();
         if !finished {
             entry.subscribers.push(tx);
@@ -238,6 +295,11 @@ impl Registry {
         self.lock().values().map(|e| e.subscribers.iter().filter(|s| !s.is_closed()).count()).sum()
     }
 
+    /// JSON bytes queued for subscribers across every run (what viewers pin beyond the backlogs).
+    pub fn subscriber_queued_bytes(&self) -> usize {
+        self.lock().values().flat_map(|e| e.subscribers.iter()).map(queue::Sender::queued_bytes).sum()
+    }
+
     pub fn row(&self, id: &str) -> Option<RunRow> {
         self.lock().get(id).map(|e| e.row.clone())
     }
@@ -248,7 +310,8 @@ impl Registry {
 
     /// The row and every backlog event.
     pub fn snapshot(&self, id: &str) -> Option<(RunRow, Vec<Value>)> {
-        self.lock().get(id).map(|e| (e.row.clone(), e.events()))
+        let (row, events) = self.lock().get(id).map(|e| (e.row.clone(), e.events()))?;
+        Some((row, values(events)))
     }
 
     pub fn token(&self, id: &str) -> Option<String> {
@@ -338,8 +401,8 @@ mod tests {
         clock.advance(5);
         let b = r.publish("r1", json!({"type": "input", "text": "hi"})).unwrap();
         assert_eq!((a["seq"].as_u64(), b["seq"].as_u64(), b["at"].as_i64()), (Some(1), Some(2), Some(1005)));
-        assert_eq!(rx.try_recv().unwrap()["seq"], 1);
-        assert_eq!(rx.try_recv().unwrap()["seq"], 2);
+        assert_eq!(rx.try_recv().unwrap().event["seq"], 1);
+        assert_eq!(rx.try_recv().unwrap().event["seq"], 2);
         assert_eq!(r.row("r1").unwrap().event_count, 2);
     }
 
@@ -381,7 +444,46 @@ mod tests {
         assert_eq!((small["text"].as_str(), small.get("truncated")), (Some("hi"), None));
         // What subscribers and the backlog hold is the capped event.
         let (backlog, _rx, _) = r.subscribe("r", 0).unwrap();
-        assert_eq!(backlog[0], big);
+        assert_eq!(backlog[0].event, big);
+        assert_eq!(backlog[0].json, big.to_string().as_bytes());
+    }
+
+    #[test]
+    fn the_backlog_is_bounded_in_bytes_keeping_the_head_and_the_newest() {
+        let r = Registry::new(Arc::new(ManualClock::new(0)));
+        r.create("r", meta(), 0, "t".into(), vec![], 1);
+        r.publish("r", json!({"type": "run_meta"}));
+        r.publish("r", json!({"type": "input", "text": "x".repeat(60_000)}));
+        let n = 2 * BACKLOG_BYTES / 60_000;
+        for _ in 0..n {
+            r.publish("r", json!({"type": "note", "text": "y".repeat(60_000)}));
+        }
+        let (row, events) = r.snapshot("r").unwrap();
+        let bytes: usize = events[2..].iter().map(|e| e.to_string().len()).sum();
+        assert!(bytes <= BACKLOG_BYTES && bytes > BACKLOG_BYTES - 70_000, "{bytes}");
+        assert_eq!((events[0]["type"].as_str(), events[1]["type"].as_str()), (Some("run_meta"), Some("input")));
+        assert_eq!(events.last().unwrap()["seq"], n as u64 + 2, "the newest stays");
+        assert!(row.truncated && row.event_count == n as u64 + 2);
+    }
+
+    #[test]
+    fn a_subscriber_behind_by_bytes_is_dropped_and_its_queue_released_at_once() {
+        let r = Registry::new(Arc::new(ManualClock::new(0)));
+        r.create("r", meta(), 0, "t".into(), vec![], 1);
+        let (_, mut stalled, _) = r.subscribe("r", 0).unwrap();
+        let (_, mut reading, _) = r.subscribe("r", 0).unwrap();
+        let per = 60_000;
+        for _ in 0..SUBSCRIBER_QUEUE_BYTES / per {
+            r.publish("r", json!({"type": "note", "text": "z".repeat(per)}));
+            assert!(reading.try_recv().is_some());
+        }
+        assert!(r.subscriber_queued_bytes() > SUBSCRIBER_QUEUE_BYTES - 2 * per);
+        // Far fewer than SUBSCRIBER_QUEUE events: the byte bound is what drops it.
+        r.publish("r", json!({"type": "note", "text": "z".repeat(per)}));
+        assert_eq!(r.subscriber_count(), 1, "the stalled subscriber is dropped, the reading one kept");
+        assert!(reading.try_recv().is_some());
+        assert_eq!(r.subscriber_queued_bytes(), 0, "nothing stays pinned for the dropped one");
+        assert!(stalled.try_recv().is_none(), "it sees the end without draining");
     }
 
     #[test]

@@ -85,13 +85,13 @@ impl AgentPlanProvider {
                 return Err(ProviderError::Rejected(format!("run {run_id} ended without a record")));
             };
             for event in backlog {
-                note(&event, &mut after, &mut answer);
+                note(&event.event, &mut after, &mut answer);
             }
             if !finished {
                 loop {
                     tokio::select! {
                         event = rx.recv() => match event {
-                            Some(event) => note(&event, &mut after, &mut answer),
+                            Some(event) => note(&event.event, &mut after, &mut answer),
                             None => break,
                         },
                         () = abort.requested(), if !stop_sent => {

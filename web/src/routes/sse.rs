@@ -12,8 +12,11 @@
 //! Invariants:
 //! - the same event is never sent twice on one connection and a resume (`Last-Event-ID`) has no gap: the
 //!   registry hands out its backlog and the live queue under one lock, and every source is keyed by seq;
-//! - a slow client never slows a run: the registry drops a subscriber whose bounded queue is full, and the
-//!   stream then closes without `end` (the browser reconnects with `Last-Event-ID`);
+//! - a slow client never slows a run: the registry drops a subscriber whose queue is full (in events or
+//!   bytes), and the stream then closes without `end` (the browser reconnects with `Last-Event-ID`);
+//! - a client's memory is bounded in bytes: its frame queue holds at most [`CLIENT_QUEUE_BYTES`] (frames
+//!   share the registry's event JSON), and a client that takes nothing for [`STALL_LIMIT`] is dropped with
+//!   its queue released at once;
 //! - a denied or unavailable read closes the stream without `end` (an `end` is a claim about the run);
 //! - a disconnected client is noticed at the latest by the next ping, and its task ends.
 
@@ -22,10 +25,11 @@ use std::time::Duration;
 
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
+use actors::queue::{self, SendError};
+use actors::registry::Published;
 use actors::runs_service::{settled_prefix, FeedChange, IndexFeed, RunView, RunsError, RunsService};
 use serde_json::{json, Value};
 use storage::record::{event_seq, VisibilityFilter};
-use tokio::sync::mpsc;
 use tokio::time::{interval_at, Instant, Interval};
 
 use super::api::{after_seq, query_map, reader, runs_error, seq_cursor};
@@ -43,8 +47,69 @@ pub const POLL_EVERY: Duration = Duration::from_millis(500);
 pub const NEWS_SAFETY_POLL: Duration = Duration::from_secs(30);
 /// Frames queued for one client before its pump waits (and, behind it, the registry drops it).
 const CLIENT_QUEUE: usize = 64;
-/// Events per ledger or store read while following or replaying.
-const READ_CHUNK: usize = 500;
+/// Bytes queued for one client before its pump waits: twice the largest event (64 KiB).
+pub const CLIENT_QUEUE_BYTES: usize = 128 * 1024;
+/// A client whose queue has had no room for this long is dropped and its queue released.
+pub const STALL_LIMIT: Duration = Duration::from_secs(30);
+/// Events per ledger or store read while following or replaying (a stalled client pins at most one
+/// read, for at most [`STALL_LIMIT`]).
+const READ_CHUNK: usize = 100;
+
+/// One SSE frame in shared pieces: its `id:`/`event:`/`data: ` lines, then the JSON (the registry's own
+/// bytes for a run event), then the blank line.
+struct Frame {
+    head: Bytes,
+    data: Bytes,
+}
+
+impl Frame {
+    fn event(event: &str, id: Option<u64>, data: Bytes) -> Frame {
+        let id = id.map(|s| format!("id: {s}\n")).unwrap_or_default();
+        Frame { head: Bytes::from(format!("{id}event: {event}\ndata: ")), data }
+    }
+
+    fn json(event: &str, data: &Value) -> Frame {
+        Frame::event(event, None, Bytes::from(data.to_string()))
+    }
+
+    /// A frame of its own lines (`retry:`, a ping).
+    fn raw(text: &'static [u8]) -> Frame {
+        Frame { head: Bytes::from_static(text), data: Bytes::new() }
+    }
+
+    fn len(&self) -> usize {
+        self.head.len() + self.data.len() + 2
+    }
+}
+
+/// A connection's frame queue.
+type FrameTx = queue::Sender<Frame>;
+
+/// Queue `frame` for the client, waiting at most [`STALL_LIMIT`] for room.
+async fn send_frame(tx: &FrameTx, frame: Frame) -> Result<(), Closed> {
+    let n = frame.len();
+    match tokio::time::timeout(STALL_LIMIT, tx.send(frame, n)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(SendError::Closed)) => Err("client gone"),
+        Ok(Err(SendError::Overflow)) => Err("frame over the client queue"),
+        Err(_) => Err("client stalled"),
+    }
+}
+
+/// Run a pump; one that stops without `end` releases its queue at once (a stalled client may never
+/// read it, and reconnects with `Last-Event-ID` if it ever does).
+fn spawn_pump<F>(tx: FrameTx, pump: impl FnOnce(FrameTx) -> F + 'static, what: &'static str, run_id: Option<String>)
+where
+    F: std::future::Future<Output = Result<(), Closed>> + 'static,
+{
+    let keep = tx.clone();
+    actix_web::rt::spawn(async move {
+        if let Err(why) = pump(tx).await {
+            keep.abandon();
+            tracing::debug!(run_id = run_id.as_deref().unwrap_or(""), what, why, "stream closed without end");
+        }
+    });
+}
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     // `/runs/feed` is mounted before the HTML `/runs/{id}` (this module's `configure` runs first).
@@ -52,10 +117,15 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(resource("/runs/feed", "GET").route(web::get().to(index_feed)));
 }
 
-/// The SSE response over a frame queue.
-fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
-    let body = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|frame| (Ok::<Bytes, actix_web::Error>(frame), rx))
+/// The SSE response over a frame queue: each frame goes out as its pieces (no copy of the JSON here).
+fn sse_response(rx: queue::Receiver<Frame>) -> HttpResponse {
+    let body = futures_util::stream::unfold((rx, Vec::<Bytes>::new()), |(mut rx, mut pieces)| async move {
+        if pieces.is_empty() {
+            let frame = rx.recv().await?;
+            pieces = [Bytes::from_static(b"\n\n"), frame.data, frame.head].into_iter().filter(|b| !b.is_empty()).collect();
+        }
+        let piece = pieces.pop()?;
+        Some((Ok::<Bytes, actix_web::Error>(piece), (rx, pieces)))
     });
     HttpResponse::Ok()
         .content_type("text/event-stream")
@@ -65,13 +135,8 @@ fn sse_response(rx: mpsc::Receiver<Bytes>) -> HttpResponse {
         .streaming(body)
 }
 
-fn frame(event: &str, id: Option<u64>, data: &Value) -> Bytes {
-    let id = id.map(|s| format!("id: {s}\n")).unwrap_or_default();
-    Bytes::from(format!("{id}event: {event}\ndata: {data}\n\n"))
-}
-
-fn ping_frame() -> Bytes {
-    Bytes::from_static(b": ping\n\n")
+fn ping_frame() -> Frame {
+    Frame::raw(b": ping")
 }
 
 fn pinger() -> Interval {
@@ -112,14 +177,10 @@ async fn stream_run(req: HttpRequest, path: web::Path<String>, state: web::Data<
     };
     // Resolve (and authorize) before answering 200, so an unknown or hidden run is a plain 404.
     state.runs.get_run(&id, false, &visible_to).await.map_err(|e| runs_error(e, &id))?;
-    let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+    let (tx, rx) = queue::bounded(CLIENT_QUEUE, CLIENT_QUEUE_BYTES);
     let runs = state.runs.clone();
-    actix_web::rt::spawn(async move {
-        let mut stream = RunStream { runs, id, last: after, visible_to, tx, ping: pinger() };
-        if let Err(why) = stream.pump().await {
-            tracing::debug!(run_id = %stream.id, why, "run stream closed without end");
-        }
-    });
+    let run_id = Some(id.clone());
+    spawn_pump(tx, move |tx| async move { RunStream { runs, id, last: after, visible_to, tx, ping: pinger() }.pump().await }, "run", run_id);
     Ok(sse_response(rx))
 }
 
@@ -130,7 +191,7 @@ struct RunStream {
     /// The highest seq sent (or the client's cursor).
     last: u64,
     visible_to: VisibilityFilter,
-    tx: mpsc::Sender<Bytes>,
+    tx: FrameTx,
     ping: Interval,
 }
 
@@ -138,26 +199,45 @@ struct RunStream {
 type Closed = &'static str;
 
 impl RunStream {
-    async fn send(&mut self, frame: Bytes) -> Result<(), Closed> {
-        self.tx.send(frame).await.map_err(|_| "client gone")
+    async fn send(&mut self, frame: Frame) -> Result<(), Closed> {
+        send_frame(&self.tx, frame).await
     }
 
-    /// Send `event` unless it is at or before the cursor.
-    async fn emit(&mut self, event: &Value) -> Result<(), Closed> {
-        // A streamed text delta: its own event type, no `id:` (so `Last-Event-ID` is untouched), never
-        // replayed (SPEC §8.3 `stream`).
+    /// How `event` goes out: `None` when it is at or before the cursor. A streamed text delta is its own
+    /// event type with no `id:` (so `Last-Event-ID` is untouched) and is never replayed (SPEC §8.3 `stream`).
+    fn kind(&self, event: &Value) -> Option<(&'static str, Option<u64>)> {
         if event.get("type").and_then(Value::as_str) == Some("assistant_delta") {
-            return self.send(frame("assistant_delta", None, event)).await;
+            return Some(("assistant_delta", None));
         }
         let seq = event_seq(event);
         if seq.is_some_and(|s| s <= self.last) {
-            return Ok(());
+            return None;
         }
-        self.send(frame("run_event", seq, event)).await?;
-        if let Some(s) = seq {
+        Some(("run_event", seq))
+    }
+
+    async fn emit_json(&mut self, kind: (&'static str, Option<u64>), json: Bytes) -> Result<(), Closed> {
+        self.send(Frame::event(kind.0, kind.1, json)).await?;
+        if let (_, Some(s)) = kind {
             self.last = s;
         }
         Ok(())
+    }
+
+    /// Send `event` (read from the ledger or the store) unless it is at or before the cursor.
+    async fn emit(&mut self, event: &Value) -> Result<(), Closed> {
+        match self.kind(event) {
+            Some(kind) => self.emit_json(kind, Bytes::from(event.to_string())).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Send a registry event with the registry's own JSON bytes.
+    async fn emit_published(&mut self, p: &Published) -> Result<(), Closed> {
+        match self.kind(&p.event) {
+            Some(kind) => self.emit_json(kind, p.json.clone()).await,
+            None => Ok(()),
+        }
     }
 
     async fn end(&mut self, view: &RunView) -> Result<(), Closed> {
@@ -165,11 +245,11 @@ impl RunStream {
         if view.provisional == Some(true) {
             data["provisional"] = json!(true);
         }
-        self.send(frame("end", None, &data)).await
+        self.send(Frame::json("end", &data)).await
     }
 
     async fn pump(&mut self) -> Result<(), Closed> {
-        self.send(Bytes::from_static(b"retry: 2000\n\n")).await?;
+        self.send(Frame::raw(b"retry: 2000")).await?;
         if self.follow_registry().await? {
             return Ok(());
         }
@@ -184,13 +264,14 @@ impl RunStream {
             return Ok(false);
         };
         for e in &backlog {
-            self.emit(e).await?;
+            self.emit_published(e).await?;
         }
+        drop(backlog);
         if !finished {
             loop {
                 tokio::select! {
                     next = rx.recv() => match next {
-                        Some(e) => self.emit(&e).await?,
+                        Some(e) => self.emit_published(&e).await?,
                         None => break,
                     },
                     _ = self.ping.tick() => self.send(ping_frame()).await?,
@@ -203,7 +284,7 @@ impl RunStream {
                 // Anything published between the queue closing and now (normally nothing).
                 if let Some((rest, _, _)) = self.runs.registry.subscribe(&self.id, self.last) {
                     for e in &rest {
-                        self.emit(e).await?;
+                        self.emit_published(e).await?;
                     }
                 }
                 let view = RunView::from_registry(&row);
@@ -300,20 +381,14 @@ async fn changed(news: &mut Option<tokio::sync::watch::Receiver<u64>>) -> Result
 /// without a record or is killed ([`IndexFeed`]).
 async fn index_feed(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
-    let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+    let (tx, rx) = queue::bounded(CLIENT_QUEUE, CLIENT_QUEUE_BYTES);
     let runs = state.runs.clone();
-    actix_web::rt::spawn(async move {
-        let _ = feed_pump(runs, visible_to, tx).await;
-    });
+    spawn_pump(tx, move |tx| feed_pump(runs, visible_to, tx), "feed", None);
     Ok(sse_response(rx))
 }
 
-async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: mpsc::Sender<Bytes>) -> Result<(), Closed> {
-    let send = |f: Bytes| {
-        let tx = tx.clone();
-        async move { tx.send(f).await.map_err(|_| "client gone") }
-    };
-    send(Bytes::from_static(b"retry: 2000\n\n")).await?;
+async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: FrameTx) -> Result<(), Closed> {
+    send_frame(&tx, Frame::raw(b"retry: 2000")).await?;
     let mut feed = IndexFeed::new(&runs, visible_to);
     let mut poll = tokio::time::interval(POLL_EVERY);
     let mut ping = pinger();
@@ -321,16 +396,16 @@ async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: mpsc::Se
         tokio::select! {
             _ = poll.tick() => {}
             _ = ping.tick() => {
-                send(ping_frame()).await?;
+                send_frame(&tx, ping_frame()).await?;
                 continue;
             }
         }
         for change in feed.poll(&runs).await {
             let frame = match change {
-                FeedChange::Upsert(view) => frame("upsert", None, &serde_json::to_value(&view).unwrap_or(Value::Null)),
-                FeedChange::Removed(id) => frame("removed", None, &json!({"id": id})),
+                FeedChange::Upsert(view) => Frame::json("upsert", &serde_json::to_value(&view).unwrap_or(Value::Null)),
+                FeedChange::Removed(id) => Frame::json("removed", &json!({"id": id})),
             };
-            send(frame).await?;
+            send_frame(&tx, frame).await?;
         }
     }
 }
