@@ -359,6 +359,7 @@ pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyh
         text,
         agent,
         visibility: Some("machine".into()),
+        parent_run_id: None,
     };
     let admitted = running
         .supervisor

@@ -680,3 +680,50 @@ async fn a_stop_never_reaches_a_live_run_its_caller_may_not_see() {
     let res = app.client.post(app.url("/api/runs/no-such-run/stop")).bearer_auth(&stopper).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 404);
 }
+
+/// Seed items 46 and 58: a message names the run it is started for (`parentRunId`); the new run carries
+/// it live and in its record, and `GET /api/runs/{id}/children` lists it (oldest first), as does
+/// `?parentRunId=`. A malformed parent is a 400 naming the field, and nothing is admitted.
+#[actix_web::test]
+async fn a_run_started_for_a_parent_lists_as_its_child_live_and_finished() {
+    let app = TestApp::spawn().await;
+    let parent = app.start_run("t-parent", "steps=1 ms=1").await;
+    let mut children = Vec::new();
+    for i in 0..2 {
+        let (status, body) = app
+            .post(json!({"thread": format!("t-child-{i}"), "channel": "c1", "user": "u1", "text": "steps=2 ms=200", "parentRunId": parent}))
+            .await;
+        assert_eq!((status, body["outcome"].as_str()), (202, Some("started")), "{body}");
+        children.push(body["runId"].as_str().unwrap().to_owned());
+    }
+    // Live: the views carry the parent, and the children route lists both, oldest first.
+    let (status, view) = app.get_json(&format!("/api/runs/{}", children[0]), None).await;
+    assert_eq!((status, view["parentRunId"].as_str()), (200, Some(parent.as_str())), "{view}");
+    let (status, list) = app.get_json(&format!("/api/runs/{parent}/children"), None).await;
+    assert_eq!(status, 200, "{list}");
+    let listed: Vec<&str> = list["runs"].as_array().unwrap().iter().map(|v| v["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, [children[0].as_str(), children[1].as_str()]);
+    // Finished: the record names the parent, and both listings still find the children.
+    for child in &children {
+        let record = app.final_record(child).await;
+        assert_eq!(record.head.parent_run_id.as_deref(), Some(parent.as_str()));
+    }
+    let (_, list) = app.get_json(&format!("/api/runs/{parent}/children"), None).await;
+    assert_eq!(list["runs"].as_array().unwrap().len(), 2, "{list}");
+    let (_, list) = app.get_json(&format!("/api/runs?parentRunId={parent}"), None).await;
+    assert_eq!(list["runs"].as_array().unwrap().len(), 2, "{list}");
+    // The parent itself has no parent, and a run with no children lists none.
+    let (_, list) = app.get_json(&format!("/api/runs/{}/children", children[0]), None).await;
+    assert_eq!(list["runs"], json!([]));
+    let (status, view) = app.get_json(&format!("/api/runs/{parent}"), None).await;
+    assert_eq!((status, view.get("parentRunId")), (200, None), "{view}");
+    // A malformed parent: 400 naming the field, no run.
+    let (status, body) =
+        app.post(json!({"thread": "t-bad", "channel": "c1", "user": "u1", "text": "steps=1 ms=1", "parentRunId": "../etc"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"].as_str().unwrap().starts_with("parentRunId:"), "{body}");
+    let (_, list) = app.get_json("/api/runs?threadKey=c1:t-bad", None).await;
+    assert_eq!(list["runs"], json!([]));
+    let (status, _) = app.get_json("/api/runs/a%20b/children", None).await;
+    assert_eq!(status, 400);
+}

@@ -63,6 +63,7 @@ fn message(thread: &str, text: &str) -> AdmitMessage {
             text: text.into(),
             agent: None,
             visibility: None,
+            parent_run_id: None,
         },
         writer: None,
         key: None,

@@ -24,7 +24,8 @@ mod served;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// `steps`, `runs`, `sse`, `recovery`, `idle`, `commits`, `soak` or `all` (every one but `soak`).
+    /// `steps`, `runs`, `sse`, `stalled`, `recovery`, `idle`, `commits`, `soak` or `all` (every one but
+    /// `soak`).
     pub scenario: String,
     /// Drive the server already running at this base URL (`runs`, `sse`, `idle`, `soak`) rather than a
     /// child this bench starts; its memory and CPU are read from `/proc` when it runs on this machine.
@@ -33,7 +34,7 @@ pub struct BenchArgs {
     /// Iterations (runs, steps, crashes, parked runs) for one configuration.
     #[arg(long)]
     pub n: Option<usize>,
-    /// Concurrent clients (`runs`), subscribers (`sse`).
+    /// Concurrent clients (`runs`), subscribers (`sse`), stalled viewers (`stalled`).
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// `full` or `normal` (steps: both when absent).
@@ -77,9 +78,9 @@ pub(crate) fn report(table: &[(&str, String)], line: Value) {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let scenarios: Vec<&str> = match args.scenario.as_str() {
-        "all" => vec!["steps", "runs", "commits", "sse", "recovery", "idle"],
-        s @ ("steps" | "runs" | "commits" | "sse" | "recovery" | "idle" | "soak") => vec![s],
-        other => anyhow::bail!("unknown scenario {other:?}: use steps, runs, commits, sse, recovery, idle, soak or all"),
+        "all" => vec!["steps", "runs", "commits", "sse", "stalled", "recovery", "idle"],
+        s @ ("steps" | "runs" | "commits" | "sse" | "stalled" | "recovery" | "idle" | "soak") => vec![s],
+        other => anyhow::bail!("unknown scenario {other:?}: use steps, runs, commits, sse, stalled, recovery, idle, soak or all"),
     };
     if args.storage != StorageChoice::Sqlite || args.storage_url.is_some() {
         anyhow::ensure!(
@@ -96,6 +97,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "runs" => served::runs(&args, &db)?,
             "commits" => served::commits(&args)?,
             "sse" => served::sse(&args, &db)?,
+            "stalled" => served::stalled(&args)?,
             "recovery" => recovery(&args)?,
             "idle" => served::idle(&args)?,
             _ => served::soak(&args)?,

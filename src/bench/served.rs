@@ -311,6 +311,68 @@ pub(super) fn sse(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Stalled viewers (SPEC §8.1 byte bounds): `concurrency` subscribers (1,000 by default) that send their
+/// request and never read a byte, on one live run stepping every 30 ms, while `n` follow-ups of 100 KB (100
+/// by default) steer it — each one event (capped at 64 KiB) at the next step, fanned out to every viewer. Reports the
+/// server's RSS over its baseline with them attached and after they close, and the follow-ups' latency.
+pub(super) fn stalled(args: &BenchArgs) -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let viewers = args.concurrency.unwrap_or(1000);
+    let follow_ups = args.n.unwrap_or(100);
+    let rt = runtime()?;
+    let load = Load::new(16)?;
+    let server = rt.block_on(Server::open(args.url.as_deref(), &[], &load))?;
+    let before = server.stats();
+    let (lat, with_viewers, closed) = rt.block_on(async {
+        let id = load.admit(&server.base, 0, "steps=1000000 ms=20 think_ms=10").await?;
+        let addr: std::net::SocketAddr =
+            server.base.trim_start_matches("http://").parse().context("--url must be http://<ip>:<port> for raw viewers")?;
+        let mut conns = Vec::with_capacity(viewers);
+        for _ in 0..viewers {
+            let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+            socket.set_recv_buffer_size(4096)?;
+            let mut conn = socket.connect(addr).await?;
+            conn.write_all(format!("GET /api/runs/{id}/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+            conns.push(conn);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let text = "f".repeat(100_000);
+        let mut lat = Vec::with_capacity(follow_ups);
+        for _ in 0..follow_ups {
+            let t = Instant::now();
+            let steered = load.admit(&server.base, 0, &text).await?;
+            anyhow::ensure!(steered == id, "a follow-up started run {steered} instead of steering {id}");
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let with_viewers = server.stats();
+        drop(conns);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let closed = server.stats();
+        let stop = load.client.post(format!("{}/api/runs/{id}/stop", server.base)).json(&json!({"mode": "hard"})).send().await?;
+        anyhow::ensure!(stop.status().as_u16() == 202, "stop answered {}", stop.status());
+        Ok::<_, anyhow::Error>((lat, with_viewers, closed))
+    })?;
+    server.stop()?;
+    let over = |s: Option<ProcStats>| {
+        before.zip(s).map_or("n/a".into(), |(b, a)| format!("{:+.1} MiB", mib(a.rss_kib) - mib(b.rss_kib)))
+    };
+    let per_viewer = before.zip(with_viewers).map(|(b, a)| a.rss_kib.saturating_sub(b.rss_kib) as f64 * 1024.0 / viewers as f64);
+    let s = summarize(lat);
+    report(
+        &[
+            ("scenario", format!("stalled ({viewers} viewers that never read, {follow_ups} follow-ups of 100 KB)")),
+            ("server RSS before", stats_text(before)),
+            ("with the viewers / after they close", format!("{} / {}", over(with_viewers), over(closed))),
+            ("per stalled viewer", per_viewer.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0))),
+            ("follow-up p50 / p99 / max", format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max)),
+        ],
+        json!({"scenario": "stalled", "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
+            "n": follow_ups, "concurrency": viewers, "bytes_per_viewer": per_viewer}),
+    );
+    Ok(())
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }

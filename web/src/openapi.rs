@@ -47,6 +47,10 @@ pub struct MessageBody {
     pub visibility: Option<String>,
     /// Idempotency key (1 to 256 characters): the same key and body answer the same run.
     pub key: Option<String>,
+    /// The run this message's run is started for (a run id): the new run lists under
+    /// `GET /api/runs/{id}/children` and `?parentRunId=`. Ignored by a follow-up steered into a live run.
+    #[serde(rename = "parentRunId")]
+    pub parent_run_id: Option<String>,
 }
 
 /// `POST /api/messages`' 202: a new run (`started`, with its live URL) or a follow-up steered into the
@@ -202,6 +206,7 @@ impl Modify for BearerAuth {
         crate::routes::runs::kill_run,
         crate::routes::api::get_events,
         crate::routes::api::get_friction,
+        crate::routes::api::list_children,
         crate::routes::runs::stop_run,
         crate::routes::sse::stream_run,
         crate::routes::api::live,

@@ -62,6 +62,7 @@ impl AgentPlanProvider {
             text: compose_prompt(&job),
             agent: self.agent.clone(),
             visibility: Some("machine".to_owned()),
+            parent_run_id: None,
         };
         let admitted = self
             .supervisor

@@ -72,6 +72,10 @@ pub struct Request {
     pub agent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub visibility: Option<String>,
+    /// The run this one was started for (a conductor's child, seed item 46): carried on every row of the
+    /// run and listed by `GET /api/runs/{id}/children`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
 }
 
 impl Request {

@@ -271,6 +271,18 @@ impl RunsService {
         self.registry.recently_landed(&row.run_id)
     }
 
+    /// `list_children` (seed item 58): the runs started for `parent` (`parentRunId` on their message) that
+    /// the caller may see, live and finished, oldest start first; at most [`LIST_MAX_LIMIT`].
+    pub async fn list_children(&self, parent: &str, visible_to: VisibilityFilter) -> RunList {
+        let mut params = ListParams::new(StatusFilter::All, visible_to);
+        params.parent_run_id = Some(parent.to_owned());
+        params.limit = Some(LIST_MAX_LIMIT);
+        let mut list = self.list_runs(&params).await;
+        list.runs.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        list.next_before = None;
+        list
+    }
+
     /// `list_runs` (SPEC §7): the three-source merge, sorted, limited, with the store cursor.
     pub async fn list_runs(&self, params: &ListParams) -> RunList {
         let limit = params.effective_limit();

@@ -121,7 +121,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
         channel_id: req.channel.clone(),
         user_id: req.user.clone(),
         channel_visibility: visibility,
-        parent_run_id: None,
+        parent_run_id: req.parent_run_id.clone(),
     };
     let request = serde_json::to_value(&req).map_err(|e| AdmitError::Unavailable(e.to_string()))?;
     let waited_since = shared.clock.now_ms();

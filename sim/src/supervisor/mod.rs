@@ -126,7 +126,7 @@ pub fn send(w: &mut World, msg: usize, waited_since: Option<i64>) {
 
 fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
     let info = w.model.messages[msg - 1].clone();
-    let req = Request { thread: info.thread.clone(), channel: "c".into(), user: "u".into(), text: info.text.clone(), agent: None, visibility: None };
+    let req = Request { thread: info.thread.clone(), channel: "c".into(), user: "u".into(), text: info.text.clone(), agent: None, visibility: None, parent_run_id: None };
     let thread_key = req.thread_key();
     let run_id = w.mint_run("r");
     let meta = RunMeta {

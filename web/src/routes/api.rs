@@ -31,6 +31,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         )
         .service(resource("/api/runs/{id}/events", "GET").route(web::get().to(get_events)))
         .service(resource("/api/runs/{id}/friction", "GET").route(web::get().to(get_friction)))
+        .service(resource("/api/runs/{id}/children", "GET").route(web::get().to(list_children)))
         .service(resource("/api/live", "GET").route(web::get().to(live)));
 }
 
@@ -163,7 +164,7 @@ pub fn list_params(q: &HashMap<String, String>, visible_to: VisibilityFilter) ->
         ("agent" = Option<String>, Query, description = "Only this agent's runs"),
         ("channel" = Option<String>, Query, description = "Only this channel's runs"),
         ("threadKey" = Option<String>, Query, description = "Only this thread's runs"),
-        ("parentRunId" = Option<String>, Query, description = "Only runs admitted as this run's successor"),
+        ("parentRunId" = Option<String>, Query, description = "Only runs started for this run (`parentRunId` on their message)"),
         ("sinceMs" = Option<i64>, Query, description = "Only runs finished (or started, while live) at or after this epoch ms"),
         ("limit" = Option<u64>, Query, description = "Page size (1 or more; clamped)"),
         ("before" = Option<i64>, Query, description = "Cursor: `nextBefore.finishedAt` of the previous page"),
@@ -177,6 +178,26 @@ async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
     let visible_to = reader(&req, &state, None, &q)?;
     let params = list_params(&q, visible_to)?;
     Ok(HttpResponse::Ok().json(state.runs.list_runs(&params).await))
+}
+
+/// `GET /api/runs/{id}/children` → `{runs}`: the runs started for run `id`, oldest start first.
+#[utoipa::path(
+    get,
+    path = "/api/runs/{id}/children",
+    tag = "runs",
+    params(("id" = String, Path, description = "The parent run's id (it need not still exist)")),
+    responses((status = 200, description = "The runs whose message named this run as `parentRunId` and that the caller may see, live and finished, oldest start first (at most 200)", body = actors::runs_service::RunList), (status = 400, description = "The id is not a run id", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
+    security((), ("bearer" = ["runs:read"]))
+)]
+async fn list_children(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    let q = query_map(&req)?;
+    // A bearer token: a run's capability link reads that run, not the runs started for it.
+    let visible_to = reader(&req, &state, None, &q)?;
+    if !storage::record::is_valid_run_id(&id) {
+        return Err(ApiError::bad("id", "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)"));
+    }
+    Ok(HttpResponse::Ok().json(state.runs.list_children(&id, visible_to).await))
 }
 
 /// `GET /api/runs/{id}` (`?include=events`) → a RunView.

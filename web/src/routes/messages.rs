@@ -24,7 +24,7 @@ pub const MAX_AGENT_CHARS: usize = 64;
 pub const MAX_KEY_CHARS: usize = 256;
 
 /// The fields of a message body; any other is a 400 naming it.
-pub const MESSAGE_FIELDS: [&str; 7] = ["thread", "channel", "user", "text", "agent", "visibility", "key"];
+pub const MESSAGE_FIELDS: [&str; 8] = ["thread", "channel", "user", "text", "agent", "visibility", "key", "parentRunId"];
 
 const _: () = assert!(MAX_CHANNEL_CHARS + 1 + MAX_THREAD_CHARS <= storage::ledger::decisions::MAX_THREAD_KEY_CHARS);
 
@@ -64,6 +64,7 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
         text: req("text")?,
         agent: string_field(&map, "agent", false)?,
         visibility: string_field(&map, "visibility", false)?,
+        parent_run_id: string_field(&map, "parentRunId", false)?,
     };
     // The thread key `<channel>:<thread>` is injective only while no channel holds the separator.
     if request.channel.contains(':') {
@@ -74,6 +75,9 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
     check_chars("user", &request.user, 1, MAX_USER_CHARS)?;
     if let Some(agent) = &request.agent {
         check_chars("agent", agent, 0, MAX_AGENT_CHARS)?;
+    }
+    if request.parent_run_id.as_deref().is_some_and(|p| !storage::record::is_valid_run_id(p)) {
+        return Err(ApiError::bad("parentRunId", "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)"));
     }
     if request.text.len() > MAX_TEXT_BYTES {
         return Err(ApiError::PayloadTooLarge(format!("text is {} bytes, over {MAX_TEXT_BYTES}", request.text.len())));

@@ -24,6 +24,7 @@ pub const API_ROUTES: &[(&str, &str)] = &[
     ("/api/runs/{id}", "GET, DELETE"),
     ("/api/runs/{id}/events", "GET"),
     ("/api/runs/{id}/friction", "GET"),
+    ("/api/runs/{id}/children", "GET"),
     ("/api/runs/{id}/stop", "POST"),
     ("/api/runs/{id}/stream", "GET"),
     ("/api/live", "GET"),
