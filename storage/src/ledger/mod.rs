@@ -172,6 +172,21 @@ pub enum AdmitOutcome {
     Forbidden,
 }
 
+/// Read a stored receipt's answer (`admit_receipts.answer_json`): every SQL backend's one decoding of
+/// it (the memory backend keeps answers typed). A row that does not decode is logged as a warning with
+/// the key's scope, the run the row names and the [`DecodeProblem`] (`problem`: `invalid_json` or
+/// `unsupported_schema`) — never the stored bytes, the key or the decoder's message, which can quote
+/// them — and answered as [`crate::Error::Corrupt`] naming only the problem. Admission then fails as
+/// storage that could not answer (SPEC §5.1, §2.5: 503, nothing written): a retry of a key that
+/// already has a run never starts a second one, and gets the same answer until the receipt's TTL ends.
+pub fn decode_receipt_answer(scope: &str, run_id: &str, answer_json: &str) -> Result<AdmitOutcome> {
+    serde_json::from_str(answer_json).map_err(|e| {
+        let problem = crate::DecodeProblem::of(&e);
+        tracing::warn!(scope, run_id, problem = problem.as_str(), "a stored admit receipt does not decode");
+        crate::Error::corrupt("admit_receipts.answer_json", problem)
+    })
+}
+
 /// What a promotion writes onto the reserved row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Promotion {

@@ -15,7 +15,7 @@ use super::records::{delete_events, has_record, insert_events, live_events_in, p
 use super::{big, too_big, PgStore};
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
-    check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
     Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_LEFTOVER_RUNS,
 };
@@ -109,13 +109,16 @@ fn count(c: &mut Db, table: &str) -> Result<u64> {
 
 fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
     if let Some(k) = &a.key {
-        let hit = c.query_opt("SELECT body_hash, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2", &[&k.scope, &k.key])?;
+        let hit = c.query_opt(
+            "SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2",
+            &[&k.scope, &k.key],
+        )?;
         if let Some(hit) = hit {
-            let (hash, answer): (String, String) = (hit.get(0), hit.get(1));
+            let (hash, run_id, answer): (String, String, String) = (hit.get(0), hit.get(1), hit.get(2));
             if hash != k.body_hash {
                 return Ok(AdmitOutcome::KeyConflict);
             }
-            return serde_json::from_str(&answer).map_err(|e| Error::corrupt("admit_receipts.answer_json", e));
+            return decode_receipt_answer(&k.scope, &run_id, &answer);
         }
     }
     if is_killed(c, &a.run_id)? {

@@ -17,7 +17,7 @@ use super::records::{delete_events, has_record, insert_events, live_events_in, p
 use super::SqliteStore;
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
-    check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
     Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_LEFTOVER_RUNS,
 };
@@ -153,15 +153,15 @@ impl RunLedger for SqliteStore {
     fn admit(&mut self, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         let tx = self.immediate()?;
         if let Some(k) = &a.key {
-            let hit: Option<(String, String)> = tx
-                .prepare_cached("SELECT body_hash, answer_json FROM admit_receipts WHERE scope = ?1 AND key = ?2")?
-                .query_row(params![k.scope, k.key], |r| Ok((r.get(0)?, r.get(1)?)))
+            let hit: Option<(String, String, String)> = tx
+                .prepare_cached("SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = ?1 AND key = ?2")?
+                .query_row(params![k.scope, k.key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .optional()?;
-            if let Some((hash, answer)) = hit {
+            if let Some((hash, run_id, answer)) = hit {
                 if hash != k.body_hash {
                     return Ok(AdmitOutcome::KeyConflict);
                 }
-                return serde_json::from_str(&answer).map_err(|e| Error::corrupt("admit_receipts.answer_json", e));
+                return decode_receipt_answer(&k.scope, &run_id, &answer);
             }
         }
         if tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([&a.run_id])? {
