@@ -119,3 +119,74 @@ fn pg_transient(e: &postgres::Error) -> bool {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a stored JSON value does not decode: what a log line or an [`Error::Corrupt`] may say about a
+/// bad row, in place of the stored bytes or the decoder's message (which can quote them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeProblem {
+    /// The stored text is not JSON at all (a syntax error, or cut short).
+    InvalidJson,
+    /// The stored text is JSON, but not of a shape this build reads: a missing or mistyped field, an
+    /// unknown variant — a row from another version, or one edited by hand.
+    UnsupportedSchema,
+}
+
+impl DecodeProblem {
+    /// Classify a `serde_json` failure: syntax and end-of-input errors are invalid JSON, data errors an
+    /// unsupported shape. (An I/O error cannot come from decoding text; it counts as invalid JSON.)
+    pub fn of(e: &serde_json::Error) -> Self {
+        match e.classify() {
+            serde_json::error::Category::Data => DecodeProblem::UnsupportedSchema,
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
+                DecodeProblem::InvalidJson
+            }
+        }
+    }
+
+    /// The stable spelling a log field carries: `invalid_json` or `unsupported_schema`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecodeProblem::InvalidJson => "invalid_json",
+            DecodeProblem::UnsupportedSchema => "unsupported_schema",
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DecodeProblem;
+
+    fn problem<T: serde::de::DeserializeOwned + std::fmt::Debug>(text: &str) -> DecodeProblem {
+        DecodeProblem::of(&serde_json::from_str::<T>(text).expect_err("a text that does not decode"))
+    }
+
+    /// Text that is not JSON — garbage, cut short, trailing bytes — is invalid JSON; JSON of the wrong
+    /// shape — another tag, a missing or mistyped field, another type — is an unsupported schema.
+    #[test]
+    fn a_decode_failure_is_invalid_json_or_an_unsupported_schema() {
+        use crate::ledger::AdmitOutcome;
+        for text in ["", "not json", "{\"outcome\":\"started\",", "{\"outcome\":\"started\",\"runId\":\"r\"} x", "\u{0}"] {
+            assert_eq!(problem::<AdmitOutcome>(text), DecodeProblem::InvalidJson, "{text:?}");
+            assert_eq!(problem::<serde_json::Value>(text), DecodeProblem::InvalidJson, "{text:?}");
+        }
+        for text in [
+            "{\"outcome\":\"teleported\",\"runId\":\"r\"}",
+            "{\"outcome\":\"started\"}",
+            "{\"outcome\":\"steered\",\"runId\":\"r\",\"seq\":\"one\"}",
+            "{\"runId\":\"r\"}",
+            "[1, 2]",
+            "42",
+            "null",
+        ] {
+            assert_eq!(problem::<AdmitOutcome>(text), DecodeProblem::UnsupportedSchema, "{text:?}");
+        }
+        assert_eq!(DecodeProblem::InvalidJson.to_string(), "invalid_json");
+        assert_eq!(DecodeProblem::UnsupportedSchema.as_str(), "unsupported_schema");
+    }
+}

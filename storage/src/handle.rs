@@ -512,7 +512,9 @@ impl StorageHandle {
     /// The reclaim sweep's housekeeping, one transaction (SPEC §4.3 finish): receipts whose run ended
     /// [`StorageHandle::receipt_ttl_ms`] ago or earlier go; of `dead_gens` (generations the caller found
     /// dead — never its own), those that own no rows and started more than a day ago go; leftover
-    /// transcript, step and inbox rows of runs without a live row go. Every generation not in
+    /// transcript, step and inbox rows of runs without a live row go; deletion fences of purged runs
+    /// killed a receipt TTL ago or earlier go, and so do plan requests in a terminal state settled as
+    /// long ago (never a pending or ready one, never a plan). Every generation not in
     /// `dead_gens` is kept ([`RunLedger::prune`]'s `keep_gens`), so a process that is merely idle never
     /// loses its row.
     ///

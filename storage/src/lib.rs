@@ -42,7 +42,7 @@ pub mod testing;
 
 pub use actor::{BackendSpec, WriteSpace};
 pub use clock::{Clock, DbClock, ManualClock, SystemClock};
-pub use error::{Error, Result};
+pub use error::{DecodeProblem, Error, Result};
 pub use generation::Generation;
 pub use handle::{StorageHandle, StorageOptions};
 pub use memory::MemoryStore;

@@ -23,6 +23,21 @@ pub const LIST_MAX_LIMIT: usize = 200;
 pub const EVENTS_DEFAULT_LIMIT: usize = 1000;
 pub const EVENTS_MAX_LIMIT: usize = 5000;
 
+/// Decode one stored event row (`run_events.json`): every SQL backend's one reading of it, for a
+/// record's events and a live run's alike. A row that does not decode is skipped — the read answers the
+/// run's other events, never failing whole — and logged as a warning with the run id, the seq and the
+/// [`crate::DecodeProblem`] (`problem`), never the stored bytes or the decoder's message.
+pub(crate) fn decode_event_row(run_id: &str, seq: i64, json: &str) -> Option<serde_json::Value> {
+    match serde_json::from_str(json) {
+        Ok(event) => Some(event),
+        Err(e) => {
+            let problem = crate::DecodeProblem::of(&e);
+            tracing::warn!(run_id, seq, problem = problem.as_str(), "skipped a corrupt event row");
+            None
+        }
+    }
+}
+
 /// A retention policy proposed by a writer, stamped with when its configuration was loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyProposal {

@@ -18,7 +18,9 @@ use storage::ledger::{
     Promotion, PruneReport, ReceiptKey, Reclaimed, Refusal, RunLedger, StepRecord, StopMode, TableRows, Turn,
     MAX_TRANSCRIPT_PART_BYTES,
 };
-use storage::plan::{Import, PlanBinding, PlanId, PlanStore, Revision, SettleOutcome, Settlement, SnapshotId, TerminalReason};
+use storage::plan::{
+    Card, Import, PlanBinding, PlanId, PlanStore, RequestId, Revision, SettleOutcome, Settlement, SnapshotId, TerminalReason,
+};
 use storage::record::{validate_record, RunRecord, RunStatus, VisibilityFilter};
 use storage::store::{ListQuery, RunStore};
 use storage::{MemoryStore, SqliteStore, Synchronous};
@@ -1400,7 +1402,7 @@ fn abandon_and_purge_leave_no_transcript_steps_or_inbox_rows<S: Ledger>(s: &mut 
     assert_no_live_rows_of(s, "run-k", "after purge");
     let rows = s.table_rows().unwrap();
     assert_eq!((rows.live_runs, rows.run_steps, rows.transcript, rows.run_inbox, rows.run_events), (0, 0, 0, 0, 0));
-    assert_eq!(rows.deletion_fences, 1, "the fence stays for good");
+    assert_eq!(rows.deletion_fences, 1, "the fence stays (until a prune a receipt TTL after the kill)");
 }
 
 /// Receipts answer retries while their run lives and for `receipt_ttl_ms` after it ended; then a prune
@@ -1484,6 +1486,110 @@ fn dead_generations_are_pruned_and_live_ones_and_ones_owning_rows_kept<S: Ledger
     assert_eq!(left, set(&[G3, G4]));
     // Nothing else was touched.
     assert_eq!(s.get("run-a", NOW + 2).unwrap().map(|r| r.head.id), Some("run-a".to_owned()));
+}
+
+/// A deletion fence goes once its run is purged (nothing of it left) and the receipt TTL has passed
+/// since the kill; a fence whose run is still settling (a live row, a record) stays whatever its age,
+/// and while a fence stays every later write for the id is refused.
+fn deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged<S: Ledger>(s: &mut S) {
+    let keep = [G1.to_owned()];
+    // k-purged: live, killed at NOW, purged. k-settling: live, killed at NOW, not purged yet.
+    // k-record: a finished record, killed at NOW, not purged yet. k-young: killed half a TTL later.
+    go_live(s, "k-purged", "C1:t1", G1, NOW);
+    furnish(s, "k-purged", G1);
+    go_live(s, "k-settling", "C1:t2", G1, NOW);
+    assert!(s.put(&record("k-record", "C1:t3", NOW, NOW, vec![ev(1, "x")]), None, NOW).unwrap().stored);
+    for run in ["k-purged", "k-settling", "k-record"] {
+        s.kill(run, NOW).unwrap();
+    }
+    s.kill("k-young", NOW + TTL / 2).unwrap();
+    assert!(s.purge("k-purged").unwrap());
+    // A second kill of a purged run keeps the first kill's time: the TTL still runs from NOW.
+    s.kill("k-purged", NOW + TTL / 2).unwrap();
+
+    // Within the TTL nothing goes, and the fence still refuses every later write for the id.
+    assert_eq!(s.prune(NOW + TTL - 1, TTL, &keep).unwrap(), PruneReport::default());
+    assert!(!s.put(&record("k-purged", "C1:t1", NOW, NOW, vec![ev(1, "x")]), None, NOW + TTL - 1).unwrap().stored);
+    assert_eq!(s.admit(&admission("C1:t9", G2, "k-purged", "again"), NOW + TTL - 1).unwrap(), AdmitOutcome::Fenced);
+    assert_eq!(s.table_rows().unwrap().deletion_fences, 4);
+
+    // At the TTL only the purged run's fence goes; the settling ones stay, whatever their age.
+    let report = s.prune(NOW + TTL, TTL, &keep).unwrap();
+    assert_eq!(report, PruneReport { deletion_fences: 1, ..Default::default() });
+    assert!(!s.is_killed("k-purged").unwrap());
+    for run in ["k-settling", "k-record", "k-young"] {
+        assert!(s.is_killed(run).unwrap(), "{run} keeps its fence");
+    }
+    assert_eq!(s.killed_among(&["k-purged".into(), "k-settling".into()]).unwrap(), ["k-settling"]);
+    assert_eq!(s.prune(NOW + 10 * TTL, TTL, &keep).unwrap().deletion_fences, 1, "k-young, purged all along");
+    assert_eq!(s.admit(&admission("C1:t9", G2, "k-settling", "again"), NOW + 10 * TTL).unwrap(), AdmitOutcome::Fenced);
+    assert_eq!(live_row(s, "k-settling").stop, Some(StopMode::Hard), "the killed live run is untouched");
+
+    // Once they are purged, the next pass takes their fences too (killed more than a TTL ago).
+    assert!(s.purge("k-settling").unwrap());
+    assert!(s.purge("k-record").unwrap());
+    let report = s.prune(NOW + 10 * TTL, TTL, &keep).unwrap();
+    assert_eq!(report.deletion_fences, 2, "{report:?}");
+    assert_eq!(s.table_rows().unwrap().deletion_fences, 0);
+}
+
+/// Plan requests in a terminal state (consumed, failed, cancelled, invalidated) go the receipt TTL
+/// after they settled; a pending or a ready one never, whatever its age. The plan row is never pruned,
+/// so its revision never goes back: the next import advances from where it was, not from 1.
+fn plan_requests_in_a_terminal_state_are_pruned_a_ttl_after_they_settled_and_plans_never<S: Ledger>(s: &mut S) {
+    let keep = [G1.to_owned()];
+    let holder = storage::Generation::parse(G1).unwrap();
+    let plan = PlanId::parse("plan-1").unwrap();
+    let snapshot = SnapshotId::parse("snap-1").unwrap();
+    let import = |advance| Import { plan_id: plan.clone(), snapshot_id: snapshot.clone(), advance_revision: advance };
+    let at = |revision| PlanBinding { plan_id: plan.clone(), revision: Revision::new(revision), snapshot_id: snapshot.clone() };
+    let cards = vec![Card { title: "t".into(), body: "b".into() }];
+    let settlement = |outcome, reason| Settlement { outcome, reason, diagnostic: "over".into() };
+    s.import(&import(false), NOW).unwrap();
+    // Invalidated at NOW + 1 by an import that advances the revision to 2.
+    let invalidated = s.allocate_request(&at(1), &holder, LEASE, NOW).unwrap().expect("allocated");
+    s.import(&import(true), NOW + 1).unwrap();
+    // Consumed at NOW + 2 (the apply advances the revision to 3).
+    let consumed = s.allocate_request(&at(2), &holder, LEASE, NOW + 1).unwrap().expect("allocated");
+    s.complete_suggestions(&consumed.request_id, &at(2), &cards, NOW + 1).unwrap().expect("ready");
+    s.consume(&consumed.request_id, NOW + 2).unwrap().expect("consumed");
+    // Failed at NOW + 2, cancelled at NOW + 3; ready and pending from NOW + 3 on.
+    let failed = s.allocate_request(&at(3), &holder, LEASE, NOW + 2).unwrap().expect("allocated");
+    s.settle_suggestion(&failed.request_id, &at(3), &settlement(SettleOutcome::Failed, TerminalReason::ProviderError), NOW + 2)
+        .unwrap()
+        .expect("failed");
+    let cancelled = s.allocate_request(&at(3), &holder, LEASE, NOW + 2).unwrap().expect("allocated");
+    s.settle_suggestion(&cancelled.request_id, &at(3), &settlement(SettleOutcome::Cancelled, TerminalReason::Cancelled), NOW + 3)
+        .unwrap()
+        .expect("cancelled");
+    let ready = s.allocate_request(&at(3), &holder, LEASE, NOW + 3).unwrap().expect("allocated");
+    s.complete_suggestions(&ready.request_id, &at(3), &cards, NOW + 3).unwrap().expect("ready");
+    let pending = s.allocate_request(&at(3), &holder, LEASE, NOW + 3).unwrap().expect("allocated");
+    let exists = |s: &mut S, id: &RequestId| s.get_request(id).unwrap().is_some();
+
+    // One millisecond before the first TTL is up, nothing goes.
+    assert_eq!(s.prune(NOW + 1 + TTL - 1, TTL, &keep).unwrap(), PruneReport::default());
+    // Each terminal request goes once its own TTL is up.
+    assert_eq!(s.prune(NOW + 1 + TTL, TTL, &keep).unwrap(), PruneReport { plan_requests: 1, ..Default::default() });
+    assert!(!exists(s, &invalidated.request_id));
+    assert!(exists(s, &consumed.request_id), "settled a millisecond later");
+    assert_eq!(s.prune(NOW + 3 + TTL, TTL, &keep).unwrap().plan_requests, 3, "consumed, failed, cancelled");
+    for gone in [&consumed, &failed, &cancelled] {
+        assert!(!exists(s, &gone.request_id), "{:?}", gone.state);
+    }
+    // Ready and pending requests stay whatever their age; the pending one still holds the plan.
+    assert_eq!(s.prune(NOW + 100 * TTL, TTL, &keep).unwrap().plan_requests, 0);
+    assert!(exists(s, &ready.request_id) && exists(s, &pending.request_id));
+    let other = storage::Generation::parse(G2).unwrap();
+    assert!(s.allocate_request(&at(3), &other, LEASE, NOW + 100 * TTL).unwrap().is_err(), "still held by its pending request");
+
+    // The plan row stays: its revision is still 3, and the next advance makes it 4, never 1 again.
+    assert_eq!(s.plan(&plan).unwrap().map(|p| p.revision), Some(Revision::new(3)));
+    let moved = s.import(&import(true), NOW + 100 * TTL).unwrap();
+    assert_eq!((moved.created, moved.plan.revision), (false, Revision::new(4)));
+    // That import invalidated the last two; a TTL later they go as well, and the plan still stands.
+    assert_eq!(s.prune(NOW + 101 * TTL, TTL, &keep).unwrap().plan_requests, 2);
+    assert_eq!(s.plan(&plan).unwrap().map(|p| p.revision), Some(Revision::new(4)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1588,6 +1694,8 @@ contract!(
     abandon_and_purge_leave_no_transcript_steps_or_inbox_rows,
     receipts_are_pruned_a_ttl_after_their_run_ended_and_younger_ones_kept,
     dead_generations_are_pruned_and_live_ones_and_ones_owning_rows_kept,
+    deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged,
+    plan_requests_in_a_terminal_state_are_pruned_a_ttl_after_they_settled_and_plans_never,
 );
 
 /// SQLite only: what the trait cannot show. Finish deletes the run's `live_runs`, `run_steps`,
@@ -1649,6 +1757,36 @@ fn sqlite_prune_takes_rows_an_older_finish_left_behind() {
     assert_eq!(s.prune(NOW, TTL, &[G1.to_owned()]).unwrap().leftover_runs, 0);
     let rows = s.table_rows().unwrap();
     assert_eq!((rows.transcript, rows.run_steps, rows.run_inbox), (2, 1, 1), "only the live run's rows stay");
+}
+
+/// SQLite only: a backlog of old fences and settled plan requests goes [`PRUNE_BATCH`] rows of each per
+/// pass, so one prune stays a short transaction; the next pass takes the rest.
+///
+/// [`PRUNE_BATCH`]: storage::ledger::PRUNE_BATCH
+#[test]
+fn sqlite_prune_takes_a_backlog_of_fences_and_plan_requests_a_batch_a_pass() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).expect("open");
+    let n = storage::ledger::PRUNE_BATCH + 5;
+    {
+        let conn = s.connection();
+        let tx = conn.transaction().unwrap();
+        for i in 0..n {
+            tx.execute("INSERT INTO deletion_fences (run_id, at) VALUES (?1, ?2)", rusqlite::params![format!("gone-{i:05}"), NOW]).unwrap();
+            tx.execute(
+                "INSERT INTO plan_requests (request_id, plan_id, revision, snapshot_id, state, reason, created_at, settled_at)
+                 VALUES (?1, 'p', 1, 's', 'failed', 'timeout', ?2, ?2)",
+                rusqlite::params![format!("pr_{i:05}"), NOW],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let first = s.prune(NOW + TTL, TTL, &[]).unwrap();
+    assert_eq!((first.deletion_fences as usize, first.plan_requests as usize), (storage::ledger::PRUNE_BATCH, storage::ledger::PRUNE_BATCH));
+    let second = s.prune(NOW + TTL, TTL, &[]).unwrap();
+    assert_eq!((second.deletion_fences, second.plan_requests), (5, 5));
+    assert_eq!(s.prune(NOW + TTL, TTL, &[]).unwrap(), PruneReport::default());
 }
 
 /// SQLite only: a file whose receipts predate the end stamp (migration 6) reads them as unended; the

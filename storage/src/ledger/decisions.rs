@@ -27,8 +27,9 @@
 //!   never assumed".
 //!
 //! This module deliberately does not decide about receipt lookups, deletion fences or byte budgets:
-//! those are lookups and size checks the ledgers do directly. What it does decide of pruning is the
-//! arithmetic ([`receipt_expired`], [`generation_prunable`]), which SQLite compiles to the same cutoffs.
+//! those are lookups and size checks the ledgers do directly. What it does decide of pruning is what
+//! may go and when ([`receipt_expired`], [`generation_prunable`], [`deletion_fence_prunable`]), which
+//! SQLite and PostgreSQL compile to the same cutoffs.
 //!
 //! # Phase machine
 //!
@@ -611,7 +612,7 @@ pub fn unread_after(seqs: &[u64], consumed: Option<u64>) -> Vec<u64> {
         .collect()
 }
 
-// ---- pruning (SPEC §4.3 finish: receipts after their TTL, dead generations) ----
+// ---- pruning (SPEC §4.3 finish: receipts after their TTL, dead generations, purged runs' fences) ----
 
 /// How long an idle generation's row outlives its start before a prune may take it (one day).
 pub const GENERATION_PRUNE_AGE_MS: i64 = 86_400_000;
@@ -638,6 +639,21 @@ pub fn generation_cutoff(now_ms: i64) -> i64 {
 /// found dead), owning no live row and no pending plan request, and started more than a day ago.
 pub fn generation_prunable(started_at: i64, kept: bool, owns_rows: bool, now_ms: i64) -> bool {
     !kept && !owns_rows && started_at < generation_cutoff(now_ms)
+}
+
+/// Whether a deletion fence may be pruned: the killed run is purged — nothing of it is left, no live
+/// row, record, events, transcript, step or inbox rows (`purged`) — and it was fenced at least
+/// `receipt_ttl_ms` ago (`fenced_at <= `[`receipt_cutoff`], the horizon keyed receipts use).
+///
+/// While the fence exists a later put, claim or admit for the id is refused and the run's owner is
+/// fenced. Past that horizon the fence guards nothing a live decision still needs: a purged run has no
+/// live row, so every owner write of a stale process answers `UnknownRun` and no claim or reclaim can
+/// take the run (writers are fenced by generations anyway); admission never reuses an id (each is
+/// pre-minted fresh), and a keyed retry answers its receipt, which goes on the same horizon; a stale
+/// process's record write retries for seconds, not for a TTL. A fence of a run not yet purged (a
+/// killed run still settling) always stays, whatever its age.
+pub fn deletion_fence_prunable(fenced_at: i64, purged: bool, now_ms: i64, receipt_ttl_ms: i64) -> bool {
+    purged && fenced_at <= receipt_cutoff(now_ms, receipt_ttl_ms)
 }
 
 /// Longest thread key, in characters (the key column's cap).
@@ -687,6 +703,27 @@ mod tests {
         ] {
             assert_eq!(generation_prunable(started, kept, owns, NOW), prunable, "{started} {kept} {owns}");
         }
+    }
+
+    /// A fence stays while anything of its run is left, whatever its age, and for exactly the receipt
+    /// TTL after the kill once the run is purged.
+    #[test]
+    fn a_deletion_fence_goes_only_once_its_run_is_purged_and_a_receipt_ttl_after_the_kill() {
+        const NOW: i64 = 1_800_000_000_000;
+        const TTL: i64 = 86_400_000;
+        // (fenced_at, purged, prunable?)
+        for (at, purged, prunable) in [
+            (NOW - TTL, true, true),
+            (0, true, true),
+            (NOW - TTL + 1, true, false),
+            (NOW, true, false),
+            (NOW - TTL, false, false),
+            (0, false, false),
+        ] {
+            assert_eq!(deletion_fence_prunable(at, purged, NOW, TTL), prunable, "{at} {purged}");
+        }
+        assert!(deletion_fence_prunable(NOW, true, NOW, 0), "a zero TTL prunes a purged run's fence at the next pass");
+        assert!(!deletion_fence_prunable(NOW, false, NOW, 0), "never a run still settling");
     }
 
     #[test]

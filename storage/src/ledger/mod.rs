@@ -172,6 +172,21 @@ pub enum AdmitOutcome {
     Forbidden,
 }
 
+/// Read a stored receipt's answer (`admit_receipts.answer_json`): every SQL backend's one decoding of
+/// it (the memory backend keeps answers typed). A row that does not decode is logged as a warning with
+/// the key's scope, the run the row names and the [`DecodeProblem`] (`problem`: `invalid_json` or
+/// `unsupported_schema`) — never the stored bytes, the key or the decoder's message, which can quote
+/// them — and answered as [`crate::Error::Corrupt`] naming only the problem. Admission then fails as
+/// storage that could not answer (SPEC §5.1, §2.5: 503, nothing written): a retry of a key that
+/// already has a run never starts a second one, and gets the same answer until the receipt's TTL ends.
+pub fn decode_receipt_answer(scope: &str, run_id: &str, answer_json: &str) -> Result<AdmitOutcome> {
+    serde_json::from_str(answer_json).map_err(|e| {
+        let problem = crate::DecodeProblem::of(&e);
+        tracing::warn!(scope, run_id, problem = problem.as_str(), "a stored admit receipt does not decode");
+        crate::Error::corrupt("admit_receipts.answer_json", problem)
+    })
+}
+
 /// What a promotion writes onto the reserved row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Promotion {
@@ -378,6 +393,10 @@ pub const DEFAULT_RECEIPT_TTL_MS: i64 = 86_400_000;
 /// finish deleted them left behind) one prune removes; the next pass takes the rest.
 pub const PRUNE_LEFTOVER_RUNS: usize = 500;
 
+/// Most deletion fences, and most plan requests, one [`RunLedger::prune`] removes; the next pass takes
+/// the rest, so one pass stays a short transaction however large a backlog it finds.
+pub const PRUNE_BATCH: usize = 1_000;
+
 /// What one [`RunLedger::prune`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PruneReport {
@@ -387,6 +406,12 @@ pub struct PruneReport {
     pub generations: u64,
     /// Runs without a live row whose transcript, step or inbox rows were still there.
     pub leftover_runs: u64,
+    /// Deletion fences of purged runs killed at least `receipt_ttl_ms` ago
+    /// ([`decisions::deletion_fence_prunable`]).
+    pub deletion_fences: u64,
+    /// Plan requests in a terminal state settled at least `receipt_ttl_ms` ago
+    /// ([`crate::plan::decisions::request_prunable`]). `plans` rows are never pruned (see there).
+    pub plan_requests: u64,
 }
 
 impl PruneReport {
@@ -483,11 +508,13 @@ pub trait RunLedger: Send {
     fn list_live(&mut self) -> Result<Vec<LiveRow>>;
     fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>>;
     /// Kill (SPEC §5.6): write the deletion fence and `stop = hard` in one transaction. From then on a put,
-    /// claim, admit or finish for the id is refused, and the owner's heartbeat answers `Fenced`.
+    /// claim, admit or finish for the id is refused, and the owner's heartbeat answers `Fenced` — for as
+    /// long as the fence stands (see [`RunLedger::purge`]: a prune takes it only once the run is purged).
     fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer>;
     /// Once a killed run has settled: delete its live rows, transcript, inbox, record and events (its
-    /// receipts stay until [`RunLedger::prune`] takes them; the deletion fence stays for good). A no-op
-    /// (`false`) for a run without a deletion fence.
+    /// receipts stay until [`RunLedger::prune`] takes them; the deletion fence stays until a prune
+    /// `receipt_ttl_ms` after the kill, [`decisions::deletion_fence_prunable`]). A no-op (`false`) for a
+    /// run without a deletion fence.
     fn purge(&mut self, run_id: &str) -> Result<bool>;
     fn is_killed(&mut self, run_id: &str) -> Result<bool>;
     /// Live events strictly after `after_seq`, in seq order; `None` when the run has no live row.
@@ -505,7 +532,12 @@ pub trait RunLedger: Send {
     ///   dead), own no live row and no pending plan request, and started more than a day ago go
     ///   ([`decisions::generation_prunable`]);
     /// - transcript, step and inbox rows of runs without a live row go, at most
-    ///   [`PRUNE_LEFTOVER_RUNS`] runs per call.
+    ///   [`PRUNE_LEFTOVER_RUNS`] runs per call;
+    /// - deletion fences of purged runs (nothing of the run left) killed at least `receipt_ttl_ms` ago go
+    ///   ([`decisions::deletion_fence_prunable`]), at most [`PRUNE_BATCH`] per call;
+    /// - plan requests in a terminal state (consumed, failed, cancelled, invalidated) settled at least
+    ///   `receipt_ttl_ms` ago go ([`crate::plan::decisions::request_prunable`]), at most [`PRUNE_BATCH`]
+    ///   per call; pending and ready ones, and every `plans` row, stay.
     fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport>;
     /// Row counts of every table (see [`TableRows`]).
     fn table_rows(&mut self) -> Result<TableRows>;

@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use super::live::{keeps_receipt, Receipt};
 use super::MemoryStore;
 use crate::ledger::decisions::{
-    decide_claim, generation_prunable, is_unread, lease_expired, phase_transition, receipt_expired, reclaim_phase,
+    decide_claim, deletion_fence_prunable, generation_prunable, is_unread, lease_expired, phase_transition, receipt_expired, reclaim_phase,
     reclaim_selection, strongest_stop, ClaimDecision, PhaseChange, ReclaimSelection,
 };
 use crate::ledger::{
@@ -291,7 +291,7 @@ impl RunLedger for MemoryStore {
     fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        st.ledger.deletion_fences.insert(run_id.to_owned());
+        st.ledger.deletion_fences.entry(run_id.to_owned()).or_insert(now_ms);
         let row = st.ledger.rows.get_mut(run_id);
         let answer = KillAnswer {
             live_owner: row.as_ref().map(|r| r.owner_gen.clone()),
@@ -409,8 +409,9 @@ impl RunLedger for MemoryStore {
     }
 
     fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
-        // The plan tables have their own lock; read them first so the two locks are never nested.
+        // The plan tables have their own lock; read and prune them first so the two locks are never nested.
         let plan_holders = self.plan_holders();
+        let plan_requests = self.plans.prune_settled(now_ms, receipt_ttl_ms, crate::ledger::PRUNE_BATCH);
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         let mut report = PruneReport::default();
@@ -451,6 +452,23 @@ impl RunLedger for MemoryStore {
             ledger.drop_live(run_id);
         }
         report.leftover_runs = leftovers.len() as u64;
+        // `deletion_fence_prunable`, with the run's purge read from every table (after the leftovers went).
+        let fences: Vec<String> = st
+            .ledger
+            .deletion_fences
+            .iter()
+            .filter(|(run_id, at)| {
+                let purged = st.ledger.holds_nothing_of(run_id) && !st.runs.contains_key(*run_id);
+                deletion_fence_prunable(**at, purged, now_ms, receipt_ttl_ms)
+            })
+            .take(crate::ledger::PRUNE_BATCH)
+            .map(|(run_id, _)| run_id.clone())
+            .collect();
+        for run_id in &fences {
+            st.ledger.deletion_fences.remove(run_id);
+        }
+        report.deletion_fences = fences.len() as u64;
+        report.plan_requests = plan_requests;
         Ok(report)
     }
 

@@ -24,7 +24,7 @@
 //! order" is one lookup and dropping a run's rows is one `remove`. Transcript parts keep the exact
 //! JSON text [`check_turns`](crate::ledger::check_turns) measured, as the SQLite `json` column does.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
@@ -53,8 +53,9 @@ pub(super) struct LedgerState {
     pub(super) inbox: BTreeMap<String, BTreeMap<u64, Value>>,
     /// `admit_receipts(scope, key)`.
     pub(super) receipts: BTreeMap<(String, String), Receipt>,
-    /// `deletion_fences(run_id)`: ids a kill fenced; admit answers them `Fenced`.
-    pub(super) deletion_fences: BTreeSet<String>,
+    /// `deletion_fences(run_id) → at`: ids a kill fenced, with the first kill's time; admit answers
+    /// them `Fenced`.
+    pub(super) deletion_fences: BTreeMap<String, i64>,
     /// `generations`, by generation.
     pub(super) generations: BTreeMap<String, GenerationInfo>,
 }
@@ -112,14 +113,24 @@ impl LedgerState {
     /// The caller's row for an owner write, or the fence refusal (another owner / no row).
     /// The owner check of every owner write: a killed run fences its owner too.
     pub(super) fn fence(&self, run_id: &str, gen: &str) -> Option<Refusal> {
-        if self.deletion_fences.contains(run_id) {
+        if self.deletion_fences.contains_key(run_id) {
             return Some(Refusal::Fenced { run_id: run_id.to_owned() });
         }
         fence_refusal(self.rows.get(run_id), run_id, gen)
     }
 
+    /// Whether nothing of `run_id` is left in the ledger's per-run tables (no live row, step, event,
+    /// transcript or inbox rows); the caller adds the record.
+    pub(super) fn holds_nothing_of(&self, run_id: &str) -> bool {
+        !self.rows.contains_key(run_id)
+            && !self.steps.contains_key(run_id)
+            && !self.events.contains_key(run_id)
+            && !self.transcript.contains_key(run_id)
+            && !self.inbox.contains_key(run_id)
+    }
+
     pub(super) fn is_killed(&self, run_id: &str) -> bool {
-        self.deletion_fences.contains(run_id)
+        self.deletion_fences.contains_key(run_id)
     }
 
     pub(super) fn owned_mut(&mut self, run_id: &str, gen: &str) -> Outcome<&mut LiveRow> {
@@ -203,7 +214,7 @@ impl LedgerState {
 
     /// Admission after the receipt lookup: deletion fence, then [`decide_admit`].
     pub(super) fn admit_past_receipt(&mut self, admit: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
-        if self.deletion_fences.contains(&admit.run_id) {
+        if self.deletion_fences.contains_key(&admit.run_id) {
             return Ok(AdmitOutcome::Fenced);
         }
         let holder_row = self.by_thread(&admit.thread_key);

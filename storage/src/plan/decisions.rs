@@ -1,5 +1,14 @@
 //! Every choice of the plan store, as pure functions over the rows a transaction read (SPEC §9): what
 //! every [`PlanStore`](super::PlanStore) implementation calls, so they decide alike.
+//!
+//! Pruning (run by the ledger's prune, [`crate::ledger::RunLedger::prune`], in the same pass as the
+//! receipts): a request in a terminal state goes `receipt_ttl_ms` after it settled
+//! ([`request_prunable`]); a `pending` or `ready` one never, whatever its age. A `plans` row is never
+//! pruned: it is the plan's revision high-water mark. Without it the next [`import`] would create the
+//! plan again at [`Revision::FIRST`], re-allocating revision numbers that captured bindings, published
+//! replies and request history already name — an old binding could then match a new plan by
+//! coincidence, and a revision would go backwards. A plan row is one small row per plan id the callers
+//! create, so keeping it bounds nothing away.
 
 use super::*;
 
@@ -231,5 +240,48 @@ pub fn dismissed(request: &PlanRequest, now_ms: i64) -> PlanRequest {
         diagnostic: Some("dismissed by the user".to_owned()),
         settled_at: Some(now_ms),
         ..request.clone()
+    }
+}
+
+/// The states a request never leaves: what a prune may take once they are old enough. `pending` (an
+/// invocation may still publish or settle it) and `ready` (waiting to be applied or dismissed) are
+/// not among them.
+pub const TERMINAL_STATES: [RequestState; 4] =
+    [RequestState::Consumed, RequestState::Failed, RequestState::Cancelled, RequestState::Invalidated];
+
+/// Whether a request row may be pruned at `now_ms`: it is in one of the [`TERMINAL_STATES`] and settled
+/// at least `ttl_ms` ago (`settled_at <= `[`receipt_cutoff`](crate::ledger::decisions::receipt_cutoff),
+/// the horizon keyed receipts use). A terminal row without a settle time stays (no row is written so).
+pub fn request_prunable(state: RequestState, settled_at: Option<i64>, now_ms: i64, ttl_ms: i64) -> bool {
+    TERMINAL_STATES.contains(&state)
+        && settled_at.is_some_and(|at| at <= crate::ledger::decisions::receipt_cutoff(now_ms, ttl_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a terminal request goes, and only once the TTL has passed since it settled; a pending or
+    /// ready one stays whatever its age.
+    #[test]
+    fn only_terminal_requests_settled_a_ttl_ago_are_prunable() {
+        const NOW: i64 = 1_800_000_000_000;
+        const TTL: i64 = 86_400_000;
+        for state in TERMINAL_STATES {
+            assert!(request_prunable(state, Some(NOW - TTL), NOW, TTL), "{state:?}");
+            assert!(request_prunable(state, Some(0), NOW, TTL), "{state:?}");
+            assert!(!request_prunable(state, Some(NOW - TTL + 1), NOW, TTL), "{state:?} settled within the TTL");
+            assert!(!request_prunable(state, None, NOW, TTL), "{state:?} without a settle time");
+        }
+        for state in [RequestState::Pending, RequestState::Ready] {
+            assert!(!request_prunable(state, Some(0), NOW, TTL), "{state:?} is never pruned");
+            assert!(!request_prunable(state, None, NOW + 100 * TTL, 0), "{state:?} is never pruned");
+        }
+        // Every state is either terminal or one of the two live ones.
+        for s in ["pending", "ready", "consumed", "failed", "cancelled", "invalidated"] {
+            let state = RequestState::parse(s).expect("a state");
+            let live = matches!(state, RequestState::Pending | RequestState::Ready);
+            assert_eq!(TERMINAL_STATES.contains(&state), !live, "{s}");
+        }
     }
 }

@@ -57,6 +57,25 @@ impl MemoryPlanStore {
         self.tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The ledger's prune of the requests: remove at most `limit`
+    /// requests [`decisions::request_prunable`] lets go at `now_ms`, oldest settled first; answers how
+    /// many went. Plans are never pruned (see [`decisions`]).
+    pub(crate) fn prune_settled(&self, now_ms: i64, ttl_ms: i64, limit: usize) -> u64 {
+        let mut t = self.lock();
+        let mut doomed: Vec<(i64, RequestId)> = t
+            .requests
+            .values()
+            .filter(|r| decisions::request_prunable(r.state, r.settled_at, now_ms, ttl_ms))
+            .map(|r| (r.settled_at.unwrap_or_default(), r.request_id.clone()))
+            .collect();
+        doomed.sort();
+        doomed.truncate(limit);
+        for (_, id) in &doomed {
+            t.requests.remove(id);
+        }
+        doomed.len() as u64
+    }
+
     /// The generations holding a pending request (rows a generation owns, for the ledger's prune).
     pub(crate) fn pending_holders(&self) -> std::collections::BTreeSet<String> {
         self.lock()

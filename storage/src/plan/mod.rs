@@ -29,6 +29,10 @@
 //!   ([`PlanRefusal::Held`]), so two processes never run one identity at once; one whose holder is dead
 //!   (named by the caller), whose lease ran out, or that has no holder is an [`Orphan`] for the caller to
 //!   settle through `settle_suggestion`;
+//! - a request in a terminal state (consumed, failed, cancelled, invalidated) is history the ledger's
+//!   prune takes `receipt_ttl_ms` after it settled ([`decisions::request_prunable`]); a pending or ready
+//!   one is never pruned, and neither is a plan: its row is the revision's high-water mark, so a revision
+//!   never goes back (see [`decisions`]);
 //! - a refusal is a value ([`PlanRefusal`]); an [`crate::Error`] means the storage could not answer;
 //! - a malformed id never reaches SQL (the id types only exist validated).
 //!

@@ -15,14 +15,23 @@ use super::records::{delete_events, has_record, insert_events, live_events_in, p
 use super::{big, too_big, PgStore};
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
-    check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
-    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_LEFTOVER_RUNS,
+    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_BATCH, PRUNE_LEFTOVER_RUNS,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
+
+/// The condition, on a `deletion_fences` row aliased `f`, that its run is purged: nothing of it is left
+/// in any table that holds a run's rows (the `purged` fact of `decisions::deletion_fence_prunable`).
+const PURGED: &str = "NOT EXISTS (SELECT 1 FROM live_runs x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_events x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM transcript x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_steps x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_inbox x WHERE x.run_id = f.run_id)";
 
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
 fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
@@ -109,13 +118,16 @@ fn count(c: &mut Db, table: &str) -> Result<u64> {
 
 fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
     if let Some(k) = &a.key {
-        let hit = c.query_opt("SELECT body_hash, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2", &[&k.scope, &k.key])?;
+        let hit = c.query_opt(
+            "SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2",
+            &[&k.scope, &k.key],
+        )?;
         if let Some(hit) = hit {
-            let (hash, answer): (String, String) = (hit.get(0), hit.get(1));
+            let (hash, run_id, answer): (String, String, String) = (hit.get(0), hit.get(1), hit.get(2));
             if hash != k.body_hash {
                 return Ok(AdmitOutcome::KeyConflict);
             }
-            return serde_json::from_str(&answer).map_err(|e| Error::corrupt("admit_receipts.answer_json", e));
+            return decode_receipt_answer(&k.scope, &run_id, &answer);
         }
     }
     if is_killed(c, &a.run_id)? {
@@ -283,7 +295,24 @@ fn prune_in(c: &mut Db, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) 
     for run_id in &leftovers {
         delete_live(c, run_id)?;
     }
-    Ok(PruneReport { receipts, generations, leftover_runs: leftovers.len() as u64 })
+    // `decisions::deletion_fence_prunable`, with the facts read per fence: the query reads only fences
+    // old enough whose run is purged (after the leftovers went, so a run they held goes in this pass).
+    let fences: Vec<(String, i64)> = c
+        .query(
+            &format!("SELECT f.run_id, f.at FROM deletion_fences f WHERE f.at <= $1 AND {PURGED} ORDER BY f.at, f.run_id LIMIT $2"),
+            &[&decisions::receipt_cutoff(now_ms, receipt_ttl_ms), &big(PRUNE_BATCH)],
+        )?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut deletion_fences = 0;
+    for (run_id, at) in fences {
+        if decisions::deletion_fence_prunable(at, true, now_ms, receipt_ttl_ms) {
+            deletion_fences += c.execute("DELETE FROM deletion_fences WHERE run_id = $1", &[&run_id])?;
+        }
+    }
+    let plan_requests = super::plan::prune_requests_in(c, now_ms, receipt_ttl_ms, PRUNE_BATCH)?;
+    Ok(PruneReport { receipts, generations, leftover_runs: leftovers.len() as u64, deletion_fences, plan_requests })
 }
 
 impl RunLedger for PgStore {

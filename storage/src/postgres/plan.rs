@@ -80,6 +80,31 @@ fn revision_param(r: Revision) -> Result<i64> {
     i64::try_from(r.get()).map_err(|_| super::too_big("plans.revision", r.get()))
 }
 
+/// The ledger's prune of `plan_requests` (inside its transaction): delete at most `limit` requests
+/// [`decisions::request_prunable`] lets go at `now_ms` — terminal, settled at least `ttl_ms` ago —
+/// oldest settled first; answers how many went. `plans` rows are never pruned (see [`decisions`]).
+pub(super) fn prune_requests_in(c: &mut Db, now_ms: i64, ttl_ms: i64, limit: usize) -> Result<u64> {
+    let states: Vec<&str> = decisions::TERMINAL_STATES.iter().map(|s| s.as_str()).collect();
+    let cutoff = crate::ledger::decisions::receipt_cutoff(now_ms, ttl_ms);
+    let candidates: Vec<(String, String, Option<i64>)> = c
+        .query(
+            "SELECT request_id, state, settled_at FROM plan_requests
+             WHERE state = ANY($1) AND settled_at <= $2 ORDER BY settled_at, request_id LIMIT $3",
+            &[&states, &cutoff, &super::big(limit)],
+        )?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let mut pruned = 0;
+    for (request_id, state, settled_at) in candidates {
+        let state = RequestState::parse(&state).ok_or_else(|| Error::corrupt("plan_requests.state", &state))?;
+        if decisions::request_prunable(state, settled_at, now_ms, ttl_ms) {
+            pruned += c.execute("DELETE FROM plan_requests WHERE request_id = $1", &[&request_id])?;
+        }
+    }
+    Ok(pruned)
+}
+
 fn put_plan(c: &mut Db, plan: &Plan) -> Result<()> {
     c.execute(
         "INSERT INTO plans (plan_id, revision, snapshot_id) VALUES ($1, $2, $3)

@@ -18,7 +18,7 @@ use crate::record::{
     is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
 };
 use crate::sqlite::Kept;
-use crate::store::{clamp_future, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::store::{clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
 use crate::{Error, Result};
 
 const POLICY_KEY: &str = "retention_policy";
@@ -320,10 +320,7 @@ pub(super) fn events_in(c: &mut Db, id: &str, after_seq: u64, limit: usize) -> R
     for row in rows.iter().take(limit) {
         let (seq, json): (i64, String) = (row.get(0), row.get(1));
         last = seq as u64;
-        match serde_json::from_str(&json) {
-            Ok(v) => events.push(v),
-            Err(e) => tracing::warn!(run_id = id, seq, error = %e, "skipped a corrupt event row"),
-        }
+        events.extend(decode_event_row(id, seq, &json));
     }
     Ok(EventsPage { events, next_after_seq: more.then_some(last) })
 }
@@ -358,10 +355,7 @@ pub(super) fn live_events_in(c: &mut Db, run_id: &str, after_seq: u64, limit: us
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         let (seq, json): (i64, String) = (row.get(0), row.get(1));
-        match serde_json::from_str(&json) {
-            Ok(v) => out.push(v),
-            Err(e) => tracing::warn!(run_id, seq, error = %e, "skipped a corrupt live event row"),
-        }
+        out.extend(decode_event_row(run_id, seq, &json));
     }
     Ok(out)
 }

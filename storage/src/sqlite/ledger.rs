@@ -17,13 +17,22 @@ use super::records::{delete_events, has_record, insert_events, live_events_in, p
 use super::SqliteStore;
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
-    check_events, check_turns, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
-    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_LEFTOVER_RUNS,
+    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_BATCH, PRUNE_LEFTOVER_RUNS,
 };
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
+
+/// The condition, on a `deletion_fences` row aliased `f`, that its run is purged: nothing of it is left
+/// in any table that holds a run's rows (the `purged` fact of `decisions::deletion_fence_prunable`).
+const PURGED: &str = "NOT EXISTS (SELECT 1 FROM live_runs x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_events x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM transcript x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_steps x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_inbox x WHERE x.run_id = f.run_id)";
 
 /// Most ids one `killed_among` statement binds (far below SQLite's variable limit); more ids take more
 /// statements in the same read transaction.
@@ -153,15 +162,15 @@ impl RunLedger for SqliteStore {
     fn admit(&mut self, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         let tx = self.immediate()?;
         if let Some(k) = &a.key {
-            let hit: Option<(String, String)> = tx
-                .prepare_cached("SELECT body_hash, answer_json FROM admit_receipts WHERE scope = ?1 AND key = ?2")?
-                .query_row(params![k.scope, k.key], |r| Ok((r.get(0)?, r.get(1)?)))
+            let hit: Option<(String, String, String)> = tx
+                .prepare_cached("SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = ?1 AND key = ?2")?
+                .query_row(params![k.scope, k.key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .optional()?;
-            if let Some((hash, answer)) = hit {
+            if let Some((hash, run_id, answer)) = hit {
                 if hash != k.body_hash {
                     return Ok(AdmitOutcome::KeyConflict);
                 }
-                return serde_json::from_str(&answer).map_err(|e| Error::corrupt("admit_receipts.answer_json", e));
+                return decode_receipt_answer(&k.scope, &run_id, &answer);
             }
         }
         if tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([&a.run_id])? {
@@ -581,8 +590,31 @@ impl RunLedger for SqliteStore {
         for run_id in &leftovers {
             delete_live(&tx, run_id)?;
         }
+        // `decisions::deletion_fence_prunable`, with the facts read per fence: the query reads only fences
+        // old enough whose run is purged (after the leftovers went, so a run they held goes in this pass).
+        let fences: Vec<(String, i64)> = tx
+            .prepare_cached(&format!(
+                "SELECT f.run_id, f.at FROM deletion_fences f WHERE f.at <= ?1 AND {PURGED} ORDER BY f.at, f.run_id LIMIT ?2"
+            ))?
+            .query_map(params![decisions::receipt_cutoff(now_ms, receipt_ttl_ms), PRUNE_BATCH as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut deletion_fences = 0;
+        for (run_id, at) in fences {
+            if decisions::deletion_fence_prunable(at, true, now_ms, receipt_ttl_ms) {
+                deletion_fences += tx.prepare_cached("DELETE FROM deletion_fences WHERE run_id = ?1")?.execute([&run_id])?;
+            }
+        }
+        let plan_requests = super::plan::prune_requests_in(&tx, now_ms, receipt_ttl_ms, PRUNE_BATCH)?;
         tx.commit()?;
-        Ok(PruneReport { receipts: receipts as u64, generations: generations as u64, leftover_runs: leftovers.len() as u64 })
+        Ok(PruneReport {
+            receipts: receipts as u64,
+            generations: generations as u64,
+            leftover_runs: leftovers.len() as u64,
+            deletion_fences: deletion_fences as u64,
+            plan_requests,
+        })
     }
 
     fn table_rows(&mut self) -> Result<TableRows> {

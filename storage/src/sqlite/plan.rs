@@ -109,6 +109,29 @@ fn get_plan(tx: &Connection, plan_id: &PlanId) -> Result<Option<Plan>> {
     .transpose()
 }
 
+/// The ledger's prune of `plan_requests` (inside its transaction): delete at most `limit` requests
+/// [`decisions::request_prunable`] lets go at `now_ms` — terminal, settled at least `ttl_ms` ago —
+/// oldest settled first; answers how many went. `plans` rows are never pruned (see [`decisions`]).
+pub(super) fn prune_requests_in(tx: &Connection, now_ms: i64, ttl_ms: i64, limit: usize) -> Result<u64> {
+    let [a, b, c, d] = decisions::TERMINAL_STATES.map(RequestState::as_str);
+    let cutoff = crate::ledger::decisions::receipt_cutoff(now_ms, ttl_ms);
+    let candidates: Vec<(String, String, Option<i64>)> = tx
+        .prepare_cached(
+            "SELECT request_id, state, settled_at FROM plan_requests
+             WHERE state IN (?1, ?2, ?3, ?4) AND settled_at <= ?5 ORDER BY settled_at, request_id LIMIT ?6",
+        )?
+        .query_map(params![a, b, c, d, cutoff, limit as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut pruned = 0;
+    for (request_id, state, settled_at) in candidates {
+        let state = RequestState::parse(&state).ok_or_else(|| Error::corrupt("plan_requests.state", &state))?;
+        if decisions::request_prunable(state, settled_at, now_ms, ttl_ms) {
+            pruned += tx.prepare_cached("DELETE FROM plan_requests WHERE request_id = ?1")?.execute([&request_id])? as u64;
+        }
+    }
+    Ok(pruned)
+}
+
 fn put_plan(tx: &Connection, plan: &Plan) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO plans (plan_id, revision, snapshot_id) VALUES (?1, ?2, ?3)

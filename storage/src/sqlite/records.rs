@@ -21,7 +21,7 @@ use super::live::{is_killed, is_live};
 use crate::record::{
     is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
 };
-use crate::store::{clamp_future, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::store::{clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
 use crate::{Error, Result};
 
 const POLICY_KEY: &str = "retention_policy";
@@ -335,10 +335,7 @@ pub(super) fn events_in(tx: &Connection, id: &str, after_seq: u64, limit: usize)
     let mut last = after_seq;
     for (seq, json) in rows.into_iter().take(limit) {
         last = seq as u64;
-        match serde_json::from_str(&json) {
-            Ok(v) => events.push(v),
-            Err(e) => tracing::warn!(run_id = id, seq, error = %e, "skipped a corrupt event row"),
-        }
+        events.extend(decode_event_row(id, seq, &json));
     }
     Ok(EventsPage { events, next_after_seq: more.then_some(last) })
 }
@@ -363,10 +360,7 @@ pub(super) fn live_events_in(tx: &Connection, run_id: &str, after_seq: u64, limi
     let mut out = Vec::new();
     for r in rows {
         let (seq, json) = r?;
-        match serde_json::from_str(&json) {
-            Ok(v) => out.push(v),
-            Err(e) => tracing::warn!(run_id, seq, error = %e, "skipped a corrupt live event row"),
-        }
+        out.extend(decode_event_row(run_id, seq, &json));
     }
     Ok(out)
 }

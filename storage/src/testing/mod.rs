@@ -2,5 +2,7 @@
 //! feature).
 //!
 //! - [`pg`]: a throwaway PostgreSQL cluster per test process and a fresh database per test.
+//! - [`logs`]: the `tracing` events a closure emits on the current thread, for tests of what a log says.
 
+pub mod logs;
 pub mod pg;
