@@ -49,6 +49,8 @@ pub const NEWS_SAFETY_POLL: Duration = Duration::from_secs(30);
 const CLIENT_QUEUE: usize = 64;
 /// Bytes queued for one client before its pump waits: twice the largest event (64 KiB).
 pub const CLIENT_QUEUE_BYTES: usize = 128 * 1024;
+/// The largest piece of a frame handed to the server's connection writer.
+const WRITE_SLICE: usize = 8 * 1024;
 /// A client whose queue has had no room for this long is dropped and its queue released.
 pub const STALL_LIMIT: Duration = Duration::from_secs(30);
 /// Events per ledger or store read while following or replaying (a stalled client pins at most one
@@ -122,7 +124,14 @@ fn sse_response(rx: queue::Receiver<Frame>) -> HttpResponse {
     let body = futures_util::stream::unfold((rx, Vec::<Bytes>::new()), |(mut rx, mut pieces)| async move {
         if pieces.is_empty() {
             let frame = rx.recv().await?;
-            pieces = [Bytes::from_static(b"\n\n"), frame.data, frame.head].into_iter().filter(|b| !b.is_empty()).collect();
+            // Last piece first (they are popped). The JSON goes in slices of the shared bytes: the server
+            // copies a piece into a connection's write buffer only while that buffer has room, so a
+            // stalled connection holds at most about one slice beyond it.
+            pieces.push(Bytes::from_static(b"\n\n"));
+            let n = frame.data.len();
+            let starts: Vec<usize> = (0..n).step_by(WRITE_SLICE).collect();
+            pieces.extend(starts.into_iter().rev().map(|at| frame.data.slice(at..n.min(at + WRITE_SLICE))));
+            pieces.push(frame.head);
         }
         let piece = pieces.pop()?;
         Some((Ok::<Bytes, actix_web::Error>(piece), (rx, pieces)))
