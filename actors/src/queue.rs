@@ -95,49 +95,47 @@ pub struct Sender<T> {
 }
 
 impl<T> Sender<T> {
+    /// Queue `item` if it fits now: `Ok(None)` queued, `Ok(Some(item))` no room (handed back), `Err` the
+    /// queue ended.
+    fn offer(&self, item: T, bytes: usize) -> Result<Option<T>, SendError> {
+        let mut s = self.shared.lock();
+        match s.end {
+            Some(End::ReceiverGone) => return Err(SendError::Closed),
+            Some(End::Dropped) => return Err(SendError::Overflow),
+            Some(End::SendersGone) | None => {}
+        }
+        if s.items.len() >= self.shared.max_items || s.bytes + bytes > self.shared.max_bytes {
+            return Ok(Some(item));
+        }
+        s.bytes += bytes;
+        s.items.push_back((item, bytes));
+        drop(s);
+        self.shared.readable.notify_one();
+        Ok(None)
+    }
+
     /// Queue `item`, counted as `bytes`, or overflow the queue if it does not fit.
     pub fn try_send(&self, item: T, bytes: usize) -> Result<(), SendError> {
-        {
-            let mut s = self.shared.lock();
-            match s.end {
-                Some(End::ReceiverGone) => return Err(SendError::Closed),
-                Some(End::Dropped) => return Err(SendError::Overflow),
-                Some(End::SendersGone) | None => {}
-            }
-            if s.items.len() < self.shared.max_items && s.bytes + bytes <= self.shared.max_bytes {
-                s.bytes += bytes;
-                s.items.push_back((item, bytes));
-                drop(s);
-                self.shared.readable.notify_one();
-                return Ok(());
+        match self.offer(item, bytes)? {
+            None => Ok(()),
+            Some(_) => {
+                self.shared.drop_items(End::Dropped);
+                Err(SendError::Overflow)
             }
         }
-        self.shared.drop_items(End::Dropped);
-        Err(SendError::Overflow)
     }
 
     /// Queue `item`, waiting for room while the receiver reads. An item that could never fit overflows.
-    pub async fn send(&self, item: T, bytes: usize) -> Result<(), SendError> {
+    pub async fn send(&self, mut item: T, bytes: usize) -> Result<(), SendError> {
         if bytes > self.shared.max_bytes {
             self.shared.drop_items(End::Dropped);
             return Err(SendError::Overflow);
         }
         loop {
             let writable = self.shared.writable.notified();
-            {
-                let mut s = self.shared.lock();
-                match s.end {
-                    Some(End::ReceiverGone) => return Err(SendError::Closed),
-                    Some(End::Dropped) => return Err(SendError::Overflow),
-                    Some(End::SendersGone) | None => {}
-                }
-                if s.items.len() < self.shared.max_items && s.bytes + bytes <= self.shared.max_bytes {
-                    s.bytes += bytes;
-                    s.items.push_back((item, bytes));
-                    drop(s);
-                    self.shared.readable.notify_one();
-                    return Ok(());
-                }
+            match self.offer(item, bytes)? {
+                None => return Ok(()),
+                Some(back) => item = back,
             }
             writable.await;
         }

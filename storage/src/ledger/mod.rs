@@ -397,6 +397,16 @@ pub const PRUNE_LEFTOVER_RUNS: usize = 500;
 /// the rest, so one pass stays a short transaction however large a backlog it finds.
 pub const PRUNE_BATCH: usize = 1_000;
 
+/// SQL (the same for SQLite and PostgreSQL): the condition, on a `deletion_fences` row aliased `f`, that its
+/// run is purged — nothing of it is left in any table that holds a run's rows (the `purged` fact of
+/// [`decisions::deletion_fence_prunable`]).
+pub(crate) const FENCE_PURGED_SQL: &str = "NOT EXISTS (SELECT 1 FROM live_runs x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_events x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM transcript x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_steps x WHERE x.run_id = f.run_id)
+    AND NOT EXISTS (SELECT 1 FROM run_inbox x WHERE x.run_id = f.run_id)";
+
 /// What one [`RunLedger::prune`] removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PruneReport {

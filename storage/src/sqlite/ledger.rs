@@ -17,22 +17,13 @@ use super::records::{delete_events, has_record, insert_events, live_events_in, p
 use super::SqliteStore;
 use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
 use crate::ledger::{
-    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, FENCE_PURGED_SQL as PURGED, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
     Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_BATCH, PRUNE_LEFTOVER_RUNS,
 };
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
-
-/// The condition, on a `deletion_fences` row aliased `f`, that its run is purged: nothing of it is left
-/// in any table that holds a run's rows (the `purged` fact of `decisions::deletion_fence_prunable`).
-const PURGED: &str = "NOT EXISTS (SELECT 1 FROM live_runs x WHERE x.run_id = f.run_id)
-    AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.run_id = f.run_id)
-    AND NOT EXISTS (SELECT 1 FROM run_events x WHERE x.run_id = f.run_id)
-    AND NOT EXISTS (SELECT 1 FROM transcript x WHERE x.run_id = f.run_id)
-    AND NOT EXISTS (SELECT 1 FROM run_steps x WHERE x.run_id = f.run_id)
-    AND NOT EXISTS (SELECT 1 FROM run_inbox x WHERE x.run_id = f.run_id)";
 
 /// Most ids one `killed_among` statement binds (far below SQLite's variable limit); more ids take more
 /// statements in the same read transaction.
