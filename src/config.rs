@@ -714,9 +714,8 @@ impl Config {
         })?;
         cfg.source = name.into();
         cfg.overrides = overridden;
-        if cfg.agents.is_empty() {
-            cfg.agents.insert("demo".into(), AgentConfig::default());
-        }
+        // The scripted demo agent is built in (SPEC §8.8): there whether or not the file defines it.
+        cfg.agents.entry("demo".into()).or_default();
         cfg.validate()?;
         Ok(cfg)
     }
@@ -899,6 +898,16 @@ mod tests {
         assert_eq!(c.history.retention_days, 30);
         assert_eq!(c.storage.synchronous, SynchronousSetting::Full);
         assert_eq!(c.defaults.agent, "demo");
+    }
+
+    /// SPEC §8.8: the demo agent is built in, so a file that defines only its own agents still starts with
+    /// the default `[defaults] agent = "demo"`, and both agents exist.
+    #[test]
+    fn the_demo_agent_exists_beside_a_file_of_other_agents() {
+        let text = "[agents.gpt]\nkind = \"openai\"\nmodel = \"gpt-4o-mini\"\nbase_url = \"https://api.openai.com/v1\"\napi_key_env = \"OPENAI_API_KEY\"\n";
+        let c = parse(text).expect("a file of one openai agent");
+        assert_eq!(c.defaults.agent, "demo");
+        assert!(c.agents.contains_key("demo") && c.agents.contains_key("gpt"), "{:?}", c.agents.keys().collect::<Vec<_>>());
     }
 
     #[test]

@@ -213,6 +213,11 @@ async fn backend(config: &Config) -> anyhow::Result<(BackendSpec, Arc<dyn storag
 
 /// [`start`] with a given toolbox (tests add tools of their own).
 pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
+    // Bind before anything touches storage: a port in use is a one-line error, and nothing was migrated,
+    // reclaimed or started. An unset `public_base_url` is the address actually bound (port 0 included).
+    let listener = std::net::TcpListener::bind(&config.server.bind)
+        .with_context(|| format!("bind http listener on {}", config.server.bind))?;
+    let addr = listener.local_addr().context("bind http listener: no address")?;
     let (spec, clock) = backend(&config).await?;
     let loaded_at = clock.now_ms();
     let options = storage::StorageOptions { receipt_ttl_ms: config.ledger.receipt_ttl_ms as i64, ..Default::default() };
@@ -298,11 +303,8 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         },
     );
     let shutdown = Arc::new(tokio::sync::Notify::new());
-    // Bind first: an unset `public_base_url` is the address actually bound (port 0 included).
-    let listener = std::net::TcpListener::bind(&config.server.bind)
-        .with_context(|| format!("bind http listener on {}", config.server.bind))?;
-    let addr = listener.local_addr().context("bind http listener: no address")?;
     let public_base_url = config.server.public_base_url.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let ui_base = public_base_url.clone();
     let state = web::AppState {
         generation: generation.clone(),
         version: VERSION,
@@ -340,7 +342,21 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let handle = server.handle();
     let task = actix_web::rt::spawn(server);
     supervisor.do_send(actors::supervisor::OpenIngress);
-    tracing::info!(%addr, storage = storage.kind(), "switchboard listening");
+    let database = match config.storage.kind {
+        config::StorageKind::Memory => "memory".to_owned(),
+        config::StorageKind::Sqlite => config.storage.path.display().to_string(),
+        config::StorageKind::Postgres => storage::redact_url(config.storage.url.as_deref().unwrap_or_default()),
+    };
+    tracing::info!(
+        version = VERSION,
+        generation = generation.as_str(),
+        %addr,
+        storage = storage.kind(),
+        database,
+        config = %config.source,
+        ui = %format!("{ui_base}/runs"),
+        "switchboard listening"
+    );
     let drain = DrainSettings {
         deadline: Duration::from_millis(config.drain.deadline_ms),
         handoff_budget: Duration::from_millis(config.drain.handoff_budget_ms),

@@ -677,6 +677,11 @@ fn clean_env(cmd: &mut Command) -> &mut Command {
 /// Start `switchboard serve <extra>` with stderr into `log` (a file: not a terminal) and no `NO_COLOR`;
 /// once it listens, stop it with SIGTERM and answer the log.
 fn serve_once(dir: &Path, log: &Path, extra: &[&str]) -> String {
+    serve_while(dir, log, extra, |_| {})
+}
+
+/// [`serve_once`], calling `work` with the bound address (`127.0.0.1:<port>`) before the SIGTERM.
+fn serve_while(dir: &Path, log: &Path, extra: &[&str], work: impl FnOnce(&str)) -> String {
     let file = std::fs::File::create(log).unwrap();
     let mut child = clean_env(&mut Command::new(env!("CARGO_BIN_EXE_switchboard")))
         .arg("serve")
@@ -694,6 +699,10 @@ fn serve_once(dir: &Path, log: &Path, extra: &[&str]) -> String {
         assert!(std::time::Instant::now() < deadline, "never listened: {}", std::fs::read_to_string(log).unwrap_or_default());
         std::thread::sleep(Duration::from_millis(50));
     }
+    let text = std::fs::read_to_string(log).unwrap();
+    let line = text.lines().find(|l| l.contains("switchboard listening")).unwrap();
+    let addr: String = line[line.find("127.0.0.1:").unwrap()..].chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect();
+    work(&addr);
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     assert!(child.wait().unwrap().success());
     std::fs::read_to_string(log).unwrap()
@@ -715,7 +724,54 @@ fn serve_logs_to_a_file_carry_no_ansi_escapes_in_text_or_json() {
         .collect();
     let listening = lines.iter().find(|l| l["fields"]["message"] == "switchboard listening").expect("the listening line");
     assert_eq!(listening["level"], "INFO");
-    assert!(listening["fields"]["addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{listening}");
+    let f = &listening["fields"];
+    assert!(f["addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{listening}");
+    // The banner: version, generation, the database, the configuration and where the UI is.
+    assert_eq!(f["version"], switchboard::VERSION);
+    assert!(storage::Generation::parse(f["generation"].as_str().unwrap()).is_some(), "{listening}");
+    assert!(f["database"].as_str().unwrap().ends_with("s.db") && f["config"].is_string(), "{listening}");
+    assert!(f["ui"].as_str().unwrap().starts_with("http://127.0.0.1:") && f["ui"].as_str().unwrap().ends_with("/runs"), "{listening}");
+    // Migrations are debug detail.
+    assert!(!json.contains("migrated"), "{json}");
+}
+
+/// Every 4xx and 5xx is an info access line: method, route pattern (never the path's values), status,
+/// the error code.
+#[test]
+fn a_refused_request_is_an_info_access_line_naming_the_route_pattern() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = serve_while(dir.path(), &dir.path().join("access.log"), &[], |addr| {
+        let url = format!("http://{addr}/api/runs/no-such-run-id");
+        let status = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async { reqwest::get(url).await.unwrap().status().as_u16() })
+        })
+        .join()
+        .unwrap();
+        assert_eq!(status, 404);
+    });
+    let line = log.lines().find(|l| l.contains("request refused or failed")).unwrap_or_else(|| panic!("no access line:\n{log}"));
+    assert!(line.contains(" INFO ") && line.contains("status=404") && line.contains("/api/runs/{id}"), "{line}");
+    assert!(line.contains("not_found") && !line.contains("no-such-run-id"), "{line}");
+}
+
+/// An operator finds why a run failed from the log alone (at info): one line at the run's end with its
+/// status and the (redacted) error.
+#[test]
+fn a_failed_run_ends_with_one_info_line_naming_its_status_and_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
+    clean_env(&mut cmd)
+        .args(["ask", "steps=2 ms=0 fail_at=1"])
+        .current_dir(dir.path())
+        .env("SWITCHBOARD_STORAGE__PATH", dir.path().join("ask.db"))
+        .env("RUST_LOG", "info");
+    let out = cmd.output().expect("run switchboard ask");
+    assert!(!out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    let end = log.lines().find(|l| l.contains("run finished")).unwrap_or_else(|| panic!("no run end line:\n{log}"));
+    assert!(end.contains("status=\"failed\"") || end.contains("status=failed"), "{end}");
+    assert!(end.contains("error=") && end.contains("run_id="), "{end}");
 }
 
 #[test]

@@ -47,6 +47,32 @@ fn a_bad_config_key_fails_startup_naming_key_and_file() {
     assert!(stderr.contains("ledger.heartbeet_ms") && stderr.contains("bad.toml"), "{stderr}");
 }
 
+/// A port in use: one error line naming the address, exit 1, and nothing touched storage (the bind comes
+/// before the database is opened, migrated or reclaimed).
+#[test]
+fn a_port_in_use_is_one_error_line_and_exit_1_with_storage_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let db = dir.path().join("db/s.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("SWITCHBOARD_SERVER__BIND", &addr)
+        .env("SWITCHBOARD_STORAGE__PATH", &db)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run switchboard");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("switchboard:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains(&addr) && errors[0].contains("in use"), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("reclaim"), "{stderr}");
+    assert!(!db.exists() && !dir.path().join("db").exists(), "storage was touched before the bind");
+}
+
 #[test]
 fn the_binary_serves_healthz_and_stops_cleanly_on_sigterm() {
     use std::io::{BufRead, BufReader};

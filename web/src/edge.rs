@@ -19,7 +19,8 @@
 //!   HTML answers also carry [`crate::routes::html::content_security_policy`];
 //! - an error that is neither JSON nor an HTML page (actix's own answers: an extractor's 413, a bare 405
 //!   or 404) is rewritten to `{error, message}` with the same status and headers;
-//! - one debug log line: method, route pattern, status, latency; the same latency (until the response
+//! - one access line: method, route pattern, status, latency (at info for a 4xx or 5xx, else debug); the
+//!   same latency (until the response
 //!   head: an SSE stream counts until it starts) goes to `switchboard_http_request_duration_seconds` by
 //!   route pattern and status class.
 //!
@@ -281,7 +282,7 @@ where
         let started = Instant::now();
         // No `HttpRequest` clone may live across the inner call: routing needs the only reference.
         if let Err(refusal) = self.checks.check(req.request()) {
-            tracing::debug!(method = %req.method(), path = req.path(), error = %refusal, "refused at the edge");
+            tracing::debug!(method = %req.method(), error = %refusal, "refused at the edge");
             let res = finish(req.error_response(refusal));
             log(&res, started, &self.metrics);
             return Box::pin(ready(Ok(res)));
@@ -297,18 +298,21 @@ where
     }
 }
 
-/// The per-request debug line (method, route pattern, status, latency) and its latency histogram.
+/// The per-request access line (method, route pattern, status, latency; the error code of a refusal) and
+/// its latency histogram: at info for a 4xx or 5xx, so an operator sees every refusal without debug
+/// logging, and at debug otherwise. The path's own values (ids, tokens) are never logged: the pattern is.
 fn log(res: &ServiceResponse, started: Instant, metrics: &Metrics) {
     let took = started.elapsed();
     let route = res.request().match_pattern();
-    metrics.http_request(route.as_deref(), res.status().as_u16(), took);
-    tracing::debug!(
-        method = %res.request().method(),
-        route = route.as_deref().unwrap_or("-"),
-        status = res.status().as_u16(),
-        latency_ms = took.as_secs_f64() * 1e3,
-        "request"
-    );
+    let status = res.status().as_u16();
+    metrics.http_request(route.as_deref(), status, took);
+    let (method, route, latency_ms) = (res.request().method(), route.as_deref().unwrap_or("unmatched"), took.as_secs_f64() * 1e3);
+    if status >= 400 {
+        let (error, _) = code_for_status(res.status());
+        tracing::info!(%method, route, status, error, latency_ms, "request refused or failed");
+    } else {
+        tracing::debug!(%method, route, status, latency_ms, "request");
+    }
 }
 
 #[cfg(test)]

@@ -277,6 +277,8 @@ pub struct RunActor {
     epoch: u64,
     /// Who asked for the stop being announced.
     stop_actor: Option<StopActor>,
+    /// The `run_failed` message published (redacted and capped), for the run's end line.
+    failure: Option<String>,
 }
 
 impl RunActor {
@@ -286,7 +288,7 @@ impl RunActor {
             Launch::Resume(a) => a.row.run_id.clone(),
             Launch::Restart { row, .. } | Launch::Deliver { row, .. } => row.run_id.clone(),
         };
-        RunActor { id, deps, launch: Some(launch), state: RunState::starting(), run: None, in_flight: None, epoch: 0, stop_actor: None }
+        RunActor { id, deps, launch: Some(launch), state: RunState::starting(), run: None, in_flight: None, epoch: 0, stop_actor: None, failure: None }
     }
 
     pub fn id(&self) -> &str {
@@ -379,7 +381,9 @@ impl RunActor {
             }
             Effect::Note(kind) => self.run().note(kind, "the run's time budget ran out"),
             Effect::PublishFailure(message) => {
-                let event = json!({"type": "run_failed", "message": work::summarize(&self.deps, &message)});
+                let summary = work::summarize(&self.deps, &message);
+                let event = json!({"type": "run_failed", "message": summary});
+                self.failure = Some(summary);
                 match self.run.as_ref() {
                     Some(run) => run.publish(event),
                     None => {
@@ -412,7 +416,12 @@ impl RunActor {
         let reason = match end {
             End::Finished(status) => {
                 self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
-                tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), status = status.as_str(), "run finished; workspace released");
+                // The one line per run end: its status, and what failed it (redacted, as the record has it).
+                let (id, gen, status_text) = (&self.id, self.deps.gen.as_str(), status.as_str());
+                match &self.failure {
+                    Some(error) => tracing::info!(run_id = %id, generation = gen, status = status_text, error = %error, "run finished; workspace released"),
+                    None => tracing::info!(run_id = %id, generation = gen, status = status_text, "run finished; workspace released"),
+                }
                 StopReason::Finished(status)
             }
             End::Fenced => {

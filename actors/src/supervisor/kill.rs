@@ -51,6 +51,7 @@ impl Handler<StopRun> for Supervisor {
                 }
                 Err(e) => return Err(StopError::Unavailable(e.to_string())),
             }
+            tracing::info!(run_id = %msg.run_id, generation = deps.gen.as_str(), mode = msg.mode.as_str(), by = %msg.actor.id, kind = %msg.actor.kind, "stop recorded");
             if let Some(run) = local {
                 run.do_send(StopRequest { mode: msg.mode, actor: msg.actor });
             }

@@ -311,6 +311,7 @@ impl Handler<ReclaimPass> for Supervisor {
             let mut launches = Vec::new();
             for r in answer.taken {
                 let id = r.row.run_id.clone();
+                let from_gen = r.row.owner_gen.clone();
                 // One row's failure is logged and never stops the others; the row stays ours and is
                 // re-adopted at a later sweep.
                 match take_row(&deps, r).await {
@@ -321,6 +322,8 @@ impl Handler<ReclaimPass> for Supervisor {
                         }
                     }
                     Ok((id, Fate::Launch(l))) => {
+                        let how = if matches!(l, Launch::Restart { .. }) { "restarting" } else { "resuming" };
+                        tracing::info!(run_id = %id, generation = deps.gen.as_str(), from_gen = %from_gen, how, "reclaimed a run");
                         match &l {
                             Launch::Restart { .. } => report.restarted.push(id),
                             _ => report.resumed.push(id),

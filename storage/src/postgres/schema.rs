@@ -159,7 +159,7 @@ pub fn migrate(client: &mut Client) -> Result<i64> {
         tx.batch_execute(MIGRATIONS[now as usize])?;
         now += 1;
         tx.execute("UPDATE schema_version SET version = $1", &[&now])?;
-        tracing::info!(version = now, "migrated postgres schema");
+        tracing::debug!(version = now, "migrated postgres schema");
     }
     let secret: [u8; 32] = rand::random();
     tx.execute(

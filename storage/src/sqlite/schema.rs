@@ -162,7 +162,7 @@ pub fn migrate(conn: &mut Connection) -> Result<i64> {
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
-        tracing::info!(version = i + 1, "migrated database schema");
+        tracing::debug!(version = i + 1, "migrated database schema");
     }
     Ok(found)
 }
