@@ -364,9 +364,18 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     Ok(Running { addr, generation, storage, draining, supervisor, registry, history, plans, metrics, shutdown, drain, server: handle, task })
 }
 
+/// How an asked run ended, from its record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Asked {
+    pub status: String,
+    pub answer: Option<String>,
+    /// The `run_failed` message (redacted and capped, as the record keeps it).
+    pub error: Option<String>,
+}
+
 /// Run one message through `running` as `switchboard ask` does: thread `cli:<uuid>`, visibility
-/// `machine`. Answers the final status and the answer text once the record has landed.
-pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyhow::Result<(String, Option<String>)> {
+/// `machine`. Answers how the run ended once its record has landed.
+pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyhow::Result<Asked> {
     use actors::supervisor::{AdmitMessage, Admitted};
     let request = actors::run::Request {
         thread: uuid::Uuid::now_v7().to_string(),
@@ -396,8 +405,14 @@ pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyh
                 let record = running.storage.get(run_id.clone()).await.context("read the record")?;
                 let record = record.filter(|r| !r.head.provisional);
                 let record = record.with_context(|| format!("run {run_id} ended without a record (fenced)"))?;
-                let answer = record.events.iter().rev().find(|e| e["type"] == "answer");
-                return Ok((record.head.status.as_str().to_owned(), answer.and_then(|a| a["text"].as_str()).map(str::to_owned)));
+                let last = |kind: &str, field: &str| {
+                    record.events.iter().rev().find(|e| e["type"] == kind).and_then(|e| e[field].as_str()).map(str::to_owned)
+                };
+                return Ok(Asked {
+                    status: record.head.status.as_str().to_owned(),
+                    answer: last("answer", "text"),
+                    error: last("run_failed", "message"),
+                });
             }
         }
     }

@@ -53,6 +53,9 @@ enum Command {
         /// The configuration file (default: ./config.toml when present, else the embedded default).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Keep the run in this SQLite database (default: a temporary one, removed afterwards).
+        #[arg(long)]
+        db: Option<PathBuf>,
     },
     /// Deterministic simulation of the run lifecycle: seeded crash schedules over one in-memory ledger;
     /// prints a table and a JSON line, and the replayable trace of a failing seed (exit 1).
@@ -106,8 +109,25 @@ fn init_tracing(default_level: &str, format: LogFormat) {
     }
 }
 
+/// A client command writing to a closed pipe (`switchboard runs list | head`) ends quietly, as Unix tools
+/// do, instead of panicking on the failed write: the default `SIGPIPE` action is restored. `serve` and
+/// `chaos` keep Rust's default (ignored; a failed write is an error), so a reader that goes away never
+/// kills a server.
+fn die_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: `signal` with `SIG_DFL` installs no handler (no code runs in signal context); it is called
+    // once, at the start of `main`, before any thread exists.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve { .. } | Command::Chaos(_)) {
+        die_quietly_on_a_closed_pipe();
+    }
     let (level, format) = match &cli.command {
         Command::Serve { log_format, .. } => ("info", *log_format),
         Command::Chaos(_) => ("info", LogFormat::Text),
@@ -118,7 +138,7 @@ fn main() -> std::process::ExitCode {
     init_tracing(level, format);
     let result = match cli.command {
         Command::Serve { config, .. } => serve(config),
-        Command::Ask { text, agent, config } => ask(text, agent, config),
+        Command::Ask { text, agent, config, db } => ask(text, agent, config, db),
         Command::Runs(args) => {
             return match switchboard::cli::run(args) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
@@ -154,23 +174,29 @@ fn load_config(config: Option<PathBuf>) -> anyhow::Result<Config> {
     Ok(Config::load(path.as_deref())?)
 }
 
-fn ask(text: String, agent: Option<String>, config: Option<PathBuf>) -> anyhow::Result<()> {
+fn ask(text: String, agent: Option<String>, config: Option<PathBuf>, db: Option<PathBuf>) -> anyhow::Result<()> {
     let mut config = load_config(config)?;
     // The process serves nothing: its listener only exists because boot binds one.
     config.server.bind = "127.0.0.1:0".into();
+    // Nothing is left in the working directory unless asked: a temporary database and workspaces.
+    let scratch = tempfile::tempdir().context("create a temporary data directory")?;
+    config.storage.kind = switchboard::config::StorageKind::Sqlite;
+    config.storage.path = db.unwrap_or_else(|| scratch.path().join("ask.db"));
+    if config.storage.workspace_root.is_none() {
+        config.storage.workspace_root = Some(scratch.path().join("workspaces"));
+    }
     actix_web::rt::System::new().block_on(async move {
         let running = switchboard::start(config).await?;
         let outcome = switchboard::ask(&running, text, agent).await;
         running.stop().await?;
-        let (status, answer) = outcome?;
-        match answer {
-            Some(a) => println!("{a}"),
-            None => println!("(no answer: {status})"),
+        let asked = outcome?;
+        if let Some(a) = &asked.answer {
+            println!("{a}");
         }
-        if status == "completed" {
-            Ok(())
-        } else {
-            anyhow::bail!("the run ended {status}")
+        match (asked.status.as_str(), asked.error) {
+            ("completed", _) => Ok(()),
+            (status, Some(error)) => anyhow::bail!("the run ended {status}: {error}"),
+            (status, None) => anyhow::bail!("the run ended {status}"),
         }
     })
 }

@@ -761,14 +761,15 @@ fn a_refused_request_is_an_info_access_line_naming_the_route_pattern() {
 fn a_failed_run_ends_with_one_info_line_naming_its_status_and_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
-    clean_env(&mut cmd)
-        .args(["ask", "steps=2 ms=0 fail_at=1"])
-        .current_dir(dir.path())
-        .env("SWITCHBOARD_STORAGE__PATH", dir.path().join("ask.db"))
-        .env("RUST_LOG", "info");
+    clean_env(&mut cmd).args(["ask", "steps=2 ms=0 fail_at=1"]).current_dir(dir.path()).env("RUST_LOG", "info");
     let out = cmd.output().expect("run switchboard ask");
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1));
     let log = String::from_utf8_lossy(&out.stderr);
+    // The failure is said, with its error, on the last line.
+    let last = log.lines().last().unwrap_or_default();
+    assert!(last.starts_with("switchboard: the run ended failed: "), "{log}");
+    // Nothing is left in the working directory: the database was a temporary one.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "ask left files behind");
     let end = log.lines().find(|l| l.contains("run finished")).unwrap_or_else(|| panic!("no run end line:\n{log}"));
     assert!(end.contains("status=\"failed\"") || end.contains("status=failed"), "{end}");
     assert!(end.contains("error=") && end.contains("run_id="), "{end}");
@@ -793,4 +794,22 @@ fn ask_logs_at_warn_unless_rust_log_says_otherwise() {
     assert!(!quiet.contains("INFO") && !quiet.contains("switchboard listening"), "info lines without RUST_LOG:\n{quiet}");
     let loud = ask(Some("info"));
     assert!(loud.contains("switchboard listening"), "RUST_LOG=info wins:\n{loud}");
+}
+
+/// A client command whose reader has gone (`switchboard completions fish | head`) ends quietly on the
+/// closed pipe, as Unix tools do: no panic, nothing on stderr.
+#[test]
+fn a_closed_pipe_ends_a_client_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["completions", "fish"])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run switchboard completions");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?} {stderr}", out.status);
 }

@@ -114,9 +114,9 @@ fn ask_runs_one_message_and_prints_the_answer_once_the_record_landed() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ask.db");
     let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-        .args(["ask", "steps=2 ms=0 answer=forty-two"])
+        .args(["ask", "steps=2 ms=0 answer=forty-two", "--db"])
+        .arg(&db)
         .current_dir(dir.path())
-        .env("SWITCHBOARD_STORAGE__PATH", &db)
         .output()
         .expect("run switchboard ask");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
