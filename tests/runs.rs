@@ -727,3 +727,27 @@ async fn a_run_started_for_a_parent_lists_as_its_child_live_and_finished() {
     let (status, _) = app.get_json("/api/runs/a%20b/children", None).await;
     assert_eq!(status, 400);
 }
+
+/// SPEC §7: a RunView carries the answer (and a stopped run who stopped it) from every source — the
+/// point read and the listing, live-finished and persisted.
+#[actix_web::test]
+async fn views_carry_the_answer_and_who_stopped_the_run() {
+    let app = TestApp::spawn().await;
+    let done = app.start_run("t-answer", "steps=1 ms=1 answer=forty-two").await;
+    app.final_record(&done).await;
+    let (status, view) = app.get_json(&format!("/api/runs/{done}"), None).await;
+    assert_eq!((status, view["answer"].as_str()), (200, Some("forty-two")), "{view}");
+    assert!(view.get("stoppedBy").is_none(), "{view}");
+    let (_, list) = app.get_json("/api/runs?threadKey=c1:t-answer", None).await;
+    assert_eq!(list["runs"][0]["answer"], "forty-two", "{list}");
+
+    let stopped = app.start_run("t-stopped", "steps=3 ms=300").await;
+    app.event(&stopped, "tool_call").await;
+    let res = app.client.post(app.url(&format!("/api/runs/{stopped}/stop"))).json(&json!({"mode": "soft"})).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 202);
+    let record = app.final_record(&stopped).await;
+    assert_eq!(record.head.status, RunStatus::StoppedSoft);
+    let (_, view) = app.get_json(&format!("/api/runs/{stopped}"), None).await;
+    assert_eq!(view["stoppedBy"]["mode"], "soft", "{view}");
+    assert!(view["stoppedBy"]["actor"].is_object(), "{view}");
+}

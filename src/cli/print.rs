@@ -16,31 +16,22 @@ pub(super) fn pretty(v: &Value) -> String {
     format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()))
 }
 
-/// Fill a RunView's `answer`, `error` and `stoppedBy` from its `events` where the view does not carry
-/// them, then drop the events unless `keep_events`.
+/// Fill a RunView's `answer` (in full: a view's is capped), `error` and `stoppedBy` from its `events`
+/// where the view does not carry them, then drop the events unless `keep_events`.
 pub(super) fn with_outcome(view: &mut Value, keep_events: bool) {
+    use actors::runs_service::{failure_message, stopped_by_of};
     let Some(obj) = view.as_object_mut() else { return };
     let events: Vec<Value> = obj.get("events").and_then(Value::as_array).cloned().unwrap_or_default();
-    let last_of = |kind: &str| events.iter().rev().find(|e| e.get("type").and_then(Value::as_str) == Some(kind));
-    if !obj.contains_key("answer") {
-        if let Some(text) = last_of("answer").and_then(|e| e.get("text")).filter(|t| !t.is_null()) {
-            obj.insert("answer".into(), text.clone());
-        }
+    if let Some(text) = events.iter().rev().find(|e| e["type"] == "answer").and_then(|e| e.get("text")).filter(|t| t.is_string()) {
+        obj.insert("answer".into(), text.clone());
     }
     if !obj.contains_key("error") {
-        if let Some(message) = last_of("run_failed").and_then(|e| e.get("message")).filter(|m| !m.is_null()) {
-            obj.insert("error".into(), message.clone());
+        if let Some(message) = failure_message(&events) {
+            obj.insert("error".into(), json!(message));
         }
     }
     if !obj.contains_key("stoppedBy") {
-        // The strongest stop: a hard one over a soft one, else the first.
-        let stops: Vec<&Value> = events.iter().filter(|e| e.get("type").and_then(Value::as_str) == Some("stop_requested")).collect();
-        let stop = stops.iter().find(|e| e.get("mode").and_then(Value::as_str) == Some("hard")).or(stops.first());
-        if let Some(e) = stop {
-            let mut by = json!({"mode": e.get("mode").cloned().unwrap_or(Value::Null)});
-            if let Some(actor) = e.get("actor") {
-                by["actor"] = actor.clone();
-            }
+        if let Some(by) = stopped_by_of(&events) {
             obj.insert("stoppedBy".into(), by);
         }
     }
@@ -275,11 +266,14 @@ mod tests {
         assert_eq!(v["stoppedBy"], json!({"mode": "hard", "actor": {"kind": "capability", "id": "r1"}}));
         assert_eq!(v["error"], "model said no");
         assert!(v.get("answer").is_none() && v.get("events").is_none());
-        // A view that carries them is taken at its word.
-        let mut v = json!({"id": "r1", "answer": "from the view", "events": [{"type": "answer", "text": "from events"}]});
+        // A view that carries them is taken at its word — but for the answer, which events hold in full.
+        let mut v = json!({"id": "r1", "answer": "from the view", "error": "view", "events": [{"type": "answer", "text": "from events"}, {"type": "run_failed", "message": "events"}]});
         with_outcome(&mut v, true);
-        assert_eq!(v["answer"], "from the view");
+        assert_eq!((v["answer"].as_str(), v["error"].as_str()), (Some("from events"), Some("view")));
         assert!(v["events"].is_array());
+        let mut v = json!({"id": "r1", "answer": "capped…"});
+        with_outcome(&mut v, false);
+        assert_eq!(v["answer"], "capped…");
     }
 
     #[test]

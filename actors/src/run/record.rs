@@ -57,11 +57,17 @@ pub fn assemble_record(
     } else {
         v["sealedAt"] = json!(finished_at);
     }
-    // A failed run's error rides on its head, so a listing shows it without reading events.
-    if status == RunStatus::Failed {
-        if let Some(message) = crate::runs_service::failure_message(v["events"].as_array().map(Vec::as_slice).unwrap_or_default()) {
-            v["error"] = json!(message);
-        }
+    // The answer, a failed run's error and a stopped run's stopper ride on its head, so a listing shows
+    // them without reading events (RunView `answer`, `error`, `stoppedBy`).
+    let head = crate::runs_service::HeadFacts::of(status, v["events"].as_array().map(Vec::as_slice).unwrap_or_default());
+    if let Some(answer) = head.answer {
+        v["answer"] = json!(answer);
+    }
+    if let Some(message) = head.error {
+        v["error"] = json!(message);
+    }
+    if let Some(by) = head.stopped_by {
+        v["stoppedBy"] = by;
     }
     if let Some(usage) = extras.usage {
         v["usage"] = usage;

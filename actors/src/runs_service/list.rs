@@ -312,10 +312,8 @@ impl RunsService {
             }
             let mut view = RunView::from_registry(&row);
             if view.finished {
-                if view.status == Some(RunStatus::Failed) {
-                    // A failed run's error shows in listings; its record may not have landed yet.
-                    view.fill_error_from(&self.registry.snapshot(&row.id).map(|(_, e)| e).unwrap_or_default());
-                }
+                // Its answer, error or stopper show in listings; its record may not have landed yet.
+                view.fill_from_events(&self.registry.snapshot(&row.id).map(|(_, e)| e).unwrap_or_default());
                 finished_live.push(view);
             } else {
                 suppress.insert(view.id.clone());

@@ -90,7 +90,7 @@ pub use point::{
     EVENTS_PAGE_MAX_BYTES,
 };
 pub use sources::{RunSource, SourceFuture};
-pub use view::{failure_message, RunView};
+pub use view::{answer_of, failure_message, stopped_by_of, HeadFacts, RunView, ANSWER_VIEW_CHARS};
 
 /// Page size for reading a live run's events from the ledger.
 const LEDGER_EVENTS_CHUNK: usize = 1000;

@@ -184,7 +184,7 @@ impl RunsService {
     pub async fn get_run(&self, id: &str, include_events: bool, visible_to: &VisibilityFilter) -> RunsResult<RunView> {
         let mut view = self.find_view(id, include_events, visible_to).await?;
         if let Some(events) = view.events.take() {
-            view.fill_error_from(&events);
+            view.fill_from_events(&events);
             view.events = Some(events);
         }
         Ok(view)

@@ -49,9 +49,17 @@ pub struct RunView {
     pub owner_gen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<String>,
+    /// The run's answer (its last `answer` event), at most [`ANSWER_VIEW_CHARS`] characters with a trailing
+    /// `…` (the `answer` event has it whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
     /// The `run_failed` message of a failed run (from its record, or its events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `{mode, actor?}` of the stop that ended a stopped run (its last `stop_requested`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub stopped_by: Option<Value>,
     /// `{<model>: {inputTokens, outputTokens}}` summed over the run's model calls (finished runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Value>,
@@ -85,7 +93,9 @@ impl RunView {
             provisional: None,
             owner_gen: None,
             parent_run_id: m.parent_run_id.clone(),
+            answer: None,
             error: None,
+            stopped_by: None,
             usage: None,
             events: None,
         }
@@ -114,7 +124,9 @@ impl RunView {
             provisional: h.provisional.then_some(true),
             owner_gen: None,
             parent_run_id: h.parent_run_id.clone(),
-            error: record_error(h),
+            answer: head_str(h, "answer"),
+            error: head_str(h, "error"),
+            stopped_by: h.extra.get("stoppedBy").cloned(),
             usage: h.extra.get("usage").cloned(),
             events: None,
         }
@@ -145,7 +157,9 @@ impl RunView {
             provisional: None,
             owner_gen: Some(row.owner_gen.clone()),
             parent_run_id: id.parent_run_id,
+            answer: None,
             error: None,
+            stopped_by: None,
             usage: None,
             events: None,
         }
@@ -160,15 +174,19 @@ impl RunView {
         self.truncated = Some(h.truncated);
         self.persisted = Some(true);
         self.usage = h.extra.get("usage").cloned();
-        self.error = record_error(h).or(self.error.take());
+        self.answer = head_str(h, "answer").or(self.answer.take());
+        self.error = head_str(h, "error").or(self.error.take());
+        self.stopped_by = h.extra.get("stoppedBy").cloned().or(self.stopped_by.take());
     }
 
-    /// Take `error` from `events` (the last `run_failed` message) when the run failed and no record
-    /// said it.
-    pub fn fill_error_from(&mut self, events: &[Value]) {
-        if self.error.is_none() && self.status == Some(RunStatus::Failed) {
-            self.error = failure_message(events);
-        }
+    /// Take what a finished run's head says from `events` when no record said it yet: the answer, the
+    /// error of a failed run (the last `run_failed` message), who stopped a stopped run.
+    pub fn fill_from_events(&mut self, events: &[Value]) {
+        let Some(status) = self.status else { return };
+        let facts = HeadFacts::of(status, events);
+        self.answer = self.answer.take().or(facts.answer);
+        self.error = self.error.take().or(facts.error);
+        self.stopped_by = self.stopped_by.take().or(facts.stopped_by);
     }
 
     pub fn visible_to(&self, filter: &VisibilityFilter) -> bool {
@@ -205,9 +223,57 @@ pub fn failure_message(events: &[Value]) -> Option<String> {
     events.iter().rev().find(|e| e["type"] == "run_failed").and_then(|e| e["message"].as_str()).map(str::to_owned)
 }
 
-/// The `error` a record's head carries (records written since the field existed).
-fn record_error(h: &RunHead) -> Option<String> {
-    h.extra.get("error").and_then(Value::as_str).map(str::to_owned)
+/// What a finished run's head says beside its status, read from its events: one reading for the record
+/// assembly and for views of runs whose record has not landed.
+#[derive(Debug, Default, PartialEq)]
+pub struct HeadFacts {
+    /// [`answer_of`].
+    pub answer: Option<String>,
+    /// The last `run_failed` message, for a failed run.
+    pub error: Option<String>,
+    /// [`stopped_by_of`], for a stopped run.
+    pub stopped_by: Option<Value>,
+}
+
+impl HeadFacts {
+    pub fn of(status: RunStatus, events: &[Value]) -> HeadFacts {
+        HeadFacts {
+            answer: answer_of(events),
+            error: (status == RunStatus::Failed).then(|| failure_message(events)).flatten(),
+            stopped_by: matches!(status, RunStatus::StoppedSoft | RunStatus::StoppedHard).then(|| stopped_by_of(events)).flatten(),
+        }
+    }
+}
+
+/// How much of an answer a view (and a record's head) carries.
+pub const ANSWER_VIEW_CHARS: usize = 2_000;
+
+/// The run's answer as views show it: the last `answer` event's text, capped at [`ANSWER_VIEW_CHARS`].
+pub fn answer_of(events: &[Value]) -> Option<String> {
+    let text = events.iter().rev().find(|e| e["type"] == "answer").and_then(|e| e["text"].as_str())?;
+    let mut out: String = text.chars().take(ANSWER_VIEW_CHARS).collect();
+    if text.chars().nth(ANSWER_VIEW_CHARS).is_some() {
+        out.push('…');
+    }
+    Some(out)
+}
+
+/// `{mode, actor?}` of the stop that decided a stopped run: the first hard `stop_requested`, else the
+/// first one.
+pub fn stopped_by_of(events: &[Value]) -> Option<Value> {
+    let mut stops = events.iter().filter(|e| e["type"] == "stop_requested");
+    let first = stops.next()?;
+    let e = std::iter::once(first).chain(stops).find(|e| e["mode"] == "hard").unwrap_or(first);
+    let mut by = serde_json::json!({"mode": e.get("mode").cloned().unwrap_or(Value::Null)});
+    if let Some(actor) = e.get("actor") {
+        by["actor"] = actor.clone();
+    }
+    Some(by)
+}
+
+/// A string field a record's head carries (records written since the field existed).
+fn head_str(h: &RunHead, key: &str) -> Option<String> {
+    h.extra.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
 #[cfg(test)]
@@ -215,6 +281,35 @@ mod tests {
     use super::*;
     use crate::runs_service::testing::*;
     use crate::runs_service::StatusFilter;
+    use serde_json::json;
+
+    /// The head facts: the last answer (capped), a failed run's error, a stopped run's stopper — and
+    /// nothing a status does not call for.
+    #[test]
+    fn head_facts_read_the_answer_the_error_and_the_stopper_by_status() {
+        let events = vec![
+            json!({"type": "answer", "text": "first"}),
+            json!({"type": "stop_requested", "mode": "soft", "actor": {"kind": "token", "id": "ops"}}),
+            json!({"type": "run_failed", "message": "boom"}),
+            json!({"type": "answer", "text": "second"}),
+        ];
+        let completed = HeadFacts::of(RunStatus::Completed, &events);
+        assert_eq!(completed, HeadFacts { answer: Some("second".into()), error: None, stopped_by: None });
+        assert_eq!(HeadFacts::of(RunStatus::Failed, &events).error.as_deref(), Some("boom"));
+        let stopped = HeadFacts::of(RunStatus::StoppedSoft, &events);
+        assert_eq!(stopped.stopped_by, Some(json!({"mode": "soft", "actor": {"kind": "token", "id": "ops"}})));
+        // A hard stop after a soft one decided the run.
+        let mut harder = events.clone();
+        harder.push(json!({"type": "stop_requested", "mode": "hard", "actor": {"kind": "capability", "id": "r1"}}));
+        harder.push(json!({"type": "stop_requested", "mode": "soft"}));
+        assert_eq!(stopped_by_of(&harder), Some(json!({"mode": "hard", "actor": {"kind": "capability", "id": "r1"}})));
+        assert_eq!(HeadFacts::of(RunStatus::Interrupted, &[]), HeadFacts::default());
+        let long = "é".repeat(ANSWER_VIEW_CHARS + 1);
+        let capped = answer_of(&[json!({"type": "answer", "text": long})]).unwrap();
+        assert_eq!((capped.chars().count(), capped.ends_with('…')), (ANSWER_VIEW_CHARS + 1, true));
+        let exact = "a".repeat(ANSWER_VIEW_CHARS);
+        assert_eq!(answer_of(&[json!({"type": "answer", "text": exact.clone()})]), Some(exact));
+    }
 
     #[tokio::test]
     async fn no_view_carries_a_capability_token() {

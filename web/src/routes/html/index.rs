@@ -328,7 +328,9 @@ mod tests {
             provisional: None,
             owner_gen: None,
             parent_run_id: None,
+            answer: None,
             error: (status == Some(RunStatus::Failed)).then(|| "scripted failure at model call 2".into()),
+            stopped_by: None,
             usage: None,
             events: None,
         }

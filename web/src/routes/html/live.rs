@@ -301,7 +301,9 @@ pub(super) mod tests {
             provisional: None,
             owner_gen: None,
             parent_run_id: None,
+            answer: None,
             error: None,
+            stopped_by: None,
             usage: None,
             events: Some(events),
         }
