@@ -96,19 +96,40 @@ pub fn run(args: &Args) -> i32 {
     i32::from(!summary.failures.is_empty())
 }
 
+/// How often a sweep says how far it got.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// [`sweep`] over the cores: each thread takes every n-th seed (each seed is still one thread, one RNG,
 /// so every outcome is what `simulate(seed)` gives). Failures come back in seed order.
 pub fn sweep_parallel(seeds: std::ops::Range<u64>, config: &SimConfig) -> Summary {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).max(1) as u64;
     let started = std::time::Instant::now();
+    let (begun, finished) = (AtomicU64::new(0), AtomicBool::new(false));
+    let total = seeds.end - seeds.start;
     let parts: Vec<Summary> = std::thread::scope(|scope| {
+        // A progress line on stderr every PROGRESS_EVERY (a terminal or a CI log alike).
+        scope.spawn(|| {
+            let mut next = started + PROGRESS_EVERY;
+            while !finished.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if std::time::Instant::now() >= next {
+                    next += PROGRESS_EVERY;
+                    eprintln!("sim: {}/{total} seeds, {} s", begun.load(Ordering::Relaxed), started.elapsed().as_secs());
+                }
+            }
+        });
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let seeds = seeds.clone().skip(t as usize).step_by(threads as usize);
+                let seeds = seeds.clone().skip(t as usize).step_by(threads as usize).inspect(|_| {
+                    begun.fetch_add(1, Ordering::Relaxed);
+                });
                 scope.spawn(move || sweep(seeds, config, usize::MAX))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("a sweep thread does not panic")).collect()
+        let parts = handles.into_iter().map(|h| h.join().expect("a sweep thread does not panic")).collect();
+        finished.store(true, Ordering::Relaxed);
+        parts
     });
     let mut total = Summary::default();
     for part in parts {

@@ -145,6 +145,8 @@ impl Summary {
         for (fault, n) in &self.faults {
             rows.push((format!("faults: {fault}"), n.to_string()));
         }
+        let verdict = if self.failures.is_empty() { "ok".to_owned() } else { format!("FAILED ({} seeds)", self.failures.len()) };
+        rows.push(("verdict".to_owned(), verdict));
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::new();
         for (k, v) in rows {

@@ -22,6 +22,7 @@ fn holds(range: std::ops::Range<u64>) {
         panic!("{}", failure.report());
     }
     assert_eq!(summary.seeds, range.end - range.start);
+    assert!(summary.table().lines().last().is_some_and(|l| l.starts_with("verdict") && l.ends_with(" ok")), "{}", summary.table());
 }
 
 #[test]

@@ -348,13 +348,23 @@ async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyh
     let shown: Arc<Mutex<Vec<Shown>>> = Arc::new(Mutex::new(Vec::new()));
     let reader = tokio::spawn(reader_loop(seed, fleet.clone(), stop.clone(), sent.clone(), shown.clone()));
 
-    let show = !args.json && std::io::stderr().is_terminal();
+    // Progress on stderr: one line rewritten in place on a terminal, else a line every 10 s (a CI log).
+    let terminal = std::io::stderr().is_terminal();
+    let (show, log_lines) = (!args.json && terminal, !args.json && !terminal);
     let total = args.faults;
     let counter = sent.clone();
+    let began = std::time::Instant::now();
+    let last_line = Mutex::new(began);
     let progress = move |k: usize| {
+        let n = || counter.lock().unwrap_or_else(|p| p.into_inner()).len();
         if show {
-            let n = counter.lock().unwrap_or_else(|p| p.into_inner()).len();
-            eprint!("\r  chaos: fault {k}/{total}, {n} messages sent   ");
+            eprint!("\r  chaos: fault {k}/{total}, {} messages sent   ", n());
+        } else if log_lines {
+            let mut last = last_line.lock().unwrap_or_else(|p| p.into_inner());
+            if last.elapsed() >= std::time::Duration::from_secs(10) {
+                *last = std::time::Instant::now();
+                eprintln!("chaos: fault {k}/{total}, {} messages sent, {} s", n(), began.elapsed().as_secs());
+            }
         }
     };
     let mut rng = StdRng::seed_from_u64(seed);
