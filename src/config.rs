@@ -900,6 +900,35 @@ mod tests {
         assert_eq!(c.defaults.agent, "demo");
     }
 
+    /// Every key the configuration accepts is in the committed `config.toml`, set or as a commented
+    /// example, so an operator reading it sees every knob (the accepted keys are what serde names when a
+    /// section is given an unknown one).
+    #[test]
+    fn every_accepted_key_is_in_the_committed_config_toml() {
+        let sections = [
+            "[server]", "[storage]", "[history]", "[ledger]", "[drain]", "[defaults]", "[agents.x]", "[agents.x.retry]",
+            "[auth]", "[[auth.tokens]]", "[delivery]", "[redaction]", "[[tools.http]]", "[[tools.mcp]]", "[plan]",
+            "[supervisor]",
+        ];
+        let documented: Vec<String> = EMBEDDED
+            .lines()
+            .map(|l| l.trim_start().trim_start_matches('#').trim_start())
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim().to_owned()))
+            .collect();
+        let mut missing = Vec::new();
+        for section in sections {
+            let e = parse(&format!("{section}\nzzz_not_a_key = 1\n")).unwrap_err().to_string();
+            let expected = e.split("expected one of").nth(1).or_else(|| e.split("expected").nth(1)).unwrap_or_else(|| panic!("{section}: {e}"));
+            // The list ends its line (a path to the section may follow on the next).
+            let keys: Vec<&str> = expected.lines().next().unwrap_or_default().split('`').skip(1).step_by(2).collect();
+            assert!(!keys.is_empty(), "{section}: {e}");
+            // A sub-table (`retry`, `tokens`) is documented by its header.
+            let named = |k: &str| documented.iter().any(|d| d == k) || EMBEDDED.contains(&format!(".{k}]"));
+            missing.extend(keys.into_iter().filter(|k| !named(k)).map(|k| format!("{section} {k}")));
+        }
+        assert!(missing.is_empty(), "keys config.toml does not mention: {missing:?}");
+    }
+
     /// SPEC §8.8: the demo agent is built in, so a file that defines only its own agents still starts with
     /// the default `[defaults] agent = "demo"`, and both agents exist.
     #[test]
