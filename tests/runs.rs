@@ -50,6 +50,10 @@ async fn a_follow_up_on_a_live_thread_is_steered_and_reflected_in_the_answer() {
     assert_eq!(body["outcome"], "steered");
     assert_eq!(body["runId"], run_id.as_str());
     assert_eq!(body["seq"], 1);
+    // The steered run's live view, as for a started one: its link opens the run.
+    let live = body["liveUrl"].as_str().unwrap_or_else(|| panic!("no liveUrl: {body}"));
+    assert!(live.starts_with(&format!("{}/runs/{run_id}?token=", app.base)), "{live}");
+    assert_eq!(app.client.get(live).send().await.unwrap().status().as_u16(), 200);
     let record = app.final_record(&run_id).await;
     assert_eq!(record.head.status, RunStatus::Completed);
     let answer = record.events.iter().find(|e| e["type"] == "answer").expect("answer");

@@ -82,7 +82,7 @@ async fn a_burst_on_one_thread_starts_one_run_and_steers_the_rest_in_order() {
     for answer in futures_util::future::join_all(sends).await {
         match answer.expect("mailbox").expect("admitted") {
             Admitted::Started { run_id, .. } => started.push(run_id),
-            Admitted::Steered { run_id, seq } => steered.push((run_id, seq)),
+            Admitted::Steered { run_id, seq, .. } => steered.push((run_id, seq)),
         }
     }
     assert_eq!(started.len(), 1, "exactly one run starts: {started:?}");

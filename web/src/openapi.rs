@@ -53,8 +53,8 @@ pub struct MessageBody {
     pub parent_run_id: Option<String>,
 }
 
-/// `POST /api/messages`' 202: a new run (`started`, with its live URL) or a follow-up steered into the
-/// thread's live run (`steered`, with its inbox seq).
+/// `POST /api/messages`' 202: a new run (`started`) or a follow-up steered into the thread's live run
+/// (`steered`, with its inbox seq); either way the run's live URL.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Admission {
@@ -62,8 +62,8 @@ pub struct Admission {
     #[schema(example = "started")]
     pub outcome: String,
     pub run_id: String,
-    /// `started` only: `{public_base_url}/runs/{id}?token=…`.
-    pub live_url: Option<String>,
+    /// The run's live view: `{public_base_url}/runs/{id}?token=…`.
+    pub live_url: String,
     /// `steered` only: the follow-up's inbox seq.
     pub seq: Option<u64>,
 }

@@ -33,7 +33,8 @@ pub struct AdmitMessage {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admitted {
     Started { run_id: String, token: String },
-    Steered { run_id: String, seq: u64 },
+    /// `token`: the steered run's capability token (its live view's link).
+    Steered { run_id: String, seq: u64, token: String },
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -173,7 +174,7 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
             AdmitOutcome::Started { run_id } => Ok(Admitted::Started { token: shared.tokens.mint(&run_id), run_id }),
             AdmitOutcome::Steered { run_id, seq } => {
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), inbox_seq = seq, "steered into a live run");
-                Ok(Admitted::Steered { run_id, seq })
+                Ok(Admitted::Steered { token: shared.tokens.mint(&run_id), run_id, seq })
             }
             AdmitOutcome::Busy { .. } if now - waited_since < BUSY_WAIT.as_millis() as i64 => {
                 tokio::time::sleep(BUSY_POLL).await;

@@ -96,6 +96,11 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
     Ok((request, key))
 }
 
+/// The run's live view, with its capability token.
+fn live_url(state: &AppState, run_id: &str, token: &str) -> String {
+    format!("{}/runs/{run_id}?token={token}", state.public_base_url.trim_end_matches('/'))
+}
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
         resource("/api/messages", "POST")
@@ -135,11 +140,12 @@ pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<A
         .map_err(|e| ApiError::Unavailable(format!("supervisor: {e}")))?;
     match answer {
         Ok(Admitted::Started { run_id, token }) => {
-            let live_url = format!("{}/runs/{run_id}?token={token}", state.public_base_url.trim_end_matches('/'));
+            let live_url = live_url(&state, &run_id, &token);
             Ok(HttpResponse::Accepted().json(json!({"outcome": "started", "runId": run_id, "liveUrl": live_url})))
         }
-        Ok(Admitted::Steered { run_id, seq }) => {
-            Ok(HttpResponse::Accepted().json(json!({"outcome": "steered", "runId": run_id, "seq": seq})))
+        Ok(Admitted::Steered { run_id, seq, token }) => {
+            let live_url = live_url(&state, &run_id, &token);
+            Ok(HttpResponse::Accepted().json(json!({"outcome": "steered", "runId": run_id, "seq": seq, "liveUrl": live_url})))
         }
         Err(AdmitError::Draining) => Err(ApiError::Draining),
         Err(e @ AdmitError::UnknownAgent(_)) => Err(ApiError::bad("agent", e.to_string())),
