@@ -24,6 +24,21 @@ fn seqs(events: &[SseEvent]) -> Vec<u64> {
         .collect()
 }
 
+/// The identity of a public run on thread `c1:<label>` that a test publishes to itself, standing in for
+/// a run actor.
+fn public_meta(label: &str) -> actors::registry::RunMeta {
+    actors::registry::RunMeta {
+        agent: "demo".into(),
+        model: "scripted".into(),
+        label: label.into(),
+        thread_key: format!("c1:{label}"),
+        channel_id: "c1".into(),
+        user_id: "u1".into(),
+        channel_visibility: storage::record::ChannelVisibility::Public,
+        parent_run_id: None,
+    }
+}
+
 #[actix_web::test]
 async fn a_live_stream_sends_every_event_with_its_seq_then_end_after_the_finish() {
     let app = TestApp::spawn().await;
@@ -98,24 +113,14 @@ async fn a_finished_run_replays_then_ends_from_the_registry_and_from_the_store()
 /// publisher never waited. The browser then reconnects with `Last-Event-ID` and misses nothing.
 #[actix_web::test]
 async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
-    use actors::registry::{RunMeta, SUBSCRIBER_QUEUE_BYTES};
-    use storage::record::ChannelVisibility;
+    use actors::registry::SUBSCRIBER_QUEUE_BYTES;
     use tokio::time::Instant;
 
     let app = TestApp::spawn().await;
     let registry = app.running.registry.clone();
     // The publisher stands in for a run actor: a live registry row, published to the way a run does.
     let id = "slow-viewer-run";
-    let meta = RunMeta {
-        agent: "demo".into(),
-        model: "scripted".into(),
-        label: "flood".into(),
-        thread_key: "c1:flood".into(),
-        channel_id: "c1".into(),
-        user_id: "u1".into(),
-        channel_visibility: ChannelVisibility::Public,
-        parent_run_id: None,
-    };
+    let meta = public_meta("flood");
     registry.create(id, meta, 1_000, "capability".into(), vec![], 1);
     assert_eq!(registry.subscriber_count(), 0);
 
@@ -177,24 +182,14 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
 /// while a viewer that reads gets every event in order and admissions carry on.
 #[actix_web::test]
 async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_a_reader_keeps_up() {
-    use actors::registry::{RunMeta, SUBSCRIBER_QUEUE, SUBSCRIBER_QUEUE_BYTES};
-    use storage::record::ChannelVisibility;
+    use actors::registry::{SUBSCRIBER_QUEUE, SUBSCRIBER_QUEUE_BYTES};
     use tokio::io::AsyncWriteExt;
 
     const STALLED: usize = 40;
     let app = TestApp::spawn().await;
     let registry = app.running.registry.clone();
     let id = "stalled-viewers-run";
-    let meta = RunMeta {
-        agent: "demo".into(),
-        model: "scripted".into(),
-        label: "large".into(),
-        thread_key: "c1:large".into(),
-        channel_id: "c1".into(),
-        user_id: "u1".into(),
-        channel_visibility: ChannelVisibility::Public,
-        parent_run_id: None,
-    };
+    let meta = public_meta("large");
     registry.create(id, meta, 1_000, "capability".into(), vec![], 1);
     // Viewers that send their request and never read a byte (a small receive buffer, as a stalled phone).
     let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
