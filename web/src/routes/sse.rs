@@ -98,16 +98,12 @@ async fn send_frame(tx: &FrameTx, frame: Frame) -> Result<(), Closed> {
     }
 }
 
-/// Run a pump; one that stops without `end` releases its queue at once (a stalled client may never
-/// read it, and reconnects with `Last-Event-ID` if it ever does).
-fn spawn_pump<F>(tx: FrameTx, pump: impl FnOnce(FrameTx) -> F + 'static, what: &'static str, run_id: Option<String>)
-where
-    F: std::future::Future<Output = Result<(), Closed>> + 'static,
-{
-    let keep = tx.clone();
+/// Run a pump feeding `queue`; one that stops without `end` releases the queue at once (a stalled client
+/// may never read it, and reconnects with `Last-Event-ID` if it ever does).
+fn spawn_pump(queue: FrameTx, pump: impl std::future::Future<Output = Result<(), Closed>> + 'static, what: &'static str, run_id: Option<String>) {
     actix_web::rt::spawn(async move {
-        if let Err(why) = pump(tx).await {
-            keep.abandon();
+        if let Err(why) = pump.await {
+            queue.abandon();
             tracing::debug!(run_id = run_id.as_deref().unwrap_or(""), what, why, "stream closed without end");
         }
     });
@@ -189,7 +185,7 @@ async fn stream_run(req: HttpRequest, path: web::Path<String>, state: web::Data<
     let (tx, rx) = queue::bounded(CLIENT_QUEUE, CLIENT_QUEUE_BYTES);
     let runs = state.runs.clone();
     let run_id = Some(id.clone());
-    spawn_pump(tx, move |tx| async move { RunStream { runs, id, last: after, visible_to, tx, ping: pinger() }.pump().await }, "run", run_id);
+    spawn_pump(tx.clone(), async move { RunStream { runs, id, last: after, visible_to, tx, ping: pinger() }.pump().await }, "run", run_id);
     Ok(sse_response(rx))
 }
 
@@ -392,7 +388,7 @@ async fn index_feed(req: HttpRequest, state: web::Data<AppState>) -> Result<Http
     let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
     let (tx, rx) = queue::bounded(CLIENT_QUEUE, CLIENT_QUEUE_BYTES);
     let runs = state.runs.clone();
-    spawn_pump(tx, move |tx| feed_pump(runs, visible_to, tx), "feed", None);
+    spawn_pump(tx.clone(), feed_pump(runs, visible_to, tx), "feed", None);
     Ok(sse_response(rx))
 }
 
