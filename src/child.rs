@@ -25,21 +25,35 @@ pub struct ChildServer {
 impl ChildServer {
     /// Start `exe serve` on `data` (database `data/switchboard.db`) with extra environment; waits until
     /// it listens.
-    pub fn start(exe: &Path, data: &Path, extra_env: &[(&str, &str)]) -> anyhow::Result<ChildServer> {
+    pub fn start(
+        exe: &Path,
+        data: &Path,
+        extra_env: &[(&str, &str)],
+    ) -> anyhow::Result<ChildServer> {
         Self::start_logged(exe, data, extra_env, None)
     }
 
     /// [`ChildServer::start`], also appending every stderr line to `log_file` (created, with its
     /// directory, if missing). A child that exits or never listens within 60 s is killed and the error
     /// carries the tail of its log.
-    pub fn start_logged(exe: &Path, data: &Path, extra_env: &[(&str, &str)], log_file: Option<&Path>) -> anyhow::Result<ChildServer> {
+    pub fn start_logged(
+        exe: &Path,
+        data: &Path,
+        extra_env: &[(&str, &str)],
+        log_file: Option<&Path>,
+    ) -> anyhow::Result<ChildServer> {
         Self::start_command(Command::new(exe), data, extra_env, log_file)
     }
 
     /// [`ChildServer::start_logged`] with the command line begun by the caller: the executable, or a
     /// wrapper and then the executable (`strace … switchboard`); `serve` is appended. The child's pid is
     /// then the wrapper's: ask the server's `/healthz` for its own.
-    pub fn start_command(mut cmd: Command, data: &Path, extra_env: &[(&str, &str)], log_file: Option<&Path>) -> anyhow::Result<ChildServer> {
+    pub fn start_command(
+        mut cmd: Command,
+        data: &Path,
+        extra_env: &[(&str, &str)],
+        log_file: Option<&Path>,
+    ) -> anyhow::Result<ChildServer> {
         cmd.arg("serve")
             .current_dir(data)
             .env("SWITCHBOARD_SERVER__BIND", "127.0.0.1:0")
@@ -56,7 +70,12 @@ impl ChildServer {
                 if let Some(dir) = path.parent() {
                     std::fs::create_dir_all(dir)?;
                 }
-                Some(std::fs::OpenOptions::new().create(true).append(true).open(path)?)
+                Some(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)?,
+                )
             }
             None => None,
         };
@@ -72,7 +91,11 @@ impl ChildServer {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains("switchboard listening") {
-                    if let Some(addr) = line.split("addr=").nth(1).and_then(|r| r.split_whitespace().next()) {
+                    if let Some(addr) = line
+                        .split("addr=")
+                        .nth(1)
+                        .and_then(|r| r.split_whitespace().next())
+                    {
                         let _ = tx.send(addr.to_owned());
                     }
                 }
@@ -84,9 +107,16 @@ impl ChildServer {
             }
         });
         match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => Ok(ChildServer { child, addr, log, log_file: log_file.map(Path::to_path_buf) }),
+            Ok(addr) => Ok(ChildServer {
+                child,
+                addr,
+                log,
+                log_file: log_file.map(Path::to_path_buf),
+            }),
             Err(_) => {
-                let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
+                let _ = Command::new("kill")
+                    .args(["-CONT", &child.id().to_string()])
+                    .status();
                 let _ = child.kill();
                 let _ = child.wait();
                 // Give the reader thread a moment to take the last lines.
@@ -108,7 +138,11 @@ impl ChildServer {
 
     /// Whether a log line so far contains `needle`.
     pub fn logged(&self, needle: &str) -> bool {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|l| l.contains(needle))
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|l| l.contains(needle))
     }
 
     /// The log lines so far.
@@ -133,7 +167,10 @@ impl ChildServer {
 
     /// Send a signal by name (`-TERM`, `-STOP`, `-CONT`, …).
     pub fn signal(&self, sig: &str) -> anyhow::Result<()> {
-        let ok = Command::new("kill").args([sig, &self.pid().to_string()]).status()?.success();
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()?
+            .success();
         anyhow::ensure!(ok, "kill {sig} failed");
         Ok(())
     }
@@ -151,7 +188,10 @@ impl ChildServer {
     /// SIGSTOP the process at a moment `is_free` (asked while it is stopped) says yes: stop, ask, and if
     /// not, continue briefly and try again, up to 200 times. An error from `is_free` continues the
     /// process and ends the attempt.
-    pub fn pause_when(&self, mut is_free: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
+    pub fn pause_when(
+        &self,
+        mut is_free: impl FnMut() -> anyhow::Result<bool>,
+    ) -> anyhow::Result<()> {
         for _ in 0..200 {
             self.signal("-STOP")?;
             match is_free() {
@@ -196,7 +236,9 @@ impl Drop for ChildServer {
     fn drop(&mut self) {
         // An exited (reaped) child's pid may belong to someone else by now: signal only a live one.
         if self.try_exit().is_none() {
-            let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.child.id().to_string()])
+                .status();
             let _ = self.child.kill();
             let _ = self.child.wait();
         }

@@ -17,8 +17,18 @@ pub const EMBEDDED_NAME: &str = "<embedded config.toml>";
 const ENV_PREFIX: &str = "SWITCHBOARD_";
 /// The sections environment variables may override (SPEC §8.4: fixed sections only; agents, tools and
 /// tokens come from the file).
-const ENV_SECTIONS: [&str; 10] =
-    ["server", "storage", "history", "ledger", "drain", "defaults", "auth", "delivery", "plan", "supervisor"];
+const ENV_SECTIONS: [&str; 10] = [
+    "server",
+    "storage",
+    "history",
+    "ledger",
+    "drain",
+    "defaults",
+    "auth",
+    "delivery",
+    "plan",
+    "supervisor",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -27,10 +37,18 @@ pub enum ConfigError {
     #[error("config {file}: {why}")]
     Syntax { file: String, why: String },
     #[error("config {file}: key `{key}`: {why}")]
-    Key { file: String, key: String, why: String },
+    Key {
+        file: String,
+        key: String,
+        why: String,
+    },
     /// A bad environment override: the variable is named, since the file is not to blame.
     #[error("environment variable {var}: key `{key}`: {why}")]
-    Env { var: String, key: String, why: String },
+    Env {
+        var: String,
+        key: String,
+        why: String,
+    },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -98,7 +116,11 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { bind: "127.0.0.1:8080".into(), public_base_url: None, host_id: None }
+        ServerConfig {
+            bind: "127.0.0.1:8080".into(),
+            public_base_url: None,
+            host_id: None,
+        }
     }
 }
 
@@ -178,7 +200,11 @@ pub struct HistoryConfig {
 impl Default for HistoryConfig {
     fn default() -> Self {
         let p = storage::record::RetentionPolicy::default();
-        HistoryConfig { retention_days: p.retention_days, max_runs: p.max_runs, max_bytes: p.max_bytes }
+        HistoryConfig {
+            retention_days: p.retention_days,
+            max_runs: p.max_runs,
+            max_bytes: p.max_bytes,
+        }
     }
 }
 
@@ -196,7 +222,11 @@ pub struct LedgerConfig {
 
 impl Default for LedgerConfig {
     fn default() -> Self {
-        LedgerConfig { lease_ms: 30_000, heartbeat_ms: 10_000, receipt_ttl_ms: storage::ledger::DEFAULT_RECEIPT_TTL_MS as u64 }
+        LedgerConfig {
+            lease_ms: 30_000,
+            heartbeat_ms: 10_000,
+            receipt_ttl_ms: storage::ledger::DEFAULT_RECEIPT_TTL_MS as u64,
+        }
     }
 }
 
@@ -212,7 +242,10 @@ pub struct DrainConfig {
 
 impl Default for DrainConfig {
     fn default() -> Self {
-        DrainConfig { deadline_ms: 900_000, handoff_budget_ms: 6_000 }
+        DrainConfig {
+            deadline_ms: 900_000,
+            handoff_budget_ms: 6_000,
+        }
     }
 }
 
@@ -305,7 +338,11 @@ pub struct AgentRetryConfig {
 
 impl Default for AgentRetryConfig {
     fn default() -> Self {
-        AgentRetryConfig { max_attempts: 5, initial_ms: 1000, max_ms: 30_000 }
+        AgentRetryConfig {
+            max_attempts: 5,
+            initial_ms: 1000,
+            max_ms: 30_000,
+        }
     }
 }
 
@@ -317,7 +354,11 @@ impl AgentConfig {
         }
         let kind = self.kind.as_str();
         if self.kind.is_provider() {
-            for (k, v) in [("model", &self.model), ("base_url", &self.base_url), ("api_key_env", &self.api_key_env)] {
+            for (k, v) in [
+                ("model", &self.model),
+                ("base_url", &self.base_url),
+                ("api_key_env", &self.api_key_env),
+            ] {
                 if v.as_deref().is_none_or(|s| s.trim().is_empty()) {
                     return Err((k, format!("is required for kind = \"{kind}\"")));
                 }
@@ -331,9 +372,16 @@ impl AgentConfig {
             return Err(("timeout_ms", "must be positive".into()));
         }
         if let Some(t) = self.temperature {
-            let max = if self.kind == AgentKind::Anthropic { 1.0 } else { 2.0 };
+            let max = if self.kind == AgentKind::Anthropic {
+                1.0
+            } else {
+                2.0
+            };
             if !(0.0..=max).contains(&t) {
-                return Err(("temperature", format!("must be within 0..={max} for kind = \"{kind}\"")));
+                return Err((
+                    "temperature",
+                    format!("must be within 0..={max} for kind = \"{kind}\""),
+                ));
             }
         }
         if self.max_tokens == Some(0) {
@@ -343,16 +391,26 @@ impl AgentConfig {
             if let Some(t) = tools.iter().find(|t| t.trim().is_empty()) {
                 return Err(("tools", format!("tool names must not be empty (got {t:?})")));
             }
-            if let Some(dup) = tools.iter().enumerate().find_map(|(i, t)| tools[..i].contains(t).then_some(t)) {
+            if let Some(dup) = tools
+                .iter()
+                .enumerate()
+                .find_map(|(i, t)| tools[..i].contains(t).then_some(t))
+            {
                 return Err(("tools", format!("`{dup}` is listed twice")));
             }
         }
         let r = &self.retry;
         if r.max_attempts == 0 {
-            return Err(("retry.max_attempts", "must be at least 1 (the first attempt counts)".into()));
+            return Err((
+                "retry.max_attempts",
+                "must be at least 1 (the first attempt counts)".into(),
+            ));
         }
         if r.initial_ms > r.max_ms {
-            return Err(("retry.initial_ms", format!("must not exceed retry.max_ms ({})", r.max_ms)));
+            return Err((
+                "retry.initial_ms",
+                format!("must not exceed retry.max_ms ({})", r.max_ms),
+            ));
         }
         Ok(())
     }
@@ -382,9 +440,22 @@ api_key_env = "OPENAI_API_KEY"
         let c = parse(GPT).expect("gpt agent");
         let a = &c.agents["gpt"];
         assert_eq!(a.kind, AgentKind::Openai);
-        assert_eq!((a.timeout_ms, a.budget_ms, a.stream), (120_000, 600_000, false));
-        assert_eq!((a.temperature, a.max_tokens, a.tools.clone()), (None, None, None));
-        assert_eq!(a.retry, AgentRetryConfig { max_attempts: 5, initial_ms: 1000, max_ms: 30_000 });
+        assert_eq!(
+            (a.timeout_ms, a.budget_ms, a.stream),
+            (120_000, 600_000, false)
+        );
+        assert_eq!(
+            (a.temperature, a.max_tokens, a.tools.clone()),
+            (None, None, None)
+        );
+        assert_eq!(
+            a.retry,
+            AgentRetryConfig {
+                max_attempts: 5,
+                initial_ms: 1000,
+                max_ms: 30_000
+            }
+        );
     }
 
     #[test]
@@ -413,32 +484,71 @@ max_ms = 8000
         let a = &c.agents["claude"];
         assert_eq!(a.kind, AgentKind::Anthropic);
         assert_eq!(a.model.as_deref(), Some("claude-sonnet-4-5"));
-        assert_eq!((a.timeout_ms, a.temperature, a.max_tokens), (60_000, Some(0.2), Some(2048)));
+        assert_eq!(
+            (a.timeout_ms, a.temperature, a.max_tokens),
+            (60_000, Some(0.2), Some(2048))
+        );
         assert_eq!(a.tools, Some(vec!["echo".to_owned(), "sleep".to_owned()]));
         assert!(a.stream);
-        assert_eq!(a.retry, AgentRetryConfig { max_attempts: 3, initial_ms: 500, max_ms: 8000 });
+        assert_eq!(
+            a.retry,
+            AgentRetryConfig {
+                max_attempts: 3,
+                initial_ms: 500,
+                max_ms: 8000
+            }
+        );
     }
 
     #[test]
     fn bad_agent_keys_are_named() {
         let claude = "[agents.c]\nkind = \"anthropic\"\nmodel = \"m\"\n";
         let cases: Vec<(String, &str)> = vec![
-            ("[agents.gpt]\nkind = \"openai\"\n".into(), "agents.gpt.model"),
-            (claude.into(), "agents.c.base_url"),
-            (format!("{claude}base_url = \"https://x\"\n"), "agents.c.api_key_env"),
-            ("[agents.c]\nkind = \"gemini\"\n".into(), "agents.c.kind"),
-            (format!("{GPT}base_url_typo = 1\n"), "agents.gpt.base_url_typo"),
-            (GPT.replace("https://api.openai.com/v1", "api.openai.com"), "agents.gpt.base_url"),
-            (format!("{GPT}timeout_ms = 0\n"), "agents.gpt.timeout_ms"),
-            (format!("{GPT}temperature = 2.5\n"), "agents.gpt.temperature"),
-            (format!("{GPT}max_tokens = 0\n"), "agents.gpt.max_tokens"),
-            (format!("{GPT}tools = [\"echo\", \"echo\"]\n"), "agents.gpt.tools"),
-            (format!("{GPT}tools = [\"\"]\n"), "agents.gpt.tools"),
-            (format!("{GPT}[agents.gpt.retry]\nmax_attempts = 0\n"), "agents.gpt.retry.max_attempts"),
-            (format!("{GPT}[agents.gpt.retry]\ninitial_ms = 5000\nmax_ms = 1000\n"), "agents.gpt.retry.initial_ms"),
-            (format!("{GPT}[agents.gpt.retry]\nmax_attempt = 3\n"), "agents.gpt.retry.max_attempt"),
             (
-                format!("{claude}base_url = \"https://x\"\napi_key_env = \"K\"\ntemperature = 1.5\n"),
+                "[agents.gpt]\nkind = \"openai\"\n".into(),
+                "agents.gpt.model",
+            ),
+            (claude.into(), "agents.c.base_url"),
+            (
+                format!("{claude}base_url = \"https://x\"\n"),
+                "agents.c.api_key_env",
+            ),
+            ("[agents.c]\nkind = \"gemini\"\n".into(), "agents.c.kind"),
+            (
+                format!("{GPT}base_url_typo = 1\n"),
+                "agents.gpt.base_url_typo",
+            ),
+            (
+                GPT.replace("https://api.openai.com/v1", "api.openai.com"),
+                "agents.gpt.base_url",
+            ),
+            (format!("{GPT}timeout_ms = 0\n"), "agents.gpt.timeout_ms"),
+            (
+                format!("{GPT}temperature = 2.5\n"),
+                "agents.gpt.temperature",
+            ),
+            (format!("{GPT}max_tokens = 0\n"), "agents.gpt.max_tokens"),
+            (
+                format!("{GPT}tools = [\"echo\", \"echo\"]\n"),
+                "agents.gpt.tools",
+            ),
+            (format!("{GPT}tools = [\"\"]\n"), "agents.gpt.tools"),
+            (
+                format!("{GPT}[agents.gpt.retry]\nmax_attempts = 0\n"),
+                "agents.gpt.retry.max_attempts",
+            ),
+            (
+                format!("{GPT}[agents.gpt.retry]\ninitial_ms = 5000\nmax_ms = 1000\n"),
+                "agents.gpt.retry.initial_ms",
+            ),
+            (
+                format!("{GPT}[agents.gpt.retry]\nmax_attempt = 3\n"),
+                "agents.gpt.retry.max_attempt",
+            ),
+            (
+                format!(
+                    "{claude}base_url = \"https://x\"\napi_key_env = \"K\"\ntemperature = 1.5\n"
+                ),
                 "agents.c.temperature",
             ),
         ];
@@ -447,7 +557,9 @@ max_ms = 8000
             assert!(e.contains(&format!("`{key}`")), "{text:?} → {e}");
         }
         // The message says why, naming the kind.
-        let e = parse("[agents.gpt]\nkind = \"openai\"\n").unwrap_err().to_string();
+        let e = parse("[agents.gpt]\nkind = \"openai\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("is required for kind = \"openai\""), "{e}");
     }
 
@@ -455,11 +567,19 @@ max_ms = 8000
     fn commented_agent_examples_in_config_toml_are_complete_and_valid() {
         // Uncomment the key and table lines of the agents section (prose comments stay comments).
         let start = EMBEDDED.find("[agents.demo]").expect("agents section");
-        let end = start + EMBEDDED[start..].find("\n[auth]").expect("auth section after agents");
+        let end = start
+            + EMBEDDED[start..]
+                .find("\n[auth]")
+                .expect("auth section after agents");
         let agents: String = EMBEDDED[start..end]
             .lines()
             .map(|l| match l.strip_prefix("# ") {
-                Some(rest) if rest.starts_with('[') || rest.split_once(" = ").is_some_and(|(k, _)| !k.contains(' ')) => {
+                Some(rest)
+                    if rest.starts_with('[')
+                        || rest
+                            .split_once(" = ")
+                            .is_some_and(|(k, _)| !k.contains(' ')) =>
+                {
                     rest
                 }
                 _ => l,
@@ -467,9 +587,13 @@ max_ms = 8000
             .map(|l| format!("{l}\n"))
             .collect();
         let text = format!("{}{agents}{}", &EMBEDDED[..start], &EMBEDDED[end..]);
-        let c = Config::parse("uncommented config.toml", &text, Vec::new()).expect("uncommented examples");
+        let c = Config::parse("uncommented config.toml", &text, Vec::new())
+            .expect("uncommented examples");
         let (gpt, claude) = (&c.agents["gpt"], &c.agents["claude"]);
-        assert_eq!((gpt.kind, claude.kind), (AgentKind::Openai, AgentKind::Anthropic));
+        assert_eq!(
+            (gpt.kind, claude.kind),
+            (AgentKind::Openai, AgentKind::Anthropic)
+        );
         assert!(gpt.temperature.is_some() && gpt.max_tokens.is_some() && gpt.tools.is_some());
         assert!(claude.stream && claude.tools.is_some());
         assert_eq!(gpt.retry, AgentRetryConfig::default());
@@ -485,7 +609,9 @@ pub struct DefaultsConfig {
 
 impl Default for DefaultsConfig {
     fn default() -> Self {
-        DefaultsConfig { agent: "demo".into() }
+        DefaultsConfig {
+            agent: "demo".into(),
+        }
     }
 }
 
@@ -499,11 +625,20 @@ pub struct AuthConfig {
 
 impl Default for AuthConfig {
     fn default() -> Self {
-        AuthConfig { dev_bypass: true, tokens: Vec::new() }
+        AuthConfig {
+            dev_bypass: true,
+            tokens: Vec::new(),
+        }
     }
 }
 
-pub const SCOPES: [&str; 5] = ["runs:read", "runs:write", "runs:kill", "messages:write", "deploy:write"];
+pub const SCOPES: [&str; 5] = [
+    "runs:read",
+    "runs:write",
+    "runs:kill",
+    "messages:write",
+    "deploy:write",
+];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -532,7 +667,11 @@ pub struct DeliveryConfig {
 
 impl Default for DeliveryConfig {
     fn default() -> Self {
-        DeliveryConfig { webhook_url: None, secret_env: None, deadline_ms: 30_000 }
+        DeliveryConfig {
+            webhook_url: None,
+            secret_env: None,
+            deadline_ms: 30_000,
+        }
     }
 }
 
@@ -589,7 +728,8 @@ impl ToolsConfig {
     /// What `actors::tools::external_tools` needs; `secret` is the key `delivery.secret_env` names.
     pub fn to_settings(&self, secret: Option<Vec<u8>>) -> actors::tools::ExternalToolsSettings {
         let timeout = |ms: Option<u64>| {
-            ms.map(std::time::Duration::from_millis).unwrap_or(actors::tools::DEFAULT_EXTERNAL_TIMEOUT)
+            ms.map(std::time::Duration::from_millis)
+                .unwrap_or(actors::tools::DEFAULT_EXTERNAL_TIMEOUT)
         };
         actors::tools::ExternalToolsSettings {
             http: self
@@ -608,7 +748,11 @@ impl ToolsConfig {
             mcp: self
                 .mcp
                 .iter()
-                .map(|m| actors::tools::McpServerSpec { prefix: m.name.clone(), url: m.url.clone(), timeout: timeout(m.timeout_ms) })
+                .map(|m| actors::tools::McpServerSpec {
+                    prefix: m.name.clone(),
+                    url: m.url.clone(),
+                    timeout: timeout(m.timeout_ms),
+                })
                 .collect(),
             secret,
         }
@@ -633,7 +777,10 @@ pub struct PlanConfig {
 
 impl Default for PlanConfig {
     fn default() -> Self {
-        PlanConfig { max_concurrent: 4, timeout_ms: 600_000 }
+        PlanConfig {
+            max_concurrent: 4,
+            timeout_ms: 600_000,
+        }
     }
 }
 
@@ -648,7 +795,10 @@ pub struct SupervisorSettings {
 
 impl Default for SupervisorSettings {
     fn default() -> Self {
-        SupervisorSettings { max_restarts: 1, window_ms: 600_000 }
+        SupervisorSettings {
+            max_restarts: 1,
+            window_ms: 600_000,
+        }
     }
 }
 
@@ -658,8 +808,10 @@ impl Config {
         let (name, text) = match path {
             Some(p) => {
                 let name = p.display().to_string();
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| ConfigError::Read { file: name.clone(), why: e.to_string() })?;
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::Read {
+                    file: name.clone(),
+                    why: e.to_string(),
+                })?;
                 (name, text)
             }
             None => (EMBEDDED_NAME.to_owned(), EMBEDDED.to_owned()),
@@ -674,44 +826,84 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
         let mut table: toml::Table =
-            text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax { file: name.into(), why: e.to_string() })?;
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    file: name.into(),
+                    why: e.to_string(),
+                })?;
         let mut overridden = BTreeMap::new();
         for (var, value) in env {
-            let Some(rest) = var.strip_prefix(ENV_PREFIX) else { continue };
-            let Some((section, key)) = rest.split_once("__").filter(|(s, k)| !s.is_empty() && !k.is_empty()) else {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let Some((section, key)) = rest
+                .split_once("__")
+                .filter(|(s, k)| !s.is_empty() && !k.is_empty())
+            else {
                 // Not an override: another variable of ours (`SWITCHBOARD_URL` for the CLI, a secret a
                 // `*_env` key names) — unless it reads like a mistyped one (`SWITCHBOARD_SERVER_BIND`).
                 let lower = rest.to_lowercase();
-                let typo = ENV_SECTIONS.iter().find(|s| lower.strip_prefix(**s).is_some_and(|k| k.starts_with('_')));
+                let typo = ENV_SECTIONS
+                    .iter()
+                    .find(|s| lower.strip_prefix(**s).is_some_and(|k| k.starts_with('_')));
                 match typo {
                     Some(section) if !names_variable(&table, &var) => {
-                        let why = format!("expected SWITCHBOARD_<SECTION>__<KEY> (two underscores after {})", section.to_uppercase());
-                        return Err(ConfigError::Env { key: lower, var, why });
+                        let why = format!(
+                            "expected SWITCHBOARD_<SECTION>__<KEY> (two underscores after {})",
+                            section.to_uppercase()
+                        );
+                        return Err(ConfigError::Env {
+                            key: lower,
+                            var,
+                            why,
+                        });
                     }
                     _ => continue,
                 }
             };
             let (section, key) = (section.to_lowercase(), key.to_lowercase());
             if !ENV_SECTIONS.contains(&section.as_str()) {
-                let why = format!("unknown section `{section}` (environment overrides: {})", ENV_SECTIONS.join(", "));
-                return Err(ConfigError::Env { key: format!("{section}.{key}"), var, why });
+                let why = format!(
+                    "unknown section `{section}` (environment overrides: {})",
+                    ENV_SECTIONS.join(", ")
+                );
+                return Err(ConfigError::Env {
+                    key: format!("{section}.{key}"),
+                    var,
+                    why,
+                });
             }
-            let entry = table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let entry = table
+                .entry(section.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             let Some(t) = entry.as_table_mut() else {
-                return Err(ConfigError::Env { key: section, var, why: "is not a section".into() });
+                return Err(ConfigError::Env {
+                    key: section,
+                    var,
+                    why: "is not a section".into(),
+                });
             };
             t.insert(key.clone(), env_scalar(&value));
             overridden.insert(format!("{section}.{key}"), var);
         }
-        let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-            let key = e.path().to_string();
-            let why = e.into_inner().to_string();
-            match overridden.get(&key) {
-                // serde names an unknown key "field"; the operator wrote a key.
-                Some(var) => ConfigError::Env { var: var.clone(), key, why: why.replace("unknown field", "unknown key") },
-                None => ConfigError::Key { file: name.into(), key, why },
-            }
-        })?;
+        let mut cfg: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                let key = e.path().to_string();
+                let why = e.into_inner().to_string();
+                match overridden.get(&key) {
+                    // serde names an unknown key "field"; the operator wrote a key.
+                    Some(var) => ConfigError::Env {
+                        var: var.clone(),
+                        key,
+                        why: why.replace("unknown field", "unknown key"),
+                    },
+                    None => ConfigError::Key {
+                        file: name.into(),
+                        key,
+                        why,
+                    },
+                }
+            })?;
         cfg.source = name.into();
         cfg.overrides = overridden;
         // The scripted demo agent is built in (SPEC §8.8): there whether or not the file defines it.
@@ -724,43 +916,87 @@ impl Config {
     fn bad(&self, key: impl Into<String>, why: impl Into<String>) -> ConfigError {
         let (key, why) = (key.into(), why.into());
         match self.overrides.get(&key) {
-            Some(var) => ConfigError::Env { var: var.clone(), key, why },
-            None => ConfigError::Key { file: self.source.clone(), key, why },
+            Some(var) => ConfigError::Env {
+                var: var.clone(),
+                key,
+                why,
+            },
+            None => ConfigError::Key {
+                file: self.source.clone(),
+                key,
+                why,
+            },
         }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
         if self.server.bind.parse::<SocketAddr>().is_err() {
-            return Err(self.bad("server.bind", format!("`{}` is not an address like 127.0.0.1:8080", self.server.bind)));
+            return Err(self.bad(
+                "server.bind",
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8080",
+                    self.server.bind
+                ),
+            ));
         }
         if let Some(base) = &self.server.public_base_url {
             if !(base.starts_with("http://") || base.starts_with("https://")) {
-                return Err(self.bad("server.public_base_url", "must start with http:// or https://"));
+                return Err(self.bad(
+                    "server.public_base_url",
+                    "must start with http:// or https://",
+                ));
             }
         }
         if let Some(id) = &self.server.host_id {
-            let ok = id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:/".contains(c));
+            let ok = id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:/".contains(c));
             if id.is_empty() || id.len() > 255 || !ok {
-                return Err(self.bad("server.host_id", "must be 1..=255 of letters, digits and `-_.:/`"));
+                return Err(self.bad(
+                    "server.host_id",
+                    "must be 1..=255 of letters, digits and `-_.:/`",
+                ));
             }
         }
         if self.storage.kind == StorageKind::Sqlite && self.storage.path.as_os_str().is_empty() {
             return Err(self.bad("storage.path", "must name a database file"));
         }
         if self.storage.kind == StorageKind::Postgres {
-            let url = self.storage.url.as_deref().map(str::trim).unwrap_or_default();
+            let url = self
+                .storage
+                .url
+                .as_deref()
+                .map(str::trim)
+                .unwrap_or_default();
             if url.is_empty() {
-                return Err(self.bad("storage.url", "is required for kind = \"postgres\" (or set SWITCHBOARD_STORAGE__URL)"));
+                return Err(self.bad(
+                    "storage.url",
+                    "is required for kind = \"postgres\" (or set SWITCHBOARD_STORAGE__URL)",
+                ));
             }
             if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                return Err(self.bad("storage.url", "must start with postgres:// or postgresql://"));
+                return Err(self.bad(
+                    "storage.url",
+                    "must start with postgres:// or postgresql://",
+                ));
             }
         }
-        if self.storage.workspace_root.as_ref().is_some_and(|r| r.as_os_str().is_empty()) {
-            return Err(self.bad("storage.workspace_root", "must name a directory (or be left out for <data dir>/workspaces)"));
+        if self
+            .storage
+            .workspace_root
+            .as_ref()
+            .is_some_and(|r| r.as_os_str().is_empty())
+        {
+            return Err(self.bad(
+                "storage.workspace_root",
+                "must name a directory (or be left out for <data dir>/workspaces)",
+            ));
         }
         if !POOL.contains(&self.storage.pool) {
-            return Err(self.bad("storage.pool", format!("must be within {}..={}", POOL.start(), POOL.end())));
+            return Err(self.bad(
+                "storage.pool",
+                format!("must be within {}..={}", POOL.start(), POOL.end()),
+            ));
         }
         let h = &self.history;
         if !(1..=365).contains(&h.retention_days) {
@@ -779,24 +1015,45 @@ impl Config {
         if 2 * l.heartbeat_ms > l.lease_ms {
             return Err(self.bad(
                 "ledger.heartbeat_ms",
-                format!("2 × heartbeat_ms ({}) must not exceed ledger.lease_ms ({})", 2 * l.heartbeat_ms, l.lease_ms),
+                format!(
+                    "2 × heartbeat_ms ({}) must not exceed ledger.lease_ms ({})",
+                    2 * l.heartbeat_ms,
+                    l.lease_ms
+                ),
             ));
         }
         if !RECEIPT_TTL_MS.contains(&l.receipt_ttl_ms) {
-            return Err(self.bad("ledger.receipt_ttl_ms", "must be within 60000 (a minute)..=31536000000 (a year)"));
+            return Err(self.bad(
+                "ledger.receipt_ttl_ms",
+                "must be within 60000 (a minute)..=31536000000 (a year)",
+            ));
         }
         for (name, a) in &self.agents {
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-                return Err(self.bad(format!("agents.{name}"), "agent names use letters, digits, `_` and `-`"));
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(self.bad(
+                    format!("agents.{name}"),
+                    "agent names use letters, digits, `_` and `-`",
+                ));
             }
-            a.check().map_err(|(key, why)| self.bad(format!("agents.{name}.{key}"), why))?;
+            a.check()
+                .map_err(|(key, why)| self.bad(format!("agents.{name}.{key}"), why))?;
         }
         if !self.agents.contains_key(&self.defaults.agent) {
-            return Err(self.bad("defaults.agent", format!("names no configured agent `{}`", self.defaults.agent)));
+            return Err(self.bad(
+                "defaults.agent",
+                format!("names no configured agent `{}`", self.defaults.agent),
+            ));
         }
         for (i, t) in self.auth.tokens.iter().enumerate() {
             if let Some(s) = t.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
-                return Err(self.bad(format!("auth.tokens[{i}].scopes"), format!("unknown scope `{s}`")));
+                return Err(self.bad(
+                    format!("auth.tokens[{i}].scopes"),
+                    format!("unknown scope `{s}`"),
+                ));
             }
             if let Some(v) = &t.visible_to {
                 storage::record::VisibilityFilter::parse(v)
@@ -805,7 +1062,10 @@ impl Config {
         }
         if let Some(u) = &self.delivery.webhook_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
-                return Err(self.bad("delivery.webhook_url", "must start with http:// or https://"));
+                return Err(self.bad(
+                    "delivery.webhook_url",
+                    "must start with http:// or https://",
+                ));
             }
         }
         if self.supervisor.window_ms == 0 {
@@ -830,18 +1090,28 @@ impl Config {
 
     /// Where run workspaces live: `[storage] workspace_root`, else `<data dir>/workspaces` (SPEC §8.4).
     pub fn workspace_root(&self) -> PathBuf {
-        self.storage.workspace_root.clone().unwrap_or_else(|| self.data_dir().join("workspaces"))
+        self.storage
+            .workspace_root
+            .clone()
+            .unwrap_or_else(|| self.data_dir().join("workspaces"))
     }
 
     /// This process's host identity: `[server] host_id`, else the machine's hostname.
     pub fn host_id(&self) -> String {
-        self.server.host_id.clone().unwrap_or_else(actors::host::hostname)
+        self.server
+            .host_id
+            .clone()
+            .unwrap_or_else(actors::host::hostname)
     }
 
     /// The retention policy this process proposes to the store (already within bounds).
     pub fn retention(&self) -> storage::record::RetentionPolicy {
         let h = &self.history;
-        storage::record::RetentionPolicy::clamp(h.retention_days as f64, h.max_runs as f64, h.max_bytes as f64)
+        storage::record::RetentionPolicy::clamp(
+            h.retention_days as f64,
+            h.max_runs as f64,
+            h.max_bytes as f64,
+        )
     }
 }
 
@@ -865,7 +1135,11 @@ fn env_scalar(v: &str) -> toml::Value {
         toml::Value::Integer(i)
     } else if let Ok(b) = v.parse::<bool>() {
         toml::Value::Boolean(b)
-    } else if let Ok(f) = v.parse::<f64>().map_err(|_| ()).and_then(|f| if f.is_finite() { Ok(f) } else { Err(()) }) {
+    } else if let Ok(f) =
+        v.parse::<f64>()
+            .map_err(|_| ())
+            .and_then(|f| if f.is_finite() { Ok(f) } else { Err(()) })
+    {
         toml::Value::Float(f)
     } else {
         toml::Value::String(v.to_owned())
@@ -906,8 +1180,21 @@ mod tests {
     #[test]
     fn every_accepted_key_is_in_the_committed_config_toml() {
         let sections = [
-            "[server]", "[storage]", "[history]", "[ledger]", "[drain]", "[defaults]", "[agents.x]", "[agents.x.retry]",
-            "[auth]", "[[auth.tokens]]", "[delivery]", "[redaction]", "[[tools.http]]", "[[tools.mcp]]", "[plan]",
+            "[server]",
+            "[storage]",
+            "[history]",
+            "[ledger]",
+            "[drain]",
+            "[defaults]",
+            "[agents.x]",
+            "[agents.x.retry]",
+            "[auth]",
+            "[[auth.tokens]]",
+            "[delivery]",
+            "[redaction]",
+            "[[tools.http]]",
+            "[[tools.mcp]]",
+            "[plan]",
             "[supervisor]",
         ];
         let documented: Vec<String> = EMBEDDED
@@ -917,16 +1204,37 @@ mod tests {
             .collect();
         let mut missing = Vec::new();
         for section in sections {
-            let e = parse(&format!("{section}\nzzz_not_a_key = 1\n")).unwrap_err().to_string();
-            let expected = e.split("expected one of").nth(1).or_else(|| e.split("expected").nth(1)).unwrap_or_else(|| panic!("{section}: {e}"));
+            let e = parse(&format!("{section}\nzzz_not_a_key = 1\n"))
+                .unwrap_err()
+                .to_string();
+            let expected = e
+                .split("expected one of")
+                .nth(1)
+                .or_else(|| e.split("expected").nth(1))
+                .unwrap_or_else(|| panic!("{section}: {e}"));
             // The list ends its line (a path to the section may follow on the next).
-            let keys: Vec<&str> = expected.lines().next().unwrap_or_default().split('`').skip(1).step_by(2).collect();
+            let keys: Vec<&str> = expected
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .collect();
             assert!(!keys.is_empty(), "{section}: {e}");
             // A sub-table (`retry`, `tokens`) is documented by its header.
-            let named = |k: &str| documented.iter().any(|d| d == k) || EMBEDDED.contains(&format!(".{k}]"));
-            missing.extend(keys.into_iter().filter(|k| !named(k)).map(|k| format!("{section} {k}")));
+            let named =
+                |k: &str| documented.iter().any(|d| d == k) || EMBEDDED.contains(&format!(".{k}]"));
+            missing.extend(
+                keys.into_iter()
+                    .filter(|k| !named(k))
+                    .map(|k| format!("{section} {k}")),
+            );
         }
-        assert!(missing.is_empty(), "keys config.toml does not mention: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "keys config.toml does not mention: {missing:?}"
+        );
     }
 
     /// SPEC §8.8: the demo agent is built in, so a file that defines only its own agents still starts with
@@ -936,14 +1244,30 @@ mod tests {
         let text = "[agents.gpt]\nkind = \"openai\"\nmodel = \"gpt-4o-mini\"\nbase_url = \"https://api.openai.com/v1\"\napi_key_env = \"OPENAI_API_KEY\"\n";
         let c = parse(text).expect("a file of one openai agent");
         assert_eq!(c.defaults.agent, "demo");
-        assert!(c.agents.contains_key("demo") && c.agents.contains_key("gpt"), "{:?}", c.agents.keys().collect::<Vec<_>>());
+        assert!(
+            c.agents.contains_key("demo") && c.agents.contains_key("gpt"),
+            "{:?}",
+            c.agents.keys().collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn receipt_ttl_defaults_to_a_day_and_is_bounded() {
-        assert_eq!(parse("").expect("empty config").ledger.receipt_ttl_ms, 86_400_000);
-        assert_eq!(parse("[ledger]\nreceipt_ttl_ms = 60000\n").expect("a minute").ledger.receipt_ttl_ms, 60_000);
-        for text in ["[ledger]\nreceipt_ttl_ms = 59999\n", "[ledger]\nreceipt_ttl_ms = 31536000001\n"] {
+        assert_eq!(
+            parse("").expect("empty config").ledger.receipt_ttl_ms,
+            86_400_000
+        );
+        assert_eq!(
+            parse("[ledger]\nreceipt_ttl_ms = 60000\n")
+                .expect("a minute")
+                .ledger
+                .receipt_ttl_ms,
+            60_000
+        );
+        for text in [
+            "[ledger]\nreceipt_ttl_ms = 59999\n",
+            "[ledger]\nreceipt_ttl_ms = 31536000001\n",
+        ] {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains("ledger.receipt_ttl_ms"), "{text:?} → {e}");
         }
@@ -951,7 +1275,9 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named_with_the_file() {
-        let e = parse("[server]\nbindd = \"127.0.0.1:1\"\n").unwrap_err().to_string();
+        let e = parse("[server]\nbindd = \"127.0.0.1:1\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("test.toml") && e.contains("server.bindd"), "{e}");
         let e = parse("[nosuch]\nx = 1\n").unwrap_err().to_string();
         assert!(e.contains("nosuch"), "{e}");
@@ -985,9 +1311,18 @@ mod tests {
     #[test]
     fn environment_overrides_scalars_and_is_named_when_bad() {
         let env = vec![
-            ("SWITCHBOARD_SERVER__BIND".to_owned(), "127.0.0.1:0".to_owned()),
-            ("SWITCHBOARD_STORAGE__PATH".to_owned(), "/tmp/x.db".to_owned()),
-            ("SWITCHBOARD_LEDGER__LEASE_MS".to_owned(), "60000".to_owned()),
+            (
+                "SWITCHBOARD_SERVER__BIND".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ),
+            (
+                "SWITCHBOARD_STORAGE__PATH".to_owned(),
+                "/tmp/x.db".to_owned(),
+            ),
+            (
+                "SWITCHBOARD_LEDGER__LEASE_MS".to_owned(),
+                "60000".to_owned(),
+            ),
             ("UNRELATED".to_owned(), "1".to_owned()),
         ];
         let c = Config::parse("test.toml", "", env).expect("overrides");
@@ -997,7 +1332,10 @@ mod tests {
 
         let env = vec![("SWITCHBOARD_LEDGER__LEASE_MS".to_owned(), "soon".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
-        assert!(e.contains("ledger.lease_ms") && e.contains("SWITCHBOARD_LEDGER__LEASE_MS"), "{e}");
+        assert!(
+            e.contains("ledger.lease_ms") && e.contains("SWITCHBOARD_LEDGER__LEASE_MS"),
+            "{e}"
+        );
         let env = vec![("SWITCHBOARD_STORAGE__POOL".to_owned(), "100".to_owned())];
         let e = Config::parse("test.toml", "", env).unwrap_err().to_string();
         assert!(e.contains("storage.pool"), "{e}");
@@ -1005,15 +1343,45 @@ mod tests {
 
     #[test]
     fn workspace_root_defaults_into_the_data_dir_and_is_overridden_by_file_and_environment() {
-        assert_eq!(parse("[storage]\npath = \"/srv/sb/db.sqlite\"\n").unwrap().workspace_root(), PathBuf::from("/srv/sb/workspaces"));
-        assert_eq!(parse("[storage]\npath = \"db.sqlite\"\n").unwrap().workspace_root(), PathBuf::from("./workspaces"));
+        assert_eq!(
+            parse("[storage]\npath = \"/srv/sb/db.sqlite\"\n")
+                .unwrap()
+                .workspace_root(),
+            PathBuf::from("/srv/sb/workspaces")
+        );
+        assert_eq!(
+            parse("[storage]\npath = \"db.sqlite\"\n")
+                .unwrap()
+                .workspace_root(),
+            PathBuf::from("./workspaces")
+        );
         let file = "[storage]\nworkspace_root = \"/mnt/shared/ws\"\n";
-        assert_eq!(parse(file).unwrap().workspace_root(), PathBuf::from("/mnt/shared/ws"));
-        let env = vec![("SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(), "/mnt/nfs/ws".to_owned())];
-        assert_eq!(Config::parse("test.toml", file, env).unwrap().workspace_root(), PathBuf::from("/mnt/nfs/ws"));
-        let env = vec![("SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(), String::new())];
-        let e = Config::parse("test.toml", file, env).unwrap_err().to_string();
-        assert!(e.contains("SWITCHBOARD_STORAGE__WORKSPACE_ROOT") && e.contains("storage.workspace_root"), "{e}");
+        assert_eq!(
+            parse(file).unwrap().workspace_root(),
+            PathBuf::from("/mnt/shared/ws")
+        );
+        let env = vec![(
+            "SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(),
+            "/mnt/nfs/ws".to_owned(),
+        )];
+        assert_eq!(
+            Config::parse("test.toml", file, env)
+                .unwrap()
+                .workspace_root(),
+            PathBuf::from("/mnt/nfs/ws")
+        );
+        let env = vec![(
+            "SWITCHBOARD_STORAGE__WORKSPACE_ROOT".to_owned(),
+            String::new(),
+        )];
+        let e = Config::parse("test.toml", file, env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("SWITCHBOARD_STORAGE__WORKSPACE_ROOT")
+                && e.contains("storage.workspace_root"),
+            "{e}"
+        );
         assert!(!e.contains("test.toml"), "the file is not to blame: {e}");
     }
 
@@ -1025,23 +1393,62 @@ mod tests {
             _ => None,
         };
         // A typo'd section: unknown, and the variable is named.
-        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVR__BIND", "127.0.0.1:1")).unwrap_err();
-        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVR__BIND"), "{e}");
+        let e = Config::parse(
+            "test.toml",
+            "",
+            env("SWITCHBOARD_SERVR__BIND", "127.0.0.1:1"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            blamed(&e).as_deref(),
+            Some("SWITCHBOARD_SERVR__BIND"),
+            "{e}"
+        );
         let e = e.to_string();
-        assert!(e.contains("SWITCHBOARD_SERVR__BIND") && e.contains("unknown section `servr`") && !e.contains("test.toml"), "{e}");
+        assert!(
+            e.contains("SWITCHBOARD_SERVR__BIND")
+                && e.contains("unknown section `servr`")
+                && !e.contains("test.toml"),
+            "{e}"
+        );
         // A typo'd key of a known section.
-        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVER__BIDN", "127.0.0.1:1")).unwrap_err();
-        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVER__BIDN"), "{e}");
+        let e = Config::parse(
+            "test.toml",
+            "",
+            env("SWITCHBOARD_SERVER__BIDN", "127.0.0.1:1"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            blamed(&e).as_deref(),
+            Some("SWITCHBOARD_SERVER__BIDN"),
+            "{e}"
+        );
         let e = e.to_string();
-        assert!(e.contains("server.bidn") && e.contains("unknown key `bidn`") && !e.contains("test.toml"), "{e}");
+        assert!(
+            e.contains("server.bidn")
+                && e.contains("unknown key `bidn`")
+                && !e.contains("test.toml"),
+            "{e}"
+        );
         // A value the validation refuses (it decodes, but is out of bounds).
-        let e = Config::parse("test.toml", "", env("SWITCHBOARD_HISTORY__MAX_RUNS", "0")).unwrap_err();
-        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_HISTORY__MAX_RUNS"), "{e}");
+        let e =
+            Config::parse("test.toml", "", env("SWITCHBOARD_HISTORY__MAX_RUNS", "0")).unwrap_err();
+        assert_eq!(
+            blamed(&e).as_deref(),
+            Some("SWITCHBOARD_HISTORY__MAX_RUNS"),
+            "{e}"
+        );
         let e = e.to_string();
-        assert!(e.contains("history.max_runs") && e.contains("1..=20000") && !e.contains("test.toml"), "{e}");
+        assert!(
+            e.contains("history.max_runs") && e.contains("1..=20000") && !e.contains("test.toml"),
+            "{e}"
+        );
         // The same value from the file is still the file's.
         let e = parse("[history]\nmax_runs = 0\n").unwrap_err();
-        assert!(blamed(&e).is_none() && e.to_string().contains("test.toml"), "{e}");
+        assert!(
+            blamed(&e).is_none() && e.to_string().contains("test.toml"),
+            "{e}"
+        );
         // A variable that cannot be an override is someone else's (the CLI's, a secret); one that reads
         // like a mistyped override is named.
         let others = vec![
@@ -1049,9 +1456,23 @@ mod tests {
             ("SWITCHBOARD_OPERATOR_TOKEN".to_owned(), "secret".to_owned()),
         ];
         Config::parse("test.toml", "", others).expect("not overrides");
-        let e = Config::parse("test.toml", "", env("SWITCHBOARD_SERVER_BIND", "127.0.0.1:1")).unwrap_err();
-        assert_eq!(blamed(&e).as_deref(), Some("SWITCHBOARD_SERVER_BIND"), "{e}");
+        let e = Config::parse(
+            "test.toml",
+            "",
+            env("SWITCHBOARD_SERVER_BIND", "127.0.0.1:1"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            blamed(&e).as_deref(),
+            Some("SWITCHBOARD_SERVER_BIND"),
+            "{e}"
+        );
         let named = "[[auth.tokens]]\nname = \"ops\"\ntoken_env = \"SWITCHBOARD_SERVER_TOKEN\"\nscopes = [\"runs:read\"]\n";
-        Config::parse("test.toml", named, env("SWITCHBOARD_SERVER_TOKEN", "secret")).expect("a token the file names");
+        Config::parse(
+            "test.toml",
+            named,
+            env("SWITCHBOARD_SERVER_TOKEN", "secret"),
+        )
+        .expect("a token the file names");
     }
 }

@@ -38,7 +38,9 @@ use actors::tools::Toolbox;
 use anyhow::Context;
 use storage::record::VisibilityFilter;
 use storage::store::PolicyProposal;
-use storage::{BackendSpec, Generation, MemoryStore, PgStore, SqliteStore, StorageHandle, Synchronous};
+use storage::{
+    BackendSpec, Generation, MemoryStore, PgStore, SqliteStore, StorageHandle, Synchronous,
+};
 
 pub use config::Config;
 
@@ -73,11 +75,15 @@ impl Running {
     /// others up to the deadline, then stop the HTTP server.
     pub async fn drain(self) -> anyhow::Result<actors::supervisor::DrainReport> {
         // Plan admissions are refused from here (`draining`), then the coordinator closes; storage after.
-        self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.plans.close().await;
         let report = self
             .supervisor
-            .send(actors::supervisor::Drain { deadline: self.drain.deadline, handoff_budget: self.drain.handoff_budget })
+            .send(actors::supervisor::Drain {
+                deadline: self.drain.deadline,
+                handoff_budget: self.drain.handoff_budget,
+            })
             .await
             .context("reach the supervisor")?;
         tracing::info!(
@@ -94,12 +100,18 @@ impl Running {
     /// Stop accepting connections and finish in-flight requests.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.server.stop(true).await;
-        self.task.await.context("join http server")?.context("run http server")
+        self.task
+            .await
+            .context("join http server")?
+            .context("run http server")
     }
 
     /// Wait until the server stops on its own.
     pub async fn wait(self) -> anyhow::Result<()> {
-        self.task.await.context("join http server")?.context("run http server")
+        self.task
+            .await
+            .context("join http server")?
+            .context("run http server")
     }
 
     pub fn server_handle(&self) -> actix_web::dev::ServerHandle {
@@ -152,7 +164,14 @@ fn build_agents(config: &Config) -> anyhow::Result<HashMap<String, AgentEntry>> 
         };
         agents.insert(
             name.clone(),
-            AgentEntry { agent, budget_ms: a.budget_ms as i64, system: a.system.clone(), tools: a.tools.clone(), retry, stream: a.stream },
+            AgentEntry {
+                agent,
+                budget_ms: a.budget_ms as i64,
+                system: a.system.clone(),
+                tools: a.tools.clone(),
+                retry,
+                stream: a.stream,
+            },
         );
     }
     Ok(agents)
@@ -167,12 +186,21 @@ fn build_auth(config: &Config) -> anyhow::Result<web::AuthConfig> {
             tracing::warn!(token = %t.name, env = %t.token_env, "the token's environment variable is not set; it grants nothing");
         }
         let visible_to = match &t.visible_to {
-            Some(v) => VisibilityFilter::parse(v).with_context(|| format!("parse visible_to of token {}", t.name))?,
+            Some(v) => VisibilityFilter::parse(v)
+                .with_context(|| format!("parse visible_to of token {}", t.name))?,
             None => VisibilityFilter::None,
         };
-        tokens.push(web::auth::TokenGrant { name: t.name.clone(), token, scopes: t.scopes.clone(), visible_to });
+        tokens.push(web::auth::TokenGrant {
+            name: t.name.clone(),
+            token,
+            scopes: t.scopes.clone(),
+            visible_to,
+        });
     }
-    Ok(web::AuthConfig { dev_bypass: config.auth.dev_bypass, tokens })
+    Ok(web::AuthConfig {
+        dev_bypass: config.auth.dev_bypass,
+        tokens,
+    })
 }
 
 /// The storage backend `config` names, opened and migrated once here (so a bad path, an unreachable
@@ -189,7 +217,8 @@ async fn backend(config: &Config) -> anyhow::Result<(BackendSpec, Arc<dyn storag
                 config::SynchronousSetting::Normal => Synchronous::Normal,
             };
             let path = config.storage.path.clone();
-            SqliteStore::open(&path, synchronous).with_context(|| format!("open database {}", path.display()))?;
+            SqliteStore::open(&path, synchronous)
+                .with_context(|| format!("open database {}", path.display()))?;
             (BackendSpec::Sqlite { path, synchronous }, system)
         }
         config::StorageKind::Postgres => {
@@ -206,7 +235,13 @@ async fn backend(config: &Config) -> anyhow::Result<(BackendSpec, Arc<dyn storag
             .context("join the database probe")?
             .with_context(|| format!("open database {shown}"))?;
             tracing::info!(url = %shown, offset_ms = clock.offset_ms(), pool = config.storage.pool, "postgres storage; leases on the database's clock");
-            (BackendSpec::Postgres { url, pool: config.storage.pool as usize }, Arc::new(clock))
+            (
+                BackendSpec::Postgres {
+                    url,
+                    pool: config.storage.pool as usize,
+                },
+                Arc::new(clock),
+            )
         }
     })
 }
@@ -217,32 +252,55 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     // reclaimed or started. An unset `public_base_url` is the address actually bound (port 0 included).
     let listener = std::net::TcpListener::bind(&config.server.bind)
         .with_context(|| format!("bind http listener on {}", config.server.bind))?;
-    let addr = listener.local_addr().context("bind http listener: no address")?;
+    let addr = listener
+        .local_addr()
+        .context("bind http listener: no address")?;
     let (spec, clock) = backend(&config).await?;
     let loaded_at = clock.now_ms();
-    let options = storage::StorageOptions { receipt_ttl_ms: config.ledger.receipt_ttl_ms as i64, ..Default::default() };
+    let options = storage::StorageOptions {
+        receipt_ttl_ms: config.ledger.receipt_ttl_ms as i64,
+        ..Default::default()
+    };
     let storage = StorageHandle::start_with(spec, clock.clone(), options);
     storage.ping().await.context("start storage actor")?;
-    let tokens = TokenMinter::new(&storage.capability_secret().await.context("read the capability secret")?);
+    let tokens = TokenMinter::new(
+        &storage
+            .capability_secret()
+            .await
+            .context("read the capability secret")?,
+    );
     let draining = Arc::new(AtomicBool::new(false));
-    let redactor = actors::redact::Redactor::new(&config.redaction.patterns).context("compile the redaction patterns")?;
+    let redactor = actors::redact::Redactor::new(&config.redaction.patterns)
+        .context("compile the redaction patterns")?;
     let registry = Registry::new(clock.clone()).with_redactor(Arc::new(redactor));
-    let webhook_secret =
-        actors::delivery::secret_from_env(config.delivery.secret_env.as_deref()).context("read the webhook secret")?;
-    let webhook = config.delivery.webhook_url.clone().map(|url| actors::delivery::Webhook {
-        url,
-        secret: webhook_secret.clone(),
-        deadline: Duration::from_millis(config.delivery.deadline_ms),
-    });
-    let external = actors::tools::external_tools(&config.tools.to_settings(webhook_secret), &reqwest::Client::new())
-        .await
-        .context("connect the external tools")?;
-    let tools = tools.with_external(external).context("add the external tools")?;
+    let webhook_secret = actors::delivery::secret_from_env(config.delivery.secret_env.as_deref())
+        .context("read the webhook secret")?;
+    let webhook = config
+        .delivery
+        .webhook_url
+        .clone()
+        .map(|url| actors::delivery::Webhook {
+            url,
+            secret: webhook_secret.clone(),
+            deadline: Duration::from_millis(config.delivery.deadline_ms),
+        });
+    let external = actors::tools::external_tools(
+        &config.tools.to_settings(webhook_secret),
+        &reqwest::Client::new(),
+    )
+    .await
+    .context("connect the external tools")?;
+    let tools = tools
+        .with_external(external)
+        .context("add the external tools")?;
     let metrics = actors::metrics::Metrics::shared(VERSION);
     let operations = actors::operations::OperationCoordinator::new(clock.clone());
     // Sessions are capped even when no other call comes in to notice.
     operations.spawn_session_reaper(Duration::from_secs(30));
-    let proposal = PolicyProposal { policy: config.retention(), updated_at: loaded_at };
+    let proposal = PolicyProposal {
+        policy: config.retention(),
+        updated_at: loaded_at,
+    };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
     let host_id = config.host_id();
     // The supervisor mints and owns this process's generation (its fencing token).
@@ -272,7 +330,11 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let span = tracing::info_span!("boot", generation = generation.as_str(), host_id = %host_id);
     let _enter = span.enter();
     storage
-        .record_generation(actors::host::this_process(generation.as_str(), loaded_at, &host_id))
+        .record_generation(actors::host::this_process(
+            generation.as_str(),
+            loaded_at,
+            &host_id,
+        ))
         .await
         .context("record the generation")?;
     let supervisor = actix::Actor::start(supervisor);
@@ -293,7 +355,11 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let plans = actors::plan::PlanHandle::spawn(
         storage.clone(),
         generation.clone(),
-        Arc::new(actors::plan::AgentPlanProvider::new(supervisor.clone(), registry.clone(), None)),
+        Arc::new(actors::plan::AgentPlanProvider::new(
+            supervisor.clone(),
+            registry.clone(),
+            None,
+        )),
         Arc::new(actors::plan::TokioTimer),
         actors::plan::PlanSettings {
             max_concurrent: config.plan.max_concurrent as usize,
@@ -303,7 +369,11 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         },
     );
     let shutdown = Arc::new(tokio::sync::Notify::new());
-    let public_base_url = config.server.public_base_url.clone().unwrap_or_else(|| format!("http://{addr}"));
+    let public_base_url = config
+        .server
+        .public_base_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
     let ui_base = public_base_url.clone();
     let state = web::AppState {
         generation: generation.clone(),
@@ -315,7 +385,12 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         tokens,
         auth: build_auth(&config)?,
         public_base_url,
-        runs: actors::runs_service::RunsService::new(registry.clone(), storage.clone(), generation.clone(), clock.clone()),
+        runs: actors::runs_service::RunsService::new(
+            registry.clone(),
+            storage.clone(),
+            generation.clone(),
+            clock.clone(),
+        ),
         shutdown: shutdown.clone(),
         metrics: metrics.clone(),
         history: history.clone(),
@@ -326,18 +401,20 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     if let Some(news) = storage.news() {
         state.runs.hear_news(news);
     }
-    let server = actix_web::HttpServer::new(move || actix_web::App::new().configure(web::configure(state.clone())))
-        // No Nagle: SSE frames and small answers leave at once instead of waiting for the peer's
-        // delayed ACK (about 40 ms per run end to end, measured by `bench runs`).
-        .on_connect(|conn, _| {
-            if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-                let _ = tcp.set_nodelay(true);
-            }
-        })
-        .disable_signals()
-        .shutdown_timeout(5)
-        .listen(listener)
-        .with_context(|| format!("listen on {addr}"))?;
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new().configure(web::configure(state.clone()))
+    })
+    // No Nagle: SSE frames and small answers leave at once instead of waiting for the peer's
+    // delayed ACK (about 40 ms per run end to end, measured by `bench runs`).
+    .on_connect(|conn, _| {
+        if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+            let _ = tcp.set_nodelay(true);
+        }
+    })
+    .disable_signals()
+    .shutdown_timeout(5)
+    .listen(listener)
+    .with_context(|| format!("listen on {addr}"))?;
     let server = server.run();
     let handle = server.handle();
     let task = actix_web::rt::spawn(server);
@@ -345,7 +422,9 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let database = match config.storage.kind {
         config::StorageKind::Memory => "memory".to_owned(),
         config::StorageKind::Sqlite => config.storage.path.display().to_string(),
-        config::StorageKind::Postgres => storage::redact_url(config.storage.url.as_deref().unwrap_or_default()),
+        config::StorageKind::Postgres => {
+            storage::redact_url(config.storage.url.as_deref().unwrap_or_default())
+        }
     };
     tracing::info!(
         version = VERSION,
@@ -361,7 +440,21 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         deadline: Duration::from_millis(config.drain.deadline_ms),
         handoff_budget: Duration::from_millis(config.drain.handoff_budget_ms),
     };
-    Ok(Running { addr, generation, storage, draining, supervisor, registry, history, plans, metrics, shutdown, drain, server: handle, task })
+    Ok(Running {
+        addr,
+        generation,
+        storage,
+        draining,
+        supervisor,
+        registry,
+        history,
+        plans,
+        metrics,
+        shutdown,
+        drain,
+        server: handle,
+        task,
+    })
 }
 
 /// How an asked run ended, from its record.
@@ -388,25 +481,45 @@ pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyh
     };
     let admitted = running
         .supervisor
-        .send(AdmitMessage { request, key: None, writer: None })
+        .send(AdmitMessage {
+            request,
+            key: None,
+            writer: None,
+        })
         .await
         .context("reach the supervisor")?
         .map_err(|e| anyhow::anyhow!("admit the message: {e}"))?;
-    let Admitted::Started { run_id, .. } = admitted else { anyhow::bail!("a fresh thread was steered") };
+    let Admitted::Started { run_id, .. } = admitted else {
+        anyhow::bail!("a fresh thread was steered")
+    };
     loop {
         match running.registry.row(&run_id) {
             // Finished but the record did not land: say so rather than wait forever.
             Some(row) if row.finished_at.is_some() && running.history.pending() == 0 => {
-                anyhow::bail!("run {run_id} finished {:?} but its record did not land", row.status)
+                anyhow::bail!(
+                    "run {run_id} finished {:?} but its record did not land",
+                    row.status
+                )
             }
             Some(_) => tokio::time::sleep(Duration::from_millis(25)).await,
             // The registry forgets a run once its record landed: the store has it from then on.
             None => {
-                let record = running.storage.get(run_id.clone()).await.context("read the record")?;
+                let record = running
+                    .storage
+                    .get(run_id.clone())
+                    .await
+                    .context("read the record")?;
                 let record = record.filter(|r| !r.head.provisional);
-                let record = record.with_context(|| format!("run {run_id} ended without a record (fenced)"))?;
+                let record = record
+                    .with_context(|| format!("run {run_id} ended without a record (fenced)"))?;
                 let last = |kind: &str, field: &str| {
-                    record.events.iter().rev().find(|e| e["type"] == kind).and_then(|e| e[field].as_str()).map(str::to_owned)
+                    record
+                        .events
+                        .iter()
+                        .rev()
+                        .find(|e| e["type"] == kind)
+                        .and_then(|e| e[field].as_str())
+                        .map(str::to_owned)
                 };
                 return Ok(Asked {
                     status: record.head.status.as_str().to_owned(),

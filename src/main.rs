@@ -17,7 +17,11 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use switchboard::Config;
 
 #[derive(Parser)]
-#[command(name = "switchboard", version, about = "A runtime for long-running, chat-driven agent runs")]
+#[command(
+    name = "switchboard",
+    version,
+    about = "A runtime for long-running, chat-driven agent runs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -99,7 +103,9 @@ enum LogFormat {
 fn init_tracing(default_level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => {
             let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -131,14 +137,21 @@ fn main() -> std::process::ExitCode {
     let (level, format) = match &cli.command {
         Command::Serve { log_format, .. } => ("info", *log_format),
         Command::Chaos(_) => ("info", LogFormat::Text),
-        Command::Ask { .. } | Command::Bench(_) | Command::Runs(_) | Command::Completions { .. } | Command::Sim(_) => {
-            ("warn", LogFormat::Text)
-        }
+        Command::Ask { .. }
+        | Command::Bench(_)
+        | Command::Runs(_)
+        | Command::Completions { .. }
+        | Command::Sim(_) => ("warn", LogFormat::Text),
     };
     init_tracing(level, format);
     let result = match cli.command {
         Command::Serve { config, .. } => serve(config),
-        Command::Ask { text, agent, config, db } => ask(text, agent, config, db),
+        Command::Ask {
+            text,
+            agent,
+            config,
+            db,
+        } => ask(text, agent, config, db),
         Command::Runs(args) => {
             return match switchboard::cli::run(args) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
@@ -151,12 +164,24 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => switchboard::bench::run(args),
         Command::Chaos(args) => switchboard::chaos::run(args),
         Command::Sim(args) => {
-            let seeds = args.seeds.unwrap_or(if args.seed.is_some() { 1 } else { 1000 });
-            let run = sim::cli::Args { seeds, seed: args.seed.unwrap_or(0), faults: Some(args.faults), strict: args.strict };
+            let seeds = args
+                .seeds
+                .unwrap_or(if args.seed.is_some() { 1 } else { 1000 });
+            let run = sim::cli::Args {
+                seeds,
+                seed: args.seed.unwrap_or(0),
+                faults: Some(args.faults),
+                strict: args.strict,
+            };
             return std::process::ExitCode::from(sim::cli::run(&run) as u8);
         }
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "switchboard", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "switchboard",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
     };
@@ -174,7 +199,12 @@ fn load_config(config: Option<PathBuf>) -> anyhow::Result<Config> {
     Ok(Config::load(path.as_deref())?)
 }
 
-fn ask(text: String, agent: Option<String>, config: Option<PathBuf>, db: Option<PathBuf>) -> anyhow::Result<()> {
+fn ask(
+    text: String,
+    agent: Option<String>,
+    config: Option<PathBuf>,
+    db: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let mut config = load_config(config)?;
     // The process serves nothing: its listener only exists because boot binds one.
     config.server.bind = "127.0.0.1:0".into();
@@ -210,7 +240,10 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
             r = shutdown_signal() => r.context("listen for shutdown signals")?,
             _ = admin_drain.notified() => {}
         }
-        tracing::info!(generation = running.generation.as_str(), "shutdown: draining");
+        tracing::info!(
+            generation = running.generation.as_str(),
+            "shutdown: draining"
+        );
         running.drain().await.map(|_| ())
     })
 }

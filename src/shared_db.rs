@@ -56,22 +56,39 @@ impl SharedDb {
     /// cluster with one fresh database (blocks 1–2 s while it starts).
     pub fn open(kind: StorageChoice, url: Option<&str>) -> anyhow::Result<SharedDb> {
         match (kind, url) {
-            (StorageChoice::Sqlite, None) => Ok(SharedDb { spec: DbSpec::Sqlite, cluster: None }),
-            (StorageChoice::Sqlite, Some(_)) => anyhow::bail!("--storage-url needs --storage postgres"),
+            (StorageChoice::Sqlite, None) => Ok(SharedDb {
+                spec: DbSpec::Sqlite,
+                cluster: None,
+            }),
+            (StorageChoice::Sqlite, Some(_)) => {
+                anyhow::bail!("--storage-url needs --storage postgres")
+            }
             (StorageChoice::Postgres, Some(url)) => {
                 anyhow::ensure!(
                     url.starts_with("postgres://") || url.starts_with("postgresql://"),
                     "--storage-url must start with postgres:// or postgresql://"
                 );
-                Ok(SharedDb { spec: DbSpec::Postgres { url: url.to_owned() }, cluster: None })
+                Ok(SharedDb {
+                    spec: DbSpec::Postgres {
+                        url: url.to_owned(),
+                    },
+                    cluster: None,
+                })
             }
             (StorageChoice::Postgres, None) => {
-                let cluster = Cluster::start().map_err(|why| anyhow::anyhow!("start a throwaway PostgreSQL: {why}"))?;
+                let cluster = Cluster::start()
+                    .map_err(|why| anyhow::anyhow!("start a throwaway PostgreSQL: {why}"))?;
                 // `database()` panics rather than answering an error (it is made for tests): keep a panic
                 // from taking this process down without the cluster's cleanup.
-                let url = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cluster.database()))
-                    .map_err(|_| anyhow::anyhow!("create a database in the throwaway PostgreSQL"))?;
-                Ok(SharedDb { spec: DbSpec::Postgres { url }, cluster: Some(cluster) })
+                let url =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cluster.database()))
+                        .map_err(|_| {
+                        anyhow::anyhow!("create a database in the throwaway PostgreSQL")
+                    })?;
+                Ok(SharedDb {
+                    spec: DbSpec::Postgres { url },
+                    cluster: Some(cluster),
+                })
             }
         }
     }
@@ -97,7 +114,10 @@ impl DbSpec {
         match self {
             DbSpec::Sqlite => Vec::new(),
             DbSpec::Postgres { url } => vec![
-                ("SWITCHBOARD_STORAGE__KIND".to_owned(), "postgres".to_owned()),
+                (
+                    "SWITCHBOARD_STORAGE__KIND".to_owned(),
+                    "postgres".to_owned(),
+                ),
                 ("SWITCHBOARD_STORAGE__URL".to_owned(), url.clone()),
             ],
         }
@@ -106,11 +126,16 @@ impl DbSpec {
     /// SIGSTOP `child` at a moment it holds no write transaction (SQLite: the file's write lock on
     /// `data/switchboard.db`; PostgreSQL: no backend of its pid in a transaction or a statement). Answers
     /// an error, leaving the process running, when no such moment came in 200 tries.
-    pub fn pause_outside_transaction(&self, child: &ChildServer, data: &Path) -> anyhow::Result<()> {
+    pub fn pause_outside_transaction(
+        &self,
+        child: &ChildServer,
+        data: &Path,
+    ) -> anyhow::Result<()> {
         match self {
             DbSpec::Sqlite => child.pause_outside_transaction(&data.join("switchboard.db")),
             DbSpec::Postgres { url } => {
-                let mut probe = storage::postgres::ActivityProbe::connect(url).context("connect the pause probe to PostgreSQL")?;
+                let mut probe = storage::postgres::ActivityProbe::connect(url)
+                    .context("connect the pause probe to PostgreSQL")?;
                 let pid = child.pid();
                 child.pause_when(|| probe.is_idle(pid).context("read pg_stat_activity"))
             }

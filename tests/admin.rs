@@ -37,15 +37,33 @@ async fn admin_endpoints_need_deploy_write() {
     .await;
     use reqwest::Method;
     assert_eq!(status(&app, Method::POST, "/admin/crash", None).await, 401);
-    assert_eq!(status(&app, Method::POST, "/admin/crash", Some("wrong")).await, 401);
-    assert_eq!(status(&app, Method::POST, "/admin/crash", Some("reader-secret")).await, 403);
-    assert_eq!(status(&app, Method::GET, "/admin/crash", Some("deployer-secret")).await, 405);
-    assert_eq!(status(&app, Method::POST, "/admin/drain", Some("reader-secret")).await, 403);
+    assert_eq!(
+        status(&app, Method::POST, "/admin/crash", Some("wrong")).await,
+        401
+    );
+    assert_eq!(
+        status(&app, Method::POST, "/admin/crash", Some("reader-secret")).await,
+        403
+    );
+    assert_eq!(
+        status(&app, Method::GET, "/admin/crash", Some("deployer-secret")).await,
+        405
+    );
+    assert_eq!(
+        status(&app, Method::POST, "/admin/drain", Some("reader-secret")).await,
+        403
+    );
     // A granted drain answers 202 and tells the process to drain.
     let notified = app.running.shutdown.clone();
     let wait = tokio::spawn(async move { notified.notified().await });
-    assert_eq!(status(&app, Method::POST, "/admin/drain", Some("deployer-secret")).await, 202);
-    tokio::time::timeout(std::time::Duration::from_secs(5), wait).await.unwrap().unwrap();
+    assert_eq!(
+        status(&app, Method::POST, "/admin/drain", Some("deployer-secret")).await,
+        202
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[actix_web::test]
@@ -55,8 +73,14 @@ async fn without_dev_bypass_or_tokens_admin_is_unavailable() {
         c.auth.tokens.clear();
     })
     .await;
-    assert_eq!(status(&app, reqwest::Method::POST, "/admin/crash", None).await, 503);
-    assert_eq!(status(&app, reqwest::Method::POST, "/admin/drain", None).await, 503);
+    assert_eq!(
+        status(&app, reqwest::Method::POST, "/admin/crash", None).await,
+        503
+    );
+    assert_eq!(
+        status(&app, reqwest::Method::POST, "/admin/drain", None).await,
+        503
+    );
 }
 
 #[actix_web::test]
@@ -67,7 +91,10 @@ async fn a_drain_with_nothing_running_stops_admitting_and_finishes() {
     let storage = app.running.storage.clone();
     let draining = app.running.draining.clone();
     let report = app.running.drain().await.unwrap();
-    assert!(report.handed_off.is_empty() && report.abandoned.is_empty(), "{report:?}");
+    assert!(
+        report.handed_off.is_empty() && report.abandoned.is_empty(),
+        "{report:?}"
+    );
     assert!(draining.load(std::sync::atomic::Ordering::SeqCst));
     assert!(storage.list_live().await.unwrap().is_empty());
 }
@@ -79,19 +106,45 @@ async fn a_drain_with_nothing_running_stops_admitting_and_finishes() {
 async fn a_granted_crash_answers_its_generation_and_pid_then_exits_137() {
     let dir = tempfile::tempdir().unwrap();
     // The embedded configuration: a loopback dev-bypass operator holds `deploy:write`.
-    let mut child =
-        switchboard::child::ChildServer::start(std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")), dir.path(), &[])
-            .expect("start switchboard");
+    let mut child = switchboard::child::ChildServer::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")),
+        dir.path(),
+        &[],
+    )
+    .expect("start switchboard");
     let client = reqwest::Client::new();
-    let health: serde_json::Value = client.get(child.url("/healthz")).send().await.unwrap().json().await.unwrap();
-    let generation = health["generation"].as_str().expect("a generation on /healthz").to_owned();
-    assert!(storage::Generation::parse(&generation).is_some(), "{generation}");
-    assert_eq!(health["pid"].as_u64(), Some(u64::from(child.pid())), "/healthz names the child's pid");
+    let health: serde_json::Value = client
+        .get(child.url("/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let generation = health["generation"]
+        .as_str()
+        .expect("a generation on /healthz")
+        .to_owned();
+    assert!(
+        storage::Generation::parse(&generation).is_some(),
+        "{generation}"
+    );
+    assert_eq!(
+        health["pid"].as_u64(),
+        Some(u64::from(child.pid())),
+        "/healthz names the child's pid"
+    );
 
     let res = client.post(child.url("/admin/crash")).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 202);
     let body: serde_json::Value = res.json().await.unwrap();
-    assert_eq!(body, serde_json::json!({"ok": true, "generation": generation, "pid": child.pid()}));
-    assert_eq!(child.wait_exit(std::time::Duration::from_secs(10)), Some(137), "crash exits 137");
+    assert_eq!(
+        body,
+        serde_json::json!({"ok": true, "generation": generation, "pid": child.pid()})
+    );
+    assert_eq!(
+        child.wait_exit(std::time::Duration::from_secs(10)),
+        Some(137),
+        "crash exits 137"
+    );
 }
-

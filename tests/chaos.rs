@@ -38,16 +38,43 @@ const VIOLATIONS: [&str; 15] = [
 
 #[test]
 fn chaos_with_crashes_pauses_and_drains_loses_and_duplicates_nothing() {
-    let seed: u64 = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_130);
-    let report = chaos(&["--clients", "4", "--faults", "12", "--processes", "2"], seed, 12);
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_261_130);
+    let report = chaos(
+        &["--clients", "4", "--faults", "12", "--processes", "2"],
+        seed,
+        12,
+    );
     assert_eq!(report["storage"], "sqlite", "{report}");
 }
 
 #[test]
 fn chaos_on_postgres_with_three_hosts_loses_and_duplicates_nothing() {
-    let seed: u64 = std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_202);
-    let report = chaos(&["--storage", "postgres", "--clients", "4", "--faults", "12", "--processes", "3"], seed, 12);
-    assert_eq!((report["storage"].as_str(), report["processes"].as_u64()), (Some("postgres"), Some(3)), "{report}");
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_261_202);
+    let report = chaos(
+        &[
+            "--storage",
+            "postgres",
+            "--clients",
+            "4",
+            "--faults",
+            "12",
+            "--processes",
+            "3",
+        ],
+        seed,
+        12,
+    );
+    assert_eq!(
+        (report["storage"].as_str(), report["processes"].as_u64()),
+        (Some("postgres"), Some(3)),
+        "{report}"
+    );
 }
 
 /// Run `switchboard chaos ARGS --json --seed SEED` to its end (or [`WATCHDOG`]), assert that it found no
@@ -83,7 +110,9 @@ fn chaos(args: &[&str], seed: u64, faults: u64) -> Value {
         }
         if Instant::now() > until {
             // SIGTERM first: chaos then kills its `serve` children and keeps its data dir.
-            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
             let grace = Instant::now() + Duration::from_secs(40);
             while child.try_wait().ok().flatten().is_none() && Instant::now() < grace {
                 std::thread::sleep(Duration::from_millis(100));
@@ -94,14 +123,23 @@ fn chaos(args: &[&str], seed: u64, faults: u64) -> Value {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let (stdout, stderr) = (out.join().expect("stdout reader"), err.join().expect("stderr reader"));
+    let (stdout, stderr) = (
+        out.join().expect("stdout reader"),
+        err.join().expect("stderr reader"),
+    );
     let Some(status) = status else {
         panic!("chaos (seed {seed}) ran past {WATCHDOG:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
     };
 
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{'));
-    let Some(line) = line else { panic!("chaos (seed {seed}) printed no JSON line ({status})\nstdout:\n{stdout}\nstderr:\n{stderr}") };
-    let report: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("the JSON line does not parse ({e}): {line}"));
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'));
+    let Some(line) = line else {
+        panic!("chaos (seed {seed}) printed no JSON line ({status})\nstdout:\n{stdout}\nstderr:\n{stderr}")
+    };
+    let report: Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("the JSON line does not parse ({e}): {line}"));
 
     // Every count at once, so one failure shows the whole picture.
     let nonzero: Vec<String> = VIOLATIONS
@@ -112,16 +150,42 @@ fn chaos(args: &[&str], seed: u64, faults: u64) -> Value {
             None => Some(format!("{k} missing")),
         })
         .collect();
-    assert!(nonzero.is_empty(), "chaos (seed {seed}) found violations: {}\n{line}\nstderr:\n{stderr}", nonzero.join(", "));
-    assert_eq!(report["settled"], true, "every run settled within 2 minutes: {line}");
-    assert!(status.success(), "chaos exits 0 without violations ({status}): {line}\nstderr:\n{stderr}");
+    assert!(
+        nonzero.is_empty(),
+        "chaos (seed {seed}) found violations: {}\n{line}\nstderr:\n{stderr}",
+        nonzero.join(", ")
+    );
+    assert_eq!(
+        report["settled"], true,
+        "every run settled within 2 minutes: {line}"
+    );
+    assert!(
+        status.success(),
+        "chaos exits 0 without violations ({status}): {line}\nstderr:\n{stderr}"
+    );
 
     // The scenario really ran: faults landed, messages were accepted and steered, runs were read back.
-    let landed = report["faults"].as_u64().unwrap_or(0) + report["pauses_skipped"].as_u64().unwrap_or(0);
-    assert_eq!(landed, faults, "every fault landed or was reported skipped: {line}");
-    assert!(report["accepted"].as_u64().unwrap_or(0) > 0, "messages were accepted: {line}");
-    assert!(report["steered"].as_u64().unwrap_or(0) > 0, "follow-ups steered into live runs: {line}");
-    assert!(report["runs"].as_u64().unwrap_or(0) > 0, "runs were read back: {line}");
-    assert!(report["shown_events"].as_u64().unwrap_or(0) > 0, "a reader was served committed events of runs live elsewhere: {line}");
+    let landed =
+        report["faults"].as_u64().unwrap_or(0) + report["pauses_skipped"].as_u64().unwrap_or(0);
+    assert_eq!(
+        landed, faults,
+        "every fault landed or was reported skipped: {line}"
+    );
+    assert!(
+        report["accepted"].as_u64().unwrap_or(0) > 0,
+        "messages were accepted: {line}"
+    );
+    assert!(
+        report["steered"].as_u64().unwrap_or(0) > 0,
+        "follow-ups steered into live runs: {line}"
+    );
+    assert!(
+        report["runs"].as_u64().unwrap_or(0) > 0,
+        "runs were read back: {line}"
+    );
+    assert!(
+        report["shown_events"].as_u64().unwrap_or(0) > 0,
+        "a reader was served committed events of runs live elsewhere: {line}"
+    );
     report
 }

@@ -40,7 +40,10 @@ struct Stub {
 impl Stub {
     fn start() -> Stub {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let stub = Stub { addr: listener.local_addr().unwrap().to_string(), calls: Arc::default() };
+        let stub = Stub {
+            addr: listener.local_addr().unwrap().to_string(),
+            calls: Arc::default(),
+        };
         let shared = stub.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming().map_while(Result::ok) {
@@ -68,7 +71,11 @@ impl Stub {
             if reader.read_line(&mut line).unwrap_or(0) == 0 {
                 return;
             }
-            let path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
+            let path = line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned();
             let mut headers = HashMap::new();
             loop {
                 let mut h = String::new();
@@ -83,7 +90,10 @@ impl Stub {
                     headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
                 }
             }
-            let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let len: usize = headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             let mut body = vec![0; len];
             if reader.read_exact(&mut body).is_err() {
                 return;
@@ -95,18 +105,30 @@ impl Stub {
                 "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nMcp-Session-Id: sess-1\r\nContent-Length: {}\r\n\r\n",
                 text.len()
             );
-            if out.write_all(head.as_bytes()).and_then(|_| out.write_all(text.as_bytes())).is_err() {
+            if out
+                .write_all(head.as_bytes())
+                .and_then(|_| out.write_all(text.as_bytes()))
+                .is_err()
+            {
                 return;
             }
         }
     }
 
-    fn handle(&self, path: &str, headers: &HashMap<String, String>, body: &Value) -> (&'static str, Option<Value>) {
+    fn handle(
+        &self,
+        path: &str,
+        headers: &HashMap<String, String>,
+        body: &Value,
+    ) -> (&'static str, Option<Value>) {
         if path == "/tool" {
             let key = headers.get("idempotency-key").cloned();
             let effects = {
                 let mut calls = self.calls.lock().unwrap();
-                calls.push(Seen { what: "/tool".into(), key: key.clone() });
+                calls.push(Seen {
+                    what: "/tool".into(),
+                    key: key.clone(),
+                });
                 // The endpoint honours the key: one effect per distinct key.
                 let mut keys: Vec<_> = calls.iter().filter_map(|c| c.key.clone()).collect();
                 keys.sort();
@@ -114,7 +136,10 @@ impl Stub {
                 keys.len()
             };
             std::thread::sleep(HOLD);
-            return ("200 OK", Some(json!({"done": true, "effects": effects, "echo": body["input"]})));
+            return (
+                "200 OK",
+                Some(json!({"done": true, "effects": effects, "echo": body["input"]})),
+            );
         }
         // MCP over streamable HTTP, answered as plain JSON.
         let Some(id) = body.get("id").filter(|id| !id.is_null()) else {
@@ -128,23 +153,43 @@ impl Stub {
                  "annotations": {"readOnlyHint": true}}
             ]}),
             "tools/call" => {
-                let name = body["params"]["name"].as_str().unwrap_or_default().to_owned();
-                let key = body["params"]["_meta"]["idempotencyKey"].as_str().map(str::to_owned);
-                self.calls.lock().unwrap().push(Seen { what: name.clone(), key });
+                let name = body["params"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let key = body["params"]["_meta"]["idempotencyKey"]
+                    .as_str()
+                    .map(str::to_owned);
+                self.calls.lock().unwrap().push(Seen {
+                    what: name.clone(),
+                    key,
+                });
                 std::thread::sleep(HOLD);
                 json!({"content": [{"type": "text", "text": format!("{name} ok")}], "isError": false})
             }
-            _ => return ("200 OK", Some(json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "no such method"}}))),
+            _ => {
+                return (
+                    "200 OK",
+                    Some(
+                        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "no such method"}}),
+                    ),
+                )
+            }
         };
-        ("200 OK", Some(json!({"jsonrpc": "2.0", "id": id, "result": result})))
+        (
+            "200 OK",
+            Some(json!({"jsonrpc": "2.0", "id": id, "result": result})),
+        )
     }
 }
 
 // ---- the binary under test ----
 
 fn post_run(p: &Proc, text: &str) -> String {
-    let (status, body) =
-        http(|c| c.post(p.url("/api/messages")).json(&json!({"thread": "t1", "channel": "k", "user": "u", "text": text})));
+    let (status, body) = http(|c| {
+        c.post(p.url("/api/messages"))
+            .json(&json!({"thread": "t1", "channel": "k", "user": "u", "text": text}))
+    });
     assert_eq!(status, 202, "{body}");
     body["runId"].as_str().expect("runId").to_owned()
 }
@@ -181,14 +226,19 @@ fn data_dir(tools: &str) -> (tempfile::TempDir, PathBuf) {
 fn crash_mid_call(data: &Path, stub: &Stub, tool: &str) -> (RunRecord, Value) {
     let mut a = Proc::start(data, &[]);
     let run_id = post_run(&a, &format!("steps=1 tool={tool} answer=finished"));
-    wait_for("the call at the stub", || (!stub.calls().is_empty()).then_some(()));
+    wait_for("the call at the stub", || {
+        (!stub.calls().is_empty()).then_some(())
+    });
     a.crash();
     assert_eq!(stub.calls().len(), 1, "one call before the crash");
     let _b = Proc::start(data, &[]);
     let record = final_record(data, &run_id);
     let resumed = of_type(&record, "resumed");
     assert_eq!(resumed.len(), 1, "{:?}", record.events);
-    let settled = resumed[0]["settled"].as_array().cloned().unwrap_or_default();
+    let settled = resumed[0]["settled"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(settled.len(), 1, "{}", resumed[0]);
     (record, settled[0].clone())
 }
@@ -196,14 +246,28 @@ fn crash_mid_call(data: &Path, stub: &Stub, tool: &str) -> (RunRecord, Value) {
 #[test]
 fn a_mutating_http_call_in_flight_at_a_crash_is_settled_effects_unknown_and_never_resent() {
     let stub = Stub::start();
-    let (_dir, data) =
-        data_dir(&format!("[[tools.http]]\nname = \"charge\"\nurl = \"{}\"\nmutating = true\n", stub.url("/tool")));
+    let (_dir, data) = data_dir(&format!(
+        "[[tools.http]]\nname = \"charge\"\nurl = \"{}\"\nmutating = true\n",
+        stub.url("/tool")
+    ));
     let (record, settled) = crash_mid_call(&data, &stub, "charge");
     assert_eq!(settled["how"], "effects_unknown", "{settled}");
     let call_id = settled["callId"].clone();
-    let result = record.events.iter().find(|e| e["type"] == "tool_result" && e["callId"] == call_id);
-    assert!(result.is_some_and(|e| e["effectsUnknown"] == true && e["ok"] == false), "{:?}", record.events);
-    assert_eq!(record.head.status, RunStatus::Completed, "{:?}", record.events);
+    let result = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["callId"] == call_id);
+    assert!(
+        result.is_some_and(|e| e["effectsUnknown"] == true && e["ok"] == false),
+        "{:?}",
+        record.events
+    );
+    assert_eq!(
+        record.head.status,
+        RunStatus::Completed,
+        "{:?}",
+        record.events
+    );
     // Nothing re-sent: the endpoint saw the call once.
     assert_eq!(stub.calls().len(), 1, "{:?}", stub.calls());
 }
@@ -217,30 +281,65 @@ fn an_idempotent_http_call_in_flight_at_a_crash_is_resent_with_the_same_key() {
     ));
     let (record, settled) = crash_mid_call(&data, &stub, "book");
     assert_eq!(settled["how"], "resent", "{settled}");
-    assert_eq!(record.head.status, RunStatus::Completed, "{:?}", record.events);
+    assert_eq!(
+        record.head.status,
+        RunStatus::Completed,
+        "{:?}",
+        record.events
+    );
     let calls = stub.calls();
     assert_eq!(calls.len(), 2, "sent, then re-sent: {calls:?}");
     let key = calls[0].key.clone().expect("an Idempotency-Key");
-    assert_eq!(key, format!("{}/{}", record.head.id, settled["callId"].as_str().unwrap()));
-    assert_eq!(calls[1].key.as_deref(), Some(key.as_str()), "the same key both times");
+    assert_eq!(
+        key,
+        format!("{}/{}", record.head.id, settled["callId"].as_str().unwrap())
+    );
+    assert_eq!(
+        calls[1].key.as_deref(),
+        Some(key.as_str()),
+        "the same key both times"
+    );
     // One effect: the endpoint deduplicated by key, and the result the run kept says so.
     let call_id = settled["callId"].clone();
-    let result = record.events.iter().find(|e| e["type"] == "tool_result" && e["callId"] == call_id && e["ok"] == true);
-    assert!(result.is_some_and(|e| e.get("effectsUnknown").is_none_or(|v| v != true)), "{:?}", record.events);
-    assert_eq!(of_type(&record, "answer").first().map(|a| a["text"].clone()), Some(json!("finished")));
+    let result = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["callId"] == call_id && e["ok"] == true);
+    assert!(
+        result.is_some_and(|e| e.get("effectsUnknown").is_none_or(|v| v != true)),
+        "{:?}",
+        record.events
+    );
+    assert_eq!(
+        of_type(&record, "answer")
+            .first()
+            .map(|a| a["text"].clone()),
+        Some(json!("finished"))
+    );
 }
 
 #[test]
 fn a_read_only_mcp_call_in_flight_at_a_crash_is_rerun() {
     let stub = Stub::start();
-    let (_dir, data) = data_dir(&format!("[[tools.mcp]]\nname = \"srv\"\nurl = \"{}\"\n", stub.url("/mcp")));
+    let (_dir, data) = data_dir(&format!(
+        "[[tools.mcp]]\nname = \"srv\"\nurl = \"{}\"\n",
+        stub.url("/mcp")
+    ));
     let (record, settled) = crash_mid_call(&data, &stub, "srv__lookup");
     assert_eq!(settled["how"], "rerun", "{settled}");
-    assert_eq!(record.head.status, RunStatus::Completed, "{:?}", record.events);
+    assert_eq!(
+        record.head.status,
+        RunStatus::Completed,
+        "{:?}",
+        record.events
+    );
     let calls = stub.calls();
     assert_eq!(calls.len(), 2, "called, then re-run: {calls:?}");
     assert!(calls.iter().all(|c| c.what == "lookup"), "{calls:?}");
     let call_id = settled["callId"].clone();
-    let result = record.events.iter().find(|e| e["type"] == "tool_result" && e["callId"] == call_id && e["ok"] == true);
+    let result = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["callId"] == call_id && e["ok"] == true);
     assert!(result.is_some(), "{:?}", record.events);
 }

@@ -12,8 +12,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::child::{http, now_ms, wait_for, Proc};
 use storage::{RunStore, SqliteStore, Synchronous};
+use support::child::{http, now_ms, wait_for, Proc};
 
 /// How long A may take to stop serving the killed run: far below the registry's 60 s TTL (so only the
 /// kill check can explain it), far above one ledger listing (2 s).
@@ -27,7 +27,11 @@ fn get(p: &Proc, path: &str) -> (u16, Value) {
 fn listed(p: &Proc, run_id: &str) -> bool {
     let (status, body) = get(p, "/api/runs?status=all");
     assert_eq!(status, 200, "{body}");
-    body["runs"].as_array().expect("runs").iter().any(|r| r["id"] == run_id)
+    body["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .any(|r| r["id"] == run_id)
 }
 
 #[test]
@@ -40,41 +44,74 @@ fn a_run_killed_through_another_process_disappears_from_this_processs_reads_with
     // A runs two short runs to completion; both are in A's registry (finished, persisted) for a minute.
     let post = |thread: &str| {
         let (status, body) = http(|c| {
-            c.post(a.url("/api/messages")).json(&json!({"thread": thread, "channel": "k", "user": "u", "text": "steps=1 ms=0"}))
+            c.post(a.url("/api/messages")).json(
+                &json!({"thread": thread, "channel": "k", "user": "u", "text": "steps=1 ms=0"}),
+            )
         });
         assert_eq!(status, 202, "{body}");
         body["runId"].as_str().expect("runId").to_owned()
     };
     let (doomed, kept) = (post("t-doomed"), post("t-kept"));
     for id in [&doomed, &kept] {
-        wait_for(&format!("A to serve {id} finished and persisted"), DEADLINE, || {
-            let (status, v) = get(&a, &format!("/api/runs/{id}"));
-            (status == 200 && v["finished"] == true && v["persisted"] == true).then_some(())
-        });
+        wait_for(
+            &format!("A to serve {id} finished and persisted"),
+            DEADLINE,
+            || {
+                let (status, v) = get(&a, &format!("/api/runs/{id}"));
+                (status == 200 && v["finished"] == true && v["persisted"] == true).then_some(())
+            },
+        );
     }
     assert!(listed(&a, &doomed) && listed(&a, &kept));
 
     // B kills the run it never drove: the deletion fence, then (nobody drives it) the purge at once.
     let (status, body) = http(|c| c.delete(b.url(&format!("/api/runs/{doomed}"))));
-    assert_eq!((status, body["state"].as_str()), (202, Some("killing")), "{body}");
-    let mut db = SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal).expect("open the database");
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (202, Some("killing")),
+        "{body}"
+    );
+    let mut db = SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal)
+        .expect("open the database");
     assert!(storage::ledger::RunLedger::is_killed(&mut db, &doomed).unwrap());
-    wait_for("B's purge of the record", DEADLINE, || db.get(&doomed, now_ms()).unwrap().is_none().then_some(()));
-    assert_eq!(get(&b, &format!("/api/runs/{doomed}")).0, 404, "B answers the killed run as unknown");
+    wait_for("B's purge of the record", DEADLINE, || {
+        db.get(&doomed, now_ms()).unwrap().is_none().then_some(())
+    });
+    assert_eq!(
+        get(&b, &format!("/api/runs/{doomed}")).0,
+        404,
+        "B answers the killed run as unknown"
+    );
 
     // A still holds the run in its registry; within one ledger listing it serves it from nowhere.
     let killed_at = Instant::now();
-    wait_for("A to answer the killed run 404 and stop listing it", WITHIN, || {
-        (get(&a, &format!("/api/runs/{doomed}")).0 == 404 && !listed(&a, &doomed)).then_some(())
-    });
-    eprintln!("kill on B to gone on A: {} ms", killed_at.elapsed().as_millis());
-    for path in [format!("/api/runs/{doomed}?include=events"), format!("/api/runs/{doomed}/events"), format!("/api/runs/{doomed}/friction")] {
+    wait_for(
+        "A to answer the killed run 404 and stop listing it",
+        WITHIN,
+        || (get(&a, &format!("/api/runs/{doomed}")).0 == 404 && !listed(&a, &doomed)).then_some(()),
+    );
+    eprintln!(
+        "kill on B to gone on A: {} ms",
+        killed_at.elapsed().as_millis()
+    );
+    for path in [
+        format!("/api/runs/{doomed}?include=events"),
+        format!("/api/runs/{doomed}/events"),
+        format!("/api/runs/{doomed}/friction"),
+    ] {
         assert_eq!(get(&a, &path).0, 404, "{path}");
     }
     for status in ["finished", "active"] {
         let (code, body) = get(&a, &format!("/api/runs?status={status}"));
         assert_eq!(code, 200, "{body}");
-        assert!(!body["runs"].as_array().unwrap().iter().any(|r| r["id"] == doomed.as_str()), "{status}: {body}");
+        assert!(
+            !body["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["id"] == doomed.as_str()),
+            "{status}: {body}"
+        );
     }
     // The run nobody killed is served by A as before.
     let (status, v) = get(&a, &format!("/api/runs/{kept}"));

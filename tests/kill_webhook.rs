@@ -36,7 +36,9 @@ async fn app_with_webhook() -> (TestApp, Arc<AtomicUsize>) {
 /// Follow the run's live stream until it closes; answers every event it carried and whether it ended
 /// with `end` (a run removed without a record closes without one).
 async fn follow(app: &TestApp, run_id: &str) -> tokio::task::JoinHandle<(Vec<SseEvent>, bool)> {
-    let (status, reader) = app.sse(&format!("/api/runs/{run_id}/stream"), None, None).await;
+    let (status, reader) = app
+        .sse(&format!("/api/runs/{run_id}/stream"), None, None)
+        .await;
     assert_eq!(status, 200);
     let mut reader = reader.expect("a stream");
     tokio::spawn(async move {
@@ -46,11 +48,19 @@ async fn follow(app: &TestApp, run_id: &str) -> tokio::task::JoinHandle<(Vec<Sse
 }
 
 fn kinds(events: &[SseEvent]) -> Vec<&str> {
-    events.iter().map(|e| e.data["type"].as_str().unwrap_or("?")).collect()
+    events
+        .iter()
+        .map(|e| e.data["type"].as_str().unwrap_or("?"))
+        .collect()
 }
 
 async fn kill(app: &TestApp, run_id: &str) -> (u16, Value) {
-    let res = app.client.delete(app.url(&format!("/api/runs/{run_id}"))).send().await.expect("DELETE");
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/runs/{run_id}")))
+        .send()
+        .await
+        .expect("DELETE");
     let status = res.status().as_u16();
     (status, res.json().await.unwrap_or(Value::Null))
 }
@@ -58,12 +68,17 @@ async fn kill(app: &TestApp, run_id: &str) -> (u16, Value) {
 /// Wait until the killed run is purged (no live row, no record) and its actor is gone from the registry.
 /// A webhook, had one been sent, was answered before any of that: the count is final afterwards.
 async fn wait_purged(app: &TestApp, run_id: &str) {
-    let (storage, registry, id) = (app.running.storage.clone(), app.running.registry.clone(), run_id.to_owned());
+    let (storage, registry, id) = (
+        app.running.storage.clone(),
+        app.running.registry.clone(),
+        run_id.to_owned(),
+    );
     wait_until(DEADLINE, move || {
         let (s, id) = (storage.clone(), id.clone());
         let discarded = registry.row(&id).is_none();
         async move {
-            let gone = s.get_live(id.clone()).await.ok()?.is_none() && s.get(id.clone()).await.ok()?.is_none();
+            let gone = s.get_live(id.clone()).await.ok()?.is_none()
+                && s.get(id.clone()).await.ok()?.is_none();
             (discarded && gone && s.is_killed(id).await.ok()?).then_some(())
         }
     })
@@ -94,7 +109,9 @@ fn watch(storage: StorageHandle, run_id: String, state: Arc<AtomicU8>, first: bo
                     state.store(KILLED_AFTER_GATE, Ordering::SeqCst);
                 }
             }
-            Some(row) if first && row.phase != Phase::Live => state.store(ARMED_TOO_LATE, Ordering::SeqCst),
+            Some(row) if first && row.phase != Phase::Live => {
+                state.store(ARMED_TOO_LATE, Ordering::SeqCst)
+            }
             Some(_) => {
                 // Not at the gate yet: queue the successor now, before this group commits. The pause only
                 // keeps the watch from spinning the storage thread; it decides no order.
@@ -106,18 +123,28 @@ fn watch(storage: StorageHandle, run_id: String, state: Arc<AtomicU8>, first: bo
         Ok(())
     });
     // `transact` queues its job on the first poll; the answer is not needed (the state says it all).
-    assert!(job.now_or_never().is_none_or(|r| r.is_ok()), "the storage actor is gone");
+    assert!(
+        job.now_or_never().is_none_or(|r| r.is_ok()),
+        "the storage actor is gone"
+    );
 }
 
 #[actix_web::test]
 async fn a_kill_landing_after_the_finishing_gate_sends_no_webhook_and_leaves_no_record() {
     let (app, hits) = app_with_webhook().await;
-    let run_id = app.start_run("tw-gate", "steps=1 ms=1500 answer=never-delivered").await;
+    let run_id = app
+        .start_run("tw-gate", "steps=1 ms=1500 answer=never-delivered")
+        .await;
     // The one tool call sleeps 1.5 s: the gate is well ahead. Arm the watch now.
     app.event(&run_id, "tool_call").await;
     let stream = follow(&app, &run_id).await;
     let state = Arc::new(AtomicU8::new(WATCHING));
-    watch(app.running.storage.clone(), run_id.clone(), state.clone(), true);
+    watch(
+        app.running.storage.clone(),
+        run_id.clone(),
+        state.clone(),
+        true,
+    );
     let seen = state.clone();
     let outcome = wait_until(DEADLINE, move || {
         let s = seen.load(Ordering::SeqCst);
@@ -125,16 +152,29 @@ async fn a_kill_landing_after_the_finishing_gate_sends_no_webhook_and_leaves_no_
     })
     .await
     .expect("the run never reached its finishing gate");
-    assert_eq!(outcome, KILLED_AFTER_GATE, "the watch did not catch the gate (2 = armed too late, 3 = row gone)");
+    assert_eq!(
+        outcome, KILLED_AFTER_GATE,
+        "the watch did not catch the gate (2 = armed too late, 3 = row gone)"
+    );
     wait_purged(&app, &run_id).await;
-    assert_eq!(hits.load(Ordering::SeqCst), 0, "a kill before the webhook attempt sends no webhook");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "a kill before the webhook attempt sends no webhook"
+    );
     // The run did pass its gate — the answer is published only after it — and then ended as fenced:
     // removed without a record, so its stream closes without `end`.
     let (events, ended) = stream.await.expect("the stream task");
-    let answer = events.iter().find(|e| e.data["type"] == "answer").unwrap_or_else(|| panic!("no answer: {:?}", kinds(&events)));
+    let answer = events
+        .iter()
+        .find(|e| e.data["type"] == "answer")
+        .unwrap_or_else(|| panic!("no answer: {:?}", kinds(&events)));
     assert_eq!(answer.data["text"], "never-delivered");
     assert!(!ended, "{:?}", kinds(&events));
-    assert_eq!(app.get_json(&format!("/api/runs/{run_id}"), None).await.0, 404);
+    assert_eq!(
+        app.get_json(&format!("/api/runs/{run_id}"), None).await.0,
+        404
+    );
     // The thread is free, and a run nobody kills still gets its webhook (the receiver works).
     let next = app.start_run("tw-gate", "steps=1 ms=0").await;
     app.final_record(&next).await;
@@ -144,16 +184,40 @@ async fn a_kill_landing_after_the_finishing_gate_sends_no_webhook_and_leaves_no_
 #[actix_web::test]
 async fn a_kill_while_the_tool_runs_ends_the_run_before_its_gate_and_sends_no_webhook() {
     let (app, hits) = app_with_webhook().await;
-    let run_id = app.start_run("tw-tool", "steps=1 ms=1500 answer=never-delivered").await;
+    let run_id = app
+        .start_run("tw-tool", "steps=1 ms=1500 answer=never-delivered")
+        .await;
     app.event(&run_id, "tool_call").await;
     let stream = follow(&app, &run_id).await;
     let (status, body) = kill(&app, &run_id).await;
-    assert_eq!((status, body["state"].as_str()), (202, Some("killing")), "{body}");
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (202, Some("killing")),
+        "{body}"
+    );
     wait_purged(&app, &run_id).await;
-    assert_eq!(hits.load(Ordering::SeqCst), 0, "a killed run sends no webhook");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "a killed run sends no webhook"
+    );
     // Aborted mid-tool, it never reached its gate: no answer, no result of the aborted call, no `end`.
     let (events, ended) = stream.await.expect("the stream task");
-    assert!(!kinds(&events).iter().any(|k| *k == "answer" || *k == "tool_result") && !ended, "{:?}", kinds(&events));
-    assert_eq!(app.get_json(&format!("/api/runs/{run_id}"), None).await.0, 404);
-    assert_eq!(kill(&app, &run_id).await.0, 404, "a killed run is an unknown run");
+    assert!(
+        !kinds(&events)
+            .iter()
+            .any(|k| *k == "answer" || *k == "tool_result")
+            && !ended,
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(
+        app.get_json(&format!("/api/runs/{run_id}"), None).await.0,
+        404
+    );
+    assert_eq!(
+        kill(&app, &run_id).await.0,
+        404,
+        "a killed run is an unknown run"
+    );
 }

@@ -7,7 +7,13 @@ use serde_json::{json, Value};
 use support::TestApp;
 
 async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
-    let res = app.client.post(app.url(path)).json(&body).send().await.unwrap();
+    let res = app
+        .client
+        .post(app.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let status = res.status().as_u16();
     (status, res.json().await.unwrap_or(Value::Null))
 }
@@ -26,13 +32,21 @@ async fn a_suggestion_is_published_as_cards_and_an_import_makes_it_stale_history
     assert_eq!(plan["revision"], 1);
     // `think_ms` keeps the model busy long enough that the second start surely finds it running.
     let prompt = r#"steps=0 think_ms=800 answer=[{"title":"Ship","body":"Deploy-Monday"}]"#;
-    let (status, started) =
-        post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": prompt})).await;
+    let (status, started) = post(
+        &app,
+        "/api/plans/p1/suggestions",
+        json!({"revision": 1, "snapshotId": "s1", "prompt": prompt}),
+    )
+    .await;
     assert_eq!(status, 202, "{started}");
     let rid = started["requestId"].as_str().unwrap().to_owned();
     // A second start for the same plan while it runs is refused naming the active request.
-    let (status, busy) =
-        post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": prompt})).await;
+    let (status, busy) = post(
+        &app,
+        "/api/plans/p1/suggestions",
+        json!({"revision": 1, "snapshotId": "s1", "prompt": prompt}),
+    )
+    .await;
     assert_eq!(status, 409, "{busy}");
     assert!(busy.to_string().contains(&rid), "{busy}");
     let path = format!("/api/plans/p1/suggestions/{rid}");
@@ -51,7 +65,12 @@ async fn a_suggestion_is_published_as_cards_and_an_import_makes_it_stale_history
     assert_eq!(ready["cards"][0]["title"], "Ship");
     assert_eq!(ready["revision"], 1);
     // A stale identity is refused before anything is allocated.
-    let (status, _) = post(&app, "/api/plans/p1/suggestions", json!({"revision": 7, "snapshotId": "s1"})).await;
+    let (status, _) = post(
+        &app,
+        "/api/plans/p1/suggestions",
+        json!({"revision": 7, "snapshotId": "s1"}),
+    )
+    .await;
     assert_eq!(status, 409);
     // Advancing the revision invalidates the ready request; its cards stay as history.
     let (status, imported) = post(&app, "/api/plans/p1/import", json!({"snapshotId": "s2"})).await;
@@ -63,9 +82,17 @@ async fn a_suggestion_is_published_as_cards_and_an_import_makes_it_stale_history
     assert_eq!(after["cards"][0]["title"], "Ship");
     // Unknown plan and request ids are 404; a bad body names the field.
     assert_eq!(get(&app, "/api/plans/p1/suggestions/nope").await.0, 404);
-    let (status, bad) = post(&app, "/api/plans/p1/suggestions", json!({"snapshotId": "s2"})).await;
+    let (status, bad) = post(
+        &app,
+        "/api/plans/p1/suggestions",
+        json!({"snapshotId": "s2"}),
+    )
+    .await;
     assert_eq!(status, 400);
-    assert!(bad["message"].as_str().unwrap().contains("revision"), "{bad}");
+    assert!(
+        bad["message"].as_str().unwrap().contains("revision"),
+        "{bad}"
+    );
 }
 
 #[actix_web::test]
@@ -73,10 +100,17 @@ async fn a_suggestion_running_past_the_configured_timeout_fails_with_reason_time
     let app = TestApp::spawn_with(|c| c.plan.timeout_ms = 300).await;
     post(&app, "/api/plans/p1/import", json!({"snapshotId": "s1"})).await;
     // An agent run that would sleep ten minutes in its first tool call.
-    let (status, started) =
-        post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"})).await;
+    let (status, started) = post(
+        &app,
+        "/api/plans/p1/suggestions",
+        json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"}),
+    )
+    .await;
     assert_eq!(status, 202, "{started}");
-    let path = format!("/api/plans/p1/suggestions/{}", started["requestId"].as_str().unwrap());
+    let path = format!(
+        "/api/plans/p1/suggestions/{}",
+        started["requestId"].as_str().unwrap()
+    );
     let failed = support::wait_until(std::time::Duration::from_secs(30), || {
         let (app, path) = (&app, path.clone());
         async move {
@@ -98,14 +132,26 @@ async fn a_drain_refuses_new_suggestions_and_settles_the_running_one_as_shutdown
     let app = TestApp::spawn().await;
     post(&app, "/api/plans/p1/import", json!({"snapshotId": "s1"})).await;
     // A provider that would sleep ten minutes in its first tool call.
-    let (status, started) =
-        post(&app, "/api/plans/p1/suggestions", json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"})).await;
+    let (status, started) = post(
+        &app,
+        "/api/plans/p1/suggestions",
+        json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"}),
+    )
+    .await;
     assert_eq!(status, 202, "{started}");
     let rid = storage::plan::RequestId::parse(started["requestId"].as_str().unwrap()).unwrap();
-    let path = format!("/api/plans/p1/suggestions/{}", started["requestId"].as_str().unwrap());
+    let path = format!(
+        "/api/plans/p1/suggestions/{}",
+        started["requestId"].as_str().unwrap()
+    );
     assert_eq!(get(&app, &path).await.1["state"], "pending");
 
-    let TestApp { running, base, client, dir } = app;
+    let TestApp {
+        running,
+        base,
+        client,
+        dir,
+    } = app;
     let storage = running.storage.clone();
     let drained = actix_web::rt::spawn(running.drain());
     // Once the process says it is draining, a new suggestion is refused and nothing is allocated.
@@ -125,10 +171,26 @@ async fn a_drain_refuses_new_suggestions_and_settles_the_running_one_as_shutdown
     assert_eq!(res.status().as_u16(), 503);
     drained.await.expect("join the drain").expect("drain");
 
-    let request = storage.plan_request(rid).await.expect("storage answers after the drain").expect("the request");
-    assert_eq!(request.state, storage::plan::RequestState::Cancelled, "{request:?}");
-    assert_eq!(request.reason, Some(storage::plan::TerminalReason::Shutdown), "{request:?}");
-    let plan = storage.plan(storage::plan::PlanId::parse("p1").unwrap()).await.unwrap().unwrap();
+    let request = storage
+        .plan_request(rid)
+        .await
+        .expect("storage answers after the drain")
+        .expect("the request");
+    assert_eq!(
+        request.state,
+        storage::plan::RequestState::Cancelled,
+        "{request:?}"
+    );
+    assert_eq!(
+        request.reason,
+        Some(storage::plan::TerminalReason::Shutdown),
+        "{request:?}"
+    );
+    let plan = storage
+        .plan(storage::plan::PlanId::parse("p1").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(plan.revision.get(), 1, "a drain never advances a plan");
     drop(dir);
 }
@@ -137,7 +199,13 @@ async fn a_drain_refuses_new_suggestions_and_settles_the_running_one_as_shutdown
 fn plan_timeout_ms_defaults_to_ten_minutes_and_must_be_positive() {
     let parse = |text: &str| switchboard::Config::parse("test.toml", text, Vec::new());
     assert_eq!(parse("").expect("defaults").plan.timeout_ms, 600_000);
-    assert_eq!(parse("[plan]\ntimeout_ms = 1500\n").expect("set").plan.timeout_ms, 1500);
+    assert_eq!(
+        parse("[plan]\ntimeout_ms = 1500\n")
+            .expect("set")
+            .plan
+            .timeout_ms,
+        1500
+    );
     let e = parse("[plan]\ntimeout_ms = 0\n").unwrap_err().to_string();
     assert!(e.contains("plan.timeout_ms"), "{e}");
 }
@@ -146,7 +214,10 @@ fn plan_timeout_ms_defaults_to_ten_minutes_and_must_be_positive() {
 fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
     std::thread::scope(|s| {
         s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async {
                 let res = f(&reqwest::Client::new()).send().await.expect("request");
                 let status = res.status().as_u16();
@@ -164,8 +235,12 @@ fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (
 fn a_suggestion_of_a_crashed_process_is_settled_interrupted_by_the_next_one() {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_switchboard"));
-    let mut a = switchboard::child::ChildServer::start(exe, dir.path(), &[]).expect("start the first process");
-    let (status, _) = http(|c| c.post(a.url("/api/plans/p1/import")).json(&json!({"snapshotId": "s1"})));
+    let mut a = switchboard::child::ChildServer::start(exe, dir.path(), &[])
+        .expect("start the first process");
+    let (status, _) = http(|c| {
+        c.post(a.url("/api/plans/p1/import"))
+            .json(&json!({"snapshotId": "s1"}))
+    });
     assert_eq!(status, 201);
     let start = json!({"revision": 1, "snapshotId": "s1", "prompt": "steps=3 ms=600000"});
     let (status, started) = http(|c| c.post(a.url("/api/plans/p1/suggestions")).json(&start));
@@ -176,10 +251,20 @@ fn a_suggestion_of_a_crashed_process_is_settled_interrupted_by_the_next_one() {
     assert_eq!(status, 202);
     assert_eq!(a.wait_exit(std::time::Duration::from_secs(10)), Some(137));
 
-    let b = switchboard::child::ChildServer::start(exe, dir.path(), &[]).expect("start the next process");
+    let b = switchboard::child::ChildServer::start(exe, dir.path(), &[])
+        .expect("start the next process");
     let (_, row) = http(|c| c.get(b.url(&path)));
-    assert_eq!((row["state"].as_str(), row["reason"].as_str()), (Some("failed"), Some("interrupted")), "{row}");
-    assert!(row["diagnostic"].as_str().is_some_and(|d| d.contains("gone")), "{row}");
+    assert_eq!(
+        (row["state"].as_str(), row["reason"].as_str()),
+        (Some("failed"), Some("interrupted")),
+        "{row}"
+    );
+    assert!(
+        row["diagnostic"]
+            .as_str()
+            .is_some_and(|d| d.contains("gone")),
+        "{row}"
+    );
     let (status, again) = http(|c| c.post(b.url("/api/plans/p1/suggestions")).json(&start));
     assert_eq!(status, 202, "{again}");
     assert_ne!(again["requestId"].as_str(), Some(rid.as_str()));

@@ -27,7 +27,6 @@ fn parse_config(text: &str) -> Result<Config, ConfigError> {
     Config::parse("test.toml", text, Vec::new())
 }
 
-
 /// The app on a fresh database of the test cluster.
 async fn spawn_on_postgres() -> (TestApp, String) {
     let url = storage::testing::pg::database();
@@ -52,29 +51,69 @@ async fn a_three_step_run_completes_on_postgres_and_reads_back_through_the_api()
     let record = app.final_record(&run_id).await;
     assert_eq!(record.head.status, RunStatus::Completed);
     // The record is in the database, not only in this process: a fresh connection reads it.
-    let (status, v) = app.get_json(&format!("/api/runs/{run_id}?include=events"), None).await;
+    let (status, v) = app
+        .get_json(&format!("/api/runs/{run_id}?include=events"), None)
+        .await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!((v["finished"].as_bool(), v["status"].as_str(), v["persisted"].as_bool()), (Some(true), Some("completed"), Some(true)), "{v}");
+    assert_eq!(
+        (
+            v["finished"].as_bool(),
+            v["status"].as_str(),
+            v["persisted"].as_bool()
+        ),
+        (Some(true), Some("completed"), Some(true)),
+        "{v}"
+    );
     let events = v["events"].as_array().expect("events");
-    let steps: Vec<i64> = events.iter().filter(|e| e["type"] == "tool_result").filter_map(|e| e["step"].as_i64()).collect();
+    let steps: Vec<i64> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .filter_map(|e| e["step"].as_i64())
+        .collect();
     assert_eq!(steps, [1, 2, 3], "three steps, once each: {v}");
-    assert_eq!(events.last().map(|e| (e["type"].clone(), e["text"].clone())), Some(("answer".into(), "done".into())), "{v}");
+    assert_eq!(
+        events
+            .last()
+            .map(|e| (e["type"].clone(), e["text"].clone())),
+        Some(("answer".into(), "done".into())),
+        "{v}"
+    );
 
     let (status, list) = app.get_json("/api/runs?status=finished", None).await;
     assert_eq!(status, 200);
     assert_eq!(list["runs"][0]["id"], run_id.as_str(), "{list}");
     let running = app.running;
-    tokio::time::timeout(Duration::from_secs(20), running.drain()).await.expect("drained in time").expect("drain");
+    tokio::time::timeout(Duration::from_secs(20), running.drain())
+        .await
+        .expect("drained in time")
+        .expect("drain");
 }
 
 #[test]
 fn host_id_defaults_to_the_hostname_and_is_checked() {
     let c = parse_config("").expect("empty");
-    assert_eq!((c.server.host_id.clone(), c.host_id()), (None, actors::host::hostname()));
-    let env = vec![("SWITCHBOARD_SERVER__HOST_ID".to_owned(), "rack-2.b".to_owned())];
-    assert_eq!(Config::parse("test.toml", "", env).expect("env").host_id(), "rack-2.b");
-    assert_eq!(parse_config("[server]\nhost_id = \"a\"\n").expect("a").host_id(), "a");
-    for text in ["[server]\nhost_id = \"\"\n", "[server]\nhost_id = \"two words\"\n"] {
+    assert_eq!(
+        (c.server.host_id.clone(), c.host_id()),
+        (None, actors::host::hostname())
+    );
+    let env = vec![(
+        "SWITCHBOARD_SERVER__HOST_ID".to_owned(),
+        "rack-2.b".to_owned(),
+    )];
+    assert_eq!(
+        Config::parse("test.toml", "", env).expect("env").host_id(),
+        "rack-2.b"
+    );
+    assert_eq!(
+        parse_config("[server]\nhost_id = \"a\"\n")
+            .expect("a")
+            .host_id(),
+        "a"
+    );
+    for text in [
+        "[server]\nhost_id = \"\"\n",
+        "[server]\nhost_id = \"two words\"\n",
+    ] {
         let e = parse_config(text).unwrap_err().to_string();
         assert!(e.contains("server.host_id"), "{text:?} → {e}");
     }
@@ -82,25 +121,49 @@ fn host_id_defaults_to_the_hostname_and_is_checked() {
 
 #[test]
 fn postgres_storage_takes_url_and_pool_and_the_url_from_the_environment() {
-    let c = parse_config("[storage]\nkind = \"postgres\"\nurl = \"postgres://sb@db.internal/switchboard\"\n").expect("postgres");
+    let c = parse_config(
+        "[storage]\nkind = \"postgres\"\nurl = \"postgres://sb@db.internal/switchboard\"\n",
+    )
+    .expect("postgres");
     assert_eq!(c.storage.kind, StorageKind::Postgres);
-    assert_eq!(c.storage.url.as_deref(), Some("postgres://sb@db.internal/switchboard"));
+    assert_eq!(
+        c.storage.url.as_deref(),
+        Some("postgres://sb@db.internal/switchboard")
+    );
     assert_eq!(c.storage.pool, 4, "pool defaults to 4");
-    let c = parse_config("[storage]\nkind = \"postgres\"\nurl = \"postgresql://h/db\"\npool = 0\n").expect("pool 0");
+    let c = parse_config("[storage]\nkind = \"postgres\"\nurl = \"postgresql://h/db\"\npool = 0\n")
+        .expect("pool 0");
     assert_eq!(c.storage.pool, 0);
 
     let env = vec![
-        ("SWITCHBOARD_STORAGE__KIND".to_owned(), "postgres".to_owned()),
-        ("SWITCHBOARD_STORAGE__URL".to_owned(), "postgres://sb:hunter2@10.0.0.5:5433/sb".to_owned()),
+        (
+            "SWITCHBOARD_STORAGE__KIND".to_owned(),
+            "postgres".to_owned(),
+        ),
+        (
+            "SWITCHBOARD_STORAGE__URL".to_owned(),
+            "postgres://sb:hunter2@10.0.0.5:5433/sb".to_owned(),
+        ),
         ("SWITCHBOARD_STORAGE__POOL".to_owned(), "8".to_owned()),
     ];
-    let c = Config::parse("test.toml", "[storage]\nurl = \"postgres://file/db\"\n", env).expect("env");
+    let c = Config::parse(
+        "test.toml",
+        "[storage]\nurl = \"postgres://file/db\"\n",
+        env,
+    )
+    .expect("env");
     assert_eq!(c.storage.kind, StorageKind::Postgres);
-    assert_eq!(c.storage.url.as_deref(), Some("postgres://sb:hunter2@10.0.0.5:5433/sb"));
+    assert_eq!(
+        c.storage.url.as_deref(),
+        Some("postgres://sb:hunter2@10.0.0.5:5433/sb")
+    );
     assert_eq!(c.storage.pool, 8);
     // The password never shows in Debug output (which logs may carry).
     let debug = format!("{c:?}");
-    assert!(!debug.contains("hunter2") && debug.contains("10.0.0.5:5433"), "{debug}");
+    assert!(
+        !debug.contains("hunter2") && debug.contains("10.0.0.5:5433"),
+        "{debug}"
+    );
 }
 
 fn count(events: &[Value], kind: &str) -> usize {
@@ -109,7 +172,15 @@ fn count(events: &[Value], kind: &str) -> usize {
 
 /// `serve` on the shared database as host `host_id`, with a 1.5 s lease.
 fn serve(data: &Path, url: &str, host_id: &str) -> ChildServer {
-    serve_postgres(data, url, host_id, &[("SWITCHBOARD_LEDGER__LEASE_MS", "1500"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300")])
+    serve_postgres(
+        data,
+        url,
+        host_id,
+        &[
+            ("SWITCHBOARD_LEDGER__LEASE_MS", "1500"),
+            ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300"),
+        ],
+    )
 }
 
 /// Three hosts, each with a data directory of its own, their workspaces on one shared directory
@@ -126,7 +197,10 @@ fn three_hosts_on_one_database_resume_a_killed_hosts_runs_after_the_lease_once_e
         let lease = [
             ("SWITCHBOARD_LEDGER__LEASE_MS", "1500"),
             ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300"),
-            ("SWITCHBOARD_STORAGE__WORKSPACE_ROOT", shared.to_str().expect("utf-8 path")),
+            (
+                "SWITCHBOARD_STORAGE__WORKSPACE_ROOT",
+                shared.to_str().expect("utf-8 path"),
+            ),
         ];
         serve_postgres(&data, &url, name, &lease)
     };
@@ -143,11 +217,15 @@ fn three_hosts_on_one_database_resume_a_killed_hosts_runs_after_the_lease_once_e
         .collect();
     // Every run has committed two steps on A: mid-run, with a mutating call about to be (or) in flight.
     for id in &runs {
-        wait_for(&format!("two steps of {id} on A"), Duration::from_secs(15), || {
-            let (_, v) = http(|cl| cl.get(a.url(&format!("/api/runs/{id}?include=events"))));
-            let events = v["events"].as_array().cloned().unwrap_or_default();
-            (count(&events, "tool_result") >= 2).then_some(())
-        });
+        wait_for(
+            &format!("two steps of {id} on A"),
+            Duration::from_secs(15),
+            || {
+                let (_, v) = http(|cl| cl.get(a.url(&format!("/api/runs/{id}?include=events"))));
+                let events = v["events"].as_array().cloned().unwrap_or_default();
+                (count(&events, "tool_result") >= 2).then_some(())
+            },
+        );
     }
     a.signal("-KILL").expect("kill -9 A");
     let killed_at = now_ms();
@@ -157,30 +235,78 @@ fn three_hosts_on_one_database_resume_a_killed_hosts_runs_after_the_lease_once_e
     let records: Vec<RunRecord> = runs
         .iter()
         .map(|id| {
-            wait_for(&format!("the final record of {id}"), Duration::from_secs(20), || {
-                store.get(id, now_ms()).expect("read").filter(|r| !r.head.provisional)
-            })
+            wait_for(
+                &format!("the final record of {id}"),
+                Duration::from_secs(20),
+                || {
+                    store
+                        .get(id, now_ms())
+                        .expect("read")
+                        .filter(|r| !r.head.provisional)
+                },
+            )
         })
         .collect();
     for (id, record) in runs.iter().zip(&records) {
-        assert_eq!((record.head.id.as_str(), record.head.status), (id.as_str(), RunStatus::Completed), "{:?}", record.events);
-        assert_eq!(count(&record.events, "input"), 1, "one request: {:?}", record.events);
-        let resumed: Vec<&Value> = record.events.iter().filter(|e| e["type"] == "resumed").collect();
-        assert_eq!(resumed.len(), 1, "resumed once, by one host: {:?}", record.events);
+        assert_eq!(
+            (record.head.id.as_str(), record.head.status),
+            (id.as_str(), RunStatus::Completed),
+            "{:?}",
+            record.events
+        );
+        assert_eq!(
+            count(&record.events, "input"),
+            1,
+            "one request: {:?}",
+            record.events
+        );
+        let resumed: Vec<&Value> = record
+            .events
+            .iter()
+            .filter(|e| e["type"] == "resumed")
+            .collect();
+        assert_eq!(
+            resumed.len(),
+            1,
+            "resumed once, by one host: {:?}",
+            record.events
+        );
         // A's pid was gone at once, but B and C are other hosts: they waited for A's lease (renewed at
         // most a heartbeat before the kill) to run out.
         let at = resumed[0]["at"].as_i64().expect("at");
-        assert!(at >= killed_at + 1_500 - 300 - 100, "resumed {} ms after the kill, within A's lease", at - killed_at);
-        let seqs: Vec<u64> = record.events.iter().filter_map(|e| e["seq"].as_u64()).collect();
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "one contiguous stream: {seqs:?}");
+        assert!(
+            at >= killed_at + 1_500 - 300 - 100,
+            "resumed {} ms after the kill, within A's lease",
+            at - killed_at
+        );
+        let seqs: Vec<u64> = record
+            .events
+            .iter()
+            .filter_map(|e| e["seq"].as_u64())
+            .collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "one contiguous stream: {seqs:?}"
+        );
         let steps = std::fs::read_to_string(shared.join(id).join("steps.log")).unwrap_or_default();
         let lines: Vec<&str> = steps.lines().collect();
         let unique: std::collections::HashSet<&str> = lines.iter().copied().collect();
-        assert_eq!(unique.len(), lines.len(), "no append_file line written twice: {lines:?}");
-        assert!(lines.iter().all(|l| l.starts_with("step ")) && lines.len() >= 5, "{lines:?}");
+        assert_eq!(
+            unique.len(),
+            lines.len(),
+            "no append_file line written twice: {lines:?}"
+        );
+        assert!(
+            lines.iter().all(|l| l.starts_with("step ")) && lines.len() >= 5,
+            "{lines:?}"
+        );
     }
     // The runs went to the surviving hosts, not to a process of host a.
-    let took = |p: &ChildServer| p.log_lines().iter().any(|l| l.contains("reclaim pass") && !l.contains("resumed=0"));
+    let took = |p: &ChildServer| {
+        p.log_lines()
+            .iter()
+            .any(|l| l.contains("reclaim pass") && !l.contains("resumed=0"))
+    };
     assert!(took(&b) || took(&c), "B or C resumed them");
     assert!(!b.logged("panicked") && !c.logged("panicked"));
 }
@@ -207,8 +333,17 @@ fn serve_draining(data: &Path, url: &str, host_id: &str) -> ChildServer {
 /// A client of the rolling restart: a message every ~100 ms to one of four shared threads, on the live
 /// processes in turn, until `stop`. A failed or refused request is not retried: the next message carries
 /// a fresh nonce.
-async fn rolling_client(id: usize, addrs: Arc<Mutex<Vec<String>>>, stop: Arc<AtomicBool>, posted: Arc<Mutex<Vec<Posted>>>) {
-    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().expect("client");
+async fn rolling_client(
+    id: usize,
+    addrs: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    posted: Arc<Mutex<Vec<Posted>>>,
+) {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
     let mut n = 0usize;
     while !stop.load(Ordering::SeqCst) {
         n += 1;
@@ -222,7 +357,14 @@ async fn rolling_client(id: usize, addrs: Arc<Mutex<Vec<String>>>, stop: Arc<Ato
             "text": format!("tool=append_file steps=3 ms=50 nonce={nonce}")});
         let accepted = matches!(http.post(format!("http://{addr}/api/messages")).json(&body).send().await,
             Ok(r) if r.status().is_success());
-        posted.lock().unwrap_or_else(|p| p.into_inner()).push(Posted { nonce, thread_key: format!("roll:{thread}"), accepted });
+        posted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Posted {
+                nonce,
+                thread_key: format!("roll:{thread}"),
+                accepted,
+            });
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -232,14 +374,19 @@ fn list_all_runs(base: &str) -> Vec<Value> {
     let mut out = Vec::new();
     let mut cursor = String::new();
     for _ in 0..1000 {
-        let (status, page) = http(|cl| cl.get(format!("{base}/api/runs?status=all&limit=200{cursor}")));
+        let (status, page) =
+            http(|cl| cl.get(format!("{base}/api/runs?status=all&limit=200{cursor}")));
         assert_eq!(status, 200, "{page}");
         out.extend(page["runs"].as_array().cloned().unwrap_or_default());
         let next = &page["nextBefore"];
         if next.is_null() {
             return out;
         }
-        let next = format!("&before={}&beforeId={}", next["finishedAt"], next["id"].as_str().unwrap_or(""));
+        let next = format!(
+            "&before={}&beforeId={}",
+            next["finishedAt"],
+            next["id"].as_str().unwrap_or("")
+        );
         if next == cursor {
             return out;
         }
@@ -253,7 +400,11 @@ fn all_events(base: &str, id: &str) -> Vec<Value> {
     let mut out = Vec::new();
     let mut after = 0;
     for _ in 0..1000 {
-        let (status, page) = http(|cl| cl.get(format!("{base}/api/runs/{id}/events?afterSeq={after}&limit=500")));
+        let (status, page) = http(|cl| {
+            cl.get(format!(
+                "{base}/api/runs/{id}/events?afterSeq={after}&limit=500"
+            ))
+        });
         assert_eq!(status, 200, "{page}");
         out.extend(page["events"].as_array().cloned().unwrap_or_default());
         match page["nextAfterSeq"].as_u64() {
@@ -275,39 +426,95 @@ fn a_rolling_restart_of_three_hosts_answers_and_records_every_message_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path();
     let hosts = ["a", "b", "c"];
-    let mut procs: Vec<ChildServer> = hosts.iter().map(|h| serve_draining(data, &url, h)).collect();
-    let addrs = Arc::new(Mutex::new(procs.iter().map(|p| p.addr.clone()).collect::<Vec<_>>()));
+    let mut procs: Vec<ChildServer> = hosts
+        .iter()
+        .map(|h| serve_draining(data, &url, h))
+        .collect();
+    let addrs = Arc::new(Mutex::new(
+        procs.iter().map(|p| p.addr.clone()).collect::<Vec<_>>(),
+    ));
     let stop = Arc::new(AtomicBool::new(false));
     let posted: Arc<Mutex<Vec<Posted>>> = Arc::new(Mutex::new(Vec::new()));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let clients: Vec<_> = (0..3).map(|id| rt.spawn(rolling_client(id, addrs.clone(), stop.clone(), posted.clone()))).collect();
-    let accepted = || posted.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|p| p.accepted).count();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let clients: Vec<_> = (0..3)
+        .map(|id| {
+            rt.spawn(rolling_client(
+                id,
+                addrs.clone(),
+                stop.clone(),
+                posted.clone(),
+            ))
+        })
+        .collect();
+    let accepted = || {
+        posted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|p| p.accepted)
+            .count()
+    };
 
     // Each host in turn: with messages flowing and runs live, SIGTERM it (it stops admitting, hands its
     // runs off at their next step boundary and exits 0), then start its replacement as the same host.
     let mut drained = Vec::new();
     for (i, host) in hosts.iter().enumerate() {
         let before = accepted();
-        wait_for(&format!("steady admissions before draining host {host}"), Duration::from_secs(30), || {
-            (accepted() >= before + 20).then_some(())
-        });
+        wait_for(
+            &format!("steady admissions before draining host {host}"),
+            Duration::from_secs(30),
+            || (accepted() >= before + 20).then_some(()),
+        );
         // The host owns a live run: the drain has something to hand off.
         let (_, health) = http(|cl| cl.get(procs[i].url("/healthz")));
-        let gen = health["generation"].as_str().expect("generation").to_owned();
-        wait_for(&format!("a live run of host {host}"), Duration::from_secs(20), || {
-            let (_, v) = http(|cl| cl.get(procs[i].url("/api/live")));
-            v["runs"].as_array().is_some_and(|rows| rows.iter().any(|r| r["ownerGen"] == gen.as_str())).then_some(())
-        });
+        let gen = health["generation"]
+            .as_str()
+            .expect("generation")
+            .to_owned();
+        wait_for(
+            &format!("a live run of host {host}"),
+            Duration::from_secs(20),
+            || {
+                let (_, v) = http(|cl| cl.get(procs[i].url("/api/live")));
+                v["runs"]
+                    .as_array()
+                    .is_some_and(|rows| rows.iter().any(|r| r["ownerGen"] == gen.as_str()))
+                    .then_some(())
+            },
+        );
         drained.push(gen);
-        addrs.lock().unwrap_or_else(|p| p.into_inner()).retain(|a| *a != procs[i].addr);
+        addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|a| *a != procs[i].addr);
         procs[i].signal("-TERM").expect("SIGTERM");
-        assert_eq!(procs[i].wait_exit(Duration::from_secs(40)), Some(0), "host {host} drained and exited 0: {:?}", procs[i].log_lines());
-        assert!(!procs[i].logged("panicked"), "host {host}: {:?}", procs[i].log_lines());
+        assert_eq!(
+            procs[i].wait_exit(Duration::from_secs(40)),
+            Some(0),
+            "host {host} drained and exited 0: {:?}",
+            procs[i].log_lines()
+        );
+        assert!(
+            !procs[i].logged("panicked"),
+            "host {host}: {:?}",
+            procs[i].log_lines()
+        );
         procs[i] = serve_draining(data, &url, host);
-        addrs.lock().unwrap_or_else(|p| p.into_inner()).push(procs[i].addr.clone());
+        addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(procs[i].addr.clone());
     }
     let before = accepted();
-    wait_for("admissions after the last restart", Duration::from_secs(30), || (accepted() >= before + 20).then_some(()));
+    wait_for(
+        "admissions after the last restart",
+        Duration::from_secs(30),
+        || (accepted() >= before + 20).then_some(()),
+    );
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         rt.block_on(c).expect("client");
@@ -323,7 +530,10 @@ fn a_rolling_restart_of_three_hosts_answers_and_records_every_message_once() {
         });
         let (_, live) = http(|cl| cl.get(format!("{base}/api/live")));
         let runs = list_all_runs(&base);
-        (idle && live["runs"].as_array().is_some_and(Vec::is_empty) && runs.iter().all(has_final_record)).then_some(runs)
+        (idle
+            && live["runs"].as_array().is_some_and(Vec::is_empty)
+            && runs.iter().all(has_final_record))
+        .then_some(runs)
     });
 
     // Every run: one completed record, one terminal event, no repeated seq.
@@ -331,13 +541,24 @@ fn a_rolling_restart_of_three_hosts_answers_and_records_every_message_once() {
     let mut handed_over = 0;
     for run in &runs {
         let id = run["id"].as_str().expect("id");
-        assert_eq!(run["status"], "completed", "a drained run is handed off and completes elsewhere: {run}");
+        assert_eq!(
+            run["status"], "completed",
+            "a drained run is handed off and completes elsewhere: {run}"
+        );
         let events = all_events(&base, id);
-        let terminals = events.iter().filter(|e| matches!(e["type"].as_str(), Some("answer" | "run_failed"))).count();
+        let terminals = events
+            .iter()
+            .filter(|e| matches!(e["type"].as_str(), Some("answer" | "run_failed")))
+            .count();
         assert_eq!(terminals, 1, "run {id} has one terminal event: {events:?}");
         let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "run {id}: one stream, no repeated seq: {seqs:?}");
-        let from_drained = |e: &Value| e["type"] == "resumed" && drained.iter().any(|g| e["fromGeneration"] == g.as_str());
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "run {id}: one stream, no repeated seq: {seqs:?}"
+        );
+        let from_drained = |e: &Value| {
+            e["type"] == "resumed" && drained.iter().any(|g| e["fromGeneration"] == g.as_str())
+        };
         if events.iter().any(from_drained) {
             handed_over += 1;
         }
@@ -345,30 +566,66 @@ fn a_rolling_restart_of_three_hosts_answers_and_records_every_message_once() {
         for e in events.iter().filter(|e| e["type"] == "input") {
             let text = e["text"].as_str().unwrap_or("");
             for (i, _) in text.match_indices("nonce=") {
-                let nonce: String = text[i + 6..].chars().take_while(char::is_ascii_alphanumeric).collect();
-                inputs.entry(nonce).or_default().push((id.to_owned(), thread.clone()));
+                let nonce: String = text[i + 6..]
+                    .chars()
+                    .take_while(char::is_ascii_alphanumeric)
+                    .collect();
+                inputs
+                    .entry(nonce)
+                    .or_default()
+                    .push((id.to_owned(), thread.clone()));
             }
         }
     }
-    assert!(handed_over >= 1, "a drained host handed a live run over and another process resumed it");
+    assert!(
+        handed_over >= 1,
+        "a drained host handed a live run over and another process resumed it"
+    );
     // Every accepted message is one `input` event of one run of its own thread; any other at most one.
     let accepted: Vec<&Posted> = posted.iter().filter(|p| p.accepted).collect();
-    assert!(accepted.len() >= 80, "steady load: {} accepted of {}", accepted.len(), posted.len());
+    assert!(
+        accepted.len() >= 80,
+        "steady load: {} accepted of {}",
+        accepted.len(),
+        posted.len()
+    );
     for p in &posted {
         let places = inputs.get(&p.nonce).map(Vec::as_slice).unwrap_or(&[]);
         if p.accepted {
-            assert_eq!(places.len(), 1, "accepted message {} is exactly one input event: {places:?}", p.nonce);
+            assert_eq!(
+                places.len(),
+                1,
+                "accepted message {} is exactly one input event: {places:?}",
+                p.nonce
+            );
         } else {
-            assert!(places.len() <= 1, "unanswered message {} is at most one input event: {places:?}", p.nonce);
+            assert!(
+                places.len() <= 1,
+                "unanswered message {} is at most one input event: {places:?}",
+                p.nonce
+            );
         }
-        assert!(places.iter().all(|(_, t)| *t == p.thread_key), "{} stayed in {}: {places:?}", p.nonce, p.thread_key);
+        assert!(
+            places.iter().all(|(_, t)| *t == p.thread_key),
+            "{} stayed in {}: {places:?}",
+            p.nonce,
+            p.thread_key
+        );
     }
     // No mutating call ran twice: every `append_file` line of every workspace is written once.
-    for entry in std::fs::read_dir(data.join("workspaces")).expect("workspaces").flatten() {
+    for entry in std::fs::read_dir(data.join("workspaces"))
+        .expect("workspaces")
+        .flatten()
+    {
         let log = std::fs::read_to_string(entry.path().join("steps.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         let unique: std::collections::HashSet<&str> = lines.iter().copied().collect();
-        assert_eq!(unique.len(), lines.len(), "workspace {:?}: no append_file line twice: {lines:?}", entry.file_name());
+        assert_eq!(
+            unique.len(),
+            lines.len(),
+            "workspace {:?}: no append_file line twice: {lines:?}",
+            entry.file_name()
+        );
     }
     for p in &procs {
         assert!(!p.logged("panicked"), "{:?}", p.log_lines());
@@ -390,16 +647,27 @@ fn a_host_is_paused_only_outside_its_transactions() {
     let db = switchboard::shared_db::DbSpec::Postgres { url: url.clone() };
     let mut probe = storage::postgres::ActivityProbe::connect(&url).expect("probe");
     // Running, the host is caught inside a transaction now and then: the probe sees its connections.
-    wait_for("the probe to see the running host in a transaction", Duration::from_secs(20), || {
-        (!probe.is_idle(host.pid()).expect("probe")).then_some(())
-    });
+    wait_for(
+        "the probe to see the running host in a transaction",
+        Duration::from_secs(20),
+        || (!probe.is_idle(host.pid()).expect("probe")).then_some(()),
+    );
     for _ in 0..5 {
-        db.pause_outside_transaction(&host, dir.path()).expect("paused outside a transaction");
+        db.pause_outside_transaction(&host, dir.path())
+            .expect("paused outside a transaction");
         let state = std::fs::read_to_string(format!("/proc/{}/stat", host.pid())).expect("stat");
-        assert!(state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T')), "stopped: {state}");
+        assert!(
+            state
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T')),
+            "stopped: {state}"
+        );
         // Stopped, it stays outside: every backend of its pid is idle, look after look.
         for _ in 0..5 {
-            assert!(probe.is_idle(host.pid()).expect("probe"), "a stopped host holds no transaction");
+            assert!(
+                probe.is_idle(host.pid()).expect("probe"),
+                "a stopped host holds no transaction"
+            );
         }
         host.signal("-CONT").expect("SIGCONT");
     }

@@ -7,37 +7,81 @@ use storage::record::RunStatus;
 use support::TestApp;
 
 fn types(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["type"].as_str().unwrap_or("?")).collect()
+    events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or("?"))
+        .collect()
 }
 
 #[actix_web::test]
 async fn a_three_step_demo_run_completes_with_its_events_in_seq_order() {
     let app = TestApp::spawn().await;
-    let (status, body) = app.post(json!({"thread": "t1", "channel": "c1", "user": "u1", "text": "steps=3 ms=10"})).await;
+    let (status, body) = app
+        .post(json!({"thread": "t1", "channel": "c1", "user": "u1", "text": "steps=3 ms=10"}))
+        .await;
     assert_eq!(status, 202, "{body}");
     let run_id = body["runId"].as_str().unwrap().to_owned();
     let live_url = body["liveUrl"].as_str().unwrap();
-    assert!(live_url.starts_with(&format!("{}/runs/{run_id}?token=", app.base)), "{live_url}");
+    assert!(
+        live_url.starts_with(&format!("{}/runs/{run_id}?token=", app.base)),
+        "{live_url}"
+    );
     let record = app.final_record(&run_id).await;
     assert_eq!(record.head.status, RunStatus::Completed);
     assert!(!record.head.provisional);
     assert_eq!(
         types(&record.events),
-        ["run_meta", "input", "assistant", "tool_call", "tool_result", "assistant", "tool_call", "tool_result",
-         "assistant", "tool_call", "tool_result", "answer"]
+        [
+            "run_meta",
+            "input",
+            "assistant",
+            "tool_call",
+            "tool_result",
+            "assistant",
+            "tool_call",
+            "tool_result",
+            "assistant",
+            "tool_call",
+            "tool_result",
+            "answer"
+        ]
     );
-    let seqs: Vec<u64> = record.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = record
+        .events
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     assert_eq!(record.head.event_count, 12);
     assert_eq!(record.events.last().unwrap()["text"], "done");
     assert_eq!(record.head.thread_key, "c1:t1");
-    assert_eq!(record.head.channel_visibility, storage::record::ChannelVisibility::Machine);
+    assert_eq!(
+        record.head.channel_visibility,
+        storage::record::ChannelVisibility::Machine
+    );
     // The ledger row is gone: the thread is free, and one record is stored.
-    assert_eq!(app.running.storage.get_live(run_id.clone()).await.unwrap(), None);
-    let page = app.running.storage.list(storage::store::ListQuery::visible_to(storage::record::VisibilityFilter::All)).await.unwrap();
+    assert_eq!(
+        app.running.storage.get_live(run_id.clone()).await.unwrap(),
+        None
+    );
+    let page = app
+        .running
+        .storage
+        .list(storage::store::ListQuery::visible_to(
+            storage::record::VisibilityFilter::All,
+        ))
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 1);
     // The transcript went with the live row: the record is the run's history from here.
-    assert!(app.running.storage.read_transcript(run_id.clone()).await.unwrap().turns.is_empty());
+    assert!(app
+        .running
+        .storage
+        .read_transcript(run_id.clone())
+        .await
+        .unwrap()
+        .turns
+        .is_empty());
 }
 
 #[actix_web::test]
@@ -45,20 +89,44 @@ async fn a_follow_up_on_a_live_thread_is_steered_and_reflected_in_the_answer() {
     let app = TestApp::spawn().await;
     let run_id = app.start_run("t1", "steps=3 ms=300").await;
     app.event(&run_id, "tool_call").await;
-    let (status, body) = app.post(json!({"thread": "t1", "channel": "c1", "user": "u1", "text": "also check the logs"})).await;
+    let (status, body) = app
+        .post(json!({"thread": "t1", "channel": "c1", "user": "u1", "text": "also check the logs"}))
+        .await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["outcome"], "steered");
     assert_eq!(body["runId"], run_id.as_str());
     assert_eq!(body["seq"], 1);
     // The steered run's live view, as for a started one: its link opens the run.
-    let live = body["liveUrl"].as_str().unwrap_or_else(|| panic!("no liveUrl: {body}"));
-    assert!(live.starts_with(&format!("{}/runs/{run_id}?token=", app.base)), "{live}");
-    assert_eq!(app.client.get(live).send().await.unwrap().status().as_u16(), 200);
+    let live = body["liveUrl"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no liveUrl: {body}"));
+    assert!(
+        live.starts_with(&format!("{}/runs/{run_id}?token=", app.base)),
+        "{live}"
+    );
+    assert_eq!(
+        app.client.get(live).send().await.unwrap().status().as_u16(),
+        200
+    );
     let record = app.final_record(&run_id).await;
     assert_eq!(record.head.status, RunStatus::Completed);
-    let answer = record.events.iter().find(|e| e["type"] == "answer").expect("answer");
-    assert!(answer["text"].as_str().unwrap().contains("also check the logs"), "{answer}");
-    let followup = record.events.iter().find(|e| e["type"] == "input" && e["source"] == "followup").expect("folded follow-up");
+    let answer = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "answer")
+        .expect("answer");
+    assert!(
+        answer["text"]
+            .as_str()
+            .unwrap()
+            .contains("also check the logs"),
+        "{answer}"
+    );
+    let followup = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "input" && e["source"] == "followup")
+        .expect("folded follow-up");
     assert_eq!(followup["inboxSeq"], 1);
 }
 
@@ -78,7 +146,13 @@ async fn two_threads_run_concurrently() {
 }
 
 async fn stop(app: &TestApp, run_id: &str, mode: &str) -> (u16, Value) {
-    let res = app.client.post(app.url(&format!("/api/runs/{run_id}/stop"))).json(&json!({"mode": mode})).send().await.unwrap();
+    let res = app
+        .client
+        .post(app.url(&format!("/api/runs/{run_id}/stop")))
+        .json(&json!({"mode": mode}))
+        .send()
+        .await
+        .unwrap();
     let status = res.status().as_u16();
     (status, res.json().await.unwrap())
 }
@@ -91,18 +165,30 @@ async fn soft_and_hard_stops_give_stopped_records() {
     app.event(&soft, "tool_call").await;
     app.event(&hard, "tool_call").await;
     let (status, body) = stop(&app, &soft, "soft").await;
-    assert_eq!((status, body["state"].as_str()), (202, Some("stopping")), "{body}");
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (202, Some("stopping")),
+        "{body}"
+    );
     let (status, _) = stop(&app, &hard, "hard").await;
     assert_eq!(status, 202);
     let rs = app.final_record(&soft).await;
     let rh = app.final_record(&hard).await;
     assert_eq!(rs.head.status, RunStatus::StoppedSoft);
     assert_eq!(rh.head.status, RunStatus::StoppedHard);
-    let note = rh.events.iter().find(|e| e["type"] == "stop_requested").expect("stop note");
+    let note = rh
+        .events
+        .iter()
+        .find(|e| e["type"] == "stop_requested")
+        .expect("stop note");
     assert_eq!(note["mode"], "hard");
     assert_eq!(note["actor"]["id"], "operator");
     // The soft stop let the current step finish: fewer than 5 steps, at least one.
-    let steps = rs.events.iter().filter(|e| e["type"] == "tool_result").count();
+    let steps = rs
+        .events
+        .iter()
+        .filter(|e| e["type"] == "tool_result")
+        .count();
     assert!((1..5).contains(&steps), "{steps}");
     // A finished run answers 409; an unknown one 404.
     assert_eq!(stop(&app, &soft, "soft").await.0, 409);
@@ -126,9 +212,18 @@ async fn a_fenced_run_writes_no_record_from_the_fenced_process() {
     let run_id = app.start_run("tz", "steps=5 ms=400").await;
     app.event(&run_id, "tool_call").await;
     // Another generation (a second process on the same file) reclaims the row as if its lease ran out.
-    let mut other = storage::SqliteStore::open(&app.db_path(), storage::Synchronous::Normal).unwrap();
+    let mut other =
+        storage::SqliteStore::open(&app.db_path(), storage::Synchronous::Normal).unwrap();
     let far = 4_000_000_000_000;
-    let taken = storage::ledger::RunLedger::reclaim(&mut other, "20990101T000000Z-0000beef", far, 30_000, &[], &[]).unwrap();
+    let taken = storage::ledger::RunLedger::reclaim(
+        &mut other,
+        "20990101T000000Z-0000beef",
+        far,
+        30_000,
+        &[],
+        &[],
+    )
+    .unwrap();
     assert_eq!(taken.taken.len(), 1);
     // The fenced process stops the run and forgets it; no final record appears.
     let registry = app.running.registry.clone();
@@ -141,8 +236,17 @@ async fn a_fenced_run_writes_no_record_from_the_fenced_process() {
     .expect("the fenced run left the registry");
     app.running.history.settled().await;
     let stored = app.running.storage.get(run_id.clone()).await.unwrap();
-    assert!(stored.is_none_or(|r| r.head.provisional), "no final record from the fenced process");
-    let row = app.running.storage.get_live(run_id).await.unwrap().expect("the row stays with its new owner");
+    assert!(
+        stored.is_none_or(|r| r.head.provisional),
+        "no final record from the fenced process"
+    );
+    let row = app
+        .running
+        .storage
+        .get_live(run_id)
+        .await
+        .unwrap()
+        .expect("the row stays with its new owner");
     assert_eq!(row.owner_gen, "20990101T000000Z-0000beef");
 }
 
@@ -151,11 +255,26 @@ async fn bad_bodies_are_refused_naming_the_field() {
     let app = TestApp::spawn().await;
     for (body, field) in [
         (json!({"channel": "c", "user": "u", "text": "x"}), "thread"),
-        (json!({"thread": "t", "channel": "c", "user": "u", "text": 5}), "text"),
-        (json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "agent": "ghost"}), "agent"),
-        (json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "visibility": "secret"}), "visibility"),
-        (json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "colour": "red"}), "colour"),
-        (json!({"thread": "t".repeat(300), "channel": "c", "user": "u", "text": "x"}), "thread"),
+        (
+            json!({"thread": "t", "channel": "c", "user": "u", "text": 5}),
+            "text",
+        ),
+        (
+            json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "agent": "ghost"}),
+            "agent",
+        ),
+        (
+            json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "visibility": "secret"}),
+            "visibility",
+        ),
+        (
+            json!({"thread": "t", "channel": "c", "user": "u", "text": "x", "colour": "red"}),
+            "colour",
+        ),
+        (
+            json!({"thread": "t".repeat(300), "channel": "c", "user": "u", "text": "x"}),
+            "thread",
+        ),
     ] {
         let (status, b) = app.post(body).await;
         assert_eq!(status, 400, "{b}");
@@ -163,11 +282,18 @@ async fn bad_bodies_are_refused_naming_the_field() {
         assert!(b["message"].as_str().unwrap().contains(field), "{b}");
     }
     let big = "x".repeat((2 << 20) + 10);
-    let (status, _) = app.post(json!({"thread": "t", "channel": "c", "user": "u", "text": big})).await;
+    let (status, _) = app
+        .post(json!({"thread": "t", "channel": "c", "user": "u", "text": big}))
+        .await;
     assert_eq!(status, 413);
     let text = "y".repeat((1 << 20) + 1);
-    let (status, b) = app.post(json!({"thread": "t", "channel": "c", "user": "u", "text": text})).await;
-    assert_eq!((status, b["error"].as_str()), (413, Some("payload_too_large")));
+    let (status, b) = app
+        .post(json!({"thread": "t", "channel": "c", "user": "u", "text": text}))
+        .await;
+    assert_eq!(
+        (status, b["error"].as_str()),
+        (413, Some("payload_too_large"))
+    );
     // Nothing was admitted by any of them.
     assert!(app.running.storage.list_live().await.unwrap().is_empty());
 }
@@ -175,15 +301,20 @@ async fn bad_bodies_are_refused_naming_the_field() {
 #[actix_web::test]
 async fn a_draining_process_refuses_new_runs() {
     let app = TestApp::spawn().await;
-    app.running.draining.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (status, body) = app.post(json!({"thread": "t", "channel": "c", "user": "u", "text": "x"})).await;
+    app.running
+        .draining
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (status, body) = app
+        .post(json!({"thread": "t", "channel": "c", "user": "u", "text": "x"}))
+        .await;
     assert_eq!((status, body["error"].as_str()), (503, Some("draining")));
 }
 
 #[actix_web::test]
 async fn a_keyed_retry_returns_the_original_answer_and_another_body_conflicts() {
     let app = TestApp::spawn().await;
-    let msg = json!({"thread": "tk", "channel": "c", "user": "u", "text": "steps=1 ms=0", "key": "k-1"});
+    let msg =
+        json!({"thread": "tk", "channel": "c", "user": "u", "text": "steps=1 ms=0", "key": "k-1"});
     let (s1, b1) = app.post(msg.clone()).await;
     let (s2, b2) = app.post(msg.clone()).await;
     assert_eq!((s1, s2), (202, 202));
@@ -227,7 +358,8 @@ impl actors::tools::Tool for PanicOnce {
 #[actix_web::test]
 async fn a_run_actor_that_panics_is_restarted_through_the_resume_path_and_finishes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = switchboard::Config::parse("t", switchboard::config::EMBEDDED, Vec::new()).unwrap();
+    let mut config =
+        switchboard::Config::parse("t", switchboard::config::EMBEDDED, Vec::new()).unwrap();
     config.server.bind = "127.0.0.1:0".into();
     config.storage.path = dir.path().join("s.db");
     let tools = actors::tools::Toolbox::builtin().with(PanicOnce(Default::default()));
@@ -247,18 +379,36 @@ async fn a_run_actor_that_panics_is_restarted_through_the_resume_path_and_finish
     let id = run_id.clone();
     let record = support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
-        async move { s.get(id).await.ok().flatten().filter(|r| !r.head.provisional) }
+        async move {
+            s.get(id)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| !r.head.provisional)
+        }
     })
     .await
     .expect("the restarted run finished");
     assert_eq!(record.head.status, RunStatus::Completed);
     let t = types(&record.events);
     assert_eq!(t.iter().filter(|t| **t == "resumed").count(), 1, "{t:?}");
-    assert_eq!(t.iter().filter(|t| **t == "input").count(), 1, "never a second input: {t:?}");
-    let resumed = record.events.iter().find(|e| e["type"] == "resumed").unwrap();
+    assert_eq!(
+        t.iter().filter(|t| **t == "input").count(),
+        1,
+        "never a second input: {t:?}"
+    );
+    let resumed = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "resumed")
+        .unwrap();
     assert_eq!(resumed["settled"][0]["how"], "rerun", "{resumed}");
     // The counter continued past the replayed events.
-    let seqs: Vec<u64> = record.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = record
+        .events
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     assert!(resumed["seq"].as_u64().unwrap() >= 1000, "{resumed}");
 }
@@ -287,7 +437,10 @@ async fn the_reply_is_posted_to_the_webhook() {
     actix_web::rt::spawn(server.run());
     let app = TestApp::spawn_with(|c| c.delivery.webhook_url = Some(hook)).await;
     let run_id = app.start_run("tw", "steps=1 ms=0 answer=shipped").await;
-    let got = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv()).await.unwrap().unwrap();
+    let got = tokio::time::timeout(std::time::Duration::from_secs(30), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got["runId"], run_id.as_str());
     assert_eq!(got["status"], "completed");
     assert_eq!(got["answer"], "shipped");
@@ -302,9 +455,19 @@ async fn a_run_past_its_budget_ends_with_a_budget_note() {
     let run_id = app.start_run("tb", "steps=10 ms=150").await;
     let record = app.final_record(&run_id).await;
     assert_eq!(record.head.status, RunStatus::Completed);
-    let note = record.events.iter().find(|e| e["type"] == "note" && e["kind"] == "time_budget_exhausted");
+    let note = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "note" && e["kind"] == "time_budget_exhausted");
     assert!(note.is_some(), "{:?}", types(&record.events));
-    assert!(record.events.iter().filter(|e| e["type"] == "tool_result").count() < 10);
+    assert!(
+        record
+            .events
+            .iter()
+            .filter(|e| e["type"] == "tool_result")
+            .count()
+            < 10
+    );
 }
 
 #[actix_web::test]
@@ -312,16 +475,32 @@ async fn metrics_count_runs_steps_and_statuses() {
     let app = TestApp::spawn().await;
     let run_id = app.start_run("tm", "steps=2 ms=0").await;
     app.final_record(&run_id).await;
-    let text = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(text.contains("switchboard_runs_started_total 1"), "{text}");
-    assert!(text.contains("switchboard_runs_finished_total{status=\"completed\"} 1"), "{text}");
+    assert!(
+        text.contains("switchboard_runs_finished_total{status=\"completed\"} 1"),
+        "{text}"
+    );
     // Seed record + two tool steps + the answer step.
     assert!(text.contains("switchboard_steps_total 4"), "{text}");
     assert!(text.contains("switchboard_live_runs 0"), "{text}");
 }
 
 async fn kill(app: &TestApp, run_id: &str) -> (u16, Value) {
-    let res = app.client.delete(app.url(&format!("/api/runs/{run_id}"))).send().await.unwrap();
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/runs/{run_id}")))
+        .send()
+        .await
+        .unwrap();
     let status = res.status().as_u16();
     (status, res.json().await.unwrap_or(Value::Null))
 }
@@ -334,12 +513,17 @@ async fn a_killed_live_run_leaves_no_record_no_rows_and_no_workspace() {
     let workspace = app.dir.path().join("workspaces").join(&run_id);
     assert!(workspace.join("steps.log").exists());
     let (status, body) = kill(&app, &run_id).await;
-    assert_eq!((status, body["state"].as_str()), (202, Some("killing")), "{body}");
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (202, Some("killing")),
+        "{body}"
+    );
     let (storage, id) = (app.running.storage.clone(), run_id.clone());
     support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
         async move {
-            let gone = s.get_live(id.clone()).await.unwrap().is_none() && s.get(id).await.unwrap().is_none();
+            let gone = s.get_live(id.clone()).await.unwrap().is_none()
+                && s.get(id).await.unwrap().is_none();
             gone.then_some(())
         }
     })
@@ -353,11 +537,18 @@ async fn a_killed_live_run_leaves_no_record_no_rows_and_no_workspace() {
     .await
     .expect("workspace deleted");
     app.running.history.settled().await;
-    assert_eq!(app.running.storage.get(run_id.clone()).await.unwrap(), None, "no record, ever");
+    assert_eq!(
+        app.running.storage.get(run_id.clone()).await.unwrap(),
+        None,
+        "no record, ever"
+    );
     assert!(app.running.storage.is_killed(run_id.clone()).await.unwrap());
     // The thread is free again.
     let next = app.start_run("tk", "steps=1 ms=0").await;
-    assert_eq!(app.final_record(&next).await.head.status, RunStatus::Completed);
+    assert_eq!(
+        app.final_record(&next).await.head.status,
+        RunStatus::Completed
+    );
 }
 
 /// `[storage] workspace_root` (SPEC §8.3, §8.4): a run's workspace is `<workspace_root>/<run_id>/` wherever
@@ -368,12 +559,21 @@ async fn workspaces_live_under_the_configured_workspace_root() {
     let root = outside.path().join("ws");
     let app = TestApp::spawn_with(|c| c.storage.workspace_root = Some(root.clone())).await;
     let run_id = app.start_run("twr", "steps=2 ms=10 tool=append_file").await;
-    assert_eq!(app.final_record(&run_id).await.head.status, RunStatus::Completed);
-    let log = std::fs::read_to_string(root.join(&run_id).join("steps.log")).expect("steps.log under the root");
+    assert_eq!(
+        app.final_record(&run_id).await.head.status,
+        RunStatus::Completed
+    );
+    let log = std::fs::read_to_string(root.join(&run_id).join("steps.log"))
+        .expect("steps.log under the root");
     assert_eq!(log.lines().collect::<Vec<_>>(), ["step 1", "step 2"]);
-    assert!(!app.dir.path().join("workspaces").exists(), "nothing under the data dir");
+    assert!(
+        !app.dir.path().join("workspaces").exists(),
+        "nothing under the data dir"
+    );
 
-    let killed = app.start_run("twr-kill", "steps=5 ms=400 tool=append_file").await;
+    let killed = app
+        .start_run("twr-kill", "steps=5 ms=400 tool=append_file")
+        .await;
     app.event(&killed, "tool_result").await;
     let ws = root.join(&killed);
     assert!(ws.join("steps.log").exists());
@@ -425,20 +625,33 @@ async fn a_drain_writes_a_provisional_snapshot_for_a_run_it_could_not_hand_off_b
     .await;
     let run_id = app.start_run("td", "steps=1 ms=0 answer=late").await;
     app.event(&run_id, "answer").await;
-    let row = app.running.storage.get_live(run_id.clone()).await.unwrap().expect("still live while delivering");
+    let row = app
+        .running
+        .storage
+        .get_live(run_id.clone())
+        .await
+        .unwrap()
+        .expect("still live while delivering");
     assert_eq!(row.phase, storage::ledger::Phase::Finishing);
     let storage = app.running.storage.clone();
     let report = app.running.drain().await.unwrap();
     assert!(report.handed_off.is_empty(), "{report:?}");
     assert_eq!(report.abandoned, vec![run_id.clone()]);
-    let record = storage.get(run_id.clone()).await.unwrap().expect("a provisional record");
+    let record = storage
+        .get(run_id.clone())
+        .await
+        .unwrap()
+        .expect("a provisional record");
     assert!(record.head.provisional);
     assert_eq!(record.head.status, RunStatus::Interrupted);
     // The snapshot was whole (every published event, answer included); while the row lives on for the
     // next process, its events are the ledger's, so the stored row carries the counts, not the events.
     assert_eq!(record.head.stored_event_count, record.head.event_count);
     assert!(record.head.event_count >= 4, "{:?}", record.head);
-    assert!(storage.get_live(run_id).await.unwrap().is_some(), "the row stays for the next process to close");
+    assert!(
+        storage.get_live(run_id).await.unwrap().is_some(),
+        "the row stays for the next process to close"
+    );
 }
 
 /// A mutating tool whose first call leaves a task behind (a thread that writes into the workspace when
@@ -452,7 +665,8 @@ impl actors::tools::Tool for LeakThenPanic {
     fn def(&self) -> actors::agent::ToolDef {
         actors::agent::ToolDef {
             name: "leak_then_panic".into(),
-            description: "leaves a writer behind, then panics (first call); appends a line after".into(),
+            description: "leaves a writer behind, then panics (first call); appends a line after"
+                .into(),
             parameters: json!({"type": "object"}),
             side_effect_free: false,
             rerun_safe: false,
@@ -467,7 +681,11 @@ impl actors::tools::Tool for LeakThenPanic {
     ) -> futures_util::future::BoxFuture<'a, actors::tools::ToolOutput> {
         let append = |workspace: &std::path::Path, line: &str| {
             use std::io::Write;
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(workspace.join("steps.log")).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(workspace.join("steps.log"))
+                .unwrap();
             writeln!(f, "{line}").unwrap();
         };
         let (workspace, fence) = (ctx.workspace.clone(), ctx.gen.clone());
@@ -476,13 +694,23 @@ impl actors::tools::Tool for LeakThenPanic {
         if let (Some(go), Some(report)) = (go, report) {
             std::thread::spawn(move || {
                 let _ = go.recv();
-                let out = actors::tools::with_fence(&workspace, &fence, std::time::Duration::from_secs(5), || append(&workspace, "leaked"));
+                let out = actors::tools::with_fence(
+                    &workspace,
+                    &fence,
+                    std::time::Duration::from_secs(5),
+                    || append(&workspace, "leaked"),
+                );
                 let _ = report.send(out.map_err(|e| e.to_string()));
             });
             panic!("tool crashed after spawning a writer");
         }
         Box::pin(async move {
-            let out = actors::tools::with_fence(&workspace, &fence, std::time::Duration::from_secs(5), || append(&workspace, "written"));
+            let out = actors::tools::with_fence(
+                &workspace,
+                &fence,
+                std::time::Duration::from_secs(5),
+                || append(&workspace, "written"),
+            );
             match out {
                 Ok(()) => actors::tools::ToolOutput::ok("written"),
                 Err(e) => actors::tools::ToolOutput::err(e.to_string()),
@@ -494,13 +722,20 @@ impl actors::tools::Tool for LeakThenPanic {
 #[actix_web::test]
 async fn a_task_left_by_a_panicked_run_cannot_write_after_the_readoption() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = switchboard::Config::parse("t", switchboard::config::EMBEDDED, Vec::new()).unwrap();
+    let mut config =
+        switchboard::Config::parse("t", switchboard::config::EMBEDDED, Vec::new()).unwrap();
     config.server.bind = "127.0.0.1:0".into();
     config.storage.path = dir.path().join("s.db");
     let (go_tx, go_rx) = std::sync::mpsc::channel();
     let (leak_tx, leak_rx) = std::sync::mpsc::channel();
-    let tool = LeakThenPanic { go: std::sync::Mutex::new(Some(go_rx)), leaked: std::sync::Mutex::new(Some(leak_tx)) };
-    let running = switchboard::start_with_tools(config, actors::tools::Toolbox::builtin().with(tool)).await.unwrap();
+    let tool = LeakThenPanic {
+        go: std::sync::Mutex::new(Some(go_rx)),
+        leaked: std::sync::Mutex::new(Some(leak_tx)),
+    };
+    let running =
+        switchboard::start_with_tools(config, actors::tools::Toolbox::builtin().with(tool))
+            .await
+            .unwrap();
     let client = reqwest::Client::new();
     let body: Value = client
         .post(format!("http://{}/api/messages", running.addr))
@@ -516,24 +751,44 @@ async fn a_task_left_by_a_panicked_run_cannot_write_after_the_readoption() {
     let id = run_id.clone();
     let record = support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
-        async move { s.get(id).await.ok().flatten().filter(|r| !r.head.provisional) }
+        async move {
+            s.get(id)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| !r.head.provisional)
+        }
     })
     .await
     .expect("the re-adopted run finished");
     assert_eq!(record.head.status, RunStatus::Completed);
-    let resumed = record.events.iter().find(|e| e["type"] == "resumed").expect("re-adopted");
+    let resumed = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "resumed")
+        .expect("re-adopted");
     assert_eq!(resumed["settled"][0]["how"], "effects_unknown", "{resumed}");
     // Now the left-behind writer tries: the re-adopted incarnation owns the workspace fence.
     go_tx.send(()).unwrap();
-    let leaked = tokio::task::spawn_blocking(move || leak_rx.recv_timeout(std::time::Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .expect("the writer reported");
-    assert!(leaked.as_ref().is_err_and(|e| e.contains("is owned by generation")), "fenced out: {leaked:?}");
+    let leaked = tokio::task::spawn_blocking(move || {
+        leak_rx.recv_timeout(std::time::Duration::from_secs(10))
+    })
+    .await
+    .unwrap()
+    .expect("the writer reported");
+    assert!(
+        leaked
+            .as_ref()
+            .is_err_and(|e| e.contains("is owned by generation")),
+        "fenced out: {leaked:?}"
+    );
     let workspace = dir.path().join("workspaces").join(&run_id);
     let lines = std::fs::read_to_string(workspace.join("steps.log")).unwrap_or_default();
     assert!(!lines.contains("leaked"), "{lines}");
-    assert!(lines.contains("written"), "the re-adopted run wrote: {lines}");
+    assert!(
+        lines.contains("written"),
+        "the re-adopted run wrote: {lines}"
+    );
 }
 
 /// A side-effect-free tool that always panics.
@@ -563,17 +818,32 @@ impl actors::tools::Tool for PanicAlways {
 #[actix_web::test]
 async fn a_run_that_panics_past_the_restart_policy_closes_failed_and_frees_its_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = switchboard::Config::parse("t", switchboard::config::EMBEDDED, Vec::new()).unwrap();
+    let mut config =
+        switchboard::Config::parse("t", switchboard::config::EMBEDDED, Vec::new()).unwrap();
     config.server.bind = "127.0.0.1:0".into();
     config.storage.path = dir.path().join("s.db");
-    assert_eq!(config.supervisor.max_restarts, 1, "the default policy: one re-adoption");
-    let running = switchboard::start_with_tools(config, actors::tools::Toolbox::builtin().with(PanicAlways)).await.unwrap();
+    assert_eq!(
+        config.supervisor.max_restarts, 1,
+        "the default policy: one re-adoption"
+    );
+    let running =
+        switchboard::start_with_tools(config, actors::tools::Toolbox::builtin().with(PanicAlways))
+            .await
+            .unwrap();
     let client = reqwest::Client::new();
     let post = |text: &'static str| {
         let client = client.clone();
         let url = format!("http://{}/api/messages", running.addr);
         async move {
-            client.post(url).json(&json!({"thread": "tf", "channel": "c", "user": "u", "text": text})).send().await.unwrap().json::<Value>().await.unwrap()
+            client
+                .post(url)
+                .json(&json!({"thread": "tf", "channel": "c", "user": "u", "text": text}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
         }
     };
     let body = post("steps=1 tool=panic_always").await;
@@ -582,15 +852,28 @@ async fn a_run_that_panics_past_the_restart_policy_closes_failed_and_frees_its_t
     let id = run_id.clone();
     let record = support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
-        async move { s.get(id).await.ok().flatten().filter(|r| !r.head.provisional) }
+        async move {
+            s.get(id)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| !r.head.provisional)
+        }
     })
     .await
     .expect("the run was closed");
     assert_eq!(record.head.status, RunStatus::Failed);
     let t = types(&record.events);
-    assert_eq!(t.iter().filter(|t| **t == "resumed").count(), 1, "re-adopted once, then closed: {t:?}");
+    assert_eq!(
+        t.iter().filter(|t| **t == "resumed").count(),
+        1,
+        "re-adopted once, then closed: {t:?}"
+    );
     assert!(t.contains(&"run_failed"), "{t:?}");
-    assert!(running.storage.list_live().await.unwrap().is_empty(), "no live row remains");
+    assert!(
+        running.storage.list_live().await.unwrap().is_empty(),
+        "no live row remains"
+    );
     assert_eq!(running.metrics.restarts("panicked"), 2);
     // The thread is free: the next message starts a new run.
     let next = post("steps=0 answer=ok").await;
@@ -616,17 +899,35 @@ async fn finished_runs_leave_the_registry_once_their_records_land() {
         async move { registry.rows().is_empty().then_some(()) }
     })
     .await;
-    assert!(emptied.is_some(), "finished runs still held: {}", app.running.registry.rows().len());
-    let (status, view) = app.get_json(&format!("/api/runs/{}?include=events", ids[0]), None).await;
-    assert_eq!((status, view["persisted"].as_bool(), view["status"].as_str()), (200, Some(true), Some("completed")), "{view}");
-    assert!(types(view["events"].as_array().expect("events")).contains(&"answer"), "{view}");
+    assert!(
+        emptied.is_some(),
+        "finished runs still held: {}",
+        app.running.registry.rows().len()
+    );
+    let (status, view) = app
+        .get_json(&format!("/api/runs/{}?include=events", ids[0]), None)
+        .await;
+    assert_eq!(
+        (status, view["persisted"].as_bool(), view["status"].as_str()),
+        (200, Some(true), Some("completed")),
+        "{view}"
+    );
+    assert!(
+        types(view["events"].as_array().expect("events")).contains(&"answer"),
+        "{view}"
+    );
 }
 
 #[actix_web::test]
 async fn a_message_never_reaches_a_live_run_its_writer_may_not_see() {
     let mut writer = String::new();
     let app = TestApp::spawn_with(|c| {
-        writer = support::add_token(c, "machines", &["messages:write"], json!({"kind": "visibility-in", "values": ["machine"]}));
+        writer = support::add_token(
+            c,
+            "machines",
+            &["messages:write"],
+            json!({"kind": "visibility-in", "values": ["machine"]}),
+        );
     })
     .await;
     let (status, body) =
@@ -638,18 +939,48 @@ async fn a_message_never_reaches_a_live_run_its_writer_may_not_see() {
     let (status, body) = app.post_as(&writer, follow_up.clone()).await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"], "forbidden");
-    assert!(body["message"].as_str().unwrap_or_default().contains("c1:t-priv"), "names the thread: {body}");
-    assert!(!body.to_string().contains(&run_id), "never names the run: {body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("c1:t-priv"),
+        "names the thread: {body}"
+    );
+    assert!(
+        !body.to_string().contains(&run_id),
+        "never names the run: {body}"
+    );
     // Nothing was written: not the message, not a receipt (a retry is refused again, not answered "steered").
     let (status, _) = app.post_as(&writer, follow_up).await;
     assert_eq!(status, 403);
     let record = app.final_record(&run_id).await;
     assert_eq!(record.head.status, RunStatus::Completed);
-    assert_eq!(record.events.iter().filter(|e| e["type"] == "input").count(), 1, "{:?}", record.events);
-    assert!(!record.events.iter().any(|e| e.to_string().contains("hijacked")));
+    assert_eq!(
+        record
+            .events
+            .iter()
+            .filter(|e| e["type"] == "input")
+            .count(),
+        1,
+        "{:?}",
+        record.events
+    );
+    assert!(!record
+        .events
+        .iter()
+        .any(|e| e.to_string().contains("hijacked")));
     // A writer that may see the run still steers into it; an idle thread starts a run whatever the filter.
-    let (status, body) = app.post_as(&writer, json!({"thread": "t-priv", "channel": "c1", "user": "u2", "text": "steps=1 ms=1"})).await;
-    assert_eq!((status, body["outcome"].as_str()), (202, Some("started")), "{body}");
+    let (status, body) = app
+        .post_as(
+            &writer,
+            json!({"thread": "t-priv", "channel": "c1", "user": "u2", "text": "steps=1 ms=1"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (202, Some("started")),
+        "{body}"
+    );
 }
 
 /// SPEC §8.1 Auth: a stop reaches only runs its caller may see — 403 naming nothing of the run, and
@@ -658,7 +989,12 @@ async fn a_message_never_reaches_a_live_run_its_writer_may_not_see() {
 async fn a_stop_never_reaches_a_live_run_its_caller_may_not_see() {
     let mut stopper = String::new();
     let app = TestApp::spawn_with(|c| {
-        stopper = support::add_token(c, "machines", &["runs:write"], json!({"kind": "visibility-in", "values": ["machine"]}));
+        stopper = support::add_token(
+            c,
+            "machines",
+            &["runs:write"],
+            json!({"kind": "visibility-in", "values": ["machine"]}),
+        );
     })
     .await;
     let (status, body) =
@@ -678,10 +1014,25 @@ async fn a_stop_never_reaches_a_live_run_its_caller_may_not_see() {
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["error"], "forbidden", "{body}");
     let record = app.final_record(&run_id).await;
-    assert_eq!(record.head.status, RunStatus::Completed, "{:?}", record.events);
-    assert!(!record.events.iter().any(|e| e["type"] == "stop_requested"), "{:?}", record.events);
+    assert_eq!(
+        record.head.status,
+        RunStatus::Completed,
+        "{:?}",
+        record.events
+    );
+    assert!(
+        !record.events.iter().any(|e| e["type"] == "stop_requested"),
+        "{:?}",
+        record.events
+    );
     // An unknown run is still 404 to the same token.
-    let res = app.client.post(app.url("/api/runs/no-such-run/stop")).bearer_auth(&stopper).send().await.unwrap();
+    let res = app
+        .client
+        .post(app.url("/api/runs/no-such-run/stop"))
+        .bearer_auth(&stopper)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 404);
 }
 
@@ -697,27 +1048,50 @@ async fn a_run_started_for_a_parent_lists_as_its_child_live_and_finished() {
         let (status, body) = app
             .post(json!({"thread": format!("t-child-{i}"), "channel": "c1", "user": "u1", "text": "steps=2 ms=200", "parentRunId": parent}))
             .await;
-        assert_eq!((status, body["outcome"].as_str()), (202, Some("started")), "{body}");
+        assert_eq!(
+            (status, body["outcome"].as_str()),
+            (202, Some("started")),
+            "{body}"
+        );
         children.push(body["runId"].as_str().unwrap().to_owned());
     }
     // Live: the views carry the parent, and the children route lists both, oldest first.
-    let (status, view) = app.get_json(&format!("/api/runs/{}", children[0]), None).await;
-    assert_eq!((status, view["parentRunId"].as_str()), (200, Some(parent.as_str())), "{view}");
-    let (status, list) = app.get_json(&format!("/api/runs/{parent}/children"), None).await;
+    let (status, view) = app
+        .get_json(&format!("/api/runs/{}", children[0]), None)
+        .await;
+    assert_eq!(
+        (status, view["parentRunId"].as_str()),
+        (200, Some(parent.as_str())),
+        "{view}"
+    );
+    let (status, list) = app
+        .get_json(&format!("/api/runs/{parent}/children"), None)
+        .await;
     assert_eq!(status, 200, "{list}");
-    let listed: Vec<&str> = list["runs"].as_array().unwrap().iter().map(|v| v["id"].as_str().unwrap()).collect();
+    let listed: Vec<&str> = list["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].as_str().unwrap())
+        .collect();
     assert_eq!(listed, [children[0].as_str(), children[1].as_str()]);
     // Finished: the record names the parent, and both listings still find the children.
     for child in &children {
         let record = app.final_record(child).await;
         assert_eq!(record.head.parent_run_id.as_deref(), Some(parent.as_str()));
     }
-    let (_, list) = app.get_json(&format!("/api/runs/{parent}/children"), None).await;
+    let (_, list) = app
+        .get_json(&format!("/api/runs/{parent}/children"), None)
+        .await;
     assert_eq!(list["runs"].as_array().unwrap().len(), 2, "{list}");
-    let (_, list) = app.get_json(&format!("/api/runs?parentRunId={parent}"), None).await;
+    let (_, list) = app
+        .get_json(&format!("/api/runs?parentRunId={parent}"), None)
+        .await;
     assert_eq!(list["runs"].as_array().unwrap().len(), 2, "{list}");
     // The parent itself has no parent, and a run with no children lists none.
-    let (_, list) = app.get_json(&format!("/api/runs/{}/children", children[0]), None).await;
+    let (_, list) = app
+        .get_json(&format!("/api/runs/{}/children", children[0]), None)
+        .await;
     assert_eq!(list["runs"], json!([]));
     let (status, view) = app.get_json(&format!("/api/runs/{parent}"), None).await;
     assert_eq!((status, view.get("parentRunId")), (200, None), "{view}");
@@ -725,7 +1099,13 @@ async fn a_run_started_for_a_parent_lists_as_its_child_live_and_finished() {
     let (status, body) =
         app.post(json!({"thread": "t-bad", "channel": "c1", "user": "u1", "text": "steps=1 ms=1", "parentRunId": "../etc"})).await;
     assert_eq!(status, 400, "{body}");
-    assert!(body["message"].as_str().unwrap().starts_with("parentRunId:"), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("parentRunId:"),
+        "{body}"
+    );
     let (_, list) = app.get_json("/api/runs?threadKey=c1:t-bad", None).await;
     assert_eq!(list["runs"], json!([]));
     let (status, _) = app.get_json("/api/runs/a%20b/children", None).await;
@@ -737,17 +1117,29 @@ async fn a_run_started_for_a_parent_lists_as_its_child_live_and_finished() {
 #[actix_web::test]
 async fn views_carry_the_answer_and_who_stopped_the_run() {
     let app = TestApp::spawn().await;
-    let done = app.start_run("t-answer", "steps=1 ms=1 answer=forty-two").await;
+    let done = app
+        .start_run("t-answer", "steps=1 ms=1 answer=forty-two")
+        .await;
     app.final_record(&done).await;
     let (status, view) = app.get_json(&format!("/api/runs/{done}"), None).await;
-    assert_eq!((status, view["answer"].as_str()), (200, Some("forty-two")), "{view}");
+    assert_eq!(
+        (status, view["answer"].as_str()),
+        (200, Some("forty-two")),
+        "{view}"
+    );
     assert!(view.get("stoppedBy").is_none(), "{view}");
     let (_, list) = app.get_json("/api/runs?threadKey=c1:t-answer", None).await;
     assert_eq!(list["runs"][0]["answer"], "forty-two", "{list}");
 
     let stopped = app.start_run("t-stopped", "steps=3 ms=300").await;
     app.event(&stopped, "tool_call").await;
-    let res = app.client.post(app.url(&format!("/api/runs/{stopped}/stop"))).json(&json!({"mode": "soft"})).send().await.unwrap();
+    let res = app
+        .client
+        .post(app.url(&format!("/api/runs/{stopped}/stop")))
+        .json(&json!({"mode": "soft"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 202);
     let record = app.final_record(&stopped).await;
     assert_eq!(record.head.status, RunStatus::StoppedSoft);

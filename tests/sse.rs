@@ -50,9 +50,19 @@ async fn a_live_stream_sends_every_event_with_its_seq_then_end_after_the_finish(
     assert_eq!(end.data["status"], "completed");
     let got = seqs(&events);
     let record = app.final_record(&id).await;
-    let stored: Vec<u64> = record.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert_eq!(got, stored, "every event once, in order, the same seqs as the record");
-    assert_eq!(end.data["finishedAt"].as_i64(), Some(record.head.finished_at));
+    let stored: Vec<u64> = record
+        .events
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        got, stored,
+        "every event once, in order, the same seqs as the record"
+    );
+    assert_eq!(
+        end.data["finishedAt"].as_i64(),
+        Some(record.head.finished_at)
+    );
     assert_eq!(events.last().unwrap().data["type"], "answer");
 }
 
@@ -70,14 +80,20 @@ async fn a_reconnect_with_last_event_id_resumes_with_no_gap_and_no_duplicate() {
     drop(reader);
     let last: u64 = first.last().unwrap().id.parse().unwrap();
     // The browser sends Last-Event-ID; it wins over a stale ?afterSeq in the URL.
-    let (status, reader) = app.sse(&format!("{path}?afterSeq=1"), None, Some(last)).await;
+    let (status, reader) = app
+        .sse(&format!("{path}?afterSeq=1"), None, Some(last))
+        .await;
     assert_eq!(status, 200);
     let (rest, end) = reader.unwrap().until_end(WAIT).await;
     assert!(end.is_some());
     let mut all = seqs(&first);
     all.extend(seqs(&rest));
     let record = app.final_record(&id).await;
-    let stored: Vec<u64> = record.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let stored: Vec<u64> = record
+        .events
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(all, stored);
     assert_eq!(seqs(&rest)[0], last + 1);
 }
@@ -87,7 +103,11 @@ async fn a_finished_run_replays_then_ends_from_the_registry_and_from_the_store()
     let app = TestApp::spawn().await;
     let id = app.start_run("t1", "steps=2 ms=0").await;
     let record = app.final_record(&id).await;
-    let stored: Vec<u64> = record.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let stored: Vec<u64> = record
+        .events
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     // Still in the registry (finished rows stay 60 s).
     let (_, reader) = app.sse(&format!("/api/runs/{id}/stream"), None, None).await;
     let (events, end) = reader.unwrap().until_end(WAIT).await;
@@ -95,14 +115,21 @@ async fn a_finished_run_replays_then_ends_from_the_registry_and_from_the_store()
     assert_eq!(end.unwrap().data["status"], "completed");
     // Served from the store once the registry let it go; `afterSeq` skips what the client has.
     app.running.registry.discard(&id);
-    let (_, reader) = app.sse(&format!("/api/runs/{id}/stream?afterSeq=3"), None, None).await;
+    let (_, reader) = app
+        .sse(&format!("/api/runs/{id}/stream?afterSeq=3"), None, None)
+        .await;
     let (events, end) = reader.unwrap().until_end(WAIT).await;
     assert_eq!(seqs(&events), stored[3..].to_vec());
     let end = end.expect("end after a replay");
-    assert_eq!((end.data["status"].as_str(), end.data["finishedAt"].as_i64()), (Some("completed"), Some(record.head.finished_at)));
+    assert_eq!(
+        (end.data["status"].as_str(), end.data["finishedAt"].as_i64()),
+        (Some("completed"), Some(record.head.finished_at))
+    );
     // A cursor at the end replays nothing and still ends.
     let last = *stored.last().unwrap();
-    let (_, reader) = app.sse(&format!("/api/runs/{id}/stream"), None, Some(last)).await;
+    let (_, reader) = app
+        .sse(&format!("/api/runs/{id}/stream"), None, Some(last))
+        .await;
     let (events, end) = reader.unwrap().until_end(WAIT).await;
     assert!(events.is_empty() && end.is_some());
 }
@@ -125,7 +152,12 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
     assert_eq!(registry.subscriber_count(), 0);
 
     // Open the stream and never read it while the flood goes on.
-    let res = app.client.get(app.url(&format!("/api/runs/{id}/stream"))).send().await.unwrap();
+    let res = app
+        .client
+        .get(app.url(&format!("/api/runs/{id}/stream")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 200);
     let subscribed = support::wait_until(WAIT, || {
         let n = registry.subscriber_count();
@@ -140,19 +172,34 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
     let (mut published, mut slowest) = (0u64, Duration::ZERO);
     let flood = Instant::now();
     while registry.subscriber_count() > 0 {
-        assert!(published < 20_000, "20,000 unread events and the slow subscriber is still attached");
+        assert!(
+            published < 20_000,
+            "20,000 unread events and the slow subscriber is still attached"
+        );
         let t = Instant::now();
-        let stamped = registry.publish(id, json!({"type": "note", "kind": "filler", "summary": filler}));
+        let stamped = registry.publish(
+            id,
+            json!({"type": "note", "kind": "filler", "summary": filler}),
+        );
         slowest = slowest.max(t.elapsed());
         published += 1;
         assert_eq!(stamped.and_then(|e| e["seq"].as_u64()), Some(published));
     }
     let flooded = published as usize * filler.len();
-    assert!(flooded > SUBSCRIBER_QUEUE_BYTES, "dropped after {flooded} bytes, before its queue was full");
+    assert!(
+        flooded > SUBSCRIBER_QUEUE_BYTES,
+        "dropped after {flooded} bytes, before its queue was full"
+    );
     // Dropped means released: nothing stays queued for it.
     assert_eq!(registry.subscriber_queued_bytes(), 0);
-    assert!(slowest < Duration::from_millis(500), "a publish waited {slowest:?} for the slow subscriber");
-    eprintln!("subscriber dropped after {published} events in {:?} (slowest publish {slowest:?})", flood.elapsed());
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a publish waited {slowest:?} for the slow subscriber"
+    );
+    eprintln!(
+        "subscriber dropped after {published} events in {:?} (slowest publish {slowest:?})",
+        flood.elapsed()
+    );
     // The run is still live, and every event was counted.
     let row = registry.row(id).expect("the row");
     assert_eq!((row.finished_at, row.event_count), (None, published));
@@ -161,27 +208,42 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
     // run has not ended.
     let mut reader = support::SseReader::new(res);
     let (events, end) = reader.until_end(WAIT).await;
-    assert!(end.is_none(), "an `end` for a run that is still live: {end:?}");
+    assert!(
+        end.is_none(),
+        "an `end` for a run that is still live: {end:?}"
+    );
     let got = seqs(&events);
     assert_eq!(got.first(), Some(&1));
-    assert!(got.windows(2).all(|w| w[1] == w[0] + 1), "a gap in the slow stream");
+    assert!(
+        got.windows(2).all(|w| w[1] == w[0] + 1),
+        "a gap in the slow stream"
+    );
     let last = *got.last().unwrap();
-    assert!(last < published, "the dropped stream delivered everything ({last} of {published})");
+    assert!(
+        last < published,
+        "the dropped stream delivered everything ({last} of {published})"
+    );
 
     // The browser reconnects with Last-Event-ID: the rest, with no gap and no duplicate, then `end`.
     registry.finish(id, RunStatus::Completed, 2_000);
-    let (status, reader) = app.sse(&format!("/api/runs/{id}/stream"), None, Some(last)).await;
+    let (status, reader) = app
+        .sse(&format!("/api/runs/{id}/stream"), None, Some(last))
+        .await;
     assert_eq!(status, 200);
     let (rest, end) = reader.unwrap().until_end(WAIT).await;
     assert_eq!(seqs(&rest), (last + 1..=published).collect::<Vec<_>>());
-    assert_eq!(end.expect("end after the finish").data["status"], "completed");
+    assert_eq!(
+        end.expect("end after the finish").data["status"],
+        "completed"
+    );
 }
 
 /// Many viewers that stop reading a run of large events (SPEC §8.1; issue 24 item 4): each is dropped
 /// once its queue is full in bytes — long before its event count would be — and pins nothing after,
 /// while a viewer that reads gets every event in order and admissions carry on.
 #[actix_web::test]
-async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_a_reader_keeps_up() {
+async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_a_reader_keeps_up()
+{
     use actors::registry::{SUBSCRIBER_QUEUE, SUBSCRIBER_QUEUE_BYTES};
     use tokio::io::AsyncWriteExt;
 
@@ -198,7 +260,11 @@ async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.set_recv_buffer_size(4096).unwrap();
         let mut conn = socket.connect(addr).await.unwrap();
-        conn.write_all(format!("GET /api/runs/{id}/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+        conn.write_all(
+            format!("GET /api/runs/{id}/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         stalled.push(conn);
     }
     let (status, reader) = app.sse(&format!("/api/runs/{id}/stream"), None, None).await;
@@ -209,26 +275,55 @@ async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_
         async move { (n == STALLED + 1).then_some(()) }
     })
     .await;
-    assert!(subscribed.is_some(), "{} of {} streams subscribed", registry.subscriber_count(), STALLED + 1);
+    assert!(
+        subscribed.is_some(),
+        "{} of {} streams subscribed",
+        registry.subscriber_count(),
+        STALLED + 1
+    );
 
     // 60 KB events, paced so the reading viewer keeps up, until only it is left.
     let text = "y".repeat(60_000);
     let mut published = 0u64;
     while registry.subscriber_count() > 1 {
-        assert!(published < 2_000, "{published} large events and {} viewers still attached", registry.subscriber_count());
-        registry.publish(id, json!({"type": "note", "kind": "large", "summary": text}));
+        assert!(
+            published < 2_000,
+            "{published} large events and {} viewers still attached",
+            registry.subscriber_count()
+        );
+        registry.publish(
+            id,
+            json!({"type": "note", "kind": "large", "summary": text}),
+        );
         published += 1;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    assert!((published as usize) < SUBSCRIBER_QUEUE, "dropped by bytes after {published} events, not by count");
+    assert!(
+        (published as usize) < SUBSCRIBER_QUEUE,
+        "dropped by bytes after {published} events, not by count"
+    );
     // What the server still holds for viewers is the reading one's queue at most.
-    assert!(registry.subscriber_queued_bytes() <= SUBSCRIBER_QUEUE_BYTES, "{}", registry.subscriber_queued_bytes());
-    let (code, body) = app.post(json!({"thread": "t-other", "channel": "c1", "user": "u1", "text": "steps=1 ms=1"})).await;
-    assert_eq!((code, body["outcome"].as_str()), (202, Some("started")), "{body}");
+    assert!(
+        registry.subscriber_queued_bytes() <= SUBSCRIBER_QUEUE_BYTES,
+        "{}",
+        registry.subscriber_queued_bytes()
+    );
+    let (code, body) = app
+        .post(json!({"thread": "t-other", "channel": "c1", "user": "u1", "text": "steps=1 ms=1"}))
+        .await;
+    assert_eq!(
+        (code, body["outcome"].as_str()),
+        (202, Some("started")),
+        "{body}"
+    );
 
     registry.finish(id, RunStatus::Completed, 2_000);
     let (events, end) = reading.await.unwrap();
-    assert_eq!(seqs(&events), (1..=published).collect::<Vec<_>>(), "the reading viewer missed or repeated an event");
+    assert_eq!(
+        seqs(&events),
+        (1..=published).collect::<Vec<_>>(),
+        "the reading viewer missed or repeated an event"
+    );
     assert_eq!(end.expect("end").data["status"], "completed");
     drop(stalled);
 }
@@ -238,17 +333,32 @@ async fn an_idle_stream_gets_a_keep_alive_comment() {
     let app = TestApp::spawn().await;
     let id = app.start_run("t1", "steps=1 ms=30000").await;
     app.event(&id, "tool_call").await;
-    let res = app.client.get(app.url(&format!("/api/runs/{id}/stream"))).send().await.unwrap();
+    let res = app
+        .client
+        .get(app.url(&format!("/api/runs/{id}/stream")))
+        .send()
+        .await
+        .unwrap();
     let mut body = res.bytes_stream();
     let mut seen = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !seen.contains(": ping\n") {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let chunk = tokio::time::timeout(left, body.next()).await.expect("a ping within 20 s").expect("stream open").unwrap();
+        let chunk = tokio::time::timeout(left, body.next())
+            .await
+            .expect("a ping within 20 s")
+            .expect("stream open")
+            .unwrap();
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.contains("id: 1\nevent: run_event\ndata: {"), "{seen}");
-    let res = app.client.post(app.url(&format!("/api/runs/{id}/stop"))).json(&json!({"mode": "hard"})).send().await.unwrap();
+    let res = app
+        .client
+        .post(app.url(&format!("/api/runs/{id}/stop")))
+        .json(&json!({"mode": "hard"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 202);
 }
 
@@ -286,7 +396,12 @@ async fn the_index_feed_upserts_live_quick_and_finished_rows_and_removes_killed_
             break;
         }
     }
-    let res = app.client.delete(app.url(&format!("/api/runs/{doomed}"))).send().await.unwrap();
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/runs/{doomed}")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 202);
     loop {
         let e = feed.next(WAIT).await.expect("feed open");
@@ -305,7 +420,12 @@ async fn the_index_feed_upserts_live_quick_and_finished_rows_and_removes_killed_
             break;
         }
     }
-    let res = app.client.delete(app.url(&format!("/api/runs/{quick}"))).send().await.unwrap();
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/runs/{quick}")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 202);
     loop {
         let e = feed.next(WAIT).await.expect("feed open");
@@ -318,7 +438,12 @@ async fn the_index_feed_upserts_live_quick_and_finished_rows_and_removes_killed_
 
 /// Start `switchboard serve` on `data` (embedded config: dev bypass on loopback).
 fn serve(data: &std::path::Path) -> switchboard::child::ChildServer {
-    switchboard::child::ChildServer::start(std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &[]).expect("start switchboard")
+    switchboard::child::ChildServer::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_switchboard")),
+        data,
+        &[],
+    )
+    .expect("start switchboard")
 }
 
 #[actix_web::test]
@@ -333,13 +458,25 @@ async fn a_reconnect_after_a_crash_and_resume_sees_no_gap_and_no_duplicate() {
         .await
         .unwrap();
     assert_eq!(res.status().as_u16(), 202);
-    let id = res.json::<serde_json::Value>().await.unwrap()["runId"].as_str().unwrap().to_owned();
+    let id = res.json::<serde_json::Value>().await.unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // Watch it on the first process until a few steps are in, then crash that process.
-    let res = client.get(a.url(&format!("/api/runs/{id}/stream"))).send().await.unwrap();
+    let res = client
+        .get(a.url(&format!("/api/runs/{id}/stream")))
+        .send()
+        .await
+        .unwrap();
     let mut reader = support::SseReader::new(res);
     let mut seen = Vec::new();
-    while seen.iter().filter(|e: &&SseEvent| e.data["type"] == "tool_result").count() < 2 {
+    while seen
+        .iter()
+        .filter(|e: &&SseEvent| e.data["type"] == "tool_result")
+        .count()
+        < 2
+    {
         seen.push(reader.next(WAIT).await.expect("an event before the crash"));
     }
     let res = client.post(a.url("/admin/crash")).send().await.unwrap();
@@ -361,17 +498,43 @@ async fn a_reconnect_after_a_crash_and_resume_sees_no_gap_and_no_duplicate() {
         .await
         .unwrap();
     assert_eq!(res.status().as_u16(), 200);
-    let (rest, end) = support::SseReader::new(res).until_end(Duration::from_secs(60)).await;
-    assert_eq!(end.expect("end after the resumed run finished").data["status"], "completed");
+    let (rest, end) = support::SseReader::new(res)
+        .until_end(Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        end.expect("end after the resumed run finished").data["status"],
+        "completed"
+    );
     let mut all = seqs(&seen);
     let after = seqs(&rest);
-    assert!(after.iter().all(|s| *s > last), "nothing at or before Last-Event-ID: {after:?}");
+    assert!(
+        after.iter().all(|s| *s > last),
+        "nothing at or before Last-Event-ID: {after:?}"
+    );
     all.extend(&after);
-    assert!(all.windows(2).all(|w| w[0] < w[1]), "no duplicate, in order: {all:?}");
-    assert!(rest.iter().any(|e| e.data["type"] == "resumed"), "the resumed note is streamed");
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "no duplicate, in order: {all:?}"
+    );
+    assert!(
+        rest.iter().any(|e| e.data["type"] == "resumed"),
+        "the resumed note is streamed"
+    );
     // No gap: every event of the final record past the cursor reached the viewer.
-    let record = client.get(b.url(&format!("/api/runs/{id}?include=events"))).send().await.unwrap().json::<serde_json::Value>().await.unwrap();
-    let stored_after: Vec<u64> =
-        record["events"].as_array().unwrap().iter().map(|e| e["seq"].as_u64().unwrap()).filter(|s| *s > last).collect();
+    let record = client
+        .get(b.url(&format!("/api/runs/{id}?include=events")))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let stored_after: Vec<u64> = record["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .filter(|s| *s > last)
+        .collect();
     assert_eq!(after, stored_after);
 }

@@ -64,7 +64,11 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// [`ATTEMPT_TIMEOUT`], [`FIRST_BACKOFF`], and `deadline` (`delivery.deadline_ms`).
     pub fn with_deadline(deadline: Duration) -> Self {
-        RetryPolicy { attempt_timeout: ATTEMPT_TIMEOUT, first_backoff: FIRST_BACKOFF, deadline }
+        RetryPolicy {
+            attempt_timeout: ATTEMPT_TIMEOUT,
+            first_backoff: FIRST_BACKOFF,
+            deadline,
+        }
     }
 }
 
@@ -125,14 +129,19 @@ pub fn webhook_secret(value: &str) -> Result<Vec<u8>, base64::DecodeError> {
 /// when one is configured but unset or empty (sending unsigned when the operator asked for signatures
 /// would be a silent downgrade, so boot refuses instead).
 pub fn secret_from_env(var: Option<&str>) -> Result<Option<Vec<u8>>, SecretError> {
-    let Some(var) = var.filter(|v| !v.is_empty()) else { return Ok(None) };
+    let Some(var) = var.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
     let value = std::env::var(var).unwrap_or_default();
     if value.is_empty() {
         return Err(SecretError::Unset(var.to_owned()));
     }
     webhook_secret(&value)
         .map(Some)
-        .map_err(|e| SecretError::BadBase64 { var: var.to_owned(), why: e.to_string() })
+        .map_err(|e| SecretError::BadBase64 {
+            var: var.to_owned(),
+            why: e.to_string(),
+        })
 }
 
 /// `v1,<base64 HMAC-SHA256 of "id.timestamp.body">`: the `webhook-signature` value.
@@ -143,12 +152,20 @@ pub fn sign(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
     mac.update(timestamp.to_string().as_bytes());
     mac.update(b".");
     mac.update(body);
-    format!("v1,{}", base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes()))
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
 }
 
 /// The three Standard Webhooks headers for one attempt: `webhook-id`, `webhook-timestamp` (unix
 /// seconds) and `webhook-signature`.
-pub fn signature_headers(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -> [(&'static str, String); 3] {
+pub fn signature_headers(
+    secret: &[u8],
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+) -> [(&'static str, String); 3] {
     [
         (HEADER_ID, id.to_owned()),
         (HEADER_TIMESTAMP, timestamp.to_string()),
@@ -159,22 +176,37 @@ pub fn signature_headers(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -
 /// Whether `signature_header` (space-separated `v1,<base64>` entries, as Standard Webhooks allows
 /// several) holds a valid signature of `id.timestamp.body`. The comparison is constant-time. For
 /// receivers and tests; checking the timestamp's age is the receiver's policy.
-pub fn verify(secret: &[u8], id: &str, timestamp: i64, body: &[u8], signature_header: &str) -> bool {
-    signature_header.split_whitespace().filter_map(|s| s.strip_prefix("v1,")).any(|b64| {
-        let Ok(given) = base64::engine::general_purpose::STANDARD.decode(b64) else { return false };
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts keys of any length");
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        mac.verify_slice(&given).is_ok()
-    })
+pub fn verify(
+    secret: &[u8],
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+    signature_header: &str,
+) -> bool {
+    signature_header
+        .split_whitespace()
+        .filter_map(|s| s.strip_prefix("v1,"))
+        .any(|b64| {
+            let Ok(given) = base64::engine::general_purpose::STANDARD.decode(b64) else {
+                return false;
+            };
+            let mut mac =
+                Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts keys of any length");
+            mac.update(id.as_bytes());
+            mac.update(b".");
+            mac.update(timestamp.to_string().as_bytes());
+            mac.update(b".");
+            mac.update(body);
+            mac.verify_slice(&given).is_ok()
+        })
 }
 
 /// Unix seconds now, for [`deliver`]'s `now_secs`.
 pub fn unix_now_secs() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 /// POST `body` to `url` per SPEC §8.3 and answer `(replyOk, replyNote)`: a 10 s timeout per attempt,
@@ -189,7 +221,17 @@ pub async fn deliver(
     body: &Value,
     now_secs: impl Fn() -> i64,
 ) -> (bool, Option<String>) {
-    deliver_with(http, url, secret, RetryPolicy::with_deadline(deadline), run_id, body, now_secs).await.into_pair()
+    deliver_with(
+        http,
+        url,
+        secret,
+        RetryPolicy::with_deadline(deadline),
+        run_id,
+        body,
+        now_secs,
+    )
+    .await
+    .into_pair()
 }
 
 /// What one attempt came to.
@@ -210,7 +252,10 @@ pub async fn deliver_with(
     body: &Value,
     now_secs: impl Fn() -> i64,
 ) -> Reply {
-    deliver_guarded(http, url, secret, policy, run_id, body, now_secs, || std::future::ready(true)).await
+    deliver_guarded(http, url, secret, policy, run_id, body, now_secs, || {
+        std::future::ready(true)
+    })
+    .await
 }
 
 /// [`deliver_with`], asking `proceed` immediately before every attempt, retries included: the run
@@ -236,7 +281,12 @@ where
     let bytes = match serde_json::to_vec(body) {
         Ok(b) => b,
         Err(e) => {
-            return Reply { ok: false, note: Some(format!("webhook body cannot be serialized: {e}")), attempts: 0, withheld: false }
+            return Reply {
+                ok: false,
+                note: Some(format!("webhook body cannot be serialized: {e}")),
+                attempts: 0,
+                withheld: false,
+            }
         }
     };
     let deadline_ms = policy.deadline.as_millis();
@@ -250,14 +300,25 @@ where
             // would end past the deadline.
             return Reply {
                 ok: false,
-                note: Some(format!("webhook not sent: delivery deadline of {deadline_ms} ms")),
+                note: Some(format!(
+                    "webhook not sent: delivery deadline of {deadline_ms} ms"
+                )),
                 attempts,
                 withheld: false,
             };
         }
         if !proceed().await {
-            tracing::info!(run_id, attempts, "webhook delivery withheld before an attempt");
-            return Reply { ok: false, note: Some("webhook withheld: the run was stopped".into()), attempts, withheld: true };
+            tracing::info!(
+                run_id,
+                attempts,
+                "webhook delivery withheld before an attempt"
+            );
+            return Reply {
+                ok: false,
+                note: Some("webhook withheld: the run was stopped".into()),
+                attempts,
+                withheld: true,
+            };
         }
         attempts += 1;
         let mut request = http
@@ -271,13 +332,25 @@ where
             }
         }
         let why = match attempt(request).await {
-            Attempt::Done { ok, note } => return Reply { ok, note, attempts, withheld: false },
+            Attempt::Done { ok, note } => {
+                return Reply {
+                    ok,
+                    note,
+                    attempts,
+                    withheld: false,
+                }
+            }
             Attempt::Retry(why) => why,
         };
         let wait = jittered(backoff);
         backoff = backoff.saturating_mul(2);
         if started.elapsed() + wait >= policy.deadline {
-            tracing::info!(run_id, attempts, deadline_ms = deadline_ms as u64, "webhook delivery gave up: {why}");
+            tracing::info!(
+                run_id,
+                attempts,
+                deadline_ms = deadline_ms as u64,
+                "webhook delivery gave up: {why}"
+            );
             let s = if attempts == 1 { "" } else { "s" };
             return Reply {
                 ok: false,
@@ -286,7 +359,12 @@ where
                 withheld: false,
             };
         }
-        tracing::debug!(run_id, attempts, wait_ms = wait.as_millis() as u64, "webhook delivery will retry: {why}");
+        tracing::debug!(
+            run_id,
+            attempts,
+            wait_ms = wait.as_millis() as u64,
+            "webhook delivery will retry: {why}"
+        );
         tokio::time::sleep(wait).await;
     }
 }
@@ -296,8 +374,13 @@ async fn attempt(request: reqwest::RequestBuilder) -> Attempt {
     let done = |ok: bool, note: Option<String>| Attempt::Done { ok, note };
     match request.send().await {
         Ok(r) if r.status().is_success() => done(true, None),
-        Ok(r) if r.status().is_server_error() => Attempt::Retry(format!("webhook answered {}", r.status().as_u16())),
-        Ok(r) => done(false, Some(format!("webhook answered {}", r.status().as_u16()))),
+        Ok(r) if r.status().is_server_error() => {
+            Attempt::Retry(format!("webhook answered {}", r.status().as_u16()))
+        }
+        Ok(r) => done(
+            false,
+            Some(format!("webhook answered {}", r.status().as_u16())),
+        ),
         Err(e) if e.is_timeout() => Attempt::Retry("webhook failed: timeout".into()),
         // A request that cannot be built (a bad URL or header) or a redirect loop fails the same way again.
         Err(e) if e.is_builder() => done(false, Some("webhook failed: bad request".into())),
@@ -323,12 +406,36 @@ mod tests {
         let body = br#"{"test": 2432232314}"#;
         let sig = sign(&secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body);
         assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-        assert!(verify(&secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body, &format!("v1,bogus {sig}")));
+        assert!(verify(
+            &secret,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            body,
+            &format!("v1,bogus {sig}")
+        ));
         // Any change to the id, the timestamp or the body breaks it.
         assert!(!verify(&secret, "msg_other", 1614265330, body, &sig));
-        assert!(!verify(&secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265331, body, &sig));
-        assert!(!verify(&secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b"{}", &sig));
-        assert!(!verify(b"other", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body, &sig));
+        assert!(!verify(
+            &secret,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265331,
+            body,
+            &sig
+        ));
+        assert!(!verify(
+            &secret,
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            b"{}",
+            &sig
+        ));
+        assert!(!verify(
+            b"other",
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            body,
+            &sig
+        ));
     }
 
     #[test]
@@ -340,7 +447,10 @@ mod tests {
     #[test]
     fn headers_carry_the_id_and_timestamp_they_sign() {
         let [(n1, id), (n2, ts), (n3, sig)] = signature_headers(b"k", "run-1", 42, b"{}");
-        assert_eq!((n1, n2, n3), ("webhook-id", "webhook-timestamp", "webhook-signature"));
+        assert_eq!(
+            (n1, n2, n3),
+            ("webhook-id", "webhook-timestamp", "webhook-signature")
+        );
         assert_eq!((id.as_str(), ts.as_str()), ("run-1", "42"));
         assert!(verify(b"k", "run-1", 42, b"{}", &sig));
     }
@@ -349,7 +459,10 @@ mod tests {
     fn jitter_stays_within_half_either_side() {
         for _ in 0..200 {
             let d = jittered(Duration::from_millis(500));
-            assert!(d >= Duration::from_millis(250) && d <= Duration::from_millis(750), "{d:?}");
+            assert!(
+                d >= Duration::from_millis(250) && d <= Duration::from_millis(750),
+                "{d:?}"
+            );
         }
     }
 }

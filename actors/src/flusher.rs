@@ -55,20 +55,40 @@ pub struct Flusher {
 impl Flusher {
     /// A flusher at [`FLUSH_INTERVAL`], or [`SHARED_FLUSH_INTERVAL`] when the storage has cross-host news.
     pub fn new(storage: StorageHandle, failures: Arc<AtomicU64>) -> Self {
-        let every = if storage.has_news() { SHARED_FLUSH_INTERVAL } else { FLUSH_INTERVAL };
+        let every = if storage.has_news() {
+            SHARED_FLUSH_INTERVAL
+        } else {
+            FLUSH_INTERVAL
+        };
         Self::with_interval(storage, failures, every)
     }
 
     /// A flusher that appends every pending batch each `every` (tests shorten or lengthen it).
-    pub fn with_interval(storage: StorageHandle, failures: Arc<AtomicU64>, every: Duration) -> Self {
-        Flusher { storage, pending: HashMap::new(), failures, every }
+    pub fn with_interval(
+        storage: StorageHandle,
+        failures: Arc<AtomicU64>,
+        every: Duration,
+    ) -> Self {
+        Flusher {
+            storage,
+            pending: HashMap::new(),
+            failures,
+            every,
+        }
     }
 
     fn take(&mut self, run_id: &str) -> Option<(String, Vec<Value>)> {
-        self.pending.remove(run_id).filter(|(_, evs)| !evs.is_empty())
+        self.pending
+            .remove(run_id)
+            .filter(|(_, evs)| !evs.is_empty())
     }
 
-    fn append(&self, run_id: String, gen: String, events: Vec<Value>) -> impl std::future::Future<Output = ()> + 'static {
+    fn append(
+        &self,
+        run_id: String,
+        gen: String,
+        events: Vec<Value>,
+    ) -> impl std::future::Future<Output = ()> + 'static {
         let storage = self.storage.clone();
         let failures = self.failures.clone();
         async move {
@@ -107,12 +127,17 @@ impl Handler<Push> for Flusher {
     type Result = ();
 
     fn handle(&mut self, msg: Push, ctx: &mut Context<Self>) {
-        let entry = self.pending.entry(msg.run_id.clone()).or_insert_with(|| (msg.gen.clone(), Vec::new()));
+        let entry = self
+            .pending
+            .entry(msg.run_id.clone())
+            .or_insert_with(|| (msg.gen.clone(), Vec::new()));
         entry.0 = msg.gen;
         entry.1.push(msg.event);
         if entry.1.len() >= FLUSH_EVENTS {
             if let Some((gen, events)) = self.take(&msg.run_id) {
-                ctx.spawn(actix::fut::wrap_future(self.append(msg.run_id, gen, events)));
+                ctx.spawn(actix::fut::wrap_future(
+                    self.append(msg.run_id, gen, events),
+                ));
             }
         }
     }
@@ -157,7 +182,10 @@ mod tests {
 
     /// A storage actor over a fresh memory backend with one live run `r`, owned by [`GEN`].
     async fn storage_with_run() -> StorageHandle {
-        let h = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), Arc::new(ManualClock::new(NOW)));
+        let h = StorageHandle::start(
+            BackendSpec::Memory(MemoryStore::new()),
+            Arc::new(ManualClock::new(NOW)),
+        );
         let admit = Admit {
             thread_key: "c:t".into(),
             gen: GEN.into(),
@@ -169,7 +197,12 @@ mod tests {
             writer: None,
         };
         h.admit(admit, NOW).await.unwrap();
-        let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+        let p = Promotion {
+            system_text: "s".into(),
+            tools: json!([]),
+            state: Default::default(),
+            lease_ms: 30_000,
+        };
         h.claim("r".into(), GEN.into(), p).await.unwrap().unwrap();
         h
     }
@@ -180,14 +213,24 @@ mod tests {
 
     /// The seqs the ledger holds for `r`.
     async fn stored(h: &StorageHandle) -> Vec<u64> {
-        let events = h.live_events("r".into(), 0, 1000).await.unwrap().expect("the live row");
+        let events = h
+            .live_events("r".into(), 0, 1000)
+            .await
+            .unwrap()
+            .expect("the live row");
         events.iter().map(|e| e["seq"].as_u64().unwrap()).collect()
     }
 
     /// Push and wait until the flusher handled it (not until any append it started settled).
     async fn push(f: &Addr<Flusher>, gen: &str, seqs: std::ops::RangeInclusive<u64>) {
         for seq in seqs {
-            f.send(Push { run_id: "r".into(), gen: gen.into(), event: ev(seq) }).await.unwrap();
+            f.send(Push {
+                run_id: "r".into(),
+                gen: gen.into(),
+                event: ev(seq),
+            })
+            .await
+            .unwrap();
         }
     }
 
@@ -199,7 +242,10 @@ mod tests {
             if got == want {
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "stored {got:?}, want {want:?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "stored {got:?}, want {want:?}"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -224,7 +270,12 @@ mod tests {
     #[actix_rt::test]
     async fn a_partial_batch_lands_at_the_interval() {
         let h = storage_with_run().await;
-        let f = Flusher::with_interval(h.clone(), Arc::new(AtomicU64::new(0)), Duration::from_millis(30)).start();
+        let f = Flusher::with_interval(
+            h.clone(),
+            Arc::new(AtomicU64::new(0)),
+            Duration::from_millis(30),
+        )
+        .start();
         push(&f, GEN, 1..=3).await;
         eventually(&h, vec![1, 2, 3]).await;
         push(&f, GEN, 4..=4).await;
@@ -233,7 +284,10 @@ mod tests {
 
     #[test]
     fn the_default_interval_is_500_ms_and_the_batch_32_events() {
-        assert_eq!((FLUSH_INTERVAL, FLUSH_EVENTS), (Duration::from_millis(500), 32));
+        assert_eq!(
+            (FLUSH_INTERVAL, FLUSH_EVENTS),
+            (Duration::from_millis(500), 32)
+        );
     }
 
     #[actix_rt::test]
@@ -287,7 +341,10 @@ mod tests {
         push(&f, OTHER_GEN, 7..=7 + FLUSH_EVENTS as u64 - 1).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while failures.load(Ordering::Relaxed) < 3 {
-            assert!(std::time::Instant::now() < deadline, "the refused full batch was never counted");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the refused full batch was never counted"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(stored(&h).await, vec![3, 6]);

@@ -63,14 +63,34 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    pub fn new(storage: StorageHandle, every: Duration, lease_ms: i64, report: Recipient<RunNews>) -> Self {
-        Heartbeat { storage, every, lease_ms, runs: HashMap::new(), report, news: None }
+    pub fn new(
+        storage: StorageHandle,
+        every: Duration,
+        lease_ms: i64,
+        report: Recipient<RunNews>,
+    ) -> Self {
+        Heartbeat {
+            storage,
+            every,
+            lease_ms,
+            runs: HashMap::new(),
+            report,
+            news: None,
+        }
     }
 }
 
 /// Beat once for one run; answers what to tell it.
-async fn beat(storage: StorageHandle, run_id: String, gen: String, lease_ms: i64) -> Option<HeartbeatNews> {
-    match storage.heartbeat(run_id.clone(), gen.clone(), lease_ms).await {
+async fn beat(
+    storage: StorageHandle,
+    run_id: String,
+    gen: String,
+    lease_ms: i64,
+) -> Option<HeartbeatNews> {
+    match storage
+        .heartbeat(run_id.clone(), gen.clone(), lease_ms)
+        .await
+    {
         Ok(Ok(answer)) => answer.stop.map(HeartbeatNews::Stop),
         Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. })) => Some(HeartbeatNews::Fenced),
         Ok(Err(refusal)) => {
@@ -95,24 +115,41 @@ impl Heartbeat {
 
     /// Beat `run_id` now (if tracked) and relay what the ledger answers.
     fn beat_run(&self, run_id: &str, ctx: &mut Context<Self>) {
-        let Some(t) = self.runs.get(run_id) else { return };
-        let fut = beat(self.storage.clone(), run_id.to_owned(), t.gen.clone(), self.lease_ms);
+        let Some(t) = self.runs.get(run_id) else {
+            return;
+        };
+        let fut = beat(
+            self.storage.clone(),
+            run_id.to_owned(),
+            t.gen.clone(),
+            self.lease_ms,
+        );
         let run_id = run_id.to_owned();
-        ctx.spawn(actix::fut::wrap_future::<_, Self>(fut).map(move |news, act, _| {
-            let Some(news) = news else { return };
-            let Some(t) = act.runs.get_mut(&run_id) else { return };
-            match news {
-                HeartbeatNews::Stop(mode) if t.relayed.contains(&mode) => {}
-                HeartbeatNews::Stop(mode) => {
-                    t.relayed.push(mode);
-                    act.report.do_send(RunNews { run_id, news: HeartbeatNews::Stop(mode) });
+        ctx.spawn(
+            actix::fut::wrap_future::<_, Self>(fut).map(move |news, act, _| {
+                let Some(news) = news else { return };
+                let Some(t) = act.runs.get_mut(&run_id) else {
+                    return;
+                };
+                match news {
+                    HeartbeatNews::Stop(mode) if t.relayed.contains(&mode) => {}
+                    HeartbeatNews::Stop(mode) => {
+                        t.relayed.push(mode);
+                        act.report.do_send(RunNews {
+                            run_id,
+                            news: HeartbeatNews::Stop(mode),
+                        });
+                    }
+                    HeartbeatNews::Fenced => {
+                        act.runs.remove(&run_id);
+                        act.report.do_send(RunNews {
+                            run_id,
+                            news: HeartbeatNews::Fenced,
+                        });
+                    }
                 }
-                HeartbeatNews::Fenced => {
-                    act.runs.remove(&run_id);
-                    act.report.do_send(RunNews { run_id, news: HeartbeatNews::Fenced });
-                }
-            }
-        }));
+            }),
+        );
     }
 
     fn beat_all(&self, ctx: &mut Context<Self>) {
@@ -174,7 +211,13 @@ impl Handler<Track> for Heartbeat {
     type Result = ();
 
     fn handle(&mut self, msg: Track, _ctx: &mut Context<Self>) {
-        self.runs.insert(msg.run_id, Tracked { gen: msg.gen, relayed: Vec::new() });
+        self.runs.insert(
+            msg.run_id,
+            Tracked {
+                gen: msg.gen,
+                relayed: Vec::new(),
+            },
+        );
     }
 }
 
@@ -245,7 +288,10 @@ mod tests {
         /// [`Fixture::new`] with the heartbeat's interval `every`.
         async fn build(runs: &[(&str, &str)], every: Duration) -> Fixture {
             let clock = ManualClock::new(NOW);
-            let storage = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), Arc::new(clock.clone()));
+            let storage = StorageHandle::start(
+                BackendSpec::Memory(MemoryStore::new()),
+                Arc::new(clock.clone()),
+            );
             for (id, gen) in runs {
                 let admit = Admit {
                     thread_key: format!("c:{id}"),
@@ -258,26 +304,54 @@ mod tests {
                     writer: None,
                 };
                 storage.admit(admit, NOW).await.unwrap();
-                let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: LEASE };
-                storage.claim((*id).into(), (*gen).into(), p).await.unwrap().unwrap();
+                let p = Promotion {
+                    system_text: "s".into(),
+                    tools: json!([]),
+                    state: Default::default(),
+                    lease_ms: LEASE,
+                };
+                storage
+                    .claim((*id).into(), (*gen).into(), p)
+                    .await
+                    .unwrap()
+                    .unwrap();
             }
             let routes = Routes::default();
             let report = Probe(routes.clone()).start().recipient();
             let feed = storage::NewsFeed::local();
-            let heartbeat = Heartbeat::new(storage.clone(), every, LEASE, report).with_news(Some(feed.subscribe())).start();
-            Fixture { storage, clock, heartbeat, routes, feed }
+            let heartbeat = Heartbeat::new(storage.clone(), every, LEASE, report)
+                .with_news(Some(feed.subscribe()))
+                .start();
+            Fixture {
+                storage,
+                clock,
+                heartbeat,
+                routes,
+                feed,
+            }
         }
 
         /// Track `id` for `gen`; answers the receiving end of its news.
         async fn track(&self, id: &str, gen: &str) -> mpsc::UnboundedReceiver<HeartbeatNews> {
             let (tx, rx) = mpsc::unbounded_channel();
             self.routes.lock().unwrap().insert(id.into(), tx);
-            self.heartbeat.send(Track { run_id: id.into(), gen: gen.into() }).await.unwrap();
+            self.heartbeat
+                .send(Track {
+                    run_id: id.into(),
+                    gen: gen.into(),
+                })
+                .await
+                .unwrap();
             rx
         }
 
         async fn lease_until(&self, id: &str) -> i64 {
-            self.storage.get_live(id.into()).await.unwrap().expect("the live row").lease_until
+            self.storage
+                .get_live(id.into())
+                .await
+                .unwrap()
+                .expect("the live row")
+                .lease_until
         }
 
         /// Advance the clock by `ms` and wait until `witness` has been renewed at the new time: proof
@@ -291,7 +365,10 @@ mod tests {
                 if got == want {
                     return;
                 }
-                assert!(std::time::Instant::now() < deadline, "{witness} never renewed: lease {got}, want {want}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{witness} never renewed: lease {got}, want {want}"
+                );
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
@@ -299,7 +376,10 @@ mod tests {
 
     /// The next news within 5 s.
     async fn next(rx: &mut mpsc::UnboundedReceiver<HeartbeatNews>) -> HeartbeatNews {
-        tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("news within 5 s").expect("probe alive")
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("news within 5 s")
+            .expect("probe alive")
     }
 
     #[actix_rt::test]
@@ -320,7 +400,11 @@ mod tests {
         let after_untrack = f.lease_until("a").await;
         f.tick(1_000, "c").await;
         f.tick(1_000, "c").await;
-        assert_eq!(f.lease_until("a").await, after_untrack, "an untracked run was renewed");
+        assert_eq!(
+            f.lease_until("a").await,
+            after_untrack,
+            "an untracked run was renewed"
+        );
         assert!(after_untrack < f.clock.now_ms() + LEASE);
         assert_eq!(f.lease_until("b").await, NOW + LEASE);
     }
@@ -335,14 +419,22 @@ mod tests {
         assert!(news.try_recv().is_err(), "no news without a stop");
 
         // A stop recorded on the ledger (by any process, no generation involved) reaches the run.
-        f.storage.request_stop("a".into(), StopMode::Soft).await.unwrap().unwrap();
+        f.storage
+            .request_stop("a".into(), StopMode::Soft)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(next(&mut news).await, HeartbeatNews::Stop(StopMode::Soft));
         // Beats keep seeing the stop, but it is relayed once.
         f.tick(1_000, "w").await;
         f.tick(1_000, "w").await;
         assert!(news.try_recv().is_err(), "the soft stop was relayed twice");
         // A stronger mode is news again, once.
-        f.storage.request_stop("a".into(), StopMode::Hard).await.unwrap().unwrap();
+        f.storage
+            .request_stop("a".into(), StopMode::Hard)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(next(&mut news).await, HeartbeatNews::Stop(StopMode::Hard));
         f.tick(1_000, "w").await;
         f.tick(1_000, "w").await;
@@ -350,7 +442,11 @@ mod tests {
 
         // Another generation takes the row (its owner declared dead): the run hears it is fenced, once,
         // and the heartbeat stops beating for it; the new owner's lease is left alone.
-        let answer = f.storage.reclaim(OTHER_GEN.into(), LEASE, vec![GEN.into()], vec![]).await.unwrap();
+        let answer = f
+            .storage
+            .reclaim(OTHER_GEN.into(), LEASE, vec![GEN.into()], vec![])
+            .await
+            .unwrap();
         let taken: Vec<&str> = answer.taken.iter().map(|t| t.row.run_id.as_str()).collect();
         assert_eq!(taken, ["a"]);
         assert_eq!(next(&mut news).await, HeartbeatNews::Fenced);
@@ -359,7 +455,10 @@ mod tests {
         f.tick(1_000, "w").await;
         assert!(news.try_recv().is_err(), "news after the fence");
         assert_eq!(f.lease_until("a").await, taken_lease);
-        assert!(witness_news.try_recv().is_err(), "the other run heard news meant for none");
+        assert!(
+            witness_news.try_recv().is_err(),
+            "the other run heard news meant for none"
+        );
     }
 
     #[actix_rt::test]
@@ -367,7 +466,11 @@ mod tests {
         let f = Fixture::new(&[("a", GEN)]).await;
         let mut news = f.track("a", GEN).await;
         f.tick(1_000, "a").await;
-        f.storage.abandon("a".into(), GEN.into()).await.unwrap().unwrap();
+        f.storage
+            .abandon("a".into(), GEN.into())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(next(&mut news).await, HeartbeatNews::Fenced);
     }
 
@@ -379,16 +482,29 @@ mod tests {
         let f = Fixture::build(&[("a", GEN), ("b", GEN)], Duration::from_secs(3600)).await;
         let mut a = f.track("a", GEN).await;
         let mut b = f.track("b", GEN).await;
-        f.storage.request_stop("a".into(), StopMode::Soft).await.unwrap().unwrap();
-        f.feed.publish(News::Appended { run_id: "a".into(), seq: 9 });
-        f.feed.publish(News::Stop { run_id: "untracked".into() });
+        f.storage
+            .request_stop("a".into(), StopMode::Soft)
+            .await
+            .unwrap()
+            .unwrap();
+        f.feed.publish(News::Appended {
+            run_id: "a".into(),
+            seq: 9,
+        });
+        f.feed.publish(News::Stop {
+            run_id: "untracked".into(),
+        });
         f.feed.publish(News::Stop { run_id: "a".into() });
         assert_eq!(next(&mut a).await, HeartbeatNews::Stop(StopMode::Soft));
         f.storage.kill("b".into()).await.unwrap();
         f.feed.publish(News::Killed { run_id: "b".into() });
         assert_eq!(next(&mut b).await, HeartbeatNews::Fenced);
         // A resync beats every tracked run: `a`'s stronger stop arrives without a note of its own.
-        f.storage.request_stop("a".into(), StopMode::Hard).await.unwrap().unwrap();
+        f.storage
+            .request_stop("a".into(), StopMode::Hard)
+            .await
+            .unwrap()
+            .unwrap();
         f.feed.publish(News::Resync);
         assert_eq!(next(&mut a).await, HeartbeatNews::Stop(StopMode::Hard));
         assert!(a.try_recv().is_err() && b.try_recv().is_err());

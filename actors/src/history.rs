@@ -125,7 +125,9 @@ impl From<storage::Error> for SinkError {
             e @ E::Postgres(_) => SinkError::Transient(e.to_string()),
             e @ E::Panicked(_) => SinkError::Transient(e.to_string()),
             e @ E::InvalidRecord(_) => SinkError::Permanent(e.to_string()),
-            E::Corrupt { what, .. } => SinkError::Permanent(format!("corrupt stored value in {what}")),
+            E::Corrupt { what, .. } => {
+                SinkError::Permanent(format!("corrupt stored value in {what}"))
+            }
             e @ E::SchemaTooNew { .. } => SinkError::Permanent(e.to_string()),
         }
     }
@@ -175,7 +177,12 @@ impl HistorySink for StorageHandle {
         successor: Option<Successor>,
     ) -> BoxFuture<'static, Result<Outcome<PutOutcome>, SinkError>> {
         let handle = self.clone();
-        Box::pin(async move { handle.finish(gen, record, proposal, successor).await.map_err(SinkError::from) })
+        Box::pin(async move {
+            handle
+                .finish(gen, record, proposal, successor)
+                .await
+                .map_err(SinkError::from)
+        })
     }
 
     fn read_back(&self, id: String) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>> {
@@ -191,7 +198,10 @@ pub enum Via {
     Store,
     /// The ledger's `finish` under this generation: the record lands and the live row goes in one
     /// transaction, which also admits the `successor` run for unread follow-ups (SPEC §5.2 step 8).
-    Ledger { gen: String, successor: Option<Successor> },
+    Ledger {
+        gen: String,
+        successor: Option<Successor>,
+    },
 }
 
 impl Via {
@@ -256,7 +266,11 @@ impl WriteTicket {
             Err(_) => None,
         };
         // The settle guard always publishes before its sender drops; this is only a defensive answer.
-        outcome.unwrap_or_else(|| WriteOutcome::Lost(SinkError::Permanent("write ended without an outcome".into())))
+        outcome.unwrap_or_else(|| {
+            WriteOutcome::Lost(SinkError::Permanent(
+                "write ended without an outcome".into(),
+            ))
+        })
     }
 }
 
@@ -290,10 +304,10 @@ impl Ids {
     }
 
     fn join(&mut self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let gate = self
-            .gates
-            .entry(id.to_owned())
-            .or_insert_with(|| Gate { writes: 0, turn: Arc::new(tokio::sync::Mutex::new(())) });
+        let gate = self.gates.entry(id.to_owned()).or_insert_with(|| Gate {
+            writes: 0,
+            turn: Arc::new(tokio::sync::Mutex::new(())),
+        });
         gate.writes += 1;
         gate.turn.clone()
     }
@@ -377,7 +391,11 @@ impl HistoryWriter {
         backoff: [Duration; 2],
         jitter: f64,
     ) -> Self {
-        let jitter = if jitter.is_finite() { jitter.clamp(0.0, 1.0) } else { 0.0 };
+        let jitter = if jitter.is_finite() {
+            jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         HistoryWriter {
             inner: Arc::new(Inner {
                 sink,
@@ -428,12 +446,20 @@ impl HistoryWriter {
 
         let (tx, rx) = watch::channel(None);
         let ticket = WriteTicket { rx };
-        let mut settle = Settle { inner: inner.clone(), id, outcome: tx, attempts: 0, done: false };
+        let mut settle = Settle {
+            inner: inner.clone(),
+            id,
+            outcome: tx,
+            attempts: 0,
+            done: false,
+        };
 
         let runtime = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => runtime,
             Err(_) => {
-                settle.settle(WriteOutcome::Lost(SinkError::Transient("no async runtime to run the write".into())));
+                settle.settle(WriteOutcome::Lost(SinkError::Transient(
+                    "no async runtime to run the write".into(),
+                )));
                 return ticket;
             }
         };
@@ -442,7 +468,9 @@ impl HistoryWriter {
         drop(entered);
         runtime.spawn(
             async move {
-                let outcome = task_inner.drive(&record, via, &turn, finals, &mut settle.attempts).await;
+                let outcome = task_inner
+                    .drive(&record, via, &turn, finals, &mut settle.attempts)
+                    .await;
                 settle.settle(outcome);
             }
             .instrument(span),
@@ -454,7 +482,11 @@ impl HistoryWriter {
     /// `finish` may still commit, so this process still drives them.
     pub fn final_writes_pending(&self) -> Vec<String> {
         let ids = self.inner.lock_ids();
-        ids.gates.keys().filter(|id| ids.finals.contains(*id)).cloned().collect()
+        ids.gates
+            .keys()
+            .filter(|id| ids.finals.contains(*id))
+            .cloned()
+            .collect()
     }
 
     /// Writes not yet settled, including those sleeping in backoff.
@@ -519,13 +551,19 @@ impl Inner {
                     // §5.4 vs §5.6: no record from a process that lost the run). The put goes in as
                     // provisional, so the store's tombstone floor keeps whichever final record is there
                     // and only a run with none gets this one.
-                    tracing::debug!(attempt = *attempts, "ledger has no live row; falling back to a provisional put");
+                    tracing::debug!(
+                        attempt = *attempts,
+                        "ledger has no live row; falling back to a provisional put"
+                    );
                     record = std::borrow::Cow::Owned(as_fallback(&record));
                     via = Via::Store;
                     continue;
                 }
                 Ok(Err(Refusal::Fenced { .. })) => {
-                    tracing::info!(attempt = *attempts, "ledger finish fenced: another generation owns the run");
+                    tracing::info!(
+                        attempt = *attempts,
+                        "ledger finish fenced: another generation owns the run"
+                    );
                     return WriteOutcome::Fenced;
                 }
                 Ok(Err(refusal)) => SinkError::Permanent(format!("ledger refused: {refusal}")),
@@ -534,15 +572,19 @@ impl Inner {
             tracing::debug!(attempt = *attempts, class = err.class(), error = %err, "history write failed");
             match err {
                 SinkError::Permanent(_) => return WriteOutcome::Lost(err),
-                SinkError::Transient(_) => match self.pause(&mut spent, id, provisional, &mut finals).await {
-                    Pause::Resume => continue,
-                    Pause::Exhausted => return WriteOutcome::Lost(err),
-                    Pause::StandDown => return WriteOutcome::StoodDown,
-                },
-                SinkError::Uncertain(_) => match self.reconcile(&record, &err, &mut spent, &mut finals).await {
-                    Reconcile::Settled(outcome) => return outcome,
-                    Reconcile::Resend => continue,
-                },
+                SinkError::Transient(_) => {
+                    match self.pause(&mut spent, id, provisional, &mut finals).await {
+                        Pause::Resume => continue,
+                        Pause::Exhausted => return WriteOutcome::Lost(err),
+                        Pause::StandDown => return WriteOutcome::StoodDown,
+                    }
+                }
+                SinkError::Uncertain(_) => {
+                    match self.reconcile(&record, &err, &mut spent, &mut finals).await {
+                        Reconcile::Settled(outcome) => return outcome,
+                        Reconcile::Resend => continue,
+                    }
+                }
             }
         }
     }
@@ -551,7 +593,14 @@ impl Inner {
         match via {
             Via::Store => self.sink.put(record.clone(), self.proposal).await.map(Ok),
             Via::Ledger { gen, successor } => {
-                self.sink.finish(gen.clone(), record.clone(), self.proposal, successor.clone()).await
+                self.sink
+                    .finish(
+                        gen.clone(),
+                        record.clone(),
+                        self.proposal,
+                        successor.clone(),
+                    )
+                    .await
             }
         }
     }
@@ -578,10 +627,15 @@ impl Inner {
                     return Reconcile::Settled(WriteOutcome::StoodDown);
                 }
                 Ok(row) => {
-                    tracing::debug!(found = row.is_some(), "uncertain write not in the store; resending it");
+                    tracing::debug!(
+                        found = row.is_some(),
+                        "uncertain write not in the store; resending it"
+                    );
                     return match self.pause(spent, id, provisional, finals).await {
                         Pause::Resume => Reconcile::Resend,
-                        Pause::Exhausted => Reconcile::Settled(WriteOutcome::Lost(uncertain.clone())),
+                        Pause::Exhausted => {
+                            Reconcile::Settled(WriteOutcome::Lost(uncertain.clone()))
+                        }
                         Pause::StandDown => Reconcile::Settled(WriteOutcome::StoodDown),
                     };
                 }
@@ -589,7 +643,9 @@ impl Inner {
                     tracing::debug!(class = e.class(), error = %e, "read-back failed");
                     match self.pause(spent, id, provisional, finals).await {
                         Pause::Resume => continue,
-                        Pause::Exhausted => return Reconcile::Settled(WriteOutcome::Lost(uncertain.clone())),
+                        Pause::Exhausted => {
+                            return Reconcile::Settled(WriteOutcome::Lost(uncertain.clone()))
+                        }
                         Pause::StandDown => return Reconcile::Settled(WriteOutcome::StoodDown),
                     }
                 }
@@ -599,7 +655,13 @@ impl Inner {
 
     /// Sleep out the next backoff slot. A provisional write wakes early, and stands down, when a final
     /// write for its id is accepted.
-    async fn pause(&self, spent: &mut usize, id: &str, provisional: bool, finals: &mut watch::Receiver<u64>) -> Pause {
+    async fn pause(
+        &self,
+        spent: &mut usize,
+        id: &str,
+        provisional: bool,
+        finals: &mut watch::Receiver<u64>,
+    ) -> Pause {
         let Some(base) = self.backoff.get(*spent).copied() else {
             return Pause::Exhausted;
         };
@@ -681,7 +743,9 @@ impl Settle {
 
 impl Drop for Settle {
     fn drop(&mut self) {
-        self.settle(WriteOutcome::Lost(SinkError::Permanent("write task ended without an outcome".into())));
+        self.settle(WriteOutcome::Lost(SinkError::Permanent(
+            "write task ended without an outcome".into(),
+        )));
     }
 }
 
@@ -695,7 +759,11 @@ mod tests {
     use tokio::sync::oneshot;
 
     const NOW: i64 = 1_800_000_000_000;
-    const STORED: PutOutcome = PutOutcome { stored: true, rewritten: false, retained: 1 };
+    const STORED: PutOutcome = PutOutcome {
+        stored: true,
+        rewritten: false,
+        retained: 1,
+    };
 
     fn record(id: &str, provisional: bool) -> RunRecord {
         let mut v = json!({
@@ -733,9 +801,9 @@ mod tests {
         async fn resolve(self) -> Result<T, SinkError> {
             match self {
                 Answer::Now(r) => r,
-                Answer::Later(rx) => {
-                    rx.await.unwrap_or_else(|_| Err(SinkError::Transient("test dropped the answer".into())))
-                }
+                Answer::Later(rx) => rx.await.unwrap_or_else(|_| {
+                    Err(SinkError::Transient("test dropped the answer".into()))
+                }),
             }
         }
     }
@@ -776,7 +844,12 @@ mod tests {
             self.reads.lock().unwrap().push_back(Answer::Now(answer));
         }
         fn calls(&self) -> Vec<Call> {
-            self.calls.lock().unwrap().iter().map(|(c, _)| c.clone()).collect()
+            self.calls
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(c, _)| c.clone())
+                .collect()
         }
         fn call_times(&self) -> Vec<Instant> {
             self.calls.lock().unwrap().iter().map(|(_, t)| *t).collect()
@@ -793,7 +866,12 @@ mod tests {
             _: Option<PolicyProposal>,
         ) -> BoxFuture<'static, Result<PutOutcome, SinkError>> {
             self.log(Call::Put(record));
-            let answer = self.puts.lock().unwrap().pop_front().unwrap_or(Answer::Now(Ok(STORED)));
+            let answer = self
+                .puts
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Answer::Now(Ok(STORED)));
             Box::pin(answer.resolve())
         }
         fn finish(
@@ -804,12 +882,25 @@ mod tests {
             _: Option<Successor>,
         ) -> BoxFuture<'static, Result<Outcome<PutOutcome>, SinkError>> {
             self.log(Call::Finish(gen, record));
-            let answer = self.finishes.lock().unwrap().pop_front().unwrap_or(Answer::Now(Ok(Ok(STORED))));
+            let answer = self
+                .finishes
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Answer::Now(Ok(Ok(STORED))));
             Box::pin(answer.resolve())
         }
-        fn read_back(&self, id: String) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>> {
+        fn read_back(
+            &self,
+            id: String,
+        ) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>> {
             self.log(Call::ReadBack(id));
-            let answer = self.reads.lock().unwrap().pop_front().unwrap_or(Answer::Now(Ok(None)));
+            let answer = self
+                .reads
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Answer::Now(Ok(None)));
             Box::pin(answer.resolve())
         }
     }
@@ -829,7 +920,10 @@ mod tests {
     }
 
     fn puts(calls: &[Call]) -> Vec<&RunRecord> {
-        calls.iter().filter_map(|c| if let Call::Put(r) = c { Some(r) } else { None }).collect()
+        calls
+            .iter()
+            .filter_map(|c| if let Call::Put(r) = c { Some(r) } else { None })
+            .collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -864,8 +958,14 @@ mod tests {
         // The gaps are the backoff delays: 1 s ±50%, then 4 s ±50%.
         let t = sink.call_times();
         let (first, second) = (t[1] - t[0], t[2] - t[1]);
-        assert!(first >= Duration::from_millis(500) && first <= Duration::from_millis(1500), "{first:?}");
-        assert!(second >= Duration::from_secs(2) && second <= Duration::from_secs(6), "{second:?}");
+        assert!(
+            first >= Duration::from_millis(500) && first <= Duration::from_millis(1500),
+            "{first:?}"
+        );
+        assert!(
+            second >= Duration::from_secs(2) && second <= Duration::from_secs(6),
+            "{second:?}"
+        );
         long_after().await;
         assert_eq!(sink.calls().len(), 3);
     }
@@ -875,12 +975,19 @@ mod tests {
         let sink = ScriptedSink::new();
         sink.on_put(Err(transient()));
         sink.on_put(Err(transient()));
-        let w = writer(&sink).with_backoff([Duration::from_millis(10), Duration::from_millis(20)], 0.0);
+        let w =
+            writer(&sink).with_backoff([Duration::from_millis(10), Duration::from_millis(20)], 0.0);
 
-        assert_eq!(w.write(record("r1", false), Via::Store).landed().await, WriteOutcome::Landed(STORED));
+        assert_eq!(
+            w.write(record("r1", false), Via::Store).landed().await,
+            WriteOutcome::Landed(STORED)
+        );
 
         let t = sink.call_times();
-        assert_eq!((t[1] - t[0], t[2] - t[1]), (Duration::from_millis(10), Duration::from_millis(20)));
+        assert_eq!(
+            (t[1] - t[0], t[2] - t[1]),
+            (Duration::from_millis(10), Duration::from_millis(20))
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -912,7 +1019,10 @@ mod tests {
         assert_eq!(outcome, WriteOutcome::Reconciled);
         assert!(outcome.is_landed());
         long_after().await;
-        assert_eq!(sink.calls(), vec![Call::Put(r), Call::ReadBack("r1".into())]);
+        assert_eq!(
+            sink.calls(),
+            vec![Call::Put(r), Call::ReadBack("r1".into())]
+        );
         assert_eq!(w.failures(), 0);
     }
 
@@ -928,7 +1038,14 @@ mod tests {
 
         assert_eq!(outcome, WriteOutcome::Landed(STORED));
         long_after().await;
-        assert_eq!(sink.calls(), vec![Call::Put(r.clone()), Call::ReadBack("r1".into()), Call::Put(r)]);
+        assert_eq!(
+            sink.calls(),
+            vec![
+                Call::Put(r.clone()),
+                Call::ReadBack("r1".into()),
+                Call::Put(r)
+            ]
+        );
         assert_eq!(w.failures(), 0);
     }
 
@@ -941,7 +1058,10 @@ mod tests {
         sink.on_read(Ok(Some(record("r1", true).to_list_item(None))));
         let w = writer(&sink);
 
-        assert_eq!(w.write(r.clone(), Via::Store).landed().await, WriteOutcome::Landed(STORED));
+        assert_eq!(
+            w.write(r.clone(), Via::Store).landed().await,
+            WriteOutcome::Landed(STORED)
+        );
         assert_eq!(puts(&sink.calls()), vec![&r, &r]);
     }
 
@@ -961,7 +1081,13 @@ mod tests {
         assert_eq!(outcome, WriteOutcome::Lost(lost));
         let calls = sink.calls();
         assert_eq!(puts(&calls).len(), 1);
-        assert_eq!(calls.iter().filter(|c| matches!(c, Call::ReadBack(_))).count(), 3);
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| matches!(c, Call::ReadBack(_)))
+                .count(),
+            3
+        );
         assert_eq!(w.failures(), 1);
     }
 
@@ -1000,7 +1126,10 @@ mod tests {
         assert_eq!(late.outcome(), Some(WriteOutcome::StoodDown));
         assert_eq!(final_ticket.landed().await, WriteOutcome::Landed(STORED));
         // Still dropped after the final settled.
-        assert_eq!(w.write(record("r1", true), Via::Store).outcome(), Some(WriteOutcome::StoodDown));
+        assert_eq!(
+            w.write(record("r1", true), Via::Store).outcome(),
+            Some(WriteOutcome::StoodDown)
+        );
         long_after().await;
         assert_eq!(sink.calls(), vec![Call::Put(fin)]);
         assert_eq!((w.failures(), w.pending()), (0, 0));
@@ -1018,7 +1147,13 @@ mod tests {
         w.write(record("r2", false), Via::Store);
 
         assert_eq!(tomb.landed().await, WriteOutcome::Landed(STORED));
-        assert_eq!(puts(&sink.calls()).iter().filter(|r| r.head.id == "r1").count(), 2);
+        assert_eq!(
+            puts(&sink.calls())
+                .iter()
+                .filter(|r| r.head.id == "r1")
+                .count(),
+            2
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1037,7 +1172,9 @@ mod tests {
         assert_eq!(sink.calls(), vec![Call::Put(tomb.clone())]);
 
         // The tombstone's reply comes back (it landed); the final then goes, so it is the last word.
-        release.send(Ok(STORED)).expect("writer waits for the answer");
+        release
+            .send(Ok(STORED))
+            .expect("writer waits for the answer");
         assert_eq!(final_ticket.landed().await, WriteOutcome::Landed(STORED));
         assert_eq!(provisional.landed().await, WriteOutcome::Landed(STORED));
         long_after().await;
@@ -1057,7 +1194,9 @@ mod tests {
         let final_ticket = w.write(fin.clone(), Via::Store);
         // The tombstone's attempt fails transiently: it would retry after its backoff, but the final
         // lands first and the retry timer, when it would fire, finds the final and sends nothing.
-        release.send(Err(transient())).expect("writer waits for the answer");
+        release
+            .send(Err(transient()))
+            .expect("writer waits for the answer");
         assert_eq!(final_ticket.landed().await, WriteOutcome::Landed(STORED));
         long_after().await;
 
@@ -1069,14 +1208,31 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn ledger_finish_unknown_run_falls_back_to_a_provisional_put() {
         let sink = ScriptedSink::new();
-        sink.on_finish(Ok(Err(Refusal::UnknownRun { run_id: "r1".into() })));
+        sink.on_finish(Ok(Err(Refusal::UnknownRun {
+            run_id: "r1".into(),
+        })));
         let w = writer(&sink);
         let r = record("r1", false);
 
-        let outcome = w.write(r.clone(), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
+        let outcome = w
+            .write(
+                r.clone(),
+                Via::Ledger {
+                    gen: "g1".into(),
+                    successor: None,
+                },
+            )
+            .landed()
+            .await;
 
         assert_eq!(outcome, WriteOutcome::Landed(STORED));
-        assert_eq!(sink.calls(), vec![Call::Finish("g1".into(), r.clone()), Call::Put(as_fallback(&r))]);
+        assert_eq!(
+            sink.calls(),
+            vec![
+                Call::Finish("g1".into(), r.clone()),
+                Call::Put(as_fallback(&r))
+            ]
+        );
         assert!(as_fallback(&r).head.provisional);
         assert_eq!(w.failures(), 0);
     }
@@ -1087,18 +1243,40 @@ mod tests {
         let w = writer(&sink);
         let r = record("r1", false);
 
-        assert_eq!(w.write(r.clone(), Via::Ledger { gen: "g1".into(), successor: None }).landed().await, WriteOutcome::Landed(STORED));
+        assert_eq!(
+            w.write(
+                r.clone(),
+                Via::Ledger {
+                    gen: "g1".into(),
+                    successor: None
+                }
+            )
+            .landed()
+            .await,
+            WriteOutcome::Landed(STORED)
+        );
         assert_eq!(sink.calls(), vec![Call::Finish("g1".into(), r)]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn ledger_finish_fenced_writes_nothing_and_is_not_a_failure() {
         let sink = ScriptedSink::new();
-        sink.on_finish(Ok(Err(Refusal::Fenced { run_id: "r1".into() })));
+        sink.on_finish(Ok(Err(Refusal::Fenced {
+            run_id: "r1".into(),
+        })));
         let w = writer(&sink);
         let r = record("r1", false);
 
-        let outcome = w.write(r.clone(), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
+        let outcome = w
+            .write(
+                r.clone(),
+                Via::Ledger {
+                    gen: "g1".into(),
+                    successor: None,
+                },
+            )
+            .landed()
+            .await;
 
         assert_eq!(outcome, WriteOutcome::Fenced);
         assert!(!outcome.is_landed());
@@ -1137,7 +1315,10 @@ mod tests {
 
         let ticket = w.write(record("r1", false), Via::Store);
 
-        assert!(matches!(ticket.outcome(), Some(WriteOutcome::Lost(SinkError::Transient(_)))));
+        assert!(matches!(
+            ticket.outcome(),
+            Some(WriteOutcome::Lost(SinkError::Transient(_)))
+        ));
         assert_eq!((w.failures(), w.pending()), (1, 0));
         assert!(sink.calls().is_empty());
     }
@@ -1146,16 +1327,40 @@ mod tests {
     fn storage_errors_map_to_writer_classes() {
         use storage::record::RecordError;
         use storage::Error as E;
-        assert!(matches!(SinkError::from(E::Unavailable("mailbox".into())), SinkError::Transient(_)));
-        assert!(matches!(SinkError::from(E::Panicked("boom".into())), SinkError::Transient(_)));
-        assert!(matches!(SinkError::from(E::InvalidRecord(RecordError::BadId)), SinkError::Permanent(_)));
-        let corrupt = SinkError::from(E::Corrupt { what: "runs.json", why: "secret text".into() });
-        assert_eq!(corrupt, SinkError::Permanent("corrupt stored value in runs.json".into()));
-        assert!(matches!(SinkError::from(E::SchemaTooNew { found: 9, supported: 1 }), SinkError::Permanent(_)));
+        assert!(matches!(
+            SinkError::from(E::Unavailable("mailbox".into())),
+            SinkError::Transient(_)
+        ));
+        assert!(matches!(
+            SinkError::from(E::Panicked("boom".into())),
+            SinkError::Transient(_)
+        ));
+        assert!(matches!(
+            SinkError::from(E::InvalidRecord(RecordError::BadId)),
+            SinkError::Permanent(_)
+        ));
+        let corrupt = SinkError::from(E::Corrupt {
+            what: "runs.json",
+            why: "secret text".into(),
+        });
+        assert_eq!(
+            corrupt,
+            SinkError::Permanent("corrupt stored value in runs.json".into())
+        );
+        assert!(matches!(
+            SinkError::from(E::SchemaTooNew {
+                found: 9,
+                supported: 1
+            }),
+            SinkError::Permanent(_)
+        ));
     }
 
     fn storage_handle() -> StorageHandle {
-        StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), Arc::new(ManualClock::new(NOW)))
+        StorageHandle::start(
+            BackendSpec::Memory(MemoryStore::new()),
+            Arc::new(ManualClock::new(NOW)),
+        )
     }
 
     #[actix_rt::test]
@@ -1166,9 +1371,19 @@ mod tests {
 
         let outcome = w.write(r.clone(), Via::Store).landed().await;
 
-        assert!(matches!(outcome, WriteOutcome::Landed(PutOutcome { stored: true, .. })), "{outcome:?}");
+        assert!(
+            matches!(
+                outcome,
+                WriteOutcome::Landed(PutOutcome { stored: true, .. })
+            ),
+            "{outcome:?}"
+        );
         assert_eq!(handle.get("r1".into()).await.expect("get"), Some(r.clone()));
-        let summary = handle.read_back("r1".into()).await.expect("read back").expect("row");
+        let summary = handle
+            .read_back("r1".into())
+            .await
+            .expect("read back")
+            .expect("row");
         assert!(matches_request(&summary, &r));
         w.settled().await;
         assert_eq!((w.pending(), w.failures()), (0, 0));
@@ -1181,11 +1396,38 @@ mod tests {
         // Another generation closed the run: its final record is in the store, the live row is gone.
         let mut closed = record("r1", false);
         closed.head.status = storage::record::RunStatus::Interrupted;
-        assert!(w.write(closed.clone(), Via::Store).landed().await.is_landed());
-        let fin = w.write(record("r1", false), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
+        assert!(w
+            .write(closed.clone(), Via::Store)
+            .landed()
+            .await
+            .is_landed());
+        let fin = w
+            .write(
+                record("r1", false),
+                Via::Ledger {
+                    gen: "g1".into(),
+                    successor: None,
+                },
+            )
+            .landed()
+            .await;
 
-        assert!(matches!(fin, WriteOutcome::Landed(PutOutcome { stored: true, rewritten: false, .. })), "{fin:?}");
-        assert_eq!(handle.get("r1".into()).await.expect("get"), Some(closed), "the closer's record stays");
+        assert!(
+            matches!(
+                fin,
+                WriteOutcome::Landed(PutOutcome {
+                    stored: true,
+                    rewritten: false,
+                    ..
+                })
+            ),
+            "{fin:?}"
+        );
+        assert_eq!(
+            handle.get("r1".into()).await.expect("get"),
+            Some(closed),
+            "the closer's record stays"
+        );
     }
 
     #[actix_rt::test]
@@ -1194,9 +1436,31 @@ mod tests {
         let w = HistoryWriter::new(Arc::new(handle.clone()), None);
         let tomb = w.write(record("r1", true), Via::Store).landed().await;
         assert!(tomb.is_landed(), "{tomb:?}");
-        let fin = w.write(record("r1", false), Via::Ledger { gen: "g1".into(), successor: None }).landed().await;
+        let fin = w
+            .write(
+                record("r1", false),
+                Via::Ledger {
+                    gen: "g1".into(),
+                    successor: None,
+                },
+            )
+            .landed()
+            .await;
 
-        assert!(matches!(fin, WriteOutcome::Landed(PutOutcome { stored: true, rewritten: true, .. })), "{fin:?}");
-        assert_eq!(handle.get("r1".into()).await.expect("get"), Some(as_fallback(&record("r1", false))));
+        assert!(
+            matches!(
+                fin,
+                WriteOutcome::Landed(PutOutcome {
+                    stored: true,
+                    rewritten: true,
+                    ..
+                })
+            ),
+            "{fin:?}"
+        );
+        assert_eq!(
+            handle.get("r1".into()).await.expect("get"),
+            Some(as_fallback(&record("r1", false)))
+        );
     }
 }

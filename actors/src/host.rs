@@ -14,14 +14,21 @@ pub fn hostname() -> String {
     NAME.get_or_init(|| {
         let clean = |s: String| Some(s.trim().to_owned()).filter(|h| !h.is_empty());
         let command = || {
-            let out = std::process::Command::new("hostname").output().ok().filter(|o| o.status.success())?;
+            let out = std::process::Command::new("hostname")
+                .output()
+                .ok()
+                .filter(|o| o.status.success())?;
             clean(String::from_utf8_lossy(&out.stdout).into_owned())
         };
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .ok()
             .and_then(clean)
             .or_else(command)
-            .or_else(|| std::fs::read_to_string("/etc/hostname").ok().and_then(clean))
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .and_then(clean)
+            })
             .or_else(|| std::env::var("HOSTNAME").ok().and_then(clean))
             .unwrap_or_else(|| "localhost".into())
     })
@@ -86,19 +93,40 @@ mod tests {
 
     #[test]
     fn an_exited_child_not_yet_reaped_is_gone() {
-        let mut child = std::process::Command::new("sleep").arg("0.2").spawn().expect("spawn sleep");
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .expect("spawn sleep");
         let pid = child.id();
         let start = proc_start(pid).expect("running");
         // Wait until it has exited (a zombie: its /proc entry stays until we reap it).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
-            assert!(std::time::Instant::now() < deadline, "the child never exited");
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never exited"
+            );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let info = GenerationInfo { gen: "g".into(), host: hostname(), host_id: "h1".into(), pid, proc_start: start, started_at: 0 };
-        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "still unreaped");
+        let info = GenerationInfo {
+            gen: "g".into(),
+            host: hostname(),
+            host_id: "h1".into(),
+            pid,
+            proc_start: start,
+            started_at: 0,
+        };
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "still unreaped"
+        );
         assert!(is_gone(&info, "h1"));
-        assert!(!is_gone(&info, "h2"), "another host identity waits for the lease");
+        assert!(
+            !is_gone(&info, "h2"),
+            "another host identity waits for the lease"
+        );
         child.wait().expect("reap");
     }
 
@@ -108,13 +136,29 @@ mod tests {
         assert_eq!((me.host.clone(), me.host_id.as_str()), (hostname(), "h1"));
         assert!(!me.proc_start.is_empty());
         assert!(!is_gone(&me, "h1"));
-        let reused = GenerationInfo { proc_start: "1".into(), ..me.clone() };
+        let reused = GenerationInfo {
+            proc_start: "1".into(),
+            ..me.clone()
+        };
         assert!(is_gone(&reused, "h1"));
-        let vanished = GenerationInfo { pid: u32::MAX - 7, ..me.clone() };
+        let vanished = GenerationInfo {
+            pid: u32::MAX - 7,
+            ..me.clone()
+        };
         assert!(is_gone(&vanished, "h1"));
-        assert!(!is_gone(&vanished, "h2"), "another host identity on this machine waits for the lease");
-        let elsewhere = GenerationInfo { host: "another-host".into(), pid: u32::MAX - 7, ..me };
-        assert!(!is_gone(&elsewhere, "h1"), "other machines wait for the lease");
+        assert!(
+            !is_gone(&vanished, "h2"),
+            "another host identity on this machine waits for the lease"
+        );
+        let elsewhere = GenerationInfo {
+            host: "another-host".into(),
+            pid: u32::MAX - 7,
+            ..me
+        };
+        assert!(
+            !is_gone(&elsewhere, "h1"),
+            "other machines wait for the lease"
+        );
     }
 
     #[test]

@@ -24,13 +24,21 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 /// Upper bounds (seconds) of the run duration buckets: runs last seconds to the drain deadline (15 min).
-const RUN_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0];
+const RUN_BUCKETS: [f64; 12] = [
+    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
 /// A durable step is one group commit: sub-millisecond to a few hundred under load or retries.
-const COMMIT_BUCKETS: [f64; 13] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+const COMMIT_BUCKETS: [f64; 13] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 /// Model and tool calls: milliseconds (scripted, local tools) to minutes (real models, HTTP tools).
-const CALL_BUCKETS: [f64; 13] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0];
+const CALL_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+];
 /// HTTP answers (an SSE stream counts until its head is sent).
-const HTTP_BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+const HTTP_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
 
 fn run_histogram() -> Histogram {
     Histogram::new(RUN_BUCKETS)
@@ -118,12 +126,22 @@ struct Sampled {
 }
 
 impl Sampled {
-    fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: &AtomicU64) -> Result<(), std::fmt::Error> {
+    fn counter(
+        encoder: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        v: &AtomicU64,
+    ) -> Result<(), std::fmt::Error> {
         let c = ConstCounter::new(v.load(Ordering::Relaxed));
         c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
     }
 
-    fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: &AtomicU64) -> Result<(), std::fmt::Error> {
+    fn gauge(
+        encoder: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        v: &AtomicU64,
+    ) -> Result<(), std::fmt::Error> {
         let g = ConstGauge::new(i64::try_from(v.load(Ordering::Relaxed)).unwrap_or(i64::MAX));
         g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
     }
@@ -131,9 +149,24 @@ impl Sampled {
 
 impl Collector for Sampled {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        Self::gauge(&mut encoder, "switchboard_live_runs", "Runs this process is driving now.", &self.live_runs)?;
-        Self::gauge(&mut encoder, "switchboard_sse_subscribers", "Live event subscribers.", &self.sse_subscribers)?;
-        Self::counter(&mut encoder, "switchboard_history_write_failures", "Record writes lost after retries.", &self.history_write_failures)?;
+        Self::gauge(
+            &mut encoder,
+            "switchboard_live_runs",
+            "Runs this process is driving now.",
+            &self.live_runs,
+        )?;
+        Self::gauge(
+            &mut encoder,
+            "switchboard_sse_subscribers",
+            "Live event subscribers.",
+            &self.sse_subscribers,
+        )?;
+        Self::counter(
+            &mut encoder,
+            "switchboard_history_write_failures",
+            "Record writes lost after retries.",
+            &self.history_write_failures,
+        )?;
         Self::counter(
             &mut encoder,
             "switchboard_event_batch_failures",
@@ -185,30 +218,95 @@ impl Metrics {
         let reclaims = Labelled::<OutcomeLabel>::default();
         let restarts = Labelled::<ReasonLabel>::default();
         let tokens = Labelled::<TokenLabels>::default();
-        let run_duration = Timed::<StatusLabel>::new_with_constructor(run_histogram as fn() -> Histogram);
+        let run_duration =
+            Timed::<StatusLabel>::new_with_constructor(run_histogram as fn() -> Histogram);
         let step_commit = commit_histogram();
-        let model_call = Timed::<ModelLabels>::new_with_constructor(call_histogram as fn() -> Histogram);
-        let tool_call = Timed::<ToolLabel>::new_with_constructor(call_histogram as fn() -> Histogram);
-        let http_request = Timed::<HttpLabels>::new_with_constructor(http_histogram as fn() -> Histogram);
+        let model_call =
+            Timed::<ModelLabels>::new_with_constructor(call_histogram as fn() -> Histogram);
+        let tool_call =
+            Timed::<ToolLabel>::new_with_constructor(call_histogram as fn() -> Histogram);
+        let http_request =
+            Timed::<HttpLabels>::new_with_constructor(http_histogram as fn() -> Histogram);
         let sampled = Arc::new(Sampled::default());
 
         // Help texts without a final period: prometheus-client adds it.
         let r = &mut registry;
-        r.register("switchboard_build", "The running binary's version (always 1)", Info::new(vec![("version".to_owned(), version.to_owned())]));
-        r.register("switchboard_runs_started", "Runs started in this process", runs_started.clone());
-        r.register("switchboard_runs_finished", "Runs finished in this process, by status", runs_finished.clone());
+        r.register(
+            "switchboard_build",
+            "The running binary's version (always 1)",
+            Info::new(vec![("version".to_owned(), version.to_owned())]),
+        );
+        r.register(
+            "switchboard_runs_started",
+            "Runs started in this process",
+            runs_started.clone(),
+        );
+        r.register(
+            "switchboard_runs_finished",
+            "Runs finished in this process, by status",
+            runs_finished.clone(),
+        );
         r.register("switchboard_steps", "Durable steps written", steps.clone());
-        r.register("switchboard_ledger_writes", "Owner writes to the live-run ledger, by operation", ledger_writes.clone());
-        r.register("switchboard_ledger_refusals", "Ledger refusals, by kind", ledger_refusals.clone());
-        r.register("switchboard_fences", "Runs this process found fenced by another generation", fences.clone());
-        r.register("switchboard_reclaims", "Reclaimed rows, by outcome", reclaims.clone());
-        r.register("switchboard_tokens", "Model tokens, by agent, model and kind", tokens.clone());
-        r.register("switchboard_run_restarts", "Run actors that failed and were re-adopted or closed, by reason", restarts.clone());
-        r.register_with_unit("switchboard_run_duration", "Run duration from start to finish, by final status", Unit::Seconds, run_duration.clone());
-        r.register_with_unit("switchboard_step_commit", "Durable step write latency (turns, events and step record in one commit)", Unit::Seconds, step_commit.clone());
-        r.register_with_unit("switchboard_model_call", "Model call latency (retries included), by agent and model", Unit::Seconds, model_call.clone());
-        r.register_with_unit("switchboard_tool_call", "Tool call latency (its workspace claim included), by tool", Unit::Seconds, tool_call.clone());
-        r.register_with_unit("switchboard_http_request_duration", "HTTP request latency until the response head, by route pattern and status class", Unit::Seconds, http_request.clone());
+        r.register(
+            "switchboard_ledger_writes",
+            "Owner writes to the live-run ledger, by operation",
+            ledger_writes.clone(),
+        );
+        r.register(
+            "switchboard_ledger_refusals",
+            "Ledger refusals, by kind",
+            ledger_refusals.clone(),
+        );
+        r.register(
+            "switchboard_fences",
+            "Runs this process found fenced by another generation",
+            fences.clone(),
+        );
+        r.register(
+            "switchboard_reclaims",
+            "Reclaimed rows, by outcome",
+            reclaims.clone(),
+        );
+        r.register(
+            "switchboard_tokens",
+            "Model tokens, by agent, model and kind",
+            tokens.clone(),
+        );
+        r.register(
+            "switchboard_run_restarts",
+            "Run actors that failed and were re-adopted or closed, by reason",
+            restarts.clone(),
+        );
+        r.register_with_unit(
+            "switchboard_run_duration",
+            "Run duration from start to finish, by final status",
+            Unit::Seconds,
+            run_duration.clone(),
+        );
+        r.register_with_unit(
+            "switchboard_step_commit",
+            "Durable step write latency (turns, events and step record in one commit)",
+            Unit::Seconds,
+            step_commit.clone(),
+        );
+        r.register_with_unit(
+            "switchboard_model_call",
+            "Model call latency (retries included), by agent and model",
+            Unit::Seconds,
+            model_call.clone(),
+        );
+        r.register_with_unit(
+            "switchboard_tool_call",
+            "Tool call latency (its workspace claim included), by tool",
+            Unit::Seconds,
+            tool_call.clone(),
+        );
+        r.register_with_unit(
+            "switchboard_http_request_duration",
+            "HTTP request latency until the response head, by route pattern and status class",
+            Unit::Seconds,
+            http_request.clone(),
+        );
         r.register_collector(Box::new(sampled.clone()));
         let event_batch_failures = sampled.event_batch_failures.clone();
         Metrics {
@@ -238,12 +336,20 @@ impl Metrics {
     }
 
     pub fn run_finished(&self, status: &str) {
-        self.runs_finished.get_or_create(&StatusLabel { status: snake(status) }).inc();
+        self.runs_finished
+            .get_or_create(&StatusLabel {
+                status: snake(status),
+            })
+            .inc();
     }
 
     /// A run's duration from its start to its finish (a resumed run counts from its first start).
     pub fn run_duration(&self, status: &str, took: Duration) {
-        self.run_duration.get_or_create(&StatusLabel { status: snake(status) }).observe(took.as_secs_f64());
+        self.run_duration
+            .get_or_create(&StatusLabel {
+                status: snake(status),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// One durable step write (its retries included), committed or not.
@@ -253,58 +359,99 @@ impl Metrics {
 
     /// One model call (its retries included), by agent and model as configured.
     pub fn model_call(&self, agent: &str, model: &str, took: Duration) {
-        self.model_call.get_or_create(&ModelLabels { agent: agent.to_owned(), model: model.to_owned() }).observe(took.as_secs_f64());
+        self.model_call
+            .get_or_create(&ModelLabels {
+                agent: agent.to_owned(),
+                model: model.to_owned(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// One tool call (from its workspace claim to its output), by the tool's configured name (`not_available` for a tool the agent may not call).
     pub fn tool_call(&self, tool: &str, took: Duration) {
-        self.tool_call.get_or_create(&ToolLabel { tool: tool.to_owned() }).observe(took.as_secs_f64());
+        self.tool_call
+            .get_or_create(&ToolLabel {
+                tool: tool.to_owned(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// One HTTP request by route pattern (`unmatched` when no route has the path) and status.
     pub fn http_request(&self, route: Option<&str>, status: u16, took: Duration) {
-        let labels = HttpLabels { route: route.unwrap_or("unmatched").to_owned(), status_class: status_class(status) };
-        self.http_request.get_or_create(&labels).observe(took.as_secs_f64());
+        let labels = HttpLabels {
+            route: route.unwrap_or("unmatched").to_owned(),
+            status_class: status_class(status),
+        };
+        self.http_request
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
     }
 
     /// One owner write to the ledger; `refusal` names its kind when it was refused.
     pub fn ledger_write(&self, op: &str, refusal: Option<&str>) {
-        self.ledger_writes.get_or_create(&OpLabel { op: snake(op) }).inc();
+        self.ledger_writes
+            .get_or_create(&OpLabel { op: snake(op) })
+            .inc();
         if let Some(kind) = refusal {
-            self.ledger_refusals.get_or_create(&KindLabel { kind: snake(kind) }).inc();
+            self.ledger_refusals
+                .get_or_create(&KindLabel { kind: snake(kind) })
+                .inc();
         }
     }
 
     pub fn reclaimed(&self, outcome: &str, n: u64) {
         if n > 0 {
-            self.reclaims.get_or_create(&OutcomeLabel { outcome: snake(outcome) }).inc_by(n);
+            self.reclaims
+                .get_or_create(&OutcomeLabel {
+                    outcome: snake(outcome),
+                })
+                .inc_by(n);
         }
     }
 
     /// A run actor failed and the supervisor re-adopts (or closes) its run; `reason` is
     /// `panicked` or `storage_lost`.
     pub fn run_restart(&self, reason: &str) {
-        self.restarts.get_or_create(&ReasonLabel { reason: snake(reason) }).inc();
+        self.restarts
+            .get_or_create(&ReasonLabel {
+                reason: snake(reason),
+            })
+            .inc();
     }
 
     /// Tokens a model call used, by agent and model (SPEC §8.3).
     pub fn tokens(&self, agent: &str, model: &str, input: u64, output: u64) {
         for (kind, n) in [("input", input), ("output", output)] {
-            let labels = TokenLabels { agent: agent.to_owned(), model: model.to_owned(), kind: kind.to_owned() };
+            let labels = TokenLabels {
+                agent: agent.to_owned(),
+                model: model.to_owned(),
+                kind: kind.to_owned(),
+            };
             self.tokens.get_or_create(&labels).inc_by(n);
         }
     }
 
     /// Run actors that failed, by reason.
     pub fn restarts(&self, reason: &str) -> u64 {
-        self.restarts.get(&ReasonLabel { reason: snake(reason) }).map(|c| c.get()).unwrap_or(0)
+        self.restarts
+            .get(&ReasonLabel {
+                reason: snake(reason),
+            })
+            .map(|c| c.get())
+            .unwrap_or(0)
     }
 
     /// The Prometheus text page, with `observed` as the sampled values.
     pub fn render(&self, observed: Observed) -> String {
-        self.sampled.live_runs.store(observed.live_runs, Ordering::Relaxed);
-        self.sampled.sse_subscribers.store(observed.sse_subscribers, Ordering::Relaxed);
-        self.sampled.history_write_failures.store(observed.history_write_failures, Ordering::Relaxed);
+        self.sampled
+            .live_runs
+            .store(observed.live_runs, Ordering::Relaxed);
+        self.sampled
+            .sse_subscribers
+            .store(observed.sse_subscribers, Ordering::Relaxed);
+        self.sampled
+            .history_write_failures
+            .store(observed.history_write_failures, Ordering::Relaxed);
         let mut out = String::new();
         // Writing to a `String` cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
@@ -329,22 +476,61 @@ mod tests {
         m.reclaimed("closed", 0);
         m.event_batch_failures.fetch_add(5, Ordering::Relaxed);
         m.tokens("gpt \"x\"", "m", 3, 4);
-        let text = m.render(Observed { live_runs: 1, history_write_failures: 2, ..Default::default() });
-        assert!(text.contains("switchboard_build_info{version=\"9.8.7\"} 1\n"), "{text}");
-        assert!(text.contains("# TYPE switchboard_build_info gauge"), "{text}");
+        let text = m.render(Observed {
+            live_runs: 1,
+            history_write_failures: 2,
+            ..Default::default()
+        });
+        assert!(
+            text.contains("switchboard_build_info{version=\"9.8.7\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE switchboard_build_info gauge"),
+            "{text}"
+        );
         assert!(!text.contains(".."), "a help text ends twice: {text}");
-        assert!(text.contains("switchboard_runs_started_total 2\n"), "{text}");
-        assert!(text.contains("switchboard_runs_finished_total{status=\"completed\"} 1\n"), "{text}");
+        assert!(
+            text.contains("switchboard_runs_started_total 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_runs_finished_total{status=\"completed\"} 1\n"),
+            "{text}"
+        );
         // Fixed label values are snake_case.
-        assert!(text.contains("switchboard_ledger_writes_total{op=\"step_record\"} 1\n"), "{text}");
-        assert!(text.contains("switchboard_ledger_refusals_total{kind=\"fenced\"} 1\n"), "{text}");
-        assert!(text.contains("switchboard_reclaims_total{outcome=\"resumed\"} 3\n"), "{text}");
+        assert!(
+            text.contains("switchboard_ledger_writes_total{op=\"step_record\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_ledger_refusals_total{kind=\"fenced\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_reclaims_total{outcome=\"resumed\"} 3\n"),
+            "{text}"
+        );
         assert!(!text.contains("outcome=\"closed\""), "{text}");
         // Configured names pass as they are, escaped.
-        assert!(text.contains("switchboard_tokens_total{agent=\"gpt \\\"x\\\"\",model=\"m\",kind=\"output\"} 4\n"), "{text}");
-        assert!(text.contains("# TYPE switchboard_live_runs gauge\nswitchboard_live_runs 1\n"), "{text}");
-        assert!(text.contains("switchboard_history_write_failures_total 2\n"), "{text}");
-        assert!(text.contains("switchboard_event_batch_failures_total 5\n"), "{text}");
+        assert!(
+            text.contains(
+                "switchboard_tokens_total{agent=\"gpt \\\"x\\\"\",model=\"m\",kind=\"output\"} 4\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE switchboard_live_runs gauge\nswitchboard_live_runs 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_history_write_failures_total 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_event_batch_failures_total 5\n"),
+            "{text}"
+        );
         // The sampled values follow their owners on the next scrape.
         let text = m.render(Observed::default());
         assert!(text.contains("switchboard_live_runs 0\n"), "{text}");
@@ -361,21 +547,55 @@ mod tests {
         m.http_request(Some("/api/runs/{id}"), 404, Duration::from_millis(2));
         m.http_request(None, 200, Duration::from_millis(2));
         let text = m.render(Observed::default());
-        assert!(text.contains("# TYPE switchboard_step_commit_seconds histogram"), "{text}");
-        assert!(text.contains("switchboard_step_commit_seconds_count 2\n"), "{text}");
-        assert!(text.contains("switchboard_step_commit_seconds_bucket{le=\"0.001\"} 1\n"), "{text}");
-        assert!(text.contains("switchboard_step_commit_seconds_bucket{le=\"0.005\"} 2\n"), "{text}");
-        assert!(text.contains("switchboard_step_commit_seconds_bucket{le=\"+Inf\"} 2\n"), "{text}");
-        assert!(text.contains("switchboard_model_call_seconds_count{agent=\"demo\",model=\"scripted\"} 1\n"), "{text}");
-        assert!(text.contains("switchboard_tool_call_seconds_count{tool=\"sleep\"} 1\n"), "{text}");
-        assert!(text.contains("switchboard_run_duration_seconds_sum{status=\"completed\"} 2.0\n"), "{text}");
+        assert!(
+            text.contains("# TYPE switchboard_step_commit_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_step_commit_seconds_count 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_step_commit_seconds_bucket{le=\"0.001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_step_commit_seconds_bucket{le=\"0.005\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_step_commit_seconds_bucket{le=\"+Inf\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "switchboard_model_call_seconds_count{agent=\"demo\",model=\"scripted\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_tool_call_seconds_count{tool=\"sleep\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchboard_run_duration_seconds_sum{status=\"completed\"} 2.0\n"),
+            "{text}"
+        );
         assert!(text.contains("switchboard_http_request_duration_seconds_count{route=\"/api/runs/{id}\",status_class=\"4xx\"} 1\n"), "{text}");
         assert!(text.contains("switchboard_http_request_duration_seconds_count{route=\"unmatched\",status_class=\"2xx\"} 1\n"), "{text}");
     }
 
     #[test]
     fn status_classes_and_snake_case_labels() {
-        assert_eq!([status_class(200), status_class(302), status_class(404), status_class(503)], ["2xx", "3xx", "4xx", "5xx"]);
+        assert_eq!(
+            [
+                status_class(200),
+                status_class(302),
+                status_class(404),
+                status_class(503)
+            ],
+            ["2xx", "3xx", "4xx", "5xx"]
+        );
         assert_eq!(status_class(99), "1xx");
         assert_eq!(snake("Step Record"), "step_record");
         assert_eq!(snake("storage-lost"), "storage_lost");

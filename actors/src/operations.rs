@@ -170,7 +170,11 @@ pub struct Operation {
 impl Operation {
     /// `name` appears in errors, snapshots and logs (`"append_file"`, `"delete_workspace"`).
     pub fn new(name: impl Into<String>) -> Self {
-        Operation { name: name.into(), refuse_when_session: None, allow_compatible_queue_bypass: false }
+        Operation {
+            name: name.into(),
+            refuse_when_session: None,
+            allow_compatible_queue_bypass: false,
+        }
     }
 
     /// Refuse instead of queueing when a session on the app claims something this operation
@@ -205,13 +209,25 @@ pub enum OperationError {
     DeletionInProgress { app: AppId },
     /// `refuse_when_session`: a session (live or starting) claims something this operation needs.
     #[error("cannot {action} while session {session} runs on app {app}")]
-    RefusedBySession { app: AppId, action: String, session: String },
+    RefusedBySession {
+        app: AppId,
+        action: String,
+        session: String,
+    },
     /// An operation was started from inside another operation on the same app.
     #[error("{inner} nested inside {outer} on app {app}; declare the full claim set up front")]
-    NestedOperation { app: AppId, outer: String, inner: String },
+    NestedOperation {
+        app: AppId,
+        outer: String,
+        inner: String,
+    },
     /// An operation was started for an app not greater than one the task already holds.
     #[error("{operation} takes app {requested} while holding app {held}; apps are taken in ascending order")]
-    AppOrder { operation: String, held: AppId, requested: AppId },
+    AppOrder {
+        operation: String,
+        held: AppId,
+        requested: AppId,
+    },
     /// `with_lock` on a key this task already holds.
     #[error("with_lock({key}) nested inside itself")]
     NestedLock { key: String },
@@ -249,7 +265,9 @@ struct Ids {
 
 impl fmt::Debug for OperationCoordinator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OperationCoordinator").field("id", &self.ids.coordinator).finish_non_exhaustive()
+        f.debug_struct("OperationCoordinator")
+            .field("id", &self.ids.coordinator)
+            .finish_non_exhaustive()
     }
 }
 
@@ -325,7 +343,9 @@ impl State {
         loop {
             let mut released = false;
             for id in a.queue.grant() {
-                let delivered = waiters.remove(&id).is_some_and(|grant| grant.send(Ok(now)).is_ok());
+                let delivered = waiters
+                    .remove(&id)
+                    .is_some_and(|grant| grant.send(Ok(now)).is_ok());
                 let is_session = a.session.as_ref().is_some_and(|s| s.entry == Some(id));
                 if delivered {
                     if let Some(slot) = a.session.as_mut().filter(|_| is_session) {
@@ -363,9 +383,14 @@ impl State {
         refuse_when_session: Option<&str>,
         claims: &Claims,
     ) -> Result<(), OperationError> {
-        let Some(a) = self.apps.get(app) else { return Ok(()) };
+        let Some(a) = self.apps.get(app) else {
+            return Ok(());
+        };
         if let Admission::Closed { .. } = a.admission {
-            return Err(OperationError::AdmissionClosed { app: app.clone(), operation: operation.to_owned() });
+            return Err(OperationError::AdmissionClosed {
+                app: app.clone(),
+                operation: operation.to_owned(),
+            });
         }
         if let (Some(action), Some(slot)) = (refuse_when_session, &a.session) {
             if slot.claims.conflicts_with(claims) {
@@ -381,11 +406,25 @@ impl State {
 
     /// `Acquire`: admits the request on its app and on the `also` apps in one step, then queues it; the
     /// grant, or the refusal, goes to `grant`.
-    fn acquire(&mut self, Acquire { app, entry, admit, also, grant }: Acquire, now: i64) {
+    fn acquire(
+        &mut self,
+        Acquire {
+            app,
+            entry,
+            admit,
+            also,
+            grant,
+        }: Acquire,
+        now: i64,
+    ) {
         let admitted = match &admit {
-            Admit::Ordinary { refuse_when_session } => std::iter::once((&app, &entry.claims))
+            Admit::Ordinary {
+                refuse_when_session,
+            } => std::iter::once((&app, &entry.claims))
                 .chain(also.iter().map(|(a, c)| (a, c)))
-                .try_for_each(|(a, c)| self.admit(a, &entry.operation, refuse_when_session.as_deref(), c)),
+                .try_for_each(|(a, c)| {
+                    self.admit(a, &entry.operation, refuse_when_session.as_deref(), c)
+                }),
             Admit::Deletion { fence } => self.admit_deletion(&app, *fence, &entry.operation),
         };
         if let Err(refused) = admitted {
@@ -409,8 +448,13 @@ impl State {
 
     /// A consistent picture of one app.
     fn snapshot(&self, app: &AppId) -> AppSnapshot {
-        let Some(a) = self.apps.get(app) else { return AppSnapshot::idle() };
-        let view = |e: &Entry| EntrySnapshot { operation: e.operation.clone(), claims: e.claims.clone() };
+        let Some(a) = self.apps.get(app) else {
+            return AppSnapshot::idle();
+        };
+        let view = |e: &Entry| EntrySnapshot {
+            operation: e.operation.clone(),
+            claims: e.claims.clone(),
+        };
         let mut holding: Vec<&Entry> = a.queue.holding().iter().collect();
         holding.sort_by_key(|e| e.id);
         AppSnapshot {
@@ -418,7 +462,11 @@ impl State {
             waiting: a.queue.waiting().map(view).collect(),
             admission_open: a.admission == Admission::Open,
             session: a.session.as_ref().map(SessionSlot::snapshot),
-            session_start_blocks: a.start_blocks.iter().map(|(_, reason)| reason.clone()).collect(),
+            session_start_blocks: a
+                .start_blocks
+                .iter()
+                .map(|(_, reason)| reason.clone())
+                .collect(),
         }
     }
 }
@@ -430,7 +478,10 @@ impl OperationCoordinator {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         OperationCoordinator {
             addr: Coordinator::new(clock).start(),
-            ids: Arc::new(Ids { coordinator: NEXT.fetch_add(1, Ordering::Relaxed), next: AtomicU64::new(1) }),
+            ids: Arc::new(Ids {
+                coordinator: NEXT.fetch_add(1, Ordering::Relaxed),
+                next: AtomicU64::new(1),
+            }),
         }
     }
 
@@ -449,7 +500,10 @@ impl OperationCoordinator {
     }
 
     /// Sends the message `build` makes around a reply sender, then waits for the reply.
-    async fn ask<M, T>(&self, build: impl FnOnce(oneshot::Sender<T>) -> M) -> Result<T, OperationError>
+    async fn ask<M, T>(
+        &self,
+        build: impl FnOnce(oneshot::Sender<T>) -> M,
+    ) -> Result<T, OperationError>
     where
         Coordinator: Handler<M>,
         M: Message<Result = ()> + Send + 'static,
@@ -494,7 +548,8 @@ impl OperationCoordinator {
         operation: Operation,
         claims: impl Into<Claims>,
     ) -> Result<OperationGuard, OperationError> {
-        self.acquire_many([(app.clone(), claims.into())], operation).await
+        self.acquire_many([(app.clone(), claims.into())], operation)
+            .await
     }
 
     /// Like [`run_many`](Self::run_many), handing back the guard.
@@ -514,12 +569,24 @@ impl OperationCoordinator {
         for (i, (app, claims)) in plan.iter().enumerate() {
             // The first request also checks the later apps, in its own step, so that nothing is held
             // when some app would refuse now. Each app's own enqueue step stays the authoritative check.
-            let also = if i == 0 { plan[1..].to_vec() } else { Vec::new() };
-            let admit = Admit::Ordinary { refuse_when_session: operation.refuse_when_session.clone() };
+            let also = if i == 0 {
+                plan[1..].to_vec()
+            } else {
+                Vec::new()
+            };
+            let admit = Admit::Ordinary {
+                refuse_when_session: operation.refuse_when_session.clone(),
+            };
             // Holding the earlier (smaller) apps while waiting here is the seed's ordered composition.
-            tickets.push(self.enqueue(app, &operation, claims.clone(), admit, also).await?);
+            tickets.push(
+                self.enqueue(app, &operation, claims.clone(), admit, also)
+                    .await?,
+            );
         }
-        Ok(OperationGuard { operation: operation.name, tickets })
+        Ok(OperationGuard {
+            operation: operation.name,
+            tickets,
+        })
     }
 
     /// Queues one request on one app and waits for its grant. The ticket is built before the request
@@ -538,8 +605,19 @@ impl OperationCoordinator {
             claims,
             bypass_owner: operation.allow_compatible_queue_bypass,
         };
-        let ticket = Ticket { coord: self.clone(), app: app.clone(), entry: entry.id };
-        self.ask(|grant| Acquire { app: app.clone(), entry, admit, also, grant }).await??;
+        let ticket = Ticket {
+            coord: self.clone(),
+            app: app.clone(),
+            entry: entry.id,
+        };
+        self.ask(|grant| Acquire {
+            app: app.clone(),
+            entry,
+            admit,
+            also,
+            grant,
+        })
+        .await??;
         Ok(ticket)
     }
 
@@ -551,7 +629,11 @@ impl OperationCoordinator {
         operation: &str,
     ) -> Result<(), OperationError> {
         let held = Held::now();
-        let mine: Vec<&HeldApp> = held.apps.iter().filter(|h| h.coordinator == self.ids.coordinator).collect();
+        let mine: Vec<&HeldApp> = held
+            .apps
+            .iter()
+            .filter(|h| h.coordinator == self.ids.coordinator)
+            .collect();
         for app in apps.clone() {
             if let Some(outer) = mine.iter().find(|h| &h.app == app) {
                 return Err(OperationError::NestedOperation {
@@ -577,7 +659,11 @@ impl OperationCoordinator {
     /// sent before this call. Holders are listed by request id (the order their requests were made),
     /// waiters in queue order.
     pub async fn snapshot(&self, app: &AppId) -> Result<AppSnapshot, OperationError> {
-        self.ask(|reply| GetSnapshot { app: app.clone(), reply }).await
+        self.ask(|reply| GetSnapshot {
+            app: app.clone(),
+            reply,
+        })
+        .await
     }
 }
 
@@ -648,7 +734,10 @@ struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.coord.tell(Release { app: self.app.clone(), entry: self.entry });
+        self.coord.tell(Release {
+            app: self.app.clone(),
+            entry: self.entry,
+        });
     }
 }
 
@@ -724,13 +813,32 @@ mod tests {
     fn assert_send<T: Send>(_: &T) {}
 
     fn write_metadata(id: EntryId, name: &str) -> Entry {
-        Entry { id, operation: name.to_owned(), claims: Claims::new().write(Resource::Metadata), bypass_owner: false }
+        Entry {
+            id,
+            operation: name.to_owned(),
+            claims: Claims::new().write(Resource::Metadata),
+            bypass_owner: false,
+        }
     }
 
-    fn request(app: &AppId, entry: Entry) -> (Acquire, oneshot::Receiver<Result<i64, OperationError>>) {
+    fn request(
+        app: &AppId,
+        entry: Entry,
+    ) -> (Acquire, oneshot::Receiver<Result<i64, OperationError>>) {
         let (grant, granted) = oneshot::channel();
-        let admit = Admit::Ordinary { refuse_when_session: None };
-        (Acquire { app: app.clone(), entry, admit, also: Vec::new(), grant }, granted)
+        let admit = Admit::Ordinary {
+            refuse_when_session: None,
+        };
+        (
+            Acquire {
+                app: app.clone(),
+                entry,
+                admit,
+                also: Vec::new(),
+                grant,
+            },
+            granted,
+        )
     }
 
     #[test]
@@ -763,10 +871,18 @@ mod tests {
     async fn handle_futures_and_guards_are_send() {
         let coord = OperationCoordinator::new(Arc::new(storage::ManualClock::new(0)));
         let app = AppId::new("ws-1");
-        assert_send(&coord.run(&app, Operation::new("op"), Claim::write(Resource::Media), async {}));
+        assert_send(&coord.run(
+            &app,
+            Operation::new("op"),
+            Claim::write(Resource::Media),
+            async {},
+        ));
         assert_send(&coord.with_lock("key", async {}));
         assert_send(&coord.close_admission(&app));
-        let guard = coord.acquire(&app, Operation::new("op"), Claim::write(Resource::Media)).await.unwrap();
+        let guard = coord
+            .acquire(&app, Operation::new("op"), Claim::write(Resource::Media))
+            .await
+            .unwrap();
         assert_send(&guard);
     }
 }

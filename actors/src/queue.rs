@@ -81,13 +81,23 @@ impl<T> Shared<T> {
 /// alone is still refused: it overflows).
 pub fn bounded<T>(max_items: usize, max_bytes: usize) -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
-        state: Mutex::new(State { items: VecDeque::new(), bytes: 0, senders: 1, end: None }),
+        state: Mutex::new(State {
+            items: VecDeque::new(),
+            bytes: 0,
+            senders: 1,
+            end: None,
+        }),
         max_items: max_items.max(1),
         max_bytes,
         readable: Notify::new(),
         writable: Notify::new(),
     });
-    (Sender { shared: shared.clone() }, Receiver { shared })
+    (
+        Sender {
+            shared: shared.clone(),
+        },
+        Receiver { shared },
+    )
 }
 
 pub struct Sender<T> {
@@ -148,7 +158,10 @@ impl<T> Sender<T> {
 
     /// Whether sends can no longer succeed (receiver gone, overflowed or abandoned).
     pub fn is_closed(&self) -> bool {
-        matches!(self.shared.lock().end, Some(End::ReceiverGone | End::Dropped))
+        matches!(
+            self.shared.lock().end,
+            Some(End::ReceiverGone | End::Dropped)
+        )
     }
 
     /// Counted bytes queued now.
@@ -160,7 +173,9 @@ impl<T> Sender<T> {
 impl<T> Clone for Sender<T> {
     fn clone(&self) -> Self {
         self.shared.lock().senders += 1;
-        Sender { shared: self.shared.clone() }
+        Sender {
+            shared: self.shared.clone(),
+        }
     }
 }
 
@@ -251,7 +266,11 @@ mod tests {
         assert_eq!(tx.queued_bytes(), 0);
         assert!(tx.is_closed());
         assert_eq!(rx.try_recv(), None);
-        assert_eq!(tx.try_send(payload, 1), Err(SendError::Overflow), "an overflowed queue stays closed");
+        assert_eq!(
+            tx.try_send(payload, 1),
+            Err(SendError::Overflow),
+            "an overflowed queue stays closed"
+        );
     }
 
     #[test]

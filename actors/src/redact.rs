@@ -41,10 +41,18 @@ pub const EVENT_TEXT_FIELDS: [&str; 5] = ["text", "summary", "message", "label",
 
 /// The built-in rules: (name, pattern, replacement with `$keep` expanded).
 const BUILTIN: [(&str, &str, &str); 6] = [
-    ("bearer", r"(?i)\b(?P<keep>bearer\s+)[A-Za-z0-9\-._~+/]{8,}=*", "${keep}[redacted]"),
+    (
+        "bearer",
+        r"(?i)\b(?P<keep>bearer\s+)[A-Za-z0-9\-._~+/]{8,}=*",
+        "${keep}[redacted]",
+    ),
     ("openai", r"\bsk-[A-Za-z0-9_\-]{16,}", REDACTED),
     ("slack", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}", REDACTED),
-    ("github", r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})", REDACTED),
+    (
+        "github",
+        r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})",
+        REDACTED,
+    ),
     ("aws", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", REDACTED),
     (
         "pem",
@@ -57,7 +65,11 @@ const BUILTIN: [(&str, &str, &str); 6] = [
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PatternError {
     #[error("redaction.patterns[{index}] `{pattern}` is not a valid regex: {why}")]
-    Invalid { index: usize, pattern: String, why: String },
+    Invalid {
+        index: usize,
+        pattern: String,
+        why: String,
+    },
     #[error("redaction.patterns[{index}] `{pattern}` matches the empty string")]
     MatchesEmpty { index: usize, pattern: String },
 }
@@ -105,14 +117,23 @@ impl Redactor {
                 why: e.to_string(),
             })?;
             if re.is_match("") {
-                return Err(PatternError::MatchesEmpty { index, pattern: pattern.clone() });
+                return Err(PatternError::MatchesEmpty {
+                    index,
+                    pattern: pattern.clone(),
+                });
             }
-            rules.push(Rule { re, replacement: REDACTED, expand: false });
+            rules.push(Rule {
+                re,
+                replacement: REDACTED,
+                expand: false,
+            });
         }
-        let set = RegexSet::new(rules.iter().map(|r| r.re.as_str())).map_err(|e| PatternError::Invalid {
-            index: 0,
-            pattern: extra_patterns.join(" | "),
-            why: e.to_string(),
+        let set = RegexSet::new(rules.iter().map(|r| r.re.as_str())).map_err(|e| {
+            PatternError::Invalid {
+                index: 0,
+                pattern: extra_patterns.join(" | "),
+                why: e.to_string(),
+            }
         })?;
         Ok(Redactor { set, rules })
     }
@@ -172,18 +193,42 @@ mod tests {
         let r = Redactor::default();
         let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA7\nabc==\n-----END RSA PRIVATE KEY-----";
         let cases = [
-            ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig", "Authorization: Bearer [redacted]"),
-            ("curl -H 'authorization: bearer abcdefgh12345678'", "curl -H 'authorization: bearer [redacted]'"),
-            ("key sk-proj-AbCdEf0123456789xyz done", "key [redacted] done"),
-            ("OPENAI_API_KEY=sk-abcdefghijklmnop1234", "OPENAI_API_KEY=[redacted]"),
-            ("slack xoxb-123456789012-abcdefABCDEF ok", "slack [redacted] ok"),
+            (
+                "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig",
+                "Authorization: Bearer [redacted]",
+            ),
+            (
+                "curl -H 'authorization: bearer abcdefgh12345678'",
+                "curl -H 'authorization: bearer [redacted]'",
+            ),
+            (
+                "key sk-proj-AbCdEf0123456789xyz done",
+                "key [redacted] done",
+            ),
+            (
+                "OPENAI_API_KEY=sk-abcdefghijklmnop1234",
+                "OPENAI_API_KEY=[redacted]",
+            ),
+            (
+                "slack xoxb-123456789012-abcdefABCDEF ok",
+                "slack [redacted] ok",
+            ),
             ("xoxp-1111111111-2222", "[redacted]"),
-            ("token ghp_ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghij", "token [redacted]"),
-            ("github_pat_11ABCDEFG0123456789_abcdefghijklmnop", "[redacted]"),
+            (
+                "token ghp_ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghij",
+                "token [redacted]",
+            ),
+            (
+                "github_pat_11ABCDEFG0123456789_abcdefghijklmnop",
+                "[redacted]",
+            ),
             ("aws AKIAIOSFODNN7EXAMPLE here", "aws [redacted] here"),
             (&format!("key:\n{pem}\nafter"), "key:\n[redacted]\nafter"),
             // A block cut before its END line (a truncated summary) is redacted to the end.
-            ("x -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "x [redacted]"),
+            (
+                "x -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC",
+                "x [redacted]",
+            ),
         ];
         for (input, want) in cases {
             assert_eq!(r.redact(input), want, "redact {input:?}");
@@ -202,26 +247,44 @@ mod tests {
             "-----BEGIN PUBLIC KEY----- is not private",
             "",
         ] {
-            assert!(matches!(r.redact(text), Cow::Borrowed(t) if t == text), "left intact: {text:?}");
+            assert!(
+                matches!(r.redact(text), Cow::Borrowed(t) if t == text),
+                "left intact: {text:?}"
+            );
         }
     }
 
     #[test]
     fn configured_patterns_replace_their_whole_match() {
         let r = Redactor::new(&[r"ACME-[0-9]{6}".into(), r"(?i)password=\S+".into()]).unwrap();
-        assert_eq!(r.redact("ticket ACME-123456, PASSWORD=hunter2 ok"), "ticket [redacted], [redacted] ok");
+        assert_eq!(
+            r.redact("ticket ACME-123456, PASSWORD=hunter2 ok"),
+            "ticket [redacted], [redacted] ok"
+        );
         // Built-ins still apply alongside them.
-        assert_eq!(r.redact("ACME-000001 sk-abcdefghijklmnopqrst"), "[redacted] [redacted]");
+        assert_eq!(
+            r.redact("ACME-000001 sk-abcdefghijklmnopqrst"),
+            "[redacted] [redacted]"
+        );
         assert_eq!(r.redact("ACME-12"), "ACME-12");
     }
 
     #[test]
     fn a_bad_or_empty_matching_pattern_is_refused_by_index() {
         let e = Redactor::new(&["ok".into(), "(unclosed".into()]).unwrap_err();
-        assert!(matches!(&e, PatternError::Invalid { index: 1, .. }), "{e:?}");
+        assert!(
+            matches!(&e, PatternError::Invalid { index: 1, .. }),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("redaction.patterns[1]"), "{e}");
         let e = Redactor::new(&["a*".into()]).unwrap_err();
-        assert_eq!(e, PatternError::MatchesEmpty { index: 0, pattern: "a*".into() });
+        assert_eq!(
+            e,
+            PatternError::MatchesEmpty {
+                index: 0,
+                pattern: "a*".into()
+            }
+        );
     }
 
     #[test]

@@ -130,14 +130,15 @@ impl Entry {
 
     /// Hand `p` to every subscriber; one that has no room is dropped (its queue released at once).
     fn fan_out(&mut self, id: &str, p: &Arc<Published>) {
-        self.subscribers.retain(|s| match s.try_send(p.clone(), p.bytes()) {
-            Ok(()) => true,
-            Err(SendError::Overflow) => {
-                tracing::warn!(run_id = id, "dropped a subscriber that fell behind");
-                false
-            }
-            Err(SendError::Closed) => false,
-        });
+        self.subscribers
+            .retain(|s| match s.try_send(p.clone(), p.bytes()) {
+                Ok(()) => true,
+                Err(SendError::Overflow) => {
+                    tracing::warn!(run_id = id, "dropped a subscriber that fell behind");
+                    false
+                }
+                Err(SendError::Closed) => false,
+            });
     }
 }
 
@@ -171,8 +172,16 @@ impl Registry {
     }
 
     pub fn with_backlog_limit(clock: Arc<dyn Clock>, backlog_limit: usize) -> Self {
-        let redactor = Arc::new(crate::redact::Redactor::new(&[]).expect("the built-in redaction rules compile"));
-        Registry { inner: Arc::default(), landed: Arc::default(), clock, backlog_limit: backlog_limit.max(4), redactor }
+        let redactor = Arc::new(
+            crate::redact::Redactor::new(&[]).expect("the built-in redaction rules compile"),
+        );
+        Registry {
+            inner: Arc::default(),
+            landed: Arc::default(),
+            clock,
+            backlog_limit: backlog_limit.max(4),
+            redactor,
+        }
     }
 
     /// The same registry redacting with `redactor` (the built-in rules plus `[redaction] patterns`).
@@ -192,9 +201,21 @@ impl Registry {
 
     /// Create (or re-create, on resume) a run's row. `replay` events keep their seqs; the counter
     /// continues at `next_seq` (at least one past the highest replayed).
-    pub fn create(&self, id: &str, meta: RunMeta, started_at: i64, token: String, replay: Vec<Value>, next_seq: u64) {
+    pub fn create(
+        &self,
+        id: &str,
+        meta: RunMeta,
+        started_at: i64,
+        token: String,
+        replay: Vec<Value>,
+        next_seq: u64,
+    ) {
         let mut map = self.lock();
-        let highest = replay.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+        let highest = replay
+            .iter()
+            .filter_map(storage::record::event_seq)
+            .max()
+            .unwrap_or(0);
         let mut entry = Entry {
             row: RunRow {
                 id: id.to_owned(),
@@ -226,14 +247,20 @@ impl Registry {
 
     fn store(entry: &mut Entry, event: Arc<Published>, limit: usize) {
         let is_head = entry.tail.is_empty()
-            && event.event.get("type").and_then(Value::as_str).is_some_and(|t| HEAD_TYPES.contains(&t));
+            && event
+                .event
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| HEAD_TYPES.contains(&t));
         if is_head {
             entry.head.push(event);
         } else {
             entry.tail_bytes += event.bytes();
             entry.tail.push_back(event);
             // The newest event always stays, whatever its size.
-            while entry.tail.len() > 1 && (entry.head.len() + entry.tail.len() > limit || entry.tail_bytes > BACKLOG_BYTES) {
+            while entry.tail.len() > 1
+                && (entry.head.len() + entry.tail.len() > limit || entry.tail_bytes > BACKLOG_BYTES)
+            {
                 if let Some(old) = entry.tail.pop_front() {
                     entry.tail_bytes -= old.bytes();
                 }
@@ -274,7 +301,11 @@ impl Registry {
 
     /// Events strictly after `after_seq` (shared, so a replay of a long run costs pointers under the lock)
     /// and a subscription to the ones published from now on.
-    pub fn subscribe(&self, id: &str, after_seq: u64) -> Option<(Vec<Arc<Published>>, Subscription, bool)> {
+    pub fn subscribe(
+        &self,
+        id: &str,
+        after_seq: u64,
+    ) -> Option<(Vec<Arc<Published>>, Subscription, bool)> {
         let mut map = self.lock();
         let entry = map.get_mut(id)?;
         let backlog: Vec<Arc<Published>> = entry
@@ -292,12 +323,19 @@ impl Registry {
 
     /// Live subscribers across every run.
     pub fn subscriber_count(&self) -> usize {
-        self.lock().values().map(|e| e.subscribers.iter().filter(|s| !s.is_closed()).count()).sum()
+        self.lock()
+            .values()
+            .map(|e| e.subscribers.iter().filter(|s| !s.is_closed()).count())
+            .sum()
     }
 
     /// JSON bytes queued for subscribers across every run (what viewers pin beyond the backlogs).
     pub fn subscriber_queued_bytes(&self) -> usize {
-        self.lock().values().flat_map(|e| e.subscribers.iter()).map(queue::Sender::queued_bytes).sum()
+        self.lock()
+            .values()
+            .flat_map(|e| e.subscribers.iter())
+            .map(queue::Sender::queued_bytes)
+            .sum()
     }
 
     pub fn row(&self, id: &str) -> Option<RunRow> {
@@ -367,7 +405,8 @@ impl Registry {
     /// registry serves meanwhile.
     pub fn evict_expired(&self) {
         let now = self.clock.now_ms();
-        self.lock().retain(|_, e| e.row.finished_at.is_none_or(|f| now - f < FINISHED_TTL_MS));
+        self.lock()
+            .retain(|_, e| e.row.finished_at.is_none_or(|f| now - f < FINISHED_TTL_MS));
     }
 }
 
@@ -399,8 +438,13 @@ mod tests {
         assert!(backlog.is_empty() && !finished);
         let a = r.publish("r1", json!({"type": "run_meta"})).unwrap();
         clock.advance(5);
-        let b = r.publish("r1", json!({"type": "input", "text": "hi"})).unwrap();
-        assert_eq!((a["seq"].as_u64(), b["seq"].as_u64(), b["at"].as_i64()), (Some(1), Some(2), Some(1005)));
+        let b = r
+            .publish("r1", json!({"type": "input", "text": "hi"}))
+            .unwrap();
+        assert_eq!(
+            (a["seq"].as_u64(), b["seq"].as_u64(), b["at"].as_i64()),
+            (Some(1), Some(2), Some(1005))
+        );
         assert_eq!(rx.try_recv().unwrap().event["seq"], 1);
         assert_eq!(rx.try_recv().unwrap().event["seq"], 2);
         assert_eq!(r.row("r1").unwrap().event_count, 2);
@@ -418,30 +462,54 @@ mod tests {
         let (row, events) = r.snapshot("r").unwrap();
         let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
         assert_eq!(seqs, [1, 2, 9, 10, 11, 12]);
-        assert_eq!((row.event_count, row.stored_event_count, row.truncated), (12, 6, true));
+        assert_eq!(
+            (row.event_count, row.stored_event_count, row.truncated),
+            (12, 6, true)
+        );
     }
 
     #[test]
     fn a_resumed_run_replays_under_original_seqs_and_continues_past_them() {
         let r = Registry::new(Arc::new(ManualClock::new(0)));
-        let replay = vec![json!({"type": "run_meta", "seq": 1}), json!({"type": "input", "seq": 2}), json!({"type": "assistant", "seq": 7})];
+        let replay = vec![
+            json!({"type": "run_meta", "seq": 1}),
+            json!({"type": "input", "seq": 2}),
+            json!({"type": "assistant", "seq": 7}),
+        ];
         r.create("r", meta(), 0, "t".into(), replay, 1007);
         let (backlog, _rx, _) = r.subscribe("r", 2).unwrap();
         assert_eq!(backlog.len(), 1);
-        assert_eq!(r.publish("r", json!({"type": "resumed"})).unwrap()["seq"], 1007);
+        assert_eq!(
+            r.publish("r", json!({"type": "resumed"})).unwrap()["seq"],
+            1007
+        );
     }
 
     #[test]
     fn an_oversized_event_is_capped_when_published_and_a_small_one_is_untouched() {
         let r = Registry::new(Arc::new(ManualClock::new(0)));
         r.create("r", meta(), 0, "t".into(), vec![], 1);
-        let big = r.publish("r", json!({"type": "input", "text": "é".repeat(100_000), "source": "request"})).unwrap();
+        let big = r
+            .publish(
+                "r",
+                json!({"type": "input", "text": "é".repeat(100_000), "source": "request"}),
+            )
+            .unwrap();
         let bytes = big.to_string().len();
-        assert!(bytes <= storage::record::MAX_EVENT_BYTES && bytes > storage::record::MAX_EVENT_BYTES - 16, "{bytes}");
+        assert!(
+            bytes <= storage::record::MAX_EVENT_BYTES
+                && bytes > storage::record::MAX_EVENT_BYTES - 16,
+            "{bytes}"
+        );
         assert_eq!(big["truncated"], true);
         assert!(big["text"].as_str().unwrap().ends_with('…'));
-        let small = r.publish("r", json!({"type": "input", "text": "hi"})).unwrap();
-        assert_eq!((small["text"].as_str(), small.get("truncated")), (Some("hi"), None));
+        let small = r
+            .publish("r", json!({"type": "input", "text": "hi"}))
+            .unwrap();
+        assert_eq!(
+            (small["text"].as_str(), small.get("truncated")),
+            (Some("hi"), None)
+        );
         // What subscribers and the backlog hold is the capped event.
         let (backlog, _rx, _) = r.subscribe("r", 0).unwrap();
         assert_eq!(backlog[0].event, big);
@@ -460,9 +528,19 @@ mod tests {
         }
         let (row, events) = r.snapshot("r").unwrap();
         let bytes: usize = events[2..].iter().map(|e| e.to_string().len()).sum();
-        assert!(bytes <= BACKLOG_BYTES && bytes > BACKLOG_BYTES - 70_000, "{bytes}");
-        assert_eq!((events[0]["type"].as_str(), events[1]["type"].as_str()), (Some("run_meta"), Some("input")));
-        assert_eq!(events.last().unwrap()["seq"], n as u64 + 2, "the newest stays");
+        assert!(
+            bytes <= BACKLOG_BYTES && bytes > BACKLOG_BYTES - 70_000,
+            "{bytes}"
+        );
+        assert_eq!(
+            (events[0]["type"].as_str(), events[1]["type"].as_str()),
+            (Some("run_meta"), Some("input"))
+        );
+        assert_eq!(
+            events.last().unwrap()["seq"],
+            n as u64 + 2,
+            "the newest stays"
+        );
         assert!(row.truncated && row.event_count == n as u64 + 2);
     }
 
@@ -480,10 +558,21 @@ mod tests {
         assert!(r.subscriber_queued_bytes() > SUBSCRIBER_QUEUE_BYTES - 2 * per);
         // Far fewer than SUBSCRIBER_QUEUE events: the byte bound is what drops it.
         r.publish("r", json!({"type": "note", "text": "z".repeat(per)}));
-        assert_eq!(r.subscriber_count(), 1, "the stalled subscriber is dropped, the reading one kept");
+        assert_eq!(
+            r.subscriber_count(),
+            1,
+            "the stalled subscriber is dropped, the reading one kept"
+        );
         assert!(reading.try_recv().is_some());
-        assert_eq!(r.subscriber_queued_bytes(), 0, "nothing stays pinned for the dropped one");
-        assert!(stalled.try_recv().is_none(), "it sees the end without draining");
+        assert_eq!(
+            r.subscriber_queued_bytes(),
+            0,
+            "nothing stays pinned for the dropped one"
+        );
+        assert!(
+            stalled.try_recv().is_none(),
+            "it sees the end without draining"
+        );
     }
 
     #[test]

@@ -23,20 +23,26 @@ impl TokenMinter {
     pub fn new(secret_hex: &str) -> Self {
         let secret = (0..secret_hex.len())
             .step_by(2)
-            .map(|i| secret_hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+            .map(|i| {
+                secret_hex
+                    .get(i..i + 2)
+                    .and_then(|b| u8::from_str_radix(b, 16).ok())
+            })
             .collect::<Option<Vec<u8>>>()
             .unwrap_or_else(|| secret_hex.as_bytes().to_vec());
         TokenMinter { secret }
     }
 
     fn mac(&self, run_id: &str) -> Hmac<Sha256> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("hmac takes any key length");
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.secret).expect("hmac takes any key length");
         mac.update(run_id.as_bytes());
         mac
     }
 
     pub fn mint(&self, run_id: &str) -> String {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.mac(run_id).finalize().into_bytes())
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(self.mac(run_id).finalize().into_bytes())
     }
 
     /// Constant-time check of `token` for `run_id`.
@@ -54,7 +60,8 @@ mod tests {
 
     #[test]
     fn a_token_verifies_only_for_its_run_and_secret() {
-        let m = TokenMinter::new("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
+        let m =
+            TokenMinter::new("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
         let t = m.mint("run-1");
         assert!(m.verify("run-1", &t));
         assert!(!m.verify("run-2", &t));

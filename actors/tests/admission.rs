@@ -28,7 +28,10 @@ async fn fixture() -> Fixture {
     let clock = storage::clock::system();
     let storage = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), clock.clone());
     let mut agents = HashMap::new();
-    agents.insert("demo".to_owned(), AgentEntry::new(Arc::new(ScriptedAgent::new()), 600_000, "s"));
+    agents.insert(
+        "demo".to_owned(),
+        AgentEntry::new(Arc::new(ScriptedAgent::new()), 600_000, "s"),
+    );
     let secret = storage.capability_secret().await.expect("secret");
     let draining = Arc::new(AtomicBool::new(false));
     let supervisor = Supervisor::new(SupervisorConfig {
@@ -51,7 +54,12 @@ async fn fixture() -> Fixture {
         host_id: "test-host".into(),
     })
     .start();
-    Fixture { _dir: dir, supervisor, storage, draining }
+    Fixture {
+        _dir: dir,
+        supervisor,
+        storage,
+        draining,
+    }
 }
 
 fn message(thread: &str, text: &str) -> AdmitMessage {
@@ -75,7 +83,12 @@ async fn a_burst_on_one_thread_starts_one_run_and_steers_the_rest_in_order() {
     let f = fixture().await;
     // A long first run, so every follow-up finds it live.
     let sends: Vec<_> = (0..20)
-        .map(|i| f.supervisor.send(message("t1", if i == 0 { "steps=3 ms=2000" } else { "more" })))
+        .map(|i| {
+            f.supervisor.send(message(
+                "t1",
+                if i == 0 { "steps=3 ms=2000" } else { "more" },
+            ))
+        })
         .collect();
     let mut started = Vec::new();
     let mut steered = Vec::new();
@@ -87,9 +100,15 @@ async fn a_burst_on_one_thread_starts_one_run_and_steers_the_rest_in_order() {
     }
     assert_eq!(started.len(), 1, "exactly one run starts: {started:?}");
     assert_eq!(steered.len(), 19);
-    assert!(steered.iter().all(|(id, _)| *id == started[0]), "every follow-up steers into that run");
+    assert!(
+        steered.iter().all(|(id, _)| *id == started[0]),
+        "every follow-up steers into that run"
+    );
     let seqs: Vec<u64> = steered.iter().map(|(_, s)| *s).collect();
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "inbox seqs in arrival order: {seqs:?}");
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "inbox seqs in arrival order: {seqs:?}"
+    );
     let live = f.storage.list_live().await.unwrap();
     assert_eq!(live.len(), 1);
     assert_eq!(live[0].thread_key, "c:t1");
@@ -98,7 +117,12 @@ async fn a_burst_on_one_thread_starts_one_run_and_steers_the_rest_in_order() {
 #[actix_rt::test]
 async fn threads_admit_independently_and_a_draining_supervisor_refuses_new_runs() {
     let f = fixture().await;
-    let sends: Vec<_> = (0..5).map(|i| f.supervisor.send(message(&format!("t{i}"), "steps=1 ms=500"))).collect();
+    let sends: Vec<_> = (0..5)
+        .map(|i| {
+            f.supervisor
+                .send(message(&format!("t{i}"), "steps=1 ms=500"))
+        })
+        .collect();
     for answer in futures_util::future::join_all(sends).await {
         assert!(matches!(answer.unwrap(), Ok(Admitted::Started { .. })));
     }

@@ -49,22 +49,39 @@ impl Receiver {
                 web::post().to(move |req: HttpRequest, bytes: web::Bytes| {
                     let (record, script, secret) = (record.clone(), script.clone(), secret.clone());
                     async move {
-                        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
-                        let (id, timestamp, signature) =
-                            (header("webhook-id"), header("webhook-timestamp"), header("webhook-signature"));
+                        let header = |n: &str| {
+                            req.headers()
+                                .get(n)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned)
+                        };
+                        let (id, timestamp, signature) = (
+                            header("webhook-id"),
+                            header("webhook-timestamp"),
+                            header("webhook-signature"),
+                        );
                         let verified = match (secret.as_deref(), &id, &timestamp, &signature) {
-                            (Some(key), Some(id), Some(ts), Some(sig)) => {
-                                ts.parse().is_ok_and(|ts| delivery::verify(key, id, ts, &bytes, sig))
-                            }
+                            (Some(key), Some(id), Some(ts), Some(sig)) => ts
+                                .parse()
+                                .is_ok_and(|ts| delivery::verify(key, id, ts, &bytes, sig)),
                             _ => false,
                         };
                         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                         let n = {
                             let mut seen = record.lock().unwrap();
-                            seen.push(Seen { id, timestamp, verified, body });
+                            seen.push(Seen {
+                                id,
+                                timestamp,
+                                verified,
+                                body,
+                            });
                             seen.len() - 1
                         };
-                        let answer = script.get(n).or(script.last()).copied().unwrap_or(Answer::Status(200));
+                        let answer = script
+                            .get(n)
+                            .or(script.last())
+                            .copied()
+                            .unwrap_or(Answer::Status(200));
                         let status = match answer {
                             Answer::Status(s) => s,
                             Answer::Hang(d) => {
@@ -72,7 +89,8 @@ impl Receiver {
                                 200
                             }
                         };
-                        HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap()).body("")
+                        HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap())
+                            .body("")
                     }
                 }),
             )
@@ -86,7 +104,11 @@ impl Receiver {
         let server = server.run();
         let handle = server.handle();
         actix_rt::spawn(server);
-        Receiver { url: format!("http://{addr}/hook"), seen, server: handle }
+        Receiver {
+            url: format!("http://{addr}/hook"),
+            seen,
+            server: handle,
+        }
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -105,7 +127,10 @@ fn body() -> Value {
 
 /// SPEC §8.3's policy with a short first backoff, so a test does not wait seconds between attempts.
 fn quick(deadline: Duration) -> RetryPolicy {
-    RetryPolicy { first_backoff: Duration::from_millis(20), ..RetryPolicy::with_deadline(deadline) }
+    RetryPolicy {
+        first_backoff: Duration::from_millis(20),
+        ..RetryPolicy::with_deadline(deadline)
+    }
 }
 
 #[actix_rt::test]
@@ -114,14 +139,30 @@ async fn a_signed_delivery_verifies_at_the_receiver() {
     let rx = Receiver::start(vec![Answer::Status(204)], Some(secret.clone())).await;
     let http = reqwest::Client::new();
 
-    let reply = delivery::deliver(&http, &rx.url, Some(&secret), Duration::from_secs(30), RUN_ID, &body(), || NOW).await;
+    let reply = delivery::deliver(
+        &http,
+        &rx.url,
+        Some(&secret),
+        Duration::from_secs(30),
+        RUN_ID,
+        &body(),
+        || NOW,
+    )
+    .await;
 
     assert_eq!(reply, (true, None));
     let seen = rx.seen();
     assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].id.as_deref(), Some(RUN_ID), "webhook-id is the run id");
+    assert_eq!(
+        seen[0].id.as_deref(),
+        Some(RUN_ID),
+        "webhook-id is the run id"
+    );
     assert_eq!(seen[0].timestamp.as_deref(), Some("1767225600"));
-    assert!(seen[0].verified, "the receiver verified the signature: {seen:?}");
+    assert!(
+        seen[0].verified,
+        "the receiver verified the signature: {seen:?}"
+    );
     assert_eq!(seen[0].body, body());
     rx.stop().await;
 }
@@ -129,30 +170,74 @@ async fn a_signed_delivery_verifies_at_the_receiver() {
 #[actix_rt::test]
 async fn without_a_secret_nothing_is_signed() {
     let rx = Receiver::start(vec![Answer::Status(200)], Some(b"receiver-key".to_vec())).await;
-    let reply = delivery::deliver(&reqwest::Client::new(), &rx.url, None, Duration::from_secs(30), RUN_ID, &body(), || NOW).await;
+    let reply = delivery::deliver(
+        &reqwest::Client::new(),
+        &rx.url,
+        None,
+        Duration::from_secs(30),
+        RUN_ID,
+        &body(),
+        || NOW,
+    )
+    .await;
     assert_eq!(reply, (true, None));
     let seen = rx.seen();
-    assert_eq!((seen[0].id.as_deref(), seen[0].timestamp.as_deref(), seen[0].verified), (None, None, false));
+    assert_eq!(
+        (
+            seen[0].id.as_deref(),
+            seen[0].timestamp.as_deref(),
+            seen[0].verified
+        ),
+        (None, None, false)
+    );
     rx.stop().await;
 }
 
 #[actix_rt::test]
 async fn a_503_503_200_sequence_is_delivered_after_two_retries_with_the_same_id_and_body() {
     let secret = b"shared secret".to_vec();
-    let rx = Receiver::start(vec![Answer::Status(503), Answer::Status(503), Answer::Status(200)], Some(secret.clone())).await;
+    let rx = Receiver::start(
+        vec![
+            Answer::Status(503),
+            Answer::Status(503),
+            Answer::Status(200),
+        ],
+        Some(secret.clone()),
+    )
+    .await;
     let clock = std::sync::atomic::AtomicI64::new(NOW);
     let now = || clock.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
 
-    let reply = delivery::deliver_with(&reqwest::Client::new(), &rx.url, Some(&secret), quick(Duration::from_secs(10)), RUN_ID, &body(), now).await;
+    let reply = delivery::deliver_with(
+        &reqwest::Client::new(),
+        &rx.url,
+        Some(&secret),
+        quick(Duration::from_secs(10)),
+        RUN_ID,
+        &body(),
+        now,
+    )
+    .await;
 
-    assert_eq!(reply, Reply { ok: true, note: None, attempts: 3, withheld: false });
+    assert_eq!(
+        reply,
+        Reply {
+            ok: true,
+            note: None,
+            attempts: 3,
+            withheld: false
+        }
+    );
     let seen = rx.seen();
     assert_eq!(seen.len(), 3);
     for (i, s) in seen.iter().enumerate() {
         // Each attempt is freshly stamped and signed; the id and the body never change.
         assert!(s.verified, "attempt {i} verified: {s:?}");
         assert_eq!(s.id.as_deref(), Some(RUN_ID));
-        assert_eq!(s.timestamp.as_deref(), Some((NOW + i as i64).to_string().as_str()));
+        assert_eq!(
+            s.timestamp.as_deref(),
+            Some((NOW + i as i64).to_string().as_str())
+        );
         assert_eq!(s.body, body());
     }
     rx.stop().await;
@@ -161,7 +246,16 @@ async fn a_503_503_200_sequence_is_delivered_after_two_retries_with_the_same_id_
 #[actix_rt::test]
 async fn a_400_is_final_and_not_retried() {
     let rx = Receiver::start(vec![Answer::Status(400), Answer::Status(200)], None).await;
-    let reply = delivery::deliver(&reqwest::Client::new(), &rx.url, None, Duration::from_secs(30), RUN_ID, &body(), || NOW).await;
+    let reply = delivery::deliver(
+        &reqwest::Client::new(),
+        &rx.url,
+        None,
+        Duration::from_secs(30),
+        RUN_ID,
+        &body(),
+        || NOW,
+    )
+    .await;
     assert_eq!(reply, (false, Some("webhook answered 400".to_owned())));
     assert_eq!(rx.seen().len(), 1, "a 4xx is the receiver's final word");
     rx.stop().await;
@@ -173,14 +267,34 @@ async fn retries_stop_at_the_deadline_and_the_note_says_so() {
     let deadline = Duration::from_millis(400);
     let started = Instant::now();
 
-    let reply = delivery::deliver_with(&reqwest::Client::new(), &rx.url, None, quick(deadline), RUN_ID, &body(), || NOW).await;
+    let reply = delivery::deliver_with(
+        &reqwest::Client::new(),
+        &rx.url,
+        None,
+        quick(deadline),
+        RUN_ID,
+        &body(),
+        || NOW,
+    )
+    .await;
 
     let took = started.elapsed();
     assert!(!reply.ok);
     let note = reply.note.unwrap_or_default();
-    assert!(note.starts_with("webhook answered 503") && note.contains("delivery deadline of 400 ms"), "{note}");
-    assert!(reply.attempts >= 2 && reply.attempts as usize == rx.seen().len(), "{} attempts, {} seen", reply.attempts, rx.seen().len());
-    assert!(took < deadline + Duration::from_millis(300), "gave up by the deadline, took {took:?}");
+    assert!(
+        note.starts_with("webhook answered 503") && note.contains("delivery deadline of 400 ms"),
+        "{note}"
+    );
+    assert!(
+        reply.attempts >= 2 && reply.attempts as usize == rx.seen().len(),
+        "{} attempts, {} seen",
+        reply.attempts,
+        rx.seen().len()
+    );
+    assert!(
+        took < deadline + Duration::from_millis(300),
+        "gave up by the deadline, took {took:?}"
+    );
     rx.stop().await;
 }
 
@@ -189,34 +303,67 @@ async fn an_attempt_that_hangs_is_cut_at_the_deadline() {
     let rx = Receiver::start(vec![Answer::Hang(Duration::from_secs(5))], None).await;
     let started = Instant::now();
 
-    let reply = delivery::deliver_with(&reqwest::Client::new(), &rx.url, None, quick(Duration::from_millis(300)), RUN_ID, &body(), || NOW).await;
+    let reply = delivery::deliver_with(
+        &reqwest::Client::new(),
+        &rx.url,
+        None,
+        quick(Duration::from_millis(300)),
+        RUN_ID,
+        &body(),
+        || NOW,
+    )
+    .await;
 
     let took = started.elapsed();
     assert!(!reply.ok);
     let note = reply.note.unwrap_or_default();
-    assert!(note.starts_with("webhook failed: timeout") && note.contains("deadline"), "{note}");
-    assert!(took < Duration::from_millis(1200), "the 10 s attempt timeout was cut to the deadline, took {took:?}");
+    assert!(
+        note.starts_with("webhook failed: timeout") && note.contains("deadline"),
+        "{note}"
+    );
+    assert!(
+        took < Duration::from_millis(1200),
+        "the 10 s attempt timeout was cut to the deadline, took {took:?}"
+    );
     rx.stop().await;
 }
 
 #[actix_rt::test]
 async fn a_receiver_that_is_not_there_is_retried_until_the_deadline() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let url = format!("http://{closed}/hook"); // the listener is dropped: connections are refused
 
-    let reply = delivery::deliver_with(&reqwest::Client::new(), &url, None, quick(Duration::from_millis(300)), RUN_ID, &body(), || NOW).await;
+    let reply = delivery::deliver_with(
+        &reqwest::Client::new(),
+        &url,
+        None,
+        quick(Duration::from_millis(300)),
+        RUN_ID,
+        &body(),
+        || NOW,
+    )
+    .await;
 
     assert!(!reply.ok);
     assert!(reply.attempts >= 2, "connect errors are retried: {reply:?}");
     let note = reply.note.unwrap_or_default();
-    assert!(note.starts_with("webhook failed: connection") && note.contains("deadline"), "{note}");
+    assert!(
+        note.starts_with("webhook failed: connection") && note.contains("deadline"),
+        "{note}"
+    );
 }
 
 #[test]
 fn a_configured_secret_must_be_set() {
     assert_eq!(delivery::secret_from_env(None), Ok(None));
     let var = "SWITCHBOARD_TEST_DELIVERY_SECRET_UNSET_7f3a";
-    assert_eq!(delivery::secret_from_env(Some(var)), Err(delivery::SecretError::Unset(var.into())));
+    assert_eq!(
+        delivery::secret_from_env(Some(var)),
+        Err(delivery::SecretError::Unset(var.into()))
+    );
 }
 
 #[actix_rt::test]
@@ -230,7 +377,14 @@ async fn a_kill_during_the_retries_withholds_the_next_attempt() {
     };
 
     let reply = delivery::deliver_guarded(
-        &reqwest::Client::new(), &rx.url, None, quick(Duration::from_secs(10)), RUN_ID, &body(), || NOW, proceed,
+        &reqwest::Client::new(),
+        &rx.url,
+        None,
+        quick(Duration::from_secs(10)),
+        RUN_ID,
+        &body(),
+        || NOW,
+        proceed,
     )
     .await;
 

@@ -11,7 +11,8 @@ use actors::agent::anthropic::{AnthropicAgent, AnthropicConfig};
 use actors::agent::openai::{OpenAiAgent, OpenAiConfig};
 use actors::agent::scripted::ScriptedAgent;
 use actors::agent::{
-    results_turn, user_turn, Agent, AgentError, AssistantTurn, Conversation, ToolCall, ToolDef, ToolResult, Usage,
+    results_turn, user_turn, Agent, AgentError, AssistantTurn, Conversation, ToolCall, ToolDef,
+    ToolResult, Usage,
 };
 use serde_json::{json, Value};
 use storage::ledger::Turn;
@@ -34,12 +35,24 @@ impl Reply {
     }
 
     fn raw(status: u16, content_type: &'static str, body: &str) -> Reply {
-        Reply { status, content_type, headers: Vec::new(), chunks: vec![body.to_owned()], gate: None }
+        Reply {
+            status,
+            content_type,
+            headers: Vec::new(),
+            chunks: vec![body.to_owned()],
+            gate: None,
+        }
     }
 
     /// A `text/event-stream` answer, one chunk per event; `gate` holds back the chunks from its index on.
     fn events(events: &[String], gate: Option<(usize, Arc<Notify>)>) -> Reply {
-        Reply { status: 200, content_type: "text/event-stream", headers: Vec::new(), chunks: events.to_vec(), gate }
+        Reply {
+            status: 200,
+            content_type: "text/event-stream",
+            headers: Vec::new(),
+            chunks: events.to_vec(),
+            gate,
+        }
     }
 
     fn header(mut self, name: &'static str, value: &str) -> Reply {
@@ -81,25 +94,32 @@ impl Stub {
                     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                     let n = {
                         let mut seen = record.lock().unwrap();
-                        seen.push(Seen { path: req.path().to_owned(), headers, body });
+                        seen.push(Seen {
+                            path: req.path().to_owned(),
+                            headers,
+                            body,
+                        });
                         seen.len()
                     };
                     let reply = replies[(n - 1).min(replies.len() - 1)].clone();
-                    let mut resp = HttpResponse::build(actix_web::http::StatusCode::from_u16(reply.status).unwrap());
+                    let mut resp = HttpResponse::build(
+                        actix_web::http::StatusCode::from_u16(reply.status).unwrap(),
+                    );
                     resp.content_type(reply.content_type);
                     for (name, value) in &reply.headers {
                         resp.insert_header((*name, value.as_str()));
                     }
-                    let body = futures_util::stream::unfold((0usize, reply), |(i, reply)| async move {
-                        if i >= reply.chunks.len() {
-                            return None;
-                        }
-                        if let Some((_, gate)) = reply.gate.as_ref().filter(|(k, _)| *k == i) {
-                            gate.notified().await;
-                        }
-                        let chunk = web::Bytes::from(reply.chunks[i].clone());
-                        Some((Ok::<_, std::io::Error>(chunk), (i + 1, reply)))
-                    });
+                    let body =
+                        futures_util::stream::unfold((0usize, reply), |(i, reply)| async move {
+                            if i >= reply.chunks.len() {
+                                return None;
+                            }
+                            if let Some((_, gate)) = reply.gate.as_ref().filter(|(k, _)| *k == i) {
+                                gate.notified().await;
+                            }
+                            let chunk = web::Bytes::from(reply.chunks[i].clone());
+                            Some((Ok::<_, std::io::Error>(chunk), (i + 1, reply)))
+                        });
                     resp.streaming(body)
                 }
             }))
@@ -113,7 +133,11 @@ impl Stub {
         let server = server.run();
         let handle = server.handle();
         actix_rt::spawn(server);
-        Stub { base_url: format!("http://{addr}"), seen, server: handle }
+        Stub {
+            base_url: format!("http://{addr}"),
+            seen,
+            server: handle,
+        }
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -173,9 +197,18 @@ fn after_call(call: &AssistantTurn) -> Vec<Turn> {
     let c = &call.calls[0];
     vec![
         user_turn("say hello"),
-        AssistantTurn { usage: None, ..call.clone() }.to_turn(),
+        AssistantTurn {
+            usage: None,
+            ..call.clone()
+        }
+        .to_turn(),
         results_turn(
-            &[ToolResult { call_id: c.call_id.clone(), tool: c.tool.clone(), ok: true, output: "hello".into() }],
+            &[ToolResult {
+                call_id: c.call_id.clone(),
+                tool: c.tool.clone(),
+                ok: true,
+                output: "hello".into(),
+            }],
             &[(3, "and wave".into())],
         ),
     ]
@@ -189,7 +222,10 @@ struct Deltas {
 
 impl Deltas {
     fn new() -> Deltas {
-        Deltas { got: Mutex::new(Vec::new()), gate: Arc::new(Notify::new()) }
+        Deltas {
+            got: Mutex::new(Vec::new()),
+            gate: Arc::new(Notify::new()),
+        }
     }
 
     fn sink(&self) -> impl Fn(&str) + Sync + '_ {
@@ -209,7 +245,10 @@ fn sse(data: &Value) -> String {
 }
 
 fn anthropic_sse(data: &Value) -> String {
-    format!("event: {}\ndata: {data}\n\n", data["type"].as_str().unwrap())
+    format!(
+        "event: {}\ndata: {data}\n\n",
+        data["type"].as_str().unwrap()
+    )
 }
 
 #[actix_rt::test]
@@ -235,39 +274,82 @@ async fn openai_completes_a_tool_calling_exchange_with_usage() {
 
     // Call 1: the model asks for a tool.
     let turns = vec![user_turn("say hello")];
-    let first = agent.next(Conversation { system: "be brief", turns: &turns, tools: &tools }).await.unwrap();
+    let first = agent
+        .next(Conversation {
+            system: "be brief",
+            turns: &turns,
+            tools: &tools,
+        })
+        .await
+        .unwrap();
     assert_eq!(
         first,
         AssistantTurn {
             text: String::new(),
-            calls: vec![ToolCall { call_id: "call_1".into(), tool: "echo".into(), args: json!({"text": "hello"}) }],
-            usage: Some(Usage { input_tokens: 40, output_tokens: 9 }),
+            calls: vec![ToolCall {
+                call_id: "call_1".into(),
+                tool: "echo".into(),
+                args: json!({"text": "hello"})
+            }],
+            usage: Some(Usage {
+                input_tokens: 40,
+                output_tokens: 9
+            }),
         }
     );
 
     // Call 2: the result goes back; the model answers.
     let turns = after_call(&first);
-    let second = agent.next(Conversation { system: "be brief", turns: &turns, tools: &tools }).await.unwrap();
+    let second = agent
+        .next(Conversation {
+            system: "be brief",
+            turns: &turns,
+            tools: &tools,
+        })
+        .await
+        .unwrap();
     assert_eq!(second.text, "I said hello.");
     assert!(second.calls.is_empty());
-    assert_eq!(second.usage, Some(Usage { input_tokens: 61, output_tokens: 4 }));
-    assert_eq!(first.usage.unwrap() + second.usage.unwrap(), Usage { input_tokens: 101, output_tokens: 13 });
+    assert_eq!(
+        second.usage,
+        Some(Usage {
+            input_tokens: 61,
+            output_tokens: 4
+        })
+    );
+    assert_eq!(
+        first.usage.unwrap() + second.usage.unwrap(),
+        Usage {
+            input_tokens: 101,
+            output_tokens: 13
+        }
+    );
 
     let seen = stub.seen();
     assert_eq!(seen.len(), 2);
     for s in &seen {
         assert_eq!(s.path, "/v1/chat/completions");
-        assert_eq!(s.headers.get("authorization").map(String::as_str), Some("Bearer sk-test-key"));
+        assert_eq!(
+            s.headers.get("authorization").map(String::as_str),
+            Some("Bearer sk-test-key")
+        );
         assert_eq!(s.body["model"], "gpt-test");
         assert_eq!(s.body["temperature"], json!(0.25));
         assert_eq!(s.body["max_tokens"], json!(256));
-        assert!(s.body.get("stream").is_none(), "not streamed by default: {}", s.body);
+        assert!(
+            s.body.get("stream").is_none(),
+            "not streamed by default: {}",
+            s.body
+        );
         assert_eq!(
             s.body["tools"],
             json!([{"type": "function", "function": {"name": "echo", "description": "Return the text.",
                 "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}])
         );
-        assert_eq!(s.body["messages"][0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!(
+            s.body["messages"][0],
+            json!({"role": "system", "content": "be brief"})
+        );
     }
     assert_eq!(
         seen[1].body["messages"],
@@ -306,24 +388,48 @@ async fn anthropic_completes_a_tool_calling_exchange_with_usage() {
     let tools = tools();
 
     let turns = vec![user_turn("say hello")];
-    let first = agent.next(Conversation { system: "be brief", turns: &turns, tools: &tools }).await.unwrap();
+    let first = agent
+        .next(Conversation {
+            system: "be brief",
+            turns: &turns,
+            tools: &tools,
+        })
+        .await
+        .unwrap();
     assert_eq!(
         first,
         AssistantTurn {
             text: "I'll echo it.".into(),
-            calls: vec![ToolCall { call_id: "toolu_01".into(), tool: "echo".into(), args: json!({"text": "hello"}) }],
-            usage: Some(Usage { input_tokens: 55, output_tokens: 21 }),
+            calls: vec![ToolCall {
+                call_id: "toolu_01".into(),
+                tool: "echo".into(),
+                args: json!({"text": "hello"})
+            }],
+            usage: Some(Usage {
+                input_tokens: 55,
+                output_tokens: 21
+            }),
         }
     );
 
     let turns = after_call(&first);
-    let second = agent.next(Conversation { system: "be brief", turns: &turns, tools: &tools }).await.unwrap();
+    let second = agent
+        .next(Conversation {
+            system: "be brief",
+            turns: &turns,
+            tools: &tools,
+        })
+        .await
+        .unwrap();
     assert_eq!(
         second,
         AssistantTurn {
             text: "Done: hello.".into(),
             calls: vec![],
-            usage: Some(Usage { input_tokens: 90, output_tokens: 5 })
+            usage: Some(Usage {
+                input_tokens: 90,
+                output_tokens: 5
+            })
         }
     );
 
@@ -331,14 +437,27 @@ async fn anthropic_completes_a_tool_calling_exchange_with_usage() {
     assert_eq!(seen.len(), 2);
     for s in &seen {
         assert_eq!(s.path, "/v1/messages");
-        assert_eq!(s.headers.get("x-api-key").map(String::as_str), Some("sk-ant-test"));
-        assert_eq!(s.headers.get("anthropic-version").map(String::as_str), Some("2023-06-01"));
-        assert!(!s.headers.contains_key("authorization"), "no bearer auth for anthropic");
+        assert_eq!(
+            s.headers.get("x-api-key").map(String::as_str),
+            Some("sk-ant-test")
+        );
+        assert_eq!(
+            s.headers.get("anthropic-version").map(String::as_str),
+            Some("2023-06-01")
+        );
+        assert!(
+            !s.headers.contains_key("authorization"),
+            "no bearer auth for anthropic"
+        );
         assert_eq!(s.body["model"], "claude-test");
         assert_eq!(s.body["system"], "be brief");
         assert_eq!(s.body["temperature"], json!(0.5));
         assert_eq!(s.body["max_tokens"], json!(512));
-        assert!(s.body.get("stream").is_none(), "not streamed by default: {}", s.body);
+        assert!(
+            s.body.get("stream").is_none(),
+            "not streamed by default: {}",
+            s.body
+        );
         assert_eq!(
             s.body["tools"],
             json!([{"name": "echo", "description": "Return the text.",
@@ -391,9 +510,11 @@ impl Provider {
 async fn failures_are_typed_for_the_run_to_retry_or_fail() {
     let secs = Duration::from_secs;
     let in_an_hour = httpdate::fmt_http_date(std::time::SystemTime::now() + secs(3600));
-    let overloaded = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
+    let overloaded =
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
     let rate_limited = json!({"error": {"type": "rate_limit_error", "message": "slow down"}});
-    let bad_request = json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}});
+    let bad_request =
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}});
     for provider in [Provider::OpenAi, Provider::Anthropic] {
         let what = provider.what();
         let cases: Vec<(&str, Reply, AgentError)> = vec![
@@ -408,7 +529,10 @@ async fn failures_are_typed_for_the_run_to_retry_or_fail() {
             (
                 "500 without Retry-After",
                 Reply::raw(500, "text/plain", "boom"),
-                AgentError::Transient { message: format!("{what} answered http 500"), retry_after: None },
+                AgentError::Transient {
+                    message: format!("{what} answered http 500"),
+                    retry_after: None,
+                },
             ),
             (
                 "529 overloaded",
@@ -421,12 +545,17 @@ async fn failures_are_typed_for_the_run_to_retry_or_fail() {
             (
                 "408 with a garbled Retry-After",
                 Reply::raw(408, "text/plain", "").header("retry-after", "whenever"),
-                AgentError::Transient { message: format!("{what} answered http 408"), retry_after: None },
+                AgentError::Transient {
+                    message: format!("{what} answered http 408"),
+                    retry_after: None,
+                },
             ),
             (
                 "400",
                 Reply::json(400, bad_request.clone()),
-                AgentError::Permanent(format!("{what} answered http 400: invalid_request_error: bad")),
+                AgentError::Permanent(format!(
+                    "{what} answered http 400: invalid_request_error: bad"
+                )),
             ),
             (
                 "401 ignores Retry-After",
@@ -436,36 +565,80 @@ async fn failures_are_typed_for_the_run_to_retry_or_fail() {
             (
                 "malformed JSON",
                 Reply::raw(200, "application/json", "{\"choices\": [tru"),
-                AgentError::Permanent("malformed response body: EOF while parsing a value at line 1 column 16".into()),
+                AgentError::Permanent(
+                    "malformed response body: EOF while parsing a value at line 1 column 16".into(),
+                ),
             ),
         ];
         for (name, reply, want) in cases {
             let stub = Stub::start(vec![reply]).await;
             let turns = [user_turn("hello")];
-            let got = provider.agent(&stub).next(Conversation { system: "", turns: &turns, tools: &[] }).await;
+            let got = provider
+                .agent(&stub)
+                .next(Conversation {
+                    system: "",
+                    turns: &turns,
+                    tools: &[],
+                })
+                .await;
             assert_eq!(got, Err(want), "{provider:?}: {name}");
             stub.stop().await;
         }
 
         // An HTTP-date Retry-After is a wait from now.
-        let stub = Stub::start(vec![Reply::raw(503, "text/plain", "").header("retry-after", &in_an_hour)]).await;
+        let stub = Stub::start(vec![
+            Reply::raw(503, "text/plain", "").header("retry-after", &in_an_hour)
+        ])
+        .await;
         let turns = [user_turn("hello")];
-        let err = provider.agent(&stub).next(Conversation { system: "", turns: &turns, tools: &[] }).await.unwrap_err();
+        let err = provider
+            .agent(&stub)
+            .next(Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            })
+            .await
+            .unwrap_err();
         assert!(err.is_transient(), "{provider:?}: {err:?}");
         let wait = err.retry_after().expect("a wait");
-        assert!(wait > secs(3590) && wait <= secs(3600), "{provider:?}: {wait:?}");
+        assert!(
+            wait > secs(3590) && wait <= secs(3600),
+            "{provider:?}: {wait:?}"
+        );
         stub.stop().await;
 
         // A well-formed answer of the wrong shape is malformed too.
         let stub = Stub::start(vec![Reply::json(200, json!({"unexpected": true}))]).await;
-        let err = provider.agent(&stub).next(Conversation { system: "", turns: &turns, tools: &[] }).await.unwrap_err();
-        assert!(matches!(&err, AgentError::Permanent(m) if m.starts_with("malformed response body")), "{err:?}");
+        let err = provider
+            .agent(&stub)
+            .next(Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Permanent(m) if m.starts_with("malformed response body")),
+            "{err:?}"
+        );
         stub.stop().await;
 
         // Nothing listening: a connect failure, transient.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let agent = provider.agent_at(&format!("http://{addr}"));
-        let err = agent.next(Conversation { system: "", turns: &turns, tools: &[] }).await.unwrap_err();
+        let err = agent
+            .next(Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            })
+            .await
+            .unwrap_err();
         assert!(
             matches!(&err, AgentError::Transient { message, retry_after: None }
                 if message.starts_with(&format!("{what} connect failed"))),
@@ -477,13 +650,17 @@ async fn failures_are_typed_for_the_run_to_retry_or_fail() {
 #[actix_rt::test]
 async fn openai_streams_deltas_then_answers_the_whole_turn() {
     let deltas = Deltas::new();
-    let chunk = |delta: Value| sse(&json!({"choices": [{"index": 0, "delta": delta, "finish_reason": null}]}));
+    let chunk = |delta: Value| {
+        sse(&json!({"choices": [{"index": 0, "delta": delta, "finish_reason": null}]}))
+    };
     let events = vec![
         chunk(json!({"role": "assistant", "content": "Hel"})),
         chunk(json!({"content": "lo, "})),
         chunk(json!({"content": "world."})),
-        chunk(json!({"tool_calls": [{"index": 0, "id": "call_s", "type": "function",
-            "function": {"name": "echo", "arguments": ""}}]})),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_s", "type": "function",
+            "function": {"name": "echo", "arguments": ""}}]}),
+        ),
         chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"text\":"}}]})),
         chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"hi\"}"}}]})),
         sse(&json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})),
@@ -496,20 +673,40 @@ async fn openai_streams_deltas_then_answers_the_whole_turn() {
     let agent = stub.openai();
     let (turns, tools) = ([user_turn("hello")], tools());
     let sink = deltas.sink();
-    let turn = agent.next_streaming(Conversation { system: "s", turns: &turns, tools: &tools }, &sink).await.unwrap();
+    let turn = agent
+        .next_streaming(
+            Conversation {
+                system: "s",
+                turns: &turns,
+                tools: &tools,
+            },
+            &sink,
+        )
+        .await
+        .unwrap();
     assert_eq!(deltas.got(), vec!["Hel", "lo, ", "world."]);
     assert_eq!(
         turn,
         AssistantTurn {
             text: "Hello, world.".into(),
-            calls: vec![ToolCall { call_id: "call_s".into(), tool: "echo".into(), args: json!({"text": "hi"}) }],
-            usage: Some(Usage { input_tokens: 12, output_tokens: 8 }),
+            calls: vec![ToolCall {
+                call_id: "call_s".into(),
+                tool: "echo".into(),
+                args: json!({"text": "hi"})
+            }],
+            usage: Some(Usage {
+                input_tokens: 12,
+                output_tokens: 8
+            }),
         }
     );
     let body = &stub.seen()[0].body;
     assert_eq!(body["stream"], json!(true));
     assert_eq!(body["stream_options"], json!({"include_usage": true}));
-    assert_eq!(stub.seen()[0].headers.get("accept").map(String::as_str), Some("text/event-stream"));
+    assert_eq!(
+        stub.seen()[0].headers.get("accept").map(String::as_str),
+        Some("text/event-stream")
+    );
     stub.stop().await;
 }
 
@@ -541,14 +738,31 @@ async fn anthropic_streams_deltas_then_answers_the_whole_turn() {
     let agent = stub.anthropic();
     let (turns, tools) = ([user_turn("hello")], tools());
     let sink = deltas.sink();
-    let turn = agent.next_streaming(Conversation { system: "s", turns: &turns, tools: &tools }, &sink).await.unwrap();
+    let turn = agent
+        .next_streaming(
+            Conversation {
+                system: "s",
+                turns: &turns,
+                tools: &tools,
+            },
+            &sink,
+        )
+        .await
+        .unwrap();
     assert_eq!(deltas.got(), vec!["Let me ", "check."]);
     assert_eq!(
         turn,
         AssistantTurn {
             text: "Let me check.".into(),
-            calls: vec![ToolCall { call_id: "toolu_s".into(), tool: "echo".into(), args: json!({"text": "hi"}) }],
-            usage: Some(Usage { input_tokens: 30, output_tokens: 17 }),
+            calls: vec![ToolCall {
+                call_id: "toolu_s".into(),
+                tool: "echo".into(),
+                args: json!({"text": "hi"})
+            }],
+            usage: Some(Usage {
+                input_tokens: 30,
+                output_tokens: 17
+            }),
         }
     );
     assert_eq!(stub.seen()[0].body["stream"], json!(true));
@@ -559,12 +773,20 @@ async fn anthropic_streams_deltas_then_answers_the_whole_turn() {
 async fn broken_streams_fail_typed() {
     let turns = [user_turn("hello")];
     let text_chunk = sse(&json!({"choices": [{"index": 0, "delta": {"content": "par"}}]}));
-    let start = anthropic_sse(&json!({"type": "message_start", "message": {"usage": {"input_tokens": 1}}}));
+    let start =
+        anthropic_sse(&json!({"type": "message_start", "message": {"usage": {"input_tokens": 1}}}));
     type Check = fn(&AgentError) -> bool;
     let cases: Vec<(&str, Provider, Vec<String>, Check)> = vec![
-        ("openai: cut before [DONE]", Provider::OpenAi, vec![text_chunk.clone()], |e| {
-            e == &AgentError::transient("chat completions stream ended before the answer was complete")
-        }),
+        (
+            "openai: cut before [DONE]",
+            Provider::OpenAi,
+            vec![text_chunk.clone()],
+            |e| {
+                e == &AgentError::transient(
+                    "chat completions stream ended before the answer was complete",
+                )
+            },
+        ),
         (
             "openai: a chunk that is not JSON",
             Provider::OpenAi,
@@ -574,12 +796,20 @@ async fn broken_streams_fail_typed() {
         (
             "openai: an error chunk",
             Provider::OpenAi,
-            vec![text_chunk, sse(&json!({"error": {"type": "server_error", "message": "lost it"}}))],
-            |e| e == &AgentError::transient("chat completions stream failed: server_error: lost it"),
+            vec![
+                text_chunk,
+                sse(&json!({"error": {"type": "server_error", "message": "lost it"}})),
+            ],
+            |e| {
+                e == &AgentError::transient("chat completions stream failed: server_error: lost it")
+            },
         ),
-        ("anthropic: cut before message_stop", Provider::Anthropic, vec![start.clone()], |e| {
-            e == &AgentError::transient("messages stream ended before message_stop")
-        }),
+        (
+            "anthropic: cut before message_stop",
+            Provider::Anthropic,
+            vec![start.clone()],
+            |e| e == &AgentError::transient("messages stream ended before message_stop"),
+        ),
         (
             "anthropic: overloaded mid-stream",
             Provider::Anthropic,
@@ -595,8 +825,17 @@ async fn broken_streams_fail_typed() {
     for (name, provider, events, check) in cases {
         let stub = Stub::start(vec![Reply::events(&events, None)]).await;
         let sink = |_: &str| {};
-        let got =
-            provider.agent(&stub).next_streaming(Conversation { system: "", turns: &turns, tools: &[] }, &sink).await;
+        let got = provider
+            .agent(&stub)
+            .next_streaming(
+                Conversation {
+                    system: "",
+                    turns: &turns,
+                    tools: &[],
+                },
+                &sink,
+            )
+            .await;
         assert!(got.as_ref().is_err_and(check), "{name}: {got:?}");
         stub.stop().await;
     }
@@ -612,10 +851,26 @@ async fn a_server_that_ignores_stream_answers_once_and_the_text_is_one_delta() {
     let deltas = Deltas::new();
     let sink = deltas.sink();
     let turns = [user_turn("hello")];
-    let turn =
-        stub.openai().next_streaming(Conversation { system: "", turns: &turns, tools: &[] }, &sink).await.unwrap();
+    let turn = stub
+        .openai()
+        .next_streaming(
+            Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            },
+            &sink,
+        )
+        .await
+        .unwrap();
     assert_eq!(turn.text, "whole");
-    assert_eq!(turn.usage, Some(Usage { input_tokens: 2, output_tokens: 1 }));
+    assert_eq!(
+        turn.usage,
+        Some(Usage {
+            input_tokens: 2,
+            output_tokens: 1
+        })
+    );
     assert_eq!(deltas.got(), vec!["whole"]);
     stub.stop().await;
 }
@@ -627,7 +882,14 @@ async fn scripted_usage_sums_over_a_run_without_a_network() {
     let mut turns = vec![user_turn("steps=2 tool=echo answer=ok")];
     let mut total = Usage::default();
     loop {
-        let turn = agent.next(Conversation { system: "be brief", turns: &turns, tools: &[] }).await.unwrap();
+        let turn = agent
+            .next(Conversation {
+                system: "be brief",
+                turns: &turns,
+                tools: &[],
+            })
+            .await
+            .unwrap();
         total += turn.usage.expect("scripted usage");
         turns.push(turn.to_turn());
         if turn.calls.is_empty() {
@@ -635,10 +897,21 @@ async fn scripted_usage_sums_over_a_run_without_a_network() {
         }
         let c = &turn.calls[0];
         turns.push(results_turn(
-            &[ToolResult { call_id: c.call_id.clone(), tool: c.tool.clone(), ok: true, output: "step done".into() }],
+            &[ToolResult {
+                call_id: c.call_id.clone(),
+                tool: c.tool.clone(),
+                ok: true,
+                output: "step done".into(),
+            }],
             &[],
         ));
     }
     // In: 2+3, 2+3+3+2, 2+3+3+2+3+2 words/calls; out: 3, 3, 1.
-    assert_eq!(total, Usage { input_tokens: 30, output_tokens: 7 });
+    assert_eq!(
+        total,
+        Usage {
+            input_tokens: 30,
+            output_tokens: 7
+        }
+    );
 }

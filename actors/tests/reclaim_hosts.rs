@@ -50,22 +50,37 @@ async fn admitted(storage: &StorageHandle, gen: &str, thread: &str, run_id: &str
         writer: None,
     };
     let outcome = storage.admit(admit, NOW).await.expect("admit");
-    assert_eq!(outcome, AdmitOutcome::Started { run_id: run_id.into() });
+    assert_eq!(
+        outcome,
+        AdmitOutcome::Started {
+            run_id: run_id.into()
+        }
+    );
 }
 
 #[actix_rt::test]
-async fn a_dead_generation_of_another_host_id_waits_for_its_lease_while_one_of_this_host_id_is_taken_at_once() {
+async fn a_dead_generation_of_another_host_id_waits_for_its_lease_while_one_of_this_host_id_is_taken_at_once(
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = Arc::new(ManualClock::new(NOW));
     let storage = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), clock.clone());
     let (mine, theirs) = ("20260101T000000Z-0000000a", "20260101T000000Z-0000000b");
-    storage.record_generation(dead(mine, "node-a")).await.expect("record");
-    storage.record_generation(dead(theirs, "node-b")).await.expect("record");
+    storage
+        .record_generation(dead(mine, "node-a"))
+        .await
+        .expect("record");
+    storage
+        .record_generation(dead(theirs, "node-b"))
+        .await
+        .expect("record");
     admitted(&storage, mine, "t-mine", "run-mine").await;
     admitted(&storage, theirs, "t-theirs", "run-theirs").await;
 
     let mut agents = HashMap::new();
-    agents.insert("demo".to_owned(), AgentEntry::new(Arc::new(ScriptedAgent::new()), 600_000, "s"));
+    agents.insert(
+        "demo".to_owned(),
+        AgentEntry::new(Arc::new(ScriptedAgent::new()), 600_000, "s"),
+    );
     let secret = storage.capability_secret().await.expect("secret");
     let supervisor = Supervisor::new(SupervisorConfig {
         storage: storage.clone(),
@@ -87,22 +102,52 @@ async fn a_dead_generation_of_another_host_id_waits_for_its_lease_while_one_of_t
         host_id: "node-a".into(),
     });
     let gen = supervisor.generation().clone();
-    storage.record_generation(host::this_process(gen.as_str(), NOW, "node-a")).await.expect("record");
+    storage
+        .record_generation(host::this_process(gen.as_str(), NOW, "node-a"))
+        .await
+        .expect("record");
     let supervisor = supervisor.start();
 
     // Within both leases: only this host's dead generation is reclaimed.
-    let report = supervisor.send(ReclaimPass { defer_launch: true }).await.expect("reach").expect("pass");
+    let report = supervisor
+        .send(ReclaimPass { defer_launch: true })
+        .await
+        .expect("reach")
+        .expect("pass");
     assert_eq!(report.restarted, vec!["run-mine".to_owned()], "{report:?}");
     assert_eq!(report.live_elsewhere, 1, "{report:?}");
-    let row = storage.get_live("run-theirs".into()).await.expect("read").expect("row");
-    assert_eq!((row.owner_gen.as_str(), row.phase), (theirs, Phase::Attaching), "untouched: {row:?}");
-    let row = storage.get_live("run-mine".into()).await.expect("read").expect("row");
+    let row = storage
+        .get_live("run-theirs".into())
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(
+        (row.owner_gen.as_str(), row.phase),
+        (theirs, Phase::Attaching),
+        "untouched: {row:?}"
+    );
+    let row = storage
+        .get_live("run-mine".into())
+        .await
+        .expect("read")
+        .expect("row");
     assert_eq!(row.owner_gen, gen.as_str());
 
     // Past its lease, the other host's row is taken too.
     clock.advance(LEASE_MS + 1);
-    let report = supervisor.send(ReclaimPass { defer_launch: true }).await.expect("reach").expect("pass");
-    assert_eq!((report.restarted, report.live_elsewhere), (vec!["run-theirs".to_owned()], 0));
-    let row = storage.get_live("run-theirs".into()).await.expect("read").expect("row");
+    let report = supervisor
+        .send(ReclaimPass { defer_launch: true })
+        .await
+        .expect("reach")
+        .expect("pass");
+    assert_eq!(
+        (report.restarted, report.live_elsewhere),
+        (vec!["run-theirs".to_owned()], 0)
+    );
+    let row = storage
+        .get_live("run-theirs".into())
+        .await
+        .expect("read")
+        .expect("row");
     assert_eq!(row.owner_gen, gen.as_str());
 }

@@ -24,7 +24,11 @@ pub fn tool_defs() -> Vec<ToolDef> {
         rerun_safe: false,
         idempotent,
     };
-    vec![def("mut", false, false), def("pure", true, false), def("idem", false, true)]
+    vec![
+        def("mut", false, false),
+        def("pure", true, false),
+        def("idem", false, true),
+    ]
 }
 
 /// The tool a letter names.
@@ -46,7 +50,9 @@ pub fn nonces(text: &str) -> Vec<usize> {
 
 /// The letters a text owes, in order.
 fn letters(text: &str) -> String {
-    text.split(|c: char| c.is_whitespace()).filter_map(|w| w.split_once(':').map(|(_, l)| l.to_owned())).collect()
+    text.split(|c: char| c.is_whitespace())
+        .filter_map(|w| w.split_once(':').map(|(_, l)| l.to_owned()))
+        .collect()
 }
 
 /// The next assistant turn for `turns` (everything after the system turn).
@@ -67,7 +73,10 @@ pub fn next(turns: &[Turn]) -> Result<AssistantTurn, String> {
     let owed: Vec<char> = owed.chars().collect();
     if results >= owed.len() {
         let all: String = owed.iter().collect();
-        return Ok(AssistantTurn { text: format!("done {all}"), ..Default::default() });
+        return Ok(AssistantTurn {
+            text: format!("done {all}"),
+            ..Default::default()
+        });
     }
     if owed[results] == 'f' {
         return Err("scripted model failure".into());
@@ -77,9 +86,16 @@ pub fn next(turns: &[Turn]) -> Result<AssistantTurn, String> {
         if *letter == 'f' {
             break;
         }
-        calls.push(ToolCall { call_id: format!("c{}", i + 1), tool: tool_of(*letter).to_owned(), args: Value::Null });
+        calls.push(ToolCall {
+            call_id: format!("c{}", i + 1),
+            tool: tool_of(*letter).to_owned(),
+            args: Value::Null,
+        });
     }
-    Ok(AssistantTurn { calls, ..Default::default() })
+    Ok(AssistantTurn {
+        calls,
+        ..Default::default()
+    })
 }
 
 #[cfg(test)]
@@ -90,11 +106,28 @@ mod tests {
     fn the_agent_asks_for_what_is_owed_then_answers() {
         let user = agent::user_turn("m1:mp");
         let first = next(std::slice::from_ref(&user)).expect("calls");
-        assert_eq!(first.calls.iter().map(|c| c.call_id.as_str()).collect::<Vec<_>>(), ["c1", "c2"]);
+        assert_eq!(
+            first
+                .calls
+                .iter()
+                .map(|c| c.call_id.as_str())
+                .collect::<Vec<_>>(),
+            ["c1", "c2"]
+        );
         let results = agent::results_turn(
             &[
-                agent::ToolResult { call_id: "c1".into(), tool: "mut".into(), ok: true, output: "ok".into() },
-                agent::ToolResult { call_id: "c2".into(), tool: "pure".into(), ok: true, output: "ok".into() },
+                agent::ToolResult {
+                    call_id: "c1".into(),
+                    tool: "mut".into(),
+                    ok: true,
+                    output: "ok".into(),
+                },
+                agent::ToolResult {
+                    call_id: "c2".into(),
+                    tool: "pure".into(),
+                    ok: true,
+                    output: "ok".into(),
+                },
             ],
             &[(1, "m7:i".into())],
         );

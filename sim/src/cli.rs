@@ -21,7 +21,12 @@ pub struct Args {
 
 impl Default for Args {
     fn default() -> Self {
-        Args { seeds: 1000, seed: 0, faults: None, strict: false }
+        Args {
+            seeds: 1000,
+            seed: 0,
+            faults: None,
+            strict: false,
+        }
     }
 }
 
@@ -31,7 +36,11 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
     let mut seeds_given = false;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let mut value = || it.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
         match flag.as_str() {
             "--seeds" => {
                 out.seeds = value()?.parse().map_err(|e| format!("--seeds: {e}"))?;
@@ -75,7 +84,10 @@ pub fn run(args: &Args) -> i32 {
             println!("known issue [{}]: {}", v.invariant, v.detail);
         }
         for v in &outcome.violations {
-            println!("VIOLATION [{}] {} (step {}, +{} ms)", v.invariant, v.detail, v.step, v.at_ms);
+            println!(
+                "VIOLATION [{}] {} (step {}, +{} ms)",
+                v.invariant, v.detail, v.step, v.at_ms
+            );
         }
         println!(
             "{}",
@@ -103,7 +115,10 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// so every outcome is what `simulate(seed)` gives). Failures come back in seed order.
 pub fn sweep_parallel(seeds: std::ops::Range<u64>, config: &SimConfig) -> Summary {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).max(1) as u64;
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(1) as u64;
     let started = std::time::Instant::now();
     let (begun, finished) = (AtomicU64::new(0), AtomicBool::new(false));
     let total = seeds.end - seeds.start;
@@ -115,19 +130,30 @@ pub fn sweep_parallel(seeds: std::ops::Range<u64>, config: &SimConfig) -> Summar
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 if std::time::Instant::now() >= next {
                     next += PROGRESS_EVERY;
-                    eprintln!("sim: {}/{total} seeds, {} s", begun.load(Ordering::Relaxed), started.elapsed().as_secs());
+                    eprintln!(
+                        "sim: {}/{total} seeds, {} s",
+                        begun.load(Ordering::Relaxed),
+                        started.elapsed().as_secs()
+                    );
                 }
             }
         });
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let seeds = seeds.clone().skip(t as usize).step_by(threads as usize).inspect(|_| {
-                    begun.fetch_add(1, Ordering::Relaxed);
-                });
+                let seeds = seeds
+                    .clone()
+                    .skip(t as usize)
+                    .step_by(threads as usize)
+                    .inspect(|_| {
+                        begun.fetch_add(1, Ordering::Relaxed);
+                    });
                 scope.spawn(move || sweep(seeds, config, usize::MAX))
             })
             .collect();
-        let parts = handles.into_iter().map(|h| h.join().expect("a sweep thread does not panic")).collect();
+        let parts = handles
+            .into_iter()
+            .map(|h| h.join().expect("a sweep thread does not panic"))
+            .collect();
         finished.store(true, Ordering::Relaxed);
         parts
     });
@@ -161,8 +187,14 @@ mod tests {
     #[test]
     fn a_lone_seed_replays_it_and_seeds_sweep_from_it() {
         assert_eq!(args("--seed 64").map(|a| (a.seed, a.seeds)), Ok((64, 1)));
-        assert_eq!(args("--seeds 500 --seed 10").map(|a| (a.seed, a.seeds)), Ok((10, 500)));
-        assert_eq!(args("--seeds 5 --faults crash,pause").map(|a| a.faults.map(|f| f.len())), Ok(Some(2)));
+        assert_eq!(
+            args("--seeds 500 --seed 10").map(|a| (a.seed, a.seeds)),
+            Ok((10, 500))
+        );
+        assert_eq!(
+            args("--seeds 5 --faults crash,pause").map(|a| a.faults.map(|f| f.len())),
+            Ok(Some(2))
+        );
         assert!(args("--faults lightning").is_err());
         assert!(args("--bogus").is_err());
     }

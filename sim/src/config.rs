@@ -68,13 +68,24 @@ impl Fault {
             _ => {}
         }
         s.split(',')
-            .map(|name| Fault::parse(name.trim()).ok_or_else(|| format!("unknown fault {name:?} (one of: all, none, {})", Fault::names())))
+            .map(|name| {
+                Fault::parse(name.trim()).ok_or_else(|| {
+                    format!(
+                        "unknown fault {name:?} (one of: all, none, {})",
+                        Fault::names()
+                    )
+                })
+            })
             .collect()
     }
 
     /// Every fault name, comma-separated (for help texts).
     pub fn names() -> String {
-        Fault::ALL.iter().map(|f| f.as_str()).collect::<Vec<_>>().join(", ")
+        Fault::ALL
+            .iter()
+            .map(|f| f.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

@@ -74,9 +74,15 @@ impl Outcome {
 
     /// The failure as a person reads it: seed, violations, then the trace.
     pub fn report(&self) -> String {
-        let mut out = format!("seed {} failed after {} steps ({} ms simulated):\n", self.seed, self.steps, self.sim_ms);
+        let mut out = format!(
+            "seed {} failed after {} steps ({} ms simulated):\n",
+            self.seed, self.steps, self.sim_ms
+        );
         for v in &self.violations {
-            out.push_str(&format!("  [{}] {} (step {}, +{} ms)\n", v.invariant, v.detail, v.step, v.at_ms));
+            out.push_str(&format!(
+                "  [{}] {} (step {}, +{} ms)\n",
+                v.invariant, v.detail, v.step, v.at_ms
+            ));
         }
         if !self.trace.is_empty() {
             out.push_str("trace:\n");
@@ -85,7 +91,10 @@ impl Outcome {
                 out.push('\n');
             }
         }
-        out.push_str(&format!("replay: sim::simulate({}, &config) or `switchboard sim --seed {}`\n", self.seed, self.seed));
+        out.push_str(&format!(
+            "replay: sim::simulate({}, &config) or `switchboard sim --seed {}`\n",
+            self.seed, self.seed
+        ));
         out
     }
 }
@@ -135,8 +144,14 @@ impl Summary {
         let mut rows = vec![
             ("seeds".to_owned(), self.seeds.to_string()),
             ("failed seeds".to_owned(), self.failures.len().to_string()),
-            ("seeds with a known issue".to_owned(), self.tolerated.len().to_string()),
-            ("seeds/s".to_owned(), format!("{:.0}", self.seeds_per_second())),
+            (
+                "seeds with a known issue".to_owned(),
+                self.tolerated.len().to_string(),
+            ),
+            (
+                "seeds/s".to_owned(),
+                format!("{:.0}", self.seeds_per_second()),
+            ),
             ("scheduler steps".to_owned(), self.steps.to_string()),
             ("runs".to_owned(), self.runs.to_string()),
             ("messages".to_owned(), self.messages.to_string()),
@@ -145,7 +160,11 @@ impl Summary {
         for (fault, n) in &self.faults {
             rows.push((format!("faults: {fault}"), n.to_string()));
         }
-        let verdict = if self.failures.is_empty() { "ok".to_owned() } else { format!("FAILED ({} seeds)", self.failures.len()) };
+        let verdict = if self.failures.is_empty() {
+            "ok".to_owned()
+        } else {
+            format!("FAILED ({} seeds)", self.failures.len())
+        };
         rows.push(("verdict".to_owned(), verdict));
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::new();
@@ -153,11 +172,16 @@ impl Summary {
             out.push_str(&format!("{k:<width$}  {v:>10}\n"));
         }
         for (invariant, (n, first)) in self.known_issues() {
-            out.push_str(&format!("known issue [{invariant}]: {n} seeds (first {first})\n"));
+            out.push_str(&format!(
+                "known issue [{invariant}]: {n} seeds (first {first})\n"
+            ));
         }
         for f in &self.failures {
             if let Some(v) = f.violations.first() {
-                out.push_str(&format!("seed {}: [{}] {}\n", f.seed, v.invariant, v.detail));
+                out.push_str(&format!(
+                    "seed {}: [{}] {}\n",
+                    f.seed, v.invariant, v.detail
+                ));
             }
         }
         out
@@ -193,7 +217,11 @@ impl Summary {
 
 /// Simulate every seed in `seeds`; a failing seed is re-run with the trace on (determinism makes the
 /// replay exact) and kept. Stops early after `stop_after` failures.
-pub fn sweep(seeds: impl IntoIterator<Item = u64>, config: &SimConfig, stop_after: usize) -> Summary {
+pub fn sweep(
+    seeds: impl IntoIterator<Item = u64>,
+    config: &SimConfig,
+    stop_after: usize,
+) -> Summary {
     let started = Instant::now();
     let mut summary = Summary::default();
     for seed in seeds {
@@ -210,7 +238,11 @@ pub fn sweep(seeds: impl IntoIterator<Item = u64>, config: &SimConfig, stop_afte
             summary.tolerated.push((seed, v.invariant));
         }
         if !outcome.ok() {
-            let traced = if config.trace { outcome } else { simulate(seed, &config.clone().with_trace(true)) };
+            let traced = if config.trace {
+                outcome
+            } else {
+                simulate(seed, &config.clone().with_trace(true))
+            };
             summary.failures.push(traced);
             if summary.failures.len() >= stop_after {
                 break;

@@ -102,11 +102,18 @@ pub struct Model {
 impl Model {
     pub fn add_message(&mut self, k: usize, thread: &str, text: String, keyed: bool) {
         debug_assert_eq!(k, self.messages.len() + 1);
-        self.messages.push(MessageInfo { thread: thread.to_owned(), text, keyed, told: Told::Pending, run: None });
+        self.messages.push(MessageInfo {
+            thread: thread.to_owned(),
+            text,
+            keyed,
+            told: Told::Pending,
+            run: None,
+        });
     }
 
     pub fn started(&mut self, run: &str, thread_key: &str) {
-        self.run_threads.insert(run.to_owned(), thread_key.to_owned());
+        self.run_threads
+            .insert(run.to_owned(), thread_key.to_owned());
     }
 
     pub fn accepted(&mut self, msg: usize, run: &str) {
@@ -132,7 +139,10 @@ impl Model {
     /// tracked run's reply counts toward "one reply per run".
     pub fn replied(&mut self, run: &str, gen: &str, tracked: bool) {
         if tracked {
-            self.replies.entry(run.to_owned()).or_default().push(gen.to_owned());
+            self.replies
+                .entry(run.to_owned())
+                .or_default()
+                .push(gen.to_owned());
         }
     }
 
@@ -170,8 +180,13 @@ impl Model {
 
     /// A reader was shown `event` (stamped) of `run`, published by the incarnation `fence`.
     pub fn shown(&mut self, run: &str, fence: &str, event: &Value) {
-        let (Some(key), Some(seq)) = (content_key(event), storage::record::event_seq(event)) else { return };
-        self.shown.entry(run.to_owned()).or_default().push((seq, key, fence.to_owned()));
+        let (Some(key), Some(seq)) = (content_key(event), storage::record::event_seq(event)) else {
+            return;
+        };
+        self.shown
+            .entry(run.to_owned())
+            .or_default()
+            .push((seq, key, fence.to_owned()));
     }
 
     /// The incarnation `fence` committed `turns` of `run` to its transcript.
@@ -183,7 +198,8 @@ impl Model {
                 (Some("tool_result"), Some(id)) => format!("result/{id}"),
                 _ => continue,
             };
-            self.committed.insert((run.to_owned(), fence.to_owned(), key));
+            self.committed
+                .insert((run.to_owned(), fence.to_owned(), key));
         }
     }
 
@@ -216,7 +232,13 @@ pub fn tool_effect(w: &mut World, slot: usize, run: &RunData, call: &ToolCall) -
             let fence = w.model.workspace.get(&run.id).cloned();
             let taken_over = fence.as_deref() != Some(run.fence.as_str());
             if taken_over && !w.cfg.bugs.no_workspace_fence {
-                return (false, format!("fenced: the workspace fence names {}", fence.as_deref().unwrap_or("nobody")));
+                return (
+                    false,
+                    format!(
+                        "fenced: the workspace fence names {}",
+                        fence.as_deref().unwrap_or("nobody")
+                    ),
+                );
             }
             w.model.effects += 1;
             let stat = w.model.calls.entry(key).or_default();
@@ -225,10 +247,24 @@ pub fn tool_effect(w: &mut World, slot: usize, run: &RunData, call: &ToolCall) -
             let who = format!("{} ({})", run.gen, run.fence);
             w.note(|| format!("  EFFECT {} {} by {who}", run.id, call.call_id));
             if taken_over {
-                w.violate("effect after workspace takeover", format!("{who} wrote {}/{} while the workspace fence names {}", run.id, call.call_id, fence.as_deref().unwrap_or("nobody")));
+                w.violate(
+                    "effect after workspace takeover",
+                    format!(
+                        "{who} wrote {}/{} while the workspace fence names {}",
+                        run.id,
+                        call.call_id,
+                        fence.as_deref().unwrap_or("nobody")
+                    ),
+                );
             }
             if applied > 1 {
-                w.violate("mutating effect at most once", format!("{}/{} applied {applied} times (last by {who})", run.id, call.call_id));
+                w.violate(
+                    "mutating effect at most once",
+                    format!(
+                        "{}/{} applied {applied} times (last by {who})",
+                        run.id, call.call_id
+                    ),
+                );
             }
             check_owner(w, slot, run, call);
         }
@@ -249,7 +285,10 @@ fn ledger_view(w: &World, run: &RunData, call: &ToolCall) -> (bool, Option<Strin
     let mut store = w.peek();
     let last = store.last_step(&run.id).ok().flatten();
     let owner = store.get_live(&run.id).ok().flatten().map(|r| r.owner_gen);
-    (last.is_some_and(|l| l.in_flight.iter().any(|c| c.call_id == call.call_id)), owner)
+    (
+        last.is_some_and(|l| l.in_flight.iter().any(|c| c.call_id == call.call_id)),
+        owner,
+    )
 }
 
 /// The ledger's view at the moment an effect lands: the caller still owns the run, or the call is in the
@@ -259,7 +298,9 @@ fn check_owner(w: &mut World, _slot: usize, run: &RunData, call: &ToolCall) {
     let mut s = store.clone();
     let row = s.get_live(&run.id).ok().flatten();
     let last = s.last_step(&run.id).ok().flatten();
-    let recorded = last.as_ref().is_some_and(|l| l.in_flight.iter().any(|c| c.call_id == call.call_id));
+    let recorded = last
+        .as_ref()
+        .is_some_and(|l| l.in_flight.iter().any(|c| c.call_id == call.call_id));
     let mutating = call.tool == "mut";
     // A detached run continues best-effort by design (SPEC §5.5): it cannot know it lost the run.
     let detached = run.tracking == crate::run::Tracking::Detached;
@@ -274,7 +315,13 @@ fn check_owner(w: &mut World, _slot: usize, run: &RunData, call: &ToolCall) {
         }
         Some(_) => {
             if run.tracked() && !recorded && last.as_ref().is_none_or(|l| l.step <= run.step) {
-                w.violate("tools after their step record", format!("{} ran {}/{} before its step record named it", run.gen, run.id, call.call_id));
+                w.violate(
+                    "tools after their step record",
+                    format!(
+                        "{} ran {}/{} before its step record named it",
+                        run.gen, run.id, call.call_id
+                    ),
+                );
             }
         }
         None => {
@@ -282,7 +329,13 @@ fn check_owner(w: &mut World, _slot: usize, run: &RunData, call: &ToolCall) {
             if mutating && !detached && closer.as_deref().is_some_and(|c| c != run.gen) {
                 w.violate(
                     "effect after close",
-                    format!("{} ran {}/{} after {} closed the run", run.gen, run.id, call.call_id, closer.unwrap_or_default()),
+                    format!(
+                        "{} ran {}/{} after {} closed the run",
+                        run.gen,
+                        run.id,
+                        call.call_id,
+                        closer.unwrap_or_default()
+                    ),
                 );
             }
         }
@@ -291,20 +344,38 @@ fn check_owner(w: &mut World, _slot: usize, run: &RunData, call: &ToolCall) {
 
 /// A finish that admitted a successor: no follow-up is an `input` of both the finished record and the
 /// successor's first events.
-pub fn check_successor_disjoint(w: &mut World, record: &storage::record::RunRecord, successor: &str) {
+pub fn check_successor_disjoint(
+    w: &mut World,
+    record: &storage::record::RunRecord,
+    successor: &str,
+) {
     let nonces = |events: &[Value]| -> BTreeSet<usize> {
         events
             .iter()
             .filter(|e| e.get("type").and_then(Value::as_str) == Some("input"))
-            .flat_map(|e| crate::agent::nonces(e.get("text").and_then(Value::as_str).unwrap_or_default()))
+            .flat_map(|e| {
+                crate::agent::nonces(e.get("text").and_then(Value::as_str).unwrap_or_default())
+            })
             .collect()
     };
-    let theirs = nonces(&w.peek().live_events(successor, 0, usize::MAX >> 1).ok().flatten().unwrap_or_default());
-    let both: Vec<usize> = nonces(&record.events).intersection(&theirs).copied().collect();
+    let theirs = nonces(
+        &w.peek()
+            .live_events(successor, 0, usize::MAX >> 1)
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+    );
+    let both: Vec<usize> = nonces(&record.events)
+        .intersection(&theirs)
+        .copied()
+        .collect();
     if !both.is_empty() {
         w.violate(
             "a finish and its successor share no follow-up",
-            format!("{}'s record and its successor {successor} both hold the input of {both:?}", record.head.id),
+            format!(
+                "{}'s record and its successor {successor} both hold the input of {both:?}",
+                record.head.id
+            ),
         );
     }
 }
@@ -316,10 +387,18 @@ pub fn check_record_writer(w: &mut World, gen: &str, id: &str) {
     let other = match row {
         Some(row) if row.owner_gen != gen => Some(format!("{} owns its live row", row.owner_gen)),
         Some(_) => None,
-        None => w.model.closed_by.get(id).filter(|c| *c != gen).map(|c| format!("{c} already closed it")),
+        None => w
+            .model
+            .closed_by
+            .get(id)
+            .filter(|c| *c != gen)
+            .map(|c| format!("{c} already closed it")),
     };
     if let Some(other) = other {
-        w.violate("no record after a fence", format!("{gen} writes the final record of {id} while {other}"));
+        w.violate(
+            "no record after a fence",
+            format!("{gen} writes the final record of {id} while {other}"),
+        );
     }
 }
 
@@ -360,7 +439,10 @@ pub fn orphan_ages(w: &mut World, slot: usize, mine: &[String]) {
             continue;
         }
         let gen = w.procs[slot].gen.clone();
-        w.violate("orphan adopted within a sweep", format!("{id} is live under {gen} with no actor for {age} sweeps"));
+        w.violate(
+            "orphan adopted within a sweep",
+            format!("{id} is live under {gen} with no actor for {age} sweeps"),
+        );
     }
 }
 
@@ -369,10 +451,21 @@ pub fn final_checks(w: &mut World) {
     let mut store = w.peek();
     let now = w.now();
     for row in store.list_live().unwrap_or_default() {
-        w.violate("no live row remains", format!("{} is still {} under {}", row.run_id, row.phase, row.owner_gen));
+        w.violate(
+            "no live row remains",
+            format!(
+                "{} is still {} under {}",
+                row.run_id, row.phase, row.owner_gen
+            ),
+        );
     }
     let mut inputs: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    let runs: Vec<(String, String)> = w.model.run_threads.iter().map(|(r, t)| (r.clone(), t.clone())).collect();
+    let runs: Vec<(String, String)> = w
+        .model
+        .run_threads
+        .iter()
+        .map(|(r, t)| (r.clone(), t.clone()))
+        .collect();
     for (run, thread) in runs {
         if w.model.killed_runs.contains(&run) {
             continue;
@@ -380,7 +473,10 @@ pub fn final_checks(w: &mut World) {
         let record = match RunStore::get(&mut store, &run, now) {
             Ok(Some(r)) if !r.head.provisional => r,
             Ok(Some(_)) => {
-                w.violate("one terminal record", format!("{run} has only a provisional record"));
+                w.violate(
+                    "one terminal record",
+                    format!("{run} has only a provisional record"),
+                );
                 continue;
             }
             _ => {
@@ -393,21 +489,40 @@ pub fn final_checks(w: &mut World) {
                 .events
                 .iter()
                 .filter(|e| e.get("type").and_then(Value::as_str) == Some("input"))
-                .map(|e| format!("{}@{}", e.get("text").and_then(Value::as_str).unwrap_or_default(), storage::record::event_seq(e).unwrap_or(0)))
+                .map(|e| {
+                    format!(
+                        "{}@{}",
+                        e.get("text").and_then(Value::as_str).unwrap_or_default(),
+                        storage::record::event_seq(e).unwrap_or(0)
+                    )
+                })
                 .collect();
             let (status, n) = (record.head.status, record.events.len());
-            w.note(|| format!("record {run} ({thread}): {status:?}, {n} events, inputs {inputs:?}"));
+            w.note(|| {
+                format!("record {run} ({thread}): {status:?}, {n} events, inputs {inputs:?}")
+            });
         }
         // What a reader was shown is kept (SPEC §5.2 step 5): every shown call or result whose content its
         // incarnation committed to the transcript is in the record under the seq it was shown with.
-        let kept: BTreeSet<(u64, String)> =
-            record.events.iter().filter_map(|e| Some((storage::record::event_seq(e)?, content_key(e)?))).collect();
+        let kept: BTreeSet<(u64, String)> = record
+            .events
+            .iter()
+            .filter_map(|e| Some((storage::record::event_seq(e)?, content_key(e)?)))
+            .collect();
         for (seq, key, fence) in w.model.shown.get(&run).cloned().unwrap_or_default() {
-            if w.model.committed.contains(&(run.clone(), fence.clone(), key.clone())) && !kept.contains(&(seq, key.clone())) {
+            if w.model
+                .committed
+                .contains(&(run.clone(), fence.clone(), key.clone()))
+                && !kept.contains(&(seq, key.clone()))
+            {
                 w.violate("what a reader was shown is kept", format!("{run}: {key} shown at seq {seq} by {fence} and committed, missing from the record"));
             }
         }
-        let seqs: Vec<u64> = record.events.iter().filter_map(storage::record::event_seq).collect();
+        let seqs: Vec<u64> = record
+            .events
+            .iter()
+            .filter_map(storage::record::event_seq)
+            .collect();
         if seqs.windows(2).any(|p| p[0] >= p[1]) || seqs.len() != record.events.len() {
             w.violate("seqs strictly increase", format!("{run}: {seqs:?}"));
         }
@@ -415,17 +530,31 @@ pub fn final_checks(w: &mut World) {
             if event.get("type").and_then(Value::as_str) != Some("input") {
                 continue;
             }
-            let text = event.get("text").and_then(Value::as_str).unwrap_or_default();
+            let text = event
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             for k in crate::agent::nonces(text) {
                 inputs.entry(k).or_default().push(run.clone());
-                let Some(m) = w.model.messages.get(k.wrapping_sub(1)).cloned() else { continue };
+                let Some(m) = w.model.messages.get(k.wrapping_sub(1)).cloned() else {
+                    continue;
+                };
                 let own = format!("c:{}", m.thread);
                 if own != thread {
-                    w.violate("no follow-up crosses threads", format!("m{k} (thread {own}) is an input of {run} on {thread}"));
+                    w.violate(
+                        "no follow-up crosses threads",
+                        format!("m{k} (thread {own}) is an input of {run} on {thread}"),
+                    );
                 }
-                if record.head.status == RunStatus::Interrupted && !w.model.tainted.contains(&run) && m.told == Told::Accepted {
+                if record.head.status == RunStatus::Interrupted
+                    && !w.model.tainted.contains(&run)
+                    && m.told == Told::Accepted
+                {
                     let why = w.model.interrupted.get(&run).cloned().unwrap_or_default();
-                    w.violate("accepted messages get answered", format!("m{k} ended in {run}, closed interrupted: {why}"));
+                    w.violate(
+                        "accepted messages get answered",
+                        format!("m{k} ended in {run}, closed interrupted: {why}"),
+                    );
                 }
             }
         }
@@ -442,7 +571,15 @@ pub fn final_checks(w: &mut World) {
             Told::Pending | Told::Refused => found.is_empty(),
         };
         if !ok {
-            w.violate("accepted exactly once", format!("m{k} ({:?}, run {:?}) is an input of {} runs: {found:?}", m.told, m.run, found.len()));
+            w.violate(
+                "accepted exactly once",
+                format!(
+                    "m{k} ({:?}, run {:?}) is an input of {} runs: {found:?}",
+                    m.told,
+                    m.run,
+                    found.len()
+                ),
+            );
         }
     }
 }

@@ -28,9 +28,27 @@ pub struct SimRegistry {
 impl SimRegistry {
     /// Create (or re-create, on resume) a run's row: `replay` keeps its seqs; the counter continues at
     /// `next_seq` (at least one past the highest replayed).
-    pub fn create(&mut self, id: &str, meta: RunMeta, started_at: i64, replay: Vec<Value>, next_seq: u64) {
-        let highest = replay.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-        let row = Row { meta, started_at, finished_at: None, event_count: highest, last_seq: highest.max(next_seq.saturating_sub(1)), events: replay };
+    pub fn create(
+        &mut self,
+        id: &str,
+        meta: RunMeta,
+        started_at: i64,
+        replay: Vec<Value>,
+        next_seq: u64,
+    ) {
+        let highest = replay
+            .iter()
+            .filter_map(storage::record::event_seq)
+            .max()
+            .unwrap_or(0);
+        let row = Row {
+            meta,
+            started_at,
+            finished_at: None,
+            event_count: highest,
+            last_seq: highest.max(next_seq.saturating_sub(1)),
+            events: replay,
+        };
         self.runs.insert(id.to_owned(), row);
     }
 
@@ -66,12 +84,32 @@ impl SimRegistry {
 
     /// Runs not finished here.
     pub fn unfinished(&self) -> BTreeSet<String> {
-        self.runs.iter().filter(|(_, r)| r.finished_at.is_none()).map(|(id, _)| id.clone()).collect()
+        self.runs
+            .iter()
+            .filter(|(_, r)| r.finished_at.is_none())
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// A record from the run's row and events (`run::build_record`).
-    pub fn build_record(&self, id: &str, status: RunStatus, finished_at: i64, extras: RecordExtras) -> Option<RunRecord> {
+    pub fn build_record(
+        &self,
+        id: &str,
+        status: RunStatus,
+        finished_at: i64,
+        extras: RecordExtras,
+    ) -> Option<RunRecord> {
         let row = self.runs.get(id)?;
-        assemble_record(id, &row.meta, row.started_at, finished_at, status, row.events.clone(), row.event_count, false, extras)
+        assemble_record(
+            id,
+            &row.meta,
+            row.started_at,
+            finished_at,
+            status,
+            row.events.clone(),
+            row.event_count,
+            false,
+            extras,
+        )
     }
 }

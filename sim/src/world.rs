@@ -53,40 +53,83 @@ pub struct Task {
 pub enum Kind {
     // ---- clients and the operator ----
     /// A client posts message `msg` to some running process.
-    Send { msg: usize, waited_since: Option<i64> },
+    Send {
+        msg: usize,
+        waited_since: Option<i64>,
+    },
     /// Start a new incarnation in a slot whose process is down.
-    Restart { slot: usize },
+    Restart {
+        slot: usize,
+    },
     /// Continue a paused process (SIGCONT).
-    Resume { slot: usize, inc: u64 },
+    Resume {
+        slot: usize,
+        inc: u64,
+    },
     // ---- a process ----
     Boot,
     HeartbeatTick,
-    Beat { run: String, gen: String },
+    Beat {
+        run: String,
+        gen: String,
+    },
     FlushTick,
     SweepTick,
     Sweep(SweepState),
     Launch(Launch),
-    RunEnded { run: String, reason: StopReason, successor: Option<(LiveRow, Vec<Value>)> },
-    Readopt { run: String },
-    CloseOrphan { run: String },
-    CloseFailed { run: String },
+    RunEnded {
+        run: String,
+        reason: StopReason,
+        successor: Option<(LiveRow, Vec<Value>)>,
+    },
+    Readopt {
+        run: String,
+    },
+    CloseOrphan {
+        run: String,
+    },
+    CloseFailed {
+        run: String,
+    },
     /// A fire-and-forget history write (SPEC §5.4).
-    History { record: RunRecord, via: Via, spent: usize },
+    History {
+        record: RunRecord,
+        via: Via,
+        spent: usize,
+    },
     /// A detached run's one attempt to mark its row detached.
-    SetDetached { run: String, gen: String },
-    StopRun { run: String, mode: StopMode },
-    KillRun { run: String },
+    SetDetached {
+        run: String,
+        gen: String,
+    },
+    StopRun {
+        run: String,
+        mode: StopMode,
+    },
+    KillRun {
+        run: String,
+    },
     DrainPoll,
     DrainWait,
     // ---- a run actor ----
-    Msg { actor: u64, msg: ActorMsg },
-    Op { actor: u64, epoch: u64, op: Op },
+    Msg {
+        actor: u64,
+        msg: ActorMsg,
+    },
+    Op {
+        actor: u64,
+        epoch: u64,
+        op: Op,
+    },
 }
 
 impl Kind {
     /// Periodic timers: they never end, so quiescence ignores them.
     fn is_timer(&self) -> bool {
-        matches!(self, Kind::HeartbeatTick | Kind::FlushTick | Kind::SweepTick)
+        matches!(
+            self,
+            Kind::HeartbeatTick | Kind::FlushTick | Kind::SweepTick
+        )
     }
 
     fn name(&self) -> String {
@@ -203,7 +246,11 @@ impl World {
     pub fn new(seed: u64, cfg: &SimConfig) -> World {
         let clock = ManualClock::new(T0);
         let mut rng = StdRng::seed_from_u64(seed);
-        let max_faults = if cfg.faults.is_empty() { 0 } else { rng.random_range(1..=cfg.max_faults.max(1)) };
+        let max_faults = if cfg.faults.is_empty() {
+            0
+        } else {
+            rng.random_range(1..=cfg.max_faults.max(1))
+        };
         World {
             cfg: cfg.clone(),
             seed,
@@ -246,10 +293,27 @@ impl World {
     /// effect) are not new findings.
     pub fn violate(&mut self, invariant: &'static str, detail: String) {
         let tolerated = self.cfg.tolerate.contains(invariant) || !self.tolerated.is_empty();
-        self.note(|| format!("{} {invariant}: {detail}", if tolerated { "TOLERATED" } else { "VIOLATION" }));
-        let v = Violation { invariant, detail, step: self.step, at_ms: self.now() - T0 };
-        let list = if tolerated { &mut self.tolerated } else { &mut self.violations };
-        if !list.iter().any(|o| o.invariant == v.invariant && o.detail == v.detail) {
+        self.note(|| {
+            format!(
+                "{} {invariant}: {detail}",
+                if tolerated { "TOLERATED" } else { "VIOLATION" }
+            )
+        });
+        let v = Violation {
+            invariant,
+            detail,
+            step: self.step,
+            at_ms: self.now() - T0,
+        };
+        let list = if tolerated {
+            &mut self.tolerated
+        } else {
+            &mut self.violations
+        };
+        if !list
+            .iter()
+            .any(|o| o.invariant == v.invariant && o.detail == v.detail)
+        {
             list.push(v);
         }
     }
@@ -261,7 +325,10 @@ impl World {
 
     /// A task of process `slot`'s current incarnation.
     pub fn spawn_in(&mut self, slot: usize, delay: i64, kind: Kind) {
-        let at = At::Proc { slot, inc: self.procs[slot].inc };
+        let at = At::Proc {
+            slot,
+            inc: self.procs[slot].inc,
+        };
         self.spawn(at, delay, kind);
     }
 
@@ -288,7 +355,12 @@ impl World {
     /// One storage call of process `slot`, with its faults: an outage answers `Unavailable` without
     /// reaching storage; a permanent fault fails the next owner write; a lost reply commits and then
     /// answers `Unavailable`.
-    pub fn io<T>(&mut self, slot: usize, kind: Io, f: impl FnOnce(&mut MemoryStore, i64) -> storage::Result<T>) -> storage::Result<T> {
+    pub fn io<T>(
+        &mut self,
+        slot: usize,
+        kind: Io,
+        f: impl FnOnce(&mut MemoryStore, i64) -> storage::Result<T>,
+    ) -> storage::Result<T> {
         let now = self.now();
         let p = &mut self.procs[slot];
         if p.outage_until > now {
@@ -298,7 +370,10 @@ impl World {
             p.permanent_next = false;
             let gen = p.gen.clone();
             self.note(|| format!("{gen}: storage fails permanently"));
-            return Err(Error::Corrupt { what: "sim", why: "injected permanent failure".into() });
+            return Err(Error::Corrupt {
+                what: "sim",
+                why: "injected permanent failure".into(),
+            });
         }
         let lose = kind != Io::Read && std::mem::take(&mut p.lose_next_reply);
         let mut store = self.store.clone();
@@ -390,7 +465,13 @@ impl World {
             self.step += 1;
             if self.step > self.cfg.max_steps {
                 let live = self.peek().list_live().map(|r| r.len()).unwrap_or(0);
-                self.violate("liveness", format!("no quiescence within {} steps ({live} live rows)", self.cfg.max_steps));
+                self.violate(
+                    "liveness",
+                    format!(
+                        "no quiescence within {} steps ({live} live rows)",
+                        self.cfg.max_steps
+                    ),
+                );
                 break;
             }
             if !self.quiescing && self.fault_window_over() {
@@ -443,9 +524,17 @@ impl World {
                 })
                 .collect();
             let keyed = self.rng.random_bool(0.3);
-            self.model.add_message(k, &thread, format!("m{k}:{letters}"), keyed);
+            self.model
+                .add_message(k, &thread, format!("m{k}:{letters}"), keyed);
             let due = self.rng.random_range(50..=12_000);
-            self.spawn(At::Client, due, Kind::Send { msg: k, waited_since: None });
+            self.spawn(
+                At::Client,
+                due,
+                Kind::Send {
+                    msg: k,
+                    waited_since: None,
+                },
+            );
         }
         let webhook = self.webhook;
         let seed = self.seed;
@@ -487,8 +576,13 @@ impl World {
     /// An eligible task, chosen by the seed.
     fn pick(&mut self) -> Option<usize> {
         let now = self.now();
-        let eligible: Vec<usize> =
-            self.tasks.iter().enumerate().filter(|(_, t)| t.due <= now && self.runnable(t.at)).map(|(i, _)| i).collect();
+        let eligible: Vec<usize> = self
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.due <= now && self.runnable(t.at))
+            .map(|(i, _)| i)
+            .collect();
         if eligible.is_empty() {
             return None;
         }
@@ -497,7 +591,12 @@ impl World {
 
     /// Nothing is eligible now: jump to the next due task that could run. `false` when none could.
     fn advance_clock(&mut self) -> bool {
-        let next = self.tasks.iter().filter(|t| self.runnable(t.at) || matches!(t.at, At::Client)).map(|t| t.due).min();
+        let next = self
+            .tasks
+            .iter()
+            .filter(|t| self.runnable(t.at) || matches!(t.at, At::Client))
+            .map(|t| t.due)
+            .min();
         match next {
             Some(due) if due > self.now() => {
                 self.clock.set(due);
@@ -512,7 +611,11 @@ impl World {
     fn quiet(&self) -> bool {
         !self.tasks.iter().any(|t| !t.kind.is_timer())
             && self.procs.iter().all(|p| p.status == Status::Up)
-            && self.peek().list_live().map(|r| r.is_empty()).unwrap_or(false)
+            && self
+                .peek()
+                .list_live()
+                .map(|r| r.is_empty())
+                .unwrap_or(false)
     }
 
     fn execute(&mut self, task: Task) {
@@ -603,7 +706,11 @@ impl World {
                     let kind = if fault == Fault::Kill {
                         Kind::KillRun { run }
                     } else {
-                        let mode = if self.rng.random_bool(0.5) { StopMode::Hard } else { StopMode::Soft };
+                        let mode = if self.rng.random_bool(0.5) {
+                            StopMode::Hard
+                        } else {
+                            StopMode::Soft
+                        };
                         Kind::StopRun { run, mode }
                     };
                     self.spawn_in(slot, 0, kind);

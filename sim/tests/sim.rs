@@ -22,7 +22,15 @@ fn holds(range: std::ops::Range<u64>) {
         panic!("{}", failure.report());
     }
     assert_eq!(summary.seeds, range.end - range.start);
-    assert!(summary.table().lines().last().is_some_and(|l| l.starts_with("verdict") && l.ends_with(" ok")), "{}", summary.table());
+    assert!(
+        summary
+            .table()
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("verdict") && l.ends_with(" ok")),
+        "{}",
+        summary.table()
+    );
 }
 
 #[test]
@@ -50,8 +58,14 @@ fn a_seed_replays_exactly() {
     let config = SimConfig::default().with_trace(true);
     for seed in [3, 64, 977] {
         let (a, b) = (simulate(seed, &config), simulate(seed, &config));
-        assert_eq!(a.trace, b.trace, "seed {seed}: the trace differs between two runs");
-        assert_eq!((a.steps, a.sim_ms, a.violations.len()), (b.steps, b.sim_ms, b.violations.len()));
+        assert_eq!(
+            a.trace, b.trace,
+            "seed {seed}: the trace differs between two runs"
+        );
+        assert_eq!(
+            (a.steps, a.sim_ms, a.violations.len()),
+            (b.steps, b.sim_ms, b.violations.len())
+        );
         assert!(a.trace.len() > 10, "seed {seed}: a trace is kept");
     }
 }
@@ -60,7 +74,11 @@ fn a_seed_replays_exactly() {
 fn first_seed_failing(config: &SimConfig, invariants: &[&str]) -> Option<(u64, String)> {
     for seed in 0..BUDGET {
         let outcome = simulate(seed, config);
-        if let Some(v) = outcome.violations.iter().find(|v| invariants.contains(&v.invariant)) {
+        if let Some(v) = outcome
+            .violations
+            .iter()
+            .find(|v| invariants.contains(&v.invariant))
+        {
             return Some((seed, format!("[{}] {}", v.invariant, v.detail)));
         }
     }
@@ -81,25 +99,52 @@ fn finds_with(config: SimConfig, invariants: &[&str]) {
 
 #[test]
 fn bug_a_followup_input_outside_the_step_commit_is_found() {
-    finds(Bugs { followup_outside_step: true, ..Bugs::default() }, &["accepted exactly once"]);
+    finds(
+        Bugs {
+            followup_outside_step: true,
+            ..Bugs::default()
+        },
+        &["accepted exactly once"],
+    );
 }
 
 #[test]
 fn bug_b_no_successor_after_a_finishing_close_is_found() {
-    finds(Bugs { no_successor_on_finishing_close: true, ..Bugs::default() }, &["accepted exactly once"]);
+    finds(
+        Bugs {
+            no_successor_on_finishing_close: true,
+            ..Bugs::default()
+        },
+        &["accepted exactly once"],
+    );
 }
 
 #[test]
 fn bug_c_effects_after_a_fence_are_found() {
-    finds(Bugs { no_workspace_fence: true, ..Bugs::default() }, &["effect after workspace takeover", "mutating effect at most once"]);
+    finds(
+        Bugs {
+            no_workspace_fence: true,
+            ..Bugs::default()
+        },
+        &[
+            "effect after workspace takeover",
+            "mutating effect at most once",
+        ],
+    );
 }
 
 #[test]
 fn bug_e_orphaned_rows_never_readopted_are_found() {
     // Without permanent faults, so the orphan is a run whose storage came back (not a detached row).
-    let mut config = SimConfig::default().with_bugs(Bugs { no_readopt: true, ..Bugs::default() });
+    let mut config = SimConfig::default().with_bugs(Bugs {
+        no_readopt: true,
+        ..Bugs::default()
+    });
     config.faults.remove(&sim::Fault::Permanent);
-    finds_with(config, &["orphan adopted within a sweep", "no live row remains"]);
+    finds_with(
+        config,
+        &["orphan adopted within a sweep", "no live row remains"],
+    );
 }
 
 /// The witness seeds of the production issues fixed since (a fallback or detached put over another
@@ -110,6 +155,10 @@ fn the_fixed_issues_witness_seeds_hold_strictly() {
     let strict = SimConfig::default().strict();
     for seed in [44, 101, 116, 354, 8446] {
         let outcome = simulate(seed, &strict);
-        assert!(outcome.ok(), "seed {seed}: {:?}", outcome.violations.first());
+        assert!(
+            outcome.ok(),
+            "seed {seed}: {:?}",
+            outcome.violations.first()
+        );
     }
 }

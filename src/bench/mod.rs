@@ -60,8 +60,16 @@ struct Summary {
 
 fn summarize(mut ms: Vec<f64>) -> Summary {
     ms.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| ms.get(((ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Summary { p50: at(0.50), p99: at(0.99), max: ms.last().copied().unwrap_or(0.0) }
+    let at = |q: f64| {
+        ms.get(((ms.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Summary {
+        p50: at(0.50),
+        p99: at(0.99),
+        max: ms.last().copied().unwrap_or(0.0),
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -87,7 +95,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             scenarios.iter().all(|s| matches!(*s, "runs" | "sse")),
             "--storage postgres applies to `runs` and `sse` only"
         );
-        anyhow::ensure!(args.url.is_none(), "--storage chooses the database of a server this bench starts: drop --url");
+        anyhow::ensure!(
+            args.url.is_none(),
+            "--storage chooses the database of a server this bench starts: drop --url"
+        );
     }
     // Started before any runtime and dropped after them: the cluster outlives every child.
     let db = SharedDb::open(args.storage, args.storage_url.as_deref())?;
@@ -121,19 +132,38 @@ fn steps(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.n.unwrap_or(2000);
     for sync in synchronous_modes(args)? {
         let dir = tempfile::tempdir().context("create a temp dir")?;
-        let raw = storage::sqlite::raw_commit_latencies(&dir.path().join("raw.db"), sync, n)?.into_iter().map(ms).collect();
+        let raw = storage::sqlite::raw_commit_latencies(&dir.path().join("raw.db"), sync, n)?
+            .into_iter()
+            .map(ms)
+            .collect();
         let path = dir.path().join("bench.db");
         let durable = actix_web::rt::System::new().block_on(durable_steps(path, sync, n))?;
         let (d, r) = (summarize(durable.clone()), summarize(raw));
         let total: f64 = durable.iter().sum();
-        let mode = if sync == Synchronous::Full { "full" } else { "normal" };
+        let mode = if sync == Synchronous::Full {
+            "full"
+        } else {
+            "normal"
+        };
         report(
             &[
                 ("scenario", format!("steps (synchronous = {mode})")),
-                ("durable step p50 / p99 / max", format!("{:.3} / {:.3} / {:.3} ms", d.p50, d.p99, d.max)),
-                ("raw commit p50 / p99", format!("{:.3} / {:.3} ms", r.p50, r.p99)),
-                ("ratio p50 / p99", format!("{:.2} / {:.2}", d.p50 / r.p50, d.p99 / r.p99)),
-                ("steps/s (one writer)", format!("{:.0}", n as f64 / (total / 1000.0))),
+                (
+                    "durable step p50 / p99 / max",
+                    format!("{:.3} / {:.3} / {:.3} ms", d.p50, d.p99, d.max),
+                ),
+                (
+                    "raw commit p50 / p99",
+                    format!("{:.3} / {:.3} ms", r.p50, r.p99),
+                ),
+                (
+                    "ratio p50 / p99",
+                    format!("{:.2} / {:.2}", d.p50 / r.p50, d.p99 / r.p99),
+                ),
+                (
+                    "steps/s (one writer)",
+                    format!("{:.0}", n as f64 / (total / 1000.0)),
+                ),
             ],
             json!({"scenario": "steps", "synchronous": mode, "runs_per_s": n as f64 / (total / 1000.0),
                 "p50_ms": d.p50, "p99_ms": d.p99, "max_ms": d.max, "n": n, "concurrency": 1,
@@ -143,8 +173,18 @@ fn steps(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) -> anyhow::Result<Vec<f64>> {
-    let storage = StorageHandle::start(BackendSpec::Sqlite { path, synchronous: sync }, storage::clock::system());
+async fn durable_steps(
+    path: std::path::PathBuf,
+    sync: Synchronous,
+    n: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let storage = StorageHandle::start(
+        BackendSpec::Sqlite {
+            path,
+            synchronous: sync,
+        },
+        storage::clock::system(),
+    );
     let gen = "20260101T000000Z-00000bec".to_owned();
     let run = "bench-run".to_owned();
     let admit = Admit {
@@ -158,11 +198,22 @@ async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) ->
         writer: None,
     };
     storage.admit(admit, storage.clock().now_ms()).await?;
-    let promotion = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 3_600_000 };
-    storage.claim(run.clone(), gen.clone(), promotion).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
+    let promotion = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 3_600_000,
+    };
+    storage
+        .claim(run.clone(), gen.clone(), promotion)
+        .await?
+        .map_err(|r| anyhow::anyhow!("{r}"))?;
     let mut out = Vec::with_capacity(n);
     for i in 0..n as u64 {
-        let turn = Turn { role: "assistant".into(), parts: vec![json!({"type": "text", "text": format!("step {i}")})] };
+        let turn = Turn {
+            role: "assistant".into(),
+            parts: vec![json!({"type": "text", "text": format!("step {i}")})],
+        };
         let record = StepRecord {
             step: i + 1,
             seq: i,
@@ -174,7 +225,10 @@ async fn durable_steps(path: std::path::PathBuf, sync: Synchronous, n: usize) ->
             iteration: i + 1,
         };
         let t = Instant::now();
-        storage.durable_step(run.clone(), gen.clone(), i, vec![turn], record, Vec::new()).await?.map_err(|r| anyhow::anyhow!("{r}"))?;
+        storage
+            .durable_step(run.clone(), gen.clone(), i, vec![turn], record, Vec::new())
+            .await?
+            .map_err(|r| anyhow::anyhow!("{r}"))?;
         out.push(ms(t.elapsed()));
     }
     Ok(out)
@@ -193,15 +247,29 @@ fn recovery(args: &BenchArgs) -> anyhow::Result<()> {
     let mut results = Vec::new();
     for (mode, env) in [
         ("fast_reclaim", vec![]),
-        ("lease_expiry", vec![("SWITCHBOARD_LEDGER__LEASE_MS", "1000"), ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "250")]),
+        (
+            "lease_expiry",
+            vec![
+                ("SWITCHBOARD_LEDGER__LEASE_MS", "1000"),
+                ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "250"),
+            ],
+        ),
     ] {
-        let dir = tempfile::Builder::new().prefix("switchboard-recovery-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("switchboard-recovery-")
+            .tempdir()?;
         match recovery_mode(&exe, dir.path(), mode, &env, n) {
             Ok(duplicates) => results.push(duplicates),
             Err(e) => {
                 let kept = dir.keep();
-                eprintln!("bench recovery ({mode}) failed; child logs kept in {}", kept.join("logs").display());
-                return Err(e.context(format!("recovery ({mode}); data dir kept at {}", kept.display())));
+                eprintln!(
+                    "bench recovery ({mode}) failed; child logs kept in {}",
+                    kept.join("logs").display()
+                );
+                return Err(e.context(format!(
+                    "recovery ({mode}); data dir kept at {}",
+                    kept.display()
+                )));
             }
         }
     }
@@ -210,25 +278,56 @@ fn recovery(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// One mode of [`recovery`] on `data`: answers the duplicate mutating calls it counted.
-fn recovery_mode(exe: &Path, data: &Path, mode: &str, env: &[(&str, &str)], n: usize) -> anyhow::Result<usize> {
+fn recovery_mode(
+    exe: &Path,
+    data: &Path,
+    mode: &str,
+    env: &[(&str, &str)],
+    n: usize,
+) -> anyhow::Result<usize> {
     use crate::child::ChildServer;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let client = reqwest::Client::builder().no_proxy().build()?;
     let post = |p: &ChildServer, path: &str, body: Value| -> anyhow::Result<Value> {
-        rt.block_on(async { Ok(client.post(p.url(path)).json(&body).send().await?.json::<Value>().await.unwrap_or(Value::Null)) })
+        rt.block_on(async {
+            Ok(client
+                .post(p.url(path))
+                .json(&body)
+                .send()
+                .await?
+                .json::<Value>()
+                .await
+                .unwrap_or(Value::Null))
+        })
     };
     let mut started = 0;
     let mut start = || -> anyhow::Result<ChildServer> {
         started += 1;
-        ChildServer::start_logged(exe, data, env, Some(&data.join("logs").join(format!("child-{started:03}.log"))))
+        ChildServer::start_logged(
+            exe,
+            data,
+            env,
+            Some(&data.join("logs").join(format!("child-{started:03}.log"))),
+        )
     };
     let db = data.join("switchboard.db");
-    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
+    };
     // `None`: no live row (or the database could not be read this time).
     let live = |id: &str| -> Option<Vec<Value>> {
         storage::SqliteStore::open(&db, Synchronous::Normal)
             .ok()
-            .and_then(|mut s| storage::ledger::RunLedger::live_events(&mut s, id, 0, 100_000).ok().flatten())
+            .and_then(|mut s| {
+                storage::ledger::RunLedger::live_events(&mut s, id, 0, 100_000)
+                    .ok()
+                    .flatten()
+            })
     };
     // The final record's events (`None` while there is none, or only the provisional tombstone).
     let finished = |id: &str| -> Option<Vec<Value>> {
@@ -250,9 +349,16 @@ fn recovery_mode(exe: &Path, data: &Path, mode: &str, env: &[(&str, &str)], n: u
     let mut ids = Vec::new();
     let mut current = start()?;
     for i in 0..n {
-        let body = post(&current, "/api/messages", json!({"thread": format!("rec{i}"), "channel": "bench", "user": "u",
-            "text": "steps=6 ms=150 tool=append_file"}))?;
-        let id = body["runId"].as_str().with_context(|| format!("runId in {body}"))?.to_owned();
+        let body = post(
+            &current,
+            "/api/messages",
+            json!({"thread": format!("rec{i}"), "channel": "bench", "user": "u",
+            "text": "steps=6 ms=150 tool=append_file"}),
+        )?;
+        let id = body["runId"]
+            .as_str()
+            .with_context(|| format!("runId in {body}"))?
+            .to_owned();
         wait(&format!("a durable step of run {id}"), &mut || {
             live(&id).is_some_and(|events| events.iter().any(|e| e["type"] == "tool_result"))
         })?;
@@ -268,8 +374,15 @@ fn recovery_mode(exe: &Path, data: &Path, mode: &str, env: &[(&str, &str)], n: u
         // Crash-to-resumed: the `resumed` note's own stamp, read back once the run is durable.
         let mut resumed_at = None;
         wait(&format!("the resumed note of run {id}"), &mut || {
-            let note = |events: Vec<Value>| events.into_iter().find(|e| e["type"] == "resumed").and_then(|e| e["at"].as_i64());
-            resumed_at = live(&id).and_then(note).or_else(|| finished(&id).and_then(note));
+            let note = |events: Vec<Value>| {
+                events
+                    .into_iter()
+                    .find(|e| e["type"] == "resumed")
+                    .and_then(|e| e["at"].as_i64())
+            };
+            resumed_at = live(&id)
+                .and_then(note)
+                .or_else(|| finished(&id).and_then(note));
             resumed_at.is_some()
         })?;
         times.push((resumed_at.unwrap_or(crashed_at) - crashed_at) as f64);
@@ -279,8 +392,11 @@ fn recovery_mode(exe: &Path, data: &Path, mode: &str, env: &[(&str, &str)], n: u
     // Let every run finish, then count duplicated mutating effects.
     let mut duplicates = 0;
     for id in &ids {
-        wait(&format!("run {id} to finish"), &mut || finished(id).is_some() && live(id).is_none())?;
-        let log = std::fs::read_to_string(data.join("workspaces").join(id).join("steps.log")).unwrap_or_default();
+        wait(&format!("run {id} to finish"), &mut || {
+            finished(id).is_some() && live(id).is_none()
+        })?;
+        let log = std::fs::read_to_string(data.join("workspaces").join(id).join("steps.log"))
+            .unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         let unique: std::collections::HashSet<&&str> = lines.iter().collect();
         duplicates += lines.len() - unique.len();
@@ -290,7 +406,10 @@ fn recovery_mode(exe: &Path, data: &Path, mode: &str, env: &[(&str, &str)], n: u
     report(
         &[
             ("scenario", format!("recovery ({mode}, {n} crashes)")),
-            ("crash-to-resumed p50 / p99 / max", format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max)),
+            (
+                "crash-to-resumed p50 / p99 / max",
+                format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max),
+            ),
             ("duplicate mutating calls", duplicates.to_string()),
         ],
         json!({"scenario": "recovery", "mode": mode, "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99,

@@ -26,7 +26,13 @@ fn mib(kib: u64) -> f64 {
 }
 
 fn stats_text(s: Option<ProcStats>) -> String {
-    s.map_or("n/a (server on another machine)".into(), |s| format!("{:.1} MiB (peak {:.1} MiB)", mib(s.rss_kib), mib(s.peak_kib)))
+    s.map_or("n/a (server on another machine)".into(), |s| {
+        format!(
+            "{:.1} MiB (peak {:.1} MiB)",
+            mib(s.rss_kib),
+            mib(s.peak_kib)
+        )
+    })
 }
 
 /// The environment of a `serve` child on `db`, as host `host_id` when that is a PostgreSQL database.
@@ -71,14 +77,28 @@ pub(super) fn runs(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
         server.stop()?;
         let s = summarize(lat);
         let rps = n as f64 / wall.as_secs_f64();
-        let cpu_ms = before.zip(after).map(|(b, a)| (a.cpu_s - b.cpu_s) * 1000.0 / n as f64);
+        let cpu_ms = before
+            .zip(after)
+            .map(|(b, a)| (a.cpu_s - b.cpu_s) * 1000.0 / n as f64);
         report(
             &[
-                ("scenario", format!("runs (n = {n}, concurrency = {concurrency}{})", on_storage(db))),
+                (
+                    "scenario",
+                    format!(
+                        "runs (n = {n}, concurrency = {concurrency}{})",
+                        on_storage(db)
+                    ),
+                ),
                 ("runs/s", format!("{rps:.0}")),
-                ("latency p50 / p99 / max", format!("{:.2} / {:.2} / {:.2} ms", s.p50, s.p99, s.max)),
+                (
+                    "latency p50 / p99 / max",
+                    format!("{:.2} / {:.2} / {:.2} ms", s.p50, s.p99, s.max),
+                ),
                 ("server RSS", stats_text(after)),
-                ("server CPU per run", cpu_ms.map_or("n/a".into(), |c| format!("{c:.2} ms"))),
+                (
+                    "server CPU per run",
+                    cpu_ms.map_or("n/a".into(), |c| format!("{c:.2} ms")),
+                ),
             ],
             json!({"scenario": "runs", "runs_per_s": rps, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
                 "n": n, "concurrency": concurrency, "storage": storage, "server_rss_mib": after.map(|a| mib(a.rss_kib)),
@@ -92,8 +112,14 @@ pub(super) fn runs(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
 /// boot and drain) and once with `n` short runs at concurrency 1; the difference over `n` is the count
 /// per run, beside the contract's minimum.
 pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.url.is_none(), "commits counts the fsyncs of a server it starts itself: drop --url");
-    anyhow::ensure!(Command::new("strace").arg("-V").output().is_ok(), "commits needs strace (apt-get install -y strace)");
+    anyhow::ensure!(
+        args.url.is_none(),
+        "commits counts the fsyncs of a server it starts itself: drop --url"
+    );
+    anyhow::ensure!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "commits needs strace (apt-get install -y strace)"
+    );
     let n = args.n.unwrap_or(200);
     let rt = runtime()?;
     let load = Load::new(1)?;
@@ -101,7 +127,9 @@ pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
     for runs in [0, n] {
         let out = tempfile::NamedTempFile::new()?;
         let mut cmd = Command::new("strace");
-        cmd.args(["-f", "-c", "-e", "trace=fsync,fdatasync", "-o"]).arg(out.path()).arg(std::env::current_exe()?);
+        cmd.args(["-f", "-c", "-e", "trace=fsync,fdatasync", "-o"])
+            .arg(out.path())
+            .arg(std::env::current_exe()?);
         let server = rt.block_on(Server::spawn(cmd, &[], &load))?;
         rt.block_on(load.drive(&server.base, 0..runs, 1, SHORT_RUN))?;
         server.stop()?;
@@ -110,9 +138,15 @@ pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
     let per_run = (fsyncs[1].saturating_sub(fsyncs[0])) as f64 / n as f64;
     report(
         &[
-            ("scenario", format!("commits ({n} runs of 3 steps, concurrency 1)")),
+            (
+                "scenario",
+                format!("commits ({n} runs of 3 steps, concurrency 1)"),
+            ),
             ("fsyncs per run", format!("{per_run:.2}")),
-            ("contract minimum", format!("{CONTRACT_COMMITS_PER_RUN} commits")),
+            (
+                "contract minimum",
+                format!("{CONTRACT_COMMITS_PER_RUN} commits"),
+            ),
             ("boot and drain alone", format!("{} fsyncs", fsyncs[0])),
         ],
         json!({"scenario": "commits", "runs_per_s": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "n": n,
@@ -128,7 +162,9 @@ fn count_syncs(summary: &str) -> u64 {
         .lines()
         .filter_map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
-            matches!(cols.last(), Some(&"fsync" | &"fdatasync")).then(|| cols.get(3)?.parse::<u64>().ok()).flatten()
+            matches!(cols.last(), Some(&"fsync" | &"fdatasync"))
+                .then(|| cols.get(3)?.parse::<u64>().ok())
+                .flatten()
         })
         .sum()
 }
@@ -140,31 +176,59 @@ pub(super) fn soak(args: &BenchArgs) -> anyhow::Result<()> {
     let concurrency = args.concurrency.unwrap_or(16);
     let rt = runtime()?;
     let load = Load::new(concurrency)?;
-    let server = rt.block_on(Server::open(args.url.as_deref(), &[("SWITCHBOARD_HISTORY__MAX_RUNS", "1000")], &load))?;
+    let server = rt.block_on(Server::open(
+        args.url.as_deref(),
+        &[("SWITCHBOARD_HISTORY__MAX_RUNS", "1000")],
+        &load,
+    ))?;
     let mut rows = Vec::new();
     let mut done = 0;
     let started = Instant::now();
     for mark in [n / 10, n / 4, n / 2, n] {
         rt.block_on(load.drive(&server.base, done..mark, concurrency, SHORT_RUN))?;
         done = mark;
-        rows.push((format!("after {mark} runs"), server.stats(), server.database_bytes()));
-        eprintln!("soak: {mark} of {n} runs in {:.0} s", started.elapsed().as_secs_f64());
+        rows.push((
+            format!("after {mark} runs"),
+            server.stats(),
+            server.database_bytes(),
+        ));
+        eprintln!(
+            "soak: {mark} of {n} runs in {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
     }
     std::thread::sleep(Duration::from_secs(10));
-    rows.push(("after 10 s idle".into(), server.stats(), server.database_bytes()));
+    rows.push((
+        "after 10 s idle".into(),
+        server.stats(),
+        server.database_bytes(),
+    ));
     server.stop()?;
     let rss = |i: usize| rows[i].1.map(|s| s.rss_kib);
-    let ratio = rss(3).zip(rss(0)).map(|(last, first)| last as f64 / first.max(1) as f64);
-    let mut table = vec![("scenario", format!("soak ({n} runs, concurrency {concurrency}, max_runs 1000)"))];
+    let ratio = rss(3)
+        .zip(rss(0))
+        .map(|(last, first)| last as f64 / first.max(1) as f64);
+    let mut table = vec![(
+        "scenario",
+        format!("soak ({n} runs, concurrency {concurrency}, max_runs 1000)"),
+    )];
     let lines: Vec<String> = rows
         .iter()
         .map(|(when, s, db)| {
-            let db = db.map_or("n/a".into(), |b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64));
-            format!("{when}: server RSS {}, database {db}", s.map_or("n/a".into(), |s| format!("{:.1} MiB", mib(s.rss_kib))))
+            let db = db.map_or("n/a".into(), |b| {
+                format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+            });
+            format!(
+                "{when}: server RSS {}, database {db}",
+                s.map_or("n/a".into(), |s| format!("{:.1} MiB", mib(s.rss_kib)))
+            )
         })
         .collect();
     table.extend(lines.iter().map(|l| ("", l.clone())));
-    table.push(("RSS at the end / at the first mark", ratio.map_or("n/a".into(), |r| format!("{r:.2}"))));
+    table.push((
+        "RSS at the end / at the first mark",
+        ratio.map_or("n/a".into(), |r| format!("{r:.2}")),
+    ));
     report(
         &table,
         json!({"scenario": "soak", "runs_per_s": n as f64 / started.elapsed().as_secs_f64(), "p50_ms": 0.0,
@@ -181,13 +245,21 @@ pub(super) fn idle(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.n.unwrap_or(10_000);
     let rt = runtime()?;
     let load = Load::new(64)?;
-    let server = rt.block_on(Server::open(args.url.as_deref(), &[("SWITCHBOARD_STORAGE__SYNCHRONOUS", "normal")], &load))?;
+    let server = rt.block_on(Server::open(
+        args.url.as_deref(),
+        &[("SWITCHBOARD_STORAGE__SYNCHRONOUS", "normal")],
+        &load,
+    ))?;
     let before = server.stats();
     let started = Instant::now();
     rt.block_on(async {
         let mut ids = Vec::with_capacity(n);
         for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
-            let admitted = futures_util::future::join_all(chunk.iter().map(|i| load.admit(&server.base, *i, "steps=1 ms=3600000")));
+            let admitted = futures_util::future::join_all(
+                chunk
+                    .iter()
+                    .map(|i| load.admit(&server.base, *i, "steps=1 ms=3600000")),
+            );
             for id in admitted.await {
                 ids.push(id?);
             }
@@ -195,7 +267,13 @@ pub(super) fn idle(args: &BenchArgs) -> anyhow::Result<()> {
         // Parked: every run has published its tool call and waits on the tool.
         for id in &ids {
             loop {
-                let view: Value = load.client.get(format!("{}/api/runs/{id}", server.base)).send().await?.json().await?;
+                let view: Value = load
+                    .client
+                    .get(format!("{}/api/runs/{id}", server.base))
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
                 if view["eventCount"].as_u64().unwrap_or(0) >= 4 {
                     break;
                 }
@@ -207,13 +285,24 @@ pub(super) fn idle(args: &BenchArgs) -> anyhow::Result<()> {
     let took = started.elapsed();
     let after = server.stats();
     server.stop()?;
-    let per_run = before.zip(after).map(|(b, a)| (a.rss_kib.saturating_sub(b.rss_kib)) as f64 * 1024.0 / n as f64);
+    let per_run = before
+        .zip(after)
+        .map(|(b, a)| (a.rss_kib.saturating_sub(b.rss_kib)) as f64 * 1024.0 / n as f64);
     report(
         &[
             ("scenario", format!("idle ({n} parked runs)")),
-            ("server RSS before / after", format!("{} / {}", stats_text(before), stats_text(after))),
-            ("per parked run", per_run.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0))),
-            ("admitted and parked in", format!("{:.1} s", took.as_secs_f64())),
+            (
+                "server RSS before / after",
+                format!("{} / {}", stats_text(before), stats_text(after)),
+            ),
+            (
+                "per parked run",
+                per_run.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0)),
+            ),
+            (
+                "admitted and parked in",
+                format!("{:.1} s", took.as_secs_f64()),
+            ),
         ],
         json!({"scenario": "idle", "runs_per_s": n as f64 / took.as_secs_f64(), "p50_ms": 0.0, "p99_ms": 0.0,
             "max_ms": 0.0, "n": n, "concurrency": 64, "bytes_per_run": per_run}),
@@ -234,22 +323,44 @@ pub(super) fn sse(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
     let cross_host = matches!(db.spec, DbSpec::Postgres { .. });
     let rt = runtime()?;
     let load = Load::new(subscribers)?;
-    let owner = rt.block_on(Server::open(args.url.as_deref(), &borrowed(&child_env(db, "bench-a")), &load))?;
-    let follower =
-        if cross_host { Some(rt.block_on(Server::open(None, &borrowed(&child_env(db, "bench-b")), &load))?) } else { None };
+    let owner = rt.block_on(Server::open(
+        args.url.as_deref(),
+        &borrowed(&child_env(db, "bench-a")),
+        &load,
+    ))?;
+    let follower = if cross_host {
+        Some(rt.block_on(Server::open(
+            None,
+            &borrowed(&child_env(db, "bench-b")),
+            &load,
+        ))?)
+    } else {
+        None
+    };
     // The process the subscribers read from.
     let readers_at = follower.as_ref().unwrap_or(&owner);
     let before = readers_at.stats();
     let (lags, published, after) = rt.block_on(async {
-        let id = load.admit(&owner.base, 0, "steps=1000000 ms=0 think_ms=10").await?;
+        let id = load
+            .admit(&owner.base, 0, "steps=1000000 ms=0 think_ms=10")
+            .await?;
         // Readers start after what is published by now, so none replays the run's history.
-        let view: Value = load.client.get(format!("{}/api/runs/{id}", owner.base)).send().await?.json().await?;
+        let view: Value = load
+            .client
+            .get(format!("{}/api/runs/{id}", owner.base))
+            .send()
+            .await?
+            .json()
+            .await?;
         let after_seq = view["eventCount"].as_u64().unwrap_or(0);
         let connected = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
         let mut readers = Vec::with_capacity(subscribers);
         for _ in 0..subscribers {
             let (client, connected) = (load.client.clone(), connected.clone());
-            let url = format!("{}/api/runs/{id}/stream?afterSeq={after_seq}", readers_at.base);
+            let url = format!(
+                "{}/api/runs/{id}/stream?afterSeq={after_seq}",
+                readers_at.base
+            );
             readers.push(tokio::spawn(async move {
                 let res = client.get(url).send().await?;
                 connected.add_permits(1);
@@ -269,8 +380,17 @@ pub(super) fn sse(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
         let joined = now_ms();
         let after = readers_at.stats();
         tokio::time::sleep(Duration::from_secs(seconds)).await;
-        let stop = load.client.post(format!("{}/api/runs/{id}/stop", owner.base)).json(&json!({"mode": "hard"})).send().await?;
-        anyhow::ensure!(stop.status().as_u16() == 202, "stop answered {}", stop.status());
+        let stop = load
+            .client
+            .post(format!("{}/api/runs/{id}/stop", owner.base))
+            .json(&json!({"mode": "hard"}))
+            .send()
+            .await?;
+        anyhow::ensure!(
+            stop.status().as_u16() == 202,
+            "stop answered {}",
+            stop.status()
+        );
         let (mut lags, mut published) = (Vec::new(), std::collections::BTreeSet::new());
         for r in readers {
             for (got, data) in r.await?? {
@@ -290,7 +410,9 @@ pub(super) fn sse(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
         f.stop()?;
     }
     let delivered = lags.len();
-    let per_sub = before.zip(after).map(|(b, a)| (a.rss_kib.saturating_sub(b.rss_kib)) as f64 * 1024.0 / subscribers as f64);
+    let per_sub = before
+        .zip(after)
+        .map(|(b, a)| (a.rss_kib.saturating_sub(b.rss_kib)) as f64 * 1024.0 / subscribers as f64);
     let s = summarize(lags);
     let scenario = if cross_host {
         format!("sse ({subscribers} subscribers on another host than the run, {seconds} s of a stepping run{})", on_storage(db))
@@ -300,9 +422,21 @@ pub(super) fn sse(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
     report(
         &[
             ("scenario", scenario),
-            ("delivered", format!("{delivered} of {} ({published} events)", published * subscribers)),
-            ("lag p50 / p99 / max", format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max)),
-            ("server memory per subscriber", per_sub.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0))),
+            (
+                "delivered",
+                format!(
+                    "{delivered} of {} ({published} events)",
+                    published * subscribers
+                ),
+            ),
+            (
+                "lag p50 / p99 / max",
+                format!("{:.0} / {:.0} / {:.0} ms", s.p50, s.p99, s.max),
+            ),
+            (
+                "server memory per subscriber",
+                per_sub.map_or("n/a".into(), |b| format!("{:.1} KiB", b / 1024.0)),
+            ),
         ],
         json!({"scenario": "sse", "runs_per_s": 0.0, "p50_ms": s.p50, "p99_ms": s.p99, "max_ms": s.max,
             "n": published, "concurrency": subscribers, "delivered": delivered, "bytes_per_subscriber": per_sub,
@@ -324,15 +458,27 @@ pub(super) fn stalled(args: &BenchArgs) -> anyhow::Result<()> {
     let server = rt.block_on(Server::open(args.url.as_deref(), &[], &load))?;
     let before = server.stats();
     let (lat, with_viewers, closed) = rt.block_on(async {
-        let id = load.admit(&server.base, 0, "steps=1000000 ms=20 think_ms=10").await?;
-        let addr: std::net::SocketAddr =
-            server.base.trim_start_matches("http://").parse().context("--url must be http://<ip>:<port> for raw viewers")?;
+        let id = load
+            .admit(&server.base, 0, "steps=1000000 ms=20 think_ms=10")
+            .await?;
+        let addr: std::net::SocketAddr = server
+            .base
+            .trim_start_matches("http://")
+            .parse()
+            .context("--url must be http://<ip>:<port> for raw viewers")?;
         let mut conns = Vec::with_capacity(viewers);
         for _ in 0..viewers {
-            let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+            let socket = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
             socket.set_recv_buffer_size(4096)?;
             let mut conn = socket.connect(addr).await?;
-            conn.write_all(format!("GET /api/runs/{id}/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+            conn.write_all(
+                format!("GET /api/runs/{id}/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+            )
+            .await?;
             conns.push(conn);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -341,7 +487,10 @@ pub(super) fn stalled(args: &BenchArgs) -> anyhow::Result<()> {
         for _ in 0..follow_ups {
             let t = Instant::now();
             let steered = load.admit(&server.base, 0, &text).await?;
-            anyhow::ensure!(steered == id, "a follow-up started run {steered} instead of steering {id}");
+            anyhow::ensure!(
+                steered == id,
+                "a follow-up started run {steered} instead of steering {id}"
+            );
             lat.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -349,15 +498,28 @@ pub(super) fn stalled(args: &BenchArgs) -> anyhow::Result<()> {
         drop(conns);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let closed = server.stats();
-        let stop = load.client.post(format!("{}/api/runs/{id}/stop", server.base)).json(&json!({"mode": "hard"})).send().await?;
-        anyhow::ensure!(stop.status().as_u16() == 202, "stop answered {}", stop.status());
+        let stop = load
+            .client
+            .post(format!("{}/api/runs/{id}/stop", server.base))
+            .json(&json!({"mode": "hard"}))
+            .send()
+            .await?;
+        anyhow::ensure!(
+            stop.status().as_u16() == 202,
+            "stop answered {}",
+            stop.status()
+        );
         Ok::<_, anyhow::Error>((lat, with_viewers, closed))
     })?;
     server.stop()?;
     let over = |s: Option<ProcStats>| {
-        before.zip(s).map_or("n/a".into(), |(b, a)| format!("{:+.1} MiB", mib(a.rss_kib) - mib(b.rss_kib)))
+        before.zip(s).map_or("n/a".into(), |(b, a)| {
+            format!("{:+.1} MiB", mib(a.rss_kib) - mib(b.rss_kib))
+        })
     };
-    let per_viewer = before.zip(with_viewers).map(|(b, a)| a.rss_kib.saturating_sub(b.rss_kib) as f64 * 1024.0 / viewers as f64);
+    let per_viewer = before
+        .zip(with_viewers)
+        .map(|(b, a)| a.rss_kib.saturating_sub(b.rss_kib) as f64 * 1024.0 / viewers as f64);
     let s = summarize(lat);
     report(
         &[
@@ -374,5 +536,7 @@ pub(super) fn stalled(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

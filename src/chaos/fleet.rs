@@ -66,15 +66,22 @@ impl Fleet {
         let common = [
             ("SWITCHBOARD_LEDGER__LEASE_MS", LEASE_MS.to_string()),
             ("SWITCHBOARD_LEDGER__HEARTBEAT_MS", HEARTBEAT_MS.to_string()),
-            ("SWITCHBOARD_DRAIN__HANDOFF_BUDGET_MS", HANDOFF_BUDGET_MS.to_string()),
-            ("SWITCHBOARD_DRAIN__DEADLINE_MS", DRAIN_DEADLINE_MS.to_string()),
+            (
+                "SWITCHBOARD_DRAIN__HANDOFF_BUDGET_MS",
+                HANDOFF_BUDGET_MS.to_string(),
+            ),
+            (
+                "SWITCHBOARD_DRAIN__DEADLINE_MS",
+                DRAIN_DEADLINE_MS.to_string(),
+            ),
             // Retention must never trim a run the verifier is looking for.
             ("SWITCHBOARD_HISTORY__MAX_RUNS", "20000".to_owned()),
             ("SWITCHBOARD_HISTORY__MAX_BYTES", (8u64 << 30).to_string()),
             // SQLite: process crashes lose nothing under WAL + NORMAL; only power loss would.
             ("SWITCHBOARD_STORAGE__SYNCHRONOUS", "normal".to_owned()),
         ];
-        let mut env: Vec<(String, String)> = common.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        let mut env: Vec<(String, String)> =
+            common.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
         env.extend(db.env());
         Ok(Fleet {
             exe: std::env::current_exe().context("find this executable")?,
@@ -90,13 +97,21 @@ impl Fleet {
     /// PostgreSQL as host `host-<slot>`.
     pub fn spawn(&self, slot: usize) -> anyhow::Result<ChildServer> {
         let k = self.started.fetch_add(1, Ordering::SeqCst);
-        let log = self.data.join("logs").join(format!("child-{k:04}-slot{slot}.log"));
+        let log = self
+            .data
+            .join("logs")
+            .join(format!("child-{k:04}-slot{slot}.log"));
         let host = format!("host-{slot}");
-        let mut env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         if matches!(self.db, DbSpec::Postgres { .. }) {
             env.push(("SWITCHBOARD_SERVER__HOST_ID", &host));
         }
-        ChildServer::start_logged(&self.exe, &self.data, &env, Some(&log)).with_context(|| format!("start child {k} (slot {slot})"))
+        ChildServer::start_logged(&self.exe, &self.data, &env, Some(&log))
+            .with_context(|| format!("start child {k} (slot {slot})"))
     }
 
     pub fn set(&self, slot: usize, addr: Option<String>) {
@@ -104,13 +119,23 @@ impl Fleet {
     }
 
     pub fn live_addrs(&self) -> Vec<String> {
-        self.addrs.lock().unwrap_or_else(|p| p.into_inner()).iter().flatten().cloned().collect()
+        self.addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
     }
 }
 
 /// Run blocking child work (signals, waits, starts) off the runtime's thread.
-pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
-    tokio::task::spawn_blocking(f).await.context("join a blocking task")
+pub(super) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .context("join a blocking task")
 }
 
 /// What the fault driver saw besides the faults themselves.
@@ -132,7 +157,11 @@ pub(super) struct FaultLog {
 }
 
 /// Replace a slot's process: start a fresh child on the same database.
-async fn restart(fleet: &Arc<Fleet>, children: &mut [Option<ChildServer>], slot: usize) -> anyhow::Result<()> {
+async fn restart(
+    fleet: &Arc<Fleet>,
+    children: &mut [Option<ChildServer>],
+    slot: usize,
+) -> anyhow::Result<()> {
     fleet.set(slot, None);
     children[slot] = None;
     let f = fleet.clone();
@@ -143,12 +172,18 @@ async fn restart(fleet: &Arc<Fleet>, children: &mut [Option<ChildServer>], slot:
 }
 
 /// Restart every slot whose process exited on its own, counting it.
-async fn check_exits(fleet: &Arc<Fleet>, children: &mut [Option<ChildServer>], log: &mut FaultLog) -> anyhow::Result<()> {
+async fn check_exits(
+    fleet: &Arc<Fleet>,
+    children: &mut [Option<ChildServer>],
+    log: &mut FaultLog,
+) -> anyhow::Result<()> {
     for slot in 0..children.len() {
         let exited = children[slot].as_mut().and_then(ChildServer::try_exit);
         if let Some(code) = exited {
             log.unexpected_exits += 1;
-            log.details.push(format!("slot {slot}: the process exited on its own (code {code}); restarted"));
+            log.details.push(format!(
+                "slot {slot}: the process exited on its own (code {code}); restarted"
+            ));
             restart(fleet, children, slot).await?;
         }
     }
@@ -168,8 +203,14 @@ async fn retire_paused(child: ChildServer, pause: Duration) -> Option<String> {
         let _ = child.signal("-TERM");
         match child.wait_exit(Duration::from_millis(DRAIN_DEADLINE_MS) + Duration::from_secs(20)) {
             Some(0) => None,
-            Some(code) => Some(format!("pid {}: the continued process exited {code} after SIGTERM", child.pid())),
-            None => Some(format!("pid {}: the continued process did not exit after SIGTERM; killed", child.pid())),
+            Some(code) => Some(format!(
+                "pid {}: the continued process exited {code} after SIGTERM",
+                child.pid()
+            )),
+            None => Some(format!(
+                "pid {}: the continued process did not exit after SIGTERM; killed",
+                child.pid()
+            )),
         }
     })
     .await
@@ -194,7 +235,9 @@ pub(super) async fn drive_faults(
         check_exits(fleet, children, &mut log).await?;
         let slot = rng.random_range(0..children.len());
         let fault = Fault::ALL[rng.random_range(0..Fault::ALL.len())];
-        let Some(mut child) = children[slot].take() else { anyhow::bail!("slot {slot} has no process") };
+        let Some(mut child) = children[slot].take() else {
+            anyhow::bail!("slot {slot} has no process")
+        };
         match fault {
             Fault::Kill => {
                 blocking(move || {
@@ -204,8 +247,14 @@ pub(super) async fn drive_faults(
                 .await?;
             }
             Fault::Crash => {
-                let answered = http.post(child.url("/admin/crash")).json(&json!({})).send().await.map(|r| r.status().as_u16());
-                let (code, child) = blocking(move || (child.wait_exit(Duration::from_secs(10)), child)).await?;
+                let answered = http
+                    .post(child.url("/admin/crash"))
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16());
+                let (code, child) =
+                    blocking(move || (child.wait_exit(Duration::from_secs(10)), child)).await?;
                 if code != Some(137) {
                     log.crash_fallbacks += 1;
                     log.notes.push(format!("slot {slot}: /admin/crash answered {answered:?}, exit {code:?}; killed instead"));
@@ -220,23 +269,31 @@ pub(super) async fn drive_faults(
             Fault::Term => {
                 let (code, pid) = blocking(move || {
                     let _ = child.signal("-TERM");
-                    let code = child.wait_exit(Duration::from_millis(DRAIN_DEADLINE_MS) + Duration::from_secs(20));
+                    let code = child.wait_exit(
+                        Duration::from_millis(DRAIN_DEADLINE_MS) + Duration::from_secs(20),
+                    );
                     (code, child.pid())
                 })
                 .await?;
                 if code != Some(0) {
                     log.drain_failures += 1;
-                    log.details.push(format!("slot {slot} (pid {pid}): SIGTERM drain ended with {code:?}, not exit 0"));
+                    log.details.push(format!(
+                        "slot {slot} (pid {pid}): SIGTERM drain ended with {code:?}, not exit 0"
+                    ));
                 }
             }
             Fault::Pause => {
                 let f = fleet.clone();
-                let (paused_ok, child) = blocking(move || (f.db.pause_outside_transaction(&child, &f.data), child)).await?;
+                let (paused_ok, child) =
+                    blocking(move || (f.db.pause_outside_transaction(&child, &f.data), child))
+                        .await?;
                 match paused_ok {
                     Ok(()) => {
                         // The replacement takes the slot at once; the paused process's runs come to it
                         // (or another process) when its lease runs out.
-                        let pause = Duration::from_millis(LEASE_MS + rng.random_range(500..LEASE_MS + 1000));
+                        let pause = Duration::from_millis(
+                            LEASE_MS + rng.random_range(500..LEASE_MS + 1000),
+                        );
                         paused.push(tokio::spawn(retire_paused(child, pause)));
                     }
                     Err(e) => {
@@ -263,4 +320,3 @@ pub(super) async fn drive_faults(
     check_exits(fleet, children, &mut log).await?;
     Ok(log)
 }
-

@@ -112,11 +112,20 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
     // Started before the runtime and dropped after it: the cluster outlives every child.
     let db = SharedDb::open(args.storage, args.storage_url.as_deref())?;
     let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
     });
-    let dir = tempfile::Builder::new().prefix("switchboard-chaos-").tempdir().context("create a temp data dir")?;
+    let dir = tempfile::Builder::new()
+        .prefix("switchboard-chaos-")
+        .tempdir()
+        .context("create a temp data dir")?;
     let data = dir.path().to_path_buf();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start a runtime")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start a runtime")?;
     // Ctrl-C or SIGTERM drops the scenario, and with it every child (killed on drop), instead of leaving
     // `serve` processes behind.
     let outcome = rt.block_on(async {
@@ -154,14 +163,26 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
                     }
                     let _ = std::fs::write(kept.join("violations.txt"), text);
                 }
-                eprintln!("chaos: data dir kept at {} (child logs in {})", kept.display(), kept.join("logs").display());
+                eprintln!(
+                    "chaos: data dir kept at {} (child logs in {})",
+                    kept.display(),
+                    kept.join("logs").display()
+                );
             }
-            anyhow::ensure!(verdict.violations() == 0, "{} violation(s) (seed {seed})", verdict.violations());
+            anyhow::ensure!(
+                verdict.violations() == 0,
+                "{} violation(s) (seed {seed})",
+                verdict.violations()
+            );
             Ok(())
         }
         Err(e) => {
             let kept = dir.keep();
-            eprintln!("chaos: data dir kept at {} (child logs in {})", kept.display(), kept.join("logs").display());
+            eprintln!(
+                "chaos: data dir kept at {} (child logs in {})",
+                kept.display(),
+                kept.join("logs").display()
+            );
             Err(e.context(format!("chaos (seed {seed})")))
         }
     }
@@ -171,7 +192,9 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
 async fn interrupted() -> &'static str {
     #[cfg(unix)]
     {
-        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
             let _ = tokio::signal::ctrl_c().await;
             return "SIGINT";
         };
@@ -234,7 +257,13 @@ impl Shown {
 
 /// A reader: reads the events of recently started runs from random processes; keeps what a process
 /// serves for a run another generation owns (`ownerGen` before and after the page, unchanged).
-async fn reader_loop(seed: u64, fleet: Arc<Fleet>, stop: Arc<AtomicBool>, sent: Arc<Mutex<Vec<Sent>>>, shown: Arc<Mutex<Vec<Shown>>>) {
+async fn reader_loop(
+    seed: u64,
+    fleet: Arc<Fleet>,
+    stop: Arc<AtomicBool>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    shown: Arc<Mutex<Vec<Shown>>>,
+) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f_5ee);
     let Ok(http) = client() else { return };
     let owner = |v: &Value| v["ownerGen"].as_str().map(str::to_owned);
@@ -255,32 +284,71 @@ async fn reader_loop(seed: u64, fleet: Arc<Fleet>, stop: Arc<AtomicBool>, sent: 
         if recent.is_empty() || addrs.is_empty() {
             continue;
         }
-        let (id, addr) = (&recent[rng.random_range(0..recent.len())], &addrs[rng.random_range(0..addrs.len())]);
+        let (id, addr) = (
+            &recent[rng.random_range(0..recent.len())],
+            &addrs[rng.random_range(0..addrs.len())],
+        );
         let get = |path: String| {
             let http = http.clone();
             async move {
-                let r = http.get(path).send().await.ok().filter(|r| r.status().is_success())?;
+                let r = http
+                    .get(path)
+                    .send()
+                    .await
+                    .ok()
+                    .filter(|r| r.status().is_success())?;
                 r.json::<Value>().await.ok()
             }
         };
-        let Some(before) = get(format!("http://{addr}/api/runs/{id}")).await.as_ref().and_then(owner) else { continue };
-        let Some(page) = get(format!("http://{addr}/api/runs/{id}/events?afterSeq=0&limit=500")).await else { continue };
+        let Some(before) = get(format!("http://{addr}/api/runs/{id}"))
+            .await
+            .as_ref()
+            .and_then(owner)
+        else {
+            continue;
+        };
+        let Some(page) = get(format!(
+            "http://{addr}/api/runs/{id}/events?afterSeq=0&limit=500"
+        ))
+        .await
+        else {
+            continue;
+        };
         let after = get(format!("http://{addr}/api/runs/{id}")).await;
         if after.as_ref().and_then(owner).as_deref() != Some(before.as_str()) {
             continue; // the owner changed meanwhile: the page may have come from this process's registry
         }
-        let events = page["events"].as_array().into_iter().flatten().filter_map(|e| Shown::of(id, e));
-        shown.lock().unwrap_or_else(|p| p.into_inner()).extend(events);
+        let events = page["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Shown::of(id, e));
+        shown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(events);
     }
 }
 
 fn client() -> anyhow::Result<reqwest::Client> {
-    reqwest::Client::builder().no_proxy().timeout(REQUEST_TIMEOUT).build().context("build an HTTP client")
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .context("build an HTTP client")
 }
 
 /// One client: post messages to random shared threads on random live processes until `stop`.
-async fn client_loop(id: usize, threads: usize, seed: u64, fleet: Arc<Fleet>, stop: Arc<AtomicBool>, sent: Arc<Mutex<Vec<Sent>>>) {
-    let mut rng = StdRng::seed_from_u64(seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(id as u64 + 1)));
+async fn client_loop(
+    id: usize,
+    threads: usize,
+    seed: u64,
+    fleet: Arc<Fleet>,
+    stop: Arc<AtomicBool>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+) {
+    let mut rng =
+        StdRng::seed_from_u64(seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(id as u64 + 1)));
     let Ok(http) = client() else { return };
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {
@@ -301,7 +369,11 @@ async fn client_loop(id: usize, threads: usize, seed: u64, fleet: Arc<Fleet>, st
             let nonce = format!("q{id:02}x{n:06}");
             let body = json!({"thread": thread, "channel": "chaos", "user": format!("client{id}"),
                 "text": format!("{MESSAGE} nonce={nonce}")});
-            let res = http.post(format!("http://{addr}/api/messages")).json(&body).send().await;
+            let res = http
+                .post(format!("http://{addr}/api/messages"))
+                .json(&body)
+                .send()
+                .await;
             let answer = match res {
                 Ok(r) if r.status().is_success() => match r.json::<Value>().await {
                     Ok(v) => Answer::Accepted {
@@ -311,11 +383,17 @@ async fn client_loop(id: usize, threads: usize, seed: u64, fleet: Arc<Fleet>, st
                     // The status said yes but the body was lost: as good as no answer.
                     Err(_) => Answer::Unanswered,
                 },
-                Ok(r) => Answer::Refused { status: r.status().as_u16() },
+                Ok(r) => Answer::Refused {
+                    status: r.status().as_u16(),
+                },
                 Err(_) => Answer::Unanswered,
             };
             let done = matches!(answer, Answer::Accepted { .. });
-            sent.lock().unwrap_or_else(|p| p.into_inner()).push(Sent { nonce, thread_key: format!("chaos:{thread}"), answer });
+            sent.lock().unwrap_or_else(|p| p.into_inner()).push(Sent {
+                nonce,
+                thread_key: format!("chaos:{thread}"),
+                answer,
+            });
             if done {
                 break;
             }
@@ -329,7 +407,12 @@ async fn client_loop(id: usize, threads: usize, seed: u64, fleet: Arc<Fleet>, st
 // The scenario
 // ---------------------------------------------------------------------------------------------
 
-async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyhow::Result<Verdict> {
+async fn scenario(
+    args: &ChaosArgs,
+    db: &DbSpec,
+    seed: u64,
+    data: &Path,
+) -> anyhow::Result<Verdict> {
     let started = Instant::now();
     let fleet = Arc::new(Fleet::new(data, db, args.processes)?);
     let mut children: Vec<Option<ChildServer>> = Vec::with_capacity(args.processes);
@@ -343,10 +426,25 @@ async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyh
     let sent: Arc<Mutex<Vec<Sent>>> = Arc::new(Mutex::new(Vec::new()));
     let threads = (args.clients / 2).max(2);
     let clients: Vec<_> = (0..args.clients)
-        .map(|id| tokio::spawn(client_loop(id, threads, seed, fleet.clone(), stop.clone(), sent.clone())))
+        .map(|id| {
+            tokio::spawn(client_loop(
+                id,
+                threads,
+                seed,
+                fleet.clone(),
+                stop.clone(),
+                sent.clone(),
+            ))
+        })
         .collect();
     let shown: Arc<Mutex<Vec<Shown>>> = Arc::new(Mutex::new(Vec::new()));
-    let reader = tokio::spawn(reader_loop(seed, fleet.clone(), stop.clone(), sent.clone(), shown.clone()));
+    let reader = tokio::spawn(reader_loop(
+        seed,
+        fleet.clone(),
+        stop.clone(),
+        sent.clone(),
+        shown.clone(),
+    ));
 
     // Progress on stderr: one line rewritten in place on a terminal, else a line every 10 s (a CI log).
     let terminal = std::io::stderr().is_terminal();
@@ -363,7 +461,11 @@ async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyh
             let mut last = last_line.lock().unwrap_or_else(|p| p.into_inner());
             if last.elapsed() >= std::time::Duration::from_secs(10) {
                 *last = std::time::Instant::now();
-                eprintln!("chaos: fault {k}/{total}, {} messages sent, {} s", n(), began.elapsed().as_secs());
+                eprintln!(
+                    "chaos: fault {k}/{total}, {} messages sent, {} s",
+                    n(),
+                    began.elapsed().as_secs()
+                );
             }
         }
     };
@@ -393,4 +495,3 @@ async fn scenario(args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> anyh
     drop(children);
     Ok(verdict)
 }
-

@@ -33,7 +33,9 @@ async fn get_json(http: &reqwest::Client, fleet: &Fleet, path: &str) -> anyhow::
         let addrs = fleet.live_addrs();
         if let Some(addr) = addrs.get(attempt % addrs.len().max(1)) {
             match http.get(format!("http://{addr}{path}")).send().await {
-                Ok(r) if r.status().is_success() => return r.json().await.with_context(|| format!("decode GET {path}")),
+                Ok(r) if r.status().is_success() => {
+                    return r.json().await.with_context(|| format!("decode GET {path}"))
+                }
                 Ok(r) => last = anyhow::anyhow!("GET {path}: {}", r.status()),
                 Err(e) => last = anyhow::Error::from(e).context(format!("GET {path}")),
             }
@@ -57,7 +59,12 @@ async fn list_all(http: &reqwest::Client, fleet: &Fleet) -> anyhow::Result<Vec<V
         }
         let page = get_json(http, fleet, &path).await?;
         out.extend(page["runs"].as_array().cloned().unwrap_or_default());
-        let next = page.get("nextBefore").filter(|n| !n.is_null()).map(|n| (n["finishedAt"].as_i64().unwrap_or(0), n["id"].as_str().map(str::to_owned)));
+        let next = page.get("nextBefore").filter(|n| !n.is_null()).map(|n| {
+            (
+                n["finishedAt"].as_i64().unwrap_or(0),
+                n["id"].as_str().map(str::to_owned),
+            )
+        });
         match next {
             Some(n) if Some(&n) != cursor.as_ref() => cursor = Some(n),
             _ => return Ok(out),
@@ -71,7 +78,12 @@ async fn events_all(http: &reqwest::Client, fleet: &Fleet, id: &str) -> anyhow::
     let mut out = Vec::new();
     let mut after = 0u64;
     for _ in 0..10_000 {
-        let page = get_json(http, fleet, &format!("/api/runs/{id}/events?afterSeq={after}&limit=500")).await?;
+        let page = get_json(
+            http,
+            fleet,
+            &format!("/api/runs/{id}/events?afterSeq={after}&limit=500"),
+        )
+        .await?;
         out.extend(page["events"].as_array().cloned().unwrap_or_default());
         match page["nextAfterSeq"].as_u64() {
             Some(n) if n > after => after = n,
@@ -83,7 +95,10 @@ async fn events_all(http: &reqwest::Client, fleet: &Fleet, id: &str) -> anyhow::
 
 /// Whether a listed run has its final record: finished, not a tombstone, persisted.
 fn has_final_record(run: &Value) -> bool {
-    run["finished"] == true && run["provisional"] != true && run["persisted"] == true && run["status"].is_string()
+    run["finished"] == true
+        && run["provisional"] != true
+        && run["persisted"] == true
+        && run["status"].is_string()
 }
 
 /// Wait (≤ [`SETTLE`]) until no process lists an active run, the ledger has no live row and every listed
@@ -93,7 +108,10 @@ pub(super) async fn settle(http: &reqwest::Client, fleet: &Fleet) -> bool {
     while Instant::now() < until {
         let mut quiet = true;
         for addr in fleet.live_addrs() {
-            let active = http.get(format!("http://{addr}/api/runs?status=active&limit=200")).send().await;
+            let active = http
+                .get(format!("http://{addr}/api/runs?status=active&limit=200"))
+                .send()
+                .await;
             let active: Option<Value> = match active {
                 Ok(r) if r.status().is_success() => r.json().await.ok(),
                 _ => None,
@@ -104,10 +122,14 @@ pub(super) async fn settle(http: &reqwest::Client, fleet: &Fleet) -> bool {
             }
         }
         if quiet {
-            quiet = get_json(http, fleet, "/api/live").await.is_ok_and(|v| v["runs"].as_array().is_some_and(Vec::is_empty));
+            quiet = get_json(http, fleet, "/api/live")
+                .await
+                .is_ok_and(|v| v["runs"].as_array().is_some_and(Vec::is_empty));
         }
         if quiet {
-            quiet = list_all(http, fleet).await.is_ok_and(|runs| runs.iter().all(has_final_record));
+            quiet = list_all(http, fleet)
+                .await
+                .is_ok_and(|runs| runs.iter().all(has_final_record));
         }
         if quiet {
             return true;
@@ -186,39 +208,94 @@ impl Verdict {
     }
 
     fn faults_by_kind(&self) -> BTreeMap<&'static str, usize> {
-        Fault::ALL.iter().map(|f| (f.as_str(), self.faults.by_kind.get(f).copied().unwrap_or(0))).collect()
+        Fault::ALL
+            .iter()
+            .map(|f| (f.as_str(), self.faults.by_kind.get(f).copied().unwrap_or(0)))
+            .collect()
     }
 
     pub fn table(&self, args: &ChaosArgs, db: &DbSpec, seed: u64) -> Vec<(&'static str, String)> {
-        let kinds: Vec<String> = self.faults_by_kind().iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let kinds: Vec<String> = self
+            .faults_by_kind()
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
         let on = match db {
             DbSpec::Sqlite => String::new(),
             other => format!(" on {}", other.name()),
         };
         vec![
-            ("scenario", format!("chaos ({} clients, {} processes{on}, seed {seed})", args.clients, args.processes)),
-            ("accepted (steered)", format!("{} ({})", self.accepted, self.steered)),
-            ("unanswered / refused", format!("{} / {}", self.unanswered, self.refused)),
+            (
+                "scenario",
+                format!(
+                    "chaos ({} clients, {} processes{on}, seed {seed})",
+                    args.clients, args.processes
+                ),
+            ),
+            (
+                "accepted (steered)",
+                format!("{} ({})", self.accepted, self.steered),
+            ),
+            (
+                "unanswered / refused",
+                format!("{} / {}", self.unanswered, self.refused),
+            ),
             ("runs", self.runs.to_string()),
-            ("faults", format!("{} ({})", self.faults.by_kind.values().sum::<usize>(), kinds.join(", "))),
-            ("settled", if self.settled { "yes".into() } else { "no (waited 2 min)".into() }),
+            (
+                "faults",
+                format!(
+                    "{} ({})",
+                    self.faults.by_kind.values().sum::<usize>(),
+                    kinds.join(", ")
+                ),
+            ),
+            (
+                "settled",
+                if self.settled {
+                    "yes".into()
+                } else {
+                    "no (waited 2 min)".into()
+                },
+            ),
             ("lost inputs", self.lost_inputs.to_string()),
             ("duplicated inputs", self.duplicated_inputs.to_string()),
             ("duplicated effects", self.duplicated_effects.to_string()),
-            ("out-of-order effects", self.out_of_order_effects.to_string()),
+            (
+                "out-of-order effects",
+                self.out_of_order_effects.to_string(),
+            ),
             ("stuck runs", self.stuck_runs.to_string()),
             ("duplicate terminals", self.duplicate_terminals.to_string()),
             ("missing runs", self.missing_runs.to_string()),
             ("repeated seqs", self.repeated_seqs.to_string()),
             ("crossed threads", self.crossed_threads.to_string()),
-            ("completed without answer", self.unanswered_completed.to_string()),
-            ("calls without results", self.calls_without_results.to_string()),
+            (
+                "completed without answer",
+                self.unanswered_completed.to_string(),
+            ),
+            (
+                "calls without results",
+                self.calls_without_results.to_string(),
+            ),
             ("miscounted records", self.miscounted_records.to_string()),
-            ("lost shown events", format!("{} (of {} read from the ledger)", self.lost_shown_events, self.shown_events)),
+            (
+                "lost shown events",
+                format!(
+                    "{} (of {} read from the ledger)",
+                    self.lost_shown_events, self.shown_events
+                ),
+            ),
             ("drain failures", self.faults.drain_failures.to_string()),
             ("unexpected exits", self.faults.unexpected_exits.to_string()),
             ("elapsed", format!("{:.1} s", self.elapsed.as_secs_f64())),
-            ("verdict", if self.violations() == 0 { "ok".into() } else { format!("{} violation(s)", self.violations()) }),
+            (
+                "verdict",
+                if self.violations() == 0 {
+                    "ok".into()
+                } else {
+                    format!("{} violation(s)", self.violations())
+                },
+            ),
         ]
     }
 
@@ -257,7 +334,11 @@ fn record_gaps(run: &Value, events: &[Value]) -> (bool, Vec<String>, Option<(u64
     }
     let answered = status != "completed" || events.iter().any(|e| e["type"] == "answer");
     let calls = if matches!(status, "completed" | "stopped_soft") {
-        let results: HashSet<&str> = events.iter().filter(|e| e["type"] == "tool_result").filter_map(|e| e["callId"].as_str()).collect();
+        let results: HashSet<&str> = events
+            .iter()
+            .filter(|e| e["type"] == "tool_result")
+            .filter_map(|e| e["callId"].as_str())
+            .collect();
         events
             .iter()
             .filter(|e| e["type"] == "tool_call")
@@ -278,7 +359,11 @@ fn record_gaps(run: &Value, events: &[Value]) -> (bool, Vec<String>, Option<(u64
 /// type and call.
 fn lost_shown<'a>(shown: &[&'a Shown], run_id: &str, events: &[Value]) -> Vec<&'a Shown> {
     let held: HashSet<Shown> = events.iter().filter_map(|e| Shown::of(run_id, e)).collect();
-    shown.iter().copied().filter(|s| !held.contains(*s)).collect()
+    shown
+        .iter()
+        .copied()
+        .filter(|s| !held.contains(*s))
+        .collect()
 }
 
 /// Every `nonce=` token in a text.
@@ -286,7 +371,9 @@ fn nonces_in(text: &str) -> Vec<&str> {
     text.match_indices("nonce=")
         .map(|(i, m)| {
             let rest = &text[i + m.len()..];
-            let end = rest.find(|c: char| !c.is_ascii_alphanumeric()).unwrap_or(rest.len());
+            let end = rest
+                .find(|c: char| !c.is_ascii_alphanumeric())
+                .unwrap_or(rest.len());
             &rest[..end]
         })
         .filter(|n| !n.is_empty())
@@ -296,7 +383,10 @@ fn nonces_in(text: &str) -> Vec<&str> {
 /// `append_file` lines (`step <n>`) of one workspace file: (repeats, lines below the highest so far).
 fn effect_order(log: &str) -> (usize, usize) {
     let (mut seen, mut high, mut dup, mut late) = (HashSet::new(), 0u64, 0, 0);
-    for n in log.lines().filter_map(|l| l.trim().strip_prefix("step ")?.parse::<u64>().ok()) {
+    for n in log
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("step ")?.parse::<u64>().ok())
+    {
         if !seen.insert(n) {
             dup += 1;
         } else if n < high {
@@ -307,8 +397,18 @@ fn effect_order(log: &str) -> (usize, usize) {
     (dup, late)
 }
 
-pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent], shown: &[Shown], settled: bool) -> anyhow::Result<Verdict> {
-    let mut v = Verdict { settled, shown_events: shown.len(), ..Verdict::default() };
+pub(super) async fn verify(
+    http: &reqwest::Client,
+    fleet: &Fleet,
+    sent: &[Sent],
+    shown: &[Shown],
+    settled: bool,
+) -> anyhow::Result<Verdict> {
+    let mut v = Verdict {
+        settled,
+        shown_events: shown.len(),
+        ..Verdict::default()
+    };
     for s in sent {
         match &s.answer {
             Answer::Accepted { outcome, .. } => {
@@ -330,10 +430,16 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
     v.runs = runs.len();
 
     // Terminal records and live rows.
-    let live = get_json(http, fleet, "/api/live").await.context("read the live rows")?;
+    let live = get_json(http, fleet, "/api/live")
+        .await
+        .context("read the live rows")?;
     let mut stuck: BTreeMap<String, String> = BTreeMap::new();
     for row in live["runs"].as_array().into_iter().flatten() {
-        let id = row["runId"].as_str().or(row["run_id"].as_str()).or(row["id"].as_str()).unwrap_or("?");
+        let id = row["runId"]
+            .as_str()
+            .or(row["run_id"].as_str())
+            .or(row["id"].as_str())
+            .unwrap_or("?");
         stuck.insert(id.to_owned(), format!("a live row remains: {row}"));
     }
     for (id, run) in &runs {
@@ -354,7 +460,10 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
         if let Answer::Accepted { run_id, outcome } = &s.answer {
             if !run_id.is_empty() && !runs.contains_key(run_id) && !stuck.contains_key(run_id) {
                 v.missing_runs += 1;
-                v.details.push(format!("missing run {run_id}: answered {outcome} for {} on {}", s.nonce, s.thread_key));
+                v.details.push(format!(
+                    "missing run {run_id}: answered {outcome} for {} on {}",
+                    s.nonce, s.thread_key
+                ));
             }
         }
     }
@@ -369,7 +478,9 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
     // `input` event of a message a run did read apart from a message no run ever read.
     let mut answered: HashMap<String, String> = HashMap::new();
     for (id, run) in &runs {
-        let events = events_all(http, fleet, id).await.with_context(|| format!("read the events of run {id}"))?;
+        let events = events_all(http, fleet, id)
+            .await
+            .with_context(|| format!("read the events of run {id}"))?;
         let mut seqs = HashSet::new();
         let mut terminals = 0;
         for e in &events {
@@ -389,7 +500,10 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
                 Some("input") => {
                     for n in nonces_in(e["text"].as_str().unwrap_or("")) {
                         let thread = run["threadKey"].as_str().unwrap_or("").to_owned();
-                        found.entry(n.to_owned()).or_default().push((id.clone(), thread));
+                        found
+                            .entry(n.to_owned())
+                            .or_default()
+                            .push((id.clone(), thread));
                     }
                 }
                 _ => {}
@@ -397,27 +511,43 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
         }
         if terminals > 1 {
             v.duplicate_terminals += 1;
-            v.details.push(format!("run {id} has {terminals} terminal events (answer / run_failed)"));
+            v.details.push(format!(
+                "run {id} has {terminals} terminal events (answer / run_failed)"
+            ));
         }
         if has_final_record(run) && run["truncated"] != true {
-            let lost = lost_shown(shown_by_run.get(id.as_str()).map(Vec::as_slice).unwrap_or_default(), id, &events);
+            let lost = lost_shown(
+                shown_by_run
+                    .get(id.as_str())
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+                id,
+                &events,
+            );
             if !lost.is_empty() {
                 v.lost_shown_events += lost.len();
-                v.details.push(format!("run {id}: events served from the ledger are missing from its record: {lost:?}"));
+                v.details.push(format!(
+                    "run {id}: events served from the ledger are missing from its record: {lost:?}"
+                ));
             }
         }
         let (answer, calls, count) = record_gaps(run, &events);
         if !answer {
             v.unanswered_completed += 1;
-            v.details.push(format!("run {id} is completed without an answer event"));
+            v.details
+                .push(format!("run {id} is completed without an answer event"));
         }
         if !calls.is_empty() {
             v.calls_without_results += calls.len();
-            v.details.push(format!("run {id} ({}) has tool calls without a result: {calls:?}", run["status"]));
+            v.details.push(format!(
+                "run {id} ({}) has tool calls without a result: {calls:?}",
+                run["status"]
+            ));
         }
         if let Some((said, held)) = count {
             v.miscounted_records += 1;
-            v.details.push(format!("run {id} says eventCount {said} for {held} events"));
+            v.details
+                .push(format!("run {id} says eventCount {said} for {held} events"));
         }
     }
 
@@ -432,35 +562,56 @@ pub(super) async fn verify(http: &reqwest::Client, fleet: &Fleet, sent: &[Sent],
                     Some(r) => format!("read: the answer of run {r} names it"),
                     None => "no run read it".into(),
                 };
-                v.details.push(format!("lost input {} ({outcome} into run {run_id} on {}; {read})", s.nonce, s.thread_key));
+                v.details.push(format!(
+                    "lost input {} ({outcome} into run {run_id} on {}; {read})",
+                    s.nonce, s.thread_key
+                ));
             }
             (Answer::Refused { status }, 1) => {
                 v.refused_but_present += 1;
-                v.notes.push(format!("refused ({status}) message {} was admitted anyway (run {})", s.nonce, places[0].0));
+                v.notes.push(format!(
+                    "refused ({status}) message {} was admitted anyway (run {})",
+                    s.nonce, places[0].0
+                ));
             }
             (_, 0 | 1) => {}
             (answer, n) => {
                 v.duplicated_inputs += 1;
                 let runs: Vec<&str> = places.iter().map(|(r, _)| r.as_str()).collect();
-                v.details.push(format!("duplicated input {} ({answer:?}): {n} input events, runs {runs:?}", s.nonce));
+                v.details.push(format!(
+                    "duplicated input {} ({answer:?}): {n} input events, runs {runs:?}",
+                    s.nonce
+                ));
             }
         }
-        let crossed: Vec<&(String, String)> = places.iter().filter(|(_, t)| *t != s.thread_key).collect();
+        let crossed: Vec<&(String, String)> =
+            places.iter().filter(|(_, t)| *t != s.thread_key).collect();
         if !crossed.is_empty() {
             v.crossed_threads += 1;
-            v.details.push(format!("crossed thread: {} was sent to {} but is in {crossed:?}", s.nonce, s.thread_key));
+            v.details.push(format!(
+                "crossed thread: {} was sent to {} but is in {crossed:?}",
+                s.nonce, s.thread_key
+            ));
         }
     }
-    v.unknown_nonces = found.keys().filter(|n| !by_nonce.contains_key(n.as_str())).count();
+    v.unknown_nonces = found
+        .keys()
+        .filter(|n| !by_nonce.contains_key(n.as_str()))
+        .count();
     if v.runs >= 19_000 {
-        v.notes.push(format!("{} runs: near the 20000-run retention cap, so trimmed runs may count as lost", v.runs));
+        v.notes.push(format!(
+            "{} runs: near the 20000-run retention cap, so trimmed runs may count as lost",
+            v.runs
+        ));
     }
 
     // Workspaces: every steps.log on disk, whether or not its run is listed.
     let root = fleet.data.join("workspaces");
     if let Ok(dirs) = std::fs::read_dir(&root) {
         for dir in dirs.flatten() {
-            let Ok(log) = std::fs::read_to_string(dir.path().join("steps.log")) else { continue };
+            let Ok(log) = std::fs::read_to_string(dir.path().join("steps.log")) else {
+                continue;
+            };
             let (dup, late) = effect_order(&log);
             if dup + late > 0 {
                 let id = dir.file_name().to_string_lossy().into_owned();
@@ -485,13 +636,34 @@ mod tests {
         let result = |id: &str| json!({"type": "tool_result", "callId": id});
         let answer = json!({"type": "answer", "text": "a"});
         let whole = vec![call("c1"), result("c1"), answer.clone()];
-        assert_eq!(record_gaps(&run("completed", 3), &whole), (true, vec![], None));
-        assert_eq!(record_gaps(&run("completed", 2), &whole[..2]), (false, vec![], None), "completed without its answer");
-        assert_eq!(record_gaps(&run("completed", 1014), &whole), (true, vec![], Some((1014, 3))), "a seq is not a count");
+        assert_eq!(
+            record_gaps(&run("completed", 3), &whole),
+            (true, vec![], None)
+        );
+        assert_eq!(
+            record_gaps(&run("completed", 2), &whole[..2]),
+            (false, vec![], None),
+            "completed without its answer"
+        );
+        assert_eq!(
+            record_gaps(&run("completed", 1014), &whole),
+            (true, vec![], Some((1014, 3))),
+            "a seq is not a count"
+        );
         let cut = vec![call("c1"), call("c2"), result("c1"), answer];
-        assert_eq!(record_gaps(&run("stopped_soft", 4), &cut), (true, vec!["c2".to_owned()], None));
-        assert_eq!(record_gaps(&run("stopped_hard", 4), &cut), (true, vec![], None), "a hard stop drops calls in flight");
-        assert_eq!(record_gaps(&run("interrupted", 4), &cut), (true, vec![], None));
+        assert_eq!(
+            record_gaps(&run("stopped_soft", 4), &cut),
+            (true, vec!["c2".to_owned()], None)
+        );
+        assert_eq!(
+            record_gaps(&run("stopped_hard", 4), &cut),
+            (true, vec![], None),
+            "a hard stop drops calls in flight"
+        );
+        assert_eq!(
+            record_gaps(&run("interrupted", 4), &cut),
+            (true, vec![], None)
+        );
     }
 
     #[test]
@@ -503,19 +675,39 @@ mod tests {
             }
             e
         };
-        let record = [ev(1, "run_meta", None), ev(4, "tool_call", Some("c1")), ev(5, "tool_result", Some("c1")), ev(1006, "resumed", None)];
-        let seen = [ev(4, "tool_call", Some("c1")), ev(5, "tool_result", Some("c1")), ev(6, "tool_call", Some("c2")), ev(5, "tool_result", Some("c9"))];
+        let record = [
+            ev(1, "run_meta", None),
+            ev(4, "tool_call", Some("c1")),
+            ev(5, "tool_result", Some("c1")),
+            ev(1006, "resumed", None),
+        ];
+        let seen = [
+            ev(4, "tool_call", Some("c1")),
+            ev(5, "tool_result", Some("c1")),
+            ev(6, "tool_call", Some("c2")),
+            ev(5, "tool_result", Some("c9")),
+        ];
         let shown: Vec<Shown> = seen.iter().filter_map(|e| Shown::of("r1", e)).collect();
         let refs: Vec<&Shown> = shown.iter().collect();
-        let lost: Vec<(u64, Option<String>)> = lost_shown(&refs, "r1", &record).into_iter().map(|s| (s.seq, s.call_id.clone())).collect();
-        assert_eq!(lost, vec![(6, Some("c2".to_owned())), (5, Some("c9".to_owned()))], "a vanished seq, and a seq now holding another call");
+        let lost: Vec<(u64, Option<String>)> = lost_shown(&refs, "r1", &record)
+            .into_iter()
+            .map(|s| (s.seq, s.call_id.clone()))
+            .collect();
+        assert_eq!(
+            lost,
+            vec![(6, Some("c2".to_owned())), (5, Some("c9".to_owned()))],
+            "a vanished seq, and a seq now holding another call"
+        );
     }
 
     #[test]
     fn nonces_are_found_inside_joined_successor_requests() {
         let joined = "tool=append_file steps=3 ms=50 nonce=q01x000007\n\ntool=append_file steps=3 ms=50 nonce=q02x000011";
         assert_eq!(nonces_in(joined), vec!["q01x000007", "q02x000011"]);
-        assert_eq!(nonces_in("no nonce here, nonce= either"), Vec::<&str>::new());
+        assert_eq!(
+            nonces_in("no nonce here, nonce= either"),
+            Vec::<&str>::new()
+        );
     }
 
     #[test]

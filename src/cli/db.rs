@@ -19,20 +19,26 @@ use super::{fail, Exit, ListArgs, RunsArgs, RunsCommand, StatusArg};
 
 pub(super) fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
     match &args.command {
-        RunsCommand::Stop(_) | RunsCommand::Kill(_) => {
-            return fail(Exit::Usage, "--db reads a stopped server's history; stop and kill need a running server (--url)")
-        }
+        RunsCommand::Stop(_) | RunsCommand::Kill(_) => return fail(
+            Exit::Usage,
+            "--db reads a stopped server's history; stop and kill need a running server (--url)",
+        ),
         RunsCommand::Events(a) if a.follow => {
-            return fail(Exit::Usage, "--db reads a stopped server's history; --follow needs a running server (--url)")
+            return fail(
+                Exit::Usage,
+                "--db reads a stopped server's history; --follow needs a running server (--url)",
+            )
         }
-        RunsCommand::List(a) if a.status == StatusArg::Active => {
-            return fail(Exit::Usage, "--db reads finished-run history only: --status active needs a running server (--url)")
-        }
+        RunsCommand::List(a) if a.status == StatusArg::Active => return fail(
+            Exit::Usage,
+            "--db reads finished-run history only: --status active needs a running server (--url)",
+        ),
         _ => {}
     }
     // Read-only through the storage crate: never created, never migrated, an older schema read as is,
     // a newer one refused by name (SPEC §1.2, §8.2).
-    let mut store = SqliteStore::open_read_only(db).with_context(|| format!("open database {} read-only", db.display()))?;
+    let mut store = SqliteStore::open_read_only(db)
+        .with_context(|| format!("open database {} read-only", db.display()))?;
     let now = storage::SystemClock.now_ms();
     match &args.command {
         RunsCommand::List(a) => {
@@ -43,11 +49,20 @@ pub(super) fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
             Ok(list_table(&list, now))
         }
         RunsCommand::Get(a) => {
-            let Some(record) = RunStore::get(&mut store, &a.id, now).context("read the run")? else {
+            let Some(record) = RunStore::get(&mut store, &a.id, now).context("read the run")?
+            else {
                 return fail(Exit::NotFound, format!("run {} not found", a.id));
             };
-            let usage = record.head.extra.get("usage").filter(|u| u.as_object().is_some_and(|m| !m.is_empty())).cloned();
-            let view = RunView { events: Some(record.events), ..RunView::from_head(&record.head) };
+            let usage = record
+                .head
+                .extra
+                .get("usage")
+                .filter(|u| u.as_object().is_some_and(|m| !m.is_empty()))
+                .cloned();
+            let view = RunView {
+                events: Some(record.events),
+                ..RunView::from_head(&record.head)
+            };
             let mut v = serde_json::to_value(&view)?;
             // The record's own per-model sum (SPEC §2 `usage`), which the view does not carry.
             if let (Some(u), Some(obj)) = (usage, v.as_object_mut()) {
@@ -64,8 +79,19 @@ pub(super) fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
             let mut events = Vec::new();
             let mut next;
             loop {
-                let want = a.limit.map(|l| if a.all { l } else { l.saturating_sub(events.len() as u64).max(1) }).map(|l| l as usize);
-                let Some(page) = RunStore::events(&mut store, &a.id, after, want, now).context("read events")? else {
+                let want = a
+                    .limit
+                    .map(|l| {
+                        if a.all {
+                            l
+                        } else {
+                            l.saturating_sub(events.len() as u64).max(1)
+                        }
+                    })
+                    .map(|l| l as usize);
+                let Some(page) =
+                    RunStore::events(&mut store, &a.id, after, want, now).context("read events")?
+                else {
                     return fail(Exit::NotFound, format!("run {} not found", a.id));
                 };
                 let got = page.events.len();
@@ -77,7 +103,13 @@ pub(super) fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
                     _ => break,
                 }
             }
-            Ok(events_out(EventPage { events, next_after_seq: next }, args.json))
+            Ok(events_out(
+                EventPage {
+                    events,
+                    next_after_seq: next,
+                },
+                args.json,
+            ))
         }
         RunsCommand::Stop(_) | RunsCommand::Kill(_) => unreachable!("refused above"),
     }
@@ -90,20 +122,33 @@ fn db_list(store: &mut SqliteStore, a: &ListArgs, now: i64) -> anyhow::Result<Ru
     let query = ListQuery {
         visible_to: VisibilityFilter::All,
         limit: Some(limit),
-        before: a.before.map(|finished_at| Cursor { finished_at, id: a.before_id.clone() }),
+        before: a.before.map(|finished_at| Cursor {
+            finished_at,
+            id: a.before_id.clone(),
+        }),
         since_ms: a.since,
         agent: a.agent.clone(),
         channel: a.channel.clone(),
         thread_key: a.thread_key.clone(),
         parent_run_id: a.parent_run_id.clone(),
-        status: a.status.terminal().and_then(storage::record::RunStatus::parse),
+        status: a
+            .status
+            .terminal()
+            .and_then(storage::record::RunStatus::parse),
     };
     let page = store.list(&query, now).context("list runs")?;
-    let runs = page.items.iter().map(|i| RunView::from_head(&i.head)).collect();
+    let runs = page
+        .items
+        .iter()
+        .map(|i| RunView::from_head(&i.head))
+        .collect();
     let next_before = page.next_before;
     Ok(RunList {
         runs,
-        next_before: next_before.map(|c| NextBefore { finished_at: c.finished_at, id: c.id }),
+        next_before: next_before.map(|c| NextBefore {
+            finished_at: c.finished_at,
+            id: c.id,
+        }),
         store_unavailable: false,
         ledger_unavailable: false,
     })

@@ -115,7 +115,11 @@ pub struct CliError {
 
 impl CliError {
     pub fn new(exit: Exit, message: impl Into<String>) -> Self {
-        CliError { exit, answer: None, message: message.into() }
+        CliError {
+            exit,
+            answer: None,
+            message: message.into(),
+        }
     }
 }
 
@@ -341,7 +345,8 @@ fn run_id(s: &str) -> Result<String, String> {
 
 /// clap parser: a humantime duration (`30s`, `5m`, `1h 30m`).
 fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (expected a duration like 30s, 5m or 1h)"))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (expected a duration like 30s, 5m or 1h)"))
 }
 
 /// clap parser: `--since` as epoch ms — a duration before now, or an RFC 3339 time.
@@ -355,7 +360,10 @@ fn parse_since(s: &str, now_ms: i64) -> Result<i64, String> {
     }
     match time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
         Ok(t) => Ok((t.unix_timestamp_nanos() / 1_000_000) as i64),
-        Err(_) => Err("expected a duration ago (1h, 30m, 2days) or an RFC 3339 time (2026-05-01T12:00:00Z)".into()),
+        Err(_) => Err(
+            "expected a duration ago (1h, 30m, 2days) or an RFC 3339 time (2026-05-01T12:00:00Z)"
+                .into(),
+        ),
     }
 }
 
@@ -368,8 +376,16 @@ pub fn run(args: RunsArgs) -> anyhow::Result<()> {
     let result = match &args.db {
         Some(db) => from_db(db, &args).and_then(|out| write_out(&out)),
         None => {
-            let url = args.url.clone().or_else(|| std::env::var("SWITCHBOARD_URL").ok()).unwrap_or_else(|| DEFAULT_URL.into());
-            let token = args.token.clone().or_else(|| std::env::var("SWITCHBOARD_TOKEN").ok()).filter(|t| !t.is_empty());
+            let url = args
+                .url
+                .clone()
+                .or_else(|| std::env::var("SWITCHBOARD_URL").ok())
+                .unwrap_or_else(|| DEFAULT_URL.into());
+            let token = args
+                .token
+                .clone()
+                .or_else(|| std::env::var("SWITCHBOARD_TOKEN").ok())
+                .filter(|t| !t.is_empty());
             let api = Api::new(url.trim_end_matches('/'), token)?;
             actix_web::rt::System::new().block_on(from_server(&api, &args))
         }
@@ -382,13 +398,18 @@ pub fn run(args: RunsArgs) -> anyhow::Result<()> {
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Print to stdout now (follow output is printed as it comes).
 fn write_out(s: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(s.as_bytes()).and_then(|_| out.flush()).context("write to stdout")
+    out.write_all(s.as_bytes())
+        .and_then(|_| out.flush())
+        .context("write to stdout")
 }
 
 /// `v` as a wire type; an answer that does not decode names `what`.
@@ -407,20 +428,43 @@ mod tests {
         assert_eq!(parse_since("90s", now), Ok(now - 90_000));
         assert_eq!(parse_since("2days", now), Ok(now - 2 * 86_400_000));
         // UTC and offsets both name the same instant.
-        assert_eq!(parse_since("2027-01-15T08:00:00Z", now), Ok(1_800_000_000_000));
-        assert_eq!(parse_since("2027-01-15T10:00:00+02:00", now), Ok(1_800_000_000_000));
-        assert_eq!(parse_since("2027-01-15T08:00:00.250Z", now), Ok(1_800_000_000_250));
+        assert_eq!(
+            parse_since("2027-01-15T08:00:00Z", now),
+            Ok(1_800_000_000_000)
+        );
+        assert_eq!(
+            parse_since("2027-01-15T10:00:00+02:00", now),
+            Ok(1_800_000_000_000)
+        );
+        assert_eq!(
+            parse_since("2027-01-15T08:00:00.250Z", now),
+            Ok(1_800_000_000_250)
+        );
         assert!(parse_since("yesterday", now).is_err());
-        assert!(parse_since("1700000000000", now).is_err(), "a bare number is neither");
+        assert!(
+            parse_since("1700000000000", now).is_err(),
+            "a bare number is neither"
+        );
     }
 
     #[test]
     fn http_statuses_map_to_exit_codes() {
-        let cases = [(404, 3), (409, 4), (401, 5), (403, 5), (503, 6), (502, 6), (504, 6), (400, 1), (500, 1)];
+        let cases = [
+            (404, 3),
+            (409, 4),
+            (401, 5),
+            (403, 5),
+            (503, 6),
+            (502, 6),
+            (504, 6),
+            (400, 1),
+            (500, 1),
+        ];
         for (status, code) in cases {
             assert_eq!(Exit::from_http(status).code(), code, "HTTP {status}");
         }
-        let e: anyhow::Error = anyhow::Error::new(CliError::new(Exit::Conflict, "x")).context("stop the run");
+        let e: anyhow::Error =
+            anyhow::Error::new(CliError::new(Exit::Conflict, "x")).context("stop the run");
         assert_eq!(exit_code(&e), 4, "found below a context");
         assert_eq!(exit_code(&anyhow::anyhow!("other")), 1);
     }

@@ -13,16 +13,31 @@ use web::routes::html::{describe, fmt_duration, fmt_time};
 use super::decode;
 
 pub(super) fn pretty(v: &Value) -> String {
-    format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()))
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    )
 }
 
 /// Fill a RunView's `answer` (in full: a view's is capped), `error` and `stoppedBy` from its `events`
 /// where the view does not carry them, then drop the events unless `keep_events`.
 pub(super) fn with_outcome(view: &mut Value, keep_events: bool) {
     use actors::runs_service::{failure_message, stopped_by_of};
-    let Some(obj) = view.as_object_mut() else { return };
-    let events: Vec<Value> = obj.get("events").and_then(Value::as_array).cloned().unwrap_or_default();
-    if let Some(text) = events.iter().rev().find(|e| e["type"] == "answer").and_then(|e| e.get("text")).filter(|t| t.is_string()) {
+    let Some(obj) = view.as_object_mut() else {
+        return;
+    };
+    let events: Vec<Value> = obj
+        .get("events")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if let Some(text) = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "answer")
+        .and_then(|e| e.get("text"))
+        .filter(|t| t.is_string())
+    {
         obj.insert("answer".into(), text.clone());
     }
     if !obj.contains_key("error") {
@@ -48,16 +63,30 @@ pub(super) fn with_outcome(view: &mut Value, keep_events: bool) {
 /// Token usage summed per model over the `assistant` events that carry it (SPEC §8.3): the record's
 /// `usage` shape, `{<model>: {inputTokens, outputTokens}}`; `None` when no event carries usage.
 fn usage_of_events(events: &[Value]) -> Option<Value> {
-    let mut sums: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
-    for e in events.iter().filter(|e| e.get("type").and_then(Value::as_str) == Some("assistant")) {
-        let Some(u) = e.get("usage").filter(|u| u.is_object()) else { continue };
-        let model = e.get("model").and_then(Value::as_str).unwrap_or("-").to_owned();
+    let mut sums: std::collections::BTreeMap<String, (u64, u64)> =
+        std::collections::BTreeMap::new();
+    for e in events
+        .iter()
+        .filter(|e| e.get("type").and_then(Value::as_str) == Some("assistant"))
+    {
+        let Some(u) = e.get("usage").filter(|u| u.is_object()) else {
+            continue;
+        };
+        let model = e
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_owned();
         let sum = sums.entry(model).or_default();
         sum.0 += u.get("inputTokens").and_then(Value::as_u64).unwrap_or(0);
         sum.1 += u.get("outputTokens").and_then(Value::as_u64).unwrap_or(0);
     }
     (!sums.is_empty()).then(|| {
-        Value::Object(sums.into_iter().map(|(m, (i, o))| (m, json!({"inputTokens": i, "outputTokens": o}))).collect())
+        Value::Object(
+            sums.into_iter()
+                .map(|(m, (i, o))| (m, json!({"inputTokens": i, "outputTokens": o})))
+                .collect(),
+        )
     })
 }
 
@@ -68,7 +97,11 @@ fn usage_words(usage: &Value) -> Option<String> {
         .iter()
         .map(|(model, u)| {
             let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-            format!("{model}: {} in / {} out", n("inputTokens"), n("outputTokens"))
+            format!(
+                "{model}: {} in / {} out",
+                n("inputTokens"),
+                n("outputTokens")
+            )
         })
         .collect();
     (!lines.is_empty()).then(|| lines.join("\n"))
@@ -118,7 +151,9 @@ pub(super) fn list_table(list: &RunList, now: i64) -> String {
         out.push_str("warning: the history store is unavailable; showing live runs only\n");
     }
     if list.ledger_unavailable {
-        out.push_str("warning: the live-run ledger is unavailable; runs of other processes may be missing\n");
+        out.push_str(
+            "warning: the live-run ledger is unavailable; runs of other processes may be missing\n",
+        );
     }
     if list.runs.is_empty() {
         out.push_str("no runs\n");
@@ -139,7 +174,12 @@ pub(super) fn list_table(list: &RunList, now: i64) -> String {
                 ]
             })
             .collect();
-        out.push_str(&table(&["ID", "STATUS", "AGENT", "STARTED", "DURATION", "FINISHED", "EVENTS", "LABEL"], &rows));
+        out.push_str(&table(
+            &[
+                "ID", "STATUS", "AGENT", "STARTED", "DURATION", "FINISHED", "EVENTS", "LABEL",
+            ],
+            &rows,
+        ));
     }
     if let Some(nb) = &list.next_before {
         let _ = write!(out, "more: --before {}", nb.finished_at);
@@ -153,7 +193,12 @@ pub(super) fn list_table(list: &RunList, now: i64) -> String {
 
 /// `kind:id` of a stop actor, or `-`.
 fn actor_words(actor: Option<&Value>) -> String {
-    let s = |k: &str| actor.and_then(|a| a.get(k)).and_then(Value::as_str).unwrap_or("");
+    let s = |k: &str| {
+        actor
+            .and_then(|a| a.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
     match (s("kind"), s("id")) {
         ("", "") => "unknown".into(),
         (kind, "") => kind.to_owned(),
@@ -166,7 +211,9 @@ fn actor_words(actor: Option<&Value>) -> String {
 fn text_of(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        Value::Object(o) if o.get("text").is_some_and(Value::is_string) => o["text"].as_str().unwrap_or_default().to_owned(),
+        Value::Object(o) if o.get("text").is_some_and(Value::is_string) => {
+            o["text"].as_str().unwrap_or_default().to_owned()
+        }
         other => other.to_string(),
     }
 }
@@ -179,12 +226,25 @@ pub(super) fn run_text(raw: &Value, now: i64) -> anyhow::Result<String> {
         ("Run", v.id.clone()),
         ("Status", v.status_label()),
         ("Label", v.label.clone().unwrap_or_default()),
-        ("Agent", format!("{} (model {})", v.agent.as_deref().unwrap_or("-"), v.model.as_deref().unwrap_or("-"))),
-        ("Channel", format!("{} ({})", v.channel_id, v.channel_visibility.as_str())),
+        (
+            "Agent",
+            format!(
+                "{} (model {})",
+                v.agent.as_deref().unwrap_or("-"),
+                v.model.as_deref().unwrap_or("-")
+            ),
+        ),
+        (
+            "Channel",
+            format!("{} ({})", v.channel_id, v.channel_visibility.as_str()),
+        ),
         ("Thread", v.thread_key.clone()),
         ("User", v.user_id.clone()),
         ("Started", fmt_time(v.started_at)),
-        ("Finished", v.finished_at.map(fmt_time).unwrap_or_else(|| "-".into())),
+        (
+            "Finished",
+            v.finished_at.map(fmt_time).unwrap_or_else(|| "-".into()),
+        ),
         ("Duration", fmt_duration(v.duration_ms(now))),
     ];
     let mut events = v.event_count.to_string();
@@ -203,7 +263,10 @@ pub(super) fn run_text(raw: &Value, now: i64) -> anyhow::Result<String> {
     }
     if let Some(by) = raw.get("stoppedBy").filter(|b| !b.is_null()) {
         let mode = by.get("mode").and_then(Value::as_str).unwrap_or("?");
-        rows.push(("Stopped", format!("{mode}, by {}", actor_words(by.get("actor")))));
+        rows.push((
+            "Stopped",
+            format!("{mode}, by {}", actor_words(by.get("actor"))),
+        ));
     } else if let Some(m) = v.stop {
         rows.push(("Stopped", format!("{}, by unknown", m.as_str())));
     }
@@ -231,7 +294,11 @@ pub(super) fn event_lines(events: &[Value]) -> String {
     let mut out = String::new();
     for e in events {
         let (head, body) = describe(e);
-        let seq = e.get("seq").and_then(Value::as_u64).map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+        let seq = e
+            .get("seq")
+            .and_then(Value::as_u64)
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "-".into());
         let _ = writeln!(out, "#{seq:<5} {head}: {}", body.replace('\n', "\n       "));
     }
     out
@@ -263,13 +330,19 @@ mod tests {
             {"type": "run_failed", "seq": 7, "message": "model said no"},
         ]});
         with_outcome(&mut v, false);
-        assert_eq!(v["stoppedBy"], json!({"mode": "hard", "actor": {"kind": "capability", "id": "r1"}}));
+        assert_eq!(
+            v["stoppedBy"],
+            json!({"mode": "hard", "actor": {"kind": "capability", "id": "r1"}})
+        );
         assert_eq!(v["error"], "model said no");
         assert!(v.get("answer").is_none() && v.get("events").is_none());
         // A view that carries them is taken at its word — but for the answer, which events hold in full.
         let mut v = json!({"id": "r1", "answer": "from the view", "error": "view", "events": [{"type": "answer", "text": "from events"}, {"type": "run_failed", "message": "events"}]});
         with_outcome(&mut v, true);
-        assert_eq!((v["answer"].as_str(), v["error"].as_str()), (Some("from events"), Some("view")));
+        assert_eq!(
+            (v["answer"].as_str(), v["error"].as_str()),
+            (Some("from events"), Some("view"))
+        );
         assert!(v["events"].is_array());
         let mut v = json!({"id": "r1", "answer": "capped…"});
         with_outcome(&mut v, false);
@@ -285,12 +358,21 @@ mod tests {
             {"type": "assistant", "seq": 7, "text": "no usage"},
         ]});
         with_outcome(&mut v, false);
-        assert_eq!(v["usage"], json!({"m1": {"inputTokens": 30, "outputTokens": 8}, "m2": {"inputTokens": 1, "outputTokens": 1}}));
-        assert_eq!(usage_words(&v["usage"]).as_deref(), Some("m1: 30 in / 8 out\nm2: 1 in / 1 out"));
+        assert_eq!(
+            v["usage"],
+            json!({"m1": {"inputTokens": 30, "outputTokens": 8}, "m2": {"inputTokens": 1, "outputTokens": 1}})
+        );
+        assert_eq!(
+            usage_words(&v["usage"]).as_deref(),
+            Some("m1: 30 in / 8 out\nm2: 1 in / 1 out")
+        );
         // A view that carries usage is taken at its word; none at all adds none.
         let mut v = json!({"id": "r1", "usage": {"x": {"inputTokens": 1, "outputTokens": 2}}, "events": []});
         with_outcome(&mut v, false);
-        assert_eq!(v["usage"], json!({"x": {"inputTokens": 1, "outputTokens": 2}}));
+        assert_eq!(
+            v["usage"],
+            json!({"x": {"inputTokens": 1, "outputTokens": 2}})
+        );
         let mut v = json!({"id": "r1", "events": [{"type": "assistant", "text": "hi"}]});
         with_outcome(&mut v, false);
         assert!(v.get("usage").is_none());

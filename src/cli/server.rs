@@ -17,7 +17,10 @@ use storage::Clock;
 use web::routes::html::fmt_time;
 
 use super::print::{event_lines, events_out, list_table, pretty, run_text, with_outcome};
-use super::{decode, fail, write_out, CliError, EventsArgs, Exit, ListArgs, RunsArgs, RunsCommand, StopArgs, RECONNECT_FOR, STREAM_IDLE};
+use super::{
+    decode, fail, write_out, CliError, EventsArgs, Exit, ListArgs, RunsArgs, RunsCommand, StopArgs,
+    RECONNECT_FOR, STREAM_IDLE,
+};
 
 /// Time to connect to the server.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,14 +37,19 @@ pub(super) struct Api {
 fn enc(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
 }
 
 fn query(pairs: &[(&str, Option<String>)]) -> String {
-    let parts: Vec<String> = pairs.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", enc(v)))).collect();
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", enc(v))))
+        .collect();
     if parts.is_empty() {
         String::new()
     } else {
@@ -69,8 +77,15 @@ async fn answer_error(method: &reqwest::Method, path: &str, res: reqwest::Respon
 
 impl Api {
     pub(super) fn new(base: &str, token: Option<String>) -> anyhow::Result<Api> {
-        let client = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build().context("build the HTTP client")?;
-        Ok(Api { base: base.to_owned(), token, client })
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .context("build the HTTP client")?;
+        Ok(Api {
+            base: base.to_owned(),
+            token,
+            client,
+        })
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -81,16 +96,27 @@ impl Api {
         req
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
         let mut req = self.request(method.clone(), path).timeout(REQUEST_TIMEOUT);
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let res = req.send().await.with_context(|| format!("reach {}{path}", self.base))?;
+        let res = req
+            .send()
+            .await
+            .with_context(|| format!("reach {}{path}", self.base))?;
         if !res.status().is_success() {
             return Err(answer_error(&method, path, res).await.into());
         }
-        let text = res.text().await.with_context(|| format!("read the answer of {method} {path}"))?;
+        let text = res
+            .text()
+            .await
+            .with_context(|| format!("read the answer of {method} {path}"))?;
         Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
@@ -102,13 +128,21 @@ impl Api {
     /// `on_event` once per `run_event` in seq order. A stream that drops once open is reopened with
     /// `Last-Event-ID` for up to [`RECONNECT_FOR`] without progress; a first connection that fails, and
     /// a 404, 401 or 403 at any time, end the follow at once.
-    async fn follow(&self, id: &str, after: u64, on_event: &mut dyn FnMut(&Value) -> anyhow::Result<()>) -> anyhow::Result<Value> {
+    async fn follow(
+        &self,
+        id: &str,
+        after: u64,
+        on_event: &mut dyn FnMut(&Value) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Value> {
         let mut last = after;
         let mut connected = false;
         let mut backoff = Duration::from_millis(200);
         let mut down_since: Option<tokio::time::Instant> = None;
         loop {
-            match self.stream_once(id, &mut last, &mut connected, on_event).await {
+            match self
+                .stream_once(id, &mut last, &mut connected, on_event)
+                .await
+            {
                 Ok(end) => return Ok(end),
                 Err(Dropped::Fatal(e)) => return Err(e),
                 Err(Dropped::Retry { why, .. }) if !connected => return Err(why),
@@ -121,10 +155,18 @@ impl Api {
                     if since.elapsed() >= RECONNECT_FOR {
                         return fail(
                             Exit::Unavailable,
-                            format!("follow run {id}: no working stream for {}: {why:#}", humantime::format_duration(RECONNECT_FOR)),
+                            format!(
+                                "follow run {id}: no working stream for {}: {why:#}",
+                                humantime::format_duration(RECONNECT_FOR)
+                            ),
                         );
                     }
-                    tracing::debug!(run_id = id, last_seq = last, error = format!("{why:#}"), "stream dropped; reconnecting");
+                    tracing::debug!(
+                        run_id = id,
+                        last_seq = last,
+                        error = format!("{why:#}"),
+                        "stream dropped; reconnecting"
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
@@ -144,37 +186,63 @@ impl Api {
         let path = format!("/api/runs/{id}/stream");
         let req = if *connected {
             // The server resumes strictly after the last event the client has (SSE's own mechanism).
-            self.request(reqwest::Method::GET, &path).header("Last-Event-ID", last.to_string())
+            self.request(reqwest::Method::GET, &path)
+                .header("Last-Event-ID", last.to_string())
         } else {
             self.request(reqwest::Method::GET, &format!("{path}?afterSeq={last}"))
         };
         let req = req.header(reqwest::header::ACCEPT, "text/event-stream");
         let res = match req.send().await {
             Ok(res) => res,
-            Err(e) => return Err(Dropped::Retry { progressed: false, why: anyhow::Error::new(e).context(format!("reach {}{path}", self.base)) }),
+            Err(e) => {
+                return Err(Dropped::Retry {
+                    progressed: false,
+                    why: anyhow::Error::new(e).context(format!("reach {}{path}", self.base)),
+                })
+            }
         };
         if !res.status().is_success() {
             let e = answer_error(&reqwest::Method::GET, &path, res).await;
             return Err(match e.exit {
-                Exit::Unavailable => Dropped::Retry { progressed: false, why: e.into() },
+                Exit::Unavailable => Dropped::Retry {
+                    progressed: false,
+                    why: e.into(),
+                },
                 _ => Dropped::Fatal(e.into()),
             });
         }
         *connected = true;
-        let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(idle_timeout(res.bytes_stream(), STREAM_IDLE)));
+        let mut events = Box::pin(eventsource_stream::Eventsource::eventsource(idle_timeout(
+            res.bytes_stream(),
+            STREAM_IDLE,
+        )));
         let mut progressed = false;
         while let Some(item) = events.next().await {
             let ev = match item {
                 Ok(ev) => ev,
-                Err(e) => return Err(Dropped::Retry { progressed, why: anyhow::anyhow!("read the stream: {e}") }),
+                Err(e) => {
+                    return Err(Dropped::Retry {
+                        progressed,
+                        why: anyhow::anyhow!("read the stream: {e}"),
+                    })
+                }
             };
             match ev.event.as_str() {
                 "run_event" => {
                     let data: Value = match serde_json::from_str(&ev.data) {
                         Ok(v) => v,
-                        Err(e) => return Err(Dropped::Fatal(anyhow::anyhow!("decode a run_event of run {id}: {e}"))),
+                        Err(e) => {
+                            return Err(Dropped::Fatal(anyhow::anyhow!(
+                                "decode a run_event of run {id}: {e}"
+                            )))
+                        }
                     };
-                    let seq = ev.id.trim().parse::<u64>().ok().or_else(|| data.get("seq").and_then(Value::as_u64));
+                    let seq = ev
+                        .id
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                        .or_else(|| data.get("seq").and_then(Value::as_u64));
                     if seq.is_some_and(|s| s <= *last) {
                         continue; // already printed (a replay overlapping the cursor)
                     }
@@ -188,7 +256,10 @@ impl Api {
                 _ => {}
             }
         }
-        Err(Dropped::Retry { progressed, why: anyhow::anyhow!("the stream closed before the run's end") })
+        Err(Dropped::Retry {
+            progressed,
+            why: anyhow::anyhow!("the stream closed before the run's end"),
+        })
     }
 }
 
@@ -196,39 +267,64 @@ impl Api {
 enum Dropped {
     /// Try again (with `Last-Event-ID`) once a stream was open; `progressed` when this connection
     /// delivered events.
-    Retry { progressed: bool, why: anyhow::Error },
+    Retry {
+        progressed: bool,
+        why: anyhow::Error,
+    },
     /// Give up: not found, denied, or the output failed.
     Fatal(anyhow::Error),
 }
 
 /// `bytes` with an error in place of a silence longer than `idle` (the server pings every 15 s).
-fn idle_timeout<S, B>(bytes: S, idle: Duration) -> impl futures_util::Stream<Item = Result<B, String>>
+fn idle_timeout<S, B>(
+    bytes: S,
+    idle: Duration,
+) -> impl futures_util::Stream<Item = Result<B, String>>
 where
     S: futures_util::Stream<Item = reqwest::Result<B>>,
 {
-    futures_util::stream::unfold((Box::pin(bytes), false), move |(mut bytes, failed)| async move {
-        if failed {
-            return None;
-        }
-        match tokio::time::timeout(idle, bytes.next()).await {
-            Ok(Some(Ok(b))) => Some((Ok(b), (bytes, false))),
-            Ok(Some(Err(e))) => Some((Err(e.to_string()), (bytes, true))),
-            Ok(None) => None,
-            Err(_) => Some((Err(format!("nothing received for {}", humantime::format_duration(idle))), (bytes, true))),
-        }
-    })
+    futures_util::stream::unfold(
+        (Box::pin(bytes), false),
+        move |(mut bytes, failed)| async move {
+            if failed {
+                return None;
+            }
+            match tokio::time::timeout(idle, bytes.next()).await {
+                Ok(Some(Ok(b))) => Some((Ok(b), (bytes, false))),
+                Ok(Some(Err(e))) => Some((Err(e.to_string()), (bytes, true))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(format!(
+                        "nothing received for {}",
+                        humantime::format_duration(idle)
+                    )),
+                    (bytes, true),
+                )),
+            }
+        },
+    )
 }
 
 pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()> {
     let now = storage::SystemClock.now_ms();
     let out = match &args.command {
         RunsCommand::List(a) => {
-            let v = match api.get(&list_path(a, a.status.as_str(), a.limit, a.before, a.before_id.clone())).await {
+            let v = match api
+                .get(&list_path(
+                    a,
+                    a.status.as_str(),
+                    a.limit,
+                    a.before,
+                    a.before_id.clone(),
+                ))
+                .await
+            {
                 Ok(v) => v,
                 // A server that does not filter by terminal status yet (400 on `status`): filter its
                 // finished pages here, as `--db` does.
                 Err(e) if a.status.terminal().is_some() && refused_status(&e) => {
-                    serde_json::to_value(list_filtered(api, a).await?).context("encode the run list")?
+                    serde_json::to_value(list_filtered(api, a).await?)
+                        .context("encode the run list")?
                 }
                 Err(e) => return Err(e),
             };
@@ -240,7 +336,9 @@ pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()
         }
         RunsCommand::Get(a) => {
             // The events come along so the outcome can be read from them when the view does not carry it.
-            let mut v = api.get(&format!("/api/runs/{}?include=events", a.id)).await?;
+            let mut v = api
+                .get(&format!("/api/runs/{}?include=events", a.id))
+                .await?;
             with_outcome(&mut v, a.events);
             if args.json {
                 pretty(&v)
@@ -255,11 +353,20 @@ pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()
             let mut next;
             loop {
                 // Against a server a page is capped lower than --limit may ask: read on until it is met.
-                let want = a.limit.map(|l| if a.all { l } else { l.saturating_sub(events.len() as u64).max(1) });
+                let want = a.limit.map(|l| {
+                    if a.all {
+                        l
+                    } else {
+                        l.saturating_sub(events.len() as u64).max(1)
+                    }
+                });
                 let path = format!(
                     "/api/runs/{}/events{}",
                     a.id,
-                    query(&[("afterSeq", Some(after.to_string())), ("limit", want.map(|l| l.to_string()))])
+                    query(&[
+                        ("afterSeq", Some(after.to_string())),
+                        ("limit", want.map(|l| l.to_string()))
+                    ])
                 );
                 let page: EventPage = decode(api.get(&path).await?, "events page")?;
                 let got = page.events.len();
@@ -271,15 +378,31 @@ pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()
                     _ => break,
                 }
             }
-            events_out(EventPage { events, next_after_seq: next }, args.json)
+            events_out(
+                EventPage {
+                    events,
+                    next_after_seq: next,
+                },
+                args.json,
+            )
         }
         RunsCommand::Stop(a) => return stop(api, a, args.json).await,
         RunsCommand::Kill(a) => {
-            let v = api.call(reqwest::Method::DELETE, &format!("/api/runs/{}", a.id), None).await?;
+            let v = api
+                .call(
+                    reqwest::Method::DELETE,
+                    &format!("/api/runs/{}", a.id),
+                    None,
+                )
+                .await?;
             if args.json {
                 pretty(&v)
             } else {
-                format!("{}: {}\n", a.id, v.get("state").and_then(Value::as_str).unwrap_or("killing"))
+                format!(
+                    "{}: {}\n",
+                    a.id,
+                    v.get("state").and_then(Value::as_str).unwrap_or("killing")
+                )
             }
         }
     };
@@ -287,7 +410,13 @@ pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()
 }
 
 /// `/api/runs?…` for `a` with this status, limit and cursor.
-fn list_path(a: &ListArgs, status: &str, limit: Option<u64>, before: Option<i64>, before_id: Option<String>) -> String {
+fn list_path(
+    a: &ListArgs,
+    status: &str,
+    limit: Option<u64>,
+    before: Option<i64>,
+    before_id: Option<String>,
+) -> String {
     format!(
         "/api/runs{}",
         query(&[
@@ -306,8 +435,10 @@ fn list_path(a: &ListArgs, status: &str, limit: Option<u64>, before: Option<i64>
 
 /// Whether `e` is the server refusing the `status` parameter (400 `bad_request` naming it).
 fn refused_status(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<CliError>()
-        .is_some_and(|c| matches!(&c.answer, Some((400, code)) if code == "bad_request") && c.message.contains(" bad_request: status:"))
+    e.downcast_ref::<CliError>().is_some_and(|c| {
+        matches!(&c.answer, Some((400, code)) if code == "bad_request")
+            && c.message.contains(" bad_request: status:")
+    })
 }
 
 /// `runs list --status <terminal>` against a server that lists only active/finished/all: its finished
@@ -317,9 +448,20 @@ async fn list_filtered(api: &Api, a: &ListArgs) -> anyhow::Result<RunList> {
     let status = a.status.terminal().expect("called for a terminal status");
     let limit = a.limit.map_or(LIST_DEFAULT_LIMIT, |l| l as usize);
     let mut cursor = a.before.map(|b| (b, a.before_id.clone()));
-    let mut list = RunList { runs: Vec::new(), next_before: None, store_unavailable: false, ledger_unavailable: false };
+    let mut list = RunList {
+        runs: Vec::new(),
+        next_before: None,
+        store_unavailable: false,
+        ledger_unavailable: false,
+    };
     loop {
-        let path = list_path(a, "finished", Some(LIST_MAX_LIMIT as u64), cursor.as_ref().map(|c| c.0), cursor.as_ref().and_then(|c| c.1.clone()));
+        let path = list_path(
+            a,
+            "finished",
+            Some(LIST_MAX_LIMIT as u64),
+            cursor.as_ref().map(|c| c.0),
+            cursor.as_ref().and_then(|c| c.1.clone()),
+        );
         let page: RunList = decode(api.get(&path).await?, "run list")?;
         list.store_unavailable |= page.store_unavailable;
         list.ledger_unavailable |= page.ledger_unavailable;
@@ -329,13 +471,18 @@ async fn list_filtered(api: &Api, a: &ListArgs) -> anyhow::Result<RunList> {
                 let id = run.id.clone();
                 list.runs.push(run);
                 if list.runs.len() == limit {
-                    list.next_before = Some(NextBefore { finished_at: at, id: Some(id) });
+                    list.next_before = Some(NextBefore {
+                        finished_at: at,
+                        id: Some(id),
+                    });
                     return Ok(list);
                 }
             }
         }
         match page.next_before {
-            Some(nb) if cursor.as_ref() != Some(&(nb.finished_at, nb.id.clone())) => cursor = Some((nb.finished_at, nb.id)),
+            Some(nb) if cursor.as_ref() != Some(&(nb.finished_at, nb.id.clone())) => {
+                cursor = Some((nb.finished_at, nb.id))
+            }
             _ => return Ok(list),
         }
     }
@@ -344,17 +491,28 @@ async fn list_filtered(api: &Api, a: &ListArgs) -> anyhow::Result<RunList> {
 /// `runs events --follow`.
 async fn follow_events(api: &Api, a: &EventsArgs, json: bool) -> anyhow::Result<()> {
     let mut print = |e: &Value| -> anyhow::Result<()> {
-        let line = if json { format!("{e}\n") } else { event_lines(std::slice::from_ref(e)) };
+        let line = if json {
+            format!("{e}\n")
+        } else {
+            event_lines(std::slice::from_ref(e))
+        };
         write_out(&line)
     };
     let end = api.follow(&a.id, a.after_seq, &mut print).await?;
-    let line = if json { format!("{}\n", json!({"end": end})) } else { format!("end: {}\n", end_words(&end)) };
+    let line = if json {
+        format!("{}\n", json!({"end": end}))
+    } else {
+        format!("end: {}\n", end_words(&end))
+    };
     write_out(&line)
 }
 
 /// `completed at 2026-…Z` from an `end` frame's data.
 fn end_words(end: &Value) -> String {
-    let status = end.get("status").and_then(Value::as_str).unwrap_or("finished");
+    let status = end
+        .get("status")
+        .and_then(Value::as_str)
+        .unwrap_or("finished");
     match end.get("finishedAt").and_then(Value::as_i64) {
         Some(at) => format!("{status} at {}", fmt_time(at)),
         None => status.to_owned(),
@@ -365,13 +523,29 @@ fn end_words(end: &Value) -> String {
 async fn stop(api: &Api, a: &StopArgs, json: bool) -> anyhow::Result<()> {
     let id = &a.id;
     let mode = a.mode.as_str();
-    let mut v = api.call(reqwest::Method::POST, &format!("/api/runs/{id}/stop"), Some(json!({"mode": mode}))).await?;
-    let state = v.get("state").and_then(Value::as_str).unwrap_or("stopping").to_owned();
+    let mut v = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/runs/{id}/stop"),
+            Some(json!({"mode": mode})),
+        )
+        .await?;
+    let state = v
+        .get("state")
+        .and_then(Value::as_str)
+        .unwrap_or("stopping")
+        .to_owned();
     if !a.wait {
-        return write_out(&if json { pretty(&v) } else { format!("{id}: {state} ({mode})\n") });
+        return write_out(&if json {
+            pretty(&v)
+        } else {
+            format!("{id}: {state} ({mode})\n")
+        });
     }
     if !json {
-        write_out(&format!("{id}: {state} ({mode}); waiting for the run to end\n"))?;
+        write_out(&format!(
+            "{id}: {state} ({mode}); waiting for the run to end\n"
+        ))?;
     }
     // Start the stream near its tail: earlier events are not printed here, only the end matters.
     let hint = match api.get(&format!("/api/runs/{id}")).await {
@@ -384,7 +558,15 @@ async fn stop(api: &Api, a: &StopArgs, json: bool) -> anyhow::Result<()> {
         None => follow.await?,
         Some(t) => match tokio::time::timeout(t, follow).await {
             Ok(end) => end?,
-            Err(_) => return fail(Exit::Failure, format!("run {id} had not ended after {}", humantime::format_duration(t))),
+            Err(_) => {
+                return fail(
+                    Exit::Failure,
+                    format!(
+                        "run {id} had not ended after {}",
+                        humantime::format_duration(t)
+                    ),
+                )
+            }
         },
     };
     if json {

@@ -43,11 +43,11 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{mpsc, Arc};
 
+use crate::ledger::RunLedger;
 use crate::memory::MemoryStore;
+use crate::plan::PlanStore;
 use crate::postgres::PgStore;
 use crate::sqlite::{SqliteStore, Synchronous};
-use crate::ledger::RunLedger;
-use crate::plan::PlanStore;
 use crate::store::RunStore;
 use crate::{Error, Result};
 
@@ -191,7 +191,10 @@ impl Backend for MemoryStore {
 /// password a PostgreSQL URL may hold.
 #[derive(Clone)]
 pub enum BackendSpec {
-    Sqlite { path: PathBuf, synchronous: Synchronous },
+    Sqlite {
+        path: PathBuf,
+        synchronous: Synchronous,
+    },
     /// PostgreSQL at `url` (SPEC §1.3). `pool` is the number of read connections the handle opens
     /// beside the actor's (its readers, [`crate::readers`]); 0 sends reads to the actor.
     Postgres { url: String, pool: usize },
@@ -202,12 +205,16 @@ pub enum BackendSpec {
 impl std::fmt::Debug for BackendSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            BackendSpec::Sqlite { path, synchronous } => {
-                f.debug_struct("Sqlite").field("path", path).field("synchronous", synchronous).finish()
-            }
-            BackendSpec::Postgres { url, pool } => {
-                f.debug_struct("Postgres").field("url", &crate::redact_url(url)).field("pool", pool).finish()
-            }
+            BackendSpec::Sqlite { path, synchronous } => f
+                .debug_struct("Sqlite")
+                .field("path", path)
+                .field("synchronous", synchronous)
+                .finish(),
+            BackendSpec::Postgres { url, pool } => f
+                .debug_struct("Postgres")
+                .field("url", &crate::redact_url(url))
+                .field("pool", pool)
+                .finish(),
             BackendSpec::Memory(m) => f.debug_tuple("Memory").field(m).finish(),
         }
     }
@@ -216,7 +223,9 @@ impl std::fmt::Debug for BackendSpec {
 impl BackendSpec {
     pub fn open(&self) -> Result<Box<dyn Backend>> {
         Ok(match self {
-            BackendSpec::Sqlite { path, synchronous } => Box::new(SqliteStore::open(path, *synchronous)?),
+            BackendSpec::Sqlite { path, synchronous } => {
+                Box::new(SqliteStore::open(path, *synchronous)?)
+            }
             BackendSpec::Postgres { url, .. } => Box::new(PgStore::open(url)?),
             BackendSpec::Memory(m) => Box::new(m.clone()),
         })
@@ -283,7 +292,9 @@ impl<R: Send + 'static> Task for Call<R> {
         let out = catch_unwind(AssertUnwindSafe(|| match &mut self.body {
             Callable::Once(body) => match body.take() {
                 Some(body) => body(backend),
-                None => Err(Error::Unavailable("a one-shot storage message cannot run twice".into())),
+                None => Err(Error::Unavailable(
+                    "a one-shot storage message cannot run twice".into(),
+                )),
             },
             Callable::Again(body) => body(backend),
         }))
@@ -309,7 +320,9 @@ impl<R: Send + 'static> Task for Call<R> {
     }
 
     fn reply(self: Box<Self>, commit_failed: Option<&Error>) {
-        let out = self.out.unwrap_or_else(|| Err(Error::Unavailable("the storage message never ran".into())));
+        let out = self
+            .out
+            .unwrap_or_else(|| Err(Error::Unavailable("the storage message never ran".into())));
         let out = match (commit_failed, out) {
             (Some(e), Ok(_)) => Err(Error::Unavailable(format!("group commit failed: {e}"))),
             (_, out) => out,
@@ -349,7 +362,9 @@ impl SpaceWatch {
         let exhausted = space == WriteSpace::Exhausted;
         if self.exhausted.swap(exhausted, SeqCst) != exhausted {
             if exhausted {
-                tracing::error!("storage writes fail for lack of space; readiness fails until a write commits");
+                tracing::error!(
+                    "storage writes fail for lack of space; readiness fails until a write commits"
+                );
             } else {
                 tracing::warn!("storage writes commit again after running out of space");
             }
@@ -454,13 +469,27 @@ pub type Body<R> = Box<dyn FnOnce(&mut dyn Backend) -> Result<R> + Send>;
 pub type BodyAgain<R> = Box<dyn FnMut(&mut dyn Backend) -> Result<R> + Send>;
 
 /// Build a job from a transaction body and the channel its result goes back on; it runs once.
-pub fn job<R: Send + 'static>(body: Body<R>, reply: tokio::sync::oneshot::Sender<Result<R>>) -> Job {
-    Job(Box::new(Call { body: Callable::Once(Some(body)), out: None, reply }))
+pub fn job<R: Send + 'static>(
+    body: Body<R>,
+    reply: tokio::sync::oneshot::Sender<Result<R>>,
+) -> Job {
+    Job(Box::new(Call {
+        body: Callable::Once(Some(body)),
+        out: None,
+        reply,
+    }))
 }
 
 /// Build a job the actor may run again alone after a lost race.
-pub fn job_again<R: Send + 'static>(body: BodyAgain<R>, reply: tokio::sync::oneshot::Sender<Result<R>>) -> Job {
-    Job(Box::new(Call { body: Callable::Again(body), out: None, reply }))
+pub fn job_again<R: Send + 'static>(
+    body: BodyAgain<R>,
+    reply: tokio::sync::oneshot::Sender<Result<R>>,
+) -> Job {
+    Job(Box::new(Call {
+        body: Callable::Again(body),
+        out: None,
+        reply,
+    }))
 }
 
 /// How often the actor runs one message again alone after it lost a race (on top of the backend's own
@@ -478,7 +507,12 @@ pub struct StorageActor {
 impl StorageActor {
     pub fn new(spec: BackendSpec) -> Self {
         let backend = Self::open(&spec);
-        StorageActor { spec, backend, stats: Default::default(), space: Default::default() }
+        StorageActor {
+            spec,
+            backend,
+            stats: Default::default(),
+            space: Default::default(),
+        }
     }
 
     fn open(spec: &BackendSpec) -> std::result::Result<Box<dyn Backend>, String> {
@@ -515,10 +549,16 @@ impl StorageActor {
         for j in &mut jobs {
             poisoned |= j.run(backend.as_mut());
         }
-        let mut commit_failed = if grouped { backend.end_group(true).err() } else { None };
+        let mut commit_failed = if grouped {
+            backend.end_group(true).err()
+        } else {
+            None
+        };
         if grouped && commit_failed.is_none() {
             self.stats.groups.fetch_add(1, Relaxed);
-            self.stats.grouped_messages.fetch_add(jobs.len() as u64, Relaxed);
+            self.stats
+                .grouped_messages
+                .fetch_add(jobs.len() as u64, Relaxed);
         }
         if let Some(e) = &commit_failed {
             poisoned |= e.poisons_connection();
@@ -549,7 +589,9 @@ impl StorageActor {
         // SPEC §8.1: a write that failed for lack of space fails readiness until a write commits again
         // (a failure in the group outweighs its other messages' commit).
         let no_space = commit_failed.as_ref().is_some_and(Error::is_no_space)
-            || jobs.iter().any(|j| j.error().is_some_and(Error::is_no_space));
+            || jobs
+                .iter()
+                .any(|j| j.error().is_some_and(Error::is_no_space));
         if no_space {
             self.space.set(WriteSpace::Exhausted);
         } else if commit_failed.is_none() && backend.writes() != writes_before {

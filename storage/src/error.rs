@@ -35,7 +35,10 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn corrupt(what: &'static str, why: impl std::fmt::Display) -> Self {
-        Error::Corrupt { what, why: why.to_string() }
+        Error::Corrupt {
+            what,
+            why: why.to_string(),
+        }
     }
 
     /// Whether waiting and trying again may succeed (SPEC §5.5): the actor down or its queue full, a
@@ -46,7 +49,9 @@ impl Error {
             Error::Unavailable(_) | Error::Panicked(_) => true,
             Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
                 e.code,
-                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked | rusqlite::ErrorCode::DiskFull
+                rusqlite::ErrorCode::DatabaseBusy
+                    | rusqlite::ErrorCode::DatabaseLocked
+                    | rusqlite::ErrorCode::DiskFull
             ),
             Error::Postgres(e) => pg_transient(e),
             _ => false,
@@ -59,7 +64,9 @@ impl Error {
     /// write succeed.
     pub fn is_no_space(&self) -> bool {
         match self {
-            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => e.code == rusqlite::ErrorCode::DiskFull,
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.code == rusqlite::ErrorCode::DiskFull
+            }
             Error::Postgres(e) => pg_code(e) == Some("53100"),
             _ => false,
         }
@@ -113,7 +120,11 @@ fn pg_transient(e: &postgres::Error) -> bool {
     match pg_code(e) {
         None => pg_lost(e),
         Some(c) => {
-            PG_RACES.contains(&c) || matches!(c, "55P03" | "57014") || c.starts_with("53") || c.starts_with("57P") || c.starts_with("08")
+            PG_RACES.contains(&c)
+                || matches!(c, "55P03" | "57014")
+                || c.starts_with("53")
+                || c.starts_with("57P")
+                || c.starts_with("08")
         }
     }
 }
@@ -137,9 +148,9 @@ impl DecodeProblem {
     pub fn of(e: &serde_json::Error) -> Self {
         match e.classify() {
             serde_json::error::Category::Data => DecodeProblem::UnsupportedSchema,
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
-                DecodeProblem::InvalidJson
-            }
+            serde_json::error::Category::Syntax
+            | serde_json::error::Category::Eof
+            | serde_json::error::Category::Io => DecodeProblem::InvalidJson,
         }
     }
 
@@ -163,7 +174,9 @@ mod tests {
     use super::DecodeProblem;
 
     fn problem<T: serde::de::DeserializeOwned + std::fmt::Debug>(text: &str) -> DecodeProblem {
-        DecodeProblem::of(&serde_json::from_str::<T>(text).expect_err("a text that does not decode"))
+        DecodeProblem::of(
+            &serde_json::from_str::<T>(text).expect_err("a text that does not decode"),
+        )
     }
 
     /// Text that is not JSON — garbage, cut short, trailing bytes — is invalid JSON; JSON of the wrong
@@ -171,9 +184,23 @@ mod tests {
     #[test]
     fn a_decode_failure_is_invalid_json_or_an_unsupported_schema() {
         use crate::ledger::AdmitOutcome;
-        for text in ["", "not json", "{\"outcome\":\"started\",", "{\"outcome\":\"started\",\"runId\":\"r\"} x", "\u{0}"] {
-            assert_eq!(problem::<AdmitOutcome>(text), DecodeProblem::InvalidJson, "{text:?}");
-            assert_eq!(problem::<serde_json::Value>(text), DecodeProblem::InvalidJson, "{text:?}");
+        for text in [
+            "",
+            "not json",
+            "{\"outcome\":\"started\",",
+            "{\"outcome\":\"started\",\"runId\":\"r\"} x",
+            "\u{0}",
+        ] {
+            assert_eq!(
+                problem::<AdmitOutcome>(text),
+                DecodeProblem::InvalidJson,
+                "{text:?}"
+            );
+            assert_eq!(
+                problem::<serde_json::Value>(text),
+                DecodeProblem::InvalidJson,
+                "{text:?}"
+            );
         }
         for text in [
             "{\"outcome\":\"teleported\",\"runId\":\"r\"}",
@@ -184,9 +211,16 @@ mod tests {
             "42",
             "null",
         ] {
-            assert_eq!(problem::<AdmitOutcome>(text), DecodeProblem::UnsupportedSchema, "{text:?}");
+            assert_eq!(
+                problem::<AdmitOutcome>(text),
+                DecodeProblem::UnsupportedSchema,
+                "{text:?}"
+            );
         }
         assert_eq!(DecodeProblem::InvalidJson.to_string(), "invalid_json");
-        assert_eq!(DecodeProblem::UnsupportedSchema.as_str(), "unsupported_schema");
+        assert_eq!(
+            DecodeProblem::UnsupportedSchema.as_str(),
+            "unsupported_schema"
+        );
     }
 }

@@ -26,7 +26,9 @@ impl Generation {
             && b[9..15].iter().all(u8::is_ascii_digit)
             && b[15] == b'Z'
             && b[16] == b'-'
-            && b[17..].iter().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
+            && b[17..]
+                .iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
         shape.then(|| Generation(s.to_owned()))
     }
 
@@ -49,7 +51,12 @@ pub fn utc_stamp(now_ms: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]
@@ -76,7 +83,13 @@ mod tests {
 
     #[test]
     fn malformed_generations_are_refused() {
-        for bad in ["", "20260907T231512Z", "20260907T231512Z-3FA9C1D2", "20260907X231512Z-3fa9c1d2", "x0260907T231512Z-3fa9c1d2"] {
+        for bad in [
+            "",
+            "20260907T231512Z",
+            "20260907T231512Z-3FA9C1D2",
+            "20260907X231512Z-3fa9c1d2",
+            "x0260907T231512Z-3fa9c1d2",
+        ] {
             assert_eq!(Generation::parse(bad), None, "{bad}");
         }
         assert!(Generation::parse("20260907T231512Z-3fa9c1d2").is_some());

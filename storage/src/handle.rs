@@ -16,9 +16,9 @@ use std::sync::Arc;
 use crate::actor::{atomic, Backend, BackendSpec, Mailbox, WriteSpace};
 use crate::clock::Clock;
 use crate::ledger::{
-    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, LiveRow, Outcome,
-    Promotion, PruneReport, ReclaimAnswer, Refusal, StepRecord, StepWrite, StopAnswer, StopMode, Successor, TableRows,
-    Turn,
+    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem,
+    LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Refusal, StepRecord, StepWrite,
+    StopAnswer, StopMode, Successor, TableRows, Turn,
 };
 use crate::readers::{ReadPool, ReadSource};
 use crate::record::{RunListItem, RunRecord, RunStatus};
@@ -73,7 +73,9 @@ pub struct StorageHandle {
 
 impl std::fmt::Debug for StorageHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StorageHandle").field("kind", &self.kind).finish()
+        f.debug_struct("StorageHandle")
+            .field("kind", &self.kind)
+            .finish()
     }
 }
 
@@ -89,8 +91,12 @@ impl StorageHandle {
     pub fn start_with(spec: BackendSpec, clock: Arc<dyn Clock>, options: StorageOptions) -> Self {
         let kind = spec.kind();
         let source = match &spec {
-            BackendSpec::Sqlite { path, .. } if options.readers > 0 => Some((ReadSource::Sqlite(path.clone()), options.readers)),
-            BackendSpec::Postgres { url, pool } if *pool > 0 => Some((ReadSource::Postgres(url.clone()), *pool)),
+            BackendSpec::Sqlite { path, .. } if options.readers > 0 => {
+                Some((ReadSource::Sqlite(path.clone()), options.readers))
+            }
+            BackendSpec::Postgres { url, pool } if *pool > 0 => {
+                Some((ReadSource::Postgres(url.clone()), *pool))
+            }
             _ => None,
         };
         let news = match &spec {
@@ -98,7 +104,9 @@ impl StorageHandle {
             _ => None,
         };
         let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity);
-        let readers = source.map(|(source, n)| ReadPool::start(source, n, options.read_queue_capacity, mailbox.clone()));
+        let readers = source.map(|(source, n)| {
+            ReadPool::start(source, n, options.read_queue_capacity, mailbox.clone())
+        });
         StorageHandle {
             mailbox,
             readers,
@@ -134,7 +142,8 @@ impl StorageHandle {
     /// outage begins at once (a connection lost after its COMMIT).
     #[cfg(any(test, feature = "test-hooks"))]
     pub fn inject_lost_finishing(&self) {
-        self.lose_finishing.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.lose_finishing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Whether the storage thread's last write that ended found space: [`WriteSpace::Exhausted`] from a
@@ -182,10 +191,19 @@ impl StorageHandle {
     #[cfg(any(test, feature = "test-hooks"))]
     pub async fn fill_sqlite_for_test(&self, full: bool) -> Result<u64> {
         self.transact_once(move |b, _| {
-            let store = b.as_sqlite().ok_or_else(|| Error::Unavailable("not a SQLite backend".into()))?;
+            let store = b
+                .as_sqlite()
+                .ok_or_else(|| Error::Unavailable("not a SQLite backend".into()))?;
             let conn = store.connection();
-            let pages: i64 = if full { conn.query_row("PRAGMA page_count", [], |r| r.get(0))? } else { i64::from(u32::MAX - 1) };
-            let cap: i64 = conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| r.get(0))?;
+            let pages: i64 = if full {
+                conn.query_row("PRAGMA page_count", [], |r| r.get(0))?
+            } else {
+                i64::from(u32::MAX - 1)
+            };
+            let cap: i64 =
+                conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+                    r.get(0)
+                })?;
             Ok(cap.max(0) as u64)
         })
         .await
@@ -234,11 +252,16 @@ impl StorageHandle {
         self.send(crate::actor::job(body, tx), rx).await
     }
 
-    async fn send<R>(&self, job: crate::actor::Job, rx: tokio::sync::oneshot::Receiver<Result<R>>) -> Result<R> {
+    async fn send<R>(
+        &self,
+        job: crate::actor::Job,
+        rx: tokio::sync::oneshot::Receiver<Result<R>>,
+    ) -> Result<R> {
         if let Err(e) = self.mailbox.try_send(job) {
             return Err(e.into_error("storage actor"));
         }
-        rx.await.map_err(|_| Error::Unavailable("the storage actor dropped the message".into()))?
+        rx.await
+            .map_err(|_| Error::Unavailable("the storage actor dropped the message".into()))?
     }
 
     /// [`StorageHandle::read`] for a body that can run only once (tests).
@@ -248,7 +271,9 @@ impl StorageHandle {
         R: Send + 'static,
         F: FnOnce(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        let Some(readers) = &self.readers else { return self.transact_once(f).await };
+        let Some(readers) = &self.readers else {
+            return self.transact_once(f).await;
+        };
         if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Unavailable("injected outage".into()));
         }
@@ -258,7 +283,8 @@ impl StorageHandle {
         if let Err(e) = readers.try_send(crate::actor::job(body, tx)) {
             return Err(e.into_error("storage readers"));
         }
-        rx.await.map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
+        rx.await
+            .map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
     }
 
     /// Run the read `f` on a reader's read-only connection, with the handle's `now_ms`; on the actor
@@ -269,7 +295,9 @@ impl StorageHandle {
         R: Send + 'static,
         F: FnMut(&mut dyn Backend, i64) -> Result<R> + Send + 'static,
     {
-        let Some(readers) = &self.readers else { return self.transact(f).await };
+        let Some(readers) = &self.readers else {
+            return self.transact(f).await;
+        };
         if self.outage.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Unavailable("injected outage".into()));
         }
@@ -279,7 +307,8 @@ impl StorageHandle {
         if let Err(e) = readers.try_send(crate::actor::job_again(body, tx)) {
             return Err(e.into_error("storage readers"));
         }
-        rx.await.map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
+        rx.await
+            .map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
     }
 
     /// A no-op round trip: answers whether the storage thread is alive and its backend open.
@@ -287,8 +316,13 @@ impl StorageHandle {
         self.transact(|b, _| b.policy().map(|_| ())).await
     }
 
-    pub async fn put(&self, record: RunRecord, proposal: Option<PolicyProposal>) -> Result<PutOutcome> {
-        self.transact(move |b, now| b.put(&record, proposal.as_ref(), now)).await
+    pub async fn put(
+        &self,
+        record: RunRecord,
+        proposal: Option<PolicyProposal>,
+    ) -> Result<PutOutcome> {
+        self.transact(move |b, now| b.put(&record, proposal.as_ref(), now))
+            .await
     }
 
     pub async fn get(&self, id: String) -> Result<Option<RunRecord>> {
@@ -303,8 +337,14 @@ impl StorageHandle {
         self.read(move |b, now| b.list(&query, now)).await
     }
 
-    pub async fn events(&self, id: String, after_seq: u64, limit: Option<usize>) -> Result<Option<EventsPage>> {
-        self.read(move |b, now| b.events(&id, after_seq, limit, now)).await
+    pub async fn events(
+        &self,
+        id: String,
+        after_seq: u64,
+        limit: Option<usize>,
+    ) -> Result<Option<EventsPage>> {
+        self.read(move |b, now| b.events(&id, after_seq, limit, now))
+            .await
     }
 
     pub async fn delete(&self, id: String) -> Result<bool> {
@@ -314,9 +354,14 @@ impl StorageHandle {
     /// Retention with no write ([`RunStore::expire`](crate::store::RunStore::expire)), one pass: the
     /// orphan scan carries on where this handle's previous pass stopped.
     pub async fn expire(&self) -> Result<crate::store::Expired> {
-        let after = self.expire_after.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let after = self
+            .expire_after
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let out = self.transact(move |b, now| b.expire(now, &after)).await?;
-        *self.expire_after.lock().unwrap_or_else(|p| p.into_inner()) = out.scan_after.clone().unwrap_or_default();
+        *self.expire_after.lock().unwrap_or_else(|p| p.into_inner()) =
+            out.scan_after.clone().unwrap_or_default();
         Ok(out)
     }
 
@@ -335,12 +380,24 @@ impl StorageHandle {
         self.transact(move |b, _| b.admit(&admit, now_ms)).await
     }
 
-    pub async fn claim(&self, run_id: String, gen: String, promotion: Promotion) -> Result<Outcome<Claimed>> {
-        self.transact(move |b, now| b.claim(&run_id, &gen, &promotion, now)).await
+    pub async fn claim(
+        &self,
+        run_id: String,
+        gen: String,
+        promotion: Promotion,
+    ) -> Result<Outcome<Claimed>> {
+        self.transact(move |b, now| b.claim(&run_id, &gen, &promotion, now))
+            .await
     }
 
-    pub async fn append(&self, run_id: String, gen: String, events: Vec<serde_json::Value>) -> Result<Outcome<()>> {
-        self.transact(move |b, _| b.append(&run_id, &gen, &events)).await
+    pub async fn append(
+        &self,
+        run_id: String,
+        gen: String,
+        events: Vec<serde_json::Value>,
+    ) -> Result<Outcome<()>> {
+        self.transact(move |b, _| b.append(&run_id, &gen, &events))
+            .await
     }
 
     /// A step's transcript turns, its events (the `input` events of the follow-ups it consumed, its own
@@ -355,8 +412,16 @@ impl StorageHandle {
         record: StepRecord,
         events: Vec<serde_json::Value>,
     ) -> Result<Outcome<()>> {
-        let write = StepWrite { first_idx, turns, record, events };
-        self.transact(move |b, _| atomic(b, |b| step_in(b, &run_id, &gen, &write), |out| out.is_ok())).await
+        let write = StepWrite {
+            first_idx,
+            turns,
+            record,
+            events,
+        };
+        self.transact(move |b, _| {
+            atomic(b, |b| step_in(b, &run_id, &gen, &write), |out| out.is_ok())
+        })
+        .await
     }
 
     /// Promote the reserved row and write the seed step (SPEC §5.2 steps 4–5, which §5.2 step 3 allows
@@ -365,7 +430,13 @@ impl StorageHandle {
     /// A row of this generation that already ran past its seed was not promoted by this launch (another
     /// generation restarted the run meanwhile and this one reclaimed it back): `Fenced`, so a late
     /// launch never runs the request again over that progress ([`crate::ledger::ran_past_its_seed`]).
-    pub async fn promote(&self, run_id: String, gen: String, promotion: Promotion, seed: StepWrite) -> Result<Outcome<Claimed>> {
+    pub async fn promote(
+        &self,
+        run_id: String,
+        gen: String,
+        promotion: Promotion,
+        seed: StepWrite,
+    ) -> Result<Outcome<Claimed>> {
         self.transact(move |b, now| {
             atomic(
                 b,
@@ -375,7 +446,9 @@ impl StorageHandle {
                         Err(refusal) => return Ok(Err(refusal)),
                     };
                     if crate::ledger::ran_past_its_seed(claimed, b.last_step(&run_id)?.as_ref()) {
-                        return Ok(Err(Refusal::Fenced { run_id: run_id.clone() }));
+                        return Ok(Err(Refusal::Fenced {
+                            run_id: run_id.clone(),
+                        }));
                     }
                     Ok(step_in(b, &run_id, &gen, &seed)?.map(|()| claimed))
                 },
@@ -388,14 +461,21 @@ impl StorageHandle {
     /// Admit at `now_ms`; a run this admission starts gets `events` (its `run_meta` and `input`, seqs 1
     /// and 2) in the same transaction, so a crash right after admission never loses them (SPEC §5.2
     /// step 2).
-    pub async fn admit_with_events(&self, admit: Admit, events: Vec<serde_json::Value>, now_ms: i64) -> Result<AdmitOutcome> {
+    pub async fn admit_with_events(
+        &self,
+        admit: Admit,
+        events: Vec<serde_json::Value>,
+        now_ms: i64,
+    ) -> Result<AdmitOutcome> {
         self.transact(move |b, _| {
             atomic(
                 b,
                 |b| {
                     let out = b.admit(&admit, now_ms)?;
                     if matches!(&out, AdmitOutcome::Started { run_id } if *run_id == admit.run_id) {
-                        b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| Error::Unavailable(format!("first events refused: {r}")))?;
+                        b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| {
+                            Error::Unavailable(format!("first events refused: {r}"))
+                        })?;
                     }
                     Ok(out)
                 },
@@ -415,27 +495,57 @@ impl StorageHandle {
         gen: String,
         patch: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Outcome<()>> {
-        self.transact(move |b, _| b.set_state(&run_id, &gen, &patch)).await
+        self.transact(move |b, _| b.set_state(&run_id, &gen, &patch))
+            .await
     }
 
-    pub async fn heartbeat(&self, run_id: String, gen: String, lease_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
-        self.transact(move |b, now| b.heartbeat(&run_id, &gen, lease_ms, now)).await
+    pub async fn heartbeat(
+        &self,
+        run_id: String,
+        gen: String,
+        lease_ms: i64,
+    ) -> Result<Outcome<HeartbeatAnswer>> {
+        self.transact(move |b, now| b.heartbeat(&run_id, &gen, lease_ms, now))
+            .await
     }
 
-    pub async fn request_stop(&self, run_id: String, mode: StopMode) -> Result<Outcome<StopAnswer>> {
-        self.transact(move |b, now| b.request_stop(&run_id, mode, now)).await
+    pub async fn request_stop(
+        &self,
+        run_id: String,
+        mode: StopMode,
+    ) -> Result<Outcome<StopAnswer>> {
+        self.transact(move |b, now| b.request_stop(&run_id, mode, now))
+            .await
     }
 
-    pub async fn handoff(&self, gen: String, run_ids: Vec<String>) -> Result<Vec<(String, HandoffResult)>> {
+    pub async fn handoff(
+        &self,
+        gen: String,
+        run_ids: Vec<String>,
+    ) -> Result<Vec<(String, HandoffResult)>> {
         self.transact(move |b, _| b.handoff(&gen, &run_ids)).await
     }
 
-    pub async fn finishing(&self, run_id: String, gen: String, status: RunStatus, answer: Option<String>) -> Result<Outcome<()>> {
-        let answered = self.transact(move |b, _| b.finishing(&run_id, &gen, status, answer.as_deref())).await;
+    pub async fn finishing(
+        &self,
+        run_id: String,
+        gen: String,
+        status: RunStatus,
+        answer: Option<String>,
+    ) -> Result<Outcome<()>> {
+        let answered = self
+            .transact(move |b, _| b.finishing(&run_id, &gen, status, answer.as_deref()))
+            .await;
         #[cfg(any(test, feature = "test-hooks"))]
-        if answered.is_ok() && self.lose_finishing.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        if answered.is_ok()
+            && self
+                .lose_finishing
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
             self.inject_outage(true);
-            return Err(Error::Unavailable("injected: the answer of a committed finishing was lost".into()));
+            return Err(Error::Unavailable(
+                "injected: the answer of a committed finishing was lost".into(),
+            ));
         }
         answered
     }
@@ -450,23 +560,43 @@ impl StorageHandle {
         proposal: Option<PolicyProposal>,
         successor: Option<Successor>,
     ) -> Result<Outcome<PutOutcome>> {
-        self.transact(move |b, now| finish_in(b, &gen, &record, proposal.as_ref(), successor.as_ref(), now)).await
+        self.transact(move |b, now| {
+            finish_in(b, &gen, &record, proposal.as_ref(), successor.as_ref(), now)
+        })
+        .await
     }
 
     pub async fn abandon(&self, run_id: String, gen: String) -> Result<Outcome<()>> {
         self.transact(move |b, _| b.abandon(&run_id, &gen)).await
     }
 
-    pub async fn push_inbox(&self, run_id: String, message: serde_json::Value) -> Result<Outcome<u64>> {
-        self.transact(move |b, _| b.push_inbox(&run_id, &message)).await
+    pub async fn push_inbox(
+        &self,
+        run_id: String,
+        message: serde_json::Value,
+    ) -> Result<Outcome<u64>> {
+        self.transact(move |b, _| b.push_inbox(&run_id, &message))
+            .await
     }
 
-    pub async fn read_inbox(&self, run_id: String, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
-        self.read(move |b, _| b.read_inbox(&run_id, after_seq)).await
+    pub async fn read_inbox(
+        &self,
+        run_id: String,
+        after_seq: Option<u64>,
+    ) -> Result<Outcome<Vec<InboxItem>>> {
+        self.read(move |b, _| b.read_inbox(&run_id, after_seq))
+            .await
     }
 
-    pub async fn reclaim(&self, gen: String, lease_ms: i64, dead_gens: Vec<String>, driven: Vec<String>) -> Result<ReclaimAnswer> {
-        self.transact(move |b, now| b.reclaim(&gen, now, lease_ms, &dead_gens, &driven)).await
+    pub async fn reclaim(
+        &self,
+        gen: String,
+        lease_ms: i64,
+        dead_gens: Vec<String>,
+        driven: Vec<String>,
+    ) -> Result<ReclaimAnswer> {
+        self.transact(move |b, now| b.reclaim(&gen, now, lease_ms, &dead_gens, &driven))
+            .await
     }
 
     pub async fn list_live(&self) -> Result<Vec<LiveRow>> {
@@ -500,8 +630,14 @@ impl StorageHandle {
         self.transact(move |b, _| b.is_killed(&run_id)).await
     }
 
-    pub async fn live_events(&self, run_id: String, after_seq: u64, limit: usize) -> Result<Option<Vec<serde_json::Value>>> {
-        self.read(move |b, _| b.live_events(&run_id, after_seq, limit)).await
+    pub async fn live_events(
+        &self,
+        run_id: String,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<serde_json::Value>>> {
+        self.read(move |b, _| b.live_events(&run_id, after_seq, limit))
+            .await
     }
 
     /// Which of `run_ids` carry a deletion fence (sorted, each once): one read for a whole listing.
@@ -525,8 +661,12 @@ impl StorageHandle {
             atomic(
                 b,
                 |b| {
-                    let keep: Vec<String> =
-                        b.generations()?.into_iter().map(|g| g.gen).filter(|g| !dead_gens.contains(g)).collect();
+                    let keep: Vec<String> = b
+                        .generations()?
+                        .into_iter()
+                        .map(|g| g.gen)
+                        .filter(|g| !dead_gens.contains(g))
+                        .collect();
                     b.prune(now, ttl, &keep)
                 },
                 |_| true,
@@ -538,7 +678,8 @@ impl StorageHandle {
     /// [`RunLedger::prune`](crate::ledger::RunLedger::prune) as is: every generation not in `keep_gens`
     /// may go, and receipts live `receipt_ttl_ms` after their run ended.
     pub async fn prune(&self, receipt_ttl_ms: i64, keep_gens: Vec<String>) -> Result<PruneReport> {
-        self.transact(move |b, now| b.prune(now, receipt_ttl_ms, &keep_gens)).await
+        self.transact(move |b, now| b.prune(now, receipt_ttl_ms, &keep_gens))
+            .await
     }
 
     /// Row counts of every table (a full count: tests, forensics, an occasional gauge).
@@ -563,7 +704,8 @@ impl StorageHandle {
         holder: crate::Generation,
         lease_ms: i64,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.allocate_request(&identity, &holder, lease_ms, now)).await
+        self.transact(move |b, now| b.allocate_request(&identity, &holder, lease_ms, now))
+            .await
     }
 
     /// Renew the lease of `holder`'s pending requests among `request_ids`; answers how many.
@@ -573,12 +715,17 @@ impl StorageHandle {
         request_ids: Vec<crate::plan::RequestId>,
         lease_ms: i64,
     ) -> Result<usize> {
-        self.transact(move |b, now| b.renew_requests(&holder, &request_ids, lease_ms, now)).await
+        self.transact(move |b, now| b.renew_requests(&holder, &request_ids, lease_ms, now))
+            .await
     }
 
     /// The pending requests whose holder is among `dead`, past its lease, or absent.
-    pub async fn orphaned_plan_requests(&self, dead: Vec<crate::Generation>) -> Result<Vec<crate::plan::Orphan>> {
-        self.read(move |b, now| b.orphaned_requests(&dead, now)).await
+    pub async fn orphaned_plan_requests(
+        &self,
+        dead: Vec<crate::Generation>,
+    ) -> Result<Vec<crate::plan::Orphan>> {
+        self.read(move |b, now| b.orphaned_requests(&dead, now))
+            .await
     }
 
     /// The publication CAS: the plan's binding, every card and the exact pending attempt are checked in
@@ -589,7 +736,8 @@ impl StorageHandle {
         binding: crate::plan::PlanBinding,
         cards: Vec<crate::plan::Card>,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.complete_suggestions(&request_id, &binding, &cards, now)).await
+        self.transact(move |b, now| b.complete_suggestions(&request_id, &binding, &cards, now))
+            .await
     }
 
     pub async fn settle_suggestion(
@@ -598,24 +746,30 @@ impl StorageHandle {
         binding: crate::plan::PlanBinding,
         settlement: crate::plan::Settlement,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.settle_suggestion(&request_id, &binding, &settlement, now)).await
+        self.transact(move |b, now| b.settle_suggestion(&request_id, &binding, &settlement, now))
+            .await
     }
 
     pub async fn consume_suggestion(
         &self,
         request_id: crate::plan::RequestId,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::Consumed>> {
-        self.transact(move |b, now| b.consume(&request_id, now)).await
+        self.transact(move |b, now| b.consume(&request_id, now))
+            .await
     }
 
     pub async fn dismiss_suggestion(
         &self,
         request_id: crate::plan::RequestId,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.dismiss(&request_id, now)).await
+        self.transact(move |b, now| b.dismiss(&request_id, now))
+            .await
     }
 
-    pub async fn plan_request(&self, request_id: crate::plan::RequestId) -> Result<Option<crate::plan::PlanRequest>> {
+    pub async fn plan_request(
+        &self,
+        request_id: crate::plan::RequestId,
+    ) -> Result<Option<crate::plan::PlanRequest>> {
         self.read(move |b, _| b.get_request(&request_id)).await
     }
 }
@@ -654,9 +808,15 @@ fn finish_in(
             if let (Ok(_), Some((admit, events))) = (&out, admission) {
                 match b.admit(&admit, now_ms)? {
                     AdmitOutcome::Started { .. } => {
-                        b.append(&admit.run_id, gen, &events)?.map_err(|r| Error::Unavailable(format!("successor events refused: {r}")))?;
+                        b.append(&admit.run_id, gen, &events)?.map_err(|r| {
+                            Error::Unavailable(format!("successor events refused: {r}"))
+                        })?;
                     }
-                    other => return Err(Error::Unavailable(format!("successor not admitted: {other:?}"))),
+                    other => {
+                        return Err(Error::Unavailable(format!(
+                            "successor not admitted: {other:?}"
+                        )))
+                    }
                 }
             }
             Ok(out)

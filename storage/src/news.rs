@@ -41,9 +41,10 @@ impl News {
     /// The run the note is about (`None` for [`News::Resync`]).
     pub fn run_id(&self) -> Option<&str> {
         match self {
-            News::Appended { run_id, .. } | News::Stop { run_id } | News::Ended { run_id } | News::Killed { run_id } => {
-                Some(run_id)
-            }
+            News::Appended { run_id, .. }
+            | News::Stop { run_id }
+            | News::Ended { run_id }
+            | News::Killed { run_id } => Some(run_id),
             News::Resync => None,
         }
     }
@@ -67,11 +68,20 @@ impl News {
         let news = match kind {
             "a" => {
                 let seq = words.next()?.parse().ok()?;
-                News::Appended { run_id: run_id(words.next()?)?, seq }
+                News::Appended {
+                    run_id: run_id(words.next()?)?,
+                    seq,
+                }
             }
-            "s" => News::Stop { run_id: run_id(words.next()?)? },
-            "e" => News::Ended { run_id: run_id(words.next()?)? },
-            "k" => News::Killed { run_id: run_id(words.next()?)? },
+            "s" => News::Stop {
+                run_id: run_id(words.next()?)?,
+            },
+            "e" => News::Ended {
+                run_id: run_id(words.next()?)?,
+            },
+            "k" => News::Killed {
+                run_id: run_id(words.next()?)?,
+            },
             "r" => News::Resync,
             _ => return None,
         };
@@ -94,19 +104,29 @@ pub struct NewsFeed {
 
 impl std::fmt::Debug for NewsFeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewsFeed").field("receivers", &self.sender.receiver_count()).finish()
+        f.debug_struct("NewsFeed")
+            .field("receivers", &self.sender.receiver_count())
+            .finish()
     }
 }
 
 impl NewsFeed {
     /// A feed fed by a PostgreSQL listener on `url` (started on first subscribe).
     pub fn postgres(url: String) -> Arc<NewsFeed> {
-        Arc::new(NewsFeed { sender: broadcast::channel(FEED_CAPACITY).0, source: Some(url), started: OnceLock::new() })
+        Arc::new(NewsFeed {
+            sender: broadcast::channel(FEED_CAPACITY).0,
+            source: Some(url),
+            started: OnceLock::new(),
+        })
     }
 
     /// A feed with no listener: only [`NewsFeed::publish`] feeds it (tests).
     pub fn local() -> Arc<NewsFeed> {
-        Arc::new(NewsFeed { sender: broadcast::channel(FEED_CAPACITY).0, source: None, started: OnceLock::new() })
+        Arc::new(NewsFeed {
+            sender: broadcast::channel(FEED_CAPACITY).0,
+            source: None,
+            started: OnceLock::new(),
+        })
     }
 
     /// A receiver of every note from now on. The first call starts the listener; it says
@@ -114,7 +134,9 @@ impl NewsFeed {
     pub fn subscribe(self: &Arc<Self>) -> broadcast::Receiver<News> {
         let rx = self.sender.subscribe();
         if let Some(url) = &self.source {
-            self.started.get_or_init(|| crate::postgres::news::spawn_listener(url.clone(), Arc::downgrade(self)));
+            self.started.get_or_init(|| {
+                crate::postgres::news::spawn_listener(url.clone(), Arc::downgrade(self))
+            });
         }
         rx
     }
@@ -133,31 +155,78 @@ mod tests {
     #[test]
     fn payloads_round_trip_and_anything_else_is_ignored() {
         let notes = [
-            News::Appended { run_id: "r-1_x".into(), seq: u64::MAX },
-            News::Stop { run_id: "r1".into() },
-            News::Ended { run_id: "r1".into() },
-            News::Killed { run_id: "r1".into() },
+            News::Appended {
+                run_id: "r-1_x".into(),
+                seq: u64::MAX,
+            },
+            News::Stop {
+                run_id: "r1".into(),
+            },
+            News::Ended {
+                run_id: "r1".into(),
+            },
+            News::Killed {
+                run_id: "r1".into(),
+            },
             News::Resync,
         ];
         for n in notes {
-            assert_eq!(News::parse(&n.payload()), Some(n.clone()), "{}", n.payload());
+            assert_eq!(
+                News::parse(&n.payload()),
+                Some(n.clone()),
+                "{}",
+                n.payload()
+            );
         }
-        for bad in ["", "a", "a 1", "a x r1", "a 1 r1 extra", "s", "s bad/id", "z r1", "k ", "a -1 r1"] {
+        for bad in [
+            "",
+            "a",
+            "a 1",
+            "a x r1",
+            "a 1 r1 extra",
+            "s",
+            "s bad/id",
+            "z r1",
+            "k ",
+            "a -1 r1",
+        ] {
             assert_eq!(News::parse(bad), None, "{bad:?}");
         }
-        assert!(News::Killed { run_id: "x".repeat(64) }.payload().len() < 100);
+        assert!(
+            News::Killed {
+                run_id: "x".repeat(64)
+            }
+            .payload()
+            .len()
+                < 100
+        );
     }
 
     #[tokio::test]
     async fn a_local_feed_reaches_every_receiver_and_a_lagging_one_is_told() {
         let feed = NewsFeed::local();
         let (mut a, mut b) = (feed.subscribe(), feed.subscribe());
-        feed.publish(News::Stop { run_id: "r1".into() });
-        assert_eq!(a.recv().await.ok(), Some(News::Stop { run_id: "r1".into() }));
-        assert_eq!(b.recv().await.ok(), Some(News::Stop { run_id: "r1".into() }));
+        feed.publish(News::Stop {
+            run_id: "r1".into(),
+        });
+        assert_eq!(
+            a.recv().await.ok(),
+            Some(News::Stop {
+                run_id: "r1".into()
+            })
+        );
+        assert_eq!(
+            b.recv().await.ok(),
+            Some(News::Stop {
+                run_id: "r1".into()
+            })
+        );
         for _ in 0..=FEED_CAPACITY {
             feed.publish(News::Resync);
         }
-        assert!(matches!(a.recv().await, Err(broadcast::error::RecvError::Lagged(_))));
+        assert!(matches!(
+            a.recv().await,
+            Err(broadcast::error::RecvError::Lagged(_))
+        ));
     }
 }

@@ -48,7 +48,10 @@ impl std::fmt::Debug for ReadSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ReadSource::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
-            ReadSource::Postgres(url) => f.debug_tuple("Postgres").field(&crate::redact_url(url)).finish(),
+            ReadSource::Postgres(url) => f
+                .debug_tuple("Postgres")
+                .field(&crate::redact_url(url))
+                .finish(),
         }
     }
 }

@@ -32,7 +32,12 @@ pub(crate) fn decode_event_row(run_id: &str, seq: i64, json: &str) -> Option<ser
         Ok(event) => Some(event),
         Err(e) => {
             let problem = crate::DecodeProblem::of(&e);
-            tracing::warn!(run_id, seq, problem = problem.as_str(), "skipped a corrupt event row");
+            tracing::warn!(
+                run_id,
+                seq,
+                problem = problem.as_str(),
+                "skipped a corrupt event row"
+            );
             None
         }
     }
@@ -68,7 +73,10 @@ impl StoredPolicy {
         if self.updated_at.is_some_and(|cur| stamp <= cur) {
             return false;
         }
-        *self = StoredPolicy { policy: p.policy, updated_at: Some(stamp) };
+        *self = StoredPolicy {
+            policy: p.policy,
+            updated_at: Some(stamp),
+        };
         true
     }
 }
@@ -134,17 +142,25 @@ impl ListQuery {
     }
 
     pub fn effective_limit(&self) -> usize {
-        self.limit.unwrap_or(LIST_DEFAULT_LIMIT).clamp(1, LIST_MAX_LIMIT)
+        self.limit
+            .unwrap_or(LIST_DEFAULT_LIMIT)
+            .clamp(1, LIST_MAX_LIMIT)
     }
 
     /// The non-visibility filters and the cursor, as one predicate over a listing row.
     pub fn admits(&self, item: &RunListItem) -> bool {
         let h = &item.head;
         self.since_ms.is_none_or(|s| h.finished_at >= s)
-            && self.agent.as_deref().is_none_or(|a| h.agent.as_deref() == Some(a))
+            && self
+                .agent
+                .as_deref()
+                .is_none_or(|a| h.agent.as_deref() == Some(a))
             && self.channel.as_deref().is_none_or(|c| h.channel_id == c)
             && self.thread_key.as_deref().is_none_or(|t| h.thread_key == t)
-            && self.parent_run_id.as_deref().is_none_or(|p| h.parent_run_id.as_deref() == Some(p))
+            && self
+                .parent_run_id
+                .as_deref()
+                .is_none_or(|p| h.parent_run_id.as_deref() == Some(p))
             && self.status.is_none_or(|s| h.status == s && !h.provisional)
             && self.before.as_ref().is_none_or(|c| match &c.id {
                 Some(id) => (h.finished_at, h.id.as_str()) < (c.finished_at, id.as_str()),
@@ -165,7 +181,10 @@ impl ListPage {
     pub(crate) fn from_items(items: Vec<RunListItem>, limit: usize) -> Self {
         let next_before = (items.len() == limit).then(|| {
             let last = &items[items.len() - 1].head;
-            Cursor { finished_at: last.finished_at, id: Some(last.id.clone()) }
+            Cursor {
+                finished_at: last.finished_at,
+                id: Some(last.id.clone()),
+            }
         });
         ListPage { items, next_before }
     }
@@ -179,20 +198,33 @@ pub struct EventsPage {
 }
 
 pub fn effective_events_limit(limit: Option<usize>) -> usize {
-    limit.unwrap_or(EVENTS_DEFAULT_LIMIT).clamp(1, EVENTS_MAX_LIMIT)
+    limit
+        .unwrap_or(EVENTS_DEFAULT_LIMIT)
+        .clamp(1, EVENTS_MAX_LIMIT)
 }
 
 /// Finished-run history (SPEC §3). Each method is one transaction.
 pub trait RunStore: Send {
     /// Upsert a finished (or provisional) record under the persisted policy, adopting `proposal` first
     /// when it is newer.
-    fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome>;
+    fn put(
+        &mut self,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<PutOutcome>;
     fn get(&mut self, id: &str, now_ms: i64) -> Result<Option<RunRecord>>;
     /// The listing row (no events) with its `bytes`.
     fn get_summary(&mut self, id: &str, now_ms: i64) -> Result<Option<RunListItem>>;
     fn list(&mut self, query: &ListQuery, now_ms: i64) -> Result<ListPage>;
     /// Events strictly after `after_seq`; `None` for an unknown, expired or malformed id.
-    fn events(&mut self, id: &str, after_seq: u64, limit: Option<usize>, now_ms: i64) -> Result<Option<EventsPage>>;
+    fn events(
+        &mut self,
+        id: &str,
+        after_seq: u64,
+        limit: Option<usize>,
+        now_ms: i64,
+    ) -> Result<Option<EventsPage>>;
     /// Remove the record and its events; answers whether a row existed.
     fn delete(&mut self, id: &str) -> Result<bool>;
     fn policy(&mut self) -> Result<StoredPolicy>;

@@ -64,25 +64,39 @@ fn admission(thread: &str, run_id: &str, key: Option<&str>) -> Admit {
         run_id: run_id.to_owned(),
         request: json!({"text": "hello"}),
         meta: json!({"agent": "demo", "request": {"text": "hello"}}),
-        key: key.map(|k| ReceiptKey { scope: "tok".into(), key: k.into(), body_hash: "h".into() }),
+        key: key.map(|k| ReceiptKey {
+            scope: "tok".into(),
+            key: k.into(),
+            body_hash: "h".into(),
+        }),
         lease_ms: 30_000,
         writer: None,
     }
 }
 
 fn seqs(events: &[Value]) -> Vec<u64> {
-    events.iter().map(|e| e["seq"].as_u64().expect("seq")).collect()
+    events
+        .iter()
+        .map(|e| e["seq"].as_u64().expect("seq"))
+        .collect()
 }
 
 /// The warnings among `logged` whose message is `message`.
 fn warnings<'a>(logged: &'a [Logged], message: &str) -> Vec<&'a Logged> {
-    logged.iter().filter(|l| l.level == tracing::Level::WARN && l.message == message).collect()
+    logged
+        .iter()
+        .filter(|l| l.level == tracing::Level::WARN && l.message == message)
+        .collect()
 }
 
 fn assert_never_mentions(logged: &[Logged], secrets: &[&str]) {
     for line in logged {
         for secret in secrets {
-            assert!(!line.text().contains(secret), "a log line repeats {secret:?}: {}", line.text());
+            assert!(
+                !line.text().contains(secret),
+                "a log line repeats {secret:?}: {}",
+                line.text()
+            );
         }
     }
 }
@@ -90,22 +104,52 @@ fn assert_never_mentions(logged: &[Logged], secrets: &[&str]) {
 /// Seq 2 of a finished record and seq 2 of a live run are not JSON: every read answers the other
 /// events, and each skip is logged once per read with the run id, the seq and `invalid_json`.
 fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mut S) {
-    assert!(s.put(&record("done", vec![ev(1), ev(2), ev(3)]), None, NOW + 10).unwrap().stored);
-    assert_eq!(s.admit(&admission("C1:t1", "live", None), NOW).unwrap(), AdmitOutcome::Started { run_id: "live".into() });
-    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+    assert!(
+        s.put(&record("done", vec![ev(1), ev(2), ev(3)]), None, NOW + 10)
+            .unwrap()
+            .stored
+    );
+    assert_eq!(
+        s.admit(&admission("C1:t1", "live", None), NOW).unwrap(),
+        AdmitOutcome::Started {
+            run_id: "live".into()
+        }
+    );
+    let p = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 30_000,
+    };
     s.claim("live", G1, &p, NOW).unwrap().expect("promoted");
-    s.append("live", G1, &[ev(1), ev(2), ev(3)]).unwrap().expect("appended");
+    s.append("live", G1, &[ev(1), ev(2), ev(3)])
+        .unwrap()
+        .expect("appended");
     s.raw(&format!("UPDATE run_events SET json = '{{\"type\": \"note\", \"summary\": \"{STORED}' WHERE seq = 2"));
 
     let (record, logged) = capture(|| s.get("done", NOW + 10).unwrap().expect("the record"));
-    assert_eq!(seqs(&record.events), [1, 3], "the record keeps its other events");
+    assert_eq!(
+        seqs(&record.events),
+        [1, 3],
+        "the record keeps its other events"
+    );
     let skips = warnings(&logged, "skipped a corrupt event row");
     assert_eq!(skips.len(), 1, "{logged:?}");
-    assert_eq!((skips[0].field("run_id"), skips[0].field("seq")), (Some("done"), Some("2")));
-    assert_eq!(skips[0].field("problem"), Some(DecodeProblem::InvalidJson.as_str()));
+    assert_eq!(
+        (skips[0].field("run_id"), skips[0].field("seq")),
+        (Some("done"), Some("2"))
+    );
+    assert_eq!(
+        skips[0].field("problem"),
+        Some(DecodeProblem::InvalidJson.as_str())
+    );
     assert_never_mentions(&logged, &[STORED]);
 
-    let (page, logged) = capture(|| s.events("done", 0, None, NOW + 10).unwrap().expect("a page"));
+    let (page, logged) = capture(|| {
+        s.events("done", 0, None, NOW + 10)
+            .unwrap()
+            .expect("a page")
+    });
     assert_eq!(seqs(&page.events), [1, 3]);
     assert_eq!(warnings(&logged, "skipped a corrupt event row").len(), 1);
     assert_never_mentions(&logged, &[STORED]);
@@ -114,7 +158,10 @@ fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mu
     assert_eq!(seqs(&live), [1, 3], "a live run's other events are served");
     let skips = warnings(&logged, "skipped a corrupt event row");
     assert_eq!(skips.len(), 1, "{logged:?}");
-    assert_eq!((skips[0].field("run_id"), skips[0].field("seq")), (Some("live"), Some("2")));
+    assert_eq!(
+        (skips[0].field("run_id"), skips[0].field("seq")),
+        (Some("live"), Some("2"))
+    );
     assert_eq!(skips[0].field("problem"), Some("invalid_json"));
     assert_never_mentions(&logged, &[STORED]);
 }
@@ -125,34 +172,68 @@ fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mu
 /// second run, no inbox row — and logs the problem with the scope and the run id.
 fn a_corrupt_receipt_fails_the_retry_and_names_its_problem_without_its_bytes<S: RawSql>(s: &mut S) {
     let first = s.admit(&admission("C1:t1", "r1", Some(KEY)), NOW).unwrap();
-    assert_eq!(first, AdmitOutcome::Started { run_id: "r1".into() });
+    assert_eq!(
+        first,
+        AdmitOutcome::Started {
+            run_id: "r1".into()
+        }
+    );
     let retry = admission("C1:t1", "r2", Some(KEY));
-    assert_eq!(s.admit(&retry, NOW + 1).unwrap(), first, "a sound receipt answers verbatim");
+    assert_eq!(
+        s.admit(&retry, NOW + 1).unwrap(),
+        first,
+        "a sound receipt answers verbatim"
+    );
 
     for (answer_json, problem) in [
-        (format!("{{\"outcome\": \"started\", \"runId\": \"{STORED}"), DecodeProblem::InvalidJson),
-        (format!("{{\"outcome\": \"{STORED}\", \"runId\": \"r1\"}}"), DecodeProblem::UnsupportedSchema),
-        (format!("{{\"outcome\": \"steered\", \"runId\": \"r1\", \"seq\": \"{STORED}\"}}"), DecodeProblem::UnsupportedSchema),
+        (
+            format!("{{\"outcome\": \"started\", \"runId\": \"{STORED}"),
+            DecodeProblem::InvalidJson,
+        ),
+        (
+            format!("{{\"outcome\": \"{STORED}\", \"runId\": \"r1\"}}"),
+            DecodeProblem::UnsupportedSchema,
+        ),
+        (
+            format!("{{\"outcome\": \"steered\", \"runId\": \"r1\", \"seq\": \"{STORED}\"}}"),
+            DecodeProblem::UnsupportedSchema,
+        ),
     ] {
-        s.raw(&format!("UPDATE admit_receipts SET answer_json = '{answer_json}'"));
+        s.raw(&format!(
+            "UPDATE admit_receipts SET answer_json = '{answer_json}'"
+        ));
         let (answer, logged) = capture(|| s.admit(&retry, NOW + 2));
         let err = answer.expect_err("a receipt that does not decode cannot answer");
         match &err {
-            Error::Corrupt { what, why } => assert_eq!((*what, why.as_str()), ("admit_receipts.answer_json", problem.as_str())),
+            Error::Corrupt { what, why } => assert_eq!(
+                (*what, why.as_str()),
+                ("admit_receipts.answer_json", problem.as_str())
+            ),
             other => panic!("expected Corrupt, got {other:?}"),
         }
         assert!(!err.is_transient(), "retrying reads the same bytes");
         for secret in [STORED, KEY] {
-            assert!(!err.to_string().contains(secret), "the error repeats {secret:?}: {err}");
+            assert!(
+                !err.to_string().contains(secret),
+                "the error repeats {secret:?}: {err}"
+            );
         }
         let lines = warnings(&logged, "a stored admit receipt does not decode");
         assert_eq!(lines.len(), 1, "{logged:?}");
         assert_eq!(lines[0].field("problem"), Some(problem.as_str()));
-        assert_eq!((lines[0].field("scope"), lines[0].field("run_id")), (Some("tok"), Some("r1")));
+        assert_eq!(
+            (lines[0].field("scope"), lines[0].field("run_id")),
+            (Some("tok"), Some("r1"))
+        );
         assert_never_mentions(&logged, &[STORED, KEY]);
 
         // Nothing was written: r1 still holds the thread alone, with an empty inbox, and no r2 exists.
-        let live: Vec<String> = s.list_live().unwrap().into_iter().map(|r| r.run_id).collect();
+        let live: Vec<String> = s
+            .list_live()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
         assert_eq!(live, ["r1"]);
         assert_eq!(s.read_inbox("r1", None).unwrap(), Ok(vec![]));
     }

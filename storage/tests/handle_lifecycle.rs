@@ -12,9 +12,15 @@ const GEN: &str = "20260101T000000Z-00000001";
 
 fn backends(dir: &std::path::Path) -> Vec<(&'static str, StorageHandle)> {
     let clock = std::sync::Arc::new(ManualClock::new(NOW));
-    let sqlite = BackendSpec::Sqlite { path: dir.join("t.db"), synchronous: Synchronous::Normal };
+    let sqlite = BackendSpec::Sqlite {
+        path: dir.join("t.db"),
+        synchronous: Synchronous::Normal,
+    };
     vec![
-        ("memory", StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), clock.clone())),
+        (
+            "memory",
+            StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), clock.clone()),
+        ),
         ("sqlite", StorageHandle::start(sqlite, clock)),
     ]
 }
@@ -45,7 +51,16 @@ fn first_events(text: &str) -> Vec<Value> {
 }
 
 fn step(step: u64, turn_index: u64, inbox: Option<u64>) -> StepRecord {
-    StepRecord { step, seq: 0, turn_index, in_flight: vec![], inbox_consumed_seq: inbox, remaining_ms: 1, turn: step, iteration: step }
+    StepRecord {
+        step,
+        seq: 0,
+        turn_index,
+        in_flight: vec![],
+        inbox_consumed_seq: inbox,
+        remaining_ms: 1,
+        turn: step,
+        iteration: step,
+    }
 }
 
 fn record(id: &str) -> storage::record::RunRecord {
@@ -56,25 +71,82 @@ fn record(id: &str) -> storage::record::RunRecord {
 }
 
 async fn go_live(h: &StorageHandle, run_id: &str) {
-    assert_eq!(h.admit_with_events(admission(run_id, "hi"), first_events("hi"), NOW).await.unwrap(), AdmitOutcome::Started { run_id: run_id.into() });
-    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
-    h.claim(run_id.into(), GEN.into(), p).await.unwrap().unwrap();
-    let seed = vec![Turn { role: "system".into(), parts: vec![json!("s")] }, Turn { role: "user".into(), parts: vec![json!("hi")] }];
-    h.durable_step(run_id.into(), GEN.into(), 0, seed, step(0, 2, None), vec![]).await.unwrap().unwrap();
+    assert_eq!(
+        h.admit_with_events(admission(run_id, "hi"), first_events("hi"), NOW)
+            .await
+            .unwrap(),
+        AdmitOutcome::Started {
+            run_id: run_id.into()
+        }
+    );
+    let p = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 30_000,
+    };
+    h.claim(run_id.into(), GEN.into(), p)
+        .await
+        .unwrap()
+        .unwrap();
+    let seed = vec![
+        Turn {
+            role: "system".into(),
+            parts: vec![json!("s")],
+        },
+        Turn {
+            role: "user".into(),
+            parts: vec![json!("hi")],
+        },
+    ];
+    h.durable_step(run_id.into(), GEN.into(), 0, seed, step(0, 2, None), vec![])
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[actix_rt::test]
 async fn an_admission_commits_its_first_events_and_a_steer_none() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        let started = h.admit_with_events(admission("r1", "hello"), first_events("hello"), NOW).await.unwrap();
-        assert_eq!(started, AdmitOutcome::Started { run_id: "r1".into() }, "{name}");
-        assert_eq!(h.live_events("r1".into(), 0, 10).await.unwrap(), Some(first_events("hello")), "{name}");
+        let started = h
+            .admit_with_events(admission("r1", "hello"), first_events("hello"), NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            started,
+            AdmitOutcome::Started {
+                run_id: "r1".into()
+            },
+            "{name}"
+        );
+        assert_eq!(
+            h.live_events("r1".into(), 0, 10).await.unwrap(),
+            Some(first_events("hello")),
+            "{name}"
+        );
         // A second message on the thread steers: the pre-minted id gets no row and no events.
-        let steered = h.admit_with_events(admission("r2", "more"), first_events("more"), NOW).await.unwrap();
-        assert!(matches!(steered, AdmitOutcome::Steered { ref run_id, .. } if run_id == "r1"), "{name}: {steered:?}");
-        assert_eq!(h.live_events("r2".into(), 0, 10).await.unwrap(), None, "{name}");
-        assert_eq!(h.live_events("r1".into(), 0, 10).await.unwrap().map(|e| e.len()), Some(2), "{name}");
+        let steered = h
+            .admit_with_events(admission("r2", "more"), first_events("more"), NOW)
+            .await
+            .unwrap();
+        assert!(
+            matches!(steered, AdmitOutcome::Steered { ref run_id, .. } if run_id == "r1"),
+            "{name}: {steered:?}"
+        );
+        assert_eq!(
+            h.live_events("r2".into(), 0, 10).await.unwrap(),
+            None,
+            "{name}"
+        );
+        assert_eq!(
+            h.live_events("r1".into(), 0, 10)
+                .await
+                .unwrap()
+                .map(|e| e.len()),
+            Some(2),
+            "{name}"
+        );
     }
 }
 
@@ -83,33 +155,100 @@ async fn a_finish_admits_one_successor_for_the_unread_inbox_in_the_same_transact
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
         go_live(&h, "r1").await;
-        let s1 = h.push_inbox("r1".into(), request("first", "u2")).await.unwrap().unwrap();
-        let s2 = h.push_inbox("r1".into(), request("second", "u3")).await.unwrap().unwrap();
-        let s3 = h.push_inbox("r1".into(), request("third", "u4")).await.unwrap().unwrap();
+        let s1 = h
+            .push_inbox("r1".into(), request("first", "u2"))
+            .await
+            .unwrap()
+            .unwrap();
+        let s2 = h
+            .push_inbox("r1".into(), request("second", "u3"))
+            .await
+            .unwrap()
+            .unwrap();
+        let s3 = h
+            .push_inbox("r1".into(), request("third", "u4"))
+            .await
+            .unwrap()
+            .unwrap();
         // A step consumed the first; the run folded the second after its last step record.
-        let turn = Turn { role: "assistant".into(), parts: vec![json!("a")] };
-        h.durable_step("r1".into(), GEN.into(), 2, vec![turn], step(1, 3, Some(s1)), vec![]).await.unwrap().unwrap();
-        let successor = Successor { run_id: "r2".into(), lease_ms: 30_000, inbox_consumed: Some(s2) };
-        h.finish(GEN.into(), record("r1"), None, Some(successor)).await.unwrap().unwrap();
+        let turn = Turn {
+            role: "assistant".into(),
+            parts: vec![json!("a")],
+        };
+        h.durable_step(
+            "r1".into(),
+            GEN.into(),
+            2,
+            vec![turn],
+            step(1, 3, Some(s1)),
+            vec![],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let successor = Successor {
+            run_id: "r2".into(),
+            lease_ms: 30_000,
+            inbox_consumed: Some(s2),
+        };
+        h.finish(GEN.into(), record("r1"), None, Some(successor))
+            .await
+            .unwrap()
+            .unwrap();
 
-        assert_eq!(h.get_live("r1".into()).await.unwrap(), None, "{name}: the finished run's row is gone");
-        let row = h.get_live("r2".into()).await.unwrap().expect("the successor is admitted");
-        assert_eq!((row.phase, row.owner_gen.as_str(), row.thread_key.as_str()), (Phase::Attaching, GEN, "c:t"), "{name}");
-        assert_eq!(row.meta["request"]["text"], "third", "{name}: only what was never read");
+        assert_eq!(
+            h.get_live("r1".into()).await.unwrap(),
+            None,
+            "{name}: the finished run's row is gone"
+        );
+        let row = h
+            .get_live("r2".into())
+            .await
+            .unwrap()
+            .expect("the successor is admitted");
+        assert_eq!(
+            (row.phase, row.owner_gen.as_str(), row.thread_key.as_str()),
+            (Phase::Attaching, GEN, "c:t"),
+            "{name}"
+        );
+        assert_eq!(
+            row.meta["request"]["text"], "third",
+            "{name}: only what was never read"
+        );
         assert_eq!(row.meta["userId"], "u4", "{name}");
         assert_eq!(row.meta["agent"], "demo", "{name}");
-        assert!(row.meta.get("deadline").is_none(), "{name}: its deadline comes from its own start");
+        assert!(
+            row.meta.get("deadline").is_none(),
+            "{name}: its deadline comes from its own start"
+        );
         let events = h.live_events("r2".into(), 0, 10).await.unwrap().unwrap();
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(kinds, ["run_meta", "input"], "{name}");
-        assert_eq!((events[1]["text"].as_str(), events[1]["source"].as_str()), (Some("third"), Some("followup")), "{name}");
+        assert_eq!(
+            (events[1]["text"].as_str(), events[1]["source"].as_str()),
+            (Some("third"), Some("followup")),
+            "{name}"
+        );
         assert!(s3 > s2, "{name}");
         // Nothing of r1's ledger rows stayed: its inbox went with it (read or not — the successor took
         // over what was unread in its own request), and so did its transcript and step records.
-        assert_eq!(h.read_transcript("r1".into()).await.unwrap().turns, vec![], "{name}");
+        assert_eq!(
+            h.read_transcript("r1".into()).await.unwrap().turns,
+            vec![],
+            "{name}"
+        );
         assert_eq!(h.last_step("r1".into()).await.unwrap(), None, "{name}");
         let rows = h.table_rows().await.unwrap();
-        assert_eq!((rows.live_runs, rows.run_steps, rows.transcript, rows.run_inbox), (1, 0, 0, 0), "{name}: {rows:?}");
+        assert_eq!(
+            (
+                rows.live_runs,
+                rows.run_steps,
+                rows.transcript,
+                rows.run_inbox
+            ),
+            (1, 0, 0, 0),
+            "{name}: {rows:?}"
+        );
     }
 }
 
@@ -118,14 +257,41 @@ async fn a_finish_with_nothing_unread_admits_nothing_and_a_close_reads_the_last_
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
         go_live(&h, "r1").await;
-        let s1 = h.push_inbox("r1".into(), request("first", "u2")).await.unwrap().unwrap();
-        let turn = Turn { role: "assistant".into(), parts: vec![json!("a")] };
-        h.durable_step("r1".into(), GEN.into(), 2, vec![turn], step(1, 3, Some(s1)), vec![]).await.unwrap().unwrap();
+        let s1 = h
+            .push_inbox("r1".into(), request("first", "u2"))
+            .await
+            .unwrap()
+            .unwrap();
+        let turn = Turn {
+            role: "assistant".into(),
+            parts: vec![json!("a")],
+        };
+        h.durable_step(
+            "r1".into(),
+            GEN.into(),
+            2,
+            vec![turn],
+            step(1, 3, Some(s1)),
+            vec![],
+        )
+        .await
+        .unwrap()
+        .unwrap();
         // A close (no consumed seq of its own) relies on the last step record: nothing unread.
-        let successor = Successor { run_id: "r2".into(), lease_ms: 30_000, inbox_consumed: None };
-        h.finish(GEN.into(), record("r1"), None, Some(successor)).await.unwrap().unwrap();
+        let successor = Successor {
+            run_id: "r2".into(),
+            lease_ms: 30_000,
+            inbox_consumed: None,
+        };
+        h.finish(GEN.into(), record("r1"), None, Some(successor))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(h.get_live("r2".into()).await.unwrap(), None, "{name}");
-        assert!(h.list_live().await.unwrap().is_empty(), "{name}: the thread is free");
+        assert!(
+            h.list_live().await.unwrap().is_empty(),
+            "{name}: the thread is free"
+        );
     }
 }
 
@@ -134,10 +300,28 @@ async fn a_fenced_finish_admits_no_successor() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
         go_live(&h, "r1").await;
-        h.push_inbox("r1".into(), request("first", "u2")).await.unwrap().unwrap();
-        let successor = Successor { run_id: "r2".into(), lease_ms: 30_000, inbox_consumed: None };
-        let out = h.finish("20260101T000000Z-00000009".into(), record("r1"), None, Some(successor)).await.unwrap();
-        assert!(matches!(out, Err(storage::ledger::Refusal::Fenced { .. })), "{name}: {out:?}");
+        h.push_inbox("r1".into(), request("first", "u2"))
+            .await
+            .unwrap()
+            .unwrap();
+        let successor = Successor {
+            run_id: "r2".into(),
+            lease_ms: 30_000,
+            inbox_consumed: None,
+        };
+        let out = h
+            .finish(
+                "20260101T000000Z-00000009".into(),
+                record("r1"),
+                None,
+                Some(successor),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(out, Err(storage::ledger::Refusal::Fenced { .. })),
+            "{name}: {out:?}"
+        );
         assert_eq!(h.get_live("r2".into()).await.unwrap(), None, "{name}");
         assert!(h.get_live("r1".into()).await.unwrap().is_some(), "{name}");
     }
@@ -150,18 +334,72 @@ async fn a_fenced_finish_admits_no_successor() {
 async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_not() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        assert!(matches!(h.admit_with_events(admission("r1", "hi"), first_events("hi"), NOW).await.unwrap(), AdmitOutcome::Started { .. }));
-        let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
-        let seed_turns = vec![Turn { role: "system".into(), parts: vec![json!("s")] }, Turn { role: "user".into(), parts: vec![json!("hi")] }];
-        let seed = storage::ledger::StepWrite { first_idx: 0, turns: seed_turns, record: step(0, 2, None), events: vec![] };
-        let first = h.promote("r1".into(), GEN.into(), p.clone(), seed.clone()).await.unwrap();
+        assert!(matches!(
+            h.admit_with_events(admission("r1", "hi"), first_events("hi"), NOW)
+                .await
+                .unwrap(),
+            AdmitOutcome::Started { .. }
+        ));
+        let p = Promotion {
+            system_text: "s".into(),
+            tools: json!([]),
+            state: Default::default(),
+            lease_ms: 30_000,
+        };
+        let seed_turns = vec![
+            Turn {
+                role: "system".into(),
+                parts: vec![json!("s")],
+            },
+            Turn {
+                role: "user".into(),
+                parts: vec![json!("hi")],
+            },
+        ];
+        let seed = storage::ledger::StepWrite {
+            first_idx: 0,
+            turns: seed_turns,
+            record: step(0, 2, None),
+            events: vec![],
+        };
+        let first = h
+            .promote("r1".into(), GEN.into(), p.clone(), seed.clone())
+            .await
+            .unwrap();
         assert_eq!(first, Ok(storage::ledger::Claimed::Promoted), "{name}");
-        let again = h.promote("r1".into(), GEN.into(), p.clone(), seed.clone()).await.unwrap();
-        assert_eq!(again, Ok(storage::ledger::Claimed::AlreadyLive), "{name}: a repeat after an uncertain answer");
-        let answer = Turn { role: "assistant".into(), parts: vec![json!("done")] };
-        h.durable_step("r1".into(), GEN.into(), 2, vec![answer], step(1, 3, None), vec![]).await.unwrap().unwrap();
+        let again = h
+            .promote("r1".into(), GEN.into(), p.clone(), seed.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            again,
+            Ok(storage::ledger::Claimed::AlreadyLive),
+            "{name}: a repeat after an uncertain answer"
+        );
+        let answer = Turn {
+            role: "assistant".into(),
+            parts: vec![json!("done")],
+        };
+        h.durable_step(
+            "r1".into(),
+            GEN.into(),
+            2,
+            vec![answer],
+            step(1, 3, None),
+            vec![],
+        )
+        .await
+        .unwrap()
+        .unwrap();
         let late = h.promote("r1".into(), GEN.into(), p, seed).await.unwrap();
-        assert!(matches!(late, Err(storage::ledger::Refusal::Fenced { .. })), "{name}: {late:?}");
-        assert_eq!(h.last_step("r1".into()).await.unwrap().map(|s| s.step), Some(1), "{name}: untouched");
+        assert!(
+            matches!(late, Err(storage::ledger::Refusal::Fenced { .. })),
+            "{name}: {late:?}"
+        );
+        assert_eq!(
+            h.last_step("r1".into()).await.unwrap().map(|s| s.step),
+            Some(1),
+            "{name}: untouched"
+        );
     }
 }

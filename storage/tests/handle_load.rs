@@ -46,7 +46,16 @@ fn record(id: &str, finished_at: i64) -> storage::record::RunRecord {
 }
 
 fn step(n: u64, turn_index: u64) -> StepRecord {
-    StepRecord { step: n, seq: n, turn_index, in_flight: vec![], inbox_consumed_seq: None, remaining_ms: 1, turn: n, iteration: n }
+    StepRecord {
+        step: n,
+        seq: n,
+        turn_index,
+        in_flight: vec![],
+        inbox_consumed_seq: None,
+        remaining_ms: 1,
+        turn: n,
+        iteration: n,
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -57,23 +66,56 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn heartbeats_and_steps_keep_their_latency_under_five_hundred_concurrent_readers() {
     let dir = tempfile::tempdir().unwrap();
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let spec = BackendSpec::Sqlite { path: dir.path().join("load.db"), synchronous: Synchronous::Full };
+    let spec = BackendSpec::Sqlite {
+        path: dir.path().join("load.db"),
+        synchronous: Synchronous::Full,
+    };
     let h = StorageHandle::start(spec, clock.clone());
     h.ping().await.unwrap();
 
     // A history worth listing, and a live run with a few hundred events worth following.
     let now = clock.now_ms();
     for i in 0..200 {
-        assert!(h.put(record(&format!("done-{i:03}"), now - i), None).await.unwrap().stored);
+        assert!(
+            h.put(record(&format!("done-{i:03}"), now - i), None)
+                .await
+                .unwrap()
+                .stored
+        );
     }
-    assert_eq!(h.admit(admission("watched", "c:watched", now), now).await.unwrap(), AdmitOutcome::Started { run_id: "watched".into() });
+    assert_eq!(
+        h.admit(admission("watched", "c:watched", now), now)
+            .await
+            .unwrap(),
+        AdmitOutcome::Started {
+            run_id: "watched".into()
+        }
+    );
     let events: Vec<Value> = (1..=300).map(|s| event(s, now)).collect();
-    h.append("watched".into(), GEN.into(), events).await.unwrap().unwrap();
+    h.append("watched".into(), GEN.into(), events)
+        .await
+        .unwrap()
+        .unwrap();
 
     // The run whose lease must never lapse.
-    assert_eq!(h.admit(admission("beating", "c:beating", now), now).await.unwrap(), AdmitOutcome::Started { run_id: "beating".into() });
-    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: LEASE_MS };
-    h.claim("beating".into(), GEN.into(), p).await.unwrap().unwrap();
+    assert_eq!(
+        h.admit(admission("beating", "c:beating", now), now)
+            .await
+            .unwrap(),
+        AdmitOutcome::Started {
+            run_id: "beating".into()
+        }
+    );
+    let p = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: LEASE_MS,
+    };
+    h.claim("beating".into(), GEN.into(), p)
+        .await
+        .unwrap()
+        .unwrap();
 
     // 500 readers, each in a loop until told to stop.
     let stop = Arc::new(AtomicBool::new(false));
@@ -81,13 +123,18 @@ async fn heartbeats_and_steps_keep_their_latency_under_five_hundred_concurrent_r
     let read_errors = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::with_capacity(READERS);
     for i in 0..READERS {
-        let (h, stop, reads, read_errors) = (h.clone(), stop.clone(), reads.clone(), read_errors.clone());
+        let (h, stop, reads, read_errors) =
+            (h.clone(), stop.clone(), reads.clone(), read_errors.clone());
         readers.push(actix_rt::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let ok = if i % 2 == 0 {
-                    h.live_events("watched".into(), 0, 1000).await.map(|e| e.is_some_and(|e| e.len() == 300))
+                    h.live_events("watched".into(), 0, 1000)
+                        .await
+                        .map(|e| e.is_some_and(|e| e.len() == 300))
                 } else {
-                    h.list(ListQuery::visible_to(VisibilityFilter::All)).await.map(|p| p.items.len() == 50)
+                    h.list(ListQuery::visible_to(VisibilityFilter::All))
+                        .await
+                        .map(|p| p.items.len() == 50)
                 };
                 match ok {
                     Ok(true) => reads.fetch_add(1, Ordering::Relaxed),
@@ -108,12 +155,27 @@ async fn heartbeats_and_steps_keep_their_latency_under_five_hundred_concurrent_r
         let t = Instant::now();
         let answer = h.heartbeat("beating".into(), GEN.into(), LEASE_MS).await;
         beat_latency.push(t.elapsed());
-        assert!(matches!(answer, Ok(Ok(_))), "heartbeat {i} answered {answer:?}");
+        assert!(
+            matches!(answer, Ok(Ok(_))),
+            "heartbeat {i} answered {answer:?}"
+        );
         if i % 5 == 0 {
             let n = (i / 5) as u64;
-            let turns = vec![Turn { role: "assistant".into(), parts: vec![json!(format!("step {n}"))] }];
+            let turns = vec![Turn {
+                role: "assistant".into(),
+                parts: vec![json!(format!("step {n}"))],
+            }];
             let t = Instant::now();
-            let out = h.durable_step("beating".into(), GEN.into(), turn_index, turns, step(n, turn_index + 1), vec![]).await;
+            let out = h
+                .durable_step(
+                    "beating".into(),
+                    GEN.into(),
+                    turn_index,
+                    turns,
+                    step(n, turn_index + 1),
+                    vec![],
+                )
+                .await;
             step_latency.push(t.elapsed());
             assert!(matches!(out, Ok(Ok(()))), "step {n} answered {out:?}");
             turn_index += 1;
@@ -127,9 +189,17 @@ async fn heartbeats_and_steps_keep_their_latency_under_five_hundred_concurrent_r
     }
 
     // No lease was lost: the row is still this generation's, its lease in the future.
-    let row = h.get_live("beating".into()).await.unwrap().expect("the run is still live");
+    let row = h
+        .get_live("beating".into())
+        .await
+        .unwrap()
+        .expect("the run is still live");
     assert_eq!(row.owner_gen, GEN);
-    assert!(row.lease_until > clock.now_ms(), "lease {} lapsed", row.lease_until);
+    assert!(
+        row.lease_until > clock.now_ms(),
+        "lease {} lapsed",
+        row.lease_until
+    );
 
     beat_latency.sort();
     step_latency.sort();
@@ -153,10 +223,20 @@ async fn heartbeats_and_steps_keep_their_latency_under_five_hundred_concurrent_r
         stats.rejected.load(Ordering::Relaxed),
     );
     assert!(reads > 0, "the readers made progress");
-    assert_eq!(read_errors.load(Ordering::Relaxed), 0, "every read answered (the queues hold 500 readers)");
-    assert!(stats.pooled_reads.load(Ordering::Relaxed) >= reads, "every read ran on a read-only connection");
+    assert_eq!(
+        read_errors.load(Ordering::Relaxed),
+        0,
+        "every read answered (the queues hold 500 readers)"
+    );
+    assert!(
+        stats.pooled_reads.load(Ordering::Relaxed) >= reads,
+        "every read ran on a read-only connection"
+    );
     let worst = *beat_latency.last().unwrap();
     assert!(worst < Duration::from_secs(1), "a heartbeat took {worst:?}");
     let worst = *step_latency.last().unwrap();
-    assert!(worst < Duration::from_secs(1), "a durable step took {worst:?}");
+    assert!(
+        worst < Duration::from_secs(1),
+        "a durable step took {worst:?}"
+    );
 }

@@ -15,7 +15,9 @@ use serde_json::json;
 use storage::ledger::{Admit, AdmitOutcome, GenerationInfo, PruneReport, ReceiptKey};
 use storage::record::{validate_record, VisibilityFilter};
 use storage::store::ListQuery;
-use storage::{BackendSpec, Error, ManualClock, MemoryStore, StorageHandle, StorageOptions, Synchronous};
+use storage::{
+    BackendSpec, Error, ManualClock, MemoryStore, StorageHandle, StorageOptions, Synchronous,
+};
 
 const NOW: i64 = 1_800_000_000_000;
 const DAY: i64 = 86_400_000;
@@ -28,7 +30,10 @@ fn record(id: &str) -> storage::record::RunRecord {
 }
 
 fn sqlite(dir: &std::path::Path) -> BackendSpec {
-    BackendSpec::Sqlite { path: dir.join("t.db"), synchronous: Synchronous::Normal }
+    BackendSpec::Sqlite {
+        path: dir.join("t.db"),
+        synchronous: Synchronous::Normal,
+    }
 }
 
 /// Wait (politely, without blocking the runtime) until `check` holds, at most 5 s.
@@ -42,7 +47,10 @@ async fn until(what: &str, check: impl Fn() -> bool) {
 
 /// A job for `transact_for_test` / `read_for_test` that says when it started and then holds its thread
 /// until released.
-fn holding(entered: mpsc::Sender<()>, release: mpsc::Receiver<()>) -> impl FnOnce(&mut dyn storage::actor::Backend, i64) -> storage::Result<()> + Send + 'static {
+fn holding(
+    entered: mpsc::Sender<()>,
+    release: mpsc::Receiver<()>,
+) -> impl FnOnce(&mut dyn storage::actor::Backend, i64) -> storage::Result<()> + Send + 'static {
     move |_, _| {
         let _ = entered.send(());
         let _ = release.recv_timeout(Duration::from_secs(10));
@@ -53,8 +61,14 @@ fn holding(entered: mpsc::Sender<()>, release: mpsc::Receiver<()>) -> impl FnOnc
 #[actix_rt::test]
 async fn a_full_actor_queue_answers_unavailable_at_once_and_is_counted() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, spec) in [("memory", BackendSpec::Memory(MemoryStore::new())), ("sqlite", sqlite(dir.path()))] {
-        let options = StorageOptions { queue_capacity: 2, ..Default::default() };
+    for (name, spec) in [
+        ("memory", BackendSpec::Memory(MemoryStore::new())),
+        ("sqlite", sqlite(dir.path())),
+    ] {
+        let options = StorageOptions {
+            queue_capacity: 2,
+            ..Default::default()
+        };
         let h = StorageHandle::start_with(spec, Arc::new(ManualClock::new(NOW)), options);
         let (entered_tx, entered) = mpsc::channel();
         let (release, release_rx) = mpsc::channel();
@@ -71,15 +85,24 @@ async fn a_full_actor_queue_answers_unavailable_at_once_and_is_counted() {
             })
             .collect();
         let stats = h.group_stats();
-        until("two messages are queued", || stats.queued.load(Relaxed) == 2).await;
+        until("two messages are queued", || {
+            stats.queued.load(Relaxed) == 2
+        })
+        .await;
 
         // The third write is refused at once, transient, and counted.
         let t = Instant::now();
         let err = h.put(record("refused"), None).await.unwrap_err();
         let took = t.elapsed();
-        assert!(matches!(&err, Error::Unavailable(m) if m.contains("full")), "{name}: {err:?}");
+        assert!(
+            matches!(&err, Error::Unavailable(m) if m.contains("full")),
+            "{name}: {err:?}"
+        );
         assert!(err.is_transient(), "{name}: callers retry a full queue");
-        assert!(took < Duration::from_millis(200), "{name}: a full queue never blocks ({took:?})");
+        assert!(
+            took < Duration::from_millis(200),
+            "{name}: a full queue never blocks ({took:?})"
+        );
         assert_eq!(stats.rejected.load(Relaxed), 1, "{name}");
 
         // Released, everything queued lands, and the queue takes messages again.
@@ -89,7 +112,11 @@ async fn a_full_actor_queue_answers_unavailable_at_once_and_is_counted() {
             assert!(q.await.unwrap().unwrap().stored, "{name}");
         }
         assert!(h.put(record("after"), None).await.unwrap().stored, "{name}");
-        assert_eq!(h.get("refused".into()).await.unwrap(), None, "{name}: the refused write never happened");
+        assert_eq!(
+            h.get("refused".into()).await.unwrap(),
+            None,
+            "{name}: the refused write never happened"
+        );
         assert_eq!(stats.queued.load(Relaxed), 0, "{name}");
     }
 }
@@ -114,10 +141,23 @@ async fn reads_answer_on_read_only_connections_while_the_actor_is_busy() {
     // …does not hold up reads: each answers from a reader, seeing what was committed (r1, not r2).
     let t = Instant::now();
     assert_eq!(h.get("r1".into()).await.unwrap(), Some(record("r1")));
-    let page = h.list(ListQuery::visible_to(VisibilityFilter::All)).await.unwrap();
-    assert_eq!(page.items.iter().map(|i| i.head.id.as_str()).collect::<Vec<_>>(), ["r1"]);
+    let page = h
+        .list(ListQuery::visible_to(VisibilityFilter::All))
+        .await
+        .unwrap();
+    assert_eq!(
+        page.items
+            .iter()
+            .map(|i| i.head.id.as_str())
+            .collect::<Vec<_>>(),
+        ["r1"]
+    );
     assert_eq!(h.list_live().await.unwrap(), vec![]);
-    assert!(t.elapsed() < Duration::from_secs(2), "reads waited for the actor: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "reads waited for the actor: {:?}",
+        t.elapsed()
+    );
     let stats = h.group_stats();
     assert!(stats.pooled_reads.load(Relaxed) >= 3);
     release.send(()).unwrap();
@@ -132,7 +172,10 @@ async fn a_readers_connection_refuses_writes_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let h = StorageHandle::start(sqlite(dir.path()), Arc::new(ManualClock::new(NOW)));
     h.ping().await.unwrap();
-    let err = h.read_for_test(|b, now| b.put(&record("sneaky"), None, now)).await.unwrap_err();
+    let err = h
+        .read_for_test(|b, now| b.put(&record("sneaky"), None, now))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Sqlite(_)), "{err:?}");
     assert_eq!(h.get("sneaky".into()).await.unwrap(), None);
     // The reader keeps serving.
@@ -143,7 +186,11 @@ async fn a_readers_connection_refuses_writes_and_writes_nothing() {
 #[actix_rt::test]
 async fn a_full_readers_queue_answers_unavailable_at_once_and_writes_still_go_through() {
     let dir = tempfile::tempdir().unwrap();
-    let options = StorageOptions { readers: 1, read_queue_capacity: 1, ..Default::default() };
+    let options = StorageOptions {
+        readers: 1,
+        read_queue_capacity: 1,
+        ..Default::default()
+    };
     let h = StorageHandle::start_with(sqlite(dir.path()), Arc::new(ManualClock::new(NOW)), options);
     h.ping().await.unwrap();
     let (entered_tx, entered) = mpsc::channel();
@@ -158,10 +205,16 @@ async fn a_full_readers_queue_answers_unavailable_at_once_and_writes_still_go_th
         async move { h.list_live().await }
     });
     let stats = h.group_stats();
-    until("one read is queued", || stats.reads_queued.load(Relaxed) == 1).await;
+    until("one read is queued", || {
+        stats.reads_queued.load(Relaxed) == 1
+    })
+    .await;
     let t = Instant::now();
     let err = h.get("r1".into()).await.unwrap_err();
-    assert!(matches!(&err, Error::Unavailable(m) if m.contains("full")), "{err:?}");
+    assert!(
+        matches!(&err, Error::Unavailable(m) if m.contains("full")),
+        "{err:?}"
+    );
     assert!(t.elapsed() < Duration::from_millis(200));
     assert_eq!(stats.reads_rejected.load(Relaxed), 1);
     // Writes never queue behind reads: the actor answers while the reader is held.
@@ -175,13 +228,30 @@ async fn a_full_readers_queue_answers_unavailable_at_once_and_writes_still_go_th
 #[actix_rt::test]
 async fn prune_dead_takes_only_dead_idle_old_generations_and_receipts_past_the_configured_ttl() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, spec) in [("memory", BackendSpec::Memory(MemoryStore::new())), ("sqlite", sqlite(dir.path()))] {
+    for (name, spec) in [
+        ("memory", BackendSpec::Memory(MemoryStore::new())),
+        ("sqlite", sqlite(dir.path())),
+    ] {
         let clock = ManualClock::new(NOW);
-        let options = StorageOptions { receipt_ttl_ms: 60_000, ..Default::default() };
+        let options = StorageOptions {
+            receipt_ttl_ms: 60_000,
+            ..Default::default()
+        };
         let h = StorageHandle::start_with(spec, Arc::new(clock.clone()), options);
         assert_eq!(h.receipt_ttl_ms(), 60_000);
-        let gen = |g: &str, started_at: i64| GenerationInfo { gen: g.into(), host: "h".into(), host_id: "h".into(), pid: 1, proc_start: "1".into(), started_at };
-        let (own, idle, dead) = ("20260101T000000Z-00000001", "20260101T000000Z-00000002", "20260101T000000Z-00000003");
+        let gen = |g: &str, started_at: i64| GenerationInfo {
+            gen: g.into(),
+            host: "h".into(),
+            host_id: "h".into(),
+            pid: 1,
+            proc_start: "1".into(),
+            started_at,
+        };
+        let (own, idle, dead) = (
+            "20260101T000000Z-00000001",
+            "20260101T000000Z-00000002",
+            "20260101T000000Z-00000003",
+        );
         for g in [own, idle, dead] {
             h.record_generation(gen(g, NOW - 2 * DAY)).await.unwrap();
         }
@@ -192,21 +262,50 @@ async fn prune_dead_takes_only_dead_idle_old_generations_and_receipts_past_the_c
             run_id: "r1".into(),
             request: json!({"text": "x"}),
             meta: json!({"agent": "demo", "request": {"text": "x"}}),
-            key: Some(ReceiptKey { scope: "tok".into(), key: "k".into(), body_hash: "h".into() }),
+            key: Some(ReceiptKey {
+                scope: "tok".into(),
+                key: "k".into(),
+                body_hash: "h".into(),
+            }),
             lease_ms: 30_000,
             writer: None,
         };
-        assert_eq!(h.admit(admit, NOW).await.unwrap(), AdmitOutcome::Started { run_id: "r1".into() });
-        h.finish(own.into(), record("r1"), None, None).await.unwrap().unwrap();
+        assert_eq!(
+            h.admit(admit, NOW).await.unwrap(),
+            AdmitOutcome::Started {
+                run_id: "r1".into()
+            }
+        );
+        h.finish(own.into(), record("r1"), None, None)
+            .await
+            .unwrap()
+            .unwrap();
 
         // Only the generation found dead goes; the idle one (alive, just old and rowless) stays.
         let report = h.prune_dead(vec![dead.into()]).await.unwrap();
-        assert_eq!(report, PruneReport { generations: 1, ..Default::default() }, "{name}");
-        let left: Vec<String> = h.generations().await.unwrap().into_iter().map(|g| g.gen).collect();
+        assert_eq!(
+            report,
+            PruneReport {
+                generations: 1,
+                ..Default::default()
+            },
+            "{name}"
+        );
+        let left: Vec<String> = h
+            .generations()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|g| g.gen)
+            .collect();
         assert_eq!(left, [own, idle], "{name}");
         // The receipt lives the configured TTL after its run ended, then goes.
         clock.advance(59_999);
-        assert_eq!(h.prune_dead(vec![]).await.unwrap(), PruneReport::default(), "{name}");
+        assert_eq!(
+            h.prune_dead(vec![]).await.unwrap(),
+            PruneReport::default(),
+            "{name}"
+        );
         clock.advance(1);
         assert_eq!(h.prune_dead(vec![]).await.unwrap().receipts, 1, "{name}");
         assert_eq!(h.table_rows().await.unwrap().admit_receipts, 0, "{name}");

@@ -28,8 +28,8 @@ use race::{admission, contend, dead_rows, promotion, reclaim_rounds, GENS, LEASE
 use serde_json::{json, Value};
 use storage::ledger::{AdmitOutcome, Claimed, Refusal, RunLedger, StopMode};
 use storage::plan::{
-    Card, Import, PlanBinding, PlanId, PlanRefusal, PlanStore, RequestState, Revision, SettleOutcome, Settlement,
-    SnapshotId, TerminalReason,
+    Card, Import, PlanBinding, PlanId, PlanRefusal, PlanStore, RequestState, Revision,
+    SettleOutcome, Settlement, SnapshotId, TerminalReason,
 };
 use storage::testing::pg;
 use storage::{BackendSpec, Generation, ManualClock, PgStore, StorageHandle};
@@ -57,27 +57,48 @@ fn three_hosts_admitting_onto_one_free_thread_start_exactly_one_run_and_steer_th
         let thread = format!("C1:admit-{round}");
         let outcomes = contend(&mut hosts, |i, s| {
             let run = format!("a{round:03}-{i}");
-            s.admit(&admission(&thread, &run, GENS[i], NOW), NOW).expect("a race is retried, never an error")
+            s.admit(&admission(&thread, &run, GENS[i], NOW), NOW)
+                .expect("a race is retried, never an error")
         });
-        let started: Vec<usize> =
-            (0..GENS.len()).filter(|&i| matches!(&outcomes[i], AdmitOutcome::Started { .. })).collect();
-        assert_eq!(started.len(), 1, "round {round}: exactly one start: {outcomes:?}");
+        let started: Vec<usize> = (0..GENS.len())
+            .filter(|&i| matches!(&outcomes[i], AdmitOutcome::Started { .. }))
+            .collect();
+        assert_eq!(
+            started.len(),
+            1,
+            "round {round}: exactly one start: {outcomes:?}"
+        );
         let winner = format!("a{round:03}-{}", started[0]);
-        assert_eq!(outcomes[started[0]], AdmitOutcome::Started { run_id: winner.clone() });
+        assert_eq!(
+            outcomes[started[0]],
+            AdmitOutcome::Started {
+                run_id: winner.clone()
+            }
+        );
         let mut seqs: Vec<u64> = outcomes
             .iter()
             .filter_map(|o| match o {
                 AdmitOutcome::Steered { run_id, seq } if *run_id == winner => Some(*seq),
                 AdmitOutcome::Started { .. } => None,
-                other => panic!("round {round}: a loser was not steered into the winner: {other:?}"),
+                other => {
+                    panic!("round {round}: a loser was not steered into the winner: {other:?}")
+                }
             })
             .collect();
         seqs.sort_unstable();
-        assert_eq!(seqs, vec![1, 2], "round {round}: each steer has its own inbox seq");
+        assert_eq!(
+            seqs,
+            vec![1, 2],
+            "round {round}: each steer has its own inbox seq"
+        );
         let inbox = hosts[0].read_inbox(&winner, None).unwrap().unwrap();
         assert_eq!(inbox.len(), 2, "round {round}");
         let live = hosts[0].list_live().unwrap();
-        assert_eq!(live.iter().filter(|r| r.thread_key == thread).count(), 1, "round {round}: one row per thread");
+        assert_eq!(
+            live.iter().filter(|r| r.thread_key == thread).count(),
+            1,
+            "round {round}: one row per thread"
+        );
     }
 }
 
@@ -91,24 +112,41 @@ const CONTENDER_ENV: &str = "SWITCHBOARD_PG_RACE_CONTENDER";
 /// reclaims, and prints its answer as one `RESULT` line of JSON.
 #[test]
 fn contender_process() {
-    let Ok(part) = std::env::var(CONTENDER_ENV) else { return };
+    let Ok(part) = std::env::var(CONTENDER_ENV) else {
+        return;
+    };
     let fields: Vec<&str> = part.split('|').collect();
-    let [url, gen, at] = fields[..] else { panic!("bad {CONTENDER_ENV}: {part}") };
+    let [url, gen, at] = fields[..] else {
+        panic!("bad {CONTENDER_ENV}: {part}")
+    };
     let at: i64 = at.parse().expect("at");
     let mut s = open(url);
     // Straight to stdout, past the harness's output capture (which takes `println!`).
     let say = |line: String| {
         let mut out = std::io::stdout().lock();
-        out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()).expect("stdout");
+        out.write_all(line.as_bytes())
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.flush())
+            .expect("stdout");
     };
     say("READY".into());
     let mut go = String::new();
-    std::io::stdin().read_line(&mut go).expect("the start signal");
-    let answer = s.reclaim(gen, at, LEASE, &[], &[]).expect("a race is retried, never an error");
+    std::io::stdin()
+        .read_line(&mut go)
+        .expect("the start signal");
+    let answer = s
+        .reclaim(gen, at, LEASE, &[], &[])
+        .expect("a race is retried, never an error");
     let taken: Vec<&str> = answer.taken.iter().map(|t| t.row.run_id.as_str()).collect();
-    let elsewhere: Vec<Value> =
-        answer.live_elsewhere.iter().map(|r| json!([r.run_id, r.owner_gen, r.lease_until])).collect();
-    say(format!("RESULT {}", json!({"taken": taken, "elsewhere": elsewhere})));
+    let elsewhere: Vec<Value> = answer
+        .live_elsewhere
+        .iter()
+        .map(|r| json!([r.run_id, r.owner_gen, r.lease_until]))
+        .collect();
+    say(format!(
+        "RESULT {}",
+        json!({"taken": taken, "elsewhere": elsewhere})
+    ));
 }
 
 /// A contender process: started, connected and waiting for the start signal.
@@ -138,7 +176,10 @@ impl Contender {
         let mut line = String::new();
         loop {
             line.clear();
-            let n = self.out.read_line(&mut line).expect("read a contender's output");
+            let n = self
+                .out
+                .read_line(&mut line)
+                .expect("read a contender's output");
             assert!(n > 0, "the contender ended before printing {prefix}");
             if let Some(at) = line.find(prefix) {
                 return line[at + prefix.len()..].trim().to_owned();
@@ -148,19 +189,36 @@ impl Contender {
 
     fn go(&mut self) {
         let stdin = self.child.stdin.as_mut().expect("stdin");
-        stdin.write_all(b"go\n").and_then(|()| stdin.flush()).expect("start the contender");
+        stdin
+            .write_all(b"go\n")
+            .and_then(|()| stdin.flush())
+            .expect("start the contender");
     }
 
     /// The contender's answer: the ids it took and `(id, owner, lease_until)` of what it saw live elsewhere.
     fn answer(mut self) -> (BTreeSet<String>, Vec<(String, String, i64)>) {
         let result: Value = serde_json::from_str(&self.line_after("RESULT")).expect("RESULT json");
-        assert!(self.child.wait().expect("wait for the contender").success(), "the contender failed");
-        let taken = result["taken"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+        assert!(
+            self.child.wait().expect("wait for the contender").success(),
+            "the contender failed"
+        );
+        let taken = result["taken"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
         let elsewhere = result["elsewhere"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| (v[0].as_str().unwrap().to_owned(), v[1].as_str().unwrap().to_owned(), v[2].as_i64().unwrap()))
+            .map(|v| {
+                (
+                    v[0].as_str().unwrap().to_owned(),
+                    v[1].as_str().unwrap().to_owned(),
+                    v[2].as_i64().unwrap(),
+                )
+            })
             .collect();
         (taken, elsewhere)
     }
@@ -175,26 +233,50 @@ fn three_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_win
         let t0 = NOW + round as i64 * 10 * LEASE;
         let ids = dead_rows(&mut dead, "p", round, t0, false);
         let at = t0 + LEASE;
-        let mut contenders: Vec<Contender> = GENS.iter().map(|g| Contender::start(&url, g, at)).collect();
+        let mut contenders: Vec<Contender> =
+            GENS.iter().map(|g| Contender::start(&url, g, at)).collect();
         for c in &mut contenders {
             c.go();
         }
         let answers: Vec<_> = contenders.into_iter().map(Contender::answer).collect();
         let mut all = BTreeSet::new();
         for (taken, _) in &answers {
-            assert!(taken.is_disjoint(&all), "round {round}: a row taken twice: {answers:?}");
+            assert!(
+                taken.is_disjoint(&all),
+                "round {round}: a row taken twice: {answers:?}"
+            );
             all.extend(taken.iter().cloned());
         }
-        assert_eq!(all, ids.iter().cloned().collect::<BTreeSet<_>>(), "round {round}: every row has a winner");
+        assert_eq!(
+            all,
+            ids.iter().cloned().collect::<BTreeSet<_>>(),
+            "round {round}: every row has a winner"
+        );
         for id in &ids {
-            let w = answers.iter().position(|(t, _)| t.contains(id)).expect("a winner");
+            let w = answers
+                .iter()
+                .position(|(t, _)| t.contains(id))
+                .expect("a winner");
             for (l, (_, elsewhere)) in answers.iter().enumerate().filter(|(l, _)| *l != w) {
                 let seen = elsewhere.iter().find(|(r, _, _)| r == id);
-                let seen = seen.unwrap_or_else(|| panic!("round {round}: process {l} does not see {id} live elsewhere"));
-                assert_eq!((seen.1.as_str(), seen.2), (GENS[w], at + LEASE), "round {round}: {id}");
+                let seen = seen.unwrap_or_else(|| {
+                    panic!("round {round}: process {l} does not see {id} live elsewhere")
+                });
+                assert_eq!(
+                    (seen.1.as_str(), seen.2),
+                    (GENS[w], at + LEASE),
+                    "round {round}: {id}"
+                );
             }
-            assert_eq!(hosts[w].get_live(id).unwrap().map(|r| r.owner_gen), Some(GENS[w].to_owned()));
-            assert_eq!(hosts[w].abandon(id, GENS[w]).unwrap(), Ok(()), "round {round}: {id}");
+            assert_eq!(
+                hosts[w].get_live(id).unwrap().map(|r| r.owner_gen),
+                Some(GENS[w].to_owned())
+            );
+            assert_eq!(
+                hosts[w].abandon(id, GENS[w]).unwrap(),
+                Ok(()),
+                "round {round}: {id}"
+            );
         }
         assert!(hosts[0].list_live().unwrap().is_empty());
     }
@@ -213,14 +295,27 @@ fn a_completion_and_a_cleanup_racing_on_one_database_have_exactly_one_winner() {
     let url = pg::database();
     let mut setup = open(&url);
     setup
-        .import(&Import { plan_id: PlanId::parse("p").unwrap(), snapshot_id: SnapshotId::parse("s1").unwrap(), advance_revision: true }, NOW)
+        .import(
+            &Import {
+                plan_id: PlanId::parse("p").unwrap(),
+                snapshot_id: SnapshotId::parse("s1").unwrap(),
+                advance_revision: true,
+            },
+            NOW,
+        )
         .unwrap();
     let gen = Generation::parse(GENS[0]).unwrap();
     let bind = binding();
     let mut hosts = [open(&url), open(&url)];
     for round in 0..ROUNDS {
-        let r = setup.allocate_request(&bind, &gen, LEASE, NOW + round as i64).unwrap().expect("allocated");
-        let cards = [Card { title: "won".into(), body: "the winner's card".into() }];
+        let r = setup
+            .allocate_request(&bind, &gen, LEASE, NOW + round as i64)
+            .unwrap()
+            .expect("allocated");
+        let cards = [Card {
+            title: "won".into(),
+            body: "the winner's card".into(),
+        }];
         let settlement = Settlement {
             outcome: SettleOutcome::Failed,
             reason: TerminalReason::ProviderError,
@@ -228,9 +323,11 @@ fn a_completion_and_a_cleanup_racing_on_one_database_have_exactly_one_winner() {
         };
         let out = contend(&mut hosts, |i, s| {
             if i == 0 {
-                s.complete_suggestions(&r.request_id, &bind, &cards, NOW).expect("never an error")
+                s.complete_suggestions(&r.request_id, &bind, &cards, NOW)
+                    .expect("never an error")
             } else {
-                s.settle_suggestion(&r.request_id, &bind, &settlement, NOW).expect("never an error")
+                s.settle_suggestion(&r.request_id, &bind, &settlement, NOW)
+                    .expect("never an error")
             }
         });
         let stored = setup.get_request(&r.request_id).unwrap().expect("row");
@@ -257,11 +354,27 @@ fn a_completion_and_a_cleanup_racing_on_one_database_have_exactly_one_winner() {
 async fn a_group_that_loses_a_race_at_commit_answers_each_message_after_running_it_alone() {
     let url = pg::database();
     let clock = ManualClock::new(NOW);
-    let h = StorageHandle::start(BackendSpec::Postgres { url: url.clone(), pool: 0 }, Arc::new(clock.clone()));
+    let h = StorageHandle::start(
+        BackendSpec::Postgres {
+            url: url.clone(),
+            pool: 0,
+        },
+        Arc::new(clock.clone()),
+    );
     assert_eq!(h.kind(), "postgres");
     for (run, thread) in [("g1", "C1:g1"), ("g2", "C1:g2")] {
-        assert_eq!(h.admit(admission(thread, run, GENS[0], NOW), NOW).await.unwrap(), AdmitOutcome::Started { run_id: run.into() });
-        assert_eq!(h.claim(run.into(), GENS[0].into(), promotion()).await.unwrap(), Ok(Claimed::Promoted));
+        assert_eq!(
+            h.admit(admission(thread, run, GENS[0], NOW), NOW)
+                .await
+                .unwrap(),
+            AdmitOutcome::Started { run_id: run.into() }
+        );
+        assert_eq!(
+            h.claim(run.into(), GENS[0].into(), promotion())
+                .await
+                .unwrap(),
+            Ok(Claimed::Promoted)
+        );
     }
 
     // The other host: reads g1, fences it, and locks g2's row, in one open SERIALIZABLE transaction.
@@ -270,12 +383,27 @@ async fn a_group_that_loses_a_race_at_commit_answers_each_message_after_running_
     let other_url = url.clone();
     // On a thread of its own: the synchronous client cannot block inside the test's runtime.
     let other = std::thread::spawn(move || -> Result<(), String> {
-        let mut c = postgres::Client::connect(&other_url, postgres::NoTls).map_err(|e| e.to_string())?;
-        let mut watcher = postgres::Client::connect(&other_url, postgres::NoTls).map_err(|e| e.to_string())?;
-        let mut tx = c.build_transaction().isolation_level(postgres::IsolationLevel::Serializable).start().map_err(|e| e.to_string())?;
-        tx.query("SELECT * FROM live_runs WHERE run_id = 'g1'", &[]).map_err(|e| e.to_string())?;
-        tx.execute("INSERT INTO deletion_fences (run_id, at) VALUES ('g1', 1)", &[]).map_err(|e| e.to_string())?;
-        tx.query("SELECT 1 FROM live_runs WHERE run_id = 'g2' FOR UPDATE", &[]).map_err(|e| e.to_string())?;
+        let mut c =
+            postgres::Client::connect(&other_url, postgres::NoTls).map_err(|e| e.to_string())?;
+        let mut watcher =
+            postgres::Client::connect(&other_url, postgres::NoTls).map_err(|e| e.to_string())?;
+        let mut tx = c
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::Serializable)
+            .start()
+            .map_err(|e| e.to_string())?;
+        tx.query("SELECT * FROM live_runs WHERE run_id = 'g1'", &[])
+            .map_err(|e| e.to_string())?;
+        tx.execute(
+            "INSERT INTO deletion_fences (run_id, at) VALUES ('g1', 1)",
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
+        tx.query(
+            "SELECT 1 FROM live_runs WHERE run_id = 'g2' FOR UPDATE",
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
         let _ = ready_tx.send(());
         go_rx.recv().map_err(|e| e.to_string())?;
         // Commit only once the group waits for g2's row lock: it has read the fence table and written g1.
@@ -317,24 +445,62 @@ async fn a_group_that_loses_a_race_at_commit_answers_each_message_after_running_
     let mut beats = Vec::new();
     for (i, run) in ["g1", "g2"].into_iter().enumerate() {
         let h2 = h.clone();
-        beats.push(actix_rt::spawn(async move { h2.heartbeat(run.into(), GENS[0].into(), LEASE).await }));
-        while h.group_stats().queued.load(std::sync::atomic::Ordering::Relaxed) < i as u64 + 1 {
+        beats.push(actix_rt::spawn(async move {
+            h2.heartbeat(run.into(), GENS[0].into(), LEASE).await
+        }));
+        while h
+            .group_stats()
+            .queued
+            .load(std::sync::atomic::Ordering::Relaxed)
+            < i as u64 + 1
+        {
             actix_rt::time::sleep(Duration::from_millis(2)).await;
         }
     }
-    let groups_before = h.group_stats().groups.load(std::sync::atomic::Ordering::Relaxed);
+    let groups_before = h
+        .group_stats()
+        .groups
+        .load(std::sync::atomic::Ordering::Relaxed);
     go.send(()).expect("the other host waits");
     release.send(()).expect("the holder waits");
     holder.await.expect("holder task").expect("holder job");
     let g1 = beats.remove(0).await.expect("task");
     let g2 = beats.remove(0).await.expect("task");
-    other.join().expect("other host thread").expect("the other host commits first");
+    other
+        .join()
+        .expect("other host thread")
+        .expect("the other host commits first");
 
-    assert_eq!(g1.expect("the race is never an error"), Err(Refusal::Fenced { run_id: "g1".into() }));
-    let renewed = g2.expect("the race is never an error").expect("the owner's heartbeat");
+    assert_eq!(
+        g1.expect("the race is never an error"),
+        Err(Refusal::Fenced {
+            run_id: "g1".into()
+        })
+    );
+    let renewed = g2
+        .expect("the race is never an error")
+        .expect("the owner's heartbeat");
     assert_eq!(renewed.stop, None);
-    assert_eq!(h.group_stats().groups.load(std::sync::atomic::Ordering::Relaxed), groups_before, "the group did not commit");
+    assert_eq!(
+        h.group_stats()
+            .groups
+            .load(std::sync::atomic::Ordering::Relaxed),
+        groups_before,
+        "the group did not commit"
+    );
     assert!(h.is_killed("g1".into()).await.unwrap());
-    assert_eq!(h.get_live("g2".into()).await.unwrap().map(|r| r.lease_until), Some(NOW + LEASE));
-    assert_eq!(h.request_stop("g2".into(), StopMode::Soft).await.unwrap().map(|a| a.stop), Ok(StopMode::Soft));
+    assert_eq!(
+        h.get_live("g2".into())
+            .await
+            .unwrap()
+            .map(|r| r.lease_until),
+        Some(NOW + LEASE)
+    );
+    assert_eq!(
+        h.request_stop("g2".into(), StopMode::Soft)
+            .await
+            .unwrap()
+            .map(|a| a.stop),
+        Ok(StopMode::Soft)
+    );
 }

@@ -26,7 +26,9 @@ fn two_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_winne
     let path = dir.path().join("race.db");
     let mut dead = open(&path);
     let mut hosts = [open(&path), open(&path)];
-    let wins = reclaim_rounds(&mut dead, &mut hosts, ROUNDS, || SqliteStore::open_read_only(&path).expect("open a reader"));
+    let wins = reclaim_rounds(&mut dead, &mut hosts, ROUNDS, || {
+        SqliteStore::open_read_only(&path).expect("open a reader")
+    });
     // Not an assertion of fairness, just a note in the output of who won how often.
     eprintln!("rows won: A {} B {}", wins[0], wins[1]);
 }

@@ -14,7 +14,13 @@ use tokio::sync::broadcast;
 const GEN: &str = "20260101T000000Z-00000a01";
 
 fn host(url: &str) -> StorageHandle {
-    StorageHandle::start(BackendSpec::Postgres { url: url.to_owned(), pool: 1 }, std::sync::Arc::new(SystemClock))
+    StorageHandle::start(
+        BackendSpec::Postgres {
+            url: url.to_owned(),
+            pool: 1,
+        },
+        std::sync::Arc::new(SystemClock),
+    )
 }
 
 /// The next note that is not a `Resync`, within 5 s.
@@ -50,8 +56,16 @@ async fn live_run(h: &StorageHandle, run_id: &str) {
         writer: None,
     };
     h.admit(admit, h.clock().now_ms()).await.unwrap();
-    let promotion = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 60_000 };
-    h.claim(run_id.into(), GEN.into(), promotion).await.unwrap().unwrap();
+    let promotion = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 60_000,
+    };
+    h.claim(run_id.into(), GEN.into(), promotion)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 /// Synchronous client work, off the test's runtime thread.
@@ -70,14 +84,38 @@ async fn a_write_on_one_host_reaches_the_other_as_a_note_once_it_commits() {
     let mut news = listening(&b).await;
     live_run(&a, "r1").await;
 
-    a.append("r1".into(), GEN.into(), vec![event(1), event(2), event(3)]).await.unwrap().unwrap();
-    assert_eq!(next(&mut news).await, News::Appended { run_id: "r1".into(), seq: 3 });
+    a.append("r1".into(), GEN.into(), vec![event(1), event(2), event(3)])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next(&mut news).await,
+        News::Appended {
+            run_id: "r1".into(),
+            seq: 3
+        }
+    );
 
     // A refused write commits nothing and says nothing: the next note is the stop.
-    let fenced = a.append("r1".into(), "20260101T000000Z-0000dead".into(), vec![event(4)]).await.unwrap();
+    let fenced = a
+        .append(
+            "r1".into(),
+            "20260101T000000Z-0000dead".into(),
+            vec![event(4)],
+        )
+        .await
+        .unwrap();
     assert!(fenced.is_err(), "another generation's append is fenced");
-    b.request_stop("r1".into(), StopMode::Soft).await.unwrap().unwrap();
-    assert_eq!(next(&mut news).await, News::Stop { run_id: "r1".into() });
+    b.request_stop("r1".into(), StopMode::Soft)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next(&mut news).await,
+        News::Stop {
+            run_id: "r1".into()
+        }
+    );
 
     let record = validate_record(&json!({
         "id": "r1", "channelId": "C1", "userId": "U1", "threadKey": "C1:r1", "channelVisibility": "public",
@@ -85,11 +123,24 @@ async fn a_write_on_one_host_reaches_the_other_as_a_note_once_it_commits() {
         "truncated": false, "events": [event(1), event(2), event(3)]
     }))
     .unwrap();
-    a.finish(GEN.into(), record, None, None).await.unwrap().unwrap();
-    assert_eq!(next(&mut news).await, News::Ended { run_id: "r1".into() });
+    a.finish(GEN.into(), record, None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next(&mut news).await,
+        News::Ended {
+            run_id: "r1".into()
+        }
+    );
 
     a.kill("r1".into()).await.unwrap();
-    assert_eq!(next(&mut news).await, News::Killed { run_id: "r1".into() });
+    assert_eq!(
+        next(&mut news).await,
+        News::Killed {
+            run_id: "r1".into()
+        }
+    );
 }
 
 /// A note sent inside a savepoint that rolls back is never delivered; the rest of the group's are.
@@ -111,10 +162,24 @@ async fn a_rolled_back_savepoint_takes_its_notes_with_it() {
         s.end_group(true).unwrap();
     })
     .await;
-    assert_eq!(next(&mut news).await, News::Appended { run_id: "kept".into(), seq: 7 });
+    assert_eq!(
+        next(&mut news).await,
+        News::Appended {
+            run_id: "kept".into(),
+            seq: 7
+        }
+    );
     // Nothing else follows (a stop on `kept` is the next note, not `doomed`'s append).
-    seed.request_stop("kept".into(), StopMode::Hard).await.unwrap().unwrap();
-    assert_eq!(next(&mut news).await, News::Stop { run_id: "kept".into() });
+    seed.request_stop("kept".into(), StopMode::Hard)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next(&mut news).await,
+        News::Stop {
+            run_id: "kept".into()
+        }
+    );
 }
 
 /// The listener's connection dies (the server terminates it): it reconnects and says `Resync`, and
@@ -143,6 +208,15 @@ async fn a_listener_that_lost_its_connection_reconnects_and_says_resync() {
         Ok(Ok(News::Resync)) => {}
         other => panic!("a reconnect says Resync: {other:?}"),
     }
-    a.append("r1".into(), GEN.into(), vec![event(1)]).await.unwrap().unwrap();
-    assert_eq!(next(&mut news).await, News::Appended { run_id: "r1".into(), seq: 1 });
+    a.append("r1".into(), GEN.into(), vec![event(1)])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next(&mut news).await,
+        News::Appended {
+            run_id: "r1".into(),
+            seq: 1
+        }
+    );
 }

@@ -10,12 +10,16 @@ use storage::ledger::{Admit, AdmitOutcome, Claimed, Promotion, RunLedger};
 use storage::record::{validate_record, RunRecord};
 use storage::store::RunStore;
 use storage::testing::pg;
-use storage::{BackendSpec, Clock, DbClock, Error, ManualClock, PgStore, StorageHandle, SystemClock};
+use storage::{
+    BackendSpec, Clock, DbClock, Error, ManualClock, PgStore, StorageHandle, SystemClock,
+};
 
 const NOW: i64 = 1_800_000_000_000;
 
 fn record(id: &str, events: usize) -> RunRecord {
-    let events: Vec<_> = (1..=events).map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"})).collect();
+    let events: Vec<_> = (1..=events)
+        .map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"}))
+        .collect();
     validate_record(&json!({
         "id": id, "channelId": "C1", "userId": "U1", "threadKey": "C1:t", "channelVisibility": "public",
         "startedAt": NOW - 10, "finishedAt": NOW, "status": "completed", "eventCount": events.len(),
@@ -43,22 +47,36 @@ fn inject_fault(s: &mut PgStore) {
 }
 
 fn events_of(s: &mut PgStore, id: &str) -> i64 {
-    s.connection().query_one("SELECT count(*) FROM run_events WHERE run_id = $1", &[&id]).unwrap().get(0)
+    s.connection()
+        .query_one("SELECT count(*) FROM run_events WHERE run_id = $1", &[&id])
+        .unwrap()
+        .get(0)
 }
 
 #[test]
 fn a_database_from_a_newer_version_is_refused_by_name_and_left_untouched() {
     let url = pg::database();
     let mut s = open(&url);
-    assert_eq!(s.schema_version().unwrap(), storage::postgres::schema::current_version());
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::postgres::schema::current_version()
+    );
     s.put(&record("kept", 1), None, NOW).unwrap();
-    s.connection().batch_execute("UPDATE schema_version SET version = 99").unwrap();
+    s.connection()
+        .batch_execute("UPDATE schema_version SET version = 99")
+        .unwrap();
     let err = PgStore::open(&url).unwrap_err();
     let supported = storage::postgres::schema::current_version();
-    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported), "{err:?}");
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported),
+        "{err:?}"
+    );
     assert!(!err.is_transient());
     let msg = err.to_string();
-    assert!(msg.contains("99") && msg.contains(&supported.to_string()), "{msg}");
+    assert!(
+        msg.contains("99") && msg.contains(&supported.to_string()),
+        "{msg}"
+    );
     assert_eq!(s.schema_version().unwrap(), 99, "the stamp is as it was");
     assert!(s.get("kept", NOW).unwrap().is_some(), "and so is the data");
 }
@@ -76,20 +94,37 @@ fn hosts_starting_together_on_a_fresh_database_migrate_it_once() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("host")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("host"))
+            .collect()
     });
     assert_eq!(secrets[0].len(), 64, "32 bytes, hex");
-    assert!(secrets.iter().all(|s| *s == secrets[0]), "one secret for every host: {secrets:?}");
+    assert!(
+        secrets.iter().all(|s| *s == secrets[0]),
+        "one secret for every host: {secrets:?}"
+    );
     let mut s = open(&url);
-    let rows: i64 = s.connection().query_one("SELECT count(*) FROM schema_version", &[]).unwrap().get(0);
-    assert_eq!((rows, s.schema_version().unwrap()), (1, storage::postgres::schema::current_version()));
+    let rows: i64 = s
+        .connection()
+        .query_one("SELECT count(*) FROM schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        (rows, s.schema_version().unwrap()),
+        (1, storage::postgres::schema::current_version())
+    );
 }
 
 #[test]
 fn every_connection_sets_lock_and_statement_timeouts() {
     let mut s = open(&pg::database());
     for (setting, want) in [("lock_timeout", "5s"), ("statement_timeout", "15s")] {
-        let got: String = s.connection().query_one(&format!("SHOW {setting}"), &[]).unwrap().get(0);
+        let got: String = s
+            .connection()
+            .query_one(&format!("SHOW {setting}"), &[])
+            .unwrap()
+            .get(0);
         assert_eq!(got, want, "{setting}");
     }
 }
@@ -110,20 +145,40 @@ fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
         lease_ms: 30_000,
         writer: None,
     };
-    assert_eq!(s.admit(&admit, NOW).unwrap(), AdmitOutcome::Started { run_id: "r1".into() });
-    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+    assert_eq!(
+        s.admit(&admit, NOW).unwrap(),
+        AdmitOutcome::Started {
+            run_id: "r1".into()
+        }
+    );
+    let p = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 30_000,
+    };
     assert_eq!(s.claim("r1", "g1", &p, NOW).unwrap(), Ok(Claimed::Promoted));
     let mut peer = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let mut tx = peer.transaction().unwrap();
-    tx.query("SELECT 1 FROM live_runs WHERE run_id = 'r1' FOR UPDATE", &[]).unwrap();
+    tx.query(
+        "SELECT 1 FROM live_runs WHERE run_id = 'r1' FOR UPDATE",
+        &[],
+    )
+    .unwrap();
     let started = Instant::now();
     let err = s.heartbeat("r1", "g1", 30_000, NOW + 1).unwrap_err();
     let waited = started.elapsed();
     assert!(err.is_transient() && !err.is_race(), "{err}");
     assert!(err.to_string().contains("55P03"), "a lock timeout: {err}");
-    assert!(waited >= Duration::from_secs(4) && waited < Duration::from_secs(20), "{waited:?}");
+    assert!(
+        waited >= Duration::from_secs(4) && waited < Duration::from_secs(20),
+        "{waited:?}"
+    );
     tx.rollback().unwrap();
-    assert!(s.heartbeat("r1", "g1", 30_000, NOW + 2).unwrap().is_ok(), "the connection is usable again");
+    assert!(
+        s.heartbeat("r1", "g1", 30_000, NOW + 2).unwrap().is_ok(),
+        "the connection is usable again"
+    );
 }
 
 #[test]
@@ -132,11 +187,21 @@ fn a_fault_mid_put_leaves_no_row_and_no_events_and_the_connection_goes_on() {
     s.put(&record("before", 2), None, NOW).unwrap();
     inject_fault(&mut s);
     let err = s.put(&record("doomed", 5), None, NOW).unwrap_err();
-    assert!(matches!(err, Error::Postgres(_)) && !err.is_transient(), "{err}");
-    assert!(err.to_string().contains("injected fault"), "the server's message: {err}");
+    assert!(
+        matches!(err, Error::Postgres(_)) && !err.is_transient(),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("injected fault"),
+        "the server's message: {err}"
+    );
     assert_eq!(s.get("doomed", NOW).unwrap(), None);
     assert_eq!(events_of(&mut s, "doomed"), 0);
-    assert_eq!(s.get("before", NOW).unwrap(), Some(record("before", 2)), "earlier data untouched");
+    assert_eq!(
+        s.get("before", NOW).unwrap(),
+        Some(record("before", 2)),
+        "earlier data untouched"
+    );
     s.put(&record("after", 1), None, NOW).unwrap();
     assert_eq!(s.get("after", NOW).unwrap(), Some(record("after", 1)));
 }
@@ -151,9 +216,19 @@ fn a_failing_message_in_a_group_rolls_back_only_itself() {
     s.put(&record("a", 1), None, NOW).unwrap();
     assert!(s.put(&record("doomed", 5), None, NOW).is_err());
     s.put(&record("b", 2), None, NOW).unwrap();
-    assert_eq!(s.get("a", NOW).unwrap(), Some(record("a", 1)), "a read inside the group sees its writes");
+    assert_eq!(
+        s.get("a", NOW).unwrap(),
+        Some(record("a", 1)),
+        "a read inside the group sees its writes"
+    );
     s.end_group(true).unwrap();
-    let mut fresh = open(&s.connection().query_one("SELECT current_database()", &[]).map(|r| r.get::<_, String>(0)).map(|db| pg::shared().url(&db)).unwrap());
+    let mut fresh = open(
+        &s.connection()
+            .query_one("SELECT current_database()", &[])
+            .map(|r| r.get::<_, String>(0))
+            .map(|db| pg::shared().url(&db))
+            .unwrap(),
+    );
     assert_eq!(fresh.get("a", NOW).unwrap(), Some(record("a", 1)));
     assert_eq!(fresh.get("b", NOW).unwrap(), Some(record("b", 2)));
     assert_eq!(fresh.get("doomed", NOW).unwrap(), None);
@@ -169,7 +244,10 @@ fn a_failing_message_in_a_group_rolls_back_only_itself() {
 async fn the_handle_on_postgres_says_so_and_keeps_its_secret_across_a_restart() {
     let url = pg::database();
     let clock = std::sync::Arc::new(ManualClock::new(NOW));
-    let spec = BackendSpec::Postgres { url: url.clone(), pool: 4 };
+    let spec = BackendSpec::Postgres {
+        url: url.clone(),
+        pool: 4,
+    };
     assert_eq!(spec.kind(), "postgres");
     let h = StorageHandle::start(spec.clone(), clock.clone());
     assert_eq!(h.kind(), "postgres");
@@ -177,12 +255,22 @@ async fn the_handle_on_postgres_says_so_and_keeps_its_secret_across_a_restart() 
     let secret = h.capability_secret().await.unwrap();
     h.put(record("r", 3), None).await.unwrap();
     // Reads go to the pool's read-only connections and see every write whose answer is in hand.
-    let pooled = || h.group_stats().pooled_reads.load(std::sync::atomic::Ordering::Relaxed);
+    let pooled = || {
+        h.group_stats()
+            .pooled_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
     let before = pooled();
     assert_eq!(h.get("r".into()).await.unwrap(), Some(record("r", 3)));
     assert_eq!(pooled(), before + 1, "the read ran on a reader");
-    let err = h.read_for_test(|b, now| b.put(&record("sneaky", 1), None, now)).await.unwrap_err();
-    assert!(err.to_string().contains("25006"), "a reader refuses writes (read-only transaction): {err}");
+    let err = h
+        .read_for_test(|b, now| b.put(&record("sneaky", 1), None, now))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("25006"),
+        "a reader refuses writes (read-only transaction): {err}"
+    );
     assert_eq!(h.get("sneaky".into()).await.unwrap(), None);
     drop(h);
     let again = StorageHandle::start(spec, clock);
@@ -198,10 +286,18 @@ fn the_database_clock_corrects_a_skewed_host_clock() {
     let real = SystemClock.now_ms();
     let skewed = std::sync::Arc::new(ManualClock::new(real - 86_400_000));
     let clock = DbClock::measure(skewed.clone(), &url).expect("measure");
-    assert!((clock.offset_ms() - 86_400_000).abs() < 5_000, "offset {}", clock.offset_ms());
+    assert!(
+        (clock.offset_ms() - 86_400_000).abs() < 5_000,
+        "offset {}",
+        clock.offset_ms()
+    );
     assert!((clock.now_ms() - SystemClock.now_ms()).abs() < 5_000);
     skewed.advance(1_000);
-    assert_eq!(clock.now_ms(), skewed.now_ms() + clock.offset_ms(), "it follows its base");
+    assert_eq!(
+        clock.now_ms(),
+        skewed.now_ms() + clock.offset_ms(),
+        "it follows its base"
+    );
 }
 
 /// Migration 2 adds each generation's `host_id` (SPEC §1.3); a generation recorded at version 1 has its
@@ -221,7 +317,13 @@ fn migration_two_gives_old_generations_their_hostname_as_host_id() {
         .unwrap();
     drop(s);
     let mut s = open(&url);
-    assert_eq!((s.schema_version().unwrap(), storage::postgres::schema::current_version()), (2, 2));
+    assert_eq!(
+        (
+            s.schema_version().unwrap(),
+            storage::postgres::schema::current_version()
+        ),
+        (2, 2)
+    );
     let old = GenerationInfo {
         gen: "20260101T000000Z-0000000a".into(),
         host: "box-1".into(),
@@ -231,7 +333,12 @@ fn migration_two_gives_old_generations_their_hostname_as_host_id() {
         started_at: 5,
     };
     assert_eq!(s.generations().unwrap(), vec![old.clone()]);
-    let new = GenerationInfo { gen: "20260101T000000Z-0000000b".into(), host_id: "blue".into(), started_at: 6, ..old.clone() };
+    let new = GenerationInfo {
+        gen: "20260101T000000Z-0000000b".into(),
+        host_id: "blue".into(),
+        started_at: 6,
+        ..old.clone()
+    };
     s.record_generation(&new).unwrap();
     assert_eq!(s.generations().unwrap(), vec![old, new]);
 }

@@ -9,7 +9,9 @@ use storage::{BackendSpec, Error, ManualClock, SqliteStore, StorageHandle, Synch
 const NOW: i64 = 1_800_000_000_000;
 
 fn record(id: &str, events: usize) -> RunRecord {
-    let events: Vec<_> = (1..=events).map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"})).collect();
+    let events: Vec<_> = (1..=events)
+        .map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"}))
+        .collect();
     validate_record(&json!({
         "id": id, "channelId": "C1", "userId": "U1", "threadKey": "C1:t", "channelVisibility": "public",
         "startedAt": NOW - 10, "finishedAt": NOW, "status": "completed", "eventCount": events.len(),
@@ -39,10 +41,18 @@ fn crash_mid_put_leaves_no_row_and_no_events() {
     assert_eq!(s.get("doomed", NOW).unwrap(), None);
     let orphan_events: i64 = s
         .connection()
-        .query_row("SELECT COUNT(*) FROM run_events WHERE run_id = 'doomed'", [], |r| r.get(0))
+        .query_row(
+            "SELECT COUNT(*) FROM run_events WHERE run_id = 'doomed'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(orphan_events, 0);
-    assert_eq!(s.get("before", NOW).unwrap(), Some(record("before", 2)), "earlier data untouched");
+    assert_eq!(
+        s.get("before", NOW).unwrap(),
+        Some(record("before", 2)),
+        "earlier data untouched"
+    );
 }
 
 #[test]
@@ -50,16 +60,29 @@ fn a_database_from_a_newer_version_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
     open(&path).put(&record("kept", 1), None, NOW).unwrap();
-    rusqlite::Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
     let err = SqliteStore::open(&path, Synchronous::Full).unwrap_err();
     let supported = storage::sqlite::schema::current_version();
-    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported), "{err:?}");
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported),
+        "{err:?}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains("99") && msg.contains(&supported.to_string()), "{msg}");
+    assert!(
+        msg.contains("99") && msg.contains(&supported.to_string()),
+        "{msg}"
+    );
     // Nothing was touched: the stamp and the data are as they were.
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
-    let n: i64 = conn.query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0)).unwrap();
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0))
+        .unwrap();
     assert_eq!((v, n), (99, 1));
 }
 
@@ -74,7 +97,10 @@ fn reopening_keeps_data_schema_and_capability_secret() {
     drop(s);
     let mut s = open(&path);
     assert_eq!(s.capability_secret().unwrap(), secret);
-    assert_eq!(s.schema_version().unwrap(), storage::sqlite::schema::current_version());
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::sqlite::schema::current_version()
+    );
     s.put(&record("a", 1), None, NOW).unwrap();
     drop(s);
     assert!(open(&path).get("a", NOW).unwrap().is_some());
@@ -96,14 +122,25 @@ fn two_handles_share_one_database_file() {
 #[actix_rt::test]
 async fn the_handle_runs_each_operation_on_the_storage_actor() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = BackendSpec::Sqlite { path: dir.path().join("t.db"), synchronous: Synchronous::Normal };
+    let spec = BackendSpec::Sqlite {
+        path: dir.path().join("t.db"),
+        synchronous: Synchronous::Normal,
+    };
     let clock = ManualClock::new(NOW);
     let h = StorageHandle::start(spec, std::sync::Arc::new(clock.clone()));
     assert_eq!(h.kind(), "sqlite");
     h.ping().await.unwrap();
     assert!(h.put(record("r1", 2), None).await.unwrap().stored);
     assert_eq!(h.get("r1".into()).await.unwrap(), Some(record("r1", 2)));
-    assert_eq!(h.events("r1".into(), 1, None).await.unwrap().unwrap().events.len(), 1);
+    assert_eq!(
+        h.events("r1".into(), 1, None)
+            .await
+            .unwrap()
+            .unwrap()
+            .events
+            .len(),
+        1
+    );
     // The handle's clock, not the wall clock, decides retention.
     clock.advance(31 * 86_400_000);
     assert_eq!(h.get("r1".into()).await.unwrap(), None);
@@ -112,10 +149,16 @@ async fn the_handle_runs_each_operation_on_the_storage_actor() {
 #[actix_rt::test]
 async fn a_panicking_transaction_is_an_error_and_the_actor_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = BackendSpec::Sqlite { path: dir.path().join("t.db"), synchronous: Synchronous::Normal };
+    let spec = BackendSpec::Sqlite {
+        path: dir.path().join("t.db"),
+        synchronous: Synchronous::Normal,
+    };
     let h = StorageHandle::start(spec, std::sync::Arc::new(ManualClock::new(NOW)));
     h.put(record("r1", 1), None).await.unwrap();
-    let err = h.transact_for_test(|_, _| -> storage::Result<()> { panic!("boom") }).await.unwrap_err();
+    let err = h
+        .transact_for_test(|_, _| -> storage::Result<()> { panic!("boom") })
+        .await
+        .unwrap_err();
     assert!(matches!(&err, Error::Panicked(m) if m == "boom"), "{err:?}");
     // The actor reopened its backend through the factory and still answers, data intact.
     assert!(h.get("r1".into()).await.unwrap().is_some());
@@ -126,7 +169,10 @@ async fn a_backend_that_cannot_open_answers_unavailable() {
     let dir = tempfile::tempdir().unwrap();
     let blocker = dir.path().join("file");
     std::fs::write(&blocker, b"not a directory").unwrap();
-    let spec = BackendSpec::Sqlite { path: blocker.join("t.db"), synchronous: Synchronous::Full };
+    let spec = BackendSpec::Sqlite {
+        path: blocker.join("t.db"),
+        synchronous: Synchronous::Full,
+    };
     let h = StorageHandle::start(spec, std::sync::Arc::new(ManualClock::new(NOW)));
     let err = h.ping().await.unwrap_err();
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
@@ -144,15 +190,27 @@ async fn queued_messages_commit_together_and_a_failing_one_rolls_back_only_itsel
              BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
         )
         .unwrap();
-    let h = StorageHandle::start(BackendSpec::Sqlite { path, synchronous: Synchronous::Full }, std::sync::Arc::new(ManualClock::new(NOW)));
+    let h = StorageHandle::start(
+        BackendSpec::Sqlite {
+            path,
+            synchronous: Synchronous::Full,
+        },
+        std::sync::Arc::new(ManualClock::new(NOW)),
+    );
     h.ping().await.unwrap();
     // Queue many puts at once: the actor drains them into group commits.
     let mut puts = Vec::new();
     for i in 0..40 {
-        let id = if i == 17 { "doomed".to_owned() } else { format!("ok-{i}") };
+        let id = if i == 17 {
+            "doomed".to_owned()
+        } else {
+            format!("ok-{i}")
+        };
         let h = h.clone();
         // Spawned, so every put is queued before the first answers.
-        puts.push(actix_rt::spawn(async move { h.put(record(&id, 5), None).await }));
+        puts.push(actix_rt::spawn(
+            async move { h.put(record(&id, 5), None).await },
+        ));
     }
     let mut results = Vec::new();
     for p in puts {
@@ -160,22 +218,40 @@ async fn queued_messages_commit_together_and_a_failing_one_rolls_back_only_itsel
     }
     for (i, r) in results.iter().enumerate() {
         if i == 17 {
-            assert!(matches!(r, Err(Error::Sqlite(_))), "the faulty put answers its own error: {r:?}");
+            assert!(
+                matches!(r, Err(Error::Sqlite(_))),
+                "the faulty put answers its own error: {r:?}"
+            );
         } else {
             assert!(r.as_ref().is_ok_and(|o| o.stored), "put {i}: {r:?}");
         }
     }
     let stats = h.group_stats();
-    assert!(stats.groups.load(std::sync::atomic::Ordering::Relaxed) >= 1, "at least one group commit happened");
-    assert!(stats.grouped_messages.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    assert!(
+        stats.groups.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+        "at least one group commit happened"
+    );
+    assert!(
+        stats
+            .grouped_messages
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2
+    );
     // Every other record is durable with all its events; the failing one left nothing behind.
     for i in (0..40).filter(|i| *i != 17) {
-        assert_eq!(h.get(format!("ok-{i}")).await.unwrap(), Some(record(&format!("ok-{i}"), 5)));
+        assert_eq!(
+            h.get(format!("ok-{i}")).await.unwrap(),
+            Some(record(&format!("ok-{i}"), 5))
+        );
     }
     assert_eq!(h.get("doomed".into()).await.unwrap(), None);
     let leftovers: i64 = rusqlite::Connection::open(dir.path().join("t.db"))
         .unwrap()
-        .query_row("SELECT COUNT(*) FROM run_events WHERE run_id = 'doomed'", [], |r| r.get(0))
+        .query_row(
+            "SELECT COUNT(*) FROM run_events WHERE run_id = 'doomed'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(leftovers, 0);
 }
@@ -184,7 +260,10 @@ async fn queued_messages_commit_together_and_a_failing_one_rolls_back_only_itsel
 async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
     use storage::ledger::{Admit, Promotion, Refusal, StepRecord, Turn};
     let dir = tempfile::tempdir().unwrap();
-    let spec = BackendSpec::Sqlite { path: dir.path().join("t.db"), synchronous: Synchronous::Full };
+    let spec = BackendSpec::Sqlite {
+        path: dir.path().join("t.db"),
+        synchronous: Synchronous::Full,
+    };
     let h = StorageHandle::start(spec, std::sync::Arc::new(ManualClock::new(NOW)));
     let gen = "20260101T000000Z-00000001".to_owned();
     let admit = Admit {
@@ -198,7 +277,12 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
         writer: None,
     };
     h.admit(admit, NOW).await.unwrap();
-    let p = Promotion { system_text: "s".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+    let p = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 30_000,
+    };
     h.claim("r".into(), gen.clone(), p).await.unwrap().unwrap();
     let record = |step: u64, turn_index: u64| StepRecord {
         step,
@@ -210,34 +294,106 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
         turn: step,
         iteration: step,
     };
-    let turn = |text: &str| Turn { role: "assistant".into(), parts: vec![json!({"type": "text", "text": text})] };
+    let turn = |text: &str| Turn {
+        role: "assistant".into(),
+        parts: vec![json!({"type": "text", "text": text})],
+    };
     // A refused turn takes its step record down with it.
     let huge = turn(&"x".repeat(storage::ledger::MAX_TRANSCRIPT_PART_BYTES));
     let input = |seq: u64, text: &str| json!({"type": "input", "seq": seq, "at": NOW, "text": text, "source": "followup"});
-    let refused = h.durable_step("r".into(), gen.clone(), 0, vec![turn("ok"), huge], record(1, 2), vec![input(1, "a")]).await.unwrap();
-    assert!(matches!(refused, Err(Refusal::PartTooLarge { idx: 1, .. })), "{refused:?}");
+    let refused = h
+        .durable_step(
+            "r".into(),
+            gen.clone(),
+            0,
+            vec![turn("ok"), huge],
+            record(1, 2),
+            vec![input(1, "a")],
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Err(Refusal::PartTooLarge { idx: 1, .. })),
+        "{refused:?}"
+    );
     assert_eq!(h.last_step("r".into()).await.unwrap(), None);
-    assert!(h.read_transcript("r".into()).await.unwrap().turns.is_empty(), "not even the first turn landed");
-    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![]), "nor its events");
+    assert!(
+        h.read_transcript("r".into())
+            .await
+            .unwrap()
+            .turns
+            .is_empty(),
+        "not even the first turn landed"
+    );
+    assert_eq!(
+        h.live_events("r".into(), 0, 100).await.unwrap(),
+        Some(vec![]),
+        "nor its events"
+    );
     // A step whose event is refused lands nothing either (its input events ride with it).
     let big = input(2, &"y".repeat(70_000));
-    let refused = h.durable_step("r".into(), gen.clone(), 0, vec![turn("a")], record(1, 1), vec![input(1, "a"), big]).await.unwrap();
-    assert!(matches!(refused, Err(Refusal::EventTooLarge { seq: 2, .. })), "{refused:?}");
+    let refused = h
+        .durable_step(
+            "r".into(),
+            gen.clone(),
+            0,
+            vec![turn("a")],
+            record(1, 1),
+            vec![input(1, "a"), big],
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Err(Refusal::EventTooLarge { seq: 2, .. })),
+        "{refused:?}"
+    );
     assert_eq!(h.last_step("r".into()).await.unwrap(), None);
-    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![]));
+    assert_eq!(
+        h.live_events("r".into(), 0, 100).await.unwrap(),
+        Some(vec![])
+    );
     // A good step lands turns, events and record.
-    h.durable_step("r".into(), gen.clone(), 0, vec![turn("a"), turn("b")], record(1, 2), vec![input(1, "a")]).await.unwrap().unwrap();
-    assert_eq!(h.last_step("r".into()).await.unwrap().map(|s| s.turn_index), Some(2));
+    h.durable_step(
+        "r".into(),
+        gen.clone(),
+        0,
+        vec![turn("a"), turn("b")],
+        record(1, 2),
+        vec![input(1, "a")],
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        h.last_step("r".into()).await.unwrap().map(|s| s.turn_index),
+        Some(2)
+    );
     assert_eq!(h.read_transcript("r".into()).await.unwrap().turns.len(), 2);
-    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap(), Some(vec![input(1, "a")]));
+    assert_eq!(
+        h.live_events("r".into(), 0, 100).await.unwrap(),
+        Some(vec![input(1, "a")])
+    );
     // Another generation's step is fenced and writes neither.
     let fenced = h
-        .durable_step("r".into(), "20260101T000000Z-00000002".into(), 2, vec![turn("c")], record(2, 3), vec![input(2, "c")])
+        .durable_step(
+            "r".into(),
+            "20260101T000000Z-00000002".into(),
+            2,
+            vec![turn("c")],
+            record(2, 3),
+            vec![input(2, "c")],
+        )
         .await
         .unwrap();
     assert!(matches!(fenced, Err(Refusal::Fenced { .. })));
     assert_eq!(h.read_transcript("r".into()).await.unwrap().turns.len(), 2);
-    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap().map(|e| e.len()), Some(1));
+    assert_eq!(
+        h.live_events("r".into(), 0, 100)
+            .await
+            .unwrap()
+            .map(|e| e.len()),
+        Some(1)
+    );
 
     // Inside a group commit (many messages queued at once) a refused step still lands nothing of its
     // own, and its neighbours commit.
@@ -248,9 +404,20 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
         calls.push(actix_rt::spawn(async move {
             if i == 20 {
                 let huge = turn(&"x".repeat(storage::ledger::MAX_TRANSCRIPT_PART_BYTES));
-                h.durable_step("r".into(), gen, 2, vec![turn("partial"), huge], record(2, 4), vec![input(9, "lost")]).await.map(|o| o.is_ok())
+                h.durable_step(
+                    "r".into(),
+                    gen,
+                    2,
+                    vec![turn("partial"), huge],
+                    record(2, 4),
+                    vec![input(9, "lost")],
+                )
+                .await
+                .map(|o| o.is_ok())
             } else {
-                h.heartbeat("r".into(), gen, 30_000).await.map(|o| o.is_ok())
+                h.heartbeat("r".into(), gen, 30_000)
+                    .await
+                    .map(|o| o.is_ok())
             }
         }));
     }
@@ -259,9 +426,25 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
         oks += c.await.unwrap().unwrap() as usize;
     }
     assert_eq!(oks, 39, "every heartbeat landed, the refused step did not");
-    assert!(h.group_stats().groups.load(std::sync::atomic::Ordering::Relaxed) > 0, "the messages were grouped");
-    assert_eq!(h.read_transcript("r".into()).await.unwrap().turns.len(), 2, "no part of the refused step");
-    assert_eq!(h.live_events("r".into(), 0, 100).await.unwrap().map(|e| e.len()), Some(1));
+    assert!(
+        h.group_stats()
+            .groups
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "the messages were grouped"
+    );
+    assert_eq!(
+        h.read_transcript("r".into()).await.unwrap().turns.len(),
+        2,
+        "no part of the refused step"
+    );
+    assert_eq!(
+        h.live_events("r".into(), 0, 100)
+            .await
+            .unwrap()
+            .map(|e| e.len()),
+        Some(1)
+    );
 }
 
 /// A database file's identity for "was it written?": its bytes, its schema stamp and its mtime.
@@ -278,9 +461,13 @@ fn fingerprint(path: &std::path::Path) -> (Vec<u8>, i64, std::time::SystemTime) 
 fn old_database(path: &std::path::Path, version: usize, setup: &str) {
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-    for (i, sql) in storage::sqlite::schema::MIGRATIONS[..version].iter().enumerate() {
+    for (i, sql) in storage::sqlite::schema::MIGRATIONS[..version]
+        .iter()
+        .enumerate()
+    {
         conn.execute_batch(sql).unwrap();
-        conn.pragma_update(None, "user_version", (i + 1) as i64).unwrap();
+        conn.pragma_update(None, "user_version", (i + 1) as i64)
+            .unwrap();
     }
     conn.execute_batch(setup).unwrap();
 }
@@ -297,18 +484,45 @@ fn a_read_only_store_reads_the_current_schema_and_never_writes_the_file() {
     let before = fingerprint(&path);
     assert_eq!(before.1, storage::sqlite::schema::current_version());
     let mut r = SqliteStore::open_read_only(&path).expect("open read-only");
-    assert_eq!(r.schema_version().unwrap(), storage::sqlite::schema::current_version());
+    assert_eq!(
+        r.schema_version().unwrap(),
+        storage::sqlite::schema::current_version()
+    );
     assert_eq!(r.get("a", NOW).unwrap(), Some(record("a", 3)));
-    assert_eq!(r.list(&ListQuery::visible_to(VisibilityFilter::All), NOW).unwrap().items.len(), 2);
-    assert_eq!(r.events("a", 1, None, NOW).unwrap().unwrap().events.len(), 2);
-    let rows: Vec<(&str, u64)> = r.rows_of_run("a").unwrap().into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(
+        r.list(&ListQuery::visible_to(VisibilityFilter::All), NOW)
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+    assert_eq!(
+        r.events("a", 1, None, NOW).unwrap().unwrap().events.len(),
+        2
+    );
+    let rows: Vec<(&str, u64)> = r
+        .rows_of_run("a")
+        .unwrap()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
     assert_eq!(rows, [("runs", 1), ("run_events", 3)]);
     // Writes are refused at the connection and change nothing.
-    assert!(matches!(r.put(&record("c", 1), None, NOW), Err(Error::Sqlite(_))));
+    assert!(matches!(
+        r.put(&record("c", 1), None, NOW),
+        Err(Error::Sqlite(_))
+    ));
     assert!(matches!(r.delete("a"), Err(Error::Sqlite(_))));
     drop(r);
-    assert!(before == fingerprint(&path), "the file's bytes, stamp or mtime changed");
-    assert_eq!(open(&path).get("a", NOW).unwrap(), Some(record("a", 3)), "the data is still there");
+    assert!(
+        before == fingerprint(&path),
+        "the file's bytes, stamp or mtime changed"
+    );
+    assert_eq!(
+        open(&path).get("a", NOW).unwrap(),
+        Some(record("a", 3)),
+        "the data is still there"
+    );
 }
 
 #[test]
@@ -335,18 +549,40 @@ fn a_read_only_store_reads_an_older_schema_as_is() {
     let mut r = SqliteStore::open_read_only(&path).expect("an older schema opens");
     assert_eq!(r.schema_version().unwrap(), 1, "read as is, not migrated");
     assert_eq!(r.get("old", NOW).unwrap(), Some(record("old", 2)));
-    assert_eq!(r.get_summary("old", NOW).unwrap().map(|i| i.head.id), Some("old".to_owned()));
-    assert_eq!(r.events("old", 1, None, NOW).unwrap().unwrap().events.len(), 1);
-    let page = r.list(&ListQuery::visible_to(VisibilityFilter::All), NOW).unwrap();
-    assert_eq!(page.items.iter().map(|i| i.head.id.as_str()).collect::<Vec<_>>(), ["old"]);
+    assert_eq!(
+        r.get_summary("old", NOW).unwrap().map(|i| i.head.id),
+        Some("old".to_owned())
+    );
+    assert_eq!(
+        r.events("old", 1, None, NOW).unwrap().unwrap().events.len(),
+        1
+    );
+    let page = r
+        .list(&ListQuery::visible_to(VisibilityFilter::All), NOW)
+        .unwrap();
+    assert_eq!(
+        page.items
+            .iter()
+            .map(|i| i.head.id.as_str())
+            .collect::<Vec<_>>(),
+        ["old"]
+    );
     // The ledger's tables read as empty where the old version had none.
     use storage::ledger::RunLedger;
     assert_eq!(r.list_live().unwrap(), vec![]);
     assert_eq!(r.get_live("old").unwrap(), None);
-    let rows: Vec<(&str, u64)> = r.rows_of_run("old").unwrap().into_iter().filter(|(_, n)| *n > 0).collect();
+    let rows: Vec<(&str, u64)> = r
+        .rows_of_run("old")
+        .unwrap()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
     assert_eq!(rows, [("runs", 1), ("run_events", 2)]);
     drop(r);
-    assert!(before == fingerprint(&path), "reading a version-1 file changed it");
+    assert!(
+        before == fingerprint(&path),
+        "reading a version-1 file changed it"
+    );
 
     // Version 3: plan_requests without the columns migration 4 added; they read as their defaults.
     let path = dir.path().join("v3.db");
@@ -363,9 +599,16 @@ fn a_read_only_store_reads_an_older_schema_as_is() {
     use storage::plan::PlanStore;
     let id = storage::plan::RequestId::parse("q1").unwrap();
     let q = r.get_request(&id).unwrap().expect("the request reads");
-    assert_eq!((q.request_id, q.holder), (id, None), "no holder column in version 3: none recorded");
+    assert_eq!(
+        (q.request_id, q.holder),
+        (id, None),
+        "no holder column in version 3: none recorded"
+    );
     drop(r);
-    assert!(before == fingerprint(&path), "reading a version-3 file changed it");
+    assert!(
+        before == fingerprint(&path),
+        "reading a version-3 file changed it"
+    );
 }
 
 /// Migration 5 drops `run_jobs` (nothing read it): a version-4 file, rows in it and all, upgrades in place and
@@ -394,14 +637,30 @@ fn migration_five_drops_run_jobs_and_keeps_the_rest() {
     drop(r);
 
     let mut s = open(&path);
-    assert_eq!(s.schema_version().unwrap(), storage::sqlite::schema::current_version());
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::sqlite::schema::current_version()
+    );
     let tables: i64 = s
         .connection()
-        .query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'run_jobs'", [], |r| r.get(0))
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'run_jobs'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(tables, 0, "run_jobs is gone");
-    assert_eq!(s.get("old", NOW).unwrap(), Some(record("old", 1)), "the history is untouched");
-    let rows: Vec<(&str, u64)> = s.rows_of_run("old").unwrap().into_iter().filter(|(_, n)| *n > 0).collect();
+    assert_eq!(
+        s.get("old", NOW).unwrap(),
+        Some(record("old", 1)),
+        "the history is untouched"
+    );
+    let rows: Vec<(&str, u64)> = s
+        .rows_of_run("old")
+        .unwrap()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect();
     assert_eq!(rows, [("runs", 1), ("run_events", 1)]);
 }
 
@@ -410,23 +669,35 @@ fn a_read_only_store_refuses_a_newer_schema_a_missing_file_and_a_foreign_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
     open(&path).put(&record("kept", 1), None, NOW).unwrap();
-    rusqlite::Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
     let before = fingerprint(&path);
     let err = SqliteStore::open_read_only(&path).unwrap_err();
     let supported = storage::sqlite::schema::current_version();
-    assert!(matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported), "{err:?}");
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 99, supported: s } if s == supported),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("99"), "{err}");
     assert!(before == fingerprint(&path));
 
     // A missing file is an error naming it, and is not created.
     let missing = dir.path().join("nope").join("missing.db");
     let err = SqliteStore::open_read_only(&missing).unwrap_err();
-    assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
     assert!(!missing.exists() && !missing.parent().unwrap().exists());
 
     // A SQLite file without a Switchboard schema is refused, not read as empty.
     let foreign = dir.path().join("foreign.db");
-    rusqlite::Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE x (y)").unwrap();
+    rusqlite::Connection::open(&foreign)
+        .unwrap()
+        .execute_batch("CREATE TABLE x (y)")
+        .unwrap();
     let err = SqliteStore::open_read_only(&foreign).unwrap_err();
     assert!(err.to_string().contains("schema version 0"), "{err}");
 }
@@ -439,7 +710,10 @@ fn the_write_lock_probe_sees_a_held_lock_and_writes_nothing() {
     let probe = storage::WriteLockProbe::open(&path, std::time::Duration::from_millis(20)).unwrap();
     assert!(probe.is_free().unwrap());
     s.begin_group().unwrap();
-    assert!(!probe.is_free().unwrap(), "a writer inside BEGIN IMMEDIATE holds the lock");
+    assert!(
+        !probe.is_free().unwrap(),
+        "a writer inside BEGIN IMMEDIATE holds the lock"
+    );
     s.end_group(true).unwrap();
     assert!(probe.is_free().unwrap());
     let missing = dir.path().join("missing.db");
@@ -461,7 +735,13 @@ fn migration_eight_gives_old_generations_their_hostname_as_host_id() {
          VALUES ('20260101T000000Z-0000000a', 'box-1', 42, '777', 5);",
     );
     let mut s = open(&path);
-    assert_eq!((s.schema_version().unwrap(), storage::sqlite::schema::current_version()), (8, 8));
+    assert_eq!(
+        (
+            s.schema_version().unwrap(),
+            storage::sqlite::schema::current_version()
+        ),
+        (8, 8)
+    );
     let old = GenerationInfo {
         gen: "20260101T000000Z-0000000a".into(),
         host: "box-1".into(),
@@ -471,7 +751,12 @@ fn migration_eight_gives_old_generations_their_hostname_as_host_id() {
         started_at: 5,
     };
     assert_eq!(s.generations().unwrap(), vec![old.clone()]);
-    let new = GenerationInfo { gen: "20260101T000000Z-0000000b".into(), host_id: "blue".into(), started_at: 6, ..old.clone() };
+    let new = GenerationInfo {
+        gen: "20260101T000000Z-0000000b".into(),
+        host_id: "blue".into(),
+        started_at: 6,
+        ..old.clone()
+    };
     s.record_generation(&new).unwrap();
     assert_eq!(s.generations().unwrap(), vec![old, new]);
 }
@@ -496,29 +781,54 @@ fn expire_removes_event_rows_nobody_owns_a_bounded_amount_a_pass() {
         writer: None,
     };
     s.admit(&admit, NOW).unwrap();
-    let p = Promotion { system_text: "S".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
-    s.claim("live", "20270115T080000Z-0000beef", &p, NOW).unwrap().unwrap();
+    let p = Promotion {
+        system_text: "S".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 30_000,
+    };
+    s.claim("live", "20270115T080000Z-0000beef", &p, NOW)
+        .unwrap()
+        .unwrap();
     let live_events = vec![json!({"type": "note", "seq": 1, "at": NOW, "summary": "s"})];
-    s.append("live", "20270115T080000Z-0000beef", &live_events).unwrap().unwrap();
+    s.append("live", "20270115T080000Z-0000beef", &live_events)
+        .unwrap()
+        .unwrap();
     // 600 runs' event rows that nothing owns (what an older build could leave behind).
     let tx = s.connection().unchecked_transaction().unwrap();
     for i in 0..600 {
         for seq in 1..=2 {
-            tx.execute("INSERT INTO run_events (run_id, seq, json) VALUES (?1, ?2, '{}')", rusqlite::params![format!("orphan-{i:03}"), seq])
-                .unwrap();
+            tx.execute(
+                "INSERT INTO run_events (run_id, seq, json) VALUES (?1, ?2, '{}')",
+                rusqlite::params![format!("orphan-{i:03}"), seq],
+            )
+            .unwrap();
         }
     }
     tx.commit().unwrap();
     let count = |s: &mut SqliteStore, id: &str| -> i64 {
-        s.connection().query_row("SELECT COUNT(*) FROM run_events WHERE run_id LIKE ?1", [id], |r| r.get(0)).unwrap()
+        s.connection()
+            .query_row(
+                "SELECT COUNT(*) FROM run_events WHERE run_id LIKE ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap()
     };
 
     let first = s.expire(NOW, "").unwrap();
     // 500 run ids scanned in id order: "kept", "live" and 498 orphans.
     assert_eq!((first.runs, first.orphaned), (0, 498));
-    let after = first.scan_after.clone().expect("the scan did not go round yet");
+    let after = first
+        .scan_after
+        .clone()
+        .expect("the scan did not go round yet");
     let second = s.expire(NOW, &after).unwrap();
-    assert_eq!((second.orphaned, second.scan_after), (102, None), "the second pass finishes the round");
+    assert_eq!(
+        (second.orphaned, second.scan_after),
+        (102, None),
+        "the second pass finishes the round"
+    );
     assert_eq!(count(&mut s, "orphan-%"), 0);
     assert_eq!(count(&mut s, "kept"), 3, "a record's events stay");
     assert_eq!(count(&mut s, "live"), 1, "a live run's events stay");

@@ -41,18 +41,35 @@ fn all() -> ListQuery {
 }
 
 fn ids(store: &mut dyn RunStore, q: &ListQuery, now: i64) -> Vec<String> {
-    store.list(q, now).expect("list").items.into_iter().map(|i| i.head.id).collect()
+    store
+        .list(q, now)
+        .expect("list")
+        .items
+        .into_iter()
+        .map(|i| i.head.id)
+        .collect()
 }
 
 fn policy(days: u32, runs: u32, bytes: u64, at: i64) -> PolicyProposal {
-    PolicyProposal { policy: RetentionPolicy { retention_days: days, max_runs: runs, max_bytes: bytes }, updated_at: at }
+    PolicyProposal {
+        policy: RetentionPolicy {
+            retention_days: days,
+            max_runs: runs,
+            max_bytes: bytes,
+        },
+        updated_at: at,
+    }
 }
 
 fn two_megabyte_record_round_trips(s: &mut dyn RunStore) {
     let events: Vec<Value> = (1..=40)
         .map(|i| json!({"type": "tool_result", "seq": i, "at": NOW, "summary": "x".repeat(50_000), "callId": format!("c{i}"), "extra": {"kept": i}}))
         .collect();
-    let r = with("big", NOW, json!({"events": events, "eventCount": 40, "storedEventCount": 40, "futureField": {"a": [1, 2]}}));
+    let r = with(
+        "big",
+        NOW,
+        json!({"events": events, "eventCount": 40, "storedEventCount": 40, "futureField": {"a": [1, 2]}}),
+    );
     assert!(r.encoded_len() > 2_000_000);
     let out = s.put(&r, None, NOW).expect("put");
     assert!(out.stored && !out.rewritten);
@@ -72,20 +89,27 @@ fn bad_ids_are_not_found_on_every_method(s: &mut dyn RunStore) {
         assert!(!s.delete(bad).expect("delete"), "{bad}");
         let mut r = record("good", NOW);
         r.head.id = bad.to_owned();
-        assert!(s.put(&r, None, NOW).is_err(), "put of {bad:?} must be refused");
+        assert!(
+            s.put(&r, None, NOW).is_err(),
+            "put of {bad:?} must be refused"
+        );
     }
     assert_eq!(ids(s, &all(), NOW), vec!["good"]);
 }
 
 fn list_is_newest_first_with_default_and_cap(s: &mut dyn RunStore) {
     for i in 0..250 {
-        s.put(&record(&format!("r{i:03}"), NOW - 250 + i), None, NOW).expect("put");
+        s.put(&record(&format!("r{i:03}"), NOW - 250 + i), None, NOW)
+            .expect("put");
     }
     let got = ids(s, &all(), NOW);
     assert_eq!(got.len(), 50);
     assert_eq!(got[0], "r249");
     assert_eq!(got[49], "r200");
-    let q = ListQuery { limit: Some(1000), ..all() };
+    let q = ListQuery {
+        limit: Some(1000),
+        ..all()
+    };
     let page = s.list(&q, NOW).expect("list");
     assert_eq!(page.items.len(), 200);
     assert!(page.next_before.is_some());
@@ -98,53 +122,162 @@ fn cursor_keeps_same_millisecond_siblings_across_a_page_boundary(s: &mut dyn Run
     }
     s.put(&record("d", NOW - 20), None, NOW).expect("put");
     s.put(&record("e", NOW - 5), None, NOW).expect("put");
-    let q = ListQuery { limit: Some(2), ..all() };
+    let q = ListQuery {
+        limit: Some(2),
+        ..all()
+    };
     let p1 = s.list(&q, NOW).expect("page 1");
-    assert_eq!(p1.items.iter().map(|i| i.head.id.as_str()).collect::<Vec<_>>(), ["e", "c"]);
+    assert_eq!(
+        p1.items
+            .iter()
+            .map(|i| i.head.id.as_str())
+            .collect::<Vec<_>>(),
+        ["e", "c"]
+    );
     let c1 = p1.next_before.expect("full page has a cursor");
-    assert_eq!(c1, Cursor { finished_at: NOW - 10, id: Some("c".into()) });
-    let p2 = s.list(&ListQuery { before: Some(c1), ..q.clone() }, NOW).expect("page 2");
-    assert_eq!(p2.items.iter().map(|i| i.head.id.as_str()).collect::<Vec<_>>(), ["b", "a"]);
-    let p3 = s.list(&ListQuery { before: p2.next_before, ..q.clone() }, NOW).expect("page 3");
-    assert_eq!(p3.items.iter().map(|i| i.head.id.as_str()).collect::<Vec<_>>(), ["d"]);
+    assert_eq!(
+        c1,
+        Cursor {
+            finished_at: NOW - 10,
+            id: Some("c".into())
+        }
+    );
+    let p2 = s
+        .list(
+            &ListQuery {
+                before: Some(c1),
+                ..q.clone()
+            },
+            NOW,
+        )
+        .expect("page 2");
+    assert_eq!(
+        p2.items
+            .iter()
+            .map(|i| i.head.id.as_str())
+            .collect::<Vec<_>>(),
+        ["b", "a"]
+    );
+    let p3 = s
+        .list(
+            &ListQuery {
+                before: p2.next_before,
+                ..q.clone()
+            },
+            NOW,
+        )
+        .expect("page 3");
+    assert_eq!(
+        p3.items
+            .iter()
+            .map(|i| i.head.id.as_str())
+            .collect::<Vec<_>>(),
+        ["d"]
+    );
     assert_eq!(p3.next_before, None);
     // `before` alone: strictly older than the millisecond.
-    let older = ListQuery { before: Some(Cursor { finished_at: NOW - 10, id: None }), ..all() };
+    let older = ListQuery {
+        before: Some(Cursor {
+            finished_at: NOW - 10,
+            id: None,
+        }),
+        ..all()
+    };
     assert_eq!(ids(s, &older, NOW), ["d"]);
 }
 
 fn filters_and_visibility_narrow_the_list(s: &mut dyn RunStore) {
-    s.put(&with("pub1", NOW - 1, json!({"channelId": "C1", "userId": "U1", "agent": "demo", "threadKey": "C1:a"})), None, NOW).unwrap();
+    s.put(
+        &with(
+            "pub1",
+            NOW - 1,
+            json!({"channelId": "C1", "userId": "U1", "agent": "demo", "threadKey": "C1:a"}),
+        ),
+        None,
+        NOW,
+    )
+    .unwrap();
     s.put(&with("priv", NOW - 2, json!({"channelId": "C2", "userId": "U2", "agent": "other", "channelVisibility": "private", "threadKey": "C2:b", "parentRunId": "pub1"})), None, NOW).unwrap();
     s.put(&with("dm1", NOW - 3 * DAY, json!({"channelId": "D1", "userId": "U1", "channelVisibility": "dm", "threadKey": "D1:c"})), None, NOW).unwrap();
     let mut legacy = record_json("legacy", NOW - 4);
     legacy.as_object_mut().unwrap().remove("channelVisibility");
-    s.put(&validate_record(&legacy).unwrap(), None, NOW).unwrap();
+    s.put(&validate_record(&legacy).unwrap(), None, NOW)
+        .unwrap();
 
     let q = |f: fn(&mut ListQuery)| {
         let mut q = all();
         f(&mut q);
         q
     };
-    assert_eq!(ids(s, &q(|q| q.agent = Some("other".into())), NOW), ["priv"]);
+    assert_eq!(
+        ids(s, &q(|q| q.agent = Some("other".into())), NOW),
+        ["priv"]
+    );
     assert_eq!(ids(s, &q(|q| q.channel = Some("D1".into())), NOW), ["dm1"]);
-    assert_eq!(ids(s, &q(|q| q.thread_key = Some("C1:a".into())), NOW), ["pub1"]);
-    assert_eq!(ids(s, &q(|q| q.parent_run_id = Some("pub1".into())), NOW), ["priv"]);
-    assert_eq!(ids(s, &q(|q| q.since_ms = Some(NOW - DAY)), NOW), ["pub1", "priv", "legacy"]);
+    assert_eq!(
+        ids(s, &q(|q| q.thread_key = Some("C1:a".into())), NOW),
+        ["pub1"]
+    );
+    assert_eq!(
+        ids(s, &q(|q| q.parent_run_id = Some("pub1".into())), NOW),
+        ["priv"]
+    );
+    assert_eq!(
+        ids(s, &q(|q| q.since_ms = Some(NOW - DAY)), NOW),
+        ["pub1", "priv", "legacy"]
+    );
 
     let vis = |v: Value| ListQuery::visible_to(VisibilityFilter::parse(&v).expect("filter"));
-    assert_eq!(ids(s, &vis(json!({"kind": "none"})), NOW), Vec::<String>::new());
-    assert_eq!(ids(s, &vis(json!({"kind": "channels-in", "ids": ["C2", "D1"]})), NOW), ["priv", "dm1"]);
-    assert_eq!(ids(s, &vis(json!({"kind": "user-is", "id": "U1"})), NOW), ["pub1", "legacy", "dm1"]);
-    assert_eq!(ids(s, &vis(json!({"kind": "visibility-in", "values": ["unknown"]})), NOW), ["legacy"]);
-    assert_eq!(ids(s, &vis(json!({"kind": "or", "of": []})), NOW), Vec::<String>::new());
-    assert_eq!(ids(s, &vis(json!({"kind": "and", "of": []})), NOW), Vec::<String>::new());
     assert_eq!(
-        ids(s, &vis(json!({"kind": "and", "of": [{"kind": "user-is", "id": "U1"}, {"kind": "visibility-in", "values": ["public", "dm"]}]})), NOW),
+        ids(s, &vis(json!({"kind": "none"})), NOW),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        ids(
+            s,
+            &vis(json!({"kind": "channels-in", "ids": ["C2", "D1"]})),
+            NOW
+        ),
+        ["priv", "dm1"]
+    );
+    assert_eq!(
+        ids(s, &vis(json!({"kind": "user-is", "id": "U1"})), NOW),
+        ["pub1", "legacy", "dm1"]
+    );
+    assert_eq!(
+        ids(
+            s,
+            &vis(json!({"kind": "visibility-in", "values": ["unknown"]})),
+            NOW
+        ),
+        ["legacy"]
+    );
+    assert_eq!(
+        ids(s, &vis(json!({"kind": "or", "of": []})), NOW),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        ids(s, &vis(json!({"kind": "and", "of": []})), NOW),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        ids(
+            s,
+            &vis(
+                json!({"kind": "and", "of": [{"kind": "user-is", "id": "U1"}, {"kind": "visibility-in", "values": ["public", "dm"]}]})
+            ),
+            NOW
+        ),
         ["pub1", "dm1"]
     );
     assert_eq!(
-        ids(s, &vis(json!({"kind": "or", "of": [{"kind": "user-is", "id": "U2"}, {"kind": "channels-in", "ids": ["D1"]}]})), NOW),
+        ids(
+            s,
+            &vis(
+                json!({"kind": "or", "of": [{"kind": "user-is", "id": "U2"}, {"kind": "channels-in", "ids": ["D1"]}]})
+            ),
+            NOW
+        ),
         ["priv", "dm1"]
     );
     // Visibility is ANDed with the other filters.
@@ -152,32 +285,91 @@ fn filters_and_visibility_narrow_the_list(s: &mut dyn RunStore) {
     both.channel = Some("C1".into());
     assert_eq!(ids(s, &both, NOW), ["pub1", "legacy"]);
     let legacy = s.get("legacy", NOW).unwrap().expect("legacy");
-    assert_eq!(legacy.head.channel_visibility, storage::record::ChannelVisibility::Unknown);
+    assert_eq!(
+        legacy.head.channel_visibility,
+        storage::record::ChannelVisibility::Unknown
+    );
 }
 
 fn events_page_strictly_after_the_cursor(s: &mut dyn RunStore) {
     let events: Vec<Value> = (1..=20).map(|i| json!({"type": "note", "seq": i, "at": NOW, "kind": "k", "summary": format!("e{i}")})).collect();
-    s.put(&with("ev", NOW, json!({"events": events, "eventCount": 20, "storedEventCount": 20})), None, NOW).unwrap();
+    s.put(
+        &with(
+            "ev",
+            NOW,
+            json!({"events": events, "eventCount": 20, "storedEventCount": 20}),
+        ),
+        None,
+        NOW,
+    )
+    .unwrap();
     let p = s.events("ev", 10, Some(5), NOW).unwrap().expect("page");
-    assert_eq!(p.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect::<Vec<_>>(), [11, 12, 13, 14, 15]);
+    assert_eq!(
+        p.events
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [11, 12, 13, 14, 15]
+    );
     assert_eq!(p.next_after_seq, Some(15));
-    let p = s.events("ev", 15, Some(5), NOW).unwrap().expect("last page");
+    let p = s
+        .events("ev", 15, Some(5), NOW)
+        .unwrap()
+        .expect("last page");
     assert_eq!(p.events.len(), 5);
     assert_eq!(p.next_after_seq, None);
-    assert_eq!(s.events("ev", 20, None, NOW).unwrap().expect("past the end").events, Vec::<Value>::new());
+    assert_eq!(
+        s.events("ev", 20, None, NOW)
+            .unwrap()
+            .expect("past the end")
+            .events,
+        Vec::<Value>::new()
+    );
     assert_eq!(s.events("nosuch", 0, None, NOW).unwrap(), None);
-    s.put(&with("empty", NOW, json!({"events": [], "eventCount": 0, "storedEventCount": 0})), None, NOW).unwrap();
-    assert_eq!(s.events("empty", 0, None, NOW).unwrap().expect("known run").events, Vec::<Value>::new());
+    s.put(
+        &with(
+            "empty",
+            NOW,
+            json!({"events": [], "eventCount": 0, "storedEventCount": 0}),
+        ),
+        None,
+        NOW,
+    )
+    .unwrap();
+    assert_eq!(
+        s.events("empty", 0, None, NOW)
+            .unwrap()
+            .expect("known run")
+            .events,
+        Vec::<Value>::new()
+    );
     // Registry seqs are kept: 2001..=7000 page from 6500 by stored seq.
-    let events: Vec<Value> = (2001..=7000).map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"})).collect();
-    s.put(&with("big", NOW, json!({"events": events, "eventCount": 7000, "storedEventCount": 5000})), None, NOW).unwrap();
+    let events: Vec<Value> = (2001..=7000)
+        .map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"}))
+        .collect();
+    s.put(
+        &with(
+            "big",
+            NOW,
+            json!({"events": events, "eventCount": 7000, "storedEventCount": 5000}),
+        ),
+        None,
+        NOW,
+    )
+    .unwrap();
     let p = s.events("big", 6500, None, NOW).unwrap().expect("page");
     assert_eq!(p.events.len(), 500);
     assert_eq!(p.events[0]["seq"], 6501);
     assert_eq!(p.next_after_seq, None);
-    let p = s.events("big", 0, Some(100_000), NOW).unwrap().expect("capped page");
+    let p = s
+        .events("big", 0, Some(100_000), NOW)
+        .unwrap()
+        .expect("capped page");
     assert_eq!(p.events.len(), 5000);
-    let p = s.events("big", 0, None, NOW).unwrap().expect("default page");
+    let p = s
+        .events("big", 0, None, NOW)
+        .unwrap()
+        .expect("default page");
     assert_eq!((p.events.len(), p.next_after_seq), (1000, Some(3000)));
 }
 
@@ -203,32 +395,57 @@ fn expire_removes_what_the_policy_no_longer_keeps_with_no_write(s: &mut dyn RunS
     assert_eq!(out.runs, 1);
     assert!(!s.delete("old").unwrap(), "nothing of it stays on disk");
     assert!(s.get("new", NOW + 2 * DAY).unwrap().is_some());
-    assert_eq!(s.expire(NOW + 2 * DAY, "").unwrap().runs, 0, "a second pass finds nothing");
+    assert_eq!(
+        s.expire(NOW + 2 * DAY, "").unwrap().runs,
+        0,
+        "a second pass finds nothing"
+    );
 }
 
 fn put_outside_policy_is_not_stored(s: &mut dyn RunStore) {
-    let out = s.put(&record("ancient", NOW - 31 * DAY), None, NOW).unwrap();
+    let out = s
+        .put(&record("ancient", NOW - 31 * DAY), None, NOW)
+        .unwrap();
     assert!(!out.stored);
     assert_eq!(s.get("ancient", NOW).unwrap(), None);
     assert!(!s.delete("ancient").unwrap(), "nothing of it stays on disk");
 }
 
 fn identical_repeat_is_not_a_rewrite_and_a_change_replaces_events_whole(s: &mut dyn RunStore) {
-    let five: Vec<Value> = (1..=5).map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"})).collect();
-    let r = with("x", NOW, json!({"events": five, "eventCount": 5, "storedEventCount": 5}));
+    let five: Vec<Value> = (1..=5)
+        .map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"}))
+        .collect();
+    let r = with(
+        "x",
+        NOW,
+        json!({"events": five, "eventCount": 5, "storedEventCount": 5}),
+    );
     assert!(!s.put(&r, None, NOW).unwrap().rewritten);
     let again = s.put(&r, None, NOW).unwrap();
     assert!(again.stored && !again.rewritten);
-    let three: Vec<Value> = (1..=3).map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "t"})).collect();
-    let r2 = with("x", NOW, json!({"events": three, "eventCount": 3, "storedEventCount": 3}));
+    let three: Vec<Value> = (1..=3)
+        .map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "t"}))
+        .collect();
+    let r2 = with(
+        "x",
+        NOW,
+        json!({"events": three, "eventCount": 3, "storedEventCount": 3}),
+    );
     let out = s.put(&r2, None, NOW).unwrap();
     assert!(out.stored && out.rewritten);
-    assert_eq!(s.events("x", 0, None, NOW).unwrap().unwrap().events.len(), 3);
+    assert_eq!(
+        s.events("x", 0, None, NOW).unwrap().unwrap().events.len(),
+        3
+    );
     assert_eq!(s.get("x", NOW).unwrap(), Some(r2));
 }
 
 fn provisional_put_over_a_final_record_writes_nothing(s: &mut dyn RunStore) {
-    let tomb = with("t", NOW - 100, json!({"status": "interrupted", "provisional": true, "finishedAt": NOW - 1000}));
+    let tomb = with(
+        "t",
+        NOW - 100,
+        json!({"status": "interrupted", "provisional": true, "finishedAt": NOW - 1000}),
+    );
     assert!(s.put(&tomb, None, NOW).unwrap().stored);
     // The final record replaces the tombstone whole.
     let fin = record("t", NOW);
@@ -245,26 +462,57 @@ fn provisional_put_over_a_final_record_writes_nothing(s: &mut dyn RunStore) {
 
 fn a_put_trims_at_most_500_rows_and_the_next_put_finishes(s: &mut dyn RunStore) {
     for i in 0..600 {
-        s.put(&record(&format!("r{i:03}"), NOW - 10_000 + i), None, NOW).unwrap();
+        s.put(&record(&format!("r{i:03}"), NOW - 10_000 + i), None, NOW)
+            .unwrap();
     }
     // A proposal keeping one run: the put hides 600 rows and physically trims the 500 oldest.
-    let out = s.put(&record("keep1", NOW), Some(&policy(30, 1, 2 << 30, NOW)), NOW).unwrap();
+    let out = s
+        .put(
+            &record("keep1", NOW),
+            Some(&policy(30, 1, 2 << 30, NOW)),
+            NOW,
+        )
+        .unwrap();
     assert!(out.stored);
     assert_eq!(out.retained, 1);
-    assert_eq!(ids(s, &ListQuery { limit: Some(200), ..all() }, NOW), ["keep1"]);
-    assert_eq!(s.get("r599", NOW).unwrap(), None, "hidden on read while still on disk");
+    assert_eq!(
+        ids(
+            s,
+            &ListQuery {
+                limit: Some(200),
+                ..all()
+            },
+            NOW
+        ),
+        ["keep1"]
+    );
+    assert_eq!(
+        s.get("r599", NOW).unwrap(),
+        None,
+        "hidden on read while still on disk"
+    );
     s.put(&record("keep2", NOW + 1), None, NOW).unwrap();
-    let remaining = (0..600).filter(|i| s.delete(&format!("r{i:03}")).unwrap()).count();
+    let remaining = (0..600)
+        .filter(|i| s.delete(&format!("r{i:03}")).unwrap())
+        .count();
     assert_eq!(remaining, 0, "the second put finished the trim");
     assert!(s.delete("keep2").unwrap());
 }
 
 fn a_trim_never_removes_more_than_500_in_one_put(s: &mut dyn RunStore) {
     for i in 0..600 {
-        s.put(&record(&format!("r{i:03}"), NOW - 10_000 + i), None, NOW).unwrap();
+        s.put(&record(&format!("r{i:03}"), NOW - 10_000 + i), None, NOW)
+            .unwrap();
     }
-    s.put(&record("keep1", NOW), Some(&policy(30, 1, 2 << 30, NOW)), NOW).unwrap();
-    let remaining: Vec<usize> = (0..600).filter(|i| s.delete(&format!("r{i:03}")).unwrap()).collect();
+    s.put(
+        &record("keep1", NOW),
+        Some(&policy(30, 1, 2 << 30, NOW)),
+        NOW,
+    )
+    .unwrap();
+    let remaining: Vec<usize> = (0..600)
+        .filter(|i| s.delete(&format!("r{i:03}")).unwrap())
+        .collect();
     assert_eq!(remaining.len(), 100);
     assert_eq!(remaining[0], 500, "oldest first");
 }
@@ -273,13 +521,29 @@ fn max_runs_and_max_bytes_keep_the_newest(s: &mut dyn RunStore) {
     for (i, id) in ["a", "b", "c", "d"].iter().enumerate() {
         s.put(&record(id, NOW - 10 + i as i64), None, NOW).unwrap();
     }
-    s.put(&record("e", NOW), Some(&policy(30, 3, 2 << 30, NOW)), NOW).unwrap();
+    s.put(&record("e", NOW), Some(&policy(30, 3, 2 << 30, NOW)), NOW)
+        .unwrap();
     assert_eq!(ids(s, &all(), NOW), ["e", "d", "c"]);
-    assert_eq!(s.get_summary("b", NOW).unwrap(), None, "summary hides what list hides");
+    assert_eq!(
+        s.get_summary("b", NOW).unwrap(),
+        None,
+        "summary hides what list hides"
+    );
     // maxBytes: 16 MiB keeps the newest records whose sizes fit.
-    let blob = |id: &str, t: i64| with(id, t, json!({"events": [{"type": "note", "seq": 1, "at": t, "summary": "y".repeat(3 << 20)}], "eventCount": 1, "storedEventCount": 1}));
+    let blob = |id: &str, t: i64| {
+        with(
+            id,
+            t,
+            json!({"events": [{"type": "note", "seq": 1, "at": t, "summary": "y".repeat(3 << 20)}], "eventCount": 1, "storedEventCount": 1}),
+        )
+    };
     for i in 0..6 {
-        s.put(&blob(&format!("m{i}"), NOW + 100 + i), Some(&policy(30, 100, 16 << 20, NOW + 1)), NOW + 2).unwrap();
+        s.put(
+            &blob(&format!("m{i}"), NOW + 100 + i),
+            Some(&policy(30, 100, 16 << 20, NOW + 1)),
+            NOW + 2,
+        )
+        .unwrap();
     }
     // Each blob is just over 3 MiB: five fit in 16 MiB, the sixth (oldest) and the small ones go.
     assert_eq!(ids(s, &all(), NOW + 2), ["m5", "m4", "m3", "m2", "m1"]);
@@ -288,19 +552,35 @@ fn max_runs_and_max_bytes_keep_the_newest(s: &mut dyn RunStore) {
 fn policy_proposals_take_the_store_clock_and_newer_wins(s: &mut dyn RunStore) {
     assert_eq!(s.policy().unwrap().policy, RetentionPolicy::default());
     // A future-dated stamp is stored at the store's clock…
-    s.put(&record("a", NOW), Some(&policy(10, 100, 1 << 30, NOW + 365 * DAY)), NOW).unwrap();
+    s.put(
+        &record("a", NOW),
+        Some(&policy(10, 100, 1 << 30, NOW + 365 * DAY)),
+        NOW,
+    )
+    .unwrap();
     let p = s.policy().unwrap();
     assert_eq!((p.policy.retention_days, p.updated_at), (10, Some(NOW)));
     // …so a later, correct proposal still wins.
-    s.put(&record("b", NOW + 2000), Some(&policy(20, 100, 1 << 30, NOW + 1000)), NOW + 2000).unwrap();
+    s.put(
+        &record("b", NOW + 2000),
+        Some(&policy(20, 100, 1 << 30, NOW + 1000)),
+        NOW + 2000,
+    )
+    .unwrap();
     assert_eq!(s.policy().unwrap().policy.retention_days, 20);
     // An older proposal is ignored.
-    s.put(&record("c", NOW + 3000), Some(&policy(5, 100, 1 << 30, NOW + 500)), NOW + 3000).unwrap();
+    s.put(
+        &record("c", NOW + 3000),
+        Some(&policy(5, 100, 1 << 30, NOW + 500)),
+        NOW + 3000,
+    )
+    .unwrap();
     assert_eq!(s.policy().unwrap().policy.retention_days, 20);
 }
 
 fn finished_at_far_ahead_is_clamped_to_a_day_past_now(s: &mut dyn RunStore) {
-    s.put(&record("future", NOW + 365 * DAY), None, NOW).unwrap();
+    s.put(&record("future", NOW + 365 * DAY), None, NOW)
+        .unwrap();
     let got = s.get("future", NOW).unwrap().expect("stored");
     assert_eq!(got.head.finished_at, NOW + MAX_FUTURE_MS);
 }
@@ -313,21 +593,82 @@ fn delete_removes_the_run_and_its_events(s: &mut dyn RunStore) {
     assert!(!s.delete("gone").unwrap());
 }
 
-fn a_terminal_status_lists_final_records_with_that_status_and_never_a_tombstone(s: &mut dyn RunStore) {
+fn a_terminal_status_lists_final_records_with_that_status_and_never_a_tombstone(
+    s: &mut dyn RunStore,
+) {
     s.put(&record("ok1", NOW - 1), None, NOW).unwrap();
-    s.put(&with("bad1", NOW - 2, json!({"status": "failed"})), None, NOW).unwrap();
-    s.put(&with("bad2", NOW - 3, json!({"status": "failed", "agent": "other"})), None, NOW).unwrap();
-    s.put(&with("cut", NOW - 4, json!({"status": "interrupted"})), None, NOW).unwrap();
-    s.put(&with("tomb", NOW - 5, json!({"status": "interrupted", "provisional": true})), None, NOW).unwrap();
-    let q = |status: RunStatus| ListQuery { status: Some(status), ..all() };
+    s.put(
+        &with("bad1", NOW - 2, json!({"status": "failed"})),
+        None,
+        NOW,
+    )
+    .unwrap();
+    s.put(
+        &with(
+            "bad2",
+            NOW - 3,
+            json!({"status": "failed", "agent": "other"}),
+        ),
+        None,
+        NOW,
+    )
+    .unwrap();
+    s.put(
+        &with("cut", NOW - 4, json!({"status": "interrupted"})),
+        None,
+        NOW,
+    )
+    .unwrap();
+    s.put(
+        &with(
+            "tomb",
+            NOW - 5,
+            json!({"status": "interrupted", "provisional": true}),
+        ),
+        None,
+        NOW,
+    )
+    .unwrap();
+    let q = |status: RunStatus| ListQuery {
+        status: Some(status),
+        ..all()
+    };
     assert_eq!(ids(s, &q(RunStatus::Failed), NOW), ["bad1", "bad2"]);
     assert_eq!(ids(s, &q(RunStatus::Completed), NOW), ["ok1"]);
-    assert_eq!(ids(s, &q(RunStatus::Interrupted), NOW), ["cut"], "the tombstone shows as unfinished, not interrupted");
-    assert_eq!(ids(s, &q(RunStatus::StoppedSoft), NOW), Vec::<String>::new());
+    assert_eq!(
+        ids(s, &q(RunStatus::Interrupted), NOW),
+        ["cut"],
+        "the tombstone shows as unfinished, not interrupted"
+    );
+    assert_eq!(
+        ids(s, &q(RunStatus::StoppedSoft), NOW),
+        Vec::<String>::new()
+    );
     // With the other filters and the cursor.
-    assert_eq!(ids(s, &ListQuery { agent: Some("other".into()), ..q(RunStatus::Failed) }, NOW), ["bad2"]);
-    let page = s.list(&ListQuery { limit: Some(1), ..q(RunStatus::Failed) }, NOW).unwrap();
-    let next = ListQuery { before: page.next_before, ..q(RunStatus::Failed) };
+    assert_eq!(
+        ids(
+            s,
+            &ListQuery {
+                agent: Some("other".into()),
+                ..q(RunStatus::Failed)
+            },
+            NOW
+        ),
+        ["bad2"]
+    );
+    let page = s
+        .list(
+            &ListQuery {
+                limit: Some(1),
+                ..q(RunStatus::Failed)
+            },
+            NOW,
+        )
+        .unwrap();
+    let next = ListQuery {
+        before: page.next_before,
+        ..q(RunStatus::Failed)
+    };
     assert_eq!(ids(s, &next, NOW), ["bad2"]);
 }
 

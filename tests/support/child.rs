@@ -24,7 +24,14 @@ impl Proc {
     /// `switchboard serve` in `data` (which may hold the `config.toml` it reads) with extra environment;
     /// answers once it listens.
     pub fn start(data: &Path, extra_env: &[(&str, &str)]) -> Proc {
-        Proc(switchboard::child::ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, extra_env).expect("start switchboard"))
+        Proc(
+            switchboard::child::ChildServer::start(
+                Path::new(env!("CARGO_BIN_EXE_switchboard")),
+                data,
+                extra_env,
+            )
+            .expect("start switchboard"),
+        )
     }
 
     pub fn signal(&self, sig: &str) {
@@ -39,7 +46,11 @@ impl Proc {
     pub fn crash(&mut self) {
         let res = http(|c| c.post(self.url("/admin/crash")));
         assert_eq!(res.0, 202, "{}", res.1);
-        assert_eq!(self.wait_exit(Duration::from_secs(10)), Some(137), "crash exits 137");
+        assert_eq!(
+            self.wait_exit(Duration::from_secs(10)),
+            Some(137),
+            "crash exits 137"
+        );
     }
 }
 
@@ -47,7 +58,10 @@ impl Proc {
 pub fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) -> (u16, Value) {
     std::thread::scope(|s| {
         s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async {
                 let client = reqwest::Client::new();
                 match f(&client).send().await {
@@ -66,7 +80,10 @@ pub fn http(f: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder + Send) 
 
 /// Milliseconds since the Unix epoch, as the binary stamps its rows.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// Poll `check` every 20 ms until it answers `Some`; fails naming `what` once `within` has passed.
@@ -84,8 +101,18 @@ pub fn wait_for<T>(what: &str, within: Duration, mut check: impl FnMut() -> Opti
 /// `switchboard serve` on the PostgreSQL database `url` as host `host_id`, with `extra` environment
 /// (lease and heartbeat, drain settings). Every host shares `data`: its workspaces are on a filesystem
 /// every host mounts (SPEC §1.3).
-pub fn serve_postgres(data: &Path, url: &str, host_id: &str, extra: &[(&str, &str)]) -> switchboard::child::ChildServer {
-    let mut env = vec![("SWITCHBOARD_STORAGE__KIND", "postgres"), ("SWITCHBOARD_STORAGE__URL", url), ("SWITCHBOARD_SERVER__HOST_ID", host_id)];
+pub fn serve_postgres(
+    data: &Path,
+    url: &str,
+    host_id: &str,
+    extra: &[(&str, &str)],
+) -> switchboard::child::ChildServer {
+    let mut env = vec![
+        ("SWITCHBOARD_STORAGE__KIND", "postgres"),
+        ("SWITCHBOARD_STORAGE__URL", url),
+        ("SWITCHBOARD_SERVER__HOST_ID", host_id),
+    ];
     env.extend_from_slice(extra);
-    switchboard::child::ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &env).expect("start switchboard")
+    switchboard::child::ChildServer::start(Path::new(env!("CARGO_BIN_EXE_switchboard")), data, &env)
+        .expect("start switchboard")
 }

@@ -25,14 +25,23 @@ impl TestApp {
 
     pub async fn spawn_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = Config::parse(switchboard::config::EMBEDDED_NAME, switchboard::config::EMBEDDED, Vec::new())
-            .expect("embedded config");
+        let mut config = Config::parse(
+            switchboard::config::EMBEDDED_NAME,
+            switchboard::config::EMBEDDED,
+            Vec::new(),
+        )
+        .expect("embedded config");
         config.server.bind = "127.0.0.1:0".into();
         config.storage.path = dir.path().join("switchboard.db");
         tweak(&mut config);
         let running = switchboard::start(config).await.expect("start app");
         let base = format!("http://{}", running.addr);
-        TestApp { running, base, client: reqwest::Client::new(), dir }
+        TestApp {
+            running,
+            base,
+            client: reqwest::Client::new(),
+            dir,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -47,14 +56,24 @@ impl TestApp {
 impl TestApp {
     /// POST a message; answers (status, body).
     pub async fn post(&self, body: serde_json::Value) -> (u16, serde_json::Value) {
-        let res = self.client.post(self.url("/api/messages")).json(&body).send().await.expect("POST /api/messages");
+        let res = self
+            .client
+            .post(self.url("/api/messages"))
+            .json(&body)
+            .send()
+            .await
+            .expect("POST /api/messages");
         let status = res.status().as_u16();
         (status, res.json().await.unwrap_or(serde_json::Value::Null))
     }
 
     /// Start a run on `thread`; answers its id.
     pub async fn start_run(&self, thread: &str, text: &str) -> String {
-        let (status, body) = self.post(serde_json::json!({"thread": thread, "channel": "c1", "user": "u1", "text": text})).await;
+        let (status, body) = self
+            .post(
+                serde_json::json!({"thread": thread, "channel": "c1", "user": "u1", "text": text}),
+            )
+            .await;
         assert_eq!(status, 202, "{body}");
         assert_eq!(body["outcome"], "started", "{body}");
         body["runId"].as_str().expect("runId").to_owned()
@@ -66,7 +85,14 @@ impl TestApp {
         let id = run_id.to_owned();
         wait_until(std::time::Duration::from_secs(30), move || {
             let (storage, id) = (storage.clone(), id.clone());
-            async move { storage.get(id).await.ok().flatten().filter(|r| !r.head.provisional) }
+            async move {
+                storage
+                    .get(id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|r| !r.head.provisional)
+            }
         })
         .await
         .unwrap_or_else(|| panic!("no final record for {run_id}"))
@@ -77,7 +103,9 @@ impl TestApp {
         let registry = self.running.registry.clone();
         let (id, kind2) = (run_id.to_owned(), kind.to_owned());
         wait_until(std::time::Duration::from_secs(30), move || {
-            let r = registry.snapshot(&id).map(|(_, evs)| evs.into_iter().find(|e| e["type"] == kind2.as_str()));
+            let r = registry
+                .snapshot(&id)
+                .map(|(_, evs)| evs.into_iter().find(|e| e["type"] == kind2.as_str()));
             async move { r.flatten() }
         })
         .await
@@ -132,7 +160,12 @@ where
 
 /// Add a bearer token to `config` through a fresh, uniquely named environment variable; answers the
 /// token's value. `visible_to` is the SPEC §2 filter JSON.
-pub fn add_token(config: &mut Config, name: &str, scopes: &[&str], visible_to: serde_json::Value) -> String {
+pub fn add_token(
+    config: &mut Config,
+    name: &str,
+    scopes: &[&str],
+    visible_to: serde_json::Value,
+) -> String {
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let value = format!("tok-{name}-{unique}");
     let env = format!("SWITCHBOARD_TEST_TOKEN_{}", unique.to_uppercase());
@@ -165,20 +198,34 @@ impl SseReader {
     pub fn new(res: reqwest::Response) -> SseReader {
         use eventsource_stream::Eventsource;
         use futures_util::StreamExt;
-        let stream = res.bytes_stream().eventsource().map(|r| r.map_err(|e| e.to_string()));
-        SseReader { stream: Box::pin(stream) }
+        let stream = res
+            .bytes_stream()
+            .eventsource()
+            .map(|r| r.map_err(|e| e.to_string()));
+        SseReader {
+            stream: Box::pin(stream),
+        }
     }
 
     /// The next event; `None` when the stream ended (or failed), panics after `timeout`.
     pub async fn next(&mut self, timeout: std::time::Duration) -> Option<SseEvent> {
         use futures_util::StreamExt;
-        let item = tokio::time::timeout(timeout, self.stream.next()).await.expect("no SSE event within the timeout")?;
+        let item = tokio::time::timeout(timeout, self.stream.next())
+            .await
+            .expect("no SSE event within the timeout")?;
         let e = item.ok()?;
-        Some(SseEvent { event: e.event, id: e.id, data: serde_json::from_str(&e.data).unwrap_or(serde_json::Value::String(e.data)) })
+        Some(SseEvent {
+            event: e.event,
+            id: e.id,
+            data: serde_json::from_str(&e.data).unwrap_or(serde_json::Value::String(e.data)),
+        })
     }
 
     /// Every `run_event` until `end` (answered as the second value) or the end of the stream.
-    pub async fn until_end(&mut self, timeout: std::time::Duration) -> (Vec<SseEvent>, Option<SseEvent>) {
+    pub async fn until_end(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> (Vec<SseEvent>, Option<SseEvent>) {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut events = Vec::new();
         loop {
@@ -217,14 +264,29 @@ impl TestApp {
 
     /// POST a message with a bearer token; answers (status, body).
     pub async fn post_as(&self, bearer: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
-        let res = self.client.post(self.url("/api/messages")).bearer_auth(bearer).json(&body).send().await.expect("POST");
+        let res = self
+            .client
+            .post(self.url("/api/messages"))
+            .bearer_auth(bearer)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST");
         let status = res.status().as_u16();
         (status, res.json().await.unwrap_or(serde_json::Value::Null))
     }
 
     /// Open an SSE stream; answers the status and, on 200, a reader.
-    pub async fn sse(&self, path: &str, bearer: Option<&str>, last_event_id: Option<u64>) -> (u16, Option<SseReader>) {
-        let mut req = self.client.get(self.url(path)).header("accept", "text/event-stream");
+    pub async fn sse(
+        &self,
+        path: &str,
+        bearer: Option<&str>,
+        last_event_id: Option<u64>,
+    ) -> (u16, Option<SseReader>) {
+        let mut req = self
+            .client
+            .get(self.url(path))
+            .header("accept", "text/event-stream");
         if let Some(t) = bearer {
             req = req.bearer_auth(t);
         }

@@ -43,7 +43,15 @@ impl Principal {
     pub fn operator() -> Self {
         Principal {
             name: "operator".into(),
-            scopes: [RUNS_READ, RUNS_WRITE, RUNS_KILL, MESSAGES_WRITE, DEPLOY_WRITE].map(String::from).to_vec(),
+            scopes: [
+                RUNS_READ,
+                RUNS_WRITE,
+                RUNS_KILL,
+                MESSAGES_WRITE,
+                DEPLOY_WRITE,
+            ]
+            .map(String::from)
+            .to_vec(),
             visible_to: VisibilityFilter::All,
         }
     }
@@ -74,8 +82,15 @@ impl AuthConfig {
             return self
                 .tokens
                 .iter()
-                .find(|t| !t.token.is_empty() && constant_time_eq(t.token.as_bytes(), presented.as_bytes()))
-                .map(|t| Principal { name: t.name.clone(), scopes: t.scopes.clone(), visible_to: t.visible_to.clone() });
+                .find(|t| {
+                    !t.token.is_empty()
+                        && constant_time_eq(t.token.as_bytes(), presented.as_bytes())
+                })
+                .map(|t| Principal {
+                    name: t.name.clone(),
+                    scopes: t.scopes.clone(),
+                    visible_to: t.visible_to.clone(),
+                });
         }
         let loopback = req.peer_addr().is_some_and(|a| a.ip().is_loopback());
         (self.dev_bypass && loopback).then(Principal::operator)

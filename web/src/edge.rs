@@ -84,7 +84,11 @@ impl Origin {
             _ => return None,
         };
         let (host, port) = split_host(host)?;
-        Some(Origin { scheme: scheme.to_owned(), host, port: port.unwrap_or(default) })
+        Some(Origin {
+            scheme: scheme.to_owned(),
+            host,
+            port: port.unwrap_or(default),
+        })
     }
 }
 
@@ -125,7 +129,10 @@ pub struct Checks {
 
 impl Checks {
     pub fn new(dev_bypass: bool, public_base_url: &str) -> Self {
-        Checks { dev_bypass, public: Origin::parse(public_base_url) }
+        Checks {
+            dev_bypass,
+            public: Origin::parse(public_base_url),
+        }
     }
 
     /// The refusal for `req`, if any (SPEC §8.1, cross-site protection; the order is the module's).
@@ -138,35 +145,53 @@ impl Checks {
                 quote(host.as_deref().unwrap_or("(none)"))
             )));
         }
-        if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE) {
+        if !matches!(
+            *req.method(),
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        ) {
             if let Some(site) = headers.get("sec-fetch-site") {
-                let ok = site.to_str().is_ok_and(|s| s.eq_ignore_ascii_case("same-origin") || s.eq_ignore_ascii_case("none"));
+                let ok = site.to_str().is_ok_and(|s| {
+                    s.eq_ignore_ascii_case("same-origin") || s.eq_ignore_ascii_case("none")
+                });
                 if !ok {
                     let site = quote(site.to_str().unwrap_or("?"));
-                    return Err(ApiError::Refused(format!("cross-site request refused (Sec-Fetch-Site: {site})")));
+                    return Err(ApiError::Refused(format!(
+                        "cross-site request refused (Sec-Fetch-Site: {site})"
+                    )));
                 }
             }
             if let Some(origin) = headers.get(header::ORIGIN) {
                 let parsed = origin.to_str().ok().and_then(Origin::parse);
-                let scheme = if req.app_config().secure() { "https" } else { "http" };
+                let scheme = if req.app_config().secure() {
+                    "https"
+                } else {
+                    "http"
+                };
                 let own = host.as_deref().and_then(|h| Origin::from_host(scheme, h));
-                let ok = parsed.is_some_and(|o| own.as_ref() == Some(&o) || self.public.as_ref() == Some(&o));
+                let ok = parsed
+                    .is_some_and(|o| own.as_ref() == Some(&o) || self.public.as_ref() == Some(&o));
                 if !ok {
                     let origin = quote(origin.to_str().unwrap_or("?"));
-                    return Err(ApiError::Refused(format!("cross-site request refused (Origin: {origin})")));
+                    return Err(ApiError::Refused(format!(
+                        "cross-site request refused (Origin: {origin})"
+                    )));
                 }
             }
         }
         if has_body(headers) && !is_json(headers) {
-            return Err(ApiError::UnsupportedMediaType("a request body must be Content-Type: application/json".into()));
+            return Err(ApiError::UnsupportedMediaType(
+                "a request body must be Content-Type: application/json".into(),
+            ));
         }
         Ok(())
     }
 
     /// Loopback, or `public_base_url`'s host (any port).
     fn served_host(&self, value: &str) -> bool {
-        split_host(value)
-            .is_some_and(|(host, _)| LOOPBACK_HOSTS.contains(&host.as_str()) || self.public.as_ref().is_some_and(|p| p.host == host))
+        split_host(value).is_some_and(|(host, _)| {
+            LOOPBACK_HOSTS.contains(&host.as_str())
+                || self.public.as_ref().is_some_and(|p| p.host == host)
+        })
     }
 }
 
@@ -180,7 +205,9 @@ fn request_host(req: &HttpRequest) -> Option<String> {
 
 /// Whether the request carries a body: a non-zero (or unreadable) `Content-Length`, or chunked.
 fn has_body(headers: &HeaderMap) -> bool {
-    let length = headers.get(header::CONTENT_LENGTH).map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
     match length {
         Some(Some(0)) => false,
         Some(_) => true,
@@ -208,15 +235,28 @@ fn quote(s: &str) -> String {
 pub fn finish(res: ServiceResponse) -> ServiceResponse {
     let mut res = res;
     let headers = res.headers_mut();
-    let cors: Vec<HeaderName> = headers.keys().filter(|k| k.as_str().starts_with("access-control-")).cloned().collect();
+    let cors: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("access-control-"))
+        .cloned()
+        .collect();
     for name in cors {
         headers.remove(name);
     }
-    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     let kind = essence(headers).map(str::to_ascii_lowercase);
     if kind.as_deref() == Some("text/html") {
-        headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(content_security_policy()));
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(content_security_policy()),
+        );
         headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     }
     let status = res.status();
@@ -227,7 +267,10 @@ pub fn finish(res: ServiceResponse) -> ServiceResponse {
     let (error, message) = code_for_status(status);
     let body = serde_json::json!({"error": error, "message": message}).to_string();
     res.map_body(|head, _| {
-        head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        head.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         BoxBody::new(body)
     })
 }
@@ -241,13 +284,17 @@ pub struct Edge {
 
 impl Edge {
     pub fn new(checks: Checks, metrics: Arc<Metrics>) -> Self {
-        Edge { checks: Rc::new(checks), metrics }
+        Edge {
+            checks: Rc::new(checks),
+            metrics,
+        }
     }
 }
 
 impl<S> Transform<S, ServiceRequest> for Edge
 where
-    S: Service<ServiceRequest, Response = ServiceResponse<BoxBody>, Error = actix_web::Error> + 'static,
+    S: Service<ServiceRequest, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>
+        + 'static,
     S::Future: 'static,
 {
     type Response = ServiceResponse<BoxBody>;
@@ -257,7 +304,11 @@ where
     type Future = Ready<Result<Self::Transform, ()>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
-        ready(Ok(EdgeService { service, checks: self.checks.clone(), metrics: self.metrics.clone() }))
+        ready(Ok(EdgeService {
+            service,
+            checks: self.checks.clone(),
+            metrics: self.metrics.clone(),
+        }))
     }
 }
 
@@ -269,7 +320,8 @@ pub struct EdgeService<S> {
 
 impl<S> Service<ServiceRequest> for EdgeService<S>
 where
-    S: Service<ServiceRequest, Response = ServiceResponse<BoxBody>, Error = actix_web::Error> + 'static,
+    S: Service<ServiceRequest, Response = ServiceResponse<BoxBody>, Error = actix_web::Error>
+        + 'static,
     S::Future: 'static,
 {
     type Response = ServiceResponse<BoxBody>;
@@ -306,7 +358,11 @@ fn log(res: &ServiceResponse, started: Instant, metrics: &Metrics) {
     let route = res.request().match_pattern();
     let status = res.status().as_u16();
     metrics.http_request(route.as_deref(), status, took);
-    let (method, route, latency_ms) = (res.request().method(), route.as_deref().unwrap_or("unmatched"), took.as_secs_f64() * 1e3);
+    let (method, route, latency_ms) = (
+        res.request().method(),
+        route.as_deref().unwrap_or("unmatched"),
+        took.as_secs_f64() * 1e3,
+    );
     if status >= 400 {
         let (error, _) = code_for_status(res.status());
         tracing::info!(%method, route, status, error, latency_ms, "request refused or failed");
@@ -327,20 +383,30 @@ mod tests {
 
     /// The refusal's code for a request built by `f`, or `None` when it passes.
     fn refusal(c: &Checks, f: impl FnOnce(TestRequest) -> TestRequest) -> Option<u16> {
-        let req = f(TestRequest::default().insert_header((header::HOST, "127.0.0.1:8080"))).to_http_request();
+        let req = f(TestRequest::default().insert_header((header::HOST, "127.0.0.1:8080")))
+            .to_http_request();
         c.check(&req).err().map(|e| e.status_code().as_u16())
     }
 
     #[test]
     fn hosts_and_origins_parse_with_default_ports_and_case_folded() {
-        assert_eq!(split_host("LocalHost:9000"), Some(("localhost".into(), Some(9000))));
+        assert_eq!(
+            split_host("LocalHost:9000"),
+            Some(("localhost".into(), Some(9000)))
+        );
         assert_eq!(split_host("[::1]:8080"), Some(("[::1]".into(), Some(8080))));
         assert_eq!(split_host("[::1]"), Some(("[::1]".into(), None)));
         for bad in ["", ":80", "a:b", "::1", "[::1", "[::1]x", "host:"] {
             assert_eq!(split_host(bad), None, "{bad:?}");
         }
-        assert_eq!(Origin::parse("HTTP://Example.com"), Origin::parse("http://example.com:80/x"));
-        assert_ne!(Origin::parse("https://example.com"), Origin::parse("http://example.com"));
+        assert_eq!(
+            Origin::parse("HTTP://Example.com"),
+            Origin::parse("http://example.com:80/x")
+        );
+        assert_ne!(
+            Origin::parse("https://example.com"),
+            Origin::parse("http://example.com")
+        );
         for bad in ["null", "file://", "ftp://x", "http://u@x", "example.com"] {
             assert_eq!(Origin::parse(bad), None, "{bad:?}");
         }
@@ -350,45 +416,139 @@ mod tests {
     fn state_changing_requests_from_another_site_are_refused_and_same_origin_ones_pass() {
         let c = checks(false);
         let post = |r: TestRequest| r.method(Method::POST);
-        assert_eq!(refusal(&c, post), None, "no browser headers: a server-side client");
-        assert_eq!(refusal(&c, |r| post(r).insert_header(("sec-fetch-site", "same-origin"))), None);
-        assert_eq!(refusal(&c, |r| post(r).insert_header(("sec-fetch-site", "none"))), None);
-        assert_eq!(refusal(&c, |r| post(r).insert_header(("sec-fetch-site", "same-site"))), Some(403));
-        assert_eq!(refusal(&c, |r| post(r).insert_header(("sec-fetch-site", "cross-site"))), Some(403));
+        assert_eq!(
+            refusal(&c, post),
+            None,
+            "no browser headers: a server-side client"
+        );
+        assert_eq!(
+            refusal(&c, |r| post(r)
+                .insert_header(("sec-fetch-site", "same-origin"))),
+            None
+        );
+        assert_eq!(
+            refusal(&c, |r| post(r).insert_header(("sec-fetch-site", "none"))),
+            None
+        );
+        assert_eq!(
+            refusal(&c, |r| post(r)
+                .insert_header(("sec-fetch-site", "same-site"))),
+            Some(403)
+        );
+        assert_eq!(
+            refusal(&c, |r| post(r)
+                .insert_header(("sec-fetch-site", "cross-site"))),
+            Some(403)
+        );
         // Origin: its own (scheme + Host), public_base_url's, or nothing else.
-        assert_eq!(refusal(&c, |r| post(r).insert_header((header::ORIGIN, "http://127.0.0.1:8080"))), None);
-        assert_eq!(refusal(&c, |r| post(r).insert_header((header::ORIGIN, "https://switchboard.example.com"))), None);
-        for other in ["http://127.0.0.1:8081", "https://127.0.0.1:8080", "http://evil.example", "null", ""] {
-            assert_eq!(refusal(&c, |r| post(r).insert_header((header::ORIGIN, other))), Some(403), "{other:?}");
+        assert_eq!(
+            refusal(&c, |r| post(r)
+                .insert_header((header::ORIGIN, "http://127.0.0.1:8080"))),
+            None
+        );
+        assert_eq!(
+            refusal(&c, |r| post(r).insert_header((
+                header::ORIGIN,
+                "https://switchboard.example.com"
+            ))),
+            None
+        );
+        for other in [
+            "http://127.0.0.1:8081",
+            "https://127.0.0.1:8080",
+            "http://evil.example",
+            "null",
+            "",
+        ] {
+            assert_eq!(
+                refusal(&c, |r| post(r).insert_header((header::ORIGIN, other))),
+                Some(403),
+                "{other:?}"
+            );
         }
         // DELETE and PUT are state-changing too; a read is not checked for origin.
-        assert_eq!(refusal(&c, |r| r.method(Method::DELETE).insert_header((header::ORIGIN, "null"))), Some(403));
-        assert_eq!(refusal(&c, |r| r.method(Method::PUT).insert_header(("sec-fetch-site", "cross-site"))), Some(403));
-        assert_eq!(refusal(&c, |r| r.insert_header(("sec-fetch-site", "cross-site")).insert_header((header::ORIGIN, "null"))), None);
+        assert_eq!(
+            refusal(&c, |r| r
+                .method(Method::DELETE)
+                .insert_header((header::ORIGIN, "null"))),
+            Some(403)
+        );
+        assert_eq!(
+            refusal(&c, |r| r
+                .method(Method::PUT)
+                .insert_header(("sec-fetch-site", "cross-site"))),
+            Some(403)
+        );
+        assert_eq!(
+            refusal(&c, |r| r
+                .insert_header(("sec-fetch-site", "cross-site"))
+                .insert_header((header::ORIGIN, "null"))),
+            None
+        );
     }
 
     #[test]
     fn a_body_must_be_json_and_cross_site_is_decided_first() {
         let c = checks(false);
-        let body = |r: TestRequest, ct: &'static str| r.method(Method::POST).insert_header((header::CONTENT_TYPE, ct)).set_payload("{}");
+        let body = |r: TestRequest, ct: &'static str| {
+            r.method(Method::POST)
+                .insert_header((header::CONTENT_TYPE, ct))
+                .set_payload("{}")
+        };
         assert_eq!(refusal(&c, |r| body(r, "application/json")), None);
-        assert_eq!(refusal(&c, |r| body(r, "Application/JSON; charset=utf-8")), None);
-        for ct in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/jsonp"] {
+        assert_eq!(
+            refusal(&c, |r| body(r, "Application/JSON; charset=utf-8")),
+            None
+        );
+        for ct in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/jsonp",
+        ] {
             assert_eq!(refusal(&c, |r| body(r, ct)), Some(415), "{ct}");
         }
-        assert_eq!(refusal(&c, |r| r.method(Method::POST).set_payload("{}")), Some(415), "no content type");
-        assert_eq!(refusal(&c, |r| r.method(Method::POST).insert_header((header::CONTENT_LENGTH, "0"))), None, "empty body");
-        assert_eq!(refusal(&c, |r| body(r, "text/plain").insert_header(("sec-fetch-site", "cross-site"))), Some(403));
+        assert_eq!(
+            refusal(&c, |r| r.method(Method::POST).set_payload("{}")),
+            Some(415),
+            "no content type"
+        );
+        assert_eq!(
+            refusal(&c, |r| r
+                .method(Method::POST)
+                .insert_header((header::CONTENT_LENGTH, "0"))),
+            None,
+            "empty body"
+        );
+        assert_eq!(
+            refusal(&c, |r| body(r, "text/plain")
+                .insert_header(("sec-fetch-site", "cross-site"))),
+            Some(403)
+        );
     }
 
     #[test]
     fn under_dev_bypass_every_request_needs_a_served_host() {
         let c = checks(true);
         let host = |h: &'static str| move |r: TestRequest| r.insert_header((header::HOST, h));
-        for ok in ["127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]:9", "switchboard.example.com", "switchboard.example.com:8443"] {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]:9",
+            "switchboard.example.com",
+            "switchboard.example.com:8443",
+        ] {
             assert_eq!(refusal(&c, host(ok)), None, "{ok}");
         }
-        for bad in ["evil.example", "evil.example:8080", "127.0.0.2", "localhost.evil.example", "", "[::2]:80"] {
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.2",
+            "localhost.evil.example",
+            "",
+            "[::2]:80",
+        ] {
             assert_eq!(refusal(&c, host(bad)), Some(403), "{bad:?}");
         }
         // Without dev bypass, a Host is not checked (a bearer token is the credential then).

@@ -45,7 +45,10 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn bad(field: impl Into<String>, why: impl Into<String>) -> Self {
-        ApiError::BadRequest { field: field.into(), why: why.into() }
+        ApiError::BadRequest {
+            field: field.into(),
+            why: why.into(),
+        }
     }
 
     fn code(&self) -> &'static str {
@@ -74,10 +77,16 @@ pub fn code_for_status(status: StatusCode) -> (&'static str, &'static str) {
         401 => ("unauthorized", "authentication required"),
         403 => ("forbidden", "forbidden"),
         404 => ("not_found", "no such route"),
-        405 => ("method_not_allowed", "the method is not allowed on this path"),
+        405 => (
+            "method_not_allowed",
+            "the method is not allowed on this path",
+        ),
         409 => ("conflict", "conflict"),
         413 => ("payload_too_large", "the request body is too large"),
-        415 => ("unsupported_media_type", "the request body must be application/json"),
+        415 => (
+            "unsupported_media_type",
+            "the request body must be application/json",
+        ),
         503 => ("unavailable", "temporarily unavailable"),
         _ if status.is_client_error() => ("bad_request", "the request cannot be served"),
         _ => ("internal", "internal error"),
@@ -95,14 +104,18 @@ impl ResponseError for ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Conflict(_) | ApiError::KeyConflict => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Unavailable(_) | ApiError::Draining | ApiError::ThreadBusy => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Draining | ApiError::ThreadBusy => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        let mut res = HttpResponse::build(self.status_code()).json(json!({"error": self.code(), "message": self.to_string()}));
+        let mut res = HttpResponse::build(self.status_code())
+            .json(json!({"error": self.code(), "message": self.to_string()}));
         if let ApiError::MethodNotAllowed { allow, .. } = self {
-            res.headers_mut().insert(ALLOW, HeaderValue::from_static(allow));
+            res.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static(allow));
         }
         res
     }

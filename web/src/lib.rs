@@ -78,7 +78,10 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
                     .service(routes::resource("/healthz", "GET").route(web::get().to(healthz)))
                     .service(routes::resource("/readyz", "GET").route(web::get().to(readyz)))
                     .service(routes::resource("/metrics", "GET").route(web::get().to(metrics)))
-                    .service(routes::resource("/api/openapi.json", "GET").route(web::get().to(openapi::openapi_json)))
+                    .service(
+                        routes::resource("/api/openapi.json", "GET")
+                            .route(web::get().to(openapi::openapi_json)),
+                    )
                     .configure(routes::messages::configure)
                     .configure(routes::runs::configure)
                     .configure(routes::api::configure)
@@ -94,7 +97,9 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
 
 /// `GET /`: the runs index.
 async fn root() -> HttpResponse {
-    HttpResponse::Found().insert_header((header::LOCATION, "/runs")).finish()
+    HttpResponse::Found()
+        .insert_header((header::LOCATION, "/runs"))
+        .finish()
 }
 
 /// What the health probes say of storage.
@@ -132,7 +137,11 @@ async fn storage_health(state: &AppState) -> StorageHealth {
             StorageHealth::Failing
         }
         Err(_) => {
-            tracing::warn!(generation = state.generation.as_str(), timeout_ms = PROBE_TIMEOUT.as_millis() as u64, "health probe: storage did not answer");
+            tracing::warn!(
+                generation = state.generation.as_str(),
+                timeout_ms = PROBE_TIMEOUT.as_millis() as u64,
+                "health probe: storage did not answer"
+            );
             StorageHealth::Failing
         }
     }
@@ -156,15 +165,17 @@ struct Health<'a> {
 /// as `storage: "degraded"` here and as a 503 on `/readyz`, never as a restart-worthy failure.
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     let storage = storage_health(&state).await;
-    HttpResponse::Ok().insert_header((header::CACHE_CONTROL, "no-store")).json(Health {
-        ok: true,
-        generation: state.generation.as_str(),
-        pid: std::process::id(),
-        version: state.version,
-        storage: storage.word(),
-        storage_kind: state.storage.kind(),
-        draining: state.draining.load(Ordering::SeqCst),
-    })
+    HttpResponse::Ok()
+        .insert_header((header::CACHE_CONTROL, "no-store"))
+        .json(Health {
+            ok: true,
+            generation: state.generation.as_str(),
+            pid: std::process::id(),
+            version: state.version,
+            storage: storage.word(),
+            storage_kind: state.storage.kind(),
+            draining: state.draining.load(Ordering::SeqCst),
+        })
 }
 
 /// `GET /readyz`: 200 `{ready: true}`; 503 `{ready: false, error, message, draining, storage}` while
@@ -174,10 +185,14 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let storage = storage_health(&state).await;
     let refusal = match (draining, storage) {
         (false, StorageHealth::Ok) => {
-            return HttpResponse::Ok().insert_header((header::CACHE_CONTROL, "no-store")).json(json!({"ready": true}))
+            return HttpResponse::Ok()
+                .insert_header((header::CACHE_CONTROL, "no-store"))
+                .json(json!({"ready": true}))
         }
         (true, _) => ApiError::Draining,
-        (false, StorageHealth::OutOfSpace) => ApiError::Unavailable("storage is out of space".into()),
+        (false, StorageHealth::OutOfSpace) => {
+            ApiError::Unavailable("storage is out of space".into())
+        }
         (false, _) => ApiError::Unavailable("storage is failing".into()),
     };
     let mut res = refusal.error_response();
@@ -188,17 +203,27 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         "draining": draining,
         "storage": storage.word(),
     });
-    res.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    res.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
     res.set_body(actix_web::body::BoxBody::new(body.to_string()))
 }
 
 /// `GET /metrics`: Prometheus text (format 0.0.4), see [`actors::metrics`].
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let live_runs = state.registry.rows().iter().filter(|r| r.finished_at.is_none()).count() as u64;
+    let live_runs = state
+        .registry
+        .rows()
+        .iter()
+        .filter(|r| r.finished_at.is_none())
+        .count() as u64;
     let observed = actors::metrics::Observed {
         live_runs,
         sse_subscribers: state.registry.subscriber_count() as u64,
         history_write_failures: state.history.failures(),
     };
-    HttpResponse::Ok().content_type(actors::metrics::CONTENT_TYPE).body(state.metrics.render(observed))
+    HttpResponse::Ok()
+        .content_type(actors::metrics::CONTENT_TYPE)
+        .body(state.metrics.render(observed))
 }

@@ -188,7 +188,10 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
@@ -236,7 +239,11 @@ pub fn document(version: &str) -> utoipa::openapi::OpenApi {
 /// The document as JSON, built once per process.
 fn document_json(version: &str) -> &'static str {
     static JSON: OnceLock<String> = OnceLock::new();
-    JSON.get_or_init(|| document(version).to_json().expect("the OpenAPI document serializes"))
+    JSON.get_or_init(|| {
+        document(version)
+            .to_json()
+            .expect("the OpenAPI document serializes")
+    })
 }
 
 /// `GET /api/openapi.json`: no auth (it describes the API, never its data).
@@ -247,7 +254,9 @@ fn document_json(version: &str) -> &'static str {
     responses((status = 200, description = "This OpenAPI 3.1 document", content_type = "application/json", body = Value))
 )]
 pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().content_type("application/json").body(document_json(state.version))
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(document_json(state.version))
 }
 
 #[cfg(test)]
@@ -265,7 +274,11 @@ mod tests {
 
     fn properties(doc: &Value, schema: &str) -> BTreeSet<String> {
         let props = doc["components"]["schemas"][schema]["properties"].as_object();
-        props.unwrap_or_else(|| panic!("no schema {schema}")).keys().cloned().collect()
+        props
+            .unwrap_or_else(|| panic!("no schema {schema}"))
+            .keys()
+            .cloned()
+            .collect()
     }
 
     fn set(fields: &[&str]) -> BTreeSet<String> {
@@ -286,14 +299,22 @@ mod tests {
         }
         let mut described = BTreeSet::new();
         for (path, item) in doc["paths"].as_object().expect("paths") {
-            for method in item.as_object().unwrap().keys().filter(|k| !matches!(k.as_str(), "parameters" | "summary" | "description")) {
+            for method in item
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| !matches!(k.as_str(), "parameters" | "summary" | "description"))
+            {
                 described.insert(format!("{method} {path}"));
             }
         }
         assert_eq!(described, table);
         // Every path parameter in a pattern is declared on its operation.
         for (path, item) in doc["paths"].as_object().unwrap() {
-            let wanted: BTreeSet<&str> = path.split('/').filter_map(|s| s.strip_prefix('{')?.strip_suffix('}')).collect();
+            let wanted: BTreeSet<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
             for (method, op) in item.as_object().unwrap() {
                 let declared: BTreeSet<&str> = op["parameters"]
                     .as_array()
@@ -310,16 +331,29 @@ mod tests {
     #[test]
     fn request_bodies_describe_exactly_the_fields_the_handlers_accept() {
         let doc = doc();
-        assert_eq!(properties(&doc, "MessageBody"), set(&messages::MESSAGE_FIELDS));
-        assert_eq!(properties(&doc, "StartSuggestionBody"), set(&plans::START_FIELDS));
+        assert_eq!(
+            properties(&doc, "MessageBody"),
+            set(&messages::MESSAGE_FIELDS)
+        );
+        assert_eq!(
+            properties(&doc, "StartSuggestionBody"),
+            set(&plans::START_FIELDS)
+        );
         assert_eq!(properties(&doc, "ImportBody"), set(&plans::IMPORT_FIELDS));
         assert_eq!(properties(&doc, "StopBody"), set(&["mode"]));
-        let body = &doc["paths"]["/api/messages"]["post"]["requestBody"]["content"]["application/json"]["schema"];
+        let body = &doc["paths"]["/api/messages"]["post"]["requestBody"]["content"]
+            ["application/json"]["schema"];
         assert_eq!(body["$ref"], "#/components/schemas/MessageBody");
         // Reads answer the read service's own types.
-        let ok = &doc["paths"]["/api/runs/{id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+        let ok = &doc["paths"]["/api/runs/{id}"]["get"]["responses"]["200"]["content"]
+            ["application/json"]["schema"];
         assert_eq!(ok["$ref"], "#/components/schemas/RunView");
         assert!(properties(&doc, "RunView").contains("threadKey"));
-        assert_eq!(doc["components"]["schemas"]["RunStatus"]["enum"].as_array().map(Vec::len), Some(5));
+        assert_eq!(
+            doc["components"]["schemas"]["RunStatus"]["enum"]
+                .as_array()
+                .map(Vec::len),
+            Some(5)
+        );
     }
 }

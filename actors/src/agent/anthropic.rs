@@ -43,8 +43,8 @@ use storage::ledger::Turn;
 
 use super::http::{self, ClientPool, SseEvent};
 use super::{
-    part, part_type, results_of, role, Agent, AgentError, AssistantTurn, Conversation, DeltaFn, ToolCall, ToolDef,
-    Usage,
+    part, part_type, results_of, role, Agent, AgentError, AssistantTurn, Conversation, DeltaFn,
+    ToolCall, ToolDef, Usage,
 };
 
 /// The endpoint's name in errors.
@@ -69,7 +69,9 @@ pub struct AnthropicAgent {
 
 impl std::fmt::Debug for AnthropicAgent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicAgent").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("AnthropicAgent")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -77,7 +79,11 @@ impl AnthropicAgent {
     pub fn new(config: AnthropicConfig) -> Self {
         let url = format!("{}/v1/messages", config.base_url.trim_end_matches('/'));
         let clients = ClientPool::new(config.timeout);
-        AnthropicAgent { config, url, clients }
+        AnthropicAgent {
+            config,
+            url,
+            clients,
+        }
     }
 
     pub fn config(&self) -> &AnthropicConfig {
@@ -85,10 +91,17 @@ impl AnthropicAgent {
     }
 
     /// One model call; streamed when `on_delta` is given.
-    async fn call(&self, conv: Conversation<'_>, on_delta: Option<&DeltaFn<'_>>) -> Result<AssistantTurn, AgentError> {
+    async fn call(
+        &self,
+        conv: Conversation<'_>,
+        on_delta: Option<&DeltaFn<'_>>,
+    ) -> Result<AssistantTurn, AgentError> {
         let body = request_body(&self.config, conv, on_delta.is_some());
         let client = self.clients.client()?;
-        let mut req = client.post(&self.url).header("anthropic-version", API_VERSION).json(&body);
+        let mut req = client
+            .post(&self.url)
+            .header("anthropic-version", API_VERSION)
+            .json(&body);
         if on_delta.is_some() {
             req = req.header(reqwest::header::ACCEPT, "text/event-stream");
         }
@@ -100,9 +113,12 @@ impl AnthropicAgent {
         let turn = match on_delta {
             Some(on_delta) if http::is_event_stream(&resp) => {
                 let mut reply = StreamedReply::default();
-                let done = http::for_each_event(WHAT, resp, |event| reply.take(event, on_delta)).await?;
+                let done =
+                    http::for_each_event(WHAT, resp, |event| reply.take(event, on_delta)).await?;
                 if !done {
-                    return Err(AgentError::transient(format!("{WHAT} stream ended before message_stop")));
+                    return Err(AgentError::transient(format!(
+                        "{WHAT} stream ended before message_stop"
+                    )));
                 }
                 parse_reply(&reply.into_body()?)?
             }
@@ -137,7 +153,10 @@ impl Agent for AnthropicAgent {
         &self.config.model
     }
 
-    fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
+    fn next<'a>(
+        &'a self,
+        conv: Conversation<'a>,
+    ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
         self.call(conv, None).boxed()
     }
 
@@ -154,13 +173,19 @@ impl Agent for AnthropicAgent {
 pub fn request_body(config: &AnthropicConfig, conv: Conversation<'_>, stream: bool) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(config.model));
-    body.insert("max_tokens".into(), json!(config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)));
+    body.insert(
+        "max_tokens".into(),
+        json!(config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+    );
     if !conv.system.is_empty() {
         body.insert("system".into(), json!(conv.system));
     }
     body.insert("messages".into(), Value::Array(messages(conv.turns)));
     if !conv.tools.is_empty() {
-        body.insert("tools".into(), Value::Array(conv.tools.iter().map(tool_json).collect()));
+        body.insert(
+            "tools".into(),
+            Value::Array(conv.tools.iter().map(tool_json).collect()),
+        );
     }
     if let Some(t) = config.temperature {
         body.insert("temperature".into(), json!(t));
@@ -194,7 +219,9 @@ pub fn messages(turns: &[Turn]) -> Vec<Value> {
     for turn in turns {
         match turn.role.as_str() {
             role::ASSISTANT => {
-                let Some(a) = AssistantTurn::from_turn(turn) else { continue };
+                let Some(a) = AssistantTurn::from_turn(turn) else {
+                    continue;
+                };
                 let mut blocks = Vec::with_capacity(a.calls.len() + 1);
                 if !a.text.is_empty() {
                     blocks.push(text_block(&a.text));
@@ -225,7 +252,9 @@ pub fn messages(turns: &[Turn]) -> Vec<Value> {
             _ => push("user", user_texts(turn).collect()),
         }
     }
-    out.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect()
+    out.into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect()
 }
 
 /// The non-empty text parts of a turn as text blocks.
@@ -241,7 +270,10 @@ fn user_texts(turn: &Turn) -> impl Iterator<Item = Value> + '_ {
 /// A Messages API answer (`{content: [blocks], usage}`) as an assistant turn.
 pub fn parse_reply(body: &Value) -> Result<AssistantTurn, AgentError> {
     let malformed = |what: &str| AgentError::Permanent(format!("malformed response body: {what}"));
-    let blocks = body.get("content").and_then(Value::as_array).ok_or_else(|| malformed("no content"))?;
+    let blocks = body
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| malformed("no content"))?;
     let mut text = String::new();
     let mut calls = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
@@ -274,12 +306,20 @@ pub fn parse_reply(body: &Value) -> Result<AssistantTurn, AgentError> {
                         )))
                     }
                 };
-                calls.push(ToolCall { call_id, tool, args });
+                calls.push(ToolCall {
+                    call_id,
+                    tool,
+                    args,
+                });
             }
             _ => {}
         }
     }
-    Ok(AssistantTurn { text, calls, usage: parse_usage(body.get("usage")) })
+    Ok(AssistantTurn {
+        text,
+        calls,
+        usage: parse_usage(body.get("usage")),
+    })
 }
 
 /// `usage {input_tokens, output_tokens}`; `None` when absent or not numbers.
@@ -290,7 +330,10 @@ pub fn parse_usage(usage: Option<&Value>) -> Option<Usage> {
     if input_tokens.is_none() && output_tokens.is_none() {
         return None;
     }
-    Some(Usage { input_tokens: input_tokens.unwrap_or(0), output_tokens: output_tokens.unwrap_or(0) })
+    Some(Usage {
+        input_tokens: input_tokens.unwrap_or(0),
+        output_tokens: output_tokens.unwrap_or(0),
+    })
 }
 
 /// A streamed answer being assembled from its events.
@@ -326,7 +369,10 @@ impl StreamedReply {
             .map_err(|e| AgentError::Permanent(format!("malformed stream event: {e}")))?;
         let index = || data.get("index").and_then(Value::as_u64).unwrap_or(0);
         // The event's JSON names its type; the SSE `event:` line says the same and is only a fallback.
-        let kind = data.get("type").and_then(Value::as_str).unwrap_or(event.event.as_str());
+        let kind = data
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(event.event.as_str());
         match kind {
             "message_start" => {
                 let usage = data.get("message").and_then(|m| m.get("usage"));
@@ -335,7 +381,12 @@ impl StreamedReply {
             "content_block_start" => {
                 let b = data.get("content_block").unwrap_or(&Value::Null);
                 let block = match b.get("type").and_then(Value::as_str) {
-                    Some("text") => Block::Text(b.get("text").and_then(Value::as_str).unwrap_or("").to_owned()),
+                    Some("text") => Block::Text(
+                        b.get("text")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                    ),
                     Some("tool_use") => Block::ToolUse {
                         id: b.get("id").cloned().unwrap_or(Value::Null),
                         name: b.get("name").cloned().unwrap_or(Value::Null),
@@ -348,15 +399,27 @@ impl StreamedReply {
             }
             "content_block_delta" => {
                 let delta = data.get("delta").unwrap_or(&Value::Null);
-                match (delta.get("type").and_then(Value::as_str), self.blocks.get_mut(&index())) {
+                match (
+                    delta.get("type").and_then(Value::as_str),
+                    self.blocks.get_mut(&index()),
+                ) {
                     (Some("text_delta"), Some(Block::Text(text))) => {
-                        if let Some(piece) = delta.get("text").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                        if let Some(piece) = delta
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .filter(|t| !t.is_empty())
+                        {
                             on_delta(piece);
                             text.push_str(piece);
                         }
                     }
                     (Some("input_json_delta"), Some(Block::ToolUse { json, .. })) => {
-                        json.push_str(delta.get("partial_json").and_then(Value::as_str).unwrap_or(""));
+                        json.push_str(
+                            delta
+                                .get("partial_json")
+                                .and_then(Value::as_str)
+                                .unwrap_or(""),
+                        );
                     }
                     (Some("text_delta" | "input_json_delta"), _) => {
                         return Err(AgentError::Permanent(format!(
@@ -394,7 +457,12 @@ impl StreamedReply {
         for block in self.blocks.into_values() {
             match block {
                 Block::Text(text) => content.push(text_block(&text)),
-                Block::ToolUse { id, name, input, json } => {
+                Block::ToolUse {
+                    id,
+                    name,
+                    input,
+                    json,
+                } => {
                     let input = if json.trim().is_empty() {
                         input
                     } else {
@@ -406,7 +474,8 @@ impl StreamedReply {
                             ))
                         })?
                     };
-                    content.push(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
+                    content
+                        .push(json!({"type": "tool_use", "id": id, "name": name, "input": input}));
                 }
                 Block::Other => {}
             }
@@ -432,17 +501,31 @@ mod tests {
     fn transcript() -> Vec<Turn> {
         let call = AssistantTurn {
             text: "step 1".into(),
-            calls: vec![ToolCall { call_id: "call-1".into(), tool: "echo".into(), args: json!({"text": "hi"}) }],
+            calls: vec![ToolCall {
+                call_id: "call-1".into(),
+                tool: "echo".into(),
+                args: json!({"text": "hi"}),
+            }],
             usage: None,
         };
         vec![
             user_turn("say hi"),
             call.to_turn(),
             results_turn(
-                &[ToolResult { call_id: "call-1".into(), tool: "echo".into(), ok: false, output: "boom".into() }],
+                &[ToolResult {
+                    call_id: "call-1".into(),
+                    tool: "echo".into(),
+                    ok: false,
+                    output: "boom".into(),
+                }],
                 &[(5, "also wave".into())],
             ),
-            AssistantTurn { text: "hi".into(), calls: vec![], usage: None }.to_turn(),
+            AssistantTurn {
+                text: "hi".into(),
+                calls: vec![],
+                usage: None,
+            }
+            .to_turn(),
             followups_turn(&[(6, "again".into())]),
         ]
     }
@@ -468,12 +551,26 @@ mod tests {
         // Two user turns in a row merge; an empty text is left out; a call without text has no text block.
         let only_call = AssistantTurn {
             text: String::new(),
-            calls: vec![ToolCall { call_id: "c".into(), tool: "echo".into(), args: json!({}) }],
+            calls: vec![ToolCall {
+                call_id: "c".into(),
+                tool: "echo".into(),
+                args: json!({}),
+            }],
             usage: None,
         };
-        let ok = ToolResult { call_id: "c".into(), tool: "echo".into(), ok: true, output: "x".into() };
-        let msgs =
-            messages(&[user_turn("a"), user_turn(""), user_turn("b"), only_call.to_turn(), results_turn(&[ok], &[])]);
+        let ok = ToolResult {
+            call_id: "c".into(),
+            tool: "echo".into(),
+            ok: true,
+            output: "x".into(),
+        };
+        let msgs = messages(&[
+            user_turn("a"),
+            user_turn(""),
+            user_turn("b"),
+            only_call.to_turn(),
+            results_turn(&[ok], &[]),
+        ]);
         assert_eq!(
             msgs,
             vec![
@@ -495,8 +592,19 @@ mod tests {
             idempotent: false,
         }];
         let turns = [user_turn("hi")];
-        let config = AnthropicConfig { model: "claude-test".into(), ..AnthropicConfig::default() };
-        let body = request_body(&config, Conversation { system: "be brief", turns: &turns, tools: &tools }, false);
+        let config = AnthropicConfig {
+            model: "claude-test".into(),
+            ..AnthropicConfig::default()
+        };
+        let body = request_body(
+            &config,
+            Conversation {
+                system: "be brief",
+                turns: &turns,
+                tools: &tools,
+            },
+            false,
+        );
         assert_eq!(
             body,
             json!({
@@ -507,10 +615,28 @@ mod tests {
                 "tools": [{"name": "echo", "description": "Return the text.", "input_schema": {"type": "object"}}],
             })
         );
-        let config = AnthropicConfig { temperature: Some(0.5), max_tokens: Some(64), ..config };
-        let body = request_body(&config, Conversation { system: "", turns: &turns, tools: &[] }, true);
-        assert!(body.get("system").is_none() && body.get("tools").is_none(), "{body}");
-        assert_eq!((body["temperature"].clone(), body["max_tokens"].clone()), (json!(0.5), json!(64)));
+        let config = AnthropicConfig {
+            temperature: Some(0.5),
+            max_tokens: Some(64),
+            ..config
+        };
+        let body = request_body(
+            &config,
+            Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            },
+            true,
+        );
+        assert!(
+            body.get("system").is_none() && body.get("tools").is_none(),
+            "{body}"
+        );
+        assert_eq!(
+            (body["temperature"].clone(), body["max_tokens"].clone()),
+            (json!(0.5), json!(64))
+        );
         assert_eq!(body["stream"], json!(true));
     }
 
@@ -530,29 +656,42 @@ mod tests {
                         tool: "echo".into(),
                         args: json!({"text": "hello"}),
                     }],
-                    usage: Some(Usage { input_tokens: 20, output_tokens: 7 }),
+                    usage: Some(Usage {
+                        input_tokens: 20,
+                        output_tokens: 7,
+                    }),
                 }),
             ),
             (
                 "text blocks join, thinking is skipped",
                 json!({"content": [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "a"},
                                    {"type": "text", "text": "b"}]}),
-                Ok(AssistantTurn { text: "ab".into(), calls: vec![], usage: None }),
+                Ok(AssistantTurn {
+                    text: "ab".into(),
+                    calls: vec![],
+                    usage: None,
+                }),
             ),
             (
                 "no content",
                 json!({"type": "message"}),
-                Err(AgentError::Permanent("malformed response body: no content".into())),
+                Err(AgentError::Permanent(
+                    "malformed response body: no content".into(),
+                )),
             ),
             (
                 "tool use without a name",
                 json!({"content": [{"type": "tool_use", "id": "t", "input": {}}]}),
-                Err(AgentError::Permanent("malformed response body: content[0] has no tool name".into())),
+                Err(AgentError::Permanent(
+                    "malformed response body: content[0] has no tool name".into(),
+                )),
             ),
             (
                 "tool input that is not an object",
                 json!({"content": [{"type": "tool_use", "id": "t", "name": "echo", "input": "x"}]}),
-                Err(AgentError::Permanent("unparsable input for tool call t (echo): not a JSON object".into())),
+                Err(AgentError::Permanent(
+                    "unparsable input for tool call t (echo): not a JSON object".into(),
+                )),
             ),
         ];
         for (name, body, want) in cases {
@@ -597,17 +736,36 @@ mod tests {
         let sink = |d: &str| deltas.lock().unwrap().push(d.to_owned());
         let mut reply = StreamedReply::default();
         for e in events {
-            assert_eq!(reply.take(SseEvent { event: String::new(), data: e.to_string() }, &sink), Ok(false));
+            assert_eq!(
+                reply.take(
+                    SseEvent {
+                        event: String::new(),
+                        data: e.to_string()
+                    },
+                    &sink
+                ),
+                Ok(false)
+            );
         }
-        let stop = SseEvent { event: "message_stop".into(), data: r#"{"type":"message_stop"}"#.into() };
+        let stop = SseEvent {
+            event: "message_stop".into(),
+            data: r#"{"type":"message_stop"}"#.into(),
+        };
         assert_eq!(reply.take(stop, &sink), Ok(true));
         assert_eq!(deltas.into_inner().unwrap(), vec!["Hel", "lo"]);
         assert_eq!(
             parse_reply(&reply.into_body().unwrap()),
             Ok(AssistantTurn {
                 text: "Hello".into(),
-                calls: vec![ToolCall { call_id: "toolu_9".into(), tool: "echo".into(), args: json!({"text": "hi"}) }],
-                usage: Some(Usage { input_tokens: 25, output_tokens: 15 }),
+                calls: vec![ToolCall {
+                    call_id: "toolu_9".into(),
+                    tool: "echo".into(),
+                    args: json!({"text": "hi"})
+                }],
+                usage: Some(Usage {
+                    input_tokens: 25,
+                    output_tokens: 15
+                }),
             })
         );
     }
@@ -615,15 +773,28 @@ mod tests {
     #[test]
     fn broken_stream_events_fail_typed() {
         let sink = |_: &str| {};
-        let take =
-            |data: &str| StreamedReply::default().take(SseEvent { event: String::new(), data: data.into() }, &sink);
-        assert!(matches!(take("{not json"), Err(AgentError::Permanent(m)) if m.starts_with("malformed stream event")));
+        let take = |data: &str| {
+            StreamedReply::default().take(
+                SseEvent {
+                    event: String::new(),
+                    data: data.into(),
+                },
+                &sink,
+            )
+        };
+        assert!(
+            matches!(take("{not json"), Err(AgentError::Permanent(m)) if m.starts_with("malformed stream event"))
+        );
         assert_eq!(
             take(r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#),
-            Err(AgentError::transient("messages stream failed: overloaded_error: Overloaded"))
+            Err(AgentError::transient(
+                "messages stream failed: overloaded_error: Overloaded"
+            ))
         );
         assert!(matches!(
-            take(r#"{"type":"content_block_delta","index":3,"delta":{"type":"text_delta","text":"x"}}"#),
+            take(
+                r#"{"type":"content_block_delta","index":3,"delta":{"type":"text_delta","text":"x"}}"#
+            ),
             Err(AgentError::Permanent(_))
         ));
         // Tool input pieces that never form JSON.
@@ -634,9 +805,19 @@ mod tests {
             json!({"type": "content_block_delta", "index": 0,
                    "delta": {"type": "input_json_delta", "partial_json": "{\"te"}}),
         ] {
-            reply.take(SseEvent { event: String::new(), data: e.to_string() }, &sink).unwrap();
+            reply
+                .take(
+                    SseEvent {
+                        event: String::new(),
+                        data: e.to_string(),
+                    },
+                    &sink,
+                )
+                .unwrap();
         }
         let err = reply.into_body().unwrap_err();
-        assert!(matches!(&err, AgentError::Permanent(m) if m.starts_with("unparsable input for tool call t (echo)")));
+        assert!(
+            matches!(&err, AgentError::Permanent(m) if m.starts_with("unparsable input for tool call t (echo)"))
+        );
     }
 }

@@ -45,7 +45,10 @@ pub struct ClientPool {
 impl ClientPool {
     /// `timeout` bounds the whole request, connect to last body byte (for a stream: to its last event).
     pub fn new(timeout: Duration) -> Self {
-        ClientPool { timeout, clients: Mutex::new(HashMap::new()) }
+        ClientPool {
+            timeout,
+            clients: Mutex::new(HashMap::new()),
+        }
     }
 
     /// This thread's client, built on first use.
@@ -67,7 +70,10 @@ impl ClientPool {
 
 /// Sends `req`; a non-2xx answer is read to its end and classified (see the module table). `what`
 /// names the endpoint in errors (`"chat completions"`, `"messages"`).
-pub async fn send(what: &str, req: reqwest::RequestBuilder) -> Result<reqwest::Response, AgentError> {
+pub async fn send(
+    what: &str,
+    req: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, AgentError> {
     let resp = req.send().await.map_err(|e| send_error(what, e))?;
     let status = resp.status().as_u16();
     if (200..300).contains(&status) {
@@ -87,7 +93,8 @@ pub async fn send(what: &str, req: reqwest::RequestBuilder) -> Result<reqwest::R
 /// The answer's body as JSON; a body that does not parse is a permanent error.
 pub async fn json_body(what: &str, resp: reqwest::Response) -> Result<Value, AgentError> {
     let bytes = resp.bytes().await.map_err(|e| send_error(what, e))?;
-    serde_json::from_slice(&bytes).map_err(|e| AgentError::Permanent(format!("malformed response body: {e}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| AgentError::Permanent(format!("malformed response body: {e}")))
 }
 
 /// Whether a 2xx answer is an event stream (a server that ignores `stream: true` answers plain JSON).
@@ -95,7 +102,11 @@ pub fn is_event_stream(resp: &reqwest::Response) -> bool {
     resp.headers()
         .get(reqwest::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"))
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        })
 }
 
 /// Feeds every event of a streamed answer to `on_event` until it answers `Ok(true)` (the answer is
@@ -130,7 +141,12 @@ pub fn is_transient_status(status: u16) -> bool {
 
 /// The error of a non-2xx answer: `<what> answered http <status>[: <provider message>]`, transient
 /// (with `retry_after`) or permanent by [`is_transient_status`].
-pub fn status_error(what: &str, status: u16, retry_after: Option<Duration>, body: &[u8]) -> AgentError {
+pub fn status_error(
+    what: &str,
+    status: u16,
+    retry_after: Option<Duration>,
+    body: &[u8],
+) -> AgentError {
     let detail = serde_json::from_slice::<Value>(body)
         .ok()
         .and_then(|v| provider_error(&v))
@@ -138,7 +154,10 @@ pub fn status_error(what: &str, status: u16, retry_after: Option<Duration>, body
         .unwrap_or_default();
     let message = format!("{what} answered http {status}{detail}");
     if is_transient_status(status) {
-        AgentError::Transient { message, retry_after }
+        AgentError::Transient {
+            message,
+            retry_after,
+        }
     } else {
         AgentError::Permanent(message)
     }
@@ -157,8 +176,14 @@ const PERMANENT_STREAM_ERRORS: [&str; 6] = [
 
 /// The error of an `{error: …}` event inside a stream: `<what> stream failed: <provider message>`.
 pub fn stream_error(what: &str, body: &Value) -> AgentError {
-    let message = format!("{what} stream failed: {}", provider_error(body).unwrap_or_else(|| "error event".into()));
-    let kind = body.get("error").and_then(|e| e.get("type").or_else(|| e.get("code"))).and_then(Value::as_str);
+    let message = format!(
+        "{what} stream failed: {}",
+        provider_error(body).unwrap_or_else(|| "error event".into())
+    );
+    let kind = body
+        .get("error")
+        .and_then(|e| e.get("type").or_else(|| e.get("code")))
+        .and_then(Value::as_str);
     match kind {
         Some(k) if PERMANENT_STREAM_ERRORS.contains(&k) => AgentError::Permanent(message),
         _ => AgentError::transient(message),
@@ -196,7 +221,10 @@ pub fn provider_error(v: &Value) -> Option<String> {
     let message = match err {
         Value::String(s) => s.clone(),
         _ => {
-            let kind = err.get("type").or_else(|| err.get("code")).and_then(Value::as_str);
+            let kind = err
+                .get("type")
+                .or_else(|| err.get("code"))
+                .and_then(Value::as_str);
             let message = err.get("message").and_then(Value::as_str).unwrap_or("");
             match kind {
                 Some(k) if !message.is_empty() => format!("{k}: {message}"),
@@ -252,7 +280,10 @@ impl SseDecoder {
         self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
         let mut start = 0;
-        while let Some(offset) = self.buf[start..].iter().position(|&b| b == b'\n' || b == b'\r') {
+        while let Some(offset) = self.buf[start..]
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+        {
             let end = start + offset;
             let next = match (self.buf[end], self.buf.get(end + 1)) {
                 (b'\r', Some(b'\n')) => end + 2,
@@ -325,7 +356,10 @@ mod tests {
     use serde_json::json;
 
     fn ev(event: &str, data: &str) -> SseEvent {
-        SseEvent { event: event.into(), data: data.into() }
+        SseEvent {
+            event: event.into(),
+            data: data.into(),
+        }
     }
 
     #[test]
@@ -336,9 +370,18 @@ mod tests {
             ("3", Some(Duration::from_secs(3))),
             (" 120 ", Some(Duration::from_secs(120))),
             ("0", Some(Duration::ZERO)),
-            ("99999999999999999999999", Some(Duration::from_secs(u64::MAX))),
-            ("Wed, 21 Oct 2015 07:28:05 GMT", Some(Duration::from_secs(5))),
-            ("Wednesday, 21-Oct-15 07:29:00 GMT", Some(Duration::from_secs(60))),
+            (
+                "99999999999999999999999",
+                Some(Duration::from_secs(u64::MAX)),
+            ),
+            (
+                "Wed, 21 Oct 2015 07:28:05 GMT",
+                Some(Duration::from_secs(5)),
+            ),
+            (
+                "Wednesday, 21-Oct-15 07:29:00 GMT",
+                Some(Duration::from_secs(60)),
+            ),
             ("Wed Oct 21 07:28:10 2015", Some(Duration::from_secs(10))),
             ("Wed, 21 Oct 2015 07:00:00 GMT", Some(Duration::ZERO)),
             ("-1", None),
@@ -375,7 +418,10 @@ mod tests {
         );
         // A permanent status drops the Retry-After: nobody should wait for it.
         let e = status_error("messages", 400, Some(Duration::from_secs(3)), b"<html>");
-        assert_eq!(e, AgentError::Permanent("messages answered http 400".into()));
+        assert_eq!(
+            e,
+            AgentError::Permanent("messages answered http 400".into())
+        );
     }
 
     #[test]
@@ -388,9 +434,14 @@ mod tests {
         let invalid = json!({"error": {"type": "invalid_request_error", "message": "bad"}});
         assert_eq!(
             stream_error("chat completions", &invalid),
-            AgentError::Permanent("chat completions stream failed: invalid_request_error: bad".into())
+            AgentError::Permanent(
+                "chat completions stream failed: invalid_request_error: bad".into()
+            )
         );
-        assert_eq!(stream_error("x", &json!({})), AgentError::transient("x stream failed: error event"));
+        assert_eq!(
+            stream_error("x", &json!({})),
+            AgentError::transient("x stream failed: error event")
+        );
     }
 
     #[test]
@@ -399,8 +450,14 @@ mod tests {
         let got = provider_error(&json!({"error": {"message": long}})).unwrap();
         assert_eq!(got.chars().count(), 301);
         assert!(got.ends_with('…'));
-        assert_eq!(provider_error(&json!({"error": "bad key"})).as_deref(), Some("bad key"));
-        assert_eq!(provider_error(&json!({"error": {"code": "rate_limited"}})).as_deref(), Some("rate_limited"));
+        assert_eq!(
+            provider_error(&json!({"error": "bad key"})).as_deref(),
+            Some("bad key")
+        );
+        assert_eq!(
+            provider_error(&json!({"error": {"code": "rate_limited"}})).as_deref(),
+            Some("rate_limited")
+        );
         assert_eq!(provider_error(&json!({"ok": true})), None);
     }
 
@@ -412,7 +469,10 @@ mod tests {
         let cut = bytes.iter().position(|&b| b == 0xC3).unwrap() + 1;
         assert_eq!(d.push(&bytes[..5]), vec![]);
         assert_eq!(d.push(&bytes[5..cut]), vec![]);
-        assert_eq!(d.push(&bytes[cut..]), vec![ev("content_block_delta", "{\"t\":\"café\"}")]);
+        assert_eq!(
+            d.push(&bytes[cut..]),
+            vec![ev("content_block_delta", "{\"t\":\"café\"}")]
+        );
         // CRLF split between its two bytes, a comment, multi-line data, data without a space.
         assert_eq!(d.push(b": ping\r"), vec![]);
         assert_eq!(d.push(b"\ndata: a\r\ndata:b\r\n\r\n"), vec![ev("", "a\nb")]);
@@ -464,7 +524,14 @@ impl std::fmt::Debug for ProviderConfig {
         f.debug_struct("ProviderConfig")
             .field("base_url", &self.base_url)
             .field("model", &self.model)
-            .field("api_key", &if self.api_key.is_empty() { "<none>" } else { "<redacted>" })
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() {
+                    "<none>"
+                } else {
+                    "<redacted>"
+                },
+            )
             .field("timeout", &self.timeout)
             .field("temperature", &self.temperature)
             .field("max_tokens", &self.max_tokens)

@@ -127,7 +127,12 @@ impl std::ops::AddAssign for Usage {
 pub fn usage_of(events: &[serde_json::Value]) -> std::collections::BTreeMap<String, Usage> {
     let mut totals = std::collections::BTreeMap::<String, Usage>::new();
     for e in events.iter().filter(|e| e["type"] == "assistant") {
-        let (Some(model), Ok(usage)) = (e["model"].as_str(), serde_json::from_value::<Usage>(e["usage"].clone())) else { continue };
+        let (Some(model), Ok(usage)) = (
+            e["model"].as_str(),
+            serde_json::from_value::<Usage>(e["usage"].clone()),
+        ) else {
+            continue;
+        };
         *totals.entry(model.to_owned()).or_default() += usage;
     }
     totals
@@ -158,7 +163,10 @@ impl AssistantTurn {
                 "args": call.args,
             }));
         }
-        Turn { role: role::ASSISTANT.to_owned(), parts }
+        Turn {
+            role: role::ASSISTANT.to_owned(),
+            parts,
+        }
     }
 
     /// Reads an assistant turn back. `None` when the turn is not an assistant turn or a `tool_call`
@@ -181,7 +189,11 @@ impl AssistantTurn {
                 _ => {}
             }
         }
-        Some(AssistantTurn { text: texts.join("\n"), calls, usage: None })
+        Some(AssistantTurn {
+            text: texts.join("\n"),
+            calls,
+            usage: None,
+        })
     }
 }
 
@@ -222,12 +234,18 @@ impl ToolResult {
 
 /// `{role: "system", parts: [text]}`.
 pub fn system_turn(text: &str) -> Turn {
-    Turn { role: role::SYSTEM.to_owned(), parts: vec![text_part(text)] }
+    Turn {
+        role: role::SYSTEM.to_owned(),
+        parts: vec![text_part(text)],
+    }
 }
 
 /// `{role: "user", parts: [text]}`: the run's request message.
 pub fn user_turn(text: &str) -> Turn {
-    Turn { role: role::USER.to_owned(), parts: vec![text_part(text)] }
+    Turn {
+        role: role::USER.to_owned(),
+        parts: vec![text_part(text)],
+    }
 }
 
 /// One step's results: one `tool_result` part per call (in call order), then the follow-ups folded
@@ -236,15 +254,28 @@ pub fn results_turn(results: &[ToolResult], followups: &[(u64, String)]) -> Turn
     let parts = results
         .iter()
         .map(ToolResult::to_part)
-        .chain(followups.iter().map(|(seq, text)| followup_part(*seq, text)))
+        .chain(
+            followups
+                .iter()
+                .map(|(seq, text)| followup_part(*seq, text)),
+        )
         .collect();
-    Turn { role: role::TOOL_RESULTS.to_owned(), parts }
+    Turn {
+        role: role::TOOL_RESULTS.to_owned(),
+        parts,
+    }
 }
 
 /// A user turn made of follow-ups read from the inbox after a text-only answer (SPEC §5.2 step 5).
 pub fn followups_turn(followups: &[(u64, String)]) -> Turn {
-    let parts = followups.iter().map(|(seq, text)| followup_part(*seq, text)).collect();
-    Turn { role: role::USER.to_owned(), parts }
+    let parts = followups
+        .iter()
+        .map(|(seq, text)| followup_part(*seq, text))
+        .collect();
+    Turn {
+        role: role::USER.to_owned(),
+        parts,
+    }
 }
 
 /// `{"type":"text","text":…}`.
@@ -273,7 +304,10 @@ pub fn texts_of(turn: &Turn) -> Vec<&str> {
 
 /// The tool results of a `tool_results` turn, in order; malformed parts are skipped.
 pub fn results_of(turn: &Turn) -> Vec<ToolResult> {
-    turn.parts.iter().filter_map(ToolResult::from_part).collect()
+    turn.parts
+        .iter()
+        .filter_map(ToolResult::from_part)
+        .collect()
 }
 
 /// What an agent sees for one model call.
@@ -313,7 +347,10 @@ pub enum AgentError {
 impl AgentError {
     /// A transient error without a `Retry-After`.
     pub fn transient(message: impl Into<String>) -> AgentError {
-        AgentError::Transient { message: message.into(), retry_after: None }
+        AgentError::Transient {
+            message: message.into(),
+            retry_after: None,
+        }
     }
 
     pub fn permanent(message: impl Into<String>) -> AgentError {
@@ -356,7 +393,11 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_attempts: 5, initial: Duration::from_millis(1000), max: Duration::from_millis(30_000) }
+        RetryPolicy {
+            max_attempts: 5,
+            initial: Duration::from_millis(1000),
+            max: Duration::from_millis(30_000),
+        }
     }
 }
 
@@ -367,7 +408,12 @@ impl RetryPolicy {
     /// The wait is `max(full-jitter backoff, retry_after)`, where the backoff is
     /// `min(initial · 2^(attempt−1), max) · jitter` and `jitter` is a uniform draw from `0..=1` supplied
     /// by the caller (clamped into that range; a NaN counts as 0).
-    pub fn wait(&self, attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Option<Duration> {
+    pub fn wait(
+        &self,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        jitter: f64,
+    ) -> Option<Duration> {
         let attempt = attempt.max(1);
         if attempt >= self.max_attempts {
             return None;
@@ -376,8 +422,16 @@ impl RetryPolicy {
             return None;
         }
         let factor = 1u32.checked_shl(attempt - 1).unwrap_or(u32::MAX);
-        let ceiling = self.initial.checked_mul(factor).unwrap_or(Duration::MAX).min(self.max);
-        let jitter = if jitter.is_nan() { 0.0 } else { jitter.clamp(0.0, 1.0) };
+        let ceiling = self
+            .initial
+            .checked_mul(factor)
+            .unwrap_or(Duration::MAX)
+            .min(self.max);
+        let jitter = if jitter.is_nan() {
+            0.0
+        } else {
+            jitter.clamp(0.0, 1.0)
+        };
         let backoff = ceiling.mul_f64(jitter);
         Some(backoff.max(retry_after.unwrap_or(Duration::ZERO)))
     }
@@ -392,7 +446,10 @@ pub trait Agent: Send + Sync + 'static {
     /// The model name recorded with the run (`"scripted"` for the scripted agent).
     fn model(&self) -> &str;
     /// The next assistant turn. Dropping the future abandons the call (a hard stop does).
-    fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>>;
+    fn next<'a>(
+        &'a self,
+        conv: Conversation<'a>,
+    ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>>;
     /// The next assistant turn, reporting its text to `on_delta` piece by piece as it is generated
     /// (the providers ask for a streamed answer). The completed turn (with usage) is still the answer;
     /// the deltas of a call that then fails are to be discarded by the caller. The default reports
@@ -422,8 +479,20 @@ mod usage_tests {
         ];
         let totals = usage_of(&events);
         assert_eq!(totals.len(), 2);
-        assert_eq!(totals["m1"], Usage { input_tokens: 4, output_tokens: 15 });
-        assert_eq!(totals["m2"], Usage { input_tokens: 2, output_tokens: 0 });
+        assert_eq!(
+            totals["m1"],
+            Usage {
+                input_tokens: 4,
+                output_tokens: 15
+            }
+        );
+        assert_eq!(
+            totals["m2"],
+            Usage {
+                input_tokens: 2,
+                output_tokens: 0
+            }
+        );
     }
 }
 
@@ -435,7 +504,11 @@ mod tests {
     fn assistant_turn_round_trips_through_the_transcript_shape() {
         let turn = AssistantTurn {
             text: "step 1".into(),
-            calls: vec![ToolCall { call_id: "call-1".into(), tool: "sleep".into(), args: json!({"ms": 5}) }],
+            calls: vec![ToolCall {
+                call_id: "call-1".into(),
+                tool: "sleep".into(),
+                args: json!({"ms": 5}),
+            }],
             usage: None,
         };
         let t = turn.to_turn();
@@ -454,7 +527,11 @@ mod tests {
     fn empty_assistant_text_writes_no_text_part() {
         let turn = AssistantTurn {
             text: String::new(),
-            calls: vec![ToolCall { call_id: "c".into(), tool: "echo".into(), args: json!({"text": "x"}) }],
+            calls: vec![ToolCall {
+                call_id: "c".into(),
+                tool: "echo".into(),
+                args: json!({"text": "x"}),
+            }],
             usage: None,
         };
         let t = turn.to_turn();
@@ -466,21 +543,37 @@ mod tests {
     #[test]
     fn from_turn_refuses_other_roles_and_calls_without_ids() {
         assert_eq!(AssistantTurn::from_turn(&user_turn("hi")), None);
-        let broken = Turn { role: "assistant".into(), parts: vec![json!({"type": "tool_call", "tool": "sleep"})] };
+        let broken = Turn {
+            role: "assistant".into(),
+            parts: vec![json!({"type": "tool_call", "tool": "sleep"})],
+        };
         assert_eq!(AssistantTurn::from_turn(&broken), None);
         // A call without args reads back with an empty object.
         let bare = Turn {
             role: "assistant".into(),
             parts: vec![json!({"type": "tool_call", "callId": "c", "tool": "sleep"})],
         };
-        assert_eq!(AssistantTurn::from_turn(&bare).unwrap().calls[0].args, json!({}));
+        assert_eq!(
+            AssistantTurn::from_turn(&bare).unwrap().calls[0].args,
+            json!({})
+        );
     }
 
     #[test]
     fn results_turn_lists_results_in_order_then_followups_with_their_seq() {
         let results = vec![
-            ToolResult { call_id: "a".into(), tool: "sleep".into(), ok: true, output: "slept 1 ms".into() },
-            ToolResult { call_id: "b".into(), tool: "echo".into(), ok: false, output: "missing field `text`".into() },
+            ToolResult {
+                call_id: "a".into(),
+                tool: "sleep".into(),
+                ok: true,
+                output: "slept 1 ms".into(),
+            },
+            ToolResult {
+                call_id: "b".into(),
+                tool: "echo".into(),
+                ok: false,
+                output: "missing field `text`".into(),
+            },
         ];
         let t = results_turn(&results, &[(7, "also this".into())]);
         assert_eq!(t.role, "tool_results");
@@ -498,7 +591,10 @@ mod tests {
 
     #[test]
     fn simple_turns_have_one_text_part() {
-        assert_eq!(system_turn("be brief").parts, vec![json!({"type": "text", "text": "be brief"})]);
+        assert_eq!(
+            system_turn("be brief").parts,
+            vec![json!({"type": "text", "text": "be brief"})]
+        );
         assert_eq!(system_turn("be brief").role, "system");
         assert_eq!(user_turn("hello").role, "user");
         let f = followups_turn(&[(3, "one".into()), (4, "two".into())]);
@@ -534,27 +630,55 @@ mod tests {
         let turn = AssistantTurn {
             text: "hi".into(),
             calls: vec![],
-            usage: Some(Usage { input_tokens: 12, output_tokens: 3 }),
+            usage: Some(Usage {
+                input_tokens: 12,
+                output_tokens: 3,
+            }),
         };
         let t = turn.to_turn();
         assert_eq!(t.parts, vec![json!({"type": "text", "text": "hi"})]);
-        assert_eq!(AssistantTurn::from_turn(&t), Some(AssistantTurn { usage: None, ..turn }));
+        assert_eq!(
+            AssistantTurn::from_turn(&t),
+            Some(AssistantTurn {
+                usage: None,
+                ..turn
+            })
+        );
     }
 
     #[test]
     fn usage_serializes_camel_case_and_sums() {
-        let a = Usage { input_tokens: 10, output_tokens: 2 };
-        assert_eq!(serde_json::to_value(a).unwrap(), json!({"inputTokens": 10, "outputTokens": 2}));
-        let back: Usage = serde_json::from_value(json!({"inputTokens": 1, "outputTokens": 4})).unwrap();
+        let a = Usage {
+            input_tokens: 10,
+            output_tokens: 2,
+        };
+        assert_eq!(
+            serde_json::to_value(a).unwrap(),
+            json!({"inputTokens": 10, "outputTokens": 2})
+        );
+        let back: Usage =
+            serde_json::from_value(json!({"inputTokens": 1, "outputTokens": 4})).unwrap();
         let mut total = a + back;
-        assert_eq!(total, Usage { input_tokens: 11, output_tokens: 6 });
-        total += Usage { input_tokens: u64::MAX, output_tokens: 0 };
+        assert_eq!(
+            total,
+            Usage {
+                input_tokens: 11,
+                output_tokens: 6
+            }
+        );
+        total += Usage {
+            input_tokens: u64::MAX,
+            output_tokens: 0,
+        };
         assert_eq!(total.input_tokens, u64::MAX, "sums saturate");
     }
 
     #[test]
     fn agent_errors_say_whether_and_when_to_retry() {
-        let t = AgentError::Transient { message: "http 429".into(), retry_after: Some(Duration::from_secs(3)) };
+        let t = AgentError::Transient {
+            message: "http 429".into(),
+            retry_after: Some(Duration::from_secs(3)),
+        };
         assert!(t.is_transient());
         assert_eq!(t.retry_after(), Some(Duration::from_secs(3)));
         assert_eq!(t.to_string(), "transient: http 429");
@@ -574,27 +698,108 @@ mod tests {
         let s = Duration::from_secs;
         // The defaults: 5 attempts in total, 1 s doubling, capped at 30 s.
         let p = RetryPolicy::default();
-        assert_eq!(p, RetryPolicy { max_attempts: 5, initial: s(1), max: s(30) });
-        let cases: Vec<(&str, RetryPolicy, u32, Option<Duration>, f64, Option<Duration>)> = vec![
-            ("first failure, full jitter draw", p, 1, None, 1.0, Some(s(1))),
+        assert_eq!(
+            p,
+            RetryPolicy {
+                max_attempts: 5,
+                initial: s(1),
+                max: s(30)
+            }
+        );
+        let cases: Vec<(
+            &str,
+            RetryPolicy,
+            u32,
+            Option<Duration>,
+            f64,
+            Option<Duration>,
+        )> = vec![
+            (
+                "first failure, full jitter draw",
+                p,
+                1,
+                None,
+                1.0,
+                Some(s(1)),
+            ),
             ("first failure, half jitter", p, 1, None, 0.5, Some(ms(500))),
-            ("jitter 0 waits nothing", p, 1, None, 0.0, Some(Duration::ZERO)),
+            (
+                "jitter 0 waits nothing",
+                p,
+                1,
+                None,
+                0.0,
+                Some(Duration::ZERO),
+            ),
             ("second failure doubles", p, 2, None, 1.0, Some(s(2))),
             ("fourth failure is 8 s", p, 4, None, 1.0, Some(s(8))),
             ("fifth failure: attempts spent", p, 5, None, 1.0, None),
             ("beyond the attempts: still spent", p, 9, None, 1.0, None),
             ("attempt 0 counts as the first", p, 0, None, 1.0, Some(s(1))),
-            ("retry-after longer than the backoff wins", p, 1, Some(s(3)), 1.0, Some(s(3))),
-            ("backoff longer than retry-after wins", p, 4, Some(s(3)), 1.0, Some(s(8))),
-            ("retry-after of exactly max is honoured", p, 1, Some(s(30)), 0.2, Some(s(30))),
-            ("retry-after above max ends the retries", p, 1, Some(ms(30_001)), 1.0, None),
-            ("retry-after zero: the backoff stands", p, 2, Some(Duration::ZERO), 0.25, Some(ms(500))),
+            (
+                "retry-after longer than the backoff wins",
+                p,
+                1,
+                Some(s(3)),
+                1.0,
+                Some(s(3)),
+            ),
+            (
+                "backoff longer than retry-after wins",
+                p,
+                4,
+                Some(s(3)),
+                1.0,
+                Some(s(8)),
+            ),
+            (
+                "retry-after of exactly max is honoured",
+                p,
+                1,
+                Some(s(30)),
+                0.2,
+                Some(s(30)),
+            ),
+            (
+                "retry-after above max ends the retries",
+                p,
+                1,
+                Some(ms(30_001)),
+                1.0,
+                None,
+            ),
+            (
+                "retry-after zero: the backoff stands",
+                p,
+                2,
+                Some(Duration::ZERO),
+                0.25,
+                Some(ms(500)),
+            ),
             ("jitter above 1 is clamped", p, 1, None, 7.0, Some(s(1))),
-            ("negative jitter is clamped", p, 1, None, -1.0, Some(Duration::ZERO)),
-            ("NaN jitter counts as 0", p, 1, None, f64::NAN, Some(Duration::ZERO)),
+            (
+                "negative jitter is clamped",
+                p,
+                1,
+                None,
+                -1.0,
+                Some(Duration::ZERO),
+            ),
+            (
+                "NaN jitter counts as 0",
+                p,
+                1,
+                None,
+                f64::NAN,
+                Some(Duration::ZERO),
+            ),
             (
                 "the cap applies before the jitter",
-                RetryPolicy { max_attempts: 10, initial: s(1), max: s(5) },
+                RetryPolicy {
+                    max_attempts: 10,
+                    initial: s(1),
+                    max: s(5),
+                },
                 6,
                 None,
                 0.5,
@@ -602,7 +807,11 @@ mod tests {
             ),
             (
                 "huge attempt numbers do not overflow",
-                RetryPolicy { max_attempts: u32::MAX, initial: s(1), max: s(30) },
+                RetryPolicy {
+                    max_attempts: u32::MAX,
+                    initial: s(1),
+                    max: s(30),
+                },
                 200,
                 None,
                 1.0,
@@ -610,7 +819,11 @@ mod tests {
             ),
             (
                 "one attempt means never retry",
-                RetryPolicy { max_attempts: 1, initial: s(1), max: s(30) },
+                RetryPolicy {
+                    max_attempts: 1,
+                    initial: s(1),
+                    max: s(30),
+                },
                 1,
                 None,
                 1.0,
@@ -618,7 +831,11 @@ mod tests {
             ),
             (
                 "zero initial retries at once",
-                RetryPolicy { max_attempts: 3, initial: Duration::ZERO, max: Duration::ZERO },
+                RetryPolicy {
+                    max_attempts: 3,
+                    initial: Duration::ZERO,
+                    max: Duration::ZERO,
+                },
                 2,
                 None,
                 1.0,

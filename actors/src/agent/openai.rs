@@ -39,7 +39,8 @@ use storage::ledger::Turn;
 
 use super::http::{self, ClientPool, SseEvent};
 use super::{
-    results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, DeltaFn, ToolCall, ToolDef, Usage,
+    results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, DeltaFn, ToolCall,
+    ToolDef, Usage,
 };
 
 /// The endpoint's name in errors.
@@ -60,7 +61,9 @@ pub struct OpenAiAgent {
 
 impl std::fmt::Debug for OpenAiAgent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiAgent").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("OpenAiAgent")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -68,7 +71,11 @@ impl OpenAiAgent {
     pub fn new(config: OpenAiConfig) -> Self {
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
         let clients = ClientPool::new(config.timeout);
-        OpenAiAgent { config, url, clients }
+        OpenAiAgent {
+            config,
+            url,
+            clients,
+        }
     }
 
     pub fn config(&self) -> &OpenAiConfig {
@@ -76,7 +83,11 @@ impl OpenAiAgent {
     }
 
     /// One model call; streamed when `on_delta` is given.
-    async fn call(&self, conv: Conversation<'_>, on_delta: Option<&DeltaFn<'_>>) -> Result<AssistantTurn, AgentError> {
+    async fn call(
+        &self,
+        conv: Conversation<'_>,
+        on_delta: Option<&DeltaFn<'_>>,
+    ) -> Result<AssistantTurn, AgentError> {
         let body = request_body(&self.config, conv, on_delta.is_some());
         let client = self.clients.client()?;
         let mut req = client.post(&self.url).json(&body);
@@ -91,9 +102,12 @@ impl OpenAiAgent {
         let turn = match on_delta {
             Some(on_delta) if http::is_event_stream(&resp) => {
                 let mut reply = StreamedReply::default();
-                let done = http::for_each_event(WHAT, resp, |event| reply.take(event, on_delta)).await?;
+                let done =
+                    http::for_each_event(WHAT, resp, |event| reply.take(event, on_delta)).await?;
                 if !done && !reply.finished {
-                    return Err(AgentError::transient(format!("{WHAT} stream ended before the answer was complete")));
+                    return Err(AgentError::transient(format!(
+                        "{WHAT} stream ended before the answer was complete"
+                    )));
                 }
                 parse_reply(&reply.into_body())?
             }
@@ -128,7 +142,10 @@ impl Agent for OpenAiAgent {
         &self.config.model
     }
 
-    fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
+    fn next<'a>(
+        &'a self,
+        conv: Conversation<'a>,
+    ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
         self.call(conv, None).boxed()
     }
 
@@ -146,9 +163,15 @@ impl Agent for OpenAiAgent {
 pub fn request_body(config: &OpenAiConfig, conv: Conversation<'_>, stream: bool) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(config.model));
-    body.insert("messages".into(), Value::Array(messages(conv.system, conv.turns)));
+    body.insert(
+        "messages".into(),
+        Value::Array(messages(conv.system, conv.turns)),
+    );
     if !conv.tools.is_empty() {
-        body.insert("tools".into(), Value::Array(conv.tools.iter().map(tool_json).collect()));
+        body.insert(
+            "tools".into(),
+            Value::Array(conv.tools.iter().map(tool_json).collect()),
+        );
     }
     if let Some(t) = config.temperature {
         body.insert("temperature".into(), json!(t));
@@ -179,13 +202,22 @@ pub fn messages(system: &str, turns: &[Turn]) -> Vec<Value> {
     for turn in turns {
         match turn.role.as_str() {
             role::ASSISTANT => {
-                let Some(a) = AssistantTurn::from_turn(turn) else { continue };
+                let Some(a) = AssistantTurn::from_turn(turn) else {
+                    continue;
+                };
                 let mut m = Map::new();
                 m.insert("role".into(), json!("assistant"));
                 if a.calls.is_empty() {
                     m.insert("content".into(), json!(a.text));
                 } else {
-                    m.insert("content".into(), if a.text.is_empty() { Value::Null } else { json!(a.text) });
+                    m.insert(
+                        "content".into(),
+                        if a.text.is_empty() {
+                            Value::Null
+                        } else {
+                            json!(a.text)
+                        },
+                    );
                     let calls = a
                         .calls
                         .iter()
@@ -203,8 +235,14 @@ pub fn messages(system: &str, turns: &[Turn]) -> Vec<Value> {
             }
             role::TOOL_RESULTS => {
                 for r in results_of(turn) {
-                    let content = if r.ok { r.output } else { format!("error: {}", r.output) };
-                    out.push(json!({"role": "tool", "tool_call_id": r.call_id, "content": content}));
+                    let content = if r.ok {
+                        r.output
+                    } else {
+                        format!("error: {}", r.output)
+                    };
+                    out.push(
+                        json!({"role": "tool", "tool_call_id": r.call_id, "content": content}),
+                    );
                 }
                 let texts = texts_of(turn);
                 if !texts.is_empty() {
@@ -213,7 +251,11 @@ pub fn messages(system: &str, turns: &[Turn]) -> Vec<Value> {
             }
             // `user`, and a `system` turn should one appear after the first.
             other => {
-                let role = if other == role::SYSTEM { "system" } else { "user" };
+                let role = if other == role::SYSTEM {
+                    "system"
+                } else {
+                    "user"
+                };
                 out.push(json!({"role": role, "content": texts_of(turn).join("\n\n")}));
             }
         }
@@ -233,16 +275,22 @@ pub fn parse_reply(body: &Value) -> Result<AssistantTurn, AgentError> {
     let text = match message.get("content") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("")
-        }
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
         Some(_) => return Err(malformed("content is neither text nor parts")),
     };
     let mut calls = Vec::new();
     if let Some(list) = message.get("tool_calls").filter(|v| !v.is_null()) {
-        let list = list.as_array().ok_or_else(|| malformed("tool_calls is not an array"))?;
+        let list = list
+            .as_array()
+            .ok_or_else(|| malformed("tool_calls is not an array"))?;
         for (i, c) in list.iter().enumerate() {
-            let function = c.get("function").ok_or_else(|| malformed(&format!("tool_calls[{i}] has no function")))?;
+            let function = c
+                .get("function")
+                .ok_or_else(|| malformed(&format!("tool_calls[{i}] has no function")))?;
             let tool = function
                 .get("name")
                 .and_then(Value::as_str)
@@ -258,7 +306,9 @@ pub fn parse_reply(body: &Value) -> Result<AssistantTurn, AgentError> {
                 None | Some(Value::Null) => json!({}),
                 Some(Value::String(s)) if s.trim().is_empty() => json!({}),
                 Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| {
-                    AgentError::Permanent(format!("unparsable arguments for tool call {call_id} ({tool}): {e}"))
+                    AgentError::Permanent(format!(
+                        "unparsable arguments for tool call {call_id} ({tool}): {e}"
+                    ))
                 })?,
                 Some(v @ Value::Object(_)) => v.clone(),
                 Some(_) => {
@@ -267,10 +317,18 @@ pub fn parse_reply(body: &Value) -> Result<AssistantTurn, AgentError> {
                     )))
                 }
             };
-            calls.push(ToolCall { call_id, tool, args });
+            calls.push(ToolCall {
+                call_id,
+                tool,
+                args,
+            });
         }
     }
-    Ok(AssistantTurn { text, calls, usage: parse_usage(body.get("usage")) })
+    Ok(AssistantTurn {
+        text,
+        calls,
+        usage: parse_usage(body.get("usage")),
+    })
 }
 
 /// `usage {prompt_tokens, completion_tokens}`; `None` when absent or not numbers (usage is reported,
@@ -282,7 +340,10 @@ pub fn parse_usage(usage: Option<&Value>) -> Option<Usage> {
     if input_tokens.is_none() && output_tokens.is_none() {
         return None;
     }
-    Some(Usage { input_tokens: input_tokens.unwrap_or(0), output_tokens: output_tokens.unwrap_or(0) })
+    Some(Usage {
+        input_tokens: input_tokens.unwrap_or(0),
+        output_tokens: output_tokens.unwrap_or(0),
+    })
 }
 
 /// A streamed answer being assembled from its chunks.
@@ -313,31 +374,50 @@ impl StreamedReply {
         if data.is_empty() {
             return Ok(false);
         }
-        let chunk: Value =
-            serde_json::from_str(data).map_err(|e| AgentError::Permanent(format!("malformed stream chunk: {e}")))?;
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| AgentError::Permanent(format!("malformed stream chunk: {e}")))?;
         if chunk.get("error").is_some_and(|e| !e.is_null()) {
             return Err(http::stream_error(WHAT, &chunk));
         }
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
             self.usage = Some(u.clone());
         }
-        let Some(choice) = chunk.get("choices").and_then(Value::as_array).and_then(|c| c.first()) else {
+        let Some(choice) = chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first())
+        else {
             return Ok(false);
         };
         let delta = choice.get("delta").unwrap_or(&Value::Null);
-        if let Some(text) = delta.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        if let Some(text) = delta
+            .get("content")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+        {
             on_delta(text);
             self.text.push_str(text);
         }
         if let Some(list) = delta.get("tool_calls").and_then(Value::as_array) {
             for (position, c) in list.iter().enumerate() {
-                let index = c.get("index").and_then(Value::as_u64).unwrap_or(position as u64);
+                let index = c
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(position as u64);
                 let call = self.calls.entry(index).or_default();
-                if let Some(id) = c.get("id").and_then(Value::as_str).filter(|id| !id.is_empty()) {
+                if let Some(id) = c
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|id| !id.is_empty())
+                {
                     call.id = Some(id.to_owned());
                 }
                 let function = c.get("function").unwrap_or(&Value::Null);
-                if let Some(name) = function.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) {
+                if let Some(name) = function
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                {
                     call.name = name.to_owned();
                 }
                 if let Some(piece) = function.get("arguments").and_then(Value::as_str) {
@@ -369,10 +449,10 @@ impl StreamedReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use crate::agent::{followups_turn, results_turn, user_turn, ToolResult};
     use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     /// What the stub saw: the `Authorization` header and the JSON body of each request.
     type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
@@ -396,16 +476,21 @@ mod tests {
                     web::post().to(move |req: HttpRequest, bytes: web::Bytes| {
                         let record = record.clone();
                         async move {
-                            let auth =
-                                req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                            let auth = req
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned);
                             let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                             record.lock().unwrap().push((auth, json));
                             if !delay.is_zero() {
                                 actix_rt::time::sleep(delay).await;
                             }
-                            HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap())
-                                .content_type("application/json")
-                                .body(body)
+                            HttpResponse::build(
+                                actix_web::http::StatusCode::from_u16(status).unwrap(),
+                            )
+                            .content_type("application/json")
+                            .body(body)
                         }
                     }),
                 )
@@ -419,7 +504,11 @@ mod tests {
             let server = server.run();
             let handle = server.handle();
             actix_rt::spawn(server);
-            Stub { base_url: format!("http://{addr}/v1/"), seen, server: handle }
+            Stub {
+                base_url: format!("http://{addr}/v1/"),
+                seen,
+                server: handle,
+            }
         }
 
         fn agent(&self, timeout: Duration) -> OpenAiAgent {
@@ -453,17 +542,31 @@ mod tests {
     fn transcript() -> Vec<Turn> {
         let call = AssistantTurn {
             text: "step 1".into(),
-            calls: vec![ToolCall { call_id: "call-1".into(), tool: "echo".into(), args: json!({"text": "hi"}) }],
+            calls: vec![ToolCall {
+                call_id: "call-1".into(),
+                tool: "echo".into(),
+                args: json!({"text": "hi"}),
+            }],
             usage: None,
         };
         vec![
             user_turn("say hi"),
             call.to_turn(),
             results_turn(
-                &[ToolResult { call_id: "call-1".into(), tool: "echo".into(), ok: false, output: "boom".into() }],
+                &[ToolResult {
+                    call_id: "call-1".into(),
+                    tool: "echo".into(),
+                    ok: false,
+                    output: "boom".into(),
+                }],
                 &[(5, "also wave".into())],
             ),
-            AssistantTurn { text: "hi".into(), calls: vec![], usage: None }.to_turn(),
+            AssistantTurn {
+                text: "hi".into(),
+                calls: vec![],
+                usage: None,
+            }
+            .to_turn(),
             followups_turn(&[(6, "again".into())]),
         ]
     }
@@ -471,8 +574,7 @@ mod tests {
     const TOOL_CALL_REPLY: &str = r#"{"id":"x","choices":[{"index":0,"finish_reason":"tool_calls","message":
         {"role":"assistant","content":null,"tool_calls":[{"id":"call_abc","type":"function",
         "function":{"name":"echo","arguments":"{\"text\":\"hello\"}"}}]}}]}"#;
-    const TEXT_REPLY: &str =
-        r#"{"choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"all done"}}]}"#;
+    const TEXT_REPLY: &str = r#"{"choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"all done"}}]}"#;
 
     #[test]
     fn transcript_maps_to_chat_messages() {
@@ -494,7 +596,11 @@ mod tests {
         // No system prompt, no system message; a call without text has null content.
         let only_call = AssistantTurn {
             text: String::new(),
-            calls: vec![ToolCall { call_id: "c".into(), tool: "echo".into(), args: json!({}) }],
+            calls: vec![ToolCall {
+                call_id: "c".into(),
+                tool: "echo".into(),
+                args: json!({}),
+            }],
             usage: None,
         };
         let msgs = messages("", &[only_call.to_turn()]);
@@ -594,7 +700,13 @@ mod tests {
         let stub = Stub::start(200, TOOL_CALL_REPLY, Duration::ZERO).await;
         let agent = stub.agent(Duration::from_secs(10));
         let (turns, tools) = (transcript(), tools());
-        let got = agent.next(Conversation { system: "be brief", turns: &turns, tools: &tools }).await;
+        let got = agent
+            .next(Conversation {
+                system: "be brief",
+                turns: &turns,
+                tools: &tools,
+            })
+            .await;
         assert_eq!(
             got,
             Ok(AssistantTurn {
@@ -626,8 +738,21 @@ mod tests {
         let stub = Stub::start(200, TEXT_REPLY, Duration::ZERO).await;
         let agent = stub.agent(Duration::from_secs(10));
         let turns = [user_turn("hello")];
-        let got = agent.next(Conversation { system: "", turns: &turns, tools: &[] }).await;
-        assert_eq!(got, Ok(AssistantTurn { text: "all done".into(), calls: vec![], usage: None }));
+        let got = agent
+            .next(Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            })
+            .await;
+        assert_eq!(
+            got,
+            Ok(AssistantTurn {
+                text: "all done".into(),
+                calls: vec![],
+                usage: None
+            })
+        );
         // No tools: the field is left out rather than sent empty.
         let body = stub.seen.lock().unwrap()[0].1.clone();
         assert!(body.get("tools").is_none(), "{body}");
@@ -640,15 +765,26 @@ mod tests {
             (
                 500,
                 r#"{"error":{"message":"upstream broke","type":"server_error"}}"#,
-                AgentError::transient("chat completions answered http 500: server_error: upstream broke"),
+                AgentError::transient(
+                    "chat completions answered http 500: server_error: upstream broke",
+                ),
             ),
-            (429, "", AgentError::transient("chat completions answered http 429")),
-            (408, "", AgentError::transient("chat completions answered http 408")),
+            (
+                429,
+                "",
+                AgentError::transient("chat completions answered http 429"),
+            ),
+            (
+                408,
+                "",
+                AgentError::transient("chat completions answered http 408"),
+            ),
             (
                 400,
                 r#"{"error":{"message":"unknown model","type":"invalid_request_error"}}"#,
                 AgentError::Permanent(
-                    "chat completions answered http 400: invalid_request_error: unknown model".into(),
+                    "chat completions answered http 400: invalid_request_error: unknown model"
+                        .into(),
                 ),
             ),
             (
@@ -659,14 +795,22 @@ mod tests {
             (
                 200,
                 "not json",
-                AgentError::Permanent("malformed response body: expected ident at line 1 column 2".into()),
+                AgentError::Permanent(
+                    "malformed response body: expected ident at line 1 column 2".into(),
+                ),
             ),
         ];
         for (status, body, want) in cases {
             let stub = Stub::start(status, body, Duration::ZERO).await;
             let turns = [user_turn("hello")];
-            let got =
-                stub.agent(Duration::from_secs(10)).next(Conversation { system: "", turns: &turns, tools: &[] }).await;
+            let got = stub
+                .agent(Duration::from_secs(10))
+                .next(Conversation {
+                    system: "",
+                    turns: &turns,
+                    tools: &[],
+                })
+                .await;
             assert_eq!(got, Err(want), "status {status}");
             stub.stop().await;
         }
@@ -677,8 +821,14 @@ mod tests {
         let stub = Stub::start(200, TEXT_REPLY, Duration::from_secs(5)).await;
         let turns = [user_turn("hello")];
         let started = Instant::now();
-        let got =
-            stub.agent(Duration::from_millis(200)).next(Conversation { system: "", turns: &turns, tools: &[] }).await;
+        let got = stub
+            .agent(Duration::from_millis(200))
+            .next(Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            })
+            .await;
         assert!(
             matches!(&got, Err(AgentError::Transient { message: m, .. }) if m.starts_with("chat completions timed out")),
             "{got:?}"
@@ -690,7 +840,10 @@ mod tests {
     #[actix_rt::test]
     async fn refused_connection_is_transient() {
         // Bind and drop a listener: nothing listens on that port now.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let agent = OpenAiAgent::new(OpenAiConfig {
             base_url: format!("http://{addr}/v1"),
             model: "m".into(),
@@ -699,7 +852,13 @@ mod tests {
             ..OpenAiConfig::default()
         });
         let turns = [user_turn("hello")];
-        let got = agent.next(Conversation { system: "", turns: &turns, tools: &[] }).await;
+        let got = agent
+            .next(Conversation {
+                system: "",
+                turns: &turns,
+                tools: &[],
+            })
+            .await;
         assert!(
             matches!(&got, Err(AgentError::Transient { message: m, .. }) if m.starts_with("chat completions connect failed")),
             "{got:?}"

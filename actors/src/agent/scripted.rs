@@ -36,8 +36,8 @@ use std::time::Duration;
 use storage::ledger::Turn;
 
 use super::{
-    part, part_type, results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation, DeltaFn, ToolCall,
-    Usage,
+    part, part_type, results_of, role, texts_of, Agent, AgentError, AssistantTurn, Conversation,
+    DeltaFn, ToolCall, Usage,
 };
 
 /// The deterministic demo agent. Stateless: one value serves every run.
@@ -79,7 +79,9 @@ impl Directives {
     pub fn parse(text: &str) -> Directives {
         let mut d = Directives::default();
         for token in text.split_whitespace() {
-            let Some((key, value)) = token.split_once('=') else { continue };
+            let Some((key, value)) = token.split_once('=') else {
+                continue;
+            };
             match key {
                 "steps" => set_u64(&mut d.steps, value),
                 "ms" => set_u64(&mut d.ms, value),
@@ -111,7 +113,9 @@ impl Directives {
         match self.tool.as_str() {
             "sleep" => json!({"ms": self.ms}),
             "echo" => json!({"text": format!("step {n}")}),
-            "append_file" => json!({"path": "steps.log", "line": format!("step {n}"), "ms": self.ms}),
+            "append_file" => {
+                json!({"path": "steps.log", "line": format!("step {n}"), "ms": self.ms})
+            }
             _ => json!({}),
         }
     }
@@ -129,22 +133,38 @@ pub fn decide(turns: &[Turn]) -> Result<AssistantTurn, AgentError> {
     let d = Directives::of(turns);
     let call_no = turns.iter().filter(|t| t.role == role::ASSISTANT).count() as u64 + 1;
     if d.fail_at == Some(call_no) {
-        return Err(AgentError::Permanent(format!("scripted failure at model call {call_no}")));
+        return Err(AgentError::Permanent(format!(
+            "scripted failure at model call {call_no}"
+        )));
     }
-    let results =
-        turns.iter().filter(|t| t.role == role::TOOL_RESULTS).map(|t| results_of(t).len() as u64).sum::<u64>();
+    let results = turns
+        .iter()
+        .filter(|t| t.role == role::TOOL_RESULTS)
+        .map(|t| results_of(t).len() as u64)
+        .sum::<u64>();
     if results < d.steps {
         let n = results + 1;
         return Ok(AssistantTurn {
             text: format!("step {n}"),
-            calls: vec![ToolCall { call_id: format!("call-{n}"), tool: d.tool.clone(), args: d.args(n) }],
+            calls: vec![ToolCall {
+                call_id: format!("call-{n}"),
+                tool: d.tool.clone(),
+                args: d.args(n),
+            }],
             usage: None,
         });
     }
     let followups = followups(turns);
-    let text =
-        if followups.is_empty() { d.answer } else { format!("{} (follow-ups: {})", d.answer, followups.join("; ")) };
-    Ok(AssistantTurn { text, calls: Vec::new(), usage: None })
+    let text = if followups.is_empty() {
+        d.answer
+    } else {
+        format!("{} (follow-ups: {})", d.answer, followups.join("; "))
+    };
+    Ok(AssistantTurn {
+        text,
+        calls: Vec::new(),
+        usage: None,
+    })
 }
 
 /// The scripted token count of answering `answer` to `conv`: input = whitespace-separated words of the
@@ -161,12 +181,19 @@ pub fn usage_of(conv: &Conversation<'_>, answer: &AssistantTurn) -> Usage {
             _ => 0,
         };
     }
-    Usage { input_tokens, output_tokens: words(&answer.text) + answer.calls.len() as u64 }
+    Usage {
+        input_tokens,
+        output_tokens: words(&answer.text) + answer.calls.len() as u64,
+    }
 }
 
 impl ScriptedAgent {
     /// A model call: the `think_ms` latency, the decision, its usage; the text to `on_delta` word by word.
-    async fn call(&self, conv: Conversation<'_>, on_delta: Option<&DeltaFn<'_>>) -> Result<AssistantTurn, AgentError> {
+    async fn call(
+        &self,
+        conv: Conversation<'_>,
+        on_delta: Option<&DeltaFn<'_>>,
+    ) -> Result<AssistantTurn, AgentError> {
         let think_ms = Directives::of(conv.turns).think_ms;
         if think_ms > 0 {
             tokio::time::sleep(Duration::from_millis(think_ms)).await;
@@ -205,7 +232,10 @@ impl Agent for ScriptedAgent {
         "scripted"
     }
 
-    fn next<'a>(&'a self, conv: Conversation<'a>) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
+    fn next<'a>(
+        &'a self,
+        conv: Conversation<'a>,
+    ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
         self.call(conv, None).boxed()
     }
 
@@ -226,13 +256,21 @@ mod tests {
     fn call(n: u64, tool: &str, args: Value) -> AssistantTurn {
         AssistantTurn {
             text: format!("step {n}"),
-            calls: vec![ToolCall { call_id: format!("call-{n}"), tool: tool.into(), args }],
+            calls: vec![ToolCall {
+                call_id: format!("call-{n}"),
+                tool: tool.into(),
+                args,
+            }],
             usage: None,
         }
     }
 
     fn answer(text: &str) -> AssistantTurn {
-        AssistantTurn { text: text.into(), calls: vec![], usage: None }
+        AssistantTurn {
+            text: text.into(),
+            calls: vec![],
+            usage: None,
+        }
     }
 
     /// A transcript after `done` completed steps: the request, then per step an assistant turn and
@@ -241,7 +279,12 @@ mod tests {
         let mut turns = vec![user_turn(request)];
         for n in 1..=done {
             turns.push(call(n, "sleep", json!({"ms": 200})).to_turn());
-            let r = ToolResult { call_id: format!("call-{n}"), tool: "sleep".into(), ok: true, output: "ok".into() };
+            let r = ToolResult {
+                call_id: format!("call-{n}"),
+                tool: "sleep".into(),
+                ok: true,
+                output: "ok".into(),
+            };
             let f = if n == done { folded } else { &[] };
             turns.push(results_turn(&[r], f));
         }
@@ -264,11 +307,39 @@ mod tests {
                     answer: "hello".into(),
                 },
             ),
-            ("steps=x ms=-4 think_ms=1.5 fail_at=0 tool= answer=", Directives::default()),
-            ("steps=1 steps=2", Directives { steps: 2, ..Directives::default() }),
-            ("answer=two words", Directives { answer: "two".into(), ..Directives::default() }),
-            ("answer=a=b", Directives { answer: "a=b".into(), ..Directives::default() }),
-            ("run\nsteps=0\tms=7", Directives { steps: 0, ms: 7, ..Directives::default() }),
+            (
+                "steps=x ms=-4 think_ms=1.5 fail_at=0 tool= answer=",
+                Directives::default(),
+            ),
+            (
+                "steps=1 steps=2",
+                Directives {
+                    steps: 2,
+                    ..Directives::default()
+                },
+            ),
+            (
+                "answer=two words",
+                Directives {
+                    answer: "two".into(),
+                    ..Directives::default()
+                },
+            ),
+            (
+                "answer=a=b",
+                Directives {
+                    answer: "a=b".into(),
+                    ..Directives::default()
+                },
+            ),
+            (
+                "run\nsteps=0\tms=7",
+                Directives {
+                    steps: 0,
+                    ms: 7,
+                    ..Directives::default()
+                },
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(Directives::parse(text), want, "directives of {text:?}");
@@ -283,15 +354,39 @@ mod tests {
                 after_steps("go", 0, &[]),
                 Ok(call(1, "sleep", json!({"ms": 200}))),
             ),
-            ("second call continues at step 2", after_steps("go", 1, &[]), Ok(call(2, "sleep", json!({"ms": 200})))),
-            ("after three results it answers", after_steps("go", 3, &[]), Ok(answer("done"))),
-            ("steps=0 answers at once", after_steps("steps=0 answer=hi", 0, &[]), Ok(answer("hi"))),
-            ("ms sets the sleep", after_steps("ms=5", 0, &[]), Ok(call(1, "sleep", json!({"ms": 5})))),
-            ("echo takes text", after_steps("tool=echo", 1, &[]), Ok(call(2, "echo", json!({"text": "step 2"})))),
+            (
+                "second call continues at step 2",
+                after_steps("go", 1, &[]),
+                Ok(call(2, "sleep", json!({"ms": 200}))),
+            ),
+            (
+                "after three results it answers",
+                after_steps("go", 3, &[]),
+                Ok(answer("done")),
+            ),
+            (
+                "steps=0 answers at once",
+                after_steps("steps=0 answer=hi", 0, &[]),
+                Ok(answer("hi")),
+            ),
+            (
+                "ms sets the sleep",
+                after_steps("ms=5", 0, &[]),
+                Ok(call(1, "sleep", json!({"ms": 5}))),
+            ),
+            (
+                "echo takes text",
+                after_steps("tool=echo", 1, &[]),
+                Ok(call(2, "echo", json!({"text": "step 2"}))),
+            ),
             (
                 "append_file writes steps.log",
                 after_steps("tool=append_file steps=2", 0, &[]),
-                Ok(call(1, "append_file", json!({"path": "steps.log", "line": "step 1", "ms": 200}))),
+                Ok(call(
+                    1,
+                    "append_file",
+                    json!({"path": "steps.log", "line": "step 1", "ms": 200}),
+                )),
             ),
             (
                 "unknown tool gets empty args",
@@ -301,9 +396,15 @@ mod tests {
             (
                 "fail_at fails the k-th model call",
                 after_steps("fail_at=2", 1, &[]),
-                Err(AgentError::Permanent("scripted failure at model call 2".into())),
+                Err(AgentError::Permanent(
+                    "scripted failure at model call 2".into(),
+                )),
             ),
-            ("fail_at spares other calls", after_steps("fail_at=2", 2, &[]), Ok(call(3, "sleep", json!({"ms": 200})))),
+            (
+                "fail_at spares other calls",
+                after_steps("fail_at=2", 2, &[]),
+                Ok(call(3, "sleep", json!({"ms": 200}))),
+            ),
             (
                 "follow-ups folded at a step appear in the answer",
                 after_steps("steps=1 answer=ok", 1, &[(4, "and also".into())]),
@@ -329,7 +430,11 @@ mod tests {
                 },
                 Ok(answer("done (follow-ups: steps=9)")),
             ),
-            ("no user turn means defaults", vec![], Ok(call(1, "sleep", json!({"ms": 200})))),
+            (
+                "no user turn means defaults",
+                vec![],
+                Ok(call(1, "sleep", json!({"ms": 200}))),
+            ),
         ];
         for (name, turns, want) in cases {
             assert_eq!(decide(&turns), want, "{name}");
@@ -350,13 +455,32 @@ mod tests {
         // think_ms=250: the (paused) clock advances by exactly the latency.
         let turns = after_steps("think_ms=250", 0, &[]);
         let start = tokio::time::Instant::now();
-        let got = agent.next(Conversation { system: "s", turns: &turns, tools: &tools }).await;
-        let usage = Some(Usage { input_tokens: 2, output_tokens: 3 });
-        assert_eq!(got, Ok(AssistantTurn { usage, ..call(1, "sleep", json!({"ms": 200})) }));
+        let got = agent
+            .next(Conversation {
+                system: "s",
+                turns: &turns,
+                tools: &tools,
+            })
+            .await;
+        let usage = Some(Usage {
+            input_tokens: 2,
+            output_tokens: 3,
+        });
+        assert_eq!(
+            got,
+            Ok(AssistantTurn {
+                usage,
+                ..call(1, "sleep", json!({"ms": 200}))
+            })
+        );
         assert_eq!(start.elapsed(), Duration::from_millis(250));
         // Default think_ms=0: no timer at all, the answer is ready on first poll.
         let turns = after_steps("go", 0, &[]);
-        let fut = agent.next(Conversation { system: "s", turns: &turns, tools: &tools });
+        let fut = agent.next(Conversation {
+            system: "s",
+            turns: &turns,
+            tools: &tools,
+        });
         assert!(fut.now_or_never().is_some());
     }
 
@@ -366,14 +490,34 @@ mod tests {
         // (1) + its result "ok" (1) + the folded follow-up "and also" (2) = 10 in; the answer
         // "done (follow-ups: and also)" is 4 out.
         let turns = after_steps("steps=1 go", 1, &[(4, "and also".into())]);
-        let conv = Conversation { system: "be brief", turns: &turns, tools: &[] };
+        let conv = Conversation {
+            system: "be brief",
+            turns: &turns,
+            tools: &[],
+        };
         let answer = decide(&turns).unwrap();
         assert_eq!(answer.text, "done (follow-ups: and also)");
-        assert_eq!(usage_of(&conv, &answer), Usage { input_tokens: 10, output_tokens: 4 });
+        assert_eq!(
+            usage_of(&conv, &answer),
+            Usage {
+                input_tokens: 10,
+                output_tokens: 4
+            }
+        );
         // A tool-call turn: "step 1" is two words, plus one for the call.
         let turns = after_steps("go", 0, &[]);
-        let conv = Conversation { system: "", turns: &turns, tools: &[] };
-        assert_eq!(usage_of(&conv, &decide(&turns).unwrap()), Usage { input_tokens: 1, output_tokens: 3 });
+        let conv = Conversation {
+            system: "",
+            turns: &turns,
+            tools: &[],
+        };
+        assert_eq!(
+            usage_of(&conv, &decide(&turns).unwrap()),
+            Usage {
+                input_tokens: 1,
+                output_tokens: 3
+            }
+        );
     }
 
     #[tokio::test]
@@ -382,7 +526,11 @@ mod tests {
         let turns = after_steps("steps=0 answer=hello", 0, &[(1, "one more".into())]);
         let deltas = std::sync::Mutex::new(Vec::<String>::new());
         let sink = |d: &str| deltas.lock().unwrap().push(d.to_owned());
-        let conv = Conversation { system: "s", turns: &turns, tools: &[] };
+        let conv = Conversation {
+            system: "s",
+            turns: &turns,
+            tools: &[],
+        };
         let streamed = agent.next_streaming(conv, &sink).await.unwrap();
         let plain = agent.next(conv).await.unwrap();
         assert_eq!(streamed, plain);
@@ -392,7 +540,17 @@ mod tests {
         let turns = after_steps("go", 3, &[(9, "a b".into())]);
         let deltas = std::sync::Mutex::new(Vec::<String>::new());
         let sink = |d: &str| deltas.lock().unwrap().push(d.to_owned());
-        let got = agent.next_streaming(Conversation { system: "", turns: &turns, tools: &[] }, &sink).await.unwrap();
+        let got = agent
+            .next_streaming(
+                Conversation {
+                    system: "",
+                    turns: &turns,
+                    tools: &[],
+                },
+                &sink,
+            )
+            .await
+            .unwrap();
         let deltas = deltas.into_inner().unwrap();
         assert_eq!(deltas, vec!["done ", "(follow-ups: ", "a ", "b)"]);
         assert_eq!(deltas.concat(), got.text);

@@ -27,7 +27,10 @@ pub(super) struct Coordinator {
 
 impl Coordinator {
     pub(super) fn new(clock: Arc<dyn Clock>) -> Self {
-        Coordinator { clock, state: State::default() }
+        Coordinator {
+            clock,
+            state: State::default(),
+        }
     }
 
     /// The time of this step, with the sessions past their cap already ended.
@@ -147,7 +150,11 @@ pub(super) struct EndSession {
     pub(super) only: Option<u64>,
 }
 step!(EndSession, |st, m, now| {
-    let why = if m.only.is_some() { SessionEnd::Ended } else { SessionEnd::TornDown };
+    let why = if m.only.is_some() {
+        SessionEnd::Ended
+    } else {
+        SessionEnd::TornDown
+    };
     st.end_slot(&m.app, m.only, why, now);
 });
 
@@ -173,7 +180,9 @@ pub(super) struct RefuseIfSession {
     pub(super) reply: oneshot::Sender<Result<(), OperationError>>,
 }
 step!(RefuseIfSession, |st, m, _now| {
-    let _ = m.reply.send(st.refuse_if_session(&m.app, &m.claims, &m.action));
+    let _ = m
+        .reply
+        .send(st.refuse_if_session(&m.app, &m.claims, &m.action));
 });
 
 /// Hold session starts off `app` until `UnblockSessionStart` with the same id.
@@ -184,7 +193,8 @@ pub(super) struct BlockSessionStart {
     pub(super) id: u64,
     pub(super) reason: String,
 }
-step!(BlockSessionStart, |st, m, _now| st.block_session_start(&m.app, m.id, m.reason));
+step!(BlockSessionStart, |st, m, _now| st
+    .block_session_start(&m.app, m.id, m.reason));
 
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -192,7 +202,8 @@ pub(super) struct UnblockSessionStart {
     pub(super) app: AppId,
     pub(super) id: u64,
 }
-step!(UnblockSessionStart, |st, m, now| st.unblock_session_start(&m.app, m.id, now));
+step!(UnblockSessionStart, |st, m, now| st
+    .unblock_session_start(&m.app, m.id, now));
 
 /// Nothing but the cap check every step starts with.
 #[derive(Message)]

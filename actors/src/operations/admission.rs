@@ -15,11 +15,18 @@ use std::future::Future;
 use tokio::sync::oneshot;
 
 use super::actor::{CloseAdmission, Drain, Reopen};
-use super::{Admission, Admit, AppId, Claims, Operation, OperationCoordinator, OperationError, OperationGuard, State};
+use super::{
+    Admission, Admit, AppId, Claims, Operation, OperationCoordinator, OperationError,
+    OperationGuard, State,
+};
 
 impl State {
     /// `CloseAdmission`: refused with `DeletionInProgress` when already closed.
-    pub(super) fn close_admission(&mut self, app: &AppId, fence: u64) -> Result<(), OperationError> {
+    pub(super) fn close_admission(
+        &mut self,
+        app: &AppId,
+        fence: u64,
+    ) -> Result<(), OperationError> {
         let a = self.app_mut(app);
         if let Admission::Closed { .. } = a.admission {
             return Err(OperationError::DeletionInProgress { app: app.clone() });
@@ -31,7 +38,11 @@ impl State {
 
     /// `Reopen`: only if `fence` still closes the app.
     pub(super) fn reopen(&mut self, app: &AppId, fence: u64, now: i64) {
-        if let Some(a) = self.apps.get_mut(app).filter(|a| a.admission == Admission::Closed { fence }) {
+        if let Some(a) = self
+            .apps
+            .get_mut(app)
+            .filter(|a| a.admission == Admission::Closed { fence })
+        {
             a.admission = Admission::Open;
             tracing::debug!(app = %app, "admission reopened");
         }
@@ -49,10 +60,18 @@ impl State {
     }
 
     /// Admission for deletion-handle work: only while `fence` still closes the app.
-    pub(super) fn admit_deletion(&self, app: &AppId, fence: u64, operation: &str) -> Result<(), OperationError> {
+    pub(super) fn admit_deletion(
+        &self,
+        app: &AppId,
+        fence: u64,
+        operation: &str,
+    ) -> Result<(), OperationError> {
         match self.apps.get(app) {
             Some(a) if a.admission == Admission::Closed { fence } => Ok(()),
-            _ => Err(OperationError::AdmissionClosed { app: app.clone(), operation: operation.to_owned() }),
+            _ => Err(OperationError::AdmissionClosed {
+                app: app.clone(),
+                operation: operation.to_owned(),
+            }),
         }
     }
 }
@@ -64,8 +83,18 @@ impl OperationCoordinator {
     pub async fn close_admission(&self, app: &AppId) -> Result<AdmissionFence, OperationError> {
         // Built before the request: if this future is dropped while waiting, its `Reopen` follows the
         // close (and is ignored when the close was refused: the fence id is not the app's).
-        let fence = AdmissionFence { coord: self.clone(), app: app.clone(), fence: self.next_id(), armed: true };
-        self.ask(|reply| CloseAdmission { app: app.clone(), fence: fence.fence, reply }).await??;
+        let fence = AdmissionFence {
+            coord: self.clone(),
+            app: app.clone(),
+            fence: self.next_id(),
+            armed: true,
+        };
+        self.ask(|reply| CloseAdmission {
+            app: app.clone(),
+            fence: fence.fence,
+            reply,
+        })
+        .await??;
         Ok(fence)
     }
 }
@@ -91,17 +120,30 @@ impl AdmissionFence {
     pub async fn drain(mut self) -> DeletionHandle {
         // With admission closed and no handle yet, nothing new is admitted: idle once is idle for good.
         // A coordinator that is gone holds nothing, so its error also means drained.
-        let _ = self.coord.ask(|reply| Drain { app: self.app.clone(), reply }).await;
+        let _ = self
+            .coord
+            .ask(|reply| Drain {
+                app: self.app.clone(),
+                reply,
+            })
+            .await;
         self.armed = false;
         tracing::debug!(app = %self.app, "drained; deletion handle issued");
-        DeletionHandle { coord: self.coord.clone(), app: self.app.clone(), fence: self.fence }
+        DeletionHandle {
+            coord: self.coord.clone(),
+            app: self.app.clone(),
+            fence: self.fence,
+        }
     }
 }
 
 impl Drop for AdmissionFence {
     fn drop(&mut self) {
         if self.armed {
-            self.coord.tell(Reopen { app: self.app.clone(), fence: self.fence });
+            self.coord.tell(Reopen {
+                app: self.app.clone(),
+                fence: self.fence,
+            });
         }
     }
 }
@@ -130,16 +172,26 @@ impl DeletionHandle {
         claims: impl Into<Claims>,
         op: F,
     ) -> Result<F::Output, OperationError> {
-        self.coord.check_nesting(std::iter::once(&self.app), operation.name())?;
+        self.coord
+            .check_nesting(std::iter::once(&self.app), operation.name())?;
         let admit = Admit::Deletion { fence: self.fence };
-        let ticket = self.coord.enqueue(&self.app, &operation, claims.into(), admit, Vec::new()).await?;
-        let guard = OperationGuard { operation: operation.name, tickets: vec![ticket] };
+        let ticket = self
+            .coord
+            .enqueue(&self.app, &operation, claims.into(), admit, Vec::new())
+            .await?;
+        let guard = OperationGuard {
+            operation: operation.name,
+            tickets: vec![ticket],
+        };
         Ok(guard.scope(op).await)
     }
 }
 
 impl Drop for DeletionHandle {
     fn drop(&mut self) {
-        self.coord.tell(Reopen { app: self.app.clone(), fence: self.fence });
+        self.coord.tell(Reopen {
+            app: self.app.clone(),
+            fence: self.fence,
+        });
     }
 }

@@ -151,7 +151,10 @@ impl FromStr for Resource {
     type Err = UnknownResource;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Resource::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| UnknownResource(s.to_owned()))
+        Resource::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownResource(s.to_owned()))
     }
 }
 
@@ -171,16 +174,23 @@ pub struct Claim {
 
 impl Claim {
     pub fn read(resource: Resource) -> Self {
-        Claim { resource, mode: Mode::Read }
+        Claim {
+            resource,
+            mode: Mode::Read,
+        }
     }
 
     pub fn write(resource: Resource) -> Self {
-        Claim { resource, mode: Mode::Write }
+        Claim {
+            resource,
+            mode: Mode::Write,
+        }
     }
 
     /// Read/read is compatible; read/write and write/write conflict where the resources overlap.
     pub fn conflicts_with(&self, other: &Claim) -> bool {
-        (self.mode == Mode::Write || other.mode == Mode::Write) && self.resource.overlaps(other.resource)
+        (self.mode == Mode::Write || other.mode == Mode::Write)
+            && self.resource.overlaps(other.resource)
     }
 }
 
@@ -226,7 +236,9 @@ impl Claims {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = Claim> + '_ {
-        self.0.iter().map(|(&resource, &mode)| Claim { resource, mode })
+        self.0
+            .iter()
+            .map(|(&resource, &mode)| Claim { resource, mode })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -240,7 +252,8 @@ impl Claims {
 
     /// Whether any claim of `self` conflicts with any claim of `other`.
     pub fn conflicts_with(&self, other: &Claims) -> bool {
-        self.iter().any(|a| other.iter().any(|b| a.conflicts_with(&b)))
+        self.iter()
+            .any(|a| other.iter().any(|b| a.conflicts_with(&b)))
     }
 
     /// The concrete domains on which `self` and `other` conflict: for every conflicting pair, the
@@ -250,7 +263,12 @@ impl Claims {
         let mut out = BTreeSet::new();
         for a in self.iter() {
             for b in other.iter().filter(|b| a.conflicts_with(b)) {
-                out.extend(a.resource.covers().iter().filter(|r| b.resource.covers().contains(r)));
+                out.extend(
+                    a.resource
+                        .covers()
+                        .iter()
+                        .filter(|r| b.resource.covers().contains(r)),
+                );
             }
         }
         out
@@ -258,7 +276,9 @@ impl Claims {
 
     /// The concrete domains this set touches in any mode (what its holder "owns").
     pub fn domains(&self) -> BTreeSet<Resource> {
-        self.iter().flat_map(|c| c.resource.covers().iter().copied()).collect()
+        self.iter()
+            .flat_map(|c| c.resource.covers().iter().copied())
+            .collect()
     }
 }
 
@@ -314,23 +334,38 @@ mod tests {
                     (Mode::Write, Mode::Write),
                 ] {
                     let expected = shares_domain(a, b) && (ma == Mode::Write || mb == Mode::Write);
-                    let got = Claim { resource: a, mode: ma }.conflicts_with(&Claim { resource: b, mode: mb });
+                    let got = Claim {
+                        resource: a,
+                        mode: ma,
+                    }
+                    .conflicts_with(&Claim {
+                        resource: b,
+                        mode: mb,
+                    });
                     assert_eq!(got, expected, "{a} {ma:?} vs {b} {mb:?}");
                 }
             }
         }
         // The two subresources are independent even when both write.
-        assert!(!Claim::write(Resource::RepositoryRef).conflicts_with(&Claim::write(Resource::RepositoryWorktree)));
+        assert!(!Claim::write(Resource::RepositoryRef)
+            .conflicts_with(&Claim::write(Resource::RepositoryWorktree)));
     }
 
     #[test]
     fn claiming_twice_keeps_the_stronger_mode() {
-        let claims = Claims::new().read(Resource::Media).write(Resource::Media).read(Resource::Media);
+        let claims = Claims::new()
+            .read(Resource::Media)
+            .write(Resource::Media)
+            .read(Resource::Media);
         assert_eq!(claims.mode_of(Resource::Media), Some(Mode::Write));
         assert_eq!(claims.iter().count(), 1);
 
         let mut a = Claims::new().read(Resource::Metadata);
-        a.merge(&Claims::new().write(Resource::Metadata).read(Resource::Provider));
+        a.merge(
+            &Claims::new()
+                .write(Resource::Metadata)
+                .read(Resource::Provider),
+        );
         assert_eq!(a.mode_of(Resource::Metadata), Some(Mode::Write));
         assert_eq!(a.mode_of(Resource::Provider), Some(Mode::Read));
     }
@@ -338,10 +373,17 @@ mod tests {
     #[test]
     fn conflict_domains_name_only_the_overlap() {
         // An umbrella writer against a ref reader conflicts on the ref only, not on the worktree.
-        let writer = Claims::new().write(Resource::Repository).write(Resource::ChatContent);
-        let reader = Claims::new().read(Resource::RepositoryRef).write(Resource::ChatContent);
+        let writer = Claims::new()
+            .write(Resource::Repository)
+            .write(Resource::ChatContent);
+        let reader = Claims::new()
+            .read(Resource::RepositoryRef)
+            .write(Resource::ChatContent);
         let domains: Vec<_> = writer.conflict_domains(&reader).into_iter().collect();
-        assert_eq!(domains, vec![Resource::ChatContent, Resource::RepositoryRef]);
+        assert_eq!(
+            domains,
+            vec![Resource::ChatContent, Resource::RepositoryRef]
+        );
     }
 
     #[test]
@@ -354,7 +396,13 @@ mod tests {
 
     #[test]
     fn app_ids_order_bytewise() {
-        let mut ids = [AppId::new("b"), AppId::new("9"), AppId::new("10"), AppId::new("B"), AppId::new("a")];
+        let mut ids = [
+            AppId::new("b"),
+            AppId::new("9"),
+            AppId::new("10"),
+            AppId::new("B"),
+            AppId::new("a"),
+        ];
         ids.sort();
         let names: Vec<_> = ids.iter().map(AppId::as_str).collect();
         assert_eq!(names, vec!["10", "9", "B", "a", "b"]);

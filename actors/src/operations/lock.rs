@@ -27,13 +27,19 @@ struct KeyQueue {
 impl KeyLocks {
     /// `Lock`: lease `id` queues on `key`; `grant` fires when it holds.
     pub(super) fn lock(&mut self, key: String, id: u64, grant: oneshot::Sender<()>) {
-        self.keys.entry(key.clone()).or_default().waiting.push_back((id, grant));
+        self.keys
+            .entry(key.clone())
+            .or_default()
+            .waiting
+            .push_back((id, grant));
         self.pump(&key);
     }
 
     /// `Unlock`: lease `id` lets go of `key`, held or awaited; unknown leases change nothing.
     pub(super) fn unlock(&mut self, key: &str, id: u64) {
-        let Some(q) = self.keys.get_mut(key) else { return };
+        let Some(q) = self.keys.get_mut(key) else {
+            return;
+        };
         if q.holder == Some(id) {
             q.holder = None;
         } else {
@@ -45,9 +51,13 @@ impl KeyLocks {
     /// Hands a free key to its first waiter that is still there (one whose receiver is gone is
     /// released at once), and forgets a key nobody holds or awaits.
     fn pump(&mut self, key: &str) {
-        let Some(q) = self.keys.get_mut(key) else { return };
+        let Some(q) = self.keys.get_mut(key) else {
+            return;
+        };
         while q.holder.is_none() {
-            let Some((id, grant)) = q.waiting.pop_front() else { break };
+            let Some((id, grant)) = q.waiting.pop_front() else {
+                break;
+            };
             if grant.send(()).is_ok() {
                 q.holder = Some(id);
             }
@@ -65,14 +75,33 @@ impl KeyLocks {
 impl OperationCoordinator {
     /// Runs `op` holding the lock named `key`; callers of the same key run one at a time, in arrival
     /// order. Taking a key the task already holds is refused (`NestedLock`) instead of deadlocking.
-    pub async fn with_lock<F: Future>(&self, key: &str, op: F) -> Result<F::Output, OperationError> {
+    pub async fn with_lock<F: Future>(
+        &self,
+        key: &str,
+        op: F,
+    ) -> Result<F::Output, OperationError> {
         let mut held = Held::now();
-        if held.keys.iter().any(|(c, k)| *c == self.ids.coordinator && k == key) {
-            return Err(OperationError::NestedLock { key: key.to_owned() });
+        if held
+            .keys
+            .iter()
+            .any(|(c, k)| *c == self.ids.coordinator && k == key)
+        {
+            return Err(OperationError::NestedLock {
+                key: key.to_owned(),
+            });
         }
         // Built before the request: dropping this future while it waits sends `Unlock` behind `Lock`.
-        let lease = KeyLease { coord: self.clone(), key: key.to_owned(), id: self.next_id() };
-        self.ask(|grant| Lock { key: key.to_owned(), id: lease.id, grant }).await?;
+        let lease = KeyLease {
+            coord: self.clone(),
+            key: key.to_owned(),
+            id: self.next_id(),
+        };
+        self.ask(|grant| Lock {
+            key: key.to_owned(),
+            id: lease.id,
+            grant,
+        })
+        .await?;
         held.keys.push((self.ids.coordinator, key.to_owned()));
         Ok(HELD.scope(held, op).await)
     }
@@ -92,7 +121,10 @@ struct KeyLease {
 
 impl Drop for KeyLease {
     fn drop(&mut self) {
-        self.coord.tell(Unlock { key: std::mem::take(&mut self.key), id: self.id });
+        self.coord.tell(Unlock {
+            key: std::mem::take(&mut self.key),
+            id: self.id,
+        });
     }
 }
 

@@ -90,7 +90,11 @@ impl AppQueue {
     /// conflicts with by the bypass rule.
     fn grantable(&self, i: usize) -> bool {
         let entry = &self.waiting[i];
-        if self.holding.iter().any(|h| h.claims.conflicts_with(&entry.claims)) {
+        if self
+            .holding
+            .iter()
+            .any(|h| h.claims.conflicts_with(&entry.claims))
+        {
             return false;
         }
         self.waiting
@@ -116,15 +120,24 @@ impl AppQueue {
 /// direct blocker of `queued` too and it has not opted in, so further bypasses wait for it; and when
 /// the owner releases, nothing opted-in blocks `queued` any more: normal writer fairness resumes.
 pub(super) fn bypass_allowed(holding: &[Entry], queued: &Entry, later: &Entry) -> bool {
-    let blockers: Vec<&Entry> = holding.iter().filter(|h| h.claims.conflicts_with(&queued.claims)).collect();
+    let blockers: Vec<&Entry> = holding
+        .iter()
+        .filter(|h| h.claims.conflicts_with(&queued.claims))
+        .collect();
     if blockers.is_empty() || !blockers.iter().all(|b| b.bypass_owner) {
         return false;
     }
-    if blockers.iter().any(|b| b.claims.conflicts_with(&later.claims)) {
+    if blockers
+        .iter()
+        .any(|b| b.claims.conflicts_with(&later.claims))
+    {
         return false;
     }
     let owned: BTreeSet<Resource> = blockers.iter().flat_map(|b| b.claims.domains()).collect();
-    queued.claims.conflict_domains(&later.claims).is_subset(&owned)
+    queued
+        .claims
+        .conflict_domains(&later.claims)
+        .is_subset(&owned)
 }
 
 #[cfg(test)]
@@ -133,7 +146,12 @@ mod tests {
     use crate::operations::claims::Resource::*;
 
     fn entry(id: EntryId, claims: Claims, bypass_owner: bool) -> Entry {
-        Entry { id, operation: format!("op{id}"), claims, bypass_owner }
+        Entry {
+            id,
+            operation: format!("op{id}"),
+            claims,
+            bypass_owner,
+        }
     }
 
     fn holding_ids(q: &AppQueue) -> Vec<EntryId> {
@@ -176,20 +194,44 @@ mod tests {
 
     #[test]
     fn bypass_needs_opted_in_blockers_owning_every_conflict() {
-        let owner = entry(1, Claims::new().write(RepositoryWorktree).read(RepositoryRef), true);
+        let owner = entry(
+            1,
+            Claims::new().write(RepositoryWorktree).read(RepositoryRef),
+            true,
+        );
         let plain_owner = entry(1, owner.claims.clone(), false);
         let queued = entry(2, Claims::new().write(Repository), false);
         let snapshot = entry(3, Claims::new().read(RepositoryRef), false);
-        assert!(bypass_allowed(std::slice::from_ref(&owner), &queued, &snapshot));
+        assert!(bypass_allowed(
+            std::slice::from_ref(&owner),
+            &queued,
+            &snapshot
+        ));
         // The blocker did not opt in.
-        assert!(!bypass_allowed(std::slice::from_ref(&plain_owner), &queued, &snapshot));
+        assert!(!bypass_allowed(
+            std::slice::from_ref(&plain_owner),
+            &queued,
+            &snapshot
+        ));
         // The later operation conflicts with the blocker.
         let worktree_reader = entry(3, Claims::new().read(RepositoryWorktree), false);
-        assert!(!bypass_allowed(std::slice::from_ref(&owner), &queued, &worktree_reader));
+        assert!(!bypass_allowed(
+            std::slice::from_ref(&owner),
+            &queued,
+            &worktree_reader
+        ));
         // A conflict in a domain the blocker does not own (chat content).
         let queued_chat = entry(2, Claims::new().write(Repository).write(ChatContent), false);
-        let snapshot_chat = entry(3, Claims::new().read(RepositoryRef).write(ChatContent), false);
-        assert!(!bypass_allowed(std::slice::from_ref(&owner), &queued_chat, &snapshot_chat));
+        let snapshot_chat = entry(
+            3,
+            Claims::new().read(RepositoryRef).write(ChatContent),
+            false,
+        );
+        assert!(!bypass_allowed(
+            std::slice::from_ref(&owner),
+            &queued_chat,
+            &snapshot_chat
+        ));
         // No holder blocks the queued entry at all: nothing to bypass by.
         assert!(!bypass_allowed(&[], &queued, &snapshot));
     }

@@ -12,13 +12,13 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::actor::{
-    BlockSessionStart, CheckSession, EndSession, ExpireSessions, RefuseIfSession, ReserveSession, StartSession,
-    UnblockSessionStart,
+    BlockSessionStart, CheckSession, EndSession, ExpireSessions, RefuseIfSession, ReserveSession,
+    StartSession, UnblockSessionStart,
 };
 use super::queue::{Entry, EntryId};
 use super::{
-    Admission, AppId, Claims, Held, HeldApp, Operation, OperationCoordinator, OperationError, SessionPhase,
-    SessionSnapshot, State, HELD, SESSION_CAP_MS,
+    Admission, AppId, Claims, Held, HeldApp, Operation, OperationCoordinator, OperationError,
+    SessionPhase, SessionSnapshot, State, HELD, SESSION_CAP_MS,
 };
 
 /// Why a session ended, as its owner learns from [`Session::ended`].
@@ -54,35 +54,67 @@ impl SessionSlot {
             (Some(_), None) => SessionPhase::Acquiring,
             (Some(_), Some(_)) => SessionPhase::Live,
         };
-        SessionSnapshot { operation: self.operation.clone(), phase, deadline_ms: self.live_until }
+        SessionSnapshot {
+            operation: self.operation.clone(),
+            phase,
+            deadline_ms: self.live_until,
+        }
     }
 }
 
 impl State {
     /// Whether `id` is still `app`'s session.
     pub(super) fn slot_is(&self, app: &AppId, id: u64) -> bool {
-        self.apps.get(app).and_then(|a| a.session.as_ref()).is_some_and(|s| s.id == id)
+        self.apps
+            .get(app)
+            .and_then(|a| a.session.as_ref())
+            .is_some_and(|s| s.id == id)
     }
 
     /// `ReserveSession`: refused while admission is closed, while a start block is held, or while the
     /// app already has a session.
     pub(super) fn reserve_session(&mut self, msg: ReserveSession) {
-        let ReserveSession { app, id, operation, claims, bypass_owner, ended, reply } = msg;
+        let ReserveSession {
+            app,
+            id,
+            operation,
+            claims,
+            bypass_owner,
+            ended,
+            reply,
+        } = msg;
         let refused = self.apps.get(&app).and_then(|a| {
             if let Admission::Closed { .. } = a.admission {
-                return Some(OperationError::AdmissionClosed { app: app.clone(), operation: operation.clone() });
+                return Some(OperationError::AdmissionClosed {
+                    app: app.clone(),
+                    operation: operation.clone(),
+                });
             }
             if let Some((_, reason)) = a.start_blocks.first() {
-                return Some(OperationError::SessionStartBlocked { app: app.clone(), reason: reason.clone() });
+                return Some(OperationError::SessionStartBlocked {
+                    app: app.clone(),
+                    reason: reason.clone(),
+                });
             }
             let active = a.session.as_ref()?;
-            Some(OperationError::SessionActive { app: app.clone(), session: active.operation.clone() })
+            Some(OperationError::SessionActive {
+                app: app.clone(),
+                session: active.operation.clone(),
+            })
         });
         if let Some(refused) = refused {
             let _ = reply.send(Err(refused));
             return;
         }
-        let slot = SessionSlot { id, operation, claims, bypass_owner, entry: None, live_until: None, ended };
+        let slot = SessionSlot {
+            id,
+            operation,
+            claims,
+            bypass_owner,
+            entry: None,
+            live_until: None,
+            ended,
+        };
         self.app_mut(&app).session = Some(slot);
         let _ = reply.send(Ok(()));
     }
@@ -90,15 +122,29 @@ impl State {
     /// `StartSession`: queues the reserved session for its claims; `SessionCancelled` if the slot is
     /// no longer this reservation's.
     pub(super) fn start_session(&mut self, msg: StartSession, now: i64) {
-        let StartSession { app, id, operation, entry, grant } = msg;
+        let StartSession {
+            app,
+            id,
+            operation,
+            entry,
+            grant,
+        } = msg;
         let slot = self.apps.get_mut(&app).and_then(|a| a.session.as_mut());
         let Some(slot) = slot.filter(|s| s.id == id && s.entry.is_none()) else {
-            let _ = grant.send(Err(OperationError::SessionCancelled { app, session: operation }));
+            let _ = grant.send(Err(OperationError::SessionCancelled {
+                app,
+                session: operation,
+            }));
             return;
         };
         // Recorded in the slot before the enqueue, so that the grant starts the deadline.
         slot.entry = Some(entry);
-        let entry = Entry { id: entry, operation, claims: slot.claims.clone(), bypass_owner: slot.bypass_owner };
+        let entry = Entry {
+            id: entry,
+            operation,
+            claims: slot.claims.clone(),
+            bypass_owner: slot.bypass_owner,
+        };
         self.waiters.insert(entry.id, grant);
         self.app_mut(&app).queue.push(entry);
         self.pump(&app, now);
@@ -107,14 +153,20 @@ impl State {
     /// Empties `app`'s slot (only if it is `only`, when given): leaves the queue or releases the
     /// claims, tells the owner `why`, lets the next operations go.
     pub(super) fn end_slot(&mut self, app: &AppId, only: Option<u64>, why: SessionEnd, now: i64) {
-        let Some(a) = self.apps.get_mut(app) else { return };
-        let Some(slot) = a.session.take_if(|s| only.is_none_or(|id| s.id == id)) else { return };
+        let Some(a) = self.apps.get_mut(app) else {
+            return;
+        };
+        let Some(slot) = a.session.take_if(|s| only.is_none_or(|id| s.id == id)) else {
+            return;
+        };
         if let Some(entry) = slot.entry {
             a.queue.remove(entry);
             // Still queued: its start is told it was cancelled.
             if let Some(grant) = self.waiters.remove(&entry) {
-                let _ = grant
-                    .send(Err(OperationError::SessionCancelled { app: app.clone(), session: slot.operation.clone() }));
+                let _ = grant.send(Err(OperationError::SessionCancelled {
+                    app: app.clone(),
+                    session: slot.operation.clone(),
+                }));
             }
         }
         tracing::debug!(app = %app, session = %slot.operation, ?why, "session slot emptied");
@@ -129,7 +181,9 @@ impl State {
             .iter()
             .filter_map(|(app, a)| {
                 let s = a.session.as_ref()?;
-                s.live_until.is_some_and(|t| now >= t).then(|| (app.clone(), s.id, s.operation.clone()))
+                s.live_until
+                    .is_some_and(|t| now >= t)
+                    .then(|| (app.clone(), s.id, s.operation.clone()))
             })
             .collect();
         for (app, id, operation) in due {
@@ -139,7 +193,12 @@ impl State {
     }
 
     /// `RefuseIfSession`.
-    pub(super) fn refuse_if_session(&self, app: &AppId, claims: &Claims, action: &str) -> Result<(), OperationError> {
+    pub(super) fn refuse_if_session(
+        &self,
+        app: &AppId,
+        claims: &Claims,
+        action: &str,
+    ) -> Result<(), OperationError> {
         match self.apps.get(app).and_then(|a| a.session.as_ref()) {
             Some(s) if s.claims.conflicts_with(claims) => Err(OperationError::RefusedBySession {
                 app: app.clone(),
@@ -183,7 +242,12 @@ impl OperationCoordinator {
         let (ended_tx, ended) = watch::channel(None);
         // Built before the request: dropping this future releases the reservation right behind it
         // (and a refused one's release is ignored: the slot is not this id's).
-        let slot = SlotTicket { coord: self.clone(), app: app.clone(), id: self.next_id(), operation: operation.name };
+        let slot = SlotTicket {
+            coord: self.clone(),
+            app: app.clone(),
+            id: self.next_id(),
+            operation: operation.name,
+        };
         self.ask(|reply| ReserveSession {
             app: app.clone(),
             id: slot.id,
@@ -202,7 +266,10 @@ impl OperationCoordinator {
     /// its `start` fails — and its later release cannot touch a successor. Takes effect in mailbox
     /// order: whatever the caller sends afterwards (a `drain`, a snapshot) sees the slot empty.
     pub fn end_session(&self, app: &AppId) {
-        self.tell(EndSession { app: app.clone(), only: None });
+        self.tell(EndSession {
+            app: app.clone(),
+            only: None,
+        });
     }
 
     /// Blocks session starts on `app` until the token drops (release it in the same `finally` as the
@@ -212,16 +279,34 @@ impl OperationCoordinator {
     /// every request sent after this call.
     pub fn block_session_start(&self, app: &AppId, reason: impl Into<String>) -> SessionStartBlock {
         let id = self.next_id();
-        self.tell(BlockSessionStart { app: app.clone(), id, reason: reason.into() });
-        SessionStartBlock { coord: self.clone(), app: app.clone(), id }
+        self.tell(BlockSessionStart {
+            app: app.clone(),
+            id,
+            reason: reason.into(),
+        });
+        SessionStartBlock {
+            coord: self.clone(),
+            app: app.clone(),
+            id,
+        }
     }
 
     /// The `refuse_when_session` check on its own, for the rare preflight that must precede work
     /// admission cannot cover. Race-free only while a [`SessionStartBlock`] for `app` is held; pass
     /// `refuse_when_session` on the operation as well.
-    pub async fn refuse_if_session(&self, app: &AppId, claims: &Claims, action: &str) -> Result<(), OperationError> {
-        self.ask(|reply| RefuseIfSession { app: app.clone(), claims: claims.clone(), action: action.to_owned(), reply })
-            .await?
+    pub async fn refuse_if_session(
+        &self,
+        app: &AppId,
+        claims: &Claims,
+        action: &str,
+    ) -> Result<(), OperationError> {
+        self.ask(|reply| RefuseIfSession {
+            app: app.clone(),
+            claims: claims.clone(),
+            action: action.to_owned(),
+            reply,
+        })
+        .await?
     }
 
     /// Ends sessions past their cap. Every coordinator step does this first; call it periodically (or
@@ -258,18 +343,30 @@ struct SlotTicket {
 
 impl SlotTicket {
     fn cancelled(&self) -> OperationError {
-        OperationError::SessionCancelled { app: self.app.clone(), session: self.operation.clone() }
+        OperationError::SessionCancelled {
+            app: self.app.clone(),
+            session: self.operation.clone(),
+        }
     }
 
     /// Whether the slot still carries this id (ends capped sessions first).
     async fn is_current(&self) -> Result<bool, OperationError> {
-        self.coord.ask(|reply| CheckSession { app: self.app.clone(), id: self.id, reply }).await
+        self.coord
+            .ask(|reply| CheckSession {
+                app: self.app.clone(),
+                id: self.id,
+                reply,
+            })
+            .await
     }
 }
 
 impl Drop for SlotTicket {
     fn drop(&mut self) {
-        self.coord.tell(EndSession { app: self.app.clone(), only: Some(self.id) });
+        self.coord.tell(EndSession {
+            app: self.app.clone(),
+            only: Some(self.id),
+        });
     }
 }
 
@@ -322,7 +419,11 @@ impl SessionReservation {
             .await??;
         let deadline_ms = granted_at + SESSION_CAP_MS;
         // A teardown right after the grant is told through `ended`, as for any live session.
-        Ok(Session { slot: self.slot, ended: self.ended, deadline_ms })
+        Ok(Session {
+            slot: self.slot,
+            ended: self.ended,
+            deadline_ms,
+        })
     }
 }
 
@@ -394,12 +495,17 @@ pub struct SessionStartBlock {
 
 impl std::fmt::Debug for SessionStartBlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionStartBlock").field("app", &self.app).finish()
+        f.debug_struct("SessionStartBlock")
+            .field("app", &self.app)
+            .finish()
     }
 }
 
 impl Drop for SessionStartBlock {
     fn drop(&mut self) {
-        self.coord.tell(UnblockSessionStart { app: self.app.clone(), id: self.id });
+        self.coord.tell(UnblockSessionStart {
+            app: self.app.clone(),
+            id: self.id,
+        });
     }
 }

@@ -14,7 +14,9 @@ use storage::ledger::StopMode;
 use storage::plan::Card;
 use storage::record::RunStatus;
 
-use super::provider::{AbortSignal, ProviderError, ProviderResult, SuggestionJob, SuggestionProvider};
+use super::provider::{
+    AbortSignal, ProviderError, ProviderResult, SuggestionJob, SuggestionProvider,
+};
 use crate::registry::Registry;
 use crate::run::{Request, StopActor};
 use crate::supervisor::{AdmitMessage, Admitted, StopRun, Supervisor};
@@ -33,18 +35,28 @@ pub struct AgentPlanProvider {
 
 impl std::fmt::Debug for AgentPlanProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentPlanProvider").field("agent", &self.agent).finish_non_exhaustive()
+        f.debug_struct("AgentPlanProvider")
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
     }
 }
 
 impl AgentPlanProvider {
     pub fn new(supervisor: Addr<Supervisor>, registry: Registry, agent: Option<String>) -> Self {
-        AgentPlanProvider { supervisor, registry, agent }
+        AgentPlanProvider {
+            supervisor,
+            registry,
+            agent,
+        }
     }
 }
 
 impl SuggestionProvider for AgentPlanProvider {
-    fn invoke(&self, job: SuggestionJob, abort: AbortSignal) -> LocalBoxFuture<'static, ProviderResult> {
+    fn invoke(
+        &self,
+        job: SuggestionJob,
+        abort: AbortSignal,
+    ) -> LocalBoxFuture<'static, ProviderResult> {
         let this = self.clone();
         Box::pin(async move { this.run(job, abort).await })
     }
@@ -53,7 +65,9 @@ impl SuggestionProvider for AgentPlanProvider {
 impl AgentPlanProvider {
     async fn run(self, job: SuggestionJob, mut abort: AbortSignal) -> ProviderResult {
         if abort.is_requested() {
-            return Err(ProviderError::Aborted("aborted before the agent run started".into()));
+            return Err(ProviderError::Aborted(
+                "aborted before the agent run started".into(),
+            ));
         }
         let request = Request {
             thread: job.request_id.as_str().to_owned(),
@@ -66,14 +80,20 @@ impl AgentPlanProvider {
         };
         let admitted = self
             .supervisor
-            .send(AdmitMessage { request, key: None, writer: None })
+            .send(AdmitMessage {
+                request,
+                key: None,
+                writer: None,
+            })
             .await
             .map_err(|e| ProviderError::Rejected(format!("supervisor: {e}")))?
             .map_err(|e| ProviderError::Rejected(format!("admission refused: {e}")))?;
         let run_id = match admitted {
             Admitted::Started { run_id, .. } => run_id,
             Admitted::Steered { run_id, .. } => {
-                return Err(ProviderError::Rejected(format!("the plan thread was already live with run {run_id}")))
+                return Err(ProviderError::Rejected(format!(
+                    "the plan thread was already live with run {run_id}"
+                )))
             }
         };
         let mut stop_sent = false;
@@ -83,7 +103,9 @@ impl AgentPlanProvider {
         // subscriber falls behind, in which case it resubscribes after the last seq it saw).
         loop {
             let Some((backlog, mut rx, finished)) = self.registry.subscribe(&run_id, after) else {
-                return Err(ProviderError::Rejected(format!("run {run_id} ended without a record")));
+                return Err(ProviderError::Rejected(format!(
+                    "run {run_id} ended without a record"
+                )));
             };
             for event in backlog {
                 note(&event.event, &mut after, &mut answer);
@@ -113,16 +135,20 @@ impl AgentPlanProvider {
                             "the agent run {run_id} stopped ({})",
                             status.map(RunStatus::as_str).unwrap_or("unknown")
                         ))),
-                        (Some(RunStatus::Completed), None) => {
-                            Err(ProviderError::Rejected(format!("the agent run {run_id} completed without an answer")))
-                        }
+                        (Some(RunStatus::Completed), None) => Err(ProviderError::Rejected(
+                            format!("the agent run {run_id} completed without an answer"),
+                        )),
                         (status, _) => Err(ProviderError::Rejected(format!(
                             "the agent run {run_id} ended {}",
                             status.map(RunStatus::as_str).unwrap_or("unknown")
                         ))),
                     };
                 }
-                None => return Err(ProviderError::Rejected(format!("run {run_id} ended without a record"))),
+                None => {
+                    return Err(ProviderError::Rejected(format!(
+                        "run {run_id} ended without a record"
+                    )))
+                }
             }
         }
     }
@@ -134,9 +160,17 @@ impl AgentPlanProvider {
             actor: StopActor::new("plan", job.request_id.as_str()),
         };
         match self.supervisor.send(stop).await {
-            Ok(Ok(())) => tracing::info!(run_id, request_id = job.request_id.as_str(), "hard-stopped a plan run"),
-            Ok(Err(e)) => tracing::info!(run_id, error = %e, "a plan run's hard stop found nothing to stop"),
-            Err(e) => tracing::warn!(run_id, error = %e, "could not reach the supervisor to stop a plan run"),
+            Ok(Ok(())) => tracing::info!(
+                run_id,
+                request_id = job.request_id.as_str(),
+                "hard-stopped a plan run"
+            ),
+            Ok(Err(e)) => {
+                tracing::info!(run_id, error = %e, "a plan run's hard stop found nothing to stop")
+            }
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "could not reach the supervisor to stop a plan run")
+            }
         }
     }
 }
@@ -181,8 +215,11 @@ pub fn parse_cards(answer: &str) -> Result<Vec<Card>, String> {
         let rest = rest.trim_start_matches(|c: char| c.is_ascii_alphanumeric());
         text = rest.strip_suffix("```").unwrap_or(rest).trim();
     }
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("the answer is not JSON: {e}"))?;
-    let Value::Array(items) = value else { return Err("the answer is not a JSON array of cards".into()) };
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| format!("the answer is not JSON: {e}"))?;
+    let Value::Array(items) = value else {
+        return Err("the answer is not a JSON array of cards".into());
+    };
     items
         .iter()
         .enumerate()
@@ -191,7 +228,10 @@ pub fn parse_cards(answer: &str) -> Result<Vec<Card>, String> {
                 Some(Value::String(s)) => Ok(s.clone()),
                 _ => Err(format!("card {i}: {name} must be a string")),
             };
-            Ok(Card { title: field("title")?, body: field("body")? })
+            Ok(Card {
+                title: field("title")?,
+                body: field("body")?,
+            })
         })
         .collect()
 }
@@ -202,17 +242,34 @@ mod tests {
 
     #[test]
     fn an_answer_parses_as_cards_with_or_without_a_fence() {
-        let want = vec![Card { title: "a".into(), body: "b".into() }];
-        assert_eq!(parse_cards(r#"[{"title": "a", "body": "b"}]"#), Ok(want.clone()));
-        assert_eq!(parse_cards("```json\n[{\"title\":\"a\",\"body\":\"b\",\"extra\":1}]\n```"), Ok(want));
+        let want = vec![Card {
+            title: "a".into(),
+            body: "b".into(),
+        }];
+        assert_eq!(
+            parse_cards(r#"[{"title": "a", "body": "b"}]"#),
+            Ok(want.clone())
+        );
+        assert_eq!(
+            parse_cards("```json\n[{\"title\":\"a\",\"body\":\"b\",\"extra\":1}]\n```"),
+            Ok(want)
+        );
         assert_eq!(parse_cards(" [] "), Ok(vec![]));
     }
 
     #[test]
     fn anything_but_an_array_of_title_body_objects_is_refused_by_name() {
         assert!(parse_cards("done").unwrap_err().contains("not JSON"));
-        assert!(parse_cards(r#"{"title": "a"}"#).unwrap_err().contains("not a JSON array"));
-        assert_eq!(parse_cards(r#"[{"title": "a"}]"#), Err("card 0: body must be a string".into()));
-        assert_eq!(parse_cards(r#"[{"title": 1, "body": ""}]"#), Err("card 0: title must be a string".into()));
+        assert!(parse_cards(r#"{"title": "a"}"#)
+            .unwrap_err()
+            .contains("not a JSON array"));
+        assert_eq!(
+            parse_cards(r#"[{"title": "a"}]"#),
+            Err("card 0: body must be a string".into())
+        );
+        assert_eq!(
+            parse_cards(r#"[{"title": 1, "body": ""}]"#),
+            Err("card 0: title must be a string".into())
+        );
     }
 }

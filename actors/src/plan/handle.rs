@@ -13,7 +13,9 @@ pub struct PlanHandle {
 
 impl std::fmt::Debug for PlanHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlanHandle").field("closing", &self.is_closing()).finish_non_exhaustive()
+        f.debug_struct("PlanHandle")
+            .field("closing", &self.is_closing())
+            .finish_non_exhaustive()
     }
 }
 
@@ -28,7 +30,10 @@ impl PlanHandle {
         settings: PlanSettings,
     ) -> Self {
         let closing = Arc::new(AtomicBool::new(false));
-        let settings = PlanSettings { max_concurrent: settings.max_concurrent.max(1), ..settings };
+        let settings = PlanSettings {
+            max_concurrent: settings.max_concurrent.max(1),
+            ..settings
+        };
         let addr = PlanCoordinator {
             storage: storage.clone(),
             generation,
@@ -43,7 +48,11 @@ impl PlanHandle {
             sweeping: false,
         }
         .start();
-        PlanHandle { addr, closing, storage }
+        PlanHandle {
+            addr,
+            closing,
+            storage,
+        }
     }
 
     pub fn is_closing(&self) -> bool {
@@ -62,7 +71,11 @@ impl PlanHandle {
         let closing = self.is_closing();
         let input = Arc::new(input.clone());
         let addr = self.addr.clone();
-        let identity = PlanBinding { plan_id: identity.plan_id, revision: identity.revision, snapshot_id };
+        let identity = PlanBinding {
+            plan_id: identity.plan_id,
+            revision: identity.revision,
+            snapshot_id,
+        };
         async move {
             if closing {
                 return Err(StartError::Closing);
@@ -83,7 +96,11 @@ impl PlanHandle {
     }
 
     /// The durable row of `request_id` within `plan_id`, and the local invocation while tracked.
-    pub async fn suggestion(&self, plan_id: &PlanId, request_id: RequestId) -> Result<SuggestionView, PlanError> {
+    pub async fn suggestion(
+        &self,
+        plan_id: &PlanId,
+        request_id: RequestId,
+    ) -> Result<SuggestionView, PlanError> {
         let view = self
             .addr
             .send(InspectSuggestion { request_id })
@@ -94,7 +111,11 @@ impl PlanHandle {
 
     /// Cancel a request of `plan_id`: its durable row settles `cancelled` at once (unless it already left
     /// pending) and its provider is asked to abort; the answer is the row after that settlement.
-    pub async fn cancel(&self, plan_id: &PlanId, request_id: RequestId) -> Result<SuggestionView, PlanError> {
+    pub async fn cancel(
+        &self,
+        plan_id: &PlanId,
+        request_id: RequestId,
+    ) -> Result<SuggestionView, PlanError> {
         // Check the plan before touching anything: a request of another plan is not found here.
         self.suggestion(plan_id, request_id.clone()).await?;
         let view = self
@@ -108,19 +129,36 @@ impl PlanHandle {
     /// Sweep now, as boot and the periodic sweep do: answers the orphaned requests it settled `failed
     /// (interrupted)`.
     pub async fn sweep(&self) -> Result<Vec<PlanRequest>, PlanError> {
-        self.addr.send(SweepRequests).await.map_err(|e| PlanError::Unavailable(format!("plan coordinator: {e}")))?
+        self.addr
+            .send(SweepRequests)
+            .await
+            .map_err(|e| PlanError::Unavailable(format!("plan coordinator: {e}")))?
     }
 
     /// Explicit user dismissal of a ready reply (a store operation of its own).
-    pub async fn dismiss(&self, plan_id: &PlanId, request_id: RequestId) -> Result<PlanRequest, PlanError> {
+    pub async fn dismiss(
+        &self,
+        plan_id: &PlanId,
+        request_id: RequestId,
+    ) -> Result<PlanRequest, PlanError> {
         self.request_in_plan(plan_id, &request_id).await?;
-        self.storage.dismiss_suggestion(request_id).await?.map_err(PlanError::Refused)
+        self.storage
+            .dismiss_suggestion(request_id)
+            .await?
+            .map_err(PlanError::Refused)
     }
 
     /// Apply a ready reply: the store advances the plan's revision and invalidates its siblings.
-    pub async fn consume(&self, plan_id: &PlanId, request_id: RequestId) -> Result<Consumed, PlanError> {
+    pub async fn consume(
+        &self,
+        plan_id: &PlanId,
+        request_id: RequestId,
+    ) -> Result<Consumed, PlanError> {
         self.request_in_plan(plan_id, &request_id).await?;
-        self.storage.consume_suggestion(request_id).await?.map_err(PlanError::Refused)
+        self.storage
+            .consume_suggestion(request_id)
+            .await?
+            .map_err(PlanError::Refused)
     }
 
     /// Import through the store (create, advance the revision and/or replace the snapshot).
@@ -145,17 +183,29 @@ impl PlanHandle {
         }
     }
 
-    async fn request_in_plan(&self, plan_id: &PlanId, request_id: &RequestId) -> Result<PlanRequest, PlanError> {
+    async fn request_in_plan(
+        &self,
+        plan_id: &PlanId,
+        request_id: &RequestId,
+    ) -> Result<PlanRequest, PlanError> {
         match self.storage.plan_request(request_id.clone()).await? {
             Some(r) if &r.plan_id == plan_id => Ok(r),
-            _ => Err(PlanError::NotFound(format!("request {} of plan {}", request_id.as_str(), plan_id.as_str()))),
+            _ => Err(PlanError::NotFound(format!(
+                "request {} of plan {}",
+                request_id.as_str(),
+                plan_id.as_str()
+            ))),
         }
     }
 }
 
 fn in_plan(view: SuggestionView, plan_id: &PlanId) -> Result<SuggestionView, PlanError> {
     if &view.request.plan_id != plan_id {
-        return Err(PlanError::NotFound(format!("request {} of plan {}", view.request.request_id.as_str(), plan_id.as_str())));
+        return Err(PlanError::NotFound(format!(
+            "request {} of plan {}",
+            view.request.request_id.as_str(),
+            plan_id.as_str()
+        )));
     }
     Ok(view)
 }

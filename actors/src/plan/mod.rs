@@ -60,21 +60,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{
-    Actor, ActorFutureExt, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture,
-    SpawnHandle, WrapFuture,
+    Actor, ActorFutureExt, Addr, AsyncContext, AtomicResponse, Context, Handler, Message,
+    ResponseFuture, SpawnHandle, WrapFuture,
 };
 use futures_util::future::{LocalBoxFuture, Shared};
 use futures_util::FutureExt;
 use storage::plan::{
-    Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRefusal, PlanRequest, RequestId,
-    RequestState, Revision, SnapshotId, TerminalReason,
+    Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRefusal,
+    PlanRequest, RequestId, RequestState, Revision, SnapshotId, TerminalReason,
 };
 use storage::{Generation, StorageHandle};
 use tokio::sync::oneshot;
 
 pub use agent::{compose_prompt, parse_cards, AgentPlanProvider};
 pub use provider::{
-    AbortSignal, ProviderError, ProviderResult, SuggestionInput, SuggestionJob, SuggestionProvider, Timer, TokioTimer,
+    AbortSignal, ProviderError, ProviderResult, SuggestionInput, SuggestionJob, SuggestionProvider,
+    Timer, TokioTimer,
 };
 pub use state::{classify, decide_finish, Finish, InvocationState, StopCause};
 
@@ -228,7 +229,10 @@ struct Invocation {
 
 impl Invocation {
     fn local(&self) -> LocalInvocation {
-        LocalInvocation { state: self.state, stopping: self.stop }
+        LocalInvocation {
+            state: self.state,
+            stopping: self.stop,
+        }
     }
 
     fn advance(&mut self, next: InvocationState) {
@@ -270,17 +274,24 @@ impl Actor for PlanCoordinator {
     /// The boot sweep runs before any message is handled, so no start races a dead holder's request; then
     /// renewals and sweeps every third of a lease.
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.wait(self.sweep().into_actor(self).map(|answer, _act, _ctx| log_sweep("boot", answer)));
-        ctx.run_interval((self.settings.lease / 3).max(Duration::from_millis(10)), |act, ctx| {
-            if act.sweeping {
-                return;
-            }
-            act.sweeping = true;
-            ctx.spawn(act.sweep().into_actor(act).map(|answer, act, _ctx| {
-                act.sweeping = false;
-                log_sweep("periodic", answer);
-            }));
-        });
+        ctx.wait(
+            self.sweep()
+                .into_actor(self)
+                .map(|answer, _act, _ctx| log_sweep("boot", answer)),
+        );
+        ctx.run_interval(
+            (self.settings.lease / 3).max(Duration::from_millis(10)),
+            |act, ctx| {
+                if act.sweeping {
+                    return;
+                }
+                act.sweeping = true;
+                ctx.spawn(act.sweep().into_actor(act).map(|answer, act, _ctx| {
+                    act.sweeping = false;
+                    log_sweep("periodic", answer);
+                }));
+            },
+        );
     }
 }
 
@@ -288,7 +299,13 @@ impl PlanCoordinator {
     /// A sweep of the durable requests as of now (see [`sweep`]).
     fn sweep(&self) -> impl Future<Output = Result<Vec<PlanRequest>, storage::Error>> + 'static {
         let running = self.active.values().map(|i| i.request_id.clone()).collect();
-        sweep(self.storage.clone(), self.generation.clone(), self.settings.host_id.clone(), running, self.settings.lease_ms())
+        sweep(
+            self.storage.clone(),
+            self.generation.clone(),
+            self.settings.host_id.clone(),
+            running,
+            self.settings.lease_ms(),
+        )
     }
 
     fn admission(&self, plan_id: &PlanId) -> Result<(), StartError> {
@@ -296,10 +313,14 @@ impl PlanCoordinator {
             return Err(StartError::Closing);
         }
         if let Some(inv) = self.active.get(plan_id) {
-            return Err(StartError::Busy { request_id: inv.request_id.clone() });
+            return Err(StartError::Busy {
+                request_id: inv.request_id.clone(),
+            });
         }
         if self.active.len() >= self.settings.max_concurrent {
-            return Err(StartError::Capacity { limit: self.settings.max_concurrent });
+            return Err(StartError::Capacity {
+                limit: self.settings.max_concurrent,
+            });
         }
         Ok(())
     }
@@ -310,7 +331,12 @@ impl PlanCoordinator {
 
     /// Track a freshly allocated request, then launch it — or, when `close()` flipped admission while
     /// the allocation was in flight, cancel it before launch.
-    fn track(&mut self, request: PlanRequest, input: Arc<SuggestionInput>, ctx: &mut Context<Self>) -> Started {
+    fn track(
+        &mut self,
+        request: PlanRequest,
+        input: Arc<SuggestionInput>,
+        ctx: &mut Context<Self>,
+    ) -> Started {
         let binding = request.binding();
         let plan_id = binding.plan_id.clone();
         self.active.insert(
@@ -334,24 +360,40 @@ impl PlanCoordinator {
         } else {
             self.launch(&plan_id, ctx);
         }
-        Started { request_id: request.request_id, binding }
+        Started {
+            request_id: request.request_id,
+            binding,
+        }
     }
 
     fn launch(&mut self, plan_id: &PlanId, ctx: &mut Context<Self>) {
-        let Some(inv) = self.active.get(plan_id) else { return };
+        let Some(inv) = self.active.get(plan_id) else {
+            return;
+        };
         let request_id = inv.request_id.clone();
-        let job = SuggestionJob { request_id: request_id.clone(), binding: inv.binding.clone(), input: inv.input.clone() };
+        let job = SuggestionJob {
+            request_id: request_id.clone(),
+            binding: inv.binding.clone(),
+            input: inv.input.clone(),
+        };
         let (trigger, signal) = AbortTrigger::pair();
         let run = self.provider.invoke(job, signal);
         let (pid, rid) = (plan_id.clone(), request_id.clone());
         let timer = ctx.spawn(
-            self.timer.sleep(self.settings.timeout).into_actor(self).map(move |(), act, ctx| act.timed_out(&pid, &rid, ctx)),
+            self.timer
+                .sleep(self.settings.timeout)
+                .into_actor(self)
+                .map(move |(), act, ctx| act.timed_out(&pid, &rid, ctx)),
         );
         let addr = ctx.address();
         let (pid, rid) = (plan_id.clone(), request_id);
         actix::spawn(async move {
             let result = run.await;
-            addr.do_send(ProviderTerminated { plan_id: pid, request_id: rid, result: Some(result) });
+            addr.do_send(ProviderTerminated {
+                plan_id: pid,
+                request_id: rid,
+                result: Some(result),
+            });
         });
         let inv = self.active.get_mut(plan_id).expect("checked above");
         inv.abort = Some(trigger);
@@ -360,7 +402,11 @@ impl PlanCoordinator {
     }
 
     fn timed_out(&mut self, plan_id: &PlanId, request_id: &RequestId, ctx: &mut Context<Self>) {
-        if self.active.get(plan_id).is_some_and(|i| &i.request_id == request_id && i.state == InvocationState::Running) {
+        if self
+            .active
+            .get(plan_id)
+            .is_some_and(|i| &i.request_id == request_id && i.state == InvocationState::Running)
+        {
             self.stop(plan_id, StopCause::Timeout, ctx);
         }
     }
@@ -369,7 +415,12 @@ impl PlanCoordinator {
     /// its provider has already terminated (its ending is being recorded):
     /// settle the durable request and request abort, both at once. The invocation stays tracked until
     /// its provider terminates; one never launched terminates here. Answers the durable settlement.
-    fn stop(&mut self, plan_id: &PlanId, cause: StopCause, ctx: &mut Context<Self>) -> Option<SharedSettle> {
+    fn stop(
+        &mut self,
+        plan_id: &PlanId,
+        cause: StopCause,
+        ctx: &mut Context<Self>,
+    ) -> Option<SharedSettle> {
         let storage = self.storage.clone();
         let timeout = self.settings.timeout;
         let inv = self.active.get_mut(plan_id)?;
@@ -380,7 +431,10 @@ impl PlanCoordinator {
         let (request_id, binding) = (inv.request_id.clone(), inv.binding.clone());
         let settlement = cause.settlement(timeout);
         let settle: SharedSettle = async move {
-            storage.settle_suggestion(request_id, binding, settlement).await.map_err(|e| e.to_string())
+            storage
+                .settle_suggestion(request_id, binding, settlement)
+                .await
+                .map_err(|e| e.to_string())
         }
         .boxed_local()
         .shared();
@@ -389,7 +443,12 @@ impl PlanCoordinator {
         if let Some(abort) = &inv.abort {
             abort.request();
         }
-        tracing::info!(plan_id = plan_id.as_str(), request_id = inv.request_id.as_str(), cause = cause.as_str(), "stopping a suggestion request");
+        tracing::info!(
+            plan_id = plan_id.as_str(),
+            request_id = inv.request_id.as_str(),
+            cause = cause.as_str(),
+            "stopping a suggestion request"
+        );
         if inv.state == InvocationState::Pending {
             let request_id = inv.request_id.clone();
             self.terminated(plan_id.clone(), request_id, None, ctx);
@@ -399,8 +458,18 @@ impl PlanCoordinator {
 
     /// The provider terminated (or, for `None`, will never launch): publish or settle, reconcile with the
     /// durable row, then resolve.
-    fn terminated(&mut self, plan_id: PlanId, request_id: RequestId, result: Option<ProviderResult>, ctx: &mut Context<Self>) {
-        let Some(inv) = self.active.get_mut(&plan_id).filter(|i| i.request_id == request_id && !i.provider_done) else {
+    fn terminated(
+        &mut self,
+        plan_id: PlanId,
+        request_id: RequestId,
+        result: Option<ProviderResult>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(inv) = self
+            .active
+            .get_mut(&plan_id)
+            .filter(|i| i.request_id == request_id && !i.provider_done)
+        else {
             return;
         };
         inv.provider_done = true;
@@ -408,12 +477,25 @@ impl PlanCoordinator {
             ctx.cancel_future(timer);
         }
         let finish = decide_finish(inv.stop, result, self.settings.timeout);
-        let fut = finish_invocation(self.storage.clone(), request_id, inv.binding.clone(), inv.settling.clone(), finish);
-        ctx.spawn(fut.into_actor(self).map(move |outcome, act, _ctx| act.resolve(&plan_id, outcome)));
+        let fut = finish_invocation(
+            self.storage.clone(),
+            request_id,
+            inv.binding.clone(),
+            inv.settling.clone(),
+            finish,
+        );
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(move |outcome, act, _ctx| act.resolve(&plan_id, outcome)),
+        );
     }
 
     fn resolve(&mut self, plan_id: &PlanId, outcome: InvocationOutcome) {
-        if self.active.get(plan_id).is_none_or(|i| i.request_id != outcome.request_id) {
+        if self
+            .active
+            .get(plan_id)
+            .is_none_or(|i| i.request_id != outcome.request_id)
+        {
             return;
         }
         let mut inv = self.active.remove(plan_id).expect("checked above");
@@ -452,7 +534,9 @@ async fn sweep(
     lease_ms: i64,
 ) -> Result<Vec<PlanRequest>, storage::Error> {
     if !running.is_empty() {
-        storage.renew_plan_requests(generation.clone(), running, lease_ms).await?;
+        storage
+            .renew_plan_requests(generation.clone(), running, lease_ms)
+            .await?;
     }
     let dead = storage
         .generations()
@@ -464,14 +548,19 @@ async fn sweep(
     let mut settled = Vec::new();
     for Orphan { request, cause } in storage.orphaned_plan_requests(dead).await? {
         let id = request.request_id.clone();
-        match storage.settle_suggestion(id.clone(), request.binding(), cause.settlement()).await? {
+        match storage
+            .settle_suggestion(id.clone(), request.binding(), cause.settlement())
+            .await?
+        {
             Ok(row) => {
                 let plan_id = row.plan_id.as_str();
                 tracing::warn!(plan_id, request_id = id.as_str(), %cause, "settled an orphaned suggestion request as interrupted");
                 settled.push(row);
             }
             // Its holder, alive after all, or another sweep ended it first: that ending stands.
-            Err(refusal) => tracing::info!(request_id = id.as_str(), %refusal, "an orphaned suggestion request had already ended"),
+            Err(refusal) => {
+                tracing::info!(request_id = id.as_str(), %refusal, "an orphaned suggestion request had already ended")
+            }
         }
     }
     Ok(settled)
@@ -480,10 +569,16 @@ async fn sweep(
 fn log_sweep(which: &'static str, answer: Result<Vec<PlanRequest>, storage::Error>) {
     match answer {
         Ok(settled) if !settled.is_empty() => {
-            tracing::info!(sweep = which, settled = settled.len(), "swept orphaned suggestion requests")
+            tracing::info!(
+                sweep = which,
+                settled = settled.len(),
+                "swept orphaned suggestion requests"
+            )
         }
         Ok(_) => {}
-        Err(e) => tracing::warn!(sweep = which, error = %e, "failed to sweep orphaned suggestion requests; the next sweep retries"),
+        Err(e) => {
+            tracing::warn!(sweep = which, error = %e, "failed to sweep orphaned suggestion requests; the next sweep retries")
+        }
     }
 }
 
@@ -498,14 +593,31 @@ async fn finish_invocation(
     // The local classification and reason, the original diagnostic, and the store's answer.
     let (local, local_reason, diagnostic, answer) = match finish {
         Finish::Publish(cards) => {
-            let answer = storage.complete_suggestions(request_id.clone(), binding, cards).await.map_err(|e| e.to_string());
+            let answer = storage
+                .complete_suggestions(request_id.clone(), binding, cards)
+                .await
+                .map_err(|e| e.to_string());
             match &answer {
                 Ok(Ok(_)) => (InvocationState::Completed, None, None, answer),
-                Ok(Err(refusal)) => (InvocationState::Completed, None, Some(refusal.to_string()), answer),
-                Err(e) => (InvocationState::Failed, None, Some(format!("storage: {e}")), answer),
+                Ok(Err(refusal)) => (
+                    InvocationState::Completed,
+                    None,
+                    Some(refusal.to_string()),
+                    answer,
+                ),
+                Err(e) => (
+                    InvocationState::Failed,
+                    None,
+                    Some(format!("storage: {e}")),
+                    answer,
+                ),
             }
         }
-        Finish::Settle { settlement, state, diagnostic } => {
+        Finish::Settle {
+            settlement,
+            state,
+            diagnostic,
+        } => {
             let reason = settlement.reason;
             // A stop already asked for this settlement: its answer stands (a repeat would only be refused).
             let earlier = match settling {
@@ -514,7 +626,10 @@ async fn finish_invocation(
             };
             let answer = match earlier {
                 Some(Ok(answer)) => Ok(answer),
-                _ => storage.settle_suggestion(request_id.clone(), binding, settlement).await.map_err(|e| e.to_string()),
+                _ => storage
+                    .settle_suggestion(request_id.clone(), binding, settlement)
+                    .await
+                    .map_err(|e| e.to_string()),
             };
             (state, Some(reason), Some(diagnostic), answer)
         }
@@ -540,7 +655,13 @@ async fn finish_invocation(
         InvocationState::Completed => None,
         _ => durable.as_ref().and_then(|r| r.reason).or(local_reason),
     };
-    InvocationOutcome { request_id, state, reason, diagnostic, request: durable }
+    InvocationOutcome {
+        request_id,
+        state,
+        reason,
+        diagnostic,
+        request: durable,
+    }
 }
 
 /// Admit a start (one allocation transaction; nothing else interleaves).
@@ -565,7 +686,8 @@ impl Handler<StartSuggestion> for PlanCoordinator {
         let identity = msg.identity;
         let input = msg.input;
         let allocation = async move {
-            let allocate = || storage.allocate_request(identity.clone(), generation.clone(), lease_ms);
+            let allocate =
+                || storage.allocate_request(identity.clone(), generation.clone(), lease_ms);
             match allocate().await {
                 // Another generation holds the plan: if that holder is dead, a sweep frees it; ask once more.
                 Ok(Err(PlanRefusal::Held { .. })) => {
@@ -579,7 +701,9 @@ impl Handler<StartSuggestion> for PlanCoordinator {
             move |allocated, act, ctx| match allocated {
                 Ok(Ok(request)) => Ok(act.track(request, input, ctx)),
                 // A live process runs this identity.
-                Ok(Err(PlanRefusal::Held { found })) => Err(StartError::Busy { request_id: found.request_id }),
+                Ok(Err(PlanRefusal::Held { found })) => Err(StartError::Busy {
+                    request_id: found.request_id,
+                }),
                 Ok(Err(refusal)) => Err(StartError::Refused(refusal)),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not allocate a suggestion request");
@@ -641,13 +765,22 @@ impl Handler<CancelSuggestion> for PlanCoordinator {
                     if let Some(row) = storage.plan_request(id.clone()).await? {
                         if row.state == RequestState::Pending {
                             let settlement = StopCause::Cancelled.settlement(timeout);
-                            storage.settle_suggestion(id.clone(), row.binding(), settlement).await?.ok();
+                            storage
+                                .settle_suggestion(id.clone(), row.binding(), settlement)
+                                .await?
+                                .ok();
                         }
                     }
                 }
             }
-            let request = storage.plan_request(id.clone()).await?.ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
-            Ok(SuggestionView { request, invocation: local })
+            let request = storage
+                .plan_request(id.clone())
+                .await?
+                .ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
+            Ok(SuggestionView {
+                request,
+                invocation: local,
+            })
         })
     }
 }
@@ -673,8 +806,14 @@ impl Handler<InspectSuggestion> for PlanCoordinator {
             if let Some(settle) = settling {
                 let _ = settle.await;
             }
-            let request = storage.plan_request(id.clone()).await?.ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
-            Ok(SuggestionView { request, invocation: local })
+            let request = storage
+                .plan_request(id.clone())
+                .await?
+                .ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
+            Ok(SuggestionView {
+                request,
+                invocation: local,
+            })
         })
     }
 }
@@ -694,7 +833,10 @@ impl Handler<WatchSuggestion> for PlanCoordinator {
         if let Some(inv) = self.active.values_mut().find(|i| i.request_id == id) {
             let (tx, rx) = oneshot::channel();
             inv.waiters.push(tx);
-            return Box::pin(async move { rx.await.map_err(|_| PlanError::Unavailable("the plan coordinator stopped".into())) });
+            return Box::pin(async move {
+                rx.await
+                    .map_err(|_| PlanError::Unavailable("the plan coordinator stopped".into()))
+            });
         }
         if let Some(done) = self.recent.iter().rev().find(|o| o.request_id == id) {
             let done = done.clone();
@@ -702,9 +844,14 @@ impl Handler<WatchSuggestion> for PlanCoordinator {
         }
         let storage = self.storage.clone();
         Box::pin(async move {
-            let row = storage.plan_request(id.clone()).await?.ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
+            let row = storage
+                .plan_request(id.clone())
+                .await?
+                .ok_or_else(|| PlanError::NotFound(format!("request {}", id.as_str())))?;
             if row.state == RequestState::Pending {
-                return Err(PlanError::NotTracked { request: Box::new(row) });
+                return Err(PlanError::NotTracked {
+                    request: Box::new(row),
+                });
             }
             Ok(InvocationOutcome::from_durable(row))
         })
@@ -736,7 +883,10 @@ impl Handler<CloseCoordinator> for PlanCoordinator {
     fn handle(&mut self, _msg: CloseCoordinator, ctx: &mut Context<Self>) -> Self::Result {
         self.closing.store(true, Ordering::SeqCst);
         if self.phase == Phase::Open {
-            tracing::info!(active = self.active.len(), "the plan coordinator is closing");
+            tracing::info!(
+                active = self.active.len(),
+                "the plan coordinator is closing"
+            );
         }
         self.phase = Phase::Closing;
         let plans: Vec<PlanId> = self.active.keys().cloned().collect();
@@ -753,4 +903,3 @@ impl Handler<CloseCoordinator> for PlanCoordinator {
         })
     }
 }
-

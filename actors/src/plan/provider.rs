@@ -59,7 +59,11 @@ pub type ProviderResult = Result<Vec<Card>, ProviderError>;
 pub trait SuggestionProvider: Send + Sync + 'static {
     /// Start one invocation. It must watch `abort` and, once asked, stop its work; the returned future
     /// resolves only after the work has terminated. Validation of the cards is the coordinator's.
-    fn invoke(&self, job: SuggestionJob, abort: AbortSignal) -> LocalBoxFuture<'static, ProviderResult>;
+    fn invoke(
+        &self,
+        job: SuggestionJob,
+        abort: AbortSignal,
+    ) -> LocalBoxFuture<'static, ProviderResult>;
 }
 
 /// The provider's side of an abort request.

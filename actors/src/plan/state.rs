@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use storage::plan::{validate_cards, Card, PlanRequest, RequestState, SettleOutcome, Settlement, TerminalReason};
+use storage::plan::{
+    validate_cards, Card, PlanRequest, RequestState, SettleOutcome, Settlement, TerminalReason,
+};
 
 use super::provider::ProviderResult;
 
@@ -94,11 +96,24 @@ impl StopCause {
     /// The durable settlement the cause asks for at once.
     pub fn settlement(self, timeout: Duration) -> Settlement {
         let (outcome, diagnostic) = match self {
-            StopCause::Timeout => (SettleOutcome::Failed, format!("timed out after {} ms", timeout.as_millis())),
-            StopCause::Cancelled => (SettleOutcome::Cancelled, "cancelled by the caller".to_owned()),
-            StopCause::Shutdown => (SettleOutcome::Cancelled, "the plan coordinator shut down".to_owned()),
+            StopCause::Timeout => (
+                SettleOutcome::Failed,
+                format!("timed out after {} ms", timeout.as_millis()),
+            ),
+            StopCause::Cancelled => (
+                SettleOutcome::Cancelled,
+                "cancelled by the caller".to_owned(),
+            ),
+            StopCause::Shutdown => (
+                SettleOutcome::Cancelled,
+                "the plan coordinator shut down".to_owned(),
+            ),
         };
-        Settlement { outcome, reason: self.reason(), diagnostic }
+        Settlement {
+            outcome,
+            reason: self.reason(),
+            diagnostic,
+        }
     }
 }
 
@@ -109,20 +124,36 @@ pub enum Finish {
     Publish(Vec<Card>),
     /// Settle the exact pending attempt; `state` is the local classification, `diagnostic` the original
     /// (unbounded) text kept beside whatever classification the durable row ends up giving.
-    Settle { settlement: Settlement, state: InvocationState, diagnostic: String },
+    Settle {
+        settlement: Settlement,
+        state: InvocationState,
+        diagnostic: String,
+    },
 }
 
 /// Decide from the first stop cause (if any) and the provider's result. A stop cause wins over anything
 /// the provider answered afterwards — a generic abort error or even a late reply. `result` is `None` when
 /// the provider was never launched.
-pub fn decide_finish(stop: Option<StopCause>, result: Option<ProviderResult>, timeout: Duration) -> Finish {
+pub fn decide_finish(
+    stop: Option<StopCause>,
+    result: Option<ProviderResult>,
+    timeout: Duration,
+) -> Finish {
     if let Some(cause) = stop {
         let settlement = cause.settlement(timeout);
         let diagnostic = settlement.diagnostic.clone();
-        return Finish::Settle { settlement, state: cause.state(), diagnostic };
+        return Finish::Settle {
+            settlement,
+            state: cause.state(),
+            diagnostic,
+        };
     }
     let failed = |reason: TerminalReason, diagnostic: String| Finish::Settle {
-        settlement: Settlement { outcome: SettleOutcome::Failed, reason, diagnostic: diagnostic.clone() },
+        settlement: Settlement {
+            outcome: SettleOutcome::Failed,
+            reason,
+            diagnostic: diagnostic.clone(),
+        },
         state: InvocationState::Failed,
         diagnostic,
     };
@@ -132,7 +163,10 @@ pub fn decide_finish(stop: Option<StopCause>, result: Option<ProviderResult>, ti
             Err(refusal) => failed(TerminalReason::InvalidCards, refusal.to_string()),
         },
         Some(Err(e)) => failed(TerminalReason::ProviderError, e.diagnostic().to_owned()),
-        None => failed(TerminalReason::ProviderError, "the provider was never launched".to_owned()),
+        None => failed(
+            TerminalReason::ProviderError,
+            "the provider was never launched".to_owned(),
+        ),
     }
 }
 
@@ -157,7 +191,10 @@ mod tests {
     const T: Duration = Duration::from_secs(30);
 
     fn card(t: &str) -> Card {
-        Card { title: t.to_owned(), body: String::new() }
+        Card {
+            title: t.to_owned(),
+            body: String::new(),
+        }
     }
 
     fn row(state: RequestState) -> PlanRequest {
@@ -181,8 +218,19 @@ mod tests {
         // A timeout, then the provider's generic abort error: the timeout classifies.
         let after_abort = Some(Err(ProviderError::Aborted("signal".into())));
         match decide_finish(Some(StopCause::Timeout), after_abort, T) {
-            Finish::Settle { settlement, state, diagnostic } => {
-                assert_eq!((settlement.outcome, settlement.reason, state), (SettleOutcome::Failed, TerminalReason::Timeout, InvocationState::Failed));
+            Finish::Settle {
+                settlement,
+                state,
+                diagnostic,
+            } => {
+                assert_eq!(
+                    (settlement.outcome, settlement.reason, state),
+                    (
+                        SettleOutcome::Failed,
+                        TerminalReason::Timeout,
+                        InvocationState::Failed
+                    )
+                );
                 assert_eq!(diagnostic, "timed out after 30000 ms");
             }
             other => panic!("{other:?}"),
@@ -191,27 +239,54 @@ mod tests {
         let late = Some(Ok(vec![card("late")]));
         assert!(matches!(
             decide_finish(Some(StopCause::Cancelled), late, T),
-            Finish::Settle { state: InvocationState::Cancelled, .. }
+            Finish::Settle {
+                state: InvocationState::Cancelled,
+                ..
+            }
         ));
         assert!(matches!(
             decide_finish(Some(StopCause::Shutdown), None, T),
-            Finish::Settle { settlement: Settlement { reason: TerminalReason::Shutdown, .. }, .. }
+            Finish::Settle {
+                settlement: Settlement {
+                    reason: TerminalReason::Shutdown,
+                    ..
+                },
+                ..
+            }
         ));
     }
 
     #[test]
     fn without_a_stop_a_valid_reply_publishes_and_anything_else_fails() {
-        assert_eq!(decide_finish(None, Some(Ok(vec![card("a")])), T), Finish::Publish(vec![card("a")]));
+        assert_eq!(
+            decide_finish(None, Some(Ok(vec![card("a")])), T),
+            Finish::Publish(vec![card("a")])
+        );
         match decide_finish(None, Some(Ok(vec![card("a"), card("")])), T) {
-            Finish::Settle { settlement, diagnostic, .. } => {
+            Finish::Settle {
+                settlement,
+                diagnostic,
+                ..
+            } => {
                 assert_eq!(settlement.reason, TerminalReason::InvalidCards);
                 assert_eq!(diagnostic, "card 1: title is empty");
             }
             other => panic!("{other:?}"),
         }
         match decide_finish(None, Some(Err(ProviderError::Rejected("boom".into()))), T) {
-            Finish::Settle { settlement, state, diagnostic } => {
-                assert_eq!((settlement.reason, state, diagnostic.as_str()), (TerminalReason::ProviderError, InvocationState::Failed, "boom"));
+            Finish::Settle {
+                settlement,
+                state,
+                diagnostic,
+            } => {
+                assert_eq!(
+                    (settlement.reason, state, diagnostic.as_str()),
+                    (
+                        TerminalReason::ProviderError,
+                        InvocationState::Failed,
+                        "boom"
+                    )
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -230,7 +305,11 @@ mod tests {
             (I::Failed, Some(R::Pending), I::Failed),
             (I::Cancelled, None, I::Cancelled),
         ] {
-            assert_eq!(classify(local, durable.map(row).as_ref()), want, "{local:?} {durable:?}");
+            assert_eq!(
+                classify(local, durable.map(row).as_ref()),
+                want,
+                "{local:?} {durable:?}"
+            );
         }
     }
 

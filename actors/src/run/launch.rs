@@ -13,7 +13,9 @@ use storage::ledger::{LiveRow, Promotion};
 use storage::record::RunStatus;
 
 use super::machine::{Started, Written};
-use super::record::{bound_workspace, build_record, close_unstartable, meta_from_row, RecordExtras};
+use super::record::{
+    bound_workspace, build_record, close_unstartable, meta_from_row, RecordExtras,
+};
 use super::work::{retry_transient, summarize, Run, ToolRunner, MAX_WRITE_RETRY, WRITE_RETRY};
 use super::{Adoption, Ended, Request, RunDeps, StopReason};
 use crate::agent::{self, AssistantTurn, ToolResult};
@@ -30,19 +32,37 @@ pub(super) enum Launched {
 }
 
 /// A run admitted here: tombstone, promote, seed.
-pub(super) async fn fresh(deps: RunDeps, id: String, meta: RunMeta, request: Request, started_at: i64) -> Launched {
+pub(super) async fn fresh(
+    deps: RunDeps,
+    id: String,
+    meta: RunMeta,
+    request: Request,
+    started_at: i64,
+) -> Launched {
     let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
         // The slot checks the agent before admitting; a config reload could still race it.
         tracing::error!(run_id = %id, agent = %meta.agent, "unknown agent; abandoning the reservation");
-        let _ = deps.storage.abandon(id.clone(), deps.gen.as_str().to_owned()).await;
+        let _ = deps
+            .storage
+            .abandon(id.clone(), deps.gen.as_str().to_owned())
+            .await;
         deps.registry.discard(&id);
         return Launched::Over((StopReason::Finished(RunStatus::Failed), None));
     };
     let deadline = started_at + agent.budget_ms;
     let run = Run::new(deps, id, meta, deadline, agent);
     // Tombstone: a provisional record, so a crash before the finish still leaves a trace.
-    let tombstone = RecordExtras { provisional: true, ..Default::default() };
-    if let Some(tomb) = build_record(&run.deps, &run.id, RunStatus::Interrupted, started_at, tombstone) {
+    let tombstone = RecordExtras {
+        provisional: true,
+        ..Default::default()
+    };
+    if let Some(tomb) = build_record(
+        &run.deps,
+        &run.id,
+        RunStatus::Interrupted,
+        started_at,
+        tombstone,
+    ) {
         run.deps.history.write(tomb, Via::Store);
     }
     promote(run, &request.text).await
@@ -60,14 +80,31 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     };
     let mut state = Map::new();
     state.insert("binding".into(), binding);
-    let promotion = Promotion { system_text: run.system.clone(), tools: json!(run.tool_defs), state, lease_ms: run.deps.lease_ms };
+    let promotion = Promotion {
+        system_text: run.system.clone(),
+        tools: json!(run.tool_defs),
+        state,
+        lease_ms: run.deps.lease_ms,
+    };
     // The promotion and the seed (the first model call's messages and the step-0 record) share one
     // commit: the run is resumable exactly when its seed is durable.
-    let seed = run.step_write(vec![agent::system_turn(&run.system), agent::user_turn(request_text)], &[]);
+    let seed = run.step_write(
+        vec![
+            agent::system_turn(&run.system),
+            agent::user_turn(request_text),
+        ],
+        &[],
+    );
     let seeded = seed.is_some();
     let (s, id, gen) = (run.deps.storage.clone(), run.id.clone(), run.gen.clone());
     let claim = || {
-        let (s, id, gen, promotion, seed) = (s.clone(), id.clone(), gen.clone(), promotion.clone(), seed.clone());
+        let (s, id, gen, promotion, seed) = (
+            s.clone(),
+            id.clone(),
+            gen.clone(),
+            promotion.clone(),
+            seed.clone(),
+        );
         async move {
             match seed {
                 Some(seed) => s.promote(id, gen, promotion, seed).await,
@@ -129,7 +166,14 @@ async fn take_workspace(run: &Run, mode: crate::tools::TakeMode) -> Result<(), T
     let mut delay = WRITE_RETRY;
     loop {
         let owns = still_owner(&run.deps, &run.id);
-        match crate::tools::take_workspace_async(run.workspace.clone(), run.fence.clone(), mode, owns).await {
+        match crate::tools::take_workspace_async(
+            run.workspace.clone(),
+            run.fence.clone(),
+            mode,
+            owns,
+        )
+        .await
+        {
             Ok(()) => return Ok(()),
             Err(crate::tools::WorkspaceError::Busy { .. }) => {
                 tracing::warn!(run_id = %run.id, generation = %run.gen, "workspace lock held by another owner; retrying");
@@ -154,21 +198,51 @@ pub(super) async fn still_owner(deps: &RunDeps, run_id: &str) -> Result<bool, St
 /// Re-run a row from its saved request: same id, original start and deadline; the first attempt's
 /// events replayed under their seqs, then `resumed`, then the steps (SPEC §6.3). A successor admitted
 /// here (`from_gen: None`) starts the same way, without `resumed`.
-pub(super) async fn restart(deps: RunDeps, row: LiveRow, events: Vec<Value>, from_gen: Option<String>) -> Launched {
+pub(super) async fn restart(
+    deps: RunDeps,
+    row: LiveRow,
+    events: Vec<Value>,
+    from_gen: Option<String>,
+) -> Launched {
     let meta = meta_from_row(&row);
-    let request: Option<Request> = row.meta.get("request").and_then(|r| serde_json::from_value(r.clone()).ok());
+    let request: Option<Request> = row
+        .meta
+        .get("request")
+        .and_then(|r| serde_json::from_value(r.clone()).ok());
     let (Some(agent), Some(request)) = (deps.agents.get(&meta.agent).cloned(), request) else {
-        let reason = format!("cannot restart: agent {:?} is not configured here, or the saved request is unreadable", meta.agent);
+        let reason = format!(
+            "cannot restart: agent {:?} is not configured here, or the saved request is unreadable",
+            meta.agent
+        );
         return Launched::Over(close_unstartable(&deps, &row, events, &reason).await);
     };
-    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + agent.budget_ms);
-    let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let deadline = row
+        .meta
+        .get("deadline")
+        .and_then(Value::as_i64)
+        .unwrap_or(row.started_at + agent.budget_ms);
+    let highest = events
+        .iter()
+        .filter_map(storage::record::event_seq)
+        .max()
+        .unwrap_or(0);
     let token = deps.tokens.mint(&row.run_id);
     let had_input = events.iter().any(|e| e["type"] == "input");
     // Past anything the dead attempt may have published but not flushed; a first start just continues.
-    let next_seq = if from_gen.is_some() { highest + 1000 } else { highest + 1 };
+    let next_seq = if from_gen.is_some() {
+        highest + 1000
+    } else {
+        highest + 1
+    };
     let usage = agent::usage_of(&events);
-    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, next_seq);
+    deps.registry.create(
+        &row.run_id,
+        meta.clone(),
+        row.started_at,
+        token,
+        events,
+        next_seq,
+    );
     let mut run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent);
     run.usage = usage;
     run.recorded_stop = row.stop;
@@ -189,15 +263,36 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     let row = a.row;
     let meta = meta_from_row(&row);
     let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
-        let reason = format!("cannot resume: agent {:?} is not configured here", meta.agent);
+        let reason = format!(
+            "cannot resume: agent {:?} is not configured here",
+            meta.agent
+        );
         return Launched::Over(close_unstartable(&deps, &row, a.events, &reason).await);
     };
     let now = deps.clock.now_ms();
-    let highest = a.events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let highest = a
+        .events
+        .iter()
+        .filter_map(storage::record::event_seq)
+        .max()
+        .unwrap_or(0);
     let token = deps.tokens.mint(&row.run_id);
     let usage = agent::usage_of(&a.events);
-    deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, a.events, highest + 1000);
-    let mut run = Run::new(deps, row.run_id.clone(), meta, now + a.last_step.remaining_ms, agent);
+    deps.registry.create(
+        &row.run_id,
+        meta.clone(),
+        row.started_at,
+        token,
+        a.events,
+        highest + 1000,
+    );
+    let mut run = Run::new(
+        deps,
+        row.run_id.clone(),
+        meta,
+        now + a.last_step.remaining_ms,
+        agent,
+    );
     run.usage = usage;
     run.recorded_stop = row.stop;
     if !row.system_text.is_empty() {
@@ -206,7 +301,11 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     // Re-attach the workspace the row is bound to; never migrate silently (SPEC §8.3). A row bound to no
     // workspace (its launch could not create one) gets it created now.
     let bound = bound_workspace(&row);
-    let mode = if bound.is_some() { crate::tools::TakeMode::Existing } else { crate::tools::TakeMode::Create };
+    let mode = if bound.is_some() {
+        crate::tools::TakeMode::Existing
+    } else {
+        crate::tools::TakeMode::Create
+    };
     if let Some(bound) = bound {
         run.workspace = bound;
     }
@@ -217,9 +316,22 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
             without_workspace(&run, &why);
         }
         Err(Took::Failed(why)) if !run.workspace.is_dir() => {
-            let events = run.deps.registry.snapshot(&run.id).map(|(_, e)| e).unwrap_or_default();
+            let events = run
+                .deps
+                .registry
+                .snapshot(&run.id)
+                .map(|(_, e)| e)
+                .unwrap_or_default();
             let deps = run.deps.clone();
-            return Launched::Over(close_unstartable(&deps, &row, events, &format!("the run's workspace is missing ({why})")).await);
+            return Launched::Over(
+                close_unstartable(
+                    &deps,
+                    &row,
+                    events,
+                    &format!("the run's workspace is missing ({why})"),
+                )
+                .await,
+            );
         }
         Err(Took::Failed(why)) => return Launched::Run(Box::new(run), Started::Fail(why)),
     }
@@ -228,18 +340,30 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     run.step = a.last_step.step;
     run.iteration = a.last_step.iteration;
     run.inbox_consumed = a.last_step.inbox_consumed_seq;
-    let last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+    let last_text = run
+        .turns
+        .iter()
+        .rev()
+        .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
+        .unwrap_or_default();
     let last_assistant = run.turns.last().and_then(AssistantTurn::from_turn);
     // Which calls to settle, and whether the transcript already ends on the answer (a finish plan).
     let mut calls = Vec::new();
     let mut finish_plan = None;
     match a.point {
         ResumePoint::ResumeAt { .. } => {
-            let recorded: Vec<String> = a.last_step.in_flight.iter().map(|c| c.call_id.clone()).collect();
+            let recorded: Vec<String> = a
+                .last_step
+                .in_flight
+                .iter()
+                .map(|c| c.call_id.clone())
+                .collect();
             if let Some(turn) = &last_assistant {
                 let ids: Vec<String> = turn.calls.iter().map(|c| c.call_id.clone()).collect();
                 if let Err(reason) = decisions::in_flight_matches(&recorded, &ids) {
-                    run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
+                    run.publish(
+                        json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}),
+                    );
                     return Launched::Run(Box::new(run), Started::Fail(reason));
                 }
                 if turn.calls.is_empty() {
@@ -252,7 +376,10 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
             // The step's turns landed but not its record: nothing was dispatched, run its calls fresh.
             run.step = step;
             run.iteration += 1;
-            calls = last_assistant.as_ref().map(|t| t.calls.clone()).unwrap_or_default();
+            calls = last_assistant
+                .as_ref()
+                .map(|t| t.calls.clone())
+                .unwrap_or_default();
             if calls.is_empty() {
                 finish_plan = Some(last_text.clone());
             }
@@ -286,7 +413,11 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     let settled: Vec<Value> = if fresh_calls {
         Vec::new()
     } else {
-        calls.iter().zip(&how).map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h})).collect()
+        calls
+            .iter()
+            .zip(&how)
+            .map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h}))
+            .collect()
     };
     run.publish(json!({"type": "resumed", "settled": settled, "fromGeneration": a.from_gen}));
     if let Some(text) = finish_plan {
@@ -312,7 +443,12 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                         event["effectsUnknown"] = json!(true);
                     }
                     run.publish_kept(event);
-                    results.push(ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: false, output: text.to_owned() });
+                    results.push(ToolResult {
+                        call_id: call.call_id.clone(),
+                        tool: call.tool.clone(),
+                        ok: false,
+                        output: text.to_owned(),
+                    });
                 }
             }
         }
@@ -325,22 +461,58 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
 /// out (its actor lost storage at the gate; SPEC §5.2 step 7): the saved status and answer go through
 /// the gate again (the committed gate answers as `Ok`), then the answer, the webhook and the record.
 /// The registry still holds what the lost actor published; else the ledger's events are replayed.
-pub(super) async fn deliver(deps: RunDeps, row: LiveRow, events: Vec<Value>, step: u64) -> Launched {
+pub(super) async fn deliver(
+    deps: RunDeps,
+    row: LiveRow,
+    events: Vec<Value>,
+    step: u64,
+) -> Launched {
     let meta = meta_from_row(&row);
     let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
-        let reason = format!("cannot deliver: agent {:?} is not configured here", meta.agent);
+        let reason = format!(
+            "cannot deliver: agent {:?} is not configured here",
+            meta.agent
+        );
         return Launched::Over(close_unstartable(&deps, &row, events, &reason).await);
     };
     if deps.registry.row(&row.run_id).is_none() {
-        let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+        let highest = events
+            .iter()
+            .filter_map(storage::record::event_seq)
+            .max()
+            .unwrap_or(0);
         let token = deps.tokens.mint(&row.run_id);
-        deps.registry.create(&row.run_id, meta.clone(), row.started_at, token, events, highest + 1000);
+        deps.registry.create(
+            &row.run_id,
+            meta.clone(),
+            row.started_at,
+            token,
+            events,
+            highest + 1000,
+        );
     }
-    let status = row.state.get("finalStatus").and_then(Value::as_str).and_then(RunStatus::parse).unwrap_or(RunStatus::Completed);
-    let answer = row.state.get("answer").and_then(Value::as_str).map(str::to_owned);
-    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + agent.budget_ms);
+    let status = row
+        .state
+        .get("finalStatus")
+        .and_then(Value::as_str)
+        .and_then(RunStatus::parse)
+        .unwrap_or(RunStatus::Completed);
+    let answer = row
+        .state
+        .get("answer")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let deadline = row
+        .meta
+        .get("deadline")
+        .and_then(Value::as_i64)
+        .unwrap_or(row.started_at + agent.budget_ms);
     // Usage totals never go backwards: from what the lost actor (or the ledger) published.
-    let published = deps.registry.snapshot(&row.run_id).map(|(_, events)| events).unwrap_or_default();
+    let published = deps
+        .registry
+        .snapshot(&row.run_id)
+        .map(|(_, events)| events)
+        .unwrap_or_default();
     let mut run = Run::new(deps, row.run_id.clone(), meta, deadline, agent);
     run.usage = agent::usage_of(&published);
     run.step = step;

@@ -31,7 +31,9 @@ pub enum Phase {
     /// The model is being asked for the next step.
     Calling,
     /// The step's turns, events and record are being written.
-    Writing { calls: bool },
+    Writing {
+        calls: bool,
+    },
     /// The inbox is read after a text-only turn.
     Reading,
     /// The follow-ups read after a text-only turn are written as a turn of their own.
@@ -90,7 +92,10 @@ pub enum Started {
     Fail(String),
     /// Past its finishing gate with this status and answer, the reply not yet sent: gate again (the
     /// committed gate answers as `Ok`), then reply and record.
-    Gated { status: RunStatus, answer: Option<String> },
+    Gated {
+        status: RunStatus,
+        answer: Option<String>,
+    },
     Fenced,
     Lost,
 }
@@ -100,19 +105,29 @@ pub enum Started {
 pub enum Msg {
     Started(Started),
     /// The shell's check at a step boundary: whether the run's deadline has passed.
-    Step { past_deadline: bool },
-    ModelAnswered { text: String, calls: usize },
+    Step {
+        past_deadline: bool,
+    },
+    ModelAnswered {
+        text: String,
+        calls: usize,
+    },
     ModelFailed(String),
     StepWritten(Written),
     /// After a text-only turn: the follow-ups read from the inbox (folded into the next turn).
-    Inbox { unread: usize },
+    Inbox {
+        unread: usize,
+    },
     ToolsDone,
     /// The boundary write and `handoff` answered; `false` when refused.
     HandedOff(bool),
     Gate(Written),
     /// The reply went out (or no webhook is configured); `killed` when the kill check before the
     /// webhook found a deletion fence; `failed` when the webhook did not take it.
-    Replied { killed: bool, failed: bool },
+    Replied {
+        killed: bool,
+        failed: bool,
+    },
     Recorded,
     // From outside.
     Stop(StopMode),
@@ -149,11 +164,19 @@ pub enum Effect {
     /// Boundary write and `handoff` ([`Msg::HandedOff`]).
     HandOff,
     /// Flush the run's events, then the finishing gate ([`Msg::Gate`]).
-    Gate { status: RunStatus, answer: Option<String> },
+    Gate {
+        status: RunStatus,
+        answer: Option<String>,
+    },
     /// Publish the answer, deliver the reply ([`Msg::Replied`]).
-    Reply { status: RunStatus, answer: Option<String> },
+    Reply {
+        status: RunStatus,
+        answer: Option<String>,
+    },
     /// The final record through the ledger's finish ([`Msg::Recorded`]).
-    Record { status: RunStatus },
+    Record {
+        status: RunStatus,
+    },
     /// Tell the supervisor; the actor stops.
     End(End),
 }
@@ -196,7 +219,6 @@ impl RunState {
     fn abortable(&self) -> bool {
         matches!(self.phase, Phase::Calling | Phase::Tools)
     }
-
 }
 
 /// The next state and effects for `msg` in `state`. A message that does not fit the phase (a late
@@ -213,7 +235,11 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             s.fenced = true;
             match phase {
                 // A write in flight answers for itself (its answer will be `Fenced`).
-                Phase::Writing { .. } | Phase::Folding | Phase::Gating | Phase::HandingOff | Phase::Recording => {}
+                Phase::Writing { .. }
+                | Phase::Folding
+                | Phase::Gating
+                | Phase::HandingOff
+                | Phase::Recording => {}
                 Phase::Boundary => end(&mut s, &mut fx, End::Fenced),
                 _ => {
                     fx.push(Effect::AbortInFlight);
@@ -255,7 +281,10 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
                 s.status = Some(*status);
                 s.answer = answer.clone();
                 s.phase = Phase::Gating;
-                fx.push(Effect::Gate { status: *status, answer: answer.clone() });
+                fx.push(Effect::Gate {
+                    status: *status,
+                    answer: answer.clone(),
+                });
             }
             Started::Fenced => end(&mut s, &mut fx, End::Fenced),
             Started::Lost => end(&mut s, &mut fx, End::StorageLost),
@@ -284,13 +313,17 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             s.phase = Phase::Writing { calls: s.calls };
             fx.push(Effect::WriteStep);
         }
-        (Msg::ModelFailed(why), Phase::Calling) => conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone()))),
+        (Msg::ModelFailed(why), Phase::Calling) => {
+            conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone())))
+        }
         (Msg::StepWritten(written), Phase::Writing { calls }) => match written {
             Written::Fenced => end(&mut s, &mut fx, End::Fenced),
             Written::Lost => end(&mut s, &mut fx, End::StorageLost),
             Written::Ok if s.fenced => end(&mut s, &mut fx, End::Fenced),
             // A hard stop that came while the step was written: its tools never start.
-            Written::Ok if calls && s.stop == Some(StopMode::Hard) => conclude(&mut s, &mut fx, None),
+            Written::Ok if calls && s.stop == Some(StopMode::Hard) => {
+                conclude(&mut s, &mut fx, None)
+            }
             Written::Ok if calls => {
                 s.phase = Phase::Tools;
                 fx.push(Effect::RunTools);
@@ -324,7 +357,11 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             fx.push(Effect::NextStep);
         }
         (Msg::HandedOff(ok), Phase::HandingOff) => {
-            end(&mut s, &mut fx, if *ok { End::HandedOff } else { End::Fenced });
+            end(
+                &mut s,
+                &mut fx,
+                if *ok { End::HandedOff } else { End::Fenced },
+            );
         }
 
         // ---- finishing ----
@@ -332,7 +369,10 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             Written::Ok if !s.fenced => {
                 s.phase = Phase::Replying;
                 let status = s.status.expect("a gate follows a conclusion");
-                fx.push(Effect::Reply { status, answer: s.answer.clone() });
+                fx.push(Effect::Reply {
+                    status,
+                    answer: s.answer.clone(),
+                });
             }
             Written::Ok | Written::Fenced => end(&mut s, &mut fx, End::Fenced),
             Written::Lost => end(&mut s, &mut fx, End::StorageLost),
@@ -354,7 +394,11 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
         (Msg::Recorded, Phase::Recording) => {
             let status = s.status.expect("a record follows a conclusion");
             // A fence that came while the record was written: the ledger refused the finish.
-            let how = if s.fenced { End::Fenced } else { End::Finished(status) };
+            let how = if s.fenced {
+                End::Fenced
+            } else {
+                End::Finished(status)
+            };
             end(&mut s, &mut fx, how);
         }
         // Anything else does not fit the phase: a late completion of an aborted effect.
@@ -373,14 +417,18 @@ fn conclude(s: &mut RunState, fx: &mut Vec<Effect>, ending: Option<Ending>) {
         }
         (Some(Ending::BudgetExhausted), stop) if s.last_text.is_empty() => {
             let _ = stop;
-            fx.push(Effect::PublishFailure("time budget exhausted before an answer".into()));
+            fx.push(Effect::PublishFailure(
+                "time budget exhausted before an answer".into(),
+            ));
             (RunStatus::Failed, None)
         }
         (_, Some(StopMode::Hard)) => (RunStatus::StoppedHard, None),
         (None, Some(StopMode::Soft)) => (RunStatus::StoppedSoft, None),
         (None, None) => (RunStatus::StoppedHard, None),
         (Some(Ending::Answer(text)), Some(StopMode::Soft)) => (RunStatus::StoppedSoft, Some(text)),
-        (Some(Ending::BudgetExhausted), Some(StopMode::Soft)) => (RunStatus::StoppedSoft, Some(s.last_text.clone())),
+        (Some(Ending::BudgetExhausted), Some(StopMode::Soft)) => {
+            (RunStatus::StoppedSoft, Some(s.last_text.clone()))
+        }
         (Some(Ending::Answer(text)), None) => (RunStatus::Completed, Some(text)),
         (Some(Ending::BudgetExhausted), None) => (RunStatus::Completed, Some(s.last_text.clone())),
     };
@@ -401,7 +449,10 @@ mod tests {
     use Effect as E;
 
     fn at(phase: Phase) -> RunState {
-        RunState { phase, ..RunState::starting() }
+        RunState {
+            phase,
+            ..RunState::starting()
+        }
     }
 
     fn with(phase: Phase, f: impl FnOnce(&mut RunState)) -> RunState {
@@ -411,7 +462,10 @@ mod tests {
     }
 
     fn gate(status: RunStatus, answer: Option<&str>) -> Effect {
-        E::Gate { status, answer: answer.map(str::to_owned) }
+        E::Gate {
+            status,
+            answer: answer.map(str::to_owned),
+        }
     }
 
     /// One row per (phase, message) pair that matters: the effects and the phase after.
@@ -518,7 +572,10 @@ mod tests {
         });
         let (next, fx) = transition(&s, &Msg::Inbox { unread: 0 });
         assert_eq!(fx, vec![gate(RunStatus::StoppedSoft, Some("partial"))]);
-        assert_eq!((next.status, next.answer.as_deref()), (Some(RunStatus::StoppedSoft), Some("partial")));
+        assert_eq!(
+            (next.status, next.answer.as_deref()),
+            (Some(RunStatus::StoppedSoft), Some("partial"))
+        );
     }
 
     #[test]
@@ -526,16 +583,29 @@ mod tests {
         let mut s = RunState::starting();
         let script = [
             Msg::Started(Started::Continue),
-            Msg::Step { past_deadline: false },
-            Msg::ModelAnswered { text: String::new(), calls: 1 },
+            Msg::Step {
+                past_deadline: false,
+            },
+            Msg::ModelAnswered {
+                text: String::new(),
+                calls: 1,
+            },
             Msg::StepWritten(Written::Ok),
             Msg::ToolsDone,
-            Msg::Step { past_deadline: false },
-            Msg::ModelAnswered { text: "done".into(), calls: 0 },
+            Msg::Step {
+                past_deadline: false,
+            },
+            Msg::ModelAnswered {
+                text: "done".into(),
+                calls: 0,
+            },
             Msg::StepWritten(Written::Ok),
             Msg::Inbox { unread: 0 },
             Msg::Gate(Written::Ok),
-            Msg::Replied { killed: false, failed: false },
+            Msg::Replied {
+                killed: false,
+                failed: false,
+            },
             Msg::Recorded,
         ];
         let mut all = Vec::new();
@@ -545,7 +615,15 @@ mod tests {
             all.extend(fx);
         }
         assert_eq!(s.phase, Phase::Ended(End::Finished(RunStatus::Completed)));
-        assert_eq!(all.last(), Some(&Effect::End(End::Finished(RunStatus::Completed))));
-        assert_eq!(all.iter().filter(|e| matches!(e, Effect::WriteStep)).count(), 2);
+        assert_eq!(
+            all.last(),
+            Some(&Effect::End(End::Finished(RunStatus::Completed)))
+        );
+        assert_eq!(
+            all.iter()
+                .filter(|e| matches!(e, Effect::WriteStep))
+                .count(),
+            2
+        );
     }
 }

@@ -40,7 +40,10 @@ use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture};
+use actix::{
+    Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message,
+    SpawnHandle, WrapFuture,
+};
 use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -55,9 +58,12 @@ use crate::heartbeat::{Heartbeat, HeartbeatNews, Track, Untrack};
 use crate::history::HistoryWriter;
 use crate::registry::{Registry, RunMeta};
 use crate::tools::Toolbox;
-use machine::{Effect, End, Msg, RunState, Written};
-pub use record::{admitted_successor, assemble_record, build_record, close_row, closing_record, meta_from_row, RecordExtras, DELIVERY_UNKNOWN};
 use launch::Launched;
+use machine::{Effect, End, Msg, RunState, Written};
+pub use record::{
+    admitted_successor, assemble_record, build_record, close_row, closing_record, meta_from_row,
+    RecordExtras, DELIVERY_UNKNOWN,
+};
 use work::{Delivery, Gate, Run};
 
 /// An admitted message, as saved in `meta.request` and replayed by a restart.
@@ -101,12 +107,21 @@ pub struct AgentEntry {
 impl AgentEntry {
     /// An agent with every tool, the default retry policy and no streaming.
     pub fn new(agent: Arc<dyn Agent>, budget_ms: i64, system: impl Into<String>) -> Self {
-        AgentEntry { agent, budget_ms, system: system.into(), tools: None, retry: Default::default(), stream: false }
+        AgentEntry {
+            agent,
+            budget_ms,
+            system: system.into(),
+            tools: None,
+            retry: Default::default(),
+            stream: false,
+        }
     }
 
     /// Whether the model may call `tool` (SPEC §8.3 `tools` allowlist).
     pub fn allows(&self, tool: &str) -> bool {
-        self.tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| t == tool))
+        self.tools
+            .as_ref()
+            .is_none_or(|allowed| allowed.iter().any(|t| t == tool))
     }
 }
 
@@ -145,8 +160,19 @@ impl StopActor {
     /// Sanitize the id to `^[A-Za-z0-9:@._-]{1,128}$` (SPEC §5.6): other characters are stripped, the rest
     /// capped at 128; nothing left reads `unknown`.
     pub fn new(kind: &str, id: &str) -> Self {
-        let kept: String = id.chars().filter(|c| c.is_ascii_alphanumeric() || ":@._-".contains(*c)).take(128).collect();
-        StopActor { kind: kind.to_owned(), id: if kept.is_empty() { "unknown".to_owned() } else { kept } }
+        let kept: String = id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || ":@._-".contains(*c))
+            .take(128)
+            .collect();
+        StopActor {
+            kind: kind.to_owned(),
+            id: if kept.is_empty() {
+                "unknown".to_owned()
+            } else {
+                kept
+            },
+        }
     }
 }
 
@@ -164,10 +190,18 @@ pub enum Launch {
     Resume(Adoption),
     /// Re-run an `attaching` row from its saved request under the same id and start (SPEC §6.3); with
     /// `from_gen: None`, a successor run a finish admitted here, started for the first time.
-    Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
+    Restart {
+        row: LiveRow,
+        events: Vec<Value>,
+        from_gen: Option<String>,
+    },
     /// Continue the reply of a row of this generation past its finishing gate whose reply never went
     /// out (its actor lost storage at the gate): the saved status and answer, then the record.
-    Deliver { row: LiveRow, events: Vec<Value>, step: u64 },
+    Deliver {
+        row: LiveRow,
+        events: Vec<Value>,
+        step: u64,
+    },
 }
 
 impl Launch {
@@ -215,7 +249,6 @@ pub struct RunEnded {
     pub successor: Option<(LiveRow, Vec<Value>)>,
 }
 
-
 /// How a run's task ended: why, and the successor run its finish admitted here, if any.
 type Ended = (StopReason, Option<(LiveRow, Vec<Value>)>);
 
@@ -254,10 +287,18 @@ pub struct Done {
 
 enum Completion {
     Launched(Launched),
-    ModelDone { items: Vec<InboxItem>, reply: Result<AssistantTurn, String>, ms: u64 },
+    ModelDone {
+        items: Vec<InboxItem>,
+        reply: Result<AssistantTurn, String>,
+        ms: u64,
+    },
     StepWritten(Option<storage::Result<storage::ledger::Outcome<()>>>),
     InboxRead(Vec<InboxItem>),
-    ToolsDone { results: Vec<ToolResult>, events: Vec<Value>, ms: u64 },
+    ToolsDone {
+        results: Vec<ToolResult>,
+        events: Vec<Value>,
+        ms: u64,
+    },
     HandedOff(bool),
     Finishing(Gate),
     Replied(Delivery),
@@ -288,7 +329,17 @@ impl RunActor {
             Launch::Resume(a) => a.row.run_id.clone(),
             Launch::Restart { row, .. } | Launch::Deliver { row, .. } => row.run_id.clone(),
         };
-        RunActor { id, deps, launch: Some(launch), state: RunState::starting(), run: None, in_flight: None, epoch: 0, stop_actor: None, failure: None }
+        RunActor {
+            id,
+            deps,
+            launch: Some(launch),
+            state: RunState::starting(),
+            run: None,
+            in_flight: None,
+            epoch: 0,
+            stop_actor: None,
+            failure: None,
+        }
     }
 
     pub fn id(&self) -> &str {
@@ -311,7 +362,8 @@ impl RunActor {
         F: std::future::Future + 'static,
     {
         let epoch = self.epoch;
-        let span = tracing::info_span!("run", run_id = %self.id, generation = self.deps.gen.as_str());
+        let span =
+            tracing::info_span!("run", run_id = %self.id, generation = self.deps.gen.as_str());
         let fut = tracing::Instrument::instrument(AssertUnwindSafe(fut).catch_unwind(), span);
         let handle = ctx.spawn(fut.into_actor(self).map(move |out, _act, ctx| {
             let what = match out {
@@ -330,7 +382,9 @@ impl RunActor {
     }
 
     fn run(&mut self) -> &mut Run {
-        self.run.as_mut().expect("effects after the launch have the run's data")
+        self.run
+            .as_mut()
+            .expect("effects after the launch have the run's data")
     }
 
     fn execute(&mut self, effect: Effect, ctx: &mut Context<Self>) {
@@ -338,7 +392,11 @@ impl RunActor {
             Effect::NextStep => ctx.notify(Step),
             Effect::CallModel => {
                 let fut = self.run().call_model();
-                self.spawn(ctx, fut, |(items, reply, ms)| Completion::ModelDone { items, reply, ms });
+                self.spawn(ctx, fut, |(items, reply, ms)| Completion::ModelDone {
+                    items,
+                    reply,
+                    ms,
+                });
             }
             Effect::WriteStep => {
                 let run = self.run();
@@ -350,7 +408,10 @@ impl RunActor {
                 }
                 match run.durable_step(turns, &calls) {
                     Some(write) => self.spawn(ctx, write, Completion::StepWritten),
-                    None => ctx.notify(Done { epoch: self.epoch, what: Completion::StepWritten(Some(Ok(Ok(())))) }),
+                    None => ctx.notify(Done {
+                        epoch: self.epoch,
+                        what: Completion::StepWritten(Some(Ok(Ok(())))),
+                    }),
                 }
             }
             Effect::ReadInbox => {
@@ -359,11 +420,18 @@ impl RunActor {
             }
             Effect::RunTools => {
                 let fut = self.run().run_tools();
-                self.spawn(ctx, fut, |(results, events, ms)| Completion::ToolsDone { results, events, ms });
+                self.spawn(ctx, fut, |(results, events, ms)| Completion::ToolsDone {
+                    results,
+                    events,
+                    ms,
+                });
             }
             Effect::WriteFollowups => match self.run().write_followups() {
                 Some(write) => self.spawn(ctx, write, Completion::StepWritten),
-                None => ctx.notify(Done { epoch: self.epoch, what: Completion::StepWritten(Some(Ok(Ok(())))) }),
+                None => ctx.notify(Done {
+                    epoch: self.epoch,
+                    what: Completion::StepWritten(Some(Ok(Ok(())))),
+                }),
             },
             Effect::AbortInFlight => {
                 self.epoch += 1;
@@ -377,7 +445,12 @@ impl RunActor {
                 if let Some(actor) = self.stop_actor.take() {
                     event["actor"] = json!(actor);
                 }
-                publish(&self.deps, &self.id, event, self.run.as_ref().is_none_or(|r| r.tracked()));
+                publish(
+                    &self.deps,
+                    &self.id,
+                    event,
+                    self.run.as_ref().is_none_or(|r| r.tracked()),
+                );
             }
             Effect::Note(kind) => self.run().note(kind, "the run's time budget ran out"),
             Effect::PublishFailure(message) => {
@@ -415,12 +488,18 @@ impl RunActor {
     fn end(&mut self, end: End, successor: Option<(LiveRow, Vec<Value>)>, ctx: &mut Context<Self>) {
         let reason = match end {
             End::Finished(status) => {
-                self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
+                self.deps
+                    .flusher
+                    .do_send(crate::flusher::Forget(self.id.clone()));
                 // The one line per run end: its status, and what failed it (redacted, as the record has it).
                 let (id, gen, status_text) = (&self.id, self.deps.gen.as_str(), status.as_str());
                 match &self.failure {
-                    Some(error) => tracing::info!(run_id = %id, generation = gen, status = status_text, error = %error, "run finished; workspace released"),
-                    None => tracing::info!(run_id = %id, generation = gen, status = status_text, "run finished; workspace released"),
+                    Some(error) => {
+                        tracing::info!(run_id = %id, generation = gen, status = status_text, error = %error, "run finished; workspace released")
+                    }
+                    None => {
+                        tracing::info!(run_id = %id, generation = gen, status = status_text, "run finished; workspace released")
+                    }
                 }
                 StopReason::Finished(status)
             }
@@ -433,7 +512,9 @@ impl RunActor {
             }
             End::HandedOff => {
                 self.deps.registry.discard(&self.id);
-                self.deps.flusher.do_send(crate::flusher::Forget(self.id.clone()));
+                self.deps
+                    .flusher
+                    .do_send(crate::flusher::Forget(self.id.clone()));
                 StopReason::HandedOff
             }
             End::StorageLost => StopReason::StorageLost,
@@ -441,10 +522,19 @@ impl RunActor {
         self.finish_actor(reason, successor, ctx);
     }
 
-    fn finish_actor(&mut self, reason: StopReason, successor: Option<(LiveRow, Vec<Value>)>, ctx: &mut Context<Self>) {
+    fn finish_actor(
+        &mut self,
+        reason: StopReason,
+        successor: Option<(LiveRow, Vec<Value>)>,
+        ctx: &mut Context<Self>,
+    ) {
         // The heartbeat never renews a run whose actor is gone; a re-adoption tracks it again.
         self.deps.heartbeat.do_send(Untrack(self.id.clone()));
-        self.deps.on_ended.do_send(RunEnded { run_id: self.id.clone(), reason, successor });
+        self.deps.on_ended.do_send(RunEnded {
+            run_id: self.id.clone(),
+            reason,
+            successor,
+        });
         ctx.stop();
     }
 }
@@ -455,14 +545,28 @@ impl Actor for RunActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let launch = self.launch.take().expect("a run actor starts once");
         // The heartbeat starts with the run (at the reservation for a fresh run, at once for an adoption).
-        self.deps.heartbeat.do_send(Track { run_id: self.id.clone(), gen: self.deps.gen.as_str().to_owned() });
+        self.deps.heartbeat.do_send(Track {
+            run_id: self.id.clone(),
+            gen: self.deps.gen.as_str().to_owned(),
+        });
         let deps = self.deps.clone();
         let fut = async move {
             match launch {
-                Launch::Fresh { id, meta, request, started_at } => launch::fresh(deps, id, meta, request, started_at).await,
+                Launch::Fresh {
+                    id,
+                    meta,
+                    request,
+                    started_at,
+                } => launch::fresh(deps, id, meta, request, started_at).await,
                 Launch::Resume(adoption) => launch::resume(deps, adoption).await,
-                Launch::Restart { row, events, from_gen } => launch::restart(deps, row, events, from_gen).await,
-                Launch::Deliver { row, events, step } => launch::deliver(deps, row, events, step).await,
+                Launch::Restart {
+                    row,
+                    events,
+                    from_gen,
+                } => launch::restart(deps, row, events, from_gen).await,
+                Launch::Deliver { row, events, step } => {
+                    launch::deliver(deps, row, events, step).await
+                }
             }
         };
         self.spawn(ctx, fut, Completion::Launched);
@@ -491,9 +595,16 @@ impl Handler<Done> for RunActor {
                 tracing::error!(run_id = %self.id, generation = self.deps.gen.as_str(), "run panicked");
                 return self.finish_actor(StopReason::Panicked(what), None, ctx);
             }
-            Completion::Launched(Launched::Over((reason, successor))) => return self.finish_actor(reason, successor, ctx),
+            Completion::Launched(Launched::Over((reason, successor))) => {
+                return self.finish_actor(reason, successor, ctx)
+            }
             Completion::Launched(Launched::Run(run, started)) => {
-                self.state.last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+                self.state.last_text = run
+                    .turns
+                    .iter()
+                    .rev()
+                    .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
+                    .unwrap_or_default();
                 if let Some(mode) = run.recorded_stop {
                     // Committed and announced by an earlier incarnation: it decides from the first step.
                     self.deps.registry.set_stop(&self.id, mode);
@@ -514,10 +625,18 @@ impl Handler<Done> for RunActor {
                     Ok(turn) => {
                         if let Some(usage) = turn.usage {
                             let model = run.agent.agent.model().to_owned();
-                            run.deps.metrics.tokens(&run.meta.agent, &model, usage.input_tokens, usage.output_tokens);
+                            run.deps.metrics.tokens(
+                                &run.meta.agent,
+                                &model,
+                                usage.input_tokens,
+                                usage.output_tokens,
+                            );
                             *run.usage.entry(model).or_default() += usage;
                         }
-                        let msg = Msg::ModelAnswered { text: turn.text.clone(), calls: turn.calls.len() };
+                        let msg = Msg::ModelAnswered {
+                            text: turn.text.clone(),
+                            calls: turn.calls.len(),
+                        };
                         run.current = Some(turn);
                         msg
                     }
@@ -540,7 +659,11 @@ impl Handler<Done> for RunActor {
                 }
                 Msg::Inbox { unread }
             }
-            Completion::ToolsDone { results, events, ms } => {
+            Completion::ToolsDone {
+                results,
+                events,
+                ms,
+            } => {
                 let run = self.run();
                 for event in events {
                     run.keep(event);
@@ -557,11 +680,17 @@ impl Handler<Done> for RunActor {
                 self.run().detach("finishing", why);
                 Msg::Gate(Written::Ok)
             }
-            Completion::Replied(Delivery::Killed) => Msg::Replied { killed: true, failed: false },
+            Completion::Replied(Delivery::Killed) => Msg::Replied {
+                killed: true,
+                failed: false,
+            },
             Completion::Replied(Delivery::Sent(reply)) => {
                 let failed = reply.as_ref().is_some_and(|(ok, _)| !ok);
                 self.run().reply = reply;
-                Msg::Replied { killed: false, failed }
+                Msg::Replied {
+                    killed: false,
+                    failed,
+                }
             }
             Completion::Finish(work::Recorded::Fenced) => return self.end(End::Fenced, None, ctx),
             Completion::Finish(work::Recorded::Ended(successor)) => {
@@ -638,11 +767,14 @@ pub struct StopRequest {
 pub(crate) fn publish(deps: &RunDeps, id: &str, event: Value, durable: bool) -> Option<Value> {
     let stamped = deps.registry.publish(id, event)?;
     if durable {
-        deps.flusher.do_send(Push { run_id: id.to_owned(), gen: deps.gen.as_str().to_owned(), event: stamped.clone() });
+        deps.flusher.do_send(Push {
+            run_id: id.to_owned(),
+            gen: deps.gen.as_str().to_owned(),
+            event: stamped.clone(),
+        });
     }
     Some(stamped)
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -650,9 +782,15 @@ mod tests {
 
     #[test]
     fn a_stop_actor_id_is_stripped_to_its_charset_and_capped_and_nothing_left_reads_unknown() {
-        assert_eq!(StopActor::new("token", "ops@example.com").id, "ops@example.com");
+        assert_eq!(
+            StopActor::new("token", "ops@example.com").id,
+            "ops@example.com"
+        );
         assert_eq!(StopActor::new("token", "ops team <boss>").id, "opsteamboss");
-        assert_eq!(StopActor::new("token", &"a".repeat(300)).id, "a".repeat(128));
+        assert_eq!(
+            StopActor::new("token", &"a".repeat(300)).id,
+            "a".repeat(128)
+        );
         assert_eq!(StopActor::new("token", "").id, "unknown");
         assert_eq!(StopActor::new("token", "☃ ☃").id, "unknown");
     }

@@ -2,7 +2,9 @@
 
 use serde_json::{json, Value};
 use storage::ledger::{LiveRow, Successor};
-use storage::record::{fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES};
+use storage::record::{
+    fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES,
+};
 
 use super::{Ended, RunDeps, StopReason};
 use crate::registry::RunMeta;
@@ -22,7 +24,8 @@ pub struct RecordExtras {
 }
 
 /// The `replyNote` of a run closed from `finishing` (SPEC §6.1: delivery unknown).
-pub const DELIVERY_UNKNOWN: &str = "delivery unknown: the process that held the run ended after its finishing gate";
+pub const DELIVERY_UNKNOWN: &str =
+    "delivery unknown: the process that held the run ended after its finishing gate";
 
 /// Assemble, validate and fit a record (the one place a record is built): the registry's snapshot at a
 /// finish, or a reclaimed row's meta and live events at a close.
@@ -48,7 +51,12 @@ pub fn assemble_record(
         ("storedEventCount", json!(events.len())),
         ("truncated", json!(truncated)),
         ("events", Value::Array(events)),
-        ("diagnosis", extras.diagnosis.unwrap_or_else(|| json!({"byCategory": {}}))),
+        (
+            "diagnosis",
+            extras
+                .diagnosis
+                .unwrap_or_else(|| json!({"byCategory": {}})),
+        ),
     ] {
         v[k] = val;
     }
@@ -59,7 +67,13 @@ pub fn assemble_record(
     }
     // The answer, a failed run's error and a stopped run's stopper ride on its head, so a listing shows
     // them without reading events (RunView `answer`, `error`, `stoppedBy`).
-    let head = crate::runs_service::HeadFacts::of(status, v["events"].as_array().map(Vec::as_slice).unwrap_or_default());
+    let head = crate::runs_service::HeadFacts::of(
+        status,
+        v["events"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default(),
+    );
     if let Some(answer) = head.answer {
         v["answer"] = json!(answer);
     }
@@ -93,9 +107,25 @@ pub fn assemble_record(
 }
 
 /// A record from the registry's snapshot of the run.
-pub fn build_record(deps: &RunDeps, id: &str, status: RunStatus, finished_at: i64, extras: RecordExtras) -> Option<RunRecord> {
+pub fn build_record(
+    deps: &RunDeps,
+    id: &str,
+    status: RunStatus,
+    finished_at: i64,
+    extras: RecordExtras,
+) -> Option<RunRecord> {
     let (row, events) = deps.registry.snapshot(id)?;
-    assemble_record(id, &row.meta, row.started_at, finished_at, status, events, row.event_count, row.truncated, extras)
+    assemble_record(
+        id,
+        &row.meta,
+        row.started_at,
+        finished_at,
+        status,
+        events,
+        row.event_count,
+        row.truncated,
+        extras,
+    )
 }
 
 /// The run identity saved in a ledger row's `meta_json`.
@@ -106,7 +136,11 @@ pub fn meta_from_row(row: &LiveRow) -> RunMeta {
 /// The workspace the row is bound to (`state.binding.workspace`), re-attached as is, never migrated
 /// (SPEC §8.3).
 pub(super) fn bound_workspace(row: &LiveRow) -> Option<std::path::PathBuf> {
-    row.state.get("binding").and_then(|b| b.get("workspace")).and_then(Value::as_str).map(std::path::PathBuf::from)
+    row.state
+        .get("binding")
+        .and_then(|b| b.get("workspace"))
+        .and_then(Value::as_str)
+        .map(std::path::PathBuf::from)
 }
 
 /// The successor run a finish (or close) admitted under this generation: its `attaching` row and first
@@ -116,13 +150,22 @@ pub async fn admitted_successor(deps: &RunDeps, id: &str) -> Option<(LiveRow, Ve
     if row.owner_gen != deps.gen.as_str() || row.phase != storage::ledger::Phase::Attaching {
         return None;
     }
-    let events = deps.storage.live_events(id.to_owned(), 0, usize::MAX >> 1).await.ok()??;
+    let events = deps
+        .storage
+        .live_events(id.to_owned(), 0, usize::MAX >> 1)
+        .await
+        .ok()??;
     Some((row, events))
 }
 
 /// Close a row this generation holds that cannot run (its agent is not configured here, its request is
 /// unreadable): `interrupted`, naming why, so no sweep relaunches it.
-pub(super) async fn close_unstartable(deps: &RunDeps, row: &LiveRow, events: Vec<Value>, reason: &str) -> Ended {
+pub(super) async fn close_unstartable(
+    deps: &RunDeps,
+    row: &LiveRow,
+    events: Vec<Value>,
+    reason: &str,
+) -> Ended {
     tracing::error!(run_id = %row.run_id, generation = deps.gen.as_str(), reason, "closing a run that cannot start here");
     deps.registry.discard(&row.run_id);
     match close_row(deps, row, events, RunStatus::Interrupted, reason).await {
@@ -145,19 +188,45 @@ pub fn closing_record(
     now: i64,
     redactor: &crate::redact::Redactor,
 ) -> Option<RunRecord> {
-    let mut last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let mut last = events
+        .iter()
+        .filter_map(storage::record::event_seq)
+        .max()
+        .unwrap_or(0);
     let gated = row.state.get("finalStatus").is_some();
-    if let Some(answer) = row.state.get("answer").and_then(Value::as_str).filter(|_| gated) {
+    if let Some(answer) = row
+        .state
+        .get("answer")
+        .and_then(Value::as_str)
+        .filter(|_| gated)
+    {
         if !events.iter().any(|e| e["type"] == "answer") {
             last += 1;
             let text = redactor.redact(answer);
-            events.push(storage::record::cap_event_for_publish(json!({"type": "answer", "seq": last, "at": now, "text": text})));
+            events.push(storage::record::cap_event_for_publish(
+                json!({"type": "answer", "seq": last, "at": now, "text": text}),
+            ));
         }
     }
-    events.push(json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}));
+    events.push(
+        json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}),
+    );
     let count = events.len() as u64;
-    let extras = RecordExtras { delivery_unknown: gated, ..Default::default() };
-    assemble_record(&row.run_id, &meta_from_row(row), row.started_at, now, status, events, count, false, extras)
+    let extras = RecordExtras {
+        delivery_unknown: gated,
+        ..Default::default()
+    };
+    assemble_record(
+        &row.run_id,
+        &meta_from_row(row),
+        row.started_at,
+        now,
+        status,
+        events,
+        count,
+        false,
+        extras,
+    )
 }
 
 /// Close a row with a record built from the row and its live events, through the finish transaction
@@ -176,19 +245,38 @@ pub async fn close_row(
     // the owner (a stale closer, paused while another generation took the row, leaves the real owner's
     // fence alone; its finish is refused next). Best effort: a workspace that is gone, or whose lock a
     // paused owner holds, leaves the old fence, which names a generation that no longer owns the row.
-    let dir = bound_workspace(row).unwrap_or_else(|| crate::tools::workspace_dir(&deps.workspace_root, &row.run_id));
+    let dir = bound_workspace(row)
+        .unwrap_or_else(|| crate::tools::workspace_dir(&deps.workspace_root, &row.run_id));
     if dir.is_dir() {
         let fence = format!("{}#close", deps.gen.as_str());
         let owns = super::launch::still_owner(deps, &row.run_id);
-        if let Err(e) = crate::tools::take_workspace_async(dir, fence, crate::tools::TakeMode::Existing, owns).await {
+        if let Err(e) =
+            crate::tools::take_workspace_async(dir, fence, crate::tools::TakeMode::Existing, owns)
+                .await
+        {
             tracing::warn!(run_id = %row.run_id, generation = deps.gen.as_str(), error = %e, "did not take the workspace fence before closing");
         }
     }
-    let record = closing_record(row, events, status, reason, deps.clock.now_ms(), deps.registry.redactor())
-        .ok_or("the row does not make a valid record")?;
-    let successor = Successor { run_id: uuid::Uuid::now_v7().to_string(), lease_ms: deps.lease_ms, inbox_consumed: None };
+    let record = closing_record(
+        row,
+        events,
+        status,
+        reason,
+        deps.clock.now_ms(),
+        deps.registry.redactor(),
+    )
+    .ok_or("the row does not make a valid record")?;
+    let successor = Successor {
+        run_id: uuid::Uuid::now_v7().to_string(),
+        lease_ms: deps.lease_ms,
+        inbox_consumed: None,
+    };
     let successor_id = successor.run_id.clone();
-    match deps.storage.finish(deps.gen.as_str().to_owned(), record, None, Some(successor)).await {
+    match deps
+        .storage
+        .finish(deps.gen.as_str().to_owned(), record, None, Some(successor))
+        .await
+    {
         Ok(Ok(_)) => {
             tracing::info!(run_id = %row.run_id, generation = deps.gen.as_str(), status = status.as_str(), reason, "closed a run");
             Ok(admitted_successor(deps, &successor_id).await)

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::decisions;
-use storage::ledger::{InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Successor, Turn};
+use storage::ledger::{
+    InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Successor, Turn,
+};
 use storage::record::RunStatus;
 
 use super::machine::Written;
@@ -95,10 +97,25 @@ pub(super) struct Run {
 }
 
 impl Run {
-    pub(super) fn new(deps: RunDeps, id: String, meta: RunMeta, deadline: i64, agent: AgentEntry) -> Self {
+    pub(super) fn new(
+        deps: RunDeps,
+        id: String,
+        meta: RunMeta,
+        deadline: i64,
+        agent: AgentEntry,
+    ) -> Self {
         let workspace = crate::tools::workspace_dir(&deps.workspace_root, &id);
-        let tool_defs = deps.tools.defs().into_iter().filter(|d| agent.allows(&d.name)).collect();
-        let fence = format!("{}#{}", deps.gen.as_str(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let tool_defs = deps
+            .tools
+            .defs()
+            .into_iter()
+            .filter(|d| agent.allows(&d.name))
+            .collect();
+        let fence = format!(
+            "{}#{}",
+            deps.gen.as_str(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
         Run {
             fence,
             gen: deps.gen.as_str().to_owned(),
@@ -186,7 +203,9 @@ impl Run {
             self.deps.metrics.fences.inc();
             tracing::warn!(run_id = %self.id, generation = %self.gen, "fenced: another generation owns the run");
             self.tracking = Tracking::Fenced;
-            self.deps.heartbeat.do_send(crate::heartbeat::Untrack(self.id.clone()));
+            self.deps
+                .heartbeat
+                .do_send(crate::heartbeat::Untrack(self.id.clone()));
         }
     }
 
@@ -197,8 +216,13 @@ impl Run {
         }
         tracing::warn!(run_id = %self.id, generation = %self.gen, what, why = %why, "ledger write failed: detaching");
         self.tracking = Tracking::Detached;
-        self.deps.heartbeat.do_send(crate::heartbeat::Untrack(self.id.clone()));
-        self.note("ledger_detached", &format!("{what} failed; this run is not resumable"));
+        self.deps
+            .heartbeat
+            .do_send(crate::heartbeat::Untrack(self.id.clone()));
+        self.note(
+            "ledger_detached",
+            &format!("{what} failed; this run is not resumable"),
+        );
         let mut patch = Map::new();
         patch.insert("detached".into(), Value::Bool(true));
         let (storage, id, gen) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone());
@@ -209,8 +233,14 @@ impl Run {
 
     /// Act on an owner write's answer: `Ok` when it landed (or the run went on detached), `Fenced`
     /// when another generation owns the row, `Lost` when storage stayed away past the lease.
-    pub fn settle<T>(&mut self, what: &str, answer: Option<storage::Result<Outcome<T>>>) -> Written {
-        let Some(answer) = answer else { return Written::Lost };
+    pub fn settle<T>(
+        &mut self,
+        what: &str,
+        answer: Option<storage::Result<Outcome<T>>>,
+    ) -> Written {
+        let Some(answer) = answer else {
+            return Written::Lost;
+        };
         let refusal = match &answer {
             Ok(Err(Refusal::Fenced { .. })) => Some("fenced"),
             Ok(Err(Refusal::UnknownRun { .. })) => Some("unknown_run"),
@@ -247,7 +277,13 @@ impl Run {
             step: self.step,
             seq: self.deps.registry.last_seq(&self.id).unwrap_or(0),
             turn_index: self.turn_count,
-            in_flight: calls.iter().map(|c| InFlight { call_id: c.call_id.clone(), tool: c.tool.clone() }).collect(),
+            in_flight: calls
+                .iter()
+                .map(|c| InFlight {
+                    call_id: c.call_id.clone(),
+                    tool: c.tool.clone(),
+                })
+                .collect(),
             inbox_consumed_seq: self.inbox_consumed,
             remaining_ms: (self.deadline - self.now()).max(0),
             turn: self.step,
@@ -258,14 +294,33 @@ impl Run {
     /// The durable write of `new` turns, the step's events and then its record with `calls` in flight,
     /// in one commit (the record is never durable without its turns; the tools run only after both).
     /// The transcript in memory moves on at once; `None` when there is nothing to write (untracked).
-    pub fn durable_step(&mut self, new: Vec<Turn>, calls: &[ToolCall]) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static> {
+    pub fn durable_step(
+        &mut self,
+        new: Vec<Turn>,
+        calls: &[ToolCall],
+    ) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static>
+    {
         let w = self.step_write(new, calls)?;
-        let (s, id, gen, lease_ms) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone(), self.deps.lease_ms);
+        let (s, id, gen, lease_ms) = (
+            self.deps.storage.clone(),
+            self.id.clone(),
+            self.gen.clone(),
+            self.deps.lease_ms,
+        );
         let metrics = self.deps.metrics.clone();
         Some(async move {
             let started = Instant::now();
-            let answer =
-                retry_transient(lease_ms, || s.durable_step(id.clone(), gen.clone(), w.first_idx, w.turns.clone(), w.record.clone(), w.events.clone())).await;
+            let answer = retry_transient(lease_ms, || {
+                s.durable_step(
+                    id.clone(),
+                    gen.clone(),
+                    w.first_idx,
+                    w.turns.clone(),
+                    w.record.clone(),
+                    w.events.clone(),
+                )
+            })
+            .await;
             if answer.is_some() {
                 metrics.step_commit(started.elapsed()); // storage answered (committed or refused) within the lease
             }
@@ -283,7 +338,12 @@ impl Run {
         if !self.tracked() {
             return None;
         }
-        Some(StepWrite { first_idx, turns: new, record: self.step_record(calls), events })
+        Some(StepWrite {
+            first_idx,
+            turns: new,
+            record: self.step_record(calls),
+            events,
+        })
     }
 
     /// The current step's `assistant` event, with the model and its usage when the agent reported it.
@@ -299,7 +359,10 @@ impl Run {
 
     /// This step's turns: the pending results (or follow-ups) and the model's turn.
     pub fn take_step_turns(&mut self) -> (Vec<Turn>, Vec<ToolCall>) {
-        let turn = self.current.clone().expect("a step write follows a model answer");
+        let turn = self
+            .current
+            .clone()
+            .expect("a step write follows a model answer");
         let mut new: Vec<Turn> = self.pending.take().into_iter().collect();
         new.push(turn.to_turn());
         (new, turn.calls)
@@ -309,23 +372,41 @@ impl Run {
     /// commits with the step that writes the turn (SPEC §5.2 step 5), so a crash before that step
     /// leaves the message unread for the resumed run, and a crash after it leaves both.
     pub fn fold(&mut self, items: Vec<InboxItem>) {
-        let Some(last) = items.iter().map(|i| i.seq).max() else { return };
+        let Some(last) = items.iter().map(|i| i.seq).max() else {
+            return;
+        };
         let mut followups = Vec::with_capacity(items.len());
         for item in items {
-            let text = item.message.get("text").and_then(Value::as_str).unwrap_or_default().to_owned();
-            self.publish_in_step(json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq}));
+            let text = item
+                .message
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            self.publish_in_step(
+                json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq}),
+            );
             followups.push((item.seq, text));
         }
         self.inbox_consumed = Some(last);
         match &mut self.pending {
-            Some(turn) => turn.parts.extend(followups.iter().map(|(seq, t)| agent::followup_part(*seq, t))),
+            Some(turn) => turn.parts.extend(
+                followups
+                    .iter()
+                    .map(|(seq, t)| agent::followup_part(*seq, t)),
+            ),
             None => self.pending = Some(agent::followups_turn(&followups)),
         }
     }
 
     /// Unread follow-ups past what this run consumed (none when untracked or unreadable).
     pub fn read_inbox(&self) -> impl std::future::Future<Output = Vec<InboxItem>> + 'static {
-        let (s, id, after, tracked) = (self.deps.storage.clone(), self.id.clone(), self.inbox_consumed, self.tracked());
+        let (s, id, after, tracked) = (
+            self.deps.storage.clone(),
+            self.id.clone(),
+            self.inbox_consumed,
+            self.tracked(),
+        );
         async move {
             if !tracked {
                 return Vec::new();
@@ -341,11 +422,25 @@ impl Run {
     /// its follow-ups wait, so the transcript keeps its one-turn-per-step shape). A transient error is
     /// retried per the agent's policy (SPEC §8.3): each retry publishes `model_retry`, and the wait counts
     /// against the budget. Answers the items read (for [`Run::fold`]), the model's reply and the time spent.
-    pub fn call_model(&self) -> impl std::future::Future<Output = (Vec<InboxItem>, Result<AssistantTurn, String>, u64)> + 'static {
+    pub fn call_model(
+        &self,
+    ) -> impl std::future::Future<Output = (Vec<InboxItem>, Result<AssistantTurn, String>, u64)> + 'static
+    {
         let inbox = self.pending.is_some().then(|| self.read_inbox());
-        let (agent, system, defs, turns, pending) =
-            (self.agent.clone(), self.system.clone(), self.tool_defs.clone(), self.turns.clone(), self.pending.clone());
-        let (deps, id, tracked, step, deadline) = (self.deps.clone(), self.id.clone(), self.tracked(), self.step + 1, self.deadline);
+        let (agent, system, defs, turns, pending) = (
+            self.agent.clone(),
+            self.system.clone(),
+            self.tool_defs.clone(),
+            self.turns.clone(),
+            self.pending.clone(),
+        );
+        let (deps, id, tracked, step, deadline) = (
+            self.deps.clone(),
+            self.id.clone(),
+            self.tracked(),
+            self.step + 1,
+            self.deadline,
+        );
         let agent_name = self.meta.agent.clone();
         async move {
             let items = match inbox {
@@ -355,14 +450,24 @@ impl Run {
             let mut conversation = turns;
             if let Some(mut turn) = pending {
                 turn.parts.extend(items.iter().map(|i| {
-                    agent::followup_part(i.seq, i.message.get("text").and_then(Value::as_str).unwrap_or_default())
+                    agent::followup_part(
+                        i.seq,
+                        i.message
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default(),
+                    )
                 }));
                 conversation.push(turn);
             }
             let started = Instant::now();
             let mut attempt = 1;
             let reply = loop {
-                let conv = Conversation { system: &system, turns: &conversation, tools: &defs };
+                let conv = Conversation {
+                    system: &system,
+                    turns: &conversation,
+                    tools: &defs,
+                };
                 let answer = if agent.stream {
                     // Deltas reach this process's live viewers only: never stored, never replayed.
                     let on_delta = |text: &str| {
@@ -377,18 +482,30 @@ impl Run {
                     Err(e) if !e.is_transient() => break Err(e.to_string()),
                     Err(e) => e,
                 };
-                let Some(wait) = agent.retry.wait(attempt, err.retry_after(), rand::random::<f64>()) else {
+                let Some(wait) =
+                    agent
+                        .retry
+                        .wait(attempt, err.retry_after(), rand::random::<f64>())
+                else {
                     break Err(err.to_string());
                 };
                 if deps.clock.now_ms() + wait.as_millis() as i64 >= deadline {
-                    break Err(format!("time budget exhausted while waiting to retry: {err}"));
+                    break Err(format!(
+                        "time budget exhausted while waiting to retry: {err}"
+                    ));
                 }
-                publish(&deps, &id, json!({"type": "model_retry", "attempt": attempt, "waitMs": wait.as_millis() as u64,
-                    "error": summarize(&deps, &err.to_string()), "step": step}), tracked);
+                publish(
+                    &deps,
+                    &id,
+                    json!({"type": "model_retry", "attempt": attempt, "waitMs": wait.as_millis() as u64,
+                    "error": summarize(&deps, &err.to_string()), "step": step}),
+                    tracked,
+                );
                 tokio::time::sleep(wait).await;
                 attempt += 1;
             };
-            deps.metrics.model_call(&agent_name, agent.agent.model(), started.elapsed());
+            deps.metrics
+                .model_call(&agent_name, agent.agent.model(), started.elapsed());
             (items, reply, started.elapsed().as_millis() as u64)
         }
     }
@@ -396,8 +513,14 @@ impl Run {
     /// The current step's tool calls, one after another (SPEC §5.2 step 5).
     /// Answers the results, their published `tool_result` events (kept for the next durable write) and
     /// the time spent.
-    pub fn run_tools(&self) -> impl std::future::Future<Output = (Vec<ToolResult>, Vec<Value>, u64)> + 'static {
-        let calls = self.current.as_ref().map(|t| t.calls.clone()).unwrap_or_default();
+    pub fn run_tools(
+        &self,
+    ) -> impl std::future::Future<Output = (Vec<ToolResult>, Vec<Value>, u64)> + 'static {
+        let calls = self
+            .current
+            .as_ref()
+            .map(|t| t.calls.clone())
+            .unwrap_or_default();
         let tools = ToolRunner::of(self);
         async move {
             let started = Instant::now();
@@ -415,7 +538,10 @@ impl Run {
     /// Write the follow-ups folded after a text-only turn at once, as a turn of their own under the same
     /// step with nothing in flight, together with that turn's `assistant` event and their `input`
     /// events (SPEC §4.3): the transcript never holds the answer turn while its event is unflushed.
-    pub fn write_followups(&mut self) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static> {
+    pub fn write_followups(
+        &mut self,
+    ) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static>
+    {
         let turns: Vec<Turn> = self.pending.take().into_iter().collect();
         self.durable_step(turns, &[])
     }
@@ -425,8 +551,15 @@ impl Run {
     /// and hand the row to the next generation. The next process resumes from exactly here.
     pub fn hand_off(&mut self) -> impl std::future::Future<Output = bool> + 'static {
         let results: Vec<Turn> = self.pending.take().into_iter().collect();
-        let write = (!results.is_empty() || !self.step_events.is_empty()).then(|| self.durable_step(results, &[])).flatten();
-        let (deps, id, gen, tracked) = (self.deps.clone(), self.id.clone(), self.gen.clone(), self.tracked());
+        let write = (!results.is_empty() || !self.step_events.is_empty())
+            .then(|| self.durable_step(results, &[]))
+            .flatten();
+        let (deps, id, gen, tracked) = (
+            self.deps.clone(),
+            self.id.clone(),
+            self.gen.clone(),
+            self.tracked(),
+        );
         let step = self.step;
         async move {
             if !tracked {
@@ -437,9 +570,16 @@ impl Run {
                     return false;
                 }
             }
-            let _ = deps.flusher.send(crate::flusher::FlushRun(id.clone())).await;
+            let _ = deps
+                .flusher
+                .send(crate::flusher::FlushRun(id.clone()))
+                .await;
             match deps.storage.handoff(gen.clone(), vec![id.clone()]).await {
-                Ok(answer) if answer.iter().any(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff) => {
+                Ok(answer)
+                    if answer
+                        .iter()
+                        .any(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff) =>
+                {
                     tracing::info!(run_id = %id, generation = %gen, step, "handed off at a step boundary");
                     true
                 }
@@ -455,8 +595,17 @@ impl Run {
     /// replies. Unavailable storage is retried for up to the lease; a `WrongPhase` whose row already
     /// sits in `finishing` under this generation with this status means an earlier attempt committed.
     /// A detached run replies best-effort.
-    pub fn finishing_gate(&self, status: RunStatus, answer: Option<String>) -> impl std::future::Future<Output = Gate> + 'static {
-        let (deps, id, gen, tracking) = (self.deps.clone(), self.id.clone(), self.gen.clone(), self.tracking);
+    pub fn finishing_gate(
+        &self,
+        status: RunStatus,
+        answer: Option<String>,
+    ) -> impl std::future::Future<Output = Gate> + 'static {
+        let (deps, id, gen, tracking) = (
+            self.deps.clone(),
+            self.id.clone(),
+            self.gen.clone(),
+            self.tracking,
+        );
         async move {
             match tracking {
                 Tracking::Fenced => return Gate::Answer(Written::Fenced),
@@ -465,23 +614,32 @@ impl Run {
             }
             // Everything published so far reaches the ledger first: a crash from here on closes the
             // run from complete live events.
-            let _ = deps.flusher.send(crate::flusher::FlushRun(id.clone())).await;
+            let _ = deps
+                .flusher
+                .send(crate::flusher::FlushRun(id.clone()))
+                .await;
             let s = deps.storage.clone();
-            let gate = retry_transient(deps.lease_ms, || s.finishing(id.clone(), gen.clone(), status, answer.clone())).await;
+            let gate = retry_transient(deps.lease_ms, || {
+                s.finishing(id.clone(), gen.clone(), status, answer.clone())
+            })
+            .await;
             match gate {
                 None => Gate::Answer(Written::Lost),
                 Some(Ok(Ok(()))) => Gate::Answer(Written::Ok),
-                Some(Ok(Err(Refusal::WrongPhase { .. }))) => match retry_transient(deps.lease_ms, || s.get_live(id.clone())).await {
-                    None => Gate::Answer(Written::Lost),
-                    Some(Ok(Some(row)))
-                        if row.owner_gen == gen
-                            && row.phase == storage::ledger::Phase::Finishing
-                            && row.state.get("finalStatus").and_then(Value::as_str) == Some(status.as_str()) =>
-                    {
-                        Gate::Answer(Written::Ok)
+                Some(Ok(Err(Refusal::WrongPhase { .. }))) => {
+                    match retry_transient(deps.lease_ms, || s.get_live(id.clone())).await {
+                        None => Gate::Answer(Written::Lost),
+                        Some(Ok(Some(row)))
+                            if row.owner_gen == gen
+                                && row.phase == storage::ledger::Phase::Finishing
+                                && row.state.get("finalStatus").and_then(Value::as_str)
+                                    == Some(status.as_str()) =>
+                        {
+                            Gate::Answer(Written::Ok)
+                        }
+                        Some(_) => Gate::Answer(Written::Fenced),
                     }
-                    Some(_) => Gate::Answer(Written::Fenced),
-                },
+                }
                 Some(Ok(Err(_))) => Gate::Answer(Written::Fenced),
                 Some(Err(e)) => Gate::Detach(e.to_string()),
             }
@@ -490,17 +648,28 @@ impl Run {
 
     /// Publish the answer and POST the reply to the configured webhook. The kill state is checked
     /// immediately before the attempt: a killed run sends nothing (SPEC §5.2 step 7).
-    pub fn deliver(&self, status: RunStatus, answer: Option<String>) -> impl std::future::Future<Output = Delivery> + 'static {
+    pub fn deliver(
+        &self,
+        status: RunStatus,
+        answer: Option<String>,
+    ) -> impl std::future::Future<Output = Delivery> + 'static {
         if let Some(text) = &answer {
             self.publish(json!({"type": "answer", "text": text}));
         }
-        let (deps, id, gen, detached) = (self.deps.clone(), self.id.clone(), self.gen.clone(), self.tracking == Tracking::Detached);
+        let (deps, id, gen, detached) = (
+            self.deps.clone(),
+            self.id.clone(),
+            self.gen.clone(),
+            self.tracking == Tracking::Detached,
+        );
         let body = json!({
             "runId": self.id, "threadKey": self.meta.thread_key, "channel": self.meta.channel_id,
             "user": self.meta.user_id, "status": status.as_str(), "answer": answer, "finishedAt": self.now(),
         });
         async move {
-            let Some(hook) = deps.webhook.as_ref() else { return Delivery::Sent(None) };
+            let Some(hook) = deps.webhook.as_ref() else {
+                return Delivery::Sent(None);
+            };
             // Signed, retried until the deadline; the kill state is checked before every attempt.
             let proceed = || {
                 let (storage, id) = (deps.storage.clone(), id.clone());
@@ -537,12 +706,16 @@ impl Run {
     /// in the same transaction (SPEC §5.2 step 8); answers that successor when it was admitted here.
     /// Answers [`Recorded::Fenced`] when the ledger refused the finish (killed meanwhile, or owned by
     /// another generation): the run then ends fenced, and a killed one is purged.
-    pub fn record(&self, status: RunStatus) -> impl std::future::Future<Output = Recorded> + 'static {
+    pub fn record(
+        &self,
+        status: RunStatus,
+    ) -> impl std::future::Future<Output = Recorded> + 'static {
         let finished_at = self.now();
         self.deps.registry.finish(&self.id, status, finished_at);
         self.deps.metrics.run_finished(status.as_str());
         if let Some(row) = self.deps.registry.row(&self.id) {
-            let took = Duration::from_millis(u64::try_from(finished_at - row.started_at).unwrap_or(0));
+            let took =
+                Duration::from_millis(u64::try_from(finished_at - row.started_at).unwrap_or(0));
             self.deps.metrics.run_duration(status.as_str(), took);
         }
         let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
@@ -564,12 +737,17 @@ impl Run {
             inbox_consumed: self.inbox_consumed,
         });
         let via = match &successor {
-            Some(s) => Via::Ledger { gen: self.gen.clone(), successor: Some(s.clone()) },
+            Some(s) => Via::Ledger {
+                gen: self.gen.clone(),
+                successor: Some(s.clone()),
+            },
             None => Via::Store,
         };
         let (deps, id) = (self.deps.clone(), self.id.clone());
         async move {
-            let Some(record) = record else { return Recorded::Ended(None) };
+            let Some(record) = record else {
+                return Recorded::Ended(None);
+            };
             match deps.history.write(record, via).landed().await {
                 WriteOutcome::Landed(_) | WriteOutcome::Reconciled => deps.registry.landed(&id),
                 // Killed, or another generation owns the run: this process serves it no longer.
@@ -643,13 +821,21 @@ impl ToolRunner {
         let started = Instant::now();
         let tool = self.deps.tools.get(&call.tool).filter(|_| allowed);
         // The label is a configured tool's name, never a name a model made up.
-        let label = if tool.is_some() { call.tool.as_str() } else { "not_available" };
+        let label = if tool.is_some() {
+            call.tool.as_str()
+        } else {
+            "not_available"
+        };
         let output = match tool {
             Some(tool) if !decisions::dispatchable(self.tracked, tool.def().side_effect_free) => {
                 crate::tools::ToolOutput::err(decisions::UNRECORDED_TEXT)
             }
             Some(tool) => {
-                let ctx = ToolContext { run_id: self.id.clone(), workspace: self.workspace.clone(), gen: self.fence.clone() };
+                let ctx = ToolContext {
+                    run_id: self.id.clone(),
+                    workspace: self.workspace.clone(),
+                    gen: self.fence.clone(),
+                };
                 let claim = if tool.def().side_effect_free {
                     Claim::read(Resource::RepositoryWorktree)
                 } else {
@@ -658,16 +844,34 @@ impl ToolRunner {
                 let app = AppId::new(self.id.clone());
                 self.deps
                     .operations
-                    .run(&app, Operation::new(call.tool.clone()), claim, tool.call_keyed(&ctx, &call.call_id, &call.args))
+                    .run(
+                        &app,
+                        Operation::new(call.tool.clone()),
+                        claim,
+                        tool.call_keyed(&ctx, &call.call_id, &call.args),
+                    )
                     .await
                     .unwrap_or_else(|e| crate::tools::ToolOutput::err(format!("refused: {e}")))
             }
             None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
         };
         self.deps.metrics.tool_call(label, started.elapsed());
-        let event = publish(&self.deps, &self.id, json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
-            "summary": summarize(&self.deps, &output.output), "step": self.step}), self.tracked);
-        (ToolResult { call_id: call.call_id.clone(), tool: call.tool.clone(), ok: output.ok, output: output.output }, event)
+        let event = publish(
+            &self.deps,
+            &self.id,
+            json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
+            "summary": summarize(&self.deps, &output.output), "step": self.step}),
+            self.tracked,
+        );
+        (
+            ToolResult {
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                ok: output.ok,
+                output: output.output,
+            },
+            event,
+        )
     }
 }
 

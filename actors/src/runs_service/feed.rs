@@ -111,7 +111,11 @@ impl IndexFeed {
 
         // Finished runs shown and killed since, here or by another generation.
         if !self.order.is_empty() {
-            if let Ok(killed) = runs.source.killed_among(self.order.iter().cloned().collect()).await {
+            if let Ok(killed) = runs
+                .source
+                .killed_among(self.order.iter().cloned().collect())
+                .await
+            {
                 for id in killed {
                     self.finished.remove(&id);
                     self.order.retain(|o| *o != id);
@@ -131,7 +135,11 @@ impl IndexFeed {
         if self.finished.get(&view.id) == Some(&view) || self.killed.contains(&view.id) {
             return;
         }
-        if self.finished.insert(view.id.clone(), view.clone()).is_none() {
+        if self
+            .finished
+            .insert(view.id.clone(), view.clone())
+            .is_none()
+        {
             self.order.push_back(view.id.clone());
             if self.order.len() > FEED_FINISHED_KEPT {
                 if let Some(old) = self.order.pop_front() {
@@ -176,14 +184,28 @@ mod tests {
 
         // Between two polls a run starts and finishes; its record lands.
         f.clock.advance(500);
-        f.put(record("quick", "c1", NOW + 100, NOW + 200, false, super::super::testing::events(2, NOW + 100)));
+        f.put(record(
+            "quick",
+            "c1",
+            NOW + 100,
+            NOW + 200,
+            false,
+            super::super::testing::events(2, NOW + 100),
+        ));
         let changes = feed.poll(&f.svc).await;
         assert_eq!(upserts(&changes), [("quick", true)], "{changes:?}");
         f.clock.advance(500);
         assert!(feed.poll(&f.svc).await.is_empty(), "shown once");
 
         // A run that finished long before the feed opened is not news.
-        f.put(record("old", "c1", NOW - 60_000, NOW - 50_000, false, vec![]));
+        f.put(record(
+            "old",
+            "c1",
+            NOW - 60_000,
+            NOW - 50_000,
+            false,
+            vec![],
+        ));
         f.clock.advance(500);
         assert!(feed.poll(&f.svc).await.is_empty());
     }
@@ -196,8 +218,16 @@ mod tests {
         assert_eq!(upserts(&feed.poll(&f.svc).await), [("live", false)]);
 
         // It finishes here and its record lands: shown as the record.
-        f.put(record("live", "c1", NOW, NOW + 300, false, super::super::testing::events(2, NOW)));
-        f.registry.finish("live", storage::record::RunStatus::Completed, NOW + 300);
+        f.put(record(
+            "live",
+            "c1",
+            NOW,
+            NOW + 300,
+            false,
+            super::super::testing::events(2, NOW),
+        ));
+        f.registry
+            .finish("live", storage::record::RunStatus::Completed, NOW + 300);
         f.registry.landed("live");
         f.clock.advance(500);
         let changes = feed.poll(&f.svc).await;
@@ -217,11 +247,15 @@ mod tests {
     async fn a_store_that_does_not_answer_does_not_move_the_finished_window() {
         let f = fixture();
         let mut feed = IndexFeed::new(&f.svc, VisibilityFilter::All);
-        f.double.fail_store.store(true, std::sync::atomic::Ordering::SeqCst);
+        f.double
+            .fail_store
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         f.put(record("during", "c1", NOW + 10, NOW + 20, false, vec![]));
         f.clock.advance(60_000);
         assert!(upserts(&feed.poll(&f.svc).await).is_empty());
-        f.double.fail_store.store(false, std::sync::atomic::Ordering::SeqCst);
+        f.double
+            .fail_store
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         f.clock.advance(500);
         assert_eq!(upserts(&feed.poll(&f.svc).await), [("during", true)]);
     }

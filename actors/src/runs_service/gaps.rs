@@ -23,8 +23,13 @@ pub fn settled_prefix(events: &[Value], after_seq: u64, now_ms: i64) -> (usize, 
     let mut last = after_seq;
     for (i, e) in events.iter().enumerate() {
         let Some(seq) = event_seq(e) else { continue };
-        if seq > last.saturating_add(1) && e.get("type").and_then(Value::as_str) != Some("resumed") {
-            let final_at = e.get("at").and_then(Value::as_i64).unwrap_or(i64::MIN).saturating_add(GAP_PATIENCE_MS);
+        if seq > last.saturating_add(1) && e.get("type").and_then(Value::as_str) != Some("resumed")
+        {
+            let final_at = e
+                .get("at")
+                .and_then(Value::as_i64)
+                .unwrap_or(i64::MIN)
+                .saturating_add(GAP_PATIENCE_MS);
             if final_at > now_ms {
                 return (i, Some(final_at));
             }
@@ -49,15 +54,34 @@ mod tests {
         // Unbroken: everything.
         assert_eq!(settled_prefix(&[ev(5, now), ev(6, now)], 4, now), (2, None));
         // Seqs 2 and 3 may still commit: serve 1, hold until 2 s after seq 4 was published.
-        assert_eq!(settled_prefix(&[ev(1, now), ev(4, now - 500), ev(5, now)], 0, now), (1, Some(now + 1_500)));
+        assert_eq!(
+            settled_prefix(&[ev(1, now), ev(4, now - 500), ev(5, now)], 0, now),
+            (1, Some(now + 1_500))
+        );
         // A gap right at the cursor holds everything.
-        assert_eq!(settled_prefix(&[ev(9, now)], 7, now), (0, Some(now + GAP_PATIENCE_MS)));
+        assert_eq!(
+            settled_prefix(&[ev(9, now)], 7, now),
+            (0, Some(now + GAP_PATIENCE_MS))
+        );
         // Published long enough ago: the missing events were lost (a crash, a dropped batch).
-        assert_eq!(settled_prefix(&[ev(1, now), ev(4, now - GAP_PATIENCE_MS), ev(5, now)], 0, now), (3, None));
+        assert_eq!(
+            settled_prefix(
+                &[ev(1, now), ev(4, now - GAP_PATIENCE_MS), ev(5, now)],
+                0,
+                now
+            ),
+            (3, None)
+        );
         // A resume continues past what the old owner never wrote.
         let resumed = json!({"type": "resumed", "seq": 1007, "at": now});
-        assert_eq!(settled_prefix(&[ev(6, now), resumed, ev(1008, now)], 5, now), (3, None));
+        assert_eq!(
+            settled_prefix(&[ev(6, now), resumed, ev(1008, now)], 5, now),
+            (3, None)
+        );
         // Only the first fresh gap counts.
-        assert_eq!(settled_prefix(&[ev(3, now - 5_000), ev(4, now), ev(6, now)], 1, now), (2, Some(now + GAP_PATIENCE_MS)));
+        assert_eq!(
+            settled_prefix(&[ev(3, now - 5_000), ev(4, now), ev(6, now)], 1, now),
+            (2, Some(now + GAP_PATIENCE_MS))
+        );
     }
 }

@@ -33,8 +33,16 @@ pub enum StatusFilter {
 
 impl StatusFilter {
     /// Every spelling [`parse`](Self::parse) accepts, in the order a form offers them.
-    pub const CHOICES: [&'static str; 8] =
-        ["all", "active", "finished", "completed", "failed", "stopped_soft", "stopped_hard", "interrupted"];
+    pub const CHOICES: [&'static str; 8] = [
+        "all",
+        "active",
+        "finished",
+        "completed",
+        "failed",
+        "stopped_soft",
+        "stopped_hard",
+        "interrupted",
+    ];
 
     /// `active`, `finished`, `all`, or a terminal status (`completed`, `failed`, …).
     pub fn parse(s: &str) -> Option<Self> {
@@ -109,16 +117,25 @@ impl ListParams {
     }
 
     fn effective_limit(&self) -> usize {
-        self.limit.unwrap_or(LIST_DEFAULT_LIMIT).clamp(1, LIST_MAX_LIMIT)
+        self.limit
+            .unwrap_or(LIST_DEFAULT_LIMIT)
+            .clamp(1, LIST_MAX_LIMIT)
     }
 
     /// The non-visibility filters on a live row (a ledger row without the field is excluded).
     fn admits(&self, v: &RunView) -> bool {
-        self.agent.as_deref().is_none_or(|a| v.agent.as_deref() == Some(a))
+        self.agent
+            .as_deref()
+            .is_none_or(|a| v.agent.as_deref() == Some(a))
             && self.channel.as_deref().is_none_or(|c| v.channel_id == c)
             && self.thread_key.as_deref().is_none_or(|t| v.thread_key == t)
-            && self.parent_run_id.as_deref().is_none_or(|p| v.parent_run_id.as_deref() == Some(p))
-            && self.since_ms.is_none_or(|s| v.finished_at.unwrap_or(v.started_at) >= s)
+            && self
+                .parent_run_id
+                .as_deref()
+                .is_none_or(|p| v.parent_run_id.as_deref() == Some(p))
+            && self
+                .since_ms
+                .is_none_or(|s| v.finished_at.unwrap_or(v.started_at) >= s)
             && v.visible_to(&self.visible_to)
     }
 }
@@ -134,7 +151,10 @@ pub struct NextBefore {
 
 impl NextBefore {
     pub fn to_cursor(&self) -> Cursor {
-        Cursor { finished_at: self.finished_at, id: self.id.clone() }
+        Cursor {
+            finished_at: self.finished_at,
+            id: self.id.clone(),
+        }
     }
 }
 
@@ -194,7 +214,9 @@ impl RunsService {
     pub(super) fn fresh_listing(&self) -> Option<Arc<LiveListing>> {
         let now = self.clock.now_ms();
         match &self.cache().listing {
-            Some((at, listing)) if (0..LEDGER_LIST_TTL_MS).contains(&(now - at)) => Some(listing.clone()),
+            Some((at, listing)) if (0..LEDGER_LIST_TTL_MS).contains(&(now - at)) => {
+                Some(listing.clone())
+            }
             _ => None,
         }
     }
@@ -215,25 +237,45 @@ impl RunsService {
         // Each row's highest seq, reading only past what is already known (rows in parallel).
         let known: HashMap<String, u64> = {
             let cache = self.cache();
-            rows.iter().map(|r| (r.run_id.clone(), cache.last_seq.get(&r.run_id).copied().unwrap_or(0))).collect()
+            rows.iter()
+                .map(|r| {
+                    (
+                        r.run_id.clone(),
+                        cache.last_seq.get(&r.run_id).copied().unwrap_or(0),
+                    )
+                })
+                .collect()
         };
         let reads = rows.iter().map(|r| {
             let (id, from) = (r.run_id.clone(), known[&r.run_id]);
             async move { (id.clone(), self.highest_live_seq(id, from).await) }
         });
         // The kill state of everything this listing may serve, read beside the seqs.
-        let asked: HashSet<String> =
-            self.registry.rows().into_iter().map(|r| r.id).chain(rows.iter().map(|r| r.run_id.clone())).collect();
+        let asked: HashSet<String> = self
+            .registry
+            .rows()
+            .into_iter()
+            .map(|r| r.id)
+            .chain(rows.iter().map(|r| r.run_id.clone()))
+            .collect();
         let kills = async {
             if asked.is_empty() {
                 return Ok(Vec::new());
             }
-            self.source.killed_among(asked.iter().cloned().collect()).await
+            self.source
+                .killed_among(asked.iter().cloned().collect())
+                .await
         };
-        let (seqs, killed) = futures_util::future::join(futures_util::future::join_all(reads), kills).await;
+        let (seqs, killed) =
+            futures_util::future::join(futures_util::future::join_all(reads), kills).await;
         let killed: HashSet<String> = killed.map_err(unavailable)?.into_iter().collect();
         let last_seq: HashMap<String, u64> = seqs.into_iter().collect();
-        let listing = Arc::new(LiveListing { rows, last_seq: last_seq.clone(), asked, killed });
+        let listing = Arc::new(LiveListing {
+            rows,
+            last_seq: last_seq.clone(),
+            asked,
+            killed,
+        });
         let mut cache = self.cache();
         cache.last_seq = last_seq;
         cache.listing = Some((now, listing.clone()));
@@ -243,10 +285,19 @@ impl RunsService {
     /// The highest live event seq of `id` past `from` (or `from` when none follow or the read fails).
     async fn highest_live_seq(&self, id: String, mut from: u64) -> u64 {
         loop {
-            match self.source.live_events(id.clone(), from, LEDGER_EVENTS_CHUNK).await {
+            match self
+                .source
+                .live_events(id.clone(), from, LEDGER_EVENTS_CHUNK)
+                .await
+            {
                 Ok(Some(events)) => {
                     let n = events.len();
-                    from = events.iter().filter_map(event_seq).max().unwrap_or(from).max(from);
+                    from = events
+                        .iter()
+                        .filter_map(event_seq)
+                        .max()
+                        .unwrap_or(from)
+                        .max(from);
                     if n < LEDGER_EVENTS_CHUNK {
                         return from;
                     }
@@ -278,7 +329,8 @@ impl RunsService {
         params.parent_run_id = Some(parent.to_owned());
         params.limit = Some(LIST_MAX_LIMIT);
         let mut list = self.list_runs(&params).await;
-        list.runs.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        list.runs
+            .sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
         list.next_before = None;
         list
     }
@@ -313,7 +365,13 @@ impl RunsService {
             let mut view = RunView::from_registry(&row);
             if view.finished {
                 // Its answer, error or stopper show in listings; its record may not have landed yet.
-                view.fill_from_events(&self.registry.snapshot(&row.id).map(|(_, e)| e).unwrap_or_default());
+                view.fill_from_events(
+                    &self
+                        .registry
+                        .snapshot(&row.id)
+                        .map(|(_, e)| e)
+                        .unwrap_or_default(),
+                );
                 finished_live.push(view);
             } else {
                 suppress.insert(view.id.clone());
@@ -374,7 +432,10 @@ impl RunsService {
         }
 
         // Merge: a finished registry row takes its final record's finish fields; suppressed ids vanish.
-        let mut finished: HashMap<String, RunView> = finished_live.into_iter().map(|v| (v.id.clone(), v)).collect();
+        let mut finished: HashMap<String, RunView> = finished_live
+            .into_iter()
+            .map(|v| (v.id.clone(), v))
+            .collect();
         for item in stored {
             let h = &item.head;
             if suppress.contains(&h.id) || !params.visible_to.matches_head(h) {
@@ -407,16 +468,30 @@ impl RunsService {
         let shown_finished = finished.len().min(limit - shown_unfinished);
         let next_before = if shown_finished < finished.len() {
             Some(match shown_finished.checked_sub(1).map(|i| &finished[i]) {
-                Some(last) => NextBefore { finished_at: last.key().0, id: Some(last.id.clone()) },
-                None => NextBefore { finished_at: CURSOR_TOP, id: None },
+                Some(last) => NextBefore {
+                    finished_at: last.key().0,
+                    id: Some(last.id.clone()),
+                },
+                None => NextBefore {
+                    finished_at: CURSOR_TOP,
+                    id: None,
+                },
             })
         } else {
-            boundary.map(|b| NextBefore { finished_at: b.finished_at, id: b.id })
+            boundary.map(|b| NextBefore {
+                finished_at: b.finished_at,
+                id: b.id,
+            })
         };
         let mut runs = unfinished;
         runs.truncate(shown_unfinished);
         runs.extend(finished.into_iter().take(shown_finished));
-        RunList { runs, next_before, store_unavailable, ledger_unavailable: listing.is_err() }
+        RunList {
+            runs,
+            next_before,
+            store_unavailable,
+            ledger_unavailable: listing.is_err(),
+        }
     }
 }
 #[cfg(test)]
@@ -436,18 +511,29 @@ mod tests {
         let f = fixture();
         f.local("r1", "c1", NOW - 500, None);
         f.put(record("r1", "c1", NOW - 500, NOW - 500, true, vec![]));
-        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+        for status in [
+            StatusFilter::All,
+            StatusFilter::Active,
+            StatusFilter::Finished,
+        ] {
             let list = f.list(status).await;
             let r1: Vec<&RunView> = list.runs.iter().filter(|v| v.id == "r1").collect();
             if status == StatusFilter::Finished {
-                assert!(r1.is_empty(), "{status:?}: the tombstone surfaced: {list:?}");
+                assert!(
+                    r1.is_empty(),
+                    "{status:?}: the tombstone surfaced: {list:?}"
+                );
             } else {
                 assert_eq!(r1.len(), 1, "{status:?}");
                 assert!(!r1[0].finished && r1[0].provisional.is_none() && r1[0].status.is_none());
             }
         }
         // A point read serves the live row too.
-        let v = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
+        let v = f
+            .svc
+            .get_run("r1", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert!(!v.finished && v.provisional.is_none());
     }
 
@@ -461,7 +547,10 @@ mod tests {
         let list = f.list(StatusFilter::Finished).await;
         assert_eq!(ids(&list), ["r1"]);
         let v = &list.runs[0];
-        assert_eq!((v.finished_at, v.persisted, v.provisional, v.status), (Some(NOW - 100), None, None, Some(RunStatus::Completed)));
+        assert_eq!(
+            (v.finished_at, v.persisted, v.provisional, v.status),
+            (Some(NOW - 100), None, None, Some(RunStatus::Completed))
+        );
         // The final record lands with its own finish fields: they win; the live stop and counts stay.
         let mut final_record = record("r1", "c1", NOW - 900, NOW - 90, false, events(2, NOW - 95));
         final_record.head.status = RunStatus::StoppedSoft;
@@ -469,15 +558,35 @@ mod tests {
         let list = f.list(StatusFilter::All).await;
         assert_eq!(ids(&list), ["r1"]);
         let v = &list.runs[0];
-        assert_eq!((v.finished_at, v.status, v.persisted), (Some(NOW - 90), Some(RunStatus::StoppedSoft), Some(true)));
-        assert_eq!((v.stop, v.event_count, v.agent.as_deref()), (Some(StopMode::Soft), 2, Some("demo")));
-        let got = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
-        assert_eq!((got.finished_at, got.persisted), (Some(NOW - 90), Some(true)));
+        assert_eq!(
+            (v.finished_at, v.status, v.persisted),
+            (Some(NOW - 90), Some(RunStatus::StoppedSoft), Some(true))
+        );
+        assert_eq!(
+            (v.stop, v.event_count, v.agent.as_deref()),
+            (Some(StopMode::Soft), 2, Some("demo"))
+        );
+        let got = f
+            .svc
+            .get_run("r1", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (got.finished_at, got.persisted),
+            (Some(NOW - 90), Some(true))
+        );
         // After eviction the store serves the same run with the same event count.
         f.clock.advance(crate::registry::FINISHED_TTL_MS);
         f.registry.evict_expired();
-        let cold = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
-        assert_eq!((cold.event_count, cold.persisted, cold.finished), (got.event_count, Some(true), true));
+        let cold = f
+            .svc
+            .get_run("r1", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (cold.event_count, cold.persisted, cold.finished),
+            (got.event_count, Some(true), true)
+        );
     }
 
     #[tokio::test]
@@ -489,16 +598,40 @@ mod tests {
             let list = f.list(status).await;
             assert_eq!(ids(&list), ["remote"], "{status:?}");
             let v = &list.runs[0];
-            assert_eq!((v.owner_gen.as_deref(), v.finished, v.event_count), (Some(OTHER_GEN), false, 4));
+            assert_eq!(
+                (v.owner_gen.as_deref(), v.finished, v.event_count),
+                (Some(OTHER_GEN), false, 4)
+            );
             assert_eq!(v.label.as_deref(), Some("remote"));
         }
-        assert!(f.list(StatusFilter::Finished).await.runs.is_empty(), "never finished, never the tombstone");
+        assert!(
+            f.list(StatusFilter::Finished).await.runs.is_empty(),
+            "never finished, never the tombstone"
+        );
         // Point reads answer for it after the registry and before the store.
-        let v = f.svc.get_run("remote", true, &VisibilityFilter::All).await.unwrap();
-        assert_eq!((v.owner_gen.as_deref(), v.events.as_ref().map(Vec::len)), (Some(OTHER_GEN), Some(4)));
-        let page = f.svc.get_run_events("remote", 2, None, &VisibilityFilter::All).await.unwrap();
-        assert_eq!(page.events.iter().filter_map(event_seq).collect::<Vec<_>>(), [3, 4]);
-        let fr = f.svc.get_run_friction("remote", &VisibilityFilter::All).await.unwrap();
+        let v = f
+            .svc
+            .get_run("remote", true, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (v.owner_gen.as_deref(), v.events.as_ref().map(Vec::len)),
+            (Some(OTHER_GEN), Some(4))
+        );
+        let page = f
+            .svc
+            .get_run_events("remote", 2, None, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            page.events.iter().filter_map(event_seq).collect::<Vec<_>>(),
+            [3, 4]
+        );
+        let fr = f
+            .svc
+            .get_run_friction("remote", &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!((fr.source, fr.finished), (FrictionSource::Ledger, false));
         // Serialized, no view carries the prompt, tools or state of the row.
         let all = serde_json::to_string(&(f.list(StatusFilter::All).await, v)).unwrap();
@@ -522,13 +655,27 @@ mod tests {
         f.local("r1", "c1", NOW - 300, None);
         f.ledger_row("r1", "c1", &gen, NOW - 300, false, 2);
         assert_eq!(ids(&f.list(StatusFilter::All).await), ["r1"]); // caches the listing with r1 live
-        // The record lands and the registry lets the run go; the cached listing still has the live row.
-        f.put(record("r1", "c1", NOW - 300, NOW - 10, false, events(2, NOW - 20)));
+                                                                   // The record lands and the registry lets the run go; the cached listing still has the live row.
+        f.put(record(
+            "r1",
+            "c1",
+            NOW - 300,
+            NOW - 10,
+            false,
+            events(2, NOW - 20),
+        ));
         f.registry.landed("r1");
         let list = f.list(StatusFilter::All).await;
         assert_eq!(ids(&list), ["r1"]);
-        assert_eq!((list.runs[0].finished, list.runs[0].persisted), (true, Some(true)));
-        let v = f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap();
+        assert_eq!(
+            (list.runs[0].finished, list.runs[0].persisted),
+            (true, Some(true))
+        );
+        let v = f
+            .svc
+            .get_run("r1", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!((v.finished, v.persisted), (true, Some(true)));
     }
 
@@ -560,7 +707,10 @@ mod tests {
         // `finished` = finished registry rows ∪ store; `all` = both.
         f.double.fail_store.store(false, Ordering::SeqCst);
         assert_eq!(ids(&f.list(StatusFilter::Finished).await), ["done", "old"]);
-        assert_eq!(ids(&f.list(StatusFilter::All).await), ["live", "done", "old"]);
+        assert_eq!(
+            ids(&f.list(StatusFilter::All).await),
+            ["live", "done", "old"]
+        );
     }
 
     #[tokio::test]
@@ -571,11 +721,17 @@ mod tests {
         f.put(record("old", "c1", NOW - 100, NOW - 50, false, vec![]));
         f.double.fail_store.store(true, Ordering::SeqCst);
         let all = f.list(StatusFilter::All).await;
-        assert_eq!((ids(&all), all.store_unavailable), (vec!["live", "done"], true));
+        assert_eq!(
+            (ids(&all), all.store_unavailable),
+            (vec!["live", "done"], true)
+        );
         let fin = f.list(StatusFilter::Finished).await;
         assert_eq!((ids(&fin), fin.store_unavailable), (vec!["done"], true));
         // A point read of a stored run is unavailable, not "not found".
-        assert!(matches!(f.svc.get_run("old", false, &VisibilityFilter::All).await, Err(RunsError::Unavailable(_))));
+        assert!(matches!(
+            f.svc.get_run("old", false, &VisibilityFilter::All).await,
+            Err(RunsError::Unavailable(_))
+        ));
     }
 
     #[tokio::test]
@@ -584,11 +740,21 @@ mod tests {
         f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 1);
         f.put(record("old", "c1", NOW - 100, NOW - 50, false, vec![]));
         f.double.fail_ledger.store(true, Ordering::SeqCst);
-        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+        for status in [
+            StatusFilter::All,
+            StatusFilter::Active,
+            StatusFilter::Finished,
+        ] {
             let list = f.list(status).await;
             assert!(list.ledger_unavailable, "{status:?}");
         }
-        let cursor_page = ListParams { before: Some(Cursor { finished_at: NOW, id: None }), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) };
+        let cursor_page = ListParams {
+            before: Some(Cursor {
+                finished_at: NOW,
+                id: None,
+            }),
+            ..ListParams::new(StatusFilter::All, VisibilityFilter::All)
+        };
         let page = f.svc.list_runs(&cursor_page).await;
         assert!(page.ledger_unavailable && ids(&page) == ["old"]);
         // The next successful listing clears the marker at once (the failure was not cached).
@@ -603,9 +769,18 @@ mod tests {
         let f = fixture();
         f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 3);
         f.list(StatusFilter::All).await;
-        f.svc.get_run("remote", false, &VisibilityFilter::All).await.unwrap();
-        f.svc.get_run_events("remote", 0, None, &VisibilityFilter::All).await.unwrap();
-        f.svc.get_run_friction("remote", &VisibilityFilter::All).await.unwrap();
+        f.svc
+            .get_run("remote", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        f.svc
+            .get_run_events("remote", 0, None, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        f.svc
+            .get_run_friction("remote", &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
         f.clock.advance(LEDGER_LIST_TTL_MS - 1);
         f.list(StatusFilter::Active).await;
@@ -616,7 +791,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unfinished_rows_sort_first_then_finished_newest_and_the_limit_applies_after_the_merge() {
+    async fn unfinished_rows_sort_first_then_finished_newest_and_the_limit_applies_after_the_merge()
+    {
         let f = fixture();
         f.local("l-old", "c1", NOW - 5000, None);
         f.local("l-new", "c1", NOW - 10, None);
@@ -626,10 +802,25 @@ mod tests {
         f.put(record("s-b", "c1", NOW - 9000, NOW - 50, false, vec![]));
         f.put(record("s-c", "c1", NOW - 100, NOW - 60, false, vec![]));
         let list = f.list(StatusFilter::All).await;
-        assert_eq!(ids(&list), ["l-new", "l-mid", "l-old", "f-reg", "s-b", "s-a", "s-c"]);
-        let limited = f.svc.list_runs(&ListParams { limit: Some(4), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) }).await;
+        assert_eq!(
+            ids(&list),
+            ["l-new", "l-mid", "l-old", "f-reg", "s-b", "s-a", "s-c"]
+        );
+        let limited = f
+            .svc
+            .list_runs(&ListParams {
+                limit: Some(4),
+                ..ListParams::new(StatusFilter::All, VisibilityFilter::All)
+            })
+            .await;
         assert_eq!(ids(&limited), ["l-new", "l-mid", "l-old", "f-reg"]);
-        assert_eq!(limited.next_before, Some(NextBefore { finished_at: NOW - 40, id: Some("f-reg".into()) }));
+        assert_eq!(
+            limited.next_before,
+            Some(NextBefore {
+                finished_at: NOW - 40,
+                id: Some("f-reg".into())
+            })
+        );
     }
 
     #[tokio::test]
@@ -637,21 +828,50 @@ mod tests {
         let f = fixture();
         f.local("a", "c1", NOW - 10, None);
         f.local("b", "c1", NOW - 20, None);
-        f.svc.list_runs(&ListParams { limit: Some(10), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) }).await;
-        f.svc.list_runs(&ListParams { limit: Some(500), ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All) }).await;
+        f.svc
+            .list_runs(&ListParams {
+                limit: Some(10),
+                ..ListParams::new(StatusFilter::All, VisibilityFilter::All)
+            })
+            .await;
+        f.svc
+            .list_runs(&ListParams {
+                limit: Some(500),
+                ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All)
+            })
+            .await;
         assert_eq!(*f.double.list_limits.lock().unwrap(), [12, 200]);
     }
 
     #[tokio::test]
-    async fn cursor_pages_walk_the_store_without_skipping_same_millisecond_siblings_or_listing_live_rows() {
+    async fn cursor_pages_walk_the_store_without_skipping_same_millisecond_siblings_or_listing_live_rows(
+    ) {
         let f = fixture();
         f.local("live", "c1", NOW - 10, None);
         // Seven runs, four of them finishing in the same millisecond.
-        for (id, fin) in [("a", 10), ("b", 20), ("c", 20), ("d", 20), ("e", 20), ("f", 30), ("g", 40)] {
-            f.put(record(id, "c1", NOW - 1000, NOW - 1000 + fin, false, vec![]));
+        for (id, fin) in [
+            ("a", 10),
+            ("b", 20),
+            ("c", 20),
+            ("d", 20),
+            ("e", 20),
+            ("f", 30),
+            ("g", 40),
+        ] {
+            f.put(record(
+                id,
+                "c1",
+                NOW - 1000,
+                NOW - 1000 + fin,
+                false,
+                vec![],
+            ));
         }
         let mut seen = Vec::new();
-        let mut params = ListParams { limit: Some(3), ..ListParams::new(StatusFilter::All, VisibilityFilter::All) };
+        let mut params = ListParams {
+            limit: Some(3),
+            ..ListParams::new(StatusFilter::All, VisibilityFilter::All)
+        };
         for _ in 0..10 {
             let page = f.svc.list_runs(&params).await;
             seen.extend(page.runs.iter().map(|v| v.id.clone()));
@@ -672,18 +892,43 @@ mod tests {
         f.put(record("old", "c1", NOW - 500, NOW - 400, false, vec![]));
         f.ledger_row("t1", "c1", OTHER_GEN, NOW - 10, false, 0);
         f.ledger_row("t2", "c1", OTHER_GEN, NOW - 20, false, 0);
-        let list = f.svc.list_runs(&ListParams { limit: Some(1), ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All) }).await;
+        let list = f
+            .svc
+            .list_runs(&ListParams {
+                limit: Some(1),
+                ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All)
+            })
+            .await;
         // Asked for 1 + 2 live = 3 rows: all three came, two were suppressed.
         assert_eq!(ids(&list), ["old"]);
-        assert_eq!(list.next_before, Some(NextBefore { finished_at: NOW - 400, id: Some("old".into()) }));
+        assert_eq!(
+            list.next_before,
+            Some(NextBefore {
+                finished_at: NOW - 400,
+                id: Some("old".into())
+            })
+        );
         let f2 = fixture();
         for i in 0..3 {
-            f2.put(record(&format!("t{i}"), "c1", NOW - 10 - i, NOW - 10 - i, true, vec![]));
+            f2.put(record(
+                &format!("t{i}"),
+                "c1",
+                NOW - 10 - i,
+                NOW - 10 - i,
+                true,
+                vec![],
+            ));
             f2.ledger_row(&format!("t{i}"), "c1", OTHER_GEN, NOW - 10 - i, false, 0);
         }
         f2.put(record("old", "c1", NOW - 500, NOW - 400, false, vec![]));
         // Limit 1 + 3 live → 4 rows; 4 exist → the page is full, three suppressed: still a cursor.
-        let list = f2.svc.list_runs(&ListParams { limit: Some(1), ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All) }).await;
+        let list = f2
+            .svc
+            .list_runs(&ListParams {
+                limit: Some(1),
+                ..ListParams::new(StatusFilter::Finished, VisibilityFilter::All)
+            })
+            .await;
         assert_eq!(ids(&list), ["old"]);
         assert!(list.next_before.is_some());
     }
@@ -712,16 +957,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_terminal_status_lists_finished_runs_with_it_from_the_registry_and_the_store_with_their_error() {
+    async fn a_terminal_status_lists_finished_runs_with_it_from_the_registry_and_the_store_with_their_error(
+    ) {
         let f = fixture();
         f.local("live", "c1", NOW - 10, None);
         f.local("reg-failed", "c1", NOW - 900, None);
-        f.registry.publish("reg-failed", json!({"type": "run_failed", "message": "model exploded"}));
+        f.registry.publish(
+            "reg-failed",
+            json!({"type": "run_failed", "message": "model exploded"}),
+        );
         f.registry.finish("reg-failed", RunStatus::Failed, NOW - 20);
         f.local("reg-ok", "c1", NOW - 900, Some(NOW - 30));
         let mut failed = record("st-failed", "c1", NOW - 500, NOW - 400, false, vec![]);
         failed.head.status = RunStatus::Failed;
-        failed.head.extra.insert("error".into(), json!("tool went away"));
+        failed
+            .head
+            .extra
+            .insert("error".into(), json!("tool went away"));
         f.put(failed);
         f.put(record("st-ok", "c1", NOW - 500, NOW - 450, false, vec![]));
         // A tombstone (stored `interrupted`) shows as unfinished, so no terminal status lists it.
@@ -730,9 +982,20 @@ mod tests {
         assert_eq!(ids(&list), ["reg-failed", "st-failed"]);
         let errors: Vec<Option<&str>> = list.runs.iter().map(|v| v.error.as_deref()).collect();
         assert_eq!(errors, [Some("model exploded"), Some("tool went away")]);
-        assert_eq!(ids(&f.list(StatusFilter::Terminal(RunStatus::Completed)).await), ["reg-ok", "st-ok"]);
-        assert!(f.list(StatusFilter::Terminal(RunStatus::Interrupted)).await.runs.is_empty());
-        assert!(f.list(StatusFilter::Terminal(RunStatus::StoppedHard)).await.runs.is_empty());
+        assert_eq!(
+            ids(&f.list(StatusFilter::Terminal(RunStatus::Completed)).await),
+            ["reg-ok", "st-ok"]
+        );
+        assert!(f
+            .list(StatusFilter::Terminal(RunStatus::Interrupted))
+            .await
+            .runs
+            .is_empty());
+        assert!(f
+            .list(StatusFilter::Terminal(RunStatus::StoppedHard))
+            .await
+            .runs
+            .is_empty());
         // Every spelling round-trips; anything else is refused.
         for s in StatusFilter::CHOICES {
             assert_eq!(StatusFilter::parse(s).map(StatusFilter::as_str), Some(s));
@@ -743,33 +1006,55 @@ mod tests {
     // ---- kills from other processes (SPEC §5.6): deletion fences checked before a registry row is served ----
 
     #[tokio::test]
-    async fn the_kill_state_costs_one_read_per_listing_and_a_point_read_outside_it_asks_for_its_id_alone() {
+    async fn the_kill_state_costs_one_read_per_listing_and_a_point_read_outside_it_asks_for_its_id_alone(
+    ) {
         let f = fixture();
         f.local("r1", "c1", NOW - 900, Some(NOW - 100));
         f.ledger_row("x1", "c1", OTHER_GEN, NOW - 30, false, 2);
         // One listing: one question, about every id it may serve (the registry's and the ledger's rows).
         f.list(StatusFilter::All).await;
-        assert_eq!(*f.double.kill_questions.lock().unwrap(), [vec!["r1".to_owned(), "x1".to_owned()]]);
+        assert_eq!(
+            *f.double.kill_questions.lock().unwrap(),
+            [vec!["r1".to_owned(), "x1".to_owned()]]
+        );
         // Reads within the TTL, listings and point reads alike, are answered from it.
         f.list(StatusFilter::Active).await;
-        f.svc.get_run("r1", true, &VisibilityFilter::All).await.unwrap();
-        f.svc.get_run_events("r1", 0, None, &VisibilityFilter::All).await.unwrap();
-        f.svc.get_run_friction("x1", &VisibilityFilter::All).await.unwrap();
+        f.svc
+            .get_run("r1", true, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        f.svc
+            .get_run_events("r1", 0, None, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        f.svc
+            .get_run_friction("x1", &VisibilityFilter::All)
+            .await
+            .unwrap();
         f.svc.index_rows(&VisibilityFilter::All).await;
         assert_eq!(f.double.kill_reads(), 1);
         assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
         // Past the TTL, a point read of a registry row asks about its id alone, and lists nothing.
         f.clock.advance(LEDGER_LIST_TTL_MS);
         f.kill_elsewhere("r1");
-        assert_eq!(f.svc.get_run("r1", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
-        assert_eq!(f.double.kill_questions.lock().unwrap().last().unwrap(), &["r1".to_owned()]);
+        assert_eq!(
+            f.svc.get_run("r1", false, &VisibilityFilter::All).await,
+            Err(RunsError::NotFound)
+        );
+        assert_eq!(
+            f.double.kill_questions.lock().unwrap().last().unwrap(),
+            &["r1".to_owned()]
+        );
         assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
         // A registry row newer than a fresh listing was not asked about: its point read asks.
         f.list(StatusFilter::All).await;
         let before = f.double.kill_reads();
         f.local("new", "c1", NOW - 1, None);
         f.kill_elsewhere("new");
-        assert_eq!(f.svc.get_run("new", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        assert_eq!(
+            f.svc.get_run("new", false, &VisibilityFilter::All).await,
+            Err(RunsError::NotFound)
+        );
         assert_eq!(f.double.kill_reads(), before + 1);
         // An empty process asks nothing.
         let empty = fixture();
@@ -778,7 +1063,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_kill_read_fails_the_listing_uncached_and_a_point_read_serves_the_registry_row() {
+    async fn a_failed_kill_read_fails_the_listing_uncached_and_a_point_read_serves_the_registry_row(
+    ) {
         let f = fixture();
         f.local("r1", "c1", NOW - 900, Some(NOW - 100));
         f.ledger_row("x1", "c1", OTHER_GEN, NOW - 30, false, 0);
@@ -788,7 +1074,11 @@ mod tests {
         assert!(list.ledger_unavailable);
         assert_eq!(ids(&list), ["r1"]);
         // A failed check is no proof of a kill.
-        assert!(f.svc.get_run("r1", false, &VisibilityFilter::All).await.is_ok());
+        assert!(f
+            .svc
+            .get_run("r1", false, &VisibilityFilter::All)
+            .await
+            .is_ok());
         // The failed listing was not cached: the next read lists again and sees the fence.
         f.double.fail_kills.store(false, Ordering::SeqCst);
         f.kill_elsewhere("r1");

@@ -81,13 +81,13 @@ use std::sync::{Arc, Mutex};
 use storage::{Clock, Generation, StorageHandle};
 
 use crate::registry::Registry;
-use list::LiveCache;
 pub use feed::{FeedChange, IndexFeed, FEED_FINISHED_KEPT, FEED_LANDING_SLACK_MS};
 pub use gaps::{settled_prefix, GAP_PATIENCE_MS};
+use list::LiveCache;
 pub use list::{ListParams, NextBefore, RunList, StatusFilter, CURSOR_TOP, LEDGER_LIST_TTL_MS};
 pub use point::{
-    analyze, EventPage, Friction, FrictionSource, LiveRowView, RunStopper, StopAccepted, EVENTS_PAGE_MAX,
-    EVENTS_PAGE_MAX_BYTES,
+    analyze, EventPage, Friction, FrictionSource, LiveRowView, RunStopper, StopAccepted,
+    EVENTS_PAGE_MAX, EVENTS_PAGE_MAX_BYTES,
 };
 pub use sources::{RunSource, SourceFuture};
 pub use view::{answer_of, failure_message, stopped_by_of, HeadFacts, RunView, ANSWER_VIEW_CHARS};
@@ -131,17 +131,36 @@ pub struct RunsService {
 
 impl std::fmt::Debug for RunsService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunsService").field("gen", &self.gen).finish_non_exhaustive()
+        f.debug_struct("RunsService")
+            .field("gen", &self.gen)
+            .finish_non_exhaustive()
     }
 }
 
 impl RunsService {
-    pub fn new(registry: Registry, storage: StorageHandle, gen: Generation, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        registry: Registry,
+        storage: StorageHandle,
+        gen: Generation,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self::with_source(registry, Arc::new(storage), gen, clock)
     }
 
     /// Over any [`RunSource`] (tests pass a double).
-    pub fn with_source(registry: Registry, source: Arc<dyn RunSource>, gen: Generation, clock: Arc<dyn Clock>) -> Self {
-        RunsService { registry, gen, clock, source, live: Arc::default(), news: Arc::default() }
+    pub fn with_source(
+        registry: Registry,
+        source: Arc<dyn RunSource>,
+        gen: Generation,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        RunsService {
+            registry,
+            gen,
+            clock,
+            source,
+            live: Arc::default(),
+            news: Arc::default(),
+        }
     }
 }

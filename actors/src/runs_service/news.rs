@@ -35,7 +35,10 @@ pub(super) struct NewsBoard {
 
 impl std::fmt::Debug for NewsBoard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewsBoard").field("hearing", &self.hearing).field("followed", &self.followers.len()).finish()
+        f.debug_struct("NewsBoard")
+            .field("hearing", &self.hearing)
+            .field("followed", &self.followers.len())
+            .finish()
     }
 }
 
@@ -124,18 +127,33 @@ impl RunsService {
         }
         // Runs whose followers all left (with the read they cached) go as new ones come.
         board.followers.retain(|_, f| f.notes.receiver_count() > 0);
-        let followed = board.followers.entry(run_id.to_owned()).or_insert_with(|| Followed { notes: watch::channel(0).0, read: None });
+        let followed = board
+            .followers
+            .entry(run_id.to_owned())
+            .or_insert_with(|| Followed {
+                notes: watch::channel(0).0,
+                read: None,
+            });
         Some(followed.notes.subscribe())
     }
 
     /// [`RunsService::ledger_events`] for a follower that saw `notes` notes of the run: followers asking
     /// for the same position after the same note share one read (the first starts it, the rest await it).
-    pub async fn read_followed(&self, run_id: &str, after_seq: u64, limit: usize, notes: u64) -> RunsResult<Option<Arc<Vec<Value>>>> {
+    pub async fn read_followed(
+        &self,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+        notes: u64,
+    ) -> RunsResult<Option<Arc<Vec<Value>>>> {
         let key = (notes, after_seq, limit);
         let read = {
             let mut board = self.board();
             match board.followers.get_mut(run_id) {
-                Some(Followed { read: Some((k, read)), .. }) if *k == key => read.clone(),
+                Some(Followed {
+                    read: Some((k, read)),
+                    ..
+                }) if *k == key => read.clone(),
                 Some(followed) => {
                     let read = self.ledger_read(run_id, after_seq, limit);
                     followed.read = Some((key, read.clone()));
@@ -151,7 +169,10 @@ impl RunsService {
     fn ledger_read(&self, run_id: &str, after_seq: u64, limit: usize) -> SharedRead {
         let (source, id) = (self.source.clone(), run_id.to_owned());
         async move {
-            let page = source.live_events(id, after_seq, limit).await.map_err(|e| RunsError::Unavailable(e.to_string()))?;
+            let page = source
+                .live_events(id, after_seq, limit)
+                .await
+                .map_err(|e| RunsError::Unavailable(e.to_string()))?;
             Ok(page.map(Arc::new))
         }
         .boxed()
@@ -171,7 +192,9 @@ mod tests {
     /// Whether `rx` sees a change within 5 s.
     async fn woke(rx: &watch::Receiver<u64>) -> bool {
         let mut rx = rx.clone();
-        tokio::time::timeout(Duration::from_secs(5), rx.changed()).await.is_ok()
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .is_ok()
     }
 
     #[actix_rt::test]
@@ -180,16 +203,31 @@ mod tests {
         assert!(f.svc.follow_news("r1").is_none(), "no news: poll");
         let feed = storage::NewsFeed::local();
         f.svc.hear_news(feed.subscribe());
-        let (a1, a2, b) = (f.svc.follow_news("r1").unwrap(), f.svc.follow_news("r1").unwrap(), f.svc.follow_news("r2").unwrap());
-        feed.publish(News::Appended { run_id: "r1".into(), seq: 4 });
-        assert!(woke(&a1).await && woke(&a2).await, "both followers of r1 woke");
-        assert!(!b.has_changed().unwrap(), "r2's follower slept through r1's note");
+        let (a1, a2, b) = (
+            f.svc.follow_news("r1").unwrap(),
+            f.svc.follow_news("r1").unwrap(),
+            f.svc.follow_news("r2").unwrap(),
+        );
+        feed.publish(News::Appended {
+            run_id: "r1".into(),
+            seq: 4,
+        });
+        assert!(
+            woke(&a1).await && woke(&a2).await,
+            "both followers of r1 woke"
+        );
+        assert!(
+            !b.has_changed().unwrap(),
+            "r2's follower slept through r1's note"
+        );
         // A resync wakes everyone.
         feed.publish(News::Resync);
         assert!(woke(&b).await);
         // A run nobody follows any more is forgotten at its next note.
         drop((a1, a2));
-        f.svc.hear(&News::Stop { run_id: "r1".into() });
+        f.svc.hear(&News::Stop {
+            run_id: "r1".into(),
+        });
         assert!(!f.svc.board().followers.contains_key("r1"));
         assert!(f.svc.board().followers.contains_key("r2"));
     }
@@ -201,36 +239,85 @@ mod tests {
         let f = fixture();
         f.ledger_row("r1", "c1", OTHER_GEN, super::super::testing::NOW, false, 3);
         f.svc.hear_news(storage::NewsFeed::local().subscribe());
-        let followers: Vec<_> = (0..1000).map(|_| f.svc.follow_news("r1").unwrap()).collect();
+        let followers: Vec<_> = (0..1000)
+            .map(|_| f.svc.follow_news("r1").unwrap())
+            .collect();
         let reads = || f.double.live_event_calls.load(Ordering::SeqCst);
         let before = reads();
-        let pages = futures_util::future::join_all(followers.iter().map(|rx| f.svc.read_followed("r1", 1, 100, *rx.borrow()))).await;
-        assert!(pages.iter().all(|p| p.as_ref().unwrap().as_ref().unwrap().len() == 2), "every follower got events 2 and 3");
+        let pages = futures_util::future::join_all(
+            followers
+                .iter()
+                .map(|rx| f.svc.read_followed("r1", 1, 100, *rx.borrow())),
+        )
+        .await;
+        assert!(
+            pages
+                .iter()
+                .all(|p| p.as_ref().unwrap().as_ref().unwrap().len() == 2),
+            "every follower got events 2 and 3"
+        );
         assert_eq!(reads() - before, 1, "one read for all");
-        f.svc.hear(&News::Appended { run_id: "r1".into(), seq: 3 });
+        f.svc.hear(&News::Appended {
+            run_id: "r1".into(),
+            seq: 3,
+        });
         let notes = *followers[0].borrow();
         f.svc.read_followed("r1", 1, 100, notes).await.unwrap();
         f.svc.read_followed("r1", 1, 100, notes).await.unwrap();
         f.svc.read_followed("r1", 2, 100, notes).await.unwrap();
-        assert_eq!(reads() - before, 3, "a new note and a new position read again; the same ones share");
+        assert_eq!(
+            reads() - before,
+            3,
+            "a new note and a new position read again; the same ones share"
+        );
     }
 
     #[actix_rt::test]
-    async fn a_kill_elsewhere_drops_the_cached_listing_and_an_end_elsewhere_stops_it_serving_the_run_live() {
+    async fn a_kill_elsewhere_drops_the_cached_listing_and_an_end_elsewhere_stops_it_serving_the_run_live(
+    ) {
         let f = fixture();
-        f.ledger_row("gone", "c1", OTHER_GEN, super::super::testing::NOW, false, 2);
-        f.ledger_row("killed", "c1", OTHER_GEN, super::super::testing::NOW + 1, false, 2);
-        let mut listed = ids(&f.list(StatusFilter::Active).await).iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        f.ledger_row(
+            "gone",
+            "c1",
+            OTHER_GEN,
+            super::super::testing::NOW,
+            false,
+            2,
+        );
+        f.ledger_row(
+            "killed",
+            "c1",
+            OTHER_GEN,
+            super::super::testing::NOW + 1,
+            false,
+            2,
+        );
+        let mut listed = ids(&f.list(StatusFilter::Active).await)
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>();
         listed.sort();
         assert_eq!(listed, ["gone", "killed"]);
         let listings = f.double.live_list_calls.load(Ordering::SeqCst);
         // Another host finishes `gone`: the cached listing (still fresh) no longer serves it live.
-        f.svc.hear(&News::Ended { run_id: "gone".into() });
+        f.svc.hear(&News::Ended {
+            run_id: "gone".into(),
+        });
         assert_eq!(ids(&f.list(StatusFilter::Active).await), ["killed"]);
-        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), listings, "served from the cache");
+        assert_eq!(
+            f.double.live_list_calls.load(Ordering::SeqCst),
+            listings,
+            "served from the cache"
+        );
         // Another host kills `killed`: the cache goes, the next read lists again.
-        f.svc.hear(&News::Killed { run_id: "killed".into() });
+        f.svc.hear(&News::Killed {
+            run_id: "killed".into(),
+        });
         f.list(StatusFilter::Active).await;
-        assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), listings + 1, "listed again");
+        assert_eq!(
+            f.double.live_list_calls.load(Ordering::SeqCst),
+            listings + 1,
+            "listed again"
+        );
     }
 }

@@ -9,7 +9,9 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use storage::ledger::{LiveRow, StopMode};
-use storage::record::{event_seq, is_valid_run_id, CategoryStat, Diagnosis, RunListItem, VisibilityFilter};
+use storage::record::{
+    event_seq, is_valid_run_id, CategoryStat, Diagnosis, RunListItem, VisibilityFilter,
+};
 
 use super::{RunView, RunsError, RunsResult, RunsService, LEDGER_EVENTS_CHUNK};
 use crate::registry::RunRow;
@@ -31,7 +33,9 @@ pub trait RunStopper {
 impl RunStopper for actix::Addr<Supervisor> {
     fn stop(&self, msg: StopRun) -> Pin<Box<dyn Future<Output = Result<(), StopError>> + '_>> {
         Box::pin(async move {
-            self.send(msg).await.map_err(|e| StopError::Unavailable(format!("supervisor: {e}")))?
+            self.send(msg)
+                .await
+                .map_err(|e| StopError::Unavailable(format!("supervisor: {e}")))?
         })
     }
 }
@@ -152,7 +156,11 @@ impl RunsService {
             if listing.killed.contains(id) {
                 return Err(RunsError::NotFound);
             }
-            if let Some(row) = listing.rows.iter().find(|r| r.run_id == id && self.lists_ledger_row(r)) {
+            if let Some(row) = listing
+                .rows
+                .iter()
+                .find(|r| r.run_id == id && self.lists_ledger_row(r))
+            {
                 let seq = listing.last_seq.get(id).copied().unwrap_or(0);
                 return Ok(Found::Ledger(row.clone(), seq));
             }
@@ -176,12 +184,19 @@ impl RunsService {
         match self.source.get_summary(view.id.clone()).await {
             Ok(Some(item)) if !item.head.provisional => view.merge_record(&item.head),
             Ok(_) => {}
-            Err(e) => tracing::warn!(run_id = %view.id, error = %e, "history store read failed; serving the registry row"),
+            Err(e) => {
+                tracing::warn!(run_id = %view.id, error = %e, "history store read failed; serving the registry row")
+            }
         }
     }
 
     /// `get_run` (SPEC §7): one run's view, with its events when asked.
-    pub async fn get_run(&self, id: &str, include_events: bool, visible_to: &VisibilityFilter) -> RunsResult<RunView> {
+    pub async fn get_run(
+        &self,
+        id: &str,
+        include_events: bool,
+        visible_to: &VisibilityFilter,
+    ) -> RunsResult<RunView> {
         let mut view = self.find_view(id, include_events, visible_to).await?;
         if let Some(events) = view.events.take() {
             view.fill_from_events(&events);
@@ -190,7 +205,12 @@ impl RunsService {
         Ok(view)
     }
 
-    async fn find_view(&self, id: &str, include_events: bool, visible_to: &VisibilityFilter) -> RunsResult<RunView> {
+    async fn find_view(
+        &self,
+        id: &str,
+        include_events: bool,
+        visible_to: &VisibilityFilter,
+    ) -> RunsResult<RunView> {
         match self.find(id).await? {
             Found::Registry(row) => {
                 let mut view = RunView::from_registry(&row);
@@ -238,18 +258,33 @@ impl RunsService {
     }
 
     /// The store's view of a run (the full record when `include_events`).
-    async fn stored_run(&self, id: &str, include_events: bool, visible_to: &VisibilityFilter) -> RunsResult<RunView> {
+    async fn stored_run(
+        &self,
+        id: &str,
+        include_events: bool,
+        visible_to: &VisibilityFilter,
+    ) -> RunsResult<RunView> {
         let unavailable = |e: storage::Error| {
             tracing::warn!(run_id = id, error = %e, "history store read failed");
             RunsError::Unavailable(e.to_string())
         };
         let view = if include_events {
-            let record = self.source.get(id.to_owned()).await.map_err(unavailable)?.ok_or(RunsError::NotFound)?;
+            let record = self
+                .source
+                .get(id.to_owned())
+                .await
+                .map_err(unavailable)?
+                .ok_or(RunsError::NotFound)?;
             let mut view = RunView::from_head(&record.head);
             view.events = Some(record.events);
             view
         } else {
-            let item = self.source.get_summary(id.to_owned()).await.map_err(unavailable)?.ok_or(RunsError::NotFound)?;
+            let item = self
+                .source
+                .get_summary(id.to_owned())
+                .await
+                .map_err(unavailable)?
+                .ok_or(RunsError::NotFound)?;
             RunView::from_head(&item.head)
         };
         if view.visible_to(visible_to) {
@@ -279,18 +314,24 @@ impl RunsService {
                     // Its record landed since the lookup: the record holds the same seqs.
                     return self.stored_events(id, after_seq, limit, visible_to).await;
                 };
-                let after = events.into_iter().filter(|e| event_seq(e).is_some_and(|s| s > after_seq));
+                let after = events
+                    .into_iter()
+                    .filter(|e| event_seq(e).is_some_and(|s| s > after_seq));
                 Ok(page_of(after, limit, None))
             }
             Found::Ledger(row, seq) => {
                 if !RunView::from_live(&row, seq).visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
-                let read = self.source.live_events(id.to_owned(), after_seq, limit + 1).await;
+                let read = self
+                    .source
+                    .live_events(id.to_owned(), after_seq, limit + 1)
+                    .await;
                 match read.map_err(|e| RunsError::Unavailable(e.to_string()))? {
                     // Up to the first gap that may still fill: a later read serves it in order.
                     Some(events) => {
-                        let (settled, _) = super::settled_prefix(&events, after_seq, self.clock.now_ms());
+                        let (settled, _) =
+                            super::settled_prefix(&events, after_seq, self.clock.now_ms());
                         Ok(page_of(events.into_iter().take(settled), limit, None))
                     }
                     // Finished between the listing and this read: the record holds the same seqs.
@@ -306,7 +347,13 @@ impl RunsService {
         }
     }
 
-    async fn stored_events(&self, id: &str, after_seq: u64, limit: usize, visible_to: &VisibilityFilter) -> RunsResult<EventPage> {
+    async fn stored_events(
+        &self,
+        id: &str,
+        after_seq: u64,
+        limit: usize,
+        visible_to: &VisibilityFilter,
+    ) -> RunsResult<EventPage> {
         // Visibility first (a summary read), then the page.
         self.stored_run(id, false, visible_to).await?;
         let page = self
@@ -320,7 +367,11 @@ impl RunsService {
 
     /// `get_run_friction` (SPEC §7): the diagnosis — analyzed from the events of a live run, the stored one
     /// of a persisted run. See the [module docs](super) for the method.
-    pub async fn get_run_friction(&self, id: &str, visible_to: &VisibilityFilter) -> RunsResult<Friction> {
+    pub async fn get_run_friction(
+        &self,
+        id: &str,
+        visible_to: &VisibilityFilter,
+    ) -> RunsResult<Friction> {
         match self.find(id).await? {
             Found::Registry(row) => {
                 if !RunView::from_registry(&row).visible_to(visible_to) {
@@ -368,7 +419,11 @@ impl RunsService {
         }
     }
 
-    async fn stored_friction(&self, id: &str, visible_to: &VisibilityFilter) -> RunsResult<Friction> {
+    async fn stored_friction(
+        &self,
+        id: &str,
+        visible_to: &VisibilityFilter,
+    ) -> RunsResult<Friction> {
         let item = self
             .source
             .get_summary(id.to_owned())
@@ -430,8 +485,19 @@ impl RunsService {
                 Err(e) => return Err(RunsError::Unavailable(e.to_string())),
             }
         }
-        match stopper.stop(StopRun { run_id: id.to_owned(), mode, actor }).await {
-            Ok(()) => Ok(StopAccepted { id: id.to_owned(), mode, state: "stopping".into() }),
+        match stopper
+            .stop(StopRun {
+                run_id: id.to_owned(),
+                mode,
+                actor,
+            })
+            .await
+        {
+            Ok(()) => Ok(StopAccepted {
+                id: id.to_owned(),
+                mode,
+                state: "stopping".into(),
+            }),
             Err(StopError::NotFound) => Err(RunsError::NotFound),
             Err(StopError::Finished) => Err(finished()),
             Err(StopError::Unavailable(e)) => Err(RunsError::Unavailable(e)),
@@ -443,7 +509,11 @@ impl RunsService {
         if *visible_to == VisibilityFilter::None {
             return Ok(Vec::new());
         }
-        let rows = self.source.list_live().await.map_err(|e| RunsError::Unavailable(e.to_string()))?;
+        let rows = self
+            .source
+            .list_live()
+            .await
+            .map_err(|e| RunsError::Unavailable(e.to_string()))?;
         let mut out: Vec<LiveRowView> = rows
             .into_iter()
             .filter(|r| RunView::from_live(r, 0).visible_to(visible_to))
@@ -477,11 +547,23 @@ impl RunsService {
         }
         let listing = self.live_listing().await;
         let killed = |id: &str| listing.as_ref().is_ok_and(|l| l.killed.contains(id));
-        let mut rows: Vec<RunView> =
-            self.registry.rows().iter().filter(|r| !killed(&r.id)).map(RunView::from_registry).collect();
+        let mut rows: Vec<RunView> = self
+            .registry
+            .rows()
+            .iter()
+            .filter(|r| !killed(&r.id))
+            .map(RunView::from_registry)
+            .collect();
         if let Ok(listing) = &listing {
-            for row in listing.rows.iter().filter(|r| self.lists_ledger_row(r) && !killed(&r.run_id)) {
-                rows.push(RunView::from_live(row, listing.last_seq.get(&row.run_id).copied().unwrap_or(0)));
+            for row in listing
+                .rows
+                .iter()
+                .filter(|r| self.lists_ledger_row(r) && !killed(&r.run_id))
+            {
+                rows.push(RunView::from_live(
+                    row,
+                    listing.last_seq.get(&row.run_id).copied().unwrap_or(0),
+                ));
             }
         }
         rows.retain(|v| v.visible_to(visible_to));
@@ -491,31 +573,55 @@ impl RunsService {
 
     /// A live run's ledger events after `after_seq` (uncached; for following a run live elsewhere).
     /// `Ok(None)` once its row is gone.
-    pub async fn ledger_events(&self, id: &str, after_seq: u64, limit: usize) -> RunsResult<Option<Vec<Value>>> {
-        self.source.live_events(id.to_owned(), after_seq, limit).await.map_err(|e| RunsError::Unavailable(e.to_string()))
+    pub async fn ledger_events(
+        &self,
+        id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> RunsResult<Option<Vec<Value>>> {
+        self.source
+            .live_events(id.to_owned(), after_seq, limit)
+            .await
+            .map_err(|e| RunsError::Unavailable(e.to_string()))
     }
 
     /// The stored record's summary, for a stream's `end` and the feed (uncached).
-    pub async fn stored_summary(&self, id: &str, visible_to: &VisibilityFilter) -> RunsResult<RunView> {
+    pub async fn stored_summary(
+        &self,
+        id: &str,
+        visible_to: &VisibilityFilter,
+    ) -> RunsResult<RunView> {
         self.stored_run(id, false, visible_to).await
     }
 
     /// A page of a stored run's events after `after_seq` (for replays).
-    pub async fn stored_event_page(&self, id: &str, after_seq: u64, limit: usize) -> RunsResult<EventPage> {
+    pub async fn stored_event_page(
+        &self,
+        id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> RunsResult<EventPage> {
         let page = self
             .source
             .events(id.to_owned(), after_seq, Some(limit))
             .await
             .map_err(|e| RunsError::Unavailable(e.to_string()))?
             .ok_or(RunsError::NotFound)?;
-        Ok(EventPage { events: page.events, next_after_seq: page.next_after_seq })
+        Ok(EventPage {
+            events: page.events,
+            next_after_seq: page.next_after_seq,
+        })
     }
 }
 
 /// Cut a page from `events` (already strictly after the cursor): at most `limit` events and
 /// [`EVENTS_PAGE_MAX_BYTES`] of JSON, never empty while any event follows. `source_next` is the source's
 /// own "more follow" cursor when it paged already.
-fn page_of(events: impl Iterator<Item = Value>, limit: usize, source_next: Option<u64>) -> EventPage {
+fn page_of(
+    events: impl Iterator<Item = Value>,
+    limit: usize,
+    source_next: Option<u64>,
+) -> EventPage {
     let mut out: Vec<Value> = Vec::new();
     let mut bytes = 0usize;
     let mut cut = false;
@@ -528,8 +634,15 @@ fn page_of(events: impl Iterator<Item = Value>, limit: usize, source_next: Optio
         bytes += n;
         out.push(e);
     }
-    let next_after_seq = if cut { out.last().and_then(event_seq) } else { source_next };
-    EventPage { events: out, next_after_seq }
+    let next_after_seq = if cut {
+        out.last().and_then(event_seq)
+    } else {
+        source_next
+    };
+    EventPage {
+        events: out,
+        next_after_seq,
+    }
 }
 
 /// The friction diagnosis of a run from its stamped events (method in the [module docs](super)).
@@ -540,7 +653,9 @@ pub fn analyze(events: &[Value]) -> Diagnosis {
     let mut tool = CategoryStat::default();
     let mut model = CategoryStat::default();
     for e in events {
-        let Some(at) = e.get("at").and_then(Value::as_i64) else { continue };
+        let Some(at) = e.get("at").and_then(Value::as_i64) else {
+            continue;
+        };
         let kind = e.get("type").and_then(Value::as_str).unwrap_or_default();
         let call_id = e.get("callId").and_then(Value::as_str);
         match kind {
@@ -587,33 +702,96 @@ mod tests {
         let f = fixture();
         f.local("r1", "c1", NOW - 900, Some(NOW - 100));
         f.double.fail_store.store(true, Ordering::SeqCst);
-        let v = f.svc.get_run("r1", true, &VisibilityFilter::All).await.unwrap();
-        assert_eq!((v.finished, v.persisted, v.events.as_ref().map(Vec::len)), (true, None, Some(2)));
-        assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 0, "the full store read is never used for a registry row");
+        let v = f
+            .svc
+            .get_run("r1", true, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (v.finished, v.persisted, v.events.as_ref().map(Vec::len)),
+            (true, None, Some(2))
+        );
+        assert_eq!(
+            f.double.get_calls.load(Ordering::SeqCst),
+            0,
+            "the full store read is never used for a registry row"
+        );
     }
 
     #[tokio::test]
     async fn point_reads_use_the_summary_and_only_include_events_reads_the_full_record() {
         let f = fixture();
-        f.put(record("s1", "c1", NOW - 100, NOW - 50, false, events(3, NOW - 60)));
-        let v = f.svc.get_run("s1", false, &VisibilityFilter::All).await.unwrap();
-        assert_eq!((v.finished, v.persisted, v.events.is_none()), (true, Some(true), true));
+        f.put(record(
+            "s1",
+            "c1",
+            NOW - 100,
+            NOW - 50,
+            false,
+            events(3, NOW - 60),
+        ));
+        let v = f
+            .svc
+            .get_run("s1", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (v.finished, v.persisted, v.events.is_none()),
+            (true, Some(true), true)
+        );
         assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 0);
-        let v = f.svc.get_run("s1", true, &VisibilityFilter::All).await.unwrap();
+        let v = f
+            .svc
+            .get_run("s1", true, &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!(v.events.map(|e| e.len()), Some(3));
         assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 1);
-        f.svc.get_run_friction("s1", &VisibilityFilter::All).await.unwrap();
+        f.svc
+            .get_run_friction("s1", &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 1);
         // Unknown, malformed and expired ids are not found.
-        assert_eq!(f.svc.get_run("nope", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
-        assert_eq!(f.svc.get_run("../etc", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
-        f.put(record("ancient", "c1", NOW - 40 * 86_400_000, NOW - 31 * 86_400_000, false, vec![]));
-        assert_eq!(f.svc.get_run("ancient", false, &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        assert_eq!(
+            f.svc.get_run("nope", false, &VisibilityFilter::All).await,
+            Err(RunsError::NotFound)
+        );
+        assert_eq!(
+            f.svc.get_run("../etc", false, &VisibilityFilter::All).await,
+            Err(RunsError::NotFound)
+        );
+        f.put(record(
+            "ancient",
+            "c1",
+            NOW - 40 * 86_400_000,
+            NOW - 31 * 86_400_000,
+            false,
+            vec![],
+        ));
+        assert_eq!(
+            f.svc
+                .get_run("ancient", false, &VisibilityFilter::All)
+                .await,
+            Err(RunsError::NotFound)
+        );
         // A stored tombstone's flag rides the view; a final record's view has no key.
         f.put(record("tomb", "c1", NOW - 10, NOW - 10, true, vec![]));
-        let t = f.svc.get_run("tomb", false, &VisibilityFilter::All).await.unwrap();
-        assert_eq!((t.provisional, t.status_label().as_str()), (Some(true), "unfinished — no finish recorded"));
-        let json = serde_json::to_value(f.svc.get_run("s1", false, &VisibilityFilter::All).await.unwrap()).unwrap();
+        let t = f
+            .svc
+            .get_run("tomb", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (t.provisional, t.status_label().as_str()),
+            (Some(true), "unfinished — no finish recorded")
+        );
+        let json = serde_json::to_value(
+            f.svc
+                .get_run("s1", false, &VisibilityFilter::All)
+                .await
+                .unwrap(),
+        )
+        .unwrap();
         assert!(json.get("provisional").is_none());
     }
 
@@ -623,25 +801,76 @@ mod tests {
         f.local("l1", "c1", NOW - 10, None);
         f.local("l2", "c2", NOW - 10, None);
         f.ledger_row("x2", "c2", OTHER_GEN, NOW - 20, false, 1);
-        f.put(record("s1", "c1", NOW - 100, NOW - 50, false, events(1, NOW - 50)));
-        f.put(record("s2", "c2", NOW - 100, NOW - 50, false, events(1, NOW - 50)));
-        let c1 = VisibilityFilter::ChannelsIn { ids: vec!["c1".into()] };
-        let list = f.svc.list_runs(&ListParams::new(StatusFilter::All, c1.clone())).await;
+        f.put(record(
+            "s1",
+            "c1",
+            NOW - 100,
+            NOW - 50,
+            false,
+            events(1, NOW - 50),
+        ));
+        f.put(record(
+            "s2",
+            "c2",
+            NOW - 100,
+            NOW - 50,
+            false,
+            events(1, NOW - 50),
+        ));
+        let c1 = VisibilityFilter::ChannelsIn {
+            ids: vec!["c1".into()],
+        };
+        let list = f
+            .svc
+            .list_runs(&ListParams::new(StatusFilter::All, c1.clone()))
+            .await;
         assert_eq!(ids(&list), ["l1", "s1"]);
         for id in ["l2", "x2", "s2"] {
-            assert_eq!(f.svc.get_run(id, true, &c1).await, Err(RunsError::NotFound), "{id}");
-            assert_eq!(f.svc.get_run_events(id, 0, None, &c1).await, Err(RunsError::NotFound), "{id}");
-            assert_eq!(f.svc.get_run_friction(id, &c1).await, Err(RunsError::NotFound), "{id}");
+            assert_eq!(
+                f.svc.get_run(id, true, &c1).await,
+                Err(RunsError::NotFound),
+                "{id}"
+            );
+            assert_eq!(
+                f.svc.get_run_events(id, 0, None, &c1).await,
+                Err(RunsError::NotFound),
+                "{id}"
+            );
+            assert_eq!(
+                f.svc.get_run_friction(id, &c1).await,
+                Err(RunsError::NotFound),
+                "{id}"
+            );
             // A write to a run the caller may not see is refused as such, and reaches nothing.
-            let stop = f.svc.stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &c1).await;
+            let stop = f
+                .svc
+                .stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &c1)
+                .await;
             assert_eq!(stop, Err(RunsError::Forbidden(id.into())), "{id}");
         }
         assert_eq!(f.svc.live_rows(&c1).await.unwrap().len(), 0);
-        assert_eq!(f.svc.index_rows(&c1).await.0.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), ["l1"]);
+        assert_eq!(
+            f.svc
+                .index_rows(&c1)
+                .await
+                .0
+                .iter()
+                .map(|v| v.id.as_str())
+                .collect::<Vec<_>>(),
+            ["l1"]
+        );
         // `none` touches neither the ledger nor the store.
-        let (lists, lives) = (f.double.list_calls.load(Ordering::SeqCst), f.double.live_list_calls.load(Ordering::SeqCst));
+        let (lists, lives) = (
+            f.double.list_calls.load(Ordering::SeqCst),
+            f.double.live_list_calls.load(Ordering::SeqCst),
+        );
         f.clock.advance(LEDGER_LIST_TTL_MS);
-        assert!(f.svc.list_runs(&ListParams::new(StatusFilter::All, VisibilityFilter::None)).await.runs.is_empty());
+        assert!(f
+            .svc
+            .list_runs(&ListParams::new(StatusFilter::All, VisibilityFilter::None))
+            .await
+            .runs
+            .is_empty());
         assert_eq!(f.double.list_calls.load(Ordering::SeqCst), lists);
         assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), lives);
     }
@@ -652,42 +881,105 @@ mod tests {
         // Live: the registry run's seqs.
         f.local("r1", "c1", NOW - 10, None);
         for i in 0..3 {
-            f.registry.publish("r1", json!({"type": "note", "kind": "k", "summary": format!("n{i}")}));
+            f.registry.publish(
+                "r1",
+                json!({"type": "note", "kind": "k", "summary": format!("n{i}")}),
+            );
         }
-        let live = f.svc.get_run_events("r1", 2, Some(2), &VisibilityFilter::All).await.unwrap();
-        assert_eq!(live.events.iter().filter_map(event_seq).collect::<Vec<_>>(), [3, 4]);
+        let live = f
+            .svc
+            .get_run_events("r1", 2, Some(2), &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            live.events.iter().filter_map(event_seq).collect::<Vec<_>>(),
+            [3, 4]
+        );
         assert_eq!(live.next_after_seq, Some(4));
         // Persisted: the same seqs from the record.
         let (_, evs) = f.registry.snapshot("r1").unwrap();
         f.registry.discard("r1");
         f.put(record("r1", "c1", NOW - 10, NOW, false, evs));
-        let stored = f.svc.get_run_events("r1", 2, Some(2), &VisibilityFilter::All).await.unwrap();
+        let stored = f
+            .svc
+            .get_run_events("r1", 2, Some(2), &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!(stored, live);
-        let rest = f.svc.get_run_events("r1", 4, None, &VisibilityFilter::All).await.unwrap();
+        let rest = f
+            .svc
+            .get_run_events("r1", 4, None, &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!((rest.events.len(), rest.next_after_seq), (1, None));
-        assert!(f.svc.get_run_events("r1", 5, None, &VisibilityFilter::All).await.unwrap().events.is_empty());
+        assert!(f
+            .svc
+            .get_run_events("r1", 5, None, &VisibilityFilter::All)
+            .await
+            .unwrap()
+            .events
+            .is_empty());
         // A big run: 500 per page even when asked for more; then the rest.
         f.put(record("big", "c1", NOW - 10, NOW, false, events(1200, NOW)));
-        let p = f.svc.get_run_events("big", 0, Some(100_000), &VisibilityFilter::All).await.unwrap();
+        let p = f
+            .svc
+            .get_run_events("big", 0, Some(100_000), &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!((p.events.len(), p.next_after_seq), (500, Some(500)));
         // 256 KiB: four 60 KiB events make two pages of three and one.
-        let fat: Vec<Value> = (1..=4).map(|s| json!({"type": "note", "seq": s, "at": NOW, "summary": "x".repeat(60_000)})).collect();
+        let fat: Vec<Value> = (1..=4)
+            .map(|s| json!({"type": "note", "seq": s, "at": NOW, "summary": "x".repeat(60_000)}))
+            .collect();
         f.put(record("fat", "c1", NOW - 10, NOW, false, fat));
-        let p1 = f.svc.get_run_events("fat", 0, None, &VisibilityFilter::All).await.unwrap();
-        assert_eq!((p1.events.len(), p1.next_after_seq), (4, None), "4 × 60 KB < 256 KiB");
-        let huge: Vec<Value> = (1..=5).map(|s| json!({"type": "note", "seq": s, "at": NOW, "summary": "x".repeat(63_000)})).collect();
+        let p1 = f
+            .svc
+            .get_run_events("fat", 0, None, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (p1.events.len(), p1.next_after_seq),
+            (4, None),
+            "4 × 60 KB < 256 KiB"
+        );
+        let huge: Vec<Value> = (1..=5)
+            .map(|s| json!({"type": "note", "seq": s, "at": NOW, "summary": "x".repeat(63_000)}))
+            .collect();
         f.put(record("huge", "c1", NOW - 10, NOW, false, huge));
-        let p1 = f.svc.get_run_events("huge", 0, None, &VisibilityFilter::All).await.unwrap();
+        let p1 = f
+            .svc
+            .get_run_events("huge", 0, None, &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!((p1.events.len(), p1.next_after_seq), (4, Some(4)));
-        let p2 = f.svc.get_run_events("huge", 4, None, &VisibilityFilter::All).await.unwrap();
+        let p2 = f
+            .svc
+            .get_run_events("huge", 4, None, &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!((p2.events.len(), p2.next_after_seq), (1, None));
         // A single event over the page budget still comes (a page is never empty while events follow).
-        let one = page_of(vec![json!({"seq": 1, "summary": "x".repeat(300_000)})].into_iter(), 500, None);
+        let one = page_of(
+            vec![json!({"seq": 1, "summary": "x".repeat(300_000)})].into_iter(),
+            500,
+            None,
+        );
         assert_eq!(one.events.len(), 1);
         // Zero-event persisted run: ok, empty.
         f.put(record("empty", "c1", NOW - 10, NOW, false, vec![]));
-        assert!(f.svc.get_run_events("empty", 0, None, &VisibilityFilter::All).await.unwrap().events.is_empty());
-        assert_eq!(f.svc.get_run_events("nope", 0, None, &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        assert!(f
+            .svc
+            .get_run_events("empty", 0, None, &VisibilityFilter::All)
+            .await
+            .unwrap()
+            .events
+            .is_empty());
+        assert_eq!(
+            f.svc
+                .get_run_events("nope", 0, None, &VisibilityFilter::All)
+                .await,
+            Err(RunsError::NotFound)
+        );
     }
 
     #[test]
@@ -712,8 +1004,20 @@ mod tests {
             e("answer", 9020, json!({})),
         ];
         let d = analyze(&events);
-        assert_eq!(d.by_category["tool"], CategoryStat { count: 1, duration_ms: 200 });
-        assert_eq!(d.by_category["model"], CategoryStat { count: 3, duration_ms: 100 + 50 + 20 });
+        assert_eq!(
+            d.by_category["tool"],
+            CategoryStat {
+                count: 1,
+                duration_ms: 200
+            }
+        );
+        assert_eq!(
+            d.by_category["model"],
+            CategoryStat {
+                count: 3,
+                duration_ms: 100 + 50 + 20
+            }
+        );
         assert_eq!(d.by_category["storage"], CategoryStat::default());
         assert_eq!(d.by_category.len(), 5);
     }
@@ -722,12 +1026,29 @@ mod tests {
     async fn friction_is_analyzed_live_and_stored_when_persisted() {
         let f = fixture();
         f.local("r1", "c1", NOW - 10, None);
-        let live = f.svc.get_run_friction("r1", &VisibilityFilter::All).await.unwrap();
+        let live = f
+            .svc
+            .get_run_friction("r1", &VisibilityFilter::All)
+            .await
+            .unwrap();
         assert_eq!((live.source, live.finished), (FrictionSource::Live, false));
         f.put(record("s1", "c1", NOW - 100, NOW - 50, false, vec![]));
-        let stored = f.svc.get_run_friction("s1", &VisibilityFilter::All).await.unwrap();
-        assert_eq!((stored.source, stored.diagnosis.by_category["tool"].duration_ms), (FrictionSource::Stored, 40));
-        assert_eq!(f.svc.get_run_friction("nope", &VisibilityFilter::All).await, Err(RunsError::NotFound));
+        let stored = f
+            .svc
+            .get_run_friction("s1", &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                stored.source,
+                stored.diagnosis.by_category["tool"].duration_ms
+            ),
+            (FrictionSource::Stored, 40)
+        );
+        assert_eq!(
+            f.svc.get_run_friction("nope", &VisibilityFilter::All).await,
+            Err(RunsError::NotFound)
+        );
     }
 
     /// A stopper that records what it was asked and answers `answer`.
@@ -759,30 +1080,125 @@ mod tests {
         f.local("done", "c1", NOW - 20, Some(NOW - 1));
         f.ledger_row("remote", "c1", OTHER_GEN, NOW - 30, false, 0);
         f.put(record("stored", "c1", NOW - 100, NOW - 50, false, vec![]));
-        let ok = FakeStopper { answer: Ok(()), asked: Mutex::default() };
+        let ok = FakeStopper {
+            answer: Ok(()),
+            asked: Mutex::default(),
+        };
         let all = VisibilityFilter::All;
-        let a = f.svc.stop_run(&ok, "live", StopMode::Hard, StopActor::new("token", "ops@x"), &all).await.unwrap();
+        let a = f
+            .svc
+            .stop_run(
+                &ok,
+                "live",
+                StopMode::Hard,
+                StopActor::new("token", "ops@x"),
+                &all,
+            )
+            .await
+            .unwrap();
         assert_eq!((a.mode, a.state.as_str()), (StopMode::Hard, "stopping"));
-        f.svc.stop_run(&ok, "remote", StopMode::Soft, StopActor::new("token", "ops"), &all).await.unwrap();
-        let asked: Vec<(String, StopMode, String)> =
-            ok.asked.lock().unwrap().iter().map(|m| (m.run_id.clone(), m.mode, m.actor.id.clone())).collect();
-        assert_eq!(asked, [("live".into(), StopMode::Hard, "ops@x".into()), ("remote".into(), StopMode::Soft, "ops".into())]);
-        assert!(matches!(f.svc.stop_run(&NoStop, "done", StopMode::Soft, StopActor::new("t", "x"), &all).await, Err(RunsError::Conflict(_))));
-        assert!(matches!(f.svc.stop_run(&NoStop, "stored", StopMode::Soft, StopActor::new("t", "x"), &all).await, Err(RunsError::Conflict(_))));
-        assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 0, "409-vs-404 comes from the summary");
-        assert_eq!(f.svc.stop_run(&NoStop, "nope", StopMode::Soft, StopActor::new("t", "x"), &all).await, Err(RunsError::NotFound));
+        f.svc
+            .stop_run(
+                &ok,
+                "remote",
+                StopMode::Soft,
+                StopActor::new("token", "ops"),
+                &all,
+            )
+            .await
+            .unwrap();
+        let asked: Vec<(String, StopMode, String)> = ok
+            .asked
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| (m.run_id.clone(), m.mode, m.actor.id.clone()))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                ("live".into(), StopMode::Hard, "ops@x".into()),
+                ("remote".into(), StopMode::Soft, "ops".into())
+            ]
+        );
+        assert!(matches!(
+            f.svc
+                .stop_run(
+                    &NoStop,
+                    "done",
+                    StopMode::Soft,
+                    StopActor::new("t", "x"),
+                    &all
+                )
+                .await,
+            Err(RunsError::Conflict(_))
+        ));
+        assert!(matches!(
+            f.svc
+                .stop_run(
+                    &NoStop,
+                    "stored",
+                    StopMode::Soft,
+                    StopActor::new("t", "x"),
+                    &all
+                )
+                .await,
+            Err(RunsError::Conflict(_))
+        ));
+        assert_eq!(
+            f.double.get_calls.load(Ordering::SeqCst),
+            0,
+            "409-vs-404 comes from the summary"
+        );
+        assert_eq!(
+            f.svc
+                .stop_run(
+                    &NoStop,
+                    "nope",
+                    StopMode::Soft,
+                    StopActor::new("t", "x"),
+                    &all
+                )
+                .await,
+            Err(RunsError::NotFound)
+        );
         // The supervisor's answers map one to one.
         for (answer, expected) in [
             (StopError::NotFound, RunsError::NotFound),
-            (StopError::Finished, RunsError::Conflict("run live has finished".into())),
-            (StopError::Unavailable("disk".into()), RunsError::Unavailable("disk".into())),
+            (
+                StopError::Finished,
+                RunsError::Conflict("run live has finished".into()),
+            ),
+            (
+                StopError::Unavailable("disk".into()),
+                RunsError::Unavailable("disk".into()),
+            ),
         ] {
-            let s = FakeStopper { answer: Err(answer), asked: Mutex::default() };
-            assert_eq!(f.svc.stop_run(&s, "live", StopMode::Soft, StopActor::new("t", "x"), &all).await, Err(expected));
+            let s = FakeStopper {
+                answer: Err(answer),
+                asked: Mutex::default(),
+            };
+            assert_eq!(
+                f.svc
+                    .stop_run(&s, "live", StopMode::Soft, StopActor::new("t", "x"), &all)
+                    .await,
+                Err(expected)
+            );
         }
         // Storage failing on a run outside the registry: unavailable, nothing delegated.
         f.double.fail_ledger.store(true, Ordering::SeqCst);
-        assert!(matches!(f.svc.stop_run(&NoStop, "remote", StopMode::Soft, StopActor::new("t", "x"), &all).await, Err(RunsError::Unavailable(_))));
+        assert!(matches!(
+            f.svc
+                .stop_run(
+                    &NoStop,
+                    "remote",
+                    StopMode::Soft,
+                    StopActor::new("t", "x"),
+                    &all
+                )
+                .await,
+            Err(RunsError::Unavailable(_))
+        ));
     }
 
     #[tokio::test]
@@ -792,10 +1208,22 @@ mod tests {
         let rows = f.svc.live_rows(&VisibilityFilter::All).await.unwrap();
         assert_eq!(rows.len(), 1);
         let s = serde_json::to_string(&rows).unwrap();
-        assert!(!s.contains("SYSTEM PROMPT") && !s.contains("request") && !s.contains("\"state\"") && !s.contains("tools"), "{s}");
-        assert_eq!((rows[0].owner_gen.as_str(), rows[0].phase.as_str()), (OTHER_GEN, "live"));
+        assert!(
+            !s.contains("SYSTEM PROMPT")
+                && !s.contains("request")
+                && !s.contains("\"state\"")
+                && !s.contains("tools"),
+            "{s}"
+        );
+        assert_eq!(
+            (rows[0].owner_gen.as_str(), rows[0].phase.as_str()),
+            (OTHER_GEN, "live")
+        );
         f.double.fail_ledger.store(true, Ordering::SeqCst);
-        assert!(matches!(f.svc.live_rows(&VisibilityFilter::All).await, Err(RunsError::Unavailable(_))));
+        assert!(matches!(
+            f.svc.live_rows(&VisibilityFilter::All).await,
+            Err(RunsError::Unavailable(_))
+        ));
     }
 
     // ---- kills from other processes (SPEC §5.6): deletion fences checked before a registry row is served ----
@@ -803,44 +1231,102 @@ mod tests {
     /// Every read of one run, as (get_run, get_run_events, get_run_friction, stop_run) answers not_found.
     async fn assert_not_served(f: &Fixture, id: &str) {
         let all = VisibilityFilter::All;
-        assert_eq!(f.svc.get_run(id, false, &all).await, Err(RunsError::NotFound), "{id}");
-        assert_eq!(f.svc.get_run(id, true, &all).await, Err(RunsError::NotFound), "{id}");
-        assert_eq!(f.svc.get_run_events(id, 0, None, &all).await, Err(RunsError::NotFound), "{id}");
-        assert_eq!(f.svc.get_run_friction(id, &all).await, Err(RunsError::NotFound), "{id}");
-        let stop = f.svc.stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &all).await;
+        assert_eq!(
+            f.svc.get_run(id, false, &all).await,
+            Err(RunsError::NotFound),
+            "{id}"
+        );
+        assert_eq!(
+            f.svc.get_run(id, true, &all).await,
+            Err(RunsError::NotFound),
+            "{id}"
+        );
+        assert_eq!(
+            f.svc.get_run_events(id, 0, None, &all).await,
+            Err(RunsError::NotFound),
+            "{id}"
+        );
+        assert_eq!(
+            f.svc.get_run_friction(id, &all).await,
+            Err(RunsError::NotFound),
+            "{id}"
+        );
+        let stop = f
+            .svc
+            .stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &all)
+            .await;
         assert_eq!(stop, Err(RunsError::NotFound), "{id}");
     }
 
     #[tokio::test]
-    async fn a_registry_run_killed_in_another_process_vanishes_from_every_read_within_one_listing() {
+    async fn a_registry_run_killed_in_another_process_vanishes_from_every_read_within_one_listing()
+    {
         let f = fixture();
         f.local("done", "c1", NOW - 900, Some(NOW - 100));
         f.local("live", "c1", NOW - 50, None);
         f.local("kept", "c1", NOW - 800, Some(NOW - 200));
-        f.put(record("done", "c1", NOW - 900, NOW - 100, false, events(2, NOW - 100)));
-        assert_eq!(ids(&f.list(StatusFilter::All).await), ["live", "done", "kept"]);
+        f.put(record(
+            "done",
+            "c1",
+            NOW - 900,
+            NOW - 100,
+            false,
+            events(2, NOW - 100),
+        ));
+        assert_eq!(
+            ids(&f.list(StatusFilter::All).await),
+            ["live", "done", "kept"]
+        );
         // Another process kills `done` (finished here, its record not purged yet) and `live` (still running
         // here: its owner learns of the fence at its next heartbeat, the registry row is still there).
         f.kill_elsewhere("done");
         f.kill_elsewhere("live");
         // The cached listing answered for both, and stands for its TTL.
-        assert_eq!(ids(&f.list(StatusFilter::All).await), ["live", "done", "kept"]);
-        assert!(f.svc.get_run("done", false, &VisibilityFilter::All).await.is_ok(), "answered from the fresh listing");
+        assert_eq!(
+            ids(&f.list(StatusFilter::All).await),
+            ["live", "done", "kept"]
+        );
+        assert!(
+            f.svc
+                .get_run("done", false, &VisibilityFilter::All)
+                .await
+                .is_ok(),
+            "answered from the fresh listing"
+        );
         // One listing later, neither is served from any source: not the registry, not the stored record.
         f.clock.advance(LEDGER_LIST_TTL_MS);
-        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+        for status in [
+            StatusFilter::All,
+            StatusFilter::Active,
+            StatusFilter::Finished,
+        ] {
             let list = f.list(status).await;
             assert!(!list.ledger_unavailable);
-            let expected: &[&str] = if status == StatusFilter::Active { &[] } else { &["kept"] };
+            let expected: &[&str] = if status == StatusFilter::Active {
+                &[]
+            } else {
+                &["kept"]
+            };
             assert_eq!(ids(&list), expected, "{status:?}");
         }
         assert_not_served(&f, "done").await;
         assert_not_served(&f, "live").await;
         let feed = f.svc.index_rows(&VisibilityFilter::All).await.0;
-        assert_eq!(feed.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), ["kept"]);
+        assert_eq!(
+            feed.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+            ["kept"]
+        );
         // The run nobody killed is served as before.
-        assert!(f.svc.get_run("kept", true, &VisibilityFilter::All).await.is_ok());
-        assert!(f.svc.get_run_events("kept", 0, None, &VisibilityFilter::All).await.is_ok());
+        assert!(f
+            .svc
+            .get_run("kept", true, &VisibilityFilter::All)
+            .await
+            .is_ok());
+        assert!(f
+            .svc
+            .get_run_events("kept", 0, None, &VisibilityFilter::All)
+            .await
+            .is_ok());
     }
 
     #[tokio::test]
@@ -850,13 +1336,26 @@ mod tests {
         f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 3);
         f.put(record("remote", "c1", NOW - 300, NOW - 300, true, vec![]));
         f.kill_elsewhere("remote");
-        for status in [StatusFilter::All, StatusFilter::Active, StatusFilter::Finished] {
+        for status in [
+            StatusFilter::All,
+            StatusFilter::Active,
+            StatusFilter::Finished,
+        ] {
             assert!(f.list(status).await.runs.is_empty(), "{status:?}");
         }
         let all = VisibilityFilter::All;
-        assert_eq!(f.svc.get_run("remote", true, &all).await, Err(RunsError::NotFound));
-        assert_eq!(f.svc.get_run_events("remote", 0, None, &all).await, Err(RunsError::NotFound));
-        assert_eq!(f.svc.get_run_friction("remote", &all).await, Err(RunsError::NotFound));
+        assert_eq!(
+            f.svc.get_run("remote", true, &all).await,
+            Err(RunsError::NotFound)
+        );
+        assert_eq!(
+            f.svc.get_run_events("remote", 0, None, &all).await,
+            Err(RunsError::NotFound)
+        );
+        assert_eq!(
+            f.svc.get_run_friction("remote", &all).await,
+            Err(RunsError::NotFound)
+        );
         assert!(f.svc.index_rows(&all).await.0.is_empty());
     }
 }

@@ -20,10 +20,20 @@ pub trait RunSource: Send + Sync + 'static {
     fn list(&self, query: ListQuery) -> SourceFuture<'_, ListPage>;
     fn get(&self, id: String) -> SourceFuture<'_, Option<RunRecord>>;
     fn get_summary(&self, id: String) -> SourceFuture<'_, Option<RunListItem>>;
-    fn events(&self, id: String, after_seq: u64, limit: Option<usize>) -> SourceFuture<'_, Option<EventsPage>>;
+    fn events(
+        &self,
+        id: String,
+        after_seq: u64,
+        limit: Option<usize>,
+    ) -> SourceFuture<'_, Option<EventsPage>>;
     fn list_live(&self) -> SourceFuture<'_, Vec<LiveRow>>;
     fn get_live(&self, id: String) -> SourceFuture<'_, Option<LiveRow>>;
-    fn live_events(&self, id: String, after_seq: u64, limit: usize) -> SourceFuture<'_, Option<Vec<Value>>>;
+    fn live_events(
+        &self,
+        id: String,
+        after_seq: u64,
+        limit: usize,
+    ) -> SourceFuture<'_, Option<Vec<Value>>>;
     /// Which of `ids` carry a deletion fence (SPEC §5.6), sorted and each once.
     fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>>;
 }
@@ -38,7 +48,12 @@ impl RunSource for StorageHandle {
     fn get_summary(&self, id: String) -> SourceFuture<'_, Option<RunListItem>> {
         Box::pin(StorageHandle::get_summary(self, id))
     }
-    fn events(&self, id: String, after_seq: u64, limit: Option<usize>) -> SourceFuture<'_, Option<EventsPage>> {
+    fn events(
+        &self,
+        id: String,
+        after_seq: u64,
+        limit: Option<usize>,
+    ) -> SourceFuture<'_, Option<EventsPage>> {
         Box::pin(StorageHandle::events(self, id, after_seq, limit))
     }
     fn list_live(&self) -> SourceFuture<'_, Vec<LiveRow>> {
@@ -47,7 +62,12 @@ impl RunSource for StorageHandle {
     fn get_live(&self, id: String) -> SourceFuture<'_, Option<LiveRow>> {
         Box::pin(StorageHandle::get_live(self, id))
     }
-    fn live_events(&self, id: String, after_seq: u64, limit: usize) -> SourceFuture<'_, Option<Vec<Value>>> {
+    fn live_events(
+        &self,
+        id: String,
+        after_seq: u64,
+        limit: usize,
+    ) -> SourceFuture<'_, Option<Vec<Value>>> {
         Box::pin(StorageHandle::live_events(self, id, after_seq, limit))
     }
     fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>> {

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use storage::ledger::{Admit, LiveRow, Promotion, RunLedger};
-use storage::record::{validate_record, ChannelVisibility, RunListItem, RunRecord, RunStatus, VisibilityFilter};
+use storage::record::{
+    validate_record, ChannelVisibility, RunListItem, RunRecord, RunStatus, VisibilityFilter,
+};
 use storage::store::{EventsPage, ListPage, ListQuery, RunStore};
 use storage::{Clock, Generation, ManualClock, MemoryStore};
 
@@ -57,7 +59,10 @@ impl Double {
         self.kill_questions.lock().unwrap().len()
     }
 
-    fn store<T: Send + 'static>(&self, f: impl FnOnce(&mut MemoryStore, i64) -> storage::Result<T>) -> SourceFuture<'_, T> {
+    fn store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut MemoryStore, i64) -> storage::Result<T>,
+    ) -> SourceFuture<'_, T> {
         let out = if self.fail_store.load(Ordering::SeqCst) {
             Err(storage::Error::Unavailable("injected store failure".into()))
         } else {
@@ -66,9 +71,14 @@ impl Double {
         Box::pin(std::future::ready(out))
     }
 
-    fn ledger<T: Send + 'static>(&self, f: impl FnOnce(&mut MemoryStore) -> storage::Result<T>) -> SourceFuture<'_, T> {
+    fn ledger<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut MemoryStore) -> storage::Result<T>,
+    ) -> SourceFuture<'_, T> {
         let out = if self.fail_ledger.load(Ordering::SeqCst) {
-            Err(storage::Error::Unavailable("injected ledger failure".into()))
+            Err(storage::Error::Unavailable(
+                "injected ledger failure".into(),
+            ))
         } else {
             f(&mut self.mem.clone())
         };
@@ -79,7 +89,10 @@ impl Double {
 impl RunSource for Double {
     fn list(&self, query: ListQuery) -> SourceFuture<'_, ListPage> {
         self.list_calls.fetch_add(1, Ordering::SeqCst);
-        self.list_limits.lock().unwrap().push(query.limit.unwrap_or(0));
+        self.list_limits
+            .lock()
+            .unwrap()
+            .push(query.limit.unwrap_or(0));
         self.store(move |m, now| m.list(&query, now))
     }
     fn get(&self, id: String) -> SourceFuture<'_, Option<RunRecord>> {
@@ -90,7 +103,12 @@ impl RunSource for Double {
         self.summary_calls.fetch_add(1, Ordering::SeqCst);
         self.store(move |m, now| m.get_summary(&id, now))
     }
-    fn events(&self, id: String, after_seq: u64, limit: Option<usize>) -> SourceFuture<'_, Option<EventsPage>> {
+    fn events(
+        &self,
+        id: String,
+        after_seq: u64,
+        limit: Option<usize>,
+    ) -> SourceFuture<'_, Option<EventsPage>> {
         self.store(move |m, now| RunStore::events(m, &id, after_seq, limit, now))
     }
     fn list_live(&self) -> SourceFuture<'_, Vec<LiveRow>> {
@@ -100,7 +118,12 @@ impl RunSource for Double {
     fn get_live(&self, id: String) -> SourceFuture<'_, Option<LiveRow>> {
         self.ledger(move |m| m.get_live(&id))
     }
-    fn live_events(&self, id: String, after_seq: u64, limit: usize) -> SourceFuture<'_, Option<Vec<Value>>> {
+    fn live_events(
+        &self,
+        id: String,
+        after_seq: u64,
+        limit: usize,
+    ) -> SourceFuture<'_, Option<Vec<Value>>> {
         self.live_event_calls.fetch_add(1, Ordering::SeqCst);
         self.ledger(move |m| m.live_events(&id, after_seq, limit))
     }
@@ -109,7 +132,9 @@ impl RunSource for Double {
         asked.sort();
         self.kill_questions.lock().unwrap().push(asked);
         if self.fail_kills.load(Ordering::SeqCst) {
-            return Box::pin(std::future::ready(Err(storage::Error::Unavailable("injected kill read failure".into()))));
+            return Box::pin(std::future::ready(Err(storage::Error::Unavailable(
+                "injected kill read failure".into(),
+            ))));
         }
         self.ledger(move |m| m.killed_among(&ids))
     }
@@ -127,8 +152,18 @@ pub(super) fn fixture() -> Fixture {
     let double = Double::new(&clock);
     let registry = Registry::new(Arc::new(clock.clone()));
     let gen = Generation::parse("20270115T090000Z-0000cafe").unwrap();
-    let svc = RunsService::with_source(registry.clone(), Arc::new(double.clone()), gen, Arc::new(clock.clone()));
-    Fixture { clock, double, registry, svc }
+    let svc = RunsService::with_source(
+        registry.clone(),
+        Arc::new(double.clone()),
+        gen,
+        Arc::new(clock.clone()),
+    );
+    Fixture {
+        clock,
+        double,
+        registry,
+        svc,
+    }
 }
 
 fn meta(channel: &str, thread: &str) -> RunMeta {
@@ -144,7 +179,14 @@ fn meta(channel: &str, thread: &str) -> RunMeta {
     }
 }
 
-pub(super) fn record(id: &str, channel: &str, started: i64, finished: i64, provisional: bool, events: Vec<Value>) -> RunRecord {
+pub(super) fn record(
+    id: &str,
+    channel: &str,
+    started: i64,
+    finished: i64,
+    provisional: bool,
+    events: Vec<Value>,
+) -> RunRecord {
     let mut v = json!({
         "id": id, "agent": "demo", "model": "scripted", "channelId": channel, "userId": "u1",
         "threadKey": format!("{channel}:{id}"), "channelVisibility": "public", "startedAt": started,
@@ -169,16 +211,34 @@ impl Fixture {
 
     /// A registry run with `n` events; finished when `finished` is given.
     pub(super) fn local(&self, id: &str, channel: &str, started: i64, finished: Option<i64>) {
-        self.registry.create(id, meta(channel, id), started, format!("secret-token-{id}"), vec![], 1);
+        self.registry.create(
+            id,
+            meta(channel, id),
+            started,
+            format!("secret-token-{id}"),
+            vec![],
+            1,
+        );
         self.registry.publish(id, json!({"type": "run_meta"}));
-        self.registry.publish(id, json!({"type": "input", "text": "hi", "source": "request"}));
+        self.registry.publish(
+            id,
+            json!({"type": "input", "text": "hi", "source": "request"}),
+        );
         if let Some(f) = finished {
             self.registry.finish(id, RunStatus::Completed, f);
         }
     }
 
     /// A run live under `gen` in the ledger (promoted unless `attaching`), with `n` events.
-    pub(super) fn ledger_row(&self, id: &str, channel: &str, gen: &str, started: i64, attaching: bool, n: u64) {
+    pub(super) fn ledger_row(
+        &self,
+        id: &str,
+        channel: &str,
+        gen: &str,
+        started: i64,
+        attaching: bool,
+        n: u64,
+    ) {
         let mut m = self.double.mem.clone();
         let admit = Admit {
             thread_key: format!("{channel}:{id}"),
@@ -193,7 +253,12 @@ impl Fixture {
         };
         m.admit(&admit, started).unwrap();
         if !attaching {
-            let p = Promotion { system_text: "SYSTEM PROMPT".into(), tools: json!([]), state: Default::default(), lease_ms: 30_000 };
+            let p = Promotion {
+                system_text: "SYSTEM PROMPT".into(),
+                tools: json!([]),
+                state: Default::default(),
+                lease_ms: 30_000,
+            };
             m.claim(id, gen, &p, started).unwrap().unwrap();
             if n > 0 {
                 m.append(id, gen, &events(n, started)).unwrap().unwrap();
@@ -202,7 +267,9 @@ impl Fixture {
     }
 
     pub(super) async fn list(&self, status: StatusFilter) -> RunList {
-        self.svc.list_runs(&ListParams::new(status, VisibilityFilter::All)).await
+        self.svc
+            .list_runs(&ListParams::new(status, VisibilityFilter::All))
+            .await
     }
 
     /// Another process kills `id`: its deletion fence lands in the shared ledger (and `stop = hard` on a

@@ -195,7 +195,10 @@ impl RunView {
 
     /// The listing order key of a finished row: `(finishedAt, id)`.
     pub(super) fn key(&self) -> (i64, &str) {
-        (self.finished_at.unwrap_or(self.started_at), self.id.as_str())
+        (
+            self.finished_at.unwrap_or(self.started_at),
+            self.id.as_str(),
+        )
     }
 
     /// Wall time from start to finish (or to `now_ms` while live).
@@ -215,12 +218,19 @@ impl RunView {
         if self.provisional == Some(true) {
             return "unfinished — no finish recorded".into();
         }
-        self.status.map(|s| s.as_str().to_owned()).unwrap_or_else(|| "finished".into())
+        self.status
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_else(|| "finished".into())
     }
 }
 /// The message of the last `run_failed` event in `events`.
 pub fn failure_message(events: &[Value]) -> Option<String> {
-    events.iter().rev().find(|e| e["type"] == "run_failed").and_then(|e| e["message"].as_str()).map(str::to_owned)
+    events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "run_failed")
+        .and_then(|e| e["message"].as_str())
+        .map(str::to_owned)
 }
 
 /// What a finished run's head says beside its status, read from its events: one reading for the record
@@ -239,8 +249,12 @@ impl HeadFacts {
     pub fn of(status: RunStatus, events: &[Value]) -> HeadFacts {
         HeadFacts {
             answer: answer_of(events),
-            error: (status == RunStatus::Failed).then(|| failure_message(events)).flatten(),
-            stopped_by: matches!(status, RunStatus::StoppedSoft | RunStatus::StoppedHard).then(|| stopped_by_of(events)).flatten(),
+            error: (status == RunStatus::Failed)
+                .then(|| failure_message(events))
+                .flatten(),
+            stopped_by: matches!(status, RunStatus::StoppedSoft | RunStatus::StoppedHard)
+                .then(|| stopped_by_of(events))
+                .flatten(),
         }
     }
 }
@@ -250,7 +264,11 @@ pub const ANSWER_VIEW_CHARS: usize = 2_000;
 
 /// The run's answer as views show it: the last `answer` event's text, capped at [`ANSWER_VIEW_CHARS`].
 pub fn answer_of(events: &[Value]) -> Option<String> {
-    let text = events.iter().rev().find(|e| e["type"] == "answer").and_then(|e| e["text"].as_str())?;
+    let text = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "answer")
+        .and_then(|e| e["text"].as_str())?;
     let mut out: String = text.chars().take(ANSWER_VIEW_CHARS).collect();
     if text.chars().nth(ANSWER_VIEW_CHARS).is_some() {
         out.push('…');
@@ -263,7 +281,10 @@ pub fn answer_of(events: &[Value]) -> Option<String> {
 pub fn stopped_by_of(events: &[Value]) -> Option<Value> {
     let mut stops = events.iter().filter(|e| e["type"] == "stop_requested");
     let first = stops.next()?;
-    let e = std::iter::once(first).chain(stops).find(|e| e["mode"] == "hard").unwrap_or(first);
+    let e = std::iter::once(first)
+        .chain(stops)
+        .find(|e| e["mode"] == "hard")
+        .unwrap_or(first);
     let mut by = serde_json::json!({"mode": e.get("mode").cloned().unwrap_or(Value::Null)});
     if let Some(actor) = e.get("actor") {
         by["actor"] = actor.clone();
@@ -294,21 +315,46 @@ mod tests {
             json!({"type": "answer", "text": "second"}),
         ];
         let completed = HeadFacts::of(RunStatus::Completed, &events);
-        assert_eq!(completed, HeadFacts { answer: Some("second".into()), error: None, stopped_by: None });
-        assert_eq!(HeadFacts::of(RunStatus::Failed, &events).error.as_deref(), Some("boom"));
+        assert_eq!(
+            completed,
+            HeadFacts {
+                answer: Some("second".into()),
+                error: None,
+                stopped_by: None
+            }
+        );
+        assert_eq!(
+            HeadFacts::of(RunStatus::Failed, &events).error.as_deref(),
+            Some("boom")
+        );
         let stopped = HeadFacts::of(RunStatus::StoppedSoft, &events);
-        assert_eq!(stopped.stopped_by, Some(json!({"mode": "soft", "actor": {"kind": "token", "id": "ops"}})));
+        assert_eq!(
+            stopped.stopped_by,
+            Some(json!({"mode": "soft", "actor": {"kind": "token", "id": "ops"}}))
+        );
         // A hard stop after a soft one decided the run.
         let mut harder = events.clone();
         harder.push(json!({"type": "stop_requested", "mode": "hard", "actor": {"kind": "capability", "id": "r1"}}));
         harder.push(json!({"type": "stop_requested", "mode": "soft"}));
-        assert_eq!(stopped_by_of(&harder), Some(json!({"mode": "hard", "actor": {"kind": "capability", "id": "r1"}})));
-        assert_eq!(HeadFacts::of(RunStatus::Interrupted, &[]), HeadFacts::default());
+        assert_eq!(
+            stopped_by_of(&harder),
+            Some(json!({"mode": "hard", "actor": {"kind": "capability", "id": "r1"}}))
+        );
+        assert_eq!(
+            HeadFacts::of(RunStatus::Interrupted, &[]),
+            HeadFacts::default()
+        );
         let long = "é".repeat(ANSWER_VIEW_CHARS + 1);
         let capped = answer_of(&[json!({"type": "answer", "text": long})]).unwrap();
-        assert_eq!((capped.chars().count(), capped.ends_with('…')), (ANSWER_VIEW_CHARS + 1, true));
+        assert_eq!(
+            (capped.chars().count(), capped.ends_with('…')),
+            (ANSWER_VIEW_CHARS + 1, true)
+        );
         let exact = "a".repeat(ANSWER_VIEW_CHARS);
-        assert_eq!(answer_of(&[json!({"type": "answer", "text": exact.clone()})]), Some(exact));
+        assert_eq!(
+            answer_of(&[json!({"type": "answer", "text": exact.clone()})]),
+            Some(exact)
+        );
     }
 
     #[tokio::test]
@@ -317,12 +363,31 @@ mod tests {
         f.local("r1", "c1", NOW - 10, None);
         f.local("r2", "c1", NOW - 20, Some(NOW - 1));
         let list = serde_json::to_string(&f.list(StatusFilter::All).await).unwrap();
-        let one = serde_json::to_string(&f.svc.get_run("r1", true, &VisibilityFilter::All).await.unwrap()).unwrap();
-        let feed = serde_json::to_string(&f.svc.index_rows(&VisibilityFilter::All).await.0).unwrap();
+        let one = serde_json::to_string(
+            &f.svc
+                .get_run("r1", true, &VisibilityFilter::All)
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        let feed =
+            serde_json::to_string(&f.svc.index_rows(&VisibilityFilter::All).await.0).unwrap();
         for s in [list, one, feed] {
-            assert!(!s.contains("secret-token") && !s.contains("\"token\""), "{s}");
+            assert!(
+                !s.contains("secret-token") && !s.contains("\"token\""),
+                "{s}"
+            );
         }
-        let v = serde_json::to_value(f.svc.get_run("r1", false, &VisibilityFilter::All).await.unwrap()).unwrap();
-        assert_eq!((v["finished"].as_bool(), v.get("events")), (Some(false), None));
+        let v = serde_json::to_value(
+            f.svc
+                .get_run("r1", false, &VisibilityFilter::All)
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (v["finished"].as_bool(), v.get("events")),
+            (Some(false), None)
+        );
     }
 }

@@ -5,7 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture, WrapFuture};
+use actix::{
+    Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture,
+    WrapFuture,
+};
 use serde_json::{json, Value};
 use storage::ledger::{decisions, Admit, AdmitOutcome, ReceiptKey};
 use storage::record::ChannelVisibility;
@@ -32,9 +35,16 @@ pub struct AdmitMessage {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admitted {
-    Started { run_id: String, token: String },
+    Started {
+        run_id: String,
+        token: String,
+    },
     /// `token`: the steered run's capability token (its live view's link).
-    Steered { run_id: String, seq: u64, token: String },
+    Steered {
+        run_id: String,
+        seq: u64,
+        token: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -53,7 +63,10 @@ pub enum AdmitError {
     ThreadBusy,
     #[error("the run id is fenced")]
     Fenced,
-    #[error("the live run holds the most keyed messages it may ({})", storage::ledger::MAX_RECEIPTS_PER_RUN)]
+    #[error(
+        "the live run holds the most keyed messages it may ({})",
+        storage::ledger::MAX_RECEIPTS_PER_RUN
+    )]
     ReceiptLimit,
     #[error("thread {0:?} has a live run the caller may not see")]
     Forbidden(String),
@@ -69,7 +82,11 @@ impl Handler<AdmitMessage> for Supervisor {
             return Box::pin(async { Err(AdmitError::Draining) });
         }
         let slot = self.slot(&msg.request.thread_key(), ctx.address());
-        Box::pin(async move { slot.send(msg).await.map_err(|e| AdmitError::Unavailable(e.to_string()))? })
+        Box::pin(async move {
+            slot.send(msg)
+                .await
+                .map_err(|e| AdmitError::Unavailable(e.to_string()))?
+        })
     }
 }
 
@@ -101,17 +118,29 @@ impl Handler<AdmitMessage> for ThreadSlot {
 
 /// Admission (SPEC §5.1): the ledger's atomic `admit`, then — only for a run it started — the registry
 /// row, `run_meta` and `input`, and the run actor.
-async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: AdmitMessage) -> Result<Admitted, AdmitError> {
+async fn admit(
+    shared: Arc<SlotShared>,
+    supervisor: Addr<Supervisor>,
+    msg: AdmitMessage,
+) -> Result<Admitted, AdmitError> {
     let req = msg.request;
     let thread_key = req.thread_key();
     if !decisions::is_valid_thread_key(&thread_key) {
         return Err(AdmitError::BadThread(thread_key));
     }
-    let agent_name = req.agent.clone().unwrap_or_else(|| shared.default_agent.clone());
-    let agent = shared.agents.get(&agent_name).ok_or_else(|| AdmitError::UnknownAgent(agent_name.clone()))?;
+    let agent_name = req
+        .agent
+        .clone()
+        .unwrap_or_else(|| shared.default_agent.clone());
+    let agent = shared
+        .agents
+        .get(&agent_name)
+        .ok_or_else(|| AdmitError::UnknownAgent(agent_name.clone()))?;
     let visibility = match req.visibility.as_deref() {
         None => ChannelVisibility::Machine,
-        Some(v) => ChannelVisibility::parse(v).ok_or_else(|| AdmitError::BadVisibility(v.to_owned()))?,
+        Some(v) => {
+            ChannelVisibility::parse(v).ok_or_else(|| AdmitError::BadVisibility(v.to_owned()))?
+        }
     };
     let run_id = uuid::Uuid::now_v7().to_string();
     let meta = RunMeta {
@@ -141,16 +170,19 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
         };
         // `run_meta` and `input` (seqs 1 and 2) commit with the admission itself: a crash right after it
         // still replays them, so a restarted run never loses (or repeats) its input (SPEC §5.2 step 2).
-        let first_events: Vec<Value> = [meta.event(), json!({"type": "input", "text": req.text, "source": "request"})]
-            .into_iter()
-            .zip(1u64..)
-            .map(|(mut event, seq)| {
-                event["seq"] = json!(seq);
-                event["at"] = json!(now);
-                shared.registry.redactor().redact_event(&mut event);
-                storage::record::cap_event_for_publish(event)
-            })
-            .collect();
+        let first_events: Vec<Value> = [
+            meta.event(),
+            json!({"type": "input", "text": req.text, "source": "request"}),
+        ]
+        .into_iter()
+        .zip(1u64..)
+        .map(|(mut event, seq)| {
+            event["seq"] = json!(seq);
+            event["at"] = json!(now);
+            shared.registry.redactor().redact_event(&mut event);
+            storage::record::cap_event_for_publish(event)
+        })
+        .collect();
         let outcome = shared
             .storage
             .admit_with_events(admit, first_events.clone(), now)
@@ -159,7 +191,9 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
         return match outcome {
             AdmitOutcome::Started { run_id: started } if started == run_id => {
                 let token = shared.tokens.mint(&run_id);
-                shared.registry.create(&run_id, meta.clone(), now, token.clone(), first_events, 3);
+                shared
+                    .registry
+                    .create(&run_id, meta.clone(), now, token.clone(), first_events, 3);
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
                 shared.metrics.runs_started.inc();
                 supervisor.do_send(LaunchRun(Launch::Fresh {
@@ -171,10 +205,17 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
                 Ok(Admitted::Started { run_id, token })
             }
             // A keyed retry of an earlier admission: its answer, verbatim.
-            AdmitOutcome::Started { run_id } => Ok(Admitted::Started { token: shared.tokens.mint(&run_id), run_id }),
+            AdmitOutcome::Started { run_id } => Ok(Admitted::Started {
+                token: shared.tokens.mint(&run_id),
+                run_id,
+            }),
             AdmitOutcome::Steered { run_id, seq } => {
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), inbox_seq = seq, "steered into a live run");
-                Ok(Admitted::Steered { token: shared.tokens.mint(&run_id), run_id, seq })
+                Ok(Admitted::Steered {
+                    token: shared.tokens.mint(&run_id),
+                    run_id,
+                    seq,
+                })
             }
             AdmitOutcome::Busy { .. } if now - waited_since < BUSY_WAIT.as_millis() as i64 => {
                 tokio::time::sleep(BUSY_POLL).await;
@@ -188,5 +229,3 @@ async fn admit(shared: Arc<SlotShared>, supervisor: Addr<Supervisor>, msg: Admit
         };
     }
 }
-
-

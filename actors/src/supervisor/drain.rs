@@ -37,7 +37,11 @@ impl Handler<ActiveRuns> for Supervisor {
     type Result = Vec<String>;
 
     fn handle(&mut self, _msg: ActiveRuns, _ctx: &mut Context<Self>) -> Vec<String> {
-        self.runs.keys().filter(|id| !self.handed.contains(*id)).cloned().collect()
+        self.runs
+            .keys()
+            .filter(|id| !self.handed.contains(*id))
+            .cloned()
+            .collect()
     }
 }
 
@@ -73,7 +77,11 @@ impl Handler<Drain> for Supervisor {
             let active = me.send(ActiveRuns).await.unwrap_or_default();
             let late = resumable_here(&deps, &active).await;
             let handed: Vec<String> = match deps.storage.handoff(gen.clone(), late).await {
-                Ok(results) => results.into_iter().filter(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff).map(|(id, _)| id).collect(),
+                Ok(results) => results
+                    .into_iter()
+                    .filter(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff)
+                    .map(|(id, _)| id)
+                    .collect(),
                 Err(e) => {
                     tracing::warn!(generation = %gen, error = %e, "drain: handoff failed");
                     Vec::new()
@@ -132,7 +140,12 @@ async fn resumable_here(deps: &RunDeps, active: &[String]) -> Vec<String> {
         Ok(rows) => rows
             .into_iter()
             .filter(|r| r.owner_gen == deps.gen.as_str() && r.phase == Phase::Live)
-            .filter(|r| !r.state.get("detached").and_then(Value::as_bool).unwrap_or(false))
+            .filter(|r| {
+                !r.state
+                    .get("detached")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            })
             .filter(|r| active.contains(&r.run_id))
             .map(|r| r.run_id)
             .collect(),
@@ -142,4 +155,3 @@ async fn resumable_here(deps: &RunDeps, active: &[String]) -> Vec<String> {
         }
     }
 }
-

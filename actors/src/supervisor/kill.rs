@@ -34,11 +34,19 @@ impl Handler<StopRun> for Supervisor {
         let deps = self.deps().clone();
         let local = self.runs.get(&msg.run_id).cloned();
         Box::pin(async move {
-            if deps.registry.row(&msg.run_id).is_some_and(|r| r.finished_at.is_some()) {
+            if deps
+                .registry
+                .row(&msg.run_id)
+                .is_some_and(|r| r.finished_at.is_some())
+            {
                 return Err(StopError::Finished);
             }
             // Every stop of a tracked run commits to the ledger first, then signals the run.
-            match deps.storage.request_stop(msg.run_id.clone(), msg.mode).await {
+            match deps
+                .storage
+                .request_stop(msg.run_id.clone(), msg.mode)
+                .await
+            {
                 Ok(Ok(_)) => {}
                 Ok(Err(_not_live)) => {
                     if local.is_none() {
@@ -53,7 +61,10 @@ impl Handler<StopRun> for Supervisor {
             }
             tracing::info!(run_id = %msg.run_id, generation = deps.gen.as_str(), mode = msg.mode.as_str(), by = %msg.actor.id, kind = %msg.actor.kind, "stop recorded");
             if let Some(run) = local {
-                run.do_send(StopRequest { mode: msg.mode, actor: msg.actor });
+                run.do_send(StopRequest {
+                    mode: msg.mode,
+                    actor: msg.actor,
+                });
             }
             // A run another process owns: its heartbeat relays the stop.
             Ok(())
@@ -74,7 +85,9 @@ pub struct KillRun {
 /// (admission closed, admitted work drained, then `{app-path: write}` through the deletion handle).
 pub(super) async fn purge_killed(deps: RunDeps, run_id: String) {
     match deps.storage.purge(run_id.clone()).await {
-        Ok(true) => tracing::info!(run_id = %run_id, generation = deps.gen.as_str(), "purged a killed run"),
+        Ok(true) => {
+            tracing::info!(run_id = %run_id, generation = deps.gen.as_str(), "purged a killed run")
+        }
         Ok(false) => return,
         Err(e) => {
             tracing::warn!(run_id = %run_id, error = %e, "purge failed; a later reclaim retries it");
@@ -84,18 +97,24 @@ pub(super) async fn purge_killed(deps: RunDeps, run_id: String) {
     deps.registry.discard(&run_id);
     use crate::operations::{AppId, Claim, Operation, Resource};
     let app = AppId::new(run_id.clone());
-    let Ok(fence) = deps.operations.close_admission(&app).await else { return };
+    let Ok(fence) = deps.operations.close_admission(&app).await else {
+        return;
+    };
     deps.operations.end_session(&app);
     let handle = fence.drain().await;
     let dir = crate::tools::workspace_dir(&deps.workspace_root, &run_id);
     let removed = handle
-        .run(Operation::new("delete_workspace"), Claim::write(Resource::AppPath), async move {
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e),
-            }
-        })
+        .run(
+            Operation::new("delete_workspace"),
+            Claim::write(Resource::AppPath),
+            async move {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(e),
+                }
+            },
+        )
         .await;
     if let Ok(Err(e)) | Err(e) = removed.map_err(|e| std::io::Error::other(e.to_string())) {
         tracing::warn!(run_id = %run_id, error = %e, "could not delete the killed run's workspace");
@@ -111,12 +130,26 @@ impl Handler<KillRun> for Supervisor {
         Box::pin(async move {
             let id = msg.run_id;
             let known = deps.registry.row(&id).is_some()
-                || deps.storage.get_live(id.clone()).await.map_err(|e| StopError::Unavailable(e.to_string()))?.is_some()
-                || deps.storage.get_summary(id.clone()).await.map_err(|e| StopError::Unavailable(e.to_string()))?.is_some();
+                || deps
+                    .storage
+                    .get_live(id.clone())
+                    .await
+                    .map_err(|e| StopError::Unavailable(e.to_string()))?
+                    .is_some()
+                || deps
+                    .storage
+                    .get_summary(id.clone())
+                    .await
+                    .map_err(|e| StopError::Unavailable(e.to_string()))?
+                    .is_some();
             if !known {
                 return Err(StopError::NotFound);
             }
-            let answer = deps.storage.kill(id.clone()).await.map_err(|e| StopError::Unavailable(e.to_string()))?;
+            let answer = deps
+                .storage
+                .kill(id.clone())
+                .await
+                .map_err(|e| StopError::Unavailable(e.to_string()))?;
             tracing::info!(run_id = %id, generation = deps.gen.as_str(), live_owner = ?answer.live_owner, "kill: deletion fence written");
             match (local, answer.live_owner) {
                 // Ours: abort it as a fence; the supervisor purges when its actor has ended.

@@ -43,9 +43,9 @@ use crate::tools::Toolbox;
 
 pub use admission::{AdmitError, AdmitMessage, Admitted, ThreadSlot};
 pub use drain::{Drain, DrainReport};
+use kill::purge_killed;
 pub use kill::{KillRun, StopError, StopRun};
 pub use recovery::{OpenIngress, ReclaimPass, ReclaimReport};
-use kill::purge_killed;
 
 /// What the process hands the supervisor at boot.
 pub struct SupervisorConfig {
@@ -81,7 +81,10 @@ pub struct RestartPolicy {
 
 impl Default for RestartPolicy {
     fn default() -> Self {
-        RestartPolicy { max_restarts: 1, window_ms: 600_000 }
+        RestartPolicy {
+            max_restarts: 1,
+            window_ms: 600_000,
+        }
     }
 }
 
@@ -188,13 +191,16 @@ impl Supervisor {
     }
 
     fn deps(&self) -> &RunDeps {
-        self.deps.as_ref().expect("deps are built when the supervisor starts")
+        self.deps
+            .as_ref()
+            .expect("deps are built when the supervisor starts")
     }
 
     /// The runs this process still drives: an actor, a close past the restart policy, or a final record
     /// on its way through the ledger's finish. A reclaim never takes one back (SPEC §1.1: one driver).
     fn driven(&self) -> Vec<String> {
-        let mut driven: std::collections::BTreeSet<String> = self.runs.keys().chain(&self.closing).cloned().collect();
+        let mut driven: std::collections::BTreeSet<String> =
+            self.runs.keys().chain(&self.closing).cloned().collect();
         driven.extend(self.deps().history.final_writes_pending());
         driven.into_iter().collect()
     }
@@ -206,7 +212,11 @@ impl Supervisor {
     fn launch(&mut self, launch: Launch, ctx: &mut Context<Self>) {
         let _ = ctx;
         if self.runs.contains_key(launch.run_id()) {
-            tracing::warn!(run_id = launch.run_id(), generation = self.deps().gen.as_str(), "an actor already drives this run; not launching a second");
+            tracing::warn!(
+                run_id = launch.run_id(),
+                generation = self.deps().gen.as_str(),
+                "an actor already drives this run; not launching a second"
+            );
             return;
         }
         let actor = RunActor::new(self.deps().clone(), launch);
@@ -216,10 +226,21 @@ impl Supervisor {
     }
 
     /// Launch the successor a finish or close admitted here.
-    fn launch_successor(&mut self, successor: Option<(LiveRow, Vec<Value>)>, ctx: &mut Context<Self>) {
+    fn launch_successor(
+        &mut self,
+        successor: Option<(LiveRow, Vec<Value>)>,
+        ctx: &mut Context<Self>,
+    ) {
         if let Some((row, events)) = successor {
             tracing::info!(run_id = %row.run_id, generation = self.deps().gen.as_str(), "starting the successor run for unread follow-ups");
-            self.launch(Launch::Restart { row, events, from_gen: None }, ctx);
+            self.launch(
+                Launch::Restart {
+                    row,
+                    events,
+                    from_gen: None,
+                },
+                ctx,
+            );
         }
     }
 
@@ -233,14 +254,31 @@ impl Supervisor {
         self.closing.insert(run_id.to_owned());
         let id = run_id.to_owned();
         let fut = async move {
-            let row = deps.storage.get_live(id.clone()).await.map_err(|e| e.to_string())?.ok_or("the row is gone")?;
+            let row = deps
+                .storage
+                .get_live(id.clone())
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("the row is gone")?;
             if row.owner_gen != deps.gen.as_str() {
                 return Err("the row is owned elsewhere".to_owned());
             }
             // What the failed incarnation published reaches the ledger first.
-            let _ = deps.flusher.send(crate::flusher::FlushRun(id.clone())).await;
-            let mut events = deps.storage.live_events(id.clone(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
-            let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+            let _ = deps
+                .flusher
+                .send(crate::flusher::FlushRun(id.clone()))
+                .await;
+            let mut events = deps
+                .storage
+                .live_events(id.clone(), 0, usize::MAX >> 1)
+                .await
+                .map_err(|e| e.to_string())?
+                .unwrap_or_default();
+            let last = events
+                .iter()
+                .filter_map(storage::record::event_seq)
+                .max()
+                .unwrap_or(0);
             let message = "the run failed more often than the restart policy allows";
             events.push(json!({"type": "run_failed", "seq": last + 1, "at": deps.clock.now_ms(), "message": message}));
             run::close_row(&deps, &row, events, RunStatus::Failed, message).await
@@ -277,7 +315,11 @@ impl Actor for Supervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         let (config, tools) = self.parts.take().expect("a supervisor starts once");
-        let flusher = Flusher::new(config.storage.clone(), self.config.metrics.event_batch_failures.clone()).start();
+        let flusher = Flusher::new(
+            config.storage.clone(),
+            self.config.metrics.event_batch_failures.clone(),
+        )
+        .start();
         let heartbeat = Heartbeat::new(
             config.storage.clone(),
             Duration::from_millis(config.heartbeat_ms),
@@ -311,9 +353,14 @@ impl Actor for Supervisor {
         ctx.run_interval(Duration::from_secs(5), |act, _| {
             let registry = &act.deps().registry;
             registry.evict_expired();
-            let busy: std::collections::HashSet<String> =
-                registry.rows().into_iter().filter(|r| r.finished_at.is_none()).map(|r| r.meta.thread_key).collect();
-            act.slots.retain(|thread, a| a.connected() && busy.contains(thread));
+            let busy: std::collections::HashSet<String> = registry
+                .rows()
+                .into_iter()
+                .filter(|r| r.finished_at.is_none())
+                .map(|r| r.meta.thread_key)
+                .collect();
+            act.slots
+                .retain(|thread, a| a.connected() && busy.contains(thread));
         });
     }
 }
@@ -326,7 +373,9 @@ impl Handler<crate::heartbeat::RunNews> for Supervisor {
     fn handle(&mut self, msg: crate::heartbeat::RunNews, _ctx: &mut Context<Self>) {
         match self.runs.get(&msg.run_id) {
             Some(run) => run.do_send(msg.news),
-            None if msg.news == crate::heartbeat::HeartbeatNews::Fenced => self.deps().registry.discard(&msg.run_id),
+            None if msg.news == crate::heartbeat::HeartbeatNews::Fenced => {
+                self.deps().registry.discard(&msg.run_id)
+            }
             None => {}
         }
     }
@@ -389,4 +438,3 @@ impl Handler<RunEnded> for Supervisor {
         }
     }
 }
-

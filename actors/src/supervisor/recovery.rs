@@ -54,7 +54,6 @@ impl Supervisor {
             }
         }));
     }
-
 }
 
 /// What a re-adoption found.
@@ -72,19 +71,39 @@ pub(super) const MAX_READOPT_FAILURES: u32 = 3;
 /// Plan the re-adoption of this generation's own row, as a reclaim would plan it (SPEC §6.1) — except a
 /// row past its finishing gate whose actor lost storage at that gate (`undelivered`): this process knows
 /// its reply never went out, so the reply continues from the saved answer (SPEC §5.2 step 7).
-async fn plan_readoption(deps: &RunDeps, run_id: &str, undelivered: bool) -> Result<Readoption, String> {
+async fn plan_readoption(
+    deps: &RunDeps,
+    run_id: &str,
+    undelivered: bool,
+) -> Result<Readoption, String> {
     let s = &deps.storage;
-    let Some(row) = s.get_live(run_id.to_owned()).await.map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+    let Some(row) = s
+        .get_live(run_id.to_owned())
+        .await
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(Readoption::Gone);
+    };
     if row.owner_gen != deps.gen.as_str() || row.phase == Phase::Handoff {
         return Ok(Readoption::Gone);
     }
-    if s.is_killed(run_id.to_owned()).await.map_err(|e| e.to_string())? {
+    if s.is_killed(run_id.to_owned())
+        .await
+        .map_err(|e| e.to_string())?
+    {
         purge_killed(deps.clone(), run_id.to_owned()).await;
         return Ok(Readoption::Closed(None));
     }
-    let last_step = s.last_step(run_id.to_owned()).await.map_err(|e| e.to_string())?;
+    let last_step = s
+        .last_step(run_id.to_owned())
+        .await
+        .map_err(|e| e.to_string())?;
     if undelivered && row.phase == Phase::Finishing {
-        let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+        let events = s
+            .live_events(run_id.to_owned(), 0, usize::MAX >> 1)
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
         let step = last_step.map_or(0, |l| l.step);
         return Ok(Readoption::Launch(Launch::Deliver { row, events, step }));
     }
@@ -92,27 +111,44 @@ async fn plan_readoption(deps: &RunDeps, run_id: &str, undelivered: bool) -> Res
     // status and is never resumed — its reply may have gone out (the record write was what failed), and
     // a resume would send it again or conclude another status than the one the gate committed.
     let phase = row.phase;
-    Ok(match plan_row(deps, row, phase, last_step, deps.gen.as_str().to_owned()).await? {
-        Fate::Launch(launch) => Readoption::Launch(launch),
-        Fate::Closed(_, successor) => Readoption::Closed(successor),
-    })
+    Ok(
+        match plan_row(deps, row, phase, last_step, deps.gen.as_str().to_owned()).await? {
+            Fate::Launch(launch) => Readoption::Launch(launch),
+            Fate::Closed(_, successor) => Readoption::Closed(successor),
+        },
+    )
 }
 
 /// Close an orphan that failed [`MAX_READOPT_FAILURES`] sweeps.
 async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
     let s = &deps.storage;
-    let Some(row) = s.get_live(run_id.to_owned()).await.map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+    let Some(row) = s
+        .get_live(run_id.to_owned())
+        .await
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(Readoption::Gone);
+    };
     if row.owner_gen != deps.gen.as_str() {
         return Ok(Readoption::Gone);
     }
     // A killed run is purged, never closed (its finish would be refused at every sweep).
-    if s.is_killed(run_id.to_owned()).await.map_err(|e| e.to_string())? {
+    if s.is_killed(run_id.to_owned())
+        .await
+        .map_err(|e| e.to_string())?
+    {
         purge_killed(deps.clone(), run_id.to_owned()).await;
         return Ok(Readoption::Closed(None));
     }
-    let events = s.live_events(run_id.to_owned(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let events = s
+        .live_events(run_id.to_owned(), 0, usize::MAX >> 1)
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
     let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
-    Ok(Readoption::Closed(run::close_row(deps, &row, events, RunStatus::Interrupted, &why).await?))
+    Ok(Readoption::Closed(
+        run::close_row(deps, &row, events, RunStatus::Interrupted, &why).await?,
+    ))
 }
 
 // ---- Recovery: reclaim at boot and on a sweep (SPEC §6.1), drain as handoff (SPEC §6.4) ----
@@ -150,11 +186,19 @@ enum Fate {
 async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(String, Fate), String> {
     let id = r.row.run_id.clone();
     // A killed run is never resumed or closed: it is purged.
-    if deps.storage.is_killed(id.clone()).await.map_err(|e| e.to_string())? {
+    if deps
+        .storage
+        .is_killed(id.clone())
+        .await
+        .map_err(|e| e.to_string())?
+    {
         purge_killed(deps.clone(), id.clone()).await;
         return Ok((id, Fate::Closed("killed: purged".into(), None)));
     }
-    Ok((id, plan_row(deps, r.row, r.prior_phase, r.last_step, r.prior_owner).await?))
+    Ok((
+        id,
+        plan_row(deps, r.row, r.prior_phase, r.last_step, r.prior_owner).await?,
+    ))
 }
 
 /// Classify a row this generation holds — taken by a reclaim from `from_gen`, or its own orphan — and
@@ -168,43 +212,90 @@ async fn plan_row(
 ) -> Result<Fate, String> {
     let id = row.run_id.clone();
     let s = &deps.storage;
-    let transcript = s.read_transcript(id.clone()).await.map_err(|e| e.to_string())?;
-    let final_status = row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
+    let transcript = s
+        .read_transcript(id.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let final_status = row
+        .state
+        .get("finalStatus")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let input = decisions::ClassifyInput {
         prior_phase,
         stop: row.stop,
         final_status: final_status.as_deref(),
-        detached: row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
+        detached: row
+            .state
+            .get("detached")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
         turn_count: transcript.turns.len() as u64,
         gap: transcript.gap,
         last_step: last_step.as_ref().map(|s| s.cursor()),
     };
-    let events = s.live_events(id.clone(), 0, usize::MAX >> 1).await.map_err(|e| e.to_string())?.unwrap_or_default();
+    let events = s
+        .live_events(id.clone(), 0, usize::MAX >> 1)
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
     let fate = match decisions::classify(&input) {
         decisions::Classification::CloseFinal { status } => {
             let status = RunStatus::parse(&status).unwrap_or(RunStatus::Completed);
-            let successor = run::close_row(deps, &row, events, status, "closed from finishing; delivery unknown").await?;
+            let successor = run::close_row(
+                deps,
+                &row,
+                events,
+                status,
+                "closed from finishing; delivery unknown",
+            )
+            .await?;
             Fate::Closed(status.as_str().into(), successor)
         }
         decisions::Classification::CloseHardStopped => {
-            let successor = run::close_row(deps, &row, events, RunStatus::StoppedHard, "a hard stop was recorded").await?;
+            let successor = run::close_row(
+                deps,
+                &row,
+                events,
+                RunStatus::StoppedHard,
+                "a hard stop was recorded",
+            )
+            .await?;
             Fate::Closed("stopped_hard".into(), successor)
         }
         decisions::Classification::CloseInterrupted { reason } => {
-            let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?;
+            let successor =
+                run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?;
             Fate::Closed(format!("interrupted: {reason}"), successor)
         }
-        decisions::Classification::Restart => Fate::Launch(Launch::Restart { row, events, from_gen: Some(from_gen) }),
+        decisions::Classification::Restart => Fate::Launch(Launch::Restart {
+            row,
+            events,
+            from_gen: Some(from_gen),
+        }),
         decisions::Classification::Resume(point) => {
-            let agent = row.meta.get("agent").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let agent = row
+                .meta
+                .get("agent")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             match last_step {
                 Some(last_step) if deps.agents.contains_key(&agent) => {
-                    Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript: transcript.turns, events, point, from_gen }))
+                    Fate::Launch(Launch::Resume(Adoption {
+                        row,
+                        last_step,
+                        transcript: transcript.turns,
+                        events,
+                        point,
+                        from_gen,
+                    }))
                 }
                 _ => {
                     let reason = format!("agent {agent:?} is not configured here");
-                    let successor = run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?;
+                    let successor =
+                        run::close_row(deps, &row, events, RunStatus::Interrupted, &reason).await?;
                     Fate::Closed(format!("interrupted: {reason}"), successor)
                 }
             }
@@ -220,12 +311,22 @@ impl Supervisor {
         if self.config.draining.load(Ordering::SeqCst) {
             return;
         }
-        let registry: Vec<String> =
-            self.deps().registry.rows().into_iter().filter(|r| r.finished_at.is_none()).map(|r| r.id).collect();
+        let registry: Vec<String> = self
+            .deps()
+            .registry
+            .rows()
+            .into_iter()
+            .filter(|r| r.finished_at.is_none())
+            .map(|r| r.id)
+            .collect();
         let idle: std::collections::HashSet<String> = mine
             .iter()
             .chain(&registry)
-            .filter(|id| !self.runs.contains_key(*id) && !self.handed.contains(*id) && !self.orphans.contains_key(*id))
+            .filter(|id| {
+                !self.runs.contains_key(*id)
+                    && !self.handed.contains(*id)
+                    && !self.orphans.contains_key(*id)
+            })
             .cloned()
             .collect();
         for id in idle.intersection(&self.unattended) {
@@ -237,7 +338,11 @@ impl Supervisor {
             }
         }
         self.unattended = idle;
-        let orphans: Vec<(String, u32)> = self.orphans.iter().map(|(id, n)| (id.clone(), *n)).collect();
+        let orphans: Vec<(String, u32)> = self
+            .orphans
+            .iter()
+            .map(|(id, n)| (id.clone(), *n))
+            .collect();
         for (id, failures) in orphans {
             if self.runs.contains_key(&id) {
                 self.orphans.remove(&id);
@@ -300,14 +405,23 @@ impl Handler<ReclaimPass> for Supervisor {
                 }
             };
             // Receipts past their TTL, and dead generations that own nothing (SPEC §4.3 finish): once per pass.
-            if let Err(e) = deps.storage.prune_dead(dead.clone()).await { tracing::warn!(error = %e, "could not prune receipts and dead generations; retried next pass"); }
+            if let Err(e) = deps.storage.prune_dead(dead.clone()).await {
+                tracing::warn!(error = %e, "could not prune receipts and dead generations; retried next pass");
+            }
             // Finished runs past the retention policy and event rows nobody owns go even while nothing
             // is written (a put trims too, but an idle store has no puts).
             if let Err(e) = deps.storage.expire().await {
                 tracing::warn!(error = %e, "could not expire finished runs; retried next pass");
             }
-            let answer = deps.storage.reclaim(deps.gen.as_str().to_owned(), lease_ms, dead, driven).await.map_err(|e| e.to_string())?;
-            let mut report = ReclaimReport { live_elsewhere: answer.live_elsewhere.len(), ..Default::default() };
+            let answer = deps
+                .storage
+                .reclaim(deps.gen.as_str().to_owned(), lease_ms, dead, driven)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut report = ReclaimReport {
+                live_elsewhere: answer.live_elsewhere.len(),
+                ..Default::default()
+            };
             let mut launches = Vec::new();
             for r in answer.taken {
                 let id = r.row.run_id.clone();
@@ -318,11 +432,19 @@ impl Handler<ReclaimPass> for Supervisor {
                     Ok((id, Fate::Closed(how, successor))) => {
                         report.closed.push((id, how));
                         if let Some((row, events)) = successor {
-                            launches.push(Launch::Restart { row, events, from_gen: None });
+                            launches.push(Launch::Restart {
+                                row,
+                                events,
+                                from_gen: None,
+                            });
                         }
                     }
                     Ok((id, Fate::Launch(l))) => {
-                        let how = if matches!(l, Launch::Restart { .. }) { "restarting" } else { "resuming" };
+                        let how = if matches!(l, Launch::Restart { .. }) {
+                            "restarting"
+                        } else {
+                            "resuming"
+                        };
                         tracing::info!(run_id = %id, generation = deps.gen.as_str(), from_gen = %from_gen, how, "reclaimed a run");
                         match &l {
                             Launch::Restart { .. } => report.restarted.push(id),
@@ -336,12 +458,23 @@ impl Handler<ReclaimPass> for Supervisor {
                     }
                 }
             }
-            deps.metrics.reclaimed("resumed", report.resumed.len() as u64);
-            deps.metrics.reclaimed("restarted", report.restarted.len() as u64);
+            deps.metrics
+                .reclaimed("resumed", report.resumed.len() as u64);
+            deps.metrics
+                .reclaimed("restarted", report.restarted.len() as u64);
             deps.metrics.reclaimed("closed", report.closed.len() as u64);
             deps.metrics.reclaimed("failed", report.failed.len() as u64);
-            if !(report.resumed.is_empty() && report.restarted.is_empty() && report.closed.is_empty()) {
-                tracing::info!(generation = deps.gen.as_str(), resumed = report.resumed.len(), restarted = report.restarted.len(), closed = report.closed.len(), "reclaim pass");
+            if !(report.resumed.is_empty()
+                && report.restarted.is_empty()
+                && report.closed.is_empty())
+            {
+                tracing::info!(
+                    generation = deps.gen.as_str(),
+                    resumed = report.resumed.len(),
+                    restarted = report.restarted.len(),
+                    closed = report.closed.len(),
+                    "reclaim pass"
+                );
             }
             // Rows of this generation, to find any without an actor (SPEC §6.1: no run is live without one).
             let mine: Vec<String> = match deps.storage.list_live().await {
@@ -380,8 +513,9 @@ impl Handler<OpenIngress> for Supervisor {
         }
         let every = Duration::from_millis(self.deps().lease_ms.max(100) as u64);
         ctx.run_interval(every, |_act, ctx| {
-            ctx.address().do_send(ReclaimPass { defer_launch: false });
+            ctx.address().do_send(ReclaimPass {
+                defer_launch: false,
+            });
         });
     }
 }
-

@@ -68,13 +68,21 @@ pub enum ExternalToolError {
     BadTimeout { key: String },
     /// Two entries produce the same tool name.
     #[error("tool name `{name}` is used by both {first} and {second}")]
-    Duplicate { name: String, first: String, second: String },
+    Duplicate {
+        name: String,
+        first: String,
+        second: String,
+    },
     /// [`super::Toolbox::with_external`]: the name is already in the toolbox (a built-in).
     #[error("external tool `{name}` would replace a tool of the same name")]
     Taken { name: String },
     /// The MCP server did not answer `initialize` or `tools/list` at boot.
     #[error("{key}: mcp server {url} is unavailable: {why}")]
-    McpUnavailable { key: String, url: String, why: String },
+    McpUnavailable {
+        key: String,
+        url: String,
+        why: String,
+    },
 }
 
 /// `<runId>/<callId>`: the idempotency key of one call (SPEC §8.3), the same for every attempt of it.
@@ -85,20 +93,40 @@ pub fn idempotency_key(run_id: &str, call_id: &str) -> String {
 /// The [`ToolDef`] of an external tool: the one place external tools build one, so a new flag on it
 /// (`idempotent`, SPEC §6.2) is set here for both kinds. `idempotent` is also answered by
 /// [`Tool::idempotent`] until `ToolDef` carries it.
-pub(super) fn tool_def(name: String, description: String, parameters: Value, side_effect_free: bool, idempotent: bool) -> ToolDef {
-    ToolDef { name, description, parameters, side_effect_free, rerun_safe: side_effect_free, idempotent }
+pub(super) fn tool_def(
+    name: String,
+    description: String,
+    parameters: Value,
+    side_effect_free: bool,
+    idempotent: bool,
+) -> ToolDef {
+    ToolDef {
+        name,
+        description,
+        parameters,
+        side_effect_free,
+        rerun_safe: side_effect_free,
+        idempotent,
+    }
 }
 
 /// Whether `name` is `[A-Za-z0-9_-]{1,64}`.
 pub(super) fn is_tool_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= MAX_TOOL_NAME && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !name.is_empty()
+        && name.len() <= MAX_TOOL_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 pub(super) fn check_url(key: &str, url: &str) -> Result<(), ExternalToolError> {
     if url.starts_with("http://") || url.starts_with("https://") {
         Ok(())
     } else {
-        Err(ExternalToolError::BadUrl { key: key.to_owned(), url: url.to_owned() })
+        Err(ExternalToolError::BadUrl {
+            key: key.to_owned(),
+            url: url.to_owned(),
+        })
     }
 }
 
@@ -106,11 +134,18 @@ pub(super) fn check_url(key: &str, url: &str) -> Result<(), ExternalToolError> {
 /// workspace fence must name the call's generation. `Err` is the call's output (nothing was sent).
 pub(super) async fn check_fence(ctx: &ToolContext, what: &str) -> Result<(), ToolOutput> {
     let (workspace, gen) = (ctx.workspace.clone(), ctx.gen.clone());
-    match off_runtime(move || with_fence(Path::new(&workspace), &gen, TOOL_LOCK_WAIT, || ())).await {
+    match off_runtime(move || with_fence(Path::new(&workspace), &gen, TOOL_LOCK_WAIT, || ())).await
+    {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if e.is_fenced() => Err(ToolOutput::err(format!("fenced: {e}; {what} was not sent"))),
-        Ok(Err(e)) => Err(ToolOutput::err(format!("cannot check the workspace fence: {e}; {what} was not sent"))),
-        Err(e) => Err(ToolOutput::err(format!("the fence check did not finish: {e}; {what} was not sent"))),
+        Ok(Err(e)) if e.is_fenced() => {
+            Err(ToolOutput::err(format!("fenced: {e}; {what} was not sent")))
+        }
+        Ok(Err(e)) => Err(ToolOutput::err(format!(
+            "cannot check the workspace fence: {e}; {what} was not sent"
+        ))),
+        Err(e) => Err(ToolOutput::err(format!(
+            "the fence check did not finish: {e}; {what} was not sent"
+        ))),
     }
 }
 
@@ -121,7 +156,10 @@ pub(super) async fn check_fence(ctx: &ToolContext, what: &str) -> Result<(), Too
 /// Fails on a bad entry, on two entries producing the same name, and on an MCP server that does not
 /// answer: boot stops with the entry named rather than offering agents a partial tool list. `http` is
 /// shared by every tool (connection pooling); its own timeouts are not relied on.
-pub async fn external_tools(settings: &ExternalToolsSettings, http: &reqwest::Client) -> Result<Vec<Arc<dyn Tool>>, ExternalToolError> {
+pub async fn external_tools(
+    settings: &ExternalToolsSettings,
+    http: &reqwest::Client,
+) -> Result<Vec<Arc<dyn Tool>>, ExternalToolError> {
     let secret: Option<Arc<[u8]>> = settings.secret.as_deref().map(Arc::from);
     let mut tools: Vec<(String, Arc<dyn Tool>)> = Vec::new();
     for (i, spec) in settings.http.iter().enumerate() {
@@ -132,11 +170,15 @@ pub async fn external_tools(settings: &ExternalToolsSettings, http: &reqwest::Cl
     for (i, spec) in settings.mcp.iter().enumerate() {
         let key = format!("tools.mcp[{i}]");
         let server = McpServer::connect(&key, spec.clone(), http.clone()).await?;
-        for tool in server.tools().await.map_err(|why| ExternalToolError::McpUnavailable {
-            key: key.clone(),
-            url: spec.url.clone(),
-            why,
-        })? {
+        for tool in server
+            .tools()
+            .await
+            .map_err(|why| ExternalToolError::McpUnavailable {
+                key: key.clone(),
+                url: spec.url.clone(),
+                why,
+            })?
+        {
             tools.push((key.clone(), Arc::new(tool)));
         }
     }
@@ -144,7 +186,11 @@ pub async fn external_tools(settings: &ExternalToolsSettings, http: &reqwest::Cl
     for (key, tool) in &tools {
         let name = tool.def().name;
         if let Some(first) = seen.insert(name.clone(), key.clone()) {
-            return Err(ExternalToolError::Duplicate { name, first, second: key.clone() });
+            return Err(ExternalToolError::Duplicate {
+                name,
+                first,
+                second: key.clone(),
+            });
         }
     }
     Ok(tools.into_iter().map(|(_, t)| t).collect())

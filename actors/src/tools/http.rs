@@ -22,7 +22,10 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::{json, Value};
 
-use super::external::{check_fence, check_url, idempotency_key, is_tool_name, tool_def, ExternalToolError, HttpToolSpec};
+use super::external::{
+    check_fence, check_url, idempotency_key, is_tool_name, tool_def, ExternalToolError,
+    HttpToolSpec,
+};
 use super::{Tool, ToolContext, ToolOutput};
 use crate::agent::ToolDef;
 use crate::delivery::{signature_headers, unix_now_secs};
@@ -44,29 +47,48 @@ pub struct HttpTool {
 impl std::fmt::Debug for HttpTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the secret.
-        f.debug_struct("HttpTool").field("spec", &self.spec).field("signed", &self.secret.is_some()).finish()
+        f.debug_struct("HttpTool")
+            .field("spec", &self.spec)
+            .field("signed", &self.secret.is_some())
+            .finish()
     }
 }
 
 impl HttpTool {
     /// Checks the entry (`key` names it in errors): the name, the URL, a positive timeout, and an
     /// object `input_schema` (a string holding JSON is parsed).
-    pub fn new(key: &str, mut spec: HttpToolSpec, http: reqwest::Client, secret: Option<Arc<[u8]>>) -> Result<Self, ExternalToolError> {
+    pub fn new(
+        key: &str,
+        mut spec: HttpToolSpec,
+        http: reqwest::Client,
+        secret: Option<Arc<[u8]>>,
+    ) -> Result<Self, ExternalToolError> {
         if !is_tool_name(&spec.name) {
-            return Err(ExternalToolError::BadName { key: format!("{key}.name"), name: spec.name });
+            return Err(ExternalToolError::BadName {
+                key: format!("{key}.name"),
+                name: spec.name,
+            });
         }
         check_url(&format!("{key}.url"), &spec.url)?;
         if spec.timeout.is_zero() {
-            return Err(ExternalToolError::BadTimeout { key: key.to_owned() });
+            return Err(ExternalToolError::BadTimeout {
+                key: key.to_owned(),
+            });
         }
-        let bad = |why: String| ExternalToolError::BadSchema { key: key.to_owned(), why };
+        let bad = |why: String| ExternalToolError::BadSchema {
+            key: key.to_owned(),
+            why,
+        };
         if let Value::String(text) = &spec.input_schema {
-            spec.input_schema = serde_json::from_str(text).map_err(|e| bad(format!("is not JSON: {e}")))?;
+            spec.input_schema =
+                serde_json::from_str(text).map_err(|e| bad(format!("is not JSON: {e}")))?;
         }
         match &spec.input_schema {
             Value::Null => spec.input_schema = json!({"type": "object"}),
             Value::Object(o) if o.get("type").is_none_or(|t| t == "object") => {}
-            Value::Object(_) => return Err(bad("must describe an object (`type = \"object\"`)".into())),
+            Value::Object(_) => {
+                return Err(bad("must describe an object (`type = \"object\"`)".into()))
+            }
             _ => return Err(bad("must be a JSON Schema object".into())),
         }
         Ok(HttpTool { spec, http, secret })
@@ -84,9 +106,15 @@ impl HttpTool {
             }
         }
         let key = idempotency_key(&ctx.run_id, call_id);
-        let body = match serde_json::to_vec(&json!({"runId": ctx.run_id, "callId": call_id, "input": input})) {
+        let body = match serde_json::to_vec(
+            &json!({"runId": ctx.run_id, "callId": call_id, "input": input}),
+        ) {
             Ok(b) => b,
-            Err(e) => return ToolOutput::err(format!("http tool `{name}`: cannot serialize the call: {e}")),
+            Err(e) => {
+                return ToolOutput::err(format!(
+                    "http tool `{name}`: cannot serialize the call: {e}"
+                ))
+            }
         };
         let mut request = self
             .http
@@ -100,25 +128,53 @@ impl HttpTool {
                 request = request.header(header, value);
             }
         }
-        let unknown = if self.spec.mutating { " (its effects are unknown)" } else { "" };
+        let unknown = if self.spec.mutating {
+            " (its effects are unknown)"
+        } else {
+            ""
+        };
         let response = match request.body(body).send().await {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {
-                return ToolOutput::err(format!("http tool `{name}` timed out after {} ms{unknown}", self.spec.timeout.as_millis()))
+                return ToolOutput::err(format!(
+                    "http tool `{name}` timed out after {} ms{unknown}",
+                    self.spec.timeout.as_millis()
+                ))
             }
-            Err(e) if e.is_connect() => return ToolOutput::err(format!("http tool `{name}` could not connect to its endpoint")),
-            Err(e) if e.is_builder() => return ToolOutput::err(format!("http tool `{name}`: cannot build the request: {e}")),
-            Err(_) => return ToolOutput::err(format!("http tool `{name}` lost the connection before an answer{unknown}")),
+            Err(e) if e.is_connect() => {
+                return ToolOutput::err(format!(
+                    "http tool `{name}` could not connect to its endpoint"
+                ))
+            }
+            Err(e) if e.is_builder() => {
+                return ToolOutput::err(format!(
+                    "http tool `{name}`: cannot build the request: {e}"
+                ))
+            }
+            Err(_) => {
+                return ToolOutput::err(format!(
+                    "http tool `{name}` lost the connection before an answer{unknown}"
+                ))
+            }
         };
         let status = response.status();
         let body = match read_capped(response, MAX_RESULT_BYTES).await {
             Ok(b) => b,
-            Err(why) => return ToolOutput::err(format!("http tool `{name}` answered {}, but {why}", status.as_u16())),
+            Err(why) => {
+                return ToolOutput::err(format!(
+                    "http tool `{name}` answered {}, but {why}",
+                    status.as_u16()
+                ))
+            }
         };
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body);
             let quoted: String = text.chars().take(ERROR_QUOTE_CHARS).collect();
-            return ToolOutput::err(format!("http tool `{name}` answered {}: {}", status.as_u16(), quoted.trim()));
+            return ToolOutput::err(format!(
+                "http tool `{name}` answered {}: {}",
+                status.as_u16(),
+                quoted.trim()
+            ));
         }
         if body.iter().all(u8::is_ascii_whitespace) {
             return ToolOutput::ok("");
@@ -126,7 +182,10 @@ impl HttpTool {
         match serde_json::from_slice::<Value>(&body) {
             Ok(Value::String(s)) => ToolOutput::ok(s),
             Ok(v) => ToolOutput::ok(v.to_string()),
-            Err(_) => ToolOutput::err(format!("http tool `{name}` answered {} with a body that is not JSON", status.as_u16())),
+            Err(_) => ToolOutput::err(format!(
+                "http tool `{name}` answered {} with a body that is not JSON",
+                status.as_u16()
+            )),
         }
     }
 }
@@ -167,7 +226,12 @@ impl Tool for HttpTool {
         async move { ToolOutput::err(format!("http tool `{name}` needs a call id (dispatch it with call_keyed); nothing was sent")) }.boxed()
     }
 
-    fn call_keyed<'a>(&'a self, ctx: &'a ToolContext, call_id: &'a str, args: &'a Value) -> BoxFuture<'a, ToolOutput> {
+    fn call_keyed<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        call_id: &'a str,
+        args: &'a Value,
+    ) -> BoxFuture<'a, ToolOutput> {
         self.send(ctx, call_id, args).boxed()
     }
 
@@ -175,4 +239,3 @@ impl Tool for HttpTool {
         self.spec.mutating && self.spec.idempotent
     }
 }
-

@@ -78,8 +78,8 @@ pub mod http;
 pub mod mcp;
 
 pub use external::{
-    external_tools, idempotency_key, ExternalToolError, ExternalToolsSettings, HttpToolSpec, McpServerSpec,
-    DEFAULT_EXTERNAL_TIMEOUT, MAX_TOOL_NAME,
+    external_tools, idempotency_key, ExternalToolError, ExternalToolsSettings, HttpToolSpec,
+    McpServerSpec, DEFAULT_EXTERNAL_TIMEOUT, MAX_TOOL_NAME,
 };
 
 /// What a tool call knows about its run.
@@ -102,11 +102,17 @@ pub struct ToolOutput {
 
 impl ToolOutput {
     pub fn ok(output: impl Into<String>) -> Self {
-        ToolOutput { ok: true, output: output.into() }
+        ToolOutput {
+            ok: true,
+            output: output.into(),
+        }
     }
 
     pub fn err(output: impl Into<String>) -> Self {
-        ToolOutput { ok: false, output: output.into() }
+        ToolOutput {
+            ok: false,
+            output: output.into(),
+        }
     }
 }
 
@@ -121,7 +127,12 @@ pub trait Tool: Send + Sync + 'static {
     /// through here: a tool acting outside the process sends `<runId>/<callId>` ([`idempotency_key`]) as
     /// its idempotency key, so a call re-sent after a resume carries the key of the first attempt. The
     /// default ignores the id and runs [`Tool::call`].
-    fn call_keyed<'a>(&'a self, ctx: &'a ToolContext, call_id: &'a str, args: &'a Value) -> BoxFuture<'a, ToolOutput> {
+    fn call_keyed<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        call_id: &'a str,
+        args: &'a Value,
+    ) -> BoxFuture<'a, ToolOutput> {
         let _ = call_id;
         self.call(ctx, args)
     }
@@ -144,7 +155,9 @@ pub struct Toolbox {
 
 impl std::fmt::Debug for Toolbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Toolbox").field("tools", &self.tools.keys().collect::<Vec<_>>()).finish()
+        f.debug_struct("Toolbox")
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -156,7 +169,10 @@ impl Toolbox {
 
     /// `sleep`, `echo` and `append_file`.
     pub fn builtin() -> Self {
-        Toolbox::empty().with(SleepTool).with(EchoTool).with(AppendFileTool)
+        Toolbox::empty()
+            .with(SleepTool)
+            .with(EchoTool)
+            .with(AppendFileTool)
     }
 
     /// Adds (or replaces, by name) a tool.
@@ -240,7 +256,10 @@ impl WorkspaceError {
     /// Whether this is a fence refusal ([`WorkspaceError::FencedBy`] or [`WorkspaceError::Unfenced`]):
     /// the caller does not own the workspace. Tools report these as `fenced: …`.
     pub fn is_fenced(&self) -> bool {
-        matches!(self, WorkspaceError::FencedBy { .. } | WorkspaceError::Unfenced { .. })
+        matches!(
+            self,
+            WorkspaceError::FencedBy { .. } | WorkspaceError::Unfenced { .. }
+        )
     }
 }
 
@@ -307,15 +326,23 @@ pub async fn take_workspace_async(
     mode: TakeMode,
     still_owner: impl std::future::Future<Output = Result<bool, String>>,
 ) -> Result<(), WorkspaceError> {
-    let lost = |reason: String| WorkspaceError::Io { path: dir.display().to_string(), reason: format!("the take did not finish: {reason}") };
+    let lost = |reason: String| WorkspaceError::Io {
+        path: dir.display().to_string(),
+        reason: format!("the take did not finish: {reason}"),
+    };
     let (d, g) = (dir.clone(), gen.clone());
-    let held = off_runtime(move || lock_for_take(&d, &g, mode)).await.map_err(lost)??;
+    let held = off_runtime(move || lock_for_take(&d, &g, mode))
+        .await
+        .map_err(lost)??;
     match still_owner.await {
         Ok(true) => {}
         Ok(false) => return Err(WorkspaceError::NotOwner { gen }),
         Err(reason) => {
             tracing::debug!(reason = %reason, "could not confirm ownership before the take");
-            return Err(WorkspaceError::Busy { path: dir.join(LOCK_FILE), waited_ms: 0 });
+            return Err(WorkspaceError::Busy {
+                path: dir.join(LOCK_FILE),
+                waited_ms: 0,
+            });
         }
     }
     let d = dir.clone();
@@ -329,7 +356,10 @@ pub async fn take_workspace_async(
 }
 
 fn take_io(dir: &Path, what: &str, e: std::io::Error) -> WorkspaceError {
-    WorkspaceError::Io { path: dir.display().to_string(), reason: format!("{what}: {e}") }
+    WorkspaceError::Io {
+        path: dir.display().to_string(),
+        reason: format!("{what}: {e}"),
+    }
 }
 
 /// The first half of a take: check `gen`, create the directory if `mode` allows, and hold the
@@ -350,13 +380,26 @@ fn lock_for_take(dir: &Path, gen: &str, mode: TakeMode) -> Result<WorkspaceLock,
         }
         TakeMode::Existing => match std::fs::metadata(dir) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(io("check the workspace", std::io::Error::other("not a directory"))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(WorkspaceError::Missing(dir.to_path_buf())),
+            Ok(_) => {
+                return Err(io(
+                    "check the workspace",
+                    std::io::Error::other("not a directory"),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(WorkspaceError::Missing(dir.to_path_buf()))
+            }
             Err(e) => return Err(io("check the workspace", e)),
         },
     }
     let lock_path = dir.join(LOCK_FILE);
-    let file = match OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&lock_path) {
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+    {
         Ok(f) => f,
         // Removed between the check and the open.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && mode == TakeMode::Existing => {
@@ -379,13 +422,25 @@ fn lock_for_take(dir: &Path, gen: &str, mode: TakeMode) -> Result<WorkspaceLock,
 ///
 /// Errors: [`WorkspaceError::FencedBy`] and [`WorkspaceError::Unfenced`] (see
 /// [`WorkspaceError::is_fenced`]), [`WorkspaceError::Busy`]; `write` has not run in any of them.
-pub fn with_fence<T>(workspace: &Path, gen: &str, wait: Duration, write: impl FnOnce() -> T) -> Result<T, WorkspaceError> {
-    let unfenced = |reason: String| WorkspaceError::Unfenced { gen: gen.to_owned(), reason };
+pub fn with_fence<T>(
+    workspace: &Path,
+    gen: &str,
+    wait: Duration,
+    write: impl FnOnce() -> T,
+) -> Result<T, WorkspaceError> {
+    let unfenced = |reason: String| WorkspaceError::Unfenced {
+        gen: gen.to_owned(),
+        reason,
+    };
     let lock_path = workspace.join(LOCK_FILE);
     let file = match File::open(&lock_path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let what = if workspace.is_dir() { "the workspace was never taken" } else { "the workspace is missing" };
+            let what = if workspace.is_dir() {
+                "the workspace was never taken"
+            } else {
+                "the workspace is missing"
+            };
             return Err(unfenced(what.into()));
         }
         Err(e) => return Err(unfenced(format!("cannot open the workspace lock: {e}"))),
@@ -399,7 +454,10 @@ pub fn with_fence<T>(workspace: &Path, gen: &str, wait: Duration, write: impl Fn
         _ => unfenced(format!("cannot read the fence: {e}")),
     })?;
     if owner != gen {
-        return Err(WorkspaceError::FencedBy { owner, gen: gen.to_owned() });
+        return Err(WorkspaceError::FencedBy {
+            owner,
+            gen: gen.to_owned(),
+        });
     }
     Ok(write())
 }
@@ -461,7 +519,11 @@ impl Drop for WorkspaceLock {
 fn write_fence(dir: &Path, gen: &str) -> std::io::Result<()> {
     let tmp = dir.join(FENCE_TMP_FILE);
     {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
         f.write_all(format!("{gen}\n").as_bytes())?;
     }
     std::fs::rename(&tmp, dir.join(FENCE_FILE))
@@ -471,7 +533,9 @@ fn write_fence(dir: &Path, gen: &str) -> std::io::Result<()> {
 /// simply not match any generation.
 fn read_fence(dir: &Path) -> std::io::Result<String> {
     let mut text = String::new();
-    File::open(dir.join(FENCE_FILE))?.take(4096).read_to_string(&mut text)?;
+    File::open(dir.join(FENCE_FILE))?
+        .take(4096)
+        .read_to_string(&mut text)?;
     Ok(text.trim().to_owned())
 }
 
@@ -488,7 +552,9 @@ fn sync_dir(_dir: &Path) -> std::io::Result<()> {
 
 /// Run blocking work on tokio's blocking pool when a runtime is present, inline otherwise. `Err`
 /// when the work panicked or the runtime shut down.
-async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => rt.spawn_blocking(work).await.map_err(|e| e.to_string()),
         Err(_) => Ok(work()),
@@ -502,7 +568,13 @@ async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stati
 pub fn workspace_dir(root: &Path, run_id: &str) -> PathBuf {
     let mut name: String = run_id
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if name.is_empty() || name == "." || name == ".." {
         name = "_".repeat(name.len().max(1));
@@ -533,7 +605,9 @@ pub fn resolve_in_workspace(workspace: &Path, rel: &str) -> Result<PathBuf, Work
                     return Err(WorkspaceError::Escapes(rel.to_owned()));
                 }
             }
-            Component::RootDir | Component::Prefix(_) => return Err(WorkspaceError::Absolute(rel.to_owned())),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(WorkspaceError::Absolute(rel.to_owned()))
+            }
         }
     }
     if inside.is_empty() {
@@ -544,7 +618,10 @@ pub fn resolve_in_workspace(workspace: &Path, rel: &str) -> Result<PathBuf, Work
             return Err(WorkspaceError::Reserved(rel.to_owned()));
         }
     }
-    let io = |e: std::io::Error| WorkspaceError::Io { path: rel.to_owned(), reason: e.to_string() };
+    let io = |e: std::io::Error| WorkspaceError::Io {
+        path: rel.to_owned(),
+        reason: e.to_string(),
+    };
     // Walk the prefixes that exist; a symlink among them must resolve inside the workspace.
     let mut path = workspace.to_path_buf();
     let mut root: Option<PathBuf> = None;
@@ -568,25 +645,32 @@ pub fn resolve_in_workspace(workspace: &Path, rel: &str) -> Result<PathBuf, Work
             }
         }
     }
-    Ok(inside.iter().fold(workspace.to_path_buf(), |p, s| p.join(s)))
+    Ok(inside
+        .iter()
+        .fold(workspace.to_path_buf(), |p, s| p.join(s)))
 }
 
 /// The arguments object, or a message saying it is not one.
 fn args_object(args: &Value) -> Result<&Map<String, Value>, String> {
-    args.as_object().ok_or_else(|| "args must be a JSON object".to_owned())
+    args.as_object()
+        .ok_or_else(|| "args must be a JSON object".to_owned())
 }
 
 fn string_arg<'a>(args: &'a Map<String, Value>, field: &str) -> Result<&'a str, String> {
     match args.get(field) {
         None => Err(format!("missing field `{field}`")),
-        Some(v) => v.as_str().ok_or_else(|| format!("field `{field}` must be a string")),
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| format!("field `{field}` must be a string")),
     }
 }
 
 fn u64_arg(args: &Map<String, Value>, field: &str) -> Result<u64, String> {
     match args.get(field) {
         None => Err(format!("missing field `{field}`")),
-        Some(v) => v.as_u64().ok_or_else(|| format!("field `{field}` must be a non-negative integer")),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| format!("field `{field}` must be a non-negative integer")),
     }
 }
 
@@ -665,7 +749,8 @@ impl Tool for AppendFileTool {
     fn def(&self) -> ToolDef {
         ToolDef {
             name: "append_file".into(),
-            description: "Append one line to a file in the run's workspace, creating it if needed.".into(),
+            description: "Append one line to a file in the run's workspace, creating it if needed."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -684,9 +769,12 @@ impl Tool for AppendFileTool {
 
     fn call<'a>(&'a self, ctx: &'a ToolContext, args: &'a Value) -> BoxFuture<'a, ToolOutput> {
         async move {
-            let (rel, line) = match args_object(args)
-                .and_then(|a| Ok((string_arg(a, "path")?.to_owned(), string_arg(a, "line")?.to_owned())))
-            {
+            let (rel, line) = match args_object(args).and_then(|a| {
+                Ok((
+                    string_arg(a, "path")?.to_owned(),
+                    string_arg(a, "line")?.to_owned(),
+                ))
+            }) {
                 Ok(v) => v,
                 Err(e) => return ToolOutput::err(e),
             };
@@ -732,8 +820,12 @@ fn append_line(workspace: &Path, gen: &str, rel: &str, line: &str) -> ToolOutput
 /// Create the directories between `workspace` (which exists: its fence was just read) and `path`'s
 /// parent, one level at a time, so a workspace removed meanwhile is never recreated by a tool.
 fn create_subdirs(workspace: &Path, path: &Path) -> std::io::Result<()> {
-    let Some(parent) = path.parent() else { return Ok(()) };
-    let Ok(below) = parent.strip_prefix(workspace) else { return Ok(()) };
+    let Some(parent) = path.parent() else {
+        return Ok(());
+    };
+    let Ok(below) = parent.strip_prefix(workspace) else {
+        return Ok(());
+    };
     let mut dir = workspace.to_path_buf();
     for c in below.components() {
         dir.push(c);
@@ -759,7 +851,11 @@ mod tests {
     }
 
     fn ctx_as(dir: &Path, gen: &str) -> ToolContext {
-        ToolContext { run_id: "r1".into(), workspace: workspace_dir(dir, "r1"), gen: gen.into() }
+        ToolContext {
+            run_id: "r1".into(),
+            workspace: workspace_dir(dir, "r1"),
+            gen: gen.into(),
+        }
     }
 
     /// Holds the workspace lock from outside, like an owner paused in the middle of a write.
@@ -772,8 +868,11 @@ mod tests {
     #[test]
     fn builtin_toolbox_offers_three_tools_with_their_flags() {
         let tb = Toolbox::builtin();
-        let flags: Vec<(String, bool, bool)> =
-            tb.defs().into_iter().map(|d| (d.name, d.side_effect_free, d.rerun_safe)).collect();
+        let flags: Vec<(String, bool, bool)> = tb
+            .defs()
+            .into_iter()
+            .map(|d| (d.name, d.side_effect_free, d.rerun_safe))
+            .collect();
         assert_eq!(
             flags,
             vec![
@@ -785,7 +884,11 @@ mod tests {
         assert!(tb.get("sleep").is_some());
         assert!(tb.get("rm_rf").is_none());
         for def in tb.defs() {
-            assert_eq!(def.parameters["type"], "object", "{} has an object schema", def.name);
+            assert_eq!(
+                def.parameters["type"], "object",
+                "{} has an object schema",
+                def.name
+            );
         }
     }
 
@@ -796,8 +899,14 @@ mod tests {
             workspace_dir(data, "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"),
             Path::new("/data/workspaces/0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")
         );
-        assert_eq!(workspace_dir(data, "../etc"), Path::new("/data/workspaces/.._etc"));
-        assert_eq!(workspace_dir(data, "/etc"), Path::new("/data/workspaces/_etc"));
+        assert_eq!(
+            workspace_dir(data, "../etc"),
+            Path::new("/data/workspaces/.._etc")
+        );
+        assert_eq!(
+            workspace_dir(data, "/etc"),
+            Path::new("/data/workspaces/_etc")
+        );
         assert_eq!(workspace_dir(data, ".."), Path::new("/data/workspaces/__"));
         assert_eq!(workspace_dir(data, ""), Path::new("/data/workspaces/_"));
     }
@@ -812,15 +921,27 @@ mod tests {
             ("", Err(WorkspaceError::Empty)),
             (".", Err(WorkspaceError::Empty)),
             ("a/..", Err(WorkspaceError::Empty)),
-            ("/etc/passwd", Err(WorkspaceError::Absolute("/etc/passwd".into()))),
+            (
+                "/etc/passwd",
+                Err(WorkspaceError::Absolute("/etc/passwd".into())),
+            ),
             (".fence", Err(WorkspaceError::Reserved(".fence".into()))),
-            ("./.fence.lock", Err(WorkspaceError::Reserved("./.fence.lock".into()))),
-            ("a/../.FENCE.tmp", Err(WorkspaceError::Reserved("a/../.FENCE.tmp".into()))),
+            (
+                "./.fence.lock",
+                Err(WorkspaceError::Reserved("./.fence.lock".into())),
+            ),
+            (
+                "a/../.FENCE.tmp",
+                Err(WorkspaceError::Reserved("a/../.FENCE.tmp".into())),
+            ),
             (".fence/x", Err(WorkspaceError::Reserved(".fence/x".into()))),
             ("sub/.fence", Ok(ws.join("sub/.fence"))),
             (".fenced.log", Ok(ws.join(".fenced.log"))),
             ("../x", Err(WorkspaceError::Escapes("../x".into()))),
-            ("a/../../x", Err(WorkspaceError::Escapes("a/../../x".into()))),
+            (
+                "a/../../x",
+                Err(WorkspaceError::Escapes("a/../../x".into())),
+            ),
         ];
         for (rel, want) in cases {
             assert_eq!(resolve_in_workspace(ws, rel), want, "resolve {rel:?}");
@@ -841,12 +962,27 @@ mod tests {
         symlink(dir.path().join("missing"), ws.join("dangling")).unwrap();
         symlink(outside.join("f.txt"), ws.join("file-out")).unwrap();
 
-        assert_eq!(resolve_in_workspace(&ws, "out/f.txt"), Err(WorkspaceError::SymlinkOutside("out/f.txt".into())));
-        assert_eq!(resolve_in_workspace(&ws, "dangling"), Err(WorkspaceError::SymlinkOutside("dangling".into())));
-        assert_eq!(resolve_in_workspace(&ws, "file-out"), Err(WorkspaceError::SymlinkOutside("file-out".into())));
+        assert_eq!(
+            resolve_in_workspace(&ws, "out/f.txt"),
+            Err(WorkspaceError::SymlinkOutside("out/f.txt".into()))
+        );
+        assert_eq!(
+            resolve_in_workspace(&ws, "dangling"),
+            Err(WorkspaceError::SymlinkOutside("dangling".into()))
+        );
+        assert_eq!(
+            resolve_in_workspace(&ws, "file-out"),
+            Err(WorkspaceError::SymlinkOutside("file-out".into()))
+        );
         // A link that stays inside is fine, and `..` after a link is resolved lexically, never by the OS.
-        assert_eq!(resolve_in_workspace(&ws, "in/f.txt"), Ok(ws.join("in/f.txt")));
-        assert_eq!(resolve_in_workspace(&ws, "out/../f.txt"), Ok(ws.join("f.txt")));
+        assert_eq!(
+            resolve_in_workspace(&ws, "in/f.txt"),
+            Ok(ws.join("in/f.txt"))
+        );
+        assert_eq!(
+            resolve_in_workspace(&ws, "out/../f.txt"),
+            Ok(ws.join("f.txt"))
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -863,23 +999,50 @@ mod tests {
         let c = ctx(Path::new("/nonexistent"));
         let cases: Vec<(&dyn Tool, Value, &str)> = vec![
             (&SleepTool, json!({}), "missing field `ms`"),
-            (&SleepTool, json!({"ms": -1}), "field `ms` must be a non-negative integer"),
-            (&SleepTool, json!({"ms": "5"}), "field `ms` must be a non-negative integer"),
+            (
+                &SleepTool,
+                json!({"ms": -1}),
+                "field `ms` must be a non-negative integer",
+            ),
+            (
+                &SleepTool,
+                json!({"ms": "5"}),
+                "field `ms` must be a non-negative integer",
+            ),
             (&SleepTool, json!([1]), "args must be a JSON object"),
             (&EchoTool, json!({"txt": "x"}), "missing field `text`"),
-            (&EchoTool, json!({"text": 3}), "field `text` must be a string"),
-            (&AppendFileTool, json!({"line": "x"}), "missing field `path`"),
-            (&AppendFileTool, json!({"path": "a"}), "missing field `line`"),
+            (
+                &EchoTool,
+                json!({"text": 3}),
+                "field `text` must be a string",
+            ),
+            (
+                &AppendFileTool,
+                json!({"line": "x"}),
+                "missing field `path`",
+            ),
+            (
+                &AppendFileTool,
+                json!({"path": "a"}),
+                "missing field `line`",
+            ),
             (&AppendFileTool, Value::Null, "args must be a JSON object"),
         ];
         for (tool, args, want) in cases {
-            assert_eq!(tool.call(&c, &args).await, ToolOutput::err(want), "{} {args}", tool.def().name);
+            assert_eq!(
+                tool.call(&c, &args).await,
+                ToolOutput::err(want),
+                "{} {args}",
+                tool.def().name
+            );
         }
     }
 
     #[tokio::test]
     async fn echo_answers_the_text() {
-        let out = EchoTool.call(&ctx(Path::new("/nonexistent")), &json!({"text": "step 1"})).await;
+        let out = EchoTool
+            .call(&ctx(Path::new("/nonexistent")), &json!({"text": "step 1"}))
+            .await;
         assert_eq!(out, ToolOutput::ok("step 1"));
     }
 
@@ -889,9 +1052,13 @@ mod tests {
         let c = ctx(dir.path());
         take_workspace(&c.workspace, GEN_A, TakeMode::Create).unwrap();
         let tool = Toolbox::builtin().get("append_file").unwrap();
-        let first = tool.call(&c, &json!({"path": "logs/steps.log", "line": "step 1"})).await;
+        let first = tool
+            .call(&c, &json!({"path": "logs/steps.log", "line": "step 1"}))
+            .await;
         assert_eq!(first, ToolOutput::ok("appended 7 bytes to logs/steps.log"));
-        let second = tool.call(&c, &json!({"path": "logs/steps.log", "line": "step 2"})).await;
+        let second = tool
+            .call(&c, &json!({"path": "logs/steps.log", "line": "step 2"}))
+            .await;
         assert!(second.ok, "{second:?}");
         let text = std::fs::read_to_string(c.workspace.join("logs/steps.log")).unwrap();
         assert_eq!(text, "step 1\nstep 2\n");
@@ -901,12 +1068,20 @@ mod tests {
     async fn append_file_outside_the_workspace_is_refused_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let c = ctx(dir.path());
-        let out = AppendFileTool.call(&c, &json!({"path": "../../escaped.txt", "line": "x"})).await;
+        let out = AppendFileTool
+            .call(&c, &json!({"path": "../../escaped.txt", "line": "x"}))
+            .await;
         assert!(!out.ok);
         assert!(out.output.starts_with("refused: "), "{}", out.output);
-        assert!(out.output.contains("escapes the workspace"), "{}", out.output);
+        assert!(
+            out.output.contains("escapes the workspace"),
+            "{}",
+            out.output
+        );
         let abs = dir.path().join("abs.txt");
-        let out = AppendFileTool.call(&c, &json!({"path": abs.to_str().unwrap(), "line": "x"})).await;
+        let out = AppendFileTool
+            .call(&c, &json!({"path": abs.to_str().unwrap(), "line": "x"}))
+            .await;
         assert!(!out.ok && out.output.contains("absolute"), "{}", out.output);
         assert!(!abs.exists());
         assert!(!dir.path().join("escaped.txt").exists());
@@ -918,7 +1093,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let c = ctx(dir.path());
         take_workspace(&c.workspace, GEN_A, TakeMode::Create).unwrap();
-        let out = AppendFileTool.call(&c, &json!({"path": "a.txt", "line": "hi"})).now_or_never();
+        let out = AppendFileTool
+            .call(&c, &json!({"path": "a.txt", "line": "hi"}))
+            .now_or_never();
         assert_eq!(out, Some(ToolOutput::ok("appended 3 bytes to a.txt")));
     }
 
@@ -931,10 +1108,16 @@ mod tests {
         assert!(!ws.exists());
         take_workspace(&ws, GEN_A, TakeMode::Create).unwrap();
         assert!(ws.is_dir());
-        assert_eq!(std::fs::read_to_string(ws.join(FENCE_FILE)).unwrap(), format!("{GEN_A}\n"));
+        assert_eq!(
+            std::fs::read_to_string(ws.join(FENCE_FILE)).unwrap(),
+            format!("{GEN_A}\n")
+        );
         assert_eq!(fence_owner(&ws).unwrap(), GEN_A);
         assert!(ws.join(LOCK_FILE).is_file());
-        assert!(!ws.join(FENCE_TMP_FILE).exists(), "the temp file was renamed over the fence");
+        assert!(
+            !ws.join(FENCE_TMP_FILE).exists(),
+            "the temp file was renamed over the fence"
+        );
         // Taking again is idempotent: a re-adoption by the same generation, with or without `Create`.
         take_workspace(&ws, GEN_A, TakeMode::Create).unwrap();
         take_workspace(&ws, GEN_A, TakeMode::Existing).unwrap();
@@ -945,14 +1128,20 @@ mod tests {
         std::fs::write(old.join("steps.log"), "step 1\n").unwrap();
         take_workspace(&old, GEN_B, TakeMode::Existing).unwrap();
         assert_eq!(fence_owner(&old).unwrap(), GEN_B);
-        assert_eq!(std::fs::read_to_string(old.join("steps.log")).unwrap(), "step 1\n");
+        assert_eq!(
+            std::fs::read_to_string(old.join("steps.log")).unwrap(),
+            "step 1\n"
+        );
     }
 
     #[test]
     fn a_resume_take_of_a_missing_workspace_answers_missing_and_creates_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let ws = workspace_dir(&dir.path().join("workspaces"), "r1");
-        assert_eq!(take_workspace(&ws, GEN_B, TakeMode::Existing), Err(WorkspaceError::Missing(ws.clone())));
+        assert_eq!(
+            take_workspace(&ws, GEN_B, TakeMode::Existing),
+            Err(WorkspaceError::Missing(ws.clone()))
+        );
         assert!(!ws.exists());
         assert!(!dir.path().join("workspaces").exists());
     }
@@ -975,25 +1164,48 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = ctx_as(dir.path(), GEN_A);
         take_workspace(&a.workspace, GEN_A, TakeMode::Create).unwrap();
-        let step1 = AppendFileTool.call(&a, &json!({"path": "steps.log", "line": "step 1"})).await;
+        let step1 = AppendFileTool
+            .call(&a, &json!({"path": "steps.log", "line": "step 1"}))
+            .await;
         assert!(step1.ok, "{step1:?}");
         // A is paused; B resumes the run and takes the workspace over.
-        take_workspace_async(a.workspace.clone(), GEN_B.into(), TakeMode::Existing, async { Ok(true) }).await.unwrap();
+        take_workspace_async(
+            a.workspace.clone(),
+            GEN_B.into(),
+            TakeMode::Existing,
+            async { Ok(true) },
+        )
+        .await
+        .unwrap();
         assert_eq!(fence_owner(&a.workspace).unwrap(), GEN_B);
         // A continues: its write is refused and the file is unchanged, in the file and in a new one.
         for path in ["steps.log", "new/other.log"] {
-            let late = AppendFileTool.call(&a, &json!({"path": path, "line": "step 2"})).await;
+            let late = AppendFileTool
+                .call(&a, &json!({"path": path, "line": "step 2"}))
+                .await;
             assert!(!late.ok, "{late:?}");
             assert!(late.output.starts_with("fenced: "), "{}", late.output);
-            assert!(late.output.contains(GEN_B), "names the owner: {}", late.output);
+            assert!(
+                late.output.contains(GEN_B),
+                "names the owner: {}",
+                late.output
+            );
         }
-        assert_eq!(std::fs::read_to_string(a.workspace.join("steps.log")).unwrap(), "step 1\n");
+        assert_eq!(
+            std::fs::read_to_string(a.workspace.join("steps.log")).unwrap(),
+            "step 1\n"
+        );
         assert!(!a.workspace.join("new").exists());
         // B writes.
         let b = ctx_as(dir.path(), GEN_B);
-        let step3 = AppendFileTool.call(&b, &json!({"path": "steps.log", "line": "step 3"})).await;
+        let step3 = AppendFileTool
+            .call(&b, &json!({"path": "steps.log", "line": "step 3"}))
+            .await;
         assert!(step3.ok, "{step3:?}");
-        assert_eq!(std::fs::read_to_string(a.workspace.join("steps.log")).unwrap(), "step 1\nstep 3\n");
+        assert_eq!(
+            std::fs::read_to_string(a.workspace.join("steps.log")).unwrap(),
+            "step 1\nstep 3\n"
+        );
     }
 
     #[test]
@@ -1006,7 +1218,10 @@ mod tests {
         let taker = hold_lock(&a.workspace);
         let ws = a.workspace.clone();
         let late = std::thread::spawn(move || {
-            AppendFileTool.call(&a, &json!({"path": "steps.log", "line": "step 2"})).now_or_never().unwrap()
+            AppendFileTool
+                .call(&a, &json!({"path": "steps.log", "line": "step 2"}))
+                .now_or_never()
+                .unwrap()
         });
         std::thread::sleep(Duration::from_millis(50));
         write_fence(&ws, GEN_B).unwrap();
@@ -1026,12 +1241,27 @@ mod tests {
         let started = Instant::now();
         let answer = take_workspace(&ws, GEN_B, TakeMode::Existing);
         let took = started.elapsed();
-        assert!(matches!(&answer, Err(WorkspaceError::Busy { path, .. }) if *path == ws.join(LOCK_FILE)), "{answer:?}");
-        assert!(took >= TAKE_LOCK_WAIT && took < TAKE_LOCK_WAIT + Duration::from_secs(2), "took {took:?}");
-        assert_eq!(fence_owner(&ws).unwrap(), GEN_A, "a busy take changes nothing");
+        assert!(
+            matches!(&answer, Err(WorkspaceError::Busy { path, .. }) if *path == ws.join(LOCK_FILE)),
+            "{answer:?}"
+        );
+        assert!(
+            took >= TAKE_LOCK_WAIT && took < TAKE_LOCK_WAIT + Duration::from_secs(2),
+            "took {took:?}"
+        );
+        assert_eq!(
+            fence_owner(&ws).unwrap(),
+            GEN_A,
+            "a busy take changes nothing"
+        );
         // A tool call meanwhile fails the same way after its own bounded wait, writing nothing.
-        let short: Result<(), _> = with_fence(&ws, GEN_A, Duration::from_millis(20), || unreachable!("must not write"));
-        assert!(matches!(short, Err(WorkspaceError::Busy { .. })), "{short:?}");
+        let short: Result<(), _> = with_fence(&ws, GEN_A, Duration::from_millis(20), || {
+            unreachable!("must not write")
+        });
+        assert!(
+            matches!(short, Err(WorkspaceError::Busy { .. })),
+            "{short:?}"
+        );
         // A continues and lets go; the next sweep's take succeeds.
         drop(paused);
         take_workspace(&ws, GEN_B, TakeMode::Existing).unwrap();
@@ -1045,17 +1275,26 @@ mod tests {
         let args = json!({"path": "steps.log", "line": "x"});
         // Missing workspace: refused, and not recreated by the tool.
         let out = AppendFileTool.call(&c, &args).await;
-        assert!(out.output.starts_with("fenced: ") && out.output.contains("missing"), "{out:?}");
+        assert!(
+            out.output.starts_with("fenced: ") && out.output.contains("missing"),
+            "{out:?}"
+        );
         assert!(!c.workspace.exists());
         // A directory nobody took.
         std::fs::create_dir_all(&c.workspace).unwrap();
         let out = AppendFileTool.call(&c, &args).await;
-        assert!(out.output.starts_with("fenced: ") && out.output.contains("never taken"), "{out:?}");
+        assert!(
+            out.output.starts_with("fenced: ") && out.output.contains("never taken"),
+            "{out:?}"
+        );
         // A taken workspace whose fence was lost.
         take_workspace(&c.workspace, GEN_A, TakeMode::Existing).unwrap();
         std::fs::remove_file(c.workspace.join(FENCE_FILE)).unwrap();
         let out = AppendFileTool.call(&c, &args).await;
-        assert!(out.output.starts_with("fenced: ") && out.output.contains("no fence file"), "{out:?}");
+        assert!(
+            out.output.starts_with("fenced: ") && out.output.contains("no fence file"),
+            "{out:?}"
+        );
         assert!(!c.workspace.join("steps.log").exists());
     }
 
@@ -1065,8 +1304,13 @@ mod tests {
         let c = ctx(dir.path());
         take_workspace(&c.workspace, GEN_A, TakeMode::Create).unwrap();
         for path in [FENCE_FILE, LOCK_FILE, FENCE_TMP_FILE] {
-            let out = AppendFileTool.call(&c, &json!({"path": path, "line": GEN_B})).await;
-            assert!(out.output.starts_with("refused: ") && out.output.contains("reserved"), "{out:?}");
+            let out = AppendFileTool
+                .call(&c, &json!({"path": path, "line": GEN_B}))
+                .await;
+            assert!(
+                out.output.starts_with("refused: ") && out.output.contains("reserved"),
+                "{out:?}"
+            );
         }
         assert_eq!(fence_owner(&c.workspace).unwrap(), GEN_A);
         assert!(!c.workspace.join(FENCE_TMP_FILE).exists());
@@ -1076,9 +1320,16 @@ mod tests {
     async fn take_workspace_async_answers_like_the_blocking_take() {
         let dir = tempfile::tempdir().unwrap();
         let ws = workspace_dir(dir.path(), "r1");
-        let missing = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async { Ok(true) }).await;
+        let missing = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async {
+            Ok(true)
+        })
+        .await;
         assert_eq!(missing, Err(WorkspaceError::Missing(ws.clone())));
-        take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Create, async { Ok(true) }).await.unwrap();
+        take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Create, async {
+            Ok(true)
+        })
+        .await
+        .unwrap();
         assert_eq!(fence_owner(&ws).unwrap(), GEN_A);
     }
 
@@ -1088,21 +1339,39 @@ mod tests {
         let ws = workspace_dir(dir.path(), "r1");
         take_workspace(&ws, GEN_B, TakeMode::Create).unwrap();
         // A stale taker (A lost the run to B between its claim and its take) changes nothing.
-        let stale = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async { Ok(false) }).await;
+        let stale = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async {
+            Ok(false)
+        })
+        .await;
         assert_eq!(stale, Err(WorkspaceError::NotOwner { gen: GEN_A.into() }));
         assert_eq!(fence_owner(&ws).unwrap(), GEN_B);
         // A ledger that cannot tell: busy, retried later; the fence stays too.
-        let unsure = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async { Err("storage down".into()) }).await;
-        assert!(matches!(unsure, Err(WorkspaceError::Busy { .. })), "{unsure:?}");
+        let unsure = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async {
+            Err("storage down".into())
+        })
+        .await;
+        assert!(
+            matches!(unsure, Err(WorkspaceError::Busy { .. })),
+            "{unsure:?}"
+        );
         assert_eq!(fence_owner(&ws).unwrap(), GEN_B);
         // The ownership check runs under the lock: a tool of B waiting meanwhile writes after it.
         let (confirm_tx, confirm_rx) = tokio::sync::oneshot::channel::<bool>();
-        let take = tokio::spawn(take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async move {
-            Ok(confirm_rx.await.unwrap_or(false))
-        }));
+        let take = tokio::spawn(take_workspace_async(
+            ws.clone(),
+            GEN_A.into(),
+            TakeMode::Existing,
+            async move { Ok(confirm_rx.await.unwrap_or(false)) },
+        ));
         // Wait until the take holds the lock (a tool's try then fails busy at once).
-        while !matches!(with_fence(&ws, GEN_B, Duration::ZERO, || ()), Err(WorkspaceError::Busy { .. })) {
-            assert!(!take.is_finished(), "the take ended before asking the ledger");
+        while !matches!(
+            with_fence(&ws, GEN_B, Duration::ZERO, || ()),
+            Err(WorkspaceError::Busy { .. })
+        ) {
+            assert!(
+                !take.is_finished(),
+                "the take ended before asking the ledger"
+            );
             tokio::task::yield_now().await;
         }
         confirm_tx.send(true).unwrap();

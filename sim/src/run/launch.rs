@@ -12,7 +12,9 @@ use storage::ledger::decisions::{self, ResumePoint, Settlement};
 use storage::ledger::{LiveRow, Promotion, RunLedger, StepWrite};
 use storage::record::RunStatus;
 
-use super::work::{durable_step, next_delay, publish_run, retried, settle, step_in, write_step, RunData};
+use super::work::{
+    durable_step, next_delay, publish_run, retried, settle, step_in, write_step, RunData,
+};
 use super::{complete, spawn_op, Actor, Completion, Op, WRITE_RETRY_MS};
 use crate::agent as script;
 use crate::supervisor::{self, Via};
@@ -23,10 +25,26 @@ use crate::world::{Io, Kind, World, BUDGET_MS, LEASE_MS};
 pub(super) fn fresh(w: &mut World, slot: usize, a: &mut Actor, request: Request, started_at: i64) {
     let gen = w.procs[slot].gen.clone();
     let run = RunData::new(&gen, &a.fence, &a.run_id, started_at + BUDGET_MS);
-    let tombstone = RecordExtras { provisional: true, ..Default::default() };
-    if let Some(record) = w.procs[slot].registry.build_record(&a.run_id, RunStatus::Interrupted, started_at, tombstone) {
+    let tombstone = RecordExtras {
+        provisional: true,
+        ..Default::default()
+    };
+    if let Some(record) = w.procs[slot].registry.build_record(
+        &a.run_id,
+        RunStatus::Interrupted,
+        started_at,
+        tombstone,
+    ) {
         let delay = w.io_latency();
-        w.spawn_in(slot, delay, Kind::History { record, via: Via::Store, spent: 0 });
+        w.spawn_in(
+            slot,
+            delay,
+            Kind::History {
+                record,
+                via: Via::Store,
+                spent: 0,
+            },
+        );
     }
     a.launching = Some(run);
     promote(w, slot, a, request.text);
@@ -35,49 +53,110 @@ pub(super) fn fresh(w: &mut World, slot: usize, a: &mut Actor, request: Request,
 /// Re-run a row from its saved request (`launch::restart`): the first attempt's events replayed under
 /// their seqs, then `resumed`, then the claim. A successor admitted here (`from_gen: None`) starts the
 /// same way, without `resumed`.
-pub(super) fn restart(w: &mut World, slot: usize, a: &mut Actor, row: LiveRow, events: Vec<Value>, from_gen: Option<String>) {
-    if from_gen.is_some() && row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
+pub(super) fn restart(
+    w: &mut World,
+    slot: usize,
+    a: &mut Actor,
+    row: LiveRow,
+    events: Vec<Value>,
+    from_gen: Option<String>,
+) {
+    if from_gen.is_some()
+        && row
+            .state
+            .get("detached")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    {
         let gen = w.procs[slot].gen.clone();
-        w.violate("detached runs are never resumed", format!("{gen} restarts {} although its row is marked detached", row.run_id));
+        w.violate(
+            "detached runs are never resumed",
+            format!(
+                "{gen} restarts {} although its row is marked detached",
+                row.run_id
+            ),
+        );
     }
     let meta = meta_from_row(&row);
-    let request: Option<Request> = row.meta.get("request").and_then(|r| serde_json::from_value(r.clone()).ok());
+    let request: Option<Request> = row
+        .meta
+        .get("request")
+        .and_then(|r| serde_json::from_value(r.clone()).ok());
     let Some(request) = request else {
-        let (reason, successor) = supervisor::close_unstartable(w, slot, &row, events, "the saved request is unreadable");
+        let (reason, successor) =
+            supervisor::close_unstartable(w, slot, &row, events, "the saved request is unreadable");
         return complete(w, slot, a, Completion::Over(reason, successor));
     };
-    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + BUDGET_MS);
-    let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+    let deadline = row
+        .meta
+        .get("deadline")
+        .and_then(Value::as_i64)
+        .unwrap_or(row.started_at + BUDGET_MS);
+    let highest = events
+        .iter()
+        .filter_map(storage::record::event_seq)
+        .max()
+        .unwrap_or(0);
     let had_input = events.iter().any(|e| e["type"] == "input");
-    let next_seq = if from_gen.is_some() { highest + 1000 } else { highest + 1 };
-    w.procs[slot].registry.create(&row.run_id, meta.clone(), row.started_at, events, next_seq);
+    let next_seq = if from_gen.is_some() {
+        highest + 1000
+    } else {
+        highest + 1
+    };
+    w.procs[slot]
+        .registry
+        .create(&row.run_id, meta.clone(), row.started_at, events, next_seq);
     let gen = w.procs[slot].gen.clone();
     let mut run = RunData::new(&gen, &a.fence, &row.run_id, deadline);
     run.recorded_stop = row.stop;
     if highest == 0 || !had_input {
         publish_run(w, slot, &run, meta.event());
-        publish_run(w, slot, &run, json!({"type": "input", "text": request.text, "source": "request"}));
+        publish_run(
+            w,
+            slot,
+            &run,
+            json!({"type": "input", "text": request.text, "source": "request"}),
+        );
     }
     if let Some(from_gen) = from_gen {
-        publish_run(w, slot, &run, json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}));
+        publish_run(
+            w,
+            slot,
+            &run,
+            json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}),
+        );
     }
     a.launching = Some(run);
     promote(w, slot, a, request.text);
 }
 
 /// The promotion and the seed step in one commit (`StorageHandle::promote`), retried while transient.
-pub(super) fn claim(w: &mut World, slot: usize, a: &mut Actor, seed: Option<StepWrite>, since: i64, delay: i64) {
+pub(super) fn claim(
+    w: &mut World,
+    slot: usize,
+    a: &mut Actor,
+    seed: Option<StepWrite>,
+    since: i64,
+    delay: i64,
+) {
     let mut run = a.launching.take().expect("a claim belongs to a launch");
     let (id, gen) = (run.id.clone(), run.gen.clone());
     let mut state = Map::new();
     state.insert("binding".into(), json!({"workspace": format!("ws/{id}")}));
-    let promotion = Promotion { system_text: run.system.clone(), tools: json!(script::tool_defs()), state, lease_ms: LEASE_MS };
+    let promotion = Promotion {
+        system_text: run.system.clone(),
+        tools: json!(script::tool_defs()),
+        state,
+        lease_ms: LEASE_MS,
+    };
     let answer = w.io(slot, Io::OwnerWrite, |s, now| {
         let claimed = match s.claim(&id, &gen, &promotion, now)? {
             Ok(claimed) => claimed,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        let Some(sw) = &seed else { return Ok(Ok(claimed)) };
+        let Some(sw) = &seed else {
+            return Ok(Ok(claimed));
+        };
         if storage::ledger::ran_past_its_seed(claimed, s.last_step(&id)?.as_ref()) {
             return Ok(Err(storage::ledger::Refusal::Fenced { run_id: id.clone() }));
         }
@@ -87,7 +166,17 @@ pub(super) fn claim(w: &mut World, slot: usize, a: &mut Actor, seed: Option<Step
         Ok(answer) => answer,
         Err(d) => {
             a.launching = Some(run);
-            return spawn_op(w, slot, a, d, Op::Claim { seed, since, delay: next_delay(d) });
+            return spawn_op(
+                w,
+                slot,
+                a,
+                d,
+                Op::Claim {
+                    seed,
+                    since,
+                    delay: next_delay(d),
+                },
+            );
         }
     };
     let written = settle(w, slot, &mut run, "promotion", answer);
@@ -105,11 +194,24 @@ fn promote(w: &mut World, slot: usize, a: &mut Actor, request_text: String) {
     }
     // The seed (the first model call's messages and the step-0 record) commits with the promotion.
     let seed = a.launching.as_mut().and_then(|run| {
-        let turns = vec![agent::system_turn(&run.system), agent::user_turn(&request_text)];
+        let turns = vec![
+            agent::system_turn(&run.system),
+            agent::user_turn(&request_text),
+        ];
         durable_step(w, slot, run, turns, &[])
     });
     let (now, delay) = (w.now(), w.io_latency());
-    spawn_op(w, slot, a, delay, Op::Claim { seed, since: now, delay: WRITE_RETRY_MS });
+    spawn_op(
+        w,
+        slot,
+        a,
+        delay,
+        Op::Claim {
+            seed,
+            since: now,
+            delay: WRITE_RETRY_MS,
+        },
+    );
 }
 
 /// Take the workspace of `id` for `fence` when the ledger names this generation its owner
@@ -121,8 +223,18 @@ pub(crate) fn take_workspace(w: &mut World, slot: usize, id: &str, fence: &str, 
         w.note(|| format!("  {id}: {gen} leaves the workspace fence alone: the ledger names {owner:?} the owner"));
         return false;
     }
-    if let Some(owner) = w.peek().get_live(id).ok().flatten().map(|r| r.owner_gen).filter(|o| *o != gen) {
-        w.violate("only the run's owner takes its workspace", format!("{gen} takes the workspace fence of {id} {why}, while {owner} owns the run"));
+    if let Some(owner) = w
+        .peek()
+        .get_live(id)
+        .ok()
+        .flatten()
+        .map(|r| r.owner_gen)
+        .filter(|o| *o != gen)
+    {
+        w.violate(
+            "only the run's owner takes its workspace",
+            format!("{gen} takes the workspace fence of {id} {why}, while {owner} owns the run"),
+        );
     }
     w.model.take_workspace(id, fence);
     true
@@ -145,15 +257,41 @@ fn seeded(w: &mut World, slot: usize, a: &mut Actor, written: Written) {
 
 /// Continue the reply of a row past its finishing gate whose actor lost storage at the gate
 /// (`launch::deliver`): the saved status and answer go through the gate again.
-pub(super) fn deliver(w: &mut World, slot: usize, a: &mut Actor, row: LiveRow, events: Vec<Value>, step: u64) {
+pub(super) fn deliver(
+    w: &mut World,
+    slot: usize,
+    a: &mut Actor,
+    row: LiveRow,
+    events: Vec<Value>,
+    step: u64,
+) {
     let meta = meta_from_row(&row);
     if w.procs[slot].registry.row(&row.run_id).is_none() {
-        let highest = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-        w.procs[slot].registry.create(&row.run_id, meta, row.started_at, events, highest + 1000);
+        let highest = events
+            .iter()
+            .filter_map(storage::record::event_seq)
+            .max()
+            .unwrap_or(0);
+        w.procs[slot]
+            .registry
+            .create(&row.run_id, meta, row.started_at, events, highest + 1000);
     }
-    let status = row.state.get("finalStatus").and_then(Value::as_str).and_then(RunStatus::parse).unwrap_or(RunStatus::Completed);
-    let answer = row.state.get("answer").and_then(Value::as_str).map(str::to_owned);
-    let deadline = row.meta.get("deadline").and_then(Value::as_i64).unwrap_or(row.started_at + BUDGET_MS);
+    let status = row
+        .state
+        .get("finalStatus")
+        .and_then(Value::as_str)
+        .and_then(RunStatus::parse)
+        .unwrap_or(RunStatus::Completed);
+    let answer = row
+        .state
+        .get("answer")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let deadline = row
+        .meta
+        .get("deadline")
+        .and_then(Value::as_i64)
+        .unwrap_or(row.started_at + BUDGET_MS);
     let gen = w.procs[slot].gen.clone();
     let mut run = RunData::new(&gen, &a.fence, &row.run_id, deadline);
     run.step = step;
@@ -169,14 +307,37 @@ pub(super) fn launched(w: &mut World, slot: usize, a: &mut Actor, started: Start
 pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     let row = ad.row;
     // A row in `finishing` continues its reply whatever else it records; any other detached row closes.
-    if row.phase != storage::ledger::Phase::Finishing && row.state.get("detached").and_then(Value::as_bool).unwrap_or(false) {
+    if row.phase != storage::ledger::Phase::Finishing
+        && row
+            .state
+            .get("detached")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    {
         let gen = w.procs[slot].gen.clone();
-        w.violate("detached runs are never resumed", format!("{gen} resumes {} although its row is marked detached", row.run_id));
+        w.violate(
+            "detached runs are never resumed",
+            format!(
+                "{gen} resumes {} although its row is marked detached",
+                row.run_id
+            ),
+        );
     }
     let meta = meta_from_row(&row);
     let now = w.now();
-    let highest = ad.events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
-    w.procs[slot].registry.create(&row.run_id, meta.clone(), row.started_at, ad.events, highest + 1000);
+    let highest = ad
+        .events
+        .iter()
+        .filter_map(storage::record::event_seq)
+        .max()
+        .unwrap_or(0);
+    w.procs[slot].registry.create(
+        &row.run_id,
+        meta.clone(),
+        row.started_at,
+        ad.events,
+        highest + 1000,
+    );
     let gen = w.procs[slot].gen.clone();
     let mut run = RunData::new(&gen, &a.fence, &row.run_id, now + ad.last_step.remaining_ms);
     run.recorded_stop = row.stop;
@@ -185,8 +346,13 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     }
     // Re-attach the workspace; a missing one closes the run (SPEC §8.3).
     if !w.model.workspace_exists(&row.run_id) {
-        let events = w.procs[slot].registry.row(&run.id).map(|r| r.events.clone()).unwrap_or_default();
-        let (reason, successor) = supervisor::close_unstartable(w, slot, &row, events, "the run's workspace is missing");
+        let events = w.procs[slot]
+            .registry
+            .row(&run.id)
+            .map(|r| r.events.clone())
+            .unwrap_or_default();
+        let (reason, successor) =
+            supervisor::close_unstartable(w, slot, &row, events, "the run's workspace is missing");
         return complete(w, slot, a, Completion::Over(reason, successor));
     }
     if !take_workspace(w, slot, &row.run_id, &a.fence.clone(), "to resume it") {
@@ -198,7 +364,12 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     run.step = ad.last_step.step;
     run.iteration = ad.last_step.iteration;
     run.inbox_consumed = ad.last_step.inbox_consumed_seq;
-    let last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+    let last_text = run
+        .turns
+        .iter()
+        .rev()
+        .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
+        .unwrap_or_default();
     if row.phase == storage::ledger::Phase::Finishing || row.state.contains_key("finalStatus") {
         let gen = w.procs[slot].gen.clone();
         w.violate(
@@ -212,11 +383,21 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     let fresh = matches!(ad.point, ResumePoint::RunStepFresh { .. });
     match ad.point {
         ResumePoint::ResumeAt { .. } => {
-            let recorded: Vec<String> = ad.last_step.in_flight.iter().map(|c| c.call_id.clone()).collect();
+            let recorded: Vec<String> = ad
+                .last_step
+                .in_flight
+                .iter()
+                .map(|c| c.call_id.clone())
+                .collect();
             if let Some(turn) = &last_assistant {
                 let ids: Vec<String> = turn.calls.iter().map(|c| c.call_id.clone()).collect();
                 if let Err(reason) = decisions::in_flight_matches(&recorded, &ids) {
-                    publish_run(w, slot, &run, json!({"type": "resumed", "settled": [], "fromGeneration": ad.from_gen}));
+                    publish_run(
+                        w,
+                        slot,
+                        &run,
+                        json!({"type": "resumed", "settled": [], "fromGeneration": ad.from_gen}),
+                    );
                     a.launching = Some(run);
                     return launched(w, slot, a, Started::Fail(reason));
                 }
@@ -230,7 +411,10 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
             // Unreachable here (a durable step lands whole), kept for fidelity: one attempt, no retries.
             run.step = step;
             run.iteration += 1;
-            calls = last_assistant.as_ref().map(|t| t.calls.clone()).unwrap_or_default();
+            calls = last_assistant
+                .as_ref()
+                .map(|t| t.calls.clone())
+                .unwrap_or_default();
             if calls.is_empty() {
                 finish_plan = Some(last_text.clone());
             }
@@ -238,7 +422,11 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
             if let Some(sw) = durable_step(w, slot, &mut run, Vec::new(), &calls) {
                 let (id, gen, fence) = (run.id.clone(), run.gen.clone(), run.fence.clone());
                 let answer = write_step(w, slot, &id, &gen, &fence, &sw);
-                let answer = if answer.as_ref().is_err_and(storage::Error::is_transient) { None } else { Some(answer) };
+                let answer = if answer.as_ref().is_err_and(storage::Error::is_transient) {
+                    None
+                } else {
+                    Some(answer)
+                };
                 match settle(w, slot, &mut run, "step record", answer) {
                     Written::Ok => {}
                     Written::Fenced => {
@@ -261,15 +449,29 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
                 return Settlement::Rerun;
             }
             let def = defs.iter().find(|d| d.name == call.tool);
-            decisions::settlement(def.is_some(), def.is_some_and(|d| d.side_effect_free), def.is_some_and(|d| d.rerun_safe), def.is_some_and(|d| d.idempotent))
+            decisions::settlement(
+                def.is_some(),
+                def.is_some_and(|d| d.side_effect_free),
+                def.is_some_and(|d| d.rerun_safe),
+                def.is_some_and(|d| d.idempotent),
+            )
         })
         .collect();
     let settled: Vec<Value> = if fresh {
         Vec::new()
     } else {
-        calls.iter().zip(&hows).map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h})).collect()
+        calls
+            .iter()
+            .zip(&hows)
+            .map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h}))
+            .collect()
     };
-    publish_run(w, slot, &run, json!({"type": "resumed", "settled": settled, "fromGeneration": ad.from_gen}));
+    publish_run(
+        w,
+        slot,
+        &run,
+        json!({"type": "resumed", "settled": settled, "fromGeneration": ad.from_gen}),
+    );
     a.launching = Some(run);
     if let Some(text) = finish_plan {
         return launched(w, slot, a, Started::Finish(text));
@@ -277,5 +479,18 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     if calls.is_empty() {
         return launched(w, slot, a, Started::Continue);
     }
-    spawn_op(w, slot, a, 0, Op::Tools { calls, hows, i: 0, results: Vec::new(), out: None, settle: true });
+    spawn_op(
+        w,
+        slot,
+        a,
+        0,
+        Op::Tools {
+            calls,
+            hows,
+            i: 0,
+            results: Vec::new(),
+            out: None,
+            settle: true,
+        },
+    );
 }

@@ -32,8 +32,10 @@ use storage::record::{RunRecord, RunStatus};
 
 use crate::supervisor::Via;
 use crate::world::{Kind, World, LEASE_MS};
+use work::{
+    detach, durable_step, fence, fold, publish_in_step, publish_run, settle, take_step_turns,
+};
 pub use work::{flush_run, RunData, Tracking};
-use work::{detach, durable_step, fence, fold, publish_in_step, publish_run, settle, take_step_turns};
 
 /// Retry delays of a transient owner write (SPEC §5.5): 200 ms doubling to 5 s, for up to the lease.
 const WRITE_RETRY_MS: i64 = 200;
@@ -65,27 +67,77 @@ pub struct Actor {
     ended: bool,
 }
 
-
 /// One await-point segment of an effect in flight.
 pub enum Op {
-    Fresh { request: Request, started_at: i64 },
-    Restart { row: LiveRow, events: Vec<Value>, from_gen: Option<String> },
+    Fresh {
+        request: Request,
+        started_at: i64,
+    },
+    Restart {
+        row: LiveRow,
+        events: Vec<Value>,
+        from_gen: Option<String>,
+    },
     Resume(Adoption),
-    Deliver { row: LiveRow, events: Vec<Value>, step: u64 },
+    Deliver {
+        row: LiveRow,
+        events: Vec<Value>,
+        step: u64,
+    },
     /// The promotion and the seed step, in one commit (`StorageHandle::promote`).
-    Claim { seed: Option<StepWrite>, since: i64, delay: i64 },
-    Write { w: StepWrite, since: i64, delay: i64 },
+    Claim {
+        seed: Option<StepWrite>,
+        since: i64,
+        delay: i64,
+    },
+    Write {
+        w: StepWrite,
+        since: i64,
+        delay: i64,
+    },
     Model,
     ReadInbox,
     /// Tool calls one at a time; `out` holds a dispatched call's output until its completion. With
     /// `settle`, the resume's in-flight settlement (synthetic results for what is not re-run).
-    Tools { calls: Vec<ToolCall>, hows: Vec<Settlement>, i: usize, results: Vec<ToolResult>, out: Option<(bool, String)>, settle: bool },
-    HandOff { write: Option<StepWrite>, tracked: bool, since: i64, delay: i64, written: bool },
-    GateFlush { status: RunStatus, answer: Option<String> },
-    Gate { status: RunStatus, answer: Option<String>, since: i64, delay: i64 },
-    GateCheck { status: RunStatus, since: i64, delay: i64 },
-    Reply { detached: bool },
-    Record { record: Option<RunRecord>, via: Via, spent: usize, successor: Option<String> },
+    Tools {
+        calls: Vec<ToolCall>,
+        hows: Vec<Settlement>,
+        i: usize,
+        results: Vec<ToolResult>,
+        out: Option<(bool, String)>,
+        settle: bool,
+    },
+    HandOff {
+        write: Option<StepWrite>,
+        tracked: bool,
+        since: i64,
+        delay: i64,
+        written: bool,
+    },
+    GateFlush {
+        status: RunStatus,
+        answer: Option<String>,
+    },
+    Gate {
+        status: RunStatus,
+        answer: Option<String>,
+        since: i64,
+        delay: i64,
+    },
+    GateCheck {
+        status: RunStatus,
+        since: i64,
+        delay: i64,
+    },
+    Reply {
+        detached: bool,
+    },
+    Record {
+        record: Option<RunRecord>,
+        via: Via,
+        spent: usize,
+        successor: Option<String>,
+    },
 }
 
 impl Op {
@@ -96,11 +148,29 @@ impl Op {
             Op::Resume(_) => "launch resume".into(),
             Op::Deliver { .. } => "launch deliver".into(),
             Op::Claim { .. } => "claim".into(),
-            Op::Write { w, .. } => format!("durable step {} ({} turns)", w.record.step, w.turns.len()),
+            Op::Write { w, .. } => {
+                format!("durable step {} ({} turns)", w.record.step, w.turns.len())
+            }
             Op::Model => "model call".into(),
             Op::ReadInbox => "read inbox".into(),
-            Op::Tools { calls, i, out, settle, .. } => match calls.get(*i) {
-                Some(c) => format!("{} {} {} {}", if *settle { "settle" } else { "tool" }, if out.is_some() { "complete" } else { "dispatch" }, c.call_id, c.tool),
+            Op::Tools {
+                calls,
+                i,
+                out,
+                settle,
+                ..
+            } => match calls.get(*i) {
+                Some(c) => format!(
+                    "{} {} {} {}",
+                    if *settle { "settle" } else { "tool" },
+                    if out.is_some() {
+                        "complete"
+                    } else {
+                        "dispatch"
+                    },
+                    c.call_id,
+                    c.tool
+                ),
                 None => "tools done".into(),
             },
             Op::HandOff { .. } => "hand off".into(),
@@ -117,14 +187,20 @@ impl Op {
 enum Completion {
     Launched(Started),
     Over(StopReason, Option<(LiveRow, Vec<Value>)>),
-    ModelDone { items: Vec<InboxItem>, reply: Result<AssistantTurn, String> },
+    ModelDone {
+        items: Vec<InboxItem>,
+        reply: Result<AssistantTurn, String>,
+    },
     StepWritten(Option<storage::Result<Outcome<()>>>),
     InboxRead(Vec<InboxItem>),
     ToolsDone(Vec<ToolResult>),
     HandedOff(bool),
     Gate(Written),
     GateDetach(String),
-    Replied { killed: bool, reply: Option<(bool, Option<String>)> },
+    Replied {
+        killed: bool,
+        reply: Option<(bool, Option<String>)>,
+    },
     Finish(Option<(LiveRow, Vec<Value>)>),
 }
 
@@ -140,7 +216,16 @@ pub fn start(w: &mut World, slot: usize, launch: actors::run::Launch) {
     }
     let id = w.mint_actor();
     let fence = format!("{}#{id}", w.procs[slot].gen);
-    let actor = Actor { id, run_id: run_id.clone(), state: RunState::starting(), epoch: 0, run: None, launching: None, fence, ended: false };
+    let actor = Actor {
+        id,
+        run_id: run_id.clone(),
+        state: RunState::starting(),
+        epoch: 0,
+        run: None,
+        launching: None,
+        fence,
+        ended: false,
+    };
     let p = &mut w.procs[slot];
     p.runs.insert(run_id.clone(), id);
     p.actors.insert(id, actor);
@@ -149,17 +234,42 @@ pub fn start(w: &mut World, slot: usize, launch: actors::run::Launch) {
     let inc = p.inc;
     w.model.actor_started(inc, &run_id);
     let op = match launch {
-        actors::run::Launch::Fresh { request, started_at, .. } => Op::Fresh { request, started_at },
-        actors::run::Launch::Restart { row, events, from_gen } => Op::Restart { row, events, from_gen },
+        actors::run::Launch::Fresh {
+            request,
+            started_at,
+            ..
+        } => Op::Fresh {
+            request,
+            started_at,
+        },
+        actors::run::Launch::Restart {
+            row,
+            events,
+            from_gen,
+        } => Op::Restart {
+            row,
+            events,
+            from_gen,
+        },
         actors::run::Launch::Resume(a) => Op::Resume(a),
         actors::run::Launch::Deliver { row, events, step } => Op::Deliver { row, events, step },
     };
-    w.spawn_in(slot, 0, Kind::Op { actor: id, epoch: 0, op });
+    w.spawn_in(
+        slot,
+        0,
+        Kind::Op {
+            actor: id,
+            epoch: 0,
+            op,
+        },
+    );
 }
 
 /// Take actor `id` of `slot` out, run `f` on it, and put it back unless it ended.
 fn with_actor(w: &mut World, slot: usize, id: u64, f: impl FnOnce(&mut World, &mut Actor)) {
-    let Some(mut actor) = w.procs[slot].actors.remove(&id) else { return };
+    let Some(mut actor) = w.procs[slot].actors.remove(&id) else {
+        return;
+    };
     f(w, &mut actor);
     if !actor.ended {
         w.procs[slot].actors.insert(id, actor);
@@ -172,10 +282,14 @@ pub fn message(w: &mut World, slot: usize, id: u64, msg: ActorMsg) {
         let m = match msg {
             ActorMsg::Step => {
                 let now = w.now();
-                Msg::Step { past_deadline: a.run.as_ref().is_some_and(|r| now >= r.deadline) }
+                Msg::Step {
+                    past_deadline: a.run.as_ref().is_some_and(|r| now >= r.deadline),
+                }
             }
             ActorMsg::Stop(mode) | ActorMsg::News(HeartbeatNews::Stop(mode)) => Msg::Stop(mode),
-            ActorMsg::Fenced | ActorMsg::Killed | ActorMsg::News(HeartbeatNews::Fenced) => Msg::Fenced,
+            ActorMsg::Fenced | ActorMsg::Killed | ActorMsg::News(HeartbeatNews::Fenced) => {
+                Msg::Fenced
+            }
             ActorMsg::Drain => Msg::Drain,
         };
         apply(w, slot, a, m);
@@ -209,11 +323,21 @@ fn apply(w: &mut World, slot: usize, a: &mut Actor, msg: Msg) {
 }
 
 fn spawn_op(w: &mut World, slot: usize, a: &Actor, delay: i64, op: Op) {
-    w.spawn_in(slot, delay, Kind::Op { actor: a.id, epoch: a.epoch, op });
+    w.spawn_in(
+        slot,
+        delay,
+        Kind::Op {
+            actor: a.id,
+            epoch: a.epoch,
+            op,
+        },
+    );
 }
 
 fn run_data(a: &mut Actor) -> &mut RunData {
-    a.run.as_mut().expect("effects after the launch have the run's data")
+    a.run
+        .as_mut()
+        .expect("effects after the launch have the run's data")
 }
 
 /// Publish to the registry and, when `durable`, to the flusher (`run::publish`).
@@ -223,7 +347,10 @@ pub fn publish(w: &mut World, slot: usize, id: &str, event: Value, durable: bool
     let stamped = p.registry.publish(id, event, now)?;
     if durable {
         let gen = p.gen.clone();
-        let batch = p.flusher.entry(id.to_owned()).or_insert_with(|| (gen.clone(), Vec::new()));
+        let batch = p
+            .flusher
+            .entry(id.to_owned())
+            .or_insert_with(|| (gen.clone(), Vec::new()));
         batch.0 = gen;
         batch.1.push(stamped.clone());
     }
@@ -232,7 +359,14 @@ pub fn publish(w: &mut World, slot: usize, id: &str, event: Value, durable: bool
 
 fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
     match effect {
-        Effect::NextStep => w.spawn_in(slot, 0, Kind::Msg { actor: a.id, msg: ActorMsg::Step }),
+        Effect::NextStep => w.spawn_in(
+            slot,
+            0,
+            Kind::Msg {
+                actor: a.id,
+                msg: ActorMsg::Step,
+            },
+        ),
         Effect::CallModel => {
             let delay = w.work_latency();
             spawn_op(w, slot, a, delay, Op::Model);
@@ -248,7 +382,17 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             match durable_step(w, slot, run, turns, &calls) {
                 Some(write) => {
                     let (now, delay) = (w.now(), w.io_latency());
-                    spawn_op(w, slot, a, delay, Op::Write { w: write, since: now, delay: WRITE_RETRY_MS });
+                    spawn_op(
+                        w,
+                        slot,
+                        a,
+                        delay,
+                        Op::Write {
+                            w: write,
+                            since: now,
+                            delay: WRITE_RETRY_MS,
+                        },
+                    );
                 }
                 None => complete(w, slot, a, Completion::StepWritten(Some(Ok(Ok(()))))),
             }
@@ -259,7 +403,17 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             match durable_step(w, slot, run, turns, &[]) {
                 Some(write) => {
                     let (now, delay) = (w.now(), w.io_latency());
-                    spawn_op(w, slot, a, delay, Op::Write { w: write, since: now, delay: WRITE_RETRY_MS });
+                    spawn_op(
+                        w,
+                        slot,
+                        a,
+                        delay,
+                        Op::Write {
+                            w: write,
+                            since: now,
+                            delay: WRITE_RETRY_MS,
+                        },
+                    );
                 }
                 None => complete(w, slot, a, Completion::StepWritten(Some(Ok(Ok(()))))),
             }
@@ -269,9 +423,26 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             spawn_op(w, slot, a, delay, Op::ReadInbox);
         }
         Effect::RunTools => {
-            let calls = run_data(a).current.as_ref().map(|t| t.calls.clone()).unwrap_or_default();
+            let calls = run_data(a)
+                .current
+                .as_ref()
+                .map(|t| t.calls.clone())
+                .unwrap_or_default();
             let hows = vec![Settlement::Rerun; calls.len()];
-            spawn_op(w, slot, a, 0, Op::Tools { calls, hows, i: 0, results: Vec::new(), out: None, settle: false });
+            spawn_op(
+                w,
+                slot,
+                a,
+                0,
+                Op::Tools {
+                    calls,
+                    hows,
+                    i: 0,
+                    results: Vec::new(),
+                    out: None,
+                    settle: false,
+                },
+            );
         }
         Effect::AbortInFlight => a.epoch += 1,
         Effect::AnnounceStop(mode) => {
@@ -281,7 +452,12 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
         }
         Effect::Note(kind) => {
             let run = run_data(a);
-            publish_run(w, slot, run, json!({"type": "note", "kind": kind, "summary": "the run's time budget ran out"}));
+            publish_run(
+                w,
+                slot,
+                run,
+                json!({"type": "note", "kind": kind, "summary": "the run's time budget ran out"}),
+            );
         }
         Effect::PublishFailure(message) => {
             let event = json!({"type": "run_failed", "message": message});
@@ -295,10 +471,26 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
         Effect::HandOff => {
             let run = run_data(a);
             let results: Vec<Turn> = run.pending.take().into_iter().collect();
-            let write = if !results.is_empty() || !run.step_events.is_empty() { durable_step(w, slot, run, results, &[]) } else { None };
+            let write = if !results.is_empty() || !run.step_events.is_empty() {
+                durable_step(w, slot, run, results, &[])
+            } else {
+                None
+            };
             let tracked = run.tracked();
             let (now, delay) = (w.now(), w.io_latency());
-            spawn_op(w, slot, a, delay, Op::HandOff { write, tracked, since: now, delay: WRITE_RETRY_MS, written: false });
+            spawn_op(
+                w,
+                slot,
+                a,
+                delay,
+                Op::HandOff {
+                    write,
+                    tracked,
+                    since: now,
+                    delay: WRITE_RETRY_MS,
+                    written: false,
+                },
+            );
         }
         Effect::Gate { status, answer } => {
             let tracking = run_data(a).tracking;
@@ -332,9 +524,20 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             let run = run_data(a);
             w.procs[slot].registry.finish(&run.id, now);
             // A detached run's record is best effort: provisional (`RunWork::record`).
-            let extras = RecordExtras { provisional: !run.tracked(), reply: run.reply.clone(), step_count: Some(run.step), ..Default::default() };
-            let record = w.procs[slot].registry.build_record(&run.id, status, now, extras);
-            let successor = run.tracked().then(|| Successor { run_id: String::new(), lease_ms: LEASE_MS, inbox_consumed: run.inbox_consumed });
+            let extras = RecordExtras {
+                provisional: !run.tracked(),
+                reply: run.reply.clone(),
+                step_count: Some(run.step),
+                ..Default::default()
+            };
+            let record = w.procs[slot]
+                .registry
+                .build_record(&run.id, status, now, extras);
+            let successor = run.tracked().then(|| Successor {
+                run_id: String::new(),
+                lease_ms: LEASE_MS,
+                inbox_consumed: run.inbox_consumed,
+            });
             let gen = run.gen.clone();
             let successor = successor.map(|mut s| {
                 s.run_id = w.mint_run("s");
@@ -342,23 +545,51 @@ fn execute(w: &mut World, slot: usize, a: &mut Actor, effect: Effect) {
             });
             let successor_id = successor.as_ref().map(|s| s.run_id.clone());
             let via = match successor {
-                Some(s) => Via::Ledger { gen, successor: Some(s) },
+                Some(s) => Via::Ledger {
+                    gen,
+                    successor: Some(s),
+                },
                 None => Via::Store,
             };
             let delay = w.io_latency();
-            spawn_op(w, slot, a, delay, Op::Record { record, via, spent: 0, successor: successor_id });
+            spawn_op(
+                w,
+                slot,
+                a,
+                delay,
+                Op::Record {
+                    record,
+                    via,
+                    spent: 0,
+                    successor: successor_id,
+                },
+            );
         }
         Effect::End(end) => end_run(w, slot, a, end, None),
     }
 }
 
 fn check_replies(w: &mut World, run: &str) {
-    let Some(replies) = w.model.replies.get(run).filter(|r| r.len() > 1).cloned() else { return };
-    w.violate("one reply per run", format!("{run} delivered its reply {} times (by {replies:?})", replies.len()));
+    let Some(replies) = w.model.replies.get(run).filter(|r| r.len() > 1).cloned() else {
+        return;
+    };
+    w.violate(
+        "one reply per run",
+        format!(
+            "{run} delivered its reply {} times (by {replies:?})",
+            replies.len()
+        ),
+    );
 }
 
 /// The run is over: tell the supervisor and stop (`RunActor::end`).
-fn end_run(w: &mut World, slot: usize, a: &mut Actor, end: End, successor: Option<(LiveRow, Vec<Value>)>) {
+fn end_run(
+    w: &mut World,
+    slot: usize,
+    a: &mut Actor,
+    end: End,
+    successor: Option<(LiveRow, Vec<Value>)>,
+) {
     let reason = match end {
         End::Finished(status) => {
             w.procs[slot].flusher.remove(&a.run_id);
@@ -381,17 +612,38 @@ fn end_run(w: &mut World, slot: usize, a: &mut Actor, end: End, successor: Optio
     finish_actor(w, slot, a, reason, successor);
 }
 
-fn finish_actor(w: &mut World, slot: usize, a: &mut Actor, reason: StopReason, successor: Option<(LiveRow, Vec<Value>)>) {
+fn finish_actor(
+    w: &mut World,
+    slot: usize,
+    a: &mut Actor,
+    reason: StopReason,
+    successor: Option<(LiveRow, Vec<Value>)>,
+) {
     w.procs[slot].tracked.remove(&a.run_id);
     a.ended = true;
-    w.spawn_in(slot, 0, Kind::RunEnded { run: a.run_id.clone(), reason, successor });
+    w.spawn_in(
+        slot,
+        0,
+        Kind::RunEnded {
+            run: a.run_id.clone(),
+            reason,
+            successor,
+        },
+    );
 }
 
 /// One segment of the effect in flight, to the module that runs it: a launch path, or the step loop.
 fn run_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
     match op {
-        Op::Fresh { request, started_at } => launch::fresh(w, slot, a, request, started_at),
-        Op::Restart { row, events, from_gen } => launch::restart(w, slot, a, row, events, from_gen),
+        Op::Fresh {
+            request,
+            started_at,
+        } => launch::fresh(w, slot, a, request, started_at),
+        Op::Restart {
+            row,
+            events,
+            from_gen,
+        } => launch::restart(w, slot, a, row, events, from_gen),
         Op::Resume(adoption) => launch::resume(w, slot, a, adoption),
         Op::Deliver { row, events, step } => launch::deliver(w, slot, a, row, events, step),
         Op::Claim { seed, since, delay } => launch::claim(w, slot, a, seed, since, delay),
@@ -405,7 +657,12 @@ fn complete(w: &mut World, slot: usize, a: &mut Actor, c: Completion) {
         Completion::Over(reason, successor) => return finish_actor(w, slot, a, reason, successor),
         Completion::Launched(started) => {
             let run = a.launching.take().expect("a launch built the run's data");
-            a.state.last_text = run.turns.iter().rev().find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text)).unwrap_or_default();
+            a.state.last_text = run
+                .turns
+                .iter()
+                .rev()
+                .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
+                .unwrap_or_default();
             if let Some(mode) = run.recorded_stop {
                 a.state.stop = Some(mode);
                 a.state.announced.push(mode);
@@ -420,7 +677,10 @@ fn complete(w: &mut World, slot: usize, a: &mut Actor, c: Completion) {
             run.iteration += 1;
             let msg = match reply {
                 Ok(turn) => {
-                    let msg = Msg::ModelAnswered { text: turn.text.clone(), calls: turn.calls.len() };
+                    let msg = Msg::ModelAnswered {
+                        text: turn.text.clone(),
+                        calls: turn.calls.len(),
+                    };
                     run.current = Some(turn);
                     msg
                 }
@@ -439,9 +699,18 @@ fn complete(w: &mut World, slot: usize, a: &mut Actor, c: Completion) {
             let mut run = a.run.take().expect("run");
             let unread = items.len();
             if unread > 0 {
-                let text = run.current.as_ref().map(|t| t.text.clone()).unwrap_or_default();
+                let text = run
+                    .current
+                    .as_ref()
+                    .map(|t| t.text.clone())
+                    .unwrap_or_default();
                 let step = run.step;
-                publish_in_step(w, slot, &mut run, json!({"type": "assistant", "text": text, "step": step}));
+                publish_in_step(
+                    w,
+                    slot,
+                    &mut run,
+                    json!({"type": "assistant", "text": text, "step": step}),
+                );
                 fold(w, slot, &mut run, items);
             }
             a.run = Some(run);
@@ -461,11 +730,20 @@ fn complete(w: &mut World, slot: usize, a: &mut Actor, c: Completion) {
             a.run = Some(run);
             Msg::Gate(Written::Ok)
         }
-        Completion::Replied { killed: true, .. } => Msg::Replied { killed: true, failed: false },
-        Completion::Replied { killed: false, reply } => {
+        Completion::Replied { killed: true, .. } => Msg::Replied {
+            killed: true,
+            failed: false,
+        },
+        Completion::Replied {
+            killed: false,
+            reply,
+        } => {
             let failed = reply.as_ref().is_some_and(|(ok, _)| !ok);
             run_data(a).reply = reply;
-            Msg::Replied { killed: false, failed }
+            Msg::Replied {
+                killed: false,
+                failed,
+            }
         }
         Completion::Finish(successor) => {
             let (next, effects) = machine::transition(&a.state, &Msg::Recorded);

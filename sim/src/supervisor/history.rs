@@ -22,7 +22,10 @@ pub enum Via {
     /// A plain store put (a tombstone, a detached run's provisional record, a fallback).
     Store,
     /// The ledger's finish under `gen`, admitting `successor` in the same transaction.
-    Ledger { gen: String, successor: Option<Successor> },
+    Ledger {
+        gen: String,
+        successor: Option<Successor>,
+    },
 }
 
 /// Close a row with a record built from the row and its live events, through the finish transaction,
@@ -43,9 +46,15 @@ pub(super) fn close_row(
         let gen = w.procs[slot].gen.clone();
         run::take_workspace(w, slot, &row.run_id, &format!("{gen}#close"), "to close it");
     }
-    let redactor = actors::redact::Redactor::new(&[]).expect("the built-in redaction rules compile");
-    let record = actors::run::closing_record(row, events, status, reason, w.now(), &redactor).ok_or("the row does not make a valid record")?;
-    let successor = with_successor.then(|| Successor { run_id: w.mint_run("s"), lease_ms: LEASE_MS, inbox_consumed: None });
+    let redactor =
+        actors::redact::Redactor::new(&[]).expect("the built-in redaction rules compile");
+    let record = actors::run::closing_record(row, events, status, reason, w.now(), &redactor)
+        .ok_or("the row does not make a valid record")?;
+    let successor = with_successor.then(|| Successor {
+        run_id: w.mint_run("s"),
+        lease_ms: LEASE_MS,
+        inbox_consumed: None,
+    });
     let successor_id = successor.as_ref().map(|s| s.run_id.clone());
     let gen = w.procs[slot].gen.clone();
     if status == RunStatus::Interrupted {
@@ -59,7 +68,13 @@ pub(super) fn close_row(
 }
 
 /// Close a row this generation holds that cannot run (`close_unstartable`).
-pub fn close_unstartable(w: &mut World, slot: usize, row: &LiveRow, events: Vec<Value>, reason: &str) -> (StopReason, Option<(LiveRow, Vec<Value>)>) {
+pub fn close_unstartable(
+    w: &mut World,
+    slot: usize,
+    row: &LiveRow,
+    events: Vec<Value>,
+    reason: &str,
+) -> (StopReason, Option<(LiveRow, Vec<Value>)>) {
     w.procs[slot].registry.discard(&row.run_id);
     match close_row(w, slot, row, events, RunStatus::Interrupted, reason, true) {
         Ok(successor) => (StopReason::Finished(RunStatus::Interrupted), successor),
@@ -74,17 +89,27 @@ pub fn admitted_successor(w: &mut World, slot: usize, id: &str) -> Option<(LiveR
     if row.owner_gen != gen || row.phase != Phase::Attaching {
         return None;
     }
-    let events = w.io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1)).ok()??;
+    let events = w
+        .io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1))
+        .ok()??;
     Some((row, events))
 }
 
 /// The ledger's finish with its successor admission, as one transaction (`storage::handle::finish_in`),
 /// and what the world model learns from it.
-fn finish_tx(w: &mut World, slot: usize, gen: &str, record: &RunRecord, successor: Option<Successor>) -> storage::Result<Outcome<PutOutcome>> {
+fn finish_tx(
+    w: &mut World,
+    slot: usize,
+    gen: &str,
+    record: &RunRecord,
+    successor: Option<Successor>,
+) -> storage::Result<Outcome<PutOutcome>> {
     let id = record.head.id.clone();
     let thread = record.head.thread_key.clone();
     let before = w.peek().get_live(&id).ok().flatten();
-    let out = w.io(slot, Io::Write, |s, now| finish_in(s, gen, record, successor.as_ref(), now));
+    let out = w.io(slot, Io::Write, |s, now| {
+        finish_in(s, gen, record, successor.as_ref(), now)
+    });
     let after = w.peek().get_live(&id).ok().flatten();
     if before.is_some() && after.is_none() {
         w.model.closed(&id, gen, record.head.status);
@@ -102,7 +127,13 @@ fn finish_tx(w: &mut World, slot: usize, gen: &str, record: &RunRecord, successo
 /// it consumed, the admission of their successor with its first events (`storage::handle::finish_in`,
 /// step for step; the memory store has no rollback, and nothing after `finish` can refuse here: the
 /// thread was just freed and the successor's id is fresh).
-fn finish_in(s: &mut MemoryStore, gen: &str, record: &RunRecord, successor: Option<&Successor>, now: i64) -> storage::Result<Outcome<PutOutcome>> {
+fn finish_in(
+    s: &mut MemoryStore,
+    gen: &str,
+    record: &RunRecord,
+    successor: Option<&Successor>,
+    now: i64,
+) -> storage::Result<Outcome<PutOutcome>> {
     let id = record.head.id.as_str();
     let admission = match successor {
         None => None,
@@ -120,9 +151,15 @@ fn finish_in(s: &mut MemoryStore, gen: &str, record: &RunRecord, successor: Opti
     if let (Ok(_), Some((admit, events))) = (&out, admission) {
         match s.admit(&admit, now)? {
             AdmitOutcome::Started { .. } => {
-                s.append(&admit.run_id, gen, &events)?.map_err(|r| storage::Error::Unavailable(format!("successor events refused: {r}")))?;
+                s.append(&admit.run_id, gen, &events)?.map_err(|r| {
+                    storage::Error::Unavailable(format!("successor events refused: {r}"))
+                })?;
             }
-            other => return Err(storage::Error::Unavailable(format!("successor not admitted: {other:?}"))),
+            other => {
+                return Err(storage::Error::Unavailable(format!(
+                    "successor not admitted: {other:?}"
+                )))
+            }
         }
     }
     Ok(out)
@@ -134,7 +171,10 @@ fn put_tx(w: &mut World, slot: usize, record: &RunRecord) -> storage::Result<Out
     if !record.head.provisional {
         crate::model::check_record_writer(w, &gen, &record.head.id);
     }
-    w.io(slot, Io::Write, |s, now| RunStore::put(s, record, None, now)).map(Ok)
+    w.io(slot, Io::Write, |s, now| {
+        RunStore::put(s, record, None, now)
+    })
+    .map(Ok)
 }
 
 /// How one history write attempt went.
@@ -145,7 +185,13 @@ pub enum Attempt {
 
 /// One attempt of the history writer (`Inner::drive`): an `UnknownRun` finish falls back to a plain put
 /// at once; a fenced finish writes nothing; transient failures get two retries (1 s, then 4 s, ±50 %).
-pub fn history_attempt(w: &mut World, slot: usize, record: &RunRecord, mut via: Via, spent: usize) -> Attempt {
+pub fn history_attempt(
+    w: &mut World,
+    slot: usize,
+    record: &RunRecord,
+    mut via: Via,
+    spent: usize,
+) -> Attempt {
     let id = record.head.id.clone();
     let mut record = std::borrow::Cow::Borrowed(record);
     if record.head.provisional && w.procs[slot].finals.contains(&id) {
@@ -175,7 +221,12 @@ pub fn history_attempt(w: &mut World, slot: usize, record: &RunRecord, mut via: 
                 continue;
             }
             Ok(Err(_)) => return Attempt::Done { landed: false },
-            Err(e) => matches!(e, storage::Error::Unavailable(_) | storage::Error::Sqlite(_) | storage::Error::Panicked(_)),
+            Err(e) => matches!(
+                e,
+                storage::Error::Unavailable(_)
+                    | storage::Error::Sqlite(_)
+                    | storage::Error::Panicked(_)
+            ),
         };
         if !transient || spent >= HISTORY_BACKOFF_MS.len() {
             w.note(|| format!("  {id}: the history write is lost"));
@@ -191,11 +242,21 @@ pub fn history_attempt(w: &mut World, slot: usize, record: &RunRecord, mut via: 
 /// supervisor's `close_failed`).
 pub(super) fn history(w: &mut World, slot: usize, record: RunRecord, via: Via, spent: usize) {
     let successor = match &via {
-        Via::Ledger { successor: Some(s), .. } => Some(s.run_id.clone()),
+        Via::Ledger {
+            successor: Some(s), ..
+        } => Some(s.run_id.clone()),
         _ => None,
     };
     match history_attempt(w, slot, &record, via, spent) {
-        Attempt::Retry { via, delay } => w.spawn_in(slot, delay, Kind::History { record, via, spent: spent + 1 }),
+        Attempt::Retry { via, delay } => w.spawn_in(
+            slot,
+            delay,
+            Kind::History {
+                record,
+                via,
+                spent: spent + 1,
+            },
+        ),
         Attempt::Done { .. } => {
             if let Some(id) = successor {
                 let next = admitted_successor(w, slot, &id);
@@ -205,8 +266,20 @@ pub(super) fn history(w: &mut World, slot: usize, record: RunRecord, via: Via, s
     }
 }
 
-pub(super) fn launch_successor(w: &mut World, slot: usize, successor: Option<(LiveRow, Vec<Value>)>) {
+pub(super) fn launch_successor(
+    w: &mut World,
+    slot: usize,
+    successor: Option<(LiveRow, Vec<Value>)>,
+) {
     if let Some((row, events)) = successor {
-        run::start(w, slot, Launch::Restart { row, events, from_gen: None });
+        run::start(
+            w,
+            slot,
+            Launch::Restart {
+                row,
+                events,
+                from_gen: None,
+            },
+        );
     }
 }

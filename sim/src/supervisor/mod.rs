@@ -19,12 +19,18 @@ use actors::registry::RunMeta;
 use actors::run::{Adoption, Launch, RecordExtras, Request, StopReason};
 use rand::Rng;
 use serde_json::{json, Value};
-use storage::ledger::{decisions, Admit, AdmitOutcome, LiveRow, Phase, Reclaimed, ReceiptKey, Refusal, RunLedger, StepRecord};
+use storage::ledger::{
+    decisions, Admit, AdmitOutcome, LiveRow, Phase, ReceiptKey, Reclaimed, Refusal, RunLedger,
+    StepRecord,
+};
 use storage::record::{ChannelVisibility, RunStatus};
 use storage::RunStore;
 
 use crate::run::{self, ActorMsg};
-use crate::world::{Io, Kind, Status, World, DRAIN_DEADLINE_MS, FLUSH_MS, HANDOFF_BUDGET_MS, HEARTBEAT_MS, LEASE_MS, BUDGET_MS};
+use crate::world::{
+    Io, Kind, Status, World, BUDGET_MS, DRAIN_DEADLINE_MS, FLUSH_MS, HANDOFF_BUDGET_MS,
+    HEARTBEAT_MS, LEASE_MS,
+};
 pub use history::{admitted_successor, close_unstartable, history_attempt, Attempt, Via};
 use history::{close_row, history, launch_successor};
 use orphans::{attend, close_orphan, readopt};
@@ -56,7 +62,13 @@ impl SweepState {
     pub fn name(&self) -> String {
         match self.stage {
             Stage::Start => format!("start{}", if self.defer { " (boot)" } else { "" }),
-            Stage::Row(i) => format!("row {}", self.taken.get(i).map(|r| r.row.run_id.as_str()).unwrap_or("?")),
+            Stage::Row(i) => format!(
+                "row {}",
+                self.taken
+                    .get(i)
+                    .map(|r| r.row.run_id.as_str())
+                    .unwrap_or("?")
+            ),
             Stage::End => "end".into(),
         }
     }
@@ -87,7 +99,11 @@ pub fn handle(w: &mut World, slot: usize, kind: Kind) {
         }
         Kind::Sweep(state) => sweep(w, slot, state),
         Kind::Launch(launch) => run::start(w, slot, launch),
-        Kind::RunEnded { run, reason, successor } => run_ended(w, slot, run, reason, successor),
+        Kind::RunEnded {
+            run,
+            reason,
+            successor,
+        } => run_ended(w, slot, run, reason, successor),
         Kind::Readopt { run } => readopt(w, slot, run),
         Kind::CloseOrphan { run } => close_orphan(w, slot, run),
         Kind::CloseFailed { run } => close_failed(w, slot, run),
@@ -111,22 +127,39 @@ pub fn handle(w: &mut World, slot: usize, kind: Kind) {
 
 /// A client posts message `msg` to a running process of its choice (`POST /api/messages`).
 pub fn send(w: &mut World, msg: usize, waited_since: Option<i64>) {
-    let candidates: Vec<usize> =
-        (0..w.procs.len()).filter(|&s| w.procs[s].status == Status::Up && w.procs[s].ingress_open).collect();
+    let candidates: Vec<usize> = (0..w.procs.len())
+        .filter(|&s| w.procs[s].status == Status::Up && w.procs[s].ingress_open)
+        .collect();
     if candidates.is_empty() {
-        return w.spawn(crate::world::At::Client, 300, Kind::Send { msg, waited_since });
+        return w.spawn(
+            crate::world::At::Client,
+            300,
+            Kind::Send { msg, waited_since },
+        );
     }
     let slot = candidates[w.rng.random_range(0..candidates.len())];
     if w.procs[slot].draining {
         // 503 draining: nothing was written; the client tries again (elsewhere, later).
-        return w.spawn(crate::world::At::Client, 300, Kind::Send { msg, waited_since });
+        return w.spawn(
+            crate::world::At::Client,
+            300,
+            Kind::Send { msg, waited_since },
+        );
     }
     admit(w, slot, msg, waited_since);
 }
 
 fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
     let info = w.model.messages[msg - 1].clone();
-    let req = Request { thread: info.thread.clone(), channel: "c".into(), user: "u".into(), text: info.text.clone(), agent: None, visibility: None, parent_run_id: None };
+    let req = Request {
+        thread: info.thread.clone(),
+        channel: "c".into(),
+        user: "u".into(),
+        text: info.text.clone(),
+        agent: None,
+        visibility: None,
+        parent_run_id: None,
+    };
     let thread_key = req.thread_key();
     let run_id = w.mint_run("r");
     let meta = RunMeta {
@@ -154,19 +187,26 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
         run_id: run_id.clone(),
         request,
         meta: meta_json,
-        key: info.keyed.then(|| ReceiptKey { scope: "sim".into(), key: format!("k{msg}"), body_hash: format!("h{msg}") }),
+        key: info.keyed.then(|| ReceiptKey {
+            scope: "sim".into(),
+            key: format!("k{msg}"),
+            body_hash: format!("h{msg}"),
+        }),
         lease_ms: LEASE_MS,
         writer: None,
     };
-    let first_events: Vec<Value> = [meta.event(), json!({"type": "input", "text": req.text, "source": "request"})]
-        .into_iter()
-        .zip(1u64..)
-        .map(|(mut event, seq)| {
-            event["seq"] = json!(seq);
-            event["at"] = json!(now);
-            storage::record::cap_event_for_publish(event)
-        })
-        .collect();
+    let first_events: Vec<Value> = [
+        meta.event(),
+        json!({"type": "input", "text": req.text, "source": "request"}),
+    ]
+    .into_iter()
+    .zip(1u64..)
+    .map(|(mut event, seq)| {
+        event["seq"] = json!(seq);
+        event["at"] = json!(now);
+        storage::record::cap_event_for_publish(event)
+    })
+    .collect();
     let events = first_events.clone();
     let outcome = w.io(slot, Io::Write, |s, _| {
         let out = s.admit(&admit, now)?;
@@ -182,25 +222,54 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
     }
     let outcome = match outcome {
         Ok(o) => o,
-        Err(_) if info.keyed => return w.spawn(crate::world::At::Client, 200, Kind::Send { msg, waited_since }),
+        Err(_) if info.keyed => {
+            return w.spawn(
+                crate::world::At::Client,
+                200,
+                Kind::Send { msg, waited_since },
+            )
+        }
         Err(_) => return w.model.uncertain(msg),
     };
     match outcome {
         AdmitOutcome::Started { run_id: started } if started == run_id => {
-            w.procs[slot].registry.create(&run_id, meta.clone(), now, first_events, 3);
-            w.spawn_in(slot, 0, Kind::Launch(Launch::Fresh { id: run_id.clone(), meta, request: req, started_at: now }));
+            w.procs[slot]
+                .registry
+                .create(&run_id, meta.clone(), now, first_events, 3);
+            w.spawn_in(
+                slot,
+                0,
+                Kind::Launch(Launch::Fresh {
+                    id: run_id.clone(),
+                    meta,
+                    request: req,
+                    started_at: now,
+                }),
+            );
             w.model.accepted(msg, &run_id);
         }
-        AdmitOutcome::Started { run_id } | AdmitOutcome::Steered { run_id, .. } => w.model.accepted(msg, &run_id),
+        AdmitOutcome::Started { run_id } | AdmitOutcome::Steered { run_id, .. } => {
+            w.model.accepted(msg, &run_id)
+        }
         AdmitOutcome::Busy { .. } => {
             let since = waited_since.unwrap_or(now);
             if now - since < BUSY_WAIT_MS {
-                w.spawn(crate::world::At::Client, 100, Kind::Send { msg, waited_since: Some(since) });
+                w.spawn(
+                    crate::world::At::Client,
+                    100,
+                    Kind::Send {
+                        msg,
+                        waited_since: Some(since),
+                    },
+                );
             } else {
                 w.model.refused(msg);
             }
         }
-        AdmitOutcome::KeyConflict | AdmitOutcome::Fenced | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden => w.model.refused(msg),
+        AdmitOutcome::KeyConflict
+        | AdmitOutcome::Fenced
+        | AdmitOutcome::ReceiptLimit { .. }
+        | AdmitOutcome::Forbidden => w.model.refused(msg),
     }
 }
 
@@ -212,21 +281,34 @@ fn heartbeat_tick(w: &mut World, slot: usize) {
     let runs: Vec<String> = w.procs[slot].tracked.keys().cloned().collect();
     for run in runs {
         let delay = w.io_latency();
-        w.spawn_in(slot, delay, Kind::Beat { run, gen: gen.clone() });
+        w.spawn_in(
+            slot,
+            delay,
+            Kind::Beat {
+                run,
+                gen: gen.clone(),
+            },
+        );
     }
 }
 
 /// One run's renewal; its news go to the actor through the supervisor (`RunNews`).
 fn beat(w: &mut World, slot: usize, run: String, gen: String) {
-    let answer = w.io(slot, Io::Write, |s, now| s.heartbeat(&run, &gen, LEASE_MS, now));
+    let answer = w.io(slot, Io::Write, |s, now| {
+        s.heartbeat(&run, &gen, LEASE_MS, now)
+    });
     let news = match answer {
         Ok(Ok(a)) => a.stop.map(actors::heartbeat::HeartbeatNews::Stop),
-        Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. })) => Some(actors::heartbeat::HeartbeatNews::Fenced),
+        Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. })) => {
+            Some(actors::heartbeat::HeartbeatNews::Fenced)
+        }
         Ok(Err(_)) | Err(_) => None,
     };
     let Some(news) = news else { return };
     let p = &mut w.procs[slot];
-    let Some(relayed) = p.tracked.get_mut(&run) else { return };
+    let Some(relayed) = p.tracked.get_mut(&run) else {
+        return;
+    };
     match news {
         actors::heartbeat::HeartbeatNews::Stop(mode) if relayed.contains(&mode) => return,
         actors::heartbeat::HeartbeatNews::Stop(mode) => relayed.push(mode),
@@ -235,8 +317,17 @@ fn beat(w: &mut World, slot: usize, run: String, gen: String) {
         }
     }
     match w.procs[slot].runs.get(&run).copied() {
-        Some(actor) => w.spawn_in(slot, 0, Kind::Msg { actor, msg: ActorMsg::News(news) }),
-        None if news == actors::heartbeat::HeartbeatNews::Fenced => w.procs[slot].registry.discard(&run),
+        Some(actor) => w.spawn_in(
+            slot,
+            0,
+            Kind::Msg {
+                actor,
+                msg: ActorMsg::News(news),
+            },
+        ),
+        None if news == actors::heartbeat::HeartbeatNews::Fenced => {
+            w.procs[slot].registry.discard(&run)
+        }
         None => {}
     }
 }
@@ -247,9 +338,18 @@ fn beat(w: &mut World, slot: usize, run: String, gen: String) {
 /// through the ledger's finish (a close past the restart policy writes one at once here).
 fn driven(w: &World, slot: usize) -> Vec<String> {
     let inc = w.procs[slot].inc;
-    let mut driven: std::collections::BTreeSet<String> = w.procs[slot].actors.values().map(|a| a.run_id.clone()).collect();
+    let mut driven: std::collections::BTreeSet<String> = w.procs[slot]
+        .actors
+        .values()
+        .map(|a| a.run_id.clone())
+        .collect();
     for t in &w.tasks {
-        if let Kind::History { record, via: Via::Ledger { .. }, .. } = &t.kind {
+        if let Kind::History {
+            record,
+            via: Via::Ledger { .. },
+            ..
+        } = &t.kind
+        {
             if t.at == (crate::world::At::Proc { slot, inc }) {
                 driven.insert(record.head.id.clone());
             }
@@ -260,7 +360,13 @@ fn driven(w: &World, slot: usize) -> Vec<String> {
 
 fn start_sweep(w: &mut World, slot: usize, defer: bool) {
     w.procs[slot].sweeping = true;
-    let state = SweepState { stage: Stage::Start, defer, taken: Vec::new(), launches: Vec::new(), failed: Vec::new() };
+    let state = SweepState {
+        stage: Stage::Start,
+        defer,
+        taken: Vec::new(),
+        launches: Vec::new(),
+        failed: Vec::new(),
+    };
     w.spawn_in(slot, 0, Kind::Sweep(state));
 }
 
@@ -271,13 +377,26 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
             w.model.sweep_started(inc);
             let gen = w.procs[slot].gen.clone();
             let dead: Vec<String> = w.dead_gens.iter().filter(|g| **g != gen).cloned().collect();
-            let before: Vec<(String, String)> = w.peek().list_live().unwrap_or_default().into_iter().map(|r| (r.run_id, r.owner_gen)).collect();
+            let before: Vec<(String, String)> = w
+                .peek()
+                .list_live()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| (r.run_id, r.owner_gen))
+                .collect();
             let keep = driven(w, slot);
-            let answer = w.io(slot, Io::Write, |s, now| s.reclaim(&gen, now, LEASE_MS, &dead, &keep));
+            let answer = w.io(slot, Io::Write, |s, now| {
+                s.reclaim(&gen, now, LEASE_MS, &dead, &keep)
+            });
             // What the reclaim took, whatever this process was told (a lost reply hides it).
             let after = w.peek().list_live().unwrap_or_default();
             for row in after.iter().filter(|r| r.owner_gen == gen) {
-                let Some((_, prior)) = before.iter().find(|(id, owner)| *id == row.run_id && *owner != gen) else { continue };
+                let Some((_, prior)) = before
+                    .iter()
+                    .find(|(id, owner)| *id == row.run_id && *owner != gen)
+                else {
+                    continue;
+                };
                 if driven(w, slot).contains(&row.run_id) {
                     w.violate(
                         "one driver per run",
@@ -288,11 +407,24 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
             match answer {
                 Ok(answer) => {
                     if w.cfg.trace && !answer.taken.is_empty() {
-                        let ids: Vec<String> = answer.taken.iter().map(|r| format!("{} (from {} {})", r.row.run_id, r.prior_owner, r.prior_phase)).collect();
+                        let ids: Vec<String> = answer
+                            .taken
+                            .iter()
+                            .map(|r| {
+                                format!(
+                                    "{} (from {} {})",
+                                    r.row.run_id, r.prior_owner, r.prior_phase
+                                )
+                            })
+                            .collect();
                         w.note(|| format!("{gen} reclaims {}", ids.join(", ")));
                     }
                     st.taken = answer.taken;
-                    st.stage = if st.taken.is_empty() { Stage::End } else { Stage::Row(0) };
+                    st.stage = if st.taken.is_empty() {
+                        Stage::End
+                    } else {
+                        Stage::Row(0)
+                    };
                     let delay = w.io_latency();
                     w.spawn_in(slot, delay, Kind::Sweep(st));
                 }
@@ -311,7 +443,11 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
             match take_row(w, slot, r) {
                 Ok(Fate::Closed(successor)) => {
                     if let Some((row, events)) = successor {
-                        st.launches.push(Launch::Restart { row, events, from_gen: None });
+                        st.launches.push(Launch::Restart {
+                            row,
+                            events,
+                            from_gen: None,
+                        });
                     }
                 }
                 Ok(Fate::Launch(l)) => st.launches.push(l),
@@ -320,14 +456,22 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
                     st.failed.push(id);
                 }
             }
-            st.stage = if i + 1 < st.taken.len() { Stage::Row(i + 1) } else { Stage::End };
+            st.stage = if i + 1 < st.taken.len() {
+                Stage::Row(i + 1)
+            } else {
+                Stage::End
+            };
             let delay = w.io_latency();
             w.spawn_in(slot, delay, Kind::Sweep(st));
         }
         Stage::End => {
             let gen = w.procs[slot].gen.clone();
             let mine: Vec<String> = match w.io(slot, Io::Read, |s, _| s.list_live()) {
-                Ok(rows) => rows.into_iter().filter(|r| r.owner_gen == gen && r.phase != Phase::Handoff).map(|r| r.run_id).collect(),
+                Ok(rows) => rows
+                    .into_iter()
+                    .filter(|r| r.owner_gen == gen && r.phase != Phase::Handoff)
+                    .map(|r| r.run_id)
+                    .collect(),
                 Err(_) => Vec::new(),
             };
             let p = &mut w.procs[slot];
@@ -359,7 +503,13 @@ fn sweep(w: &mut World, slot: usize, mut st: SweepState) {
 
 fn start_sweep_later(w: &mut World, slot: usize) {
     w.procs[slot].sweeping = true;
-    let state = SweepState { stage: Stage::Start, defer: true, taken: Vec::new(), launches: Vec::new(), failed: Vec::new() };
+    let state = SweepState {
+        stage: Stage::Start,
+        defer: true,
+        taken: Vec::new(),
+        launches: Vec::new(),
+        failed: Vec::new(),
+    };
     w.spawn_in(slot, 500, Kind::Sweep(state));
 }
 
@@ -373,7 +523,9 @@ pub(super) enum Fate {
 /// Classify and act on one taken row (`take_row`): purge it when killed, else [`plan_row`].
 fn take_row(w: &mut World, slot: usize, r: Reclaimed) -> Result<Fate, String> {
     let id = r.row.run_id.clone();
-    if w.io(slot, Io::Read, |s, _| s.is_killed(&id)).map_err(|e| e.to_string())? {
+    if w.io(slot, Io::Read, |s, _| s.is_killed(&id))
+        .map_err(|e| e.to_string())?
+    {
         purge_killed(w, slot, &id);
         return Ok(Fate::Closed(None));
     }
@@ -391,44 +543,104 @@ pub(super) fn plan_row(
     from_gen: String,
 ) -> Result<Fate, String> {
     let id = row.run_id.clone();
-    let transcript = w.io(slot, Io::Read, |s, _| s.read_transcript(&id)).map_err(|e| e.to_string())?;
-    let final_status = row.state.get("finalStatus").and_then(Value::as_str).map(str::to_owned);
+    let transcript = w
+        .io(slot, Io::Read, |s, _| s.read_transcript(&id))
+        .map_err(|e| e.to_string())?;
+    let final_status = row
+        .state
+        .get("finalStatus")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let input = decisions::ClassifyInput {
         prior_phase,
         stop: row.stop,
         final_status: final_status.as_deref(),
-        detached: row.state.get("detached").and_then(Value::as_bool).unwrap_or(false),
+        detached: row
+            .state
+            .get("detached")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
         turn_count: transcript.turns.len() as u64,
         gap: transcript.gap,
         last_step: last_step.as_ref().map(|s| s.cursor()),
     };
-    let events = w.io(slot, Io::Read, |s, _| s.live_events(&id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
+    let events = w
+        .io(slot, Io::Read, |s, _| {
+            s.live_events(&id, 0, usize::MAX >> 1)
+        })
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
     let class = decisions::classify(&input);
     w.note(|| format!("  {id}: {class:?}"));
     Ok(match class {
         decisions::Classification::CloseFinal { status } => {
             let status = RunStatus::parse(&status).unwrap_or(RunStatus::Completed);
             let successor = !w.cfg.bugs.no_successor_on_finishing_close;
-            Fate::Closed(close_row(w, slot, &row, events, status, "closed from finishing; delivery unknown", successor)?)
+            Fate::Closed(close_row(
+                w,
+                slot,
+                &row,
+                events,
+                status,
+                "closed from finishing; delivery unknown",
+                successor,
+            )?)
         }
-        decisions::Classification::CloseHardStopped => {
-            Fate::Closed(close_row(w, slot, &row, events, RunStatus::StoppedHard, "a hard stop was recorded", true)?)
-        }
-        decisions::Classification::CloseInterrupted { reason } => {
-            Fate::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, &reason, true)?)
-        }
-        decisions::Classification::Restart => Fate::Launch(Launch::Restart { row, events, from_gen: Some(from_gen) }),
+        decisions::Classification::CloseHardStopped => Fate::Closed(close_row(
+            w,
+            slot,
+            &row,
+            events,
+            RunStatus::StoppedHard,
+            "a hard stop was recorded",
+            true,
+        )?),
+        decisions::Classification::CloseInterrupted { reason } => Fate::Closed(close_row(
+            w,
+            slot,
+            &row,
+            events,
+            RunStatus::Interrupted,
+            &reason,
+            true,
+        )?),
+        decisions::Classification::Restart => Fate::Launch(Launch::Restart {
+            row,
+            events,
+            from_gen: Some(from_gen),
+        }),
         decisions::Classification::Resume(point) => match last_step {
-            Some(last_step) => Fate::Launch(Launch::Resume(Adoption { row, last_step, transcript: transcript.turns, events, point, from_gen })),
-            None => Fate::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, "no step record", true)?),
+            Some(last_step) => Fate::Launch(Launch::Resume(Adoption {
+                row,
+                last_step,
+                transcript: transcript.turns,
+                events,
+                point,
+                from_gen,
+            })),
+            None => Fate::Closed(close_row(
+                w,
+                slot,
+                &row,
+                events,
+                RunStatus::Interrupted,
+                "no step record",
+                true,
+            )?),
         },
     })
 }
 
 // ---- run endings and the restart policy ----
 
-fn run_ended(w: &mut World, slot: usize, run: String, reason: StopReason, successor: Option<(LiveRow, Vec<Value>)>) {
+fn run_ended(
+    w: &mut World,
+    slot: usize,
+    run: String,
+    reason: StopReason,
+    successor: Option<(LiveRow, Vec<Value>)>,
+) {
     w.procs[slot].runs.remove(&run);
     launch_successor(w, slot, successor);
     if w.procs[slot].handed.remove(&run) {
@@ -452,7 +664,9 @@ fn run_ended(w: &mut World, slot: usize, run: String, reason: StopReason, succes
         }
         StopReason::Fenced => {
             w.procs[slot].restarts.remove(&run);
-            if w.io(slot, Io::Read, |s, _| s.is_killed(&run)).unwrap_or(false) {
+            if w.io(slot, Io::Read, |s, _| s.is_killed(&run))
+                .unwrap_or(false)
+            {
                 purge_killed(w, slot, &run);
             }
         }
@@ -468,15 +682,29 @@ fn close_failed(w: &mut World, slot: usize, run: String) {
     w.procs[slot].registry.discard(&run);
     let gen = w.procs[slot].gen.clone();
     let closed = (|| -> Result<Option<(LiveRow, Vec<Value>)>, String> {
-        let row = w.io(slot, Io::Read, |s, _| s.get_live(&run)).map_err(|e| e.to_string())?.ok_or("the row is gone")?;
+        let row = w
+            .io(slot, Io::Read, |s, _| s.get_live(&run))
+            .map_err(|e| e.to_string())?
+            .ok_or("the row is gone")?;
         if row.owner_gen != gen {
             return Err("the row is owned elsewhere".to_owned());
         }
         run::flush_run(w, slot, &run);
-        let mut events = w.io(slot, Io::Read, |s, _| s.live_events(&run, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
-        let last = events.iter().filter_map(storage::record::event_seq).max().unwrap_or(0);
+        let mut events = w
+            .io(slot, Io::Read, |s, _| {
+                s.live_events(&run, 0, usize::MAX >> 1)
+            })
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        let last = events
+            .iter()
+            .filter_map(storage::record::event_seq)
+            .max()
+            .unwrap_or(0);
         let message = "the run failed more often than the restart policy allows";
-        events.push(json!({"type": "run_failed", "seq": last + 1, "at": w.now(), "message": message}));
+        events.push(
+            json!({"type": "run_failed", "seq": last + 1, "at": w.now(), "message": message}),
+        );
         close_row(w, slot, &row, events, RunStatus::Failed, message, true)
     })();
     match closed {
@@ -490,7 +718,11 @@ fn close_failed(w: &mut World, slot: usize, run: String) {
 // ---- stop and kill (SPEC §5.6) ----
 
 fn stop_run(w: &mut World, slot: usize, run: String, mode: storage::ledger::StopMode) {
-    if w.procs[slot].registry.row(&run).is_some_and(|r| r.finished_at.is_some()) {
+    if w.procs[slot]
+        .registry
+        .row(&run)
+        .is_some_and(|r| r.finished_at.is_some())
+    {
         return;
     }
     let local = w.procs[slot].runs.get(&run).copied();
@@ -501,7 +733,14 @@ fn stop_run(w: &mut World, slot: usize, run: String, mode: storage::ledger::Stop
         Err(_) => return, // 503: nothing is aborted
     }
     if let Some(actor) = local {
-        w.spawn_in(slot, 0, Kind::Msg { actor, msg: ActorMsg::Stop(mode) });
+        w.spawn_in(
+            slot,
+            0,
+            Kind::Msg {
+                actor,
+                msg: ActorMsg::Stop(mode),
+            },
+        );
     }
 }
 
@@ -510,7 +749,10 @@ fn kill_run(w: &mut World, slot: usize, run: String) {
     let gen = w.procs[slot].gen.clone();
     let known = w.procs[slot].registry.row(&run).is_some()
         || matches!(w.io(slot, Io::Read, |s, _| s.get_live(&run)), Ok(Some(_)))
-        || matches!(w.io(slot, Io::Read, |s, now| s.get_summary(&run, now)), Ok(Some(_)));
+        || matches!(
+            w.io(slot, Io::Read, |s, now| s.get_summary(&run, now)),
+            Ok(Some(_))
+        );
     if !known {
         return;
     }
@@ -522,7 +764,14 @@ fn kill_run(w: &mut World, slot: usize, run: String) {
     }
     let Ok(answer) = answer else { return };
     match (local, answer.live_owner) {
-        (Some(actor), _) => w.spawn_in(slot, 0, Kind::Msg { actor, msg: ActorMsg::Killed }),
+        (Some(actor), _) => w.spawn_in(
+            slot,
+            0,
+            Kind::Msg {
+                actor,
+                msg: ActorMsg::Killed,
+            },
+        ),
         (None, Some(owner)) if owner != gen && answer.owner_lease_live => {}
         _ => purge_killed(w, slot, &run),
     }
@@ -545,7 +794,14 @@ pub fn drain(w: &mut World, slot: usize) {
     p.drain_started = now;
     let actors: Vec<u64> = p.runs.values().copied().collect();
     for actor in actors {
-        w.spawn_in(slot, 0, Kind::Msg { actor, msg: ActorMsg::Drain });
+        w.spawn_in(
+            slot,
+            0,
+            Kind::Msg {
+                actor,
+                msg: ActorMsg::Drain,
+            },
+        );
     }
     w.spawn_in(slot, 50, Kind::DrainPoll);
 }
@@ -560,7 +816,12 @@ fn resumable_here(w: &mut World, slot: usize, active: &[String]) -> Vec<String> 
         Ok(rows) => rows
             .into_iter()
             .filter(|r| r.owner_gen == gen && r.phase == Phase::Live)
-            .filter(|r| !r.state.get("detached").and_then(Value::as_bool).unwrap_or(false))
+            .filter(|r| {
+                !r.state
+                    .get("detached")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            })
             .filter(|r| active.contains(&r.run_id))
             .map(|r| r.run_id)
             .collect(),
@@ -570,7 +831,11 @@ fn resumable_here(w: &mut World, slot: usize, active: &[String]) -> Vec<String> 
 
 fn active(w: &World, slot: usize) -> Vec<String> {
     let p = &w.procs[slot];
-    p.runs.keys().filter(|id| !p.handed.contains(*id)).cloned().collect()
+    p.runs
+        .keys()
+        .filter(|id| !p.handed.contains(*id))
+        .cloned()
+        .collect()
 }
 
 /// Wait for the boundaries up to the handoff budget, then hand off what is still busy.
@@ -584,13 +849,24 @@ fn drain_poll(w: &mut World, slot: usize) {
     let late = resumable_here(w, slot, &act);
     let gen = w.procs[slot].gen.clone();
     let handed: Vec<String> = match w.io(slot, Io::Write, |s, _| s.handoff(&gen, &late)) {
-        Ok(results) => results.into_iter().filter(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff).map(|(id, _)| id).collect(),
+        Ok(results) => results
+            .into_iter()
+            .filter(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff)
+            .map(|(id, _)| id)
+            .collect(),
         Err(_) => Vec::new(),
     };
     for id in handed {
         w.procs[slot].handed.insert(id.clone());
         if let Some(actor) = w.procs[slot].runs.get(&id).copied() {
-            w.spawn_in(slot, 0, Kind::Msg { actor, msg: ActorMsg::Fenced });
+            w.spawn_in(
+                slot,
+                0,
+                Kind::Msg {
+                    actor,
+                    msg: ActorMsg::Fenced,
+                },
+            );
         }
         // The run discards its own registry row when it ends (as production does).
     }
@@ -605,12 +881,23 @@ fn drain_wait(w: &mut World, slot: usize) {
     }
     let now = w.now();
     for id in act {
-        let provisional = RecordExtras { provisional: true, ..Default::default() };
-        if let Some(record) = w.procs[slot].registry.build_record(&id, RunStatus::Interrupted, now, provisional) {
+        let provisional = RecordExtras {
+            provisional: true,
+            ..Default::default()
+        };
+        if let Some(record) =
+            w.procs[slot]
+                .registry
+                .build_record(&id, RunStatus::Interrupted, now, provisional)
+        {
             let _ = history_attempt(w, slot, &record, Via::Store, HISTORY_BACKOFF_MS.len());
         }
     }
     w.take_down(slot, "drained; exit 0");
-    let delay = if w.quiescing { 0 } else { w.rng.random_range(100..=2 * LEASE_MS) };
+    let delay = if w.quiescing {
+        0
+    } else {
+        w.rng.random_range(100..=2 * LEASE_MS)
+    };
     w.spawn(crate::world::At::Client, delay, Kind::Restart { slot });
 }

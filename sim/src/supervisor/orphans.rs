@@ -26,7 +26,9 @@ pub(super) fn attend(w: &mut World, slot: usize, mine: &[String]) {
     let idle: BTreeSet<String> = mine
         .iter()
         .chain(&registry)
-        .filter(|id| !p.runs.contains_key(*id) && !p.handed.contains(*id) && !p.orphans.contains_key(*id))
+        .filter(|id| {
+            !p.runs.contains_key(*id) && !p.handed.contains(*id) && !p.orphans.contains_key(*id)
+        })
         .cloned()
         .collect();
     let seen_twice: Vec<String> = idle.intersection(&p.unattended).cloned().collect();
@@ -42,7 +44,11 @@ pub(super) fn attend(w: &mut World, slot: usize, mine: &[String]) {
     if w.cfg.bugs.no_readopt {
         return;
     }
-    let orphans: Vec<(String, u32)> = w.procs[slot].orphans.iter().map(|(id, n)| (id.clone(), *n)).collect();
+    let orphans: Vec<(String, u32)> = w.procs[slot]
+        .orphans
+        .iter()
+        .map(|(id, n)| (id.clone(), *n))
+        .collect();
     for (id, failures) in orphans {
         if w.procs[slot].runs.contains_key(&id) {
             w.procs[slot].orphans.remove(&id);
@@ -64,20 +70,37 @@ enum Readoption {
 }
 
 /// Plan the re-adoption of this generation's own row, as a reclaim would plan it (`plan_readoption`).
-fn plan_readoption(w: &mut World, slot: usize, id: &str, undelivered: bool) -> Result<Readoption, String> {
+fn plan_readoption(
+    w: &mut World,
+    slot: usize,
+    id: &str,
+    undelivered: bool,
+) -> Result<Readoption, String> {
     let gen = w.procs[slot].gen.clone();
-    let Some(row) = w.io(slot, Io::Read, |s, _| s.get_live(id)).map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+    let Some(row) = w
+        .io(slot, Io::Read, |s, _| s.get_live(id))
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(Readoption::Gone);
+    };
     if row.owner_gen != gen || row.phase == Phase::Handoff {
         return Ok(Readoption::Gone);
     }
-    if w.io(slot, Io::Read, |s, _| s.is_killed(id)).map_err(|e| e.to_string())? {
+    if w.io(slot, Io::Read, |s, _| s.is_killed(id))
+        .map_err(|e| e.to_string())?
+    {
         purge_killed(w, slot, id);
         return Ok(Readoption::Closed(None));
     }
-    let last_step = w.io(slot, Io::Read, |s, _| s.last_step(id)).map_err(|e| e.to_string())?;
+    let last_step = w
+        .io(slot, Io::Read, |s, _| s.last_step(id))
+        .map_err(|e| e.to_string())?;
     // Its actor lost storage at the gate: the reply never went out, and continues from the saved answer.
     if undelivered && row.phase == Phase::Finishing {
-        let events = w.io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
+        let events = w
+            .io(slot, Io::Read, |s, _| s.live_events(id, 0, usize::MAX >> 1))
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
         let step = last_step.map_or(0, |l| l.step);
         return Ok(Readoption::Launch(Launch::Deliver { row, events, step }));
     }
@@ -124,19 +147,39 @@ pub(super) fn readopt(w: &mut World, slot: usize, id: String) {
 pub(super) fn close_orphan(w: &mut World, slot: usize, id: String) {
     let gen = w.procs[slot].gen.clone();
     let closed = (|| -> Result<Readoption, String> {
-        let Some(row) = w.io(slot, Io::Read, |s, _| s.get_live(&id)).map_err(|e| e.to_string())? else { return Ok(Readoption::Gone) };
+        let Some(row) = w
+            .io(slot, Io::Read, |s, _| s.get_live(&id))
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(Readoption::Gone);
+        };
         if row.owner_gen != gen {
             return Ok(Readoption::Gone);
         }
         // A killed run is purged, never closed (its finish would be refused every sweep).
-        if w.io(slot, Io::Read, |s, _| s.is_killed(&id)).map_err(|e| e.to_string())? {
+        if w.io(slot, Io::Read, |s, _| s.is_killed(&id))
+            .map_err(|e| e.to_string())?
+        {
             purge_killed(w, slot, &id);
             return Ok(Readoption::Closed(None));
         }
-        let events = w.io(slot, Io::Read, |s, _| s.live_events(&id, 0, usize::MAX >> 1)).map_err(|e| e.to_string())?.unwrap_or_default();
+        let events = w
+            .io(slot, Io::Read, |s, _| {
+                s.live_events(&id, 0, usize::MAX >> 1)
+            })
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
         w.model.tainted.insert(id.clone());
         let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
-        Ok(Readoption::Closed(close_row(w, slot, &row, events, RunStatus::Interrupted, &why, true)?))
+        Ok(Readoption::Closed(close_row(
+            w,
+            slot,
+            &row,
+            events,
+            RunStatus::Interrupted,
+            &why,
+            true,
+        )?))
     })();
     match closed {
         Ok(Readoption::Closed(successor)) => {

@@ -105,7 +105,19 @@ impl fmt::Display for Phase {
 
 /// A requested stop, stored in `live_runs.stop`. Declared in strength order, so the derived `Ord`
 /// has `Hard > Soft` and "keep the strongest" is `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum StopMode {
     /// Finish gracefully (`stopped_soft`).
@@ -308,10 +320,18 @@ pub enum AdmitDecision {
 
 /// Whether a writer who sees `writer` may reach the live run whose `meta_json` is `meta` (SPEC §8.1:
 /// visibility applies to writes too). A row without a visibility stamp is `unknown`, never public.
-pub fn writer_sees(writer: Option<&crate::record::VisibilityFilter>, meta: &serde_json::Value) -> bool {
+pub fn writer_sees(
+    writer: Option<&crate::record::VisibilityFilter>,
+    meta: &serde_json::Value,
+) -> bool {
     let Some(filter) = writer else { return true };
-    let field = |k: &str| meta.get(k).and_then(serde_json::Value::as_str).unwrap_or_default();
-    let visibility = crate::record::ChannelVisibility::parse(field("channelVisibility")).unwrap_or(crate::record::ChannelVisibility::Unknown);
+    let field = |k: &str| {
+        meta.get(k)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+    };
+    let visibility = crate::record::ChannelVisibility::parse(field("channelVisibility"))
+        .unwrap_or(crate::record::ChannelVisibility::Unknown);
     filter.matches(field("channelId"), field("userId"), visibility)
 }
 
@@ -462,11 +482,16 @@ pub fn classify(input: &ClassifyInput) -> Classification {
         },
         // Promoted, but the process died before its seed landed: nothing has run, so the message still
         // gets its answer from a restart (SPEC §6.1).
-        Phase::Live | Phase::Handoff if input.last_step.is_none() && input.has_request => Classification::Restart,
+        Phase::Live | Phase::Handoff if input.last_step.is_none() && input.has_request => {
+            Classification::Restart
+        }
         Phase::Live | Phase::Handoff | Phase::Finishing => {
             if let Some(gap) = input.gap {
                 return Classification::CloseInterrupted {
-                    reason: format!("transcript gap: {gap} ({} turns before it)", input.turn_count),
+                    reason: format!(
+                        "transcript gap: {gap} ({} turns before it)",
+                        input.turn_count
+                    ),
                 };
             }
             match completeness(input.turn_count, input.last_step) {
@@ -576,7 +601,8 @@ pub const EFFECTS_UNKNOWN_TEXT: &str =
     "restarted while this call was in flight; its effects are unknown";
 pub const NOT_AVAILABLE_TEXT: &str = "not available";
 /// The result of a mutating call a run that no longer writes through its ledger row would dispatch.
-pub const UNRECORDED_TEXT: &str = "not run: this run can no longer record its calls, so a mutating call could run twice";
+pub const UNRECORDED_TEXT: &str =
+    "not run: this run can no longer record its calls, so a mutating call could run twice";
 
 /// Whether a call may be dispatched: a run that no longer writes through its row (detached or fenced)
 /// runs no mutating call, since no step record names it and a resume elsewhere may ask for it again
@@ -587,7 +613,12 @@ pub fn dispatchable(tracked: bool, side_effect_free: bool) -> bool {
 
 /// The settlement rule (SPEC §6.2): re-running is earned by the tool's declaration, never assumed; an
 /// idempotent external call is re-sent with its key.
-pub fn settlement(tool_known: bool, side_effect_free: bool, rerun_safe: bool, idempotent: bool) -> Settlement {
+pub fn settlement(
+    tool_known: bool,
+    side_effect_free: bool,
+    rerun_safe: bool,
+    idempotent: bool,
+) -> Settlement {
     if !tool_known {
         Settlement::NotAvailable
     } else if side_effect_free || rerun_safe {
@@ -652,7 +683,12 @@ pub fn generation_prunable(started_at: i64, kept: bool, owns_rows: bool, now_ms:
 /// pre-minted fresh), and a keyed retry answers its receipt, which goes on the same horizon; a stale
 /// process's record write retries for seconds, not for a TTL. A fence of a run not yet purged (a
 /// killed run still settling) always stays, whatever its age.
-pub fn deletion_fence_prunable(fenced_at: i64, purged: bool, now_ms: i64, receipt_ttl_ms: i64) -> bool {
+pub fn deletion_fence_prunable(
+    fenced_at: i64,
+    purged: bool,
+    now_ms: i64,
+    receipt_ttl_ms: i64,
+) -> bool {
     purged && fenced_at <= receipt_cutoff(now_ms, receipt_ttl_ms)
 }
 
@@ -684,14 +720,24 @@ mod tests {
     /// A receipt stays while its run lives and for exactly `ttl` after it ended; a generation goes
     /// only when it is not kept, owns nothing and is more than a day old.
     #[test]
-    fn receipts_expire_a_ttl_after_their_run_ended_and_only_idle_old_unkept_generations_are_prunable() {
+    fn receipts_expire_a_ttl_after_their_run_ended_and_only_idle_old_unkept_generations_are_prunable(
+    ) {
         const NOW: i64 = 1_800_000_000_000;
         const TTL: i64 = 86_400_000;
         // (ended_at, expired?)
-        for (ended, expired) in [(None, false), (Some(NOW), false), (Some(NOW - TTL + 1), false), (Some(NOW - TTL), true), (Some(0), true)] {
+        for (ended, expired) in [
+            (None, false),
+            (Some(NOW), false),
+            (Some(NOW - TTL + 1), false),
+            (Some(NOW - TTL), true),
+            (Some(0), true),
+        ] {
             assert_eq!(receipt_expired(ended, NOW, TTL), expired, "{ended:?}");
         }
-        assert!(receipt_expired(Some(NOW), NOW, 0), "a zero TTL prunes at the next pass");
+        assert!(
+            receipt_expired(Some(NOW), NOW, 0),
+            "a zero TTL prunes at the next pass"
+        );
         let day = GENERATION_PRUNE_AGE_MS;
         // (started_at, kept, owns_rows, prunable?)
         for (started, kept, owns, prunable) in [
@@ -701,7 +747,11 @@ mod tests {
             (NOW - day - 1, false, true, false),
             (NOW, false, false, false),
         ] {
-            assert_eq!(generation_prunable(started, kept, owns, NOW), prunable, "{started} {kept} {owns}");
+            assert_eq!(
+                generation_prunable(started, kept, owns, NOW),
+                prunable,
+                "{started} {kept} {owns}"
+            );
         }
     }
 
@@ -720,10 +770,20 @@ mod tests {
             (NOW - TTL, false, false),
             (0, false, false),
         ] {
-            assert_eq!(deletion_fence_prunable(at, purged, NOW, TTL), prunable, "{at} {purged}");
+            assert_eq!(
+                deletion_fence_prunable(at, purged, NOW, TTL),
+                prunable,
+                "{at} {purged}"
+            );
         }
-        assert!(deletion_fence_prunable(NOW, true, NOW, 0), "a zero TTL prunes a purged run's fence at the next pass");
-        assert!(!deletion_fence_prunable(NOW, false, NOW, 0), "never a run still settling");
+        assert!(
+            deletion_fence_prunable(NOW, true, NOW, 0),
+            "a zero TTL prunes a purged run's fence at the next pass"
+        );
+        assert!(
+            !deletion_fence_prunable(NOW, false, NOW, 0),
+            "never a run still settling"
+        );
     }
 
     #[test]
@@ -891,14 +951,30 @@ mod tests {
     #[test]
     fn a_writer_sees_a_live_run_through_its_filter_and_an_unstamped_row_is_unknown() {
         use crate::record::VisibilityFilter;
-        let meta = serde_json::json!({"channelId": "C1", "userId": "U1", "channelVisibility": "private"});
-        let machine_only: VisibilityFilter = serde_json::from_value(serde_json::json!({"kind": "visibility-in", "values": ["machine"]})).unwrap();
-        let private: VisibilityFilter = serde_json::from_value(serde_json::json!({"kind": "visibility-in", "values": ["private"]})).unwrap();
-        let public: VisibilityFilter = serde_json::from_value(serde_json::json!({"kind": "visibility-in", "values": ["public"]})).unwrap();
+        let meta =
+            serde_json::json!({"channelId": "C1", "userId": "U1", "channelVisibility": "private"});
+        let machine_only: VisibilityFilter = serde_json::from_value(
+            serde_json::json!({"kind": "visibility-in", "values": ["machine"]}),
+        )
+        .unwrap();
+        let private: VisibilityFilter = serde_json::from_value(
+            serde_json::json!({"kind": "visibility-in", "values": ["private"]}),
+        )
+        .unwrap();
+        let public: VisibilityFilter = serde_json::from_value(
+            serde_json::json!({"kind": "visibility-in", "values": ["public"]}),
+        )
+        .unwrap();
         assert!(writer_sees(None, &meta), "the process's own admissions");
         assert!(!writer_sees(Some(&machine_only), &meta));
         assert!(writer_sees(Some(&private), &meta));
-        assert!(!writer_sees(Some(&public), &serde_json::json!({"channelId": "C1", "userId": "U1"})), "unstamped reads unknown");
+        assert!(
+            !writer_sees(
+                Some(&public),
+                &serde_json::json!({"channelId": "C1", "userId": "U1"})
+            ),
+            "unstamped reads unknown"
+        );
         assert!(writer_sees(Some(&VisibilityFilter::All), &meta));
     }
 
@@ -975,7 +1051,11 @@ mod tests {
         ];
         let driven = vec!["d".to_owned()];
         for (name, r, want) in cases {
-            assert_eq!(reclaim_selection(&r, "gme", now, &dead, &driven), want, "{name}");
+            assert_eq!(
+                reclaim_selection(&r, "gme", now, &dead, &driven),
+                want,
+                "{name}"
+            );
         }
         // Naming ourselves as dead still never takes our own row.
         let own = row("r", "gme", Live, 0);
@@ -1123,10 +1203,22 @@ mod tests {
             (true,  true,  true,  Rerun),
         ];
         for (known, sef, safe, want) in cases {
-            assert_eq!(settlement(known, sef, safe, false), want, "{known} {sef} {safe}");
+            assert_eq!(
+                settlement(known, sef, safe, false),
+                want,
+                "{known} {sef} {safe}"
+            );
         }
-        assert_eq!(settlement(true, false, false, true), Resent, "an idempotent call is re-sent");
-        assert_eq!(settlement(true, true, false, true), Rerun, "a read-only one is simply re-run");
+        assert_eq!(
+            settlement(true, false, false, true),
+            Resent,
+            "an idempotent call is re-sent"
+        );
+        assert_eq!(
+            settlement(true, true, false, true),
+            Rerun,
+            "a read-only one is simply re-run"
+        );
         assert_eq!(settlement(false, false, false, true), NotAvailable);
         assert_eq!(Resent.synthetic_text(), None);
         assert_eq!(Rerun.synthetic_text(), None);

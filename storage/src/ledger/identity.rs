@@ -23,9 +23,13 @@ pub struct RunIdentity {
     pub parent_run_id: Option<String>,
 }
 
-fn lenient_visibility<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ChannelVisibility, D::Error> {
+fn lenient_visibility<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<ChannelVisibility, D::Error> {
     let v = Value::deserialize(d)?;
-    Ok(v.as_str().and_then(ChannelVisibility::parse).unwrap_or_default())
+    Ok(v.as_str()
+        .and_then(ChannelVisibility::parse)
+        .unwrap_or_default())
 }
 
 impl RunIdentity {
@@ -86,18 +90,40 @@ mod tests {
         let id = identity();
         let event = id.event();
         assert_eq!(event["type"], "run_meta");
-        assert_eq!((event["threadKey"].as_str(), event["channelVisibility"].as_str()), (Some("c:t"), Some("private")));
+        assert_eq!(
+            (
+                event["threadKey"].as_str(),
+                event["channelVisibility"].as_str()
+            ),
+            (Some("c:t"), Some("private"))
+        );
         assert!(event.get("parentRunId").is_none());
         let meta = id.meta_json(Some(42), &json!({"text": "hello"}));
-        assert_eq!((meta["deadline"].as_i64(), meta["request"]["text"].as_str()), (Some(42), Some("hello")));
+        assert_eq!(
+            (meta["deadline"].as_i64(), meta["request"]["text"].as_str()),
+            (Some(42), Some("hello"))
+        );
         assert_eq!(RunIdentity::from_meta("c:t", &meta), id);
     }
 
     #[test]
     fn a_sparse_or_odd_meta_reads_safely() {
-        let read = RunIdentity::from_meta("x:y", &json!({"agent": "a", "channelVisibility": "galactic"}));
-        assert_eq!((read.agent.as_str(), read.thread_key.as_str()), ("a", "x:y"));
-        assert_eq!(read.channel_visibility, ChannelVisibility::Unknown, "never public by accident");
-        assert_eq!(RunIdentity::from_meta("x:y", &json!(null)).thread_key, "x:y");
+        let read = RunIdentity::from_meta(
+            "x:y",
+            &json!({"agent": "a", "channelVisibility": "galactic"}),
+        );
+        assert_eq!(
+            (read.agent.as_str(), read.thread_key.as_str()),
+            ("a", "x:y")
+        );
+        assert_eq!(
+            read.channel_visibility,
+            ChannelVisibility::Unknown,
+            "never public by accident"
+        );
+        assert_eq!(
+            RunIdentity::from_meta("x:y", &json!(null)).thread_key,
+            "x:y"
+        );
     }
 }

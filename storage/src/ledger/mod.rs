@@ -49,9 +49,17 @@ pub enum Refusal {
     NotLive { run_id: String },
     /// A different run holds the thread.
     #[error("thread is live with run {run_id}")]
-    ThreadLive { run_id: String, agent: Option<String>, started_at: i64 },
+    ThreadLive {
+        run_id: String,
+        agent: Option<String>,
+        started_at: i64,
+    },
     #[error("run {run_id} is in phase {phase:?}, which does not allow {change}")]
-    WrongPhase { run_id: String, phase: Phase, change: &'static str },
+    WrongPhase {
+        run_id: String,
+        phase: Phase,
+        change: &'static str,
+    },
     #[error("event seq {seq} is {bytes} bytes, over the 64 KiB limit")]
     EventTooLarge { seq: u64, bytes: usize },
     #[error("event at position {index} has no numeric seq")]
@@ -102,11 +110,18 @@ impl LiveRow {
     }
 
     pub fn agent(&self) -> Option<String> {
-        self.meta.get("agent").and_then(Value::as_str).map(str::to_owned)
+        self.meta
+            .get("agent")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
     }
 
     pub fn thread_live(&self) -> Refusal {
-        Refusal::ThreadLive { run_id: self.run_id.clone(), agent: self.agent(), started_at: self.started_at }
+        Refusal::ThreadLive {
+            run_id: self.run_id.clone(),
+            agent: self.agent(),
+            started_at: self.started_at,
+        }
     }
 }
 
@@ -182,7 +197,12 @@ pub enum AdmitOutcome {
 pub fn decode_receipt_answer(scope: &str, run_id: &str, answer_json: &str) -> Result<AdmitOutcome> {
     serde_json::from_str(answer_json).map_err(|e| {
         let problem = crate::DecodeProblem::of(&e);
-        tracing::warn!(scope, run_id, problem = problem.as_str(), "a stored admit receipt does not decode");
+        tracing::warn!(
+            scope,
+            run_id,
+            problem = problem.as_str(),
+            "a stored admit receipt does not decode"
+        );
         crate::Error::corrupt("admit_receipts.answer_json", problem)
     })
 }
@@ -251,7 +271,10 @@ pub struct StepRecord {
 
 impl StepRecord {
     pub fn cursor(&self) -> decisions::StepCursor {
-        decisions::StepCursor { step: self.step, turn_index: self.turn_index }
+        decisions::StepCursor {
+            step: self.step,
+            turn_index: self.turn_index,
+        }
     }
 }
 
@@ -291,7 +314,9 @@ impl std::fmt::Display for TranscriptGap {
 impl Transcript {
     /// Assemble rows `(idx, part, json)` in `(idx, part)` order — every backend's one reading of its
     /// transcript rows. Stops at the first gap: the turns before it are kept and the gap is named.
-    pub fn assemble(rows: impl IntoIterator<Item = (u64, u64, String)>) -> crate::Result<Transcript> {
+    pub fn assemble(
+        rows: impl IntoIterator<Item = (u64, u64, String)>,
+    ) -> crate::Result<Transcript> {
         let mut turns: Vec<Turn> = Vec::new();
         let mut last: Option<(u64, u64)> = None;
         for (idx, part, json) in rows {
@@ -303,23 +328,40 @@ impl Transcript {
             if (idx, part) != expected {
                 let (want_idx, want_part) = expected;
                 if idx != want_idx {
-                    return Ok(Transcript { turns, gap: Some(TranscriptGap::Turn { idx: want_idx }) });
+                    return Ok(Transcript {
+                        turns,
+                        gap: Some(TranscriptGap::Turn { idx: want_idx }),
+                    });
                 }
                 // A part missing makes its turn unusable: the turn is cut whole.
                 if want_part > 0 {
                     turns.pop();
                 }
-                return Ok(Transcript { turns, gap: Some(TranscriptGap::Part { idx: want_idx, part: want_part }) });
+                return Ok(Transcript {
+                    turns,
+                    gap: Some(TranscriptGap::Part {
+                        idx: want_idx,
+                        part: want_part,
+                    }),
+                });
             }
-            let mut v: Value = serde_json::from_str(&json).map_err(|e| crate::Error::corrupt("transcript.json", e))?;
-            let role = v.get("role").and_then(Value::as_str).unwrap_or_default().to_owned();
+            let mut v: Value = serde_json::from_str(&json)
+                .map_err(|e| crate::Error::corrupt("transcript.json", e))?;
+            let role = v
+                .get("role")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             let part_value = v.get_mut("part").map(Value::take).unwrap_or(Value::Null);
             if last.is_some_and(|(i, _)| i == idx) {
                 if let Some(turn) = turns.last_mut() {
                     turn.parts.push(part_value);
                 }
             } else {
-                turns.push(Turn { role, parts: vec![part_value] });
+                turns.push(Turn {
+                    role,
+                    parts: vec![part_value],
+                });
             }
             last = Some((idx, part));
         }
@@ -400,7 +442,8 @@ pub const PRUNE_BATCH: usize = 1_000;
 /// SQL (the same for SQLite and PostgreSQL): the condition, on a `deletion_fences` row aliased `f`, that its
 /// run is purged — nothing of it is left in any table that holds a run's rows (the `purged` fact of
 /// [`decisions::deletion_fence_prunable`]).
-pub(crate) const FENCE_PURGED_SQL: &str = "NOT EXISTS (SELECT 1 FROM live_runs x WHERE x.run_id = f.run_id)
+pub(crate) const FENCE_PURGED_SQL: &str =
+    "NOT EXISTS (SELECT 1 FROM live_runs x WHERE x.run_id = f.run_id)
     AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.run_id = f.run_id)
     AND NOT EXISTS (SELECT 1 FROM run_events x WHERE x.run_id = f.run_id)
     AND NOT EXISTS (SELECT 1 FROM transcript x WHERE x.run_id = f.run_id)
@@ -473,22 +516,56 @@ pub trait RunLedger: Send {
     /// Admission: receipt lookup, steer into the thread's live run, or reserve an `attaching` row.
     fn admit(&mut self, admit: &Admit, now_ms: i64) -> Result<AdmitOutcome>;
     /// Promotion of this generation's `attaching` reservation to `live`.
-    fn claim(&mut self, run_id: &str, gen: &str, promotion: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>>;
+    fn claim(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        promotion: &Promotion,
+        now_ms: i64,
+    ) -> Result<Outcome<Claimed>>;
     /// Append events keyed by their `seq` (an identical retry is a no-op).
     fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>>;
     fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>>;
     /// Write turns at `first_idx, first_idx + 1, …`; a row already written stays as it was (never edited).
-    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>>;
+    fn write_transcript(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        first_idx: u64,
+        turns: &[Turn],
+    ) -> Result<Outcome<()>>;
     fn read_transcript(&mut self, run_id: &str) -> Result<Transcript>;
     /// Merge `patch` into the row's state by top-level key.
-    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>>;
+    fn set_state(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        patch: &Map<String, Value>,
+    ) -> Result<Outcome<()>>;
     /// Extend the owner's lease to `now + lease_ms`; answers the stop any generation requested and the phase.
-    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>>;
+    fn heartbeat(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<Outcome<HeartbeatAnswer>>;
     /// Record a stop from any generation (not fenced); hard never downgrades.
-    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>>;
+    fn request_stop(
+        &mut self,
+        run_id: &str,
+        mode: StopMode,
+        now_ms: i64,
+    ) -> Result<Outcome<StopAnswer>>;
     fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>>;
     /// The gate before the reply: commit `state.finalStatus` and the answer, phase → `finishing`.
-    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>>;
+    fn finishing(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        status: RunStatus,
+        answer: Option<&str>,
+    ) -> Result<Outcome<()>>;
     /// ONE transaction: upsert the record as `put` does and delete the run's live rows, step records,
     /// transcript and every inbox row (a caller that hands unread follow-ups to a successor reads them
     /// first, in the same transaction — see `StorageHandle::finish`); the run's receipts are stamped
@@ -505,7 +582,11 @@ pub trait RunLedger: Send {
     /// inbox (nothing will ever read them).
     fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>>;
     fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>>;
-    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>>;
+    fn read_inbox(
+        &mut self,
+        run_id: &str,
+        after_seq: Option<u64>,
+    ) -> Result<Outcome<Vec<InboxItem>>>;
     /// Inbox rows past `after_seq`, without the live-row check of `read_inbox`: how a finishing run hands
     /// its unread follow-ups to the next run without a window to lose one — read inside the finish's
     /// transaction, just before `finish` deletes them.
@@ -514,7 +595,14 @@ pub trait RunLedger: Send {
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>>;
     /// Take the rows [`decisions::reclaim_selection`] selects for `gen`; `driven` are the runs `gen`
     /// still drives (an actor, or a pending close), which it never takes back while it does.
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer>;
+    fn reclaim(
+        &mut self,
+        gen: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        dead_gens: &[String],
+        driven: &[String],
+    ) -> Result<ReclaimAnswer>;
     fn list_live(&mut self) -> Result<Vec<LiveRow>>;
     fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>>;
     /// Kill (SPEC §5.6): write the deletion fence and `stop = hard` in one transaction. From then on a put,
@@ -528,7 +616,12 @@ pub trait RunLedger: Send {
     fn purge(&mut self, run_id: &str) -> Result<bool>;
     fn is_killed(&mut self, run_id: &str) -> Result<bool>;
     /// Live events strictly after `after_seq`, in seq order; `None` when the run has no live row.
-    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>>;
+    fn live_events(
+        &mut self,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<Value>>>;
     /// Which of `run_ids` carry a deletion fence (SPEC §5.6): each fenced id once, sorted; an empty
     /// answer for an empty question. One bounded, indexed read however many ids are asked (chunked), so a
     /// reader can drop killed runs from a whole listing at once.
@@ -548,7 +641,12 @@ pub trait RunLedger: Send {
     /// - plan requests in a terminal state (consumed, failed, cancelled, invalidated) settled at least
     ///   `receipt_ttl_ms` ago go ([`crate::plan::decisions::request_prunable`]), at most [`PRUNE_BATCH`]
     ///   per call; pending and ready ones, and every `plans` row, stay.
-    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport>;
+    fn prune(
+        &mut self,
+        now_ms: i64,
+        receipt_ttl_ms: i64,
+        keep_gens: &[String],
+    ) -> Result<PruneReport>;
     /// Row counts of every table (see [`TableRows`]).
     fn table_rows(&mut self) -> Result<TableRows>;
 }
@@ -565,7 +663,10 @@ pub fn check_events(events: &[Value]) -> (Vec<(u64, &Value, String)>, Option<Ref
         };
         let json = e.to_string();
         if json.len() > crate::record::MAX_EVENT_BYTES {
-            refused.get_or_insert(Refusal::EventTooLarge { seq, bytes: json.len() });
+            refused.get_or_insert(Refusal::EventTooLarge {
+                seq,
+                bytes: json.len(),
+            });
             continue;
         }
         rows.push((seq, e, json));
@@ -581,7 +682,11 @@ pub fn check_turns(first_idx: u64, turns: &[Turn]) -> Outcome<Vec<(u64, u64, Str
         for (p, part) in turn.parts.iter().enumerate() {
             let json = serde_json::json!({"role": turn.role, "part": part}).to_string();
             if json.len() > MAX_TRANSCRIPT_PART_BYTES {
-                return Err(Refusal::PartTooLarge { idx, part: p as u64, bytes: json.len() });
+                return Err(Refusal::PartTooLarge {
+                    idx,
+                    part: p as u64,
+                    bytes: json.len(),
+                });
             }
             rows.push((idx, p as u64, json));
         }
@@ -610,8 +715,12 @@ pub fn merge_state(state: &mut Map<String, Value>, patch: &Map<String, Value>) {
 pub fn fence_refusal(row: Option<&LiveRow>, run_id: &str, gen: &str) -> Option<Refusal> {
     match decisions::fence_check(row.map(LiveRow::view).as_ref(), gen) {
         decisions::Fence::Owner => None,
-        decisions::Fence::Fenced => Some(Refusal::Fenced { run_id: run_id.to_owned() }),
-        decisions::Fence::UnknownRun => Some(Refusal::UnknownRun { run_id: run_id.to_owned() }),
+        decisions::Fence::Fenced => Some(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }),
+        decisions::Fence::UnknownRun => Some(Refusal::UnknownRun {
+            run_id: run_id.to_owned(),
+        }),
     }
 }
 
@@ -642,10 +751,22 @@ pub struct Successor {
 /// `input {source: "followup"}` per message (seqs 2…), all stamped `now_ms`. Its request is the first
 /// message's identity with every text, in inbox order; its identity is the finished run's, with the
 /// first message's user. `None` without an unread message.
-pub fn successor_admission(finished: &LiveRow, gen: &str, unread: &[InboxItem], successor: &Successor, now_ms: i64) -> Option<(Admit, Vec<Value>)> {
-    let messages: Vec<&Map<String, Value>> = unread.iter().filter_map(|i| i.message.as_object()).collect();
+pub fn successor_admission(
+    finished: &LiveRow,
+    gen: &str,
+    unread: &[InboxItem],
+    successor: &Successor,
+    now_ms: i64,
+) -> Option<(Admit, Vec<Value>)> {
+    let messages: Vec<&Map<String, Value>> = unread
+        .iter()
+        .filter_map(|i| i.message.as_object())
+        .collect();
     let first = messages.first()?;
-    let texts: Vec<&str> = messages.iter().map(|m| m.get("text").and_then(Value::as_str).unwrap_or_default()).collect();
+    let texts: Vec<&str> = messages
+        .iter()
+        .map(|m| m.get("text").and_then(Value::as_str).unwrap_or_default())
+        .collect();
     let mut request = (*first).clone();
     request.insert("text".into(), Value::from(texts.join("\n\n")));
     let request = Value::Object(request);
@@ -664,7 +785,10 @@ pub fn successor_admission(finished: &LiveRow, gen: &str, unread: &[InboxItem], 
     for (i, text) in texts.iter().enumerate() {
         events.push(serde_json::json!({"type": "input", "text": text, "source": "followup", "seq": i + 2, "at": now_ms}));
     }
-    let events = events.into_iter().map(crate::record::cap_event_for_publish).collect();
+    let events = events
+        .into_iter()
+        .map(crate::record::cap_event_for_publish)
+        .collect();
     let admit = Admit {
         thread_key: finished.thread_key.clone(),
         gen: gen.to_owned(),
@@ -684,7 +808,11 @@ mod transcript_tests {
     use serde_json::json;
 
     fn row(idx: u64, part: u64) -> (u64, u64, String) {
-        (idx, part, json!({"role": "user", "part": format!("{idx}.{part}")}).to_string())
+        (
+            idx,
+            part,
+            json!({"role": "user", "part": format!("{idx}.{part}")}).to_string(),
+        )
     }
 
     fn read(rows: &[(u64, u64)]) -> (usize, Option<TranscriptGap>) {
@@ -697,12 +825,30 @@ mod transcript_tests {
         assert_eq!(read(&[]), (0, None));
         assert_eq!(read(&[(0, 0), (0, 1), (1, 0)]), (2, None));
         let whole = Transcript::assemble([row(0, 0), row(0, 1)]).unwrap();
-        assert_eq!(whole.turns, vec![Turn { role: "user".into(), parts: vec![json!("0.0"), json!("0.1")] }]);
+        assert_eq!(
+            whole.turns,
+            vec![Turn {
+                role: "user".into(),
+                parts: vec![json!("0.0"), json!("0.1")]
+            }]
+        );
         assert_eq!(read(&[(1, 0)]), (0, Some(TranscriptGap::Turn { idx: 0 })));
-        assert_eq!(read(&[(0, 1)]), (0, Some(TranscriptGap::Part { idx: 0, part: 0 })));
-        assert_eq!(read(&[(0, 0), (2, 0)]), (1, Some(TranscriptGap::Turn { idx: 1 })));
+        assert_eq!(
+            read(&[(0, 1)]),
+            (0, Some(TranscriptGap::Part { idx: 0, part: 0 }))
+        );
+        assert_eq!(
+            read(&[(0, 0), (2, 0)]),
+            (1, Some(TranscriptGap::Turn { idx: 1 }))
+        );
         // A part missing inside a turn cuts that turn whole.
-        assert_eq!(read(&[(0, 0), (1, 0), (1, 2), (2, 0)]), (1, Some(TranscriptGap::Part { idx: 1, part: 1 })));
-        assert_eq!(read(&[(0, 0), (1, 1)]), (1, Some(TranscriptGap::Part { idx: 1, part: 0 })));
+        assert_eq!(
+            read(&[(0, 0), (1, 0), (1, 2), (2, 0)]),
+            (1, Some(TranscriptGap::Part { idx: 1, part: 1 }))
+        );
+        assert_eq!(
+            read(&[(0, 0), (1, 1)]),
+            (1, Some(TranscriptGap::Part { idx: 1, part: 0 }))
+        );
     }
 }

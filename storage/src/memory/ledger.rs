@@ -26,13 +26,15 @@ use serde_json::{Map, Value};
 use super::live::{keeps_receipt, Receipt};
 use super::MemoryStore;
 use crate::ledger::decisions::{
-    decide_claim, deletion_fence_prunable, generation_prunable, is_unread, lease_expired, phase_transition, receipt_expired, reclaim_phase,
-    reclaim_selection, strongest_stop, ClaimDecision, PhaseChange, ReclaimSelection,
+    decide_claim, deletion_fence_prunable, generation_prunable, is_unread, lease_expired,
+    phase_transition, receipt_expired, reclaim_phase, reclaim_selection, strongest_stop,
+    ClaimDecision, PhaseChange, ReclaimSelection,
 };
 use crate::ledger::{
-    check_events, check_turns, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult,
-    HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Phase, Promotion, PruneReport, ReclaimAnswer, Reclaimed,
-    Refusal, RunLedger, StepRecord, StopAnswer, StopMode, TableRows, Transcript, Turn,
+    check_events, check_turns, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Phase, Promotion,
+    PruneReport, ReclaimAnswer, Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, StopMode,
+    TableRows, Transcript, Turn,
 };
 use crate::record::{stored_event_seqs, RecordError, RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
@@ -40,7 +42,10 @@ use crate::{Error, Result};
 
 impl RunLedger for MemoryStore {
     fn record_generation(&mut self, info: &GenerationInfo) -> Result<()> {
-        self.lock().ledger.generations.insert(info.gen.clone(), info.clone());
+        self.lock()
+            .ledger
+            .generations
+            .insert(info.gen.clone(), info.clone());
         Ok(())
     }
 
@@ -67,26 +72,43 @@ impl RunLedger for MemoryStore {
         let answer = ledger.admit_past_receipt(admit, now_ms)?;
         if let Some(key) = &admit.key {
             if keeps_receipt(&answer) {
-                ledger.receipts.insert((key.scope.clone(), key.key.clone()), Receipt::new(&key.body_hash, &answer));
+                ledger.receipts.insert(
+                    (key.scope.clone(), key.key.clone()),
+                    Receipt::new(&key.body_hash, &answer),
+                );
             }
         }
         Ok(answer)
     }
 
-    fn claim(&mut self, run_id: &str, gen: &str, promotion: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+    fn claim(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        promotion: &Promotion,
+        now_ms: i64,
+    ) -> Result<Outcome<Claimed>> {
         let mut st = self.lock();
         if st.ledger.is_killed(run_id) {
-            return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::Fenced {
+                run_id: run_id.to_owned(),
+            }));
         }
         let ledger = &mut st.ledger;
         let by_run = ledger.rows.get(run_id);
         let by_thread = by_run.and_then(|r| ledger.by_thread(&r.thread_key));
-        let decision =
-            decide_claim(by_thread.map(LiveRow::view).as_ref(), by_run.map(LiveRow::view).as_ref(), run_id, gen);
+        let decision = decide_claim(
+            by_thread.map(LiveRow::view).as_ref(),
+            by_run.map(LiveRow::view).as_ref(),
+            run_id,
+            gen,
+        );
         match decision {
             ClaimDecision::Promote => {
                 let Some(row) = ledger.rows.get_mut(run_id) else {
-                    return Ok(Err(Refusal::UnknownRun { run_id: run_id.to_owned() }));
+                    return Ok(Err(Refusal::UnknownRun {
+                        run_id: run_id.to_owned(),
+                    }));
                 };
                 row.phase = match phase_transition(row.phase, PhaseChange::Promote) {
                     Ok(next) => next,
@@ -108,12 +130,20 @@ impl RunLedger for MemoryStore {
             ClaimDecision::ThreadLive { run_id: holder } => {
                 let refusal = match ledger.rows.get(&holder) {
                     Some(row) => row.thread_live(),
-                    None => Refusal::ThreadLive { run_id: holder, agent: None, started_at: 0 },
+                    None => Refusal::ThreadLive {
+                        run_id: holder,
+                        agent: None,
+                        started_at: 0,
+                    },
                 };
                 Ok(Err(refusal))
             }
-            ClaimDecision::Fenced => Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() })),
-            ClaimDecision::UnknownRun => Ok(Err(Refusal::UnknownRun { run_id: run_id.to_owned() })),
+            ClaimDecision::Fenced => Ok(Err(Refusal::Fenced {
+                run_id: run_id.to_owned(),
+            })),
+            ClaimDecision::UnknownRun => Ok(Err(Refusal::UnknownRun {
+                run_id: run_id.to_owned(),
+            })),
         }
     }
 
@@ -137,11 +167,21 @@ impl RunLedger for MemoryStore {
         if let Err(refusal) = ledger.owned_mut(run_id, gen) {
             return Ok(Err(refusal));
         }
-        ledger.steps.entry(run_id.to_owned()).or_default().insert(record.step, record.clone());
+        ledger
+            .steps
+            .entry(run_id.to_owned())
+            .or_default()
+            .insert(record.step, record.clone());
         Ok(Ok(()))
     }
 
-    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>> {
+    fn write_transcript(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        first_idx: u64,
+        turns: &[Turn],
+    ) -> Result<Outcome<()>> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         if let Err(refusal) = ledger.owned_mut(run_id, gen) {
@@ -162,28 +202,55 @@ impl RunLedger for MemoryStore {
     fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
         let st = self.lock();
         match st.ledger.transcript.get(run_id) {
-            Some(rows) => Transcript::assemble(rows.iter().map(|(&(idx, part), json)| (idx, part, json.clone()))),
+            Some(rows) => Transcript::assemble(
+                rows.iter()
+                    .map(|(&(idx, part), json)| (idx, part, json.clone())),
+            ),
             None => Ok(Transcript::default()),
         }
     }
 
-    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>> {
+    fn set_state(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        patch: &Map<String, Value>,
+    ) -> Result<Outcome<()>> {
         let mut st = self.lock();
-        Ok(st.ledger.owned_mut(run_id, gen).map(|row| merge_state(&mut row.state, patch)))
+        Ok(st
+            .ledger
+            .owned_mut(run_id, gen)
+            .map(|row| merge_state(&mut row.state, patch)))
     }
 
-    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
+    fn heartbeat(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<Outcome<HeartbeatAnswer>> {
         let mut st = self.lock();
         Ok(st.ledger.owned_mut(run_id, gen).map(|row| {
             row.lease_until = now_ms + lease_ms;
-            HeartbeatAnswer { stop: row.stop, phase: row.phase }
+            HeartbeatAnswer {
+                stop: row.stop,
+                phase: row.phase,
+            }
         }))
     }
 
-    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>> {
+    fn request_stop(
+        &mut self,
+        run_id: &str,
+        mode: StopMode,
+        now_ms: i64,
+    ) -> Result<Outcome<StopAnswer>> {
         let mut st = self.lock();
         let Some(row) = st.ledger.rows.get_mut(run_id) else {
-            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
         };
         let stop = strongest_stop(row.stop, mode);
         row.stop = Some(stop);
@@ -201,13 +268,15 @@ impl RunLedger for MemoryStore {
             .iter()
             .map(|run_id| {
                 let result = match ledger.rows.get_mut(run_id) {
-                    Some(row) if row.owner_gen == gen => match phase_transition(row.phase, PhaseChange::Handoff) {
-                        Ok(next) => {
-                            row.phase = next;
-                            HandoffResult::HandedOff
+                    Some(row) if row.owner_gen == gen => {
+                        match phase_transition(row.phase, PhaseChange::Handoff) {
+                            Ok(next) => {
+                                row.phase = next;
+                                HandoffResult::HandedOff
+                            }
+                            Err(_) => HandoffResult::WrongPhase,
                         }
-                        Err(_) => HandoffResult::WrongPhase,
-                    },
+                    }
                     _ => HandoffResult::NotOwner,
                 };
                 (run_id.clone(), result)
@@ -216,7 +285,13 @@ impl RunLedger for MemoryStore {
         Ok(answers)
     }
 
-    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>> {
+    fn finishing(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        status: RunStatus,
+        answer: Option<&str>,
+    ) -> Result<Outcome<()>> {
         let mut st = self.lock();
         let row = match st.ledger.owned_mut(run_id, gen) {
             Ok(row) => row,
@@ -232,7 +307,10 @@ impl RunLedger for MemoryStore {
                 }))
             }
         };
-        merge_state(&mut row.state, &crate::ledger::finishing_patch(status, answer));
+        merge_state(
+            &mut row.state,
+            &crate::ledger::finishing_patch(status, answer),
+        );
         row.phase = next;
         Ok(Ok(()))
     }
@@ -281,7 +359,8 @@ impl RunLedger for MemoryStore {
         // record's events, overlaid on its own by seq. The same here.
         if let (Some(live), Some(stored)) = (removed.events, st.runs.get_mut(run_id)) {
             let own = std::mem::take(&mut stored.record.events);
-            let mut merged: BTreeMap<u64, Value> = stored_event_seqs(&own).into_iter().zip(own).collect();
+            let mut merged: BTreeMap<u64, Value> =
+                stored_event_seqs(&own).into_iter().zip(own).collect();
             merged.extend(live);
             stored.record.events = merged.into_values().collect();
         }
@@ -291,11 +370,16 @@ impl RunLedger for MemoryStore {
     fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        st.ledger.deletion_fences.entry(run_id.to_owned()).or_insert(now_ms);
+        st.ledger
+            .deletion_fences
+            .entry(run_id.to_owned())
+            .or_insert(now_ms);
         let row = st.ledger.rows.get_mut(run_id);
         let answer = KillAnswer {
             live_owner: row.as_ref().map(|r| r.owner_gen.clone()),
-            owner_lease_live: row.as_ref().is_some_and(|r| !crate::ledger::decisions::lease_expired(r.lease_until, now_ms)),
+            owner_lease_live: row
+                .as_ref()
+                .is_some_and(|r| !crate::ledger::decisions::lease_expired(r.lease_until, now_ms)),
             had_record: st.runs.contains_key(run_id),
         };
         if let Some(r) = row {
@@ -322,28 +406,47 @@ impl RunLedger for MemoryStore {
     fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
         let mut st = self.lock();
         if !st.ledger.is_live(run_id) {
-            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
         }
         Ok(Ok(st.ledger.push_inbox(run_id, message)))
     }
 
-    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
+    fn read_inbox(
+        &mut self,
+        run_id: &str,
+        after_seq: Option<u64>,
+    ) -> Result<Outcome<Vec<InboxItem>>> {
         let st = self.lock();
         if !st.ledger.is_live(run_id) {
-            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
         }
-        Ok(Ok(st.ledger.inbox_items(run_id, |seq| is_unread(seq, after_seq))))
+        Ok(Ok(st
+            .ledger
+            .inbox_items(run_id, |seq| is_unread(seq, after_seq))))
     }
 
     fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
-        Ok(self.lock().ledger.inbox_items(run_id, |seq| crate::ledger::decisions::is_unread(seq, after_seq)))
+        Ok(self.lock().ledger.inbox_items(run_id, |seq| {
+            crate::ledger::decisions::is_unread(seq, after_seq)
+        }))
     }
 
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
         Ok(self.lock().ledger.last_step(run_id))
     }
 
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
+    fn reclaim(
+        &mut self,
+        gen: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        dead_gens: &[String],
+        driven: &[String],
+    ) -> Result<ReclaimAnswer> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         let mut answer = ReclaimAnswer::default();
@@ -363,7 +466,9 @@ impl RunLedger for MemoryStore {
             }
         }
         for (run_id, prior_phase, prior_owner) in taken {
-            let Some(row) = ledger.rows.get(&run_id).cloned() else { continue };
+            let Some(row) = ledger.rows.get(&run_id).cloned() else {
+                continue;
+            };
             let last_step = ledger.last_step(&run_id);
             let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
             answer.taken.push(Reclaimed {
@@ -385,7 +490,12 @@ impl RunLedger for MemoryStore {
         Ok(self.lock().ledger.rows.get(run_id).cloned())
     }
 
-    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>> {
+    fn live_events(
+        &mut self,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<Value>>> {
         let st = self.lock();
         if !st.ledger.is_live(run_id) {
             return Ok(None);
@@ -395,7 +505,12 @@ impl RunLedger for MemoryStore {
             .events
             .get(run_id)
             .into_iter()
-            .flat_map(|e| e.range((std::ops::Bound::Excluded(after_seq), std::ops::Bound::Unbounded)))
+            .flat_map(|e| {
+                e.range((
+                    std::ops::Bound::Excluded(after_seq),
+                    std::ops::Bound::Unbounded,
+                ))
+            })
             .take(limit)
             .map(|(_, v)| v.clone())
             .collect();
@@ -404,14 +519,24 @@ impl RunLedger for MemoryStore {
 
     fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
         let st = self.lock();
-        let fenced: BTreeSet<&String> = run_ids.iter().filter(|id| st.ledger.is_killed(id)).collect();
+        let fenced: BTreeSet<&String> = run_ids
+            .iter()
+            .filter(|id| st.ledger.is_killed(id))
+            .collect();
         Ok(fenced.into_iter().cloned().collect())
     }
 
-    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+    fn prune(
+        &mut self,
+        now_ms: i64,
+        receipt_ttl_ms: i64,
+        keep_gens: &[String],
+    ) -> Result<PruneReport> {
         // The plan tables have their own lock; read and prune them first so the two locks are never nested.
         let plan_holders = self.plan_holders();
-        let plan_requests = self.plans.prune_settled(now_ms, receipt_ttl_ms, crate::ledger::PRUNE_BATCH);
+        let plan_requests =
+            self.plans
+                .prune_settled(now_ms, receipt_ttl_ms, crate::ledger::PRUNE_BATCH);
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         let mut report = PruneReport::default();
@@ -422,7 +547,9 @@ impl RunLedger for MemoryStore {
             }
         }
         let before = ledger.receipts.len();
-        ledger.receipts.retain(|_, r| !receipt_expired(r.ended_at, now_ms, receipt_ttl_ms));
+        ledger
+            .receipts
+            .retain(|_, r| !receipt_expired(r.ended_at, now_ms, receipt_ttl_ms));
         report.receipts = (before - ledger.receipts.len()) as u64;
         let owners: BTreeSet<&str> = ledger.rows.values().map(|r| r.owner_gen.as_str()).collect();
         let doomed: Vec<String> = ledger
@@ -475,10 +602,17 @@ impl RunLedger for MemoryStore {
     fn table_rows(&mut self) -> Result<TableRows> {
         let st = self.lock();
         let l = &st.ledger;
-        let inner = |m: &BTreeMap<String, BTreeMap<u64, Value>>| m.values().map(|v| v.len() as u64).sum::<u64>();
+        let inner = |m: &BTreeMap<String, BTreeMap<u64, Value>>| {
+            m.values().map(|v| v.len() as u64).sum::<u64>()
+        };
         Ok(TableRows {
             runs: st.runs.len() as u64,
-            run_events: st.runs.values().map(|r| r.record.events.len() as u64).sum::<u64>() + inner(&l.events),
+            run_events: st
+                .runs
+                .values()
+                .map(|r| r.record.events.len() as u64)
+                .sum::<u64>()
+                + inner(&l.events),
             live_runs: l.rows.len() as u64,
             run_steps: l.steps.values().map(|s| s.len() as u64).sum(),
             transcript: l.transcript.values().map(|t| t.len() as u64).sum(),
@@ -509,14 +643,23 @@ mod tests {
             run_id: run_id.to_owned(),
             request: json!({"text": "hi"}),
             meta: json!({"agent": "demo", "request": {"text": "hi"}}),
-            key: key.map(|(k, h)| ReceiptKey { scope: "api".into(), key: k.into(), body_hash: h.into() }),
+            key: key.map(|(k, h)| ReceiptKey {
+                scope: "api".into(),
+                key: k.into(),
+                body_hash: h.into(),
+            }),
             lease_ms: LEASE,
             writer: None,
         }
     }
 
     fn promotion() -> Promotion {
-        Promotion { system_text: "sys".into(), tools: json!([]), state: Map::new(), lease_ms: LEASE }
+        Promotion {
+            system_text: "sys".into(),
+            tools: json!([]),
+            state: Map::new(),
+            lease_ms: LEASE,
+        }
     }
 
     fn record(id: &str) -> RunRecord {
@@ -534,44 +677,93 @@ mod tests {
     fn a_run_goes_from_admit_to_a_finished_record_and_frees_its_thread() {
         let mut s = MemoryStore::new();
         // Admission reserves the thread; a follow-up steers into the run's inbox.
-        assert_eq!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).ok(), Some(AdmitOutcome::Started { run_id: "r1".into() }));
+        assert_eq!(
+            s.admit(&admit("C1:t1", "r1", "g1", None), NOW).ok(),
+            Some(AdmitOutcome::Started {
+                run_id: "r1".into()
+            })
+        );
         assert_eq!(
             s.admit(&admit("C1:t1", "r2", "g1", None), NOW).ok(),
-            Some(AdmitOutcome::Steered { run_id: "r1".into(), seq: 1 })
+            Some(AdmitOutcome::Steered {
+                run_id: "r1".into(),
+                seq: 1
+            })
         );
-        assert_eq!(s.claim("r1", "g1", &promotion(), NOW).ok(), Some(Ok(Claimed::Promoted)));
-        assert_eq!(s.claim("r1", "g1", &promotion(), NOW).ok(), Some(Ok(Claimed::AlreadyLive)));
-        assert_eq!(s.append("r1", "g1", &[json!({"type": "note", "seq": 1})]).ok(), Some(Ok(())));
+        assert_eq!(
+            s.claim("r1", "g1", &promotion(), NOW).ok(),
+            Some(Ok(Claimed::Promoted))
+        );
+        assert_eq!(
+            s.claim("r1", "g1", &promotion(), NOW).ok(),
+            Some(Ok(Claimed::AlreadyLive))
+        );
+        assert_eq!(
+            s.append("r1", "g1", &[json!({"type": "note", "seq": 1})])
+                .ok(),
+            Some(Ok(()))
+        );
         // Another generation is fenced and writes nothing.
         assert_eq!(
-            s.append("r1", "g2", &[json!({"type": "note", "seq": 2})]).ok(),
-            Some(Err(Refusal::Fenced { run_id: "r1".into() }))
+            s.append("r1", "g2", &[json!({"type": "note", "seq": 2})])
+                .ok(),
+            Some(Err(Refusal::Fenced {
+                run_id: "r1".into()
+            }))
         );
-        assert_eq!(s.live_events("r1", 0, 10).ok(), Some(Some(vec![json!({"type": "note", "seq": 1})])));
-        assert_eq!(s.finishing("r1", "g1", RunStatus::Completed, Some("done")).ok(), Some(Ok(())));
+        assert_eq!(
+            s.live_events("r1", 0, 10).ok(),
+            Some(Some(vec![json!({"type": "note", "seq": 1})]))
+        );
+        assert_eq!(
+            s.finishing("r1", "g1", RunStatus::Completed, Some("done"))
+                .ok(),
+            Some(Ok(()))
+        );
         assert!(matches!(
             s.finishing("r1", "g1", RunStatus::Completed, None).ok(),
-            Some(Err(Refusal::WrongPhase { phase: Phase::Finishing, .. }))
+            Some(Err(Refusal::WrongPhase {
+                phase: Phase::Finishing,
+                ..
+            }))
         ));
         let put = s.finish("r1", "g1", &record("r1"), None, NOW).ok();
         assert_eq!(put.map(|o| o.map(|p| p.stored)), Some(Ok(true)));
         // The record's events replaced the live ones; the thread is free; the inbox went with the run.
-        let stored = RunStore::get(&mut s, "r1", NOW).ok().flatten().map(|r| r.events);
-        assert_eq!(stored, Some(vec![json!({"type": "answer", "seq": 7, "at": NOW, "text": "done"})]));
+        let stored = RunStore::get(&mut s, "r1", NOW)
+            .ok()
+            .flatten()
+            .map(|r| r.events);
+        assert_eq!(
+            stored,
+            Some(vec![
+                json!({"type": "answer", "seq": 7, "at": NOW, "text": "done"})
+            ])
+        );
         assert_eq!(s.live_events("r1", 0, 10).ok(), Some(None));
         assert_eq!(s.lock().ledger.inbox.get("r1").map(BTreeMap::len), None);
-        assert_eq!(s.admit(&admit("C1:t1", "r3", "g1", None), NOW).ok(), Some(AdmitOutcome::Started { run_id: "r3".into() }));
+        assert_eq!(
+            s.admit(&admit("C1:t1", "r3", "g1", None), NOW).ok(),
+            Some(AdmitOutcome::Started {
+                run_id: "r3".into()
+            })
+        );
     }
 
     #[test]
     fn a_refused_finish_leaves_the_run_live() {
         let mut s = MemoryStore::new();
         assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
-        assert!(s.append("r1", "g1", &[json!({"type": "note", "seq": 1})]).is_ok());
+        assert!(s
+            .append("r1", "g1", &[json!({"type": "note", "seq": 1})])
+            .is_ok());
         // A record for another id is an error, and nothing moved.
         assert!(s.finish("r1", "g1", &record("r9"), None, NOW).is_err());
         assert!(s.lock().ledger.is_live("r1"));
-        assert_eq!(s.live_events("r1", 0, 10).ok().flatten().map(|e| e.len()), Some(1));
+        assert_eq!(
+            s.live_events("r1", 0, 10).ok().flatten().map(|e| e.len()),
+            Some(1)
+        );
         assert_eq!(RunStore::get(&mut s, "r9", NOW).ok().flatten(), None);
     }
 
@@ -579,41 +771,83 @@ mod tests {
     fn abandon_leaves_the_live_events_to_an_existing_tombstone() {
         let mut s = MemoryStore::new();
         assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
-        assert!(s.append("r1", "g1", &[json!({"type": "input", "seq": 1})]).is_ok());
+        assert!(s
+            .append("r1", "g1", &[json!({"type": "input", "seq": 1})])
+            .is_ok());
         // The tombstone is put while the run lives: its own events are stripped.
         let mut tombstone = record("r1");
         tombstone.head.provisional = true;
         assert!(RunStore::put(&mut s, &tombstone, None, NOW).is_ok());
-        assert_eq!(s.abandon("r1", "g2").ok(), Some(Err(Refusal::Fenced { run_id: "r1".into() })));
+        assert_eq!(
+            s.abandon("r1", "g2").ok(),
+            Some(Err(Refusal::Fenced {
+                run_id: "r1".into()
+            }))
+        );
         assert_eq!(s.abandon("r1", "g1").ok(), Some(Ok(())));
         // As with SQLite's shared `run_events`, the appended events read as the tombstone's.
-        let events = RunStore::get(&mut s, "r1", NOW).ok().flatten().map(|r| r.events);
+        let events = RunStore::get(&mut s, "r1", NOW)
+            .ok()
+            .flatten()
+            .map(|r| r.events);
         assert_eq!(events, Some(vec![json!({"type": "input", "seq": 1})]));
         assert_eq!(s.get_live("r1").ok(), Some(None));
-        assert_eq!(s.abandon("r1", "g1").ok(), Some(Err(Refusal::UnknownRun { run_id: "r1".into() })));
+        assert_eq!(
+            s.abandon("r1", "g1").ok(),
+            Some(Err(Refusal::UnknownRun {
+                run_id: "r1".into()
+            }))
+        );
     }
 
     #[test]
     fn a_keyed_retry_answers_verbatim_and_another_body_conflicts() {
         let mut s = MemoryStore::new();
-        let first = s.admit(&admit("C1:t1", "r1", "g1", Some(("k", "h1"))), NOW).ok();
-        assert_eq!(first, Some(AdmitOutcome::Started { run_id: "r1".into() }));
+        let first = s
+            .admit(&admit("C1:t1", "r1", "g1", Some(("k", "h1"))), NOW)
+            .ok();
+        assert_eq!(
+            first,
+            Some(AdmitOutcome::Started {
+                run_id: "r1".into()
+            })
+        );
         // The retry carries a fresh pre-minted id, yet answers the first run.
-        assert_eq!(s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h1"))), NOW).ok(), first);
-        assert_eq!(s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h2"))), NOW).ok(), Some(AdmitOutcome::KeyConflict));
+        assert_eq!(
+            s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h1"))), NOW)
+                .ok(),
+            first
+        );
+        assert_eq!(
+            s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h2"))), NOW)
+                .ok(),
+            Some(AdmitOutcome::KeyConflict)
+        );
         // Busy is not a receipt: once the thread frees, the same key starts a run.
         assert!(s.finishing("r1", "g1", RunStatus::Completed, None).is_ok());
         let busy = admit("C1:t1", "r2", "g1", Some(("k2", "h")));
-        assert_eq!(s.admit(&busy, NOW).ok(), Some(AdmitOutcome::Busy { run_id: "r1".into() }));
+        assert_eq!(
+            s.admit(&busy, NOW).ok(),
+            Some(AdmitOutcome::Busy {
+                run_id: "r1".into()
+            })
+        );
         assert!(s.abandon("r1", "g1").is_ok());
-        assert_eq!(s.admit(&busy, NOW).ok(), Some(AdmitOutcome::Started { run_id: "r2".into() }));
+        assert_eq!(
+            s.admit(&busy, NOW).ok(),
+            Some(AdmitOutcome::Started {
+                run_id: "r2".into()
+            })
+        );
     }
 
     #[test]
     fn reclaim_takes_expired_rows_with_their_unread_inbox() {
         let mut s = MemoryStore::new();
         assert!(s.admit(&admit("C1:a", "ra", "g1", None), NOW).is_ok());
-        assert!(s.admit(&admit("C1:b", "rb", "g1", None), NOW + 10 * LEASE).is_ok());
+        assert!(s
+            .admit(&admit("C1:b", "rb", "g1", None), NOW + 10 * LEASE)
+            .is_ok());
         assert!(s.claim("ra", "g1", &promotion(), NOW).is_ok());
         let seed = StepRecord {
             step: 0,
@@ -629,15 +863,42 @@ mod tests {
         for n in 1..=2 {
             assert_eq!(s.push_inbox("ra", &json!({"n": n})).ok(), Some(Ok(n)));
         }
-        let answer = s.reclaim("g2", NOW + LEASE, LEASE, &[], &[]).expect("reclaim");
+        let answer = s
+            .reclaim("g2", NOW + LEASE, LEASE, &[], &[])
+            .expect("reclaim");
         // `ra`'s lease ended exactly now: taken; `rb` is still leased: reported.
         assert_eq!(answer.taken.len(), 1);
         let taken = &answer.taken[0];
-        assert_eq!((taken.row.owner_gen.as_str(), taken.row.phase, taken.prior_owner.as_str()), ("g2", Phase::Live, "g1"));
-        assert_eq!(taken.unread_inbox, vec![InboxItem { seq: 2, message: json!({"n": 2}) }]);
-        assert_eq!(answer.live_elsewhere.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), ["rb"]);
+        assert_eq!(
+            (
+                taken.row.owner_gen.as_str(),
+                taken.row.phase,
+                taken.prior_owner.as_str()
+            ),
+            ("g2", Phase::Live, "g1")
+        );
+        assert_eq!(
+            taken.unread_inbox,
+            vec![InboxItem {
+                seq: 2,
+                message: json!({"n": 2})
+            }]
+        );
+        assert_eq!(
+            answer
+                .live_elsewhere
+                .iter()
+                .map(|r| r.run_id.as_str())
+                .collect::<Vec<_>>(),
+            ["rb"]
+        );
         // The old owner is fenced from then on.
-        assert_eq!(s.heartbeat("ra", "g1", LEASE, NOW).ok(), Some(Err(Refusal::Fenced { run_id: "ra".into() })));
+        assert_eq!(
+            s.heartbeat("ra", "g1", LEASE, NOW).ok(),
+            Some(Err(Refusal::Fenced {
+                run_id: "ra".into()
+            }))
+        );
     }
 
     #[test]
@@ -645,13 +906,25 @@ mod tests {
         let mut s = MemoryStore::new();
         assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
         let turns = vec![
-            Turn { role: "user".into(), parts: vec![json!("a"), json!("b")] },
-            Turn { role: "assistant".into(), parts: vec![json!({"text": "c"})] },
+            Turn {
+                role: "user".into(),
+                parts: vec![json!("a"), json!("b")],
+            },
+            Turn {
+                role: "assistant".into(),
+                parts: vec![json!({"text": "c"})],
+            },
         ];
         assert_eq!(s.write_transcript("r1", "g1", 0, &turns).ok(), Some(Ok(())));
-        let edit = vec![Turn { role: "assistant".into(), parts: vec![json!("changed")] }];
+        let edit = vec![Turn {
+            role: "assistant".into(),
+            parts: vec![json!("changed")],
+        }];
         assert_eq!(s.write_transcript("r1", "g1", 1, &edit).ok(), Some(Ok(())));
         assert_eq!(s.read_transcript("r1").ok().map(|t| t.turns), Some(turns));
-        assert_eq!(s.read_transcript("nobody").ok().map(|t| t.turns), Some(vec![]));
+        assert_eq!(
+            s.read_transcript("nobody").ok().map(|t| t.turns),
+            Some(vec![])
+        );
     }
 }

@@ -30,7 +30,8 @@ use serde_json::{Map, Value};
 
 use crate::ledger::decisions::{decide_admit, AdmitDecision, INSERT_PHASE};
 use crate::ledger::{
-    fence_refusal, Admit, AdmitOutcome, GenerationInfo, InboxItem, LiveRow, Outcome, Refusal, StepRecord,
+    fence_refusal, Admit, AdmitOutcome, GenerationInfo, InboxItem, LiveRow, Outcome, Refusal,
+    StepRecord,
 };
 use crate::record::RecordError;
 use crate::{Error, Result};
@@ -95,7 +96,11 @@ pub(super) struct Removed {
 impl Removed {
     /// Whether any row was removed.
     pub(super) fn any(&self) -> bool {
-        self.row.is_some() || self.steps.is_some() || self.events.is_some() || self.transcript.is_some() || self.inbox.is_some()
+        self.row.is_some()
+            || self.steps.is_some()
+            || self.events.is_some()
+            || self.transcript.is_some()
+            || self.inbox.is_some()
     }
 }
 
@@ -107,14 +112,18 @@ impl LedgerState {
 
     /// The row holding `thread_key`, if any.
     pub(super) fn by_thread(&self, thread_key: &str) -> Option<&LiveRow> {
-        self.threads.get(thread_key).and_then(|run_id| self.rows.get(run_id))
+        self.threads
+            .get(thread_key)
+            .and_then(|run_id| self.rows.get(run_id))
     }
 
     /// The caller's row for an owner write, or the fence refusal (another owner / no row).
     /// The owner check of every owner write: a killed run fences its owner too.
     pub(super) fn fence(&self, run_id: &str, gen: &str) -> Option<Refusal> {
         if self.deletion_fences.contains_key(run_id) {
-            return Some(Refusal::Fenced { run_id: run_id.to_owned() });
+            return Some(Refusal::Fenced {
+                run_id: run_id.to_owned(),
+            });
         }
         fence_refusal(self.rows.get(run_id), run_id, gen)
     }
@@ -137,11 +146,16 @@ impl LedgerState {
         if let Some(refusal) = self.fence(run_id, gen) {
             return Err(refusal);
         }
-        self.rows.get_mut(run_id).ok_or_else(|| Refusal::UnknownRun { run_id: run_id.to_owned() })
+        self.rows
+            .get_mut(run_id)
+            .ok_or_else(|| Refusal::UnknownRun {
+                run_id: run_id.to_owned(),
+            })
     }
 
     pub(super) fn insert_row(&mut self, row: LiveRow) {
-        self.threads.insert(row.thread_key.clone(), row.run_id.clone());
+        self.threads
+            .insert(row.thread_key.clone(), row.run_id.clone());
         self.rows.insert(row.run_id.clone(), row);
     }
 
@@ -150,7 +164,11 @@ impl LedgerState {
     pub(super) fn drop_live(&mut self, run_id: &str) -> Removed {
         let row = self.rows.remove(run_id);
         if let Some(r) = &row {
-            if self.threads.get(&r.thread_key).is_some_and(|holder| holder == run_id) {
+            if self
+                .threads
+                .get(&r.thread_key)
+                .is_some_and(|holder| holder == run_id)
+            {
                 self.threads.remove(&r.thread_key);
             }
         }
@@ -165,7 +183,11 @@ impl LedgerState {
 
     /// Stamp the end of `run_id` on its receipts that carry none yet.
     pub(super) fn stamp_receipts(&mut self, run_id: &str, now_ms: i64) {
-        for r in self.receipts.values_mut().filter(|r| r.run_id == run_id && r.ended_at.is_none()) {
+        for r in self
+            .receipts
+            .values_mut()
+            .filter(|r| r.run_id == run_id && r.ended_at.is_none())
+        {
             r.ended_at = Some(now_ms);
         }
     }
@@ -203,17 +225,26 @@ impl LedgerState {
             .into_iter()
             .flatten()
             .filter(|(seq, _)| keep(**seq))
-            .map(|(seq, message)| InboxItem { seq: *seq, message: message.clone() })
+            .map(|(seq, message)| InboxItem {
+                seq: *seq,
+                message: message.clone(),
+            })
             .collect()
     }
 
     pub(super) fn last_step(&self, run_id: &str) -> Option<StepRecord> {
-        self.steps.get(run_id).and_then(|s| s.values().next_back()).cloned()
+        self.steps
+            .get(run_id)
+            .and_then(|s| s.values().next_back())
+            .cloned()
     }
 
-
     /// Admission after the receipt lookup: deletion fence, then [`decide_admit`].
-    pub(super) fn admit_past_receipt(&mut self, admit: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+    pub(super) fn admit_past_receipt(
+        &mut self,
+        admit: &Admit,
+        now_ms: i64,
+    ) -> Result<AdmitOutcome> {
         if self.deletion_fences.contains_key(&admit.run_id) {
             return Ok(AdmitOutcome::Fenced);
         }
@@ -244,11 +275,17 @@ impl LedgerState {
                     tools: Value::Null,
                     state: Map::new(),
                 });
-                Ok(AdmitOutcome::Started { run_id: admit.run_id.clone() })
+                Ok(AdmitOutcome::Started {
+                    run_id: admit.run_id.clone(),
+                })
             }
             AdmitDecision::Steer { run_id }
                 if admit.key.is_some()
-                    && self.receipts.values().filter(|r| r.run_id == run_id).count()
+                    && self
+                        .receipts
+                        .values()
+                        .filter(|r| r.run_id == run_id)
+                        .count()
                         >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
             {
                 Ok(AdmitOutcome::ReceiptLimit { run_id })
@@ -276,5 +313,11 @@ fn answer_run(answer: &AdmitOutcome) -> Option<&str> {
 /// stored `Busy` would answer every retry with it forever. `KeyConflict` is never produced past the
 /// lookup.
 pub(super) fn keeps_receipt(answer: &AdmitOutcome) -> bool {
-    !matches!(answer, AdmitOutcome::Busy { .. } | AdmitOutcome::KeyConflict | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden)
+    !matches!(
+        answer,
+        AdmitOutcome::Busy { .. }
+            | AdmitOutcome::KeyConflict
+            | AdmitOutcome::ReceiptLimit { .. }
+            | AdmitOutcome::Forbidden
+    )
 }

@@ -39,7 +39,11 @@ pub struct MemoryStore {
 impl Default for MemoryStore {
     fn default() -> Self {
         let bytes: [u8; 32] = rand::random();
-        MemoryStore { state: Arc::default(), secret: hex::encode(bytes).into(), plans: Default::default() }
+        MemoryStore {
+            state: Arc::default(),
+            secret: hex::encode(bytes).into(),
+            plans: Default::default(),
+        }
     }
 }
 
@@ -59,12 +63,18 @@ impl MemoryStore {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves maps that are still structurally valid; keep serving.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
 impl crate::plan::PlanStore for MemoryStore {
-    fn import(&mut self, import: &crate::plan::Import, now_ms: i64) -> Result<crate::plan::Imported> {
+    fn import(
+        &mut self,
+        import: &crate::plan::Import,
+        now_ms: i64,
+    ) -> Result<crate::plan::Imported> {
         self.plans.import(import, now_ms)
     }
 
@@ -79,7 +89,8 @@ impl crate::plan::PlanStore for MemoryStore {
         lease_ms: i64,
         now_ms: i64,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.plans.allocate_request(identity, holder, lease_ms, now_ms)
+        self.plans
+            .allocate_request(identity, holder, lease_ms, now_ms)
     }
 
     fn renew_requests(
@@ -89,10 +100,15 @@ impl crate::plan::PlanStore for MemoryStore {
         lease_ms: i64,
         now_ms: i64,
     ) -> Result<usize> {
-        self.plans.renew_requests(holder, request_ids, lease_ms, now_ms)
+        self.plans
+            .renew_requests(holder, request_ids, lease_ms, now_ms)
     }
 
-    fn orphaned_requests(&mut self, dead: &[crate::Generation], now_ms: i64) -> Result<Vec<crate::plan::Orphan>> {
+    fn orphaned_requests(
+        &mut self,
+        dead: &[crate::Generation],
+        now_ms: i64,
+    ) -> Result<Vec<crate::plan::Orphan>> {
         self.plans.orphaned_requests(dead, now_ms)
     }
 
@@ -103,7 +119,8 @@ impl crate::plan::PlanStore for MemoryStore {
         cards: &[crate::plan::Card],
         now_ms: i64,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.plans.complete_suggestions(request_id, binding, cards, now_ms)
+        self.plans
+            .complete_suggestions(request_id, binding, cards, now_ms)
     }
 
     fn settle_suggestion(
@@ -113,7 +130,8 @@ impl crate::plan::PlanStore for MemoryStore {
         settlement: &crate::plan::Settlement,
         now_ms: i64,
     ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.plans.settle_suggestion(request_id, binding, settlement, now_ms)
+        self.plans
+            .settle_suggestion(request_id, binding, settlement, now_ms)
     }
 
     fn consume(
@@ -132,7 +150,10 @@ impl crate::plan::PlanStore for MemoryStore {
         self.plans.dismiss(request_id, now_ms)
     }
 
-    fn get_request(&mut self, request_id: &crate::plan::RequestId) -> Result<Option<crate::plan::PlanRequest>> {
+    fn get_request(
+        &mut self,
+        request_id: &crate::plan::RequestId,
+    ) -> Result<Option<crate::plan::PlanRequest>> {
         self.plans.get_request(request_id)
     }
 }

@@ -7,17 +7,26 @@ use super::state::StoredRun;
 use super::MemoryStore;
 use crate::record::{stored_event_seqs, RunListItem, RunRecord};
 use crate::store::{
-    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome, RunStore, StoredPolicy,
+    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome,
+    RunStore, StoredPolicy,
 };
 use crate::Result;
 
 /// Stamp each event's stored seq the way the SQLite store keys `run_events`, so reads agree.
 fn keyed_events(record: &RunRecord) -> Vec<(u64, serde_json::Value)> {
-    stored_event_seqs(&record.events).into_iter().zip(record.events.iter().cloned()).collect()
+    stored_event_seqs(&record.events)
+        .into_iter()
+        .zip(record.events.iter().cloned())
+        .collect()
 }
 
 impl RunStore for MemoryStore {
-    fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+    fn put(
+        &mut self,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<PutOutcome> {
         self.lock().put(record, proposal, now_ms)
     }
 
@@ -34,20 +43,38 @@ impl RunStore for MemoryStore {
     fn list(&mut self, query: &ListQuery, now_ms: i64) -> Result<ListPage> {
         let st = self.lock();
         let limit = query.effective_limit();
-        let items: Vec<RunListItem> = st.kept(now_ms).into_iter().filter(|i| query.admits(i)).take(limit).collect();
+        let items: Vec<RunListItem> = st
+            .kept(now_ms)
+            .into_iter()
+            .filter(|i| query.admits(i))
+            .take(limit)
+            .collect();
         Ok(ListPage::from_items(items, limit))
     }
 
-    fn events(&mut self, id: &str, after_seq: u64, limit: Option<usize>, now_ms: i64) -> Result<Option<EventsPage>> {
+    fn events(
+        &mut self,
+        id: &str,
+        after_seq: u64,
+        limit: Option<usize>,
+        now_ms: i64,
+    ) -> Result<Option<EventsPage>> {
         let st = self.lock();
-        let Some(run) = st.visible(id, now_ms) else { return Ok(None) };
+        let Some(run) = st.visible(id, now_ms) else {
+            return Ok(None);
+        };
         let limit = effective_events_limit(limit);
-        let after: Vec<(u64, serde_json::Value)> =
-            keyed_events(&run.record).into_iter().filter(|(s, _)| *s > after_seq).collect();
+        let after: Vec<(u64, serde_json::Value)> = keyed_events(&run.record)
+            .into_iter()
+            .filter(|(s, _)| *s > after_seq)
+            .collect();
         let more = after.len() > limit;
         let page: Vec<(u64, serde_json::Value)> = after.into_iter().take(limit).collect();
         let next_after_seq = more.then(|| page.last().map(|(s, _)| *s).unwrap_or(after_seq));
-        Ok(Some(EventsPage { events: page.into_iter().map(|(_, e)| e).collect(), next_after_seq }))
+        Ok(Some(EventsPage {
+            events: page.into_iter().map(|(_, e)| e).collect(),
+            next_after_seq,
+        }))
     }
 
     fn delete(&mut self, id: &str) -> Result<bool> {
@@ -61,6 +88,10 @@ impl RunStore for MemoryStore {
     /// A record holds its events and a live run's are the ledger's: no event row outlives both here.
     fn expire(&mut self, now_ms: i64, _scan_after: &str) -> Result<Expired> {
         let (_, runs) = self.lock().trim(now_ms);
-        Ok(Expired { runs: runs as u64, orphaned: 0, scan_after: None })
+        Ok(Expired {
+            runs: runs as u64,
+            orphaned: 0,
+            scan_after: None,
+        })
     }
 }

@@ -47,7 +47,10 @@ impl State {
 
     pub(super) fn visible(&self, id: &str, now_ms: i64) -> Option<&StoredRun> {
         let run = self.runs.get(id)?;
-        self.kept(now_ms).iter().any(|i| i.head.id == id).then_some(run)
+        self.kept(now_ms)
+            .iter()
+            .any(|i| i.head.id == id)
+            .then_some(run)
     }
 
     fn retained(&self, now_ms: i64) -> u64 {
@@ -57,9 +60,14 @@ impl State {
     /// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers the ids the
     /// policy keeps and how many went.
     pub(super) fn trim(&mut self, now_ms: i64) -> (std::collections::HashSet<String>, usize) {
-        let kept: std::collections::HashSet<String> = self.kept(now_ms).into_iter().map(|i| i.head.id).collect();
-        let mut doomed: Vec<RunListItem> =
-            self.runs.values().filter(|r| !kept.contains(&r.record.head.id)).map(StoredRun::item).collect();
+        let kept: std::collections::HashSet<String> =
+            self.kept(now_ms).into_iter().map(|i| i.head.id).collect();
+        let mut doomed: Vec<RunListItem> = self
+            .runs
+            .values()
+            .filter(|r| !kept.contains(&r.record.head.id))
+            .map(StoredRun::item)
+            .collect();
         doomed.sort_by(|a, b| crate::record::newest_first(&a.head, &b.head).reverse());
         doomed.truncate(TRIM_PER_PUT);
         for d in &doomed {
@@ -69,20 +77,33 @@ impl State {
     }
 
     /// The one upsert of a record, shared by `put` and the ledger's `finish` (SPEC §3).
-    pub(super) fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+    pub(super) fn put(
+        &mut self,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<PutOutcome> {
         if !is_valid_run_id(&record.head.id) {
             return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
         }
         let st = self;
         // A killed id takes no record ever again (SPEC §4.3 `kill`).
         if st.ledger.is_killed(&record.head.id) {
-            return Ok(PutOutcome { stored: false, rewritten: false, retained: st.retained(now_ms) });
+            return Ok(PutOutcome {
+                stored: false,
+                rewritten: false,
+                retained: st.retained(now_ms),
+            });
         }
         st.policy.consider(proposal, now_ms);
         let mut record = clamp_future(record, now_ms);
         let id = record.head.id.clone();
         if record.head.provisional && st.runs.get(&id).is_some_and(|r| !r.record.head.provisional) {
-            return Ok(PutOutcome { stored: true, rewritten: false, retained: st.retained(now_ms) });
+            return Ok(PutOutcome {
+                stored: true,
+                rewritten: false,
+                retained: st.retained(now_ms),
+            });
         }
         // A live run's events are the ledger's: a put while it lives writes only the runs row.
         if st.ledger.is_live(&id) {
@@ -93,13 +114,24 @@ impl State {
         let existing = st.runs.get(&id).map(|r| r.digest);
         let unchanged = existing == Some(digest);
         if !unchanged {
-            st.runs.insert(id.clone(), StoredRun { record, bytes: encoded.len() as u64, digest });
+            st.runs.insert(
+                id.clone(),
+                StoredRun {
+                    record,
+                    bytes: encoded.len() as u64,
+                    digest,
+                },
+            );
         }
         let (kept, _) = st.trim(now_ms);
         let stored = kept.contains(&id);
         if !stored {
             st.runs.remove(&id);
         }
-        Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: kept.len() as u64 })
+        Ok(PutOutcome {
+            stored,
+            rewritten: existing.is_some() && !unchanged,
+            retained: kept.len() as u64,
+        })
     }
 }

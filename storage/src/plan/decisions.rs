@@ -47,26 +47,62 @@ pub struct ImportStep {
 
 pub fn import(existing: Option<&Plan>, import: &Import) -> ImportStep {
     let Some(cur) = existing else {
-        let plan = Plan { id: import.plan_id.clone(), revision: Revision::FIRST, snapshot_id: import.snapshot_id.clone() };
-        return ImportStep { plan, created: true, cause: None };
+        let plan = Plan {
+            id: import.plan_id.clone(),
+            revision: Revision::FIRST,
+            snapshot_id: import.snapshot_id.clone(),
+        };
+        return ImportStep {
+            plan,
+            created: true,
+            cause: None,
+        };
     };
-    let revision = if import.advance_revision { cur.revision.next() } else { cur.revision };
+    let revision = if import.advance_revision {
+        cur.revision.next()
+    } else {
+        cur.revision
+    };
     let snapshot_changed = cur.snapshot_id != import.snapshot_id;
-    let plan = Plan { id: cur.id.clone(), revision, snapshot_id: import.snapshot_id.clone() };
+    let plan = Plan {
+        id: cur.id.clone(),
+        revision,
+        snapshot_id: import.snapshot_id.clone(),
+    };
     let cause = if revision != cur.revision {
-        let mut diagnostic = format!("plan revision advanced from {} to {} by an import", cur.revision, revision);
+        let mut diagnostic = format!(
+            "plan revision advanced from {} to {} by an import",
+            cur.revision, revision
+        );
         if snapshot_changed {
-            diagnostic.push_str(&format!("; snapshot {} replaced by {}", cur.snapshot_id.as_str(), plan.snapshot_id.as_str()));
+            diagnostic.push_str(&format!(
+                "; snapshot {} replaced by {}",
+                cur.snapshot_id.as_str(),
+                plan.snapshot_id.as_str()
+            ));
         }
-        Some(Invalidation { reason: TerminalReason::RevisionAdvanced, diagnostic: bound_diagnostic(&diagnostic) })
+        Some(Invalidation {
+            reason: TerminalReason::RevisionAdvanced,
+            diagnostic: bound_diagnostic(&diagnostic),
+        })
     } else if snapshot_changed {
-        let diagnostic =
-            format!("plan snapshot {} replaced by {}", cur.snapshot_id.as_str(), plan.snapshot_id.as_str());
-        Some(Invalidation { reason: TerminalReason::SnapshotChanged, diagnostic: bound_diagnostic(&diagnostic) })
+        let diagnostic = format!(
+            "plan snapshot {} replaced by {}",
+            cur.snapshot_id.as_str(),
+            plan.snapshot_id.as_str()
+        );
+        Some(Invalidation {
+            reason: TerminalReason::SnapshotChanged,
+            diagnostic: bound_diagnostic(&diagnostic),
+        })
     } else {
         None
     };
-    ImportStep { plan, created: false, cause }
+    ImportStep {
+        plan,
+        created: false,
+        cause,
+    }
 }
 
 /// Whether a revision advance or a snapshot change invalidates a row in `state`.
@@ -88,15 +124,28 @@ pub fn invalidate(request: &PlanRequest, cause: &Invalidation, now_ms: i64) -> P
 /// Admission: the plan exists, the caller's complete identity is its current one, and none of the
 /// plan's `pending` requests is held by a generation other than `holder` (its own are the caller's
 /// business: one coordinator per generation tracks them).
-pub fn admit(plan: Option<&Plan>, identity: &PlanBinding, pending: &[PlanRequest], holder: &Generation) -> PlanOutcome<()> {
-    let Some(plan) = plan else { return Err(PlanRefusal::UnknownPlan { plan_id: identity.plan_id.clone() }) };
+pub fn admit(
+    plan: Option<&Plan>,
+    identity: &PlanBinding,
+    pending: &[PlanRequest],
+    holder: &Generation,
+) -> PlanOutcome<()> {
+    let Some(plan) = plan else {
+        return Err(PlanRefusal::UnknownPlan {
+            plan_id: identity.plan_id.clone(),
+        });
+    };
     let current = plan.binding();
     if &current != identity {
         return Err(PlanRefusal::IdentityMismatch { current });
     }
-    let held = |r: &&PlanRequest| r.state == RequestState::Pending && r.holder.as_ref().map(|h| &h.generation) != Some(holder);
+    let held = |r: &&PlanRequest| {
+        r.state == RequestState::Pending && r.holder.as_ref().map(|h| &h.generation) != Some(holder)
+    };
     match pending.iter().find(held) {
-        Some(found) => Err(PlanRefusal::Held { found: Box::new(found.clone()) }),
+        Some(found) => Err(PlanRefusal::Held {
+            found: Box::new(found.clone()),
+        }),
         None => Ok(()),
     }
 }
@@ -120,15 +169,32 @@ pub fn new_request(
         cards: None,
         created_at: now_ms,
         settled_at: None,
-        holder: Some(RequestHolder { generation: holder.clone(), lease_until: now_ms.saturating_add(lease_ms) }),
+        holder: Some(RequestHolder {
+            generation: holder.clone(),
+            lease_until: now_ms.saturating_add(lease_ms),
+        }),
     }
 }
 
 /// The renewed row, when `holder` may renew it (it is pending and `holder`'s).
-pub fn renew(request: &PlanRequest, holder: &Generation, lease_ms: i64, now_ms: i64) -> Option<PlanRequest> {
-    let h = request.holder.as_ref().filter(|h| &h.generation == holder && request.state == RequestState::Pending)?;
-    let holder = RequestHolder { generation: h.generation.clone(), lease_until: now_ms.saturating_add(lease_ms) };
-    Some(PlanRequest { holder: Some(holder), ..request.clone() })
+pub fn renew(
+    request: &PlanRequest,
+    holder: &Generation,
+    lease_ms: i64,
+    now_ms: i64,
+) -> Option<PlanRequest> {
+    let h = request
+        .holder
+        .as_ref()
+        .filter(|h| &h.generation == holder && request.state == RequestState::Pending)?;
+    let holder = RequestHolder {
+        generation: h.generation.clone(),
+        lease_until: now_ms.saturating_add(lease_ms),
+    };
+    Some(PlanRequest {
+        holder: Some(holder),
+        ..request.clone()
+    })
 }
 
 /// Why `request` is an orphan, if it is: pending, and its holder absent, among `dead`, or past its
@@ -139,22 +205,37 @@ pub fn orphaned(request: &PlanRequest, dead: &[Generation], now_ms: i64) -> Opti
     }
     match &request.holder {
         None => Some(OrphanCause::NoHolder),
-        Some(h) if dead.contains(&h.generation) => Some(OrphanCause::HolderGone { generation: h.generation.clone() }),
-        Some(h) if h.lease_until <= now_ms => {
-            Some(OrphanCause::LeaseExpired { generation: h.generation.clone(), lease_until: h.lease_until })
-        }
+        Some(h) if dead.contains(&h.generation) => Some(OrphanCause::HolderGone {
+            generation: h.generation.clone(),
+        }),
+        Some(h) if h.lease_until <= now_ms => Some(OrphanCause::LeaseExpired {
+            generation: h.generation.clone(),
+            lease_until: h.lease_until,
+        }),
         Some(_) => None,
     }
 }
 
 /// The exact-pending-attempt guard shared by completion and settlement.
-fn exact_pending(request: Option<&PlanRequest>, request_id: &RequestId, binding: &PlanBinding) -> PlanOutcome<()> {
-    let Some(found) = request else { return Err(PlanRefusal::UnknownRequest { request_id: request_id.clone() }) };
+fn exact_pending(
+    request: Option<&PlanRequest>,
+    request_id: &RequestId,
+    binding: &PlanBinding,
+) -> PlanOutcome<()> {
+    let Some(found) = request else {
+        return Err(PlanRefusal::UnknownRequest {
+            request_id: request_id.clone(),
+        });
+    };
     if &found.binding() != binding {
-        return Err(PlanRefusal::BindingMismatch { found: Box::new(found.clone()) });
+        return Err(PlanRefusal::BindingMismatch {
+            found: Box::new(found.clone()),
+        });
     }
     if found.state != RequestState::Pending {
-        return Err(PlanRefusal::NotPending { found: Box::new(found.clone()) });
+        return Err(PlanRefusal::NotPending {
+            found: Box::new(found.clone()),
+        });
     }
     Ok(())
 }
@@ -168,20 +249,35 @@ pub fn complete(
     cards: &[Card],
 ) -> PlanOutcome<()> {
     exact_pending(request, request_id, binding)?;
-    let Some(plan) = plan else { return Err(PlanRefusal::UnknownPlan { plan_id: binding.plan_id.clone() }) };
+    let Some(plan) = plan else {
+        return Err(PlanRefusal::UnknownPlan {
+            plan_id: binding.plan_id.clone(),
+        });
+    };
     if &plan.binding() != binding {
-        return Err(PlanRefusal::PlanMoved { current: plan.binding() });
+        return Err(PlanRefusal::PlanMoved {
+            current: plan.binding(),
+        });
     }
     validate_cards(cards)
 }
 
 /// The ready row.
 pub fn completed(request: &PlanRequest, cards: &[Card], now_ms: i64) -> PlanRequest {
-    PlanRequest { state: RequestState::Ready, cards: Some(cards.to_vec()), settled_at: Some(now_ms), ..request.clone() }
+    PlanRequest {
+        state: RequestState::Ready,
+        cards: Some(cards.to_vec()),
+        settled_at: Some(now_ms),
+        ..request.clone()
+    }
 }
 
 /// Settlement CAS: the exact pending attempt at its captured binding.
-pub fn settle(request: Option<&PlanRequest>, request_id: &RequestId, binding: &PlanBinding) -> PlanOutcome<()> {
+pub fn settle(
+    request: Option<&PlanRequest>,
+    request_id: &RequestId,
+    binding: &PlanBinding,
+) -> PlanOutcome<()> {
     exact_pending(request, request_id, binding)
 }
 
@@ -198,37 +294,72 @@ pub fn settled(request: &PlanRequest, settlement: &Settlement, now_ms: i64) -> P
 
 /// Apply: the request is ready (hence bound to the plan's current revision and snapshot, which the
 /// check repeats). Answers the advanced plan and the cause stored on the siblings.
-pub fn consume(plan: Option<&Plan>, request: Option<&PlanRequest>, request_id: &RequestId) -> PlanOutcome<(Plan, Invalidation)> {
-    let Some(found) = request else { return Err(PlanRefusal::UnknownRequest { request_id: request_id.clone() }) };
+pub fn consume(
+    plan: Option<&Plan>,
+    request: Option<&PlanRequest>,
+    request_id: &RequestId,
+) -> PlanOutcome<(Plan, Invalidation)> {
+    let Some(found) = request else {
+        return Err(PlanRefusal::UnknownRequest {
+            request_id: request_id.clone(),
+        });
+    };
     if found.state != RequestState::Ready {
-        return Err(PlanRefusal::NotReady { found: Box::new(found.clone()) });
+        return Err(PlanRefusal::NotReady {
+            found: Box::new(found.clone()),
+        });
     }
-    let Some(plan) = plan else { return Err(PlanRefusal::UnknownPlan { plan_id: found.plan_id.clone() }) };
+    let Some(plan) = plan else {
+        return Err(PlanRefusal::UnknownPlan {
+            plan_id: found.plan_id.clone(),
+        });
+    };
     if plan.binding() != found.binding() {
-        return Err(PlanRefusal::PlanMoved { current: plan.binding() });
+        return Err(PlanRefusal::PlanMoved {
+            current: plan.binding(),
+        });
     }
-    let next = Plan { revision: plan.revision.next(), ..plan.clone() };
+    let next = Plan {
+        revision: plan.revision.next(),
+        ..plan.clone()
+    };
     let diagnostic = format!(
         "plan revision advanced from {} to {} by applying request {}",
         plan.revision,
         next.revision,
         found.request_id.as_str()
     );
-    Ok((next, Invalidation { reason: TerminalReason::RevisionAdvanced, diagnostic: bound_diagnostic(&diagnostic) }))
+    Ok((
+        next,
+        Invalidation {
+            reason: TerminalReason::RevisionAdvanced,
+            diagnostic: bound_diagnostic(&diagnostic),
+        },
+    ))
 }
 
 /// The consumed row.
 pub fn consumed(request: &PlanRequest, now_ms: i64) -> PlanRequest {
-    PlanRequest { state: RequestState::Consumed, settled_at: Some(now_ms), ..request.clone() }
+    PlanRequest {
+        state: RequestState::Consumed,
+        settled_at: Some(now_ms),
+        ..request.clone()
+    }
 }
 
 /// Dismissal: `Ok(true)` moves a ready row to cancelled/dismissed, `Ok(false)` is a repeat.
 pub fn dismiss(request: Option<&PlanRequest>, request_id: &RequestId) -> PlanOutcome<bool> {
-    let Some(found) = request else { return Err(PlanRefusal::UnknownRequest { request_id: request_id.clone() }) };
+    let Some(found) = request else {
+        return Err(PlanRefusal::UnknownRequest {
+            request_id: request_id.clone(),
+        });
+    };
     match (found.state, found.reason) {
         (RequestState::Ready, _) => Ok(true),
         (RequestState::Cancelled, Some(TerminalReason::Dismissed)) => Ok(false),
-        _ => Err(PlanRefusal::NotReady { found: Box::new(found.clone()) }),
+        _ => Err(PlanRefusal::NotReady {
+            found: Box::new(found.clone()),
+        }),
     }
 }
 
@@ -246,15 +377,25 @@ pub fn dismissed(request: &PlanRequest, now_ms: i64) -> PlanRequest {
 /// The states a request never leaves: what a prune may take once they are old enough. `pending` (an
 /// invocation may still publish or settle it) and `ready` (waiting to be applied or dismissed) are
 /// not among them.
-pub const TERMINAL_STATES: [RequestState; 4] =
-    [RequestState::Consumed, RequestState::Failed, RequestState::Cancelled, RequestState::Invalidated];
+pub const TERMINAL_STATES: [RequestState; 4] = [
+    RequestState::Consumed,
+    RequestState::Failed,
+    RequestState::Cancelled,
+    RequestState::Invalidated,
+];
 
 /// Whether a request row may be pruned at `now_ms`: it is in one of the [`TERMINAL_STATES`] and settled
 /// at least `ttl_ms` ago (`settled_at <= `[`receipt_cutoff`](crate::ledger::decisions::receipt_cutoff),
 /// the horizon keyed receipts use). A terminal row without a settle time stays (no row is written so).
-pub fn request_prunable(state: RequestState, settled_at: Option<i64>, now_ms: i64, ttl_ms: i64) -> bool {
+pub fn request_prunable(
+    state: RequestState,
+    settled_at: Option<i64>,
+    now_ms: i64,
+    ttl_ms: i64,
+) -> bool {
     TERMINAL_STATES.contains(&state)
-        && settled_at.is_some_and(|at| at <= crate::ledger::decisions::receipt_cutoff(now_ms, ttl_ms))
+        && settled_at
+            .is_some_and(|at| at <= crate::ledger::decisions::receipt_cutoff(now_ms, ttl_ms))
 }
 
 #[cfg(test)]
@@ -268,17 +409,39 @@ mod tests {
         const NOW: i64 = 1_800_000_000_000;
         const TTL: i64 = 86_400_000;
         for state in TERMINAL_STATES {
-            assert!(request_prunable(state, Some(NOW - TTL), NOW, TTL), "{state:?}");
+            assert!(
+                request_prunable(state, Some(NOW - TTL), NOW, TTL),
+                "{state:?}"
+            );
             assert!(request_prunable(state, Some(0), NOW, TTL), "{state:?}");
-            assert!(!request_prunable(state, Some(NOW - TTL + 1), NOW, TTL), "{state:?} settled within the TTL");
-            assert!(!request_prunable(state, None, NOW, TTL), "{state:?} without a settle time");
+            assert!(
+                !request_prunable(state, Some(NOW - TTL + 1), NOW, TTL),
+                "{state:?} settled within the TTL"
+            );
+            assert!(
+                !request_prunable(state, None, NOW, TTL),
+                "{state:?} without a settle time"
+            );
         }
         for state in [RequestState::Pending, RequestState::Ready] {
-            assert!(!request_prunable(state, Some(0), NOW, TTL), "{state:?} is never pruned");
-            assert!(!request_prunable(state, None, NOW + 100 * TTL, 0), "{state:?} is never pruned");
+            assert!(
+                !request_prunable(state, Some(0), NOW, TTL),
+                "{state:?} is never pruned"
+            );
+            assert!(
+                !request_prunable(state, None, NOW + 100 * TTL, 0),
+                "{state:?} is never pruned"
+            );
         }
         // Every state is either terminal or one of the two live ones.
-        for s in ["pending", "ready", "consumed", "failed", "cancelled", "invalidated"] {
+        for s in [
+            "pending",
+            "ready",
+            "consumed",
+            "failed",
+            "cancelled",
+            "invalidated",
+        ] {
             let state = RequestState::parse(s).expect("a state");
             let live = matches!(state, RequestState::Pending | RequestState::Ready);
             assert_eq!(TERMINAL_STATES.contains(&state), !live, "{s}");

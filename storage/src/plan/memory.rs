@@ -33,7 +33,10 @@ impl PlanTables {
     ) -> Vec<RequestId> {
         let mut ids = Vec::new();
         for r in self.requests.values_mut() {
-            if &r.plan_id == plan_id && Some(&r.request_id) != except && decisions::invalidated_by_move(r.state) {
+            if &r.plan_id == plan_id
+                && Some(&r.request_id) != except
+                && decisions::invalidated_by_move(r.state)
+            {
                 *r = decisions::invalidate(r, cause, now_ms);
                 ids.push(r.request_id.clone());
             }
@@ -54,7 +57,9 @@ impl MemoryPlanStore {
 
     fn lock(&self) -> MutexGuard<'_, PlanTables> {
         // A panic while holding the lock leaves maps that are still structurally valid; keep serving.
-        self.tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.tables
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The ledger's prune of the requests: remove at most `limit`
@@ -96,7 +101,11 @@ impl PlanStore for MemoryPlanStore {
             None => Vec::new(),
         };
         t.plans.insert(step.plan.id.clone(), step.plan.clone());
-        Ok(Imported { plan: step.plan, created: step.created, invalidated })
+        Ok(Imported {
+            plan: step.plan,
+            created: step.created,
+            invalidated,
+        })
     }
 
     fn plan(&mut self, plan_id: &PlanId) -> Result<Option<Plan>> {
@@ -118,7 +127,9 @@ impl PlanStore for MemoryPlanStore {
             .cloned()
             .collect();
         pending.sort_by(oldest_first);
-        if let Err(refusal) = decisions::admit(t.plans.get(&identity.plan_id), identity, &pending, holder) {
+        if let Err(refusal) =
+            decisions::admit(t.plans.get(&identity.plan_id), identity, &pending, holder)
+        {
             return Ok(Err(refusal));
         }
         let mut id = RequestId::generate();
@@ -130,7 +141,13 @@ impl PlanStore for MemoryPlanStore {
         Ok(Ok(row))
     }
 
-    fn renew_requests(&mut self, holder: &Generation, request_ids: &[RequestId], lease_ms: i64, now_ms: i64) -> Result<usize> {
+    fn renew_requests(
+        &mut self,
+        holder: &Generation,
+        request_ids: &[RequestId],
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<usize> {
         let mut t = self.lock();
         let mut renewed = 0;
         for id in request_ids {
@@ -149,7 +166,12 @@ impl PlanStore for MemoryPlanStore {
         let mut orphans: Vec<Orphan> = t
             .requests
             .values()
-            .filter_map(|r| decisions::orphaned(r, dead, now_ms).map(|cause| Orphan { request: r.clone(), cause }))
+            .filter_map(|r| {
+                decisions::orphaned(r, dead, now_ms).map(|cause| Orphan {
+                    request: r.clone(),
+                    cause,
+                })
+            })
             .collect();
         orphans.sort_by(|a, b| oldest_first(&a.request, &b.request));
         Ok(orphans)
@@ -164,10 +186,20 @@ impl PlanStore for MemoryPlanStore {
     ) -> Result<PlanOutcome<PlanRequest>> {
         let mut t = self.lock();
         let request = t.requests.get(request_id);
-        if let Err(refusal) = decisions::complete(t.plans.get(&binding.plan_id), request, request_id, binding, cards) {
+        if let Err(refusal) = decisions::complete(
+            t.plans.get(&binding.plan_id),
+            request,
+            request_id,
+            binding,
+            cards,
+        ) {
             return Ok(Err(refusal));
         }
-        let row = decisions::completed(request.expect("complete passes only with a row"), cards, now_ms);
+        let row = decisions::completed(
+            request.expect("complete passes only with a row"),
+            cards,
+            now_ms,
+        );
         t.requests.insert(request_id.clone(), row.clone());
         Ok(Ok(row))
     }
@@ -184,7 +216,11 @@ impl PlanStore for MemoryPlanStore {
         if let Err(refusal) = decisions::settle(request, request_id, binding) {
             return Ok(Err(refusal));
         }
-        let row = decisions::settled(request.expect("settle passes only with a row"), settlement, now_ms);
+        let row = decisions::settled(
+            request.expect("settle passes only with a row"),
+            settlement,
+            now_ms,
+        );
         t.requests.insert(request_id.clone(), row.clone());
         Ok(Ok(row))
     }
@@ -201,7 +237,11 @@ impl PlanStore for MemoryPlanStore {
         t.requests.insert(request_id.clone(), row.clone());
         let invalidated = t.invalidate_siblings(&next.id, Some(request_id), &cause, now_ms);
         t.plans.insert(next.id.clone(), next.clone());
-        Ok(Ok(Consumed { request: row, plan: next, invalidated }))
+        Ok(Ok(Consumed {
+            request: row,
+            plan: next,
+            invalidated,
+        }))
     }
 
     fn dismiss(&mut self, request_id: &RequestId, now_ms: i64) -> Result<PlanOutcome<PlanRequest>> {
@@ -211,7 +251,8 @@ impl PlanStore for MemoryPlanStore {
             Err(refusal) => Ok(Err(refusal)),
             Ok(false) => Ok(Ok(request.expect("dismiss passes only with a row").clone())),
             Ok(true) => {
-                let row = decisions::dismissed(request.expect("dismiss passes only with a row"), now_ms);
+                let row =
+                    decisions::dismissed(request.expect("dismiss passes only with a row"), now_ms);
                 t.requests.insert(request_id.clone(), row.clone());
                 Ok(Ok(row))
             }

@@ -59,7 +59,9 @@ pub const MAX_ID_CHARS: usize = 64;
 pub const MAX_SNAPSHOT_CHARS: usize = 256;
 
 fn is_valid_id(s: &str) -> bool {
-    (1..=MAX_ID_CHARS).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=MAX_ID_CHARS).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// A plan's identity: the key of the one-active-invocation rule. `^[A-Za-z0-9_-]{1,64}$`.
@@ -132,7 +134,8 @@ impl SnapshotId {
     /// 1 to 256 characters, no control characters.
     pub fn parse(s: &str) -> Option<Self> {
         let n = s.chars().count();
-        ((1..=MAX_SNAPSHOT_CHARS).contains(&n) && !s.chars().any(char::is_control)).then(|| SnapshotId(s.to_owned()))
+        ((1..=MAX_SNAPSHOT_CHARS).contains(&n) && !s.chars().any(char::is_control))
+            .then(|| SnapshotId(s.to_owned()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -151,7 +154,11 @@ pub struct Plan {
 impl Plan {
     /// The complete identity a request allocated now would be bound to.
     pub fn binding(&self) -> PlanBinding {
-        PlanBinding { plan_id: self.id.clone(), revision: self.revision, snapshot_id: self.snapshot_id.clone() }
+        PlanBinding {
+            plan_id: self.id.clone(),
+            revision: self.revision,
+            snapshot_id: self.snapshot_id.clone(),
+        }
     }
 }
 
@@ -166,7 +173,13 @@ pub struct PlanBinding {
 
 impl fmt::Display for PlanBinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "plan {} at revision {} over snapshot {}", self.plan_id.as_str(), self.revision, self.snapshot_id.as_str())
+        write!(
+            f,
+            "plan {} at revision {} over snapshot {}",
+            self.plan_id.as_str(),
+            self.revision,
+            self.snapshot_id.as_str()
+        )
     }
 }
 
@@ -294,7 +307,9 @@ pub fn validate_card(card: &Card) -> Result<(), CardError> {
         return Err(CardError::TitleTooLong { chars });
     }
     if card.body.len() > MAX_BODY_BYTES {
-        return Err(CardError::BodyTooLarge { bytes: card.body.len() });
+        return Err(CardError::BodyTooLarge {
+            bytes: card.body.len(),
+        });
     }
     Ok(())
 }
@@ -344,7 +359,11 @@ pub struct RequestHolder {
 
 impl PlanRequest {
     pub fn binding(&self) -> PlanBinding {
-        PlanBinding { plan_id: self.plan_id.clone(), revision: self.revision, snapshot_id: self.snapshot_id.clone() }
+        PlanBinding {
+            plan_id: self.plan_id.clone(),
+            revision: self.revision,
+            snapshot_id: self.snapshot_id.clone(),
+        }
     }
 }
 
@@ -410,16 +429,30 @@ pub enum OrphanCause {
     /// The holder's process is gone (the caller's finding, SPEC §6.1).
     HolderGone { generation: Generation },
     /// The holder stopped renewing: another host's process that died, or one stalled past its lease.
-    LeaseExpired { generation: Generation, lease_until: i64 },
+    LeaseExpired {
+        generation: Generation,
+        lease_until: i64,
+    },
 }
 
 impl fmt::Display for OrphanCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             OrphanCause::NoHolder => f.write_str("no generation holds the request"),
-            OrphanCause::HolderGone { generation } => write!(f, "the process of generation {} is gone", generation.as_str()),
-            OrphanCause::LeaseExpired { generation, lease_until } => {
-                write!(f, "generation {} stopped renewing its lease (it ran out at {lease_until})", generation.as_str())
+            OrphanCause::HolderGone { generation } => write!(
+                f,
+                "the process of generation {} is gone",
+                generation.as_str()
+            ),
+            OrphanCause::LeaseExpired {
+                generation,
+                lease_until,
+            } => {
+                write!(
+                    f,
+                    "generation {} stopped renewing its lease (it ran out at {lease_until})",
+                    generation.as_str()
+                )
             }
         }
     }
@@ -510,7 +543,13 @@ pub trait PlanStore: Send {
     ) -> Result<PlanOutcome<PlanRequest>>;
     /// Extend to `now_ms + lease_ms` the lease of each of `request_ids` that is pending and held by
     /// `holder`; the others are left alone. Answers how many were renewed.
-    fn renew_requests(&mut self, holder: &Generation, request_ids: &[RequestId], lease_ms: i64, now_ms: i64) -> Result<usize>;
+    fn renew_requests(
+        &mut self,
+        holder: &Generation,
+        request_ids: &[RequestId],
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<usize>;
     /// The pending requests whose holder is dead: one of `dead`, past its lease at `now_ms`, or none at all.
     /// Writes nothing: the caller settles each through [`PlanStore::settle_suggestion`].
     fn orphaned_requests(&mut self, dead: &[Generation], now_ms: i64) -> Result<Vec<Orphan>>;
@@ -573,19 +612,41 @@ mod tests {
 
     #[test]
     fn cards_are_checked_against_title_body_and_count_limits() {
-        let card = |t: &str, b: &str| Card { title: t.to_owned(), body: b.to_owned() };
+        let card = |t: &str, b: &str| Card {
+            title: t.to_owned(),
+            body: b.to_owned(),
+        };
         assert_eq!(validate_card(&card("ok", "")), Ok(()));
-        assert_eq!(validate_card(&card(&"é".repeat(200), &"b".repeat(MAX_BODY_BYTES))), Ok(()));
+        assert_eq!(
+            validate_card(&card(&"é".repeat(200), &"b".repeat(MAX_BODY_BYTES))),
+            Ok(())
+        );
         assert_eq!(validate_card(&card(" ", "b")), Err(CardError::EmptyTitle));
-        assert_eq!(validate_card(&card(&"é".repeat(201), "")), Err(CardError::TitleTooLong { chars: 201 }));
+        assert_eq!(
+            validate_card(&card(&"é".repeat(201), "")),
+            Err(CardError::TitleTooLong { chars: 201 })
+        );
         assert_eq!(
             validate_card(&card("t", &"b".repeat(MAX_BODY_BYTES + 1))),
-            Err(CardError::BodyTooLarge { bytes: MAX_BODY_BYTES + 1 })
+            Err(CardError::BodyTooLarge {
+                bytes: MAX_BODY_BYTES + 1
+            })
         );
         let mut many = vec![card("t", "b"); 3];
         many[2].title.clear();
-        assert_eq!(validate_cards(&many), Err(PlanRefusal::InvalidCard { index: 2, error: CardError::EmptyTitle }));
-        assert_eq!(validate_cards(&vec![card("t", ""); MAX_CARDS + 1]), Err(PlanRefusal::TooManyCards { count: MAX_CARDS + 1 }));
+        assert_eq!(
+            validate_cards(&many),
+            Err(PlanRefusal::InvalidCard {
+                index: 2,
+                error: CardError::EmptyTitle
+            })
+        );
+        assert_eq!(
+            validate_cards(&vec![card("t", ""); MAX_CARDS + 1]),
+            Err(PlanRefusal::TooManyCards {
+                count: MAX_CARDS + 1
+            })
+        );
     }
 
     #[test]
@@ -593,15 +654,28 @@ mod tests {
         let id = PlanId::parse("p").unwrap();
         let s1 = SnapshotId::parse("s1").unwrap();
         let s2 = SnapshotId::parse("s2").unwrap();
-        let imp = |snap: &SnapshotId, advance| Import { plan_id: id.clone(), snapshot_id: snap.clone(), advance_revision: advance };
+        let imp = |snap: &SnapshotId, advance| Import {
+            plan_id: id.clone(),
+            snapshot_id: snap.clone(),
+            advance_revision: advance,
+        };
         let created = import(None, &imp(&s1, true));
-        assert_eq!((created.created, created.plan.revision, created.cause), (true, Revision::FIRST, None));
+        assert_eq!(
+            (created.created, created.plan.revision, created.cause),
+            (true, Revision::FIRST, None)
+        );
         let plan = created.plan;
         assert_eq!(import(Some(&plan), &imp(&s1, false)).cause, None);
         let snap = import(Some(&plan), &imp(&s2, false));
-        assert_eq!((snap.plan.revision, snap.cause.map(|c| c.reason)), (Revision::FIRST, Some(TerminalReason::SnapshotChanged)));
+        assert_eq!(
+            (snap.plan.revision, snap.cause.map(|c| c.reason)),
+            (Revision::FIRST, Some(TerminalReason::SnapshotChanged))
+        );
         let adv = import(Some(&plan), &imp(&s2, true));
-        assert_eq!((adv.plan.revision, adv.cause.map(|c| c.reason)), (Revision::new(2), Some(TerminalReason::RevisionAdvanced)));
+        assert_eq!(
+            (adv.plan.revision, adv.cause.map(|c| c.reason)),
+            (Revision::new(2), Some(TerminalReason::RevisionAdvanced))
+        );
     }
 
     #[test]
@@ -615,7 +689,14 @@ mod tests {
         assert!(SnapshotId::parse("sha256:abc/def").is_some());
         assert!(SnapshotId::parse("a\nb").is_none());
         assert!(SnapshotId::parse(&"s".repeat(257)).is_none());
-        for s in ["pending", "ready", "consumed", "failed", "cancelled", "invalidated"] {
+        for s in [
+            "pending",
+            "ready",
+            "consumed",
+            "failed",
+            "cancelled",
+            "invalidated",
+        ] {
             assert_eq!(RequestState::parse(s).map(RequestState::as_str), Some(s));
         }
     }

@@ -9,15 +9,19 @@
 use super::Db;
 use serde_json::{Map, Value};
 
-use super::news::notify;
 use super::live::{get_row, is_killed, live_rows, row_by_thread, ROW_COLUMNS};
+use super::news::notify;
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::{big, too_big, PgStore};
-use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
+use crate::ledger::decisions::{
+    self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
+};
 use crate::ledger::{
-    check_events, check_turns, decode_receipt_answer, fence_refusal, FENCE_PURGED_SQL as PURGED, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
-    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
-    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_BATCH, PRUNE_LEFTOVER_RUNS,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit,
+    AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer,
+    LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal, RunLedger,
+    StepRecord, StopAnswer, TableRows, Transcript, Turn, FENCE_PURGED_SQL as PURGED, PRUNE_BATCH,
+    PRUNE_LEFTOVER_RUNS,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
@@ -27,7 +31,9 @@ use crate::{Error, Result};
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
 fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
     if is_killed(c, run_id)? {
-        return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+        return Ok(Err(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }));
     }
     let row = get_row(c, run_id)?;
     Ok(match fence_refusal(row.as_ref(), run_id, gen) {
@@ -47,38 +53,65 @@ macro_rules! owner {
 }
 
 fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
-    c.execute("UPDATE live_runs SET state_json = $2 WHERE run_id = $1", &[&run_id, &Value::Object(state.clone()).to_string()])?;
+    c.execute(
+        "UPDATE live_runs SET state_json = $2 WHERE run_id = $1",
+        &[&run_id, &Value::Object(state.clone()).to_string()],
+    )?;
     Ok(())
 }
 
 fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
-    c.execute("UPDATE live_runs SET phase = $2 WHERE run_id = $1", &[&run_id, &phase.as_str()])?;
+    c.execute(
+        "UPDATE live_runs SET phase = $2 WHERE run_id = $1",
+        &[&run_id, &phase.as_str()],
+    )?;
     Ok(())
 }
 
 fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
-    let seq: i64 = c.query_one("SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = $1", &[&run_id])?.get(0);
-    c.execute("INSERT INTO run_inbox (run_id, seq, json) VALUES ($1, $2, $3)", &[&run_id, &seq, &message.to_string()])?;
+    let seq: i64 = c
+        .query_one(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = $1",
+            &[&run_id],
+        )?
+        .get(0);
+    c.execute(
+        "INSERT INTO run_inbox (run_id, seq, json) VALUES ($1, $2, $3)",
+        &[&run_id, &seq, &message.to_string()],
+    )?;
     Ok(seq as u64)
 }
 
 fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
-    let Ok(after) = i64::try_from(after.unwrap_or(0)) else { return Ok(Vec::new()) };
-    c.query("SELECT seq, json FROM run_inbox WHERE run_id = $1 AND seq > $2 ORDER BY seq", &[&run_id, &after])?
-        .iter()
-        .map(|r| {
-            let (seq, json): (i64, String) = (r.get(0), r.get(1));
-            let message = serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
-            Ok(InboxItem { seq: seq as u64, message })
+    let Ok(after) = i64::try_from(after.unwrap_or(0)) else {
+        return Ok(Vec::new());
+    };
+    c.query(
+        "SELECT seq, json FROM run_inbox WHERE run_id = $1 AND seq > $2 ORDER BY seq",
+        &[&run_id, &after],
+    )?
+    .iter()
+    .map(|r| {
+        let (seq, json): (i64, String) = (r.get(0), r.get(1));
+        let message =
+            serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
+        Ok(InboxItem {
+            seq: seq as u64,
+            message,
         })
-        .collect()
+    })
+    .collect()
 }
 
 fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
     let json: Option<String> = c
-        .query_opt("SELECT json FROM run_steps WHERE run_id = $1 ORDER BY step DESC LIMIT 1", &[&run_id])?
+        .query_opt(
+            "SELECT json FROM run_steps WHERE run_id = $1 ORDER BY step DESC LIMIT 1",
+            &[&run_id],
+        )?
         .map(|r| r.get(0));
-    json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e))).transpose()
+    json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e)))
+        .transpose()
 }
 
 /// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
@@ -98,12 +131,17 @@ fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
 fn stamp_receipts(c: &mut Db, run_id: &str, now_ms: i64) -> Result<()> {
-    c.execute("UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL", &[&run_id, &now_ms])?;
+    c.execute(
+        "UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL",
+        &[&run_id, &now_ms],
+    )?;
     Ok(())
 }
 
 fn count(c: &mut Db, table: &str) -> Result<u64> {
-    let n: i64 = c.query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?.get(0);
+    let n: i64 = c
+        .query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?
+        .get(0);
     Ok(n.max(0) as u64)
 }
 
@@ -114,7 +152,8 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
             &[&k.scope, &k.key],
         )?;
         if let Some(hit) = hit {
-            let (hash, run_id, answer): (String, String, String) = (hit.get(0), hit.get(1), hit.get(2));
+            let (hash, run_id, answer): (String, String, String) =
+                (hit.get(0), hit.get(1), hit.get(2));
             if hash != k.body_hash {
                 return Ok(AdmitOutcome::KeyConflict);
             }
@@ -125,7 +164,11 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         return Ok(AdmitOutcome::Fenced);
     }
     let holder = row_by_thread(c, &a.thread_key)?;
-    let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some(), a.reaches(holder.as_ref())) {
+    let outcome = match decisions::decide_admit(
+        holder.as_ref().map(LiveRow::view).as_ref(),
+        a.key.is_some(),
+        a.reaches(holder.as_ref()),
+    ) {
         decisions::AdmitDecision::Insert => {
             c.execute(
                 "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
@@ -140,11 +183,17 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
                     &a.meta.to_string(),
                 ],
             )?;
-            AdmitOutcome::Started { run_id: a.run_id.clone() }
+            AdmitOutcome::Started {
+                run_id: a.run_id.clone(),
+            }
         }
         decisions::AdmitDecision::Steer { run_id }
             if a.key.is_some()
-                && c.query_one("SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1", &[&run_id])?.get::<_, i64>(0) as usize
+                && c.query_one(
+                    "SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1",
+                    &[&run_id],
+                )?
+                .get::<_, i64>(0) as usize
                     >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
         {
             AdmitOutcome::ReceiptLimit { run_id }
@@ -156,26 +205,51 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
         decisions::AdmitDecision::Forbidden => AdmitOutcome::Forbidden,
     };
-    if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden)) {
+    if let (Some(k), false) = (
+        &a.key,
+        matches!(
+            outcome,
+            AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden
+        ),
+    ) {
         let (run_id, seq) = match &outcome {
             AdmitOutcome::Started { run_id } => (run_id.as_str(), None),
             AdmitOutcome::Steered { run_id, seq } => (run_id.as_str(), Some(*seq as i64)),
             _ => ("", None),
         };
-        let answer = serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
-        let kind = serde_json::to_value(&outcome).ok().and_then(|v| v["outcome"].as_str().map(str::to_owned));
+        let answer =
+            serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
+        let kind = serde_json::to_value(&outcome)
+            .ok()
+            .and_then(|v| v["outcome"].as_str().map(str::to_owned));
         c.execute(
             "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[&k.scope, &k.key, &k.body_hash, &run_id, &kind.unwrap_or_default(), &seq, &answer],
+            &[
+                &k.scope,
+                &k.key,
+                &k.body_hash,
+                &run_id,
+                &kind.unwrap_or_default(),
+                &seq,
+                &answer,
+            ],
         )?;
     }
     Ok(outcome)
 }
 
-fn claim_in(c: &mut Db, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+fn claim_in(
+    c: &mut Db,
+    run_id: &str,
+    gen: &str,
+    p: &Promotion,
+    now_ms: i64,
+) -> Result<Outcome<Claimed>> {
     if is_killed(c, run_id)? {
-        return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+        return Ok(Err(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }));
     }
     let by_run = get_row(c, run_id)?;
     let by_thread = match &by_run {
@@ -208,14 +282,30 @@ fn claim_in(c: &mut Db, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> 
             Ok(Claimed::Promoted)
         }
         ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
-        ClaimDecision::ThreadLive { .. } => Err(by_thread.expect("thread-live names the holder").thread_live()),
-        ClaimDecision::Fenced => Err(Refusal::Fenced { run_id: run_id.to_owned() }),
-        ClaimDecision::UnknownRun => Err(Refusal::UnknownRun { run_id: run_id.to_owned() }),
+        ClaimDecision::ThreadLive { .. } => Err(by_thread
+            .expect("thread-live names the holder")
+            .thread_live()),
+        ClaimDecision::Fenced => Err(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }),
+        ClaimDecision::UnknownRun => Err(Refusal::UnknownRun {
+            run_id: run_id.to_owned(),
+        }),
     })
 }
 
-fn reclaim_in(c: &mut Db, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
-    let rows = live_rows(c.query(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"), &[])?)?;
+fn reclaim_in(
+    c: &mut Db,
+    gen: &str,
+    now_ms: i64,
+    lease_ms: i64,
+    dead_gens: &[String],
+    driven: &[String],
+) -> Result<ReclaimAnswer> {
+    let rows = live_rows(c.query(
+        &format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"),
+        &[],
+    )?)?;
     let mut answer = ReclaimAnswer::default();
     for mut row in rows {
         match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens, driven) {
@@ -233,14 +323,25 @@ fn reclaim_in(c: &mut Db, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[St
                 let last_step = last_step(c, &row.run_id)?;
                 let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
                 let unread_inbox = inbox_after(c, &row.run_id, consumed)?;
-                answer.taken.push(Reclaimed { row, prior_phase, prior_owner, last_step, unread_inbox });
+                answer.taken.push(Reclaimed {
+                    row,
+                    prior_phase,
+                    prior_owner,
+                    last_step,
+                    unread_inbox,
+                });
             }
         }
     }
     Ok(answer)
 }
 
-fn prune_in(c: &mut Db, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+fn prune_in(
+    c: &mut Db,
+    now_ms: i64,
+    receipt_ttl_ms: i64,
+    keep_gens: &[String],
+) -> Result<PruneReport> {
     // Receipts of runs that ended without a stamp (abandon, purge) start their TTL now.
     c.execute(
         "UPDATE admit_receipts SET ended_at = $1
@@ -299,11 +400,18 @@ fn prune_in(c: &mut Db, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) 
     let mut deletion_fences = 0;
     for (run_id, at) in fences {
         if decisions::deletion_fence_prunable(at, true, now_ms, receipt_ttl_ms) {
-            deletion_fences += c.execute("DELETE FROM deletion_fences WHERE run_id = $1", &[&run_id])?;
+            deletion_fences +=
+                c.execute("DELETE FROM deletion_fences WHERE run_id = $1", &[&run_id])?;
         }
     }
     let plan_requests = super::plan::prune_requests_in(c, now_ms, receipt_ttl_ms, PRUNE_BATCH)?;
-    Ok(PruneReport { receipts, generations, leftover_runs: leftovers.len() as u64, deletion_fences, plan_requests })
+    Ok(PruneReport {
+        receipts,
+        generations,
+        leftover_runs: leftovers.len() as u64,
+        deletion_fences,
+        plan_requests,
+    })
 }
 
 impl RunLedger for PgStore {
@@ -342,7 +450,13 @@ impl RunLedger for PgStore {
         self.write(|c| admit_in(c, a, now_ms))
     }
 
-    fn claim(&mut self, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+    fn claim(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        p: &Promotion,
+        now_ms: i64,
+    ) -> Result<Outcome<Claimed>> {
         self.write(|c| claim_in(c, run_id, gen, p, now_ms))
     }
 
@@ -351,16 +465,27 @@ impl RunLedger for PgStore {
             owner!(c, run_id, gen);
             let (rows, refused) = check_events(events);
             let last = rows.iter().map(|(seq, _, _)| *seq).max();
-            insert_events(c, run_id, rows.into_iter().map(|(seq, _event, json)| (seq, json)))?;
+            insert_events(
+                c,
+                run_id,
+                rows.into_iter().map(|(seq, _event, json)| (seq, json)),
+            )?;
             if let Some(seq) = last {
-                notify(c, &News::Appended { run_id: run_id.to_owned(), seq })?;
+                notify(
+                    c,
+                    &News::Appended {
+                        run_id: run_id.to_owned(),
+                        seq,
+                    },
+                )?;
             }
             Ok(refused.map_or(Ok(()), Err))
         })
     }
 
     fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
-        let step = i64::try_from(record.step).map_err(|_| too_big("run_steps.step", record.step))?;
+        let step =
+            i64::try_from(record.step).map_err(|_| too_big("run_steps.step", record.step))?;
         let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
         self.write(|c| {
             owner!(c, run_id, gen);
@@ -373,7 +498,13 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>> {
+    fn write_transcript(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        first_idx: u64,
+        turns: &[Turn],
+    ) -> Result<Outcome<()>> {
         self.write(|c| {
             owner!(c, run_id, gen);
             let rows = match check_turns(first_idx, turns) {
@@ -398,12 +529,26 @@ impl RunLedger for PgStore {
 
     fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
         self.read(|c| {
-            let rows = c.query("SELECT idx, part, json FROM transcript WHERE run_id = $1 ORDER BY idx, part", &[&run_id])?;
-            Transcript::assemble(rows.iter().map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64, r.get(2))))
+            let rows = c.query(
+                "SELECT idx, part, json FROM transcript WHERE run_id = $1 ORDER BY idx, part",
+                &[&run_id],
+            )?;
+            Transcript::assemble(rows.iter().map(|r| {
+                (
+                    r.get::<_, i64>(0) as u64,
+                    r.get::<_, i64>(1) as u64,
+                    r.get(2),
+                )
+            }))
         })
     }
 
-    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>> {
+    fn set_state(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        patch: &Map<String, Value>,
+    ) -> Result<Outcome<()>> {
         self.write(|c| {
             let mut row = owner!(c, run_id, gen);
             merge_state(&mut row.state, patch);
@@ -412,22 +557,49 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
+    fn heartbeat(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<Outcome<HeartbeatAnswer>> {
         self.write(|c| {
             let row = owner!(c, run_id, gen);
-            c.execute("UPDATE live_runs SET lease_until = $2 WHERE run_id = $1", &[&run_id, &(now_ms + lease_ms)])?;
-            Ok(Ok(HeartbeatAnswer { stop: row.stop, phase: row.phase }))
+            c.execute(
+                "UPDATE live_runs SET lease_until = $2 WHERE run_id = $1",
+                &[&run_id, &(now_ms + lease_ms)],
+            )?;
+            Ok(Ok(HeartbeatAnswer {
+                stop: row.stop,
+                phase: row.phase,
+            }))
         })
     }
 
-    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>> {
+    fn request_stop(
+        &mut self,
+        run_id: &str,
+        mode: StopMode,
+        now_ms: i64,
+    ) -> Result<Outcome<StopAnswer>> {
         self.write(|c| {
             let Some(row) = get_row(c, run_id)? else {
-                return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+                return Ok(Err(Refusal::NotLive {
+                    run_id: run_id.to_owned(),
+                }));
             };
             let stop = decisions::strongest_stop(row.stop, mode);
-            c.execute("UPDATE live_runs SET stop = $2 WHERE run_id = $1", &[&run_id, &stop.as_str()])?;
-            notify(c, &News::Stop { run_id: run_id.to_owned() })?;
+            c.execute(
+                "UPDATE live_runs SET stop = $2 WHERE run_id = $1",
+                &[&run_id, &stop.as_str()],
+            )?;
+            notify(
+                c,
+                &News::Stop {
+                    run_id: run_id.to_owned(),
+                },
+            )?;
             Ok(Ok(StopAnswer {
                 stop,
                 owner_lease_live: !decisions::lease_expired(row.lease_until, now_ms),
@@ -441,13 +613,15 @@ impl RunLedger for PgStore {
             let mut out = Vec::with_capacity(run_ids.len());
             for id in run_ids {
                 let result = match get_row(c, id)? {
-                    Some(row) if row.owner_gen == gen => match decisions::phase_transition(row.phase, PhaseChange::Handoff) {
-                        Ok(next) => {
-                            set_phase(c, id, next)?;
-                            HandoffResult::HandedOff
+                    Some(row) if row.owner_gen == gen => {
+                        match decisions::phase_transition(row.phase, PhaseChange::Handoff) {
+                            Ok(next) => {
+                                set_phase(c, id, next)?;
+                                HandoffResult::HandedOff
+                            }
+                            Err(_) => HandoffResult::WrongPhase,
                         }
-                        Err(_) => HandoffResult::WrongPhase,
-                    },
+                    }
                     _ => HandoffResult::NotOwner,
                 };
                 out.push((id.clone(), result));
@@ -456,16 +630,29 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>> {
+    fn finishing(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        status: RunStatus,
+        answer: Option<&str>,
+    ) -> Result<Outcome<()>> {
         self.write(|c| {
             let mut row = owner!(c, run_id, gen);
             let next = match decisions::phase_transition(row.phase, PhaseChange::Finishing) {
                 Ok(next) => next,
                 Err(_) => {
-                    return Ok(Err(Refusal::WrongPhase { run_id: run_id.to_owned(), phase: row.phase, change: "finishing" }))
+                    return Ok(Err(Refusal::WrongPhase {
+                        run_id: run_id.to_owned(),
+                        phase: row.phase,
+                        change: "finishing",
+                    }))
                 }
             };
-            merge_state(&mut row.state, &crate::ledger::finishing_patch(status, answer));
+            merge_state(
+                &mut row.state,
+                &crate::ledger::finishing_patch(status, answer),
+            );
             write_state(c, run_id, &row.state)?;
             set_phase(c, run_id, next)?;
             Ok(Ok(()))
@@ -487,7 +674,12 @@ impl RunLedger for PgStore {
             owner!(c, run_id, gen);
             delete_live(c, run_id)?;
             stamp_receipts(c, run_id, now_ms)?;
-            notify(c, &News::Ended { run_id: run_id.to_owned() })?;
+            notify(
+                c,
+                &News::Ended {
+                    run_id: run_id.to_owned(),
+                },
+            )?;
             // With the live row gone, the put replaces the live events with the record's.
             Ok(Ok(put_in(c, record, proposal, now_ms)?))
         })
@@ -500,7 +692,12 @@ impl RunLedger for PgStore {
             if !has_record(c, run_id)? {
                 delete_events(c, run_id)?;
             }
-            notify(c, &News::Ended { run_id: run_id.to_owned() })?;
+            notify(
+                c,
+                &News::Ended {
+                    run_id: run_id.to_owned(),
+                },
+            )?;
             Ok(Ok(()))
         })
     }
@@ -508,16 +705,24 @@ impl RunLedger for PgStore {
     fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
         self.write(|c| {
             if get_row(c, run_id)?.is_none() {
-                return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+                return Ok(Err(Refusal::NotLive {
+                    run_id: run_id.to_owned(),
+                }));
             }
             Ok(Ok(push_inbox_in(c, run_id, message)?))
         })
     }
 
-    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
+    fn read_inbox(
+        &mut self,
+        run_id: &str,
+        after_seq: Option<u64>,
+    ) -> Result<Outcome<Vec<InboxItem>>> {
         self.read(|c| {
             if get_row(c, run_id)?.is_none() {
-                return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+                return Ok(Err(Refusal::NotLive {
+                    run_id: run_id.to_owned(),
+                }));
             }
             Ok(Ok(inbox_after(c, run_id, after_seq)?))
         })
@@ -531,7 +736,14 @@ impl RunLedger for PgStore {
         self.read(|c| last_step(c, run_id))
     }
 
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
+    fn reclaim(
+        &mut self,
+        gen: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        dead_gens: &[String],
+        driven: &[String],
+    ) -> Result<ReclaimAnswer> {
         self.write(|c| reclaim_in(c, gen, now_ms, lease_ms, dead_gens, driven))
     }
 
@@ -570,14 +782,24 @@ impl RunLedger for PgStore {
     }
 
     fn list_live(&mut self) -> Result<Vec<LiveRow>> {
-        self.read(|c| live_rows(c.query(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"), &[])?))
+        self.read(|c| {
+            live_rows(c.query(
+                &format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"),
+                &[],
+            )?)
+        })
     }
 
     fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
         self.read(|c| get_row(c, run_id))
     }
 
-    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>> {
+    fn live_events(
+        &mut self,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<Value>>> {
         self.read(|c| {
             if get_row(c, run_id)?.is_none() {
                 return Ok(None);
@@ -590,7 +812,10 @@ impl RunLedger for PgStore {
         // One statement over an array parameter, however many ids.
         self.read(|c| {
             let mut out: Vec<String> = c
-                .query("SELECT run_id FROM deletion_fences WHERE run_id = ANY($1)", &[&run_ids])?
+                .query(
+                    "SELECT run_id FROM deletion_fences WHERE run_id = ANY($1)",
+                    &[&run_ids],
+                )?
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
@@ -600,7 +825,12 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+    fn prune(
+        &mut self,
+        now_ms: i64,
+        receipt_ttl_ms: i64,
+        keep_gens: &[String],
+    ) -> Result<PruneReport> {
         self.write(|c| prune_in(c, now_ms, receipt_ttl_ms, keep_gens))
     }
 

@@ -11,7 +11,8 @@ use crate::ledger::{LiveRow, Phase, StopMode};
 use crate::{Error, Result};
 
 /// The `live_runs` columns [`live_row`] decodes, in its order.
-pub(super) const ROW_COLUMNS: &str = "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
+pub(super) const ROW_COLUMNS: &str =
+    "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
                            system_text, tools_json, state_json";
 
 fn json_col(row: &Row, i: usize, what: &'static str) -> Result<Value> {
@@ -36,7 +37,9 @@ pub(super) fn live_row(row: &Row) -> Result<LiveRow> {
         phase: Phase::parse(&phase).ok_or_else(|| Error::corrupt("live_runs.phase", &phase))?,
         stop: match stop {
             None => None,
-            Some(s) => Some(StopMode::parse(&s).ok_or_else(|| Error::corrupt("live_runs.stop", &s))?),
+            Some(s) => {
+                Some(StopMode::parse(&s).ok_or_else(|| Error::corrupt("live_runs.stop", &s))?)
+            }
         },
         meta: json_col(row, 7, "live_runs.meta_json")?,
         system_text: row.try_get(8)?,
@@ -52,26 +55,39 @@ pub(super) fn live_rows(rows: Vec<Row>) -> Result<Vec<LiveRow>> {
 
 /// The live row of `run_id`, if any.
 pub(super) fn get_row(c: &mut Db, run_id: &str) -> Result<Option<LiveRow>> {
-    c.query_opt(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = $1"), &[&run_id])?
-        .as_ref()
-        .map(live_row)
-        .transpose()
+    c.query_opt(
+        &format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = $1"),
+        &[&run_id],
+    )?
+    .as_ref()
+    .map(live_row)
+    .transpose()
 }
 
 /// The live row holding `thread_key` (`thread_key UNIQUE`), if any.
 pub(super) fn row_by_thread(c: &mut Db, thread_key: &str) -> Result<Option<LiveRow>> {
-    c.query_opt(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = $1"), &[&thread_key])?
-        .as_ref()
-        .map(live_row)
-        .transpose()
+    c.query_opt(
+        &format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = $1"),
+        &[&thread_key],
+    )?
+    .as_ref()
+    .map(live_row)
+    .transpose()
 }
 
 /// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`).
 pub(super) fn is_killed(c: &mut Db, run_id: &str) -> Result<bool> {
-    Ok(c.query_opt("SELECT 1 FROM deletion_fences WHERE run_id = $1", &[&run_id])?.is_some())
+    Ok(c.query_opt(
+        "SELECT 1 FROM deletion_fences WHERE run_id = $1",
+        &[&run_id],
+    )?
+    .is_some())
 }
 
 /// Whether `run_id` has a live row: its `run_events` are then the ledger's, not the history's.
 pub(super) fn is_live(c: &mut Db, run_id: &str) -> Result<bool> {
-    Ok(c.query_opt("SELECT 1 FROM live_runs WHERE run_id = $1", &[&run_id])?.is_some())
+    Ok(
+        c.query_opt("SELECT 1 FROM live_runs WHERE run_id = $1", &[&run_id])?
+            .is_some(),
+    )
 }

@@ -44,14 +44,14 @@
 //! JSON is stored as `text`, byte for byte what SQLite stores, so both answer identically; text
 //! columns are `COLLATE "C"`, so every `ORDER BY` sorts by bytes as SQLite's `BINARY` does.
 
-pub mod schema;
 mod ledger;
 mod live;
 pub(crate) mod news;
-mod probe;
 mod plan;
+mod probe;
 mod records;
 mod runs;
+pub mod schema;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -99,7 +99,10 @@ pub(crate) struct Db {
 
 impl Db {
     fn new(client: Client) -> Self {
-        Db { client, statements: HashMap::new() }
+        Db {
+            client,
+            statements: HashMap::new(),
+        }
     }
 
     fn statement(&mut self, sql: &str) -> Result<Statement> {
@@ -118,7 +121,9 @@ impl Db {
     /// changed under them: `0A000` "cached plan must not change result type", `26000`).
     fn checked<T>(&mut self, out: std::result::Result<T, postgres::Error>) -> Result<T> {
         if let Err(e) = &out {
-            if e.code().is_some_and(|c| matches!(c.code(), "0A000" | "26000")) {
+            if e.code()
+                .is_some_and(|c| matches!(c.code(), "0A000" | "26000"))
+            {
                 self.statements.clear();
             }
         }
@@ -137,7 +142,11 @@ impl Db {
         self.checked(out)
     }
 
-    pub(crate) fn query_opt(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+    pub(crate) fn query_opt(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>> {
         let st = self.statement(sql)?;
         let out = self.client.query_opt(&st, params);
         self.checked(out)
@@ -171,7 +180,9 @@ pub struct PgStore {
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore").field("grouped", &self.grouped).finish()
+        f.debug_struct("PgStore")
+            .field("grouped", &self.grouped)
+            .finish()
     }
 }
 
@@ -201,7 +212,10 @@ struct Open<'c> {
 impl<'c> Open<'c> {
     fn begin(client: &'c mut Db, begin: &str, rollback: &'static str) -> Result<Self> {
         client.batch_execute(begin)?;
-        Ok(Open { client, rollback: Some(rollback) })
+        Ok(Open {
+            client,
+            rollback: Some(rollback),
+        })
     }
 
     fn finish(mut self, sql: &str) -> Result<()> {
@@ -227,7 +241,12 @@ impl PgStore {
     pub fn open(url: &str) -> Result<Self> {
         let mut client = connect(url)?;
         schema::migrate(&mut client)?;
-        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new(), writes: 0 })
+        Ok(PgStore {
+            db: Db::new(client),
+            grouped: false,
+            atomic: Vec::new(),
+            writes: 0,
+        })
     }
 
     /// A read-only connection for the handle's readers ([`crate::readers`]) on a database this build's
@@ -239,10 +258,17 @@ impl PgStore {
         let found = schema::version(&mut client)?;
         let supported = schema::current_version();
         if found != supported {
-            return Err(Error::Unavailable(format!("the database is at schema version {found}, this build reads {supported}")));
+            return Err(Error::Unavailable(format!(
+                "the database is at schema version {found}, this build reads {supported}"
+            )));
         }
         client.batch_execute("SET default_transaction_read_only = on")?;
-        Ok(PgStore { db: Db::new(client), grouped: false, atomic: Vec::new(), writes: 0 })
+        Ok(PgStore {
+            db: Db::new(client),
+            grouped: false,
+            atomic: Vec::new(),
+            writes: 0,
+        })
     }
 
     /// The schema version in the database.
@@ -259,7 +285,13 @@ impl PgStore {
 
     /// The 32-byte capability secret created at the first migration (hex).
     pub fn capability_secret(&mut self) -> Result<String> {
-        self.read(|c| Ok(c.query_one("SELECT value FROM meta WHERE key = 'capability_secret'", &[])?.get(0)))
+        self.read(|c| {
+            Ok(c.query_one(
+                "SELECT value FROM meta WHERE key = 'capability_secret'",
+                &[],
+            )?
+            .get(0))
+        })
     }
 
     /// Run `body` as one writing transaction: `SERIALIZABLE` on its own, run again after a lost race;
@@ -336,7 +368,9 @@ impl PgStore {
     /// transaction open (PostgreSQL rolls it back).
     pub fn end_group(&mut self, commit: bool) -> Result<()> {
         self.grouped = false;
-        let done = self.db.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" });
+        let done = self
+            .db
+            .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" });
         if done.is_err() && !self.db.is_closed() {
             let _ = self.db.batch_execute("ROLLBACK");
         }
@@ -358,7 +392,9 @@ impl PgStore {
         match self.atomic.pop() {
             Some(true) => self.end_group(commit),
             Some(false) if commit => Ok(self.db.batch_execute("RELEASE SAVEPOINT atomic_unit")?),
-            Some(false) => Ok(self.db.batch_execute("ROLLBACK TO SAVEPOINT atomic_unit; RELEASE SAVEPOINT atomic_unit")?),
+            Some(false) => Ok(self.db.batch_execute(
+                "ROLLBACK TO SAVEPOINT atomic_unit; RELEASE SAVEPOINT atomic_unit",
+            )?),
             None => Ok(()),
         }
     }
@@ -366,7 +402,11 @@ impl PgStore {
 
 /// One method inside a group: a savepoint released on `Ok`, rolled back to on `Err` (or a panic).
 fn nested<R>(client: &mut Db, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
-    let sp = Open::begin(client, "SAVEPOINT message", "ROLLBACK TO SAVEPOINT message; RELEASE SAVEPOINT message")?;
+    let sp = Open::begin(
+        client,
+        "SAVEPOINT message",
+        "ROLLBACK TO SAVEPOINT message; RELEASE SAVEPOINT message",
+    )?;
     let v = body(sp.client)?;
     sp.finish("RELEASE SAVEPOINT message")?;
     Ok(v)
@@ -376,8 +416,12 @@ fn nested<R>(client: &mut Db, body: impl FnOnce(&mut Db) -> Result<R>) -> Result
 /// jitter under a ceiling that starts at [`RACE_PAUSE_FIRST`] and doubles up to [`RACE_PAUSE_MAX`], so
 /// hosts that collided do not collide again in lockstep and a long contention backs off.
 fn race_pause(attempt: u32) -> Duration {
-    let ceiling = RACE_PAUSE_FIRST.saturating_mul(1 << attempt.min(16)).min(RACE_PAUSE_MAX);
-    Duration::from_micros(rand::random_range(1_000..=ceiling.as_micros().max(1_000) as u64))
+    let ceiling = RACE_PAUSE_FIRST
+        .saturating_mul(1 << attempt.min(16))
+        .min(RACE_PAUSE_MAX);
+    Duration::from_micros(rand::random_range(
+        1_000..=ceiling.as_micros().max(1_000) as u64,
+    ))
 }
 
 /// Connect and set the session: timeouts (SPEC §1.3) and UTC.
@@ -407,7 +451,12 @@ fn application_name(pid: u32) -> String {
 pub fn clock_offset_ms(url: &str, local_ms: impl Fn() -> i64) -> Result<i64> {
     let mut client = connect(url)?;
     let before = local_ms();
-    let db: f64 = client.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::float8", &[])?.get(0);
+    let db: f64 = client
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::float8",
+            &[],
+        )?
+        .get(0);
     let after = local_ms();
     Ok(db.round() as i64 - (before + (after - before) / 2))
 }
@@ -429,7 +478,9 @@ pub fn redact_url(url: &str) -> String {
     let lower = out.to_ascii_lowercase();
     if let Some(i) = lower.find("password=") {
         let start = i + "password=".len();
-        let end = out[start..].find(['&', ' ']).map_or(out.len(), |j| start + j);
+        let end = out[start..]
+            .find(['&', ' '])
+            .map_or(out.len(), |j| start + j);
         out.replace_range(start..end, "***");
     }
     out
@@ -451,11 +502,23 @@ mod redact_tests {
 
     #[test]
     fn passwords_are_redacted_and_the_rest_is_kept() {
-        assert_eq!(redact_url("postgres://sb:hunter2@db:5432/x"), "postgres://sb:***@db:5432/x");
-        assert_eq!(redact_url("postgres://sb:p%40ss@w@db/x"), "postgres://sb:***@db/x");
+        assert_eq!(
+            redact_url("postgres://sb:hunter2@db:5432/x"),
+            "postgres://sb:***@db:5432/x"
+        );
+        assert_eq!(
+            redact_url("postgres://sb:p%40ss@w@db/x"),
+            "postgres://sb:***@db/x"
+        );
         assert_eq!(redact_url("postgres://sb@db/x"), "postgres://sb@db/x");
-        assert_eq!(redact_url("postgresql://db/x?user=sb&password=hunter2&sslmode=off"), "postgresql://db/x?user=sb&password=***&sslmode=off");
-        assert_eq!(redact_url("host=db password=hunter2 user=sb"), "host=db password=*** user=sb");
+        assert_eq!(
+            redact_url("postgresql://db/x?user=sb&password=hunter2&sslmode=off"),
+            "postgresql://db/x?user=sb&password=***&sslmode=off"
+        );
+        assert_eq!(
+            redact_url("host=db password=hunter2 user=sb"),
+            "host=db password=*** user=sb"
+        );
     }
 }
 
@@ -464,15 +527,21 @@ mod race_budget_tests {
     use super::*;
 
     /// A lost race, raised by the server itself (SQLSTATE `40001`).
-    const LOSE: &str = "DO $$ BEGIN RAISE EXCEPTION 'lost' USING ERRCODE = 'serialization_failure'; END $$";
+    const LOSE: &str =
+        "DO $$ BEGIN RAISE EXCEPTION 'lost' USING ERRCODE = 'serialization_failure'; END $$";
 
     #[test]
     fn pauses_start_short_double_and_stay_under_the_ceiling() {
         for attempt in 0..40 {
-            let ceiling = (RACE_PAUSE_FIRST * 2u32.pow(attempt.min(16))).min(RACE_PAUSE_MAX).max(Duration::from_millis(1));
+            let ceiling = (RACE_PAUSE_FIRST * 2u32.pow(attempt.min(16)))
+                .min(RACE_PAUSE_MAX)
+                .max(Duration::from_millis(1));
             for _ in 0..20 {
                 let p = race_pause(attempt);
-                assert!(p >= Duration::from_millis(1) && p <= ceiling, "attempt {attempt}: {p:?} over {ceiling:?}");
+                assert!(
+                    p >= Duration::from_millis(1) && p <= ceiling,
+                    "attempt {attempt}: {p:?} over {ceiling:?}"
+                );
             }
         }
     }
@@ -499,9 +568,14 @@ mod race_budget_tests {
     fn a_race_that_never_ends_is_transient_after_the_budget() {
         let mut store = PgStore::open(&crate::testing::pg::database()).expect("open");
         let started = std::time::Instant::now();
-        let e = store.write(|db| db.execute(LOSE, &[])).expect_err("always loses");
+        let e = store
+            .write(|db| db.execute(LOSE, &[]))
+            .expect_err("always loses");
         let took = started.elapsed();
         assert!(e.is_race() && e.is_transient(), "{e}");
-        assert!(took >= RACE_BUDGET - RACE_PAUSE_MAX && took <= RACE_BUDGET + Duration::from_secs(1), "{took:?}");
+        assert!(
+            took >= RACE_BUDGET - RACE_PAUSE_MAX && took <= RACE_BUDGET + Duration::from_secs(1),
+            "{took:?}"
+        );
     }
 }

@@ -32,7 +32,9 @@ pub(super) fn notify(c: &mut Db, news: &News) -> Result<()> {
 
 /// Start the listener thread for `url`, feeding `feed` while it lives.
 pub(crate) fn spawn_listener(url: String, feed: Weak<NewsFeed>) {
-    let spawned = std::thread::Builder::new().name("pg-news".into()).spawn(move || listen(&url, &feed));
+    let spawned = std::thread::Builder::new()
+        .name("pg-news".into())
+        .spawn(move || listen(&url, &feed));
     if let Err(e) = spawned {
         tracing::error!(error = %e, "could not start the news listener; readers fall back to polling");
     }
@@ -49,10 +51,14 @@ fn listen(url: &str, feed: &Weak<NewsFeed>) {
                 pause = RECONNECT_FIRST;
                 match follow(&mut client, feed) {
                     Ok(()) => return,
-                    Err(e) => tracing::warn!(error = %e, "news listener lost its connection; reconnecting"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "news listener lost its connection; reconnecting")
+                    }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "news listener cannot connect"),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "news listener cannot connect")
+            }
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(RECONNECT_MAX);

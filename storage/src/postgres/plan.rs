@@ -12,16 +12,22 @@ use super::Db;
 use super::PgStore;
 use crate::plan::decisions::{self, Invalidation};
 use crate::plan::{
-    Card, Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRequest, PlanStore,
-    RequestHolder, RequestId, RequestState, Revision, SnapshotId, Settlement, TerminalReason,
+    Card, Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRequest,
+    PlanStore, RequestHolder, RequestId, RequestState, Revision, Settlement, SnapshotId,
+    TerminalReason,
 };
 use crate::{Error, Generation, Result};
 
-const REQUEST_COLUMNS: &str = "request_id, plan_id, revision, snapshot_id, state, reason, diagnostic, cards_json, \
+const REQUEST_COLUMNS: &str =
+    "request_id, plan_id, revision, snapshot_id, state, reason, diagnostic, cards_json, \
      created_at, settled_at, generation, lease_until";
 
 fn revision_of(n: i64, what: &'static str) -> Result<Revision> {
-    u64::try_from(n).ok().filter(|n| *n >= 1).map(Revision::new).ok_or_else(|| Error::corrupt(what, n))
+    u64::try_from(n)
+        .ok()
+        .filter(|n| *n >= 1)
+        .map(Revision::new)
+        .ok_or_else(|| Error::corrupt(what, n))
 }
 
 /// Decode one `plan_requests` row selected with [`REQUEST_COLUMNS`]; a bad value is [`Error::Corrupt`].
@@ -32,25 +38,35 @@ fn decode(row: &Row) -> Result<PlanRequest> {
     let state: String = row.try_get(4)?;
     let reason = match row.try_get::<_, Option<String>>(5)? {
         None => None,
-        Some(r) => Some(TerminalReason::parse(&r).ok_or_else(|| Error::corrupt("plan_requests.reason", &r))?),
+        Some(r) => Some(
+            TerminalReason::parse(&r).ok_or_else(|| Error::corrupt("plan_requests.reason", &r))?,
+        ),
     };
     let holder = match row.try_get::<_, Option<String>>(10)? {
         None => None,
         Some(g) => Some(RequestHolder {
-            generation: Generation::parse(&g).ok_or_else(|| Error::corrupt("plan_requests.generation", &g))?,
+            generation: Generation::parse(&g)
+                .ok_or_else(|| Error::corrupt("plan_requests.generation", &g))?,
             lease_until: row.try_get(11)?,
         }),
     };
     let cards = match row.try_get::<_, Option<String>>(7)? {
         None => None,
-        Some(j) => Some(serde_json::from_str::<Vec<Card>>(&j).map_err(|e| Error::corrupt("plan_requests.cards_json", e))?),
+        Some(j) => Some(
+            serde_json::from_str::<Vec<Card>>(&j)
+                .map_err(|e| Error::corrupt("plan_requests.cards_json", e))?,
+        ),
     };
     Ok(PlanRequest {
-        request_id: RequestId::parse(&request_id).ok_or_else(|| Error::corrupt("plan_requests.request_id", &request_id))?,
-        plan_id: PlanId::parse(&plan_id).ok_or_else(|| Error::corrupt("plan_requests.plan_id", &plan_id))?,
+        request_id: RequestId::parse(&request_id)
+            .ok_or_else(|| Error::corrupt("plan_requests.request_id", &request_id))?,
+        plan_id: PlanId::parse(&plan_id)
+            .ok_or_else(|| Error::corrupt("plan_requests.plan_id", &plan_id))?,
         revision: revision_of(row.try_get(2)?, "plan_requests.revision")?,
-        snapshot_id: SnapshotId::parse(&snapshot_id).ok_or_else(|| Error::corrupt("plan_requests.snapshot_id", &snapshot_id))?,
-        state: RequestState::parse(&state).ok_or_else(|| Error::corrupt("plan_requests.state", &state))?,
+        snapshot_id: SnapshotId::parse(&snapshot_id)
+            .ok_or_else(|| Error::corrupt("plan_requests.snapshot_id", &snapshot_id))?,
+        state: RequestState::parse(&state)
+            .ok_or_else(|| Error::corrupt("plan_requests.state", &state))?,
         reason,
         diagnostic: row.try_get(6)?,
         cards,
@@ -65,14 +81,19 @@ fn decode_all(rows: Vec<Row>) -> Result<Vec<PlanRequest>> {
 }
 
 fn get_plan(c: &mut Db, plan_id: &PlanId) -> Result<Option<Plan>> {
-    let Some(row) = c.query_opt("SELECT revision, snapshot_id FROM plans WHERE plan_id = $1", &[&plan_id.as_str()])? else {
+    let Some(row) = c.query_opt(
+        "SELECT revision, snapshot_id FROM plans WHERE plan_id = $1",
+        &[&plan_id.as_str()],
+    )?
+    else {
         return Ok(None);
     };
     let snapshot: String = row.get(1);
     Ok(Some(Plan {
         id: plan_id.clone(),
         revision: revision_of(row.get(0), "plans.revision")?,
-        snapshot_id: SnapshotId::parse(&snapshot).ok_or_else(|| Error::corrupt("plans.snapshot_id", &snapshot))?,
+        snapshot_id: SnapshotId::parse(&snapshot)
+            .ok_or_else(|| Error::corrupt("plans.snapshot_id", &snapshot))?,
     }))
 }
 
@@ -84,7 +105,10 @@ fn revision_param(r: Revision) -> Result<i64> {
 /// [`decisions::request_prunable`] lets go at `now_ms` — terminal, settled at least `ttl_ms` ago —
 /// oldest settled first; answers how many went. `plans` rows are never pruned (see [`decisions`]).
 pub(super) fn prune_requests_in(c: &mut Db, now_ms: i64, ttl_ms: i64, limit: usize) -> Result<u64> {
-    let states: Vec<&str> = decisions::TERMINAL_STATES.iter().map(|s| s.as_str()).collect();
+    let states: Vec<&str> = decisions::TERMINAL_STATES
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
     let cutoff = crate::ledger::decisions::receipt_cutoff(now_ms, ttl_ms);
     let candidates: Vec<(String, String, Option<i64>)> = c
         .query(
@@ -97,9 +121,13 @@ pub(super) fn prune_requests_in(c: &mut Db, now_ms: i64, ttl_ms: i64, limit: usi
         .collect();
     let mut pruned = 0;
     for (request_id, state, settled_at) in candidates {
-        let state = RequestState::parse(&state).ok_or_else(|| Error::corrupt("plan_requests.state", &state))?;
+        let state = RequestState::parse(&state)
+            .ok_or_else(|| Error::corrupt("plan_requests.state", &state))?;
         if decisions::request_prunable(state, settled_at, now_ms, ttl_ms) {
-            pruned += c.execute("DELETE FROM plan_requests WHERE request_id = $1", &[&request_id])?;
+            pruned += c.execute(
+                "DELETE FROM plan_requests WHERE request_id = $1",
+                &[&request_id],
+            )?;
         }
     }
     Ok(pruned)
@@ -115,10 +143,13 @@ fn put_plan(c: &mut Db, plan: &Plan) -> Result<()> {
 }
 
 fn get_request(c: &mut Db, request_id: &RequestId) -> Result<Option<PlanRequest>> {
-    c.query_opt(&format!("SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE request_id = $1"), &[&request_id.as_str()])?
-        .as_ref()
-        .map(decode)
-        .transpose()
+    c.query_opt(
+        &format!("SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE request_id = $1"),
+        &[&request_id.as_str()],
+    )?
+    .as_ref()
+    .map(decode)
+    .transpose()
 }
 
 /// The plan's pending requests, oldest first.
@@ -132,7 +163,12 @@ fn pending_of_plan(c: &mut Db, plan_id: &PlanId) -> Result<Vec<PlanRequest>> {
 }
 
 fn cards_json(cards: &Option<Vec<Card>>) -> Result<Option<String>> {
-    cards.as_ref().map(|c| serde_json::to_string(c).map_err(|e| Error::corrupt("plan_requests.cards_json", e))).transpose()
+    cards
+        .as_ref()
+        .map(|c| {
+            serde_json::to_string(c).map_err(|e| Error::corrupt("plan_requests.cards_json", e))
+        })
+        .transpose()
 }
 
 fn insert_request(c: &mut Db, r: &PlanRequest) -> Result<()> {
@@ -214,7 +250,11 @@ impl PlanStore for PgStore {
                 Some(cause) => invalidate_siblings(c, &step.plan.id, None, cause, now_ms)?,
                 None => Vec::new(),
             };
-            Ok(Imported { plan: step.plan, created: step.created, invalidated })
+            Ok(Imported {
+                plan: step.plan,
+                created: step.created,
+                invalidated,
+            })
         })
     }
 
@@ -235,17 +275,26 @@ impl PlanStore for PgStore {
             if let Err(refusal) = decisions::admit(plan.as_ref(), identity, &pending, holder) {
                 return Ok(Err(refusal));
             }
-            let row = decisions::new_request(RequestId::generate(), identity, holder, lease_ms, now_ms);
+            let row =
+                decisions::new_request(RequestId::generate(), identity, holder, lease_ms, now_ms);
             insert_request(c, &row)?;
             Ok(Ok(row))
         })
     }
 
-    fn renew_requests(&mut self, holder: &Generation, request_ids: &[RequestId], lease_ms: i64, now_ms: i64) -> Result<usize> {
+    fn renew_requests(
+        &mut self,
+        holder: &Generation,
+        request_ids: &[RequestId],
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<usize> {
         self.write(|c| {
             let mut renewed = 0;
             for id in request_ids {
-                if let Some(row) = get_request(c, id)?.and_then(|r| decisions::renew(&r, holder, lease_ms, now_ms)) {
+                if let Some(row) =
+                    get_request(c, id)?.and_then(|r| decisions::renew(&r, holder, lease_ms, now_ms))
+                {
                     update_request(c, &row)?;
                     renewed += 1;
                 }
@@ -277,10 +326,16 @@ impl PlanStore for PgStore {
         self.write(|c| {
             let request = get_request(c, request_id)?;
             let plan = get_plan(c, &binding.plan_id)?;
-            if let Err(refusal) = decisions::complete(plan.as_ref(), request.as_ref(), request_id, binding, cards) {
+            if let Err(refusal) =
+                decisions::complete(plan.as_ref(), request.as_ref(), request_id, binding, cards)
+            {
                 return Ok(Err(refusal));
             }
-            let row = decisions::completed(&request.expect("complete passes only with a row"), cards, now_ms);
+            let row = decisions::completed(
+                &request.expect("complete passes only with a row"),
+                cards,
+                now_ms,
+            );
             update_request(c, &row)?;
             Ok(Ok(row))
         })
@@ -298,7 +353,11 @@ impl PlanStore for PgStore {
             if let Err(refusal) = decisions::settle(request.as_ref(), request_id, binding) {
                 return Ok(Err(refusal));
             }
-            let row = decisions::settled(&request.expect("settle passes only with a row"), settlement, now_ms);
+            let row = decisions::settled(
+                &request.expect("settle passes only with a row"),
+                settlement,
+                now_ms,
+            );
             update_request(c, &row)?;
             Ok(Ok(row))
         })
@@ -311,15 +370,21 @@ impl PlanStore for PgStore {
                 Some(r) => get_plan(c, &r.plan_id)?,
                 None => None,
             };
-            let (next, cause) = match decisions::consume(plan.as_ref(), request.as_ref(), request_id) {
-                Ok(step) => step,
-                Err(refusal) => return Ok(Err(refusal)),
-            };
-            let row = decisions::consumed(&request.expect("consume passes only with a row"), now_ms);
+            let (next, cause) =
+                match decisions::consume(plan.as_ref(), request.as_ref(), request_id) {
+                    Ok(step) => step,
+                    Err(refusal) => return Ok(Err(refusal)),
+                };
+            let row =
+                decisions::consumed(&request.expect("consume passes only with a row"), now_ms);
             update_request(c, &row)?;
             let invalidated = invalidate_siblings(c, &next.id, Some(request_id), &cause, now_ms)?;
             put_plan(c, &next)?;
-            Ok(Ok(Consumed { request: row, plan: next, invalidated }))
+            Ok(Ok(Consumed {
+                request: row,
+                plan: next,
+                invalidated,
+            }))
         })
     }
 

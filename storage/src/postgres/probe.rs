@@ -30,8 +30,12 @@ impl std::fmt::Debug for ActivityProbe {
 impl ActivityProbe {
     pub fn connect(url: &str) -> Result<ActivityProbe> {
         let mut config = postgres::Config::from_str(url)?;
-        config.application_name("switchboard-probe").connect_timeout(super::CONNECT_TIMEOUT);
-        Ok(ActivityProbe { client: config.connect(NoTls)? })
+        config
+            .application_name("switchboard-probe")
+            .connect_timeout(super::CONNECT_TIMEOUT);
+        Ok(ActivityProbe {
+            client: config.connect(NoTls)?,
+        })
     }
 
     /// `true` when every backend of process `pid` is `idle` (outside a transaction), twice in a row
@@ -44,7 +48,11 @@ impl ActivityProbe {
         }
         std::thread::sleep(SETTLE);
         let second = self.look(pid)?;
-        Ok(second.busy == 0 && second.changed == first.changed && second.backends == first.backends)
+        Ok(
+            second.busy == 0
+                && second.changed == first.changed
+                && second.backends == first.backends,
+        )
     }
 
     fn look(&mut self, pid: u32) -> Result<Look> {
@@ -53,9 +61,16 @@ impl ActivityProbe {
              FROM pg_stat_activity WHERE application_name = $1",
             &[&super::application_name(pid)],
         )?;
-        let look = Look { busy: row.get(0), backends: row.get(1), changed: row.get(2) };
+        let look = Look {
+            busy: row.get(0),
+            backends: row.get(1),
+            changed: row.get(2),
+        };
         if look.backends == 0 {
-            return Err(Error::Unavailable(format!("no PostgreSQL connection is named {}", super::application_name(pid))));
+            return Err(Error::Unavailable(format!(
+                "no PostgreSQL connection is named {}",
+                super::application_name(pid)
+            )));
         }
         Ok(look)
     }

@@ -15,10 +15,14 @@ use sha2::{Digest, Sha256};
 use super::live::{is_killed, is_live};
 use super::{big, too_big, Params};
 use crate::record::{
-    is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
+    is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord,
+    VisibilityFilter,
 };
 use crate::sqlite::Kept;
-use crate::store::{clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::store::{
+    clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome,
+    StoredPolicy, TRIM_PER_PUT,
+};
 use crate::{Error, Result};
 
 const POLICY_KEY: &str = "retention_policy";
@@ -29,16 +33,25 @@ fn kept_sql(kept: &Kept, cutoff: i64, p: &mut Params) -> String {
         Kept::All => format!("finished_at >= {}", p.push(cutoff)),
         Kept::From(f, id) => {
             let c = p.push(cutoff);
-            format!("finished_at >= {c} AND (finished_at, run_id) >= ({}, {})", p.push(*f), p.push(id.clone()))
+            format!(
+                "finished_at >= {c} AND (finished_at, run_id) >= ({}, {})",
+                p.push(*f),
+                p.push(id.clone())
+            )
         }
         Kept::Nothing => "FALSE".into(),
     }
 }
 
 pub(super) fn read_policy(c: &mut Db) -> Result<StoredPolicy> {
-    let raw: Option<String> = c.query_opt("SELECT value FROM meta WHERE key = $1", &[&POLICY_KEY])?.map(|r| r.get(0));
-    let Some(raw) = raw else { return Ok(StoredPolicy::default()) };
-    let v: Value = serde_json::from_str(&raw).map_err(|e| Error::corrupt("meta.retention_policy", e))?;
+    let raw: Option<String> = c
+        .query_opt("SELECT value FROM meta WHERE key = $1", &[&POLICY_KEY])?
+        .map(|r| r.get(0));
+    let Some(raw) = raw else {
+        return Ok(StoredPolicy::default());
+    };
+    let v: Value =
+        serde_json::from_str(&raw).map_err(|e| Error::corrupt("meta.retention_policy", e))?;
     let num = |k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     Ok(StoredPolicy {
         policy: RetentionPolicy::clamp(num("retentionDays"), num("maxRuns"), num("maxBytes")),
@@ -94,19 +107,35 @@ fn visibility_sql(f: &VisibilityFilter, p: &mut Params) -> String {
         VisibilityFilter::All => "TRUE".into(),
         VisibilityFilter::None => "FALSE".into(),
         VisibilityFilter::ChannelsIn { ids } if ids.is_empty() => "FALSE".into(),
-        VisibilityFilter::ChannelsIn { ids } => format!("channel_id = ANY({})", p.push(ids.clone())),
+        VisibilityFilter::ChannelsIn { ids } => {
+            format!("channel_id = ANY({})", p.push(ids.clone()))
+        }
         VisibilityFilter::UserIs { id } => format!("user_id = {}", p.push(id.clone())),
         VisibilityFilter::VisibilityIn { values } if values.is_empty() => "FALSE".into(),
         VisibilityFilter::VisibilityIn { values } => {
             let v: Vec<String> = values.iter().map(|v| v.as_str().to_owned()).collect();
             format!("channel_visibility = ANY({})", p.push(v))
         }
-        VisibilityFilter::Or { of } | VisibilityFilter::And { of } if of.is_empty() => "FALSE".into(),
+        VisibilityFilter::Or { of } | VisibilityFilter::And { of } if of.is_empty() => {
+            "FALSE".into()
+        }
         VisibilityFilter::Or { of } => {
-            format!("({})", of.iter().map(|g| visibility_sql(g, p)).collect::<Vec<_>>().join(" OR "))
+            format!(
+                "({})",
+                of.iter()
+                    .map(|g| visibility_sql(g, p))
+                    .collect::<Vec<_>>()
+                    .join(" OR ")
+            )
         }
         VisibilityFilter::And { of } => {
-            format!("({})", of.iter().map(|g| visibility_sql(g, p)).collect::<Vec<_>>().join(" AND "))
+            format!(
+                "({})",
+                of.iter()
+                    .map(|g| visibility_sql(g, p))
+                    .collect::<Vec<_>>()
+                    .join(" AND ")
+            )
         }
     }
 }
@@ -132,12 +161,18 @@ pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(S
         }
     }
     if let Some(status) = query.status {
-        clauses.push(format!("status = {} AND NOT provisional", p.push(status.as_str().to_owned())));
+        clauses.push(format!(
+            "status = {} AND NOT provisional",
+            p.push(status.as_str().to_owned())
+        ));
     }
     if let Some(cur) = &query.before {
         let f = p.push(cur.finished_at);
         match &cur.id {
-            Some(id) => clauses.push(format!("(finished_at, run_id) < ({f}, {})", p.push(id.clone()))),
+            Some(id) => clauses.push(format!(
+                "(finished_at, run_id) < ({f}, {})",
+                p.push(id.clone())
+            )),
             None => clauses.push(format!("finished_at < {f}")),
         }
     }
@@ -153,8 +188,15 @@ pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(S
 }
 
 pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem> {
-    let head: RunHead = serde_json::from_str(summary_json).map_err(|e| Error::corrupt("runs.summary_json", e))?;
-    Ok(RunListItem { head: RunHead { diagnosis: head.diagnosis.clone().normalized(), ..head }, bytes: Some(bytes.max(0) as u64) })
+    let head: RunHead =
+        serde_json::from_str(summary_json).map_err(|e| Error::corrupt("runs.summary_json", e))?;
+    Ok(RunListItem {
+        head: RunHead {
+            diagnosis: head.diagnosis.clone().normalized(),
+            ..head
+        },
+        bytes: Some(bytes.max(0) as u64),
+    })
 }
 
 /// The listing row of `id` when it is visible under the policy.
@@ -163,9 +205,13 @@ pub(super) fn visible_summary(c: &mut Db, id: &str, now_ms: i64) -> Result<Optio
     let kept = kept(c, &policy, now_ms)?;
     let mut p = Params::default();
     let idp = p.push(id.to_owned());
-    let sql = format!("SELECT summary_json, bytes FROM runs WHERE run_id = {idp} AND {}", kept_sql(&kept, policy.cutoff_ms(now_ms), &mut p));
+    let sql = format!(
+        "SELECT summary_json, bytes FROM runs WHERE run_id = {idp} AND {}",
+        kept_sql(&kept, policy.cutoff_ms(now_ms), &mut p)
+    );
     let row = c.query_opt(&sql, &p.refs())?;
-    row.map(|r| decode_item(&r.get::<_, String>(0), r.get(1))).transpose()
+    row.map(|r| decode_item(&r.get::<_, String>(0), r.get(1)))
+        .transpose()
 }
 
 /// Delete a run's row and, unless it is live, its events.
@@ -186,19 +232,31 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
 fn retained(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
     let kept = kept(c, policy, now_ms)?;
     let mut p = Params::default();
-    let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept_sql(&kept, policy.cutoff_ms(now_ms), &mut p));
+    let sql = format!(
+        "SELECT COUNT(*) FROM runs WHERE {}",
+        kept_sql(&kept, policy.cutoff_ms(now_ms), &mut p)
+    );
     Ok(c.query_one(&sql, &p.refs())?.get::<_, i64>(0).max(0) as u64)
 }
 
 /// Upsert `record` inside the open transaction: the shared body of `put` (and of the ledger's `finish`).
-pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+pub(super) fn put_in(
+    c: &mut Db,
+    record: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    now_ms: i64,
+) -> Result<PutOutcome> {
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
     // A killed id takes no record ever again (SPEC §4.3 `kill`).
     if is_killed(c, &record.head.id)? {
         let policy = read_policy(c)?.policy;
-        return Ok(PutOutcome { stored: false, rewritten: false, retained: retained(c, &policy, now_ms)? });
+        return Ok(PutOutcome {
+            stored: false,
+            rewritten: false,
+            retained: retained(c, &policy, now_ms)?,
+        });
     }
     let mut stored_policy = read_policy(c)?;
     if stored_policy.consider(proposal, now_ms) {
@@ -212,11 +270,19 @@ pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyPro
         record.events.clear();
     }
     let id = record.head.id.as_str();
-    let existing: Option<(bool, String)> =
-        c.query_opt("SELECT provisional, digest FROM runs WHERE run_id = $1", &[&id])?.map(|r| (r.get(0), r.get(1)));
+    let existing: Option<(bool, String)> = c
+        .query_opt(
+            "SELECT provisional, digest FROM runs WHERE run_id = $1",
+            &[&id],
+        )?
+        .map(|r| (r.get(0), r.get(1)));
     // The tombstone floor: a provisional write never replaces a final record.
     if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
-        return Ok(PutOutcome { stored: true, rewritten: false, retained: retained(c, &policy, now_ms)? });
+        return Ok(PutOutcome {
+            stored: true,
+            rewritten: false,
+            retained: retained(c, &policy, now_ms)?,
+        });
     }
     let (summary, digest) = encode(&record)?;
     let bytes = big(record.encoded_len());
@@ -242,7 +308,13 @@ pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyPro
         if !live {
             c.execute("DELETE FROM run_events WHERE run_id = $1", &[&id])?;
         }
-        insert_events(c, id, stored_event_seqs(&record.events).into_iter().zip(record.events.iter().map(|ev| ev.to_string())))?;
+        insert_events(
+            c,
+            id,
+            stored_event_seqs(&record.events)
+                .into_iter()
+                .zip(record.events.iter().map(|ev| ev.to_string())),
+        )?;
     }
     let kept_now = kept(c, &policy, now_ms)?;
     trim(c, &kept_now, policy.cutoff_ms(now_ms))?;
@@ -251,7 +323,11 @@ pub(super) fn put_in(c: &mut Db, record: &RunRecord, proposal: Option<&PolicyPro
     if !stored {
         delete_run(c, id)?;
     }
-    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(c, &policy, now_ms)? })
+    Ok(PutOutcome {
+        stored,
+        rewritten: existing.is_some() && !unchanged,
+        retained: retained(c, &policy, now_ms)?,
+    })
 }
 
 /// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
@@ -288,28 +364,48 @@ pub(super) fn expire_in(c: &mut Db, now_ms: i64, scan_after: &str) -> Result<Exp
         .collect();
     let mut orphaned = 0;
     for run_id in &scanned {
-        if c.query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[run_id])?.is_none() && !is_live(c, run_id)? {
+        if c.query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[run_id])?
+            .is_none()
+            && !is_live(c, run_id)?
+        {
             c.execute("DELETE FROM run_events WHERE run_id = $1", &[run_id])?;
             orphaned += 1;
         }
     }
     if orphaned > 0 {
-        tracing::info!(runs = orphaned, "removed event rows no record and no live run owned");
+        tracing::info!(
+            runs = orphaned,
+            "removed event rows no record and no live run owned"
+        );
     }
-    let scan_after = (scanned.len() == TRIM_PER_PUT).then(|| scanned.last().cloned()).flatten();
-    Ok(Expired { runs: runs as u64, orphaned, scan_after })
+    let scan_after = (scanned.len() == TRIM_PER_PUT)
+        .then(|| scanned.last().cloned())
+        .flatten();
+    Ok(Expired {
+        runs: runs as u64,
+        orphaned,
+        scan_after,
+    })
 }
 
 fn visible(c: &mut Db, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
     let mut p = Params::default();
     let idp = p.push(id.to_owned());
-    let sql = format!("SELECT 1 FROM runs WHERE run_id = {idp} AND {}", kept_sql(kept, cutoff, &mut p));
+    let sql = format!(
+        "SELECT 1 FROM runs WHERE run_id = {idp} AND {}",
+        kept_sql(kept, cutoff, &mut p)
+    );
     Ok(c.query_opt(&sql, &p.refs())?.is_some())
 }
 
 /// A page of `run_events` strictly after `after_seq` (a cursor past `i64::MAX` is past every row).
 pub(super) fn events_in(c: &mut Db, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
-    let Ok(after) = i64::try_from(after_seq) else { return Ok(EventsPage { events: Vec::new(), next_after_seq: None }) };
+    let Ok(after) = i64::try_from(after_seq) else {
+        return Ok(EventsPage {
+            events: Vec::new(),
+            next_after_seq: None,
+        });
+    };
     let rows = c.query(
         "SELECT seq, json FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         &[&id, &after, &big(limit).saturating_add(1)],
@@ -322,15 +418,25 @@ pub(super) fn events_in(c: &mut Db, id: &str, after_seq: u64, limit: usize) -> R
         last = seq as u64;
         events.extend(decode_event_row(id, seq, &json));
     }
-    Ok(EventsPage { events, next_after_seq: more.then_some(last) })
+    Ok(EventsPage {
+        events,
+        next_after_seq: more.then_some(last),
+    })
 }
 
 /// Write events into `run_events` keyed by seq (an upsert: an identical retry is a no-op; within one
 /// batch the last event of a seq wins, as SQLite's `INSERT OR REPLACE` in order does). One statement.
-pub(super) fn insert_events(c: &mut Db, run_id: &str, rows: impl IntoIterator<Item = (u64, String)>) -> Result<()> {
+pub(super) fn insert_events(
+    c: &mut Db,
+    run_id: &str,
+    rows: impl IntoIterator<Item = (u64, String)>,
+) -> Result<()> {
     let mut by_seq = BTreeMap::new();
     for (seq, json) in rows {
-        by_seq.insert(i64::try_from(seq).map_err(|_| too_big("run_events.seq", seq))?, json);
+        by_seq.insert(
+            i64::try_from(seq).map_err(|_| too_big("run_events.seq", seq))?,
+            json,
+        );
     }
     if by_seq.is_empty() {
         return Ok(());
@@ -346,8 +452,15 @@ pub(super) fn insert_events(c: &mut Db, run_id: &str, rows: impl IntoIterator<It
 
 /// A live run's events strictly after `after_seq`, in seq order, at most `limit`. A corrupt row is
 /// skipped and logged.
-pub(super) fn live_events_in(c: &mut Db, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Value>> {
-    let Ok(after) = i64::try_from(after_seq) else { return Ok(Vec::new()) };
+pub(super) fn live_events_in(
+    c: &mut Db,
+    run_id: &str,
+    after_seq: u64,
+    limit: usize,
+) -> Result<Vec<Value>> {
+    let Ok(after) = i64::try_from(after_seq) else {
+        return Ok(Vec::new());
+    };
     let rows = c.query(
         "SELECT seq, json FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         &[&run_id, &after, &big(limit)],
@@ -362,7 +475,10 @@ pub(super) fn live_events_in(c: &mut Db, run_id: &str, after_seq: u64, limit: us
 
 /// Whether `run_id` has a `runs` row (final or provisional), whatever the policy.
 pub(super) fn has_record(c: &mut Db, run_id: &str) -> Result<bool> {
-    Ok(c.query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[&run_id])?.is_some())
+    Ok(
+        c.query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[&run_id])?
+            .is_some(),
+    )
 }
 
 /// Delete every `run_events` row of `run_id`.
@@ -374,7 +490,10 @@ pub(super) fn delete_events(c: &mut Db, run_id: &str) -> Result<()> {
 /// Delete `run_id`'s record and every event, live or not (a killed run's purge); answers the rows removed.
 pub(super) fn purge_in(c: &mut Db, run_id: &str) -> Result<u64> {
     let mut n = 0;
-    for sql in ["DELETE FROM runs WHERE run_id = $1", "DELETE FROM run_events WHERE run_id = $1"] {
+    for sql in [
+        "DELETE FROM runs WHERE run_id = $1",
+        "DELETE FROM run_events WHERE run_id = $1",
+    ] {
         n += c.execute(sql, &[&run_id])?;
     }
     Ok(n)

@@ -3,16 +3,25 @@
 //! not-found (or refused) before any SQL runs.
 
 use super::live::is_live;
-use super::records::{decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy, visible_summary};
+use super::records::{
+    decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy,
+    visible_summary,
+};
 use super::PgStore;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
 use crate::store::{
-    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome, RunStore, StoredPolicy,
+    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome,
+    RunStore, StoredPolicy,
 };
 use crate::Result;
 
 impl RunStore for PgStore {
-    fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+    fn put(
+        &mut self,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<PutOutcome> {
         self.write(|c| put_in(c, record, proposal, now_ms))
     }
 
@@ -21,10 +30,15 @@ impl RunStore for PgStore {
             return Ok(None);
         }
         self.read(|c| {
-            let Some(item) = visible_summary(c, id, now_ms)? else { return Ok(None) };
+            let Some(item) = visible_summary(c, id, now_ms)? else {
+                return Ok(None);
+            };
             if is_live(c, id)? {
                 // A tombstone of a live run: its events are the ledger's, served by `live_events`.
-                return Ok(Some(RunRecord { head: item.head, events: Vec::new() }));
+                return Ok(Some(RunRecord {
+                    head: item.head,
+                    events: Vec::new(),
+                }));
             }
             let mut events = Vec::new();
             let mut after = 0;
@@ -36,7 +50,10 @@ impl RunStore for PgStore {
                     None => break,
                 }
             }
-            Ok(Some(RunRecord { head: item.head, events }))
+            Ok(Some(RunRecord {
+                head: item.head,
+                events,
+            }))
         })
     }
 
@@ -49,13 +66,19 @@ impl RunStore for PgStore {
 
     fn list(&mut self, query: &ListQuery, now_ms: i64) -> Result<ListPage> {
         if matches!(query.visible_to, VisibilityFilter::None) {
-            return Ok(ListPage { items: vec![], next_before: None });
+            return Ok(ListPage {
+                items: vec![],
+                next_before: None,
+            });
         }
         self.read(|c| {
             let policy = read_policy(c)?.policy;
             let kept = kept(c, &policy, now_ms)?;
             let Some((sql, p)) = list_sql(query, &kept, policy.cutoff_ms(now_ms)) else {
-                return Ok(ListPage { items: vec![], next_before: None });
+                return Ok(ListPage {
+                    items: vec![],
+                    next_before: None,
+                });
             };
             let rows = c.query(&sql, &p.refs())?;
             let mut items = Vec::with_capacity(rows.len());
@@ -69,7 +92,13 @@ impl RunStore for PgStore {
         })
     }
 
-    fn events(&mut self, id: &str, after_seq: u64, limit: Option<usize>, now_ms: i64) -> Result<Option<EventsPage>> {
+    fn events(
+        &mut self,
+        id: &str,
+        after_seq: u64,
+        limit: Option<usize>,
+        now_ms: i64,
+    ) -> Result<Option<EventsPage>> {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
@@ -78,7 +107,10 @@ impl RunStore for PgStore {
                 return Ok(None);
             }
             if is_live(c, id)? {
-                return Ok(Some(EventsPage { events: Vec::new(), next_after_seq: None }));
+                return Ok(Some(EventsPage {
+                    events: Vec::new(),
+                    next_after_seq: None,
+                }));
             }
             events_in(c, id, after_seq, effective_events_limit(limit)).map(Some)
         })

@@ -127,11 +127,15 @@ pub fn current_version() -> i64 {
 
 /// The version recorded in the database (0 before the first migration).
 pub fn version(client: &mut Client) -> Result<i64> {
-    let exists: bool = client.query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])?.get(0);
+    let exists: bool = client
+        .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])?
+        .get(0);
     if !exists {
         return Ok(0);
     }
-    Ok(client.query_opt("SELECT version FROM schema_version", &[])?.map_or(0, |r| r.get(0)))
+    Ok(client
+        .query_opt("SELECT version FROM schema_version", &[])?
+        .map_or(0, |r| r.get(0)))
 }
 
 /// Bring the database to [`current_version`]; answers the version found before migrating.
@@ -148,9 +152,14 @@ pub fn migrate(client: &mut Client) -> Result<i64> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")?;
     // Another host may have migrated while we waited for the lock.
-    let mut now: i64 = tx.query_opt("SELECT version FROM schema_version", &[])?.map_or(0, |r| r.get(0));
+    let mut now: i64 = tx
+        .query_opt("SELECT version FROM schema_version", &[])?
+        .map_or(0, |r| r.get(0));
     if now > supported {
-        return Err(Error::SchemaTooNew { found: now, supported });
+        return Err(Error::SchemaTooNew {
+            found: now,
+            supported,
+        });
     }
     if now == 0 {
         tx.execute("INSERT INTO schema_version (version) VALUES (0)", &[])?;

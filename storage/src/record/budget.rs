@@ -123,7 +123,11 @@ fn cap_event(event: &Value) -> (Cow<'_, Value>, usize) {
         return (Cow::Borrowed(event), size);
     };
     // The event with `field` set to "" (and the `truncated` flag) weighs `size - encoded(content) + 2 + flag`.
-    let flag = if event.get("truncated") == Some(&Value::Bool(true)) { 0 } else { TRUNCATED_FLAG.len() };
+    let flag = if event.get("truncated") == Some(&Value::Bool(true)) {
+        0
+    } else {
+        TRUNCATED_FLAG.len()
+    };
     let without = size - json_len(content) + 2 + flag;
     let room = MAX_EVENT_BYTES.saturating_sub(without + ELLIPSIS.len());
     let mut cut = 0;

@@ -54,7 +54,9 @@ impl RunStatus {
 }
 
 /// The channel's visibility as the directory reported it at dispatch; what authorization reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ChannelVisibility {
     Public,

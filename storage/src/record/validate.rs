@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use super::model::{
-    whole_i64, whole_u64, CategoryStat, ChannelVisibility, Diagnosis, RunHead, RunListItem, RunRecord, RunStatus,
+    whole_i64, whole_u64, CategoryStat, ChannelVisibility, Diagnosis, RunHead, RunListItem,
+    RunRecord, RunStatus,
 };
 
 /// The longest run id; ids are path and SQL safe by construction (`^[A-Za-z0-9_-]{1,64}$`).

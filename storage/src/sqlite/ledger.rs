@@ -15,11 +15,15 @@ use serde_json::{Map, Value};
 use super::live::{get_row, is_killed, live_row, row_by_thread, ROW_COLUMNS};
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::SqliteStore;
-use crate::ledger::decisions::{self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode};
+use crate::ledger::decisions::{
+    self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
+};
 use crate::ledger::{
-    check_events, check_turns, decode_receipt_answer, fence_refusal, FENCE_PURGED_SQL as PURGED, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
-    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer,
-    Reclaimed, Refusal, RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, PRUNE_BATCH, PRUNE_LEFTOVER_RUNS,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit,
+    AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer,
+    LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal, RunLedger,
+    StepRecord, StopAnswer, TableRows, Transcript, Turn, FENCE_PURGED_SQL as PURGED, PRUNE_BATCH,
+    PRUNE_LEFTOVER_RUNS,
 };
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
@@ -32,7 +36,9 @@ const KILLED_AMONG_CHUNK: usize = 500;
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
 fn owned(tx: &Connection, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
     if is_killed(tx, run_id)? {
-        return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+        return Ok(Err(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }));
     }
     let row = get_row(tx, run_id)?;
     Ok(match fence_refusal(row.as_ref(), run_id, gen) {
@@ -58,7 +64,8 @@ fn write_state(tx: &Connection, run_id: &str, state: &Map<String, Value>) -> Res
 }
 
 fn set_phase(tx: &Connection, run_id: &str, phase: Phase) -> Result<()> {
-    tx.prepare_cached("UPDATE live_runs SET phase = ?2 WHERE run_id = ?1")?.execute(params![run_id, phase.as_str()])?;
+    tx.prepare_cached("UPDATE live_runs SET phase = ?2 WHERE run_id = ?1")?
+        .execute(params![run_id, phase.as_str()])?;
     Ok(())
 }
 
@@ -72,14 +79,20 @@ fn push_inbox_in(tx: &Connection, run_id: &str, message: &Value) -> Result<u64> 
 }
 
 fn inbox_after(tx: &Connection, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
-    let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_inbox WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")?;
+    let mut stmt = tx.prepare_cached(
+        "SELECT seq, json FROM run_inbox WHERE run_id = ?1 AND seq > ?2 ORDER BY seq",
+    )?;
     let rows = stmt.query_map(params![run_id, after.unwrap_or(0) as i64], |r| {
         Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
     })?;
     rows.map(|r| {
         let (seq, json) = r?;
-        let message = serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
-        Ok(InboxItem { seq: seq as u64, message })
+        let message =
+            serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
+        Ok(InboxItem {
+            seq: seq as u64,
+            message,
+        })
     })
     .collect()
 }
@@ -89,7 +102,8 @@ fn last_step(tx: &Connection, run_id: &str) -> Result<Option<StepRecord>> {
         .prepare_cached("SELECT json FROM run_steps WHERE run_id = ?1 ORDER BY step DESC LIMIT 1")?
         .query_row([run_id], |r| r.get(0))
         .optional()?;
-    json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e))).transpose()
+    json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e)))
+        .transpose()
 }
 
 /// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
@@ -109,8 +123,10 @@ fn delete_live(tx: &Connection, run_id: &str) -> Result<usize> {
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
 fn stamp_receipts(tx: &Connection, run_id: &str, now_ms: i64) -> Result<()> {
-    tx.prepare_cached("UPDATE admit_receipts SET ended_at = ?2 WHERE run_id = ?1 AND ended_at IS NULL")?
-        .execute(params![run_id, now_ms])?;
+    tx.prepare_cached(
+        "UPDATE admit_receipts SET ended_at = ?2 WHERE run_id = ?1 AND ended_at IS NULL",
+    )?
+    .execute(params![run_id, now_ms])?;
     Ok(())
 }
 
@@ -164,11 +180,18 @@ impl RunLedger for SqliteStore {
                 return decode_receipt_answer(&k.scope, &run_id, &answer);
             }
         }
-        if tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([&a.run_id])? {
+        if tx
+            .prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?
+            .exists([&a.run_id])?
+        {
             return Ok(AdmitOutcome::Fenced);
         }
         let holder = row_by_thread(&tx, &a.thread_key)?;
-        let outcome = match decisions::decide_admit(holder.as_ref().map(LiveRow::view).as_ref(), a.key.is_some(), a.reaches(holder.as_ref())) {
+        let outcome = match decisions::decide_admit(
+            holder.as_ref().map(LiveRow::view).as_ref(),
+            a.key.is_some(),
+            a.reaches(holder.as_ref()),
+        ) {
             decisions::AdmitDecision::Insert => {
                 tx.prepare_cached(
                     "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
@@ -183,13 +206,16 @@ impl RunLedger for SqliteStore {
                     decisions::INSERT_PHASE.as_str(),
                     a.meta.to_string()
                 ])?;
-                AdmitOutcome::Started { run_id: a.run_id.clone() }
+                AdmitOutcome::Started {
+                    run_id: a.run_id.clone(),
+                }
             }
             decisions::AdmitDecision::Steer { run_id }
                 if a.key.is_some()
                     && tx
                         .prepare_cached("SELECT COUNT(*) FROM admit_receipts WHERE run_id = ?1")?
-                        .query_row([&run_id], |r| r.get::<_, i64>(0))? as usize
+                        .query_row([&run_id], |r| r.get::<_, i64>(0))?
+                        as usize
                         >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
             {
                 AdmitOutcome::ReceiptLimit { run_id }
@@ -201,14 +227,25 @@ impl RunLedger for SqliteStore {
             decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
             decisions::AdmitDecision::Forbidden => AdmitOutcome::Forbidden,
         };
-        if let (Some(k), false) = (&a.key, matches!(outcome, AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden)) {
+        if let (Some(k), false) = (
+            &a.key,
+            matches!(
+                outcome,
+                AdmitOutcome::Busy { .. }
+                    | AdmitOutcome::ReceiptLimit { .. }
+                    | AdmitOutcome::Forbidden
+            ),
+        ) {
             let (run_id, seq) = match &outcome {
                 AdmitOutcome::Started { run_id } => (run_id.as_str(), None),
                 AdmitOutcome::Steered { run_id, seq } => (run_id.as_str(), Some(*seq as i64)),
                 _ => ("", None),
             };
-            let answer = serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
-            let kind = serde_json::to_value(&outcome).ok().and_then(|v| v["outcome"].as_str().map(str::to_owned));
+            let answer =
+                serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
+            let kind = serde_json::to_value(&outcome)
+                .ok()
+                .and_then(|v| v["outcome"].as_str().map(str::to_owned));
             tx.prepare_cached(
                 "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -219,10 +256,18 @@ impl RunLedger for SqliteStore {
         Ok(outcome)
     }
 
-    fn claim(&mut self, run_id: &str, gen: &str, p: &Promotion, now_ms: i64) -> Result<Outcome<Claimed>> {
+    fn claim(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        p: &Promotion,
+        now_ms: i64,
+    ) -> Result<Outcome<Claimed>> {
         let tx = self.immediate()?;
         if is_killed(&tx, run_id)? {
-            return Ok(Err(Refusal::Fenced { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::Fenced {
+                run_id: run_id.to_owned(),
+            }));
         }
         let by_run = get_row(&tx, run_id)?;
         let by_thread = match &by_run {
@@ -255,9 +300,15 @@ impl RunLedger for SqliteStore {
                 Ok(Claimed::Promoted)
             }
             ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
-            ClaimDecision::ThreadLive { .. } => Err(by_thread.expect("thread-live names the holder").thread_live()),
-            ClaimDecision::Fenced => Err(Refusal::Fenced { run_id: run_id.to_owned() }),
-            ClaimDecision::UnknownRun => Err(Refusal::UnknownRun { run_id: run_id.to_owned() }),
+            ClaimDecision::ThreadLive { .. } => Err(by_thread
+                .expect("thread-live names the holder")
+                .thread_live()),
+            ClaimDecision::Fenced => Err(Refusal::Fenced {
+                run_id: run_id.to_owned(),
+            }),
+            ClaimDecision::UnknownRun => Err(Refusal::UnknownRun {
+                run_id: run_id.to_owned(),
+            }),
         };
         tx.commit()?;
         Ok(out)
@@ -267,7 +318,11 @@ impl RunLedger for SqliteStore {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         let (rows, refused) = check_events(events);
-        insert_events(&tx, run_id, rows.into_iter().map(|(seq, _event, json)| (seq, json)))?;
+        insert_events(
+            &tx,
+            run_id,
+            rows.into_iter().map(|(seq, _event, json)| (seq, json)),
+        )?;
         tx.commit()?;
         Ok(refused.map_or(Ok(()), Err))
     }
@@ -276,13 +331,21 @@ impl RunLedger for SqliteStore {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
-        tx.prepare_cached("INSERT OR REPLACE INTO run_steps (run_id, step, json) VALUES (?1, ?2, ?3)")?
-            .execute(params![run_id, record.step as i64, json])?;
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO run_steps (run_id, step, json) VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![run_id, record.step as i64, json])?;
         tx.commit()?;
         Ok(Ok(()))
     }
 
-    fn write_transcript(&mut self, run_id: &str, gen: &str, first_idx: u64, turns: &[Turn]) -> Result<Outcome<()>> {
+    fn write_transcript(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        first_idx: u64,
+        turns: &[Turn],
+    ) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         let rows = match check_turns(first_idx, turns) {
@@ -302,14 +365,27 @@ impl RunLedger for SqliteStore {
 
     fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
         let tx = self.read()?;
-        let mut stmt = tx.prepare_cached("SELECT idx, part, json FROM transcript WHERE run_id = ?1 ORDER BY idx, part")?;
+        let mut stmt = tx.prepare_cached(
+            "SELECT idx, part, json FROM transcript WHERE run_id = ?1 ORDER BY idx, part",
+        )?;
         let rows: Vec<(u64, u64, String)> = stmt
-            .query_map([run_id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get(2)?)))?
+            .query_map([run_id], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, i64>(1)? as u64,
+                    r.get(2)?,
+                ))
+            })?
             .collect::<rusqlite::Result<_>>()?;
         Transcript::assemble(rows)
     }
 
-    fn set_state(&mut self, run_id: &str, gen: &str, patch: &Map<String, Value>) -> Result<Outcome<()>> {
+    fn set_state(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        patch: &Map<String, Value>,
+    ) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         let mut row = owner!(tx, run_id, gen);
         merge_state(&mut row.state, patch);
@@ -318,22 +394,39 @@ impl RunLedger for SqliteStore {
         Ok(Ok(()))
     }
 
-    fn heartbeat(&mut self, run_id: &str, gen: &str, lease_ms: i64, now_ms: i64) -> Result<Outcome<HeartbeatAnswer>> {
+    fn heartbeat(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<Outcome<HeartbeatAnswer>> {
         let tx = self.immediate()?;
         let row = owner!(tx, run_id, gen);
         tx.prepare_cached("UPDATE live_runs SET lease_until = ?2 WHERE run_id = ?1")?
             .execute(params![run_id, now_ms + lease_ms])?;
         tx.commit()?;
-        Ok(Ok(HeartbeatAnswer { stop: row.stop, phase: row.phase }))
+        Ok(Ok(HeartbeatAnswer {
+            stop: row.stop,
+            phase: row.phase,
+        }))
     }
 
-    fn request_stop(&mut self, run_id: &str, mode: StopMode, now_ms: i64) -> Result<Outcome<StopAnswer>> {
+    fn request_stop(
+        &mut self,
+        run_id: &str,
+        mode: StopMode,
+        now_ms: i64,
+    ) -> Result<Outcome<StopAnswer>> {
         let tx = self.immediate()?;
         let Some(row) = get_row(&tx, run_id)? else {
-            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
         };
         let stop = decisions::strongest_stop(row.stop, mode);
-        tx.prepare_cached("UPDATE live_runs SET stop = ?2 WHERE run_id = ?1")?.execute(params![run_id, stop.as_str()])?;
+        tx.prepare_cached("UPDATE live_runs SET stop = ?2 WHERE run_id = ?1")?
+            .execute(params![run_id, stop.as_str()])?;
         tx.commit()?;
         Ok(Ok(StopAnswer {
             stop,
@@ -347,13 +440,15 @@ impl RunLedger for SqliteStore {
         let mut out = Vec::with_capacity(run_ids.len());
         for id in run_ids {
             let result = match get_row(&tx, id)? {
-                Some(row) if row.owner_gen == gen => match decisions::phase_transition(row.phase, PhaseChange::Handoff) {
-                    Ok(next) => {
-                        set_phase(&tx, id, next)?;
-                        HandoffResult::HandedOff
+                Some(row) if row.owner_gen == gen => {
+                    match decisions::phase_transition(row.phase, PhaseChange::Handoff) {
+                        Ok(next) => {
+                            set_phase(&tx, id, next)?;
+                            HandoffResult::HandedOff
+                        }
+                        Err(_) => HandoffResult::WrongPhase,
                     }
-                    Err(_) => HandoffResult::WrongPhase,
-                },
+                }
                 _ => HandoffResult::NotOwner,
             };
             out.push((id.clone(), result));
@@ -362,16 +457,29 @@ impl RunLedger for SqliteStore {
         Ok(out)
     }
 
-    fn finishing(&mut self, run_id: &str, gen: &str, status: RunStatus, answer: Option<&str>) -> Result<Outcome<()>> {
+    fn finishing(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        status: RunStatus,
+        answer: Option<&str>,
+    ) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         let mut row = owner!(tx, run_id, gen);
         let next = match decisions::phase_transition(row.phase, PhaseChange::Finishing) {
             Ok(next) => next,
             Err(_) => {
-                return Ok(Err(Refusal::WrongPhase { run_id: run_id.to_owned(), phase: row.phase, change: "finishing" }))
+                return Ok(Err(Refusal::WrongPhase {
+                    run_id: run_id.to_owned(),
+                    phase: row.phase,
+                    change: "finishing",
+                }))
             }
         };
-        merge_state(&mut row.state, &crate::ledger::finishing_patch(status, answer));
+        merge_state(
+            &mut row.state,
+            &crate::ledger::finishing_patch(status, answer),
+        );
         write_state(&tx, run_id, &row.state)?;
         set_phase(&tx, run_id, next)?;
         tx.commit()?;
@@ -413,17 +521,25 @@ impl RunLedger for SqliteStore {
     fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
         let tx = self.immediate()?;
         if get_row(&tx, run_id)?.is_none() {
-            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
         }
         let seq = push_inbox_in(&tx, run_id, message)?;
         tx.commit()?;
         Ok(Ok(seq))
     }
 
-    fn read_inbox(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Outcome<Vec<InboxItem>>> {
+    fn read_inbox(
+        &mut self,
+        run_id: &str,
+        after_seq: Option<u64>,
+    ) -> Result<Outcome<Vec<InboxItem>>> {
         let tx = self.read()?;
         if get_row(&tx, run_id)?.is_none() {
-            return Ok(Err(Refusal::NotLive { run_id: run_id.to_owned() }));
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
         }
         Ok(Ok(inbox_after(&tx, run_id, after_seq)?))
     }
@@ -438,10 +554,19 @@ impl RunLedger for SqliteStore {
         last_step(&tx, run_id)
     }
 
-    fn reclaim(&mut self, gen: &str, now_ms: i64, lease_ms: i64, dead_gens: &[String], driven: &[String]) -> Result<ReclaimAnswer> {
+    fn reclaim(
+        &mut self,
+        gen: &str,
+        now_ms: i64,
+        lease_ms: i64,
+        dead_gens: &[String],
+        driven: &[String],
+    ) -> Result<ReclaimAnswer> {
         let tx = self.immediate()?;
         let rows: Vec<LiveRow> = tx
-            .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"))?
+            .prepare_cached(&format!(
+                "SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"
+            ))?
             .query_map([], live_row)?
             .collect::<rusqlite::Result<_>>()?;
         let mut answer = ReclaimAnswer::default();
@@ -459,7 +584,13 @@ impl RunLedger for SqliteStore {
                     let last_step = last_step(&tx, &row.run_id)?;
                     let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
                     let unread_inbox = inbox_after(&tx, &row.run_id, consumed)?;
-                    answer.taken.push(Reclaimed { row, prior_phase, prior_owner, last_step, unread_inbox });
+                    answer.taken.push(Reclaimed {
+                        row,
+                        prior_phase,
+                        prior_owner,
+                        last_step,
+                        unread_inbox,
+                    });
                 }
             }
         }
@@ -469,15 +600,19 @@ impl RunLedger for SqliteStore {
 
     fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
         let tx = self.immediate()?;
-        tx.prepare_cached("INSERT OR IGNORE INTO deletion_fences (run_id, at) VALUES (?1, ?2)")?.execute(params![run_id, now_ms])?;
+        tx.prepare_cached("INSERT OR IGNORE INTO deletion_fences (run_id, at) VALUES (?1, ?2)")?
+            .execute(params![run_id, now_ms])?;
         let row = get_row(&tx, run_id)?;
         if row.is_some() {
-            tx.prepare_cached("UPDATE live_runs SET stop = 'hard' WHERE run_id = ?1")?.execute([run_id])?;
+            tx.prepare_cached("UPDATE live_runs SET stop = 'hard' WHERE run_id = ?1")?
+                .execute([run_id])?;
         }
         let had_record = has_record(&tx, run_id)?;
         tx.commit()?;
         Ok(KillAnswer {
-            owner_lease_live: row.as_ref().is_some_and(|r| !decisions::lease_expired(r.lease_until, now_ms)),
+            owner_lease_live: row
+                .as_ref()
+                .is_some_and(|r| !decisions::lease_expired(r.lease_until, now_ms)),
             live_owner: row.map(|r| r.owner_gen),
             had_record,
         })
@@ -502,7 +637,9 @@ impl RunLedger for SqliteStore {
     fn list_live(&mut self) -> Result<Vec<LiveRow>> {
         let tx = self.read()?;
         let rows = tx
-            .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"))?
+            .prepare_cached(&format!(
+                "SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"
+            ))?
             .query_map([], live_row)?
             .collect::<rusqlite::Result<_>>()?;
         Ok(rows)
@@ -513,7 +650,12 @@ impl RunLedger for SqliteStore {
         get_row(&tx, run_id)
     }
 
-    fn live_events(&mut self, run_id: &str, after_seq: u64, limit: usize) -> Result<Option<Vec<Value>>> {
+    fn live_events(
+        &mut self,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<Value>>> {
         let tx = self.read()?;
         if get_row(&tx, run_id)?.is_none() {
             return Ok(None);
@@ -528,8 +670,12 @@ impl RunLedger for SqliteStore {
         // prepared, not cached: caching every length would evict the hot statements.
         for chunk in run_ids.chunks(KILLED_AMONG_CHUNK) {
             let marks = vec!["?"; chunk.len()].join(", ");
-            let mut stmt = tx.prepare(&format!("SELECT run_id FROM deletion_fences WHERE run_id IN ({marks})"))?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(chunk.iter()), |r| r.get::<_, String>(0))?;
+            let mut stmt = tx.prepare(&format!(
+                "SELECT run_id FROM deletion_fences WHERE run_id IN ({marks})"
+            ))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(chunk.iter()), |r| {
+                r.get::<_, String>(0)
+            })?;
             for id in rows {
                 out.push(id?);
             }
@@ -539,7 +685,12 @@ impl RunLedger for SqliteStore {
         Ok(out)
     }
 
-    fn prune(&mut self, now_ms: i64, receipt_ttl_ms: i64, keep_gens: &[String]) -> Result<PruneReport> {
+    fn prune(
+        &mut self,
+        now_ms: i64,
+        receipt_ttl_ms: i64,
+        keep_gens: &[String],
+    ) -> Result<PruneReport> {
         let tx = self.immediate()?;
         // Receipts of runs that ended without a stamp (abandon, purge, older builds) start their TTL now.
         tx.prepare_cached(
@@ -549,7 +700,9 @@ impl RunLedger for SqliteStore {
         .execute([now_ms])?;
         // `decisions::receipt_expired`, compiled: ended_at <= receipt_cutoff.
         let receipts = tx
-            .prepare_cached("DELETE FROM admit_receipts WHERE ended_at IS NOT NULL AND ended_at <= ?1")?
+            .prepare_cached(
+                "DELETE FROM admit_receipts WHERE ended_at IS NOT NULL AND ended_at <= ?1",
+            )?
             .execute([decisions::receipt_cutoff(now_ms, receipt_ttl_ms)])?;
         // `decisions::generation_prunable`, with the facts read per generation.
         let candidates: Vec<(String, i64, bool)> = tx
@@ -563,8 +716,15 @@ impl RunLedger for SqliteStore {
             .collect::<rusqlite::Result<_>>()?;
         let mut generations = 0;
         for (gen, started_at, owns_rows) in candidates {
-            if decisions::generation_prunable(started_at, keep_gens.contains(&gen), owns_rows, now_ms) {
-                generations += tx.prepare_cached("DELETE FROM generations WHERE gen = ?1")?.execute([&gen])?;
+            if decisions::generation_prunable(
+                started_at,
+                keep_gens.contains(&gen),
+                owns_rows,
+                now_ms,
+            ) {
+                generations += tx
+                    .prepare_cached("DELETE FROM generations WHERE gen = ?1")?
+                    .execute([&gen])?;
             }
         }
         // Rows a finish of an older build left behind: only a live run has transcript, steps or inbox.
@@ -594,10 +754,13 @@ impl RunLedger for SqliteStore {
         let mut deletion_fences = 0;
         for (run_id, at) in fences {
             if decisions::deletion_fence_prunable(at, true, now_ms, receipt_ttl_ms) {
-                deletion_fences += tx.prepare_cached("DELETE FROM deletion_fences WHERE run_id = ?1")?.execute([&run_id])?;
+                deletion_fences += tx
+                    .prepare_cached("DELETE FROM deletion_fences WHERE run_id = ?1")?
+                    .execute([&run_id])?;
             }
         }
-        let plan_requests = super::plan::prune_requests_in(&tx, now_ms, receipt_ttl_ms, PRUNE_BATCH)?;
+        let plan_requests =
+            super::plan::prune_requests_in(&tx, now_ms, receipt_ttl_ms, PRUNE_BATCH)?;
         tx.commit()?;
         Ok(PruneReport {
             receipts: receipts as u64,

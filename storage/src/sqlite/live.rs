@@ -13,12 +13,19 @@ use crate::ledger::{LiveRow, Phase, StopMode};
 use crate::Result;
 
 /// The `live_runs` columns [`live_row`] decodes, in its order.
-pub(super) const ROW_COLUMNS: &str = "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
+pub(super) const ROW_COLUMNS: &str =
+    "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
                            system_text, tools_json, state_json";
 
 fn json_col(row: &Row, i: usize, what: &'static str) -> rusqlite::Result<Value> {
     let s: String = row.get(i)?;
-    serde_json::from_str(&s).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(CorruptColumn(what, e.to_string()))))
+    serde_json::from_str(&s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Text,
+            Box::new(CorruptColumn(what, e.to_string())),
+        )
+    })
 }
 
 #[derive(Debug)]
@@ -31,7 +38,11 @@ impl std::fmt::Display for CorruptColumn {
 impl std::error::Error for CorruptColumn {}
 
 fn bad_text(i: usize, what: &'static str, v: &str) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(CorruptColumn(what, v.to_owned())))
+    rusqlite::Error::FromSqlConversionFailure(
+        i,
+        rusqlite::types::Type::Text,
+        Box::new(CorruptColumn(what, v.to_owned())),
+    )
 }
 
 /// Decode one `live_runs` row selected with [`ROW_COLUMNS`]; a corrupt column is a conversion error naming it.
@@ -63,7 +74,9 @@ pub(super) fn live_row(row: &Row) -> rusqlite::Result<LiveRow> {
 /// The live row of `run_id`, if any.
 pub(super) fn get_row(tx: &Connection, run_id: &str) -> Result<Option<LiveRow>> {
     Ok(tx
-        .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = ?1"))?
+        .prepare_cached(&format!(
+            "SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = ?1"
+        ))?
         .query_row([run_id], live_row)
         .optional()?)
 }
@@ -71,17 +84,23 @@ pub(super) fn get_row(tx: &Connection, run_id: &str) -> Result<Option<LiveRow>> 
 /// The live row holding `thread_key` (`thread_key UNIQUE`), if any.
 pub(super) fn row_by_thread(tx: &Connection, thread_key: &str) -> Result<Option<LiveRow>> {
     Ok(tx
-        .prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = ?1"))?
+        .prepare_cached(&format!(
+            "SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = ?1"
+        ))?
         .query_row([thread_key], live_row)
         .optional()?)
 }
 
 /// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`): it takes no record, claim or admission again.
 pub(super) fn is_killed(tx: &Connection, run_id: &str) -> Result<bool> {
-    Ok(tx.prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?.exists([run_id])?)
+    Ok(tx
+        .prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?
+        .exists([run_id])?)
 }
 
 /// Whether `run_id` has a live row: its `run_events` are then the ledger's, not the history's.
 pub(super) fn is_live(tx: &Connection, run_id: &str) -> Result<bool> {
-    Ok(tx.prepare_cached("SELECT 1 FROM live_runs WHERE run_id = ?1")?.exists([run_id])?)
+    Ok(tx
+        .prepare_cached("SELECT 1 FROM live_runs WHERE run_id = ?1")?
+        .exists([run_id])?)
 }

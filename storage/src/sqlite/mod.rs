@@ -29,12 +29,12 @@
 //! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`SqliteStore`], over `live` and `records`;
 //! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`SqliteStore`] (its own tables).
 
-pub mod schema;
+mod ledger;
 mod live;
+mod plan;
 mod records;
 mod runs;
-mod ledger;
-mod plan;
+pub mod schema;
 
 use std::path::Path;
 use std::time::Duration;
@@ -116,7 +116,11 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", sync.pragma())?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
         schema::migrate(&mut conn)?;
-        Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
+        Ok(SqliteStore {
+            conn,
+            grouped: false,
+            atomic: Vec::new(),
+        })
     }
 
     /// Open an existing database for reading only (the CLI's `--db`, SPEC §8.2): never created, never
@@ -134,7 +138,10 @@ impl SqliteStore {
     /// a WAL database needs (when the directory is writable); the database file is never touched.
     pub fn open_read_only(path: &Path) -> Result<Self> {
         if !path.is_file() {
-            return Err(Error::Unavailable(format!("no database at {}", path.display())));
+            return Err(Error::Unavailable(format!(
+                "no database at {}",
+                path.display()
+            )));
         }
         let conn = Connection::open_with_flags(
             path,
@@ -158,7 +165,11 @@ impl SqliteStore {
             schema::stand_ins(&conn)?;
         }
         conn.pragma_update(None, "query_only", true)?;
-        Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
+        Ok(SqliteStore {
+            conn,
+            grouped: false,
+            atomic: Vec::new(),
+        })
     }
 
     /// A read-only connection for the handle's readers ([`crate::readers`]) on a database this build's
@@ -167,7 +178,10 @@ impl SqliteStore {
     /// it yet, or a newer build has): its reads then go through the storage actor.
     pub fn open_reader(path: &Path) -> Result<Self> {
         if !path.is_file() {
-            return Err(Error::Unavailable(format!("no database at {}", path.display())));
+            return Err(Error::Unavailable(format!(
+                "no database at {}",
+                path.display()
+            )));
         }
         let conn = Connection::open_with_flags(
             path,
@@ -184,12 +198,18 @@ impl SqliteStore {
         }
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.pragma_update(None, "query_only", true)?;
-        Ok(SqliteStore { conn, grouped: false, atomic: Vec::new() })
+        Ok(SqliteStore {
+            conn,
+            grouped: false,
+            atomic: Vec::new(),
+        })
     }
 
     /// The schema version on disk.
     pub fn schema_version(&self) -> Result<i64> {
-        Ok(self.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+        Ok(self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))?)
     }
 
     /// The connection, for this crate's tests that inspect query plans or inject faults. Behind the
@@ -205,12 +225,23 @@ impl SqliteStore {
     /// count 0 on a read-only store.
     pub fn rows_of_run(&mut self, run_id: &str) -> Result<Vec<(&'static str, u64)>> {
         const TABLES: [&str; 8] = [
-            "runs", "run_events", "live_runs", "run_steps", "transcript", "run_inbox", "admit_receipts", "deletion_fences",
+            "runs",
+            "run_events",
+            "live_runs",
+            "run_steps",
+            "transcript",
+            "run_inbox",
+            "admit_receipts",
+            "deletion_fences",
         ];
         let tx = self.read()?;
         let mut out = Vec::with_capacity(TABLES.len());
         for table in TABLES {
-            let n: i64 = tx.query_row(&format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?1"), [run_id], |r| r.get(0))?;
+            let n: i64 = tx.query_row(
+                &format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?1"),
+                [run_id],
+                |r| r.get(0),
+            )?;
             out.push((table, n.max(0) as u64));
         }
         Ok(out)
@@ -218,7 +249,11 @@ impl SqliteStore {
 
     /// The 32-byte capability secret created at the first migration (hex).
     pub fn capability_secret(&self) -> Result<String> {
-        Ok(self.conn.query_row("SELECT value FROM meta WHERE key = 'capability_secret'", [], |r| r.get(0))?)
+        Ok(self.conn.query_row(
+            "SELECT value FROM meta WHERE key = 'capability_secret'",
+            [],
+            |r| r.get(0),
+        )?)
     }
 
     /// Rows this connection has inserted, updated or deleted since it opened (SQLite's
@@ -232,13 +267,20 @@ impl SqliteStore {
         Ok(if self.grouped {
             Tx::Nested(self.conn.savepoint()?)
         } else {
-            Tx::Top(self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?)
+            Tx::Top(
+                self.conn
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?,
+            )
         })
     }
 
     /// A read transaction: deferred, or a savepoint inside a group (which sees the group's writes).
     fn read(&mut self) -> Result<Tx<'_>> {
-        Ok(if self.grouped { Tx::Nested(self.conn.savepoint()?) } else { Tx::Top(self.conn.transaction()?) })
+        Ok(if self.grouped {
+            Tx::Nested(self.conn.savepoint()?)
+        } else {
+            Tx::Top(self.conn.transaction()?)
+        })
     }
 
     /// Start a group commit: one `BEGIN IMMEDIATE` that the next methods join as savepoints. Answers
@@ -267,7 +309,9 @@ impl SqliteStore {
         match self.atomic.pop() {
             Some(true) => self.end_group(commit),
             Some(false) if commit => Ok(self.conn.execute_batch("RELEASE atomic_unit")?),
-            Some(false) => Ok(self.conn.execute_batch("ROLLBACK TO atomic_unit; RELEASE atomic_unit")?),
+            Some(false) => Ok(self
+                .conn
+                .execute_batch("ROLLBACK TO atomic_unit; RELEASE atomic_unit")?),
             None => Ok(()),
         }
     }
@@ -275,7 +319,11 @@ impl SqliteStore {
     /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false or the commit fails).
     pub fn end_group(&mut self, commit: bool) -> Result<()> {
         self.grouped = false;
-        let done = if commit { self.conn.execute_batch("COMMIT") } else { self.conn.execute_batch("ROLLBACK") };
+        let done = if commit {
+            self.conn.execute_batch("COMMIT")
+        } else {
+            self.conn.execute_batch("ROLLBACK")
+        };
         if done.is_err() && !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
@@ -297,7 +345,10 @@ impl WriteLockProbe {
     /// Open a probe on `path`; a probe waits up to `wait` for the lock before calling it held.
     pub fn open(path: &Path, wait: Duration) -> Result<Self> {
         if !path.is_file() {
-            return Err(Error::Unavailable(format!("no database at {}", path.display())));
+            return Err(Error::Unavailable(format!(
+                "no database at {}",
+                path.display()
+            )));
         }
         let conn = Connection::open_with_flags(
             path,
@@ -313,7 +364,10 @@ impl WriteLockProbe {
         match self.conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;") {
             Ok(()) => Ok(true),
             Err(rusqlite::Error::SqliteFailure(e, _))
-                if matches!(e.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) =>
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
             {
                 if !self.conn.is_autocommit() {
                     let _ = self.conn.execute_batch("ROLLBACK");
@@ -329,16 +383,31 @@ impl WriteLockProbe {
 /// transactions (`BEGIN IMMEDIATE`, one insert, `COMMIT`) on a fresh database at `path` in WAL mode with
 /// `synchronous` — raw SQLite, no actor, no schema of ours. Answers each commit's latency. Here because
 /// only this crate opens database connections (SPEC §1.2).
-pub fn raw_commit_latencies(path: &Path, synchronous: Synchronous, n: usize) -> Result<Vec<Duration>> {
+pub fn raw_commit_latencies(
+    path: &Path,
+    synchronous: Synchronous,
+    n: usize,
+) -> Result<Vec<Duration>> {
     let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", if synchronous == Synchronous::Full { "FULL" } else { "NORMAL" })?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        if synchronous == Synchronous::Full {
+            "FULL"
+        } else {
+            "NORMAL"
+        },
+    )?;
     conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let t = std::time::Instant::now();
         conn.execute_batch("BEGIN IMMEDIATE")?;
-        conn.execute("INSERT INTO t (k, v) VALUES (?1, ?2)", rusqlite::params![i as i64, "step"])?;
+        conn.execute(
+            "INSERT INTO t (k, v) VALUES (?1, ?2)",
+            rusqlite::params![i as i64, "step"],
+        )?;
         conn.execute_batch("COMMIT")?;
         out.push(t.elapsed());
     }

@@ -12,12 +12,14 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use super::SqliteStore;
 use crate::plan::decisions::{self, Invalidation};
 use crate::plan::{
-    Card, Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRequest, PlanStore,
-    RequestHolder, RequestId, RequestState, Revision, SnapshotId, Settlement, TerminalReason,
+    Card, Consumed, Import, Imported, Orphan, Plan, PlanBinding, PlanId, PlanOutcome, PlanRequest,
+    PlanStore, RequestHolder, RequestId, RequestState, Revision, Settlement, SnapshotId,
+    TerminalReason,
 };
 use crate::{Error, Generation, Result};
 
-const REQUEST_COLUMNS: &str = "request_id, plan_id, revision, snapshot_id, state, reason, diagnostic, cards_json, \
+const REQUEST_COLUMNS: &str =
+    "request_id, plan_id, revision, snapshot_id, state, reason, diagnostic, cards_json, \
      created_at, settled_at, generation, lease_until";
 
 /// The raw columns of a `plan_requests` row; decoded outside rusqlite so a bad value is [`Error::Corrupt`].
@@ -54,36 +56,47 @@ fn raw_request(row: &Row) -> rusqlite::Result<RawRequest> {
 }
 
 fn revision_of(n: i64, what: &'static str) -> Result<Revision> {
-    u64::try_from(n).ok().filter(|n| *n >= 1).map(Revision::new).ok_or_else(|| Error::corrupt(what, n))
+    u64::try_from(n)
+        .ok()
+        .filter(|n| *n >= 1)
+        .map(Revision::new)
+        .ok_or_else(|| Error::corrupt(what, n))
 }
 
 impl RawRequest {
     fn decode(self) -> Result<PlanRequest> {
         let reason = match self.reason {
             None => None,
-            Some(r) => Some(TerminalReason::parse(&r).ok_or_else(|| Error::corrupt("plan_requests.reason", &r))?),
+            Some(r) => Some(
+                TerminalReason::parse(&r)
+                    .ok_or_else(|| Error::corrupt("plan_requests.reason", &r))?,
+            ),
         };
         let holder = match self.generation {
             None => None,
             Some(g) => Some(RequestHolder {
-                generation: Generation::parse(&g).ok_or_else(|| Error::corrupt("plan_requests.generation", &g))?,
+                generation: Generation::parse(&g)
+                    .ok_or_else(|| Error::corrupt("plan_requests.generation", &g))?,
                 lease_until: self.lease_until,
             }),
         };
         let cards = match self.cards_json {
             None => None,
             Some(j) => Some(
-                serde_json::from_str::<Vec<Card>>(&j).map_err(|e| Error::corrupt("plan_requests.cards_json", e))?,
+                serde_json::from_str::<Vec<Card>>(&j)
+                    .map_err(|e| Error::corrupt("plan_requests.cards_json", e))?,
             ),
         };
         Ok(PlanRequest {
             request_id: RequestId::parse(&self.request_id)
                 .ok_or_else(|| Error::corrupt("plan_requests.request_id", &self.request_id))?,
-            plan_id: PlanId::parse(&self.plan_id).ok_or_else(|| Error::corrupt("plan_requests.plan_id", &self.plan_id))?,
+            plan_id: PlanId::parse(&self.plan_id)
+                .ok_or_else(|| Error::corrupt("plan_requests.plan_id", &self.plan_id))?,
             revision: revision_of(self.revision, "plan_requests.revision")?,
             snapshot_id: SnapshotId::parse(&self.snapshot_id)
                 .ok_or_else(|| Error::corrupt("plan_requests.snapshot_id", &self.snapshot_id))?,
-            state: RequestState::parse(&self.state).ok_or_else(|| Error::corrupt("plan_requests.state", &self.state))?,
+            state: RequestState::parse(&self.state)
+                .ok_or_else(|| Error::corrupt("plan_requests.state", &self.state))?,
             reason,
             diagnostic: self.diagnostic,
             cards,
@@ -103,7 +116,8 @@ fn get_plan(tx: &Connection, plan_id: &PlanId) -> Result<Option<Plan>> {
         Ok(Plan {
             id: plan_id.clone(),
             revision: revision_of(revision, "plans.revision")?,
-            snapshot_id: SnapshotId::parse(&snapshot).ok_or_else(|| Error::corrupt("plans.snapshot_id", &snapshot))?,
+            snapshot_id: SnapshotId::parse(&snapshot)
+                .ok_or_else(|| Error::corrupt("plans.snapshot_id", &snapshot))?,
         })
     })
     .transpose()
@@ -112,7 +126,12 @@ fn get_plan(tx: &Connection, plan_id: &PlanId) -> Result<Option<Plan>> {
 /// The ledger's prune of `plan_requests` (inside its transaction): delete at most `limit` requests
 /// [`decisions::request_prunable`] lets go at `now_ms` — terminal, settled at least `ttl_ms` ago —
 /// oldest settled first; answers how many went. `plans` rows are never pruned (see [`decisions`]).
-pub(super) fn prune_requests_in(tx: &Connection, now_ms: i64, ttl_ms: i64, limit: usize) -> Result<u64> {
+pub(super) fn prune_requests_in(
+    tx: &Connection,
+    now_ms: i64,
+    ttl_ms: i64,
+    limit: usize,
+) -> Result<u64> {
     let [a, b, c, d] = decisions::TERMINAL_STATES.map(RequestState::as_str);
     let cutoff = crate::ledger::decisions::receipt_cutoff(now_ms, ttl_ms);
     let candidates: Vec<(String, String, Option<i64>)> = tx
@@ -124,9 +143,12 @@ pub(super) fn prune_requests_in(tx: &Connection, now_ms: i64, ttl_ms: i64, limit
         .collect::<rusqlite::Result<_>>()?;
     let mut pruned = 0;
     for (request_id, state, settled_at) in candidates {
-        let state = RequestState::parse(&state).ok_or_else(|| Error::corrupt("plan_requests.state", &state))?;
+        let state = RequestState::parse(&state)
+            .ok_or_else(|| Error::corrupt("plan_requests.state", &state))?;
         if decisions::request_prunable(state, settled_at, now_ms, ttl_ms) {
-            pruned += tx.prepare_cached("DELETE FROM plan_requests WHERE request_id = ?1")?.execute([&request_id])? as u64;
+            pruned += tx
+                .prepare_cached("DELETE FROM plan_requests WHERE request_id = ?1")?
+                .execute([&request_id])? as u64;
         }
     }
     Ok(pruned)
@@ -142,11 +164,13 @@ fn put_plan(tx: &Connection, plan: &Plan) -> Result<()> {
 }
 
 fn get_request(tx: &Connection, request_id: &RequestId) -> Result<Option<PlanRequest>> {
-    tx.prepare_cached(&format!("SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE request_id = ?1"))?
-        .query_row([request_id.as_str()], raw_request)
-        .optional()?
-        .map(RawRequest::decode)
-        .transpose()
+    tx.prepare_cached(&format!(
+        "SELECT {REQUEST_COLUMNS} FROM plan_requests WHERE request_id = ?1"
+    ))?
+    .query_row([request_id.as_str()], raw_request)
+    .optional()?
+    .map(RawRequest::decode)
+    .transpose()
 }
 
 /// The plan's pending requests, oldest first.
@@ -160,7 +184,12 @@ fn pending_of_plan(tx: &Connection, plan_id: &PlanId) -> Result<Vec<PlanRequest>
 }
 
 fn cards_json(cards: &Option<Vec<Card>>) -> Result<Option<String>> {
-    cards.as_ref().map(|c| serde_json::to_string(c).map_err(|e| Error::corrupt("plan_requests.cards_json", e))).transpose()
+    cards
+        .as_ref()
+        .map(|c| {
+            serde_json::to_string(c).map_err(|e| Error::corrupt("plan_requests.cards_json", e))
+        })
+        .transpose()
 }
 
 fn insert_request(tx: &Connection, r: &PlanRequest) -> Result<()> {
@@ -242,7 +271,11 @@ impl PlanStore for SqliteStore {
             None => Vec::new(),
         };
         tx.commit()?;
-        Ok(Imported { plan: step.plan, created: step.created, invalidated })
+        Ok(Imported {
+            plan: step.plan,
+            created: step.created,
+            invalidated,
+        })
     }
 
     fn plan(&mut self, plan_id: &PlanId) -> Result<Option<Plan>> {
@@ -269,11 +302,19 @@ impl PlanStore for SqliteStore {
         Ok(Ok(row))
     }
 
-    fn renew_requests(&mut self, holder: &Generation, request_ids: &[RequestId], lease_ms: i64, now_ms: i64) -> Result<usize> {
+    fn renew_requests(
+        &mut self,
+        holder: &Generation,
+        request_ids: &[RequestId],
+        lease_ms: i64,
+        now_ms: i64,
+    ) -> Result<usize> {
         let tx = self.immediate()?;
         let mut renewed = 0;
         for id in request_ids {
-            if let Some(row) = get_request(&tx, id)?.and_then(|r| decisions::renew(&r, holder, lease_ms, now_ms)) {
+            if let Some(row) =
+                get_request(&tx, id)?.and_then(|r| decisions::renew(&r, holder, lease_ms, now_ms))
+            {
                 update_request(&tx, &row)?;
                 renewed += 1;
             }
@@ -293,7 +334,9 @@ impl PlanStore for SqliteStore {
             .collect::<Result<_>>()?;
         Ok(pending
             .into_iter()
-            .filter_map(|r| decisions::orphaned(&r, dead, now_ms).map(|cause| Orphan { request: r, cause }))
+            .filter_map(|r| {
+                decisions::orphaned(&r, dead, now_ms).map(|cause| Orphan { request: r, cause })
+            })
             .collect())
     }
 
@@ -307,10 +350,16 @@ impl PlanStore for SqliteStore {
         let tx = self.immediate()?;
         let request = get_request(&tx, request_id)?;
         let plan = get_plan(&tx, &binding.plan_id)?;
-        if let Err(refusal) = decisions::complete(plan.as_ref(), request.as_ref(), request_id, binding, cards) {
+        if let Err(refusal) =
+            decisions::complete(plan.as_ref(), request.as_ref(), request_id, binding, cards)
+        {
             return Ok(Err(refusal));
         }
-        let row = decisions::completed(&request.expect("complete passes only with a row"), cards, now_ms);
+        let row = decisions::completed(
+            &request.expect("complete passes only with a row"),
+            cards,
+            now_ms,
+        );
         update_request(&tx, &row)?;
         tx.commit()?;
         Ok(Ok(row))
@@ -328,7 +377,11 @@ impl PlanStore for SqliteStore {
         if let Err(refusal) = decisions::settle(request.as_ref(), request_id, binding) {
             return Ok(Err(refusal));
         }
-        let row = decisions::settled(&request.expect("settle passes only with a row"), settlement, now_ms);
+        let row = decisions::settled(
+            &request.expect("settle passes only with a row"),
+            settlement,
+            now_ms,
+        );
         update_request(&tx, &row)?;
         tx.commit()?;
         Ok(Ok(row))
@@ -350,7 +403,11 @@ impl PlanStore for SqliteStore {
         let invalidated = invalidate_siblings(&tx, &next.id, Some(request_id), &cause, now_ms)?;
         put_plan(&tx, &next)?;
         tx.commit()?;
-        Ok(Ok(Consumed { request: row, plan: next, invalidated }))
+        Ok(Ok(Consumed {
+            request: row,
+            plan: next,
+            invalidated,
+        }))
     }
 
     fn dismiss(&mut self, request_id: &RequestId, now_ms: i64) -> Result<PlanOutcome<PlanRequest>> {

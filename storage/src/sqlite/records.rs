@@ -19,9 +19,13 @@ use sha2::{Digest, Sha256};
 
 use super::live::{is_killed, is_live};
 use crate::record::{
-    is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord, VisibilityFilter,
+    is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord,
+    VisibilityFilter,
 };
-use crate::store::{clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
+use crate::store::{
+    clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome,
+    StoredPolicy, TRIM_PER_PUT,
+};
 use crate::{Error, Result};
 
 const POLICY_KEY: &str = "retention_policy";
@@ -54,11 +58,21 @@ impl Kept {
 }
 
 pub(super) fn read_policy(tx: &Connection) -> Result<StoredPolicy> {
-    let raw: Option<String> =
-        tx.query_row("SELECT value FROM meta WHERE key = ?1", [POLICY_KEY], |r| r.get(0)).optional()?;
-    let Some(raw) = raw else { return Ok(StoredPolicy::default()) };
-    let v: serde_json::Value = serde_json::from_str(&raw).map_err(|e| Error::corrupt("meta.retention_policy", e))?;
-    let num = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+    let raw: Option<String> = tx
+        .query_row("SELECT value FROM meta WHERE key = ?1", [POLICY_KEY], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(raw) = raw else {
+        return Ok(StoredPolicy::default());
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&raw).map_err(|e| Error::corrupt("meta.retention_policy", e))?;
+    let num = |k: &str| {
+        v.get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN)
+    };
     Ok(StoredPolicy {
         policy: RetentionPolicy::clamp(num("retentionDays"), num("maxRuns"), num("maxBytes")),
         updated_at: v.get("policyUpdatedAt").and_then(serde_json::Value::as_i64),
@@ -72,7 +86,10 @@ fn write_policy(tx: &Connection, p: &StoredPolicy) -> Result<()> {
         "maxBytes": p.policy.max_bytes,
         "policyUpdatedAt": p.updated_at,
     });
-    tx.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", params![POLICY_KEY, v.to_string()])?;
+    tx.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)",
+        params![POLICY_KEY, v.to_string()],
+    )?;
     Ok(())
 }
 
@@ -128,16 +145,32 @@ fn visibility_sql(f: &VisibilityFilter, params: &mut Vec<SqlValue>) -> String {
         }
         VisibilityFilter::Or { of } | VisibilityFilter::And { of } if of.is_empty() => "0".into(),
         VisibilityFilter::Or { of } => {
-            format!("({})", of.iter().map(|g| visibility_sql(g, params)).collect::<Vec<_>>().join(" OR "))
+            format!(
+                "({})",
+                of.iter()
+                    .map(|g| visibility_sql(g, params))
+                    .collect::<Vec<_>>()
+                    .join(" OR ")
+            )
         }
         VisibilityFilter::And { of } => {
-            format!("({})", of.iter().map(|g| visibility_sql(g, params)).collect::<Vec<_>>().join(" AND "))
+            format!(
+                "({})",
+                of.iter()
+                    .map(|g| visibility_sql(g, params))
+                    .collect::<Vec<_>>()
+                    .join(" AND ")
+            )
         }
     }
 }
 
 /// The one page query of `list` (SQL text and parameters); `None` when the filter matches nothing.
-pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(String, Vec<SqlValue>)> {
+pub(super) fn list_sql(
+    query: &ListQuery,
+    kept: &Kept,
+    cutoff: i64,
+) -> Option<(String, Vec<SqlValue>)> {
     if matches!(kept, Kept::Nothing) || matches!(query.visible_to, VisibilityFilter::None) {
         return None;
     }
@@ -184,18 +217,33 @@ pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(S
 }
 
 pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem> {
-    let head: RunHead = serde_json::from_str(summary_json).map_err(|e| Error::corrupt("runs.summary_json", e))?;
-    Ok(RunListItem { head: RunHead { diagnosis: head.diagnosis.clone().normalized(), ..head }, bytes: Some(bytes.max(0) as u64) })
+    let head: RunHead =
+        serde_json::from_str(summary_json).map_err(|e| Error::corrupt("runs.summary_json", e))?;
+    Ok(RunListItem {
+        head: RunHead {
+            diagnosis: head.diagnosis.clone().normalized(),
+            ..head
+        },
+        bytes: Some(bytes.max(0) as u64),
+    })
 }
 
 /// The listing row of `id` when it is visible under the policy.
-pub(super) fn visible_summary(tx: &Connection, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+pub(super) fn visible_summary(
+    tx: &Connection,
+    id: &str,
+    now_ms: i64,
+) -> Result<Option<RunListItem>> {
     let policy = read_policy(tx)?.policy;
     let kept = kept(tx, &policy, now_ms)?;
     let mut p = vec![SqlValue::Text(id.into())];
-    let sql = format!("SELECT summary_json, bytes FROM runs WHERE run_id = ? AND {}", kept.sql(policy.cutoff_ms(now_ms), &mut p));
-    let row: Option<(String, i64)> =
-        tx.query_row(&sql, params_from_iter(p), |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+    let sql = format!(
+        "SELECT summary_json, bytes FROM runs WHERE run_id = ? AND {}",
+        kept.sql(policy.cutoff_ms(now_ms), &mut p)
+    );
+    let row: Option<(String, i64)> = tx
+        .query_row(&sql, params_from_iter(p), |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
     row.map(|(s, b)| decode_item(&s, b)).transpose()
 }
 
@@ -216,19 +264,31 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
 /// Rows the policy keeps (a put's `retained`).
 fn retained(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
     let mut p = Vec::new();
-    let sql = format!("SELECT COUNT(*) FROM runs WHERE {}", kept(tx, policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p));
+    let sql = format!(
+        "SELECT COUNT(*) FROM runs WHERE {}",
+        kept(tx, policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p)
+    );
     Ok(tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64)
 }
 
 /// Upsert `record` inside `tx`: the shared body of `put` (and of the ledger's `finish`).
-pub(super) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+pub(super) fn put_in(
+    tx: &Connection,
+    record: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    now_ms: i64,
+) -> Result<PutOutcome> {
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
     // A killed id takes no record ever again (SPEC §4.3 `kill`).
     if is_killed(tx, &record.head.id)? {
         let policy = read_policy(tx)?.policy;
-        return Ok(PutOutcome { stored: false, rewritten: false, retained: retained(tx, &policy, now_ms)? });
+        return Ok(PutOutcome {
+            stored: false,
+            rewritten: false,
+            retained: retained(tx, &policy, now_ms)?,
+        });
     }
     let mut stored_policy = read_policy(tx)?;
     if stored_policy.consider(proposal, now_ms) {
@@ -243,11 +303,19 @@ pub(super) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
     }
     let id = record.head.id.as_str();
     let existing: Option<(bool, String)> = tx
-        .query_row("SELECT provisional, digest FROM runs WHERE run_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(
+            "SELECT provisional, digest FROM runs WHERE run_id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .optional()?;
     // The tombstone floor: a provisional write never replaces a final record.
     if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
-        return Ok(PutOutcome { stored: true, rewritten: false, retained: retained(tx, &policy, now_ms)? });
+        return Ok(PutOutcome {
+            stored: true,
+            rewritten: false,
+            retained: retained(tx, &policy, now_ms)?,
+        });
     }
     let (summary, digest) = encode(&record)?;
     let bytes = record.encoded_len() as i64;
@@ -267,7 +335,13 @@ pub(super) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
         if !live {
             tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
         }
-        insert_events(tx, id, stored_event_seqs(&record.events).into_iter().zip(record.events.iter().map(|ev| ev.to_string())))?;
+        insert_events(
+            tx,
+            id,
+            stored_event_seqs(&record.events)
+                .into_iter()
+                .zip(record.events.iter().map(|ev| ev.to_string())),
+        )?;
     }
     let kept_now = kept(tx, &policy, now_ms)?;
     trim(tx, &kept_now, policy.cutoff_ms(now_ms))?;
@@ -276,7 +350,11 @@ pub(super) fn put_in(tx: &Connection, record: &RunRecord, proposal: Option<&Poli
     if !stored {
         delete_run(tx, id)?;
     }
-    Ok(PutOutcome { stored, rewritten: existing.is_some() && !unchanged, retained: retained(tx, &policy, now_ms)? })
+    Ok(PutOutcome {
+        stored,
+        rewritten: existing.is_some() && !unchanged,
+        retained: retained(tx, &policy, now_ms)?,
+    })
 }
 
 /// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
@@ -302,7 +380,9 @@ pub(super) fn expire_in(tx: &Connection, now_ms: i64, scan_after: &str) -> Resul
     let policy = read_policy(tx)?.policy;
     let runs = trim(tx, &kept(tx, &policy, now_ms)?, policy.cutoff_ms(now_ms))?;
     let scanned: Vec<String> = tx
-        .prepare_cached("SELECT DISTINCT run_id FROM run_events WHERE run_id > ?1 ORDER BY run_id LIMIT ?2")?
+        .prepare_cached(
+            "SELECT DISTINCT run_id FROM run_events WHERE run_id > ?1 ORDER BY run_id LIMIT ?2",
+        )?
         .query_map(params![scan_after, TRIM_PER_PUT as i64], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     let mut orphaned = 0;
@@ -313,22 +393,46 @@ pub(super) fn expire_in(tx: &Connection, now_ms: i64, scan_after: &str) -> Resul
         }
     }
     if orphaned > 0 {
-        tracing::info!(runs = orphaned, "removed event rows no record and no live run owned");
+        tracing::info!(
+            runs = orphaned,
+            "removed event rows no record and no live run owned"
+        );
     }
-    let scan_after = (scanned.len() == TRIM_PER_PUT).then(|| scanned.last().cloned()).flatten();
-    Ok(Expired { runs: runs as u64, orphaned, scan_after })
+    let scan_after = (scanned.len() == TRIM_PER_PUT)
+        .then(|| scanned.last().cloned())
+        .flatten();
+    Ok(Expired {
+        runs: runs as u64,
+        orphaned,
+        scan_after,
+    })
 }
 
 fn visible(tx: &Connection, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> {
     let mut p = vec![SqlValue::Text(id.into())];
-    let sql = format!("SELECT 1 FROM runs WHERE run_id = ? AND {}", kept.sql(cutoff, &mut p));
-    Ok(tx.query_row(&sql, params_from_iter(p), |_| Ok(())).optional()?.is_some())
+    let sql = format!(
+        "SELECT 1 FROM runs WHERE run_id = ? AND {}",
+        kept.sql(cutoff, &mut p)
+    );
+    Ok(tx
+        .query_row(&sql, params_from_iter(p), |_| Ok(()))
+        .optional()?
+        .is_some())
 }
 
-pub(super) fn events_in(tx: &Connection, id: &str, after_seq: u64, limit: usize) -> Result<EventsPage> {
-    let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
+pub(super) fn events_in(
+    tx: &Connection,
+    id: &str,
+    after_seq: u64,
+    limit: usize,
+) -> Result<EventsPage> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+    )?;
     let rows: Vec<(i64, String)> = stmt
-        .query_map(params![id, after_seq as i64, limit as i64 + 1], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map(params![id, after_seq as i64, limit as i64 + 1], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
     let more = rows.len() > limit;
     let mut events = Vec::with_capacity(rows.len().min(limit));
@@ -337,13 +441,22 @@ pub(super) fn events_in(tx: &Connection, id: &str, after_seq: u64, limit: usize)
         last = seq as u64;
         events.extend(decode_event_row(id, seq, &json));
     }
-    Ok(EventsPage { events, next_after_seq: more.then_some(last) })
+    Ok(EventsPage {
+        events,
+        next_after_seq: more.then_some(last),
+    })
 }
 
 /// Write events into `run_events` keyed by seq (`INSERT OR REPLACE`: an identical retry is a no-op): a
 /// record's events from [`put_in`], a live run's from the ledger's `append`.
-pub(super) fn insert_events(tx: &Connection, run_id: &str, rows: impl IntoIterator<Item = (u64, String)>) -> Result<()> {
-    let mut ins = tx.prepare_cached("INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)")?;
+pub(super) fn insert_events(
+    tx: &Connection,
+    run_id: &str,
+    rows: impl IntoIterator<Item = (u64, String)>,
+) -> Result<()> {
+    let mut ins = tx.prepare_cached(
+        "INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)",
+    )?;
     for (seq, json) in rows {
         ins.execute(params![run_id, seq as i64, json])?;
     }
@@ -352,8 +465,15 @@ pub(super) fn insert_events(tx: &Connection, run_id: &str, rows: impl IntoIterat
 
 /// A live run's events strictly after `after_seq`, in seq order, at most `limit` (the ledger's
 /// `live_events`). A corrupt row is skipped and logged.
-pub(super) fn live_events_in(tx: &Connection, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Value>> {
-    let mut stmt = tx.prepare_cached("SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
+pub(super) fn live_events_in(
+    tx: &Connection,
+    run_id: &str,
+    after_seq: u64,
+    limit: usize,
+) -> Result<Vec<Value>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT seq, json FROM run_events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+    )?;
     let rows = stmt.query_map(params![run_id, after_seq as i64, limit as i64], |r| {
         Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
     })?;
@@ -367,19 +487,25 @@ pub(super) fn live_events_in(tx: &Connection, run_id: &str, after_seq: u64, limi
 
 /// Whether `run_id` has a `runs` row (final or provisional), whatever the policy.
 pub(super) fn has_record(tx: &Connection, run_id: &str) -> Result<bool> {
-    Ok(tx.prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?.exists([run_id])?)
+    Ok(tx
+        .prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")?
+        .exists([run_id])?)
 }
 
 /// Delete every `run_events` row of `run_id` (an abandoned run without a record leaves none behind).
 pub(super) fn delete_events(tx: &Connection, run_id: &str) -> Result<()> {
-    tx.prepare_cached("DELETE FROM run_events WHERE run_id = ?1")?.execute([run_id])?;
+    tx.prepare_cached("DELETE FROM run_events WHERE run_id = ?1")?
+        .execute([run_id])?;
     Ok(())
 }
 
 /// Delete `run_id`'s record and every event, live or not (a killed run's purge); answers the rows removed.
 pub(super) fn purge_in(tx: &Connection, run_id: &str) -> Result<usize> {
     let mut n = 0;
-    for sql in ["DELETE FROM runs WHERE run_id = ?1", "DELETE FROM run_events WHERE run_id = ?1"] {
+    for sql in [
+        "DELETE FROM runs WHERE run_id = ?1",
+        "DELETE FROM run_events WHERE run_id = ?1",
+    ] {
         n += tx.prepare_cached(sql)?.execute([run_id])?;
     }
     Ok(n)
@@ -411,12 +537,24 @@ mod tests {
         let policy = read_policy(&tx).unwrap().policy;
         let kept = kept(&tx, &policy, now).unwrap();
         assert_eq!(kept, Kept::All);
-        let cursor = crate::store::Cursor { finished_at: now - 10, id: Some("r10".into()) };
+        let cursor = crate::store::Cursor {
+            finished_at: now - 10,
+            id: Some("r10".into()),
+        };
         for query in [
             ListQuery::visible_to(VisibilityFilter::All),
-            ListQuery { before: Some(cursor.clone()), ..ListQuery::visible_to(VisibilityFilter::All) },
-            ListQuery { agent: Some("demo".into()), ..ListQuery::visible_to(VisibilityFilter::All) },
-            ListQuery { status: Some(crate::record::RunStatus::Failed), ..ListQuery::visible_to(VisibilityFilter::All) },
+            ListQuery {
+                before: Some(cursor.clone()),
+                ..ListQuery::visible_to(VisibilityFilter::All)
+            },
+            ListQuery {
+                agent: Some("demo".into()),
+                ..ListQuery::visible_to(VisibilityFilter::All)
+            },
+            ListQuery {
+                status: Some(crate::record::RunStatus::Failed),
+                ..ListQuery::visible_to(VisibilityFilter::All)
+            },
             ListQuery {
                 status: Some(crate::record::RunStatus::Completed),
                 before: Some(cursor.clone()),
@@ -434,8 +572,16 @@ mod tests {
                 .collect::<rusqlite::Result<_>>()
                 .unwrap();
             eprintln!("{sql}\n  plan: {plan:?}");
-            assert!(plan.iter().all(|step| step.contains("USING INDEX") || step.contains("USING COVERING INDEX")), "{plan:?}");
-            assert!(!plan.iter().any(|step| step.contains("TEMP B-TREE")), "{plan:?}");
+            assert!(
+                plan.iter()
+                    .all(|step| step.contains("USING INDEX")
+                        || step.contains("USING COVERING INDEX")),
+                "{plan:?}"
+            );
+            assert!(
+                !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+                "{plan:?}"
+            );
         }
     }
 }

@@ -7,16 +7,25 @@
 use rusqlite::params_from_iter;
 
 use super::live::is_live;
-use super::records::{decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy, visible_summary};
+use super::records::{
+    decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy,
+    visible_summary,
+};
 use super::SqliteStore;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
 use crate::store::{
-    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome, RunStore, StoredPolicy,
+    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome,
+    RunStore, StoredPolicy,
 };
 use crate::Result;
 
 impl RunStore for SqliteStore {
-    fn put(&mut self, record: &RunRecord, proposal: Option<&PolicyProposal>, now_ms: i64) -> Result<PutOutcome> {
+    fn put(
+        &mut self,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<PutOutcome> {
         let tx = self.immediate()?;
         let out = put_in(&tx, record, proposal, now_ms)?;
         tx.commit()?;
@@ -28,10 +37,15 @@ impl RunStore for SqliteStore {
             return Ok(None);
         }
         let tx = self.read()?;
-        let Some(item) = visible_summary(&tx, id, now_ms)? else { return Ok(None) };
+        let Some(item) = visible_summary(&tx, id, now_ms)? else {
+            return Ok(None);
+        };
         if is_live(&tx, id)? {
             // A tombstone of a live run: its events are the ledger's, served by `live_events`.
-            return Ok(Some(RunRecord { head: item.head, events: Vec::new() }));
+            return Ok(Some(RunRecord {
+                head: item.head,
+                events: Vec::new(),
+            }));
         }
         let mut events = Vec::new();
         let mut after = 0;
@@ -43,7 +57,10 @@ impl RunStore for SqliteStore {
                 None => break,
             }
         }
-        Ok(Some(RunRecord { head: item.head, events }))
+        Ok(Some(RunRecord {
+            head: item.head,
+            events,
+        }))
     }
 
     fn get_summary(&mut self, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
@@ -56,17 +73,24 @@ impl RunStore for SqliteStore {
 
     fn list(&mut self, query: &ListQuery, now_ms: i64) -> Result<ListPage> {
         if matches!(query.visible_to, VisibilityFilter::None) {
-            return Ok(ListPage { items: vec![], next_before: None });
+            return Ok(ListPage {
+                items: vec![],
+                next_before: None,
+            });
         }
         let tx = self.read()?;
         let policy = read_policy(&tx)?.policy;
         let kept = kept(&tx, &policy, now_ms)?;
         let Some((sql, p)) = list_sql(query, &kept, policy.cutoff_ms(now_ms)) else {
-            return Ok(ListPage { items: vec![], next_before: None });
+            return Ok(ListPage {
+                items: vec![],
+                next_before: None,
+            });
         };
         let mut stmt = tx.prepare_cached(&sql)?;
-        let rows: Vec<(String, i64)> =
-            stmt.query_map(params_from_iter(p), |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        let rows: Vec<(String, i64)> = stmt
+            .query_map(params_from_iter(p), |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
         let mut items = Vec::with_capacity(rows.len());
         for (s, b) in rows {
             match decode_item(&s, b) {
@@ -77,7 +101,13 @@ impl RunStore for SqliteStore {
         Ok(ListPage::from_items(items, query.effective_limit()))
     }
 
-    fn events(&mut self, id: &str, after_seq: u64, limit: Option<usize>, now_ms: i64) -> Result<Option<EventsPage>> {
+    fn events(
+        &mut self,
+        id: &str,
+        after_seq: u64,
+        limit: Option<usize>,
+        now_ms: i64,
+    ) -> Result<Option<EventsPage>> {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
@@ -86,7 +116,10 @@ impl RunStore for SqliteStore {
             return Ok(None);
         }
         if is_live(&tx, id)? {
-            return Ok(Some(EventsPage { events: Vec::new(), next_after_seq: None }));
+            return Ok(Some(EventsPage {
+                events: Vec::new(),
+                next_after_seq: None,
+            }));
         }
         events_in(&tx, id, after_seq, effective_events_limit(limit)).map(Some)
     }

@@ -189,9 +189,9 @@ pub(crate) fn stand_ins(conn: &Connection) -> Result<()> {
         let have: Vec<(String, Option<String>)> = columns(conn, &name)?;
         if have.is_empty() {
             // Added after the file's version: an empty table of the current shape.
-            let rest = sql
-                .strip_prefix("CREATE TABLE")
-                .ok_or_else(|| Error::corrupt("schema", format!("unexpected definition of {name}: {sql}")))?;
+            let rest = sql.strip_prefix("CREATE TABLE").ok_or_else(|| {
+                Error::corrupt("schema", format!("unexpected definition of {name}: {sql}"))
+            })?;
             conn.execute_batch(&format!("CREATE TEMP TABLE{rest}"))?;
             continue;
         }
@@ -210,7 +210,11 @@ pub(crate) fn stand_ins(conn: &Connection) -> Result<()> {
                 }
             })
             .collect();
-        conn.execute_batch(&format!("CREATE TEMP VIEW {q} AS SELECT {} FROM main.{q}", select.join(", "), q = quote(&name)))?;
+        conn.execute_batch(&format!(
+            "CREATE TEMP VIEW {q} AS SELECT {} FROM main.{q}",
+            select.join(", "),
+            q = quote(&name)
+        ))?;
     }
     Ok(())
 }

@@ -43,9 +43,16 @@ impl Logged {
 /// logged, in order.
 pub fn capture<T>(f: impl FnOnce() -> T) -> (T, Vec<Logged>) {
     let events = Arc::new(Mutex::new(Vec::new()));
-    let subscriber = Capture { events: events.clone(), next_span: AtomicU64::new(1) };
+    let subscriber = Capture {
+        events: events.clone(),
+        next_span: AtomicU64::new(1),
+    };
     let out = tracing::subscriber::with_default(subscriber, f);
-    let logged = std::mem::take(&mut *events.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    let logged = std::mem::take(
+        &mut *events
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    );
     (out, logged)
 }
 
@@ -78,8 +85,15 @@ impl Subscriber for Capture {
         let mut fields = Fields::default();
         event.record(&mut fields);
         let message = fields.0.remove("message").unwrap_or_default();
-        let logged = Logged { level: *event.metadata().level(), message, fields: fields.0 };
-        self.events.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(logged);
+        let logged = Logged {
+            level: *event.metadata().level(),
+            message,
+            fields: fields.0,
+        };
+        self.events
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(logged);
     }
 
     fn enter(&self, _: &Id) {}

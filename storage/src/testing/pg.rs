@@ -41,7 +41,10 @@ pub struct Cluster {
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cluster").field("dir", &self.dir).field("port", &self.port).finish()
+        f.debug_struct("Cluster")
+            .field("dir", &self.dir)
+            .field("port", &self.port)
+            .finish()
     }
 }
 
@@ -68,11 +71,21 @@ impl Cluster {
         if as_postgres && !succeeds(Command::new("id").args(["-u", "postgres"])) {
             return Err(format!("running as root, and there is no `postgres` OS user to run the server as ({INSTALL_HINT} creates it)"));
         }
-        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         // `/tmp`, not `$TMPDIR`: the `postgres` user must reach it, and the server's socket path in it
         // must stay under the 107 bytes a Unix socket name may have.
-        let base = if Path::new("/tmp").is_dir() { PathBuf::from("/tmp") } else { std::env::temp_dir() };
-        let dir = base.join(format!("switchboard-pg-{}-{:x}", std::process::id(), stamp & 0xffff_ffff));
+        let base = if Path::new("/tmp").is_dir() {
+            PathBuf::from("/tmp")
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!(
+            "switchboard-pg-{}-{:x}",
+            std::process::id(),
+            stamp & 0xffff_ffff
+        ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         if as_postgres {
             run(Command::new("chown").args(["postgres:postgres"]).arg(&dir))?;
@@ -91,7 +104,16 @@ impl Cluster {
             .command("initdb")
             .arg("-D")
             .arg(cluster.data())
-            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"]))?;
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]))?;
         // A port found free may be taken before the server binds it: try a few.
         let mut last = String::new();
         for _ in 0..3 {
@@ -113,7 +135,12 @@ impl Cluster {
                 .arg("start"));
             match started {
                 Ok(()) => return Ok(cluster),
-                Err(e) => last = format!("{e}\n{}", std::fs::read_to_string(cluster.dir.join("server.log")).unwrap_or_default()),
+                Err(e) => {
+                    last = format!(
+                        "{e}\n{}",
+                        std::fs::read_to_string(cluster.dir.join("server.log")).unwrap_or_default()
+                    )
+                }
             }
         }
         Err(format!("pg_ctl start failed: {last}"))
@@ -132,18 +159,30 @@ impl Cluster {
     /// Callable from async tests too: the synchronous client runs on a thread of its own (it would
     /// refuse to start its runtime inside the caller's).
     pub fn database(&self) -> String {
-        let name = format!("t{}_{}", std::process::id(), self.next.fetch_add(1, Ordering::SeqCst));
+        let name = format!(
+            "t{}_{}",
+            std::process::id(),
+            self.next.fetch_add(1, Ordering::SeqCst)
+        );
         let created = std::thread::scope(|scope| {
             scope
                 .spawn(|| {
                     let mut admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
                     if admin.as_ref().is_none_or(postgres::Client::is_closed) {
-                        let client = postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
-                            .map_err(|e| format!("connect to the test cluster on port {}: {e}", self.port))?;
+                        let client =
+                            postgres::Client::connect(&self.url("postgres"), postgres::NoTls)
+                                .map_err(|e| {
+                                    format!(
+                                        "connect to the test cluster on port {}: {e}",
+                                        self.port
+                                    )
+                                })?;
                         *admin = Some(client);
                     }
                     let client = admin.as_mut().expect("connected above");
-                    client.batch_execute(&format!("CREATE DATABASE {name}")).map_err(|e| format!("create database {name}: {e}"))
+                    client
+                        .batch_execute(&format!("CREATE DATABASE {name}"))
+                        .map_err(|e| format!("create database {name}: {e}"))
                 })
                 .join()
         });
@@ -158,10 +197,20 @@ impl Cluster {
     pub fn stop(&self) {
         self.admin.lock().unwrap_or_else(|p| p.into_inner()).take();
         if self.port != 0 {
-            let _ = self.command("pg_ctl").arg("-D").arg(self.data()).args(["-m", "immediate", "stop"]).output();
+            let _ = self
+                .command("pg_ctl")
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", "immediate", "stop"])
+                .output();
         }
         // Closing the pipe lets the watchdog remove the temp dir and exit.
-        if let Some((mut child, stdin)) = self.watchdog.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some((mut child, stdin)) = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             drop(stdin);
             let _ = child.wait();
         }
@@ -189,16 +238,25 @@ impl Cluster {
     fn start_watchdog(&mut self) -> Result<(), String> {
         let pg_ctl = self.bin.join("pg_ctl");
         let stop = if self.as_postgres {
-            format!("runuser -u postgres -- '{}' -D '{}' -m immediate stop", pg_ctl.display(), self.data().display())
+            format!(
+                "runuser -u postgres -- '{}' -D '{}' -m immediate stop",
+                pg_ctl.display(),
+                self.data().display()
+            )
         } else {
-            format!("'{}' -D '{}' -m immediate stop", pg_ctl.display(), self.data().display())
+            format!(
+                "'{}' -D '{}' -m immediate stop",
+                pg_ctl.display(),
+                self.data().display()
+            )
         };
         let script = format!(
             "cat >/dev/null; if [ -f '{data}/postmaster.pid' ]; then {stop}; fi; rm -rf '{dir}'",
             data = self.data().display(),
             dir = self.dir.display()
         );
-        let mut cmd = if Path::new("/usr/bin/setsid").exists() || Path::new("/bin/setsid").exists() {
+        let mut cmd = if Path::new("/usr/bin/setsid").exists() || Path::new("/bin/setsid").exists()
+        {
             let mut c = Command::new("setsid");
             c.arg("sh");
             c
@@ -251,7 +309,9 @@ pub fn server_bin() -> Result<PathBuf, String> {
             return Ok(d);
         }
     }
-    if let Some(d) = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).find(|d| has(d))) {
+    if let Some(d) =
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).find(|d| has(d)))
+    {
         return Ok(d);
     }
     Err(format!(
@@ -272,17 +332,29 @@ fn effective_uid() -> Result<u32, String> {
             return Ok(euid);
         }
     }
-    let out = Command::new("id").arg("-u").output().map_err(|e| format!("id -u: {e}"))?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().map_err(|e| format!("id -u: {e}"))
+    let out = Command::new("id")
+        .arg("-u")
+        .output()
+        .map_err(|e| format!("id -u: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("id -u: {e}"))
 }
 
 fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
-    l.local_addr().map(|a| a.port()).map_err(|e| format!("find a free port: {e}"))
+    let l =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("find a free port: {e}"))
 }
 
 fn succeeds(cmd: &mut Command) -> bool {
-    cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Run `cmd` to completion; an error carries its output.

@@ -23,7 +23,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// 503 when no caller could ever hold `deploy:write` (dev bypass off, no token configured).
 fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
     if !state.auth.dev_bypass && state.auth.tokens.is_empty() {
-        return Err(ApiError::Unavailable("no operator credentials are configured".into()));
+        return Err(ApiError::Unavailable(
+            "no operator credentials are configured".into(),
+        ));
     }
     state.auth.require(req, DEPLOY_WRITE).map(|_| ())
 }
@@ -31,7 +33,10 @@ fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
 /// Exit 137 about 50 ms after answering: no drain, no handoff, no finish writes.
 async fn crash(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
-    tracing::warn!(generation = state.generation.as_str(), "POST /admin/crash: exiting 137 without draining");
+    tracing::warn!(
+        generation = state.generation.as_str(),
+        "POST /admin/crash: exiting 137 without draining"
+    );
     std::thread::spawn(|| {
         std::thread::sleep(CRASH_DELAY);
         std::process::exit(CRASH_EXIT_CODE);

@@ -49,8 +49,14 @@ pub fn query_map(req: &HttpRequest) -> Result<HashMap<String, String>, ApiError>
 }
 
 /// The capability token in `q` when it verifies for `run_id`.
-pub fn capability<'a>(state: &AppState, run_id: &str, q: &'a HashMap<String, String>) -> Option<&'a str> {
-    q.get("token").map(String::as_str).filter(|t| state.tokens.verify(run_id, t))
+pub fn capability<'a>(
+    state: &AppState,
+    run_id: &str,
+    q: &'a HashMap<String, String>,
+) -> Option<&'a str> {
+    q.get("token")
+        .map(String::as_str)
+        .filter(|t| state.tokens.verify(run_id, t))
 }
 
 /// Who may read: a valid capability token for `run_id` sees that run (`all`); otherwise the caller
@@ -80,10 +86,18 @@ pub fn runs_error(e: RunsError, run_id: &str) -> ApiError {
     }
 }
 
-fn num<T: std::str::FromStr>(q: &HashMap<String, String>, field: &str, what: &str) -> Result<Option<T>, ApiError> {
+fn num<T: std::str::FromStr>(
+    q: &HashMap<String, String>,
+    field: &str,
+    what: &str,
+) -> Result<Option<T>, ApiError> {
     match q.get(field) {
         None => Ok(None),
-        Some(s) => s.trim().parse::<T>().map(Some).map_err(|_| ApiError::bad(field, format!("must be {what}"))),
+        Some(s) => s
+            .trim()
+            .parse::<T>()
+            .map(Some)
+            .map_err(|_| ApiError::bad(field, format!("must be {what}"))),
     }
 }
 
@@ -113,7 +127,10 @@ pub const MAX_SEQ: u64 = i64::MAX as u64;
 pub fn seq_cursor(field: &str, value: &str) -> Result<u64, ApiError> {
     match value.trim().parse::<u64>() {
         Ok(seq) if seq <= MAX_SEQ => Ok(seq),
-        _ => Err(ApiError::bad(field, format!("must be an integer from 0 to {MAX_SEQ}"))),
+        _ => Err(ApiError::bad(
+            field,
+            format!("must be an integer from 0 to {MAX_SEQ}"),
+        )),
     }
 }
 
@@ -124,10 +141,18 @@ pub fn after_seq(q: &HashMap<String, String>, field: &str) -> Result<Option<u64>
 
 /// `list_runs` parameters from a query (`status, agent, channel, threadKey, parentRunId, sinceMs, limit,
 /// before, beforeId`).
-pub fn list_params(q: &HashMap<String, String>, visible_to: VisibilityFilter) -> Result<ListParams, ApiError> {
+pub fn list_params(
+    q: &HashMap<String, String>,
+    visible_to: VisibilityFilter,
+) -> Result<ListParams, ApiError> {
     let status = match q.get("status").map(String::as_str) {
         None => StatusFilter::All,
-        Some(s) => StatusFilter::parse(s).ok_or_else(|| ApiError::bad("status", format!("must be one of {}", StatusFilter::CHOICES.join(", "))))?,
+        Some(s) => StatusFilter::parse(s).ok_or_else(|| {
+            ApiError::bad(
+                "status",
+                format!("must be one of {}", StatusFilter::CHOICES.join(", ")),
+            )
+        })?,
     };
     let before = num::<i64>(q, "before", "an integer (epoch ms)")?;
     let before_id = text(q, "beforeId")?;
@@ -189,13 +214,20 @@ async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
     responses((status = 200, description = "The runs whose message named this run as `parentRunId` and that the caller may see, live and finished, oldest start first (at most 200)", body = actors::runs_service::RunList), (status = 400, description = "The id is not a run id", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
-async fn list_children(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn list_children(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
     // A bearer token: a run's capability link reads that run, not the runs started for it.
     let visible_to = reader(&req, &state, None, &q)?;
     if !storage::record::is_valid_run_id(&id) {
-        return Err(ApiError::bad("id", "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)"));
+        return Err(ApiError::bad(
+            "id",
+            "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)",
+        ));
     }
     Ok(HttpResponse::Ok().json(state.runs.list_children(&id, visible_to).await))
 }
@@ -209,7 +241,11 @@ async fn list_children(req: HttpRequest, path: web::Path<String>, state: web::Da
     responses((status = 200, description = "The run", body = actors::runs_service::RunView), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
-async fn get_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn get_run(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
@@ -218,7 +254,11 @@ async fn get_run(req: HttpRequest, path: web::Path<String>, state: web::Data<App
         Some("events") => true,
         Some(_) => return Err(ApiError::bad("include", "must be events")),
     };
-    let view = state.runs.get_run(&id, include_events, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    let view = state
+        .runs
+        .get_run(&id, include_events, &visible_to)
+        .await
+        .map_err(|e| runs_error(e, &id))?;
     Ok(HttpResponse::Ok().json(view))
 }
 
@@ -235,13 +275,21 @@ async fn get_run(req: HttpRequest, path: web::Path<String>, state: web::Data<App
     responses((status = 200, description = "A page of the run's events", body = actors::runs_service::EventPage), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
-async fn get_events(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn get_events(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let after = after_seq(&q, "afterSeq")?.unwrap_or(0);
     let limit = limit(&q)?;
-    let page = state.runs.get_run_events(&id, after, limit, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    let page = state
+        .runs
+        .get_run_events(&id, after, limit, &visible_to)
+        .await
+        .map_err(|e| runs_error(e, &id))?;
     Ok(HttpResponse::Ok().json(page))
 }
 
@@ -254,11 +302,19 @@ async fn get_events(req: HttpRequest, path: web::Path<String>, state: web::Data<
     responses((status = 200, description = "Where the run spent its time", body = actors::runs_service::Friction), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
-async fn get_friction(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn get_friction(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
-    let friction = state.runs.get_run_friction(&id, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    let friction = state
+        .runs
+        .get_run_friction(&id, &visible_to)
+        .await
+        .map_err(|e| runs_error(e, &id))?;
     Ok(HttpResponse::Ok().json(friction))
 }
 
@@ -272,6 +328,10 @@ async fn get_friction(req: HttpRequest, path: web::Path<String>, state: web::Dat
 )]
 async fn live(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
-    let rows = state.runs.live_rows(&visible_to).await.map_err(|e| runs_error(e, "-"))?;
+    let rows = state
+        .runs
+        .live_rows(&visible_to)
+        .await
+        .map_err(|e| runs_error(e, "-"))?;
     Ok(HttpResponse::Ok().json(json!({"runs": rows})))
 }

@@ -24,15 +24,32 @@ pub const MAX_AGENT_CHARS: usize = 64;
 pub const MAX_KEY_CHARS: usize = 256;
 
 /// The fields of a message body; any other is a 400 naming it.
-pub const MESSAGE_FIELDS: [&str; 8] = ["thread", "channel", "user", "text", "agent", "visibility", "key", "parentRunId"];
+pub const MESSAGE_FIELDS: [&str; 8] = [
+    "thread",
+    "channel",
+    "user",
+    "text",
+    "agent",
+    "visibility",
+    "key",
+    "parentRunId",
+];
 
-const _: () = assert!(MAX_CHANNEL_CHARS + 1 + MAX_THREAD_CHARS <= storage::ledger::decisions::MAX_THREAD_KEY_CHARS);
+const _: () = assert!(
+    MAX_CHANNEL_CHARS + 1 + MAX_THREAD_CHARS <= storage::ledger::decisions::MAX_THREAD_KEY_CHARS
+);
 
-fn string_field(body: &Map<String, Value>, field: &'static str, required: bool) -> Result<Option<String>, ApiError> {
+fn string_field(
+    body: &Map<String, Value>,
+    field: &'static str,
+    required: bool,
+) -> Result<Option<String>, ApiError> {
     match body.get(field) {
         None | Some(Value::Null) if !required => Ok(None),
         None | Some(Value::Null) => Err(ApiError::bad(field, "is required")),
-        Some(Value::String(s)) if required && s.trim().is_empty() => Err(ApiError::bad(field, "must not be empty")),
+        Some(Value::String(s)) if required && s.trim().is_empty() => {
+            Err(ApiError::bad(field, "must not be empty"))
+        }
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(ApiError::bad(field, "must be a string")),
     }
@@ -45,16 +62,25 @@ fn check_chars(field: &'static str, value: &str, min: usize, max: usize) -> Resu
     if (min..=max).contains(&n) {
         Ok(())
     } else {
-        Err(ApiError::bad(field, format!("must be {min} to {max} characters")))
+        Err(ApiError::bad(
+            field,
+            format!("must be {min} to {max} characters"),
+        ))
     }
 }
 
 /// Validate the body; answers the request and its idempotency key (if any).
 pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>), ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?;
-    let Value::Object(map) = value else { return Err(ApiError::bad("body", "must be a JSON object")) };
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::bad("body", "must be a JSON object"));
+    };
     if let Some(unknown) = map.keys().find(|k| !MESSAGE_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::bad(unknown.clone(), "is not a field of a message"));
+        return Err(ApiError::bad(
+            unknown.clone(),
+            "is not a field of a message",
+        ));
     }
     let req = |f| string_field(&map, f, true).map(|v| v.expect("required"));
     let request = Request {
@@ -76,11 +102,21 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
     if let Some(agent) = &request.agent {
         check_chars("agent", agent, 0, MAX_AGENT_CHARS)?;
     }
-    if request.parent_run_id.as_deref().is_some_and(|p| !storage::record::is_valid_run_id(p)) {
-        return Err(ApiError::bad("parentRunId", "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)"));
+    if request
+        .parent_run_id
+        .as_deref()
+        .is_some_and(|p| !storage::record::is_valid_run_id(p))
+    {
+        return Err(ApiError::bad(
+            "parentRunId",
+            "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)",
+        ));
     }
     if request.text.len() > MAX_TEXT_BYTES {
-        return Err(ApiError::PayloadTooLarge(format!("text is {} bytes, over {MAX_TEXT_BYTES}", request.text.len())));
+        return Err(ApiError::PayloadTooLarge(format!(
+            "text is {} bytes, over {MAX_TEXT_BYTES}",
+            request.text.len()
+        )));
     }
     let key = match string_field(&map, "key", false)? {
         None => None,
@@ -98,7 +134,10 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
 
 /// The run's live view, with its capability token.
 fn live_url(state: &AppState, run_id: &str, token: &str) -> String {
-    format!("{}/runs/{run_id}?token={token}", state.public_base_url.trim_end_matches('/'))
+    format!(
+        "{}/runs/{run_id}?token={token}",
+        state.public_base_url.trim_end_matches('/')
+    )
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -126,26 +165,43 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     ),
     security((), ("bearer" = ["messages:write"]))
 )]
-pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn post_message(
+    req: HttpRequest,
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let principal = state.auth.require(&req, MESSAGES_WRITE)?;
     if body.len() > MESSAGE_BODY_LIMIT {
-        return Err(ApiError::PayloadTooLarge(format!("body over {MESSAGE_BODY_LIMIT} bytes")));
+        return Err(ApiError::PayloadTooLarge(format!(
+            "body over {MESSAGE_BODY_LIMIT} bytes"
+        )));
     }
     let (request, key) = parse_message(&body)?;
-    let key = key.map(|(key, body_hash)| ReceiptKey { scope: principal.name.clone(), key, body_hash });
+    let key = key.map(|(key, body_hash)| ReceiptKey {
+        scope: principal.name.clone(),
+        key,
+        body_hash,
+    });
     let answer = state
         .supervisor
-        .send(AdmitMessage { request, key, writer: Some(principal.visible_to.clone()) })
+        .send(AdmitMessage {
+            request,
+            key,
+            writer: Some(principal.visible_to.clone()),
+        })
         .await
         .map_err(|e| ApiError::Unavailable(format!("supervisor: {e}")))?;
     match answer {
         Ok(Admitted::Started { run_id, token }) => {
             let live_url = live_url(&state, &run_id, &token);
-            Ok(HttpResponse::Accepted().json(json!({"outcome": "started", "runId": run_id, "liveUrl": live_url})))
+            Ok(HttpResponse::Accepted()
+                .json(json!({"outcome": "started", "runId": run_id, "liveUrl": live_url})))
         }
         Ok(Admitted::Steered { run_id, seq, token }) => {
             let live_url = live_url(&state, &run_id, &token);
-            Ok(HttpResponse::Accepted().json(json!({"outcome": "steered", "runId": run_id, "seq": seq, "liveUrl": live_url})))
+            Ok(HttpResponse::Accepted().json(
+                json!({"outcome": "steered", "runId": run_id, "seq": seq, "liveUrl": live_url}),
+            ))
         }
         Err(AdmitError::Draining) => Err(ApiError::Draining),
         Err(e @ AdmitError::UnknownAgent(_)) => Err(ApiError::bad("agent", e.to_string())),
@@ -153,7 +209,9 @@ pub async fn post_message(req: HttpRequest, body: web::Bytes, state: web::Data<A
         Err(e @ AdmitError::BadThread(_)) => Err(ApiError::bad("thread", e.to_string())),
         Err(AdmitError::KeyConflict) => Err(ApiError::KeyConflict),
         Err(AdmitError::ThreadBusy) => Err(ApiError::ThreadBusy),
-        Err(e @ (AdmitError::Fenced | AdmitError::ReceiptLimit)) => Err(ApiError::Conflict(e.to_string())),
+        Err(e @ (AdmitError::Fenced | AdmitError::ReceiptLimit)) => {
+            Err(ApiError::Conflict(e.to_string()))
+        }
         // Names the thread, never the run the caller may not see (SPEC §8.1: visibility on writes).
         Err(e @ AdmitError::Forbidden(_)) => Err(ApiError::Refused(e.to_string())),
         Err(e @ AdmitError::Unavailable(_)) => {
@@ -170,7 +228,12 @@ mod tests {
     /// A valid message with `field` set to `value`.
     fn body_with(field: &str, value: Value) -> Vec<u8> {
         let mut map = Map::new();
-        for (k, v) in [("thread", "t"), ("channel", "c"), ("user", "u"), ("text", "x")] {
+        for (k, v) in [
+            ("thread", "t"),
+            ("channel", "c"),
+            ("user", "u"),
+            ("text", "x"),
+        ] {
             map.insert(k.into(), Value::String(v.into()));
         }
         map.insert(field.into(), value);
@@ -196,38 +259,64 @@ mod tests {
             ("agent", MAX_AGENT_CHARS),
             ("key", MAX_KEY_CHARS),
         ] {
-            assert_eq!(refused_field(field, &"é".repeat(max)), None, "{field} at its cap");
-            assert_eq!(refused_field(field, &"é".repeat(max + 1)).as_deref(), Some(field), "{field} one over");
+            assert_eq!(
+                refused_field(field, &"é".repeat(max)),
+                None,
+                "{field} at its cap"
+            );
+            assert_eq!(
+                refused_field(field, &"é".repeat(max + 1)).as_deref(),
+                Some(field),
+                "{field} one over"
+            );
         }
         // The lower bounds: one character is enough, none is refused naming the field.
         for field in ["channel", "thread", "user", "key"] {
             assert_eq!(refused_field(field, "é"), None, "{field} of one character");
-            assert_eq!(refused_field(field, "").as_deref(), Some(field), "empty {field}");
+            assert_eq!(
+                refused_field(field, "").as_deref(),
+                Some(field),
+                "empty {field}"
+            );
         }
         // The longest channel and thread make the longest thread key the ledger stores.
         let longest = body_with("channel", "c".repeat(MAX_CHANNEL_CHARS).into());
         let mut longest: Map<String, Value> = serde_json::from_slice(&longest).unwrap();
         longest.insert("thread".into(), "t".repeat(MAX_THREAD_CHARS).into());
-        let (request, _) = parse_message(Value::Object(longest).to_string().as_bytes()).expect("both at their caps");
-        assert!(storage::ledger::decisions::is_valid_thread_key(&request.thread_key()));
+        let (request, _) = parse_message(Value::Object(longest).to_string().as_bytes())
+            .expect("both at their caps");
+        assert!(storage::ledger::decisions::is_valid_thread_key(
+            &request.thread_key()
+        ));
     }
 
     #[test]
     fn text_is_capped_in_bytes_with_a_413() {
         assert!(parse_message(&body_with("text", "x".repeat(MAX_TEXT_BYTES).into())).is_ok());
         let over = parse_message(&body_with("text", "x".repeat(MAX_TEXT_BYTES + 1).into()));
-        assert!(matches!(over, Err(ApiError::PayloadTooLarge(_))), "{over:?}");
+        assert!(
+            matches!(over, Err(ApiError::PayloadTooLarge(_))),
+            "{over:?}"
+        );
         // 2-byte characters: half as many characters reach the same byte cap.
-        let over = parse_message(&body_with("text", "é".repeat(MAX_TEXT_BYTES / 2 + 1).into()));
-        assert!(matches!(over, Err(ApiError::PayloadTooLarge(_))), "{over:?}");
+        let over = parse_message(&body_with(
+            "text",
+            "é".repeat(MAX_TEXT_BYTES / 2 + 1).into(),
+        ));
+        assert!(
+            matches!(over, Err(ApiError::PayloadTooLarge(_))),
+            "{over:?}"
+        );
     }
 
     #[test]
     fn a_channel_holding_the_key_separator_is_refused_so_thread_keys_stay_injective() {
         // ("a", "b:x") and ("a:b", "x") would both be the key "a:b:x": only the first is admissible.
-        let mut first: Map<String, Value> = serde_json::from_slice(&body_with("channel", "a".into())).unwrap();
+        let mut first: Map<String, Value> =
+            serde_json::from_slice(&body_with("channel", "a".into())).unwrap();
         first.insert("thread".into(), "b:x".into());
-        let (request, _) = parse_message(Value::Object(first).to_string().as_bytes()).expect("a thread may hold ':'");
+        let (request, _) = parse_message(Value::Object(first).to_string().as_bytes())
+            .expect("a thread may hold ':'");
         assert_eq!(request.thread_key(), "a:b:x");
         assert_eq!(refused_field("channel", "a:b").as_deref(), Some("channel"));
         assert_eq!(refused_field("channel", ":").as_deref(), Some("channel"));

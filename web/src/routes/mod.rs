@@ -43,14 +43,24 @@ pub const API_ROUTES: &[(&str, &str)] = &[
 /// document would not describe): at mount time, so every test that starts the app fails.
 pub fn resource(path: &str, allow: &'static str) -> Resource {
     if path == "/api" || path.starts_with("/api/") {
-        assert!(API_ROUTES.contains(&(path, allow)), "{path} ({allow}) is not in routes::API_ROUTES");
+        assert!(
+            API_ROUTES.contains(&(path, allow)),
+            "{path} ({allow}) is not in routes::API_ROUTES"
+        );
     }
     web::resource(path).default_service(web::to(move |req: HttpRequest| async move {
-        Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed { method: req.method().to_string(), allow })
+        Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            allow,
+        })
     }))
 }
 
 /// The app's default service: a path no resource matches.
 pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::NotFound(format!("route {} {}", req.method(), req.path())))
+    Err(ApiError::NotFound(format!(
+        "route {} {}",
+        req.method(),
+        req.path()
+    )))
 }

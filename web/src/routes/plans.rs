@@ -15,7 +15,9 @@ use actors::plan::{
     PlanError, PlanHandle, PlanIdentity, StartError, StopCause, SuggestionInput, SuggestionView,
 };
 use serde_json::{json, Map, Value};
-use storage::plan::{Card, Import, PlanId, PlanRefusal, PlanRequest, RequestId, Revision, SnapshotId, TerminalReason};
+use storage::plan::{
+    Card, Import, PlanId, PlanRefusal, PlanRequest, RequestId, Revision, SnapshotId, TerminalReason,
+};
 
 use super::resource;
 use crate::auth::{RUNS_READ, RUNS_WRITE};
@@ -40,9 +42,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .app_data(web::PayloadConfig::new(PLAN_BODY_LIMIT))
             .route(web::post().to(start_suggestion)),
     )
-    .service(resource("/api/plans/{id}/suggestions/{rid}", "GET").route(web::get().to(get_suggestion)))
-    .service(resource("/api/plans/{id}/suggestions/{rid}/cancel", "POST").route(web::post().to(cancel_suggestion)))
-    .service(resource("/api/plans/{id}/suggestions/{rid}/dismiss", "POST").route(web::post().to(dismiss_suggestion)))
+    .service(
+        resource("/api/plans/{id}/suggestions/{rid}", "GET").route(web::get().to(get_suggestion)),
+    )
+    .service(
+        resource("/api/plans/{id}/suggestions/{rid}/cancel", "POST")
+            .route(web::post().to(cancel_suggestion)),
+    )
+    .service(
+        resource("/api/plans/{id}/suggestions/{rid}/dismiss", "POST")
+            .route(web::post().to(dismiss_suggestion)),
+    )
     .service(resource("/api/plans/{id}/import", "POST").route(web::post().to(import_plan)));
 }
 
@@ -66,7 +76,9 @@ fn request_json(r: &PlanRequest) -> Value {
 fn view_json(v: &SuggestionView) -> Value {
     let mut body = request_json(&v.request);
     body["invocation"] = match v.invocation {
-        Some(i) => json!({"state": i.state.as_str(), "stopping": i.stopping.map(StopCause::as_str)}),
+        Some(i) => {
+            json!({"state": i.state.as_str(), "stopping": i.stopping.map(StopCause::as_str)})
+        }
         None => Value::Null,
     };
     body
@@ -78,31 +90,43 @@ fn plan_path(id: &str) -> Result<PlanId, ApiError> {
 
 fn request_path(id: &str, rid: &str) -> Result<(PlanId, RequestId), ApiError> {
     let plan_id = plan_path(id)?;
-    let request_id = RequestId::parse(rid).ok_or_else(|| ApiError::NotFound(format!("request {rid}")))?;
+    let request_id =
+        RequestId::parse(rid).ok_or_else(|| ApiError::NotFound(format!("request {rid}")))?;
     Ok((plan_id, request_id))
 }
 
 /// The body as a JSON object with only `allowed` keys (an empty body is `{}`).
 fn body_object(body: &[u8], allowed: &[&str]) -> Result<Map<String, Value>, ApiError> {
     if body.len() > PLAN_BODY_LIMIT {
-        return Err(ApiError::PayloadTooLarge(format!("body over {PLAN_BODY_LIMIT} bytes")));
+        return Err(ApiError::PayloadTooLarge(format!(
+            "body over {PLAN_BODY_LIMIT} bytes"
+        )));
     }
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
-    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?;
-    let Value::Object(map) = value else { return Err(ApiError::bad("body", "must be a JSON object")) };
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::bad("body", "must be a JSON object"));
+    };
     if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(ApiError::bad(unknown.clone(), "is not a field of this request"));
+        return Err(ApiError::bad(
+            unknown.clone(),
+            "is not a field of this request",
+        ));
     }
     Ok(map)
 }
 
 fn snapshot_field(map: &Map<String, Value>) -> Result<SnapshotId, ApiError> {
     match map.get("snapshotId") {
-        Some(Value::String(s)) => {
-            SnapshotId::parse(s).ok_or_else(|| ApiError::bad("snapshotId", "must be 1 to 256 characters without control characters"))
-        }
+        Some(Value::String(s)) => SnapshotId::parse(s).ok_or_else(|| {
+            ApiError::bad(
+                "snapshotId",
+                "must be 1 to 256 characters without control characters",
+            )
+        }),
         None | Some(Value::Null) => Err(ApiError::bad("snapshotId", "is required")),
         Some(_) => Err(ApiError::bad("snapshotId", "must be a string")),
     }
@@ -111,9 +135,10 @@ fn snapshot_field(map: &Map<String, Value>) -> Result<SnapshotId, ApiError> {
 fn plan_error(e: PlanError) -> ApiError {
     match e {
         PlanError::NotFound(what) => ApiError::NotFound(what),
-        PlanError::NotTracked { request } => {
-            ApiError::Conflict(format!("request {} is pending elsewhere", request.request_id.as_str()))
-        }
+        PlanError::NotTracked { request } => ApiError::Conflict(format!(
+            "request {} is pending elsewhere",
+            request.request_id.as_str()
+        )),
         PlanError::Refused(PlanRefusal::UnknownRequest { request_id }) => {
             ApiError::NotFound(format!("request {}", request_id.as_str()))
         }
@@ -188,24 +213,40 @@ pub async fn start_suggestion(
     }
     let map = body_object(&body, &START_FIELDS)?;
     let revision = match map.get("revision") {
-        Some(v) => v.as_u64().filter(|n| *n >= 1).ok_or_else(|| ApiError::bad("revision", "must be a positive integer"))?,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| ApiError::bad("revision", "must be a positive integer"))?,
         None => return Err(ApiError::bad("revision", "is required")),
     };
     let snapshot_id = snapshot_field(&map)?;
     let prompt = match map.get("prompt") {
         Some(Value::String(s)) if s.len() <= MAX_PROMPT_BYTES => s.clone(),
-        Some(Value::String(_)) => return Err(ApiError::bad("prompt", format!("must be at most {MAX_PROMPT_BYTES} bytes"))),
+        Some(Value::String(_)) => {
+            return Err(ApiError::bad(
+                "prompt",
+                format!("must be at most {MAX_PROMPT_BYTES} bytes"),
+            ))
+        }
         None | Some(Value::Null) => String::new(),
         Some(_) => return Err(ApiError::bad("prompt", "must be a string")),
     };
     let cards: Vec<Card> = match map.get("cards") {
         None | Some(Value::Null) => Vec::new(),
-        Some(v) => serde_json::from_value(v.clone())
-            .map_err(|e| ApiError::bad("cards", format!("must be an array of {{title, body}}: {e}")))?,
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+            ApiError::bad("cards", format!("must be an array of {{title, body}}: {e}"))
+        })?,
     };
     storage::plan::validate_cards(&cards).map_err(|e| ApiError::bad("cards", e.to_string()))?;
-    let input = SuggestionInput { prompt, cards, context: map.get("context").cloned().unwrap_or(Value::Null) };
-    let identity = PlanIdentity { plan_id: plan_id.clone(), revision: Revision::new(revision) };
+    let input = SuggestionInput {
+        prompt,
+        cards,
+        context: map.get("context").cloned().unwrap_or(Value::Null),
+    };
+    let identity = PlanIdentity {
+        plan_id: plan_id.clone(),
+        revision: Revision::new(revision),
+    };
     match plans.start(identity, snapshot_id, &input).await {
         Ok(started) => Ok(HttpResponse::Accepted().json(json!({
             "requestId": started.request_id.as_str(),
@@ -214,25 +255,40 @@ pub async fn start_suggestion(
             "snapshotId": started.binding.snapshot_id.as_str(),
             "state": "pending",
         }))),
-        Err(StartError::Closing) => Err(ApiError::Unavailable("the plan coordinator is closing".into())),
+        Err(StartError::Closing) => Err(ApiError::Unavailable(
+            "the plan coordinator is closing".into(),
+        )),
         Err(StartError::Busy { request_id }) => Ok(refusal_response(
             StatusCode::CONFLICT,
             "busy",
-            format!("plan {} has an active suggestion request {}", plan_id.as_str(), request_id.as_str()),
+            format!(
+                "plan {} has an active suggestion request {}",
+                plan_id.as_str(),
+                request_id.as_str()
+            ),
             json!({"requestId": request_id.as_str()}),
         )),
-        Err(e @ StartError::Capacity { limit }) => {
-            Ok(refusal_response(StatusCode::SERVICE_UNAVAILABLE, "capacity", e.to_string(), json!({"limit": limit})))
-        }
+        Err(e @ StartError::Capacity { limit }) => Ok(refusal_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "capacity",
+            e.to_string(),
+            json!({"limit": limit}),
+        )),
         Err(StartError::Refused(PlanRefusal::UnknownPlan { plan_id })) => {
             Err(ApiError::NotFound(format!("plan {}", plan_id.as_str())))
         }
-        Err(StartError::Refused(PlanRefusal::IdentityMismatch { current })) => Ok(refusal_response(
-            StatusCode::CONFLICT,
-            "stale_identity",
-            format!("the plan is at revision {} over snapshot {}", current.revision, current.snapshot_id.as_str()),
-            json!({"current": {"revision": current.revision.get(), "snapshotId": current.snapshot_id.as_str()}}),
-        )),
+        Err(StartError::Refused(PlanRefusal::IdentityMismatch { current })) => {
+            Ok(refusal_response(
+                StatusCode::CONFLICT,
+                "stale_identity",
+                format!(
+                    "the plan is at revision {} over snapshot {}",
+                    current.revision,
+                    current.snapshot_id.as_str()
+                ),
+                json!({"current": {"revision": current.revision.get(), "snapshotId": current.snapshot_id.as_str()}}),
+            ))
+        }
         Err(StartError::Refused(other)) => Err(ApiError::Conflict(other.to_string())),
         Err(StartError::Unavailable(why)) => {
             tracing::warn!(plan_id = plan_id.as_str(), error = %why, "plan admission unavailable");
@@ -256,10 +312,24 @@ pub async fn start_suggestion(
     ),
     security((), ("bearer" = ["runs:read"]))
 )]
-pub async fn get_suggestion(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<AppState>, plans: web::Data<PlanHandle>) -> Result<HttpResponse, ApiError> {
-    on_request(&req, &state, RUNS_READ, path, |plan_id, request_id| async move {
-        plans.suggestion(&plan_id, request_id).await.map(|view| view_json(&view))
-    })
+pub async fn get_suggestion(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<AppState>,
+    plans: web::Data<PlanHandle>,
+) -> Result<HttpResponse, ApiError> {
+    on_request(
+        &req,
+        &state,
+        RUNS_READ,
+        path,
+        |plan_id, request_id| async move {
+            plans
+                .suggestion(&plan_id, request_id)
+                .await
+                .map(|view| view_json(&view))
+        },
+    )
     .await
 }
 
@@ -278,10 +348,24 @@ pub async fn get_suggestion(req: HttpRequest, path: web::Path<(String, String)>,
     ),
     security((), ("bearer" = ["runs:write"]))
 )]
-pub async fn cancel_suggestion(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<AppState>, plans: web::Data<PlanHandle>) -> Result<HttpResponse, ApiError> {
-    on_request(&req, &state, RUNS_WRITE, path, |plan_id, request_id| async move {
-        plans.cancel(&plan_id, request_id).await.map(|view| view_json(&view))
-    })
+pub async fn cancel_suggestion(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<AppState>,
+    plans: web::Data<PlanHandle>,
+) -> Result<HttpResponse, ApiError> {
+    on_request(
+        &req,
+        &state,
+        RUNS_WRITE,
+        path,
+        |plan_id, request_id| async move {
+            plans
+                .cancel(&plan_id, request_id)
+                .await
+                .map(|view| view_json(&view))
+        },
+    )
     .await
 }
 
@@ -300,10 +384,24 @@ pub async fn cancel_suggestion(req: HttpRequest, path: web::Path<(String, String
     ),
     security((), ("bearer" = ["runs:write"]))
 )]
-pub async fn dismiss_suggestion(req: HttpRequest, path: web::Path<(String, String)>, state: web::Data<AppState>, plans: web::Data<PlanHandle>) -> Result<HttpResponse, ApiError> {
-    on_request(&req, &state, RUNS_WRITE, path, |plan_id, request_id| async move {
-        plans.dismiss(&plan_id, request_id).await.map(|row| request_json(&row))
-    })
+pub async fn dismiss_suggestion(
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    state: web::Data<AppState>,
+    plans: web::Data<PlanHandle>,
+) -> Result<HttpResponse, ApiError> {
+    on_request(
+        &req,
+        &state,
+        RUNS_WRITE,
+        path,
+        |plan_id, request_id| async move {
+            plans
+                .dismiss(&plan_id, request_id)
+                .await
+                .map(|row| request_json(&row))
+        },
+    )
     .await
 }
 
@@ -334,7 +432,8 @@ pub async fn import_plan(
 ) -> Result<HttpResponse, ApiError> {
     state.auth.require(&req, RUNS_WRITE)?;
     let id = path.into_inner();
-    let plan_id = PlanId::parse(&id).ok_or_else(|| ApiError::bad("id", "must match ^[A-Za-z0-9_-]{1,64}$"))?;
+    let plan_id = PlanId::parse(&id)
+        .ok_or_else(|| ApiError::bad("id", "must match ^[A-Za-z0-9_-]{1,64}$"))?;
     let map = body_object(&body, &IMPORT_FIELDS)?;
     let snapshot_id = snapshot_field(&map)?;
     let advance_revision = match map.get("advanceRevision") {
@@ -342,8 +441,19 @@ pub async fn import_plan(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad("advanceRevision", "must be a boolean")),
     };
-    let imported = plans.import(Import { plan_id, snapshot_id, advance_revision }).await.map_err(plan_error)?;
-    let status = if imported.created { StatusCode::CREATED } else { StatusCode::OK };
+    let imported = plans
+        .import(Import {
+            plan_id,
+            snapshot_id,
+            advance_revision,
+        })
+        .await
+        .map_err(plan_error)?;
+    let status = if imported.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok(HttpResponse::build(status).json(json!({
         "planId": imported.plan.id.as_str(),
         "revision": imported.plan.revision.get(),

@@ -48,24 +48,39 @@ pub async fn stop_run(
     let by_token = super::api::capability(&state, &run_id, &super::api::query_map(&req)?).is_some();
     // The capability token sees its run whatever the visibility; a bearer sees what its filter allows.
     let (actor, visible_to) = if by_token {
-        (StopActor::new("capability", &run_id), storage::record::VisibilityFilter::All)
+        (
+            StopActor::new("capability", &run_id),
+            storage::record::VisibilityFilter::All,
+        )
     } else {
         let p = state.auth.require(&req, RUNS_WRITE)?;
         (StopActor::new("token", &p.name), p.visible_to)
     };
     if body.len() > BODY_LIMIT {
-        return Err(ApiError::PayloadTooLarge(format!("body over {BODY_LIMIT} bytes")));
+        return Err(ApiError::PayloadTooLarge(format!(
+            "body over {BODY_LIMIT} bytes"
+        )));
     }
-    let v: Value = if body.is_empty() { json!({}) } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?
+    let v: Value = if body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?
     };
     let mode = match v.get("mode") {
         None => StopMode::Soft,
-        Some(Value::String(m)) => StopMode::parse(m).ok_or_else(|| ApiError::bad("mode", "must be soft or hard"))?,
+        Some(Value::String(m)) => {
+            StopMode::parse(m).ok_or_else(|| ApiError::bad("mode", "must be soft or hard"))?
+        }
         Some(_) => return Err(ApiError::bad("mode", "must be soft or hard")),
     };
-    match state.runs.stop_run(&state.supervisor, &run_id, mode, actor, &visible_to).await {
-        Ok(accepted) => Ok(HttpResponse::Accepted().json(json!({"id": accepted.id, "mode": mode.as_str(), "state": accepted.state}))),
+    match state
+        .runs
+        .stop_run(&state.supervisor, &run_id, mode, actor, &visible_to)
+        .await
+    {
+        Ok(accepted) => Ok(HttpResponse::Accepted()
+            .json(json!({"id": accepted.id, "mode": mode.as_str(), "state": accepted.state}))),
         Err(RunsError::NotFound) => Err(ApiError::NotFound(format!("run {run_id}"))),
         Err(e @ RunsError::Forbidden(_)) => Err(ApiError::Refused(e.to_string())),
         Err(RunsError::Conflict(m)) => Err(ApiError::Conflict(m)),
@@ -91,11 +106,19 @@ pub async fn stop_run(
     ),
     security((), ("bearer" = ["runs:kill"]))
 )]
-pub async fn kill_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn kill_run(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let principal = state.auth.require(&req, RUNS_KILL)?;
     let run_id = path.into_inner();
     // A run the caller cannot see is, to it, a run that does not exist.
-    match state.runs.get_run(&run_id, false, &principal.visible_to).await {
+    match state
+        .runs
+        .get_run(&run_id, false, &principal.visible_to)
+        .await
+    {
         Ok(_) => {}
         Err(RunsError::NotFound | RunsError::Forbidden(_) | RunsError::Conflict(_)) => {
             return Err(ApiError::NotFound(format!("run {run_id}")))
@@ -107,7 +130,9 @@ pub async fn kill_run(req: HttpRequest, path: web::Path<String>, state: web::Dat
     }
     let answer = state
         .supervisor
-        .send(KillRun { run_id: run_id.clone() })
+        .send(KillRun {
+            run_id: run_id.clone(),
+        })
         .await
         .map_err(|e| ApiError::Unavailable(format!("supervisor: {e}")))?;
     match answer {

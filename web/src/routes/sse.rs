@@ -27,7 +27,9 @@ use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actors::queue::{self, SendError};
 use actors::registry::Published;
-use actors::runs_service::{settled_prefix, FeedChange, IndexFeed, RunView, RunsError, RunsService};
+use actors::runs_service::{
+    settled_prefix, FeedChange, IndexFeed, RunView, RunsError, RunsService,
+};
 use serde_json::{json, Value};
 use storage::record::{event_seq, VisibilityFilter};
 use tokio::time::{interval_at, Instant, Interval};
@@ -67,7 +69,10 @@ struct Frame {
 impl Frame {
     fn event(event: &str, id: Option<u64>, data: Bytes) -> Frame {
         let id = id.map(|s| format!("id: {s}\n")).unwrap_or_default();
-        Frame { head: Bytes::from(format!("{id}event: {event}\ndata: ")), data }
+        Frame {
+            head: Bytes::from(format!("{id}event: {event}\ndata: ")),
+            data,
+        }
     }
 
     fn json(event: &str, data: &Value) -> Frame {
@@ -76,7 +81,10 @@ impl Frame {
 
     /// A frame of its own lines (`retry:`, a ping).
     fn raw(text: &'static [u8]) -> Frame {
-        Frame { head: Bytes::from_static(text), data: Bytes::new() }
+        Frame {
+            head: Bytes::from_static(text),
+            data: Bytes::new(),
+        }
     }
 
     fn len(&self) -> usize {
@@ -100,11 +108,21 @@ async fn send_frame(tx: &FrameTx, frame: Frame) -> Result<(), Closed> {
 
 /// Run a pump feeding `queue`; one that stops without `end` releases the queue at once (a stalled client
 /// may never read it, and reconnects with `Last-Event-ID` if it ever does).
-fn spawn_pump(queue: FrameTx, pump: impl std::future::Future<Output = Result<(), Closed>> + 'static, what: &'static str, run_id: Option<String>) {
+fn spawn_pump(
+    queue: FrameTx,
+    pump: impl std::future::Future<Output = Result<(), Closed>> + 'static,
+    what: &'static str,
+    run_id: Option<String>,
+) {
     actix_web::rt::spawn(async move {
         if let Err(why) = pump.await {
             queue.abandon();
-            tracing::debug!(run_id = run_id.as_deref().unwrap_or(""), what, why, "stream closed without end");
+            tracing::debug!(
+                run_id = run_id.as_deref().unwrap_or(""),
+                what,
+                why,
+                "stream closed without end"
+            );
         }
     });
 }
@@ -117,21 +135,29 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 
 /// The SSE response over a frame queue: each frame goes out as its pieces (no copy of the JSON here).
 fn sse_response(rx: queue::Receiver<Frame>) -> HttpResponse {
-    let body = futures_util::stream::unfold((rx, Vec::<Bytes>::new()), |(mut rx, mut pieces)| async move {
-        if pieces.is_empty() {
-            let frame = rx.recv().await?;
-            // Last piece first (they are popped). The JSON goes in slices of the shared bytes: the server
-            // copies a piece into a connection's write buffer only while that buffer has room, so a
-            // stalled connection holds at most about one slice beyond it.
-            pieces.push(Bytes::from_static(b"\n\n"));
-            let n = frame.data.len();
-            let starts: Vec<usize> = (0..n).step_by(WRITE_SLICE).collect();
-            pieces.extend(starts.into_iter().rev().map(|at| frame.data.slice(at..n.min(at + WRITE_SLICE))));
-            pieces.push(frame.head);
-        }
-        let piece = pieces.pop()?;
-        Some((Ok::<Bytes, actix_web::Error>(piece), (rx, pieces)))
-    });
+    let body = futures_util::stream::unfold(
+        (rx, Vec::<Bytes>::new()),
+        |(mut rx, mut pieces)| async move {
+            if pieces.is_empty() {
+                let frame = rx.recv().await?;
+                // Last piece first (they are popped). The JSON goes in slices of the shared bytes: the server
+                // copies a piece into a connection's write buffer only while that buffer has room, so a
+                // stalled connection holds at most about one slice beyond it.
+                pieces.push(Bytes::from_static(b"\n\n"));
+                let n = frame.data.len();
+                let starts: Vec<usize> = (0..n).step_by(WRITE_SLICE).collect();
+                pieces.extend(
+                    starts
+                        .into_iter()
+                        .rev()
+                        .map(|at| frame.data.slice(at..n.min(at + WRITE_SLICE))),
+                );
+                pieces.push(frame.head);
+            }
+            let piece = pieces.pop()?;
+            Some((Ok::<Bytes, actix_web::Error>(piece), (rx, pieces)))
+        },
+    );
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("cache-control", "no-cache"))
@@ -168,7 +194,11 @@ fn pinger() -> Interval {
     ),
     security((), ("bearer" = ["runs:read"]))
 )]
-async fn stream_run(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn stream_run(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
@@ -181,11 +211,31 @@ async fn stream_run(req: HttpRequest, path: web::Path<String>, state: web::Data<
         None => after_seq(&q, "afterSeq")?.unwrap_or(0),
     };
     // Resolve (and authorize) before answering 200, so an unknown or hidden run is a plain 404.
-    state.runs.get_run(&id, false, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+    state
+        .runs
+        .get_run(&id, false, &visible_to)
+        .await
+        .map_err(|e| runs_error(e, &id))?;
     let (tx, rx) = queue::bounded(CLIENT_QUEUE, CLIENT_QUEUE_BYTES);
     let runs = state.runs.clone();
     let run_id = Some(id.clone());
-    spawn_pump(tx.clone(), async move { RunStream { runs, id, last: after, visible_to, tx, ping: pinger() }.pump().await }, "run", run_id);
+    spawn_pump(
+        tx.clone(),
+        async move {
+            RunStream {
+                runs,
+                id,
+                last: after,
+                visible_to,
+                tx,
+                ping: pinger(),
+            }
+            .pump()
+            .await
+        },
+        "run",
+        run_id,
+    );
     Ok(sse_response(rx))
 }
 
@@ -221,7 +271,11 @@ impl RunStream {
         Some(("run_event", seq))
     }
 
-    async fn emit_json(&mut self, kind: (&'static str, Option<u64>), json: Bytes) -> Result<(), Closed> {
+    async fn emit_json(
+        &mut self,
+        kind: (&'static str, Option<u64>),
+        json: Bytes,
+    ) -> Result<(), Closed> {
         self.send(Frame::event(kind.0, kind.1, json)).await?;
         if let (_, Some(s)) = kind {
             self.last = s;
@@ -265,7 +319,8 @@ impl RunStream {
     /// A run in this process's registry: backlog, then live events until it finishes. Answers whether
     /// the stream is complete (`end` sent); `false` when the registry no longer holds the run.
     async fn follow_registry(&mut self) -> Result<bool, Closed> {
-        let Some((backlog, mut rx, finished)) = self.runs.registry.subscribe(&self.id, self.last) else {
+        let Some((backlog, mut rx, finished)) = self.runs.registry.subscribe(&self.id, self.last)
+        else {
             return Ok(false);
         };
         for e in &backlog {
@@ -319,8 +374,16 @@ impl RunStream {
         loop {
             let seen = news.as_mut().map(|rx| *rx.borrow_and_update());
             let read = match seen.filter(|_| noted) {
-                Some(notes) => self.runs.read_followed(&self.id, self.last, READ_CHUNK, notes).await,
-                None => self.runs.ledger_events(&self.id, self.last, READ_CHUNK).await.map(|p| p.map(Arc::new)),
+                Some(notes) => {
+                    self.runs
+                        .read_followed(&self.id, self.last, READ_CHUNK, notes)
+                        .await
+                }
+                None => self
+                    .runs
+                    .ledger_events(&self.id, self.last, READ_CHUNK)
+                    .await
+                    .map(|p| p.map(Arc::new)),
             };
             noted = true;
             let page = match read {
@@ -328,12 +391,17 @@ impl RunStream {
                 Ok(None) => return Ok(()),
                 Err(_) => return Err("ledger unavailable"),
             };
-            let (settled, gap_final_at) = settled_prefix(&page, self.last, self.runs.clock.now_ms());
+            let (settled, gap_final_at) =
+                settled_prefix(&page, self.last, self.runs.clock.now_ms());
             for e in &page[..settled] {
                 self.emit(e).await?;
             }
             if gap_final_at.is_some() || page.len() < READ_CHUNK {
-                let mut poll = if news.is_some() { NEWS_SAFETY_POLL } else { POLL_EVERY };
+                let mut poll = if news.is_some() {
+                    NEWS_SAFETY_POLL
+                } else {
+                    POLL_EVERY
+                };
                 if let Some(at) = gap_final_at {
                     let wait = u64::try_from(at - self.runs.clock.now_ms()).unwrap_or(0);
                     poll = poll.min(Duration::from_millis(wait));
@@ -360,7 +428,11 @@ impl RunStream {
             Err(_) => return Err("store unavailable"),
         };
         loop {
-            let page = self.runs.stored_event_page(&self.id, self.last, READ_CHUNK).await.map_err(|_| "store unavailable")?;
+            let page = self
+                .runs
+                .stored_event_page(&self.id, self.last, READ_CHUNK)
+                .await
+                .map_err(|_| "store unavailable")?;
             for e in &page.events {
                 self.emit(e).await?;
             }
@@ -374,7 +446,9 @@ impl RunStream {
 }
 
 /// The next cross-host note about the followed run (never, without news).
-async fn changed(news: &mut Option<tokio::sync::watch::Receiver<u64>>) -> Result<(), tokio::sync::watch::error::RecvError> {
+async fn changed(
+    news: &mut Option<tokio::sync::watch::Receiver<u64>>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
     match news {
         Some(rx) => rx.changed().await,
         None => std::future::pending().await,
@@ -384,7 +458,10 @@ async fn changed(news: &mut Option<tokio::sync::watch::Receiver<u64>>) -> Result
 /// `GET /runs/feed`: the index feed — `upsert` (a RunView without events) when a run appears or changes
 /// (one that started and finished between two polls included), `removed` `{id}` when a run shown goes
 /// without a record or is killed ([`IndexFeed`]).
-async fn index_feed(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+async fn index_feed(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
     let (tx, rx) = queue::bounded(CLIENT_QUEUE, CLIENT_QUEUE_BYTES);
     let runs = state.runs.clone();
@@ -392,7 +469,11 @@ async fn index_feed(req: HttpRequest, state: web::Data<AppState>) -> Result<Http
     Ok(sse_response(rx))
 }
 
-async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: FrameTx) -> Result<(), Closed> {
+async fn feed_pump(
+    runs: RunsService,
+    visible_to: VisibilityFilter,
+    tx: FrameTx,
+) -> Result<(), Closed> {
     send_frame(&tx, Frame::raw(b"retry: 2000")).await?;
     let mut feed = IndexFeed::new(&runs, visible_to);
     let mut poll = tokio::time::interval(POLL_EVERY);
@@ -407,7 +488,10 @@ async fn feed_pump(runs: RunsService, visible_to: VisibilityFilter, tx: FrameTx)
         }
         for change in feed.poll(&runs).await {
             let frame = match change {
-                FeedChange::Upsert(view) => Frame::json("upsert", &serde_json::to_value(&view).unwrap_or(Value::Null)),
+                FeedChange::Upsert(view) => Frame::json(
+                    "upsert",
+                    &serde_json::to_value(&view).unwrap_or(Value::Null),
+                ),
                 FeedChange::Removed(id) => Frame::json("removed", &json!({"id": id})),
             };
             send_frame(&tx, frame).await?;

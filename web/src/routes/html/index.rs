@@ -76,7 +76,11 @@ async fn render_index(req: &HttpRequest, state: &AppState) -> Result<Markup, Api
     let all = q.get("all").is_some_and(|v| v == "1" || v == "true") && !q.contains_key("status");
     let mut params = list_params(&q, visible_to.clone())?;
     if !q.contains_key("status") {
-        params.status = if all { StatusFilter::All } else { StatusFilter::Active };
+        params.status = if all {
+            StatusFilter::All
+        } else {
+            StatusFilter::Active
+        };
     }
     let list = state.runs.list_runs(&params).await;
     let now = state.runs.clock.now_ms();
@@ -119,8 +123,13 @@ fn row(v: &RunView, now: i64) -> Markup {
 }
 
 /// The chart's series, in stacking order (bottom first), with their legend words.
-const SERIES: [(&str, &str); 5] =
-    [("completed", "completed"), ("failed", "failed"), ("stopped", "stopped"), ("interrupted", "interrupted"), ("live", "live")];
+const SERIES: [(&str, &str); 5] = [
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("stopped", "stopped"),
+    ("interrupted", "interrupted"),
+    ("live", "live"),
+];
 
 /// Which series a run counts in.
 fn series(v: &RunView) -> usize {
@@ -150,7 +159,12 @@ fn chart(recent: &RunList, now: i64) -> Markup {
             totals[s] += 1;
         }
     }
-    let peak = buckets.iter().map(|b| b.iter().sum::<u32>()).max().unwrap_or(0).max(1);
+    let peak = buckets
+        .iter()
+        .map(|b| b.iter().sum::<u32>())
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let total: u32 = totals.iter().sum();
     let full = recent.runs.len() >= storage::store::LIST_MAX_LIMIT;
     html! {
@@ -201,7 +215,12 @@ fn stack(b: &[u32; SERIES.len()], peak: u32) -> Vec<(String, f64, f64)> {
 
 /// `2 completed, 1 failed` for a bucket (or `no runs`).
 fn words(b: &[u32; SERIES.len()]) -> String {
-    let parts: Vec<String> = b.iter().enumerate().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {}", SERIES[s].1)).collect();
+    let parts: Vec<String> = b
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| format!("{n} {}", SERIES[s].1))
+        .collect();
     if parts.is_empty() {
         "no runs".into()
     } else {
@@ -210,7 +229,11 @@ fn words(b: &[u32; SERIES.len()]) -> String {
 }
 
 fn filters(ask: &Ask) -> Markup {
-    let current = if ask.all { "all" } else { ask.params.status.as_str() };
+    let current = if ask.all {
+        "all"
+    } else {
+        ask.params.status.as_str()
+    };
     html! {
         form class="card filters" method="get" action="/runs" id="filters" {
             label {
@@ -243,14 +266,21 @@ fn index_html(list: &RunList, recent: &RunList, ask: &Ask, now: i64) -> Markup {
         StatusFilter::Terminal(s) => format!("No {} runs.", s.as_str().replace('_', " ")),
     };
     // The next store page keeps the filters: `/runs?<status>&before=&beforeId=&<agent, channel, limit>`.
-    let older = list.next_before.as_ref().filter(|_| status != StatusFilter::Active).map(|nb| {
-        let mut pairs: Vec<(&str, String)> = ask.pairs(true);
-        let at = pairs.iter().position(|(k, _)| *k != "all" && *k != "status").unwrap_or(pairs.len());
-        let mut cursor = vec![("before", nb.finished_at.to_string())];
-        cursor.extend(nb.id.clone().map(|id| ("beforeId", id)));
-        pairs.splice(at..at, cursor);
-        href("/runs", &pairs)
-    });
+    let older = list
+        .next_before
+        .as_ref()
+        .filter(|_| status != StatusFilter::Active)
+        .map(|nb| {
+            let mut pairs: Vec<(&str, String)> = ask.pairs(true);
+            let at = pairs
+                .iter()
+                .position(|(k, _)| *k != "all" && *k != "status")
+                .unwrap_or(pairs.len());
+            let mut cursor = vec![("before", nb.finished_at.to_string())];
+            cursor.extend(nb.id.clone().map(|id| ("beforeId", id)));
+            pairs.splice(at..at, cursor);
+            href("/runs", &pairs)
+        });
     let body = html! {
         main id="index" data-all=(if ask.all { "1" } else { "0" }) data-status=(status.as_str())
             data-agent=[ask.params.agent.as_deref()] data-channel=[ask.params.channel.as_deref()] data-now=(now) {
@@ -294,7 +324,10 @@ fn index_html(list: &RunList, recent: &RunList, ask: &Ask, now: i64) -> Markup {
 #[cfg(test)]
 pub(super) fn sample_pages() -> Vec<String> {
     let list = RunList::default();
-    let ask = |status, all| Ask { params: ListParams::new(status, storage::record::VisibilityFilter::All), all };
+    let ask = |status, all| Ask {
+        params: ListParams::new(status, storage::record::VisibilityFilter::All),
+        all,
+    };
     vec![
         index_html(&list, &list, &ask(StatusFilter::Active, false), 0).into_string(),
         index_html(&list, &list, &ask(StatusFilter::All, true), 0).into_string(),
@@ -306,7 +339,12 @@ mod tests {
     use super::*;
     use storage::record::{ChannelVisibility, RunStatus, VisibilityFilter};
 
-    fn view(id: &str, status: Option<RunStatus>, started_at: i64, finished_at: Option<i64>) -> RunView {
+    fn view(
+        id: &str,
+        status: Option<RunStatus>,
+        started_at: i64,
+        finished_at: Option<i64>,
+    ) -> RunView {
         RunView {
             id: id.into(),
             label: Some(format!("<b>{id}</b>")),
@@ -329,7 +367,8 @@ mod tests {
             owner_gen: None,
             parent_run_id: None,
             answer: None,
-            error: (status == Some(RunStatus::Failed)).then(|| "scripted failure at model call 2".into()),
+            error: (status == Some(RunStatus::Failed))
+                .then(|| "scripted failure at model call 2".into()),
             stopped_by: None,
             usage: None,
             events: None,
@@ -342,15 +381,33 @@ mod tests {
     fn the_chart_stacks_the_last_hours_runs_per_minute_by_status() {
         let list = RunList {
             runs: vec![
-                view("a", Some(RunStatus::Completed), NOW - 100_000, Some(NOW - 30_000)),
-                view("b", Some(RunStatus::Failed), NOW - 100_000, Some(NOW - 40_000)),
+                view(
+                    "a",
+                    Some(RunStatus::Completed),
+                    NOW - 100_000,
+                    Some(NOW - 30_000),
+                ),
+                view(
+                    "b",
+                    Some(RunStatus::Failed),
+                    NOW - 100_000,
+                    Some(NOW - 40_000),
+                ),
                 view("c", None, NOW - 5_000, None),
-                view("old", Some(RunStatus::Completed), NOW - 9_000_000, Some(NOW - 8_000_000)),
+                view(
+                    "old",
+                    Some(RunStatus::Completed),
+                    NOW - 9_000_000,
+                    Some(NOW - 8_000_000),
+                ),
             ],
             ..RunList::default()
         };
         let html = chart(&list, NOW).into_string();
-        assert!(html.contains("data-total=\"3\""), "the run older than an hour is not charted: {html}");
+        assert!(
+            html.contains("data-total=\"3\""),
+            "the run older than an hour is not charted: {html}"
+        );
         // The newest minute holds all three, stacked: one rect per series present.
         assert_eq!(html.matches("class=\"c-completed\"").count(), 1);
         assert_eq!(html.matches("class=\"c-failed\"").count(), 1);
@@ -361,13 +418,39 @@ mod tests {
 
     #[test]
     fn rows_escape_run_strings_show_a_failed_runs_error_and_relative_times() {
-        let list = RunList { runs: vec![view("r1", Some(RunStatus::Failed), NOW - 200_000, Some(NOW - 180_000))], ..RunList::default() };
-        let ask = Ask { params: ListParams::new(StatusFilter::Terminal(RunStatus::Failed), VisibilityFilter::All), all: false };
+        let list = RunList {
+            runs: vec![view(
+                "r1",
+                Some(RunStatus::Failed),
+                NOW - 200_000,
+                Some(NOW - 180_000),
+            )],
+            ..RunList::default()
+        };
+        let ask = Ask {
+            params: ListParams::new(
+                StatusFilter::Terminal(RunStatus::Failed),
+                VisibilityFilter::All,
+            ),
+            all: false,
+        };
         let html = index_html(&list, &RunList::default(), &ask, NOW).into_string();
-        assert!(html.contains("&lt;b&gt;r1&lt;/b&gt;") && !html.contains("<b>r1"), "{html}");
-        assert!(html.contains("class=\"err\" title=\"scripted failure at model call 2\""), "{html}");
-        assert!(html.contains(">3 min ago</time>") && html.contains(">3 min ago</time>"), "{html}");
-        assert!(html.contains("<option value=\"failed\" selected>failed</option>"), "{html}");
+        assert!(
+            html.contains("&lt;b&gt;r1&lt;/b&gt;") && !html.contains("<b>r1"),
+            "{html}"
+        );
+        assert!(
+            html.contains("class=\"err\" title=\"scripted failure at model call 2\""),
+            "{html}"
+        );
+        assert!(
+            html.contains(">3 min ago</time>") && html.contains(">3 min ago</time>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<option value=\"failed\" selected>failed</option>"),
+            "{html}"
+        );
         // A filtered page is a snapshot: no feed script.
         assert!(!html.contains("<script>"));
     }
@@ -375,20 +458,44 @@ mod tests {
     #[test]
     fn the_older_runs_link_keeps_the_filters_and_the_cursor() {
         let list = RunList {
-            runs: vec![view("r1", Some(RunStatus::Failed), NOW - 200_000, Some(NOW - 180_000))],
-            next_before: Some(actors::runs_service::NextBefore { finished_at: NOW - 180_000, id: Some("r1".into()) }),
+            runs: vec![view(
+                "r1",
+                Some(RunStatus::Failed),
+                NOW - 200_000,
+                Some(NOW - 180_000),
+            )],
+            next_before: Some(actors::runs_service::NextBefore {
+                finished_at: NOW - 180_000,
+                id: Some("r1".into()),
+            }),
             ..RunList::default()
         };
-        let mut params = ListParams::new(StatusFilter::Terminal(RunStatus::Failed), VisibilityFilter::All);
+        let mut params = ListParams::new(
+            StatusFilter::Terminal(RunStatus::Failed),
+            VisibilityFilter::All,
+        );
         params.agent = Some("de mo".into());
         params.thread_key = Some("c1:t".into());
         params.limit = Some(1);
-        let html = index_html(&list, &RunList::default(), &Ask { params, all: false }, NOW).into_string();
+        let html =
+            index_html(&list, &RunList::default(), &Ask { params, all: false }, NOW).into_string();
         let want = format!("id=\"older\" href=\"/runs?status=failed&amp;before={}&amp;beforeId=r1&amp;agent=de%20mo&amp;threadKey=c1%3At&amp;limit=1\"", NOW - 180_000);
-        assert!(html.contains("<input type=\"hidden\" name=\"threadKey\" value=\"c1:t\">"), "the form keeps the filter it does not show");
+        assert!(
+            html.contains("<input type=\"hidden\" name=\"threadKey\" value=\"c1:t\">"),
+            "the form keeps the filter it does not show"
+        );
         assert!(html.contains(&want), "{html}");
-        let all = Ask { params: ListParams::new(StatusFilter::All, VisibilityFilter::All), all: true };
+        let all = Ask {
+            params: ListParams::new(StatusFilter::All, VisibilityFilter::All),
+            all: true,
+        };
         let html = index_html(&list, &RunList::default(), &all, NOW).into_string();
-        assert!(html.contains(&format!("href=\"/runs?all=1&amp;before={}&amp;beforeId=r1\"", NOW - 180_000)), "{html}");
+        assert!(
+            html.contains(&format!(
+                "href=\"/runs?all=1&amp;before={}&amp;beforeId=r1\"",
+                NOW - 180_000
+            )),
+            "{html}"
+        );
     }
 }

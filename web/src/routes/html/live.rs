@@ -20,7 +20,9 @@ use storage::record::event_seq;
 
 use super::super::api::{capability, query_map, reader, runs_error, seq_cursor};
 use super::timeline::{self, Timeline};
-use super::{ago, describe, error_page, fmt_duration, fmt_time, href, page, respond, scripts, status_chip};
+use super::{
+    ago, describe, error_page, fmt_duration, fmt_time, href, page, respond, scripts, status_chip,
+};
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -28,7 +30,11 @@ use crate::AppState;
 pub const EVENTS_PAGE: usize = 200;
 
 /// `GET /runs/{id}`.
-pub(super) async fn run_page(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> HttpResponse {
+pub(super) async fn run_page(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
     let id = path.into_inner();
     match render_run(&req, &id, &state).await {
         Ok(body) => respond(StatusCode::OK, body),
@@ -37,12 +43,20 @@ pub(super) async fn run_page(req: HttpRequest, path: web::Path<String>, state: w
 }
 
 /// `GET /runs/{id}/timeline`: the "now" slot and the timeline, as a fragment.
-pub(super) async fn timeline_fragment(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> HttpResponse {
+pub(super) async fn timeline_fragment(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
     let id = path.into_inner();
     let fragment = async {
         let q = query_map(&req)?;
         let visible_to = reader(&req, &state, Some(&id), &q)?;
-        let view = state.runs.get_run(&id, true, &visible_to).await.map_err(|e| runs_error(e, &id))?;
+        let view = state
+            .runs
+            .get_run(&id, true, &visible_to)
+            .await
+            .map_err(|e| runs_error(e, &id))?;
         Ok::<_, ApiError>(live_state(&view, state.runs.clock.now_ms()))
     };
     match fragment.await {
@@ -64,7 +78,10 @@ pub enum Window {
 
 impl Window {
     fn from_query(q: &std::collections::HashMap<String, String>) -> Result<Window, ApiError> {
-        match (q.get("before").filter(|v| !v.is_empty()), q.get("afterSeq").filter(|v| !v.is_empty())) {
+        match (
+            q.get("before").filter(|v| !v.is_empty()),
+            q.get("afterSeq").filter(|v| !v.is_empty()),
+        ) {
             (Some(_), Some(_)) => Err(ApiError::bad("before", "cannot be combined with afterSeq")),
             (Some(b), None) => Ok(Window::Before(seq_cursor("before", b)?)),
             (None, Some(a)) => Ok(Window::After(seq_cursor("afterSeq", a)?)),
@@ -94,14 +111,23 @@ async fn render_run(req: &HttpRequest, id: &str, state: &AppState) -> Result<Mar
     let visible_to = reader(req, state, Some(id), &q)?;
     let token = capability(state, id, &q).unwrap_or("").to_owned();
     let window = Window::from_query(&q)?;
-    let view = state.runs.get_run(id, true, &visible_to).await.map_err(|e| runs_error(e, id))?;
+    let view = state
+        .runs
+        .get_run(id, true, &visible_to)
+        .await
+        .map_err(|e| runs_error(e, id))?;
     Ok(run_html(&view, &token, state.runs.clock.now_ms(), window))
 }
 
 /// The timeline of a view at `now`.
 fn timeline_of(v: &RunView, now: i64) -> Timeline {
     let events = v.events.as_deref().unwrap_or_default();
-    Timeline::build(events, v.started_at, v.finished_at.unwrap_or(now), !v.finished)
+    Timeline::build(
+        events,
+        v.started_at,
+        v.finished_at.unwrap_or(now),
+        !v.finished,
+    )
 }
 
 /// The "now" line's slot (empty once the run finished).
@@ -117,16 +143,31 @@ fn live_state(v: &RunView, now: i64) -> Markup {
 
 /// The event's `type` as a CSS class fragment (letters, digits and `_` only).
 fn kind_class(e: &Value) -> String {
-    e.get("type").and_then(Value::as_str).unwrap_or("other").chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
+    e.get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("other")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
 }
 
 /// One event: seq, time from the run's start, what it says, and the duration it closes.
 pub fn event_item(e: &Value, started_at: i64, duration: Option<i64>) -> Markup {
     let (head, body) = describe(e);
     let seq = event_seq(e).map(|s| s.to_string()).unwrap_or_default();
-    let unknown = e.get("effectsUnknown").and_then(Value::as_bool).unwrap_or(false);
-    let class = format!("ev ev-{}{}", kind_class(e), if unknown { " ev-unknown" } else { "" });
-    let rel = e.get("at").and_then(Value::as_i64).map(|at| format!("+{}", fmt_duration(at - started_at)));
+    let unknown = e
+        .get("effectsUnknown")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let class = format!(
+        "ev ev-{}{}",
+        kind_class(e),
+        if unknown { " ev-unknown" } else { "" }
+    );
+    let rel = e
+        .get("at")
+        .and_then(Value::as_i64)
+        .map(|at| format!("+{}", fmt_duration(at - started_at)));
     html! {
         li class=(class) data-seq=(seq) {
             span class="seq" { "#" (seq) }
@@ -145,8 +186,12 @@ pub fn event_item(e: &Value, started_at: i64, duration: Option<i64>) -> Markup {
 fn usage_of(events: &[Value]) -> std::collections::BTreeMap<String, (u64, u64)> {
     let mut sums = std::collections::BTreeMap::new();
     for e in events.iter().filter(|e| e["type"] == "assistant") {
-        let Some(u) = e.get("usage").filter(|u| u.is_object()) else { continue };
-        let sum: &mut (u64, u64) = sums.entry(e["model"].as_str().unwrap_or("-").to_owned()).or_default();
+        let Some(u) = e.get("usage").filter(|u| u.is_object()) else {
+            continue;
+        };
+        let sum: &mut (u64, u64) = sums
+            .entry(e["model"].as_str().unwrap_or("-").to_owned())
+            .or_default();
         sum.0 += u["inputTokens"].as_u64().unwrap_or(0);
         sum.1 += u["outputTokens"].as_u64().unwrap_or(0);
     }
@@ -157,24 +202,44 @@ fn usage_of(events: &[Value]) -> std::collections::BTreeMap<String, (u64, u64)> 
 fn view_usage(v: &RunView) -> Option<std::collections::BTreeMap<String, (u64, u64)>> {
     let usage = v.usage.as_ref()?.as_object()?;
     let n = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let sums: std::collections::BTreeMap<_, _> =
-        usage.iter().map(|(m, u)| (m.clone(), (n(u, "inputTokens"), n(u, "outputTokens")))).collect();
+    let sums: std::collections::BTreeMap<_, _> = usage
+        .iter()
+        .map(|(m, u)| (m.clone(), (n(u, "inputTokens"), n(u, "outputTokens"))))
+        .collect();
     (!sums.is_empty()).then_some(sums)
 }
 
 /// `m1: 30 in / 8 out · m2: …` — the same words the page's script renders.
 fn usage_words(usage: &std::collections::BTreeMap<String, (u64, u64)>) -> String {
-    usage.iter().map(|(m, (i, o))| format!("{m}: {i} in / {o} out")).collect::<Vec<_>>().join(" · ")
+    usage
+        .iter()
+        .map(|(m, (i, o))| format!("{m}: {i} in / {o} out"))
+        .collect::<Vec<_>>()
+        .join(" · ")
 }
 
 pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Markup {
     let events = v.events.as_deref().unwrap_or_default();
     let last_seq = events.iter().filter_map(event_seq).max().unwrap_or(0);
-    let answer = events.iter().rev().find(|e| e["type"] == "answer").and_then(|e| e["text"].as_str()).unwrap_or("");
-    let error = v.error.clone().or_else(|| actors::runs_service::failure_message(events));
+    let answer = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "answer")
+        .and_then(|e| e["text"].as_str())
+        .unwrap_or("");
+    let error = v
+        .error
+        .clone()
+        .or_else(|| actors::runs_service::failure_message(events));
     let title = v.label.clone().unwrap_or_else(|| v.id.clone());
     let usage = view_usage(v).unwrap_or_else(|| usage_of(events));
-    let usage_json = Value::Object(usage.iter().map(|(m, (i, o))| (m.clone(), serde_json::json!([i, o]))).collect()).to_string();
+    let usage_json = Value::Object(
+        usage
+            .iter()
+            .map(|(m, (i, o))| (m.clone(), serde_json::json!([i, o])))
+            .collect(),
+    )
+    .to_string();
     let timeline = timeline_of(v, now);
     let range = window.range(events);
     let (first, shown) = (range.start, &events[range.clone()]);
@@ -186,8 +251,22 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
         }
         href(&format!("/runs/{}", v.id), &pairs)
     };
-    let earlier = (first > 0).then(|| shown.first().and_then(event_seq).map(|s| link(vec![("before", s.to_string())]))).flatten();
-    let later = (!tail).then(|| shown.last().and_then(event_seq).map(|s| link(vec![("afterSeq", s.to_string())]))).flatten();
+    let earlier = (first > 0)
+        .then(|| {
+            shown
+                .first()
+                .and_then(event_seq)
+                .map(|s| link(vec![("before", s.to_string())]))
+        })
+        .flatten();
+    let later = (!tail)
+        .then(|| {
+            shown
+                .last()
+                .and_then(event_seq)
+                .map(|s| link(vec![("afterSeq", s.to_string())]))
+        })
+        .flatten();
     let finished_disabled = v.finished;
     let body = html! {
         main id="run" data-id=(v.id) data-token=(token) data-last-seq=(last_seq) data-finished=(v.finished.to_string())
@@ -317,26 +396,46 @@ pub(super) mod tests {
     fn run_strings_are_escaped_in_every_rendering() {
         let e = json!({"type": "input", "seq": 2, "at": 2_200, "text": "<script>alert(1)</script> & \"q\"", "source": "request"});
         let li = event_item(&e, 1_000, None).into_string();
-        assert!(li.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;q&quot;"), "{li}");
+        assert!(
+            li.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;q&quot;"),
+            "{li}"
+        );
         assert!(!li.contains("<script>"));
         assert!(li.contains("<span class=\"rel\">+1.2 s</span>"), "{li}");
         // A hostile event type cannot break out of the class attribute.
-        let odd = event_item(&json!({"type": "x\" onmouseover=\"alert(1)", "seq": 1}), 0, None).into_string();
+        let odd = event_item(
+            &json!({"type": "x\" onmouseover=\"alert(1)", "seq": 1}),
+            0,
+            None,
+        )
+        .into_string();
         assert!(odd.contains("class=\"ev ev-xonmouseoveralert1\""), "{odd}");
     }
 
     #[test]
     fn the_list_shows_the_newest_page_with_a_link_to_earlier_events_and_counts_events_not_seqs() {
         let html = run_html(&view(notes(250)), "tok", 10_000, Window::Tail).into_string();
-        assert_eq!(html.matches("<li class=\"ev ev-note\"").count(), EVENTS_PAGE);
+        assert_eq!(
+            html.matches("<li class=\"ev ev-note\"").count(),
+            EVENTS_PAGE
+        );
         // Seqs are 2, 4, … 500: the count is 250 events, and the page is events 51–250.
-        assert!(html.contains("<dd id=\"f-events\">250</dd>") && html.contains("51–250 of 250"), "counts");
-        assert!(html.contains("id=\"earlier\" href=\"/runs/r1?before=102&amp;token=tok\""), "earlier link");
+        assert!(
+            html.contains("<dd id=\"f-events\">250</dd>") && html.contains("51–250 of 250"),
+            "counts"
+        );
+        assert!(
+            html.contains("id=\"earlier\" href=\"/runs/r1?before=102&amp;token=tok\""),
+            "earlier link"
+        );
         assert!(html.contains("data-tail=\"true\"") && !html.contains("id=\"later\""));
         // The earlier page: events 1–50, with a link to what follows.
         let page = run_html(&view(notes(250)), "", 10_000, Window::Before(102)).into_string();
         assert_eq!(page.matches("<li class=\"ev ev-note\"").count(), 50);
-        assert!(page.contains("1–50 of 250") && page.contains("id=\"later\" href=\"/runs/r1?afterSeq=100\""));
+        assert!(
+            page.contains("1–50 of 250")
+                && page.contains("id=\"later\" href=\"/runs/r1?afterSeq=100\"")
+        );
         assert!(page.contains("data-tail=\"false\"") && !page.contains("id=\"earlier\""));
         let after = Window::After(100).range(&notes(250));
         assert_eq!(after, 50..250);
@@ -344,12 +443,17 @@ pub(super) mod tests {
 
     #[test]
     fn a_failed_run_shows_its_error_in_the_error_box_and_a_completed_one_hides_the_box() {
-        let mut v = view(vec![json!({"type": "run_failed", "seq": 1, "at": 2_000, "message": "boom <x>"})]);
+        let mut v = view(vec![
+            json!({"type": "run_failed", "seq": 1, "at": 2_000, "message": "boom <x>"}),
+        ]);
         v.status = Some(RunStatus::Failed);
         let html = run_html(&v, "", 10_000, Window::Tail).into_string();
         assert!(html.contains("<div id=\"error-box\" class=\"errbox\" role=\"alert\"><strong>Run failed</strong><span id=\"error-text\">boom &lt;x&gt;</span>"), "{html}");
         let ok = run_html(&view(vec![]), "", 10_000, Window::Tail).into_string();
-        assert!(ok.contains("class=\"errbox\" role=\"alert\" hidden>"), "{ok}");
+        assert!(
+            ok.contains("class=\"errbox\" role=\"alert\" hidden>"),
+            "{ok}"
+        );
         assert!(ok.contains("id=\"status\" class=\"status st-ok\">completed<"));
     }
 }

@@ -49,13 +49,23 @@ use crate::error::ApiError;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(resource("/runs", "GET").route(web::get().to(index::index)))
         .service(resource("/runs/{id}", "GET").route(web::get().to(live::run_page)))
-        .service(resource("/runs/{id}/timeline", "GET").route(web::get().to(live::timeline_fragment)));
+        .service(
+            resource("/runs/{id}/timeline", "GET").route(web::get().to(live::timeline_fragment)),
+        );
 }
 
 /// `YYYY-MM-DD HH:MM:SSZ` (UTC) for an epoch-ms instant.
 pub fn fmt_time(ms: i64) -> String {
     let s = storage::generation::utc_stamp(ms);
-    format!("{}-{}-{} {}:{}:{}Z", &s[0..4], &s[4..6], &s[6..8], &s[9..11], &s[11..13], &s[13..15])
+    format!(
+        "{}-{}-{} {}:{}:{}Z",
+        &s[0..4],
+        &s[4..6],
+        &s[6..8],
+        &s[9..11],
+        &s[11..13],
+        &s[13..15]
+    )
 }
 
 /// `850 ms`, `12.3 s`, `4 m 03 s`, `2 h 05 m`.
@@ -110,7 +120,11 @@ fn status_chip(v: &RunView, id: Option<&str>) -> Markup {
 /// An error as a small HTML page with the API's status.
 fn error_page(e: ApiError) -> HttpResponse {
     let status = e.status_code();
-    let title = format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or(""));
+    let title = format!(
+        "{} {}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
     let body = html! {
         main class="narrow" {
             div class="card" {
@@ -279,7 +293,12 @@ fn page(title: &str, body: Markup, script: Option<&'static str>) -> Markup {
 pub fn content_security_policy() -> &'static str {
     static POLICY: OnceLock<String> = OnceLock::new();
     POLICY.get_or_init(|| {
-        let hash = |s: &str| format!("'sha256-{}'", BASE64_STANDARD.encode(Sha256::digest(s.as_bytes())));
+        let hash = |s: &str| {
+            format!(
+                "'sha256-{}'",
+                BASE64_STANDARD.encode(Sha256::digest(s.as_bytes()))
+            )
+        };
         let scripts: Vec<String> = scripts::ALL.iter().map(|s| hash(s)).collect();
         format!(
             "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self'; \
@@ -299,22 +318,47 @@ pub fn describe(e: &Value) -> (String, String) {
     };
     let kind = s("type");
     match kind.as_str() {
-        "run_meta" => ("run started".into(), format!("agent {} · model {}", s("agent"), s("model"))),
+        "run_meta" => (
+            "run started".into(),
+            format!("agent {} · model {}", s("agent"), s("model")),
+        ),
         "input" => (format!("input ({})", s("source")), s("text")),
         "context" => ("context".into(), s("text")),
         "assistant" => (format!("step {} · assistant", s("step")), s("text")),
-        "tool_call" => (format!("step {} · tool call {}", s("step"), s("tool")), s("summary")),
+        "tool_call" => (
+            format!("step {} · tool call {}", s("step"), s("tool")),
+            s("summary"),
+        ),
         "tool_result" => {
-            let ok = if e.get("ok").and_then(Value::as_bool).unwrap_or(false) { "ok" } else { "failed" };
-            (format!("step {} · tool result {} {ok}", s("step"), s("tool")), s("summary"))
+            let ok = if e.get("ok").and_then(Value::as_bool).unwrap_or(false) {
+                "ok"
+            } else {
+                "failed"
+            };
+            (
+                format!("step {} · tool result {} {ok}", s("step"), s("tool")),
+                s("summary"),
+            )
         }
         "note" => (format!("note {}", s("kind")), s("summary")),
         "stop_requested" => {
             let actor = e.get("actor");
-            let a = |k: &str| actor.and_then(|a| a.get(k)).and_then(Value::as_str).unwrap_or("").to_owned();
-            (format!("stop requested ({})", s("mode")), format!("by {}:{}", a("kind"), a("id")))
+            let a = |k: &str| {
+                actor
+                    .and_then(|a| a.get(k))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            (
+                format!("stop requested ({})", s("mode")),
+                format!("by {}:{}", a("kind"), a("id")),
+            )
         }
-        "resumed" => ("resumed".into(), format!("from generation {}", s("fromGeneration"))),
+        "resumed" => (
+            "resumed".into(),
+            format!("from generation {}", s("fromGeneration")),
+        ),
         "run_failed" => ("run failed".into(), s("message")),
         "answer" => ("answer".into(), s("text")),
         _ => (kind, e.to_string()),
@@ -326,7 +370,9 @@ fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
             _ => out.push_str(&format!("%{b:02X}")),
         }
     }
@@ -338,7 +384,10 @@ fn href(path: &str, pairs: &[(&str, String)]) -> String {
     if pairs.is_empty() {
         return path.to_owned();
     }
-    let q: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect();
+    let q: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={}", encode(v)))
+        .collect();
     format!("{path}?{}", q.join("&"))
 }
 
@@ -349,35 +398,68 @@ mod tests {
     /// The text of every `<tag>…</tag>` in `page`.
     pub(super) fn inline(page: &str, tag: &str) -> Vec<String> {
         let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-        page.split(&open).skip(1).map(|rest| rest.split(&close).next().unwrap_or("").to_owned()).collect()
+        page.split(&open)
+            .skip(1)
+            .map(|rest| rest.split(&close).next().unwrap_or("").to_owned())
+            .collect()
     }
 
     #[test]
     fn every_inline_script_and_style_of_every_page_is_allowed_by_its_hash_and_nothing_else_is() {
         let policy = content_security_policy();
-        let hash = |s: &str| format!("'sha256-{}'", BASE64_STANDARD.encode(Sha256::digest(s.as_bytes())));
+        let hash = |s: &str| {
+            format!(
+                "'sha256-{}'",
+                BASE64_STANDARD.encode(Sha256::digest(s.as_bytes()))
+            )
+        };
         let mut pages = index::sample_pages();
         pages.push(live::sample_page());
         pages.push(page("404 Not Found", html! { main { h1 { "404" } } }, None).into_string());
         let mut scripts = 0;
         for p in &pages {
             for script in inline(p, "script") {
-                assert!(policy.contains(&hash(&script)), "a page script is not in the policy: {policy}");
+                assert!(
+                    policy.contains(&hash(&script)),
+                    "a page script is not in the policy: {policy}"
+                );
                 scripts += 1;
             }
             for style in inline(p, "style") {
-                assert!(policy.contains(&hash(&style)), "a page style is not in the policy: {policy}");
+                assert!(
+                    policy.contains(&hash(&style)),
+                    "a page style is not in the policy: {policy}"
+                );
             }
             // Geometry never travels in style attributes (the policy would refuse them).
             assert!(!p.contains(" style=\""), "a style attribute: {p}");
         }
-        assert_eq!(scripts, pages.len() - 2, "each live page carries its script; a history page and an error page none");
+        assert_eq!(
+            scripts,
+            pages.len() - 2,
+            "each live page carries its script; a history page and an error page none"
+        );
         // Nothing inline is allowed by keyword, nothing loads from another origin, no framing.
-        for forbidden in ["unsafe-inline", "unsafe-eval", "*", "http:", "https:", "data:"] {
+        for forbidden in [
+            "unsafe-inline",
+            "unsafe-eval",
+            "*",
+            "http:",
+            "https:",
+            "data:",
+        ] {
             assert!(!policy.contains(forbidden), "{forbidden} in {policy}");
         }
-        for directive in ["default-src 'none'", "connect-src 'self'", "frame-ancestors 'none'", "base-uri 'none'"] {
-            assert!(policy.contains(directive), "{directive} missing from {policy}");
+        for directive in [
+            "default-src 'none'",
+            "connect-src 'self'",
+            "frame-ancestors 'none'",
+            "base-uri 'none'",
+        ] {
+            assert!(
+                policy.contains(directive),
+                "{directive} missing from {policy}"
+            );
         }
     }
 
@@ -390,13 +472,26 @@ mod tests {
         assert_eq!(fmt_duration(7_500_000), "2 h 05 m");
         let now = 10_000_000_000;
         let ago = |s: i64| fmt_ago(now, now - s * 1000);
-        assert_eq!([ago(0), ago(42), ago(185), ago(7_300), ago(200_000)], ["just now", "42 s ago", "3 min ago", "2 h ago", "2 d ago"]);
-        assert_eq!(fmt_ago(now, now + 5_000), "just now", "a clock ahead of ours is not the future");
+        assert_eq!(
+            [ago(0), ago(42), ago(185), ago(7_300), ago(200_000)],
+            ["just now", "42 s ago", "3 min ago", "2 h ago", "2 d ago"]
+        );
+        assert_eq!(
+            fmt_ago(now, now + 5_000),
+            "just now",
+            "a clock ahead of ours is not the future"
+        );
     }
 
     #[test]
     fn links_encode_their_values() {
         assert_eq!(href("/runs", &[]), "/runs");
-        assert_eq!(href("/runs", &[("agent", "a b&c".into()), ("status", "failed".into())]), "/runs?agent=a%20b%26c&status=failed");
+        assert_eq!(
+            href(
+                "/runs",
+                &[("agent", "a b&c".into()), ("status", "failed".into())]
+            ),
+            "/runs?agent=a%20b%26c&status=failed"
+        );
     }
 }

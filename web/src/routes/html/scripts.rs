@@ -300,7 +300,11 @@ mod tests {
     #[test]
     fn run_strings_are_set_as_text_and_only_the_servers_fragment_as_markup() {
         for js in ALL {
-            assert!(!js.contains("innerHTML") && !js.contains("insertAdjacentHTML") && !js.contains("document.write"));
+            assert!(
+                !js.contains("innerHTML")
+                    && !js.contains("insertAdjacentHTML")
+                    && !js.contains("document.write")
+            );
         }
         assert_eq!(RUN_JS.matches("parseFromString(").count(), 1);
     }

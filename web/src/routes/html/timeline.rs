@@ -130,7 +130,10 @@ impl Rows {
         if !self.steps.contains_key(&step) {
             self.order.push(Ok(step));
         }
-        self.steps.entry(step).or_insert_with(|| StepRow { step, ..StepRow::default() })
+        self.steps.entry(step).or_insert_with(|| StepRow {
+            step,
+            ..StepRow::default()
+        })
     }
 }
 
@@ -164,7 +167,13 @@ impl Timeline {
                 "run_meta" | "input" | "context" => ready = t,
                 "assistant" => {
                     let step = step_of(e).unwrap_or(last_model_step + 1);
-                    rows.step(step).model = Some(ModelBar { from: ready, to: t, open: false, failed: false, retries });
+                    rows.step(step).model = Some(ModelBar {
+                        from: ready,
+                        to: t,
+                        open: false,
+                        failed: false,
+                        retries,
+                    });
                     if let Some(s) = seq {
                         durations.insert(s, t - ready);
                     }
@@ -173,7 +182,13 @@ impl Timeline {
                 // A text-only final turn publishes no `assistant` event: its answer closes the model call.
                 "answer" if model_pending => {
                     let step = last_model_step + 1;
-                    rows.step(step).model = Some(ModelBar { from: ready, to: t, open: false, failed: false, retries });
+                    rows.step(step).model = Some(ModelBar {
+                        from: ready,
+                        to: t,
+                        open: false,
+                        failed: false,
+                        retries,
+                    });
                     if let Some(s) = seq {
                         durations.insert(s, t - ready);
                     }
@@ -183,12 +198,22 @@ impl Timeline {
                 "tool_call" => {
                     let step = step_of(e).unwrap_or(last_model_step);
                     rows.step(step);
-                    open.push((text(e, "callId").to_owned(), Open { step, tool: text(e, "tool").to_owned(), from: t }));
+                    open.push((
+                        text(e, "callId").to_owned(),
+                        Open {
+                            step,
+                            tool: text(e, "tool").to_owned(),
+                            from: t,
+                        },
+                    ));
                 }
                 "tool_result" => {
                     let call_id = text(e, "callId");
                     let ok = e.get("ok").and_then(Value::as_bool).unwrap_or(false);
-                    let effects_unknown = e.get("effectsUnknown").and_then(Value::as_bool).unwrap_or(false);
+                    let effects_unknown = e
+                        .get("effectsUnknown")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false);
                     match open.iter().position(|(id, _)| id == call_id) {
                         Some(i) => {
                             let (_, call) = open.remove(i);
@@ -237,18 +262,30 @@ impl Timeline {
                         });
                         cut_calls.insert(id);
                     }
-                    rows.order.push(Err(Gap { from: last_at, to: t, from_generation: text(e, "fromGeneration").to_owned() }));
+                    rows.order.push(Err(Gap {
+                        from: last_at,
+                        to: t,
+                        from_generation: text(e, "fromGeneration").to_owned(),
+                    }));
                     (ready, retries) = (t, 0);
                 }
                 "run_failed" if open.is_empty() => {
-                    let model = ModelBar { from: ready, to: t, open: false, failed: true, retries };
+                    let model = ModelBar {
+                        from: ready,
+                        to: t,
+                        open: false,
+                        failed: true,
+                        retries,
+                    };
                     rows.step(last_model_step + 1).model = Some(model);
                     failed_at = Some(t);
                 }
                 _ => {}
             }
             match kind {
-                "run_meta" | "input" | "context" | "tool_result" | "resumed" => model_pending = true,
+                "run_meta" | "input" | "context" | "tool_result" | "resumed" => {
+                    model_pending = true
+                }
                 "assistant" | "answer" | "run_failed" => model_pending = false,
                 _ => {}
             }
@@ -258,14 +295,33 @@ impl Timeline {
         let mut now = None;
         for (_, call) in open.drain(..) {
             if live {
-                now = Some(Now::Tool { step: call.step, tool: call.tool.clone(), since: call.from });
+                now = Some(Now::Tool {
+                    step: call.step,
+                    tool: call.tool.clone(),
+                    since: call.from,
+                });
             }
-            let bar = ToolBar { tool: call.tool, from: call.from, to: end, open: live, ok: false, effects_unknown: false, cut: !live, settlement: false };
+            let bar = ToolBar {
+                tool: call.tool,
+                from: call.from,
+                to: end,
+                open: live,
+                ok: false,
+                effects_unknown: false,
+                cut: !live,
+                settlement: false,
+            };
             rows.step(call.step).tools.push(bar);
         }
         if live && now.is_none() && failed_at.is_none() {
             let step = last_model_step + 1;
-            rows.step(step).model = Some(ModelBar { from: ready, to: end, open: true, failed: false, retries });
+            rows.step(step).model = Some(ModelBar {
+                from: ready,
+                to: end,
+                open: true,
+                failed: false,
+                retries,
+            });
             now = Some(Now::Model { step, since: ready });
         }
         let mut out: Vec<Row> = Vec::with_capacity(rows.order.len());
@@ -291,7 +347,14 @@ impl Timeline {
                 _ => true,
             });
         }
-        Timeline { start, end, rows: out, hidden_steps, now, durations }
+        Timeline {
+            start,
+            end,
+            rows: out,
+            hidden_steps,
+            now,
+            durations,
+        }
     }
 
     /// `x` and `width` (percent of the axis) of the interval `from..to`; at least a sliver wide.
@@ -390,7 +453,10 @@ fn gap_bands(t: &Timeline) -> Markup {
 }
 
 fn step_row(t: &Timeline, s: &StepRow) -> Markup {
-    let failed = s.model.as_ref().is_some_and(|m| m.failed) || s.tools.iter().any(|b| !b.ok && !b.open && !b.cut && !b.effects_unknown);
+    let failed = s.model.as_ref().is_some_and(|m| m.failed)
+        || s.tools
+            .iter()
+            .any(|b| !b.ok && !b.open && !b.cut && !b.effects_unknown);
     let unknown = s.tools.iter().any(|b| b.effects_unknown || b.cut);
     let mut words: Vec<String> = Vec::new();
     if let Some(m) = &s.model {
@@ -411,7 +477,11 @@ fn step_row(t: &Timeline, s: &StepRow) -> Markup {
     if s.tools.len() > 3 {
         words.push(format!("+{} more", s.tools.len() - 3));
     }
-    let class = format!("tl-row tl-step{}{}", if failed { " tl-failed" } else { "" }, if unknown { " tl-unknown" } else { "" });
+    let class = format!(
+        "tl-row tl-step{}{}",
+        if failed { " tl-failed" } else { "" },
+        if unknown { " tl-unknown" } else { "" }
+    );
     html! {
         div class=(class) data-step=(s.step) {
             div class="tl-label" { "step " (s.step) }
@@ -473,14 +543,46 @@ mod tests {
     fn finished_run() -> Vec<Value> {
         vec![
             ev(1, 0, json!({"type": "run_meta"})),
-            ev(2, 5, json!({"type": "input", "text": "hi", "source": "request"})),
-            ev(3, 105, json!({"type": "assistant", "step": 1, "text": "step 1"})),
-            ev(4, 106, json!({"type": "tool_call", "step": 1, "callId": "c1", "tool": "sleep"})),
-            ev(5, 306, json!({"type": "tool_result", "step": 1, "callId": "c1", "tool": "sleep", "ok": true})),
-            ev(6, 400, json!({"type": "assistant", "step": 2, "text": "step 2"})),
-            ev(7, 401, json!({"type": "tool_call", "step": 2, "callId": "c2", "tool": "sleep"})),
-            ev(8, 601, json!({"type": "tool_result", "step": 2, "callId": "c2", "tool": "sleep", "ok": false})),
-            ev(9, 700, json!({"type": "assistant", "step": 3, "text": "done"})),
+            ev(
+                2,
+                5,
+                json!({"type": "input", "text": "hi", "source": "request"}),
+            ),
+            ev(
+                3,
+                105,
+                json!({"type": "assistant", "step": 1, "text": "step 1"}),
+            ),
+            ev(
+                4,
+                106,
+                json!({"type": "tool_call", "step": 1, "callId": "c1", "tool": "sleep"}),
+            ),
+            ev(
+                5,
+                306,
+                json!({"type": "tool_result", "step": 1, "callId": "c1", "tool": "sleep", "ok": true}),
+            ),
+            ev(
+                6,
+                400,
+                json!({"type": "assistant", "step": 2, "text": "step 2"}),
+            ),
+            ev(
+                7,
+                401,
+                json!({"type": "tool_call", "step": 2, "callId": "c2", "tool": "sleep"}),
+            ),
+            ev(
+                8,
+                601,
+                json!({"type": "tool_result", "step": 2, "callId": "c2", "tool": "sleep", "ok": false}),
+            ),
+            ev(
+                9,
+                700,
+                json!({"type": "assistant", "step": 3, "text": "done"}),
+            ),
             ev(10, 702, json!({"type": "answer", "text": "done"})),
         ]
     }
@@ -488,11 +590,25 @@ mod tests {
     #[test]
     fn a_finished_run_has_one_row_per_step_with_its_model_and_tool_bars() {
         let t = Timeline::build(&finished_run(), 0, 710, false);
-        let steps: Vec<&StepRow> = t.rows.iter().filter_map(|r| if let Row::Step(s) = r { Some(s) } else { None }).collect();
+        let steps: Vec<&StepRow> = t
+            .rows
+            .iter()
+            .filter_map(|r| if let Row::Step(s) = r { Some(s) } else { None })
+            .collect();
         assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), [1, 2, 3]);
         // The model call of step 1 ran from the input to its assistant event; its tool from call to result.
-        assert_eq!(steps[0].model.as_ref().map(|m| (m.from, m.to)), Some((5, 105)));
-        assert_eq!(steps[0].tools.iter().map(|b| (b.from, b.to, b.ok)).collect::<Vec<_>>(), [(106, 306, true)]);
+        assert_eq!(
+            steps[0].model.as_ref().map(|m| (m.from, m.to)),
+            Some((5, 105))
+        );
+        assert_eq!(
+            steps[0]
+                .tools
+                .iter()
+                .map(|b| (b.from, b.to, b.ok))
+                .collect::<Vec<_>>(),
+            [(106, 306, true)]
+        );
         // Step 2's model call starts at step 1's result; its tool failed.
         assert_eq!(steps[1].model.as_ref().map(|m| m.from), Some(306));
         assert!(!steps[1].tools[0].ok);
@@ -501,60 +617,131 @@ mod tests {
         let mut no_final_turn = finished_run();
         no_final_turn.remove(8);
         let t2 = Timeline::build(&no_final_turn, 0, 710, false);
-        let Some(Row::Step(last)) = t2.rows.last() else { panic!("rows") };
-        assert_eq!((last.step, last.model.as_ref().map(|m| (m.from, m.to))), (3, Some((601, 702))));
+        let Some(Row::Step(last)) = t2.rows.last() else {
+            panic!("rows")
+        };
+        assert_eq!(
+            (last.step, last.model.as_ref().map(|m| (m.from, m.to))),
+            (3, Some((601, 702)))
+        );
         assert_eq!((t.now.clone(), t.gaps().count(), t.end), (None, 0, 710));
         // Durations by the seq that closes them.
-        assert_eq!((t.durations.get(&5), t.durations.get(&3), t.durations.get(&9)), (Some(&200), Some(&100), Some(&99)));
+        assert_eq!(
+            (
+                t.durations.get(&5),
+                t.durations.get(&3),
+                t.durations.get(&9)
+            ),
+            (Some(&200), Some(&100), Some(&99))
+        );
         let html = render(&t).into_string();
         assert_eq!(html.matches("class=\"tl-row tl-step").count(), 3, "{html}");
-        assert!(html.contains("data-step=\"2\"") && html.contains("tl-failed") && html.contains("sleep 200 ms (failed)"), "{html}");
+        assert!(
+            html.contains("data-step=\"2\"")
+                && html.contains("tl-failed")
+                && html.contains("sleep 200 ms (failed)"),
+            "{html}"
+        );
     }
 
     #[test]
     fn a_crash_and_resume_is_a_gap_with_its_length_and_the_cut_call_settles_as_effects_unknown() {
         let mut events = finished_run()[..4].to_vec();
         // The process dies during step 1's tool; the next one resumes 3.2 s after the last event.
-        events.push(ev(5, 3_306, json!({"type": "resumed", "fromGeneration": "G1", "settled": []})));
+        events.push(ev(
+            5,
+            3_306,
+            json!({"type": "resumed", "fromGeneration": "G1", "settled": []}),
+        ));
         events.push(ev(6, 3_307, json!({"type": "tool_result", "step": 1, "callId": "c1", "tool": "append_file", "ok": false, "effectsUnknown": true})));
-        events.push(ev(7, 3_400, json!({"type": "assistant", "step": 2, "text": "x"})));
+        events.push(ev(
+            7,
+            3_400,
+            json!({"type": "assistant", "step": 2, "text": "x"}),
+        ));
         let t = Timeline::build(&events, 0, 3_500, false);
         let gaps: Vec<&Gap> = t.gaps().collect();
         assert_eq!(gaps.len(), 1);
-        assert_eq!((gaps[0].from, gaps[0].to, gaps[0].length_ms()), (106, 3_306, 3_200));
+        assert_eq!(
+            (gaps[0].from, gaps[0].to, gaps[0].length_ms()),
+            (106, 3_306, 3_200)
+        );
         // Rows in the order things happened: step 1, the gap, step 2.
-        let kinds: Vec<String> = t.rows.iter().map(|r| match r { Row::Step(s) => format!("s{}", s.step), Row::Gap(_) => "gap".into() }).collect();
+        let kinds: Vec<String> = t
+            .rows
+            .iter()
+            .map(|r| match r {
+                Row::Step(s) => format!("s{}", s.step),
+                Row::Gap(_) => "gap".into(),
+            })
+            .collect();
         assert_eq!(kinds, ["s1", "gap", "s2"]);
-        let Row::Step(s1) = &t.rows[0] else { panic!("step row first") };
+        let Row::Step(s1) = &t.rows[0] else {
+            panic!("step row first")
+        };
         assert_eq!(s1.tools.len(), 2, "the cut call and its settlement");
         assert!(s1.tools[0].cut && s1.tools[0].to == 106);
         assert!(s1.tools[1].effects_unknown && s1.tools[1].settlement);
         // The model call after the resume starts at the resume, not before the crash.
-        let Row::Step(s2) = &t.rows[2] else { panic!("step 2 last") };
+        let Row::Step(s2) = &t.rows[2] else {
+            panic!("step 2 last")
+        };
         assert_eq!(s2.model.as_ref().map(|m| m.from), Some(3_307));
         let html = render(&t).into_string();
-        assert!(html.contains("class=\"tl-row tl-gap\" data-gap-ms=\"3200\""), "{html}");
-        assert!(html.contains("gap 3.2 s") && html.contains("effects unknown"), "{html}");
+        assert!(
+            html.contains("class=\"tl-row tl-gap\" data-gap-ms=\"3200\""),
+            "{html}"
+        );
+        assert!(
+            html.contains("gap 3.2 s") && html.contains("effects unknown"),
+            "{html}"
+        );
         // A cut call is trouble of its own kind, not a failure.
-        assert!(html.contains("class=\"tl-row tl-step tl-unknown\" data-step=\"1\""), "{html}");
+        assert!(
+            html.contains("class=\"tl-row tl-step tl-unknown\" data-step=\"1\""),
+            "{html}"
+        );
     }
 
     #[test]
     fn a_live_run_says_what_it_waits_on_and_a_failed_model_call_is_marked() {
         let events = finished_run()[..4].to_vec();
         let t = Timeline::build(&events, 0, 1_106, true);
-        assert_eq!(t.now, Some(Now::Tool { step: 1, tool: "sleep".into(), since: 106 }));
+        assert_eq!(
+            t.now,
+            Some(Now::Tool {
+                step: 1,
+                tool: "sleep".into(),
+                since: 106
+            })
+        );
         let now = render_now(t.now.as_ref(), 1_106).into_string();
-        assert!(now.contains("now: step 1, waiting on <code>sleep</code> for <span id=\"now-for\">1.0 s</span>"), "{now}");
+        assert!(
+            now.contains(
+                "now: step 1, waiting on <code>sleep</code> for <span id=\"now-for\">1.0 s</span>"
+            ),
+            "{now}"
+        );
         // Between steps the model is what it waits on.
         let t = Timeline::build(&finished_run()[..5], 0, 1_000, true);
-        assert_eq!(t.now, Some(Now::Model { step: 2, since: 306 }));
+        assert_eq!(
+            t.now,
+            Some(Now::Model {
+                step: 2,
+                since: 306
+            })
+        );
         // A failure during a model call ends that call, failed; nothing is "now".
         let mut failed = finished_run()[..5].to_vec();
         failed.push(ev(6, 500, json!({"type": "run_failed", "message": "boom"})));
         let t = Timeline::build(&failed, 0, 510, false);
-        let Some(Row::Step(s2)) = t.rows.last() else { panic!("a row for the failed call") };
-        assert_eq!((s2.step, s2.model.as_ref().map(|m| (m.from, m.to, m.failed))), (2, Some((306, 500, true))));
+        let Some(Row::Step(s2)) = t.rows.last() else {
+            panic!("a row for the failed call")
+        };
+        assert_eq!(
+            (s2.step, s2.model.as_ref().map(|m| (m.from, m.to, m.failed))),
+            (2, Some((306, 500, true)))
+        );
         assert_eq!(t.now, None);
     }
 
@@ -562,7 +749,11 @@ mod tests {
     fn rows_are_capped_to_the_newest_and_bars_stay_inside_the_axis() {
         let mut events = vec![ev(1, 0, json!({"type": "run_meta"}))];
         for i in 1..=(MAX_ROWS as u64 + 5) {
-            events.push(ev(i + 1, i as i64 * 10, json!({"type": "assistant", "step": i})));
+            events.push(ev(
+                i + 1,
+                i as i64 * 10,
+                json!({"type": "assistant", "step": i}),
+            ));
         }
         let t = Timeline::build(&events, 0, 10, false);
         assert_eq!((t.hidden_steps, t.rows.len()), (5, MAX_ROWS));
@@ -571,7 +762,10 @@ mod tests {
         assert_eq!(t.end, (MAX_ROWS as i64 + 5) * 10);
         for (from, to) in [(0, 0), (-50, 10), (t.end, t.end + 100), (0, t.end)] {
             let (x, w) = t.place(from, to);
-            assert!((0.0..=100.0).contains(&x) && x + w <= 100.0 + 1e-9, "{from}..{to}: {x} {w}");
+            assert!(
+                (0.0..=100.0).contains(&x) && x + w <= 100.0 + 1e-9,
+                "{from}..{to}: {x} {w}"
+            );
         }
     }
 }
