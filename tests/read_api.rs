@@ -583,7 +583,7 @@ async fn list_filters_take_a_terminal_status_an_agent_and_a_channel_in_json_and_
     // A terminal status lists finished runs with that status only, with a failed run's error.
     let (code, body) = app.get_json("/api/runs?status=failed", None).await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!(ids(&body), [failed.clone()]);
+    assert_eq!(ids(&body), std::slice::from_ref(&failed));
     assert_eq!(body["runs"][0]["status"], "failed");
     assert!(
         body["runs"][0]["error"]
@@ -613,7 +613,7 @@ async fn list_filters_take_a_terminal_status_an_agent_and_a_channel_in_json_and_
             .get_json("/api/runs?status=completed&channel=c2", None)
             .await
             .1),
-        [other.clone()]
+        std::slice::from_ref(&other)
     );
     assert_eq!(
         ids(&app
@@ -627,7 +627,7 @@ async fn list_filters_take_a_terminal_status_an_agent_and_a_channel_in_json_and_
             .get_json("/api/runs?status=failed&agent=demo", None)
             .await
             .1),
-        [failed.clone()]
+        std::slice::from_ref(&failed)
     );
     assert_eq!(
         ids(&app.get_json("/api/runs?agent=nope", None).await.1),
@@ -635,14 +635,14 @@ async fn list_filters_take_a_terminal_status_an_agent_and_a_channel_in_json_and_
     );
     assert_eq!(
         ids(&app.get_json("/api/runs?status=active", None).await.1),
-        [live.clone()]
+        std::slice::from_ref(&live)
     );
     assert_eq!(
         ids(&app
             .get_json("/api/runs?status=all&channel=c2", None)
             .await
             .1),
-        [other.clone()]
+        std::slice::from_ref(&other)
     );
     // Paging a terminal status: one run a page, each once.
     let (_, first) = app

@@ -1,9 +1,20 @@
-//! Switchboard's actors: supervision, run lifecycle, agents and tools, the history writer.
+//! Switchboard's actors: supervision, run lifecycle, agents and tools, the history writer, the read
+//! service.
 //!
 //! # Layout
-//! - [`agent`]: the `Agent` trait and the built-in agents (`scripted`, `openai`).
-//! - [`tools`]: the `Tool` trait, the built-in tools and the run workspace.
-//! - [`history`]: the history writer (fire-and-forget record writes with retries).
+//! - [`supervisor`]: the `Supervisor` (generation, admission through `ThreadSlot`s, reclaim, drain,
+//!   stop and kill) and the restart policy.
+//! - [`run`]: the `RunActor` and its pure machine (`run::machine`), launch paths and record assembly.
+//! - [`heartbeat`], [`flusher`], [`history`]: lease renewal, batched event appends, record writes with
+//!   retries (final beats provisional).
+//! - [`registry`]: the in-process runs (seqs, backlogs, subscribers); [`queue`]: the byte-bounded queue
+//!   its subscribers and SSE connections use.
+//! - [`runs_service`]: the one read service (registry ∪ ledger ∪ store), the index feed.
+//! - [`agent`], [`tools`]: the `Agent` trait and its providers; the `Tool` trait, built-in and external
+//!   (HTTP, MCP) tools, workspaces and their fences.
+//! - [`plan`], [`operations`]: the seeds' two coordinators (plan suggestions; per-app operations).
+//! - [`delivery`] (webhook replies), [`redact`] (credentials out of text), [`token`] (capability
+//!   tokens), [`metrics`] (`/metrics`), [`host`] (facts about processes on this host).
 
 pub mod agent;
 pub mod delivery;

@@ -264,7 +264,7 @@ async fn reader_loop(
     sent: Arc<Mutex<Vec<Sent>>>,
     shown: Arc<Mutex<Vec<Shown>>>,
 ) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f_5ee);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5_eed0_f5ee);
     let Ok(http) = client() else { return };
     let owner = |v: &Value| v["ownerGen"].as_str().map(str::to_owned);
     while !stop.load(Ordering::SeqCst) {

@@ -1,4 +1,5 @@
-//! `StorageActor`: the one thread of this process that touches the database.
+//! `StorageActor`: the one thread of this process that writes the database (reads run on read-only
+//! connections of their own, never queued behind writes).
 //!
 //! Owns the backend ([`SqliteStore`], [`PgStore`] or [`MemoryStore`]) on a dedicated thread (opened there:
 //! the synchronous PostgreSQL client must not block inside a caller's async runtime), so every storage

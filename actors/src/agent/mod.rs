@@ -706,14 +706,16 @@ mod tests {
                 max: s(30)
             }
         );
-        let cases: Vec<(
-            &str,
+        // (name, policy, attempt, Retry-After, jitter draw, the wait wanted)
+        type Case = (
+            &'static str,
             RetryPolicy,
             u32,
             Option<Duration>,
             f64,
             Option<Duration>,
-        )> = vec![
+        );
+        let cases: Vec<Case> = vec![
             (
                 "first failure, full jitter draw",
                 p,

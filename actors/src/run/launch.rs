@@ -28,7 +28,8 @@ const CLAIM_RETRIES: [Duration; 2] = [Duration::from_millis(200), Duration::from
 /// How a launch went: the run's data and where it stands, or the row closed without running.
 pub(super) enum Launched {
     Run(Box<Run>, Started),
-    Over(Ended),
+    /// Boxed: the closing answer is far larger than a running launch's.
+    Over(Box<Ended>),
 }
 
 /// A run admitted here: tombstone, promote, seed.
@@ -47,7 +48,7 @@ pub(super) async fn fresh(
             .abandon(id.clone(), deps.gen.as_str().to_owned())
             .await;
         deps.registry.discard(&id);
-        return Launched::Over((StopReason::Finished(RunStatus::Failed), None));
+        return Launched::Over(Box::new((StopReason::Finished(RunStatus::Failed), None)));
     };
     let deadline = started_at + agent.budget_ms;
     let run = Run::new(deps, id, meta, deadline, agent);
@@ -214,7 +215,9 @@ pub(super) async fn restart(
             "cannot restart: agent {:?} is not configured here, or the saved request is unreadable",
             meta.agent
         );
-        return Launched::Over(close_unstartable(&deps, &row, events, &reason).await);
+        return Launched::Over(Box::new(
+            close_unstartable(&deps, &row, events, &reason).await,
+        ));
     };
     let deadline = row
         .meta
@@ -267,7 +270,9 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
             "cannot resume: agent {:?} is not configured here",
             meta.agent
         );
-        return Launched::Over(close_unstartable(&deps, &row, a.events, &reason).await);
+        return Launched::Over(Box::new(
+            close_unstartable(&deps, &row, a.events, &reason).await,
+        ));
     };
     let now = deps.clock.now_ms();
     let highest = a
@@ -323,7 +328,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                 .map(|(_, e)| e)
                 .unwrap_or_default();
             let deps = run.deps.clone();
-            return Launched::Over(
+            return Launched::Over(Box::new(
                 close_unstartable(
                     &deps,
                     &row,
@@ -331,7 +336,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                     &format!("the run's workspace is missing ({why})"),
                 )
                 .await,
-            );
+            ));
         }
         Err(Took::Failed(why)) => return Launched::Run(Box::new(run), Started::Fail(why)),
     }
@@ -473,7 +478,9 @@ pub(super) async fn deliver(
             "cannot deliver: agent {:?} is not configured here",
             meta.agent
         );
-        return Launched::Over(close_unstartable(&deps, &row, events, &reason).await);
+        return Launched::Over(Box::new(
+            close_unstartable(&deps, &row, events, &reason).await,
+        ));
     };
     if deps.registry.row(&row.run_id).is_none() {
         let highest = events

@@ -595,8 +595,9 @@ impl Handler<Done> for RunActor {
                 tracing::error!(run_id = %self.id, generation = self.deps.gen.as_str(), "run panicked");
                 return self.finish_actor(StopReason::Panicked(what), None, ctx);
             }
-            Completion::Launched(Launched::Over((reason, successor))) => {
-                return self.finish_actor(reason, successor, ctx)
+            Completion::Launched(Launched::Over(ended)) => {
+                let (reason, successor) = *ended;
+                return self.finish_actor(reason, successor, ctx);
             }
             Completion::Launched(Launched::Run(run, started)) => {
                 self.state.last_text = run
@@ -698,7 +699,7 @@ impl Handler<Done> for RunActor {
                 self.state = next;
                 for effect in effects {
                     match effect {
-                        Effect::End(end) => return self.end(end, successor, ctx),
+                        Effect::End(end) => return self.end(end, successor.map(|s| *s), ctx),
                         other => self.execute(other, ctx),
                     }
                 }

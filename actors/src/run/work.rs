@@ -756,7 +756,9 @@ impl Run {
                 WriteOutcome::StoodDown | WriteOutcome::Lost(_) => {}
             }
             match successor {
-                Some(s) => Recorded::Ended(admitted_successor(&deps, &s.run_id).await),
+                Some(s) => {
+                    Recorded::Ended(admitted_successor(&deps, &s.run_id).await.map(Box::new))
+                }
                 None => Recorded::Ended(None),
             }
         }
@@ -765,8 +767,9 @@ impl Run {
 
 /// How the final record went.
 pub(super) enum Recorded {
-    /// Written (or kept here when the store would not take it), with the successor it admitted.
-    Ended(Option<(LiveRow, Vec<Value>)>),
+    /// Written (or kept here when the store would not take it), with the successor it admitted (boxed:
+    /// a row and its events are far larger than the other answer).
+    Ended(Option<Box<(LiveRow, Vec<Value>)>>),
     /// The ledger refused the finish: killed meanwhile, or another generation owns the run.
     Fenced,
 }

@@ -29,7 +29,7 @@ pub const FEED_LANDING_SLACK_MS: i64 = 2_000;
 #[derive(Debug, Clone, PartialEq)]
 pub enum FeedChange {
     /// A run appeared or changed (a `RunView` without events).
-    Upsert(RunView),
+    Upsert(Box<RunView>),
     /// A run shown is gone: killed, or gone from the live set without a record.
     Removed(String),
 }
@@ -71,7 +71,7 @@ impl IndexFeed {
         let mut live: HashMap<String, RunView> = HashMap::with_capacity(rows.len());
         for view in rows {
             if self.live.get(&view.id) != Some(&view) {
-                out.push(FeedChange::Upsert(view.clone()));
+                out.push(FeedChange::Upsert(Box::new(view.clone())));
             }
             live.insert(view.id.clone(), view);
         }
@@ -147,7 +147,7 @@ impl IndexFeed {
                 }
             }
         }
-        out.push(FeedChange::Upsert(view));
+        out.push(FeedChange::Upsert(Box::new(view)));
     }
 }
 
