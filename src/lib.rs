@@ -395,6 +395,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         metrics: metrics.clone(),
         history: history.clone(),
         plans: plans.clone(),
+        agents: config.agents.keys().cloned().collect(),
     };
     // Cross-host news (PostgreSQL): followers of other hosts' runs wake at each note, kills and ends
     // elsewhere drop cached views (SPEC §1.3).

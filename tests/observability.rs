@@ -232,6 +232,15 @@ async fn openapi_describes_every_mounted_api_route_without_auth() {
     let doc: serde_json::Value = res.json().await.expect("the document is JSON");
     assert_eq!(doc["openapi"], "3.1.0");
     assert_eq!(doc["info"]["version"], switchboard::VERSION);
+    // What only the running process knows: where it serves, and which agents a message may name.
+    assert_eq!(doc["servers"], serde_json::json!([{"url": app.base}]));
+    let agent = &doc["components"]["schemas"]["MessageBody"]["properties"]["agent"];
+    assert!(
+        agent["enum"]
+            .as_array()
+            .is_some_and(|a| a.contains(&serde_json::json!("demo"))),
+        "{agent}"
+    );
 
     // The route table is what the app mounts: each (path, method) is served by a route (not the 405 of
     // a known path nor the 404 of an unknown one), and each is in the document.

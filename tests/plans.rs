@@ -40,11 +40,12 @@ async fn a_suggestion_is_published_as_cards_and_an_import_makes_it_stale_history
     .await;
     assert_eq!(status, 202, "{started}");
     let rid = started["requestId"].as_str().unwrap().to_owned();
-    // A second start for the same plan while it runs is refused naming the active request.
+    // A second start for the same plan while it runs is refused naming the active request (its revision
+    // written `1.0`: JSON has one number type, and that is the integer 1).
     let (status, busy) = post(
         &app,
         "/api/plans/p1/suggestions",
-        json!({"revision": 1, "snapshotId": "s1", "prompt": prompt}),
+        json!({"revision": 1.0, "snapshotId": "s1", "prompt": prompt}),
     )
     .await;
     assert_eq!(status, 409, "{busy}");

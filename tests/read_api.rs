@@ -192,6 +192,11 @@ async fn bad_requests_name_the_field_and_errors_have_one_shape() {
         ("/api/runs?sinceMs=1.5".to_owned(), "sinceMs"),
         (format!("/api/runs/{id}?include=everything"), "include"),
         (format!("/api/runs/{id}/events?afterSeq=-1"), "afterSeq"),
+        // As the document states them: a limit is a 64-bit integer, a parent a run id, a filter 1 to
+        // 256 characters.
+        ("/api/runs?limit=9223372036854775808".to_owned(), "limit"),
+        ("/api/runs?parentRunId=a.b".to_owned(), "parentRunId"),
+        (format!("/api/runs?agent={}", "é".repeat(257)), "agent"),
     ] {
         let (status, body) = app.get_json(&path, None).await;
         assert_eq!(status, 400, "{path}: {body}");
@@ -200,6 +205,15 @@ async fn bad_requests_name_the_field_and_errors_have_one_shape() {
             body["message"].as_str().unwrap().starts_with(field),
             "{path}: {body}"
         );
+    }
+    // What the document allows is served: the largest limit (clamped), a filter of 256 two-byte
+    // characters.
+    for path in [
+        "/api/runs?limit=9223372036854775807".to_owned(),
+        format!("/api/runs?agent={}", "é".repeat(256)),
+    ] {
+        let (status, body) = app.get_json(&path, None).await;
+        assert_eq!(status, 200, "{path}: {body}");
     }
     // Unknown and malformed ids: 404 with the same shape.
     for path in [
@@ -225,6 +239,15 @@ async fn bad_requests_name_the_field_and_errors_have_one_shape() {
         .unwrap();
     assert_eq!(res.status().as_u16(), 409);
     assert_eq!(res.json::<Value>().await.unwrap()["error"], "conflict");
+    // A null mode is the default (soft), as an absent one: the run has finished, so 409 again, not 400.
+    let res = app
+        .client
+        .post(app.url(&format!("/api/runs/{id}/stop")))
+        .json(&json!({"mode": null}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 409);
     // Oversized bodies: 413.
     let (status, body) = app.post(json!({"thread": "t2", "channel": "c1", "user": "u1", "text": "x".repeat((1 << 20) + 1)})).await;
     assert_eq!(

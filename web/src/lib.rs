@@ -55,6 +55,8 @@ pub struct AppState {
     pub history: actors::history::HistoryWriter,
     /// The plan coordinator (one per process and store).
     pub plans: actors::plan::PlanHandle,
+    /// The configured agents' names (the values a message's `agent` may take).
+    pub agents: Vec<String>,
 }
 
 /// How long a health probe waits for storage before calling it failing.

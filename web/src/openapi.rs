@@ -8,8 +8,6 @@
 //! [`crate::routes::API_ROUTES`] is the table of every `/api` path: `routes::resource` refuses to mount
 //! an `/api` path missing from it, and the tests check every entry is served and documented.
 
-use std::sync::OnceLock;
-
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
 use serde_json::Value;
@@ -32,25 +30,64 @@ pub struct ErrorBody {
 
 /// `POST /api/messages`' body (SPEC §5.1); any other field is a 400 naming it.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MessageBody {
-    /// 1 to 191 characters.
+    /// 1 to 191 characters, not all white space.
+    #[schema(min_length = 1, max_length = 191, pattern = r"\S")]
     pub thread: String,
-    /// 1 to 64 characters, no `:`.
+    /// 1 to 64 characters, no `:`, not all white space.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[^:]*[^:\s][^:]*$")]
     pub channel: String,
-    /// 1 to 256 characters.
+    /// 1 to 256 characters, not all white space.
+    #[schema(min_length = 1, max_length = 256, pattern = r"\S")]
     pub user: String,
-    /// At most 1 MiB of UTF-8.
+    /// At most 1 MiB of UTF-8 (413 above), not all white space.
+    #[schema(min_length = 1, max_length = 1048576, pattern = r"\S")]
     pub text: String,
-    /// A configured agent (default: `[defaults] agent`).
+    /// A configured agent (default: `[defaults] agent`); an unknown one is a 400 naming `agent`.
+    #[schema(max_length = 64)]
     pub agent: Option<String>,
-    /// The channel's visibility: `public`, `private`, `dm`, `machine`.
-    pub visibility: Option<String>,
+    /// The channel's visibility (default `machine`).
+    pub visibility: Option<Visibility>,
     /// Idempotency key (1 to 256 characters): the same key and body answer the same run.
+    #[schema(min_length = 1, max_length = 256)]
     pub key: Option<String>,
     /// The run this message's run is started for (a run id): the new run lists under
     /// `GET /api/runs/{id}/children` and `?parentRunId=`. Ignored by a follow-up steered into a live run.
     #[serde(rename = "parentRunId")]
+    #[schema(pattern = r"^[A-Za-z0-9_-]{1,64}$")]
     pub parent_run_id: Option<String>,
+}
+
+/// A channel's visibility, as a message states it.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Visibility {
+    Public,
+    Private,
+    Dm,
+    Machine,
+}
+
+/// `status` of `GET /api/runs`: `active`, `finished`, `all` (default) or a terminal status.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusParam {
+    All,
+    Active,
+    Finished,
+    Completed,
+    Failed,
+    StoppedSoft,
+    StoppedHard,
+    Interrupted,
+}
+
+/// `include` of `GET /api/runs/{id}`.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IncludeParam {
+    Events,
 }
 
 /// `POST /api/messages`' 202: a new run (`started`) or a follow-up steered into the thread's live run
@@ -91,19 +128,28 @@ pub struct LiveRuns {
 
 /// A plan card.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Card {
+    /// 1 to 200 characters, not all white space.
+    #[schema(min_length = 1, max_length = 200, pattern = r"\S")]
     pub title: String,
+    /// At most 8 KiB of UTF-8.
+    #[schema(max_length = 8192)]
     pub body: String,
 }
 
-/// `POST /api/plans/{id}/suggestions`' body.
+/// `POST /api/plans/{id}/suggestions`' body; any other field is a 400 naming it.
 #[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StartSuggestionBody {
     /// The plan's current revision (1 or more).
+    #[schema(minimum = 1)]
     pub revision: u64,
+    /// 1 to 256 characters, no control characters.
+    #[schema(pattern = r"^[^\x00-\x1f\x7f-\x9f]{1,256}$")]
     pub snapshot_id: String,
-    /// At most 64 KiB.
+    /// At most 64 KiB of UTF-8.
+    #[schema(max_length = 65536)]
     pub prompt: Option<String>,
     /// The base cards (up to 100 of 8 KiB).
     pub cards: Option<Vec<Card>>,
@@ -161,10 +207,12 @@ pub struct SuggestionView {
     pub invocation: Option<Invocation>,
 }
 
-/// `POST /api/plans/{id}/import`'s body.
+/// `POST /api/plans/{id}/import`'s body; any other field is a 400 naming it.
 #[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImportBody {
+    /// 1 to 256 characters, no control characters.
+    #[schema(pattern = r"^[^\x00-\x1f\x7f-\x9f]{1,256}$")]
     pub snapshot_id: String,
     /// Default `true`.
     pub advance_revision: Option<bool>,
@@ -237,13 +285,22 @@ pub fn document(version: &str) -> utoipa::openapi::OpenApi {
 }
 
 /// The document as JSON, built once per process.
-fn document_json(version: &str) -> &'static str {
-    static JSON: OnceLock<String> = OnceLock::new();
-    JSON.get_or_init(|| {
-        document(version)
-            .to_json()
-            .expect("the OpenAPI document serializes")
-    })
+/// The document as this process serves it: [`document`] plus what only the running process knows — its
+/// base URL as the one `servers` entry, and its configured agents as the values `agent` may take.
+fn document_json(state: &AppState) -> String {
+    let mut doc =
+        serde_json::to_value(document(state.version)).expect("the OpenAPI document serializes");
+    doc["servers"] = serde_json::json!([{"url": state.public_base_url}]);
+    if let Some(agent) = doc.pointer_mut("/components/schemas/MessageBody/properties/agent") {
+        let mut names: Vec<Value> = state
+            .agents
+            .iter()
+            .map(|a| Value::String(a.clone()))
+            .collect();
+        names.push(Value::Null);
+        agent["enum"] = Value::Array(names);
+    }
+    doc.to_string()
 }
 
 /// `GET /api/openapi.json`: no auth (it describes the API, never its data).
@@ -256,7 +313,7 @@ fn document_json(version: &str) -> &'static str {
 pub async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
-        .body(document_json(state.version))
+        .body(document_json(&state))
 }
 
 #[cfg(test)]

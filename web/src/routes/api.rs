@@ -105,16 +105,18 @@ fn text(q: &HashMap<String, String>, field: &str) -> Result<Option<String>, ApiE
     match q.get(field) {
         None => Ok(None),
         Some(s) if s.is_empty() => Err(ApiError::bad(field, "must not be empty")),
-        Some(s) if s.len() > 256 => Err(ApiError::bad(field, "must be at most 256 bytes")),
+        Some(s) if s.chars().nth(256).is_some() => {
+            Err(ApiError::bad(field, "must be at most 256 characters"))
+        }
         Some(s) => Ok(Some(s.clone())),
     }
 }
 
-/// `limit`: 1 or more (values over the cap are clamped by the service).
+/// `limit`: a positive 64-bit integer (clamped by the read it pages), else a 400 naming `limit`.
 fn limit(q: &HashMap<String, String>) -> Result<Option<usize>, ApiError> {
-    match num::<usize>(q, "limit", "a positive integer")? {
-        Some(0) => Err(ApiError::bad("limit", "must be a positive integer")),
-        l => Ok(l),
+    match num::<i64>(q, "limit", "a positive integer")? {
+        Some(n) if n < 1 => Err(ApiError::bad("limit", "must be a positive integer")),
+        l => Ok(l.map(|n| usize::try_from(n).unwrap_or(usize::MAX))),
     }
 }
 
@@ -172,7 +174,15 @@ pub fn list_params(
         agent: text(q, "agent")?,
         channel: text(q, "channel")?,
         thread_key: text(q, "threadKey")?,
-        parent_run_id: text(q, "parentRunId")?,
+        parent_run_id: match text(q, "parentRunId")? {
+            Some(p) if !storage::record::is_valid_run_id(&p) => {
+                return Err(ApiError::bad(
+                    "parentRunId",
+                    "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)",
+                ))
+            }
+            p => p,
+        },
         since_ms: num::<i64>(q, "sinceMs", "an integer (epoch ms)")?,
         limit: limit(q)?,
         before,
@@ -185,15 +195,15 @@ pub fn list_params(
     path = "/api/runs",
     tag = "runs",
     params(
-        ("status" = Option<String>, Query, description = "`active`, `finished`, `all` (default) or a terminal status"),
-        ("agent" = Option<String>, Query, description = "Only this agent's runs"),
-        ("channel" = Option<String>, Query, description = "Only this channel's runs"),
-        ("threadKey" = Option<String>, Query, description = "Only this thread's runs"),
-        ("parentRunId" = Option<String>, Query, description = "Only runs started for this run (`parentRunId` on their message)"),
+        ("status" = Option<crate::openapi::StatusParam>, Query, description = "`active`, `finished`, `all` (default) or a terminal status"),
+        ("agent" = Option<String>, Query, min_length = 1, max_length = 256, description = "Only this agent's runs"),
+        ("channel" = Option<String>, Query, min_length = 1, max_length = 256, description = "Only this channel's runs"),
+        ("threadKey" = Option<String>, Query, min_length = 1, max_length = 256, description = "Only this thread's runs"),
+        ("parentRunId" = Option<String>, Query, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Only runs started for this run (`parentRunId` on their message)"),
         ("sinceMs" = Option<i64>, Query, description = "Only runs finished (or started, while live) at or after this epoch ms"),
-        ("limit" = Option<u64>, Query, description = "Page size (1 or more; clamped)"),
+        ("limit" = Option<u64>, Query, minimum = 1, description = "Page size (1 or more; clamped)"),
         ("before" = Option<i64>, Query, description = "Cursor: `nextBefore.finishedAt` of the previous page"),
-        ("beforeId" = Option<String>, Query, description = "Cursor: `nextBefore.id` of the previous page"),
+        ("beforeId" = Option<String>, Query, min_length = 1, description = "Cursor: `nextBefore.id` of the previous page"),
     ),
     responses((status = 200, description = "A page of runs, live first, newest first", body = actors::runs_service::RunList), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
@@ -210,7 +220,7 @@ async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
     get,
     path = "/api/runs/{id}/children",
     tag = "runs",
-    params(("id" = String, Path, description = "The parent run's id (it need not still exist)")),
+    params(("id" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "The parent run's id (it need not still exist)")),
     responses((status = 200, description = "The runs whose message named this run as `parentRunId` and that the caller may see, live and finished, oldest start first (at most 200)", body = actors::runs_service::RunList), (status = 400, description = "The id is not a run id", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
@@ -237,7 +247,7 @@ async fn list_children(
     get,
     path = "/api/runs/{id}",
     tag = "runs",
-    params(("id" = String, Path, description = "Run id"), ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)"), ("include" = Option<String>, Query, description = "`events`: include the run's events")),
+    params(("id" = String, Path, description = "Run id"), ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)"), ("include" = Option<crate::openapi::IncludeParam>, Query, description = "`events`: include the run's events")),
     responses((status = 200, description = "The run", body = actors::runs_service::RunView), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
@@ -270,7 +280,7 @@ async fn get_run(
     params(
         ("id" = String, Path, description = "Run id"), ("token" = Option<String>, Query, description = "The run's capability token (instead of a bearer token)"),
         ("afterSeq" = Option<u64>, Query, description = "Events strictly after this seq (default 0)"),
-        ("limit" = Option<u64>, Query, description = "Page size (1 or more; clamped)"),
+        ("limit" = Option<u64>, Query, minimum = 1, description = "Page size (1 or more; clamped)"),
     ),
     responses((status = 200, description = "A page of the run's events", body = actors::runs_service::EventPage), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))

@@ -158,10 +158,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         (status = 202, description = "Started a run or steered into the live one", body = crate::openapi::Admission),
         (status = 400, description = "A bad field (named), an unknown agent", body = crate::openapi::ErrorBody),
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, a cross-site request, or the thread's live run is one the token may not see (nothing written)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "thread_busy, key_conflict or conflict", body = crate::openapi::ErrorBody),
+        (status = 409, description = "key_conflict, or conflict (the thread's run was fenced; too many keyed receipts)", body = crate::openapi::ErrorBody),
         (status = 413, description = "Body over 2 MiB or text over 1 MiB", body = crate::openapi::ErrorBody),
         (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody),
-        (status = 503, description = "Draining or storage unavailable", body = crate::openapi::ErrorBody),
+        (status = 503, description = "draining, thread_busy (a keyed message waited 5 s for a finishing run), or storage unavailable", body = crate::openapi::ErrorBody),
     ),
     security((), ("bearer" = ["messages:write"]))
 )]

@@ -187,7 +187,7 @@ fn refusal_response(status: StatusCode, code: &str, message: String, extra: Valu
     post,
     path = "/api/plans/{id}/suggestions",
     tag = "plans",
-    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)")),
+    params(("id" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Plan id")),
     request_body = crate::openapi::StartSuggestionBody,
     responses(
         (status = 202, description = "The pending request", body = crate::openapi::SuggestionStarted),
@@ -213,8 +213,14 @@ pub async fn start_suggestion(
     }
     let map = body_object(&body, &START_FIELDS)?;
     let revision = match map.get("revision") {
+        // JSON has one number type: `3.0` is the integer 3 (as JSON Schema reads it), up to 2^53.
         Some(v) => v
             .as_u64()
+            .or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f <= 9_007_199_254_740_992.0)
+                    .map(|f| f as u64)
+            })
             .filter(|n| *n >= 1)
             .ok_or_else(|| ApiError::bad("revision", "must be a positive integer"))?,
         None => return Err(ApiError::bad("revision", "is required")),
@@ -303,7 +309,7 @@ pub async fn start_suggestion(
     get,
     path = "/api/plans/{id}/suggestions/{rid}",
     tag = "plans",
-    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)"), ("rid" = String, Path, description = "Suggestion request id")),
+    params(("id" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Plan id"), ("rid" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Suggestion request id")),
     responses(
         (status = 200, description = "The request and its invocation", body = crate::openapi::SuggestionView),
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
@@ -339,7 +345,7 @@ pub async fn get_suggestion(
     post,
     path = "/api/plans/{id}/suggestions/{rid}/cancel",
     tag = "plans",
-    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)"), ("rid" = String, Path, description = "Suggestion request id")),
+    params(("id" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Plan id"), ("rid" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Suggestion request id")),
     responses(
         (status = 200, description = "The request after the cancel", body = crate::openapi::SuggestionView),
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
@@ -375,7 +381,7 @@ pub async fn cancel_suggestion(
     post,
     path = "/api/plans/{id}/suggestions/{rid}/dismiss",
     tag = "plans",
-    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)"), ("rid" = String, Path, description = "Suggestion request id")),
+    params(("id" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Plan id"), ("rid" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Suggestion request id")),
     responses(
         (status = 200, description = "The dismissed request", body = crate::openapi::SuggestionRequest),
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
@@ -412,7 +418,7 @@ pub async fn dismiss_suggestion(
     post,
     path = "/api/plans/{id}/import",
     tag = "plans",
-    params(("id" = String, Path, description = "Plan id (`^[A-Za-z0-9_-]{1,64}$`)")),
+    params(("id" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Plan id")),
     request_body = crate::openapi::ImportBody,
     responses(
         (status = 200, description = "The plan advanced", body = crate::openapi::Imported),

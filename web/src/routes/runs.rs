@@ -68,7 +68,7 @@ pub async fn stop_run(
             .map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?
     };
     let mode = match v.get("mode") {
-        None => StopMode::Soft,
+        None | Some(Value::Null) => StopMode::Soft,
         Some(Value::String(m)) => {
             StopMode::parse(m).ok_or_else(|| ApiError::bad("mode", "must be soft or hard"))?
         }
