@@ -252,7 +252,10 @@ pub(super) async fn restart(
     if highest == 0 || !had_input {
         // The first attempt's events never reached the ledger: publish the identity and request once.
         run.publish(meta.event());
-        run.publish(json!({"type": "input", "text": request.text, "source": "request"}));
+        run.publish(storage::record::input_event(
+            &request.text,
+            storage::record::InputSource::Request,
+        ));
     }
     if let Some(from_gen) = from_gen {
         run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}));

@@ -383,9 +383,12 @@ impl Run {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
-            self.publish_in_step(
-                json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq}),
-            );
+            self.publish_in_step(storage::record::input_event(
+                &text,
+                storage::record::InputSource::Followup {
+                    inbox_seq: Some(item.seq),
+                },
+            ));
             followups.push((item.seq, text));
         }
         self.inbox_consumed = Some(last);

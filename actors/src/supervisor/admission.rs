@@ -172,7 +172,7 @@ async fn admit(
         // still replays them, so a restarted run never loses (or repeats) its input (SPEC §5.2 step 2).
         let first_events: Vec<Value> = [
             meta.event(),
-            json!({"type": "input", "text": req.text, "source": "request"}),
+            storage::record::input_event(&req.text, storage::record::InputSource::Request),
         ]
         .into_iter()
         .zip(1u64..)

@@ -115,7 +115,7 @@ pub(super) fn restart(
             w,
             slot,
             &run,
-            json!({"type": "input", "text": request.text, "source": "request"}),
+            storage::record::input_event(&request.text, storage::record::InputSource::Request),
         );
     }
     if let Some(from_gen) = from_gen {

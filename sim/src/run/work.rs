@@ -242,8 +242,12 @@ pub(super) fn fold(w: &mut World, slot: usize, run: &mut RunData, items: Vec<Inb
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        let event =
-            json!({"type": "input", "text": text, "source": "followup", "inboxSeq": item.seq});
+        let event = storage::record::input_event(
+            &text,
+            storage::record::InputSource::Followup {
+                inbox_seq: Some(item.seq),
+            },
+        );
         if w.procs[slot].registry.row(&run.id).is_none() && run.tracked() {
             let (gen, id, seq) = (run.gen.clone(), run.id.clone(), item.seq);
             w.violate(

@@ -197,7 +197,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
     };
     let first_events: Vec<Value> = [
         meta.event(),
-        json!({"type": "input", "text": req.text, "source": "request"}),
+        storage::record::input_event(&req.text, storage::record::InputSource::Request),
     ]
     .into_iter()
     .zip(1u64..)

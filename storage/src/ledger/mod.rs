@@ -783,7 +783,13 @@ pub fn successor_admission(
     run_meta["at"] = Value::from(now_ms);
     let mut events = vec![run_meta];
     for (i, text) in texts.iter().enumerate() {
-        events.push(serde_json::json!({"type": "input", "text": text, "source": "followup", "seq": i + 2, "at": now_ms}));
+        let mut input = crate::record::input_event(
+            text,
+            crate::record::InputSource::Followup { inbox_seq: None },
+        );
+        input["seq"] = Value::from(i + 2);
+        input["at"] = Value::from(now_ms);
+        events.push(input);
     }
     let events = events
         .into_iter()

@@ -232,6 +232,33 @@ impl RunRecord {
     }
 }
 
+/// Where an `input` event's text came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSource {
+    /// The message that started the run.
+    Request,
+    /// A follow-up folded into the run; `inbox_seq` names its inbox row when it was read from one.
+    Followup { inbox_seq: Option<u64> },
+}
+
+/// The `input` event of an accepted message (SPEC §3: exactly one per message): the one builder, for
+/// admission, launch, a folded follow-up and a successor's seed. Unstamped (no `seq`, `at`).
+pub fn input_event(text: &str, source: InputSource) -> Value {
+    match source {
+        InputSource::Request => {
+            serde_json::json!({"type": "input", "text": text, "source": "request"})
+        }
+        InputSource::Followup { inbox_seq: None } => {
+            serde_json::json!({"type": "input", "text": text, "source": "followup"})
+        }
+        InputSource::Followup {
+            inbox_seq: Some(seq),
+        } => {
+            serde_json::json!({"type": "input", "text": text, "source": "followup", "inboxSeq": seq})
+        }
+    }
+}
+
 /// The registry's `seq` stamp of an event, if it carries a whole non-negative one.
 pub fn event_seq(event: &Value) -> Option<u64> {
     event.get("seq").and_then(whole_u64)
@@ -426,5 +453,22 @@ mod tests {
         }
         assert_eq!(ChannelVisibility::parse("PUBLIC"), None);
         assert_eq!(ChannelVisibility::default(), ChannelVisibility::Unknown);
+    }
+
+    /// The one `input` builder: a request, a follow-up read from the inbox, a follow-up a successor seeds.
+    #[test]
+    fn input_events_name_their_source() {
+        assert_eq!(
+            input_event("hi", InputSource::Request),
+            json!({"type": "input", "text": "hi", "source": "request"})
+        );
+        assert_eq!(
+            input_event("more", InputSource::Followup { inbox_seq: Some(3) }),
+            json!({"type": "input", "text": "more", "source": "followup", "inboxSeq": 3})
+        );
+        assert_eq!(
+            input_event("more", InputSource::Followup { inbox_seq: None }),
+            json!({"type": "input", "text": "more", "source": "followup"})
+        );
     }
 }
