@@ -80,7 +80,7 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
         Err(Took::Failed(why)) => without_workspace(&run, &why),
     };
     let mut state = Map::new();
-    state.insert("binding".into(), binding);
+    state.insert(storage::ledger::state_keys::BINDING.into(), binding);
     let promotion = Promotion {
         system_text: run.system.clone(),
         tools: json!(run.tool_defs),
@@ -501,17 +501,8 @@ pub(super) async fn deliver(
             highest + 1000,
         );
     }
-    let status = row
-        .state
-        .get("finalStatus")
-        .and_then(Value::as_str)
-        .and_then(RunStatus::parse)
-        .unwrap_or(RunStatus::Completed);
-    let answer = row
-        .state
-        .get("answer")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+    let status = row.final_status().unwrap_or(RunStatus::Completed);
+    let answer = row.saved_answer().map(str::to_owned);
     let deadline = row
         .meta
         .get("deadline")

@@ -136,11 +136,7 @@ pub fn meta_from_row(row: &LiveRow) -> RunMeta {
 /// The workspace the row is bound to (`state.binding.workspace`), re-attached as is, never migrated
 /// (SPEC §8.3).
 pub(super) fn bound_workspace(row: &LiveRow) -> Option<std::path::PathBuf> {
-    row.state
-        .get("binding")
-        .and_then(|b| b.get("workspace"))
-        .and_then(Value::as_str)
-        .map(std::path::PathBuf::from)
+    row.bound_workspace().map(std::path::PathBuf::from)
 }
 
 /// The successor run a finish (or close) admitted under this generation: its `attaching` row and first
@@ -193,13 +189,8 @@ pub fn closing_record(
         .filter_map(storage::record::event_seq)
         .max()
         .unwrap_or(0);
-    let gated = row.state.get("finalStatus").is_some();
-    if let Some(answer) = row
-        .state
-        .get("answer")
-        .and_then(Value::as_str)
-        .filter(|_| gated)
-    {
+    let gated = row.gated();
+    if let Some(answer) = row.saved_answer().filter(|_| gated) {
         if !events.iter().any(|e| e["type"] == "answer") {
             last += 1;
             let text = redactor.redact(answer);

@@ -224,7 +224,10 @@ impl Run {
             &format!("{what} failed; this run is not resumable"),
         );
         let mut patch = Map::new();
-        patch.insert("detached".into(), Value::Bool(true));
+        patch.insert(
+            storage::ledger::state_keys::DETACHED.into(),
+            Value::Bool(true),
+        );
         let (storage, id, gen) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone());
         actix::spawn(async move {
             let _ = storage.set_state(id, gen, patch).await;
@@ -635,8 +638,7 @@ impl Run {
                         Some(Ok(Some(row)))
                             if row.owner_gen == gen
                                 && row.phase == storage::ledger::Phase::Finishing
-                                && row.state.get("finalStatus").and_then(Value::as_str)
-                                    == Some(status.as_str()) =>
+                                && row.final_status() == Some(status) =>
                         {
                             Gate::Answer(Written::Ok)
                         }

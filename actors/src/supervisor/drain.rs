@@ -4,7 +4,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
-use serde_json::Value;
 use storage::ledger::Phase;
 use storage::record::RunStatus;
 
@@ -140,12 +139,7 @@ async fn resumable_here(deps: &RunDeps, active: &[String]) -> Vec<String> {
         Ok(rows) => rows
             .into_iter()
             .filter(|r| r.owner_gen == deps.gen.as_str() && r.phase == Phase::Live)
-            .filter(|r| {
-                !r.state
-                    .get("detached")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false)
-            })
+            .filter(|r| !r.detached())
             .filter(|r| active.contains(&r.run_id))
             .map(|r| r.run_id)
             .collect(),

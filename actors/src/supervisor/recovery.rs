@@ -218,18 +218,14 @@ async fn plan_row(
         .map_err(|e| e.to_string())?;
     let final_status = row
         .state
-        .get("finalStatus")
+        .get(storage::ledger::state_keys::FINAL_STATUS)
         .and_then(Value::as_str)
         .map(str::to_owned);
     let input = decisions::ClassifyInput {
         prior_phase,
         stop: row.stop,
         final_status: final_status.as_deref(),
-        detached: row
-            .state
-            .get("detached")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        detached: row.detached(),
         has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
         turn_count: transcript.turns.len() as u64,
         gap: transcript.gap,

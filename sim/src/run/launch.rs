@@ -61,13 +61,7 @@ pub(super) fn restart(
     events: Vec<Value>,
     from_gen: Option<String>,
 ) {
-    if from_gen.is_some()
-        && row
-            .state
-            .get("detached")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-    {
+    if from_gen.is_some() && row.detached() {
         let gen = w.procs[slot].gen.clone();
         w.violate(
             "detached runs are never resumed",
@@ -142,7 +136,10 @@ pub(super) fn claim(
     let mut run = a.launching.take().expect("a claim belongs to a launch");
     let (id, gen) = (run.id.clone(), run.gen.clone());
     let mut state = Map::new();
-    state.insert("binding".into(), json!({"workspace": format!("ws/{id}")}));
+    state.insert(
+        storage::ledger::state_keys::BINDING.into(),
+        json!({"workspace": format!("ws/{id}")}),
+    );
     let promotion = Promotion {
         system_text: run.system.clone(),
         tools: json!(script::tool_defs()),
@@ -276,17 +273,8 @@ pub(super) fn deliver(
             .registry
             .create(&row.run_id, meta, row.started_at, events, highest + 1000);
     }
-    let status = row
-        .state
-        .get("finalStatus")
-        .and_then(Value::as_str)
-        .and_then(RunStatus::parse)
-        .unwrap_or(RunStatus::Completed);
-    let answer = row
-        .state
-        .get("answer")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+    let status = row.final_status().unwrap_or(RunStatus::Completed);
+    let answer = row.saved_answer().map(str::to_owned);
     let deadline = row
         .meta
         .get("deadline")
@@ -307,13 +295,7 @@ pub(super) fn launched(w: &mut World, slot: usize, a: &mut Actor, started: Start
 pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
     let row = ad.row;
     // A row in `finishing` continues its reply whatever else it records; any other detached row closes.
-    if row.phase != storage::ledger::Phase::Finishing
-        && row
-            .state
-            .get("detached")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-    {
+    if row.phase != storage::ledger::Phase::Finishing && row.detached() {
         let gen = w.procs[slot].gen.clone();
         w.violate(
             "detached runs are never resumed",
@@ -370,7 +352,7 @@ pub(super) fn resume(w: &mut World, slot: usize, a: &mut Actor, ad: Adoption) {
         .rev()
         .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
         .unwrap_or_default();
-    if row.phase == storage::ledger::Phase::Finishing || row.state.contains_key("finalStatus") {
+    if row.phase == storage::ledger::Phase::Finishing || row.gated() {
         let gen = w.procs[slot].gen.clone();
         w.violate(
             "a run past its finishing gate is never resumed",

@@ -668,8 +668,7 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
                 Some(Ok(Some(row)))
                     if row.owner_gen == gen
                         && row.phase == storage::ledger::Phase::Finishing
-                        && row.state.get("finalStatus").and_then(Value::as_str)
-                            == Some(status.as_str()) =>
+                        && row.final_status() == Some(status) =>
                 {
                     Written::Ok
                 }

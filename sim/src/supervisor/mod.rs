@@ -110,7 +110,10 @@ pub fn handle(w: &mut World, slot: usize, kind: Kind) {
         Kind::History { record, via, spent } => history(w, slot, record, via, spent),
         Kind::SetDetached { run, gen } => {
             let mut patch = serde_json::Map::new();
-            patch.insert("detached".into(), Value::Bool(true));
+            patch.insert(
+                storage::ledger::state_keys::DETACHED.into(),
+                Value::Bool(true),
+            );
             let _ = w.io(slot, Io::Write, |s, _| s.set_state(&run, &gen, &patch));
         }
         Kind::StopRun { run, mode } => stop_run(w, slot, run, mode),
@@ -548,18 +551,14 @@ pub(super) fn plan_row(
         .map_err(|e| e.to_string())?;
     let final_status = row
         .state
-        .get("finalStatus")
+        .get(storage::ledger::state_keys::FINAL_STATUS)
         .and_then(Value::as_str)
         .map(str::to_owned);
     let input = decisions::ClassifyInput {
         prior_phase,
         stop: row.stop,
         final_status: final_status.as_deref(),
-        detached: row
-            .state
-            .get("detached")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        detached: row.detached(),
         has_request: row.meta.get("request").is_some_and(|v| v.is_object()),
         turn_count: transcript.turns.len() as u64,
         gap: transcript.gap,
@@ -816,12 +815,7 @@ fn resumable_here(w: &mut World, slot: usize, active: &[String]) -> Vec<String> 
         Ok(rows) => rows
             .into_iter()
             .filter(|r| r.owner_gen == gen && r.phase == Phase::Live)
-            .filter(|r| {
-                !r.state
-                    .get("detached")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false)
-            })
+            .filter(|r| !r.detached())
             .filter(|r| active.contains(&r.run_id))
             .map(|r| r.run_id)
             .collect(),

@@ -99,7 +99,50 @@ impl Admit {
     }
 }
 
+/// The keys of a row's `state_json` (SPEC §4.1): written by [`finishing_patch`], the launch's binding and
+/// the detach mark, read only through [`LiveRow`]'s typed readers.
+pub mod state_keys {
+    pub const FINAL_STATUS: &str = "finalStatus";
+    pub const ANSWER: &str = "answer";
+    pub const BINDING: &str = "binding";
+    pub const DETACHED: &str = "detached";
+}
+
 impl LiveRow {
+    /// The status the finishing gate committed (`state.finalStatus`), if it has.
+    pub fn final_status(&self) -> Option<RunStatus> {
+        self.state
+            .get(state_keys::FINAL_STATUS)
+            .and_then(Value::as_str)
+            .and_then(RunStatus::parse)
+    }
+
+    /// Whether the finishing gate committed (a final status is saved, whatever its spelling).
+    pub fn gated(&self) -> bool {
+        self.state.contains_key(state_keys::FINAL_STATUS)
+    }
+
+    /// The answer the finishing gate saved (`state.answer`).
+    pub fn saved_answer(&self) -> Option<&str> {
+        self.state.get(state_keys::ANSWER).and_then(Value::as_str)
+    }
+
+    /// The workspace the row is bound to (`state.binding.workspace`).
+    pub fn bound_workspace(&self) -> Option<&str> {
+        self.state
+            .get(state_keys::BINDING)
+            .and_then(|b| b.get("workspace"))
+            .and_then(Value::as_str)
+    }
+
+    /// Whether the row was marked detached (`state.detached`, SPEC §5.5).
+    pub fn detached(&self) -> bool {
+        self.state
+            .get(state_keys::DETACHED)
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+
     pub fn view(&self) -> decisions::RowView<'_> {
         decisions::RowView {
             run_id: &self.run_id,
@@ -697,9 +740,12 @@ pub fn check_turns(first_idx: u64, turns: &[Turn]) -> Outcome<Vec<(u64, u64, Str
 /// The state `finishing` commits: the final status and, when there is one, the answer.
 pub fn finishing_patch(status: RunStatus, answer: Option<&str>) -> Map<String, Value> {
     let mut patch = Map::new();
-    patch.insert("finalStatus".to_owned(), Value::from(status.as_str()));
+    patch.insert(
+        state_keys::FINAL_STATUS.to_owned(),
+        Value::from(status.as_str()),
+    );
     if let Some(answer) = answer {
-        patch.insert("answer".to_owned(), Value::from(answer));
+        patch.insert(state_keys::ANSWER.to_owned(), Value::from(answer));
     }
     patch
 }
