@@ -43,7 +43,7 @@ enum Command {
     /// Exit codes: 0 ok, 1 other failure, 2 usage, 3 not found, 4 conflict, 5 unauthorized or
     /// forbidden, 6 unavailable.
     Runs(switchboard::cli::RunsArgs),
-    /// Measure: `steps`, `runs`, `sse`, `recovery`, `idle` or `all` (SPEC §11).
+    /// Measure: `steps`, `runs`, `commits`, `sse`, `stalled`, `recovery`, `idle`, `soak` or `all` (SPEC §11).
     Bench(switchboard::bench::BenchArgs),
     /// Kill-test: clients admit and steer while processes crash, pause and drain; then verify (SPEC §11).
     Chaos(switchboard::chaos::ChaosArgs),
