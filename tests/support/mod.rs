@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod cli;
+
 pub mod child;
 
 use std::path::PathBuf;
@@ -297,4 +299,12 @@ impl TestApp {
         let status = res.status().as_u16();
         (status, (status == 200).then(|| SseReader::new(res)))
     }
+}
+
+/// The `type` of each event, in order (`?` for an event without one).
+pub fn types(events: &[serde_json::Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or("?"))
+        .collect()
 }

@@ -16,7 +16,8 @@ use super::machine::{Started, Written};
 use super::record::{
     bound_workspace, build_record, close_unstartable, meta_from_row, RecordExtras,
 };
-use super::work::{retry_transient, summarize, Run, ToolRunner, MAX_WRITE_RETRY, WRITE_RETRY};
+use super::tool_runner::ToolRunner;
+use super::work::{retry_transient, summarize, Run, MAX_WRITE_RETRY, WRITE_RETRY};
 use super::{Adoption, Ended, Request, RunDeps, StopReason};
 use crate::agent::{self, AssistantTurn, ToolResult};
 use crate::history::Via;

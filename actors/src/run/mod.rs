@@ -34,6 +34,7 @@
 mod launch;
 pub mod machine;
 mod record;
+mod tool_runner;
 mod work;
 
 use std::panic::AssertUnwindSafe;

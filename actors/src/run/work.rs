@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use storage::ledger::decisions;
 use storage::ledger::{
     InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Successor, Turn,
 };
@@ -16,11 +15,11 @@ use storage::record::RunStatus;
 
 use super::machine::Written;
 use super::record::{admitted_successor, build_record, RecordExtras};
+use super::tool_runner::ToolRunner;
 use super::{publish, AgentEntry, RunDeps};
 use crate::agent::{self, AssistantTurn, Conversation, ToolCall, ToolDef, ToolResult, Usage};
 use crate::history::{Via, WriteOutcome};
 use crate::registry::RunMeta;
-use crate::tools::ToolContext;
 
 /// Longest `summary` published for a tool call or result.
 const SUMMARY_CHARS: usize = 200;
@@ -792,95 +791,6 @@ pub(super) enum Delivery {
     Sent(Option<(bool, Option<String>)>),
     /// The run was killed: no webhook, no record.
     Killed,
-}
-
-/// What a tool call needs, owned, so the calls can run as an effect of their own.
-pub(super) struct ToolRunner {
-    deps: RunDeps,
-    id: String,
-    fence: String,
-    workspace: PathBuf,
-    step: u64,
-    tracked: bool,
-    /// The agent's allowlist: a call to another tool gets "not available" (SPEC §8.3).
-    allowed: Option<Vec<String>>,
-}
-
-impl ToolRunner {
-    pub(super) fn of(run: &Run) -> Self {
-        ToolRunner {
-            deps: run.deps.clone(),
-            id: run.id.clone(),
-            fence: run.fence.clone(),
-            workspace: run.workspace.clone(),
-            step: run.step,
-            tracked: run.tracked(),
-            allowed: run.agent.tools.clone(),
-        }
-    }
-
-    /// Run one call under its workspace claim (SPEC §10): a mutating call holds the worktree for writing,
-    /// a side-effect-free one for reading. An unknown tool answers "not available".
-    /// Its `tool_call` event was published with the step; answers the result and its published
-    /// `tool_result` event.
-    pub(super) async fn call(&self, call: &ToolCall) -> (ToolResult, Option<Value>) {
-        use crate::operations::{AppId, Claim, Operation, Resource};
-        let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
-        let started = Instant::now();
-        let tool = self.deps.tools.get(&call.tool).filter(|_| allowed);
-        // The label is a configured tool's name, never a name a model made up.
-        let label = if tool.is_some() {
-            call.tool.as_str()
-        } else {
-            "not_available"
-        };
-        let output = match tool {
-            Some(tool) if !decisions::dispatchable(self.tracked, tool.def().side_effect_free) => {
-                crate::tools::ToolOutput::err(decisions::UNRECORDED_TEXT)
-            }
-            Some(tool) => {
-                let ctx = ToolContext {
-                    run_id: self.id.clone(),
-                    workspace: self.workspace.clone(),
-                    gen: self.fence.clone(),
-                };
-                let claim = if tool.def().side_effect_free {
-                    Claim::read(Resource::RepositoryWorktree)
-                } else {
-                    Claim::write(Resource::RepositoryWorktree)
-                };
-                let app = AppId::new(self.id.clone());
-                self.deps
-                    .operations
-                    .run(
-                        &app,
-                        Operation::new(call.tool.clone()),
-                        claim,
-                        tool.call_keyed(&ctx, &call.call_id, &call.args),
-                    )
-                    .await
-                    .unwrap_or_else(|e| crate::tools::ToolOutput::err(format!("refused: {e}")))
-            }
-            None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
-        };
-        self.deps.metrics.tool_call(label, started.elapsed());
-        let event = publish(
-            &self.deps,
-            &self.id,
-            json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
-            "summary": summarize(&self.deps, &output.output), "step": self.step}),
-            self.tracked,
-        );
-        (
-            ToolResult {
-                call_id: call.call_id.clone(),
-                tool: call.tool.clone(),
-                ok: output.ok,
-                output: output.output,
-            },
-            event,
-        )
-    }
 }
 
 /// Retry `op` while it fails transiently, with backoff (200 ms doubling to 5 s), for up to `lease_ms`

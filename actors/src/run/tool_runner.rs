@@ -1,0 +1,103 @@
+//! [`ToolRunner`]: one step's tool calls as an effect of their own — each under its workspace claim, the
+//! agent's allowlist and the dispatch rule for untracked runs, its `tool_result` published as it ends.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use storage::ledger::decisions;
+
+use super::publish;
+use super::work::{summarize, Run};
+use super::RunDeps;
+use crate::agent::{ToolCall, ToolResult};
+use crate::tools::ToolContext;
+
+/// What a tool call needs, owned, so the calls can run as an effect of their own.
+pub(super) struct ToolRunner {
+    deps: RunDeps,
+    id: String,
+    fence: String,
+    workspace: PathBuf,
+    step: u64,
+    tracked: bool,
+    /// The agent's allowlist: a call to another tool gets "not available" (SPEC §8.3).
+    allowed: Option<Vec<String>>,
+}
+
+impl ToolRunner {
+    pub(super) fn of(run: &Run) -> Self {
+        ToolRunner {
+            deps: run.deps.clone(),
+            id: run.id.clone(),
+            fence: run.fence.clone(),
+            workspace: run.workspace.clone(),
+            step: run.step,
+            tracked: run.tracked(),
+            allowed: run.agent.tools.clone(),
+        }
+    }
+
+    /// Run one call under its workspace claim (SPEC §10): a mutating call holds the worktree for writing,
+    /// a side-effect-free one for reading. An unknown tool answers "not available".
+    /// Its `tool_call` event was published with the step; answers the result and its published
+    /// `tool_result` event.
+    pub(super) async fn call(&self, call: &ToolCall) -> (ToolResult, Option<Value>) {
+        use crate::operations::{AppId, Claim, Operation, Resource};
+        let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
+        let started = Instant::now();
+        let tool = self.deps.tools.get(&call.tool).filter(|_| allowed);
+        // The label is a configured tool's name, never a name a model made up.
+        let label = if tool.is_some() {
+            call.tool.as_str()
+        } else {
+            "not_available"
+        };
+        let output = match tool {
+            Some(tool) if !decisions::dispatchable(self.tracked, tool.def().side_effect_free) => {
+                crate::tools::ToolOutput::err(decisions::UNRECORDED_TEXT)
+            }
+            Some(tool) => {
+                let ctx = ToolContext {
+                    run_id: self.id.clone(),
+                    workspace: self.workspace.clone(),
+                    gen: self.fence.clone(),
+                };
+                let claim = if tool.def().side_effect_free {
+                    Claim::read(Resource::RepositoryWorktree)
+                } else {
+                    Claim::write(Resource::RepositoryWorktree)
+                };
+                let app = AppId::new(self.id.clone());
+                self.deps
+                    .operations
+                    .run(
+                        &app,
+                        Operation::new(call.tool.clone()),
+                        claim,
+                        tool.call_keyed(&ctx, &call.call_id, &call.args),
+                    )
+                    .await
+                    .unwrap_or_else(|e| crate::tools::ToolOutput::err(format!("refused: {e}")))
+            }
+            None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
+        };
+        self.deps.metrics.tool_call(label, started.elapsed());
+        let event = publish(
+            &self.deps,
+            &self.id,
+            json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
+            "summary": summarize(&self.deps, &output.output), "step": self.step}),
+            self.tracked,
+        );
+        (
+            ToolResult {
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                ok: output.ok,
+                output: output.output,
+            },
+            event,
+        )
+    }
+}
