@@ -46,6 +46,10 @@ pub use config::Config;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Each connection's kernel send buffer (`SO_SNDBUF`, which Linux doubles): enough for any one answer to
+/// leave in a few writes, small enough that a stalled SSE viewer is found out quickly.
+pub const SEND_BUFFER_BYTES: usize = 64 * 1024;
+
 /// A started Switchboard process: its address, generation and the handles to stop it.
 pub struct Running {
     pub addr: SocketAddr,
@@ -410,6 +414,10 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     .on_connect(|conn, _| {
         if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
             let _ = tcp.set_nodelay(true);
+            // A client that stops reading takes at most this much of our writing before its
+            // connection pushes back (the kernel would otherwise grow the buffer to megabytes, each
+            // copied for every stalled viewer of a run).
+            let _ = socket2::SockRef::from(tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
         }
     })
     .disable_signals()
