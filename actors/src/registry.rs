@@ -346,6 +346,19 @@ impl Registry {
         self.lock().values().map(|e| e.row.clone()).collect()
     }
 
+    /// Call `f` with the backlog's events, read in place under the lock (no copy: keep `f` short).
+    pub fn with_backlog<R>(&self, id: &str, f: impl FnOnce(&[&Value]) -> R) -> Option<R> {
+        let map = self.lock();
+        let entry = map.get(id)?;
+        let events: Vec<&Value> = entry
+            .head
+            .iter()
+            .chain(entry.tail.iter())
+            .map(|p| &p.event)
+            .collect();
+        Some(f(&events))
+    }
+
     /// The row and every backlog event.
     pub fn snapshot(&self, id: &str) -> Option<(RunRow, Vec<Value>)> {
         let (row, events) = self.lock().get(id).map(|e| (e.row.clone(), e.events()))?;

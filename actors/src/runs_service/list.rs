@@ -365,13 +365,9 @@ impl RunsService {
             let mut view = RunView::from_registry(&row);
             if view.finished {
                 // Its answer, error or stopper show in listings; its record may not have landed yet.
-                view.fill_from_events(
-                    &self
-                        .registry
-                        .snapshot(&row.id)
-                        .map(|(_, e)| e)
-                        .unwrap_or_default(),
-                );
+                // Read in place: no copy of the events for a listing.
+                self.registry
+                    .with_backlog(&row.id, |events| view.fill_from_events(events));
                 finished_live.push(view);
             } else {
                 suppress.insert(view.id.clone());

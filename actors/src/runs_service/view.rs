@@ -1,6 +1,8 @@
 //! [`RunView`]: a run as every read surface shows it — one shape built from each source (registry row,
 //! ledger row, stored record) — and the merge of a finished registry row with its final record.
 
+use std::borrow::Borrow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use storage::ledger::{LiveRow, StopMode};
@@ -181,7 +183,7 @@ impl RunView {
 
     /// Take what a finished run's head says from `events` when no record said it yet: the answer, the
     /// error of a failed run (the last `run_failed` message), who stopped a stopped run.
-    pub fn fill_from_events(&mut self, events: &[Value]) {
+    pub fn fill_from_events<E: Borrow<Value>>(&mut self, events: &[E]) {
         let Some(status) = self.status else { return };
         let facts = HeadFacts::of(status, events);
         self.answer = self.answer.take().or(facts.answer);
@@ -224,9 +226,10 @@ impl RunView {
     }
 }
 /// The message of the last `run_failed` event in `events`.
-pub fn failure_message(events: &[Value]) -> Option<String> {
+pub fn failure_message<E: Borrow<Value>>(events: &[E]) -> Option<String> {
     events
         .iter()
+        .map(Borrow::borrow)
         .rev()
         .find(|e| e["type"] == "run_failed")
         .and_then(|e| e["message"].as_str())
@@ -246,7 +249,8 @@ pub struct HeadFacts {
 }
 
 impl HeadFacts {
-    pub fn of(status: RunStatus, events: &[Value]) -> HeadFacts {
+    /// Read from owned events or from references to them (the registry's backlog, read in place).
+    pub fn of<E: Borrow<Value>>(status: RunStatus, events: &[E]) -> HeadFacts {
         HeadFacts {
             answer: answer_of(events),
             error: (status == RunStatus::Failed)
@@ -263,9 +267,10 @@ impl HeadFacts {
 pub const ANSWER_VIEW_CHARS: usize = 2_000;
 
 /// The run's answer as views show it: the last `answer` event's text, capped at [`ANSWER_VIEW_CHARS`].
-pub fn answer_of(events: &[Value]) -> Option<String> {
+pub fn answer_of<E: Borrow<Value>>(events: &[E]) -> Option<String> {
     let text = events
         .iter()
+        .map(Borrow::borrow)
         .rev()
         .find(|e| e["type"] == "answer")
         .and_then(|e| e["text"].as_str())?;
@@ -278,8 +283,11 @@ pub fn answer_of(events: &[Value]) -> Option<String> {
 
 /// `{mode, actor?}` of the stop that decided a stopped run: the first hard `stop_requested`, else the
 /// first one.
-pub fn stopped_by_of(events: &[Value]) -> Option<Value> {
-    let mut stops = events.iter().filter(|e| e["type"] == "stop_requested");
+pub fn stopped_by_of<E: Borrow<Value>>(events: &[E]) -> Option<Value> {
+    let mut stops = events
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|e| e["type"] == "stop_requested");
     let first = stops.next()?;
     let e = std::iter::once(first)
         .chain(stops)
@@ -341,7 +349,7 @@ mod tests {
             Some(json!({"mode": "hard", "actor": {"kind": "capability", "id": "r1"}}))
         );
         assert_eq!(
-            HeadFacts::of(RunStatus::Interrupted, &[]),
+            HeadFacts::of::<Value>(RunStatus::Interrupted, &[]),
             HeadFacts::default()
         );
         let long = "é".repeat(ANSWER_VIEW_CHARS + 1);
