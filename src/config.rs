@@ -69,6 +69,8 @@ pub struct Config {
     pub tools: ToolsConfig,
     /// `[redaction]`: extra patterns for the redactor (SPEC §8.3).
     pub redaction: RedactionConfig,
+    /// `[channels.*]`: chat channels whose threads show their runs (SPEC §12).
+    pub channels: ChannelsConfig,
     /// Where this configuration came from, for error messages (not a key).
     #[serde(skip)]
     pub source: String,
@@ -96,6 +98,7 @@ impl Default for Config {
             supervisor: SupervisorSettings::default(),
             tools: ToolsConfig::default(),
             redaction: RedactionConfig::default(),
+            channels: ChannelsConfig::default(),
             source: "<defaults>".into(),
             overrides: BTreeMap::new(),
         }
@@ -675,6 +678,32 @@ impl Default for DeliveryConfig {
     }
 }
 
+/// `[channels]`: chat channels (SPEC §12); none unless configured, and then nothing contacts them.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChannelsConfig {
+    pub slack: Option<SlackConfig>,
+}
+
+/// `[channels.slack]`: the Slack app whose mentions and direct messages start runs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlackConfig {
+    /// The environment variable holding the bot token (`xoxb-…`), never the token itself.
+    pub bot_token_env: String,
+    /// The environment variable holding the app's signing secret.
+    pub signing_secret_env: String,
+    /// The Web API's base URL (tests point it at a local stand-in).
+    #[serde(default = "SlackConfig::default_api_base_url")]
+    pub api_base_url: String,
+}
+
+impl SlackConfig {
+    fn default_api_base_url() -> String {
+        "https://slack.com/api".into()
+    }
+}
+
 /// `[tools]`: external tools offered beside the built-ins (SPEC §8.3). They come from the file only.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -1064,6 +1093,16 @@ impl Config {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 return Err(self.bad(
                     "delivery.webhook_url",
+                    "must start with http:// or https://",
+                ));
+            }
+        }
+        if let Some(slack) = &self.channels.slack {
+            if !(slack.api_base_url.starts_with("http://")
+                || slack.api_base_url.starts_with("https://"))
+            {
+                return Err(self.bad(
+                    "channels.slack.api_base_url",
                     "must start with http:// or https://",
                 ));
             }

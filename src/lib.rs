@@ -17,6 +17,7 @@ pub mod child;
 pub mod cli;
 pub mod config;
 pub mod shared_db;
+pub mod slack_stub;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -250,6 +251,31 @@ async fn backend(config: &Config) -> anyhow::Result<(BackendSpec, Arc<dyn storag
     })
 }
 
+/// The chat channels of `[channels]` (SPEC §12): the status cards runs show in their threads, and the
+/// Slack ingress's signing secret. Without `[channels.slack]` nothing contacts Slack.
+fn chat_channels(
+    config: &Config,
+    storage: &StorageHandle,
+    public_base_url: &str,
+) -> anyhow::Result<(actors::channel::Cards, Option<web::SlackIngress>)> {
+    let Some(slack) = &config.channels.slack else {
+        return Ok((Default::default(), None));
+    };
+    let secret = |key: &str, var: &str| match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Ok(v),
+        _ => Err(anyhow::anyhow!(
+            "{}: `channels.slack.{key}`: the environment variable `{var}` it names is not set",
+            config.source
+        )),
+    };
+    let token = secret("bot_token_env", &slack.bot_token_env)?;
+    let signing_secret = secret("signing_secret_env", &slack.signing_secret_env)?;
+    let io =
+        actors::channel::slack::SlackIo::new(reqwest::Client::new(), &slack.api_base_url, token);
+    let cards = actors::channel::Cards::new(Arc::new(io), storage.clone(), public_base_url);
+    Ok((cards, Some(web::SlackIngress::new(signing_secret))))
+}
+
 /// [`start`] with a given toolbox (tests add tools of their own).
 pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<Running> {
     // Bind before anything touches storage: a port in use is a one-line error, and nothing was migrated,
@@ -307,6 +333,12 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     };
     let history = HistoryWriter::new(Arc::new(storage.clone()), Some(proposal));
     let host_id = config.host_id();
+    let public_base_url = config
+        .server
+        .public_base_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let (cards, slack) = chat_channels(&config, &storage, &public_base_url)?;
     // The supervisor mints and owns this process's generation (its fencing token).
     let supervisor = Supervisor::new(SupervisorConfig {
         storage: storage.clone(),
@@ -329,6 +361,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             window_ms: config.supervisor.window_ms as i64,
         },
         host_id: host_id.clone(),
+        cards,
     });
     let generation = supervisor.generation().clone();
     let span = tracing::info_span!("boot", generation = generation.as_str(), host_id = %host_id);
@@ -373,11 +406,6 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         },
     );
     let shutdown = Arc::new(tokio::sync::Notify::new());
-    let public_base_url = config
-        .server
-        .public_base_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{addr}"));
     let ui_base = public_base_url.clone();
     let state = web::AppState {
         generation: generation.clone(),
@@ -400,6 +428,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         history: history.clone(),
         plans: plans.clone(),
         agents: config.agents.keys().cloned().collect(),
+        slack,
     };
     // Cross-host news (PostgreSQL): followers of other hosts' runs wake at each note, kills and ends
     // elsewhere drop cached views (SPEC §1.3).
@@ -487,6 +516,7 @@ pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyh
         agent,
         visibility: Some("machine".into()),
         parent_run_id: None,
+        source: Default::default(),
     };
     let admitted = running
         .supervisor

@@ -13,10 +13,12 @@
 //! - [`agent`], [`tools`]: the `Agent` trait and its providers; the `Tool` trait, built-in and external
 //!   (HTTP, MCP) tools, workspaces and their fences.
 //! - [`plan`], [`operations`]: the seeds' two coordinators (plan suggestions; per-app operations).
+//! - [`channel`]: chat channels — the status card in the run's thread and the Slack Web API client.
 //! - [`delivery`] (webhook replies), [`redact`] (credentials out of text), [`token`] (capability
 //!   tokens), [`metrics`] (`/metrics`), [`host`] (facts about processes on this host).
 
 pub mod agent;
+pub mod channel;
 pub mod delivery;
 pub mod flusher;
 pub mod heartbeat;

@@ -52,6 +52,7 @@ async fn fixture() -> Fixture {
         operations: actors::operations::OperationCoordinator::new(clock),
         restart_policy: Default::default(),
         host_id: "test-host".into(),
+        cards: Default::default(),
     })
     .start();
     Fixture {
@@ -72,6 +73,7 @@ fn message(thread: &str, text: &str) -> AdmitMessage {
             agent: None,
             visibility: None,
             parent_run_id: None,
+            source: Default::default(),
         },
         writer: None,
         key: None,

@@ -1290,6 +1290,7 @@ mod agent_provider {
             operations: actors::operations::OperationCoordinator::new(clock_for_ops),
             restart_policy: Default::default(),
             host_id: actors::host::hostname(),
+            cards: Default::default(),
         });
         let generation = supervisor.generation().clone();
         let supervisor = supervisor.start();

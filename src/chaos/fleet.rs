@@ -114,6 +114,11 @@ impl Fleet {
             .with_context(|| format!("start child {k} (slot {slot})"))
     }
 
+    /// More environment for every child started from now on.
+    pub fn add_env(&mut self, env: Vec<(String, String)>) {
+        self.env.extend(env);
+    }
+
     pub fn set(&self, slot: usize, addr: Option<String>) {
         self.addrs.lock().unwrap_or_else(|p| p.into_inner())[slot] = addr;
     }

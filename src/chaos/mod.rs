@@ -43,6 +43,7 @@
 //! their own so several pauses can overlap other faults.
 
 mod fleet;
+mod slack;
 mod verify;
 
 use std::fmt::Write as _;
@@ -104,6 +105,10 @@ pub struct ChaosArgs {
     /// Keep the data dir (workspaces, child logs, the SQLite database) even when every check passes.
     #[arg(long)]
     pub keep: bool,
+    /// Send the messages as signed Slack events through `/slack/events`, to processes whose cards and
+    /// replies go to a local Slack stand-in; the verifier also counts cards and replies per run.
+    #[arg(long)]
+    pub slack: bool,
 }
 
 pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
@@ -346,6 +351,7 @@ async fn client_loop(
     fleet: Arc<Fleet>,
     stop: Arc<AtomicBool>,
     sent: Arc<Mutex<Vec<Sent>>>,
+    via_slack: bool,
 ) {
     let mut rng =
         StdRng::seed_from_u64(seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(id as u64 + 1)));
@@ -367,8 +373,35 @@ async fn client_loop(
             let addr = &addrs[rng.random_range(0..addrs.len())];
             n += 1;
             let nonce = format!("q{id:02}x{n:06}");
+            let text = format!("{MESSAGE} nonce={nonce}");
+            if via_slack {
+                // Slack's own retries of one event carry its id: the same message, never a duplicate.
+                let root = slack::thread_ts(&thread);
+                let ts = format!("18{id:08}.{n:06}");
+                let status =
+                    slack::mention(&http, addr, &format!("Ev{nonce}"), &root, &ts, &text).await;
+                let answer = match status {
+                    200..=299 => Answer::Accepted {
+                        outcome: "slack".into(),
+                        run_id: String::new(),
+                    },
+                    0 => Answer::Unanswered,
+                    status => Answer::Refused { status },
+                };
+                let done = matches!(answer, Answer::Accepted { .. });
+                sent.lock().unwrap_or_else(|p| p.into_inner()).push(Sent {
+                    nonce,
+                    thread_key: format!("{}:{root}", slack::CHANNEL),
+                    answer,
+                });
+                if done {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(10..60))).await;
+                continue;
+            }
             let body = json!({"thread": thread, "channel": "chaos", "user": format!("client{id}"),
-                "text": format!("{MESSAGE} nonce={nonce}")});
+                "text": text});
             let res = http
                 .post(format!("http://{addr}/api/messages"))
                 .json(&body)
@@ -414,7 +447,16 @@ async fn scenario(
     data: &Path,
 ) -> anyhow::Result<Verdict> {
     let started = Instant::now();
-    let fleet = Arc::new(Fleet::new(data, db, args.processes)?);
+    let mut fleet = Fleet::new(data, db, args.processes)?;
+    let slack = match args.slack {
+        true => {
+            let (slack, env) = slack::SlackChaos::start(data)?;
+            fleet.add_env(env);
+            Some(slack)
+        }
+        false => None,
+    };
+    let fleet = Arc::new(fleet);
     let mut children: Vec<Option<ChildServer>> = Vec::with_capacity(args.processes);
     for slot in 0..args.processes {
         let f = fleet.clone();
@@ -434,6 +476,7 @@ async fn scenario(
                 fleet.clone(),
                 stop.clone(),
                 sent.clone(),
+                args.slack,
             ))
         })
         .collect();
@@ -487,7 +530,8 @@ async fn scenario(
     let mut shown = std::mem::take(&mut *shown.lock().unwrap_or_else(|p| p.into_inner()));
     shown.sort();
     shown.dedup();
-    let mut verdict = verify::verify(&http, &fleet, &sent, &shown, settled).await?;
+    let stub = slack.as_ref().map(|s| &s.stub);
+    let mut verdict = verify::verify(&http, &fleet, &sent, &shown, settled, stub).await?;
     verdict.details.extend(faults.details.iter().cloned());
     verdict.notes.extend(faults.notes.iter().cloned());
     verdict.faults = faults;

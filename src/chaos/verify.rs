@@ -181,6 +181,8 @@ pub(super) struct Verdict {
     pub refused_but_present: usize,
     /// Informational: nonces found that no client sent.
     pub unknown_nonces: usize,
+    /// With `--slack`: the cards and replies the Slack stand-in holds, per run.
+    pub cards: Option<super::slack::CardCounts>,
     pub elapsed: Duration,
     /// One line per violation.
     pub details: Vec<String>,
@@ -205,6 +207,7 @@ impl Verdict {
             + self.lost_shown_events
             + self.faults.drain_failures
             + self.faults.unexpected_exits
+            + self.cards.as_ref().map_or(0, |c| c.violations())
     }
 
     fn faults_by_kind(&self) -> BTreeMap<&'static str, usize> {
@@ -224,12 +227,14 @@ impl Verdict {
             DbSpec::Sqlite => String::new(),
             other => format!(" on {}", other.name()),
         };
-        vec![
+        let mut rows = vec![
             (
                 "scenario",
                 format!(
-                    "chaos ({} clients, {} processes{on}, seed {seed})",
-                    args.clients, args.processes
+                    "chaos ({} clients, {} processes{on}{}, seed {seed})",
+                    args.clients,
+                    args.processes,
+                    if args.slack { ", via Slack" } else { "" }
                 ),
             ),
             (
@@ -286,6 +291,21 @@ impl Verdict {
                 ),
             ),
             ("drain failures", self.faults.drain_failures.to_string()),
+        ];
+        if let Some(c) = &self.cards {
+            rows.extend([
+                (
+                    "slack cards / replies",
+                    format!("{} / {}", c.cards, c.replies),
+                ),
+                ("second cards", c.second_cards.to_string()),
+                ("runs without a card", c.missing_cards.to_string()),
+                ("cards left open", c.open_cards.to_string()),
+                ("duplicated replies", c.duplicated_replies.to_string()),
+                ("lost replies", c.lost_replies.to_string()),
+            ]);
+        }
+        rows.extend([
             ("unexpected exits", self.faults.unexpected_exits.to_string()),
             ("elapsed", format!("{:.1} s", self.elapsed.as_secs_f64())),
             (
@@ -296,7 +316,8 @@ impl Verdict {
                     format!("{} violation(s)", self.violations())
                 },
             ),
-        ]
+        ]);
+        rows
     }
 
     pub fn json(&self, args: &ChaosArgs, db: &DbSpec, seed: u64, data: &Path) -> Value {
@@ -317,6 +338,7 @@ impl Verdict {
             "drain_failures": self.faults.drain_failures,
             "unexpected_exits": self.faults.unexpected_exits,
             "refused_but_present": self.refused_but_present, "unknown_nonces": self.unknown_nonces,
+            "slack": self.cards.as_ref().map(super::slack::CardCounts::json),
             "violations": self.violations(), "ok": self.violations() == 0,
             "elapsed_s": self.elapsed.as_secs_f64(),
             "data_dir": if self.violations() > 0 || args.keep { Value::from(data.display().to_string()) } else { Value::Null },
@@ -403,6 +425,7 @@ pub(super) async fn verify(
     sent: &[Sent],
     shown: &[Shown],
     settled: bool,
+    slack: Option<&crate::slack_stub::SlackStub>,
 ) -> anyhow::Result<Verdict> {
     let mut v = Verdict {
         settled,
@@ -477,10 +500,14 @@ pub(super) async fn verify(
     // Where a nonce shows in an answer (the scripted agent echoes the follow-ups it read): tells a lost
     // `input` event of a message a run did read apart from a message no run ever read.
     let mut answered: HashMap<String, String> = HashMap::new();
+    let mut slack_runs: Vec<(String, Vec<Value>)> = Vec::new();
     for (id, run) in &runs {
         let events = events_all(http, fleet, id)
             .await
             .with_context(|| format!("read the events of run {id}"))?;
+        if slack.is_some() {
+            slack_runs.push((id.clone(), events.clone()));
+        }
         let mut seqs = HashSet::new();
         let mut terminals = 0;
         for e in &events {
@@ -603,6 +630,10 @@ pub(super) async fn verify(
             "{} runs: near the 20000-run retention cap, so trimmed runs may count as lost",
             v.runs
         ));
+    }
+
+    if let Some(stub) = slack {
+        v.cards = Some(super::slack::check(stub, &slack_runs, &mut v.details));
     }
 
     // Workspaces: every steps.log on disk, whether or not its run is listed.

@@ -10,7 +10,10 @@
 //! 2. a state-changing request (any method but GET, HEAD, OPTIONS, TRACE) needs `Sec-Fetch-Site` absent,
 //!    `same-origin` or `none`, and `Origin` absent or equal to the request's own origin (scheme and
 //!    `Host`) or `public_base_url`'s origin, else 403 `forbidden` (`Origin: null` included);
-//! 3. a request with a body needs `Content-Type: application/json`, else 415 `unsupported_media_type`.
+//! 3. a request with a body needs `Content-Type: application/json`, else 415 `unsupported_media_type`
+//!    — except on [`SIGNED_FORM_PATHS`] (Slack's interactions), which also take
+//!    `application/x-www-form-urlencoded`: Slack posts its button clicks as a form, and that route does
+//!    nothing for a body its HMAC signature does not cover (a cross-site form cannot sign).
 //!
 //! Out, on every answer:
 //! - no `Access-Control-*` header (no CORS, ever: a browser then keeps cross-origin pages from reading
@@ -49,6 +52,10 @@ use futures_util::future::{ready, LocalBoxFuture, Ready};
 
 use crate::error::{code_for_status, ApiError};
 use crate::routes::html::content_security_policy;
+
+/// Paths whose bodies may also be `application/x-www-form-urlencoded`: routes that act only on a body
+/// signed with a secret the sender shares (SPEC §12), so a form a cross-site page posts forges nothing.
+pub const SIGNED_FORM_PATHS: [&str; 1] = [crate::routes::slack::INTERACTIONS_PATH];
 
 /// Host names that are this machine whatever the port.
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
@@ -178,7 +185,8 @@ impl Checks {
                 }
             }
         }
-        if has_body(headers) && !is_json(headers) {
+        let signed_form = is_form(headers) && SIGNED_FORM_PATHS.contains(&req.path());
+        if has_body(headers) && !is_json(headers) && !signed_form {
             return Err(ApiError::UnsupportedMediaType(
                 "a request body must be Content-Type: application/json".into(),
             ));
@@ -218,6 +226,11 @@ fn has_body(headers: &HeaderMap) -> bool {
 /// `Content-Type: application/json`, parameters (`; charset=utf-8`) allowed.
 fn is_json(headers: &HeaderMap) -> bool {
     essence(headers).is_some_and(|e| e.eq_ignore_ascii_case("application/json"))
+}
+
+/// `Content-Type: application/x-www-form-urlencoded`, parameters allowed.
+fn is_form(headers: &HeaderMap) -> bool {
+    essence(headers).is_some_and(|e| e.eq_ignore_ascii_case("application/x-www-form-urlencoded"))
 }
 
 /// A `Content-Type`'s media type without parameters.
@@ -522,6 +535,53 @@ mod tests {
         );
         assert_eq!(
             refusal(&c, |r| body(r, "text/plain")
+                .insert_header(("sec-fetch-site", "cross-site"))),
+            Some(403)
+        );
+    }
+
+    #[test]
+    fn a_form_body_passes_only_on_a_signed_form_path() {
+        let c = checks(false);
+        let form = |path: &'static str, ct: &'static str| {
+            move |r: TestRequest| {
+                r.method(Method::POST)
+                    .uri(path)
+                    .insert_header((header::CONTENT_TYPE, ct))
+                    .set_payload("payload=%7B%7D")
+            }
+        };
+        let form_type = "application/x-www-form-urlencoded";
+        // Slack's button clicks: a form, no Origin, no Sec-Fetch-Site.
+        assert_eq!(refusal(&c, form("/slack/interactions", form_type)), None);
+        assert_eq!(
+            refusal(
+                &c,
+                form(
+                    "/slack/interactions",
+                    "Application/X-WWW-Form-Urlencoded; charset=utf-8"
+                )
+            ),
+            None
+        );
+        // Its other types, and a form anywhere else, stay refused.
+        assert_eq!(
+            refusal(&c, form("/slack/interactions", "text/plain")),
+            Some(415)
+        );
+        for path in [
+            "/slack/events",
+            "/api/messages",
+            "/slack/interactions/x",
+            "/",
+        ] {
+            assert_eq!(refusal(&c, form(path, form_type)), Some(415), "{path}");
+        }
+        // Slack's events are JSON and pass like any JSON body.
+        assert_eq!(refusal(&c, form("/slack/events", "application/json")), None);
+        // A browser's cross-site form is still refused before its type is considered.
+        assert_eq!(
+            refusal(&c, |r| form("/slack/interactions", form_type)(r)
                 .insert_header(("sec-fetch-site", "cross-site"))),
             Some(403)
         );

@@ -41,6 +41,14 @@ pub enum ApiError {
     Draining,
     #[error("the thread's run is finishing; try again")]
     ThreadBusy,
+    /// A signed webhook (Slack, SPEC §12) without a valid signature: missing, garbled or not matching.
+    /// Nothing it asked for is done.
+    #[error("{0}")]
+    BadSignature(String),
+    /// A signed webhook whose timestamp is too far from now (a replay, or a skewed clock). Nothing it
+    /// asked for is done.
+    #[error("{0}")]
+    StaleTimestamp(String),
 }
 
 impl ApiError {
@@ -65,6 +73,8 @@ impl ApiError {
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Draining => "draining",
             ApiError::ThreadBusy => "thread_busy",
+            ApiError::BadSignature(_) => "bad_signature",
+            ApiError::StaleTimestamp(_) => "stale_timestamp",
         }
     }
 }
@@ -97,7 +107,9 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::BadSignature(_) | ApiError::StaleTimestamp(_) => {
+                StatusCode::UNAUTHORIZED
+            }
             ApiError::Forbidden(_) | ApiError::Refused(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,

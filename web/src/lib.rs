@@ -12,7 +12,7 @@
 //! - [`auth`]: principals, scopes, the dev bypass.
 //! - [`error`]: `ApiError`, the one map to HTTP answers.
 //! - [`routes`]: `messages` (admission), `runs` (stop, kill), `api` (JSON reads), `sse`, `html`,
-//!   `admin`, `plans`.
+//!   `admin`, `plans`, `slack` (Slack's signed events and button clicks; mounted only when configured).
 
 pub mod auth;
 pub mod edge;
@@ -32,6 +32,7 @@ use storage::{Generation, StorageHandle};
 
 pub use auth::AuthConfig;
 use error::ApiError;
+pub use routes::slack::SlackIngress;
 
 /// What every route handler can reach.
 #[derive(Clone)]
@@ -57,6 +58,8 @@ pub struct AppState {
     pub plans: actors::plan::PlanHandle,
     /// The configured agents' names (the values a message's `agent` may take).
     pub agents: Vec<String>,
+    /// `[channels.slack]`'s signing secret; `None` (Slack unset): `/slack/*` are 404s.
+    pub slack: Option<SlackIngress>,
 }
 
 /// How long a health probe waits for storage before calling it failing.
@@ -65,11 +68,12 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Mount every route, all inside one scope wrapped by the [`edge::Edge`] middleware — so every request,
 /// the 404 of a path no route has included, passes the cross-site checks and leaves with the security
 /// headers and a JSON error shape. Bodies are capped at [`routes::runs::BODY_LIMIT`] unless a resource
-/// says otherwise (messages and plan starts: 2 MiB).
+/// says otherwise (messages and plan starts: 2 MiB; Slack's routes: 1 MiB).
 pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg| {
         let checks = edge::Checks::new(state.auth.dev_bypass, &state.public_base_url);
         let edge = edge::Edge::new(checks, state.metrics.clone());
+        let slack = state.slack.is_some();
         cfg.app_data(web::Data::new(state.plans.clone()))
             .app_data(web::Data::new(state))
             .app_data(web::PayloadConfig::new(routes::runs::BODY_LIMIT))
@@ -92,6 +96,11 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
                     .configure(routes::html::configure)
                     .configure(routes::admin::configure)
                     .configure(routes::plans::configure)
+                    .configure(|cfg| {
+                        if slack {
+                            routes::slack::configure(cfg)
+                        }
+                    })
                     .default_service(web::to(routes::not_found)),
             );
     }

@@ -77,6 +77,7 @@ impl AgentPlanProvider {
             agent: self.agent.clone(),
             visibility: Some("machine".to_owned()),
             parent_run_id: None,
+            source: Default::default(),
         };
         let admitted = self
             .supervisor

@@ -20,6 +20,7 @@ use super::tool_runner::ToolRunner;
 use super::work::{retry_transient, summarize, Run, MAX_WRITE_RETRY, WRITE_RETRY};
 use super::{Adoption, Ended, Request, RunDeps, StopReason};
 use crate::agent::{self, AssistantTurn, ToolResult};
+use crate::channel::CardPlace;
 use crate::history::Via;
 use crate::registry::RunMeta;
 
@@ -52,7 +53,12 @@ pub(super) async fn fresh(
         return Launched::Over(Box::new((StopReason::Finished(RunStatus::Failed), None)));
     };
     let deadline = started_at + agent.budget_ms;
-    let run = Run::new(deps, id, meta, deadline, agent);
+    let mut run = Run::new(deps, id, meta, deadline, agent);
+    run.card = request.chat_thread().map(|thread| CardPlace {
+        thread,
+        handle: None,
+        look: false,
+    });
     // Tombstone: a provisional record, so a crash before the finish still leaves a trace.
     let tombstone = RecordExtras {
         provisional: true,
@@ -207,10 +213,7 @@ pub(super) async fn restart(
     from_gen: Option<String>,
 ) -> Launched {
     let meta = meta_from_row(&row);
-    let request: Option<Request> = row
-        .meta
-        .get("request")
-        .and_then(|r| serde_json::from_value(r.clone()).ok());
+    let request = Request::of_row(&row);
     let (Some(agent), Some(request)) = (deps.agents.get(&meta.agent).cloned(), request) else {
         let reason = format!(
             "cannot restart: agent {:?} is not configured here, or the saved request is unreadable",
@@ -250,6 +253,7 @@ pub(super) async fn restart(
     let mut run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent);
     run.usage = usage;
     run.recorded_stop = row.stop;
+    run.card = chat_card(&row);
     if highest == 0 || !had_input {
         // The first attempt's events never reached the ledger: publish the identity and request once.
         run.publish(meta.event());
@@ -304,6 +308,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     );
     run.usage = usage;
     run.recorded_stop = row.stop;
+    run.card = chat_card(&row);
     if !row.system_text.is_empty() {
         run.system = row.system_text.clone();
     }
@@ -518,9 +523,20 @@ pub(super) async fn deliver(
     let mut run = Run::new(deps, row.run_id.clone(), meta, deadline, agent);
     run.usage = agent::usage_of(&published);
     run.step = step;
+    run.card = chat_card(&row);
     if let Some(bound) = bound_workspace(&row) {
         run.workspace = bound;
     }
     tracing::info!(run_id = %run.id, generation = %run.gen, status = status.as_str(), "continuing the reply of a run past its finishing gate");
     Launched::Run(Box::new(run), Started::Gated { status, answer })
+}
+
+/// Where a row's run shows its card: its chat thread, the card an earlier incarnation saved there, or one
+/// it posted without saving (looked for).
+fn chat_card(row: &LiveRow) -> Option<CardPlace> {
+    Some(CardPlace {
+        thread: Request::of_row(row)?.chat_thread()?,
+        handle: crate::channel::cards::card_of(row),
+        look: true,
+    })
 }

@@ -83,11 +83,44 @@ pub struct Request {
     /// run and listed by `GET /api/runs/{id}/children`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<String>,
+    /// Where the message came from: a chat channel's runs show a status card in their thread (SPEC §12).
+    #[serde(default, skip_serializing_if = "Source::is_api")]
+    pub source: Source,
+}
+
+/// Where an admitted message came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// `POST /api/messages`, the CLI, the plan coordinator: no chat thread to show the run in.
+    #[default]
+    Api,
+    /// Slack's Events API: the run's card and answer go to its Slack thread.
+    Slack,
+}
+
+impl Source {
+    pub fn is_api(&self) -> bool {
+        *self == Source::Api
+    }
 }
 
 impl Request {
     pub fn thread_key(&self) -> String {
         format!("{}:{}", self.channel, self.thread)
+    }
+
+    /// The request a row saved (`meta.request`), if readable.
+    pub fn of_row(row: &LiveRow) -> Option<Request> {
+        serde_json::from_value(row.meta.get("request")?.clone()).ok()
+    }
+
+    /// The chat thread that shows the run (a status card and the answer), for a channel's message.
+    pub fn chat_thread(&self) -> Option<crate::channel::ThreadRef> {
+        (self.source == Source::Slack).then(|| crate::channel::ThreadRef {
+            channel: self.channel.clone(),
+            thread_ts: self.thread.clone(),
+        })
     }
 }
 
@@ -147,6 +180,8 @@ pub struct RunDeps {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Resource claims on run workspaces (an app = a run's workspace).
     pub operations: crate::operations::OperationCoordinator,
+    /// The status cards of runs from a chat thread (SPEC §12).
+    pub cards: crate::channel::Cards,
     pub on_ended: actix::Recipient<RunEnded>,
 }
 
@@ -529,8 +564,10 @@ impl RunActor {
         successor: Option<(LiveRow, Vec<Value>)>,
         ctx: &mut Context<Self>,
     ) {
-        // The heartbeat never renews a run whose actor is gone; a re-adoption tracks it again.
+        // The heartbeat never renews a run whose actor is gone; a re-adoption tracks it again. Nothing
+        // more reaches the thread from this actor (a finished run closed its card already).
         self.deps.heartbeat.do_send(Untrack(self.id.clone()));
+        self.deps.cards.forget(&self.id);
         self.deps.on_ended.do_send(RunEnded {
             run_id: self.id.clone(),
             reason,
@@ -612,6 +649,9 @@ impl Handler<Done> for RunActor {
                     self.deps.registry.set_stop(&self.id, mode);
                     self.state.stop = Some(mode);
                     self.state.announced.push(mode);
+                }
+                if !matches!(started, machine::Started::Fenced) {
+                    run.open_card();
                 }
                 self.run = Some(run);
                 Msg::Started(started)
@@ -768,6 +808,7 @@ pub struct StopRequest {
 /// Publish an event to the registry and, when `durable`, to the flusher for the ledger.
 pub(crate) fn publish(deps: &RunDeps, id: &str, event: Value, durable: bool) -> Option<Value> {
     let stamped = deps.registry.publish(id, event)?;
+    deps.cards.observe(id, &stamped);
     if durable {
         deps.flusher.do_send(Push {
             run_id: id.to_owned(),

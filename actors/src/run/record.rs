@@ -7,6 +7,7 @@ use storage::record::{
 };
 
 use super::{Ended, RunDeps, StopReason};
+use crate::channel::card::{CardView, Ending};
 use crate::registry::RunMeta;
 
 /// The parts of a record besides its identity, events and counts.
@@ -248,15 +249,39 @@ pub async fn close_row(
             tracing::warn!(run_id = %row.run_id, generation = deps.gen.as_str(), error = %e, "did not take the workspace fence before closing");
         }
     }
-    let record = closing_record(
-        row,
-        events,
-        status,
-        reason,
-        deps.clock.now_ms(),
-        deps.registry.redactor(),
-    )
-    .ok_or("the row does not make a valid record")?;
+    let now = deps.clock.now_ms();
+    let mut record = closing_record(row, events, status, reason, now, deps.registry.redactor())
+        .ok_or("the row does not make a valid record")?;
+    // The run's card gets its closing frame, the record says whether it did (SPEC §12): a row past its
+    // gate says its delivery is unconfirmed and shows the saved answer, never re-sent as a reply.
+    if let Some(thread) = super::Request::of_row(row).and_then(|r| r.chat_thread()) {
+        if deps.cards.enabled() {
+            let token = deps.tokens.mint(&row.run_id);
+            let mut view = CardView::new(
+                &row.run_id,
+                &meta_from_row(row).agent,
+                deps.cards.live_url(&row.run_id, &token),
+                row.started_at,
+            )
+            .folded(&record.events);
+            view.ending = Some(if row.gated() {
+                Ending::Unconfirmed {
+                    answer: row
+                        .saved_answer()
+                        .map(|a| deps.registry.redactor().redact(a).into_owned()),
+                }
+            } else {
+                Ending::Ended {
+                    status,
+                    finished_at: now,
+                }
+            });
+            deps.cards
+                .close_row(row, thread, view)
+                .await
+                .stamp(&mut record.head.extra);
+        }
+    }
     let successor = Successor {
         run_id: uuid::Uuid::now_v7().to_string(),
         lease_ms: deps.lease_ms,

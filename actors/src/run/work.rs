@@ -18,6 +18,8 @@ use super::record::{admitted_successor, build_record, RecordExtras};
 use super::tool_runner::ToolRunner;
 use super::{publish, AgentEntry, RunDeps};
 use crate::agent::{self, AssistantTurn, Conversation, ToolCall, ToolDef, ToolResult, Usage};
+use crate::channel::card::{CardView, Ending};
+use crate::channel::CardPlace;
 use crate::history::{Via, WriteOutcome};
 use crate::registry::RunMeta;
 
@@ -93,6 +95,8 @@ pub(super) struct Run {
     /// The stop an earlier incarnation committed to the row (a resume or restart honours it from its
     /// first decision: a finish plan under a recorded soft stop concludes `stopped_soft`).
     pub recorded_stop: Option<storage::ledger::StopMode>,
+    /// The chat thread that shows the run, and the card an earlier incarnation posted there (SPEC §12).
+    pub card: Option<CardPlace>,
 }
 
 impl Run {
@@ -142,6 +146,7 @@ impl Run {
             reply: None,
             usage: Default::default(),
             recorded_stop: None,
+            card: None,
         }
     }
 
@@ -196,8 +201,30 @@ impl Run {
         self.publish(json!({"type": "note", "kind": kind, "summary": summary}));
     }
 
+    /// The run's chat thread shows it from here on: its card posted, or the earlier one edited. The view
+    /// starts from every event published so far (a resumed run's steps and its `resumed`).
+    pub fn open_card(&self) {
+        let Some(place) = &self.card else {
+            return;
+        };
+        if !self.deps.cards.enabled() {
+            return;
+        }
+        let Some((row, events)) = self.deps.registry.snapshot(&self.id) else {
+            return;
+        };
+        let live_url = self
+            .deps
+            .cards
+            .live_url(&self.id, &self.deps.tokens.mint(&self.id));
+        let view =
+            CardView::new(&self.id, &self.meta.agent, live_url, row.started_at).folded(&events);
+        self.deps.cards.open(&self.gen, place.clone(), view);
+    }
+
     /// Another generation owns the row: stop writing and renewing.
     pub fn fence(&mut self) {
+        self.deps.cards.forget(&self.id);
         if self.tracking != Tracking::Fenced {
             self.deps.metrics.fences.inc();
             tracing::warn!(run_id = %self.id, generation = %self.gen, "fenced: another generation owns the run");
@@ -666,19 +693,39 @@ impl Run {
             self.gen.clone(),
             self.tracking == Tracking::Detached,
         );
+        let thread = self.card.as_ref().map(|place| place.thread.clone());
+        let text = answer.clone();
         let body = json!({
             "runId": self.id, "threadKey": self.meta.thread_key, "channel": self.meta.channel_id,
             "user": self.meta.user_id, "status": status.as_str(), "answer": answer, "finishedAt": self.now(),
         });
         async move {
-            let Some(hook) = deps.webhook.as_ref() else {
-                return Delivery::Sent(None);
-            };
-            // Signed, retried until the deadline; the kill state is checked before every attempt.
+            // The kill state is checked before every attempt of a reply.
             let proceed = || {
                 let (storage, id) = (deps.storage.clone(), id.clone());
                 async move { detached || !storage.is_killed(id).await.unwrap_or(false) }
             };
+            // The answer as a reply in the run's chat thread (SPEC §12).
+            let chat = match (thread.filter(|_| deps.cards.enabled()), text) {
+                (Some(thread), Some(text)) => {
+                    if !proceed().await {
+                        tracing::info!(run_id = %id, generation = %gen, "killed after the finishing gate: no reply");
+                        return Delivery::Killed;
+                    }
+                    Some(match deps.cards.reply(&thread, &id, &text).await {
+                        Ok(()) => (true, None),
+                        Err(e) => {
+                            tracing::warn!(run_id = %id, generation = %gen, error = %e, "the answer did not reach the chat thread");
+                            (false, Some(format!("chat reply failed: {e}")))
+                        }
+                    })
+                }
+                _ => None,
+            };
+            let Some(hook) = deps.webhook.as_ref() else {
+                return Delivery::Sent(chat);
+            };
+            // Signed, retried until the deadline.
             let policy = crate::delivery::RetryPolicy::with_deadline(hook.deadline);
             let reply = crate::delivery::deliver_guarded(
                 &deps.http,
@@ -695,7 +742,11 @@ impl Run {
                 tracing::info!(run_id = %id, generation = %gen, "killed after the finishing gate: no webhook");
                 return Delivery::Killed;
             }
-            Delivery::Sent(Some(reply.into_pair()))
+            let hooked = reply.into_pair();
+            Delivery::Sent(Some(match chat {
+                Some((false, note)) => (false, note),
+                _ => hooked,
+            }))
         }
     }
 
@@ -749,9 +800,18 @@ impl Run {
         };
         let (deps, id) = (self.deps.clone(), self.id.clone());
         async move {
-            let Some(record) = record else {
+            let Some(mut record) = record else {
                 return Recorded::Ended(None);
             };
+            // The card's closing frame goes out before the record, which says whether it did.
+            let ending = Ending::Ended {
+                status,
+                finished_at,
+            };
+            deps.cards
+                .close(&id, ending)
+                .await
+                .stamp(&mut record.head.extra);
             match deps.history.write(record, via).landed().await {
                 WriteOutcome::Landed(_) | WriteOutcome::Reconciled => deps.registry.landed(&id),
                 // Killed, or another generation owns the run: this process serves it no longer.

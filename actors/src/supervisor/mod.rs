@@ -69,6 +69,8 @@ pub struct SupervisorConfig {
     /// This process's host identity (`[server] host_id`): fast reclaim takes the rows of dead
     /// generations of this host identity only (SPEC §1.3).
     pub host_id: String,
+    /// The chat channel's status cards (SPEC §12); `Cards::default()` without a channel.
+    pub cards: crate::channel::Cards,
 }
 
 /// How often a run may be re-adopted after a panic or `StorageLost` (SPEC §1.1, `[supervisor]`): more
@@ -345,6 +347,7 @@ impl Actor for Supervisor {
             tokens: self.config.tokens.clone(),
             metrics: self.config.metrics.clone(),
             operations: config.operations,
+            cards: config.cards,
             on_ended: ctx.address().recipient(),
         });
         // Finished rows leave the registry after their TTL. Slots of threads with no run here are dropped

@@ -162,6 +162,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
         agent: None,
         visibility: None,
         parent_run_id: None,
+        source: Default::default(),
     };
     let thread_key = req.thread_key();
     let run_id = w.mint_run("r");

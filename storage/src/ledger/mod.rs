@@ -106,6 +106,8 @@ pub mod state_keys {
     pub const ANSWER: &str = "answer";
     pub const BINDING: &str = "binding";
     pub const DETACHED: &str = "detached";
+    /// The run's status card in its chat thread (SPEC §12), `{channel, ts}`.
+    pub const CARD: &str = "card";
 }
 
 impl LiveRow {

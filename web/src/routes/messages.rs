@@ -91,6 +91,7 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
         agent: string_field(&map, "agent", false)?,
         visibility: string_field(&map, "visibility", false)?,
         parent_run_id: string_field(&map, "parentRunId", false)?,
+        source: Default::default(),
     };
     // The thread key `<channel>:<thread>` is injective only while no channel holds the separator.
     if request.channel.contains(':') {

@@ -8,6 +8,7 @@ pub mod html;
 pub mod messages;
 pub mod plans;
 pub mod runs;
+pub mod slack;
 pub mod sse;
 
 use actix_web::{web, HttpRequest, Resource};
