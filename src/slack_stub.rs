@@ -133,6 +133,8 @@ struct State {
     counters: StubCounters,
     /// Replies are taken and never answered (a Slack that hangs): what a crash during delivery meets.
     hold_replies: bool,
+    /// `chat.update` answers http 500 (Slack failing edits).
+    fail_updates: bool,
 }
 
 /// The state behind a std `Mutex`: it is held only while one request is answered or one snapshot is
@@ -301,6 +303,11 @@ impl SlackStub {
         self.shared.lock().hold_replies = hold;
     }
 
+    /// While `fail` is set, `chat.update` answers http 500 and changes nothing.
+    pub fn fail_updates(&self, fail: bool) {
+        self.shared.lock().fail_updates = fail;
+    }
+
     /// What the stub was asked and answered so far.
     pub fn counters(&self) -> StubCounters {
         self.shared.lock().counters
@@ -355,6 +362,9 @@ async fn api(
         return held().await;
     }
     let mut state = shared.lock();
+    if method == "chat.update" && state.fail_updates {
+        return HttpResponse::InternalServerError().finish();
+    }
     if let Some((left, secs)) = state.rate_limited {
         state.rate_limited = (left > 1).then_some((left - 1, secs));
         state.counters.rate_limited += 1;

@@ -224,6 +224,28 @@ fn retries_are_one_run_and_unsigned_or_stale_requests_admit_nothing() {
     assert_eq!(signed(&p, "/slack/events", &own, now_secs(), None).0, 200);
     std::thread::sleep(Duration::from_millis(300));
     assert!(stub.cards_in("1700000003.000100").is_empty());
+    // A channel the bot cannot post in: the run goes on without a card, and a note says why.
+    stub.missing_channel("C1");
+    let lost = mention("Ev9", "1700000009.000100", None, "steps=1 ms=10 answer=y");
+    assert_eq!(signed(&p, "/slack/events", &lost, now_secs(), None).0, 200);
+    let run_id = wait_for("the run in channel C1's lost thread", || {
+        let (_, listing) = http(|c| c.get(p.url("/api/runs?limit=10")));
+        listing["runs"]
+            .as_array()?
+            .iter()
+            .find(|r| r["threadKey"] == "C1:1700000009.000100")
+            .and_then(|r| r["id"].as_str().map(str::to_owned))
+    });
+    let record = final_record(&data, &run_id);
+    assert!(
+        record
+            .events
+            .iter()
+            .any(|e| e["type"] == "note" && e["kind"] == "no_card"),
+        "{:?}",
+        record.events
+    );
+    assert!(stub.cards_in("1700000009.000100").is_empty());
 }
 
 #[test]
@@ -342,4 +364,95 @@ fn a_deleted_card_is_replaced_by_a_fresh_one_whose_handle_the_record_keeps() {
     wait_for("one reply", || {
         (stub.replies_in(root).len() == 1).then_some(())
     });
+}
+
+#[actix_web::test]
+async fn without_a_slack_channel_the_slack_routes_do_not_exist() {
+    let app = support::TestApp::spawn().await;
+    for path in ["/slack/events", "/slack/interactions"] {
+        let res = reqwest::Client::new()
+            .post(app.url(path))
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 404, "{path}");
+    }
+}
+
+#[test]
+fn the_cards_stop_button_soft_stops_the_run_and_the_card_says_who() {
+    let stub = SlackStub::start().unwrap();
+    let (_dir, data) = slack_dir(&stub);
+    let p = start(&data, &stub);
+    let root = "1700000010.000100";
+    let body = mention("Ev10", root, None, "steps=30 ms=300 answer=never");
+    assert_eq!(signed(&p, "/slack/events", &body, now_secs(), None).0, 200);
+    let card = the_card(&stub, root);
+    let run_id = card.run_id.clone().unwrap();
+    assert!(card.stop_button.is_some(), "a live card offers Stop");
+    let payload = json!({"type": "block_actions", "user": {"id": "U42"},
+        "channel": {"id": "C1"}, "container": {"message_ts": card.ts},
+        "actions": [{"action_id": "stop", "value": run_id, "type": "button"}]});
+    let form = format!("payload={}", url_encode(&payload.to_string()));
+    let ts = now_secs().to_string();
+    let signature = web::routes::slack::sign(SECRET, &ts, form.as_bytes());
+    let url = p.url("/slack/interactions");
+    let (status, _) = http(move |c| {
+        c.post(url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("X-Slack-Request-Timestamp", ts)
+            .header("X-Slack-Signature", signature)
+            .body(form)
+    });
+    assert_eq!(status, 200);
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::StoppedSoft);
+    let stopped = card_shows(&stub, &card.ts, "⏹ stopped by slack:U42");
+    assert!(stopped.stop_button.is_none(), "a closed card has no button");
+}
+
+/// Percent-encoding of a form value (every byte outside the unreserved set).
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_card_left_open_when_its_run_ended_is_closed_by_the_sweep() {
+    let stub = SlackStub::start().unwrap();
+    let (_dir, data) = slack_dir(&stub);
+    let mut env = vec![
+        ("TEST_SLACK_BOT_TOKEN", stub.token()),
+        ("TEST_SLACK_SIGNING_SECRET", SECRET),
+    ];
+    env.push(("SWITCHBOARD_LEDGER__LEASE_MS", "1000"));
+    env.push(("SWITCHBOARD_LEDGER__HEARTBEAT_MS", "300"));
+    let p = Proc::start(&data, &env);
+    let root = "1700000011.000100";
+    let body = mention("Ev11", root, None, "steps=2 ms=300 answer=late");
+    assert_eq!(signed(&p, "/slack/events", &body, now_secs(), None).0, 200);
+    let card = the_card(&stub, root);
+    // Slack fails every edit: the run ends, its record says the card is still open.
+    stub.fail_updates(true);
+    let record = final_record(&data, card.run_id.as_deref().unwrap());
+    assert_eq!(record.head.extra["cardClosed"], json!(false));
+    assert!(stub.message(&card.ts).unwrap().text.starts_with('⏳'));
+    stub.fail_updates(false);
+    card_shows(&stub, &card.ts, "✅ demo · done · 2 steps");
+    wait_for("the sweep to mark the record's card closed", || {
+        let r = db(&data)
+            .get(card.run_id.as_deref().unwrap(), now_ms())
+            .unwrap()?;
+        (r.head.extra["cardClosed"] == json!(true)).then_some(())
+    });
+    assert!(p.logged("closed the card of a finished run"));
+    assert_eq!(stub.cards_in(root).len(), 1);
 }

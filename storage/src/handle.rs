@@ -365,6 +365,20 @@ impl StorageHandle {
         Ok(out)
     }
 
+    /// The orphan sweep's worklist (SPEC §12, [`RunStore::open_cards`](crate::store::RunStore::open_cards)):
+    /// ids of visible final records whose card waits for its closing frame, finished at or before
+    /// `finished_before`, oldest first, at most `limit` (clamped to `1..=100`). A read.
+    pub async fn open_cards(&self, finished_before: i64, limit: usize) -> Result<Vec<String>> {
+        self.read(move |b, now| b.open_cards(finished_before, limit, now))
+            .await
+    }
+
+    /// Mark `id`'s card closed ([`RunStore::close_card`](crate::store::RunStore::close_card)); answers
+    /// whether a record with an open card changed.
+    pub async fn close_card(&self, id: String) -> Result<bool> {
+        self.transact(move |b, _| b.close_card(&id)).await
+    }
+
     // ---- the live-run ledger (SPEC §4.3); each call is one transaction on the storage thread ----
 
     pub async fn record_generation(&self, info: GenerationInfo) -> Result<()> {

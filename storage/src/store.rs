@@ -22,6 +22,8 @@ pub const LIST_DEFAULT_LIMIT: usize = 50;
 pub const LIST_MAX_LIMIT: usize = 200;
 pub const EVENTS_DEFAULT_LIMIT: usize = 1000;
 pub const EVENTS_MAX_LIMIT: usize = 5000;
+/// Cap of one [`RunStore::open_cards`] answer (and its floor is 1).
+pub const OPEN_CARDS_MAX_LIMIT: usize = 100;
 
 /// Decode one stored event row (`run_events.json`): every SQL backend's one reading of it, for a
 /// record's events and a live run's alike. A row that does not decode is skipped — the read answers the
@@ -197,6 +199,11 @@ pub struct EventsPage {
     pub next_after_seq: Option<u64>,
 }
 
+/// The limit [`RunStore::open_cards`] applies: `limit` clamped to `1..=`[`OPEN_CARDS_MAX_LIMIT`].
+pub fn effective_open_cards_limit(limit: usize) -> usize {
+    limit.clamp(1, OPEN_CARDS_MAX_LIMIT)
+}
+
 pub fn effective_events_limit(limit: Option<usize>) -> usize {
     limit
         .unwrap_or(EVENTS_DEFAULT_LIMIT)
@@ -233,6 +240,25 @@ pub trait RunStore: Send {
     /// ids with event rows after `scan_after` (in id order), the events of those that have neither a
     /// record nor a live row. Each pass is short; passes that carry `scan_after` on go round the table.
     fn expire(&mut self, now_ms: i64, scan_after: &str) -> Result<Expired>;
+    /// The orphan sweep's worklist (SPEC §12): the ids of visible final records whose status card still
+    /// waits for its closing frame ([`RunHead::card_open`](crate::record::RunHead::card_open)) and that
+    /// finished at or before `finished_before`, oldest first (`finished_at`, then id), at most `limit`
+    /// (clamped to `1..=`[`OPEN_CARDS_MAX_LIMIT`]). Like every read it applies the persisted policy first.
+    /// The SQL stores keep the answer in an indexed column their record writer sets, so this never reads
+    /// a record's JSON; a row written before that column existed reads as closed.
+    fn open_cards(
+        &mut self,
+        finished_before: i64,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<Vec<String>>;
+    /// Mark the stored record's card closed (`cardClosed: true`, read back by `get`, `get_summary` and
+    /// `list`) and take it off [`RunStore::open_cards`]; answers whether a record with an open card was
+    /// changed — `false` for a bad or unknown id, a provisional record, a record without a card or one
+    /// already closed. The stored digest and size become those of the closed record, so a later put of it
+    /// is an identical repeat; a later put without `cardClosed: true` opens the card again. Whatever the
+    /// policy: a row the policy no longer keeps goes at the next trim either way.
+    fn close_card(&mut self, id: &str) -> Result<bool>;
 }
 
 /// Clamp a record's timestamps to at most [`MAX_FUTURE_MS`] past the store's clock (SPEC §3), so a

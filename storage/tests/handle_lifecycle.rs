@@ -403,3 +403,50 @@ async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_n
         );
     }
 }
+
+/// The orphan sweep through the handle (SPEC §12), on every backend and PostgreSQL's read pool: the
+/// worklist is a read that sees the committed put, and a closed card leaves it at once.
+#[actix_rt::test]
+async fn the_orphan_sweep_lists_and_closes_cards_through_the_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut handles = backends(dir.path());
+    handles.push((
+        "postgres",
+        StorageHandle::start(
+            BackendSpec::Postgres {
+                url: storage::testing::pg::database(),
+                pool: 2,
+            },
+            std::sync::Arc::new(ManualClock::new(NOW)),
+        ),
+    ));
+    for (name, h) in handles {
+        let mut carded = record("carded");
+        carded
+            .head
+            .extra
+            .insert("card".into(), json!({"channel": "c", "ts": "1.5"}));
+        h.put(carded, None).await.unwrap();
+        h.put(record("plain"), None).await.unwrap();
+        assert_eq!(h.open_cards(NOW, 50).await.unwrap(), ["carded"], "{name}");
+        assert_eq!(
+            h.open_cards(NOW - 1, 50).await.unwrap(),
+            Vec::<String>::new(),
+            "{name}"
+        );
+        assert!(h.close_card("carded".into()).await.unwrap(), "{name}");
+        assert!(!h.close_card("carded".into()).await.unwrap(), "{name}");
+        assert!(!h.close_card("plain".into()).await.unwrap(), "{name}");
+        assert_eq!(
+            h.open_cards(NOW, 50).await.unwrap(),
+            Vec::<String>::new(),
+            "{name}"
+        );
+        let summary = h.get_summary("carded".into()).await.unwrap().expect(name);
+        assert_eq!(
+            summary.head.extra.get("cardClosed"),
+            Some(&json!(true)),
+            "{name}"
+        );
+    }
+}

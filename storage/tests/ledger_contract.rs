@@ -2961,6 +2961,57 @@ fn killed_among_answers_exactly_the_fenced_ids_asked_about<S: Ledger>(s: &mut S)
     assert_eq!(live_row(s, "live-kept").stop, None);
 }
 
+/// The ledger's `finish` writes the record through the same upsert as `put` (SPEC §12): a finished record
+/// whose status card waits for its closing frame is on the orphan sweep's worklist, its tombstone never
+/// was, and closing the card keeps the record's events.
+fn a_finished_record_with_an_open_card_is_on_the_orphan_sweeps_worklist<S: Ledger>(s: &mut S) {
+    let card = json!({"channel": "C1", "ts": "1700000000.000100"});
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let mut tomb = tombstone("run-a", "C1:t1", NOW, vec![]);
+    tomb.head.extra.insert("card".into(), card.clone());
+    assert!(s.put(&tomb, None, NOW).unwrap().stored);
+    assert_eq!(
+        s.open_cards(NOW + 10_000, 100, NOW).unwrap(),
+        Vec::<String>::new(),
+        "a tombstone's card is its live run's"
+    );
+    assert_eq!(
+        s.finishing("run-a", G1, RunStatus::Completed, Some("done"))
+            .unwrap(),
+        Ok(())
+    );
+    let mut rec = record(
+        "run-a",
+        "C1:t1",
+        NOW,
+        NOW + 1_000,
+        vec![ev(1, "one"), ev(2, "answer")],
+    );
+    rec.head.extra.insert("card".into(), card);
+    let out = s
+        .finish("run-a", G1, &rec, None, NOW + 1_000)
+        .unwrap()
+        .expect("owner finish");
+    assert!(out.stored, "{out:?}");
+    assert_eq!(
+        s.open_cards(NOW + 1_000, 100, NOW + 1_000).unwrap(),
+        ["run-a"]
+    );
+    assert_eq!(
+        s.open_cards(NOW + 999, 100, NOW + 1_000).unwrap(),
+        Vec::<String>::new()
+    );
+    assert!(s.close_card("run-a").unwrap());
+    assert!(!s.close_card("run-a").unwrap());
+    let got = s.get("run-a", NOW + 1_000).unwrap().expect("the record");
+    assert_eq!(got.head.extra.get("cardClosed"), Some(&json!(true)));
+    assert_eq!(got.events, rec.events);
+    assert_eq!(
+        s.open_cards(NOW + 1_000, 100, NOW + 1_000).unwrap(),
+        Vec::<String>::new()
+    );
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -3027,6 +3078,7 @@ contract!(
     dead_generations_are_pruned_and_live_ones_and_ones_owning_rows_kept,
     deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged,
     plan_requests_in_a_terminal_state_are_pruned_a_ttl_after_they_settled_and_plans_never,
+    a_finished_record_with_an_open_card_is_on_the_orphan_sweeps_worklist,
 );
 
 /// SQLite only: what the trait cannot show. Finish deletes the run's `live_runs`, `run_steps`,

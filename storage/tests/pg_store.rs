@@ -310,7 +310,9 @@ fn migration_two_gives_old_generations_their_hostname_as_host_id() {
     // The database as version 1 left it, with one generation in it.
     s.connection()
         .batch_execute(
-            "ALTER TABLE generations DROP COLUMN host_id; UPDATE schema_version SET version = 1;
+            "ALTER TABLE generations DROP COLUMN host_id;
+             DROP INDEX runs_open_cards; ALTER TABLE runs DROP COLUMN card_open;
+             UPDATE schema_version SET version = 1;
              INSERT INTO generations (gen, host, pid, proc_start, started_at)
              VALUES ('20260101T000000Z-0000000a', 'box-1', 42, '777', 5);",
         )
@@ -318,11 +320,8 @@ fn migration_two_gives_old_generations_their_hostname_as_host_id() {
     drop(s);
     let mut s = open(&url);
     assert_eq!(
-        (
-            s.schema_version().unwrap(),
-            storage::postgres::schema::current_version()
-        ),
-        (2, 2)
+        s.schema_version().unwrap(),
+        storage::postgres::schema::current_version()
     );
     let old = GenerationInfo {
         gen: "20260101T000000Z-0000000a".into(),
@@ -341,4 +340,43 @@ fn migration_two_gives_old_generations_their_hostname_as_host_id() {
     };
     s.record_generation(&new).unwrap();
     assert_eq!(s.generations().unwrap(), vec![old, new]);
+}
+
+/// Migration 3 adds `card_open` (SPEC §12's orphan sweep): a row from before reads as not open, even with a
+/// card in its head; the next put of the record sets it.
+#[test]
+fn migration_three_leaves_cards_from_before_closed_until_their_record_is_put_again() {
+    let url = pg::database();
+    let mut s = open(&url);
+    let mut carded = record("old", 1);
+    carded
+        .head
+        .extra
+        .insert("card".into(), json!({"channel": "C1", "ts": "1.5"}));
+    s.put(&carded, None, NOW).unwrap();
+    // The database as version 2 left it, the row in it.
+    s.connection()
+        .batch_execute(
+            "DROP INDEX runs_open_cards; ALTER TABLE runs DROP COLUMN card_open;
+             UPDATE schema_version SET version = 2;",
+        )
+        .unwrap();
+    drop(s);
+    let mut s = open(&url);
+    assert_eq!(
+        (
+            s.schema_version().unwrap(),
+            storage::postgres::schema::current_version()
+        ),
+        (3, 3)
+    );
+    assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
+    assert!(!s.close_card("old").unwrap(), "not open: nothing to close");
+    assert_eq!(s.get("old", NOW).unwrap(), Some(carded.clone()));
+    // An identical repeat writes nothing; a changed record sets the column.
+    assert!(!s.put(&carded, None, NOW).unwrap().rewritten);
+    assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
+    carded.head.extra.insert("label2".into(), json!("x"));
+    assert!(s.put(&carded, None, NOW).unwrap().rewritten);
+    assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), ["old"]);
 }

@@ -664,6 +664,54 @@ fn migration_five_drops_run_jobs_and_keeps_the_rest() {
     assert_eq!(rows, [("runs", 1), ("run_events", 1)]);
 }
 
+/// Migration 9 adds `card_open` (SPEC §12's orphan sweep): a row from before reads as not open, even with a
+/// card in its head, on a read-only store over the old file and after the upgrade; the next put of the
+/// record sets it.
+#[test]
+fn migration_nine_leaves_cards_from_before_closed_until_their_record_is_put_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v8.db");
+    let mut carded = record("old", 1);
+    carded
+        .head
+        .extra
+        .insert("card".into(), json!({"channel": "C1", "ts": "1.5"}));
+    let summary = serde_json::to_string(&carded.head).unwrap();
+    old_database(
+        &path,
+        8,
+        &format!(
+            "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key, channel_visibility,
+                status, event_count, bytes, digest, stored_at, summary_json)
+             VALUES ('old', {NOW}, {}, NULL, 'C1', 'U1', 'C1:t', 'public', 'completed', 1, 100, 'd', {NOW}, '{summary}');
+             INSERT INTO run_events (run_id, seq, json) VALUES
+                ('old', 1, '{{\"type\":\"note\",\"seq\":1,\"at\":{NOW},\"summary\":\"s\"}}');",
+            NOW - 10
+        ),
+    );
+    let before = fingerprint(&path);
+    let mut r = SqliteStore::open_read_only(&path).expect("a version-8 file opens");
+    assert_eq!(r.schema_version().unwrap(), 8);
+    assert_eq!(r.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
+    assert_eq!(r.get("old", NOW).unwrap(), Some(carded.clone()));
+    drop(r);
+    assert!(
+        before == fingerprint(&path),
+        "reading a version-8 file changed it"
+    );
+
+    let mut s = open(&path);
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::sqlite::schema::current_version()
+    );
+    assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
+    assert!(!s.close_card("old").unwrap(), "not open: nothing to close");
+    assert_eq!(s.get("old", NOW).unwrap(), Some(carded.clone()));
+    assert!(s.put(&carded, None, NOW).unwrap().stored);
+    assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), ["old"]);
+}
+
 #[test]
 fn a_read_only_store_refuses_a_newer_schema_a_missing_file_and_a_foreign_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -736,11 +784,8 @@ fn migration_eight_gives_old_generations_their_hostname_as_host_id() {
     );
     let mut s = open(&path);
     assert_eq!(
-        (
-            s.schema_version().unwrap(),
-            storage::sqlite::schema::current_version()
-        ),
-        (8, 8)
+        s.schema_version().unwrap(),
+        storage::sqlite::schema::current_version()
     );
     let old = GenerationInfo {
         gen: "20260101T000000Z-0000000a".into(),

@@ -672,6 +672,166 @@ fn a_terminal_status_lists_final_records_with_that_status_and_never_a_tombstone(
     assert_eq!(ids(s, &next, NOW), ["bad2"]);
 }
 
+fn card(ts: &str) -> Value {
+    json!({"channel": "C1", "ts": ts})
+}
+
+/// `s`'s open cards finished by `before`, read at `NOW`, at most `limit`.
+fn open_cards(s: &mut dyn RunStore, before: i64, limit: usize) -> Vec<String> {
+    s.open_cards(before, limit, NOW).expect("open_cards")
+}
+
+/// The orphan sweep's worklist (SPEC §12): final records with a card and no `cardClosed: true`, finished
+/// by the bound, oldest first then by id, at most the clamped limit — never a tombstone, a closed card or
+/// a record without one.
+fn open_cards_lists_final_records_whose_card_waits_for_its_closing_frame(s: &mut dyn RunStore) {
+    let put = |s: &mut dyn RunStore, id: &str, at: i64, patch: Value| {
+        s.put(&with(id, at, patch), None, NOW).expect("put");
+    };
+    put(s, "late", NOW - 5, json!({"card": card("5")}));
+    put(
+        s,
+        "open-c",
+        NOW - 20,
+        json!({"card": card("3"), "cardClosed": false}),
+    );
+    put(s, "open-b", NOW - 20, json!({"card": card("2")}));
+    put(s, "open-a", NOW - 30, json!({"card": card("1")}));
+    put(
+        s,
+        "tomb",
+        NOW - 40,
+        json!({"card": card("0"), "provisional": true, "status": "interrupted"}),
+    );
+    put(
+        s,
+        "closed",
+        NOW - 40,
+        json!({"card": card("9"), "cardClosed": true}),
+    );
+    put(s, "plain", NOW - 40, json!({}));
+    put(s, "not-a-card", NOW - 40, json!({"card": "1.5"}));
+    assert_eq!(open_cards(s, NOW - 10, 100), ["open-a", "open-b", "open-c"]);
+    assert_eq!(
+        open_cards(s, NOW - 20, 100),
+        ["open-a", "open-b", "open-c"],
+        "the bound is inclusive"
+    );
+    assert_eq!(open_cards(s, NOW - 21, 100), ["open-a"]);
+    assert_eq!(
+        open_cards(s, NOW, 100),
+        ["open-a", "open-b", "open-c", "late"]
+    );
+    assert_eq!(open_cards(s, NOW, 2), ["open-a", "open-b"]);
+    assert_eq!(open_cards(s, NOW, 0), ["open-a"], "a limit of 0 reads as 1");
+    assert_eq!(open_cards(s, NOW - 31, 100), Vec::<String>::new());
+    // The cap: at most 100, whatever the limit asked for.
+    for i in 0..105 {
+        put(
+            s,
+            &format!("many{i:03}"),
+            NOW - 1000 + i,
+            json!({"card": card("7")}),
+        );
+    }
+    let got = open_cards(s, NOW, 1000);
+    assert_eq!(got.len(), 100);
+    assert_eq!((got[0].as_str(), got[99].as_str()), ("many000", "many099"));
+}
+
+/// Like every read, the worklist applies the persisted policy first: a record it no longer keeps is
+/// not on it, though still on disk.
+fn open_cards_applies_the_policy_first(s: &mut dyn RunStore) {
+    s.put(
+        &with("old", NOW - 1000, json!({"card": card("1")})),
+        Some(&policy(1, 100, 1 << 30, NOW)),
+        NOW,
+    )
+    .expect("put");
+    assert_eq!(s.open_cards(NOW, 100, NOW).unwrap(), ["old"]);
+    assert_eq!(
+        s.open_cards(NOW + 2 * DAY, 100, NOW + 2 * DAY).unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+/// `close_card` answers true once, then false; the record reads back `cardClosed: true` everywhere,
+/// with its events, and leaves the worklist. A put of the closed record is an identical repeat; a put
+/// replacing it with another open card puts it back on the worklist.
+fn close_card_answers_true_once_and_the_record_reads_back_closed(s: &mut dyn RunStore) {
+    let open = with("run", NOW - 100, json!({"card": card("1")}));
+    let closed = with(
+        "run",
+        NOW - 100,
+        json!({"card": card("1"), "cardClosed": true}),
+    );
+    s.put(&open, None, NOW).expect("put");
+    assert_eq!(open_cards(s, NOW, 10), ["run"]);
+
+    assert!(s.close_card("run").expect("close"));
+    assert!(!s.close_card("run").expect("close again"), "already closed");
+    assert_eq!(open_cards(s, NOW, 10), Vec::<String>::new());
+    assert_eq!(s.get("run", NOW).unwrap(), Some(closed.clone()));
+    let summary = s.get_summary("run", NOW).unwrap().expect("summary");
+    assert_eq!(summary.head, closed.head);
+    assert_eq!(
+        summary.bytes,
+        Some(closed.encoded_len() as u64),
+        "the size is the closed record's"
+    );
+    let page = s.list(&all(), NOW).unwrap();
+    assert_eq!(page.items, vec![summary]);
+    assert_eq!(
+        s.events("run", 0, None, NOW).unwrap().unwrap().events,
+        open.events
+    );
+
+    // A put of the closed record is an identical repeat: nothing rewritten, still closed.
+    let out = s.put(&closed, None, NOW).unwrap();
+    assert!(out.stored && !out.rewritten, "{out:?}");
+    assert_eq!(open_cards(s, NOW, 10), Vec::<String>::new());
+
+    // Another open card under the id replaces the record and is on the worklist again.
+    let again = with("run", NOW - 100, json!({"card": card("2")}));
+    let out = s.put(&again, None, NOW).unwrap();
+    assert!(out.stored && out.rewritten, "{out:?}");
+    assert_eq!(open_cards(s, NOW, 10), ["run"]);
+    assert!(s.close_card("run").unwrap());
+    assert_eq!(
+        s.get("run", NOW)
+            .unwrap()
+            .unwrap()
+            .head
+            .extra
+            .get("cardClosed"),
+        Some(&json!(true))
+    );
+
+    // Nothing to close: unknown and bad ids, a tombstone, no card, a card already closed.
+    s.put(
+        &with(
+            "tomb",
+            NOW,
+            json!({"card": card("3"), "provisional": true, "status": "interrupted"}),
+        ),
+        None,
+        NOW,
+    )
+    .unwrap();
+    s.put(&with("plain", NOW, json!({})), None, NOW).unwrap();
+    s.put(
+        &with("shut", NOW, json!({"card": card("4"), "cardClosed": true})),
+        None,
+        NOW,
+    )
+    .unwrap();
+    for id in ["nobody", "../x", "", "tomb", "plain", "shut"] {
+        let before = s.get(id, NOW).unwrap();
+        assert!(!s.close_card(id).unwrap(), "{id:?}");
+        assert_eq!(s.get(id, NOW).unwrap(), before, "{id:?} is unchanged");
+    }
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -712,6 +872,9 @@ contract!(
     finished_at_far_ahead_is_clamped_to_a_day_past_now,
     delete_removes_the_run_and_its_events,
     a_terminal_status_lists_final_records_with_that_status_and_never_a_tombstone,
+    open_cards_lists_final_records_whose_card_waits_for_its_closing_frame,
+    open_cards_applies_the_policy_first,
+    close_card_answers_true_once_and_the_record_reads_back_closed,
 );
 
 // Keep the imports used by the macro's expansions visible to the compiler's unused-import check.

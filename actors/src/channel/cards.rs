@@ -6,7 +6,7 @@
 //! its row), every published event passes [`Cards::observe`], and the run closes it before its final
 //! record ([`Cards::close`]: the closing frame, answered with what the record carries). A fenced or
 //! handed-off run [`Cards::forget`]s its card: nothing more from this process reaches the thread. A
-//! process closing another process's row edits its card once ([`Cards::close_row`]).
+//! process closing another process's run edits its card once ([`Cards::close_once`]).
 //!
 //! Bounded: one entry per open card, each holding only the latest view; no queue of frames.
 
@@ -56,8 +56,12 @@ pub struct Cards {
     inner: Option<Arc<Inner>>,
 }
 
+/// How the cards publish a note on a run (set once by the supervisor: the run's own publish path).
+type Notes = Box<dyn Fn(&str, Value) + Send + Sync>;
+
 struct Inner {
     io: Arc<dyn ChannelIo>,
+    notes: std::sync::OnceLock<Notes>,
     storage: StorageHandle,
     /// `[server] public_base_url`: the live view links on the frames.
     public_base_url: String,
@@ -90,6 +94,7 @@ impl Cards {
         Cards {
             inner: Some(Arc::new(Inner {
                 io,
+                notes: std::sync::OnceLock::new(),
                 storage,
                 public_base_url: public_base_url.trim_end_matches('/').to_owned(),
                 open: Mutex::new(HashMap::new()),
@@ -100,6 +105,13 @@ impl Cards {
     /// Whether a channel is configured.
     pub fn enabled(&self) -> bool {
         self.inner.is_some()
+    }
+
+    /// Where the cards' notes on a run go (`note` events, e.g. why a run has no card): set once.
+    pub fn on_note(&self, publish: impl Fn(&str, Value) + Send + Sync + 'static) {
+        if let Some(inner) = &self.inner {
+            let _ = inner.notes.set(Box::new(publish));
+        }
     }
 
     /// The run's live view, with its capability token (the link on every frame).
@@ -196,18 +208,24 @@ impl Cards {
         patiently("chat.postMessage", || inner.io.reply(thread, run_id, text)).await
     }
 
-    /// Close the card of a row this process closes for another (a reclaim, an orphan): one edit with
-    /// `view`'s closing frame (a fresh card if it was deleted). Answers what the record carries.
-    pub async fn close_row(&self, row: &LiveRow, thread: ThreadRef, view: CardView) -> CardClosed {
+    /// Close the card of a run this process closes for another (a reclaim, an orphan, a record whose
+    /// card stayed open): one edit of `handle` (or the card the run posted, looked for) with `view`'s
+    /// closing frame, a fresh card if it was deleted. Answers what the record carries.
+    pub async fn close_once(
+        &self,
+        mut handle: Option<CardHandle>,
+        thread: ThreadRef,
+        view: CardView,
+    ) -> CardClosed {
         let Some(inner) = &self.inner else {
             return CardClosed::default();
         };
         let frame = view.frame();
         let io = inner.io.as_ref();
-        let mut handle = card_of(row);
+        let run_id = view.run_id.as_str();
         let sent = tokio::time::timeout(CLOSE_WAIT, async {
             if handle.is_none() {
-                handle = find(io, &thread, &row.run_id).await;
+                handle = find(io, &thread, run_id).await;
             }
             show(io, &thread, handle.as_ref(), &frame).await
         })
@@ -217,8 +235,17 @@ impl Cards {
                 handle: Some(handle),
                 closed: true,
             },
+            // No card can ever be shown in this thread (the channel is gone, the bot removed): nothing is
+            // left to close.
+            Ok(Err(e)) if e.no_card_here() => {
+                tracing::warn!(run_id, error = %e, "the run's card cannot be closed: no card in this thread");
+                CardClosed {
+                    handle,
+                    closed: true,
+                }
+            }
             Ok(Err(e)) => {
-                tracing::warn!(run_id = %row.run_id, error = %e, "could not close the run's card");
+                tracing::warn!(run_id, error = %e, "could not close the run's card");
                 CardClosed {
                     handle,
                     closed: false,
@@ -323,6 +350,13 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
                 std::mem::take(&mut state.look),
             )
         };
+        // A process paused past its lease wakes here before it learns it was fenced: the ledger says
+        // whether the run is still this generation's, right before anything reaches the thread.
+        if !still_owner(&inner, &run_id, &gen).await {
+            tracing::info!(run_id = %run_id, generation = %gen, "not the run's owner any more: its card is left alone");
+            silence(&slot);
+            return;
+        }
         if look && handle.is_none() {
             handle = find(inner.io.as_ref(), &thread, &run_id).await;
             if let Some(found) = &handle {
@@ -348,6 +382,13 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
             }
             Err(e) if e.no_card_here() => {
                 tracing::warn!(run_id = %run_id, generation = %gen, error = %e, "no card in this thread; the run goes on without one");
+                if let Some(note) = inner.notes.get() {
+                    note(
+                        &run_id,
+                        serde_json::json!({"type": "note", "kind": "no_card",
+                            "summary": format!("no status card in this thread: {e}")}),
+                    );
+                }
                 silence(&slot);
                 return;
             }
@@ -378,6 +419,16 @@ fn answer_closers(slot: &Slot, shown: bool) -> bool {
         let _ = tx.send(closed.clone());
     }
     true
+}
+
+/// Whether the run's live row is still `gen`'s (a storage error answers yes: the heartbeat is what
+/// fences an owner that cannot reach storage).
+async fn still_owner(inner: &Inner, run_id: &str, gen: &str) -> bool {
+    match inner.storage.get_live(run_id.to_owned()).await {
+        Ok(Some(row)) => row.owner_gen == gen,
+        Ok(None) => false,
+        Err(_) => true,
+    }
 }
 
 /// Commit a card's handle to its row (`state.card`). `false` when the row is another generation's: the

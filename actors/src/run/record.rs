@@ -8,6 +8,8 @@ use storage::record::{
 
 use super::{Ended, RunDeps, StopReason};
 use crate::channel::card::{CardView, Ending};
+use crate::channel::cards::CardClosed;
+use crate::channel::{CardHandle, ThreadRef};
 use crate::registry::RunMeta;
 
 /// The parts of a record besides its identity, events and counts.
@@ -221,6 +223,45 @@ pub fn closing_record(
     )
 }
 
+/// Show a closed run's closing frame on its card in `thread` (SPEC §12), from its record: delivery
+/// unconfirmed with the saved answer (never re-sent as a reply) for a run closed past its finishing gate,
+/// else its status. Answers what the record carries (`card`, `cardClosed`).
+pub async fn close_card_of(
+    deps: &RunDeps,
+    record: &RunRecord,
+    thread: ThreadRef,
+    handle: Option<CardHandle>,
+) -> CardClosed {
+    if !deps.cards.enabled() {
+        return CardClosed::default();
+    }
+    let h = &record.head;
+    let token = deps.tokens.mint(&h.id);
+    let mut view = CardView::new(
+        &h.id,
+        h.agent.as_deref().unwrap_or_default(),
+        deps.cards.live_url(&h.id, &token),
+        h.started_at,
+    )
+    .folded(&record.events);
+    view.ending = Some(if h.reply_note.as_deref() == Some(DELIVERY_UNKNOWN) {
+        let answer = record
+            .events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "answer")
+            .and_then(|e| e["text"].as_str())
+            .map(str::to_owned);
+        Ending::Unconfirmed { answer }
+    } else {
+        Ending::Ended {
+            status: h.status,
+            finished_at: h.finished_at,
+        }
+    });
+    deps.cards.close_once(handle, thread, view).await
+}
+
 /// Close a row with a record built from the row and its live events, through the finish transaction
 /// (`finishedAt` = now), which admits the successor for its unread inbox (SPEC §5.2 step 8); answers
 /// that successor when it was admitted here. A row past its finishing gate keeps the answer the gate
@@ -252,35 +293,12 @@ pub async fn close_row(
     let now = deps.clock.now_ms();
     let mut record = closing_record(row, events, status, reason, now, deps.registry.redactor())
         .ok_or("the row does not make a valid record")?;
-    // The run's card gets its closing frame, the record says whether it did (SPEC §12): a row past its
-    // gate says its delivery is unconfirmed and shows the saved answer, never re-sent as a reply.
+    // The run's card gets its closing frame, the record says whether it did (SPEC §12).
     if let Some(thread) = super::Request::of_row(row).and_then(|r| r.chat_thread()) {
-        if deps.cards.enabled() {
-            let token = deps.tokens.mint(&row.run_id);
-            let mut view = CardView::new(
-                &row.run_id,
-                &meta_from_row(row).agent,
-                deps.cards.live_url(&row.run_id, &token),
-                row.started_at,
-            )
-            .folded(&record.events);
-            view.ending = Some(if row.gated() {
-                Ending::Unconfirmed {
-                    answer: row
-                        .saved_answer()
-                        .map(|a| deps.registry.redactor().redact(a).into_owned()),
-                }
-            } else {
-                Ending::Ended {
-                    status,
-                    finished_at: now,
-                }
-            });
-            deps.cards
-                .close_row(row, thread, view)
-                .await
-                .stamp(&mut record.head.extra);
-        }
+        let handle = crate::channel::cards::card_of(row);
+        close_card_of(deps, &record, thread, handle)
+            .await
+            .stamp(&mut record.head.extra);
     }
     let successor = Successor {
         run_id: uuid::Uuid::now_v7().to_string(),

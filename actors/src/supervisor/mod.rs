@@ -330,7 +330,7 @@ impl Actor for Supervisor {
         )
         .with_news(config.storage.news())
         .start();
-        self.deps = Some(RunDeps {
+        let deps = RunDeps {
             gen: self.config.gen.clone(),
             storage: config.storage,
             registry: config.registry,
@@ -349,7 +349,13 @@ impl Actor for Supervisor {
             operations: config.operations,
             cards: config.cards,
             on_ended: ctx.address().recipient(),
+        };
+        // A card's note on its run (why it has none) is the run's own event.
+        let publisher = deps.clone();
+        deps.cards.on_note(move |id, event| {
+            crate::run::publish(&publisher, id, event, true);
         });
+        self.deps = Some(deps);
         // Finished rows leave the registry after their TTL. Slots of threads with no run here are dropped
         // (a slot only orders this process's admissions; the ledger's `admit` is what is atomic, so a
         // slot recreated while an old one finishes its last message is harmless).

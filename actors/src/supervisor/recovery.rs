@@ -409,6 +409,7 @@ impl Handler<ReclaimPass> for Supervisor {
             if let Err(e) = deps.storage.expire().await {
                 tracing::warn!(error = %e, "could not expire finished runs; retried next pass");
             }
+            close_open_cards(&deps).await;
             let answer = deps
                 .storage
                 .reclaim(deps.gen.as_str().to_owned(), lease_ms, dead, driven)
@@ -513,5 +514,64 @@ impl Handler<OpenIngress> for Supervisor {
                 defer_launch: false,
             });
         });
+    }
+}
+
+/// How long after its record a run's card may stay open before a sweep closes it (the run's own process
+/// stops trying once its row is gone; a sweep and a late close of the same card show the same frame).
+const OPEN_CARD_AGE_MS: i64 = 10_000;
+/// Cards closed per sweep at most.
+const OPEN_CARDS_PER_PASS: usize = 16;
+
+/// The orphan sweep of cards (SPEC §12): a finished run whose card never got its closing frame (its
+/// record has `card` and no `cardClosed`: chat was unreachable when it ended, or its process died
+/// right after the record) gets it now, from the record.
+async fn close_open_cards(deps: &RunDeps) {
+    if !deps.cards.enabled() {
+        return;
+    }
+    let before = deps.clock.now_ms() - OPEN_CARD_AGE_MS;
+    let ids = match deps.storage.open_cards(before, OPEN_CARDS_PER_PASS).await {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list open cards; retried next pass");
+            return;
+        }
+    };
+    for id in ids {
+        let record = match deps.storage.get(id.clone()).await {
+            Ok(Some(record)) => record,
+            Ok(None) => continue,
+            // A record that cannot be read never gets a frame: off the list, so it cannot hold it up.
+            Err(e) => {
+                tracing::warn!(run_id = %id, error = %e, "an unreadable record's card is given up");
+                let _ = deps.storage.close_card(id).await;
+                continue;
+            }
+        };
+        let h = &record.head;
+        let handle: Option<crate::channel::CardHandle> = h
+            .extra
+            .get(storage::ledger::state_keys::CARD)
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let thread = crate::channel::ThreadRef {
+            channel: h.channel_id.clone(),
+            thread_ts: h
+                .thread_key
+                .strip_prefix(&format!("{}:", h.channel_id))
+                .unwrap_or(&h.thread_key)
+                .to_owned(),
+        };
+        let closed = run::close_card_of(deps, &record, thread, handle).await;
+        if closed.closed {
+            match deps.storage.close_card(id.clone()).await {
+                Ok(_) => {
+                    tracing::info!(run_id = %id, generation = deps.gen.as_str(), "closed the card of a finished run")
+                }
+                Err(e) => {
+                    tracing::warn!(run_id = %id, generation = deps.gen.as_str(), error = %e, "card closed; its record not yet marked")
+                }
+            }
+        }
     }
 }

@@ -5,10 +5,10 @@
 
 use super::state::StoredRun;
 use super::MemoryStore;
-use crate::record::{stored_event_seqs, RunListItem, RunRecord};
+use crate::record::{is_valid_run_id, stored_event_seqs, RunListItem, RunRecord};
 use crate::store::{
-    effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome,
-    RunStore, StoredPolicy,
+    effective_events_limit, effective_open_cards_limit, EventsPage, Expired, ListPage, ListQuery,
+    PolicyProposal, PutOutcome, RunStore, StoredPolicy,
 };
 use crate::Result;
 
@@ -93,5 +93,39 @@ impl RunStore for MemoryStore {
             orphaned: 0,
             scan_after: None,
         })
+    }
+
+    fn open_cards(
+        &mut self,
+        finished_before: i64,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<Vec<String>> {
+        let st = self.lock();
+        let mut open: Vec<(i64, String)> = st
+            .kept(now_ms)
+            .into_iter()
+            .filter(|i| i.head.finished_at <= finished_before && i.head.card_open())
+            .map(|i| (i.head.finished_at, i.head.id))
+            .collect();
+        open.sort();
+        open.truncate(effective_open_cards_limit(limit));
+        Ok(open.into_iter().map(|(_, id)| id).collect())
+    }
+
+    fn close_card(&mut self, id: &str) -> Result<bool> {
+        if !is_valid_run_id(id) {
+            return Ok(false);
+        }
+        let mut st = self.lock();
+        let Some(run) = st.runs.get_mut(id) else {
+            return Ok(false);
+        };
+        let mut record = run.record.clone();
+        if !record.head.close_card() {
+            return Ok(false);
+        }
+        *run = StoredRun::new(record)?;
+        Ok(true)
     }
 }

@@ -33,6 +33,17 @@ pub(super) struct StoredRun {
 }
 
 impl StoredRun {
+    /// `record` with its size and digest: the compact JSON's bytes and their SHA-256, which a later put
+    /// compares to tell an identical repeat.
+    pub(super) fn new(record: RunRecord) -> Result<Self> {
+        let encoded = serde_json::to_vec(&record).map_err(|e| Error::corrupt("record", e))?;
+        Ok(StoredRun {
+            bytes: encoded.len() as u64,
+            digest: Sha256::digest(&encoded).into(),
+            record,
+        })
+    }
+
     pub(super) fn item(&self) -> RunListItem {
         self.record.to_list_item(Some(self.bytes))
     }
@@ -109,19 +120,11 @@ impl State {
         if st.ledger.is_live(&id) {
             record.events.clear();
         }
-        let encoded = serde_json::to_vec(&record).map_err(|e| Error::corrupt("record", e))?;
-        let digest: [u8; 32] = Sha256::digest(&encoded).into();
+        let run = StoredRun::new(record)?;
         let existing = st.runs.get(&id).map(|r| r.digest);
-        let unchanged = existing == Some(digest);
+        let unchanged = existing == Some(run.digest);
         if !unchanged {
-            st.runs.insert(
-                id.clone(),
-                StoredRun {
-                    record,
-                    bytes: encoded.len() as u64,
-                    digest,
-                },
-            );
+            st.runs.insert(id.clone(), run);
         }
         let (kept, _) = st.trim(now_ms);
         let stored = kept.contains(&id);

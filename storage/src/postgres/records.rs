@@ -20,8 +20,8 @@ use crate::record::{
 };
 use crate::sqlite::Kept;
 use crate::store::{
-    clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome,
-    StoredPolicy, TRIM_PER_PUT,
+    clamp_future, decode_event_row, effective_open_cards_limit, EventsPage, Expired, ListQuery,
+    PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT,
 };
 use crate::{Error, Result};
 
@@ -291,18 +291,19 @@ pub(super) fn put_in(
         let h = &record.head;
         c.execute(
             "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
-                channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
+                card_open)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
              ON CONFLICT (run_id) DO UPDATE SET finished_at = EXCLUDED.finished_at, started_at = EXCLUDED.started_at,
                 agent = EXCLUDED.agent, channel_id = EXCLUDED.channel_id, user_id = EXCLUDED.user_id,
                 thread_key = EXCLUDED.thread_key, channel_visibility = EXCLUDED.channel_visibility,
                 parent_run_id = EXCLUDED.parent_run_id, status = EXCLUDED.status, provisional = EXCLUDED.provisional,
                 event_count = EXCLUDED.event_count, bytes = EXCLUDED.bytes, digest = EXCLUDED.digest,
-                stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json",
+                stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json, card_open = EXCLUDED.card_open",
             &[
                 &id, &h.finished_at, &h.started_at, &h.agent, &h.channel_id, &h.user_id, &h.thread_key,
                 &h.channel_visibility.as_str(), &h.parent_run_id, &h.status.as_str(), &h.provisional,
-                &big(h.event_count), &bytes, &digest, &now_ms, &summary,
+                &big(h.event_count), &bytes, &digest, &now_ms, &summary, &h.card_open(),
             ],
         )?;
         if !live {
@@ -328,6 +329,92 @@ pub(super) fn put_in(
         rewritten: existing.is_some() && !unchanged,
         retained: retained(c, &policy, now_ms)?,
     })
+}
+
+/// The one query of [`RunStore::open_cards`](crate::store::RunStore::open_cards) (SQL text and
+/// parameters), over the partial index `runs_open_cards`; `None` when the policy keeps nothing.
+pub(super) fn open_cards_sql(
+    finished_before: i64,
+    limit: usize,
+    kept: &Kept,
+    cutoff: i64,
+) -> Option<(String, Params)> {
+    if matches!(kept, Kept::Nothing) {
+        return None;
+    }
+    let mut p = Params::default();
+    let before = p.push(finished_before);
+    let keep_sql = kept_sql(kept, cutoff, &mut p);
+    let limit = p.push(big(effective_open_cards_limit(limit)));
+    let sql = format!(
+        "SELECT run_id FROM runs WHERE card_open AND finished_at <= {before} AND {keep_sql}
+         ORDER BY finished_at ASC, run_id ASC LIMIT {limit}"
+    );
+    Some((sql, p))
+}
+
+/// [`RunStore::open_cards`](crate::store::RunStore::open_cards) inside one transaction.
+pub(super) fn open_cards_in(
+    c: &mut Db,
+    finished_before: i64,
+    limit: usize,
+    now_ms: i64,
+) -> Result<Vec<String>> {
+    let policy = read_policy(c)?.policy;
+    let kept = kept(c, &policy, now_ms)?;
+    let Some((sql, p)) = open_cards_sql(finished_before, limit, &kept, policy.cutoff_ms(now_ms))
+    else {
+        return Ok(Vec::new());
+    };
+    Ok(c.query(&sql, &p.refs())?.iter().map(|r| r.get(0)).collect())
+}
+
+/// [`RunStore::close_card`](crate::store::RunStore::close_card) inside one transaction, as SQLite's
+/// `close_card_in`: the head gains `cardClosed: true`, the digest and size become those [`put_in`] would
+/// store for the closed record, and a head that does not decode only loses its `card_open`.
+pub(super) fn close_card_in(c: &mut Db, id: &str) -> Result<bool> {
+    let Some(row) = c.query_opt(
+        "SELECT summary_json FROM runs WHERE run_id = $1 AND card_open",
+        &[&id],
+    )?
+    else {
+        return Ok(false);
+    };
+    let mut head = match serde_json::from_str::<RunHead>(&row.get::<_, String>(0)) {
+        Ok(head) => head,
+        Err(e) => {
+            let problem = crate::DecodeProblem::of(&e);
+            tracing::warn!(
+                run_id = id,
+                problem = problem.as_str(),
+                "a runs row with an open card does not decode; took it off the open cards"
+            );
+            c.execute(
+                "UPDATE runs SET card_open = FALSE WHERE run_id = $1",
+                &[&id],
+            )?;
+            return Ok(false);
+        }
+    };
+    let changed = head.close_card();
+    let events = if is_live(c, id)? {
+        Vec::new()
+    } else {
+        all_events_in(c, id)?
+    };
+    let record = RunRecord { head, events };
+    let (summary, digest) = encode(&record)?;
+    c.execute(
+        "UPDATE runs SET summary_json = $2, digest = $3, bytes = $4, card_open = $5 WHERE run_id = $1",
+        &[
+            &id,
+            &summary,
+            &digest,
+            &big(record.encoded_len()),
+            &record.head.card_open(),
+        ],
+    )?;
+    Ok(changed)
 }
 
 /// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
@@ -424,6 +511,20 @@ pub(super) fn events_in(c: &mut Db, id: &str, after_seq: u64, limit: usize) -> R
     })
 }
 
+/// Every stored event of `id`, in seq order (a corrupt row skipped and logged), page by page.
+pub(super) fn all_events_in(c: &mut Db, id: &str) -> Result<Vec<Value>> {
+    let mut events = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = events_in(c, id, after, crate::store::EVENTS_MAX_LIMIT)?;
+        events.extend(page.events);
+        match page.next_after_seq {
+            Some(n) => after = n,
+            None => return Ok(events),
+        }
+    }
+}
+
 /// Write events into `run_events` keyed by seq (an upsert: an identical retry is a no-op; within one
 /// batch the last event of a seq wins, as SQLite's `INSERT OR REPLACE` in order does). One statement.
 pub(super) fn insert_events(
@@ -497,4 +598,53 @@ pub(super) fn purge_in(c: &mut Db, run_id: &str) -> Result<u64> {
         n += c.execute(sql, &[&run_id])?;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::PgStore;
+    use crate::record::validate_record;
+    use crate::store::RunStore;
+
+    /// The orphan sweep's worklist is one SELECT over the partial index `runs_open_cards` with no sort
+    /// step, with the policy keeping everything and with a floor. Sequential scans are turned off for the
+    /// plan: on a table this small the planner would otherwise rightly prefer one.
+    #[test]
+    fn open_cards_is_one_select_over_the_partial_index() {
+        let mut s = PgStore::open(&crate::testing::pg::database()).expect("open");
+        let now = 1_800_000_000_000;
+        for i in 0..50 {
+            let r = validate_record(&serde_json::json!({
+                "id": format!("r{i}"), "channelId": "C1", "userId": "U1", "threadKey": "t",
+                "startedAt": now - 100, "finishedAt": now - i, "status": "completed", "eventCount": 0,
+                "storedEventCount": 0, "truncated": false, "events": [],
+                "card": {"channel": "C1", "ts": format!("{i}")}, "cardClosed": i % 2 == 0
+            }))
+            .expect("valid");
+            s.put(&r, None, now).expect("put");
+        }
+        s.read(|c| {
+            let open: i64 = c
+                .query_one("SELECT COUNT(*) FROM runs WHERE card_open", &[])?
+                .get(0);
+            assert_eq!(open, 25, "the writer set the column");
+            c.execute("SET LOCAL enable_seqscan = off", &[])?;
+            for kept in [Kept::All, Kept::From(now - 40, "r40".into())] {
+                let (sql, p) = open_cards_sql(now, 10, &kept, now - 1_000).expect("a query");
+                assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");
+                let plan: Vec<String> = c
+                    .query(&format!("EXPLAIN {sql}"), &p.refs())?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                let plan = plan.join("\n");
+                assert!(plan.contains("runs_open_cards"), "{plan}");
+                assert!(!plan.contains("Sort"), "{plan}");
+            }
+            Ok(())
+        })
+        .expect("explain");
+        assert!(open_cards_sql(now, 10, &Kept::Nothing, now - 1_000).is_none());
+    }
 }

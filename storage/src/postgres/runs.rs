@@ -4,8 +4,8 @@
 
 use super::live::is_live;
 use super::records::{
-    decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy,
-    visible_summary,
+    all_events_in, close_card_in, decode_item, delete_run, events_in, expire_in, kept, list_sql,
+    open_cards_in, put_in, read_policy, visible_summary,
 };
 use super::PgStore;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
@@ -40,19 +40,9 @@ impl RunStore for PgStore {
                     events: Vec::new(),
                 }));
             }
-            let mut events = Vec::new();
-            let mut after = 0;
-            loop {
-                let page = events_in(c, id, after, crate::store::EVENTS_MAX_LIMIT)?;
-                events.extend(page.events);
-                match page.next_after_seq {
-                    Some(n) => after = n,
-                    None => break,
-                }
-            }
             Ok(Some(RunRecord {
                 head: item.head,
-                events,
+                events: all_events_in(c, id)?,
             }))
         })
     }
@@ -129,5 +119,21 @@ impl RunStore for PgStore {
 
     fn expire(&mut self, now_ms: i64, scan_after: &str) -> Result<Expired> {
         self.write(|c| expire_in(c, now_ms, scan_after))
+    }
+
+    fn open_cards(
+        &mut self,
+        finished_before: i64,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<Vec<String>> {
+        self.read(|c| open_cards_in(c, finished_before, limit, now_ms))
+    }
+
+    fn close_card(&mut self, id: &str) -> Result<bool> {
+        if !is_valid_run_id(id) {
+            return Ok(false);
+        }
+        self.write(|c| close_card_in(c, id))
     }
 }

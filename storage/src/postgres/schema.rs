@@ -119,6 +119,13 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE generations ADD COLUMN host_id text COLLATE "C" NOT NULL DEFAULT '';
     UPDATE generations SET host_id = host;
     "#,
+    // 3: the orphan-card sweep's worklist (SPEC §12), as SQLite's migration 9: `card_open` is set by the
+    // record writer on a final record whose head has a `card` and no `cardClosed: true`, cleared by
+    // `close_card`, and read through a partial index. Rows from before read FALSE: not open.
+    r#"
+    ALTER TABLE runs ADD COLUMN card_open BOOLEAN NOT NULL DEFAULT FALSE;
+    CREATE INDEX runs_open_cards ON runs(finished_at, run_id) WHERE card_open;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

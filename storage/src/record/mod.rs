@@ -50,7 +50,8 @@ mod fixtures;
 pub use budget::{cap_event_for_publish, fit_record_to_budget, MAX_EVENT_BYTES, MAX_RECORD_BYTES};
 pub use model::{
     event_seq, input_event, stored_event_seqs, CategoryStat, ChannelVisibility, Diagnosis,
-    InputSource, RunHead, RunListItem, RunRecord, RunStatus, DIAGNOSIS_CATEGORIES,
+    InputSource, RunHead, RunListItem, RunRecord, RunStatus, CARD, CARD_CLOSED,
+    DIAGNOSIS_CATEGORIES,
 };
 pub use retention::{apply_retention, newest_first, RetentionPolicy};
 pub use validate::{is_valid_run_id, validate_list_item, validate_record, RecordError};

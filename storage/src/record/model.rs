@@ -198,6 +198,34 @@ pub struct RunHead {
     pub extra: Map<String, Value>,
 }
 
+/// The head field naming a run's status card in its chat thread (SPEC §12), `{channel, ts}`: written by the
+/// actors crate, carried in [`RunHead::extra`].
+pub const CARD: &str = "card";
+/// The head field saying the card shows its closing frame (SPEC §12): `true` once it does.
+pub const CARD_CLOSED: &str = "cardClosed";
+
+impl RunHead {
+    /// Whether this is a final record whose status card still waits for its closing frame — a `card`
+    /// object and no `cardClosed: true` — which the orphan sweep closes (SPEC §12). A provisional record's
+    /// card is never open here: its run has not finished, so the card is still its run's (or a reclaim's)
+    /// to close.
+    pub fn card_open(&self) -> bool {
+        !self.provisional
+            && self.extra.get(CARD).is_some_and(Value::is_object)
+            && self.extra.get(CARD_CLOSED) != Some(&Value::Bool(true))
+    }
+
+    /// Mark the card closed (`cardClosed: true`); answers whether it was open ([`RunHead::card_open`]).
+    /// A head whose card is not open is left as it is.
+    pub fn close_card(&mut self) -> bool {
+        if !self.card_open() {
+            return false;
+        }
+        self.extra.insert(CARD_CLOSED.to_owned(), Value::Bool(true));
+        true
+    }
+}
+
 /// A finished run as stored: its head plus the (possibly budget-trimmed) event stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
@@ -375,6 +403,46 @@ mod tests {
         assert_eq!(text.matches("\"bytes\"").count(), 1);
         record.head.extra.clear();
         assert_eq!(record.to_list_item(None).bytes, None);
+    }
+
+    /// A card is open on a final record with a `card` object and no `cardClosed: true`; closing it once
+    /// stamps `cardClosed: true` and a second close changes nothing.
+    #[test]
+    fn a_card_is_open_until_closed_and_only_on_a_final_record() {
+        let card = json!({"channel": "C1", "ts": "1.2"});
+        let open = validate_record(&with("card", Some(card.clone()))).expect("valid");
+        assert!(open.head.card_open());
+        let mut explicit = open.clone();
+        explicit.head.extra.insert(CARD_CLOSED.into(), json!(false));
+        assert!(explicit.head.card_open(), "cardClosed: false is still open");
+        for (what, mut head) in [
+            (
+                "no card",
+                validate_record(&good_record()).expect("valid").head,
+            ),
+            (
+                "a card that is no object",
+                validate_record(&with("card", Some(json!("1.2"))))
+                    .expect("valid")
+                    .head,
+            ),
+            ("provisional", {
+                let mut h = open.head.clone();
+                h.provisional = true;
+                h
+            }),
+        ] {
+            assert!(!head.card_open(), "{what}");
+            let before = head.clone();
+            assert!(!head.close_card(), "{what}");
+            assert_eq!(head, before, "{what}: left as it is");
+        }
+        let mut head = explicit.head;
+        assert!(head.close_card());
+        assert_eq!(head.extra.get(CARD_CLOSED), Some(&json!(true)));
+        assert_eq!(head.extra.get(CARD), Some(&card));
+        assert!(!head.card_open());
+        assert!(!head.close_card());
     }
 
     #[test]

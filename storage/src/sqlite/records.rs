@@ -23,8 +23,8 @@ use crate::record::{
     VisibilityFilter,
 };
 use crate::store::{
-    clamp_future, decode_event_row, EventsPage, Expired, ListQuery, PolicyProposal, PutOutcome,
-    StoredPolicy, TRIM_PER_PUT,
+    clamp_future, decode_event_row, effective_open_cards_limit, EventsPage, Expired, ListQuery,
+    PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT,
 };
 use crate::{Error, Result};
 
@@ -324,13 +324,14 @@ pub(super) fn put_in(
         let h = &record.head;
         tx.prepare_cached(
             "INSERT OR REPLACE INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
-                channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
+                card_open)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
         )?
         .execute(params![
             id, h.finished_at, h.started_at, h.agent, h.channel_id, h.user_id, h.thread_key,
             h.channel_visibility.as_str(), h.parent_run_id, h.status.as_str(), h.provisional,
-            h.event_count as i64, bytes, digest, now_ms, summary
+            h.event_count as i64, bytes, digest, now_ms, summary, h.card_open()
         ])?;
         if !live {
             tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
@@ -355,6 +356,95 @@ pub(super) fn put_in(
         rewritten: existing.is_some() && !unchanged,
         retained: retained(tx, &policy, now_ms)?,
     })
+}
+
+/// The one query of [`RunStore::open_cards`](crate::store::RunStore::open_cards) (SQL text and
+/// parameters), over the partial index `runs_open_cards`; `None` when the policy keeps nothing.
+pub(super) fn open_cards_sql(
+    finished_before: i64,
+    limit: usize,
+    kept: &Kept,
+    cutoff: i64,
+) -> Option<(String, Vec<SqlValue>)> {
+    if matches!(kept, Kept::Nothing) {
+        return None;
+    }
+    let mut p = vec![SqlValue::Integer(finished_before)];
+    let keep_sql = kept.sql(cutoff, &mut p);
+    p.push(SqlValue::Integer(effective_open_cards_limit(limit) as i64));
+    let sql = format!(
+        "SELECT run_id FROM runs WHERE card_open = 1 AND finished_at <= ? AND {keep_sql}
+         ORDER BY finished_at ASC, run_id ASC LIMIT ?"
+    );
+    Some((sql, p))
+}
+
+/// [`RunStore::open_cards`](crate::store::RunStore::open_cards) inside `tx`.
+pub(super) fn open_cards_in(
+    tx: &Connection,
+    finished_before: i64,
+    limit: usize,
+    now_ms: i64,
+) -> Result<Vec<String>> {
+    let policy = read_policy(tx)?.policy;
+    let kept = kept(tx, &policy, now_ms)?;
+    let Some((sql, p)) = open_cards_sql(finished_before, limit, &kept, policy.cutoff_ms(now_ms))
+    else {
+        return Ok(Vec::new());
+    };
+    let ids = tx
+        .prepare_cached(&sql)?
+        .query_map(params_from_iter(p), |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(ids)
+}
+
+/// [`RunStore::close_card`](crate::store::RunStore::close_card) inside `tx`: the row's head gains
+/// `cardClosed: true`, and its digest and size become those [`put_in`] would store for the closed record
+/// (its events, or none while the run is live, as a put then writes none), so a later put of the closed
+/// record is an identical repeat. A head that does not decode is not closed: its `card_open` is cleared,
+/// so one corrupt row never holds the sweep's worklist up, and the answer is `false`.
+pub(super) fn close_card_in(tx: &Connection, id: &str) -> Result<bool> {
+    let summary: Option<String> = tx
+        .prepare_cached("SELECT summary_json FROM runs WHERE run_id = ?1 AND card_open = 1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?;
+    let Some(summary) = summary else {
+        return Ok(false);
+    };
+    let mut head = match serde_json::from_str::<RunHead>(&summary) {
+        Ok(head) => head,
+        Err(e) => {
+            let problem = crate::DecodeProblem::of(&e);
+            tracing::warn!(
+                run_id = id,
+                problem = problem.as_str(),
+                "a runs row with an open card does not decode; took it off the open cards"
+            );
+            tx.prepare_cached("UPDATE runs SET card_open = 0 WHERE run_id = ?1")?
+                .execute([id])?;
+            return Ok(false);
+        }
+    };
+    let changed = head.close_card();
+    let events = if is_live(tx, id)? {
+        Vec::new()
+    } else {
+        all_events_in(tx, id)?
+    };
+    let record = RunRecord { head, events };
+    let (summary, digest) = encode(&record)?;
+    tx.prepare_cached(
+        "UPDATE runs SET summary_json = ?2, digest = ?3, bytes = ?4, card_open = ?5 WHERE run_id = ?1",
+    )?
+    .execute(params![
+        id,
+        summary,
+        digest,
+        record.encoded_len() as i64,
+        record.head.card_open()
+    ])?;
+    Ok(changed)
 }
 
 /// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
@@ -445,6 +535,20 @@ pub(super) fn events_in(
         events,
         next_after_seq: more.then_some(last),
     })
+}
+
+/// Every stored event of `id`, in seq order (a corrupt row skipped and logged), page by page.
+pub(super) fn all_events_in(tx: &Connection, id: &str) -> Result<Vec<Value>> {
+    let mut events = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = events_in(tx, id, after, crate::store::EVENTS_MAX_LIMIT)?;
+        events.extend(page.events);
+        match page.next_after_seq {
+            Some(n) => after = n,
+            None => return Ok(events),
+        }
+    }
 }
 
 /// Write events into `run_events` keyed by seq (`INSERT OR REPLACE`: an identical retry is a no-op): a
@@ -583,5 +687,51 @@ mod tests {
                 "{plan:?}"
             );
         }
+    }
+
+    /// The orphan sweep's worklist is one SELECT over the partial index `runs_open_cards`: no table scan,
+    /// no sort step, no record JSON read — with the policy keeping everything and with a floor.
+    #[test]
+    fn open_cards_is_one_select_over_the_partial_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).unwrap();
+        let now = 1_800_000_000_000;
+        for i in 0..50 {
+            let r = validate_record(&serde_json::json!({
+                "id": format!("r{i}"), "channelId": "C1", "userId": "U1", "threadKey": "t",
+                "startedAt": now - 100, "finishedAt": now - i, "status": "completed", "eventCount": 0,
+                "storedEventCount": 0, "truncated": false, "events": [],
+                "card": {"channel": "C1", "ts": format!("{i}")}, "cardClosed": i % 2 == 0
+            }))
+            .unwrap();
+            s.put(&r, None, now).unwrap();
+        }
+        let tx = s.conn.transaction().unwrap();
+        let open: i64 = tx
+            .query_row("SELECT COUNT(*) FROM runs WHERE card_open = 1", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(open, 25, "the writer set the column");
+        for kept in [Kept::All, Kept::From(now - 40, "r40".into())] {
+            let (sql, params) = open_cards_sql(now, 10, &kept, now - 1_000).expect("a query");
+            assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");
+            let plan: Vec<String> = tx
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert!(
+                plan.iter().all(|step| step.contains("runs_open_cards")),
+                "{plan:?}"
+            );
+            assert!(
+                !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+                "{plan:?}"
+            );
+        }
+        assert_eq!(open_cards_sql(now, 10, &Kept::Nothing, now - 1_000), None);
     }
 }

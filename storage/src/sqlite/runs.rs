@@ -8,8 +8,8 @@ use rusqlite::params_from_iter;
 
 use super::live::is_live;
 use super::records::{
-    decode_item, delete_run, events_in, expire_in, kept, list_sql, put_in, read_policy,
-    visible_summary,
+    all_events_in, close_card_in, decode_item, delete_run, events_in, expire_in, kept, list_sql,
+    open_cards_in, put_in, read_policy, visible_summary,
 };
 use super::SqliteStore;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
@@ -47,19 +47,9 @@ impl RunStore for SqliteStore {
                 events: Vec::new(),
             }));
         }
-        let mut events = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = events_in(&tx, id, after, crate::store::EVENTS_MAX_LIMIT)?;
-            events.extend(page.events);
-            match page.next_after_seq {
-                Some(n) => after = n,
-                None => break,
-            }
-        }
         Ok(Some(RunRecord {
             head: item.head,
-            events,
+            events: all_events_in(&tx, id)?,
         }))
     }
 
@@ -144,5 +134,25 @@ impl RunStore for SqliteStore {
         let out = expire_in(&tx, now_ms, scan_after)?;
         tx.commit()?;
         Ok(out)
+    }
+
+    fn open_cards(
+        &mut self,
+        finished_before: i64,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<Vec<String>> {
+        let tx = self.read()?;
+        open_cards_in(&tx, finished_before, limit, now_ms)
+    }
+
+    fn close_card(&mut self, id: &str) -> Result<bool> {
+        if !is_valid_run_id(id) {
+            return Ok(false);
+        }
+        let tx = self.immediate()?;
+        let changed = close_card_in(&tx, id)?;
+        tx.commit()?;
+        Ok(changed)
     }
 }

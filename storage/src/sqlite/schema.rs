@@ -139,6 +139,13 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE generations ADD COLUMN host_id TEXT NOT NULL DEFAULT '';
     UPDATE generations SET host_id = host;
     "#,
+    // 9: the orphan-card sweep's worklist (SPEC §12) is one indexed query: `card_open` is 1 on a final
+    // record whose head has a `card` and no `cardClosed: true`, set by the record writer and cleared by
+    // `close_card`. Rows from before read 0: not open.
+    r#"
+    ALTER TABLE runs ADD COLUMN card_open INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX runs_open_cards ON runs(finished_at, run_id) WHERE card_open = 1;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

@@ -57,6 +57,8 @@ pub const SLACK_BODY_LIMIT: usize = 1 << 20;
 pub const MAX_SKEW_SECS: u64 = 300;
 /// The receipt scope of Slack's admissions: its keys are Slack's `event_id`s.
 pub const RECEIPT_SCOPE: &str = "slack";
+/// How long an event waits for its admission before answering 503 (Slack's limit is 3 s).
+pub const ANSWER_BUDGET: std::time::Duration = std::time::Duration::from_millis(2_500);
 
 const SIGNATURE_HEADER: &str = "x-slack-signature";
 const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
@@ -360,14 +362,20 @@ async fn post_events(
         body_hash: body_hash(&request),
     };
     let channel = request.channel.clone();
-    let answer = state
-        .supervisor
-        .send(AdmitMessage {
-            request,
-            key: Some(key),
-            writer: None,
-        })
-        .await;
+    let admission = state.supervisor.send(AdmitMessage {
+        request,
+        key: Some(key),
+        writer: None,
+    });
+    // Slack wants an answer within 3 s: past the budget, a 503 makes it retry, and the retry's receipt
+    // answers whatever this admission did meanwhile (it goes on: dropping the answer cancels nothing).
+    let Ok(answer) = tokio::time::timeout(ANSWER_BUDGET, admission).await else {
+        tracing::warn!(
+            event_id,
+            "slack admission over its budget; Slack will retry"
+        );
+        return Err(ApiError::Unavailable("admission is slow; retry".into()));
+    };
     let answer = match answer {
         Ok(answer) => answer,
         Err(e) => {
