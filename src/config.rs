@@ -1235,6 +1235,8 @@ mod tests {
             "[[tools.mcp]]",
             "[plan]",
             "[supervisor]",
+            "[channels]",
+            "[channels.slack]",
         ];
         let documented: Vec<String> = EMBEDDED
             .lines()

@@ -251,15 +251,11 @@ async fn backend(config: &Config) -> anyhow::Result<(BackendSpec, Arc<dyn storag
     })
 }
 
-/// The chat channels of `[channels]` (SPEC §12): the status cards runs show in their threads, and the
-/// Slack ingress's signing secret. Without `[channels.slack]` nothing contacts Slack.
-fn chat_channels(
-    config: &Config,
-    storage: &StorageHandle,
-    public_base_url: &str,
-) -> anyhow::Result<(actors::channel::Cards, Option<web::SlackIngress>)> {
+/// `[channels.slack]`'s secrets, read from the environment before anything touches storage: the bot
+/// token and the signing secret (SPEC §12). `None` without the section: nothing contacts Slack.
+fn slack_secrets(config: &Config) -> anyhow::Result<Option<(String, String)>> {
     let Some(slack) = &config.channels.slack else {
-        return Ok((Default::default(), None));
+        return Ok(None);
     };
     let secret = |key: &str, var: &str| match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => Ok(v),
@@ -268,12 +264,10 @@ fn chat_channels(
             config.source
         )),
     };
-    let token = secret("bot_token_env", &slack.bot_token_env)?;
-    let signing_secret = secret("signing_secret_env", &slack.signing_secret_env)?;
-    let io =
-        actors::channel::slack::SlackIo::new(reqwest::Client::new(), &slack.api_base_url, token);
-    let cards = actors::channel::Cards::new(Arc::new(io), storage.clone(), public_base_url);
-    Ok((cards, Some(web::SlackIngress::new(signing_secret))))
+    Ok(Some((
+        secret("bot_token_env", &slack.bot_token_env)?,
+        secret("signing_secret_env", &slack.signing_secret_env)?,
+    )))
 }
 
 /// [`start`] with a given toolbox (tests add tools of their own).
@@ -285,6 +279,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let addr = listener
         .local_addr()
         .context("bind http listener: no address")?;
+    let slack_secrets = slack_secrets(&config)?;
     let (spec, clock) = backend(&config).await?;
     let loaded_at = clock.now_ms();
     let options = storage::StorageOptions {
@@ -338,7 +333,20 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         .public_base_url
         .clone()
         .unwrap_or_else(|| format!("http://{addr}"));
-    let (cards, slack) = chat_channels(&config, &storage, &public_base_url)?;
+    // The status cards runs from a chat thread show there, and the Slack ingress (SPEC §12).
+    let (cards, slack) = match (&config.channels.slack, slack_secrets) {
+        (Some(slack), Some((token, signing_secret))) => {
+            let io = actors::channel::slack::SlackIo::new(
+                reqwest::Client::new(),
+                &slack.api_base_url,
+                token,
+            );
+            let cards =
+                actors::channel::Cards::new(Arc::new(io), storage.clone(), &public_base_url);
+            (cards, Some(web::SlackIngress::new(signing_secret)))
+        }
+        _ => (Default::default(), None),
+    };
     // The supervisor mints and owns this process's generation (its fencing token).
     let supervisor = Supervisor::new(SupervisorConfig {
         storage: storage.clone(),

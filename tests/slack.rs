@@ -456,3 +456,28 @@ fn a_card_left_open_when_its_run_ended_is_closed_by_the_sweep() {
     assert!(p.logged("closed the card of a finished run"));
     assert_eq!(stub.cards_in(root).len(), 1);
 }
+
+#[actix_web::test]
+async fn a_slack_channel_whose_secrets_are_not_in_the_environment_refuses_to_start_naming_the_key()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[channels.slack]\nbot_token_env = \"SWITCHBOARD_TEST_UNSET_TOKEN_7f3a\"\n\
+                signing_secret_env = \"SWITCHBOARD_TEST_UNSET_SECRET_7f3a\"\n";
+    let mut config = switchboard::config::Config::parse("slack.toml", text, Vec::new()).unwrap();
+    config.server.bind = "127.0.0.1:0".into();
+    config.storage.path = dir.path().join("switchboard.db");
+    let Err(e) = switchboard::start(config).await else {
+        panic!("started without the bot token");
+    };
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("channels.slack.bot_token_env")
+            && e.contains("SWITCHBOARD_TEST_UNSET_TOKEN_7f3a")
+            && e.contains("slack.toml"),
+        "{e}"
+    );
+    assert!(
+        !dir.path().join("switchboard.db").exists(),
+        "nothing touched storage"
+    );
+}

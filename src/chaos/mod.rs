@@ -378,8 +378,12 @@ async fn client_loop(
                 // Slack's own retries of one event carry its id: the same message, never a duplicate.
                 let root = slack::thread_ts(&thread);
                 let ts = format!("18{id:08}.{n:06}");
+                // Retries go to the next process, the first to the one picked.
+                let first = addrs.iter().position(|a| a == addr).unwrap_or(0);
+                let mut order = addrs.clone();
+                order.rotate_left(first);
                 let status =
-                    slack::mention(&http, addr, &format!("Ev{nonce}"), &root, &ts, &text).await;
+                    slack::mention(&http, &order, &format!("Ev{nonce}"), &root, &ts, &text).await;
                 let answer = match status {
                     200..=299 => Answer::Accepted {
                         outcome: "slack".into(),

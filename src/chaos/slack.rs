@@ -58,11 +58,12 @@ pub(super) fn thread_ts(thread: &str) -> String {
     format!("1700000000.{n:06}")
 }
 
-/// Send `text` as a signed `app_mention` in `thread_ts` to `addr`, retrying as Slack does; answers the
-/// first 2xx status, else the last status (0: no answer).
+/// Send `text` as a signed `app_mention` in `thread_ts`, retrying as Slack does (each attempt to the next
+/// of `addrs`, as a load balancer in front of the processes would); answers the first 2xx status, else
+/// the last status (0: no answer).
 pub(super) async fn mention(
     http: &reqwest::Client,
-    addr: &str,
+    addrs: &[String],
     event_id: &str,
     thread_ts: &str,
     ts: &str,
@@ -79,6 +80,7 @@ pub(super) async fn mention(
             .map(|d| d.as_secs())
             .unwrap_or(0)
             .to_string();
+        let addr = &addrs[attempt as usize % addrs.len()];
         let mut req = http
             .post(format!("http://{addr}/slack/events"))
             .header("content-type", "application/json")
