@@ -365,12 +365,8 @@ async fn api(
     if method == "chat.update" && state.fail_updates {
         return HttpResponse::InternalServerError().finish();
     }
-    if let Some((left, secs)) = state.rate_limited {
-        state.rate_limited = (left > 1).then_some((left - 1, secs));
-        state.counters.rate_limited += 1;
-        return HttpResponse::TooManyRequests()
-            .insert_header(("Retry-After", secs.to_string()))
-            .json(json!({"ok": false, "error": "ratelimited"}));
+    if let Some(limited) = rate_limited(&mut state) {
+        return limited;
     }
     match answer(&mut state, &req, &method, &body) {
         Ok(body) => HttpResponse::Ok().json(body),
@@ -390,12 +386,8 @@ async fn replies(
 ) -> HttpResponse {
     let mut state = shared.lock();
     state.counters.other += 1;
-    if let Some((left, secs)) = state.rate_limited {
-        state.rate_limited = (left > 1).then_some((left - 1, secs));
-        state.counters.rate_limited += 1;
-        return HttpResponse::TooManyRequests()
-            .insert_header(("Retry-After", secs.to_string()))
-            .json(json!({"ok": false, "error": "ratelimited"}));
+    if let Some(limited) = rate_limited(&mut state) {
+        return limited;
     }
     let authed = req
         .headers()
@@ -437,6 +429,18 @@ async fn replies(
         .collect();
     HttpResponse::Ok().json(json!({"ok": true, "messages": messages, "has_more": false,
         "response_metadata": {"next_cursor": ""}}))
+}
+
+/// The 429 a call meets while [`SlackStub::rate_limit_next`] has calls left to refuse.
+fn rate_limited(state: &mut State) -> Option<HttpResponse> {
+    let (left, secs) = state.rate_limited?;
+    state.rate_limited = (left > 1).then_some((left - 1, secs));
+    state.counters.rate_limited += 1;
+    Some(
+        HttpResponse::TooManyRequests()
+            .insert_header(("Retry-After", secs.to_string()))
+            .json(json!({"ok": false, "error": "ratelimited"})),
+    )
 }
 
 /// A held reply: never answered; the caller's timeout or death ends the exchange.

@@ -5,6 +5,11 @@
 //! - Its timeline has one row per step with model and tool bars; after a crash of the real binary and a
 //!   resume, a gap marker with its length; a failed run shows its error box.
 //! - The index filters by terminal status, and at 390 px wide it has no horizontal overflow.
+//! - The index marks resumed runs, runs with tool calls of unknown effects and runs whose delivery is
+//!   unknown; it searches by id prefix and label; each row links its thread's page, which lists the
+//!   thread's runs oldest first with the live one marked.
+//! - The live view expands each event's details, reads in dark mode (`prefers-color-scheme: dark`,
+//!   emulated), downloads its JSON, and runs the run again.
 //!
 //! Every test saves screenshots under `target/screenshots/` (one name per test), to look at.
 //!
@@ -148,6 +153,21 @@ impl Session<'_> {
 
     async fn goto(&self, url: &str) {
         self.post("/url", json!({"url": url})).await;
+    }
+
+    /// A Chrome DevTools command through chromedriver (e.g. `Emulation.setEmulatedMedia`).
+    async fn cdp(&self, cmd: &str, params: Value) -> Value {
+        self.post("/goog/cdp/execute", json!({"cmd": cmd, "params": params}))
+            .await
+    }
+
+    /// The page as a `prefers-color-scheme: dark` reader sees it (kept across navigations).
+    async fn prefer_dark(&self) {
+        self.cdp(
+            "Emulation.setEmulatedMedia",
+            json!({"features": [{"name": "prefers-color-scheme", "value": "dark"}]}),
+        )
+        .await;
     }
 
     async fn js(&self, script: &str) -> Value {
@@ -437,16 +457,29 @@ async fn the_timeline_of_a_finished_run_has_one_row_per_step_with_model_and_tool
     assert_eq!(record.head.status, RunStatus::Completed);
     session.goto(&app.url(&format!("/runs/{run_id}"))).await;
 
-    // Four tool-calling steps and the answer's turn: five rows, in order.
+    // Four tool-calling steps, numbered 1 to 4, then the answer's turn as a row of its own.
     let steps = session.js("return Array.prototype.map.call(document.querySelectorAll('#timeline .tl-step'), function (r) { return r.dataset.step; });").await;
-    assert_eq!(steps, json!(["1", "2", "3", "4", "5"]), "one row per step");
+    assert_eq!(steps, json!(["1", "2", "3", "4"]), "one row per tool step");
+    assert_eq!(
+        session
+            .js("var a = document.querySelectorAll('#timeline .tl-row'); var r = a[a.length - 1]; return r.className + ' ' + r.querySelector('.tl-label').textContent;")
+            .await,
+        "tl-row tl-answer answer",
+        "the answer's row comes last"
+    );
     // Every row has a model bar; the four tool steps a tool bar too, each drawn with a real width.
     let drawn = "e.getBoundingClientRect().width > 0";
     assert_eq!(
         session
             .js(&count_where("#timeline .tl-step rect.bar-model", drawn))
             .await,
-        5
+        4
+    );
+    assert_eq!(
+        session
+            .js(&count_where("#timeline .tl-answer rect.bar-model", drawn))
+            .await,
+        1
     );
     assert_eq!(
         session
@@ -659,7 +692,12 @@ async fn after_a_crash_and_resume_the_timeline_shows_the_gap_with_its_length() {
         .await
         .as_u64()
         .unwrap();
-    assert_eq!(rows, 7, "six tool steps and the answer's turn");
+    assert_eq!(rows, 6, "six tool steps");
+    assert_eq!(
+        session.js(&count("#timeline .tl-answer")).await,
+        1,
+        "and the answer's turn"
+    );
     // The gap row sits between the steps before the crash and those after it.
     let order = session.js("return Array.prototype.map.call(document.querySelectorAll('#timeline .tl-step, #timeline .tl-gap'), function (r) { return r.dataset.step || 'gap'; });").await;
     let order: Vec<String> = order
@@ -672,6 +710,30 @@ async fn after_a_crash_and_resume_the_timeline_shows_the_gap_with_its_length() {
     assert!(at >= 2 && at < order.len() - 1, "{order:?}");
     assert_eq!(session.js(&count("#events li.ev-resumed")).await, 1);
     session.shoot("timeline-crash-gap").await;
+    // The header and the index mark the run resumed, with a title that says what happened.
+    assert_eq!(session.js(&count("#run .head-row .mark-resumed")).await, 1);
+    session.goto(&second.url("/runs?all=1")).await;
+    let title = session
+        .js(&format!(
+            "var m = document.querySelector('#run-{run_id} .mark-resumed'); return m ? m.title : null;"
+        ))
+        .await;
+    assert_eq!(
+        title, "Resumed once after the process holding it ended",
+        "the index marks the resumed run"
+    );
+    // Its event count is a count: the record's events, not the last seq (seqs jump at a resume).
+    let listed = session
+        .js(&format!(
+            "return document.querySelector('#run-{run_id} td[data-label=Events]').textContent;"
+        ))
+        .await;
+    assert_eq!(listed, finished["eventCount"].to_string(), "{finished}");
+    assert!(
+        events.last().and_then(|e| e["seq"].as_u64()).unwrap() > events.len() as u64,
+        "the seqs jumped, so a seq would not pass for the count"
+    );
+    session.shoot("index-resumed-mark").await;
     session.close().await;
 }
 
@@ -771,6 +833,7 @@ async fn the_index_filters_by_a_terminal_status_and_fits_a_390_px_screen() {
         ("/runs?all=1", "index-390"),
         ("/runs", "index-live-390"),
         ("/runs?status=failed", "index-failed-390"),
+        ("/threads/c1%3Aok-0", "thread-390"),
     ] {
         phone.goto(&app.url(path)).await;
         assert_eq!(phone.js("return window.innerWidth;").await, 390, "{path}");
@@ -807,4 +870,410 @@ async fn the_index_filters_by_a_terminal_status_and_fits_a_390_px_screen() {
         .unwrap();
     assert_eq!(res.status().as_u16(), 202);
     app.final_record(&live).await;
+}
+
+/// A finished record as another process might have left it: resumed once, one tool call settled with
+/// unknown effects, and closed from its finishing gate (delivery unknown).
+fn marked_record(id: &str, thread_key: &str, label: &str, at: i64) -> storage::record::RunRecord {
+    storage::record::validate_record(&json!({
+        "id": id, "label": label, "agent": "demo", "model": "scripted", "channelId": "c1", "userId": "u1",
+        "threadKey": thread_key, "channelVisibility": "public", "startedAt": at - 5_000, "finishedAt": at,
+        "status": "completed", "eventCount": 5, "storedEventCount": 5, "truncated": false,
+        "resumed": 1, "effectsUnknown": 1, "replyNote": actors::run::DELIVERY_UNKNOWN, "answer": "done",
+        "events": [
+            {"type": "input", "seq": 1, "at": at - 5_000, "text": label, "source": "request"},
+            {"type": "tool_call", "seq": 2, "at": at - 4_900, "step": 1, "callId": "c1", "tool": "append_file", "summary": "{}"},
+            {"type": "resumed", "seq": 1001, "at": at - 2_000, "fromGeneration": "20260101T000000Z-0000000a"},
+            {"type": "tool_result", "seq": 1002, "at": at - 1_999, "step": 1, "callId": "c1", "tool": "append_file", "ok": false, "effectsUnknown": true, "summary": "effects unknown"},
+            {"type": "answer", "seq": 1003, "at": at, "text": "done"}
+        ]
+    }))
+    .expect("a valid record")
+}
+
+/// `document.querySelectorAll(css)`'s `data-id`s, in order.
+fn listed_ids(css: &str) -> String {
+    format!("return Array.prototype.map.call(document.querySelectorAll({css:?}), function (r) {{ return r.dataset.id; }});")
+}
+
+#[actix_web::test]
+async fn the_index_marks_runs_searches_them_and_links_each_threads_page() {
+    let app = TestApp::spawn().await;
+    let first = app.start_run("alpha", "steps=1 ms=0").await;
+    let second = app.start_run("beta", "steps=1 ms=0").await;
+    for id in [&first, &second] {
+        app.final_record(id).await;
+    }
+    let third = app.start_run("alpha", "steps=1 ms=0").await;
+    app.final_record(&third).await;
+    let now = storage::Clock::now_ms(&storage::SystemClock);
+    let marked = "0190aaaa-0000-7000-8000-00000000beef";
+    app.running
+        .storage
+        .put(
+            marked_record(marked, "c1:alpha", "Nightly Billing report", now - 10_000),
+            None,
+        )
+        .await
+        .expect("put the marked record");
+    // A live run on the thread: the newest of its runs.
+    let live = app.start_run("alpha", "steps=40 ms=250").await;
+    app.event(&live, "tool_call").await;
+
+    let driver = Driver::start().await;
+    let session = driver
+        .session(&app.dir.path().join("chromium-profile"))
+        .await;
+    session.goto(&app.url("/runs?all=1")).await;
+    // The marked run carries its three marks, each with a title; the others none.
+    let marks = session
+        .js(&format!(
+            "return Array.prototype.map.call(document.querySelectorAll('#run-{marked} .mark'), function (m) {{ return [m.textContent, m.title]; }});"
+        ))
+        .await;
+    let marks = marks.as_array().unwrap();
+    assert_eq!(marks.len(), 3, "{marks:?}");
+    assert_eq!(marks[0][0], "↻ resumed");
+    assert_eq!(
+        marks[0][1],
+        "Resumed once after the process holding it ended"
+    );
+    assert_eq!(marks[1][0], "⚠ effects unknown");
+    assert!(marks[1][1]
+        .as_str()
+        .unwrap()
+        .starts_with("Effects unknown: 1 tool call in flight"));
+    assert_eq!(marks[2][0], "✉ delivery unknown");
+    assert!(marks[2][1]
+        .as_str()
+        .unwrap()
+        .contains("whether its reply reached the channel is not known"));
+    assert_eq!(
+        session.js(&count("#rows .mark")).await,
+        3,
+        "only the marked run"
+    );
+    // The Events column counts events (5), not the last seq (1003).
+    assert_eq!(
+        session
+            .js(&format!(
+                "return document.querySelector('#run-{marked} td[data-label=Events]').textContent;"
+            ))
+            .await,
+        "5"
+    );
+    session.shoot("index-marks").await;
+
+    // Search by label (any case) and by id prefix (any case); a search lists finished runs too.
+    session.goto(&app.url("/runs")).await;
+    session
+        .js("document.querySelector('#search input[name=q]').value = 'billing'; return true;")
+        .await;
+    session.click("#search button[type=submit]").await;
+    assert!(
+        session
+            .wait_for(
+                "return location.search.indexOf('q=billing') >= 0 && !!document.getElementById('rows');",
+                Duration::from_secs(10)
+            )
+            .await
+    );
+    assert_eq!(session.js(&listed_ids("#rows tr")).await, json!([marked]));
+    assert_eq!(
+        session
+            .js("return document.querySelector('#search input[name=q]').value;")
+            .await,
+        "billing",
+        "the form shows the search back"
+    );
+    session.shoot("index-search").await;
+    let prefix = &second[..second.len() - 4];
+    session
+        .goto(&app.url(&format!("/runs?q={}", prefix.to_uppercase())))
+        .await;
+    assert_eq!(session.js(&listed_ids("#rows tr")).await, json!([second]));
+    session.goto(&app.url("/runs?q=no-such-run")).await;
+    assert_eq!(session.js(&count("#rows tr")).await, 0);
+    assert_eq!(
+        session
+            .js("return document.getElementById('empty').textContent;")
+            .await,
+        "No runs match “no-such-run”."
+    );
+
+    // A row's thread links its page: the thread's runs, oldest first, the live one last and marked.
+    session.goto(&app.url("/runs?all=1")).await;
+    session
+        .click(&format!("#run-{first} td.col-thread a"))
+        .await;
+    assert!(
+        session
+            .wait_for(
+                "return location.pathname === '/threads/c1%3Aalpha' && !!document.getElementById('thread-runs');",
+                Duration::from_secs(10)
+            )
+            .await,
+        "the thread page opened"
+    );
+    assert_eq!(
+        session.js(&listed_ids("#thread-runs li")).await,
+        json!([marked, first, third, live]),
+        "the thread's runs, oldest start first (the marked one started 15 s ago)"
+    );
+    assert_eq!(
+        session.js(&listed_ids("#thread-runs li.is-live")).await,
+        json!([live])
+    );
+    assert_eq!(
+        session
+            .js(&format!(
+                "return document.querySelector('#run-{live} .status').textContent;"
+            ))
+            .await,
+        "live"
+    );
+    assert_eq!(
+        session
+            .js(&format!(
+                "return document.querySelector('#run-{first} .what a').getAttribute('href');"
+            ))
+            .await,
+        format!("/runs/{first}")
+    );
+    assert_eq!(
+        session.js(&count("#thread-runs .mark-resumed")).await,
+        1,
+        "marks show here too"
+    );
+    assert_eq!(
+        session
+            .js("return document.body.textContent.indexOf('c1:beta') < 0;")
+            .await,
+        true,
+        "another thread's run is not listed"
+    );
+    session.shoot("thread-page").await;
+    // The live view's header links the same page.
+    session.click(&format!("#run-{first} .what a")).await;
+    assert!(
+        session
+            .wait_for(
+                "return !!document.getElementById('thread-link');",
+                Duration::from_secs(10)
+            )
+            .await
+    );
+    assert_eq!(
+        session
+            .js("return document.getElementById('thread-link').getAttribute('href');")
+            .await,
+        "/threads/c1%3Aalpha"
+    );
+    session.close().await;
+    let res = app
+        .client
+        .post(app.url(&format!("/api/runs/{live}/stop")))
+        .json(&json!({"mode": "hard"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 202);
+    app.final_record(&live).await;
+}
+
+#[actix_web::test]
+async fn the_live_view_expands_event_details_reads_in_dark_mode_downloads_json_and_runs_again() {
+    let app = TestApp::spawn().await;
+    let run_id = app.start_run("details", "steps=2 ms=20 <b>x</b>").await;
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Completed);
+    let driver = Driver::start().await;
+
+    // Light first: the page background as the light palette has it.
+    let light = driver.session(&app.dir.path().join("chromium-light")).await;
+    light.goto(&app.url(&format!("/runs/{run_id}"))).await;
+    let bg = "return getComputedStyle(document.body).backgroundColor;";
+    assert_eq!(light.js(bg).await, "rgb(244, 246, 249)");
+    light.close().await;
+
+    let session = driver
+        .session(&app.dir.path().join("chromium-profile"))
+        .await;
+    session.prefer_dark().await;
+    session.goto(&app.url(&format!("/runs/{run_id}"))).await;
+    assert_eq!(
+        session
+            .js("return matchMedia('(prefers-color-scheme: dark)').matches;")
+            .await,
+        true
+    );
+    assert_eq!(session.js(bg).await, "rgb(14, 19, 26)", "the dark page");
+    assert_eq!(
+        session
+            .js("return getComputedStyle(document.querySelector('.card')).backgroundColor;")
+            .await,
+        "rgb(22, 28, 37)"
+    );
+    assert_eq!(
+        session
+            .js("return getComputedStyle(document.body).color;")
+            .await,
+        "rgb(229, 233, 240)",
+        "light text on it"
+    );
+
+    // Every event has its details, closed; opening a tool call's shows its input, a result's its output.
+    let items = session.js(&count("#events li")).await.as_u64().unwrap();
+    assert_eq!(items as usize, record.events.len());
+    assert_eq!(
+        session.js(&count("#events li > details.ev-details")).await,
+        items
+    );
+    assert_eq!(session.js(&count("#events details[open]")).await, 0);
+    session
+        .click("#events li.ev-tool_call details.ev-details summary")
+        .await;
+    let opened = "var d = document.querySelector('#events li.ev-tool_call details'); \
+                  var dl = d.querySelector('dl'); \
+                  return d.open && dl.getBoundingClientRect().height > 0;";
+    assert_eq!(session.js(opened).await, true, "the details opened");
+    let field = |kind: &str, label: &str| {
+        format!(
+            "var d = document.querySelector('#events li.ev-{kind} details'); \
+             var dts = d.querySelectorAll('dt'); \
+             for (var i = 0; i < dts.length; i++) if (dts[i].textContent === {label:?}) return dts[i].nextElementSibling.textContent; \
+             return null;"
+        )
+    };
+    let call = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "tool_call")
+        .unwrap();
+    assert_eq!(
+        session.js(&field("tool_call", "input")).await,
+        call["summary"],
+        "the input as stored"
+    );
+    assert_eq!(
+        session.js(&field("tool_call", "callId")).await,
+        call["callId"]
+    );
+    let result = record
+        .events
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .unwrap();
+    assert_eq!(
+        session.js(&field("tool_result", "output")).await,
+        result["summary"]
+    );
+    // The request's markup is text in its details too.
+    assert_eq!(
+        session
+            .js("return document.querySelector('#events li.ev-input details dd b') === null;")
+            .await,
+        true
+    );
+    // Steps numbered by the tool steps; the answer's turn reads so, in the list and the timeline.
+    assert_eq!(
+        session.js("return Array.prototype.map.call(document.querySelectorAll('#timeline .tl-step'), function (r) { return r.dataset.step; });").await,
+        json!(["1", "2"])
+    );
+    assert_eq!(session.js(&count("#timeline .tl-answer")).await, 1);
+    // The scripted agent's answer turn is text only: no `assistant` event, the `answer` closes it; the
+    // model turns listed are the tool steps'.
+    assert_eq!(
+        session
+            .js("return Array.prototype.map.call(document.querySelectorAll('#events li.ev-assistant'), function (r) { return r.dataset.step; });")
+            .await,
+        json!(["1", "2"])
+    );
+    assert_eq!(
+        session
+            .js("return document.querySelector('#events li.ev-answer .kind').textContent;")
+            .await,
+        "answer"
+    );
+    let usage = session.js(&field("assistant", "usage")).await;
+    assert!(
+        usage
+            .as_str()
+            .is_some_and(|u| u.ends_with(" out") && u.contains(" in / ")),
+        "a model turn's usage: {usage}"
+    );
+    session
+        .js("document.querySelector('#events li.ev-tool_call').scrollIntoView({block: 'center'}); return true;")
+        .await;
+    session.shoot("run-details-dark").await;
+    session.js("window.scrollTo(0, 0); return true;").await;
+    session.shoot("run-dark").await;
+
+    // Download JSON: a link to the run's view with its events, as a file.
+    let href = session
+        .js("return document.getElementById('download').getAttribute('href');")
+        .await;
+    assert_eq!(href, format!("/runs/{run_id}/export.json"));
+    let res = app
+        .client
+        .get(app.url(href.as_str().unwrap()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(
+        res.headers()["content-disposition"],
+        format!("attachment; filename=\"run-{run_id}.json\"").as_str()
+    );
+    let exported: Value = res.json().await.unwrap();
+    assert_eq!(exported["id"], run_id.as_str());
+    assert_eq!(
+        exported["events"].as_array().map(Vec::len),
+        Some(record.events.len())
+    );
+
+    // Run again: the button posts the retry and links the new run, whose parent is this one.
+    assert_eq!(
+        session
+            .js("return document.getElementById('retry').disabled;")
+            .await,
+        false
+    );
+    session.click("#retry").await;
+    assert!(
+        session
+            .wait_for(
+                "return !!document.getElementById('retry-link');",
+                Duration::from_secs(20)
+            )
+            .await,
+        "the retry answered: {}",
+        session
+            .js("return document.getElementById('control-msg').textContent;")
+            .await
+    );
+    let said = session
+        .js("return document.getElementById('control-msg').textContent;")
+        .await;
+    assert!(
+        said.as_str()
+            .unwrap()
+            .starts_with("202 started \u{2014} open run "),
+        "{said}"
+    );
+    session.shoot("run-retried").await;
+    session.click("#retry-link").await;
+    let parent = format!(
+        "var p = document.getElementById('f-parent'); return !!p && p.textContent === {run_id:?};"
+    );
+    assert!(
+        session.wait_for(&parent, Duration::from_secs(20)).await,
+        "the new run names this one as its parent"
+    );
+    let new_id = session
+        .js("return document.getElementById('run').dataset.id;")
+        .await;
+    assert_ne!(new_id, run_id.as_str());
+    app.final_record(new_id.as_str().unwrap()).await;
+    session.close().await;
 }

@@ -613,6 +613,51 @@ fn help_lists_the_values_of_every_enumerated_flag() {
 }
 
 #[test]
+fn each_runs_subcommand_lists_only_the_flags_it_honours() {
+    let help = |sub: &str| {
+        let args = ["runs", sub, "--help"].map(String::from);
+        let (code, out, err) = run_binary(&args, Duration::from_secs(30));
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    // `--db` reads a stopped server's database: list, get and events can; the rest need a server.
+    for sub in ["list", "get", "events"] {
+        assert!(
+            help(sub).contains("--db <PATH>"),
+            "runs {sub} --help lists --db"
+        );
+    }
+    for sub in ["stop", "kill", "retry"] {
+        let out = help(sub);
+        assert!(
+            !out.contains("--db"),
+            "runs {sub} --help lists --db:\n{out}"
+        );
+        // What every subcommand honours stays listed.
+        for flag in ["--url", "--token", "--json"] {
+            assert!(out.contains(flag), "runs {sub} --help lists {flag}:\n{out}");
+        }
+    }
+    assert!(help("retry").contains("--key"));
+    // `--db` given before the subcommand, as when it was a flag of `runs`, still reads.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("switchboard.db");
+    let (code, _, err) = run_binary(
+        &[
+            "runs".into(),
+            "--db".into(),
+            db.to_string_lossy().into_owned(),
+            "list".into(),
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(
+        err.contains("no database"),
+        "read as a database path: {code} {err}"
+    );
+}
+
+#[test]
 fn completions_print_a_shell_script() {
     let (code, out, err) = run_binary(
         &["completions".into(), "bash".into()],

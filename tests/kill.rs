@@ -568,3 +568,59 @@ fn a_run_closed_from_finishing_keeps_its_saved_answer_and_says_its_delivery_is_u
     );
     assert_eq!(record.head.event_count, record.events.len() as u64);
 }
+
+/// Every event real runs write — a request and a follow-up, tools, a failure, both stops, a crash and its
+/// resume, a close from a reclaim — reads as a `RunEvent` and writes back as the same JSON: the typed
+/// vocabulary the API documents is the one the product writes.
+#[test]
+fn every_event_real_runs_write_is_in_the_typed_vocabulary() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let mut ids = vec![
+        post_run(&a, "v1", "steps=2 ms=10 tool=echo answer=hi"),
+        post_run(&a, "v2", "steps=3 ms=10 fail_at=2"),
+    ];
+    let soft = post_run(&a, "v3", "steps=40 ms=200");
+    let hard = post_run(&a, "v4", "steps=40 ms=200");
+    let crashed = post_run(&a, "v5", "steps=6 ms=300 tool=append_file");
+    let (status, _) = http(|c| {
+        c.post(a.url("/api/messages"))
+            .json(&json!({"thread": "v5", "channel": "k", "user": "u", "text": "and this"}))
+    });
+    assert_eq!(status, 202);
+    for (id, mode) in [(&soft, "soft"), (&hard, "hard")] {
+        let (status, body) = http(|c| {
+            c.post(a.url(&format!("/api/runs/{id}/stop")))
+                .json(&json!({"mode": mode}))
+        });
+        assert_eq!(status, 202, "{body}");
+    }
+    wait_for("a step of the run to crash", || {
+        (count(&live_events(&data, &crashed), "tool_result") >= 1).then_some(())
+    });
+    a.crash();
+    let _b = Proc::start(&data, &[]);
+    ids.extend([soft, hard, crashed]);
+    let mut kinds = std::collections::BTreeSet::new();
+    for id in &ids {
+        for event in &final_record(&data, id).events {
+            kinds.insert(event["type"].as_str().unwrap_or_default().to_owned());
+            if let Err(e) = storage::record::RunEvent::round_trips(event) {
+                panic!("run {id}: {e}");
+            }
+        }
+    }
+    for kind in [
+        "run_meta",
+        "input",
+        "assistant",
+        "tool_call",
+        "tool_result",
+        "answer",
+        "run_failed",
+        "stop_requested",
+        "resumed",
+    ] {
+        assert!(kinds.contains(kind), "no {kind} among {kinds:?}");
+    }
+}

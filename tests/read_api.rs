@@ -188,7 +188,7 @@ async fn bad_requests_name_the_field_and_errors_have_one_shape() {
         ("/api/runs?limit=0".to_owned(), "limit"),
         ("/api/runs?status=bogus".to_owned(), "status"),
         ("/api/runs?before=yesterday".to_owned(), "before"),
-        ("/api/runs?beforeId=x".to_owned(), "before"),
+        ("/api/runs?beforeId=a.b".to_owned(), "beforeId"),
         ("/api/runs?sinceMs=1.5".to_owned(), "sinceMs"),
         (format!("/api/runs/{id}?include=everything"), "include"),
         (format!("/api/runs/{id}/events?afterSeq=-1"), "afterSeq"),
@@ -206,6 +206,25 @@ async fn bad_requests_name_the_field_and_errors_have_one_shape() {
             "{path}: {body}"
         );
     }
+    // `beforeId` alone: the page after that run; a run nobody can see is a 404 naming the parameter.
+    let (status, body) = app.get_json("/api/runs?beforeId=x", None).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().starts_with("beforeId"),
+        "{body}"
+    );
+    let (status, body) = app
+        .get_json(&format!("/api/runs?beforeId={id}"), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["id"] != id.as_str()),
+        "the page after a run does not hold it: {body}"
+    );
     // What the document allows is served: the largest limit (clamped), a filter of 256 two-byte
     // characters.
     for path in [

@@ -109,6 +109,8 @@ pub struct RunRow {
     pub stored_event_count: u64,
     /// The backlog dropped events from its middle.
     pub truncated: bool,
+    /// Resumes and effects-unknown results among every event published (not only the backlog's).
+    pub marks: crate::runs_service::Marks,
 }
 
 struct Entry {
@@ -227,6 +229,7 @@ impl Registry {
                 event_count: 0,
                 stored_event_count: 0,
                 truncated: false,
+                marks: crate::runs_service::Marks::of(&replay),
             },
             token,
             last_seq: highest.max(next_seq.saturating_sub(1)),
@@ -284,6 +287,7 @@ impl Registry {
         let event = storage::record::cap_event_for_publish(event);
         let shared = Published::new(event.clone());
         entry.row.event_count += 1;
+        entry.row.marks.observe(&event);
         Self::store(entry, shared.clone(), self.backlog_limit);
         entry.fan_out(id, &shared);
         Some(event)

@@ -3,8 +3,8 @@
 //! one refused by name).
 //!
 //! Invariants: it never writes (only the store's readers are called), and it refuses with exit 2 what
-//! needs a live server — stop, kill, `--follow`, `--status active` — before opening anything. It sees no
-//! live state: a provisional record renders as unfinished, never as `interrupted`.
+//! needs a live server — stop, kill, retry, `--follow`, `--status active` — before opening anything. It
+//! sees no live state: a provisional record renders as unfinished, never as `interrupted`.
 
 use std::path::Path;
 
@@ -19,9 +19,9 @@ use super::{fail, Exit, ListArgs, RunsArgs, RunsCommand, StatusArg};
 
 pub(super) fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
     match &args.command {
-        RunsCommand::Stop(_) | RunsCommand::Kill(_) => return fail(
+        RunsCommand::Stop(_) | RunsCommand::Kill(_) | RunsCommand::Retry(_) => return fail(
             Exit::Usage,
-            "--db reads a stopped server's history; stop and kill need a running server (--url)",
+            "--db reads a stopped server's history; stop, kill and retry need a running server (--url)",
         ),
         RunsCommand::Events(a) if a.follow => {
             return fail(
@@ -111,7 +111,9 @@ pub(super) fn from_db(db: &Path, args: &RunsArgs) -> anyhow::Result<String> {
                 args.json,
             ))
         }
-        RunsCommand::Stop(_) | RunsCommand::Kill(_) => unreachable!("refused above"),
+        RunsCommand::Stop(_) | RunsCommand::Kill(_) | RunsCommand::Retry(_) => {
+            unreachable!("refused above")
+        }
     }
 }
 
@@ -131,6 +133,7 @@ fn db_list(store: &mut SqliteStore, a: &ListArgs, now: i64) -> anyhow::Result<Ru
         channel: a.channel.clone(),
         thread_key: a.thread_key.clone(),
         parent_run_id: a.parent_run_id.clone(),
+        search: None,
         status: a
             .status
             .terminal()

@@ -1,4 +1,4 @@
-//! `switchboard runs list|get|events|stop|kill` (SPEC §8.2).
+//! `switchboard runs list|get|events|stop|kill|retry` (SPEC §8.2).
 //!
 //! Two ways to read: against a running server's JSON API (`--url`, default `$SWITCHBOARD_URL` or
 //! `http://127.0.0.1:8080`, with `--token` / `$SWITCHBOARD_TOKEN` as the bearer token), or `--db PATH`:
@@ -7,8 +7,8 @@
 //! a human table by default and the API's JSON shapes with `--json` (the same shapes in both modes).
 //!
 //! A store-only reader sees no live state: a provisional record (the tombstone a run writes at start)
-//! renders as `unfinished — no finish recorded`, never as `interrupted`. Stop, kill and `--follow` need a
-//! server.
+//! renders as `unfinished — no finish recorded`, never as `interrupted`. Stop, kill, retry and `--follow`
+//! need a server.
 //!
 //! Owns nothing but its HTTP client; [`run`] is called outside any async runtime and starts its own
 //! actix system for HTTP.
@@ -22,6 +22,10 @@
 //!   a run's events.
 //!
 //! Invariants:
+//! - each subcommand lists only the flags it honours: `--url`, `--token` and `--json` are global (every
+//!   subcommand talks to a server and prints), `--db` belongs to `list`, `get` and `events`. `stop`, `kill`
+//!   and `retry` accept a hidden `--db` only to refuse it with exit 2 saying a running server is needed,
+//!   and `runs --db PATH <list|get|events>` (before the subcommand, as when `--db` was global) still reads;
 //! - arguments the API would refuse are refused by clap first (exit 2 naming the flag): closed sets are
 //!   [`clap::ValueEnum`]s, `--limit` is checked against the API's caps, run ids against the id shape;
 //! - every failure maps to one [`Exit`] code: the HTTP status of the answer (404 → 3, 409 → 4, 401/403
@@ -47,7 +51,7 @@ mod print;
 mod server;
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -160,8 +164,9 @@ pub struct RunsArgs {
     /// Bearer token for the server (default: $SWITCHBOARD_TOKEN).
     #[arg(long, global = true, value_name = "TOKEN")]
     pub token: Option<String>,
-    /// Read a stopped server's database directly, read-only (list, get and events; finished runs only).
-    #[arg(long, global = true, value_name = "PATH", conflicts_with = "url")]
+    /// `runs --db PATH list`: `--db` before the subcommand, as it was given when it was global (not
+    /// listed; the subcommands that read a database list their own).
+    #[arg(long, value_name = "PATH", conflicts_with = "url", hide = true)]
     pub db: Option<PathBuf>,
     /// Print JSON (the API's shapes) instead of tables; with --follow, one JSON object per line.
     #[arg(long, global = true)]
@@ -182,6 +187,41 @@ pub enum RunsCommand {
     Stop(StopArgs),
     /// Kill a run: abort it and delete its history (needs a server and the runs:kill scope).
     Kill(KillArgs),
+    /// Run a run again: a new run on its thread from its original request, whose parent is the run
+    /// (needs a server and the messages:write scope); prints the new run's id and live URL.
+    Retry(RetryArgs),
+}
+
+impl RunsArgs {
+    /// The database to read, when one was given (before or after the subcommand).
+    pub fn db(&self) -> Option<&Path> {
+        let given = match &self.command {
+            RunsCommand::List(a) => &a.db.db,
+            RunsCommand::Get(a) => &a.db.db,
+            RunsCommand::Events(a) => &a.db.db,
+            RunsCommand::Stop(a) => &a.db.db,
+            RunsCommand::Kill(a) => &a.db.db,
+            RunsCommand::Retry(a) => &a.db.db,
+        };
+        self.db.as_deref().or(given.as_deref())
+    }
+}
+
+/// `--db`, on the subcommands that can read a stopped server's database.
+#[derive(Debug, clap::Args)]
+pub struct DbArg {
+    /// Read a stopped server's database directly, read-only (finished runs only).
+    #[arg(long, value_name = "PATH", conflicts_with = "url")]
+    pub db: Option<PathBuf>,
+}
+
+/// `--db` on a subcommand that needs a running server: not listed, accepted only to be refused with a
+/// usage error that says why.
+#[derive(Debug, clap::Args)]
+pub struct NoDbArg {
+    /// Refused: this command needs a running server (`--url`).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub db: Option<PathBuf>,
 }
 
 /// Which runs `runs list` shows (the API's `status` parameter).
@@ -279,6 +319,8 @@ pub struct ListArgs {
     /// … and, in that same millisecond, with a smaller id.
     #[arg(long, value_name = "ID", requires = "before", value_parser = run_id)]
     pub before_id: Option<String>,
+    #[command(flatten)]
+    pub db: DbArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -289,6 +331,8 @@ pub struct GetArgs {
     /// Include its events.
     #[arg(long)]
     pub events: bool,
+    #[command(flatten)]
+    pub db: DbArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -309,6 +353,8 @@ pub struct EventsArgs {
     /// server; reconnects with Last-Event-ID when the stream drops).
     #[arg(long, short = 'f', conflicts_with = "limit")]
     pub follow: bool,
+    #[command(flatten)]
+    pub db: DbArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -325,6 +371,8 @@ pub struct StopArgs {
     /// With --wait: give up after this long (`30s`, `5m`); exit 1, the run keeps stopping.
     #[arg(long, value_name = "DURATION", requires = "wait", value_parser = duration)]
     pub timeout: Option<Duration>,
+    #[command(flatten)]
+    pub db: NoDbArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -332,6 +380,21 @@ pub struct KillArgs {
     /// The run id.
     #[arg(value_parser = run_id)]
     pub id: String,
+    #[command(flatten)]
+    pub db: NoDbArg,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RetryArgs {
+    /// The run to run again (finished or live; its thread's live run, if any, takes the request as a
+    /// follow-up instead).
+    #[arg(value_parser = run_id)]
+    pub id: String,
+    /// Idempotency key (1 to 256 characters): retrying again with the same key answers the same run.
+    #[arg(long, value_parser = retry_key)]
+    pub key: Option<String>,
+    #[command(flatten)]
+    pub db: NoDbArg,
 }
 
 /// clap parser: the run id shape (ASCII letters, digits, `-` and `_`).
@@ -340,6 +403,14 @@ fn run_id(s: &str) -> Result<String, String> {
         Ok(s.to_owned())
     } else {
         Err("not a run id (1 to 128 ASCII letters, digits, '-' or '_')".into())
+    }
+}
+
+/// clap parser: an idempotency key (1 to 256 characters, as the API takes it).
+fn retry_key(s: &str) -> Result<String, String> {
+    match s.chars().take(257).count() {
+        1..=256 => Ok(s.to_owned()),
+        _ => Err("must be 1 to 256 characters".into()),
     }
 }
 
@@ -373,7 +444,7 @@ fn parse_since(s: &str, now_ms: i64) -> Result<i64, String> {
 
 /// Carry out `switchboard runs …`. Map its error to the exit code with [`exit_code`].
 pub fn run(args: RunsArgs) -> anyhow::Result<()> {
-    let result = match &args.db {
+    let result = match args.db() {
         Some(db) => from_db(db, &args).and_then(|out| write_out(&out)),
         None => {
             let url = args

@@ -387,6 +387,21 @@ pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()
             )
         }
         RunsCommand::Stop(a) => return stop(api, a, args.json).await,
+        RunsCommand::Retry(a) => {
+            let body = a.key.as_ref().map(|k| json!({"key": k}));
+            let v = api
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/api/runs/{}/retry", a.id),
+                    body,
+                )
+                .await?;
+            if args.json {
+                pretty(&v)
+            } else {
+                retry_text(&a.id, &v)
+            }
+        }
         RunsCommand::Kill(a) => {
             let v = api
                 .call(
@@ -407,6 +422,20 @@ pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()
         }
     };
     write_out(&out)
+}
+
+/// `runs retry` as text: the run that took the request and its live URL, one per line after a summary.
+fn retry_text(id: &str, v: &Value) -> String {
+    let str_of = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("?");
+    let run = str_of("runId");
+    let live = str_of("liveUrl");
+    match str_of("outcome") {
+        "steered" => format!(
+            "{run}: steered (the thread's live run took {id}'s request as a follow-up, seq {})\n{live}\n",
+            v.get("seq").map_or_else(|| "?".to_owned(), Value::to_string)
+        ),
+        outcome => format!("{run}: {outcome} (a retry of {id})\n{live}\n"),
+    }
 }
 
 /// `/api/runs?…` for `a` with this status, limit and cursor.

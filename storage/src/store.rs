@@ -126,6 +126,68 @@ pub struct ListQuery {
     /// Only final records with this status (SPEC §7's terminal-status filter): a provisional tombstone
     /// matches none, since it shows as "unfinished", never as its stored `interrupted`.
     pub status: Option<RunStatus>,
+    /// Only runs whose id starts with, or whose label contains, this text ([`Search`]).
+    pub search: Option<Search>,
+}
+
+/// The index's text search (`q`): a run matches when its id starts with the text or its label contains it,
+/// ASCII letters compared without case (other characters exactly), on every backend alike.
+///
+/// The SQL stores test the `runs.label` column and the run id in listing order (newest first) and stop at
+/// the page's limit: no index serves a substring, so a search that matches little reads every row the
+/// retention policy keeps — which `max_runs` (at most 20,000) bounds — and never a record's JSON. The
+/// text is bound as a `LIKE` pattern with its wildcards (`%`, `_`) and the escape (`\`) escaped
+/// ([`Search::like_prefix`], [`Search::like_contains`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Search {
+    /// Trimmed, ASCII-lowercased, 1..=[`Search::MAX_CHARS`] characters.
+    text: String,
+}
+
+impl Search {
+    /// The longest search text (longer text is cut here).
+    pub const MAX_CHARS: usize = 256;
+
+    /// The search for `text` (trimmed, cut to [`Search::MAX_CHARS`]); `None` when nothing is left.
+    pub fn new(text: &str) -> Option<Search> {
+        let text: String = text.trim().chars().take(Self::MAX_CHARS).collect();
+        (!text.is_empty()).then(|| Search {
+            text: text.to_ascii_lowercase(),
+        })
+    }
+
+    /// The text as matched (ASCII-lowercased).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether a run with this id and label matches.
+    pub fn matches(&self, id: &str, label: Option<&str>) -> bool {
+        id.to_ascii_lowercase().starts_with(&self.text)
+            || label.is_some_and(|l| l.to_ascii_lowercase().contains(&self.text))
+    }
+
+    /// `text%`, escaped for `LIKE … ESCAPE '\'`.
+    pub fn like_prefix(&self) -> String {
+        format!("{}%", like_escape(&self.text))
+    }
+
+    /// `%text%`, escaped for `LIKE … ESCAPE '\'`.
+    pub fn like_contains(&self) -> String {
+        format!("%{}%", like_escape(&self.text))
+    }
+}
+
+/// `s` with the `LIKE` wildcards and the escape character escaped by `\`.
+pub fn like_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl ListQuery {
@@ -140,6 +202,7 @@ impl ListQuery {
             thread_key: None,
             parent_run_id: None,
             status: None,
+            search: None,
         }
     }
 
@@ -164,6 +227,10 @@ impl ListQuery {
                 .as_deref()
                 .is_none_or(|p| h.parent_run_id.as_deref() == Some(p))
             && self.status.is_none_or(|s| h.status == s && !h.provisional)
+            && self
+                .search
+                .as_ref()
+                .is_none_or(|s| s.matches(&h.id, h.label.as_deref()))
             && self.before.as_ref().is_none_or(|c| match &c.id {
                 Some(id) => (h.finished_at, h.id.as_str()) < (c.finished_at, id.as_str()),
                 None => h.finished_at < c.finished_at,

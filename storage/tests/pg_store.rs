@@ -312,6 +312,7 @@ fn migration_two_gives_old_generations_their_hostname_as_host_id() {
         .batch_execute(
             "ALTER TABLE generations DROP COLUMN host_id;
              DROP INDEX runs_open_cards; ALTER TABLE runs DROP COLUMN card_open;
+             ALTER TABLE runs DROP COLUMN label;
              UPDATE schema_version SET version = 1;
              INSERT INTO generations (gen, host, pid, proc_start, started_at)
              VALUES ('20260101T000000Z-0000000a', 'box-1', 42, '777', 5);",
@@ -358,17 +359,15 @@ fn migration_three_leaves_cards_from_before_closed_until_their_record_is_put_aga
     s.connection()
         .batch_execute(
             "DROP INDEX runs_open_cards; ALTER TABLE runs DROP COLUMN card_open;
+             ALTER TABLE runs DROP COLUMN label;
              UPDATE schema_version SET version = 2;",
         )
         .unwrap();
     drop(s);
     let mut s = open(&url);
     assert_eq!(
-        (
-            s.schema_version().unwrap(),
-            storage::postgres::schema::current_version()
-        ),
-        (3, 3)
+        s.schema_version().unwrap(),
+        storage::postgres::schema::current_version()
     );
     assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
     assert!(!s.close_card("old").unwrap(), "not open: nothing to close");
@@ -379,4 +378,38 @@ fn migration_three_leaves_cards_from_before_closed_until_their_record_is_put_aga
     carded.head.extra.insert("label2".into(), json!("x"));
     assert!(s.put(&carded, None, NOW).unwrap().rewritten);
     assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), ["old"]);
+}
+
+/// Migration 4 adds `label` (the index's search): a row from before takes its label from its summary, so a
+/// search finds it at once.
+#[test]
+fn migration_four_gives_rows_from_before_their_label() {
+    use storage::store::{ListQuery, Search};
+    let url = pg::database();
+    let mut s = open(&url);
+    let mut labelled = record("old", 1);
+    labelled.head.label = Some("Quarterly Billing".into());
+    s.put(&labelled, None, NOW).unwrap();
+    s.put(&record("plain", 2), None, NOW).unwrap();
+    s.connection()
+        .batch_execute("ALTER TABLE runs DROP COLUMN label; UPDATE schema_version SET version = 3;")
+        .unwrap();
+    drop(s);
+    let mut s = open(&url);
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::postgres::schema::current_version()
+    );
+    let q = ListQuery {
+        search: Search::new("billing"),
+        ..ListQuery::visible_to(storage::record::VisibilityFilter::All)
+    };
+    let found: Vec<String> = s
+        .list(&q, NOW)
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|i| i.head.id)
+        .collect();
+    assert_eq!(found, ["old"]);
 }

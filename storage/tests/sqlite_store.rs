@@ -879,3 +879,47 @@ fn expire_removes_event_rows_nobody_owns_a_bounded_amount_a_pass() {
     assert_eq!(count(&mut s, "live"), 1, "a live run's events stay");
     assert_eq!(s.expire(NOW, "").unwrap().orphaned, 0);
 }
+
+/// Migration 10 adds `label` (the index's search): a row from before takes its label from its summary (a
+/// summary that does not parse leaves it NULL and does not stop the migration), so a search finds it.
+#[test]
+fn migration_ten_gives_rows_from_before_their_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let row = |id: &str, at: i64, summary: &str| {
+        format!(
+            "INSERT INTO runs (run_id, finished_at, started_at, channel_id, user_id, thread_key, status, event_count,
+                bytes, digest, stored_at, summary_json)
+             VALUES ('{id}', {at}, 0, 'C1', 'U1', 'C1:t', 'completed', 0, 10, 'd-{id}', 0, '{summary}');"
+        )
+    };
+    let head = |id: &str, at: i64, label: &str| {
+        format!(
+            r#"{{"id":"{id}","label":"{label}","channelId":"C1","userId":"U1","threadKey":"C1:t","startedAt":0,"finishedAt":{at},"status":"completed","eventCount":0,"storedEventCount":0,"truncated":false}}"#
+        )
+    };
+    let setup = [
+        row("old", NOW - 1, &head("old", NOW - 1, "Quarterly Billing")),
+        row("other", NOW - 2, &head("other", NOW - 2, "rotate keys")),
+        row("broken", NOW - 3, "{not json"),
+    ]
+    .concat();
+    old_database(&path, 9, &setup);
+    let mut s = open(&path);
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::sqlite::schema::current_version()
+    );
+    let q = ListQuery {
+        search: storage::store::Search::new("BILLING"),
+        ..ListQuery::visible_to(VisibilityFilter::All)
+    };
+    let found: Vec<String> = s
+        .list(&q, NOW)
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|i| i.head.id)
+        .collect();
+    assert_eq!(found, ["old"]);
+}

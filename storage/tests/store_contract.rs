@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use storage::record::{validate_record, RetentionPolicy, RunRecord, RunStatus, VisibilityFilter};
-use storage::store::{Cursor, ListQuery, PolicyProposal, RunStore, MAX_FUTURE_MS};
+use storage::store::{Cursor, ListQuery, PolicyProposal, RunStore, Search, MAX_FUTURE_MS};
 use storage::{MemoryStore, SqliteStore, Synchronous};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -832,6 +832,99 @@ fn close_card_answers_true_once_and_the_record_reads_back_closed(s: &mut dyn Run
     }
 }
 
+fn search(text: &str) -> ListQuery {
+    ListQuery {
+        search: Search::new(text),
+        ..all()
+    }
+}
+
+fn a_search_matches_an_id_prefix_or_a_label_substring_without_ascii_case(s: &mut dyn RunStore) {
+    for (id, at, label) in [
+        ("0193abcd-1111", NOW - 1, Some("Deploy the Billing service")),
+        ("0193abce-2222", NOW - 2, Some("rotate keys")),
+        ("0194ffff-3333", NOW - 3, Some("nightly REPORT for billing")),
+        ("0195aaaa-4444", NOW - 4, None),
+        (
+            "x0193abcd-5555",
+            NOW - 5,
+            Some("an id that only contains the prefix"),
+        ),
+    ] {
+        let patch = match label {
+            Some(l) => json!({"label": l}),
+            None => json!({}),
+        };
+        s.put(&with(id, at, patch), None, NOW).expect("put");
+    }
+    // An id prefix (ASCII case folded), never an id's middle.
+    assert_eq!(
+        ids(s, &search("0193ab"), NOW),
+        ["0193abcd-1111", "0193abce-2222"]
+    );
+    assert_eq!(ids(s, &search("0193ABCD"), NOW), ["0193abcd-1111"]);
+    assert_eq!(ids(s, &search("abcd"), NOW), Vec::<String>::new());
+    // A label substring, any ASCII case, newest first; a run without a label matches by id alone.
+    assert_eq!(
+        ids(s, &search("BILLING"), NOW),
+        ["0193abcd-1111", "0194ffff-3333"]
+    );
+    assert_eq!(ids(s, &search("0195"), NOW), ["0195aaaa-4444"]);
+    // Trimmed; blank is no search.
+    assert_eq!(ids(s, &search("  rotate "), NOW), ["0193abce-2222"]);
+    assert!(Search::new("   ").is_none());
+    // Combined with the other filters and the cursor.
+    let q = ListQuery {
+        limit: Some(1),
+        ..search("billing")
+    };
+    let page = s.list(&q, NOW).expect("list");
+    assert_eq!(page.items.len(), 1);
+    let next = ListQuery {
+        before: page.next_before,
+        ..q.clone()
+    };
+    assert_eq!(ids(s, &next, NOW), ["0194ffff-3333"]);
+    let q = ListQuery {
+        status: Some(RunStatus::Failed),
+        ..search("billing")
+    };
+    assert_eq!(ids(s, &q, NOW), Vec::<String>::new());
+}
+
+fn a_search_takes_like_wildcards_literally(s: &mut dyn RunStore) {
+    for (id, at, label) in [
+        ("w1", NOW - 1, "100% done"),
+        ("w2", NOW - 2, "1000 done"),
+        ("w3", NOW - 3, "snake_case name"),
+        ("w4", NOW - 4, "snakeXcase name"),
+        ("w5", NOW - 5, r"a\b path"),
+        ("w6", NOW - 6, "ab path"),
+    ] {
+        s.put(&with(id, at, json!({"label": label})), None, NOW)
+            .expect("put");
+    }
+    assert_eq!(ids(s, &search("100%"), NOW), ["w1"]);
+    assert_eq!(ids(s, &search("%"), NOW), ["w1"]);
+    assert_eq!(ids(s, &search("e_c"), NOW), ["w3"]);
+    assert_eq!(ids(s, &search("_"), NOW), ["w3"]);
+    assert_eq!(ids(s, &search(r"a\b"), NOW), ["w5"]);
+    assert_eq!(ids(s, &search(r"\"), NOW), ["w5"]);
+    // `_` in an id prefix is a character, not "any one".
+    assert_eq!(ids(s, &search("w_"), NOW), Vec::<String>::new());
+    // Non-ASCII letters compare exactly on every backend.
+    s.put(
+        &with("u1", NOW - 7, json!({"label": "Ärger im Büro"})),
+        None,
+        NOW,
+    )
+    .expect("put");
+    assert_eq!(ids(s, &search("ärger"), NOW), Vec::<String>::new());
+    assert_eq!(ids(s, &search("Ärger"), NOW), ["u1"]);
+    assert_eq!(ids(s, &search("BÜRO"), NOW), Vec::<String>::new());
+    assert_eq!(ids(s, &search("büro"), NOW), ["u1"]);
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -875,6 +968,8 @@ contract!(
     open_cards_lists_final_records_whose_card_waits_for_its_closing_frame,
     open_cards_applies_the_policy_first,
     close_card_answers_true_once_and_the_record_reads_back_closed,
+    a_search_matches_an_id_prefix_or_a_label_substring_without_ascii_case,
+    a_search_takes_like_wildcards_literally,
 );
 
 // Keep the imports used by the macro's expansions visible to the compiler's unused-import check.

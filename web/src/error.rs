@@ -33,6 +33,10 @@ pub enum ApiError {
     Conflict(String),
     #[error("the idempotency key was used with another body")]
     KeyConflict,
+    /// A run asked to run again whose stored request text was capped (`truncated: true`): the whole
+    /// text is gone, and a shortened one is not the original request. The message says why.
+    #[error("{0}")]
+    RequestTruncated(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -69,6 +73,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Conflict(_) => "conflict",
             ApiError::KeyConflict => "key_conflict",
+            ApiError::RequestTruncated(_) => "request_truncated",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Draining => "draining",
@@ -114,7 +119,9 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Conflict(_) | ApiError::KeyConflict => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::KeyConflict | ApiError::RequestTruncated(_) => {
+                StatusCode::CONFLICT
+            }
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unavailable(_) | ApiError::Draining | ApiError::ThreadBusy => {
                 StatusCode::SERVICE_UNAVAILABLE

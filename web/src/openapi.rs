@@ -10,7 +10,7 @@
 
 use actix_web::{web, HttpResponse};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
@@ -20,8 +20,9 @@ use crate::AppState;
 #[derive(Serialize, ToSchema)]
 pub struct ErrorBody {
     /// `bad_request`, `unauthorized`, `forbidden`, `not_found`, `method_not_allowed`,
-    /// `unsupported_media_type`, `conflict`, `key_conflict`, `payload_too_large`, `unavailable`,
-    /// `draining` or `thread_busy`.
+    /// `unsupported_media_type`, `conflict`, `key_conflict`, `request_truncated`, `payload_too_large`,
+    /// `unavailable`, `draining`, `thread_busy`, or (the Slack ingress) `bad_signature` and
+    /// `stale_timestamp`.
     #[schema(example = "not_found")]
     pub error: String,
     /// What went wrong; a 400 names the field.
@@ -259,6 +260,7 @@ impl Modify for BearerAuth {
         crate::routes::api::get_friction,
         crate::routes::api::list_children,
         crate::routes::runs::stop_run,
+        crate::routes::retry::retry_run,
         crate::routes::sse::stream_run,
         crate::routes::api::live,
         crate::routes::plans::start_suggestion,
@@ -267,6 +269,7 @@ impl Modify for BearerAuth {
         crate::routes::plans::dismiss_suggestion,
         crate::routes::plans::import_plan,
     ),
+    components(schemas(StatusParam, IncludeParam, storage::record::RunEvent)),
     modifiers(&BearerAuth),
     tags(
         (name = "runs", description = "Admission, reads, streams, stop and kill"),
@@ -300,7 +303,84 @@ fn document_json(state: &AppState) -> String {
         names.push(Value::Null);
         agent["enum"] = Value::Array(names);
     }
+    if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {
+        if let Value::Object(site) = site_paths(state.slack.is_some()) {
+            paths.extend(site);
+        }
+    }
     doc.to_string()
+}
+
+/// The routes outside `/api`, as this process serves them: probes, metrics, the HTML pages, the Slack
+/// ingress (only when `[channels.slack]` is set) and the admin routes. Their bodies are for people and
+/// probes; the statuses and content types are exact.
+fn site_paths(slack: bool) -> Value {
+    let text = |ty: &str, what: &str| json!({"description": what, "content": {ty: {"schema": {"type": "string"}}}});
+    let html = |what: &str| text("text/html", what);
+    let error = |what: &str| json!({"description": what, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}});
+    let html_error = |what: &str| html(what);
+    let page_errors = json!({
+        "400": html_error("A bad query parameter (named)"),
+        "401": html_error("No or an unknown bearer token"),
+        "403": html_error("The token may not read runs"),
+    });
+    let with = |mut base: Value, extra: Value| {
+        if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
+            b.extend(e);
+        }
+        base
+    };
+    let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}});
+    let token = json!({"name": "token", "in": "query", "required": false, "schema": {"type": "string"}, "description": "The run's capability token"});
+    let mut paths = json!({
+        "/": {"get": {"tags": ["site"], "summary": "Redirects to the runs index", "responses": {
+            "302": {"description": "To `/runs`", "headers": {"Location": {"schema": {"type": "string"}}}}}}},
+        "/healthz": {"get": {"tags": ["site"], "summary": "Liveness: the process answers (storage health in the body)", "responses": {
+            "200": {"description": "`{ok, generation, pid, version, storage, storageKind, draining}`", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        "/readyz": {"get": {"tags": ["site"], "summary": "Readiness: storage answers and the process is not draining", "responses": {
+            "200": {"description": "`{ready: true}`", "content": {"application/json": {"schema": {"type": "object"}}}},
+            "503": {"description": "`{ready: false, error, message, draining, storage}`", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        "/metrics": {"get": {"tags": ["site"], "summary": "Prometheus metrics (OpenMetrics text)", "responses": {
+            "200": text(actors::metrics::CONTENT_TYPE, "Counters, gauges and histograms")}}},
+        "/runs": {"get": {"tags": ["site"], "summary": "The runs index (HTML)", "responses": with(json!({"200": html("The index page")}), page_errors.clone())}},
+        "/runs/{id}": {"get": {"tags": ["site"], "summary": "A run's live view (HTML)", "parameters": [id, token],
+            "responses": with(json!({"200": html("The run page"), "404": html("No such run, or one the caller may not see")}), page_errors.clone())}},
+        "/runs/{id}/timeline": {"get": {"tags": ["site"], "summary": "A run's timeline (an HTML fragment the live view refreshes)", "parameters": [id, token],
+            "responses": with(json!({"200": html("The timeline"), "404": html("No such run, or one the caller may not see")}), page_errors.clone())}},
+        "/runs/{id}/export.json": {"get": {"tags": ["site"], "summary": "A run with its events, as a download", "parameters": [id, token],
+            "responses": {"200": {"description": "The run's view with `events`", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunView"}}}},
+                "400": error("A bad parameter (named)"), "401": error("No or an unknown bearer token"), "403": error("The token may not read runs"),
+                "404": error("No such run, or one the caller may not see"), "503": error("Storage unavailable")}}},
+        "/threads/{key}": {"get": {"tags": ["site"], "summary": "A thread's runs, oldest first (HTML)",
+            "parameters": [{"name": "key", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1}, "description": "`<channel>:<thread>`"}],
+            "responses": with(json!({"200": html("The thread page")}), page_errors.clone())}},
+        "/admin/drain": {"post": {"tags": ["site"], "summary": "Drain and exit (operators; loopback or `admin` scope)", "responses": {
+            "202": {"description": "Draining", "content": {"application/json": {"schema": {"type": "object"}}}},
+            "401": error("No or an unknown bearer token"), "403": error("Not an operator")}}},
+        "/admin/crash": {"post": {"tags": ["site"], "summary": "Exit at once with 137, for kill testing (operators)", "responses": {
+            "202": {"description": "Crashing", "content": {"application/json": {"schema": {"type": "object"}}}},
+            "401": error("No or an unknown bearer token"), "403": error("Not an operator")}}},
+    });
+    if slack {
+        let signed = json!([
+            {"name": "X-Slack-Signature", "in": "header", "required": true, "schema": {"type": "string"}},
+            {"name": "X-Slack-Request-Timestamp", "in": "header", "required": true, "schema": {"type": "string"}},
+        ]);
+        let answers = json!({
+            "200": {"description": "Taken (admitted, a retry of an admitted event, or ignored)", "content": {"application/json": {"schema": {"type": "object"}}}},
+            "400": error("Not JSON, or a url_verification without its challenge"),
+            "401": error("bad_signature or stale_timestamp: nothing admitted"),
+            "413": error("Body over 1 MiB"),
+            "503": error("Draining, busy or storage unavailable: Slack retries"),
+        });
+        paths["/slack/events"] = json!({"post": {"tags": ["site"], "summary": "Slack's Events API (SPEC §12)", "parameters": signed,
+            "requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}}, "responses": answers}});
+        paths["/slack/interactions"] = json!({"post": {"tags": ["site"], "summary": "Slack's interactivity (the card's buttons)", "parameters": signed,
+            "requestBody": {"content": {"application/x-www-form-urlencoded": {"schema": {"type": "object", "properties": {"payload": {"type": "string"}}}}}},
+            "responses": {"200": {"description": "Taken", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "401": error("bad_signature or stale_timestamp"), "413": error("Body over 1 MiB")}}});
+    }
+    paths
 }
 
 /// `GET /api/openapi.json`: no auth (it describes the API, never its data).

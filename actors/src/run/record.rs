@@ -86,6 +86,13 @@ pub fn assemble_record(
     if let Some(by) = head.stopped_by {
         v["stoppedBy"] = by;
     }
+    // So do the index's marks (RunView `resumed`, `effectsUnknown`).
+    if head.marks.resumed > 0 {
+        v["resumed"] = json!(head.marks.resumed);
+    }
+    if head.marks.effects_unknown > 0 {
+        v["effectsUnknown"] = json!(head.marks.effects_unknown);
+    }
     if let Some(usage) = extras.usage {
         v["usage"] = usage;
     }

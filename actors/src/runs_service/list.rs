@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use storage::ledger::decisions::Phase;
 use storage::ledger::LiveRow;
 use storage::record::{event_seq, RunListItem, RunStatus, VisibilityFilter};
-use storage::store::{Cursor, ListQuery, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT};
+use storage::store::{Cursor, ListQuery, Search, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT};
 
 use super::{RunView, RunsService, LEDGER_EVENTS_CHUNK};
 
@@ -171,12 +171,21 @@ pub struct RunList {
     pub ledger_unavailable: bool,
 }
 
-/// One `list_live` answer with the highest known event seq of each row, and the kill state of every id
-/// the listing may serve.
+/// What a listing knows of a ledger row's events, read a chunk past the last seq it knew each refresh:
+/// the highest seq, how many events (a count, never a seq: a resumed run's seqs jump), and their marks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct LiveTally {
+    pub(super) last_seq: u64,
+    pub(super) count: u64,
+    pub(super) marks: super::Marks,
+}
+
+/// One `list_live` answer with the [`LiveTally`] of each row, and the kill state of every id the listing
+/// may serve.
 #[derive(Debug, Default)]
 pub(super) struct LiveListing {
     pub(super) rows: Vec<LiveRow>,
-    pub(super) last_seq: HashMap<String, u64>,
+    pub(super) tallies: HashMap<String, LiveTally>,
     /// The ids whose deletion fence was asked for: this process's registry rows at listing time and the
     /// listed ledger rows. A registry row created since is not covered (a point read asks for it).
     asked: HashSet<String>,
@@ -189,6 +198,12 @@ impl LiveListing {
     pub(super) fn killed(&self, id: &str) -> Option<bool> {
         self.asked.contains(id).then(|| self.killed.contains(id))
     }
+
+    /// A listed ledger row as a view, with its event count and marks.
+    pub(super) fn view(&self, row: &LiveRow) -> RunView {
+        let tally = self.tallies.get(&row.run_id).copied().unwrap_or_default();
+        RunView::from_live(row, tally.count).with_marks(tally.marks)
+    }
 }
 
 /// The ledger listing shared by a service's clones (see [`RunsService`]'s `live` field).
@@ -196,8 +211,8 @@ impl LiveListing {
 pub(super) struct LiveCache {
     /// The last successful listing and when (service clock) it was taken.
     listing: Option<(i64, Arc<LiveListing>)>,
-    /// Highest event seq seen per ledger row, so a refresh reads only the events past it.
-    last_seq: HashMap<String, u64>,
+    /// What was read of each ledger row's events, so a refresh reads only the events past it.
+    tallies: HashMap<String, LiveTally>,
 }
 
 impl RunsService {
@@ -234,21 +249,21 @@ impl RunsService {
             e.to_string()
         };
         let rows = self.source.list_live().await.map_err(unavailable)?;
-        // Each row's highest seq, reading only past what is already known (rows in parallel).
-        let known: HashMap<String, u64> = {
+        // Each row's tally, reading only past what is already known (rows in parallel).
+        let known: HashMap<String, LiveTally> = {
             let cache = self.cache();
             rows.iter()
                 .map(|r| {
                     (
                         r.run_id.clone(),
-                        cache.last_seq.get(&r.run_id).copied().unwrap_or(0),
+                        cache.tallies.get(&r.run_id).copied().unwrap_or_default(),
                     )
                 })
                 .collect()
         };
         let reads = rows.iter().map(|r| {
             let (id, from) = (r.run_id.clone(), known[&r.run_id]);
-            async move { (id.clone(), self.highest_live_seq(id, from).await) }
+            async move { (id.clone(), self.tally_live(id, from).await) }
         });
         // The kill state of everything this listing may serve, read beside the seqs.
         let asked: HashSet<String> = self
@@ -269,40 +284,40 @@ impl RunsService {
         let (seqs, killed) =
             futures_util::future::join(futures_util::future::join_all(reads), kills).await;
         let killed: HashSet<String> = killed.map_err(unavailable)?.into_iter().collect();
-        let last_seq: HashMap<String, u64> = seqs.into_iter().collect();
+        let tallies: HashMap<String, LiveTally> = seqs.into_iter().collect();
         let listing = Arc::new(LiveListing {
             rows,
-            last_seq: last_seq.clone(),
+            tallies: tallies.clone(),
             asked,
             killed,
         });
         let mut cache = self.cache();
-        cache.last_seq = last_seq;
+        cache.tallies = tallies;
         cache.listing = Some((now, listing.clone()));
         Ok(listing)
     }
 
-    /// The highest live event seq of `id` past `from` (or `from` when none follow or the read fails).
-    async fn highest_live_seq(&self, id: String, mut from: u64) -> u64 {
+    /// `known` extended by the live events of `id` past its last seq (`known` as it is when none follow
+    /// or the read fails).
+    async fn tally_live(&self, id: String, mut known: LiveTally) -> LiveTally {
         loop {
             match self
                 .source
-                .live_events(id.clone(), from, LEDGER_EVENTS_CHUNK)
+                .live_events(id.clone(), known.last_seq, LEDGER_EVENTS_CHUNK)
                 .await
             {
                 Ok(Some(events)) => {
-                    let n = events.len();
-                    from = events
-                        .iter()
-                        .filter_map(event_seq)
-                        .max()
-                        .unwrap_or(from)
-                        .max(from);
-                    if n < LEDGER_EVENTS_CHUNK {
-                        return from;
+                    let before = known.last_seq;
+                    for e in &events {
+                        known.count += 1;
+                        known.marks.observe(e);
+                        known.last_seq = known.last_seq.max(event_seq(e).unwrap_or(0));
+                    }
+                    if events.len() < LEDGER_EVENTS_CHUNK || known.last_seq == before {
+                        return known;
                     }
                 }
-                _ => return from,
+                _ => return known,
             }
         }
     }
@@ -337,7 +352,19 @@ impl RunsService {
 
     /// `list_runs` (SPEC §7): the three-source merge, sorted, limited, with the store cursor.
     pub async fn list_runs(&self, params: &ListParams) -> RunList {
+        self.list_runs_matching(params, None).await
+    }
+
+    /// [`list_runs`](Self::list_runs) narrowed to the runs a text [`Search`] matches (the HTML index's
+    /// `q`: an id prefix or a label substring): live rows are matched here, the store matches its own
+    /// (one bounded query, see [`Search`]).
+    pub async fn list_runs_matching(
+        &self,
+        params: &ListParams,
+        search: Option<&Search>,
+    ) -> RunList {
         let limit = params.effective_limit();
+        let matches = |v: &RunView| search.is_none_or(|s| s.matches(&v.id, v.label.as_deref()));
         if params.visible_to == VisibilityFilter::None {
             // Nothing is visible: touch neither the ledger nor the store.
             return RunList::default();
@@ -384,13 +411,12 @@ impl RunsService {
                 }
                 suppress.insert(row.run_id.clone());
                 if self.lists_ledger_row(row) {
-                    let seq = listing.last_seq.get(&row.run_id).copied().unwrap_or(0);
-                    unfinished.push(RunView::from_live(row, seq));
+                    unfinished.push(listing.view(row));
                 }
             }
         }
-        unfinished.retain(|v| params.admits(v));
-        finished_live.retain(|v| params.admits(v) && older_than_cursor(v));
+        unfinished.retain(|v| params.admits(v) && matches(v));
+        finished_live.retain(|v| params.admits(v) && matches(v) && older_than_cursor(v));
         if cursor.is_some() || !params.status.lists_live() {
             unfinished.clear();
         }
@@ -414,6 +440,7 @@ impl RunsService {
                 thread_key: params.thread_key.clone(),
                 parent_run_id: params.parent_run_id.clone(),
                 status: params.status.terminal(),
+                search: search.cloned(),
             };
             match self.source.list(query).await {
                 Ok(page) => {
@@ -1081,5 +1108,103 @@ mod tests {
         let list = f.list(StatusFilter::All).await;
         assert!(!list.ledger_unavailable);
         assert_eq!(ids(&list), ["x1"]);
+    }
+
+    /// A run live under another generation lists its event count (never its last seq: a resumed run's
+    /// seqs jump) and its marks, read incrementally: a later listing reads only the events that followed.
+    #[tokio::test]
+    async fn a_run_live_elsewhere_lists_its_event_count_and_marks_not_its_last_seq() {
+        let f = fixture();
+        f.ledger_row("far", "c1", OTHER_GEN, NOW - 100, false, 2);
+        let mut m = f.double.mem.clone();
+        let append = |m: &mut storage::MemoryStore, events: Vec<serde_json::Value>| {
+            storage::ledger::RunLedger::append(m, "far", OTHER_GEN, &events)
+                .unwrap()
+                .unwrap()
+        };
+        append(
+            &mut m,
+            vec![
+                json!({"type": "resumed", "fromGeneration": "G0", "seq": 1001, "at": NOW - 50}),
+                json!({"type": "tool_result", "callId": "c", "tool": "append_file", "ok": false,
+                    "effectsUnknown": true, "seq": 1002, "at": NOW - 49}),
+                json!({"type": "note", "seq": 1003, "at": NOW - 48}),
+            ],
+        );
+        let list = f.list(StatusFilter::Active).await;
+        let v = &list.runs[0];
+        assert_eq!(
+            (v.event_count, v.resumed, v.effects_unknown),
+            (5, Some(1), Some(1))
+        );
+        let reads = f.double.live_event_calls.load(Ordering::SeqCst);
+        append(
+            &mut m,
+            vec![json!({"type": "resumed", "fromGeneration": "G1", "seq": 2001, "at": NOW - 10})],
+        );
+        f.clock.advance(LEDGER_LIST_TTL_MS + 1);
+        let list = f.list(StatusFilter::Active).await;
+        let v = &list.runs[0];
+        assert_eq!(
+            (v.event_count, v.resumed, v.effects_unknown),
+            (6, Some(2), Some(1))
+        );
+        assert_eq!(
+            f.double.live_event_calls.load(Ordering::SeqCst),
+            reads + 1,
+            "one read past the last seq known"
+        );
+        // A point read says the same.
+        let one = f
+            .svc
+            .get_run("far", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!((one.event_count, one.resumed), (6, Some(2)));
+    }
+
+    /// A search narrows live rows here (id prefix or label, ASCII case folded) and the store's rows by
+    /// the same rule; the registry's row carries the marks its published events counted.
+    #[tokio::test]
+    async fn a_search_matches_live_and_stored_runs_by_id_prefix_or_label() {
+        let f = fixture();
+        f.local("abc-live", "c1", NOW - 10, None);
+        f.local("xyz-live", "c1", NOW - 20, None);
+        f.put(record("abc-old", "c1", NOW - 100, NOW - 90, false, vec![]));
+        f.put(record("zzz-old", "c1", NOW - 100, NOW - 80, false, vec![]));
+        let all = ListParams::new(StatusFilter::All, VisibilityFilter::All);
+        let search = |t: &str| Search::new(t).unwrap();
+        let list = f.svc.list_runs_matching(&all, Some(&search("ABC"))).await;
+        assert_eq!(ids(&list), ["abc-live", "abc-old"]);
+        // The registry rows' label is "a label"; the records have none.
+        let list = f.svc.list_runs_matching(&all, Some(&search("LABEL"))).await;
+        assert_eq!(ids(&list), ["abc-live", "xyz-live"]);
+        let live = ListParams::new(StatusFilter::Active, VisibilityFilter::All);
+        let list = f.svc.list_runs_matching(&live, Some(&search("abc"))).await;
+        assert_eq!(ids(&list), ["abc-live"]);
+        assert_eq!(
+            ids(&f.list(StatusFilter::All).await).len(),
+            4,
+            "no search: all"
+        );
+
+        f.registry.publish(
+            "xyz-live",
+            json!({"type": "resumed", "fromGeneration": "G0"}),
+        );
+        f.registry.publish(
+            "xyz-live",
+            json!({"type": "tool_result", "ok": false, "effectsUnknown": true}),
+        );
+        let list = f.list(StatusFilter::Active).await;
+        let marks: Vec<_> = list
+            .runs
+            .iter()
+            .map(|v| (v.id.as_str(), v.resumed, v.effects_unknown))
+            .collect();
+        assert_eq!(
+            marks,
+            [("abc-live", None, None), ("xyz-live", Some(1), Some(1))]
+        );
     }
 }

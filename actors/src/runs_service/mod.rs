@@ -90,7 +90,9 @@ pub use point::{
     EVENTS_PAGE_MAX, EVENTS_PAGE_MAX_BYTES,
 };
 pub use sources::{RunSource, SourceFuture};
-pub use view::{answer_of, failure_message, stopped_by_of, HeadFacts, RunView, ANSWER_VIEW_CHARS};
+pub use view::{
+    answer_of, failure_message, stopped_by_of, HeadFacts, Marks, RunView, ANSWER_VIEW_CHARS,
+};
 
 /// Page size for reading a live run's events from the ledger.
 const LEDGER_EVENTS_CHUNK: usize = 1000;

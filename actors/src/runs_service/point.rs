@@ -8,7 +8,7 @@ use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use storage::ledger::{LiveRow, StopMode};
+use storage::ledger::StopMode;
 use storage::record::{
     event_seq, is_valid_run_id, CategoryStat, Diagnosis, RunListItem, VisibilityFilter,
 };
@@ -44,6 +44,7 @@ impl RunStopper for actix::Addr<Supervisor> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventPage {
+    #[schema(value_type = Vec<storage::record::RunEvent>)]
     pub events: Vec<Value>,
     /// Present while more events follow: pass it back as `afterSeq`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -101,7 +102,8 @@ pub struct LiveRowView {
 /// Where a point read found a run.
 enum Found {
     Registry(RunRow),
-    Ledger(LiveRow, u64),
+    /// A ledger row, as its listing shows it.
+    Ledger(Box<RunView>),
     Store(RunListItem),
 }
 
@@ -161,8 +163,7 @@ impl RunsService {
                 .iter()
                 .find(|r| r.run_id == id && self.lists_ledger_row(r))
             {
-                let seq = listing.last_seq.get(id).copied().unwrap_or(0);
-                return Ok(Found::Ledger(row.clone(), seq));
+                return Ok(Found::Ledger(Box::new(listing.view(row))));
             }
         }
         match self.source.get_summary(id.to_owned()).await {
@@ -228,8 +229,8 @@ impl RunsService {
                 }
                 Ok(view)
             }
-            Found::Ledger(row, seq) => {
-                let mut view = RunView::from_live(&row, seq);
+            Found::Ledger(view) => {
+                let mut view = *view;
                 if !view.visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
@@ -319,8 +320,8 @@ impl RunsService {
                     .filter(|e| event_seq(e).is_some_and(|s| s > after_seq));
                 Ok(page_of(after, limit, None))
             }
-            Found::Ledger(row, seq) => {
-                if !RunView::from_live(&row, seq).visible_to(visible_to) {
+            Found::Ledger(view) => {
+                if !view.visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
                 let read = self
@@ -389,8 +390,8 @@ impl RunsService {
                     diagnosis: analyze(&events),
                 })
             }
-            Found::Ledger(row, seq) => {
-                if !RunView::from_live(&row, seq).visible_to(visible_to) {
+            Found::Ledger(view) => {
+                if !view.visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
                 match self.all_live_events(id).await? {
@@ -560,10 +561,7 @@ impl RunsService {
                 .iter()
                 .filter(|r| self.lists_ledger_row(r) && !killed(&r.run_id))
             {
-                rows.push(RunView::from_live(
-                    row,
-                    listing.last_seq.get(&row.run_id).copied().unwrap_or(0),
-                ));
+                rows.push(listing.view(row));
             }
         }
         rows.retain(|v| v.visible_to(visible_to));

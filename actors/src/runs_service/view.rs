@@ -65,8 +65,21 @@ pub struct RunView {
     /// `{<model>: {inputTokens, outputTokens}}` summed over the run's model calls (finished runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Value>,
+    /// How many times the run was resumed after the process holding it ended (its `resumed` events);
+    /// absent when never. Records written before the field existed do not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<u64>,
+    /// How many of its tool calls have unknown effects: calls in flight when a process ended, settled
+    /// at the resume as `effectsUnknown` results (SPEC §6.2); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effects_unknown: Option<u64>,
+    /// `true` when the process holding the run ended after its finishing gate, so whether its reply
+    /// reached the channel is unknown (the record's `replyNote`, SPEC §6.1); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_unknown: Option<bool>,
     /// Only when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<storage::record::RunEvent>>)]
     pub events: Option<Vec<Value>>,
 }
 
@@ -99,8 +112,12 @@ impl RunView {
             error: None,
             stopped_by: None,
             usage: None,
+            resumed: None,
+            effects_unknown: None,
+            delivery_unknown: None,
             events: None,
         }
+        .with_marks(row.marks)
     }
 
     /// A stored record or listing row.
@@ -130,8 +147,12 @@ impl RunView {
             error: head_str(h, "error"),
             stopped_by: h.extra.get("stoppedBy").cloned(),
             usage: h.extra.get("usage").cloned(),
+            resumed: None,
+            effects_unknown: None,
+            delivery_unknown: delivery_unknown(h),
             events: None,
         }
+        .with_marks(Marks::of_head(h))
     }
 
     /// A ledger row (a run live in some process), with the highest event seq known for it.
@@ -163,6 +184,9 @@ impl RunView {
             error: None,
             stopped_by: None,
             usage: None,
+            resumed: None,
+            effects_unknown: None,
+            delivery_unknown: None,
             events: None,
         }
     }
@@ -179,16 +203,33 @@ impl RunView {
         self.answer = head_str(h, "answer").or(self.answer.take());
         self.error = head_str(h, "error").or(self.error.take());
         self.stopped_by = h.extra.get("stoppedBy").cloned().or(self.stopped_by.take());
+        self.delivery_unknown = delivery_unknown(h);
+        self.add_marks(Marks::of_head(h));
     }
 
     /// Take what a finished run's head says from `events` when no record said it yet: the answer, the
     /// error of a failed run (the last `run_failed` message), who stopped a stopped run.
     pub fn fill_from_events<E: Borrow<Value>>(&mut self, events: &[E]) {
+        self.add_marks(Marks::of(events));
         let Some(status) = self.status else { return };
         let facts = HeadFacts::of(status, events);
         self.answer = self.answer.take().or(facts.answer);
         self.error = self.error.take().or(facts.error);
         self.stopped_by = self.stopped_by.take().or(facts.stopped_by);
+    }
+
+    /// This view with `marks` taken in ([`RunView::add_marks`]).
+    pub fn with_marks(mut self, marks: Marks) -> Self {
+        self.add_marks(marks);
+        self
+    }
+
+    /// Take in what `marks` counted: each count is the larger of the view's and the marks' (two readings
+    /// of the same run, one of them perhaps from a trimmed backlog), and absent while zero.
+    pub fn add_marks(&mut self, marks: Marks) {
+        let larger = |have: Option<u64>, n: u64| have.max(Some(n).filter(|n| *n > 0));
+        self.resumed = larger(self.resumed, marks.resumed);
+        self.effects_unknown = larger(self.effects_unknown, marks.effects_unknown);
     }
 
     pub fn visible_to(&self, filter: &VisibilityFilter) -> bool {
@@ -236,6 +277,55 @@ pub fn failure_message<E: Borrow<Value>>(events: &[E]) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// What the index marks a run for, counted from its events: resumes after the holding process ended and
+/// tool calls whose effects are unknown (RunView `resumed`, `effectsUnknown`). Counted as events are
+/// published (the registry's row), read from events (a record's assembly, a ledger row) or from a
+/// record's head.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// `resumed` events.
+    pub resumed: u64,
+    /// `tool_result` events with `effectsUnknown: true`.
+    pub effects_unknown: u64,
+}
+
+impl Marks {
+    /// Count `e` in.
+    pub fn observe(&mut self, e: &Value) {
+        match e.get("type").and_then(Value::as_str) {
+            Some("resumed") => self.resumed += 1,
+            Some("tool_result") if e.get("effectsUnknown") == Some(&Value::Bool(true)) => {
+                self.effects_unknown += 1
+            }
+            _ => {}
+        }
+    }
+
+    /// The marks of `events`.
+    pub fn of<E: Borrow<Value>>(events: &[E]) -> Marks {
+        let mut marks = Marks::default();
+        for e in events {
+            marks.observe(e.borrow());
+        }
+        marks
+    }
+
+    /// The marks a record's head carries (`resumed`, `effectsUnknown`; zero when absent).
+    pub fn of_head(h: &RunHead) -> Marks {
+        let n = |k: &str| h.extra.get(k).and_then(Value::as_u64).unwrap_or(0);
+        Marks {
+            resumed: n("resumed"),
+            effects_unknown: n("effectsUnknown"),
+        }
+    }
+}
+
+/// `Some(true)` when a record's `replyNote` says its delivery is unknown (a run closed from its
+/// finishing gate by another process, SPEC §6.1).
+fn delivery_unknown(h: &RunHead) -> Option<bool> {
+    (h.reply_note.as_deref() == Some(crate::run::DELIVERY_UNKNOWN)).then_some(true)
+}
+
 /// What a finished run's head says beside its status, read from its events: one reading for the record
 /// assembly and for views of runs whose record has not landed.
 #[derive(Debug, Default, PartialEq)]
@@ -246,6 +336,8 @@ pub struct HeadFacts {
     pub error: Option<String>,
     /// [`stopped_by_of`], for a stopped run.
     pub stopped_by: Option<Value>,
+    /// [`Marks::of`], whatever the status.
+    pub marks: Marks,
 }
 
 impl HeadFacts {
@@ -259,6 +351,7 @@ impl HeadFacts {
             stopped_by: matches!(status, RunStatus::StoppedSoft | RunStatus::StoppedHard)
                 .then(|| stopped_by_of(events))
                 .flatten(),
+            marks: Marks::of(events),
         }
     }
 }
@@ -328,7 +421,8 @@ mod tests {
             HeadFacts {
                 answer: Some("second".into()),
                 error: None,
-                stopped_by: None
+                stopped_by: None,
+                marks: Marks::default(),
             }
         );
         assert_eq!(
@@ -363,6 +457,54 @@ mod tests {
             answer_of(&[json!({"type": "answer", "text": exact.clone()})]),
             Some(exact)
         );
+    }
+
+    /// A record's head carries the marks its assembly counted and says when its delivery is unknown; a
+    /// head without them marks nothing.
+    #[test]
+    fn a_views_marks_come_from_the_head_or_the_events_whichever_counted_more() {
+        let head = |extra: Value| {
+            let mut v = json!({"id": "r1", "channelId": "c", "userId": "u", "threadKey": "c:t",
+                "startedAt": 1, "finishedAt": 2, "status": "completed", "eventCount": 0,
+                "storedEventCount": 0, "truncated": false, "events": []});
+            for (k, val) in extra.as_object().unwrap() {
+                v[k] = val.clone();
+            }
+            storage::record::validate_record(&v).unwrap().head
+        };
+        let marked = RunView::from_head(&head(json!({"resumed": 2, "effectsUnknown": 1,
+            "replyNote": crate::run::DELIVERY_UNKNOWN})));
+        assert_eq!(
+            (
+                marked.resumed,
+                marked.effects_unknown,
+                marked.delivery_unknown
+            ),
+            (Some(2), Some(1), Some(true))
+        );
+        let json = serde_json::to_value(&marked).unwrap();
+        assert_eq!(
+            (
+                &json["resumed"],
+                &json["effectsUnknown"],
+                &json["deliveryUnknown"]
+            ),
+            (&json!(2), &json!(1), &json!(true))
+        );
+        let plain = RunView::from_head(&head(json!({"replyNote": "no channel to deliver to"})));
+        assert_eq!(
+            (plain.resumed, plain.effects_unknown, plain.delivery_unknown),
+            (None, None, None)
+        );
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json.get("resumed").is_none() && json.get("deliveryUnknown").is_none());
+        // Events add what the head did not count.
+        let mut v = plain;
+        v.fill_from_events(&[
+            json!({"type": "resumed"}),
+            json!({"type": "tool_result", "effectsUnknown": false}),
+        ]);
+        assert_eq!((v.resumed, v.effects_unknown), (Some(1), None));
     }
 
     #[tokio::test]

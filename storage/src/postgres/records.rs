@@ -166,6 +166,20 @@ pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(S
             p.push(status.as_str().to_owned())
         ));
     }
+    if let Some(search) = &query.search {
+        // ASCII letters folded on both sides (`Search`'s rule, as SQLite's LIKE): `lower` would fold
+        // other letters too, by the database's locale.
+        let fold = |col: &str| {
+            format!("translate({col}, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')")
+        };
+        clauses.push(format!(
+            r"({} LIKE {} ESCAPE '\' OR {} LIKE {} ESCAPE '\')",
+            fold("run_id"),
+            p.push(search.like_prefix()),
+            fold("label"),
+            p.push(search.like_contains())
+        ));
+    }
     if let Some(cur) = &query.before {
         let f = p.push(cur.finished_at);
         match &cur.id {
@@ -292,18 +306,19 @@ pub(super) fn put_in(
         c.execute(
             "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
                 channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
-                card_open)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                card_open, label)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
              ON CONFLICT (run_id) DO UPDATE SET finished_at = EXCLUDED.finished_at, started_at = EXCLUDED.started_at,
                 agent = EXCLUDED.agent, channel_id = EXCLUDED.channel_id, user_id = EXCLUDED.user_id,
                 thread_key = EXCLUDED.thread_key, channel_visibility = EXCLUDED.channel_visibility,
                 parent_run_id = EXCLUDED.parent_run_id, status = EXCLUDED.status, provisional = EXCLUDED.provisional,
                 event_count = EXCLUDED.event_count, bytes = EXCLUDED.bytes, digest = EXCLUDED.digest,
-                stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json, card_open = EXCLUDED.card_open",
+                stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json, card_open = EXCLUDED.card_open,
+                label = EXCLUDED.label",
             &[
                 &id, &h.finished_at, &h.started_at, &h.agent, &h.channel_id, &h.user_id, &h.thread_key,
                 &h.channel_visibility.as_str(), &h.parent_run_id, &h.status.as_str(), &h.provisional,
-                &big(h.event_count), &bytes, &digest, &now_ms, &summary, &h.card_open(),
+                &big(h.event_count), &bytes, &digest, &now_ms, &summary, &h.card_open(), &h.label,
             ],
         )?;
         if !live {

@@ -126,6 +126,12 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN card_open BOOLEAN NOT NULL DEFAULT FALSE;
     CREATE INDEX runs_open_cards ON runs(finished_at, run_id) WHERE card_open;
     "#,
+    // 4: the index's text search (`ListQuery::search`), as SQLite's migration 10: `label` is the head's
+    // label, set by the record writer; rows from before take theirs from their summary.
+    r#"
+    ALTER TABLE runs ADD COLUMN label text COLLATE "C";
+    UPDATE runs SET label = summary_json::jsonb ->> 'label';
+    "#,
 ];
 
 pub fn current_version() -> i64 {

@@ -39,6 +39,7 @@
 //! - `visibility`: `VisibilityFilter`, its bounded parse (`FilterError`) and its one truth table.
 
 mod budget;
+mod event;
 mod model;
 mod retention;
 mod validate;
@@ -48,6 +49,7 @@ mod visibility;
 mod fixtures;
 
 pub use budget::{cap_event_for_publish, fit_record_to_budget, MAX_EVENT_BYTES, MAX_RECORD_BYTES};
+pub use event::{InputOrigin, RunEvent, Stamp};
 pub use model::{
     event_seq, input_event, stored_event_seqs, CategoryStat, ChannelVisibility, Diagnosis,
     InputSource, RunHead, RunListItem, RunRecord, RunStatus, CARD, CARD_CLOSED,

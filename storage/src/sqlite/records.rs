@@ -195,6 +195,12 @@ pub(super) fn list_sql(
         clauses.push("status = ? AND provisional = 0".into());
         p.push(SqlValue::Text(status.as_str().into()));
     }
+    if let Some(search) = &query.search {
+        // SQLite's LIKE compares ASCII letters without case and everything else exactly: `Search`'s rule.
+        clauses.push(r"(run_id LIKE ? ESCAPE '\' OR label LIKE ? ESCAPE '\')".into());
+        p.push(SqlValue::Text(search.like_prefix()));
+        p.push(SqlValue::Text(search.like_contains()));
+    }
     if let Some(c) = &query.before {
         p.push(SqlValue::Integer(c.finished_at));
         match &c.id {
@@ -325,13 +331,13 @@ pub(super) fn put_in(
         tx.prepare_cached(
             "INSERT OR REPLACE INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
                 channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
-                card_open)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+                card_open, label)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
         )?
         .execute(params![
             id, h.finished_at, h.started_at, h.agent, h.channel_id, h.user_id, h.thread_key,
             h.channel_visibility.as_str(), h.parent_run_id, h.status.as_str(), h.provisional,
-            h.event_count as i64, bytes, digest, now_ms, summary, h.card_open()
+            h.event_count as i64, bytes, digest, now_ms, summary, h.card_open(), h.label
         ])?;
         if !live {
             tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
@@ -665,6 +671,12 @@ mod tests {
                 ..ListQuery::visible_to(VisibilityFilter::All)
             },
             ListQuery::visible_to(VisibilityFilter::UserIs { id: "U1".into() }),
+            // A search reads rows in listing order and stops at the limit: no sort step.
+            ListQuery {
+                search: crate::store::Search::new("r1"),
+                before: Some(cursor.clone()),
+                ..ListQuery::visible_to(VisibilityFilter::All)
+            },
         ] {
             let (sql, params) = list_sql(&query, &kept, policy.cutoff_ms(now)).expect("a query");
             assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");

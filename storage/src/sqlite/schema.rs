@@ -146,6 +146,13 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN card_open INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX runs_open_cards ON runs(finished_at, run_id) WHERE card_open = 1;
     "#,
+    // 10: the index's text search (`ListQuery::search`) tests each row's label without reading its JSON:
+    // `label` is the head's label, set by the record writer; rows from before take theirs from their
+    // summary (NULL where it does not parse).
+    r#"
+    ALTER TABLE runs ADD COLUMN label TEXT;
+    UPDATE runs SET label = CASE WHEN json_valid(summary_json) THEN json_extract(summary_json, '$.label') END;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

@@ -203,14 +203,30 @@ pub fn list_params(
         ("sinceMs" = Option<i64>, Query, description = "Only runs finished (or started, while live) at or after this epoch ms"),
         ("limit" = Option<u64>, Query, minimum = 1, description = "Page size (1 or more; clamped)"),
         ("before" = Option<i64>, Query, description = "Cursor: `nextBefore.finishedAt` of the previous page"),
-        ("beforeId" = Option<String>, Query, min_length = 1, description = "Cursor: `nextBefore.id` of the previous page"),
+        ("beforeId" = Option<String>, Query, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "Cursor: `nextBefore.id` of the previous page; alone, the page after that run"),
     ),
-    responses((status = 200, description = "A page of runs, live first, newest first", body = actors::runs_service::RunList), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
+    responses((status = 200, description = "A page of runs, live first, newest first", body = actors::runs_service::RunList), (status = 400, description = "A bad query parameter (named)", body = crate::openapi::ErrorBody), (status = 404, description = "`beforeId` alone names no run the caller may see", body = crate::openapi::ErrorBody), (status = 503, description = "`beforeId` alone: storage could not say where that run is", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
 async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let q = query_map(&req)?;
+    let mut q = query_map(&req)?;
     let visible_to = reader(&req, &state, None, &q)?;
+    // `beforeId` alone names the run a page follows: that run's own position completes the cursor (a run
+    // the caller may not see, or none, is a 404 naming the parameter).
+    if let (None, Some(id)) = (q.get("before"), q.get("beforeId")) {
+        if !is_valid_run_id(id) {
+            return Err(ApiError::bad("beforeId", "is not a run id"));
+        }
+        let run = match state.runs.get_run(id, false, &visible_to).await {
+            Ok(run) => run,
+            Err(RunsError::NotFound) => {
+                return Err(ApiError::NotFound(format!("beforeId: no run {id}")))
+            }
+            Err(e) => return Err(runs_error(e, id)),
+        };
+        let at = run.finished_at.unwrap_or(run.started_at);
+        q.insert("before".into(), at.to_string());
+    }
     let params = list_params(&q, visible_to)?;
     Ok(HttpResponse::Ok().json(state.runs.list_runs(&params).await))
 }
@@ -260,7 +276,7 @@ async fn get_run(
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let include_events = match q.get("include").map(String::as_str) {
-        None | Some("") => false,
+        None => false,
         Some("events") => true,
         Some(_) => return Err(ApiError::bad("include", "must be events")),
     };

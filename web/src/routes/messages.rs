@@ -126,11 +126,16 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
             // The body hash: SHA-256 of the canonical JSON (sorted keys) of the body minus `key`.
             let mut rest = map.clone();
             rest.remove("key");
-            let hash = hex::encode(Sha256::digest(Value::Object(rest).to_string().as_bytes()));
-            Some((k, hash))
+            Some((k, body_hash(&Value::Object(rest))))
         }
     };
     Ok((request, key))
+}
+
+/// An idempotency receipt's body hash (SPEC §5.1): SHA-256 hex of the canonical JSON of `body` (a
+/// message minus its `key`). `serde_json`'s maps keep their keys sorted, so `to_string` is canonical.
+pub fn body_hash(body: &Value) -> String {
+    hex::encode(Sha256::digest(body.to_string().as_bytes()))
 }
 
 /// The run's live view, with its capability token.
@@ -183,23 +188,35 @@ pub async fn post_message(
         key,
         body_hash,
     });
-    let answer = state
-        .supervisor
-        .send(AdmitMessage {
+    admit(
+        &state,
+        AdmitMessage {
             request,
             key,
             writer: Some(principal.visible_to.clone()),
-        })
+        },
+    )
+    .await
+}
+
+/// Admit `msg` through the supervisor and answer as `POST /api/messages` does (SPEC §5.1): 202
+/// `{outcome: "started", runId, liveUrl}` or `{outcome: "steered", runId, seq, liveUrl}`, or the
+/// admission's refusal as an [`ApiError`]. The one answer of every admission route (a message, a run's
+/// retry), so they cannot drift apart.
+pub async fn admit(state: &AppState, msg: AdmitMessage) -> Result<HttpResponse, ApiError> {
+    let answer = state
+        .supervisor
+        .send(msg)
         .await
         .map_err(|e| ApiError::Unavailable(format!("supervisor: {e}")))?;
     match answer {
         Ok(Admitted::Started { run_id, token }) => {
-            let live_url = live_url(&state, &run_id, &token);
+            let live_url = live_url(state, &run_id, &token);
             Ok(HttpResponse::Accepted()
                 .json(json!({"outcome": "started", "runId": run_id, "liveUrl": live_url})))
         }
         Ok(Admitted::Steered { run_id, seq, token }) => {
-            let live_url = live_url(&state, &run_id, &token);
+            let live_url = live_url(state, &run_id, &token);
             Ok(HttpResponse::Accepted().json(
                 json!({"outcome": "steered", "runId": run_id, "seq": seq, "liveUrl": live_url}),
             ))

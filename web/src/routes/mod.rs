@@ -7,6 +7,7 @@ pub mod api;
 pub mod html;
 pub mod messages;
 pub mod plans;
+pub mod retry;
 pub mod runs;
 pub mod slack;
 pub mod sse;
@@ -27,6 +28,7 @@ pub const API_ROUTES: &[(&str, &str)] = &[
     ("/api/runs/{id}/friction", "GET"),
     ("/api/runs/{id}/children", "GET"),
     ("/api/runs/{id}/stop", "POST"),
+    ("/api/runs/{id}/retry", "POST"),
     ("/api/runs/{id}/stream", "GET"),
     ("/api/live", "GET"),
     ("/api/plans/{id}/suggestions", "POST"),

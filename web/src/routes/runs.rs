@@ -1,4 +1,5 @@
-//! Run control routes: `POST /api/runs/{id}/stop`.
+//! Run control routes: `POST /api/runs/{id}/stop`, `DELETE /api/runs/{id}` (kill); `POST
+//! /api/runs/{id}/retry` is mounted here from [`super::retry`].
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use actors::run::StopActor;
@@ -17,7 +18,8 @@ pub const BODY_LIMIT: usize = 512 << 10;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     // `DELETE /api/runs/{id}` (kill) is mounted with the read of the same path (`api::configure`).
-    cfg.service(resource("/api/runs/{id}/stop", "POST").route(web::post().to(stop_run)));
+    cfg.service(resource("/api/runs/{id}/stop", "POST").route(web::post().to(stop_run)))
+        .configure(super::retry::configure);
 }
 
 /// `POST /api/runs/{id}/stop`: record a soft or hard stop and signal the run's owner.

@@ -186,7 +186,7 @@ fn pinger() -> Interval {
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this seq"),
     ),
     responses(
-        (status = 200, description = "Server-Sent Events: `run_event` frames (`id: <seq>`, data: the stored event), then `end` `{status, finishedAt}` once the run has finished; `: ping` every 15 s", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-Sent Events, one frame per event: `id: <seq>`, `event: run_event`, `data: <a RunEvent as JSON>` (see the `RunEvent` schema: one per `type`); once the run has finished, `event: end` with `data: {status, finishedAt}`; a `: ping` comment every 15 s. Reconnect with `Last-Event-ID` to resume after a seq.", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad cursor", body = crate::openapi::ErrorBody),
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such run the caller may see", body = crate::openapi::ErrorBody),

@@ -2,17 +2,28 @@
 //! `finished`, `all` or a terminal status —, agent, channel), a server-rendered SVG chart of the last
 //! hour's runs per minute by status, and the runs as a table that collapses to cards on a narrow screen.
 //!
-//! `/runs` alone lists live runs and follows `/runs/feed`; `?all=1` (or `?status=all`) adds history with
-//! an "Older runs" cursor link; `?status=…&agent=…&channel=…` filter as `/api/runs` does, with the same
-//! 400 naming a bad parameter. An empty form field means "any".
+//! `/runs` alone lists live runs and follows `/runs/feed` (SPEC §8.1's default, kept); `?all=1` (or
+//! `?status=all`) adds history with an "Older runs" cursor link; `?status=…&agent=…&channel=…` filter as
+//! `/api/runs` does, with the same 400 naming a bad parameter. An empty form field means "any".
+//!
+//! `?q=` searches: runs whose id starts with the text or whose label contains it (ASCII case folded; see
+//! [`storage::store::Search`]). A search without a status covers every run, live and finished (a search
+//! among live runs alone would hide what people look for), and its page is a snapshot (no feed).
+//!
+//! Each row marks a run that was resumed, one with tool calls of unknown effects and one whose delivery
+//! is unknown ([`super::marks`]), and links its thread's page.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actors::runs_service::{ListParams, RunList, RunView, StatusFilter};
 use maud::{html, Markup};
+use storage::store::Search;
 
 use super::super::api::{list_params, query_map, reader};
-use super::{ago, error_page, fmt_duration, fmt_time, href, page, respond, scripts, status_chip};
+use super::{
+    ago, error_page, fmt_duration, fmt_time, href, marks, page, respond, scripts, status_chip,
+    thread_href,
+};
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -33,6 +44,10 @@ pub(super) struct Ask {
     params: ListParams,
     /// `?all=1` without a `status` (kept in the links so the history view stays one).
     all: bool,
+    /// `?q=`: the text search.
+    search: Option<Search>,
+    /// `q` as typed (the form shows it back).
+    q: Option<String>,
 }
 
 impl Ask {
@@ -65,6 +80,9 @@ impl Ask {
         if let Some(l) = self.params.limit {
             pairs.push(("limit", l.to_string()));
         }
+        if let Some(q) = &self.q {
+            pairs.push(("q", q.clone()));
+        }
         pairs
     }
 }
@@ -73,7 +91,11 @@ async fn render_index(req: &HttpRequest, state: &AppState) -> Result<Markup, Api
     let mut q = query_map(req)?;
     q.retain(|_, v| !v.is_empty());
     let visible_to = reader(req, state, None, &q)?;
-    let all = q.get("all").is_some_and(|v| v == "1" || v == "true") && !q.contains_key("status");
+    // The index's own parameters; the rest are `list_runs`'s, read as `/api/runs` reads them.
+    let typed = q.remove("q").filter(|t| !t.trim().is_empty());
+    let search = typed.as_deref().and_then(Search::new);
+    let all = (q.remove("all").is_some_and(|v| v == "1" || v == "true") || search.is_some())
+        && !q.contains_key("status");
     let mut params = list_params(&q, visible_to.clone())?;
     if !q.contains_key("status") {
         params.status = if all {
@@ -82,7 +104,10 @@ async fn render_index(req: &HttpRequest, state: &AppState) -> Result<Markup, Api
             StatusFilter::Active
         };
     }
-    let list = state.runs.list_runs(&params).await;
+    let list = state
+        .runs
+        .list_runs_matching(&params, search.as_ref())
+        .await;
     let now = state.runs.clock.now_ms();
     // The chart: every run of the last hour under the same agent and channel, whatever the status.
     let mut hour = ListParams::new(StatusFilter::All, visible_to);
@@ -91,7 +116,13 @@ async fn render_index(req: &HttpRequest, state: &AppState) -> Result<Markup, Api
     hour.since_ms = Some(now - CHART_MINUTES * MINUTE_MS);
     hour.limit = Some(storage::store::LIST_MAX_LIMIT);
     let recent = state.runs.list_runs(&hour).await;
-    Ok(index_html(&list, &recent, &Ask { params, all }, now))
+    let ask = Ask {
+        params,
+        all,
+        search,
+        q: typed,
+    };
+    Ok(index_html(&list, &recent, &ask, now))
 }
 
 /// One run as a table row (a card on a narrow screen); `data-label` names each cell there.
@@ -103,6 +134,7 @@ fn row(v: &RunView, now: i64) -> Markup {
             td class="run" data-label="Run" {
                 div {
                     a href=(format!("/runs/{}", v.id)) { (title) }
+                    (marks(v))
                     div class="sub" { (v.id) }
                     @if let Some(e) = &v.error {
                         div class="err" title=(e) { (e) }
@@ -111,7 +143,7 @@ fn row(v: &RunView, now: i64) -> Markup {
             }
             td data-label="Agent" { (v.agent.as_deref().unwrap_or("—")) }
             td data-label="Channel" { (v.channel_id) }
-            td class="col-thread" data-label="Thread" { span class="sub" { (v.thread_key) } }
+            td class="col-thread" data-label="Thread" { a class="sub" href=(thread_href(&v.thread_key)) title="This thread's runs" { (v.thread_key) } }
             td data-label="Started" { (ago(now, v.started_at)) }
             td class="num" data-label="Duration" { (fmt_duration(v.duration_ms(now))) }
             td data-label="Finished" {
@@ -246,6 +278,7 @@ fn filters(ask: &Ask) -> Markup {
             }
             label { "Agent" input type="text" name="agent" value=[ask.params.agent.as_deref()] placeholder="any"; }
             label { "Channel" input type="text" name="channel" value=[ask.params.channel.as_deref()] placeholder="any"; }
+            @if let Some(q) = &ask.q { input type="hidden" name="q" value=(q); }
             @if let Some(t) = &ask.params.thread_key { input type="hidden" name="threadKey" value=(t); }
             @if let Some(p) = &ask.params.parent_run_id { input type="hidden" name="parentRunId" value=(p); }
             @if let Some(s) = ask.params.since_ms { input type="hidden" name="sinceMs" value=(s); }
@@ -256,14 +289,35 @@ fn filters(ask: &Ask) -> Markup {
     }
 }
 
+/// The search bar: its own form, so a search from the default (live) page covers every run; a status
+/// chosen before (other than the default) and the other filters ride along hidden.
+fn search_form(ask: &Ask) -> Markup {
+    let status =
+        (!ask.all && ask.params.status != StatusFilter::Active).then(|| ask.params.status.as_str());
+    html! {
+        form class="card filters" method="get" action="/runs" id="search" role="search" {
+            label { "Search runs" input type="search" name="q" value=[ask.q.as_deref()] placeholder="run id prefix or label" maxlength="256"; }
+            @if let Some(s) = status { input type="hidden" name="status" value=(s); }
+            @if let Some(a) = &ask.params.agent { input type="hidden" name="agent" value=(a); }
+            @if let Some(c) = &ask.params.channel { input type="hidden" name="channel" value=(c); }
+            @if let Some(t) = &ask.params.thread_key { input type="hidden" name="threadKey" value=(t); }
+            @if let Some(p) = &ask.params.parent_run_id { input type="hidden" name="parentRunId" value=(p); }
+            @if let Some(s) = ask.params.since_ms { input type="hidden" name="sinceMs" value=(s); }
+            @if let Some(l) = ask.params.limit { input type="hidden" name="limit" value=(l); }
+            button class="btn-primary" type="submit" { "Search" }
+        }
+    }
+}
+
 fn index_html(list: &RunList, recent: &RunList, ask: &Ask, now: i64) -> Markup {
     let status = ask.params.status;
     let cursor_page = ask.params.before.is_some();
-    let follows_feed = status == StatusFilter::Active && !cursor_page;
-    let empty = match status {
-        StatusFilter::Active => "No live runs.".to_owned(),
-        StatusFilter::Finished | StatusFilter::All => "No runs.".to_owned(),
-        StatusFilter::Terminal(s) => format!("No {} runs.", s.as_str().replace('_', " ")),
+    let follows_feed = status == StatusFilter::Active && !cursor_page && ask.search.is_none();
+    let empty = match (status, &ask.q) {
+        (_, Some(q)) if ask.search.is_some() => format!("No runs match “{q}”."),
+        (StatusFilter::Active, _) => "No live runs.".to_owned(),
+        (StatusFilter::Finished | StatusFilter::All, _) => "No runs.".to_owned(),
+        (StatusFilter::Terminal(s), _) => format!("No {} runs.", s.as_str().replace('_', " ")),
     };
     // The next store page keeps the filters: `/runs?<status>&before=&beforeId=&<agent, channel, limit>`.
     let older = list
@@ -285,6 +339,7 @@ fn index_html(list: &RunList, recent: &RunList, ask: &Ask, now: i64) -> Markup {
         main id="index" data-all=(if ask.all { "1" } else { "0" }) data-status=(status.as_str())
             data-agent=[ask.params.agent.as_deref()] data-channel=[ask.params.channel.as_deref()] data-now=(now) {
             h1 { "Runs" }
+            (search_form(ask))
             (filters(ask))
             @if list.store_unavailable {
                 p class="banner" { "The history store is unavailable: showing live runs only." }
@@ -327,6 +382,8 @@ pub(super) fn sample_pages() -> Vec<String> {
     let ask = |status, all| Ask {
         params: ListParams::new(status, storage::record::VisibilityFilter::All),
         all,
+        search: None,
+        q: None,
     };
     vec![
         index_html(&list, &list, &ask(StatusFilter::Active, false), 0).into_string(),
@@ -371,6 +428,9 @@ mod tests {
                 .then(|| "scripted failure at model call 2".into()),
             stopped_by: None,
             usage: None,
+            resumed: None,
+            effects_unknown: None,
+            delivery_unknown: None,
             events: None,
         }
     }
@@ -433,6 +493,8 @@ mod tests {
                 VisibilityFilter::All,
             ),
             all: false,
+            search: None,
+            q: None,
         };
         let html = index_html(&list, &RunList::default(), &ask, NOW).into_string();
         assert!(
@@ -477,8 +539,13 @@ mod tests {
         params.agent = Some("de mo".into());
         params.thread_key = Some("c1:t".into());
         params.limit = Some(1);
-        let html =
-            index_html(&list, &RunList::default(), &Ask { params, all: false }, NOW).into_string();
+        let ask = Ask {
+            params,
+            all: false,
+            search: None,
+            q: None,
+        };
+        let html = index_html(&list, &RunList::default(), &ask, NOW).into_string();
         let want = format!("id=\"older\" href=\"/runs?status=failed&amp;before={}&amp;beforeId=r1&amp;agent=de%20mo&amp;threadKey=c1%3At&amp;limit=1\"", NOW - 180_000);
         assert!(
             html.contains("<input type=\"hidden\" name=\"threadKey\" value=\"c1:t\">"),
@@ -488,6 +555,8 @@ mod tests {
         let all = Ask {
             params: ListParams::new(StatusFilter::All, VisibilityFilter::All),
             all: true,
+            search: None,
+            q: None,
         };
         let html = index_html(&list, &RunList::default(), &all, NOW).into_string();
         assert!(
@@ -497,5 +566,96 @@ mod tests {
             )),
             "{html}"
         );
+    }
+
+    #[test]
+    fn rows_mark_resumed_and_unknown_runs_link_their_thread_and_count_events() {
+        let mut marked = view(
+            "r1",
+            Some(RunStatus::Completed),
+            NOW - 200_000,
+            Some(NOW - 1_000),
+        );
+        marked.resumed = Some(1);
+        marked.effects_unknown = Some(2);
+        marked.delivery_unknown = Some(true);
+        marked.event_count = 17;
+        let plain = view(
+            "r2",
+            Some(RunStatus::Completed),
+            NOW - 200_000,
+            Some(NOW - 2_000),
+        );
+        let list = RunList {
+            runs: vec![marked, plain],
+            ..RunList::default()
+        };
+        let ask = Ask {
+            params: ListParams::new(StatusFilter::All, VisibilityFilter::All),
+            all: true,
+            search: None,
+            q: None,
+        };
+        let html = index_html(&list, &RunList::default(), &ask, NOW).into_string();
+        let row = |id: &str| {
+            let from = html.find(&format!("id=\"run-{id}\"")).unwrap();
+            html[from..].split("</tr>").next().unwrap().to_owned()
+        };
+        let r1 = row("r1");
+        assert!(
+            r1.contains("mark-resumed")
+                && r1.contains("mark-unknown")
+                && r1.contains("mark-delivery"),
+            "{r1}"
+        );
+        assert!(r1.contains("title=\"Resumed once after the process holding it ended\""));
+        assert!(
+            r1.contains("<td class=\"num\" data-label=\"Events\">17</td>"),
+            "{r1}"
+        );
+        assert!(!row("r2").contains("class=\"marks\""));
+        assert!(
+            r1.contains("<a class=\"sub\" href=\"/threads/c1%3At\" title=\"This thread&#39;s runs\">c1:t</a>")
+                || r1.contains("<a class=\"sub\" href=\"/threads/c1%3At\" title=\"This thread's runs\">c1:t</a>"),
+            "{r1}"
+        );
+    }
+
+    #[test]
+    fn a_search_shows_its_text_back_keeps_it_in_the_older_link_and_follows_no_feed() {
+        let list = RunList {
+            runs: vec![view(
+                "r1",
+                Some(RunStatus::Completed),
+                NOW - 2_000,
+                Some(NOW - 1_000),
+            )],
+            next_before: Some(actors::runs_service::NextBefore {
+                finished_at: NOW - 1_000,
+                id: Some("r1".into()),
+            }),
+            ..RunList::default()
+        };
+        let ask = Ask {
+            params: ListParams::new(StatusFilter::All, VisibilityFilter::All),
+            all: true,
+            search: Search::new("Deploy <x>"),
+            q: Some("Deploy <x>".into()),
+        };
+        let html = index_html(&list, &RunList::default(), &ask, NOW).into_string();
+        assert!(
+            html.contains("<input type=\"search\" name=\"q\" value=\"Deploy &lt;x&gt;\""),
+            "{html}"
+        );
+        assert!(
+            html.contains(&format!(
+                "id=\"older\" href=\"/runs?all=1&amp;before={}&amp;beforeId=r1&amp;q=Deploy%20%3Cx%3E\"",
+                NOW - 1_000
+            )),
+            "{html}"
+        );
+        assert!(!html.contains("<script>"), "a search is a snapshot");
+        let none = index_html(&RunList::default(), &RunList::default(), &ask, NOW).into_string();
+        assert!(none.contains("No runs match “Deploy &lt;x&gt;”."), "{none}");
     }
 }

@@ -10,6 +10,15 @@
 //!
 //! `GET /runs/{id}/timeline` answers the `#now-slot` and `#timeline` elements alone, which the script
 //! re-fetches as events arrive and swaps in by id, so one renderer draws the timeline.
+//!
+//! Each event of the list carries a `<details>` with what the event itself carries ([`event_fields`]:
+//! a tool call's input and a result's output as stored — summarized and redacted —, a model turn's usage,
+//! and so on); nothing is read from elsewhere. Steps are numbered by the tool steps: the model turn that
+//! gave the answer reads "final answer", as its timeline row reads "answer".
+//!
+//! "Download JSON" is `GET /runs/{id}/export.json` ([`export`]): the run's view with its events, read
+//! through the same service with the same visibility (a capability token in `?token=` reads its run, as
+//! the page does). "Run again" posts to `/api/runs/{id}/retry` and says what it answered.
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -21,7 +30,8 @@ use storage::record::event_seq;
 use super::super::api::{capability, query_map, reader, runs_error, seq_cursor};
 use super::timeline::{self, Timeline};
 use super::{
-    ago, describe, error_page, fmt_duration, fmt_time, href, page, respond, scripts, status_chip,
+    ago, describe, error_page, fmt_duration, fmt_time, href, marks, page, respond, scripts,
+    status_chip, thread_href,
 };
 use crate::error::ApiError;
 use crate::AppState;
@@ -63,6 +73,30 @@ pub(super) async fn timeline_fragment(
         Ok(body) => respond(StatusCode::OK, body),
         Err(e) => error_page(e),
     }
+}
+
+/// `GET /runs/{id}/export.json`: the run's view with its events as a JSON download (`run-<id>.json`).
+pub(super) async fn export(
+    req: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    let q = query_map(&req)?;
+    let visible_to = reader(&req, &state, Some(&id), &q)?;
+    let view = state
+        .runs
+        .get_run(&id, true, &visible_to)
+        .await
+        .map_err(|e| runs_error(e, &id))?;
+    // The id is a run id (letters, digits, `_`, `-`): safe in the header as is.
+    Ok(HttpResponse::Ok()
+        .insert_header(("cache-control", "no-store"))
+        .insert_header((
+            "content-disposition",
+            format!("attachment; filename=\"run-{}.json\"", view.id),
+        ))
+        .json(view))
 }
 
 /// Which slice of the events the list shows.
@@ -151,9 +185,55 @@ fn kind_class(e: &Value) -> String {
         .collect()
 }
 
-/// One event: seq, time from the run's start, what it says, and the duration it closes.
-pub fn event_item(e: &Value, started_at: i64, duration: Option<i64>) -> Markup {
+/// What an event carries, as (label, text) rows for its details: every field but `type` and `seq`, in
+/// name order, with a tool call's `summary` named "input", a tool result's "output", `at` as a UTC time
+/// and `usage` as token counts; strings as stored, other values as compact JSON. The page's script
+/// renders the same rows for the events it appends.
+pub fn event_fields(e: &Value) -> Vec<(String, String)> {
+    let Some(obj) = e.as_object() else {
+        return Vec::new();
+    };
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
+    let mut keys: Vec<&String> = obj
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "type" | "seq"))
+        .collect();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let v = &obj[k];
+            let label = match (kind, k.as_str()) {
+                ("tool_call", "summary") => "input",
+                ("tool_result", "summary") => "output",
+                ("input" | "context", "text") => "text",
+                (_, "at") => "time",
+                (_, k) => k,
+            };
+            let text = match (k.as_str(), v) {
+                ("at", Value::Number(n)) if n.is_i64() => fmt_time(n.as_i64().unwrap_or(0)),
+                ("usage", Value::Object(u)) => {
+                    let n = |k: &str| u.get(k).map(Value::to_string).unwrap_or_else(|| "?".into());
+                    format!("{} in / {} out", n("inputTokens"), n("outputTokens"))
+                }
+                (_, Value::String(s)) => s.clone(),
+                (_, other) => other.to_string(),
+            };
+            (label.to_owned(), text)
+        })
+        .collect()
+}
+
+/// One event: seq, time from the run's start, what it says, the duration it closes, and its details.
+/// `final_answer`: this is the model turn that gave the answer (its heading says so, not its step).
+pub fn event_item(e: &Value, started_at: i64, duration: Option<i64>, final_answer: bool) -> Markup {
     let (head, body) = describe(e);
+    let head = if final_answer {
+        "final answer · assistant".to_owned()
+    } else {
+        head
+    };
+    let step = e.get("step").and_then(Value::as_u64);
+    let fields = event_fields(e);
     let seq = event_seq(e).map(|s| s.to_string()).unwrap_or_default();
     let unknown = e
         .get("effectsUnknown")
@@ -169,7 +249,7 @@ pub fn event_item(e: &Value, started_at: i64, duration: Option<i64>) -> Markup {
         .and_then(Value::as_i64)
         .map(|at| format!("+{}", fmt_duration(at - started_at)));
     html! {
-        li class=(class) data-seq=(seq) {
+        li class=(class) data-seq=(seq) data-step=[step] {
             span class="seq" { "#" (seq) }
             span class="rel" { (rel.unwrap_or_default()) }
             span class="head" {
@@ -177,6 +257,14 @@ pub fn event_item(e: &Value, started_at: i64, duration: Option<i64>) -> Markup {
                 @if let Some(d) = duration { span class="dur" { (fmt_duration(d)) } }
             }
             span class="body" { (body) }
+            @if !fields.is_empty() {
+                details class="ev-details" {
+                    summary { "details" }
+                    dl {
+                        @for (k, v) in &fields { dt { (k) } dd { (v) } }
+                    }
+                }
+            }
         }
     }
 }
@@ -268,6 +356,20 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
         })
         .flatten();
     let finished_disabled = v.finished;
+    let answer_steps: std::collections::HashSet<u64> = timeline.answer_steps().collect();
+    let is_final_answer = |e: &Value| {
+        e["type"] == "assistant"
+            && e.get("step")
+                .and_then(Value::as_u64)
+                .is_some_and(|s| answer_steps.contains(&s))
+    };
+    let export = {
+        let mut pairs = Vec::new();
+        if !token.is_empty() {
+            pairs.push(("token", token.to_owned()));
+        }
+        href(&format!("/runs/{}/export.json", v.id), &pairs)
+    };
     let body = html! {
         main id="run" data-id=(v.id) data-token=(token) data-last-seq=(last_seq) data-finished=(v.finished.to_string())
             data-started-at=(v.started_at) data-usage=(usage_json) data-tail=(tail.to_string()) data-count=(events.len()) data-first=(first + 1) {
@@ -276,12 +378,13 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
                 div class="head-row" {
                     h1 { (title) }
                     (status_chip(v, Some("status")))
+                    (marks(v))
                     span id="conn" class="muted" {}
                 }
                 p class="meta-line" {
                     span { "agent " b { (v.agent.as_deref().unwrap_or("—")) } }
                     span { "model " b { (v.model.as_deref().unwrap_or("—")) } }
-                    span { "thread " b { (v.thread_key) } }
+                    span { "thread " a id="thread-link" href=(thread_href(&v.thread_key)) title="This thread's runs" { b { (v.thread_key) } } }
                     span { "started " (ago(now, v.started_at)) }
                     span { "ran " b id="f-ran" { (fmt_duration(v.duration_ms(now))) } }
                 }
@@ -290,6 +393,8 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
                     button id="stop-soft" disabled[finished_disabled] { "Stop (soft)" }
                     button id="stop-hard" disabled[finished_disabled] { "Stop (hard)" }
                     button id="kill" class="btn-danger" { "Kill" }
+                    button id="retry" disabled[!v.finished] title="Start a new run on this thread from this run's request" { "Run again" }
+                    a id="download" class="btn" href=(export) download=(format!("run-{}.json", v.id)) { "Download JSON" }
                     span id="control-msg" {}
                 }
             }
@@ -327,7 +432,7 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
                 @if let Some(e) = &earlier { p { a id="earlier" href=(e) { "↑ Earlier events" } } }
                 ol id="events" {
                     @for e in shown {
-                        (event_item(e, v.started_at, event_seq(e).and_then(|s| timeline.durations.get(&s).copied())))
+                        (event_item(e, v.started_at, event_seq(e).and_then(|s| timeline.durations.get(&s).copied()), is_final_answer(e)))
                     }
                 }
                 @if let Some(l) = &later {
@@ -384,6 +489,9 @@ pub(super) mod tests {
             error: None,
             stopped_by: None,
             usage: None,
+            resumed: None,
+            effects_unknown: None,
+            delivery_unknown: None,
             events: Some(events),
         }
     }
@@ -395,7 +503,7 @@ pub(super) mod tests {
     #[test]
     fn run_strings_are_escaped_in_every_rendering() {
         let e = json!({"type": "input", "seq": 2, "at": 2_200, "text": "<script>alert(1)</script> & \"q\"", "source": "request"});
-        let li = event_item(&e, 1_000, None).into_string();
+        let li = event_item(&e, 1_000, None, false).into_string();
         assert!(
             li.contains("&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;q&quot;"),
             "{li}"
@@ -407,6 +515,7 @@ pub(super) mod tests {
             &json!({"type": "x\" onmouseover=\"alert(1)", "seq": 1}),
             0,
             None,
+            false,
         )
         .into_string();
         assert!(odd.contains("class=\"ev ev-xonmouseoveralert1\""), "{odd}");
@@ -455,5 +564,100 @@ pub(super) mod tests {
             "{ok}"
         );
         assert!(ok.contains("id=\"status\" class=\"status st-ok\">completed<"));
+    }
+
+    #[test]
+    fn each_event_has_its_details_and_the_answers_turn_reads_final_answer() {
+        let events = vec![
+            json!({"type": "input", "seq": 1, "at": 1_000, "text": "steps=1", "source": "request"}),
+            json!({"type": "assistant", "seq": 2, "at": 1_100, "step": 1, "text": "", "model": "m1",
+                "usage": {"inputTokens": 30, "outputTokens": 8}}),
+            json!({"type": "tool_call", "seq": 3, "at": 1_101, "step": 1, "callId": "c1", "tool": "echo",
+                "summary": "{\"text\":\"<b>hi</b>\"}"}),
+            json!({"type": "tool_result", "seq": 4, "at": 1_200, "step": 1, "callId": "c1", "tool": "echo",
+                "ok": true, "summary": "[redacted] ok"}),
+            json!({"type": "assistant", "seq": 5, "at": 1_300, "step": 2, "text": "done"}),
+            json!({"type": "answer", "seq": 6, "at": 1_301, "text": "done"}),
+        ];
+        assert_eq!(
+            event_fields(&events[2]),
+            [
+                ("time", "1970-01-01 00:00:01Z"),
+                ("callId", "c1"),
+                ("step", "1"),
+                ("input", "{\"text\":\"<b>hi</b>\"}"),
+                ("tool", "echo"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        // In name order, labelled: a call's summary is its input, a result's its output.
+        let labels = |e: &Value| {
+            event_fields(e)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            labels(&events[2]),
+            ["time", "callId", "step", "input", "tool"]
+        );
+        assert_eq!(
+            event_fields(&events[3])
+                .iter()
+                .find(|(k, _)| k == "output")
+                .map(|(_, v)| v.as_str()),
+            Some("[redacted] ok")
+        );
+        assert_eq!(
+            event_fields(&events[1])
+                .iter()
+                .find(|(k, _)| k == "usage")
+                .map(|(_, v)| v.as_str()),
+            Some("30 in / 8 out")
+        );
+        let mut v = view(events);
+        v.thread_key = "c1:t x".into();
+        let html = run_html(&v, "tok", 10_000, Window::Tail).into_string();
+        assert_eq!(
+            html.matches("<details class=\"ev-details\">").count(),
+            6,
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<dt>input</dt><dd>{&quot;text&quot;:&quot;&lt;b&gt;hi&lt;/b&gt;&quot;}</dd>"
+            ),
+            "escaped as text: {html}"
+        );
+        // Step 2 only answered: its turn reads "final answer", step 1's reads as a step.
+        assert!(
+            html.contains("<span class=\"kind\">final answer · assistant</span>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<span class=\"kind\">step 1 · assistant</span>"),
+            "{html}"
+        );
+        // The header links the thread; the controls download the JSON (with the page's token) and run
+        // again (the run finished).
+        assert!(
+            html.contains("id=\"thread-link\" href=\"/threads/c1%3At%20x\""),
+            "{html}"
+        );
+        assert!(
+            html.contains("id=\"download\" class=\"btn\" href=\"/runs/r1/export.json?token=tok\" download=\"run-r1.json\""),
+            "{html}"
+        );
+        assert!(
+            html.contains("<button id=\"retry\" title="),
+            "enabled: {html}"
+        );
+        let mut live = view(vec![]);
+        live.finished = false;
+        live.finished_at = None;
+        live.status = None;
+        let html = run_html(&live, "", 10_000, Window::Tail).into_string();
+        assert!(html.contains("<button id=\"retry\" disabled"), "{html}");
+        assert!(html.contains("href=\"/runs/r1/export.json\""), "{html}");
     }
 }

@@ -1,6 +1,7 @@
-//! Server-rendered HTML (SPEC §8.1): `GET /runs` (the index), `GET /runs/{id}` (the live view) and
+//! Server-rendered HTML (SPEC §8.1): `GET /runs` (the index), `GET /runs/{id}` (the live view),
 //! `GET /runs/{id}/timeline` (the live view's "now" line and timeline, which its script re-fetches as
-//! events arrive).
+//! events arrive), `GET /threads/{key}` (a thread's runs, oldest first) and `GET /runs/{id}/export.json`
+//! (the live view's "Download JSON": the run's view with its events).
 //!
 //! No build step: every page is rendered with `maud`, whose `html!` escapes every interpolated value at
 //! compile-time-checked points, with one stylesheet ([`CSS`]) and a small vanilla script per page
@@ -9,7 +10,9 @@
 //! # Layout
 //! - `index` — the index: `list_runs` filters as a form, the runs-per-minute chart, the table (cards on
 //!   a narrow screen), the "Older runs" cursor link;
-//! - `live` — the live view: header, answer or error, controls, the paged event list;
+//! - `live` — the live view: header, answer or error, controls, the paged event list with each event's
+//!   details, and the JSON export;
+//! - `thread` — a thread's page: its runs in order, live ones marked;
 //! - `timeline` — the pure timeline model and its SVG rows;
 //! - `scripts` — the pages' scripts (constants, allowed by hash).
 //!
@@ -31,6 +34,7 @@
 mod index;
 mod live;
 mod scripts;
+mod thread;
 pub mod timeline;
 
 use std::sync::OnceLock;
@@ -51,7 +55,49 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(resource("/runs/{id}", "GET").route(web::get().to(live::run_page)))
         .service(
             resource("/runs/{id}/timeline", "GET").route(web::get().to(live::timeline_fragment)),
-        );
+        )
+        .service(resource("/runs/{id}/export.json", "GET").route(web::get().to(live::export)))
+        .service(resource("/threads/{key:.+}", "GET").route(web::get().to(thread::thread_page)));
+}
+
+/// The thread page of `thread_key` (`/threads/<key, percent-encoded>`).
+pub fn thread_href(thread_key: &str) -> String {
+    format!("/threads/{}", encode(thread_key))
+}
+
+/// The marks of a run, each a small chip whose title says what it means: resumed after its process
+/// ended, tool calls with unknown effects, a reply whose delivery is unknown. The index's script renders
+/// the same chips for the runs its feed brings ([`scripts::INDEX_JS`]).
+pub fn marks(v: &RunView) -> Markup {
+    let times = |n: u64| {
+        if n == 1 {
+            "once".to_owned()
+        } else {
+            format!("{n} times")
+        }
+    };
+    let calls = |n: u64| {
+        if n == 1 {
+            "1 tool call".to_owned()
+        } else {
+            format!("{n} tool calls")
+        }
+    };
+    html! {
+        @if v.resumed.is_some() || v.effects_unknown.is_some() || v.delivery_unknown.is_some() {
+            span class="marks" {
+                @if let Some(n) = v.resumed {
+                    span class="mark mark-resumed" title=(format!("Resumed {} after the process holding it ended", times(n))) { "↻ resumed" }
+                }
+                @if let Some(n) = v.effects_unknown {
+                    span class="mark mark-unknown" title=(format!("Effects unknown: {} in flight when a process ended; whether they took effect is not known", calls(n))) { "⚠ effects unknown" }
+                }
+                @if v.delivery_unknown.is_some() {
+                    span class="mark mark-delivery" title="Delivery unknown: the process holding the run ended after its finishing gate, so whether its reply reached the channel is not known" { "✉ delivery unknown" }
+                }
+            }
+        }
+    }
 }
 
 /// `YYYY-MM-DD HH:MM:SSZ` (UTC) for an epoch-ms instant.
@@ -252,6 +298,56 @@ ol#events li{padding:7px 4px;border-bottom:1px solid #eef0f3;display:grid;grid-t
 .ev-tool_call .kind,.ev-tool_result .kind{color:#6b21a8}
 .ev-answer{background:#f0fdf4}.ev-run_failed{background:#fef2f2}.ev-stop_requested{background:#fffbeb}.ev-resumed{background:#fffbeb}
 .ev-unknown .kind::after{content:" · effects unknown";color:var(--amber)}
+.marks{display:inline-flex;flex-wrap:wrap;gap:4px;margin-left:6px;vertical-align:1px}
+.mark{display:inline-block;padding:0 7px;border-radius:999px;font-size:11px;font-weight:600;white-space:nowrap;cursor:help}
+.mark-resumed{background:#ede9fe;color:#5b21b6}.mark-unknown{background:#fef3c7;color:#92400e}.mark-delivery{background:#e0f2fe;color:#075985}
+#search{flex-wrap:nowrap}#search label{flex:1 1 auto;min-width:0}#search input{width:100%}
+.ev-details{grid-column:3;margin-top:2px}
+.ev-details summary{cursor:pointer;color:var(--muted);font-size:12px;width:max-content}
+.ev-details dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:2px 12px;margin:4px 0 2px;padding:6px 10px;border-left:2px solid var(--line);background:var(--sunk)}
+.ev-details dt{font-size:12px}
+.ev-details dd{font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,monospace;white-space:pre-wrap;word-break:break-word}
+.tl-answer .tl-label{color:var(--green);font-weight:600}
+#thread h1 code{font-size:17px}
+#thread-link b{color:var(--blue)}
+.thread-runs{list-style:none;margin:0;padding:0}
+.thread-runs li{display:grid;grid-template-columns:34px minmax(0,1fr) auto;gap:4px 12px;padding:10px 6px;border-bottom:1px solid var(--line);align-items:start}
+.thread-runs li.is-live{background:var(--sunk)}
+.thread-runs .ord{color:var(--gray);font:12px/1.9 ui-monospace,SFMono-Regular,Menlo,monospace}
+.thread-runs .what a{font-weight:600;overflow-wrap:anywhere}
+.thread-runs .said{color:var(--muted);font-size:12px;margin-top:2px;overflow:hidden;text-overflow:ellipsis;display:-webkit-box;-webkit-line-clamp:2;-webkit-box-orient:vertical;word-break:break-word}
+.thread-runs .said.err{color:var(--red)}
+.thread-runs .when{text-align:right;font-size:12px;color:var(--muted);white-space:nowrap}
+@media (max-width:640px){.thread-runs li{grid-template-columns:28px minmax(0,1fr)}.thread-runs .when{grid-column:2;text-align:left}}
+:root{color-scheme:light dark;--sunk:#f8fafc}
+@media (prefers-color-scheme:dark){
+:root{--bg:#0e131a;--card:#161c25;--ink:#e5e9f0;--muted:#a3adbf;--line:#2b3441;--blue:#8ab4ff;--green:#5ee08c;--red:#ff8a8a;--amber:#f7c04a;--violet:#c4b5fd;--gray:#95a0b3;--sunk:#11171f}
+.top{background:#0a0e14}
+.card{box-shadow:none}
+.st-live{background:#1e3a8a;color:#dbeafe}.st-stopping{background:#5b3a0a;color:#fde68a}
+.st-ok{background:#14532d;color:#dcfce7}.st-stopped{background:#334155;color:#e2e8f0}
+.st-bad{background:#7f1d1d;color:#fee2e2}.st-warn{background:#5b3a0a;color:#fde68a}
+.banner{background:#33240d;border-color:#92400e;color:#fde68a}
+.filters select,.filters input{background:#0e131a;border-color:#3a4556;color:var(--ink)}
+.btn,button{background:#212a36;border-color:#3a4556;color:var(--ink)}
+.btn:hover{background:#2a3443}
+.btn-primary{background:#2563eb;border-color:#2563eb;color:#fff}
+.btn-danger{border-color:#7f1d1d;color:var(--red)}
+svg.chart{background:#10161e}svg.chart line{stroke:var(--line)}
+.runs tbody tr:hover{background:#1c2430}
+.now{color:#9cc3ff}
+.errbox{background:#2a1215;border-color:#7f1d1d;color:#fecaca}
+.answer{background:#0f2417;border-color:#166534;color:var(--ink)}
+ol#events li{border-bottom-color:var(--line)}
+.body{color:#cfd6e1}
+.ev-tool_call .kind,.ev-tool_result .kind{color:#d8b4fe}
+.ev-answer{background:#0f2417}.ev-run_failed{background:#2a1215}.ev-stop_requested,.ev-resumed{background:#2b210c}
+.lane{fill:#1d2430}
+.bar-cut{fill:#475569}
+.band-gap{fill:#b45309;opacity:.45}.sw-gap{background:#b45309;border-color:#f59e0b}
+.tl-gap .tl-label{color:var(--amber)}.tl-gap .tl-dur{color:#fcd34d}
+.mark-resumed{background:#3b2a6b;color:#ede9fe}.mark-unknown{background:#5b3a0a;color:#fde68a}.mark-delivery{background:#0c3b57;color:#e0f2fe}
+}
 "#;
 
 /// A whole page: the common header, `body`, and the page's script when it has one.
@@ -416,6 +512,7 @@ mod tests {
         let mut pages = index::sample_pages();
         pages.push(live::sample_page());
         pages.push(page("404 Not Found", html! { main { h1 { "404" } } }, None).into_string());
+        pages.push(thread::sample_page());
         let mut scripts = 0;
         for p in &pages {
             for script in inline(p, "script") {
@@ -436,8 +533,8 @@ mod tests {
         }
         assert_eq!(
             scripts,
-            pages.len() - 2,
-            "each live page carries its script; a history page and an error page none"
+            pages.len() - 3,
+            "each live page carries its script; a history page, an error page and a thread page none"
         );
         // Nothing inline is allowed by keyword, nothing loads from another origin, no framing.
         for forbidden in [
@@ -481,6 +578,118 @@ mod tests {
             "just now",
             "a clock ahead of ours is not the future"
         );
+    }
+
+    /// WCAG relative luminance of `#rrggbb` (or `#rgb`).
+    fn luminance(hex: &str) -> f64 {
+        let hex = if hex.len() == 4 {
+            hex.chars().skip(1).fold("#".to_owned(), |mut h, c| {
+                h.push(c);
+                h.push(c);
+                h
+            })
+        } else {
+            hex.to_owned()
+        };
+        let c = |i: usize| {
+            let v = f64::from(u8::from_str_radix(&hex[i..i + 2], 16).unwrap()) / 255.0;
+            if v <= 0.04045 {
+                v / 12.92
+            } else {
+                ((v + 0.055) / 1.055).powf(2.4)
+            }
+        };
+        0.2126 * c(1) + 0.7152 * c(3) + 0.0722 * c(5)
+    }
+
+    /// WCAG contrast ratio of two `#rrggbb` colours (1 to 21).
+    pub(super) fn contrast(a: &str, b: &str) -> f64 {
+        let (la, lb) = (luminance(a), luminance(b));
+        (la.max(lb) + 0.05) / (la.min(lb) + 0.05)
+    }
+
+    /// `--name:#hex` declarations of the first `:root{…}` in `css`.
+    fn vars(css: &str) -> std::collections::HashMap<String, String> {
+        let root = css
+            .split(":root{")
+            .nth(1)
+            .unwrap()
+            .split('}')
+            .next()
+            .unwrap();
+        root.split(';')
+            .filter_map(|d| d.split_once(':'))
+            .filter(|(k, v)| k.starts_with("--") && v.starts_with('#'))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn contrast_is_computed_as_wcag_does() {
+        assert!((contrast("#000000", "#ffffff") - 21.0).abs() < 1e-9);
+        assert!((contrast("#777777", "#777777") - 1.0).abs() < 1e-9);
+        assert!((contrast("#767676", "#ffffff") - 4.54).abs() < 0.01);
+    }
+
+    /// Dark mode follows `prefers-color-scheme`, and its text reads: body text, muted text, links and the
+    /// status colours on the page and card backgrounds, and every chip (a rule with both a background and
+    /// a text colour), at least 4.5:1 (WCAG AA) — light mode's chips too.
+    #[test]
+    fn dark_mode_text_has_at_least_aa_contrast() {
+        let (light, dark) = CSS
+            .split_once("@media (prefers-color-scheme:dark){")
+            .expect("a dark block");
+        let v = vars(dark);
+        for fg in [
+            "--ink", "--muted", "--blue", "--green", "--red", "--amber", "--violet", "--gray",
+        ] {
+            for bg in ["--bg", "--card", "--sunk"] {
+                let r = contrast(&v[fg], &v[bg]);
+                assert!(r >= 4.5, "dark {fg} on {bg}: {r:.2}");
+            }
+        }
+        let light_vars = vars(light);
+        for fg in ["--ink", "--muted", "--blue", "--red"] {
+            let r = contrast(&light_vars[fg], &light_vars["--card"]);
+            assert!(r >= 4.5, "light {fg} on --card: {r:.2}");
+        }
+        // Every chip: `…{background:#x;color:#y}` in either scheme.
+        let mut chips = 0;
+        for rule in CSS.split('}') {
+            let Some((sel, body)) = rule.rsplit_once('{') else {
+                continue;
+            };
+            let get = |k: &str| {
+                body.split(';')
+                    .filter_map(|d| d.split_once(':'))
+                    .find(|(p, v)| *p == k && v.starts_with('#') && v.len() == 7)
+                    .map(|(_, v)| v.to_owned())
+            };
+            if let (Some(bg), Some(fg)) = (get("background"), get("color")) {
+                let r = contrast(&fg, &bg);
+                assert!(r >= 4.5, "{sel}: {fg} on {bg}: {r:.2}");
+                chips += 1;
+            }
+        }
+        assert!(chips >= 20, "the chips were found: {chips}");
+    }
+
+    #[test]
+    fn marks_say_what_they_mean_and_only_when_they_apply() {
+        let mut v = live::tests::view(vec![]);
+        assert_eq!(marks(&v).into_string(), "", "an unmarked run");
+        v.resumed = Some(2);
+        v.effects_unknown = Some(1);
+        v.delivery_unknown = Some(true);
+        let html = marks(&v).into_string();
+        assert!(html.contains("class=\"mark mark-resumed\" title=\"Resumed 2 times after the process holding it ended\">↻ resumed<"), "{html}");
+        assert!(html.contains("title=\"Effects unknown: 1 tool call in flight when a process ended; whether they took effect is not known\">⚠ effects unknown<"), "{html}");
+        assert!(html.contains("class=\"mark mark-delivery\""), "{html}");
+        // The index's script words them the same.
+        for words in ["Resumed ", " after the process holding it ended", "Effects unknown: ", " in flight when a process ended; whether they took effect is not known", "Delivery unknown: the process holding the run ended after its finishing gate, so whether its reply reached the channel is not known"] {
+            assert!(html.contains(words) && scripts::INDEX_JS.contains(words), "{words}");
+        }
+        assert_eq!(thread_href("c1:t/x y"), "/threads/c1%3At%2Fx%20y");
     }
 
     #[test]

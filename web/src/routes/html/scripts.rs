@@ -61,17 +61,29 @@ pub const INDEX_JS: &str = r#"
   function cell(tr, name, className) {
     var td = el('td', className); td.dataset.label = name; tr.appendChild(td); return td;
   }
+  // The marks the server renders (html::marks), with the same words.
+  function mark(box, cls, text, title) { var m = el('span', 'mark ' + cls, text); m.title = title; box.appendChild(m); }
+  function marks(v) {
+    if (!v.resumed && !v.effectsUnknown && !v.deliveryUnknown) return null;
+    var box = el('span', 'marks');
+    if (v.resumed) mark(box, 'mark-resumed', '\u21bb resumed', 'Resumed ' + (v.resumed === 1 ? 'once' : v.resumed + ' times') + ' after the process holding it ended');
+    if (v.effectsUnknown) mark(box, 'mark-unknown', '\u26a0 effects unknown', 'Effects unknown: ' + (v.effectsUnknown === 1 ? '1 tool call' : v.effectsUnknown + ' tool calls') + ' in flight when a process ended; whether they took effect is not known');
+    if (v.deliveryUnknown) mark(box, 'mark-delivery', '\u2709 delivery unknown', 'Delivery unknown: the process holding the run ended after its finishing gate, so whether its reply reached the channel is not known');
+    return box;
+  }
   function render(v) {
     var tr = document.createElement('tr');
     tr.id = 'run-' + v.id; tr.dataset.id = v.id;
     cell(tr, 'Status').appendChild(el('span', 'status st-' + cls(v), label(v)));
     var box = el('div'); cell(tr, 'Run', 'run').appendChild(box);
     var a = el('a', null, v.label || v.id); a.href = '/runs/' + encodeURIComponent(v.id); box.appendChild(a);
+    var m = marks(v); if (m) box.appendChild(m);
     box.appendChild(el('div', 'sub', v.id));
     if (v.error) { var err = el('div', 'err', v.error); err.title = v.error; box.appendChild(err); }
     cell(tr, 'Agent').textContent = v.agent || '\u2014';
     cell(tr, 'Channel').textContent = v.channelId;
-    cell(tr, 'Thread', 'col-thread').appendChild(el('span', 'sub', v.threadKey));
+    var th = el('a', 'sub', v.threadKey); th.href = '/threads/' + encodeURIComponent(v.threadKey); th.title = "This thread's runs";
+    cell(tr, 'Thread', 'col-thread').appendChild(th);
     cell(tr, 'Started').appendChild(timeEl(v.startedAt));
     cell(tr, 'Duration', 'num').textContent = dur((v.finishedAt || Date.now()) - v.startedAt);
     var fin = cell(tr, 'Finished');
@@ -100,8 +112,9 @@ pub const INDEX_JS: &str = r#"
 "#;
 
 /// The live view: follows the run's stream from the last seeded seq (on the newest page), appends events
-/// with their relative time and duration and follows the tail while scrolled to the bottom, re-fetches
-/// the timeline as events arrive, ticks the "now" line, and drives the Stop / Kill buttons.
+/// with their relative time, duration and details and follows the tail while scrolled to the bottom,
+/// re-fetches the timeline as events arrive, ticks the "now" line, and drives the Stop / Kill / Run again
+/// buttons.
 pub const RUN_JS: &str = r#"
 (function () {
   var root = document.getElementById('run');
@@ -121,6 +134,40 @@ pub const RUN_JS: &str = r#"
   var MAX_ITEMS = 400;
   function str(v) { return v == null ? '' : (typeof v === 'string' ? v : JSON.stringify(v)); }
   function pad(n) { return (n < 10 ? '0' : '') + n; }
+  function iso(ms) {
+    var d = new Date(ms);
+    return d.getUTCFullYear() + '-' + pad(d.getUTCMonth() + 1) + '-' + pad(d.getUTCDate()) + ' ' +
+      pad(d.getUTCHours()) + ':' + pad(d.getUTCMinutes()) + ':' + pad(d.getUTCSeconds()) + 'Z';
+  }
+  // What an event carries, as the server lists it (live::event_fields).
+  function fields(e) {
+    return Object.keys(e).filter(function (k) { return k !== 'type' && k !== 'seq'; }).sort().map(function (k) {
+      var v = e[k], label = k, text;
+      if (k === 'summary' && e.type === 'tool_call') label = 'input';
+      else if (k === 'summary' && e.type === 'tool_result') label = 'output';
+      else if (k === 'at') label = 'time';
+      var n = function (x) { return x === undefined ? '?' : JSON.stringify(x); };
+      if (k === 'at' && typeof v === 'number' && Number.isInteger(v)) text = iso(v);
+      else if (k === 'usage' && v && typeof v === 'object' && !Array.isArray(v)) text = n(v.inputTokens) + ' in / ' + n(v.outputTokens) + ' out';
+      else if (typeof v === 'string') text = v;
+      else text = JSON.stringify(v);
+      return [label, text];
+    });
+  }
+  function details(e) {
+    var rows = fields(e);
+    if (!rows.length) return null;
+    var d = document.createElement('details'); d.className = 'ev-details';
+    var s = document.createElement('summary'); s.textContent = 'details'; d.appendChild(s);
+    var dl = document.createElement('dl');
+    rows.forEach(function (r) {
+      var dt = document.createElement('dt'); dt.textContent = r[0];
+      var dd = document.createElement('dd'); dd.textContent = r[1];
+      dl.appendChild(dt); dl.appendChild(dd);
+    });
+    d.appendChild(dl);
+    return d;
+  }
   function dur(ms) {
     ms = Math.max(0, ms);
     if (ms < 1000) return ms + ' ms';
@@ -161,12 +208,23 @@ pub const RUN_JS: &str = r#"
     var d = describe(e), li = document.createElement('li');
     li.className = 'ev ev-' + String(e.type || 'other').replace(/[^A-Za-z0-9_]/g, '') + (e.effectsUnknown === true ? ' ev-unknown' : '');
     li.dataset.seq = e.seq == null ? '' : String(e.seq);
+    if (typeof e.step === 'number') li.dataset.step = String(e.step);
     li.appendChild(span('seq', '#' + li.dataset.seq));
     li.appendChild(span('rel', e.at == null ? '' : '+' + dur(e.at - startedAt)));
     var head = span('head', ''); head.appendChild(span('kind', d[0]));
     var took = durationOf(e); if (took != null) head.appendChild(span('dur', dur(took)));
     li.appendChild(head); li.appendChild(span('body', d[1]));
+    var more = details(e); if (more) li.appendChild(more);
     return li;
+  }
+  // The model turn that gave the answer (no tool call in its step) reads "final answer", as on the server.
+  function markFinalAnswer() {
+    var turns = list.querySelectorAll('li.ev-assistant');
+    var turn = turns.length ? turns[turns.length - 1] : null;
+    var step = turn && turn.dataset.step;
+    if (!step || !/^[0-9]+$/.test(step)) return;
+    if (list.querySelector('li.ev-tool_call[data-step="' + step + '"]')) return;
+    turn.querySelector('.kind').textContent = 'final answer \u00b7 assistant';
   }
   var usage = JSON.parse(root.getAttribute('data-usage') || '{}');
   function addUsage(e) {
@@ -216,6 +274,7 @@ pub const RUN_JS: &str = r#"
   function finish() {
     document.getElementById('stop-soft').disabled = true;
     document.getElementById('stop-hard').disabled = true;
+    document.getElementById('retry').disabled = false;
     if (ticker) { clearInterval(ticker); ticker = null; }
   }
   function atBottom() {
@@ -240,7 +299,7 @@ pub const RUN_JS: &str = r#"
         range.textContent = first + '\u2013' + count + ' of ' + count;
         if (follow) window.scrollTo(0, document.documentElement.scrollHeight);
       }
-      if (e.type === 'answer') document.getElementById('answer').textContent = str(e.text);
+      if (e.type === 'answer') { document.getElementById('answer').textContent = str(e.text); if (tail) markFinalAnswer(); }
       if (e.type === 'run_failed') showError(str(e.message));
       if (e.type === 'assistant' && e.usage) addUsage(e);
       if (e.type === 'stop_requested') setStatus('stopping (' + str(e.mode) + ')', 'stopping');
@@ -262,16 +321,31 @@ pub const RUN_JS: &str = r#"
       refresh();
     });
   }
-  function call(method, path, body) {
+  function call(method, path, body, then) {
     msg.textContent = '\u2026';
     var url = path + (tq ? (path.indexOf('?') < 0 ? '?' : '&') + tq : '');
     var init = { method: method, headers: {} };
     if (body) { init.headers['content-type'] = 'application/json'; init.body = JSON.stringify(body); }
     fetch(url, init).then(function (r) {
       return r.json().catch(function () { return {}; }).then(function (b) {
-        msg.textContent = r.status + ' ' + str(b.state || b.message || b.error || '');
+        msg.textContent = r.status + ' ' + str(b.state || b.outcome || b.message || b.error || '');
+        if (then) then(r, b);
       });
     }, function (err) { msg.textContent = 'request failed: ' + err; });
+  }
+  // Run again: the answer names the new run (or the live run it steered into); link it.
+  function linkRun(r, b) {
+    if (!r.ok || typeof b.runId !== 'string') return;
+    var a = document.createElement('a');
+    a.id = 'retry-link';
+    var to = '/runs/' + encodeURIComponent(b.runId);
+    if (typeof b.liveUrl === 'string') {
+      try { var u = new URL(b.liveUrl, location.href); to = u.pathname + u.search; } catch (err) {}
+    }
+    a.href = to;
+    a.textContent = 'open run ' + b.runId;
+    msg.appendChild(document.createTextNode(' \u2014 '));
+    msg.appendChild(a);
   }
   document.getElementById('stop-soft').addEventListener('click', function () { call('POST', base + '/stop', { mode: 'soft' }); });
   document.getElementById('stop-hard').addEventListener('click', function () { call('POST', base + '/stop', { mode: 'hard' }); });
@@ -279,6 +353,7 @@ pub const RUN_JS: &str = r#"
     if (window.confirm && !window.__noConfirm && !window.confirm('Kill this run? Its history is deleted.')) return;
     call('DELETE', base);
   });
+  document.getElementById('retry').addEventListener('click', function () { call('POST', base + '/retry', null, linkRun); });
 })();
 "#;
 
@@ -292,6 +367,8 @@ mod tests {
         // `fetch` sets that type whenever it sends a body, and Kill sends none.
         assert!(RUN_JS.contains("if (body) { init.headers['content-type'] = 'application/json'; init.body = JSON.stringify(body); }"));
         assert!(RUN_JS.contains("call('DELETE', base);"));
+        // Run again posts no body (the retry's body is optional).
+        assert!(RUN_JS.contains("call('POST', base + '/retry', null, linkRun);"));
         // Two fetches: the buttons' one, and the timeline fragment's GET (no body).
         assert_eq!(RUN_JS.matches("fetch(").count(), 2);
         assert!(RUN_JS.contains("fetch('/runs/' + encodeURIComponent(id) + '/timeline'"));

@@ -61,6 +61,9 @@ pub struct StepRow {
     pub step: u64,
     pub model: Option<ModelBar>,
     pub tools: Vec<ToolBar>,
+    /// The model call that gave the answer (a turn with no tool call, followed by the `answer`): its own
+    /// row, labelled "answer", not a step — steps are numbered by the tool steps.
+    pub answer: bool,
 }
 
 /// A crash and resume: nothing happened from `from` (the last event before) to `to` (`resumed`).
@@ -182,17 +185,27 @@ impl Timeline {
                 // A text-only final turn publishes no `assistant` event: its answer closes the model call.
                 "answer" if model_pending => {
                     let step = last_model_step + 1;
-                    rows.step(step).model = Some(ModelBar {
+                    let row = rows.step(step);
+                    row.model = Some(ModelBar {
                         from: ready,
                         to: t,
                         open: false,
                         failed: false,
                         retries,
                     });
+                    row.answer = true;
                     if let Some(s) = seq {
                         durations.insert(s, t - ready);
                     }
                     (ready, last_model_step, retries) = (t, step, 0);
+                }
+                // The answer follows the turn that gave it: a turn without tool calls is the answer's row.
+                "answer" => {
+                    if let Some(row) = rows.steps.get_mut(&last_model_step) {
+                        if row.tools.is_empty() && row.model.is_some() {
+                            row.answer = true;
+                        }
+                    }
                 }
                 "model_retry" => retries += 1,
                 "tool_call" => {
@@ -335,6 +348,12 @@ impl Timeline {
                 Err(gap) => out.push(Row::Gap(gap)),
             }
         }
+        // A row closed as the answer and then given a tool call (a later turn reused its step) is a step.
+        for row in &mut out {
+            if let Row::Step(s) = row {
+                s.answer &= s.tools.is_empty();
+            }
+        }
         let steps = out.iter().filter(|r| matches!(r, Row::Step(_))).count();
         let hidden_steps = steps.saturating_sub(MAX_ROWS);
         if hidden_steps > 0 {
@@ -371,6 +390,14 @@ impl Timeline {
             Row::Step(_) => None,
         })
     }
+
+    /// The steps whose model call gave the answer (their rows read "answer").
+    pub fn answer_steps(&self) -> impl Iterator<Item = u64> + '_ {
+        self.rows.iter().filter_map(|r| match r {
+            Row::Step(s) if s.answer => Some(s.step),
+            _ => None,
+        })
+    }
 }
 
 fn pct(v: f64) -> String {
@@ -399,7 +426,11 @@ pub fn render_now(now: Option<&Now>, now_ms: i64) -> Markup {
 /// The timeline as markup: an axis, then one row per step (and per gap).
 pub fn render(t: &Timeline) -> Markup {
     let span = t.end - t.start;
-    let steps = t.rows.iter().filter(|r| matches!(r, Row::Step(_))).count();
+    let steps = t
+        .rows
+        .iter()
+        .filter(|r| matches!(r, Row::Step(s) if !s.answer))
+        .count();
     html! {
         section id="timeline" class="card timeline" data-steps=(steps) {
             div class="tl-head" {
@@ -477,6 +508,9 @@ fn step_row(t: &Timeline, s: &StepRow) -> Markup {
     if s.tools.len() > 3 {
         words.push(format!("+{} more", s.tools.len() - 3));
     }
+    if s.answer {
+        return answer_row(t, s);
+    }
     let class = format!(
         "tl-row tl-step{}{}",
         if failed { " tl-failed" } else { "" },
@@ -505,6 +539,31 @@ fn step_row(t: &Timeline, s: &StepRow) -> Markup {
                 }
             }
             @let words = words.join(" · ");
+            div class="tl-dur" title=(words) { (words) }
+        }
+    }
+}
+
+/// The answer's model call: its own row after the steps.
+fn answer_row(t: &Timeline, s: &StepRow) -> Markup {
+    let words = s
+        .model
+        .as_ref()
+        .map(|m| format!("model {}", fmt_duration(m.to - m.from)))
+        .unwrap_or_default();
+    html! {
+        div class="tl-row tl-answer" data-answer-step=(s.step) {
+            div class="tl-label" { "answer" }
+            svg class="tl-track" width="100%" height="22" {
+                rect class="lane" x="0" y="0" width="100%" height="100%" {}
+                (gap_bands(t))
+                @if let Some(m) = &s.model {
+                    @let (x, w) = t.place(m.from, m.to);
+                    rect class="bar bar-model" x=(pct(x)) width=(pct(w)) y="3" height="7" rx="2" {
+                        title { "the answer's model call: " (fmt_duration(m.to - m.from)) @if m.retries > 0 { ", " (m.retries) " retries" } }
+                    }
+                }
+            }
             div class="tl-dur" title=(words) { (words) }
         }
     }
@@ -634,8 +693,23 @@ mod tests {
             ),
             (Some(&200), Some(&100), Some(&99))
         );
+        // Steps are numbered by the tool steps; the answer's turn is a row of its own.
+        assert_eq!(
+            steps.iter().map(|s| s.answer).collect::<Vec<_>>(),
+            [false, false, true]
+        );
+        assert_eq!(t.answer_steps().collect::<Vec<_>>(), [3]);
+        assert!(
+            last.answer,
+            "a text-only final turn is the answer's row too"
+        );
         let html = render(&t).into_string();
-        assert_eq!(html.matches("class=\"tl-row tl-step").count(), 3, "{html}");
+        assert_eq!(html.matches("class=\"tl-row tl-step").count(), 2, "{html}");
+        assert!(
+            html.contains("data-steps=\"2\"")
+                && html.contains("class=\"tl-row tl-answer\" data-answer-step=\"3\"><div class=\"tl-label\">answer</div>"),
+            "{html}"
+        );
         assert!(
             html.contains("data-step=\"2\"")
                 && html.contains("tl-failed")
