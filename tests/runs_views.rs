@@ -199,6 +199,22 @@ async fn a_run_started_for_a_parent_lists_as_its_child_live_and_finished() {
     assert_eq!(list["runs"], json!([]));
     let (status, _) = app.get_json("/api/runs/a%20b/children", None).await;
     assert_eq!(status, 400);
+    // A deleted parent is gone as a resource; its children are runs of their own, still listed by query.
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/runs/{parent}")))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let (status, body) = app
+        .get_json(&format!("/api/runs/{parent}/children"), None)
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (_, list) = app
+        .get_json(&format!("/api/runs?parentRunId={parent}"), None)
+        .await;
+    assert_eq!(list["runs"].as_array().unwrap().len(), 2, "{list}");
 }
 
 /// SPEC §7: a RunView carries the answer (and a stopped run who stopped it) from every source — the

@@ -237,7 +237,7 @@ async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
     path = "/api/runs/{id}/children",
     tag = "runs",
     params(("id" = String, Path, pattern = r"^[A-Za-z0-9_-]{1,64}$", description = "The parent run's id (it need not still exist)")),
-    responses((status = 200, description = "The runs whose message named this run as `parentRunId` and that the caller may see, live and finished, oldest start first (at most 200)", body = actors::runs_service::RunList), (status = 400, description = "The id is not a run id", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody)),
+    responses((status = 200, description = "The runs whose message named this run as `parentRunId` and that the caller may see, live and finished, oldest start first (at most 200)", body = actors::runs_service::RunList), (status = 400, description = "The id is not a run id", body = crate::openapi::ErrorBody), (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks runs:read", body = crate::openapi::ErrorBody), (status = 404, description = "The run was deleted (`DELETE /api/runs/{id}`); its children stay listed by `GET /api/runs?parentRunId=`", body = crate::openapi::ErrorBody)),
     security((), ("bearer" = ["runs:read"]))
 )]
 async fn list_children(
@@ -254,6 +254,11 @@ async fn list_children(
             "id",
             "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)",
         ));
+    }
+    // A parent that expired or never existed still lists its children; one that was deleted (killed)
+    // is gone as a resource, as every other route under it says.
+    if state.storage.is_killed(id.clone()).await.unwrap_or(false) {
+        return Err(ApiError::NotFound(format!("run {id} was deleted")));
     }
     Ok(HttpResponse::Ok().json(state.runs.list_children(&id, visible_to).await))
 }

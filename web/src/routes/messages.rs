@@ -47,7 +47,9 @@ fn string_field(
     match body.get(field) {
         None | Some(Value::Null) if !required => Ok(None),
         None | Some(Value::Null) => Err(ApiError::bad(field, "is required")),
-        Some(Value::String(s)) if required && s.trim().is_empty() => {
+        // Exactly the document's `minLength: 1`: a blank value is a value (whitespace is not the same set
+        // in every language's regexes, so the contract does not depend on it).
+        Some(Value::String(s)) if required && s.is_empty() => {
             Err(ApiError::bad(field, "must not be empty"))
         }
         Some(Value::String(s)) => Ok(Some(s.clone())),
