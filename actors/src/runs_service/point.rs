@@ -128,16 +128,16 @@ impl RunsService {
         }
     }
 
-    /// Whether the registry row `id` carries a deletion fence: from the fresh listing when it asked about
-    /// the id, else one `killed_among` read. A failed read is no proof of a kill: the row is served.
-    async fn registry_row_killed(&self, id: &str) -> bool {
+    /// Whether run `id` carries a deletion fence: from the fresh listing when it asked about
+    /// the id, else one `killed_among` read. A failed read is no proof of a kill: the run is served.
+    async fn is_killed(&self, id: &str) -> bool {
         if let Some(known) = self.fresh_listing().and_then(|l| l.killed(id)) {
             return known;
         }
         match self.source.killed_among(vec![id.to_owned()]).await {
             Ok(killed) => killed.iter().any(|k| k == id),
             Err(e) => {
-                tracing::warn!(run_id = id, error = %e, "kill state read failed; serving the registry row");
+                tracing::warn!(run_id = id, error = %e, "kill state read failed; serving the run");
                 false
             }
         }
@@ -149,7 +149,7 @@ impl RunsService {
             return Err(RunsError::NotFound);
         }
         if let Some(row) = self.registry.row(id) {
-            if self.registry_row_killed(id).await {
+            if self.is_killed(id).await {
                 return Err(RunsError::NotFound);
             }
             return Ok(Found::Registry(row));
@@ -167,6 +167,11 @@ impl RunsService {
             }
         }
         match self.source.get_summary(id.to_owned()).await {
+            // A tombstone may be a killed run's, its purge still to come: never served. (A final record is
+            // never a killed run's: a finished run cannot be killed.)
+            Ok(Some(item)) if item.head.provisional && self.is_killed(id).await => {
+                Err(RunsError::NotFound)
+            }
             Ok(Some(item)) => Ok(Found::Store(item)),
             Ok(None) => Err(RunsError::NotFound),
             Err(e) => {
@@ -459,7 +464,7 @@ impl RunsService {
         }
         let finished = || RunsError::Conflict(format!("run {id} has finished"));
         if let Some(row) = self.registry.row(id) {
-            if self.registry_row_killed(id).await {
+            if self.is_killed(id).await {
                 return Err(RunsError::NotFound);
             }
             if !RunView::from_registry(&row).visible_to(visible_to) {
@@ -1355,5 +1360,25 @@ mod tests {
             Err(RunsError::NotFound)
         );
         assert!(f.svc.index_rows(&all).await.0.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_killed_runs_tombstone_awaiting_its_purge_answers_not_found_from_every_point_read() {
+        let f = fixture();
+        // Killed, its live row gone already: only the tombstone in the store and the deletion fence remain.
+        f.put(record("gone", "c1", NOW - 300, NOW - 300, true, vec![]));
+        f.kill_elsewhere("gone");
+        let all = VisibilityFilter::All;
+        assert_eq!(
+            f.svc.get_run("gone", true, &all).await,
+            Err(RunsError::NotFound)
+        );
+        assert_eq!(
+            f.svc.get_run_events("gone", 0, None, &all).await,
+            Err(RunsError::NotFound)
+        );
+        // A tombstone without a fence (a live run's) is still served.
+        f.put(record("alive", "c2", NOW - 300, NOW - 300, true, vec![]));
+        assert!(f.svc.get_run_events("alive", 0, None, &all).await.is_ok());
     }
 }

@@ -182,7 +182,8 @@ fn refusal_response(status: StatusCode, code: &str, message: String, extra: Valu
 
 /// `POST /api/plans/{id}/suggestions` with `{revision, snapshotId, prompt, cards?, context?}`: 202 with the
 /// pending request; 409 `busy` (naming the active request) or `stale_identity` (naming the current one);
-/// 503 `capacity` while `[plan] max_concurrent` requests run.
+/// 429 `capacity` (with `Retry-After`) while `[plan] max_concurrent` requests run: the caller asked too
+/// early, nothing is wrong with the server.
 #[utoipa::path(
     post,
     path = "/api/plans/{id}/suggestions",
@@ -195,7 +196,8 @@ fn refusal_response(status: StatusCode, code: &str, message: String, extra: Valu
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, or a cross-site request", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such plan", body = crate::openapi::ErrorBody),
         (status = 409, description = "busy (names requestId) or stale_identity (names current)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "capacity (names limit), draining or storage unavailable", body = crate::openapi::ErrorBody),
+        (status = 429, description = "capacity (names limit): retry after `Retry-After` seconds", body = crate::openapi::ErrorBody),
+        (status = 503, description = "draining or storage unavailable", body = crate::openapi::ErrorBody),
     ),
     security((), ("bearer" = ["runs:write"]))
 )]
@@ -274,12 +276,19 @@ pub async fn start_suggestion(
             ),
             json!({"requestId": request_id.as_str()}),
         )),
-        Err(e @ StartError::Capacity { limit }) => Ok(refusal_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "capacity",
-            e.to_string(),
-            json!({"limit": limit}),
-        )),
+        Err(e @ StartError::Capacity { limit }) => {
+            let mut res = refusal_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                "capacity",
+                e.to_string(),
+                json!({"limit": limit}),
+            );
+            res.headers_mut().insert(
+                actix_web::http::header::RETRY_AFTER,
+                actix_web::http::header::HeaderValue::from_static("1"),
+            );
+            Ok(res)
+        }
         Err(StartError::Refused(PlanRefusal::UnknownPlan { plan_id })) => {
             Err(ApiError::NotFound(format!("plan {}", plan_id.as_str())))
         }
