@@ -13,9 +13,10 @@
 //! of.
 //!
 //! # Design
-//! On PostgreSQL the probe is `storage::postgres::ActivityProbe`: every connection the storage crate opens
-//! names itself `switchboard/<pid>` (`application_name`), so `pg_stat_activity` tells which backends belong
-//! to the stopped process and whether any of them is in a transaction or a statement.
+//! On PostgreSQL the check is `storage::testing::pg::idle_check`: no SQL client here, the storage crate
+//! opens the probe's connection. Every connection the storage crate opens names itself `switchboard/<pid>`
+//! (`application_name`), so `pg_stat_activity` tells which backends belong to the stopped process and
+//! whether any of them is in a transaction or a statement.
 
 use std::path::Path;
 
@@ -134,10 +135,10 @@ impl DbSpec {
         match self {
             DbSpec::Sqlite => child.pause_outside_transaction(&data.join("switchboard.db")),
             DbSpec::Postgres { url } => {
-                let mut probe = storage::postgres::ActivityProbe::connect(url)
+                let mut idle = storage::testing::pg::idle_check(url)
                     .context("connect the pause probe to PostgreSQL")?;
                 let pid = child.pid();
-                child.pause_when(|| probe.is_idle(pid).context("read pg_stat_activity"))
+                child.pause_when(|| idle(pid).context("read pg_stat_activity"))
             }
         }
     }

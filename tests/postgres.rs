@@ -645,12 +645,12 @@ fn a_host_is_paused_only_outside_its_transactions() {
         assert_eq!(status, 202, "{v}");
     }
     let db = switchboard::shared_db::DbSpec::Postgres { url: url.clone() };
-    let mut probe = storage::postgres::ActivityProbe::connect(&url).expect("probe");
+    let mut idle = storage::testing::pg::idle_check(&url).expect("probe");
     // Running, the host is caught inside a transaction now and then: the probe sees its connections.
     wait_for(
         "the probe to see the running host in a transaction",
         Duration::from_secs(20),
-        || (!probe.is_idle(host.pid()).expect("probe")).then_some(()),
+        || (!idle(host.pid()).expect("probe")).then_some(()),
     );
     for _ in 0..5 {
         db.pause_outside_transaction(&host, dir.path())
@@ -665,12 +665,12 @@ fn a_host_is_paused_only_outside_its_transactions() {
         // Stopped, it stays outside: every backend of its pid is idle, look after look.
         for _ in 0..5 {
             assert!(
-                probe.is_idle(host.pid()).expect("probe"),
+                idle(host.pid()).expect("probe"),
                 "a stopped host holds no transaction"
             );
         }
         host.signal("-CONT").expect("SIGCONT");
     }
     // A pid with no connection of that name (init's): the probe says it cannot tell, never "idle".
-    assert!(probe.is_idle(1).is_err());
+    assert!(idle(1).is_err());
 }

@@ -371,3 +371,12 @@ fn run(cmd: &mut Command) -> Result<(), String> {
         ))
     }
 }
+
+/// Whether process `pid` holds nothing open on the database at `url` — none of its `switchboard/<pid>`
+/// connections in a transaction or a statement (`ActivityProbe::is_idle`): what `chaos` and the tests
+/// pause a process by, so a paused process holds no lock. The storage crate opens the one connection it
+/// reads `pg_stat_activity` through; callers get only the check.
+pub fn idle_check(url: &str) -> crate::Result<impl FnMut(u32) -> crate::Result<bool>> {
+    let mut probe = crate::postgres::ActivityProbe::connect(url)?;
+    Ok(move |pid| probe.is_idle(pid))
+}
