@@ -42,10 +42,13 @@ impl CardClosed {
     pub fn stamp(&self, fields: &mut Map<String, Value>) {
         if let Some(handle) = &self.handle {
             fields.insert(
-                state_keys::CARD.into(),
+                storage::record::CARD.into(),
                 serde_json::to_value(handle).expect("a handle serializes"),
             );
-            fields.insert("cardClosed".into(), Value::Bool(self.closed));
+            fields.insert(
+                storage::record::CARD_CLOSED.into(),
+                Value::Bool(self.closed),
+            );
         }
     }
 }

@@ -552,7 +552,7 @@ async fn close_open_cards(deps: &RunDeps) {
         let h = &record.head;
         let handle: Option<crate::channel::CardHandle> = h
             .extra
-            .get(storage::ledger::state_keys::CARD)
+            .get(storage::record::CARD)
             .and_then(|v| serde_json::from_value(v.clone()).ok());
         let thread = crate::channel::ThreadRef {
             channel: h.channel_id.clone(),

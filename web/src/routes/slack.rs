@@ -36,7 +36,7 @@ use actors::runs_service::RunsError;
 use actors::supervisor::{AdmitError, AdmitMessage, Admitted};
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use storage::ledger::{ReceiptKey, StopMode};
 use storage::record::{ChannelVisibility, VisibilityFilter};
 
@@ -304,8 +304,9 @@ fn over_cap(request: &Request) -> Option<&'static str> {
 
 /// The receipt's body hash: SHA-256 hex of the request's JSON (its keys in a fixed order).
 fn body_hash(request: &Request) -> String {
-    let json = serde_json::to_value(request).expect("a request of strings serializes");
-    hex::encode(Sha256::digest(json.to_string().as_bytes()))
+    super::messages::body_hash(
+        &serde_json::to_value(request).expect("a request of strings serializes"),
+    )
 }
 
 /// Slack's "got it": any 2xx stops its retries.
