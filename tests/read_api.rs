@@ -267,6 +267,22 @@ async fn bad_requests_name_the_field_and_errors_have_one_shape() {
         .await
         .unwrap();
     assert_eq!(res.status().as_u16(), 409);
+    // A body that is JSON but not an object (nor null) is no stop: 400 naming it, before anything else.
+    for body in [json!(false), json!(1), json!("soft"), json!([])] {
+        let res = app
+            .client
+            .post(app.url(&format!("/api/runs/{id}/stop")))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 400, "{body}");
+        let answer = res.json::<Value>().await.unwrap();
+        assert!(
+            answer["message"].as_str().unwrap().starts_with("body"),
+            "{answer}"
+        );
+    }
     // Oversized bodies: 413.
     let (status, body) = app.post(json!({"thread": "t2", "channel": "c1", "user": "u1", "text": "x".repeat((1 << 20) + 1)})).await;
     assert_eq!(

@@ -69,6 +69,10 @@ pub async fn stop_run(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad("body", format!("not JSON: {e}")))?
     };
+    // `{mode?}` or nothing (`null`): any other JSON value is not a stop's body.
+    if !(v.is_object() || v.is_null()) {
+        return Err(ApiError::bad("body", "must be a JSON object"));
+    }
     let mode = match v.get("mode") {
         None | Some(Value::Null) => StopMode::Soft,
         Some(Value::String(m)) => {
