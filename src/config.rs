@@ -306,6 +306,14 @@ pub struct AgentConfig {
     pub stream: bool,
     /// `[agents.NAME.retry]`.
     pub retry: AgentRetryConfig,
+    /// What a message on a busy thread does when it names no `strategy` (SPEC §5.1); unset takes
+    /// `[defaults] strategy`.
+    pub strategy: Option<storage::ledger::Strategy>,
+    /// Tools whose every call waits for a person's approval (SPEC §13): exact names, or a prefix ending
+    /// in `*`.
+    pub approve: Vec<String>,
+    /// How long a call waits for a decision before it is denied by `timeout` (default 24 h).
+    pub approval_timeout_ms: u64,
 }
 
 impl Default for AgentConfig {
@@ -323,6 +331,9 @@ impl Default for AgentConfig {
             tools: None,
             stream: false,
             retry: AgentRetryConfig::default(),
+            strategy: None,
+            approve: Vec::new(),
+            approval_timeout_ms: 86_400_000,
         }
     }
 }
@@ -354,6 +365,19 @@ impl AgentConfig {
     fn check(&self) -> Result<(), (&'static str, String)> {
         if self.budget_ms == 0 {
             return Err(("budget_ms", "must be positive".into()));
+        }
+        if self.approval_timeout_ms == 0 {
+            return Err(("approval_timeout_ms", "must be positive".into()));
+        }
+        if let Some(bad) = self
+            .approve
+            .iter()
+            .find(|p| p.is_empty() || p.trim_end_matches('*').contains('*'))
+        {
+            return Err((
+                "approve",
+                format!("{bad:?} is not a tool name or a prefix ending in one *"),
+            ));
         }
         let kind = self.kind.as_str();
         if self.kind.is_provider() {
@@ -608,12 +632,16 @@ max_ms = 8000
 #[serde(deny_unknown_fields, default)]
 pub struct DefaultsConfig {
     pub agent: String,
+    /// What a message on a busy thread does when neither it nor its agent says (SPEC §5.1):
+    /// `steer`, `enqueue`, `reject` or `interrupt`.
+    pub strategy: storage::ledger::Strategy,
 }
 
 impl Default for DefaultsConfig {
     fn default() -> Self {
         DefaultsConfig {
             agent: "demo".into(),
+            strategy: storage::ledger::Strategy::Steer,
         }
     }
 }
@@ -732,6 +760,9 @@ pub struct HttpToolConfig {
     /// re-sent with the same key).
     #[serde(default)]
     pub idempotent: bool,
+    /// `true`: every call waits for a person's approval, whichever agent makes it (SPEC §13).
+    #[serde(default)]
+    pub approval: bool,
     /// Per call; default 30000.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -771,6 +802,7 @@ impl ToolsConfig {
                     url: t.url.clone(),
                     mutating: t.mutating,
                     idempotent: t.idempotent,
+                    approval: t.approval,
                     timeout: timeout(t.timeout_ms),
                 })
                 .collect(),

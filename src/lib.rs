@@ -176,6 +176,9 @@ fn build_agents(config: &Config) -> anyhow::Result<HashMap<String, AgentEntry>> 
                 tools: a.tools.clone(),
                 retry,
                 stream: a.stream,
+                strategy: a.strategy.unwrap_or(config.defaults.strategy),
+                approve: a.approve.clone(),
+                approval_timeout_ms: a.approval_timeout_ms as i64,
             },
         );
     }
@@ -525,6 +528,7 @@ pub async fn ask(running: &Running, text: String, agent: Option<String>) -> anyh
         visibility: Some("machine".into()),
         parent_run_id: None,
         source: Default::default(),
+        strategy: None,
     };
     let admitted = running
         .supervisor

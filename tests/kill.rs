@@ -237,6 +237,7 @@ fn crash_while_attaching_restarts_from_the_request_with_the_same_id_and_start() 
                 key: None,
                 lease_ms: 30_000,
                 writer: None,
+                strategy: storage::ledger::Strategy::Steer,
             },
             started_at,
         )

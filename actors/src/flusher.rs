@@ -195,6 +195,7 @@ mod tests {
             key: None,
             lease_ms: 30_000,
             writer: None,
+            strategy: storage::ledger::Strategy::Steer,
         };
         h.admit(admit, NOW).await.unwrap();
         let p = Promotion {

@@ -302,6 +302,7 @@ mod tests {
                     key: None,
                     lease_ms: LEASE,
                     writer: None,
+                    strategy: storage::ledger::Strategy::Steer,
                 };
                 storage.admit(admit, NOW).await.unwrap();
                 let p = Promotion {

@@ -74,6 +74,7 @@ fn message(thread: &str, text: &str) -> AdmitMessage {
             visibility: None,
             parent_run_id: None,
             source: Default::default(),
+            strategy: None,
         },
         writer: None,
         key: None,
@@ -98,6 +99,7 @@ async fn a_burst_on_one_thread_starts_one_run_and_steers_the_rest_in_order() {
         match answer.expect("mailbox").expect("admitted") {
             Admitted::Started { run_id, .. } => started.push(run_id),
             Admitted::Steered { run_id, seq, .. } => steered.push((run_id, seq)),
+            other => panic!("a steer on a busy thread answered {other:?}"),
         }
     }
     assert_eq!(started.len(), 1, "exactly one run starts: {started:?}");

@@ -130,6 +130,7 @@ fn http_spec(name: &str, url: String) -> HttpToolSpec {
         mutating: true,
         idempotent: true,
         timeout: Duration::from_secs(5),
+        approval: false,
     }
 }
 

@@ -48,6 +48,7 @@ async fn admitted(storage: &StorageHandle, gen: &str, thread: &str, run_id: &str
         key: None,
         lease_ms: LEASE_MS,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     };
     let outcome = storage.admit(admit, NOW).await.expect("admit");
     assert_eq!(

@@ -196,6 +196,7 @@ async fn durable_steps(
         key: None,
         lease_ms: 3_600_000,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     };
     storage.admit(admit, storage.clock().now_ms()).await?;
     let promotion = Promotion {

@@ -57,6 +57,7 @@ use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+use storage::ledger::Strategy;
 
 use crate::child::ChildServer;
 use crate::shared_db::{DbSpec, SharedDb, StorageChoice};
@@ -109,6 +110,15 @@ pub struct ChaosArgs {
     /// replies go to a local Slack stand-in; the verifier also counts cards and replies per run.
     #[arg(long)]
     pub slack: bool,
+    /// What each message does on a busy thread (SPEC §5.1), one picked at random per message from this
+    /// list (e.g. `steer,enqueue,interrupt`); the verifier checks each one's promise. Default: no
+    /// `strategy` field (the configured default, `steer`).
+    #[arg(long, value_delimiter = ',', value_parser = parse_strategy)]
+    pub strategies: Vec<Strategy>,
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    Strategy::parse(s).ok_or_else(|| format!("{s:?} is not steer, enqueue, reject or interrupt"))
 }
 
 pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
@@ -226,6 +236,10 @@ struct Sent {
     /// The thread key it went to (`chaos:<thread>`).
     thread_key: String,
     answer: Answer,
+    /// Wall-clock ms when it was sent and when its answer came: a message sent after another's answer
+    /// came is ordered after it.
+    sent_ms: i64,
+    answered_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -352,6 +366,7 @@ async fn client_loop(
     stop: Arc<AtomicBool>,
     sent: Arc<Mutex<Vec<Sent>>>,
     via_slack: bool,
+    strategies: Vec<Strategy>,
 ) {
     let mut rng =
         StdRng::seed_from_u64(seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(id as u64 + 1)));
@@ -397,6 +412,8 @@ async fn client_loop(
                     nonce,
                     thread_key: format!("{}:{root}", slack::CHANNEL),
                     answer,
+                    sent_ms: 0,
+                    answered_ms: 0,
                 });
                 if done {
                     break;
@@ -404,8 +421,14 @@ async fn client_loop(
                 tokio::time::sleep(Duration::from_millis(rng.random_range(10..60))).await;
                 continue;
             }
-            let body = json!({"thread": thread, "channel": "chaos", "user": format!("client{id}"),
+            let mut body = json!({"thread": thread, "channel": "chaos", "user": format!("client{id}"),
                 "text": text});
+            let strategy =
+                (!strategies.is_empty()).then(|| strategies[rng.random_range(0..strategies.len())]);
+            if let Some(s) = strategy {
+                body["strategy"] = json!(s.as_str());
+            }
+            let sent_ms = verify::wall_ms();
             let res = http
                 .post(format!("http://{addr}/api/messages"))
                 .json(&body)
@@ -430,6 +453,8 @@ async fn client_loop(
                 nonce,
                 thread_key: format!("chaos:{thread}"),
                 answer,
+                sent_ms,
+                answered_ms: verify::wall_ms(),
             });
             if done {
                 break;
@@ -481,6 +506,7 @@ async fn scenario(
                 stop.clone(),
                 sent.clone(),
                 args.slack,
+                args.strategies.clone(),
             ))
         })
         .collect();

@@ -181,6 +181,16 @@ pub(super) struct Verdict {
     pub refused_but_present: usize,
     /// Informational: nonces found that no client sent.
     pub unknown_nonces: usize,
+    /// With `--strategies`: messages queued (`enqueue`) or interrupting, informational.
+    pub queued: usize,
+    /// Queued or interrupting messages not answered in a run of their own (the request of a run other
+    /// than the one they waited behind) that started once that run had ended.
+    pub queue_breaches: usize,
+    /// Queued messages whose run started before the run of a queued message answered before they were
+    /// sent on the same thread had ended.
+    pub queue_out_of_order: usize,
+    /// Runs an `interrupting` answer named that did not end `stopped_soft`.
+    pub interrupts_not_stopped: usize,
     /// With `--slack`: the cards and replies the Slack stand-in holds, per run.
     pub cards: Option<super::slack::CardCounts>,
     pub elapsed: Duration,
@@ -205,9 +215,25 @@ impl Verdict {
             + self.calls_without_results
             + self.miscounted_records
             + self.lost_shown_events
+            + self.queue_breaches
+            + self.queue_out_of_order
+            + self.interrupts_not_stopped
             + self.faults.drain_failures
             + self.faults.unexpected_exits
             + self.cards.as_ref().map_or(0, |c| c.violations())
+    }
+
+    /// With `--strategies`: which, and the checks of their promises.
+    fn strategies_json(&self, args: &ChaosArgs) -> Value {
+        if args.strategies.is_empty() {
+            return Value::Null;
+        }
+        json!({
+            "mix": args.strategies.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+            "queued": self.queued, "queue_breaches": self.queue_breaches,
+            "queue_out_of_order": self.queue_out_of_order,
+            "interrupts_not_stopped": self.interrupts_not_stopped,
+        })
     }
 
     fn faults_by_kind(&self) -> BTreeMap<&'static str, usize> {
@@ -292,6 +318,25 @@ impl Verdict {
             ),
             ("drain failures", self.faults.drain_failures.to_string()),
         ];
+        if !args.strategies.is_empty() {
+            rows.extend([
+                (
+                    "strategies",
+                    args.strategies
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+                ("queued (+ interrupting)", self.queued.to_string()),
+                ("queued, not own run", self.queue_breaches.to_string()),
+                ("queue out of order", self.queue_out_of_order.to_string()),
+                (
+                    "interrupted, not stopped",
+                    self.interrupts_not_stopped.to_string(),
+                ),
+            ]);
+        }
         if let Some(c) = &self.cards {
             rows.extend([
                 (
@@ -333,6 +378,7 @@ impl Verdict {
             "stuck_runs": self.stuck_runs, "duplicate_terminals": self.duplicate_terminals,
             "missing_runs": self.missing_runs, "repeated_seqs": self.repeated_seqs,
             "crossed_threads": self.crossed_threads, "unanswered_completed": self.unanswered_completed,
+            "strategies": self.strategies_json(args),
             "calls_without_results": self.calls_without_results, "miscounted_records": self.miscounted_records,
             "lost_shown_events": self.lost_shown_events, "shown_events": self.shown_events,
             "drain_failures": self.faults.drain_failures,
@@ -388,6 +434,89 @@ fn lost_shown<'a>(shown: &[&'a Shown], run_id: &str, events: &[Value]) -> Vec<&'
         .collect()
 }
 
+/// Wall-clock milliseconds since the Unix epoch (what the server stamps `startedAt` and `finishedAt` with).
+pub(super) fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// SPEC §5.1's promises for queued (`enqueue`) and interrupting messages: each is the request of a run of
+/// its own, which started once the run it waited behind had ended (an interrupted one `stopped_soft`),
+/// and on one thread, a message sent after another's answer came runs after that one's run ended.
+fn check_queues(
+    v: &mut Verdict,
+    sent: &[Sent],
+    runs: &BTreeMap<String, Value>,
+    requests: &HashMap<String, String>,
+    found: &HashMap<String, Vec<(String, String)>>,
+) {
+    let time = |id: &str, field: &str| runs.get(id).and_then(|r| r[field].as_i64());
+    let mut own: Vec<(&Sent, &str)> = Vec::new();
+    for s in sent {
+        let Answer::Accepted {
+            outcome,
+            run_id: behind,
+        } = &s.answer
+        else {
+            continue;
+        };
+        if !matches!(outcome.as_str(), "queued" | "interrupting") {
+            continue;
+        }
+        if found.get(&s.nonce).is_none_or(Vec::is_empty) {
+            continue; // counted as a lost input
+        }
+        let Some(run) = requests.get(&s.nonce).filter(|r| *r != behind) else {
+            v.queue_breaches += 1;
+            v.details.push(format!(
+                "{outcome} message {} (behind {behind}) is not the request of a run of its own",
+                s.nonce
+            ));
+            continue;
+        };
+        if let (Some(start), Some(end)) = (time(run, "startedAt"), time(behind, "finishedAt")) {
+            if start < end {
+                v.queue_breaches += 1;
+                v.details.push(format!(
+                    "{outcome} message {}: its run {run} started at {start}, before {behind} ended at {end}",
+                    s.nonce
+                ));
+            }
+        }
+        if outcome == "interrupting" {
+            let status = runs.get(behind.as_str()).map(|r| r["status"].clone());
+            if status.as_ref().and_then(Value::as_str) != Some("stopped_soft") {
+                v.interrupts_not_stopped += 1;
+                v.details.push(format!(
+                    "run {behind}, interrupted by {}, ended {status:?}",
+                    s.nonce
+                ));
+            }
+        }
+        own.push((s, run));
+    }
+    for (a, run_a) in &own {
+        for (b, run_b) in &own {
+            if a.thread_key != b.thread_key || a.answered_ms >= b.sent_ms {
+                continue;
+            }
+            if let (Some(end_a), Some(start_b)) =
+                (time(run_a, "finishedAt"), time(run_b, "startedAt"))
+            {
+                if start_b < end_a {
+                    v.queue_out_of_order += 1;
+                    v.details.push(format!(
+                        "queued {} was sent after {} was answered, but its run {run_b} started at {start_b}, before {run_a} ended at {end_a}",
+                        b.nonce, a.nonce
+                    ));
+                }
+            }
+        }
+    }
+}
+
 /// Every `nonce=` token in a text.
 fn nonces_in(text: &str) -> Vec<&str> {
     text.match_indices("nonce=")
@@ -436,8 +565,10 @@ pub(super) async fn verify(
         match &s.answer {
             Answer::Accepted { outcome, .. } => {
                 v.accepted += 1;
-                if outcome == "steered" {
-                    v.steered += 1;
+                match outcome.as_str() {
+                    "steered" => v.steered += 1,
+                    "queued" | "interrupting" => v.queued += 1,
+                    _ => {}
                 }
             }
             Answer::Refused { .. } => v.refused += 1,
@@ -501,6 +632,8 @@ pub(super) async fn verify(
     // `input` event of a message a run did read apart from a message no run ever read.
     let mut answered: HashMap<String, String> = HashMap::new();
     let mut slack_runs: Vec<(String, Vec<Value>)> = Vec::new();
+    // The run each message started as its request (its own run).
+    let mut requests: HashMap<String, String> = HashMap::new();
     for (id, run) in &runs {
         let events = events_all(http, fleet, id)
             .await
@@ -525,6 +658,11 @@ pub(super) async fn verify(
                     }
                 }
                 Some("input") => {
+                    if e["source"] == "request" {
+                        for n in nonces_in(e["text"].as_str().unwrap_or("")) {
+                            requests.insert(n.to_owned(), id.clone());
+                        }
+                    }
                     for n in nonces_in(e["text"].as_str().unwrap_or("")) {
                         let thread = run["threadKey"].as_str().unwrap_or("").to_owned();
                         found
@@ -621,6 +759,7 @@ pub(super) async fn verify(
             ));
         }
     }
+    check_queues(&mut v, sent, &runs, &requests, &found);
     v.unknown_nonces = found
         .keys()
         .filter(|n| !by_nonce.contains_key(n.as_str()))

@@ -532,6 +532,45 @@ impl StorageHandle {
             .await
     }
 
+    /// Park or resume a run on approvals (SPEC §13): its events (`approval_requested`, or
+    /// `approval_decided`) and the owner's phase change with its state patch, in one transaction — a
+    /// run never waits on a request nobody can see, and never runs a call whose decision is unrecorded.
+    pub async fn change_phase(
+        &self,
+        run_id: String,
+        gen: String,
+        change: crate::ledger::decisions::PhaseChange,
+        events: Vec<serde_json::Value>,
+        patch: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Outcome<crate::ledger::Phase>> {
+        self.transact(move |b, _| {
+            atomic(
+                b,
+                |b| {
+                    if !events.is_empty() {
+                        if let Err(refusal) = b.append(&run_id, &gen, &events)? {
+                            return Ok(Err(refusal));
+                        }
+                    }
+                    b.set_phase(&run_id, &gen, change, &patch)
+                },
+                |out| out.is_ok(),
+            )
+        })
+        .await
+    }
+
+    /// A person's decision on a call awaiting approval (any process; SPEC §13).
+    pub async fn decide(
+        &self,
+        run_id: String,
+        call_id: String,
+        decided: crate::ledger::Decided,
+    ) -> Result<Outcome<crate::ledger::DecideAnswer>> {
+        self.transact(move |b, now| b.decide(&run_id, &call_id, &decided, now))
+            .await
+    }
+
     pub async fn handoff(
         &self,
         gen: String,
@@ -633,8 +672,41 @@ impl StorageHandle {
         self.transact(move |b, now| b.kill(&run_id, now)).await
     }
 
-    pub async fn purge(&self, run_id: String) -> Result<bool> {
-        self.transact(move |b, _| b.purge(&run_id)).await
+    /// Purge a killed run (see [`RunLedger::purge`]); in the same transaction, the messages queued
+    /// behind it (`enqueue`, `interrupt`: SPEC §5.1) start `successor` on the thread it freed — a kill
+    /// deletes the run and what steered it, never the runs waiting their turn. Whether a successor was
+    /// admitted shows as its live row.
+    pub async fn purge(
+        &self,
+        run_id: String,
+        gen: String,
+        successor: Option<Successor>,
+    ) -> Result<bool> {
+        self.transact(move |b, now| {
+            atomic(
+                b,
+                |b| {
+                    let plan = match (&successor, b.get_live(&run_id)?) {
+                        (Some(succ), Some(row)) => {
+                            let queued: Vec<_> = b
+                                .inbox_after(&run_id, None)?
+                                .into_iter()
+                                .filter(crate::ledger::InboxItem::queued)
+                                .collect();
+                            crate::ledger::successor_admission(&row, &gen, &queued, succ, now)
+                        }
+                        _ => None,
+                    };
+                    let purged = b.purge(&run_id)?;
+                    if let (true, Some(plan)) = (purged, plan) {
+                        admit_successor(b, &gen, &plan, now)?;
+                    }
+                    Ok(purged)
+                },
+                |_| true,
+            )
+        })
+        .await
     }
 
     /// Through the storage actor's queue, not a reader: the check a run makes right before its webhook
@@ -794,7 +866,7 @@ impl StorageHandle {
 /// The unread follow-ups are read before the ledger's `finish`, which deletes every inbox row of the run;
 /// the successor carries them in its own request, so nothing of the finished run's inbox is needed
 /// after this transaction, and nothing of it stays behind.
-fn finish_in(
+pub fn finish_in(
     b: &mut dyn Backend,
     gen: &str,
     record: &RunRecord,
@@ -806,37 +878,53 @@ fn finish_in(
     atomic(
         b,
         |b| {
-            let admission = match successor {
+            let plan = match successor {
                 None => None,
                 Some(succ) => match b.get_live(id)? {
                     None => None,
                     Some(row) => {
                         let stepped = b.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
                         let consumed = stepped.max(succ.inbox_consumed);
-                        let unread = b.inbox_after(id, consumed)?;
-                        crate::ledger::successor_admission(&row, gen, &unread, succ, now_ms)
+                        let waiting = crate::ledger::waiting(b.inbox_after(id, None)?, consumed);
+                        crate::ledger::successor_admission(&row, gen, &waiting, succ, now_ms)
                     }
                 },
             };
             let out = b.finish(id, gen, record, proposal, now_ms)?;
-            if let (Ok(_), Some((admit, events))) = (&out, admission) {
-                match b.admit(&admit, now_ms)? {
-                    AdmitOutcome::Started { .. } => {
-                        b.append(&admit.run_id, gen, &events)?.map_err(|r| {
-                            Error::Unavailable(format!("successor events refused: {r}"))
-                        })?;
-                    }
-                    other => {
-                        return Err(Error::Unavailable(format!(
-                            "successor not admitted: {other:?}"
-                        )))
-                    }
-                }
+            if let (Ok(_), Some(plan)) = (&out, plan) {
+                admit_successor(b, gen, &plan, now_ms)?;
             }
             Ok(out)
         },
         |out| out.is_ok(),
     )
+}
+
+/// Inside a transaction that just freed the thread: admit the successor, append its first events and
+/// carry the messages waiting behind it onto its inbox, in order. Anything refused is an error, so the
+/// caller's transaction rolls back whole and nothing waiting is lost.
+fn admit_successor(
+    b: &mut dyn Backend,
+    gen: &str,
+    plan: &crate::ledger::SuccessorPlan,
+    now_ms: i64,
+) -> Result<()> {
+    let id = &plan.admit.run_id;
+    match b.admit(&plan.admit, now_ms)? {
+        AdmitOutcome::Started { .. } => {}
+        other => {
+            return Err(Error::Unavailable(format!(
+                "successor not admitted: {other:?}"
+            )))
+        }
+    }
+    b.append(id, gen, &plan.events)?
+        .map_err(|r| Error::Unavailable(format!("successor events refused: {r}")))?;
+    for message in &plan.carried {
+        b.push_inbox(id, message)?
+            .map_err(|r| Error::Unavailable(format!("successor inbox refused: {r}")))?;
+    }
+    Ok(())
 }
 
 /// A step's turns, its events and then its record, in that order (the body of [`StorageHandle::durable_step`]).

@@ -71,6 +71,7 @@ fn admission(thread: &str, run_id: &str, key: Option<&str>) -> Admit {
         }),
         lease_ms: 30_000,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     }
 }
 

@@ -40,6 +40,7 @@ fn admission(run_id: &str, text: &str) -> Admit {
         key: None,
         lease_ms: 30_000,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     }
 }
 
@@ -249,6 +250,167 @@ async fn a_finish_admits_one_successor_for_the_unread_inbox_in_the_same_transact
             (1, 0, 0, 0),
             "{name}: {rows:?}"
         );
+    }
+}
+
+fn queued(text: &str) -> Value {
+    json!({"thread": "t", "channel": "c", "user": "u9", "text": text, "strategy": "enqueue"})
+}
+
+fn successor(run_id: &str) -> Successor {
+    Successor {
+        run_id: run_id.into(),
+        lease_ms: 30_000,
+        inbox_consumed: None,
+    }
+}
+
+/// The texts of a run's `input` events with their sources.
+async fn inputs(h: &StorageHandle, run_id: &str) -> Vec<(String, String)> {
+    h.live_events(run_id.into(), 0, 100)
+        .await
+        .unwrap()
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| e["type"] == "input")
+        .map(|e| {
+            (
+                e["text"].as_str().unwrap().into(),
+                e["source"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// SPEC §5.1 enqueue: each queued message starts its own run in turn — the first queued message is the
+/// successor's request, and what waits behind it moves onto the successor's inbox, in order, so the queue
+/// goes on through every finish. Late steering messages ahead of it are answered first, together.
+#[actix_rt::test]
+async fn queued_messages_start_one_run_each_in_order_through_the_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        go_live(&h, "r1").await;
+        for message in [
+            queued("q1"),
+            request("late steer", "u2"),
+            queued("q2"),
+            queued("q3"),
+        ] {
+            h.push_inbox("r1".into(), message).await.unwrap().unwrap();
+        }
+        // r1 folded nothing: q1 is next, the steer rides along on q1's run, q2 and q3 wait their turn.
+        h.finish(GEN.into(), record("r1"), None, Some(successor("r2")))
+            .await
+            .unwrap()
+            .unwrap();
+        let row = h.get_live("r2".into()).await.unwrap().expect("q1's run");
+        assert_eq!(row.meta["request"]["text"], "q1", "{name}");
+        assert_eq!(row.meta["userId"], "u9", "{name}");
+        assert_eq!(
+            inputs(&h, "r2").await,
+            [("q1".into(), "request".into())],
+            "{name}"
+        );
+        let carried = h.read_inbox("r2".into(), None).await.unwrap().unwrap();
+        let texts: Vec<(&str, bool)> = carried
+            .iter()
+            .map(|i| (i.message["text"].as_str().unwrap(), i.queued()))
+            .collect();
+        assert_eq!(
+            texts,
+            [("late steer", false), ("q2", true), ("q3", true)],
+            "{name}"
+        );
+
+        // r2 folds the steer (its cursor passes q2's seq too); q2 still starts next, then q3.
+        let mut r2 = record("r2");
+        r2.head.id = "r2".into();
+        h.claim(
+            "r2".into(),
+            GEN.into(),
+            Promotion {
+                system_text: "s".into(),
+                tools: json!([]),
+                state: Default::default(),
+                lease_ms: 30_000,
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let consumed = carried.iter().map(|i| i.seq).max();
+        h.finish(
+            GEN.into(),
+            r2,
+            None,
+            Some(Successor {
+                inbox_consumed: consumed,
+                ..successor("r3")
+            }),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            inputs(&h, "r3").await,
+            [("q2".into(), "request".into())],
+            "{name}"
+        );
+        let left = h.read_inbox("r3".into(), None).await.unwrap().unwrap();
+        assert_eq!(left.len(), 1, "{name}");
+        assert_eq!(left[0].message["text"], "q3", "{name}");
+    }
+}
+
+/// SPEC §5.1: a kill deletes the run and what steered it, never the messages queued behind it — the
+/// purge starts the first of them on the thread it frees, in the same transaction.
+#[actix_rt::test]
+async fn a_purge_hands_the_queue_to_a_successor_and_drops_the_steering_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        go_live(&h, "r1").await;
+        for message in [request("steer", "u2"), queued("q1"), queued("q2")] {
+            h.push_inbox("r1".into(), message).await.unwrap().unwrap();
+        }
+        h.kill("r1".into()).await.unwrap();
+        assert!(
+            h.purge("r1".into(), GEN.into(), Some(successor("r2")))
+                .await
+                .unwrap(),
+            "{name}"
+        );
+        assert_eq!(h.get_live("r1".into()).await.unwrap(), None, "{name}");
+        assert_eq!(
+            inputs(&h, "r2").await,
+            [("q1".into(), "request".into())],
+            "{name}"
+        );
+        let left = h.read_inbox("r2".into(), None).await.unwrap().unwrap();
+        assert_eq!(
+            left.iter()
+                .map(|i| i.message["text"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            ["q2"],
+            "{name}: the steer died with its run"
+        );
+        // The next kill hands on q2; the one after that has nothing queued and admits nothing.
+        h.kill("r2".into()).await.unwrap();
+        assert!(h
+            .purge("r2".into(), GEN.into(), Some(successor("r3")))
+            .await
+            .unwrap());
+        assert_eq!(
+            inputs(&h, "r3").await,
+            [("q2".into(), "request".into())],
+            "{name}"
+        );
+        h.kill("r3".into()).await.unwrap();
+        assert!(h
+            .purge("r3".into(), GEN.into(), Some(successor("r4")))
+            .await
+            .unwrap());
+        assert_eq!(h.get_live("r4".into()).await.unwrap(), None, "{name}");
+        assert_eq!(h.table_rows().await.unwrap().live_runs, 0, "{name}");
     }
 }
 

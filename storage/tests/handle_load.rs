@@ -30,6 +30,7 @@ fn admission(run_id: &str, thread: &str, now: i64) -> Admit {
         key: None,
         lease_ms: LEASE_MS,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     }
 }
 

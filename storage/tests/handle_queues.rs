@@ -269,6 +269,7 @@ async fn prune_dead_takes_only_dead_idle_old_generations_and_receipts_past_the_c
             }),
             lease_ms: 30_000,
             writer: None,
+            strategy: storage::ledger::Strategy::Steer,
         };
         assert_eq!(
             h.admit(admit, NOW).await.unwrap(),

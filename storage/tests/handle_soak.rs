@@ -50,6 +50,7 @@ fn admission(run_id: &str, thread: &str, keyed: bool) -> Admit {
         }),
         lease_ms: LEASE,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     }
 }
 

@@ -69,6 +69,7 @@ fn admission(thread: &str, gen: &str, run_id: &str, text: &str) -> Admit {
         key: None,
         lease_ms: LEASE,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     }
 }
 
@@ -1469,6 +1470,240 @@ fn handoff_marks_only_this_generations_live_rows<S: Ledger>(s: &mut S) {
     // The owner still heartbeats it and sees the phase.
     let hb = s.heartbeat("r-live", G1, LEASE, NOW + 1).unwrap().unwrap();
     assert_eq!(hb.phase, Phase::Handoff);
+}
+
+/// SPEC §5.1: what a message does on a busy thread, by strategy — and on an idle one, whatever it is.
+fn a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says<S: Ledger>(s: &mut S) {
+    use storage::ledger::Strategy;
+    let with = |strategy: Strategy, run: &str, text: &str| Admit {
+        strategy,
+        request: json!({"thread": "t1", "channel": "C1", "user": "U1", "text": text,
+            "strategy": strategy.as_str()}),
+        ..admission("C1:t1", G1, run, text)
+    };
+    // An idle thread starts a run whatever the strategy.
+    assert_eq!(
+        s.admit(&with(Strategy::Reject, "run-a", "first"), NOW)
+            .unwrap(),
+        started("run-a")
+    );
+    promote(s, "run-a", G1, NOW);
+
+    // reject: nothing written, no receipt either.
+    let rejected = keyed(with(Strategy::Reject, "x1", "no"), "tok", "k-reject", "h");
+    assert_eq!(
+        s.admit(&rejected, NOW).unwrap(),
+        AdmitOutcome::Rejected {
+            run_id: "run-a".into()
+        }
+    );
+    assert_eq!(s.read_inbox("run-a", None).unwrap(), Ok(vec![]));
+
+    // enqueue: into the inbox, marked queued, with its place in the queue.
+    let queued = |run: &str, position| AdmitOutcome::Queued {
+        run_id: run.into(),
+        position,
+    };
+    assert_eq!(
+        s.admit(&with(Strategy::Enqueue, "x2", "q1"), NOW).unwrap(),
+        queued("run-a", 1)
+    );
+    assert_eq!(
+        s.admit(&with(Strategy::Steer, "x3", "s1"), NOW).unwrap(),
+        steered("run-a", 2)
+    );
+    let keyed_enqueue = keyed(with(Strategy::Enqueue, "x4", "q2"), "tok", "k-q2", "h");
+    assert_eq!(s.admit(&keyed_enqueue, NOW).unwrap(), queued("run-a", 2));
+    assert_eq!(
+        s.admit(&keyed_enqueue, NOW + 1).unwrap(),
+        queued("run-a", 2),
+        "a keyed retry answers the stored answer and queues nothing more"
+    );
+    let inbox = s.read_inbox("run-a", None).unwrap().unwrap();
+    assert_eq!(
+        inbox.iter().map(InboxItem::queued).collect::<Vec<_>>(),
+        [true, false, true]
+    );
+    let steering: Vec<u64> = storage::ledger::steering(inbox)
+        .iter()
+        .map(|i| i.seq)
+        .collect();
+    assert_eq!(steering, [2], "a run folds only the steering messages");
+    assert_eq!(live_row(s, "run-a").stop, None, "enqueue stops nothing");
+
+    // interrupt: queued too, and a soft stop recorded in the same transaction.
+    assert_eq!(
+        s.admit(&with(Strategy::Interrupt, "x5", "now this"), NOW)
+            .unwrap(),
+        AdmitOutcome::Interrupting {
+            run_id: "run-a".into(),
+            position: 3
+        }
+    );
+    assert_eq!(live_row(s, "run-a").stop, Some(StopMode::Soft));
+
+    // Past its gate no stop reaches the run: an interrupt only queues.
+    go_live(s, "run-b", "C1:t2", G1, NOW);
+    assert_eq!(
+        s.finishing("run-b", G1, RunStatus::Completed, Some("done"))
+            .unwrap(),
+        Ok(())
+    );
+    let late = Admit {
+        thread_key: "C1:t2".into(),
+        ..with(Strategy::Interrupt, "x6", "late")
+    };
+    assert_eq!(s.admit(&late, NOW).unwrap(), queued("run-b", 1));
+    assert_eq!(live_row(s, "run-b").stop, None);
+}
+
+/// SPEC §13: a run parks on its approvals and resumes from them; a decision from any generation lands
+/// once (the first wins), is never undone by the owner's later write of what it read before, and is
+/// refused for a call the run does not await and once the run is past its gate.
+fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
+    use storage::ledger::decisions::PhaseChange;
+    use storage::ledger::{approvals_patch, Approval, Approvals, Decided, Decision};
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let pending = Approval {
+        tool: "append_file".into(),
+        requested_at: NOW,
+        deadline: NOW + 1000,
+        decided: None,
+        released: false,
+    };
+    let asked: Approvals = [("call-1".to_owned(), pending.clone())].into();
+    assert_eq!(
+        s.set_phase("run-a", G1, PhaseChange::Park, &approvals_patch(&asked))
+            .unwrap(),
+        Ok(Phase::AwaitingApproval)
+    );
+    assert_eq!(
+        s.set_phase("run-a", G2, PhaseChange::Unpark, &Map::new())
+            .unwrap(),
+        Err(fenced("run-a")),
+        "only the owner parks and unparks"
+    );
+    let yes = |who: &str| Decided {
+        decision: Decision::Approve,
+        who: who.into(),
+        note: None,
+        at: NOW + 5,
+    };
+    // Any generation may decide; the first decision wins.
+    let answer = s
+        .decide("run-a", "call-1", &yes("token:ops"), NOW + 5)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (answer.owner_gen.as_str(), answer.owner_lease_live),
+        (G1, true)
+    );
+    let again = s
+        .decide(
+            "run-a",
+            "call-1",
+            &Decided {
+                decision: Decision::Deny,
+                ..yes("timeout")
+            },
+            NOW + 6,
+        )
+        .unwrap();
+    assert!(
+        matches!(&again, Err(Refusal::AlreadyDecided { decided, .. }) if decided.who == "token:ops"),
+        "{again:?}"
+    );
+    assert!(matches!(
+        s.decide("run-a", "call-9", &yes("x"), NOW).unwrap(),
+        Err(Refusal::UnknownCall { .. })
+    ));
+    assert_eq!(
+        s.decide("no-run", "call-1", &yes("x"), NOW).unwrap(),
+        Err(not_live("no-run"))
+    );
+    // The owner parks again with what it read before the decision: the decision stays.
+    assert_eq!(
+        s.set_phase("run-a", G1, PhaseChange::Park, &approvals_patch(&asked))
+            .unwrap(),
+        Ok(Phase::AwaitingApproval)
+    );
+    let row = live_row(s, "run-a");
+    assert_eq!(row.approvals()["call-1"].decided, Some(yes("token:ops")));
+    let mut released = row.approvals();
+    released.get_mut("call-1").unwrap().released = true;
+    assert_eq!(
+        s.set_phase(
+            "run-a",
+            G1,
+            PhaseChange::Unpark,
+            &approvals_patch(&released)
+        )
+        .unwrap(),
+        Ok(Phase::Live)
+    );
+    let row = live_row(s, "run-a");
+    assert!(row.approvals()["call-1"].released);
+    assert_eq!(row.phase, Phase::Live);
+    // Past the gate, a decision is refused.
+    s.set_phase(
+        "run-a",
+        G1,
+        PhaseChange::Park,
+        &approvals_patch(&[("call-2".to_owned(), pending)].into()),
+    )
+    .unwrap()
+    .unwrap();
+    s.finishing("run-a", G1, RunStatus::StoppedSoft, None)
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        s.decide("run-a", "call-2", &yes("x"), NOW).unwrap(),
+        Err(Refusal::WrongPhase {
+            phase: Phase::Finishing,
+            ..
+        })
+    ));
+}
+
+/// SPEC §5.1 / §5.6: a stop recorded before the finishing gate wins over a `completed` the run decided
+/// without hearing of it; the gate commits nothing then, and any other status goes through.
+fn a_stop_recorded_before_the_gate_refuses_a_completed_gate<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    s.request_stop("run-a", StopMode::Soft, NOW)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.finishing("run-a", G1, RunStatus::Completed, Some("the answer"))
+            .unwrap(),
+        Err(Refusal::StopPending {
+            run_id: "run-a".into(),
+            mode: StopMode::Soft
+        })
+    );
+    let row = live_row(s, "run-a");
+    assert_eq!(
+        (row.phase, row.gated()),
+        (Phase::Live, false),
+        "nothing committed"
+    );
+    assert_eq!(
+        s.finishing("run-a", G1, RunStatus::StoppedSoft, Some("the answer"))
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        live_row(s, "run-a").final_status(),
+        Some(RunStatus::StoppedSoft)
+    );
+    // A failure stands whatever stop is recorded.
+    go_live(s, "run-b", "C1:t2", G1, NOW);
+    s.request_stop("run-b", StopMode::Hard, NOW)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.finishing("run-b", G1, RunStatus::Failed, None).unwrap(),
+        Ok(())
+    );
 }
 
 fn finishing_commits_status_and_answer_once<S: Ledger>(s: &mut S) {
@@ -3057,6 +3292,9 @@ contract!(
     request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owner_lease_is_live,
     handoff_marks_only_this_generations_live_rows,
     finishing_commits_status_and_answer_once,
+    a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says,
+    a_stop_recorded_before_the_gate_refuses_a_completed_gate,
+    approvals_park_decide_once_and_unpark,
     handoff_then_finishing_is_allowed_for_the_owner,
     finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once,
     finish_by_a_zombie_generation_after_a_reclaim_is_fenced_and_changes_nothing,
@@ -3371,6 +3609,7 @@ mod kill {
             key: None,
             lease_ms: 30_000,
             writer: None,
+            strategy: storage::ledger::Strategy::Steer,
         };
         assert_eq!(
             s.admit(&a, NOW).unwrap(),
@@ -3441,7 +3680,8 @@ mod kill {
                     meta: json!({}),
                     key: None,
                     lease_ms: 1,
-                    writer: None
+                    writer: None,
+                    strategy: storage::ledger::Strategy::Steer,
                 },
                 NOW + 5
             )
@@ -3518,6 +3758,7 @@ mod receipt_limit {
             }),
             lease_ms: 30_000,
             writer: None,
+            strategy: storage::ledger::Strategy::Steer,
         }
     }
 

@@ -54,6 +54,7 @@ async fn live_run(h: &StorageHandle, run_id: &str) {
         key: None,
         lease_ms: 60_000,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     };
     h.admit(admit, h.clock().now_ms()).await.unwrap();
     let promotion = Promotion {

@@ -144,6 +144,7 @@ fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
         key: None,
         lease_ms: 30_000,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     };
     assert_eq!(
         s.admit(&admit, NOW).unwrap(),

@@ -275,6 +275,7 @@ async fn a_durable_step_commits_its_turns_and_record_together_or_not_at_all() {
         key: None,
         lease_ms: 30_000,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     };
     h.admit(admit, NOW).await.unwrap();
     let p = Promotion {
@@ -824,6 +825,7 @@ fn expire_removes_event_rows_nobody_owns_a_bounded_amount_a_pass() {
         key: None,
         lease_ms: 30_000,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     };
     s.admit(&admit, NOW).unwrap();
     let p = Promotion {

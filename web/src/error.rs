@@ -45,6 +45,9 @@ pub enum ApiError {
     Draining,
     #[error("the thread's run is finishing; try again")]
     ThreadBusy,
+    /// `strategy: "reject"` on a thread with a live run (SPEC §5.1): 409 `thread_busy`, nothing written.
+    #[error("the thread has a live run and the message's strategy is reject")]
+    ThreadLive,
     /// A signed webhook (Slack, SPEC §12) without a valid signature: missing, garbled or not matching.
     /// Nothing it asked for is done.
     #[error("{0}")]
@@ -77,7 +80,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Draining => "draining",
-            ApiError::ThreadBusy => "thread_busy",
+            ApiError::ThreadBusy | ApiError::ThreadLive => "thread_busy",
             ApiError::BadSignature(_) => "bad_signature",
             ApiError::StaleTimestamp(_) => "stale_timestamp",
         }
@@ -119,9 +122,10 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Conflict(_) | ApiError::KeyConflict | ApiError::RequestTruncated(_) => {
-                StatusCode::CONFLICT
-            }
+            ApiError::Conflict(_)
+            | ApiError::KeyConflict
+            | ApiError::RequestTruncated(_)
+            | ApiError::ThreadLive => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unavailable(_) | ApiError::Draining | ApiError::ThreadBusy => {
                 StatusCode::SERVICE_UNAVAILABLE

@@ -58,6 +58,11 @@ pub struct MessageBody {
     #[serde(rename = "parentRunId")]
     #[schema(pattern = r"^[A-Za-z0-9_-]{1,64}$")]
     pub parent_run_id: Option<String>,
+    /// What the message does when its thread has a live run (default: the agent's `strategy`, else
+    /// `[defaults] strategy`, else `steer`): `steer` into its inbox, `enqueue` for a run of its own
+    /// after it, `reject` (409 `thread_busy`), or `interrupt` (soft-stop it, then run). An idle thread
+    /// starts a run whatever the strategy.
+    pub strategy: Option<storage::ledger::Strategy>,
 }
 
 /// A channel's visibility, as a message states it.
@@ -76,6 +81,8 @@ pub enum Visibility {
 pub enum StatusParam {
     All,
     Active,
+    /// Unfinished runs parked on a tool call awaiting a person's approval.
+    AwaitingApproval,
     Finished,
     Completed,
     Failed,
@@ -96,20 +103,59 @@ pub enum IncludeParam {
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Admission {
-    /// `started` or `steered`.
     #[schema(example = "started")]
-    pub outcome: String,
+    pub outcome: AdmissionOutcome,
+    /// The run started or steered; for `queued` and `interrupting`, the live run the message waits behind.
     pub run_id: String,
     /// The run's live view: `{public_base_url}/runs/{id}?token=…`.
     pub live_url: String,
     /// `steered` only: the follow-up's inbox seq.
     pub seq: Option<u64>,
+    /// `queued` and `interrupting` only: the message's place among those waiting on the thread (from 1).
+    #[schema(minimum = 1)]
+    pub position: Option<u64>,
+}
+
+/// What admission did with a message (SPEC §5.1).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionOutcome {
+    /// A new run on an idle thread.
+    Started,
+    /// Into the live run's inbox (`steer`).
+    Steered,
+    /// Waiting for a run of its own after the live one (`enqueue`).
+    Queued,
+    /// The live run is soft-stopped; the message runs next (`interrupt`).
+    Interrupting,
 }
 
 /// `POST /api/runs/{id}/stop`'s body; an empty body is a soft stop.
 #[derive(Serialize, ToSchema)]
 pub struct StopBody {
     pub mode: Option<storage::ledger::StopMode>,
+}
+
+/// `POST /api/runs/{id}/approvals/{callId}`'s body (SPEC §13).
+#[derive(Serialize, ToSchema)]
+pub struct DecisionBody {
+    pub decision: storage::ledger::Decision,
+    /// Shown to the model with a denial, and in the run's events.
+    #[schema(max_length = 2000)]
+    pub note: Option<String>,
+}
+
+/// A decision as committed.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionTaken {
+    pub run_id: String,
+    pub call_id: String,
+    pub decision: storage::ledger::Decision,
+    /// `token:<name>`, `capability` or `slack:<user>`.
+    pub who: String,
+    pub note: Option<String>,
+    pub at: i64,
 }
 
 /// `DELETE /api/runs/{id}`'s 202.
@@ -261,6 +307,7 @@ impl Modify for BearerAuth {
         crate::routes::api::list_children,
         crate::routes::runs::stop_run,
         crate::routes::retry::retry_run,
+        crate::routes::approvals::decide,
         crate::routes::sse::stream_run,
         crate::routes::api::live,
         crate::routes::plans::start_suggestion,

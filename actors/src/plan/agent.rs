@@ -78,6 +78,7 @@ impl AgentPlanProvider {
             visibility: Some("machine".to_owned()),
             parent_run_id: None,
             source: Default::default(),
+            strategy: None,
         };
         let admitted = self
             .supervisor
@@ -91,7 +92,7 @@ impl AgentPlanProvider {
             .map_err(|e| ProviderError::Rejected(format!("admission refused: {e}")))?;
         let run_id = match admitted {
             Admitted::Started { run_id, .. } => run_id,
-            Admitted::Steered { run_id, .. } => {
+            Admitted::Steered { run_id, .. } | Admitted::Queued { run_id, .. } => {
                 return Err(ProviderError::Rejected(format!(
                     "the plan thread was already live with run {run_id}"
                 )))

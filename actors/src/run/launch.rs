@@ -408,6 +408,18 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
             }
         }
     }
+    // A step parked on approvals (SPEC §13): while one of its calls needing approval is not released,
+    // none of the step's calls ran, so the run waits again (the gate requests only what was never
+    // requested, and applies a decision taken while no process held the run).
+    let approvals = row.approvals();
+    let waiting = calls.iter().any(|c| {
+        run.needs_approval(&c.tool) && !approvals.get(&c.call_id).is_some_and(|a| a.released)
+    });
+    if waiting {
+        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
+        run.current = last_assistant;
+        return Launched::Run(Box::new(run), Started::Approve);
+    }
     let fresh_calls = matches!(a.point, ResumePoint::RunStepFresh { .. });
     let how: Vec<Settlement> = calls
         .iter()
@@ -441,6 +453,19 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
         let tools = ToolRunner::of(&run);
         let mut results = Vec::with_capacity(calls.len());
         for (call, how) in calls.iter().zip(how) {
+            // A released denial is the call's result whatever its settlement: it never ran.
+            let denied = approvals
+                .get(&call.call_id)
+                .and_then(|a| a.decided.as_ref())
+                .filter(|d| d.decision == storage::ledger::Decision::Deny);
+            if let Some(d) = denied {
+                let (result, event) = tools.denied(call, d);
+                results.push(result);
+                if let Some(event) = event {
+                    run.keep(event);
+                }
+                continue;
+            }
             match how.synthetic_text() {
                 None => {
                     let (result, event) = tools.call(call).await;

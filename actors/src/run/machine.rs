@@ -90,6 +90,8 @@ pub enum Started {
     Finish(String),
     /// The run cannot go on (an unreadable plan, a missing workspace): conclude `failed`.
     Fail(String),
+    /// A resume of a step parked on approvals: wait again, then run the step's calls (SPEC §13).
+    Approve,
     /// Past its finishing gate with this status and answer, the reply not yet sent: gate again (the
     /// committed gate answers as `Ok`), then reply and record.
     Gated {
@@ -119,9 +121,16 @@ pub enum Msg {
         unread: usize,
     },
     ToolsDone,
+    /// A stop recorded on the row ended the step's wait for approval: none of its calls ran (SPEC §13).
+    WaitStopped(StopMode),
+    /// Storage stayed unavailable past the lease while the step waited for approval.
+    ToolsLost,
     /// The boundary write and `handoff` answered; `false` when refused.
     HandedOff(bool),
     Gate(Written),
+    /// The gate of a `completed` run found this stop recorded before it (an `interrupt`, or a stop
+    /// whose signal had not reached the run yet): conclude again under it.
+    GateStopped(StopMode),
     /// The reply went out (or no webhook is configured); `killed` when the kill check before the
     /// webhook found a deletion fence; `failed` when the webhook did not take it.
     Replied {
@@ -277,6 +286,11 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             }
             Started::Finish(text) => conclude(&mut s, &mut fx, Some(Ending::Answer(text.clone()))),
             Started::Fail(why) => conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone()))),
+            Started::Approve => {
+                s.calls = true;
+                s.phase = Phase::Tools;
+                fx.push(Effect::RunTools);
+            }
             Started::Gated { status, answer } => {
                 s.status = Some(*status);
                 s.answer = answer.clone();
@@ -356,6 +370,15 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             s.phase = Phase::Boundary;
             fx.push(Effect::NextStep);
         }
+        (Msg::WaitStopped(mode), Phase::Tools) => {
+            s.stop = Some(storage::ledger::decisions::strongest_stop(s.stop, *mode));
+            if !s.announced.contains(mode) {
+                s.announced.push(*mode);
+                fx.push(Effect::AnnounceStop(*mode));
+            }
+            conclude(&mut s, &mut fx, None);
+        }
+        (Msg::ToolsLost, Phase::Tools) => end(&mut s, &mut fx, End::StorageLost),
         (Msg::HandedOff(ok), Phase::HandingOff) => {
             end(
                 &mut s,
@@ -377,6 +400,16 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             Written::Ok | Written::Fenced => end(&mut s, &mut fx, End::Fenced),
             Written::Lost => end(&mut s, &mut fx, End::StorageLost),
         },
+        (Msg::GateStopped(mode), Phase::Gating) if !s.fenced => {
+            s.stop = Some(storage::ledger::decisions::strongest_stop(s.stop, *mode));
+            if !s.announced.contains(mode) {
+                s.announced.push(*mode);
+                fx.push(Effect::AnnounceStop(*mode));
+            }
+            let ending = s.answer.take().map(Ending::Answer);
+            conclude(&mut s, &mut fx, ending);
+        }
+        (Msg::GateStopped(_), Phase::Gating) => end(&mut s, &mut fx, End::Fenced),
         (Msg::Replied { killed, failed }, Phase::Replying) => {
             if *killed || s.fenced {
                 end(&mut s, &mut fx, End::Fenced);
@@ -491,6 +524,7 @@ mod tests {
             ("started goes to the first step",          at(P::Starting), Msg::Started(Started::Continue), vec![E::NextStep], P::Boundary),
             ("a finish plan skips the model",           at(P::Starting), Msg::Started(Started::Finish("a".into())), vec![gate(S::Completed, Some("a"))], P::Gating),
             ("a failed launch fails the run",           at(P::Starting), Msg::Started(Started::Fail("no workspace".into())), vec![E::PublishFailure("no workspace".into()), gate(S::Failed, None)], P::Gating),
+            ("a parked step waits again",               at(P::Starting), Msg::Started(Started::Approve), vec![E::RunTools], P::Tools),
             ("a gated row continues at its gate",       at(P::Starting), Msg::Started(Started::Gated { status: S::StoppedSoft, answer: Some("a".into()) }), vec![gate(S::StoppedSoft, Some("a"))], P::Gating),
             ("a fenced launch ends silently",           at(P::Starting), Msg::Started(Started::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a launch without storage is lost",        at(P::Starting), Msg::Started(Started::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
@@ -521,6 +555,9 @@ mod tests {
             ("tools done: the next step",               at(P::Tools), Msg::ToolsDone, vec![E::NextStep], P::Boundary),
             ("a hard stop aborts tools",                at(P::Tools), hard.clone(), vec![E::AnnounceStop(StopMode::Hard), E::AbortInFlight, gate(S::StoppedHard, None)], P::Gating),
             ("a hard stop aborts the model call",       at(P::Calling), hard.clone(), vec![E::AnnounceStop(StopMode::Hard), E::AbortInFlight, gate(S::StoppedHard, None)], P::Gating),
+            ("a stop ends a wait for approval",         at(P::Tools), Msg::WaitStopped(StopMode::Soft), vec![E::AnnounceStop(StopMode::Soft), gate(S::StoppedSoft, None)], P::Gating),
+            ("an announced stop ends a wait once",      with(P::Tools, |s| { s.stop = Some(StopMode::Hard); s.announced = vec![StopMode::Hard]; }), Msg::WaitStopped(StopMode::Hard), vec![gate(S::StoppedHard, None)], P::Gating),
+            ("storage lost while waiting for approval", at(P::Tools), Msg::ToolsLost, vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
             ("a soft stop lets tools finish",           at(P::Tools), soft.clone(), vec![E::AnnounceStop(StopMode::Soft)], P::Tools),
             ("a hard stop waits for a write",           at(P::Writing { calls: true }), hard.clone(), vec![E::AnnounceStop(StopMode::Hard)], P::Writing { calls: true }),
             ("a written step under a hard stop runs no tools", with(P::Writing { calls: true }, |s| s.stop = Some(StopMode::Hard)), Msg::StepWritten(Written::Ok), vec![gate(S::StoppedHard, None)], P::Gating),
@@ -543,6 +580,9 @@ mod tests {
             ("gate open: reply",                        gating.clone(), Msg::Gate(Written::Ok), vec![E::Reply { status: S::Completed, answer: Some("done".into()) }], P::Replying),
             ("gate fenced: silence",                    gating.clone(), Msg::Gate(Written::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("gate unavailable past the lease",         gating.clone(), Msg::Gate(Written::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
+            ("a stop recorded before the gate concludes again", gating.clone(), Msg::GateStopped(StopMode::Soft), vec![E::AnnounceStop(StopMode::Soft), gate(S::StoppedSoft, Some("done"))], P::Gating),
+            ("a hard stop recorded before the gate",    gating.clone(), Msg::GateStopped(StopMode::Hard), vec![E::AnnounceStop(StopMode::Hard), gate(S::StoppedHard, None)], P::Gating),
+            ("a stop at the gate of a fenced run: silence", with(P::Gating, |s| { s.fenced = true; s.status = Some(S::Completed); }), Msg::GateStopped(StopMode::Soft), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a stop while finishing changes nothing",  gating.clone(), hard.clone(), vec![E::AnnounceStop(StopMode::Hard)], P::Gating),
             ("a fence while gating waits for the gate", gating.clone(), Msg::Fenced, vec![], P::Gating),
             ("a drain while finishing finishes",        gating, Msg::Drain, vec![], P::Gating),

@@ -31,6 +31,7 @@
 //! - after a fence nothing more from this process reaches the thread: no answer, no webhook, no record;
 //! - a detached run (a ledger write failed permanently) keeps running best-effort but is never resumed.
 
+mod approval;
 mod launch;
 pub mod machine;
 mod record;
@@ -53,7 +54,7 @@ use storage::ledger::{InboxItem, LiveRow, StepRecord, StopMode, Turn};
 use storage::record::RunStatus;
 use storage::{Clock, Generation, StorageHandle};
 
-use crate::agent::{self, Agent, AssistantTurn, ToolResult};
+use crate::agent::{self, Agent, AssistantTurn};
 use crate::flusher::{Flusher, Push};
 use crate::heartbeat::{Heartbeat, HeartbeatNews, Track, Untrack};
 use crate::history::HistoryWriter;
@@ -86,6 +87,10 @@ pub struct Request {
     /// Where the message came from: a chat channel's runs show a status card in their thread (SPEC §12).
     #[serde(default, skip_serializing_if = "Source::is_api")]
     pub source: Source,
+    /// What the message does on a busy thread (SPEC §5.1); `None` takes the agent's, then `[defaults]`.
+    /// Admission writes the one it resolved (omitted for `steer`), so a queued inbox item says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<storage::ledger::Strategy>,
 }
 
 /// Where an admitted message came from.
@@ -136,6 +141,14 @@ pub struct AgentEntry {
     pub retry: crate::agent::RetryPolicy,
     /// Text deltas go to live viewers as `assistant_delta` frames.
     pub stream: bool,
+    /// What a message without a `strategy` does on a busy thread (`[agents.NAME] strategy`, else
+    /// `[defaults] strategy`; SPEC §5.1).
+    pub strategy: storage::ledger::Strategy,
+    /// Tools whose calls wait for a person's approval (`[agents.NAME] approve`: exact names or a prefix
+    /// ending in `*`; SPEC §13).
+    pub approve: Vec<String>,
+    /// No decision by then: the call is denied by `timeout`.
+    pub approval_timeout_ms: i64,
 }
 
 impl AgentEntry {
@@ -148,7 +161,18 @@ impl AgentEntry {
             tools: None,
             retry: Default::default(),
             stream: false,
+            strategy: Default::default(),
+            approve: Vec::new(),
+            approval_timeout_ms: 86_400_000,
         }
+    }
+
+    /// Whether this agent's calls of `tool` wait for a person's approval (`approve`, SPEC §13).
+    pub fn approves(&self, tool: &str) -> bool {
+        self.approve.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => tool.starts_with(prefix),
+            None => p == tool,
+        })
     }
 
     /// Whether the model may call `tool` (SPEC §8.3 `tools` allowlist).
@@ -330,11 +354,7 @@ enum Completion {
     },
     StepWritten(Option<storage::Result<storage::ledger::Outcome<()>>>),
     InboxRead(Vec<InboxItem>),
-    ToolsDone {
-        results: Vec<ToolResult>,
-        events: Vec<Value>,
-        ms: u64,
-    },
+    ToolsDone(work::ToolsRan),
     HandedOff(bool),
     Finishing(Gate),
     Replied(Delivery),
@@ -380,6 +400,13 @@ impl RunActor {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Wake a wait for approvals, if the run waits (a stop ends it; a decision may end it).
+    fn nudge_approvals(&self) {
+        if let Some(run) = &self.run {
+            run.approval_nudge.notify_one();
+        }
     }
 
     /// Hand `msg` to the state machine and execute the effects it answers.
@@ -456,11 +483,7 @@ impl RunActor {
             }
             Effect::RunTools => {
                 let fut = self.run().run_tools();
-                self.spawn(ctx, fut, |(results, events, ms)| Completion::ToolsDone {
-                    results,
-                    events,
-                    ms,
-                });
+                self.spawn(ctx, fut, Completion::ToolsDone);
             }
             Effect::WriteFollowups => match self.run().write_followups() {
                 Some(write) => self.spawn(ctx, write, Completion::StepWritten),
@@ -701,23 +724,32 @@ impl Handler<Done> for RunActor {
                 }
                 Msg::Inbox { unread }
             }
-            Completion::ToolsDone {
-                results,
-                events,
-                ms,
-            } => {
+            Completion::ToolsDone(ran) => {
+                match ran.gate {
+                    None => {}
+                    // The wait for approvals ended the step: nothing of it ran.
+                    Some(approval::Passed::Stopped(mode)) => {
+                        self.run()
+                            .not_run("not run: the run was stopped while awaiting approval");
+                        return self.apply(Msg::WaitStopped(mode), ctx);
+                    }
+                    Some(approval::Passed::Fenced) => return self.apply(Msg::Fenced, ctx),
+                    Some(approval::Passed::Lost) => return self.apply(Msg::ToolsLost, ctx),
+                    Some(approval::Passed::Decided(_)) => {}
+                }
                 let run = self.run();
-                for event in events {
+                for event in ran.events {
                     run.keep(event);
                 }
-                run.tool_ms += ms;
-                run.tool_calls += results.len() as u64;
-                run.pending = Some(agent::results_turn(&results, &[]));
+                run.tool_ms += ran.ms;
+                run.tool_calls += ran.results.len() as u64;
+                run.pending = Some(agent::results_turn(&ran.results, &[]));
                 run.current = None;
                 Msg::ToolsDone
             }
             Completion::HandedOff(ok) => Msg::HandedOff(ok),
             Completion::Finishing(Gate::Answer(written)) => Msg::Gate(written),
+            Completion::Finishing(Gate::Stopped(mode)) => Msg::GateStopped(mode),
             Completion::Finishing(Gate::Detach(why)) => {
                 self.run().detach("finishing", why);
                 Msg::Gate(Written::Ok)
@@ -756,7 +788,22 @@ impl Handler<StopRequest> for RunActor {
 
     fn handle(&mut self, msg: StopRequest, ctx: &mut Context<Self>) {
         self.stop_actor = Some(msg.actor);
+        self.nudge_approvals();
         self.apply(Msg::Stop(msg.mode), ctx);
+    }
+}
+
+/// A decision on one of the run's calls awaiting approval was committed to its row (SPEC §13): a wait
+/// reads it now rather than at its next poll.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ApprovalNews;
+
+impl Handler<ApprovalNews> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: ApprovalNews, _ctx: &mut Context<Self>) {
+        self.nudge_approvals();
     }
 }
 
@@ -791,7 +838,10 @@ impl Handler<HeartbeatNews> for RunActor {
 
     fn handle(&mut self, msg: HeartbeatNews, ctx: &mut Context<Self>) {
         match msg {
-            HeartbeatNews::Stop(mode) => self.apply(Msg::Stop(mode), ctx),
+            HeartbeatNews::Stop(mode) => {
+                self.nudge_approvals();
+                self.apply(Msg::Stop(mode), ctx)
+            }
             HeartbeatNews::Fenced => self.apply(Msg::Fenced, ctx),
         }
     }

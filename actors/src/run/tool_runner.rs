@@ -38,6 +38,32 @@ impl ToolRunner {
         }
     }
 
+    /// A call a person denied (or that timed out): never run; its result is `{denied: true, note}` so the
+    /// model sees it (SPEC §13).
+    pub(super) fn denied(
+        &self,
+        call: &ToolCall,
+        decided: &storage::ledger::Decided,
+    ) -> (ToolResult, Option<Value>) {
+        let output = super::approval::denied_output(decided);
+        let event = publish(
+            &self.deps,
+            &self.id,
+            json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": false,
+            "denied": true, "summary": summarize(&self.deps, &output), "step": self.step}),
+            self.tracked,
+        );
+        (
+            ToolResult {
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                ok: false,
+                output,
+            },
+            event,
+        )
+    }
+
     /// Run one call under its workspace claim (SPEC §10): a mutating call holds the worktree for writing,
     /// a side-effect-free one for reading. An unknown tool answers "not available".
     /// Its `tool_call` event was published with the step; answers the result and its published

@@ -4,15 +4,19 @@
 //! back to the actor, which applies it to [`Run`] and hands the [`super::machine::Msg`] it implies to
 //! the state machine.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::{
-    InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Successor, Turn,
+    Decision, InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Successor,
+    Turn,
 };
 use storage::record::RunStatus;
 
+use super::approval::{ApprovalGate, Passed};
 use super::machine::Written;
 use super::record::{admitted_successor, build_record, RecordExtras};
 use super::tool_runner::ToolRunner;
@@ -97,6 +101,8 @@ pub(super) struct Run {
     pub recorded_stop: Option<storage::ledger::StopMode>,
     /// The chat thread that shows the run, and the card an earlier incarnation posted there (SPEC §12).
     pub card: Option<CardPlace>,
+    /// Wakes a wait for approvals: a decision taken in this process, a stop (SPEC §13).
+    pub approval_nudge: Arc<tokio::sync::Notify>,
 }
 
 impl Run {
@@ -147,6 +153,7 @@ impl Run {
             usage: Default::default(),
             recorded_stop: None,
             card: None,
+            approval_nudge: Default::default(),
         }
     }
 
@@ -194,6 +201,18 @@ impl Run {
             let event = json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
                 "summary": summarize(&self.deps, &call.args.to_string()), "step": self.step});
             self.publish_in_step(event);
+        }
+    }
+
+    /// The current step's calls did not run (a stop ended their wait for approval): each gets a
+    /// `tool_result` saying so, committed with the record, so the record holds no call without a result.
+    pub fn not_run(&mut self, why: &str) {
+        let calls = self.current.take().map(|t| t.calls).unwrap_or_default();
+        for call in calls {
+            self.publish_kept(
+                json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool,
+                "ok": false, "notRun": true, "summary": why, "step": self.step}),
+            );
         }
     }
 
@@ -431,7 +450,8 @@ impl Run {
         }
     }
 
-    /// Unread follow-ups past what this run consumed (none when untracked or unreadable).
+    /// Unread follow-ups past what this run consumed (none when untracked or unreadable); messages queued
+    /// for a run of their own (SPEC §5.1) are not this run's to fold.
     pub fn read_inbox(&self) -> impl std::future::Future<Output = Vec<InboxItem>> + 'static {
         let (s, id, after, tracked) = (
             self.deps.storage.clone(),
@@ -444,7 +464,7 @@ impl Run {
                 return Vec::new();
             }
             match s.read_inbox(id, after).await {
-                Ok(Ok(items)) => items,
+                Ok(Ok(items)) => storage::ledger::steering(items),
                 Ok(Err(_)) | Err(_) => Vec::new(),
             }
         }
@@ -545,25 +565,74 @@ impl Run {
     /// The current step's tool calls, one after another (SPEC §5.2 step 5).
     /// Answers the results, their published `tool_result` events (kept for the next durable write) and
     /// the time spent.
-    pub fn run_tools(
-        &self,
-    ) -> impl std::future::Future<Output = (Vec<ToolResult>, Vec<Value>, u64)> + 'static {
+    /// Whether a call of `tool` waits for a person's approval (SPEC §13): the agent's `approve` list, or
+    /// the tool's own `approval`.
+    pub fn needs_approval(&self, tool: &str) -> bool {
+        self.agent.approves(tool)
+            || self
+                .deps
+                .tools
+                .get(tool)
+                .is_some_and(|t| t.requires_approval())
+    }
+
+    /// The step's tool calls, in order, behind the approval gate when one of them needs a person's yes
+    /// (a detached run asks nobody: its calls needing approval are denied). Answers the results, their
+    /// published events, the time spent, and how the gate ended when it ended the step instead
+    /// ([`Passed::Stopped`], [`Passed::Fenced`], [`Passed::Lost`]: no call ran).
+    pub fn run_tools(&self) -> impl std::future::Future<Output = ToolsRan> + 'static {
         let calls = self
             .current
             .as_ref()
             .map(|t| t.calls.clone())
             .unwrap_or_default();
         let tools = ToolRunner::of(self);
+        let gated: Vec<ToolCall> = calls
+            .iter()
+            .filter(|c| self.needs_approval(&c.tool))
+            .cloned()
+            .collect();
+        let gate = (!gated.is_empty() && self.tracked()).then(|| ApprovalGate {
+            deps: self.deps.clone(),
+            id: self.id.clone(),
+            gen: self.gen.clone(),
+            step: self.step,
+            calls: gated.clone(),
+            timeout_ms: self.agent.approval_timeout_ms,
+            nudge: self.approval_nudge.clone(),
+        });
         async move {
+            let decisions = match gate {
+                None => BTreeMap::new(),
+                Some(gate) => match gate.pass().await {
+                    Passed::Decided(decisions) => decisions,
+                    ended => return ToolsRan::ended(ended),
+                },
+            };
             let started = Instant::now();
             let mut results = Vec::with_capacity(calls.len());
             let mut events = Vec::with_capacity(calls.len());
             for call in &calls {
-                let (result, event) = tools.call(call).await;
+                let denied = match decisions.get(&call.call_id) {
+                    Some(d) if d.decision == Decision::Deny => Some(d),
+                    Some(_) => None,
+                    // Needing approval without a gate: a detached run, which nobody can answer.
+                    None if gated.iter().any(|g| g.call_id == call.call_id) => Some(&*UNANSWERED),
+                    None => None,
+                };
+                let (result, event) = match denied {
+                    Some(d) => tools.denied(call, d),
+                    None => tools.call(call).await,
+                };
                 results.push(result);
                 events.extend(event);
             }
-            (results, events, started.elapsed().as_millis() as u64)
+            ToolsRan {
+                results,
+                events,
+                ms: started.elapsed().as_millis() as u64,
+                gate: None,
+            }
         }
     }
 
@@ -658,6 +727,7 @@ impl Run {
             match gate {
                 None => Gate::Answer(Written::Lost),
                 Some(Ok(Ok(()))) => Gate::Answer(Written::Ok),
+                Some(Ok(Err(Refusal::StopPending { mode, .. }))) => Gate::Stopped(mode),
                 Some(Ok(Err(Refusal::WrongPhase { .. }))) => {
                     match retry_transient(deps.lease_ms, || s.get_live(id.clone())).await {
                         None => Gate::Answer(Written::Lost),
@@ -838,10 +908,41 @@ pub(super) enum Recorded {
     Fenced,
 }
 
+/// What a step's tools did (see [`Run::run_tools`]).
+pub(super) struct ToolsRan {
+    pub results: Vec<ToolResult>,
+    pub events: Vec<Value>,
+    pub ms: u64,
+    /// How the approval gate ended the step instead, when it did (no call ran).
+    pub gate: Option<Passed>,
+}
+
+impl ToolsRan {
+    fn ended(gate: Passed) -> Self {
+        ToolsRan {
+            results: Vec::new(),
+            events: Vec::new(),
+            ms: 0,
+            gate: Some(gate),
+        }
+    }
+}
+
+/// The decision a call needing approval gets when nobody can be asked (a detached run).
+static UNANSWERED: std::sync::LazyLock<storage::ledger::Decided> =
+    std::sync::LazyLock::new(|| storage::ledger::Decided {
+        decision: Decision::Deny,
+        who: "detached".into(),
+        note: Some("the run is detached from the ledger: no approval can be asked".into()),
+        at: 0,
+    });
+
 /// What the finishing gate answered; `Detach` when a permanent storage error detached the run (it then
 /// replies best-effort).
 pub(super) enum Gate {
     Answer(Written),
+    /// A stop recorded before the gate of a `completed` run: nothing committed; conclude again.
+    Stopped(storage::ledger::StopMode),
     Detach(String),
 }
 

@@ -23,6 +23,8 @@ pub const CURSOR_TOP: i64 = 9_007_199_254_740_991;
 pub enum StatusFilter {
     /// Unfinished runs of this process and runs live under other generations; never reads the store.
     Active,
+    /// The unfinished runs parked on a tool call awaiting a person's approval (SPEC §13).
+    AwaitingApproval,
     /// Finished registry rows and the store.
     Finished,
     All,
@@ -33,9 +35,10 @@ pub enum StatusFilter {
 
 impl StatusFilter {
     /// Every spelling [`parse`](Self::parse) accepts, in the order a form offers them.
-    pub const CHOICES: [&'static str; 8] = [
+    pub const CHOICES: [&'static str; 9] = [
         "all",
         "active",
+        "awaiting_approval",
         "finished",
         "completed",
         "failed",
@@ -48,6 +51,7 @@ impl StatusFilter {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "active" => Some(StatusFilter::Active),
+            "awaiting_approval" => Some(StatusFilter::AwaitingApproval),
             "finished" => Some(StatusFilter::Finished),
             "all" => Some(StatusFilter::All),
             other => RunStatus::parse(other).map(StatusFilter::Terminal),
@@ -58,6 +62,7 @@ impl StatusFilter {
     pub fn as_str(self) -> &'static str {
         match self {
             StatusFilter::Active => "active",
+            StatusFilter::AwaitingApproval => "awaiting_approval",
             StatusFilter::Finished => "finished",
             StatusFilter::All => "all",
             StatusFilter::Terminal(s) => s.as_str(),
@@ -66,12 +71,20 @@ impl StatusFilter {
 
     /// Whether unfinished rows list.
     fn lists_live(self) -> bool {
-        matches!(self, StatusFilter::Active | StatusFilter::All)
+        matches!(
+            self,
+            StatusFilter::Active | StatusFilter::All | StatusFilter::AwaitingApproval
+        )
     }
 
     /// Whether finished rows (the registry's and the store's) list.
     fn lists_finished(self) -> bool {
-        !matches!(self, StatusFilter::Active)
+        !matches!(self, StatusFilter::Active | StatusFilter::AwaitingApproval)
+    }
+
+    /// Whether an unfinished run lists: every one, or only a parked one.
+    fn lists_unfinished(self, v: &RunView) -> bool {
+        self != StatusFilter::AwaitingApproval || v.awaiting_approval == Some(true)
     }
 
     /// The terminal status asked for, if any.
@@ -415,7 +428,7 @@ impl RunsService {
                 }
             }
         }
-        unfinished.retain(|v| params.admits(v) && matches(v));
+        unfinished.retain(|v| params.admits(v) && matches(v) && params.status.lists_unfinished(v));
         finished_live.retain(|v| params.admits(v) && matches(v) && older_than_cursor(v));
         if cursor.is_some() || !params.status.lists_live() {
             unfinished.clear();

@@ -250,6 +250,7 @@ impl Fixture {
             key: None,
             lease_ms: 30_000,
             writer: None,
+            strategy: storage::ledger::Strategy::Steer,
         };
         m.admit(&admit, started).unwrap();
         if !attaching {

@@ -77,6 +77,10 @@ pub struct RunView {
     /// reached the channel is unknown (the record's `replyNote`, SPEC §6.1); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery_unknown: Option<bool>,
+    /// `true` while the run is parked on a tool call awaiting a person's approval (SPEC §13); absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting_approval: Option<bool>,
     /// Only when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<storage::record::RunEvent>>)]
@@ -115,6 +119,7 @@ impl RunView {
             resumed: None,
             effects_unknown: None,
             delivery_unknown: None,
+            awaiting_approval: None,
             events: None,
         }
         .with_marks(row.marks)
@@ -150,6 +155,7 @@ impl RunView {
             resumed: None,
             effects_unknown: None,
             delivery_unknown: delivery_unknown(h),
+            awaiting_approval: None,
             events: None,
         }
         .with_marks(Marks::of_head(h))
@@ -187,6 +193,7 @@ impl RunView {
             resumed: None,
             effects_unknown: None,
             delivery_unknown: None,
+            awaiting_approval: None,
             events: None,
         }
     }
@@ -230,6 +237,8 @@ impl RunView {
         let larger = |have: Option<u64>, n: u64| have.max(Some(n).filter(|n| *n > 0));
         self.resumed = larger(self.resumed, marks.resumed);
         self.effects_unknown = larger(self.effects_unknown, marks.effects_unknown);
+        // Only an unfinished run waits (a stop may have ended a wait before its decision).
+        self.awaiting_approval = (!self.finished && marks.awaiting_approval()).then_some(true);
     }
 
     pub fn visible_to(&self, filter: &VisibilityFilter) -> bool {
@@ -287,6 +296,10 @@ pub struct Marks {
     pub resumed: u64,
     /// `tool_result` events with `effectsUnknown: true`.
     pub effects_unknown: u64,
+    /// `approval_requested` events (a call is requested once, however often its run parks).
+    pub approvals_requested: u64,
+    /// `approval_decided` events.
+    pub approvals_decided: u64,
 }
 
 impl Marks {
@@ -297,8 +310,15 @@ impl Marks {
             Some("tool_result") if e.get("effectsUnknown") == Some(&Value::Bool(true)) => {
                 self.effects_unknown += 1
             }
+            Some("approval_requested") => self.approvals_requested += 1,
+            Some("approval_decided") => self.approvals_decided += 1,
             _ => {}
         }
+    }
+
+    /// Whether a call waits for its decision (SPEC §13): requested and not yet decided.
+    pub fn awaiting_approval(&self) -> bool {
+        self.approvals_requested > self.approvals_decided
     }
 
     /// The marks of `events`.
@@ -316,6 +336,7 @@ impl Marks {
         Marks {
             resumed: n("resumed"),
             effects_unknown: n("effectsUnknown"),
+            ..Marks::default()
         }
     }
 }

@@ -45,6 +45,13 @@ pub enum Admitted {
         seq: u64,
         token: String,
     },
+    /// Queued behind the live run `run_id` (`enqueue`), or behind it while it stops (`interrupt`).
+    Queued {
+        run_id: String,
+        position: u64,
+        interrupting: bool,
+        token: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -61,6 +68,9 @@ pub enum AdmitError {
     KeyConflict,
     #[error("the thread's run is finishing")]
     ThreadBusy,
+    /// `reject` on a busy thread (SPEC §5.1): 409, nothing written.
+    #[error("the thread has a live run")]
+    Rejected,
     #[error("the run id is fenced")]
     Fenced,
     #[error(
@@ -153,6 +163,11 @@ async fn admit(
         channel_visibility: visibility,
         parent_run_id: req.parent_run_id.clone(),
     };
+    // The strategy as resolved is what the request carries (omitted for `steer`): a queued inbox item
+    // says it is one, and a restart from the request admits it the same way.
+    let strategy = req.strategy.unwrap_or(agent.strategy);
+    let mut req = req;
+    req.strategy = (strategy != storage::ledger::Strategy::Steer).then_some(strategy);
     let request = serde_json::to_value(&req).map_err(|e| AdmitError::Unavailable(e.to_string()))?;
     let waited_since = shared.clock.now_ms();
     loop {
@@ -167,6 +182,7 @@ async fn admit(
             key: msg.key.clone(),
             lease_ms: shared.lease_ms,
             writer: msg.writer.clone(),
+            strategy,
         };
         // `run_meta` and `input` (seqs 1 and 2) commit with the admission itself: a crash right after it
         // still replays them, so a restarted run never loses (or repeats) its input (SPEC §5.2 step 2).
@@ -217,6 +233,32 @@ async fn admit(
                     seq,
                 })
             }
+            AdmitOutcome::Queued { run_id, position } => {
+                tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), position, "queued behind a live run");
+                Ok(Admitted::Queued {
+                    token: shared.tokens.mint(&run_id),
+                    run_id,
+                    position,
+                    interrupting: false,
+                })
+            }
+            AdmitOutcome::Interrupting { run_id, position } => {
+                tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), position, "interrupting a live run");
+                // The soft stop is in the ledger already; a run of this process hears it now, one
+                // elsewhere at its next heartbeat. Who asked is the message's user.
+                supervisor.do_send(crate::supervisor::StopRun {
+                    run_id: run_id.clone(),
+                    mode: storage::ledger::StopMode::Soft,
+                    actor: crate::run::StopActor::new("interrupt", &req.user),
+                });
+                Ok(Admitted::Queued {
+                    token: shared.tokens.mint(&run_id),
+                    run_id,
+                    position,
+                    interrupting: true,
+                })
+            }
+            AdmitOutcome::Rejected { .. } => Err(AdmitError::Rejected),
             AdmitOutcome::Busy { .. } if now - waited_since < BUSY_WAIT.as_millis() as i64 => {
                 tokio::time::sleep(BUSY_POLL).await;
                 continue;

@@ -138,7 +138,11 @@ async fn resumable_here(deps: &RunDeps, active: &[String]) -> Vec<String> {
     match deps.storage.list_live().await {
         Ok(rows) => rows
             .into_iter()
-            .filter(|r| r.owner_gen == deps.gen.as_str() && r.phase == Phase::Live)
+            // A run parked on approvals hands off as it stands: the next owner waits on the same calls.
+            .filter(|r| {
+                r.owner_gen == deps.gen.as_str()
+                    && matches!(r.phase, Phase::Live | Phase::AwaitingApproval)
+            })
             .filter(|r| !r.detached())
             .filter(|r| active.contains(&r.run_id))
             .map(|r| r.run_id)

@@ -1,7 +1,7 @@
 //! Stop and kill (SPEC §5.6): every stop commits to the ledger first; a kill writes the deletion fence,
 //! aborts the run as a fence, then purges it and its workspace.
 
-use actix::{Context, Handler, Message, ResponseFuture};
+use actix::{AsyncContext, Context, Handler, Message, ResponseFuture};
 use storage::ledger::StopMode;
 
 use crate::run::{self, RunDeps, StopActor, StopRequest};
@@ -83,22 +83,42 @@ pub struct KillRun {
 
 /// Purge a killed run once it has settled, and delete its workspace through the operation coordinator
 /// (admission closed, admitted work drained, then `{app-path: write}` through the deletion handle).
-pub(super) async fn purge_killed(deps: RunDeps, run_id: String) {
-    match deps.storage.purge(run_id.clone()).await {
+/// Answers the successor the purge admitted for the messages queued behind the run (SPEC §5.1), for the
+/// caller to launch.
+pub(super) async fn purge_killed(
+    deps: RunDeps,
+    run_id: String,
+) -> Option<(storage::ledger::LiveRow, Vec<serde_json::Value>)> {
+    let successor = storage::ledger::Successor {
+        run_id: uuid::Uuid::now_v7().to_string(),
+        lease_ms: deps.lease_ms,
+        inbox_consumed: None,
+    };
+    let successor_id = successor.run_id.clone();
+    match deps
+        .storage
+        .purge(
+            run_id.clone(),
+            deps.gen.as_str().to_owned(),
+            Some(successor),
+        )
+        .await
+    {
         Ok(true) => {
             tracing::info!(run_id = %run_id, generation = deps.gen.as_str(), "purged a killed run")
         }
-        Ok(false) => return,
+        Ok(false) => return None,
         Err(e) => {
             tracing::warn!(run_id = %run_id, error = %e, "purge failed; a later reclaim retries it");
-            return;
+            return None;
         }
     }
+    let next = run::admitted_successor(&deps, &successor_id).await;
     deps.registry.discard(&run_id);
     use crate::operations::{AppId, Claim, Operation, Resource};
     let app = AppId::new(run_id.clone());
     let Ok(fence) = deps.operations.close_admission(&app).await else {
-        return;
+        return next;
     };
     deps.operations.end_session(&app);
     let handle = fence.drain().await;
@@ -119,13 +139,15 @@ pub(super) async fn purge_killed(deps: RunDeps, run_id: String) {
     if let Ok(Err(e)) | Err(e) = removed.map_err(|e| std::io::Error::other(e.to_string())) {
         tracing::warn!(run_id = %run_id, error = %e, "could not delete the killed run's workspace");
     }
+    next
 }
 
 impl Handler<KillRun> for Supervisor {
     type Result = ResponseFuture<Result<(), StopError>>;
 
-    fn handle(&mut self, msg: KillRun, _ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: KillRun, ctx: &mut Context<Self>) -> Self::Result {
         let deps = self.deps().clone();
+        let supervisor = ctx.address();
         let local = self.runs.get(&msg.run_id).cloned();
         Box::pin(async move {
             let id = msg.run_id;
@@ -157,7 +179,15 @@ impl Handler<KillRun> for Supervisor {
                 // Another live owner: its heartbeat sees the fence, aborts, and purges.
                 (None, Some(owner)) if owner != deps.gen.as_str() && answer.owner_lease_live => {}
                 // Finished, or its owner is gone: purge now.
-                _ => purge_killed(deps, id).await,
+                _ => {
+                    if let Some((row, events)) = purge_killed(deps, id).await {
+                        supervisor.do_send(super::LaunchRun(run::Launch::Restart {
+                            row,
+                            events,
+                            from_gen: None,
+                        }));
+                    }
+                }
             }
             Ok(())
         })

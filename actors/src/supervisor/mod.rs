@@ -17,6 +17,7 @@
 //! (`readopt`), only for a run no actor of this process drives.
 
 mod admission;
+mod approvals;
 mod drain;
 mod kill;
 mod recovery;
@@ -42,6 +43,7 @@ use crate::token::TokenMinter;
 use crate::tools::Toolbox;
 
 pub use admission::{AdmitError, AdmitMessage, Admitted, ThreadSlot};
+pub use approvals::{DecideApproval, DecideError};
 pub use drain::{Drain, DrainReport};
 use kill::purge_killed;
 pub use kill::{KillRun, StopError, StopRun};
@@ -435,10 +437,13 @@ impl Handler<RunEnded> for Supervisor {
                 ctx.spawn(
                     async move {
                         if deps.storage.is_killed(id.clone()).await.unwrap_or(false) {
-                            purge_killed(deps, id).await;
+                            purge_killed(deps, id).await
+                        } else {
+                            None
                         }
                     }
-                    .into_actor(self),
+                    .into_actor(self)
+                    .map(|successor, act, ctx| act.launch_successor(successor, ctx)),
                 );
             }
             _ => {

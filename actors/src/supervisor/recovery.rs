@@ -91,8 +91,8 @@ async fn plan_readoption(
         .await
         .map_err(|e| e.to_string())?
     {
-        purge_killed(deps.clone(), run_id.to_owned()).await;
-        return Ok(Readoption::Closed(None));
+        let successor = purge_killed(deps.clone(), run_id.to_owned()).await;
+        return Ok(Readoption::Closed(successor));
     }
     let last_step = s
         .last_step(run_id.to_owned())
@@ -137,8 +137,8 @@ async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String
         .await
         .map_err(|e| e.to_string())?
     {
-        purge_killed(deps.clone(), run_id.to_owned()).await;
-        return Ok(Readoption::Closed(None));
+        let successor = purge_killed(deps.clone(), run_id.to_owned()).await;
+        return Ok(Readoption::Closed(successor));
     }
     let events = s
         .live_events(run_id.to_owned(), 0, usize::MAX >> 1)
@@ -192,8 +192,8 @@ async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(Stri
         .await
         .map_err(|e| e.to_string())?
     {
-        purge_killed(deps.clone(), id.clone()).await;
-        return Ok((id, Fate::Closed("killed: purged".into(), None)));
+        let successor = purge_killed(deps.clone(), id.clone()).await;
+        return Ok((id, Fate::Closed("killed: purged".into(), successor)));
     }
     Ok((
         id,

@@ -31,6 +31,8 @@ pub struct HttpToolSpec {
     pub mutating: bool,
     /// The endpoint honours `Idempotency-Key`: a call in flight at a crash is re-sent with the same key.
     pub idempotent: bool,
+    /// Every call waits for a person's approval (SPEC §13).
+    pub approval: bool,
     pub timeout: Duration,
 }
 

@@ -209,6 +209,10 @@ async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Vec<
 }
 
 impl Tool for HttpTool {
+    fn requires_approval(&self) -> bool {
+        self.spec.approval
+    }
+
     fn def(&self) -> ToolDef {
         tool_def(
             self.spec.name.clone(),

@@ -144,6 +144,12 @@ pub trait Tool: Send + Sync + 'static {
     fn idempotent(&self) -> bool {
         self.def().idempotent
     }
+
+    /// Whether every call waits for a person's approval, whichever agent makes it (`[[tools.http]]
+    /// approval = true`, SPEC §13).
+    fn requires_approval(&self) -> bool {
+        false
+    }
 }
 
 /// The tools a run may use, by name. Cheap to clone (the tools are shared).

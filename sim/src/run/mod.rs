@@ -197,6 +197,7 @@ enum Completion {
     HandedOff(bool),
     Gate(Written),
     GateDetach(String),
+    GateStopped(storage::ledger::StopMode),
     Replied {
         killed: bool,
         reply: Option<(bool, Option<String>)>,
@@ -724,6 +725,7 @@ fn complete(w: &mut World, slot: usize, a: &mut Actor, c: Completion) {
         }
         Completion::HandedOff(ok) => Msg::HandedOff(ok),
         Completion::Gate(written) => Msg::Gate(written),
+        Completion::GateStopped(mode) => Msg::GateStopped(mode),
         Completion::GateDetach(_why) => {
             let mut run = a.run.take().expect("run");
             detach(w, slot, &mut run, "finishing");

@@ -280,7 +280,7 @@ fn read_inbox(w: &mut World, slot: usize, run: &RunData) -> Vec<InboxItem> {
     }
     let (id, after) = (run.id.clone(), run.inbox_consumed);
     match w.io(slot, Io::Read, |s, _| s.read_inbox(&id, after)) {
-        Ok(Ok(items)) => items,
+        Ok(Ok(items)) => storage::ledger::steering(items),
         Ok(Err(_)) | Err(_) => Vec::new(),
     }
 }
@@ -622,6 +622,9 @@ pub(super) fn step_op(w: &mut World, slot: usize, a: &mut Actor, op: Op) {
             match result {
                 None => complete(w, slot, a, Completion::Gate(Written::Lost)),
                 Some(Ok(Ok(()))) => complete(w, slot, a, Completion::Gate(Written::Ok)),
+                Some(Ok(Err(Refusal::StopPending { mode, .. }))) => {
+                    complete(w, slot, a, Completion::GateStopped(mode))
+                }
                 Some(Ok(Err(Refusal::WrongPhase { .. }))) => {
                     let (now, d) = (w.now(), w.io_latency());
                     spawn_op(

@@ -7,10 +7,10 @@
 use actors::run::{Launch, StopReason};
 use rand::Rng;
 use serde_json::Value;
-use storage::ledger::{AdmitOutcome, LiveRow, Outcome, Phase, Refusal, RunLedger, Successor};
+use storage::ledger::{LiveRow, Outcome, Phase, Refusal, RunLedger, Successor};
 use storage::record::{RunRecord, RunStatus};
 use storage::store::PutOutcome;
-use storage::{MemoryStore, RunStore};
+use storage::RunStore;
 
 use super::HISTORY_BACKOFF_MS;
 use crate::run;
@@ -108,7 +108,7 @@ fn finish_tx(
     let thread = record.head.thread_key.clone();
     let before = w.peek().get_live(&id).ok().flatten();
     let out = w.io(slot, Io::Write, |s, now| {
-        finish_in(s, gen, record, successor.as_ref(), now)
+        storage::handle::finish_in(s, gen, record, None, successor.as_ref(), now)
     });
     let after = w.peek().get_live(&id).ok().flatten();
     if before.is_some() && after.is_none() {
@@ -121,48 +121,6 @@ fn finish_tx(
         }
     }
     out
-}
-
-/// One transaction: the ledger's `finish` of `record` and, when the run left unread follow-ups past what
-/// it consumed, the admission of their successor with its first events (`storage::handle::finish_in`,
-/// step for step; the memory store has no rollback, and nothing after `finish` can refuse here: the
-/// thread was just freed and the successor's id is fresh).
-fn finish_in(
-    s: &mut MemoryStore,
-    gen: &str,
-    record: &RunRecord,
-    successor: Option<&Successor>,
-    now: i64,
-) -> storage::Result<Outcome<PutOutcome>> {
-    let id = record.head.id.as_str();
-    let admission = match successor {
-        None => None,
-        Some(succ) => match s.get_live(id)? {
-            None => None,
-            Some(row) => {
-                let stepped = s.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
-                let consumed = stepped.max(succ.inbox_consumed);
-                let unread = s.inbox_after(id, consumed)?;
-                storage::ledger::successor_admission(&row, gen, &unread, succ, now)
-            }
-        },
-    };
-    let out = s.finish(id, gen, record, None, now)?;
-    if let (Ok(_), Some((admit, events))) = (&out, admission) {
-        match s.admit(&admit, now)? {
-            AdmitOutcome::Started { .. } => {
-                s.append(&admit.run_id, gen, &events)?.map_err(|r| {
-                    storage::Error::Unavailable(format!("successor events refused: {r}"))
-                })?;
-            }
-            other => {
-                return Err(storage::Error::Unavailable(format!(
-                    "successor not admitted: {other:?}"
-                )))
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// A plain store put, and the check that no final record comes from a generation that lost the run.

@@ -163,6 +163,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
         visibility: None,
         parent_run_id: None,
         source: Default::default(),
+        strategy: None,
     };
     let thread_key = req.thread_key();
     let run_id = w.mint_run("r");
@@ -198,6 +199,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
         }),
         lease_ms: LEASE_MS,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     };
     let first_events: Vec<Value> = [
         meta.event(),
@@ -252,9 +254,10 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
             );
             w.model.accepted(msg, &run_id);
         }
-        AdmitOutcome::Started { run_id } | AdmitOutcome::Steered { run_id, .. } => {
-            w.model.accepted(msg, &run_id)
-        }
+        AdmitOutcome::Started { run_id }
+        | AdmitOutcome::Steered { run_id, .. }
+        | AdmitOutcome::Queued { run_id, .. }
+        | AdmitOutcome::Interrupting { run_id, .. } => w.model.accepted(msg, &run_id),
         AdmitOutcome::Busy { .. } => {
             let since = waited_since.unwrap_or(now);
             if now - since < BUSY_WAIT_MS {
@@ -273,6 +276,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
         AdmitOutcome::KeyConflict
         | AdmitOutcome::Fenced
         | AdmitOutcome::ReceiptLimit { .. }
+        | AdmitOutcome::Rejected { .. }
         | AdmitOutcome::Forbidden => w.model.refused(msg),
     }
 }

@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 
 /// A live row's phase (SPEC §4.3 "Phases"); stored lowercase in `live_runs.phase`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Admitted and reserved: `meta.request` is saved so a reclaim can restart it, but there is no
     /// prompt, transcript or step record yet.
@@ -67,6 +67,9 @@ pub enum Phase {
     /// The final status and answer are committed; delivery may or may not have happened, so a
     /// reclaim closes it with the recorded status and never replays it.
     Finishing,
+    /// Parked on tool calls a person must approve (SPEC §13): the step record is written, the calls'
+    /// approvals are in `state.approvals`, nothing runs until each is decided.
+    AwaitingApproval,
 }
 
 /// The phase every new row starts in: admission inserts `attaching`, and no transition ever leads
@@ -81,6 +84,7 @@ impl Phase {
             Phase::Live => "live",
             Phase::Handoff => "handoff",
             Phase::Finishing => "finishing",
+            Phase::AwaitingApproval => "awaiting_approval",
         }
     }
 
@@ -92,6 +96,7 @@ impl Phase {
             "live" => Some(Phase::Live),
             "handoff" => Some(Phase::Handoff),
             "finishing" => Some(Phase::Finishing),
+            "awaiting_approval" => Some(Phase::AwaitingApproval),
             _ => None,
         }
     }
@@ -180,6 +185,11 @@ pub enum PhaseChange {
     Finishing,
     /// `reclaim` by another generation: see [`reclaim_phase`].
     Reclaim,
+    /// The owner parks the run on calls awaiting approval: `live → awaiting_approval` (again: a no-op).
+    Park,
+    /// The owner resumes a parked run once every call is decided: `awaiting_approval → live` (again: a
+    /// no-op).
+    Unpark,
 }
 
 impl PhaseChange {
@@ -190,6 +200,8 @@ impl PhaseChange {
             PhaseChange::Handoff => "handoff",
             PhaseChange::Finishing => "finishing",
             PhaseChange::Reclaim => "reclaim",
+            PhaseChange::Park => "park",
+            PhaseChange::Unpark => "unpark",
         }
     }
 }
@@ -212,19 +224,23 @@ pub struct WrongPhase {
 /// [`WrongPhase`]. Who may ask (owner vs another generation) is the caller's fence check; this only
 /// answers whether the phase allows it.
 pub fn phase_transition(from: Phase, change: PhaseChange) -> Result<Phase, WrongPhase> {
-    use Phase::{Attaching, Finishing, Handoff, Live};
+    use Phase::{Attaching, AwaitingApproval, Finishing, Handoff, Live};
     let to = match (from, change) {
         (Attaching, PhaseChange::Promote) => Some(Live),
-        (Live, PhaseChange::Handoff) => Some(Handoff),
+        // A parked run hands off as it stands: the next owner parks again on the same calls.
+        (Live | AwaitingApproval, PhaseChange::Handoff) => Some(Handoff),
         // A dispatch that fails before its prompt finishes from attaching; a handed-off run that
-        // completes before anyone reclaims it replies itself.
-        (Attaching | Live | Handoff, PhaseChange::Finishing) => Some(Finishing),
+        // completes before anyone reclaims it replies itself; a stop ends an approval wait.
+        (Attaching | Live | Handoff | AwaitingApproval, PhaseChange::Finishing) => Some(Finishing),
         (_, PhaseChange::Reclaim) => Some(reclaim_phase(from)),
+        (Live | AwaitingApproval, PhaseChange::Park) => Some(AwaitingApproval),
+        (AwaitingApproval | Live, PhaseChange::Unpark) => Some(Live),
         // Promote of a promoted row is the claim's idempotent Keep, not a transition; attaching
         // has nothing to resume from, so it is never handed off; a second finishing is refused.
-        (Live | Handoff | Finishing, PhaseChange::Promote)
+        (Live | Handoff | Finishing | AwaitingApproval, PhaseChange::Promote)
         | (Attaching | Handoff | Finishing, PhaseChange::Handoff)
-        | (Finishing, PhaseChange::Finishing) => None,
+        | (Finishing, PhaseChange::Finishing)
+        | (Attaching | Handoff | Finishing, PhaseChange::Park | PhaseChange::Unpark) => None,
     };
     to.ok_or(WrongPhase { from, change })
 }
@@ -234,7 +250,7 @@ pub fn phase_transition(from: Phase, change: PhaseChange) -> Result<Phase, Wrong
 pub fn reclaim_phase(prior: Phase) -> Phase {
     match prior {
         Phase::Attaching => Phase::Attaching,
-        Phase::Live | Phase::Handoff | Phase::Finishing => Phase::Live,
+        Phase::Live | Phase::Handoff | Phase::Finishing | Phase::AwaitingApproval => Phase::Live,
     }
 }
 
@@ -303,6 +319,52 @@ pub fn decide_claim(
     }
 }
 
+/// What a message does on a thread whose run is live (SPEC §5.1 multitask strategy, after LangGraph's
+/// double-texting). An idle thread starts a run whatever the strategy.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Into the live run's inbox (folded at its next step boundary).
+    #[default]
+    Steer,
+    /// Durably queued on the thread: starts its own run when the live one ends, in order.
+    Enqueue,
+    /// Refused (`409 thread_busy`) while a run is live.
+    Reject,
+    /// A soft stop of the live run, then the message starts the next run once it has ended.
+    Interrupt,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Steer,
+        Strategy::Enqueue,
+        Strategy::Reject,
+        Strategy::Interrupt,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Steer => "steer",
+            Strategy::Enqueue => "enqueue",
+            Strategy::Reject => "reject",
+            Strategy::Interrupt => "interrupt",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Strategy> {
+        Strategy::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Whether a message admitted with this strategy waits in the inbox for a run of its own (rather
+    /// than being folded into the live run).
+    pub fn queues(self) -> bool {
+        matches!(self, Strategy::Enqueue | Strategy::Interrupt)
+    }
+}
+
 /// What `admit` does with a message for a thread (after the receipt and deletion-fence lookups,
 /// which are the ledger's).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,6 +378,13 @@ pub enum AdmitDecision {
     Busy { run_id: String },
     /// A run the writer may not see holds the thread: nothing is written.
     Forbidden,
+    /// `enqueue` (or an `interrupt` of a run already past its finishing gate, which no stop can reach):
+    /// the message waits in the live run's inbox, marked queued, for a run of its own.
+    Queue { run_id: String },
+    /// `interrupt`: queue the message and record a soft stop on the live run, in one transaction.
+    Interrupt { run_id: String },
+    /// `reject`: nothing is written.
+    Reject { run_id: String },
 }
 
 /// Whether a writer who sees `writer` may reach the live run whose `meta_json` is `meta` (SPEC §8.1:
@@ -335,19 +404,53 @@ pub fn writer_sees(
     filter.matches(field("channelId"), field("userId"), visibility)
 }
 
-/// The admission decision (SPEC §4.3 `admit`). An unkeyed message to a finishing run is still
-/// steered: it lands in the durable inbox, which finish keeps.
-pub fn decide_admit(by_thread: Option<&RowView>, keyed: bool, writer_sees: bool) -> AdmitDecision {
-    match by_thread {
-        None => AdmitDecision::Insert,
-        Some(_) if !writer_sees => AdmitDecision::Forbidden,
-        Some(r) if r.phase == Phase::Finishing && keyed => AdmitDecision::Busy {
-            run_id: r.run_id.to_owned(),
-        },
-        Some(r) => AdmitDecision::Steer {
-            run_id: r.run_id.to_owned(),
-        },
+impl AdmitDecision {
+    /// The live run a decision writes into (a steer or a queued message): where a keyed receipt's cap
+    /// ([`crate::ledger::MAX_RECEIPTS_PER_RUN`]) is counted.
+    pub fn writes_to(&self) -> Option<&str> {
+        match self {
+            AdmitDecision::Steer { run_id }
+            | AdmitDecision::Queue { run_id }
+            | AdmitDecision::Interrupt { run_id } => Some(run_id),
+            _ => None,
+        }
     }
+}
+
+/// The admission decision (SPEC §4.3 `admit`, §5.1 multitask strategy). An unkeyed steer to a
+/// finishing run is still steered: it lands in the durable inbox, which finish hands to a successor.
+pub fn decide_admit(
+    by_thread: Option<&RowView>,
+    keyed: bool,
+    writer_sees: bool,
+    strategy: Strategy,
+) -> AdmitDecision {
+    let Some(r) = by_thread else {
+        return AdmitDecision::Insert;
+    };
+    if !writer_sees {
+        return AdmitDecision::Forbidden;
+    }
+    let run_id = r.run_id.to_owned();
+    match strategy {
+        Strategy::Reject => AdmitDecision::Reject { run_id },
+        Strategy::Enqueue => AdmitDecision::Queue { run_id },
+        // Past the gate the answer is committed: no stop reaches it, the message just waits its turn.
+        Strategy::Interrupt if r.phase == Phase::Finishing => AdmitDecision::Queue { run_id },
+        Strategy::Interrupt => AdmitDecision::Interrupt { run_id },
+        Strategy::Steer if r.phase == Phase::Finishing && keyed => AdmitDecision::Busy { run_id },
+        Strategy::Steer => AdmitDecision::Steer { run_id },
+    }
+}
+
+/// The finishing gate's check of a recorded stop (SPEC §5.1 interrupt, §5.6): a stop committed to the
+/// row before the gate wins over a `completed` the run decided without knowing of it, so the run
+/// concludes again under it (`Some(stop)`). Any other status stands.
+pub fn stop_before_gate(
+    recorded: Option<StopMode>,
+    status: crate::record::RunStatus,
+) -> Option<StopMode> {
+    recorded.filter(|_| status == crate::record::RunStatus::Completed)
 }
 
 /// Whether a lease has run out. Equal-now counts as expired, so a reclaim at exactly the lease end
@@ -485,7 +588,7 @@ pub fn classify(input: &ClassifyInput) -> Classification {
         Phase::Live | Phase::Handoff if input.last_step.is_none() && input.has_request => {
             Classification::Restart
         }
-        Phase::Live | Phase::Handoff | Phase::Finishing => {
+        Phase::Live | Phase::Handoff | Phase::Finishing | Phase::AwaitingApproval => {
             if let Some(gap) = input.gap {
                 return Classification::CloseInterrupted {
                     reason: format!(
@@ -706,7 +809,7 @@ mod tests {
     //! stays one line.
 
     use super::*;
-    use Phase::{Attaching, Finishing, Handoff, Live};
+    use Phase::{Attaching, AwaitingApproval, Finishing, Handoff, Live};
 
     fn row<'a>(run_id: &'a str, owner_gen: &'a str, phase: Phase, lease_until: i64) -> RowView<'a> {
         RowView {
@@ -825,7 +928,7 @@ mod tests {
 
     #[test]
     fn phase_table_allows_exactly_the_spec_transitions() {
-        use PhaseChange::{Finishing as Fin, Handoff as Hand, Promote, Reclaim};
+        use PhaseChange::{Finishing as Fin, Handoff as Hand, Park, Promote, Reclaim, Unpark};
         // Every (from, change) pair: Some(to) is allowed, None is refused with WrongPhase.
         #[rustfmt::skip]
         let table = [
@@ -845,8 +948,22 @@ mod tests {
             (Finishing, Hand,    None),
             (Finishing, Fin,     None),             // a second finishing is refused
             (Finishing, Reclaim, Some(Live)),
+            (Attaching, Park,    None),
+            (Attaching, Unpark,  None),
+            (Live,      Park,    Some(AwaitingApproval)),
+            (Live,      Unpark,  Some(Live)),       // a retried unpark is a no-op
+            (Handoff,   Park,    None),
+            (Handoff,   Unpark,  None),
+            (Finishing, Park,    None),
+            (Finishing, Unpark,  None),
+            (AwaitingApproval, Promote, None),
+            (AwaitingApproval, Hand,    Some(Handoff)),   // a drain hands a parked run on as it is
+            (AwaitingApproval, Fin,     Some(Finishing)), // a stop ends the wait
+            (AwaitingApproval, Reclaim, Some(Live)),      // the next owner parks again
+            (AwaitingApproval, Park,    Some(AwaitingApproval)),
+            (AwaitingApproval, Unpark,  Some(Live)),
         ];
-        assert_eq!(table.len(), 16);
+        assert_eq!(table.len(), 30);
         for (from, change, want) in table {
             let got = phase_transition(from, change);
             match want {
@@ -864,8 +981,10 @@ mod tests {
             PhaseChange::Handoff,
             PhaseChange::Finishing,
             PhaseChange::Reclaim,
+            PhaseChange::Park,
+            PhaseChange::Unpark,
         ];
-        for from in [Live, Handoff, Finishing] {
+        for from in [Live, Handoff, Finishing, AwaitingApproval] {
             for change in changes {
                 assert_ne!(
                     phase_transition(from, change),
@@ -892,6 +1011,7 @@ mod tests {
             (Live, Live),
             (Handoff, Live),
             (Finishing, Live),
+            (AwaitingApproval, Live),
         ];
         for (prior, want) in cases {
             assert_eq!(reclaim_phase(prior), want, "{prior}");
@@ -1004,7 +1124,53 @@ mod tests {
             ("an unseen finishing row is forbidden", Some(&finishing), true, false, AdmitDecision::Forbidden),
         ];
         for (name, by_thread, keyed, sees, want) in cases {
-            assert_eq!(decide_admit(by_thread, keyed, sees), want, "{name}");
+            assert_eq!(
+                decide_admit(by_thread, keyed, sees, Strategy::Steer),
+                want,
+                "{name}"
+            );
+        }
+        let queue = AdmitDecision::Queue {
+            run_id: "r1".into(),
+        };
+        let interrupt = AdmitDecision::Interrupt {
+            run_id: "r1".into(),
+        };
+        let reject = AdmitDecision::Reject {
+            run_id: "r1".into(),
+        };
+        // (scenario, row on the thread, strategy, decision); keyed or not decides nothing here.
+        #[rustfmt::skip]
+        let strategies = [
+            ("an idle thread starts whatever the strategy", None, Strategy::Reject, AdmitDecision::Insert),
+            ("an idle thread starts an enqueue",   None,             Strategy::Enqueue,   AdmitDecision::Insert),
+            ("an idle thread starts an interrupt", None,             Strategy::Interrupt, AdmitDecision::Insert),
+            ("enqueue queues on a live run",       Some(&live),      Strategy::Enqueue,   queue.clone()),
+            ("enqueue queues on a finishing run",  Some(&finishing), Strategy::Enqueue,   queue.clone()),
+            ("reject refuses a live run",          Some(&attaching), Strategy::Reject,    reject.clone()),
+            ("reject refuses a finishing run",     Some(&finishing), Strategy::Reject,    reject),
+            ("interrupt stops a live run",         Some(&live),      Strategy::Interrupt, interrupt.clone()),
+            ("interrupt stops an attaching run",   Some(&attaching), Strategy::Interrupt, interrupt),
+            ("interrupt past the gate only queues", Some(&finishing), Strategy::Interrupt, queue),
+        ];
+        for (name, by_thread, strategy, want) in strategies {
+            for keyed in [false, true] {
+                assert_eq!(
+                    decide_admit(by_thread, keyed, true, strategy),
+                    want,
+                    "{name}"
+                );
+            }
+            let hidden = if by_thread.is_some() {
+                AdmitDecision::Forbidden
+            } else {
+                AdmitDecision::Insert
+            };
+            assert_eq!(
+                decide_admit(by_thread, false, false, strategy),
+                hidden,
+                "{name}, unseen"
+            );
         }
     }
 

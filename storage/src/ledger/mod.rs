@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::Result;
-pub use decisions::{Phase, StopMode};
+pub use decisions::{Phase, StopMode, Strategy};
 pub use identity::RunIdentity;
 
 /// Keyed receipts one run may hold (SPEC §5.1); a new key past it is held, an earlier one never evicted.
@@ -66,6 +66,20 @@ pub enum Refusal {
     EventWithoutSeq { index: usize },
     #[error("transcript part {idx}.{part} is {bytes} bytes, over the limit")]
     PartTooLarge { idx: u64, part: u64, bytes: usize },
+    /// A decision names a call the run is not awaiting approval for.
+    #[error("run {run_id} awaits no approval of call {call_id}")]
+    UnknownCall { run_id: String, call_id: String },
+    /// The call was decided already: the first decision wins (SPEC §13).
+    #[error("call {call_id} of run {run_id} was decided already")]
+    AlreadyDecided {
+        run_id: String,
+        call_id: String,
+        decided: Decided,
+    },
+    /// The finishing gate of a `completed` run found a stop recorded before it
+    /// ([`decisions::stop_before_gate`]): the run concludes again under that stop.
+    #[error("run {run_id} has a {mode:?} stop recorded before its finishing gate")]
+    StopPending { run_id: String, mode: StopMode },
 }
 
 /// An operation's answer: the value, or the typed refusal.
@@ -108,6 +122,156 @@ pub mod state_keys {
     pub const DETACHED: &str = "detached";
     /// The run's status card in its chat thread (SPEC §12), `{channel, ts}`.
     pub const CARD: &str = "card";
+    /// The tool calls awaiting (or past) a person's approval, by call id ([`super::Approvals`]).
+    pub const APPROVALS: &str = "approvals";
+}
+
+/// A person's decision on a tool call (SPEC §13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Approve,
+    Deny,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Approve => "approve",
+            Decision::Deny => "deny",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Decision> {
+        [Decision::Approve, Decision::Deny]
+            .into_iter()
+            .find(|d| d.as_str() == s)
+    }
+}
+
+/// A decision as committed: what, who (`token:<name>`, `capability`, `slack:<user>`, `timeout`), an
+/// optional note, when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decided {
+    pub decision: Decision,
+    pub who: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub at: i64,
+}
+
+/// One tool call's approval (SPEC §13), kept in the row's `state.approvals` so it outlives any process:
+/// requested when the run parked on it, decided by whoever answered first (a process that does not own
+/// the run included), released by the owner once the decision's `approval_decided` event is committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Approval {
+    pub tool: String,
+    pub requested_at: i64,
+    /// No decision by then: denied by `timeout`.
+    pub deadline: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided: Option<Decided>,
+    /// The owner applied the decision and the step's calls may have started: a released call in flight
+    /// at a crash is settled like any call, an unreleased one certainly never ran.
+    #[serde(default)]
+    pub released: bool,
+}
+
+/// A run's approvals by call id.
+pub type Approvals = std::collections::BTreeMap<String, Approval>;
+
+/// The state patch that stores `approvals`.
+pub fn approvals_patch(approvals: &Approvals) -> Map<String, Value> {
+    let mut patch = Map::new();
+    patch.insert(
+        state_keys::APPROVALS.to_owned(),
+        serde_json::to_value(approvals).unwrap_or_default(),
+    );
+    patch
+}
+
+/// What a decision found (like [`StopAnswer`]): who owns the run, and whether its lease is current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecideAnswer {
+    pub owner_gen: String,
+    pub owner_lease_live: bool,
+}
+
+/// The owner's phase change `change` with `patch` merged into the row's state, applied to `row` (every
+/// backend's one rule; the caller persists the row): the new phase, or `WrongPhase`.
+pub fn change_phase(
+    row: &mut LiveRow,
+    change: decisions::PhaseChange,
+    patch: &Map<String, Value>,
+) -> Outcome<Phase> {
+    let next =
+        decisions::phase_transition(row.phase, change).map_err(|wrong| Refusal::WrongPhase {
+            run_id: row.run_id.clone(),
+            phase: wrong.from,
+            change: change.as_str(),
+        })?;
+    let mut patch = patch.clone();
+    // Approvals merge by call, never back: a decision another process committed after the owner read
+    // the row stays (the first decision wins), and so does a release.
+    if let Some(theirs) = patch.get(state_keys::APPROVALS) {
+        let mut merged = row.approvals();
+        let theirs: Approvals =
+            serde_json::from_value(theirs.clone()).map_err(|_| Refusal::UnknownCall {
+                run_id: row.run_id.clone(),
+                call_id: "(unreadable approvals)".into(),
+            })?;
+        for (call, mut a) in theirs {
+            if let Some(have) = merged.get(&call) {
+                a.decided = have.decided.clone().or(a.decided);
+                a.released |= have.released;
+            }
+            merged.insert(call, a);
+        }
+        patch.extend(approvals_patch(&merged));
+    }
+    merge_state(&mut row.state, &patch);
+    row.phase = next;
+    Ok(next)
+}
+
+/// A decision on `call_id`, applied to `row` (the caller persists its state): the first decision wins,
+/// a call the run does not await is refused, and so is any decision once the run is past its gate (a
+/// stop ended the wait; the call never runs).
+pub fn decide(
+    row: &mut LiveRow,
+    call_id: &str,
+    decided: &Decided,
+    now_ms: i64,
+) -> Outcome<DecideAnswer> {
+    if row.phase == Phase::Finishing {
+        return Err(Refusal::WrongPhase {
+            run_id: row.run_id.clone(),
+            phase: row.phase,
+            change: "decide",
+        });
+    }
+    let mut approvals = row.approvals();
+    let Some(approval) = approvals.get_mut(call_id) else {
+        return Err(Refusal::UnknownCall {
+            run_id: row.run_id.clone(),
+            call_id: call_id.to_owned(),
+        });
+    };
+    if let Some(first) = &approval.decided {
+        return Err(Refusal::AlreadyDecided {
+            run_id: row.run_id.clone(),
+            call_id: call_id.to_owned(),
+            decided: first.clone(),
+        });
+    }
+    approval.decided = Some(decided.clone());
+    merge_state(&mut row.state, &approvals_patch(&approvals));
+    Ok(DecideAnswer {
+        owner_gen: row.owner_gen.clone(),
+        owner_lease_live: !decisions::lease_expired(row.lease_until, now_ms),
+    })
 }
 
 impl LiveRow {
@@ -135,6 +299,17 @@ impl LiveRow {
             .get(state_keys::BINDING)
             .and_then(|b| b.get("workspace"))
             .and_then(Value::as_str)
+    }
+
+    /// The row's approvals (`state.approvals`); a value that does not read is none (logged).
+    pub fn approvals(&self) -> Approvals {
+        match self.state.get(state_keys::APPROVALS) {
+            None => Approvals::new(),
+            Some(v) => serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+                tracing::warn!(run_id = %self.run_id, error = %e, "state.approvals does not read");
+                Approvals::new()
+            }),
+        }
     }
 
     /// Whether the row was marked detached (`state.detached`, SPEC §5.5).
@@ -196,6 +371,9 @@ pub struct Admit {
     /// What the caller may see: a message reaches a live run only when it may see that run (SPEC §8.1
     /// Auth, visibility on writes); `None` for the process's own admissions (successors, tests).
     pub writer: Option<crate::record::VisibilityFilter>,
+    /// What the message does when the thread is busy (SPEC §5.1); `request` carries it too, so a
+    /// queued inbox item says it is one.
+    pub strategy: Strategy,
 }
 
 /// What admission did. Stored verbatim in a keyed receipt and returned verbatim on a retry.
@@ -230,6 +408,66 @@ pub enum AdmitOutcome {
     Fenced,
     /// The thread's live run is one the caller may not see: nothing was written (no receipt either).
     Forbidden,
+    /// `enqueue`: the message waits on the thread behind `run_id` (the live run), `position` of the
+    /// messages queued there (from 1), and starts its own run in turn.
+    Queued {
+        #[serde(rename = "runId")]
+        run_id: String,
+        position: u64,
+    },
+    /// `interrupt`: a soft stop of `run_id` is recorded and the message queued behind it.
+    Interrupting {
+        #[serde(rename = "runId")]
+        run_id: String,
+        position: u64,
+    },
+    /// `reject` on a busy thread: nothing was written (no receipt either).
+    Rejected {
+        #[serde(rename = "runId")]
+        run_id: String,
+    },
+}
+
+impl AdmitOutcome {
+    /// Whether a keyed receipt records this answer, to replay it to a retry: not the answers that say
+    /// "come back" or "not you" (busy, a held key, a hidden run, a rejection), which write nothing.
+    pub fn kept_in_receipt(&self) -> bool {
+        !matches!(
+            self,
+            AdmitOutcome::Busy { .. }
+                | AdmitOutcome::KeyConflict
+                | AdmitOutcome::ReceiptLimit { .. }
+                | AdmitOutcome::Forbidden
+                | AdmitOutcome::Rejected { .. }
+        )
+    }
+
+    /// The run and inbox seq a receipt row names (`admit_receipts.run_id`, `seq`).
+    pub fn receipt_target(&self) -> (&str, Option<u64>) {
+        match self {
+            AdmitOutcome::Started { run_id }
+            | AdmitOutcome::Queued { run_id, .. }
+            | AdmitOutcome::Interrupting { run_id, .. } => (run_id, None),
+            AdmitOutcome::Steered { run_id, seq } => (run_id, Some(*seq)),
+            _ => ("", None),
+        }
+    }
+
+    /// The answer's `outcome` spelling (`admit_receipts.outcome`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AdmitOutcome::Started { .. } => "started",
+            AdmitOutcome::Steered { .. } => "steered",
+            AdmitOutcome::Busy { .. } => "busy",
+            AdmitOutcome::KeyConflict => "key_conflict",
+            AdmitOutcome::ReceiptLimit { .. } => "receipt_limit",
+            AdmitOutcome::Fenced => "fenced",
+            AdmitOutcome::Forbidden => "forbidden",
+            AdmitOutcome::Queued { .. } => "queued",
+            AdmitOutcome::Interrupting { .. } => "interrupting",
+            AdmitOutcome::Rejected { .. } => "rejected",
+        }
+    }
 }
 
 /// Read a stored receipt's answer (`admit_receipts.answer_json`): every SQL backend's one decoding of
@@ -420,6 +658,48 @@ pub struct InboxItem {
     pub message: Value,
 }
 
+impl InboxItem {
+    /// The strategy the message was admitted with (`steer` when it names none).
+    pub fn strategy(&self) -> Strategy {
+        self.message
+            .get("strategy")
+            .and_then(Value::as_str)
+            .and_then(Strategy::parse)
+            .unwrap_or_default()
+    }
+
+    /// Whether the message waits for a run of its own (`enqueue`, `interrupt`) rather than steering
+    /// the live run: a run never folds it, whatever its inbox cursor says.
+    pub fn queued(&self) -> bool {
+        self.strategy().queues()
+    }
+}
+
+/// The follow-ups a run folds: the steering messages among `items` (queued ones wait for their own run).
+pub fn steering(items: Vec<InboxItem>) -> Vec<InboxItem> {
+    items.into_iter().filter(|i| !i.queued()).collect()
+}
+
+/// What the finishing gate writes: the phase `finishing`, or the refusal — a phase that does not allow
+/// it, or a stop recorded before a `completed` gate ([`decisions::stop_before_gate`]). Every backend's one
+/// check, in the gate's transaction.
+pub fn gate(row: &LiveRow, status: RunStatus) -> Outcome<Phase> {
+    let next = decisions::phase_transition(row.phase, decisions::PhaseChange::Finishing).map_err(
+        |wrong| Refusal::WrongPhase {
+            run_id: row.run_id.clone(),
+            phase: wrong.from,
+            change: decisions::PhaseChange::Finishing.as_str(),
+        },
+    )?;
+    match decisions::stop_before_gate(row.stop, status) {
+        Some(mode) => Err(Refusal::StopPending {
+            run_id: row.run_id.clone(),
+            mode,
+        }),
+        None => Ok(next),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeartbeatAnswer {
     pub stop: Option<StopMode>,
@@ -603,6 +883,24 @@ pub trait RunLedger: Send {
         now_ms: i64,
     ) -> Result<Outcome<StopAnswer>>;
     fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>>;
+    /// The owner's phase change with `patch` merged into the state, in one transaction ([`change_phase`]):
+    /// parking a run on approvals and resuming it (SPEC §13).
+    fn set_phase(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        change: decisions::PhaseChange,
+        patch: &Map<String, Value>,
+    ) -> Result<Outcome<Phase>>;
+    /// Record a person's decision on a call awaiting approval ([`decide`]); not fenced: any process may
+    /// take it, and the owner applies it.
+    fn decide(
+        &mut self,
+        run_id: &str,
+        call_id: &str,
+        decided: &Decided,
+        now_ms: i64,
+    ) -> Result<Outcome<DecideAnswer>>;
     /// The gate before the reply: commit `state.finalStatus` and the answer, phase → `finishing`.
     fn finishing(
         &mut self,
@@ -795,27 +1093,59 @@ pub struct Successor {
     pub inbox_consumed: Option<u64>,
 }
 
-/// The successor's admission and its first events: `run_meta` (seq 1) and one
-/// `input {source: "followup"}` per message (seqs 2…), all stamped `now_ms`. Its request is the first
-/// message's identity with every text, in inbox order; its identity is the finished run's, with the
-/// first message's user. `None` without an unread message.
+/// The inbox rows a finishing run leaves for the runs after it: every queued message (`enqueue`,
+/// `interrupt`: never folded, whatever the cursor) and the steering messages past `consumed`, in seq order.
+pub fn waiting(items: Vec<InboxItem>, consumed: Option<u64>) -> Vec<InboxItem> {
+    items
+        .into_iter()
+        .filter(|i| i.queued() || decisions::is_unread(i.seq, consumed))
+        .collect()
+}
+
+/// The successor a finish admits in its transaction (SPEC §5.2 step 8, §5.1): its admission, its first
+/// events, and the messages it carries on in its own inbox, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuccessorPlan {
+    pub admit: Admit,
+    pub events: Vec<Value>,
+    /// What waits behind the successor's own message(s): pushed onto its inbox in this order, so queued
+    /// messages keep their turn and late steering messages reach it.
+    pub carried: Vec<Value>,
+}
+
+/// The successor for `waiting` (see [`waiting`]), or `None` when nothing waits. Its messages are the
+/// first queued message alone — a run of its own, `input {source: "request"}` — or, when steering
+/// messages come first, all of them up to the first queued one, one `input {source: "followup"}` each
+/// (they were meant for the finished run, so the successor answers them together). Its events are
+/// `run_meta` (seq 1) and those inputs (seqs 2…), stamped `now_ms`; its request is the first message's
+/// with every text, in order; its identity is the finished run's, with the first message's user.
 pub fn successor_admission(
     finished: &LiveRow,
     gen: &str,
-    unread: &[InboxItem],
+    waiting: &[InboxItem],
     successor: &Successor,
     now_ms: i64,
-) -> Option<(Admit, Vec<Value>)> {
-    let messages: Vec<&Map<String, Value>> = unread
+) -> Option<SuccessorPlan> {
+    let items: Vec<(&InboxItem, &Map<String, Value>)> = waiting
         .iter()
-        .filter_map(|i| i.message.as_object())
+        .filter_map(|i| i.message.as_object().map(|m| (i, m)))
         .collect();
-    let first = messages.first()?;
-    let texts: Vec<&str> = messages
+    let (first_item, first) = *items.first()?;
+    let queued = first_item.queued();
+    let taken = if queued {
+        1
+    } else {
+        items.iter().take_while(|(i, _)| !i.queued()).count()
+    };
+    let texts: Vec<&str> = items[..taken]
         .iter()
-        .map(|m| m.get("text").and_then(Value::as_str).unwrap_or_default())
+        .map(|(_, m)| m.get("text").and_then(Value::as_str).unwrap_or_default())
         .collect();
-    let mut request = (*first).clone();
+    let carried = items[taken..]
+        .iter()
+        .map(|(_, m)| Value::Object((*m).clone()))
+        .collect();
+    let mut request = first.clone();
     request.insert("text".into(), Value::from(texts.join("\n\n")));
     let request = Value::Object(request);
     let mut identity = RunIdentity::from_meta(&finished.thread_key, &finished.meta);
@@ -829,12 +1159,14 @@ pub fn successor_admission(
     let mut run_meta = identity.event();
     run_meta["seq"] = Value::from(1);
     run_meta["at"] = Value::from(now_ms);
+    let source = if queued {
+        crate::record::InputSource::Request
+    } else {
+        crate::record::InputSource::Followup { inbox_seq: None }
+    };
     let mut events = vec![run_meta];
     for (i, text) in texts.iter().enumerate() {
-        let mut input = crate::record::input_event(
-            text,
-            crate::record::InputSource::Followup { inbox_seq: None },
-        );
+        let mut input = crate::record::input_event(text, source);
         input["seq"] = Value::from(i + 2);
         input["at"] = Value::from(now_ms);
         events.push(input);
@@ -852,8 +1184,13 @@ pub fn successor_admission(
         key: None,
         lease_ms: successor.lease_ms,
         writer: None,
+        strategy: Strategy::Steer,
     };
-    Some((admit, events))
+    Some(SuccessorPlan {
+        admit,
+        events,
+        carried,
+    })
 }
 
 #[cfg(test)]

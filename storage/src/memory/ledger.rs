@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
 
-use super::live::{keeps_receipt, Receipt};
+use super::live::Receipt;
 use super::MemoryStore;
 use crate::ledger::decisions::{
     decide_claim, deletion_fence_prunable, generation_prunable, is_unread, lease_expired,
@@ -71,7 +71,7 @@ impl RunLedger for MemoryStore {
         }
         let answer = ledger.admit_past_receipt(admit, now_ms)?;
         if let Some(key) = &admit.key {
-            if keeps_receipt(&answer) {
+            if answer.kept_in_receipt() {
                 ledger.receipts.insert(
                     (key.scope.clone(), key.key.clone()),
                     Receipt::new(&key.body_hash, &answer),
@@ -261,6 +261,43 @@ impl RunLedger for MemoryStore {
         }))
     }
 
+    fn set_phase(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        change: PhaseChange,
+        patch: &Map<String, Value>,
+    ) -> Result<Outcome<Phase>> {
+        let mut st = self.lock();
+        let row = match st.ledger.owned_mut(run_id, gen) {
+            Ok(row) => row,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        // On a copy: a refused change leaves the row as it was.
+        let mut changed = row.clone();
+        let out = crate::ledger::change_phase(&mut changed, change, patch);
+        if out.is_ok() {
+            *row = changed;
+        }
+        Ok(out)
+    }
+
+    fn decide(
+        &mut self,
+        run_id: &str,
+        call_id: &str,
+        decided: &crate::ledger::Decided,
+        now_ms: i64,
+    ) -> Result<Outcome<crate::ledger::DecideAnswer>> {
+        let mut st = self.lock();
+        let Some(row) = st.ledger.rows.get_mut(run_id) else {
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
+        };
+        Ok(crate::ledger::decide(row, call_id, decided, now_ms))
+    }
+
     fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
@@ -297,15 +334,9 @@ impl RunLedger for MemoryStore {
             Ok(row) => row,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        let next = match phase_transition(row.phase, PhaseChange::Finishing) {
+        let next = match crate::ledger::gate(row, status) {
             Ok(next) => next,
-            Err(wrong) => {
-                return Ok(Err(Refusal::WrongPhase {
-                    run_id: run_id.to_owned(),
-                    phase: wrong.from,
-                    change: PhaseChange::Finishing.as_str(),
-                }))
-            }
+            Err(refusal) => return Ok(Err(refusal)),
         };
         merge_state(
             &mut row.state,
@@ -650,6 +681,7 @@ mod tests {
             }),
             lease_ms: LEASE,
             writer: None,
+            strategy: crate::ledger::Strategy::Steer,
         }
     }
 

@@ -251,7 +251,26 @@ impl LedgerState {
         let holder_row = self.by_thread(&admit.thread_key);
         let reaches = admit.reaches(holder_row);
         let holder = holder_row.map(LiveRow::view);
-        match decide_admit(holder.as_ref(), admit.key.is_some(), reaches) {
+        let decision = decide_admit(
+            holder.as_ref(),
+            admit.key.is_some(),
+            reaches,
+            admit.strategy,
+        );
+        if let (Some(run_id), Some(_)) = (decision.writes_to(), &admit.key) {
+            if self
+                .receipts
+                .values()
+                .filter(|r| r.run_id == run_id)
+                .count()
+                >= crate::ledger::MAX_RECEIPTS_PER_RUN
+            {
+                return Ok(AdmitOutcome::ReceiptLimit {
+                    run_id: run_id.to_owned(),
+                });
+            }
+        }
+        match decision {
             AdmitDecision::Insert => {
                 if let Some(other) = self.rows.get(&admit.run_id) {
                     // The pre-minted id is live on another thread: SQLite's primary key refuses
@@ -279,21 +298,27 @@ impl LedgerState {
                     run_id: admit.run_id.clone(),
                 })
             }
-            AdmitDecision::Steer { run_id }
-                if admit.key.is_some()
-                    && self
-                        .receipts
-                        .values()
-                        .filter(|r| r.run_id == run_id)
-                        .count()
-                        >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
-            {
-                Ok(AdmitOutcome::ReceiptLimit { run_id })
-            }
             AdmitDecision::Steer { run_id } => {
                 let seq = self.push_inbox(&run_id, &admit.request);
                 Ok(AdmitOutcome::Steered { run_id, seq })
             }
+            AdmitDecision::Queue { run_id } => {
+                self.push_inbox(&run_id, &admit.request);
+                let position = self.queued_count(&run_id);
+                Ok(AdmitOutcome::Queued { run_id, position })
+            }
+            AdmitDecision::Interrupt { run_id } => {
+                self.push_inbox(&run_id, &admit.request);
+                if let Some(row) = self.rows.get_mut(&run_id) {
+                    row.stop = Some(crate::ledger::decisions::strongest_stop(
+                        row.stop,
+                        crate::ledger::StopMode::Soft,
+                    ));
+                }
+                let position = self.queued_count(&run_id);
+                Ok(AdmitOutcome::Interrupting { run_id, position })
+            }
+            AdmitDecision::Reject { run_id } => Ok(AdmitOutcome::Rejected { run_id }),
             AdmitDecision::Busy { run_id } => Ok(AdmitOutcome::Busy { run_id }),
             AdmitDecision::Forbidden => Ok(AdmitOutcome::Forbidden),
         }
@@ -312,12 +337,12 @@ fn answer_run(answer: &AdmitOutcome) -> Option<&str> {
 /// shortly" (SPEC §5.1: the keyed sender waits for the thread and retries with the same key), so a
 /// stored `Busy` would answer every retry with it forever. `KeyConflict` is never produced past the
 /// lookup.
-pub(super) fn keeps_receipt(answer: &AdmitOutcome) -> bool {
-    !matches!(
-        answer,
-        AdmitOutcome::Busy { .. }
-            | AdmitOutcome::KeyConflict
-            | AdmitOutcome::ReceiptLimit { .. }
-            | AdmitOutcome::Forbidden
-    )
+impl LedgerState {
+    /// How many messages wait queued in a run's inbox (SPEC §5.1 `position`).
+    fn queued_count(&self, run_id: &str) -> u64 {
+        self.inbox_items(run_id, |_| true)
+            .iter()
+            .filter(|i| i.queued())
+            .count() as u64
+    }
 }

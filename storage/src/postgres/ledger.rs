@@ -82,6 +82,14 @@ fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
     Ok(seq as u64)
 }
 
+/// How many messages wait queued in a run's inbox (SPEC §5.1 `position`).
+fn queued_count(c: &mut Db, run_id: &str) -> Result<u64> {
+    Ok(inbox_after(c, run_id, None)?
+        .iter()
+        .filter(|i| i.queued())
+        .count() as u64)
+}
+
 fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
     let Ok(after) = i64::try_from(after.unwrap_or(0)) else {
         return Ok(Vec::new());
@@ -164,11 +172,27 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         return Ok(AdmitOutcome::Fenced);
     }
     let holder = row_by_thread(c, &a.thread_key)?;
-    let outcome = match decisions::decide_admit(
+    let decision = decisions::decide_admit(
         holder.as_ref().map(LiveRow::view).as_ref(),
         a.key.is_some(),
         a.reaches(holder.as_ref()),
-    ) {
+        a.strategy,
+    );
+    let full = match (decision.writes_to(), &a.key) {
+        (Some(run_id), Some(_)) => {
+            c.query_one(
+                "SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1",
+                &[&run_id],
+            )?
+            .get::<_, i64>(0) as usize
+                >= crate::ledger::MAX_RECEIPTS_PER_RUN
+        }
+        _ => false,
+    };
+    let outcome = match decision {
+        d if full => AdmitOutcome::ReceiptLimit {
+            run_id: d.writes_to().unwrap_or_default().to_owned(),
+        },
         decisions::AdmitDecision::Insert => {
             c.execute(
                 "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
@@ -187,41 +211,35 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
                 run_id: a.run_id.clone(),
             }
         }
-        decisions::AdmitDecision::Steer { run_id }
-            if a.key.is_some()
-                && c.query_one(
-                    "SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1",
-                    &[&run_id],
-                )?
-                .get::<_, i64>(0) as usize
-                    >= crate::ledger::MAX_RECEIPTS_PER_RUN =>
-        {
-            AdmitOutcome::ReceiptLimit { run_id }
-        }
         decisions::AdmitDecision::Steer { run_id } => {
             let seq = push_inbox_in(c, &run_id, &a.request)?;
             AdmitOutcome::Steered { run_id, seq }
         }
+        decisions::AdmitDecision::Queue { run_id } => {
+            push_inbox_in(c, &run_id, &a.request)?;
+            let position = queued_count(c, &run_id)?;
+            AdmitOutcome::Queued { run_id, position }
+        }
+        decisions::AdmitDecision::Interrupt { run_id } => {
+            push_inbox_in(c, &run_id, &a.request)?;
+            let stop =
+                decisions::strongest_stop(holder.as_ref().and_then(|h| h.stop), StopMode::Soft);
+            c.execute(
+                "UPDATE live_runs SET stop = $2 WHERE run_id = $1",
+                &[&run_id, &stop.as_str()],
+            )?;
+            let position = queued_count(c, &run_id)?;
+            AdmitOutcome::Interrupting { run_id, position }
+        }
+        decisions::AdmitDecision::Reject { run_id } => AdmitOutcome::Rejected { run_id },
         decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
         decisions::AdmitDecision::Forbidden => AdmitOutcome::Forbidden,
     };
-    if let (Some(k), false) = (
-        &a.key,
-        matches!(
-            outcome,
-            AdmitOutcome::Busy { .. } | AdmitOutcome::ReceiptLimit { .. } | AdmitOutcome::Forbidden
-        ),
-    ) {
-        let (run_id, seq) = match &outcome {
-            AdmitOutcome::Started { run_id } => (run_id.as_str(), None),
-            AdmitOutcome::Steered { run_id, seq } => (run_id.as_str(), Some(*seq as i64)),
-            _ => ("", None),
-        };
+    if let (Some(k), true) = (&a.key, outcome.kept_in_receipt()) {
+        let (run_id, seq) = outcome.receipt_target();
+        let seq = seq.map(|s| s as i64);
         let answer =
             serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
-        let kind = serde_json::to_value(&outcome)
-            .ok()
-            .and_then(|v| v["outcome"].as_str().map(str::to_owned));
         c.execute(
             "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -230,7 +248,7 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
                 &k.key,
                 &k.body_hash,
                 &run_id,
-                &kind.unwrap_or_default(),
+                &outcome.kind(),
                 &seq,
                 &answer,
             ],
@@ -608,6 +626,47 @@ impl RunLedger for PgStore {
         })
     }
 
+    fn set_phase(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        change: PhaseChange,
+        patch: &Map<String, Value>,
+    ) -> Result<Outcome<Phase>> {
+        self.write(|c| {
+            let mut row = owner!(c, run_id, gen);
+            let next = match crate::ledger::change_phase(&mut row, change, patch) {
+                Ok(next) => next,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
+            write_state(c, run_id, &row.state)?;
+            set_phase(c, run_id, next)?;
+            Ok(Ok(next))
+        })
+    }
+
+    fn decide(
+        &mut self,
+        run_id: &str,
+        call_id: &str,
+        decided: &crate::ledger::Decided,
+        now_ms: i64,
+    ) -> Result<Outcome<crate::ledger::DecideAnswer>> {
+        self.write(|c| {
+            let Some(mut row) = get_row(c, run_id)? else {
+                return Ok(Err(Refusal::NotLive {
+                    run_id: run_id.to_owned(),
+                }));
+            };
+            let answer = match crate::ledger::decide(&mut row, call_id, decided, now_ms) {
+                Ok(answer) => answer,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
+            write_state(c, run_id, &row.state)?;
+            Ok(Ok(answer))
+        })
+    }
+
     fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
         self.write(|c| {
             let mut out = Vec::with_capacity(run_ids.len());
@@ -639,15 +698,9 @@ impl RunLedger for PgStore {
     ) -> Result<Outcome<()>> {
         self.write(|c| {
             let mut row = owner!(c, run_id, gen);
-            let next = match decisions::phase_transition(row.phase, PhaseChange::Finishing) {
+            let next = match crate::ledger::gate(&row, status) {
                 Ok(next) => next,
-                Err(_) => {
-                    return Ok(Err(Refusal::WrongPhase {
-                        run_id: run_id.to_owned(),
-                        phase: row.phase,
-                        change: "finishing",
-                    }))
-                }
+                Err(refusal) => return Ok(Err(refusal)),
             };
             merge_state(
                 &mut row.state,

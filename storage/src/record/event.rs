@@ -113,6 +113,40 @@ pub enum RunEvent {
         /// Settled at a resume: whether the call's effects happened is not known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         effects_unknown: Option<bool>,
+        /// A person (or the approval timeout) denied the call: it never ran (SPEC §13).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        denied: Option<bool>,
+        /// A stop ended the call's wait for approval: it never ran.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        not_run: Option<bool>,
+    },
+    /// A call waits for a person's approval (SPEC §13); the run is parked until it is decided.
+    #[serde(rename_all = "camelCase")]
+    ApprovalRequested {
+        #[serde(flatten)]
+        stamp: Stamp,
+        call_id: String,
+        tool: String,
+        /// The call's arguments, as the model gave them.
+        #[schema(value_type = Object)]
+        input: Value,
+        /// The arguments, redacted and capped (200 characters).
+        summary: String,
+        step: u64,
+    },
+    /// The decision on a call awaiting approval, committed before the call runs (or answers denied).
+    #[serde(rename_all = "camelCase")]
+    ApprovalDecided {
+        #[serde(flatten)]
+        stamp: Stamp,
+        call_id: String,
+        tool: String,
+        decision: crate::ledger::Decision,
+        /// `token:<name>`, `capability`, `slack:<user>` or `timeout`.
+        who: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+        step: u64,
     },
     /// Something the run, a recovery or a reader notes (`kind`: `reclaimed`, `ledger_detached`,
     /// `budget_exhausted`, `no_card`, `transcript_gap`, …).
@@ -196,6 +230,8 @@ impl RunEvent {
             RunEvent::RunFailed { .. } => "run_failed",
             RunEvent::StopRequested { .. } => "stop_requested",
             RunEvent::Resumed { .. } => "resumed",
+            RunEvent::ApprovalRequested { .. } => "approval_requested",
+            RunEvent::ApprovalDecided { .. } => "approval_decided",
         }
     }
 

@@ -50,6 +50,7 @@ pub fn admission(thread: &str, run_id: &str, gen: &str, now: i64) -> Admit {
         key: None,
         lease_ms: LEASE,
         writer: None,
+        strategy: storage::ledger::Strategy::Steer,
     }
 }
 

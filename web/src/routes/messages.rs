@@ -24,7 +24,7 @@ pub const MAX_AGENT_CHARS: usize = 64;
 pub const MAX_KEY_CHARS: usize = 256;
 
 /// The fields of a message body; any other is a 400 naming it.
-pub const MESSAGE_FIELDS: [&str; 8] = [
+pub const MESSAGE_FIELDS: [&str; 9] = [
     "thread",
     "channel",
     "user",
@@ -33,6 +33,7 @@ pub const MESSAGE_FIELDS: [&str; 8] = [
     "visibility",
     "key",
     "parentRunId",
+    "strategy",
 ];
 
 const _: () = assert!(
@@ -94,6 +95,12 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
         visibility: string_field(&map, "visibility", false)?,
         parent_run_id: string_field(&map, "parentRunId", false)?,
         source: Default::default(),
+        strategy: match string_field(&map, "strategy", false)? {
+            None => None,
+            Some(s) => Some(storage::ledger::Strategy::parse(&s).ok_or_else(|| {
+                ApiError::bad("strategy", "must be steer, enqueue, reject or interrupt")
+            })?),
+        },
     };
     // The thread key `<channel>:<thread>` is injective only while no channel holds the separator.
     if request.channel.contains(':') {
@@ -163,10 +170,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     tag = "runs",
     request_body = crate::openapi::MessageBody,
     responses(
-        (status = 202, description = "Started a run or steered into the live one", body = crate::openapi::Admission),
+        (status = 202, description = "Started a run, steered into the live one, queued behind it or interrupting it (SPEC §5.1 strategy)", body = crate::openapi::Admission),
         (status = 400, description = "A bad field (named), an unknown agent", body = crate::openapi::ErrorBody),
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, a cross-site request, or the thread's live run is one the token may not see (nothing written)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "key_conflict, or conflict (the thread's run was fenced; too many keyed receipts)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "key_conflict; thread_busy (strategy reject and the thread has a live run; nothing written); or conflict (the thread's run was fenced; too many keyed receipts)", body = crate::openapi::ErrorBody),
         (status = 413, description = "Body over 2 MiB or text over 1 MiB", body = crate::openapi::ErrorBody),
         (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody),
         (status = 503, description = "draining, thread_busy (a keyed message waited 5 s for a finishing run), or storage unavailable", body = crate::openapi::ErrorBody),
@@ -223,12 +230,29 @@ pub async fn admit(state: &AppState, msg: AdmitMessage) -> Result<HttpResponse, 
                 json!({"outcome": "steered", "runId": run_id, "seq": seq, "liveUrl": live_url}),
             ))
         }
+        Ok(Admitted::Queued {
+            run_id,
+            position,
+            interrupting,
+            token,
+        }) => {
+            let live_url = live_url(state, &run_id, &token);
+            let outcome = if interrupting {
+                "interrupting"
+            } else {
+                "queued"
+            };
+            Ok(HttpResponse::Accepted().json(json!({
+                "outcome": outcome, "runId": run_id, "position": position, "liveUrl": live_url,
+            })))
+        }
         Err(AdmitError::Draining) => Err(ApiError::Draining),
         Err(e @ AdmitError::UnknownAgent(_)) => Err(ApiError::bad("agent", e.to_string())),
         Err(e @ AdmitError::BadVisibility(_)) => Err(ApiError::bad("visibility", e.to_string())),
         Err(e @ AdmitError::BadThread(_)) => Err(ApiError::bad("thread", e.to_string())),
         Err(AdmitError::KeyConflict) => Err(ApiError::KeyConflict),
         Err(AdmitError::ThreadBusy) => Err(ApiError::ThreadBusy),
+        Err(AdmitError::Rejected) => Err(ApiError::ThreadLive),
         Err(e @ (AdmitError::Fenced | AdmitError::ReceiptLimit)) => {
             Err(ApiError::Conflict(e.to_string()))
         }

@@ -4,6 +4,7 @@
 //! answers 405 `method_not_allowed` (with `Allow`), never a 404.
 pub mod admin;
 pub mod api;
+pub mod approvals;
 pub mod html;
 pub mod messages;
 pub mod plans;
@@ -29,6 +30,7 @@ pub const API_ROUTES: &[(&str, &str)] = &[
     ("/api/runs/{id}/children", "GET"),
     ("/api/runs/{id}/stop", "POST"),
     ("/api/runs/{id}/retry", "POST"),
+    ("/api/runs/{id}/approvals/{callId}", "POST"),
     ("/api/runs/{id}/stream", "GET"),
     ("/api/live", "GET"),
     ("/api/plans/{id}/suggestions", "POST"),

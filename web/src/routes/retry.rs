@@ -255,6 +255,7 @@ fn request_of(view: &RunView, text: String) -> Result<Request, ApiError> {
         visibility: Some(view.channel_visibility.as_str().to_owned()),
         parent_run_id: Some(view.id.clone()),
         source: Source::Api,
+        strategy: None,
     })
 }
 
@@ -289,6 +290,7 @@ mod tests {
                 visibility: Some(ChannelVisibility::Public.as_str().into()),
                 parent_run_id: Some("r1".into()),
                 source: Source::Api,
+                strategy: None,
             }
         );
         assert_eq!(request.thread_key(), "c1:t:1");

@@ -19,7 +19,8 @@ pub const BODY_LIMIT: usize = 512 << 10;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     // `DELETE /api/runs/{id}` (kill) is mounted with the read of the same path (`api::configure`).
     cfg.service(resource("/api/runs/{id}/stop", "POST").route(web::post().to(stop_run)))
-        .configure(super::retry::configure);
+        .configure(super::retry::configure)
+        .configure(super::approvals::configure);
 }
 
 /// `POST /api/runs/{id}/stop`: record a soft or hard stop and signal the run's owner.

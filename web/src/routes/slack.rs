@@ -278,6 +278,7 @@ fn admission_of(event: &Value) -> Option<Request> {
         visibility: Some(visibility_of(channel).as_str().to_owned()),
         parent_run_id: None,
         source: Source::Slack,
+        strategy: None,
     })
 }
 
@@ -404,6 +405,29 @@ async fn post_events(
                 retry,
                 inbox_seq = seq,
                 "slack message steered into a run"
+            );
+            Ok(ok())
+        }
+        Ok(Admitted::Queued {
+            run_id, position, ..
+        }) => {
+            tracing::info!(
+                event_id,
+                run_id,
+                channel,
+                retry,
+                position,
+                "slack message queued behind a run"
+            );
+            Ok(ok())
+        }
+        // The agent's strategy is `reject` and the thread is busy: Slack has nothing to retry.
+        Err(AdmitError::Rejected) => {
+            tracing::info!(
+                event_id,
+                channel,
+                retry,
+                "slack message rejected: the thread is busy"
             );
             Ok(ok())
         }

@@ -316,6 +316,7 @@ fn index_html(list: &RunList, recent: &RunList, ask: &Ask, now: i64) -> Markup {
     let empty = match (status, &ask.q) {
         (_, Some(q)) if ask.search.is_some() => format!("No runs match “{q}”."),
         (StatusFilter::Active, _) => "No live runs.".to_owned(),
+        (StatusFilter::AwaitingApproval, _) => "No runs await approval.".to_owned(),
         (StatusFilter::Finished | StatusFilter::All, _) => "No runs.".to_owned(),
         (StatusFilter::Terminal(s), _) => format!("No {} runs.", s.as_str().replace('_', " ")),
     };
@@ -431,6 +432,7 @@ mod tests {
             resumed: None,
             effects_unknown: None,
             delivery_unknown: None,
+            awaiting_approval: None,
             events: None,
         }
     }

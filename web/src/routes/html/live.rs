@@ -492,6 +492,7 @@ pub(super) mod tests {
             resumed: None,
             effects_unknown: None,
             delivery_unknown: None,
+            awaiting_approval: None,
             events: Some(events),
         }
     }

@@ -84,8 +84,11 @@ pub fn marks(v: &RunView) -> Markup {
         }
     };
     html! {
-        @if v.resumed.is_some() || v.effects_unknown.is_some() || v.delivery_unknown.is_some() {
+        @if v.resumed.is_some() || v.effects_unknown.is_some() || v.delivery_unknown.is_some() || v.awaiting_approval.is_some() {
             span class="marks" {
+                @if v.awaiting_approval.is_some() {
+                    span class="mark mark-approval" title="Awaiting approval: the run is parked until a person approves or denies a tool call" { "✋ awaiting approval" }
+                }
                 @if let Some(n) = v.resumed {
                     span class="mark mark-resumed" title=(format!("Resumed {} after the process holding it ended", times(n))) { "↻ resumed" }
                 }
@@ -300,7 +303,7 @@ ol#events li{padding:7px 4px;border-bottom:1px solid #eef0f3;display:grid;grid-t
 .ev-unknown .kind::after{content:" · effects unknown";color:var(--amber)}
 .marks{display:inline-flex;flex-wrap:wrap;gap:4px;margin-left:6px;vertical-align:1px}
 .mark{display:inline-block;padding:0 7px;border-radius:999px;font-size:11px;font-weight:600;white-space:nowrap;cursor:help}
-.mark-resumed{background:#ede9fe;color:#5b21b6}.mark-unknown{background:#fef3c7;color:#92400e}.mark-delivery{background:#e0f2fe;color:#075985}
+.mark-resumed{background:#ede9fe;color:#5b21b6}.mark-unknown{background:#fef3c7;color:#92400e}.mark-delivery{background:#e0f2fe;color:#075985}.mark-approval{background:#fee2e2;color:#991b1b}
 #search{flex-wrap:nowrap}#search label{flex:1 1 auto;min-width:0}#search input{width:100%}
 .ev-details{grid-column:3;margin-top:2px}
 .ev-details summary{cursor:pointer;color:var(--muted);font-size:12px;width:max-content}
@@ -346,7 +349,7 @@ ol#events li{border-bottom-color:var(--line)}
 .bar-cut{fill:#475569}
 .band-gap{fill:#b45309;opacity:.45}.sw-gap{background:#b45309;border-color:#f59e0b}
 .tl-gap .tl-label{color:var(--amber)}.tl-gap .tl-dur{color:#fcd34d}
-.mark-resumed{background:#3b2a6b;color:#ede9fe}.mark-unknown{background:#5b3a0a;color:#fde68a}.mark-delivery{background:#0c3b57;color:#e0f2fe}
+.mark-resumed{background:#3b2a6b;color:#ede9fe}.mark-unknown{background:#5b3a0a;color:#fde68a}.mark-delivery{background:#0c3b57;color:#e0f2fe}.mark-approval{background:#5b1a1a;color:#fee2e2}
 }
 "#;
 
