@@ -98,6 +98,16 @@ pub struct StubMessage {
     pub deleted: bool,
 }
 
+impl StubMessage {
+    /// The values of its current buttons with `action_id` (`approve`, `deny`, `stop`), in block order.
+    pub fn buttons(&self, action_id: &str) -> Vec<String> {
+        self.blocks
+            .as_ref()
+            .map(|b| button_values(b, action_id))
+            .unwrap_or_default()
+    }
+}
+
 /// Counts of what the stub was asked and answered. A call is counted under its method before anything
 /// else, rate-limited and refused calls included.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -591,13 +601,24 @@ fn answer(
 
 /// The value of the button with `action_id` `stop` in `blocks`' action blocks.
 fn stop_button(blocks: &Value) -> Option<String> {
+    button_values(blocks, "stop").into_iter().next()
+}
+
+/// The values of every button with `action_id` in `blocks`' action blocks, in block order (a card awaiting
+/// several approvals has an Approve button per call).
+fn button_values(blocks: &Value, action_id: &str) -> Vec<String> {
     blocks
-        .as_array()?
-        .iter()
+        .as_array()
+        .into_iter()
+        .flatten()
         .filter(|b| b.get("type").and_then(Value::as_str) == Some("actions"))
         .filter_map(|b| b.get("elements").and_then(Value::as_array))
         .flatten()
-        .find(|e| e.get("action_id").and_then(Value::as_str) == Some("stop"))
-        .and_then(|e| e.get("value").and_then(Value::as_str))
+        .filter(|e| {
+            e.get("type").and_then(Value::as_str) == Some("button")
+                && e.get("action_id").and_then(Value::as_str) == Some(action_id)
+        })
+        .filter_map(|e| e.get("value").and_then(Value::as_str))
         .map(str::to_owned)
+        .collect()
 }

@@ -218,12 +218,13 @@ fn a_stop_ends_the_wait_and_the_call_never_runs() {
 }
 
 #[test]
-fn a_crash_while_parked_parks_again_and_a_decision_taken_meanwhile_is_applied() {
+fn a_kill_9_while_parked_parks_again_and_a_decision_taken_meanwhile_is_applied() {
     let dir = approving_dir(600_000);
     let mut a = Proc::start(dir.path(), &[]);
     let run = start_run(&a, "tool=append_file steps=1 ms=10");
     parked_on(&a, &run, "call-1");
-    a.crash();
+    a.signal("-KILL");
+    assert!(a.wait_exit(Duration::from_secs(10)).is_some(), "killed");
     // The decision lands while nobody runs the run; the next process applies it at its resume.
     let b = Proc::start(dir.path(), &[]);
     let (status, body) = decide(

@@ -5,6 +5,9 @@
 //!   resume, a gap marker with its length; a failed run shows its error box.
 //! - The live view expands each event's details, reads in dark mode (`prefers-color-scheme: dark`,
 //!   emulated), downloads its JSON, and runs the run again.
+//! - A run parked for approval shows a panel per call; its Approve and Deny buttons — authorized by the
+//!   capability token alone — decide the calls, the panels go as the decisions arrive live, and the run
+//!   finishes.
 //!
 //! The index and thread pages are in tests/browser_index.rs. Every test saves screenshots under
 //! `target/screenshots/` (one name per test), to look at. CI installs `chromium` and `chromium-driver`
@@ -189,6 +192,157 @@ async fn the_run_page_streams_steps_live_and_its_hard_stop_button_stops_the_run(
     assert!(
         steps < 30,
         "the hard stop cut the run short ({steps} steps)"
+    );
+    session.close().await;
+}
+
+#[actix_web::test]
+async fn the_run_pages_approve_and_deny_buttons_decide_the_parked_calls_and_the_run_finishes() {
+    // Dev bypass off: the page's capability token is all that authorizes a decision, as for Stop.
+    let mut writer = String::new();
+    let app = TestApp::spawn_with(|c| {
+        c.auth.dev_bypass = false;
+        writer = add_token(c, "writer", &["messages:write"], json!({"kind": "all"}));
+        c.agents.entry("demo".into()).or_default().approve = vec!["append_*".into()];
+    })
+    .await;
+    let driver = Driver::start().await;
+    let session = driver
+        .session(&app.dir.path().join("chromium-profile"))
+        .await;
+    let (status, body) = app
+        .post_as(
+            &writer,
+            json!({"thread": "approvals", "channel": "c1", "user": "u1",
+            "text": "tool=append_file steps=2 ms=10 answer=decided"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let run_id = body["runId"].as_str().unwrap().to_owned();
+    let live_url = body["liveUrl"].as_str().unwrap();
+    let token = live_url.split("token=").nth(1).unwrap().to_owned();
+    app.event(&run_id, "approval_requested").await;
+    session
+        .goto(&app.url(&format!("/runs/{run_id}?token={token}")))
+        .await;
+    session.js("window.__samePage = 'yes'; return true;").await;
+
+    // The parked call's panel: its tool and input, a note, Approve and Deny.
+    let panel = |call: &str| format!(".approval[data-call-id=\"{call}\"]");
+    let shown = |call: &str| {
+        format!(
+            "var p = document.querySelector({:?}); \
+             return !!p && !document.getElementById('approvals').hidden && p.getBoundingClientRect().height > 0;",
+            panel(call)
+        )
+    };
+    assert!(
+        session
+            .wait_for(&shown("call-1"), Duration::from_secs(20))
+            .await,
+        "no panel for the parked call"
+    );
+    assert_eq!(
+        session
+            .js(&format!(
+                "return document.querySelector({:?}).textContent;",
+                format!("{} .approval-tool", panel("call-1"))
+            ))
+            .await,
+        "append_file"
+    );
+    let input = session
+        .js(&format!(
+            "return document.querySelector({:?}).textContent;",
+            format!("{} .approval-input", panel("call-1"))
+        ))
+        .await;
+    assert!(
+        input.as_str().is_some_and(|t| t.starts_with('{')),
+        "{input}"
+    );
+    session.shoot("approval-parked").await;
+
+    // Approve with a note: the answer is shown, and the panel goes once the decision's event arrives.
+    session
+        .js(&format!(
+            "document.querySelector({:?}).value = 'looks <b>fine</b>'; return true;",
+            format!("{} .approval-note", panel("call-1"))
+        ))
+        .await;
+    session
+        .click(&format!("{} .approval-approve", panel("call-1")))
+        .await;
+    let gone = format!("return !document.querySelector({:?});", panel("call-1"));
+    assert!(
+        session.wait_for(&gone, Duration::from_secs(20)).await,
+        "the decided call's panel stayed"
+    );
+    assert_eq!(
+        session
+            .js("return document.getElementById('control-msg').textContent;")
+            .await,
+        "call call-1 approved by capability"
+    );
+    // The next step parks on its own call, whose panel arrives live; Deny it.
+    assert!(
+        session
+            .wait_for(&shown("call-2"), Duration::from_secs(20))
+            .await,
+        "no live panel for the next call"
+    );
+    session
+        .click(&format!("{} .approval-deny", panel("call-2")))
+        .await;
+    let completed = "return document.getElementById('status').textContent === 'completed';";
+    assert!(
+        session.wait_for(completed, Duration::from_secs(20)).await,
+        "the run did not finish"
+    );
+    assert_eq!(
+        session
+            .js("return document.getElementById('approvals').hidden;")
+            .await,
+        true
+    );
+    assert_eq!(session.js(&count(".approval")).await, 0);
+    assert_eq!(
+        session.js("return window.__samePage || null;").await,
+        "yes",
+        "the page reloaded"
+    );
+    // The list says what was decided, by whom.
+    let decided = session
+        .js("return Array.prototype.map.call(document.querySelectorAll('#events li.ev-approval_decided'), \
+             function (li) { return li.querySelector('.kind').textContent + ' | ' + li.querySelector('.body').textContent; });")
+        .await;
+    assert_eq!(
+        decided,
+        json!([
+            "step 1 · approved append_file | by capability: looks <b>fine</b>",
+            "step 2 · denied append_file | by capability"
+        ])
+    );
+    session.shoot("approval-decided").await;
+
+    let record = app.final_record(&run_id).await;
+    assert_eq!(record.head.status, RunStatus::Completed);
+    let decisions: Vec<_> = record
+        .events
+        .iter()
+        .filter(|e| e["type"] == "approval_decided")
+        .map(|e| (e["decision"].clone(), e["who"].clone(), e["note"].clone()))
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            (
+                json!("approve"),
+                json!("capability"),
+                json!("looks <b>fine</b>")
+            ),
+            (json!("deny"), json!("capability"), Value::Null)
+        ]
     );
     session.close().await;
 }

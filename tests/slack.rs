@@ -392,25 +392,157 @@ fn the_cards_stop_button_soft_stops_the_run_and_the_card_says_who() {
     let card = the_card(&stub, root);
     let run_id = card.run_id.clone().unwrap();
     assert!(card.stop_button.is_some(), "a live card offers Stop");
-    let payload = json!({"type": "block_actions", "user": {"id": "U42"},
-        "channel": {"id": "C1"}, "container": {"message_ts": card.ts},
-        "actions": [{"action_id": "stop", "value": run_id, "type": "button"}]});
+    assert_eq!(click(&p, "U42", "C1", &card.ts, "stop", &run_id), 200);
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::StoppedSoft);
+    let stopped = card_shows(&stub, &card.ts, "⏹ stopped by slack:U42");
+    assert!(stopped.stop_button.is_none(), "a closed card has no button");
+}
+
+/// A signed `block_actions` interaction, as Slack posts one when `user` clicks the button `action_id`
+/// carrying `value` on the message `message_ts` in `channel`; answers the status.
+fn click(
+    p: &Proc,
+    user: &str,
+    channel: &str,
+    message_ts: &str,
+    action_id: &str,
+    value: &str,
+) -> u16 {
+    let payload = json!({"type": "block_actions", "team": {"id": "T1", "domain": "team"},
+        "user": {"id": user, "username": "someone", "name": "someone", "team_id": "T1"},
+        "api_app_id": "A1", "token": "legacy", "trigger_id": "1.2.3",
+        "container": {"type": "message", "message_ts": message_ts, "channel_id": channel,
+            "is_ephemeral": false},
+        "channel": {"id": channel, "name": "general"},
+        "response_url": "https://hooks.slack.com/actions/T1/1/x",
+        "actions": [{"action_id": action_id, "block_id": "b1", "value": value, "type": "button",
+            "text": {"type": "plain_text", "text": "x", "emoji": true}, "action_ts": "1700000000.1"}]});
     let form = format!("payload={}", url_encode(&payload.to_string()));
     let ts = now_secs().to_string();
     let signature = web::routes::slack::sign(SECRET, &ts, form.as_bytes());
     let url = p.url("/slack/interactions");
-    let (status, _) = http(move |c| {
+    http(move |c| {
         c.post(url)
             .header("content-type", "application/x-www-form-urlencoded")
             .header("X-Slack-Request-Timestamp", ts)
             .header("X-Slack-Signature", signature)
             .body(form)
+    })
+    .0
+}
+
+#[test]
+fn the_cards_approve_and_deny_buttons_decide_the_parked_calls_and_the_record_says_who() {
+    let stub = SlackStub::start().unwrap();
+    let (_dir, data) = slack_dir(&stub);
+    // The demo agent must have every append_file call approved.
+    let config = data.join("config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[agents.demo]\nkind = \"scripted\"\napprove = [\"append_*\"]\n");
+    std::fs::write(&config, text).unwrap();
+    let p = start(&data, &stub);
+    let root = "1700000012.000100";
+    let body = mention(
+        "Ev12",
+        root,
+        None,
+        "tool=append_file steps=2 ms=10 answer=decided",
+    );
+    assert_eq!(signed(&p, "/slack/events", &body, now_secs(), None).0, 200);
+    let card = the_card(&stub, root);
+    let run_id = card.run_id.clone().unwrap();
+    let awaiting = |step: u64| {
+        wait_for(
+            &format!("the card to show step {step}'s call awaiting approval"),
+            || {
+                stub.message(&card.ts).filter(|m| {
+                    m.text
+                        .starts_with(&format!("⏳ demo · step {step} · append_file …\n"))
+                        && m.text
+                            .contains("\n✋ waiting for approval: append_file — {")
+                })
+            },
+        )
+    };
+    // The card offers Approve and Deny for the call, and still Stop.
+    let parked = awaiting(1);
+    let first = actors::channel::slack::approval_value(&run_id, "call-1").unwrap();
+    assert_eq!(parked.buttons("approve"), std::slice::from_ref(&first));
+    assert_eq!(parked.buttons("deny"), std::slice::from_ref(&first));
+    assert_eq!(parked.buttons("stop"), std::slice::from_ref(&run_id));
+    // A click from another channel reaches no run there: the call still awaits its decision.
+    assert_eq!(click(&p, "U7", "C9", &card.ts, "deny", &first), 200);
+    wait_for("the refusal in the log", || {
+        p.logged("slack decision refused: no such run in this channel")
+            .then_some(())
     });
-    assert_eq!(status, 200);
+    assert!(stub.message(&card.ts).unwrap().text.contains("✋"));
+
+    assert_eq!(click(&p, "U42", "C1", &card.ts, "approve", &first), 200);
+    // The next step's call, with its own buttons.
+    let second = wait_for("the card's buttons for step 2's call", || {
+        let card = awaiting(2);
+        let deny = card.buttons("deny");
+        (deny.len() == 1 && deny[0] != first).then(|| deny[0].clone())
+    });
+    assert_eq!(
+        Some(second.clone()),
+        actors::channel::slack::approval_value(&run_id, "call-2")
+    );
+    // A late click on the decided call changes nothing (the first decision stands); Slack hears 200.
+    assert_eq!(click(&p, "U43", "C1", &card.ts, "deny", &first), 200);
+    wait_for("the late click's refusal in the log", || {
+        p.log_lines()
+            .iter()
+            .any(|l| l.contains("slack decision refused") && l.contains("decided already"))
+            .then_some(())
+    });
+    assert_eq!(click(&p, "U42", "C1", &card.ts, "deny", &second), 200);
+
     let record = final_record(&data, &run_id);
-    assert_eq!(record.head.status, RunStatus::StoppedSoft);
-    let stopped = card_shows(&stub, &card.ts, "⏹ stopped by slack:U42");
-    assert!(stopped.stop_button.is_none(), "a closed card has no button");
+    assert_eq!(record.head.status, RunStatus::Completed);
+    let decided: Vec<_> = record
+        .events
+        .iter()
+        .filter(|e| e["type"] == "approval_decided")
+        .map(|e| {
+            (
+                e["callId"].as_str(),
+                e["decision"].as_str(),
+                e["who"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            (Some("call-1"), Some("approve"), Some("slack:U42")),
+            (Some("call-2"), Some("deny"), Some("slack:U42"))
+        ]
+    );
+    let result = |call: &str| {
+        record
+            .events
+            .iter()
+            .find(|e| e["type"] == "tool_result" && e["callId"] == call)
+            .cloned()
+            .unwrap_or_else(|| panic!("{call} has a result"))
+    };
+    assert_eq!(result("call-1")["ok"], json!(true), "approved, it ran");
+    assert_eq!(
+        result("call-2")["denied"],
+        json!(true),
+        "denied, it did not"
+    );
+    let done = card_shows(&stub, &card.ts, "✅ demo · done");
+    assert!(!done.text.contains('✋'), "{}", done.text);
+    assert!(done.buttons("approve").is_empty() && done.buttons("deny").is_empty());
+    wait_for("one reply", || {
+        (stub.replies_in(root).len() == 1).then_some(())
+    });
+    assert_eq!(stub.replies_in(root)[0].text, "decided");
+    assert_eq!(stub.cards_in(root).len(), 1);
 }
 
 /// Percent-encoding of a form value (every byte outside the unreserved set).

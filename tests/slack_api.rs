@@ -26,6 +26,7 @@ fn live(text: &str) -> Frame {
         text: text.into(),
         run_id: "run-1".into(),
         stop_button: true,
+        approvals: Vec::new(),
     }
 }
 
@@ -34,6 +35,7 @@ fn closing(text: &str) -> Frame {
         text: text.into(),
         run_id: "run-1".into(),
         stop_button: false,
+        approvals: Vec::new(),
     }
 }
 

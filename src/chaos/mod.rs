@@ -42,6 +42,7 @@
 //! finishes before the next fault), except the paused processes, which wait out their pause in tasks of
 //! their own so several pauses can overlap other faults.
 
+mod approvals;
 mod fleet;
 mod slack;
 mod verify;
@@ -75,6 +76,8 @@ const DRAIN_DEADLINE_MS: u64 = 10_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// The message every client sends (plus its nonce): three mutating steps.
 const MESSAGE: &str = "tool=append_file steps=3 ms=50";
+/// With `--approvals`: two mutating steps, each parked on a decision.
+const MESSAGE_APPROVED: &str = "tool=append_file steps=2 ms=50";
 
 /// `switchboard chaos` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -115,6 +118,11 @@ pub struct ChaosArgs {
     /// `strategy` field (the configured default, `steer`).
     #[arg(long, value_delimiter = ',', value_parser = parse_strategy)]
     pub strategies: Vec<Strategy>,
+    /// Every `append_file` call needs a person's approval (SPEC §13): an approver decides each request
+    /// at a random moment (approve or deny) through a random process; the verifier checks that no denied
+    /// or undecided call ran, no approved call ran twice, and no decision changed.
+    #[arg(long)]
+    pub approvals: bool,
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -365,9 +373,9 @@ async fn client_loop(
     fleet: Arc<Fleet>,
     stop: Arc<AtomicBool>,
     sent: Arc<Mutex<Vec<Sent>>>,
-    via_slack: bool,
-    strategies: Vec<Strategy>,
+    args: ChaosArgs,
 ) {
+    let (via_slack, strategies) = (args.slack, args.strategies);
     let mut rng =
         StdRng::seed_from_u64(seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(id as u64 + 1)));
     let Ok(http) = client() else { return };
@@ -388,7 +396,12 @@ async fn client_loop(
             let addr = &addrs[rng.random_range(0..addrs.len())];
             n += 1;
             let nonce = format!("q{id:02}x{n:06}");
-            let text = format!("{MESSAGE} nonce={nonce}");
+            let message = if args.approvals {
+                MESSAGE_APPROVED
+            } else {
+                MESSAGE
+            };
+            let text = format!("{message} nonce={nonce}");
             if via_slack {
                 // Slack's own retries of one event carry its id: the same message, never a duplicate.
                 let root = slack::thread_ts(&thread);
@@ -485,6 +498,15 @@ async fn scenario(
         }
         false => None,
     };
+    if args.approvals {
+        use std::io::Write as _;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data.join("config.toml"))
+            .and_then(|mut f| f.write_all(approvals::config().as_bytes()))
+            .context("write the approvals config")?;
+    }
     let fleet = Arc::new(fleet);
     let mut children: Vec<Option<ChildServer>> = Vec::with_capacity(args.processes);
     for slot in 0..args.processes {
@@ -505,11 +527,21 @@ async fn scenario(
                 fleet.clone(),
                 stop.clone(),
                 sent.clone(),
-                args.slack,
-                args.strategies.clone(),
+                args.clone(),
             ))
         })
         .collect();
+    let decisions: Arc<Mutex<Vec<approvals::Sent>>> = Arc::new(Mutex::new(Vec::new()));
+    // The approver goes on through the settling: the runs queued at the end still park on approvals.
+    let approver_stop = Arc::new(AtomicBool::new(false));
+    let approver = args.approvals.then(|| {
+        tokio::spawn(approvals::approver_loop(
+            seed,
+            fleet.clone(),
+            approver_stop.clone(),
+            decisions.clone(),
+        ))
+    });
     let shown: Arc<Mutex<Vec<Shown>>> = Arc::new(Mutex::new(Vec::new()));
     let reader = tokio::spawn(reader_loop(
         seed,
@@ -556,12 +588,25 @@ async fn scenario(
     let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
 
     let http = client()?;
-    let settled = verify::settle(&http, &fleet).await;
+    // Queues drain one run after another, and each parked run waits for its decision.
+    let settle_for = if args.approvals || !args.strategies.is_empty() {
+        Duration::from_secs(600)
+    } else {
+        Duration::from_secs(120)
+    };
+    let settled = verify::settle(&http, &fleet, settle_for).await;
+    approver_stop.store(true, Ordering::SeqCst);
+    if let Some(approver) = approver {
+        let _ = approver.await;
+    }
     let mut shown = std::mem::take(&mut *shown.lock().unwrap_or_else(|p| p.into_inner()));
     shown.sort();
     shown.dedup();
     let stub = slack.as_ref().map(|s| &s.stub);
-    let mut verdict = verify::verify(&http, &fleet, &sent, &shown, settled, stub).await?;
+    let decisions = std::mem::take(&mut *decisions.lock().unwrap_or_else(|p| p.into_inner()));
+    let decisions = args.approvals.then_some(decisions.as_slice());
+    let mut verdict =
+        verify::verify(&http, &fleet, &sent, &shown, settled, stub, decisions).await?;
     verdict.details.extend(faults.details.iter().cloned());
     verdict.notes.extend(faults.notes.iter().cloned());
     verdict.faults = faults;

@@ -23,9 +23,6 @@ use super::fleet::{Fault, FaultLog, Fleet};
 use super::{Answer, ChaosArgs, Sent, Shown, LEASE_MS};
 use crate::shared_db::DbSpec;
 
-/// How long the verifier waits for every run to settle.
-const SETTLE: Duration = Duration::from_secs(120);
-
 /// GET `path` from one live process after another until one answers 2xx JSON.
 async fn get_json(http: &reqwest::Client, fleet: &Fleet, path: &str) -> anyhow::Result<Value> {
     let mut last = anyhow::anyhow!("no process is up");
@@ -101,10 +98,10 @@ fn has_final_record(run: &Value) -> bool {
         && run["status"].is_string()
 }
 
-/// Wait (≤ [`SETTLE`]) until no process lists an active run, the ledger has no live row and every listed
+/// Wait (≤ `within`) until no process lists an active run, the ledger has no live row and every listed
 /// run has its final record. Answers whether that happened.
-pub(super) async fn settle(http: &reqwest::Client, fleet: &Fleet) -> bool {
-    let until = Instant::now() + SETTLE;
+pub(super) async fn settle(http: &reqwest::Client, fleet: &Fleet, within: Duration) -> bool {
+    let until = Instant::now() + within;
     while Instant::now() < until {
         let mut quiet = true;
         for addr in fleet.live_addrs() {
@@ -191,6 +188,8 @@ pub(super) struct Verdict {
     pub queue_out_of_order: usize,
     /// Runs an `interrupting` answer named that did not end `stopped_soft`.
     pub interrupts_not_stopped: usize,
+    /// With `--approvals`: the approvals the records hold against the workspaces and the approver.
+    pub approvals: Option<super::approvals::ApprovalCounts>,
     /// With `--slack`: the cards and replies the Slack stand-in holds, per run.
     pub cards: Option<super::slack::CardCounts>,
     pub elapsed: Duration,
@@ -221,6 +220,7 @@ impl Verdict {
             + self.faults.drain_failures
             + self.faults.unexpected_exits
             + self.cards.as_ref().map_or(0, |c| c.violations())
+            + self.approvals.as_ref().map_or(0, |a| a.violations())
     }
 
     /// With `--strategies`: which, and the checks of their promises.
@@ -257,10 +257,15 @@ impl Verdict {
             (
                 "scenario",
                 format!(
-                    "chaos ({} clients, {} processes{on}{}, seed {seed})",
+                    "chaos ({} clients, {} processes{on}{}{}, seed {seed})",
                     args.clients,
                     args.processes,
-                    if args.slack { ", via Slack" } else { "" }
+                    if args.slack { ", via Slack" } else { "" },
+                    if args.approvals {
+                        ", with approvals"
+                    } else {
+                        ""
+                    }
                 ),
             ),
             (
@@ -285,7 +290,7 @@ impl Verdict {
                 if self.settled {
                     "yes".into()
                 } else {
-                    "no (waited 2 min)".into()
+                    "no (waited for it past the deadline)".into()
                 },
             ),
             ("lost inputs", self.lost_inputs.to_string()),
@@ -337,6 +342,9 @@ impl Verdict {
                 ),
             ]);
         }
+        if let Some(a) = &self.approvals {
+            rows.extend(a.rows());
+        }
         if let Some(c) = &self.cards {
             rows.extend([
                 (
@@ -379,6 +387,7 @@ impl Verdict {
             "missing_runs": self.missing_runs, "repeated_seqs": self.repeated_seqs,
             "crossed_threads": self.crossed_threads, "unanswered_completed": self.unanswered_completed,
             "strategies": self.strategies_json(args),
+            "approvals": self.approvals.as_ref().map(super::approvals::ApprovalCounts::json),
             "calls_without_results": self.calls_without_results, "miscounted_records": self.miscounted_records,
             "lost_shown_events": self.lost_shown_events, "shown_events": self.shown_events,
             "drain_failures": self.faults.drain_failures,
@@ -555,7 +564,9 @@ pub(super) async fn verify(
     shown: &[Shown],
     settled: bool,
     slack: Option<&crate::slack_stub::SlackStub>,
+    decisions: Option<&[super::approvals::Sent]>,
 ) -> anyhow::Result<Verdict> {
+    let mut approvals: HashMap<String, super::approvals::RunApprovals> = HashMap::new();
     let mut v = Verdict {
         settled,
         shown_events: shown.len(),
@@ -640,6 +651,12 @@ pub(super) async fn verify(
             .with_context(|| format!("read the events of run {id}"))?;
         if slack.is_some() {
             slack_runs.push((id.clone(), events.clone()));
+        }
+        if decisions.is_some() && has_final_record(run) {
+            let a = super::approvals::RunApprovals::of(&events);
+            if !a.is_empty() {
+                approvals.insert(id.clone(), a);
+            }
         }
         let mut seqs = HashSet::new();
         let mut terminals = 0;
@@ -774,6 +791,14 @@ pub(super) async fn verify(
     if let Some(stub) = slack {
         v.cards = Some(super::slack::check(stub, &slack_runs, &mut v.details));
     }
+    if let Some(decisions) = decisions {
+        v.approvals = Some(super::approvals::check(
+            &approvals,
+            decisions,
+            &fleet.data.join("workspaces"),
+            &mut v.details,
+        ));
+    }
 
     // Workspaces: every steps.log on disk, whether or not its run is listed.
     let root = fleet.data.join("workspaces");
@@ -867,6 +892,64 @@ mod tests {
             lost,
             vec![(6, Some("c2".to_owned())), (5, Some("c9".to_owned()))],
             "a vanished seq, and a seq now holding another call"
+        );
+    }
+
+    #[test]
+    fn queued_messages_must_run_on_their_own_after_what_they_waited_behind_and_in_order() {
+        let sent =
+            |nonce: &str, outcome: &str, behind: &str, sent_ms: i64, answered_ms: i64| Sent {
+                nonce: nonce.into(),
+                thread_key: "chaos:t0".into(),
+                answer: Answer::Accepted {
+                    outcome: outcome.into(),
+                    run_id: behind.into(),
+                },
+                sent_ms,
+                answered_ms,
+            };
+        let run = |status: &str, started: i64, finished: i64| json!({"status": status, "startedAt": started, "finishedAt": finished});
+        let runs: BTreeMap<String, Value> = [
+            ("r0".to_owned(), run("stopped_soft", 0, 100)),
+            ("r1".to_owned(), run("completed", 100, 200)),
+            ("r2".to_owned(), run("completed", 150, 300)),
+            ("r3".to_owned(), run("completed", 90, 400)),
+            ("r4".to_owned(), run("completed", 500, 600)),
+        ]
+        .into();
+        let messages = [
+            sent("a", "interrupting", "r0", 10, 11),
+            sent("b", "queued", "r0", 12, 13), // ran in r2, which started before r1 (a's run) ended
+            sent("c", "queued", "r1", 300, 301), // ran in r3, which started before r1 ended
+            sent("d", "interrupting", "r1", 400, 401), // r1 ended completed, not stopped
+            sent("e", "queued", "r4", 402, 403), // ran in r4 itself: not a run of its own
+        ];
+        let requests: HashMap<String, String> = [
+            ("a", "r1"),
+            ("b", "r2"),
+            ("c", "r3"),
+            ("d", "r4"),
+            ("e", "r4"),
+        ]
+        .into_iter()
+        .map(|(n, r)| (n.to_owned(), r.to_owned()))
+        .collect();
+        let found: HashMap<String, Vec<(String, String)>> = requests
+            .iter()
+            .map(|(n, r)| (n.clone(), vec![(r.clone(), "chaos:t0".to_owned())]))
+            .collect();
+        let mut v = Verdict::default();
+        check_queues(&mut v, &messages, &runs, &requests, &found);
+        assert_eq!(v.interrupts_not_stopped, 1, "{:?}", v.details);
+        assert_eq!(
+            v.queue_breaches, 2,
+            "c started before r1 ended; e is not its own run: {:?}",
+            v.details
+        );
+        assert!(
+            v.queue_out_of_order >= 1,
+            "b's run started before a's ended: {:?}",
+            v.details
         );
     }
 

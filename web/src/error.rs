@@ -45,6 +45,9 @@ pub enum ApiError {
     Draining,
     #[error("the thread's run is finishing; try again")]
     ThreadBusy,
+    /// The thread's queue is full (SPEC §5.1 `enqueue`): 429 `queue_full` with `Retry-After`, nothing written.
+    #[error("{0}")]
+    QueueFull(String),
     /// `strategy: "reject"` on a thread with a live run (SPEC §5.1): 409 `thread_busy`, nothing written.
     #[error("the thread has a live run and the message's strategy is reject")]
     ThreadLive,
@@ -81,6 +84,7 @@ impl ApiError {
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Draining => "draining",
             ApiError::ThreadBusy | ApiError::ThreadLive => "thread_busy",
+            ApiError::QueueFull(_) => "queue_full",
             ApiError::BadSignature(_) => "bad_signature",
             ApiError::StaleTimestamp(_) => "stale_timestamp",
         }
@@ -101,6 +105,10 @@ pub fn code_for_status(status: StatusCode) -> (&'static str, &'static str) {
         ),
         409 => ("conflict", "conflict"),
         413 => ("payload_too_large", "the request body is too large"),
+        429 => (
+            "too_many_requests",
+            "too many requests; retry after Retry-After",
+        ),
         415 => (
             "unsupported_media_type",
             "the request body must be application/json",
@@ -127,6 +135,7 @@ impl ResponseError for ApiError {
             | ApiError::RequestTruncated(_)
             | ApiError::ThreadLive => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::Draining | ApiError::ThreadBusy => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -139,6 +148,12 @@ impl ResponseError for ApiError {
         if let ApiError::MethodNotAllowed { allow, .. } = self {
             res.headers_mut()
                 .insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        if let ApiError::QueueFull(_) = self {
+            res.headers_mut().insert(
+                actix_web::http::header::RETRY_AFTER,
+                HeaderValue::from_static("1"),
+            );
         }
         res
     }

@@ -136,8 +136,9 @@ pub struct StopBody {
     pub mode: Option<storage::ledger::StopMode>,
 }
 
-/// `POST /api/runs/{id}/approvals/{callId}`'s body (SPEC §13).
+/// `POST /api/runs/{id}/approvals/{callId}`'s body (SPEC §13); any other field is a 400 naming it.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct DecisionBody {
     pub decision: storage::ledger::Decision,
     /// Shown to the model with a denial, and in the run's events.

@@ -8,6 +8,32 @@ use super::Frame;
 
 /// Longest failure message or saved answer a frame quotes, in characters.
 const QUOTE_CHARS: usize = 500;
+/// The most calls awaiting approval a frame lists (with their buttons); the rest are counted. A step
+/// rarely has more, and Slack caps a message at 50 blocks.
+pub const AWAITED_SHOWN: usize = 10;
+
+/// A tool call waiting for a person's decision (SPEC §13), as its `approval_requested` event named it:
+/// the card shows it with Approve / Deny buttons until its `approval_decided` (or its `tool_result`, for
+/// a call whose wait a stop ended).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwaitedCall {
+    pub call_id: String,
+    pub tool: String,
+    /// The call's input, summarized and redacted as the event carries it.
+    pub summary: String,
+}
+
+impl AwaitedCall {
+    /// The frame's line for the call, its strings escaped for Slack's `mrkdwn` (`&`, `<`, `>`: an input
+    /// cannot mention a channel or forge a link).
+    pub fn line(&self) -> String {
+        format!(
+            "✋ waiting for approval: {} — {}",
+            mrkdwn_escape(&self.tool),
+            mrkdwn_escape(&self.summary)
+        )
+    }
+}
 
 /// What a card shows, as the run's events told it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,6 +54,8 @@ pub struct CardView {
     pub failure: Option<String>,
     /// Who asked for the stop (`stop_requested`'s actor, `kind:id`).
     pub stopped_by: Option<String>,
+    /// The calls awaiting approval, in the order they were requested.
+    pub awaiting: Vec<AwaitedCall>,
     /// How the run ended, once it has.
     pub ending: Option<Ending>,
 }
@@ -72,7 +100,26 @@ impl CardView {
                 self.step = step.unwrap_or(self.step);
                 self.tool = event.get("tool").and_then(Value::as_str).map(str::to_owned);
             }
-            Some("tool_result") => self.tool = None,
+            Some("tool_result") => {
+                self.tool = None;
+                // A call whose wait a stop ended gets its result (`notRun`) instead of a decision.
+                self.settle(event);
+            }
+            Some("approval_requested") => {
+                let field = |k| event.get(k).and_then(Value::as_str);
+                let Some(call_id) = field("callId") else {
+                    return false;
+                };
+                if self.awaiting.iter().any(|c| c.call_id == call_id) {
+                    return false;
+                }
+                self.awaiting.push(AwaitedCall {
+                    call_id: call_id.to_owned(),
+                    tool: field("tool").unwrap_or("a tool").to_owned(),
+                    summary: field("summary").unwrap_or_default().to_owned(),
+                });
+            }
+            Some("approval_decided") => self.settle(event),
             Some("resumed") => self.resumed = true,
             Some("run_failed") => {
                 self.failure = event
@@ -91,6 +138,21 @@ impl CardView {
             _ => return false,
         }
         true
+    }
+
+    /// The call `event` names (`callId`) awaits no decision any more.
+    fn settle(&mut self, event: &Value) {
+        if let Some(call_id) = event.get("callId").and_then(Value::as_str) {
+            self.awaiting.retain(|c| c.call_id != call_id);
+        }
+    }
+
+    /// The awaited calls a live frame lists (and offers buttons for): none once the run ended.
+    fn awaited_shown(&self) -> &[AwaitedCall] {
+        match self.ending {
+            None => &self.awaiting[..self.awaiting.len().min(AWAITED_SHOWN)],
+            Some(_) => &[],
+        }
     }
 
     /// The frame this view shows now.
@@ -138,6 +200,16 @@ impl CardView {
                 t
             }
         };
+        for call in self.awaited_shown() {
+            text.push('\n');
+            text.push_str(&call.line());
+        }
+        if self.ending.is_none() && self.awaiting.len() > AWAITED_SHOWN {
+            let more = self.awaiting.len() - AWAITED_SHOWN;
+            text.push_str(&format!(
+                "\n✋ and {more} more awaiting approval: see the live view"
+            ));
+        }
         if self.resumed {
             text.push_str("\n🔁 resumed after a restart");
         }
@@ -146,8 +218,17 @@ impl CardView {
             text,
             run_id: self.run_id.clone(),
             stop_button: self.ending.is_none(),
+            approvals: self.awaited_shown().to_vec(),
         }
     }
+}
+
+/// `s` with Slack's three control characters escaped (`&amp;`, `&lt;`, `&gt;`), as Slack asks of text
+/// that is not meant as markup.
+fn mrkdwn_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// At most [`QUOTE_CHARS`] characters of `s`, with `…` when cut.
@@ -230,6 +311,97 @@ mod tests {
         });
         let text = v.frame().text;
         assert!(text.starts_with("⚠️ demo · ended, delivery unconfirmed\n> 42\n> and more\n🔁 resumed after a restart\n<"), "{text}");
+    }
+
+    fn requested(call_id: &str, summary: &str) -> Value {
+        json!({"type": "approval_requested", "step": 1, "callId": call_id, "tool": "append_file",
+            "input": {"path": "notes.txt"}, "summary": summary})
+    }
+
+    #[test]
+    fn a_call_awaiting_approval_shows_its_line_until_its_decision() {
+        let mut v = view().folded(&[
+            json!({"type": "assistant", "step": 1}),
+            json!({"type": "tool_call", "step": 1, "callId": "call-1", "tool": "append_file"}),
+        ]);
+        assert!(v.observe(&requested("call-1", "{\"path\":\"notes.txt\"}")));
+        let text = v.frame().text;
+        assert_eq!(
+            text,
+            "⏳ demo · step 1 · append_file …\n✋ waiting for approval: append_file — \
+             {\"path\":\"notes.txt\"}\n<http://x/runs/r1?token=t|live view>"
+        );
+        // A resumed run's fold holds the one request once; a second sight of it changes nothing.
+        assert!(!v.observe(&requested("call-1", "{}")));
+        // The buttons: one pair, for the call the line shows.
+        let frame = v.frame();
+        assert_eq!(
+            frame.approvals,
+            [AwaitedCall {
+                call_id: "call-1".into(),
+                tool: "append_file".into(),
+                summary: "{\"path\":\"notes.txt\"}".into(),
+            }]
+        );
+        assert!(frame.stop_button, "a parked run can still be stopped");
+        assert!(v.observe(
+            &json!({"type": "approval_decided", "step": 1, "callId": "call-1",
+            "tool": "append_file", "decision": "approve", "who": "slack:U1"})
+        ));
+        let frame = v.frame();
+        assert!(frame.approvals.is_empty(), "decided: no buttons");
+        let text = frame.text;
+        assert!(!text.contains('✋'), "{text}");
+        assert!(
+            text.starts_with("⏳ demo · step 1 · append_file …"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_stopped_wait_ends_the_line_and_an_ended_run_lists_nothing() {
+        let mut v = view().folded(&[requested("call-1", "a"), requested("call-2", "b")]);
+        assert_eq!(v.frame().text.matches("✋ waiting for approval").count(), 2);
+        // A stop ended the wait: the call's result says it never ran.
+        v.observe(&json!({"type": "tool_result", "step": 1, "callId": "call-1", "notRun": true}));
+        assert_eq!(
+            v.awaiting
+                .iter()
+                .map(|c| c.call_id.as_str())
+                .collect::<Vec<_>>(),
+            ["call-2"]
+        );
+        v.ending = Some(Ending::Ended {
+            status: RunStatus::StoppedSoft,
+            finished_at: 2_000,
+        });
+        let closing = v.frame();
+        assert!(!closing.text.contains('✋') && closing.approvals.is_empty());
+    }
+
+    #[test]
+    fn an_awaited_calls_strings_cannot_become_slack_markup_and_many_calls_are_counted() {
+        let v = view().folded(&[requested("c", "<!channel> & <http://evil|click>")]);
+        let text = v.frame().text;
+        assert!(
+            text.contains("— &lt;!channel&gt; &amp; &lt;http://evil|click&gt;\n"),
+            "{text}"
+        );
+        let many: Vec<Value> = (1..=AWAITED_SHOWN + 3)
+            .map(|n| requested(&format!("call-{n}"), "x"))
+            .collect();
+        let frame = view().folded(&many).frame();
+        assert_eq!(frame.approvals.len(), AWAITED_SHOWN);
+        assert_eq!(frame.approvals[0].call_id, "call-1");
+        let text = frame.text;
+        assert_eq!(
+            text.matches("✋ waiting for approval").count(),
+            AWAITED_SHOWN
+        );
+        assert!(
+            text.contains("\n✋ and 3 more awaiting approval: see the live view\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -82,8 +82,8 @@ struct SlotState {
     thread: ThreadRef,
     view: CardView,
     handle: Option<CardHandle>,
-    /// The text last shown (an unchanged frame is not sent again).
-    shown: Option<String>,
+    /// The frame last shown (an unchanged frame, text and buttons, is not sent again).
+    shown: Option<Frame>,
     /// The closing frame is asked for: answer these once it went out (or could not).
     closers: Vec<oneshot::Sender<CardClosed>>,
     /// Fenced, handed off, or no card possible in this thread: send nothing more.
@@ -326,7 +326,7 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
                 return;
             }
             let frame = state.view.frame();
-            (state.shown.as_deref() != Some(frame.text.as_str())).then_some(frame)
+            (state.shown.as_ref() != Some(&frame)).then_some(frame)
         };
         if next.is_none() {
             if answer_closers(&slot, true) {
@@ -381,7 +381,7 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
                 }
                 let mut state = lock(&slot.state);
                 state.handle = Some(shown_on);
-                state.shown = Some(frame.text);
+                state.shown = Some(frame);
             }
             Err(e) if e.no_card_here() => {
                 tracing::warn!(run_id = %run_id, generation = %gen, error = %e, "no card in this thread; the run goes on without one");
@@ -398,7 +398,7 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
             Err(e) => {
                 // Given up for now: the next change (or the close) tries again.
                 tracing::warn!(run_id = %run_id, generation = %gen, error = %e, "card not updated");
-                lock(&slot.state).shown = Some(frame.text);
+                lock(&slot.state).shown = Some(frame);
                 if answer_closers(&slot, false) {
                     return;
                 }

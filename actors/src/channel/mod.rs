@@ -43,13 +43,15 @@ pub struct CardPlace {
     pub look: bool,
 }
 
-/// One rendering of a card: its text (the live view link included), the run it shows, and whether it
-/// offers the Stop button (a live run's frames do).
+/// One rendering of a card: its text (the live view link included), the run it shows, whether it
+/// offers the Stop button (a live run's frames do), and the calls it offers Approve / Deny buttons for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     pub text: String,
     pub run_id: String,
     pub stop_button: bool,
+    /// The calls awaiting approval the text lists, in its order (SPEC §13); none once the run ended.
+    pub approvals: Vec<card::AwaitedCall>,
 }
 
 /// What a channel call can answer besides success: Slack's `ok: false` errors typed, its `429`, and the

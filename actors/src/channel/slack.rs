@@ -52,6 +52,12 @@ pub const CARD_EVENT_TYPE: &str = "switchboard_card";
 pub const REPLY_EVENT_TYPE: &str = "switchboard_reply";
 /// The Stop button's `action_id` (what `POST /slack/interactions` reads back).
 pub const STOP_ACTION_ID: &str = "stop";
+/// The Approve button's `action_id` (SPEC §13); its value is [`approval_value`]'s.
+pub const APPROVE_ACTION_ID: &str = "approve";
+/// The Deny button's `action_id`; its value is [`approval_value`]'s.
+pub const DENY_ACTION_ID: &str = "deny";
+/// Slack refuses a button whose `value` is longer, in characters.
+pub const BUTTON_VALUE_MAX_CHARS: usize = 2_000;
 
 /// The `Retry-After` used when a `429` carries none (or one that does not read as seconds).
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -328,26 +334,73 @@ fn reply_body(thread: &ThreadRef, run_id: &str, text: &str) -> Value {
     })
 }
 
-/// A card's blocks: its text as one `mrkdwn` section, and the Stop button when the frame offers it.
+/// A card's blocks: its text as one `mrkdwn` section; for each call awaiting approval an `actions` block
+/// with Approve and Deny, led by a `context` block naming the call when several await (so each pair
+/// reads as its call's; one call's line is right above in the text); and the Stop button when the frame
+/// offers it. A call whose ids no button value can carry gets no buttons (the live view decides it).
 fn blocks(frame: &Frame) -> Value {
     let mut blocks = vec![json!({
         "type": "section",
         "text": {"type": "mrkdwn", "text": cap_chars(&frame.text, SECTION_MAX_CHARS)},
     })];
-    if frame.stop_button {
-        let run_id = &frame.run_id;
+    let several = frame.approvals.len() > 1;
+    for call in &frame.approvals {
+        let Some(value) = approval_value(&frame.run_id, &call.call_id) else {
+            continue;
+        };
+        if several {
+            blocks.push(json!({
+                "type": "context",
+                "elements": [{"type": "mrkdwn", "text": cap_chars(&call.line(), SECTION_MAX_CHARS)}],
+            }));
+        }
         blocks.push(json!({
             "type": "actions",
-            "elements": [{
-                "type": "button",
-                "action_id": STOP_ACTION_ID,
-                "value": run_id,
-                "style": "danger",
-                "text": {"type": "plain_text", "text": "Stop"},
-            }],
+            "elements": [
+                button(APPROVE_ACTION_ID, "Approve", "primary", &value),
+                button(DENY_ACTION_ID, "Deny", "danger", &value),
+            ],
+        }));
+    }
+    if frame.stop_button {
+        blocks.push(json!({
+            "type": "actions",
+            "elements": [button(STOP_ACTION_ID, "Stop", "danger", &frame.run_id)],
         }));
     }
     Value::Array(blocks)
+}
+
+/// A Block Kit button: what `POST /slack/interactions` hears back is its `action_id` and `value`.
+fn button(action_id: &str, label: &str, style: &str, value: &str) -> Value {
+    json!({
+        "type": "button",
+        "action_id": action_id,
+        "value": value,
+        "style": style,
+        "text": {"type": "plain_text", "text": label},
+    })
+}
+
+/// The `value` of an Approve or Deny button: the run and the call it decides, as JSON
+/// `{"runId":…,"callId":…}`; `None` when that is over [`BUTTON_VALUE_MAX_CHARS`] (no button can carry
+/// it: the live view still decides the call).
+pub fn approval_value(run_id: &str, call_id: &str) -> Option<String> {
+    let value = json!({"runId": run_id, "callId": call_id}).to_string();
+    (value.chars().count() <= BUTTON_VALUE_MAX_CHARS).then_some(value)
+}
+
+/// The run and call an Approve or Deny button's `value` names ([`approval_value`]'s shape, both ids
+/// non-empty); `None` for anything else.
+pub fn approval_of(value: &str) -> Option<(String, String)> {
+    let v: Value = serde_json::from_str(value).ok()?;
+    let id = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    Some((id("runId")?, id("callId")?))
 }
 
 /// Slack message metadata: `event_type`, and the run id in `event_payload`.
@@ -416,6 +469,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::channel::card::AwaitedCall;
 
     fn thread() -> ThreadRef {
         ThreadRef {
@@ -429,7 +483,72 @@ mod tests {
             text: "⏳ main · step 1".into(),
             run_id: stop.unwrap_or("r1").to_owned(),
             stop_button: stop.is_some(),
+            approvals: Vec::new(),
         }
+    }
+
+    fn awaited(call_id: &str) -> AwaitedCall {
+        AwaitedCall {
+            call_id: call_id.into(),
+            tool: "append_file".into(),
+            summary: "{\"path\":\"<notes>\"}".into(),
+        }
+    }
+
+    #[test]
+    fn a_parked_card_has_approve_and_deny_naming_its_run_and_call_before_stop() {
+        let mut f = frame(Some("r1"));
+        f.approvals = vec![awaited("call-1")];
+        let body = post_card_body(&thread(), &f);
+        let blocks = body["blocks"].as_array().expect("blocks");
+        assert_eq!(blocks.len(), 3, "{blocks:?}");
+        assert_eq!(blocks[1]["type"], "actions");
+        let value = approval_value("r1", "call-1").unwrap();
+        assert_eq!(
+            blocks[1]["elements"],
+            json!([
+                {"type": "button", "action_id": "approve", "value": value, "style": "primary",
+                    "text": {"type": "plain_text", "text": "Approve"}},
+                {"type": "button", "action_id": "deny", "value": value, "style": "danger",
+                    "text": {"type": "plain_text", "text": "Deny"}},
+            ])
+        );
+        assert_eq!(blocks[2]["elements"][0]["action_id"], "stop");
+        // An edit carries the same buttons.
+        let card = CardHandle {
+            channel: "C1".into(),
+            ts: "1700000000.000200".into(),
+        };
+        assert_eq!(edit_card_body(&card, &f)["blocks"], body["blocks"]);
+    }
+
+    #[test]
+    fn several_calls_each_have_their_buttons_under_their_line_and_an_overlong_id_has_none() {
+        let mut f = frame(None);
+        f.approvals = vec![
+            awaited("call-1"),
+            awaited(&"x".repeat(BUTTON_VALUE_MAX_CHARS)),
+            awaited("call-3"),
+        ];
+        let blocks = blocks(&f);
+        let kinds: Vec<_> = blocks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["section", "context", "actions", "context", "actions"]
+        );
+        assert_eq!(
+            blocks[1]["elements"][0]["text"],
+            "✋ waiting for approval: append_file — {\"path\":\"&lt;notes&gt;\"}"
+        );
+        assert_eq!(
+            approval_of(blocks[4]["elements"][1]["value"].as_str().unwrap()),
+            Some(("r1".to_owned(), "call-3".to_owned()))
+        );
     }
 
     #[test]
@@ -491,11 +610,41 @@ mod tests {
             text: "x".repeat(5_000),
             run_id: "r1".into(),
             stop_button: false,
+            approvals: Vec::new(),
         };
         let body = post_card_body(&thread(), &f);
         let section = body["blocks"][0]["text"]["text"].as_str().expect("text");
         assert!(section.chars().count() <= SECTION_MAX_CHARS);
         assert_eq!(body["text"].as_str().map(str::len), Some(5_000));
+    }
+
+    #[test]
+    fn an_approval_buttons_value_names_its_run_and_call_within_slacks_cap() {
+        let value = approval_value("r1", "call-\"1\"").expect("short ids fit");
+        assert_eq!(
+            serde_json::from_str::<Value>(&value).ok(),
+            Some(json!({"runId": "r1", "callId": "call-\"1\""}))
+        );
+        assert_eq!(
+            approval_of(&value),
+            Some(("r1".to_owned(), "call-\"1\"".to_owned()))
+        );
+        // Ids too long for one button: no value (the live view still decides the call).
+        assert_eq!(
+            approval_value("r1", &"c".repeat(BUTTON_VALUE_MAX_CHARS)),
+            None
+        );
+        for bad in [
+            "r1",
+            "",
+            "{}",
+            r#"{"runId":"r1"}"#,
+            r#"{"runId":"r1","callId":""}"#,
+            r#"{"runId":1,"callId":"c"}"#,
+            r#"["r1","c"]"#,
+        ] {
+            assert_eq!(approval_of(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -71,6 +71,11 @@ pub enum AdmitError {
     /// `reject` on a busy thread (SPEC §5.1): 409, nothing written.
     #[error("the thread has a live run")]
     Rejected,
+    #[error(
+        "the thread holds the most queued messages it may ({})",
+        storage::ledger::MAX_QUEUED_PER_THREAD
+    )]
+    QueueFull,
     #[error("the run id is fenced")]
     Fenced,
     #[error(
@@ -259,6 +264,7 @@ async fn admit(
                 })
             }
             AdmitOutcome::Rejected { .. } => Err(AdmitError::Rejected),
+            AdmitOutcome::QueueFull { .. } => Err(AdmitError::QueueFull),
             AdmitOutcome::Busy { .. } if now - waited_since < BUSY_WAIT.as_millis() as i64 => {
                 tokio::time::sleep(BUSY_POLL).await;
                 continue;

@@ -277,6 +277,7 @@ fn admit(w: &mut World, slot: usize, msg: usize, waited_since: Option<i64>) {
         | AdmitOutcome::Fenced
         | AdmitOutcome::ReceiptLimit { .. }
         | AdmitOutcome::Rejected { .. }
+        | AdmitOutcome::QueueFull { .. }
         | AdmitOutcome::Forbidden => w.model.refused(msg),
     }
 }

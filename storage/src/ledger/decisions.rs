@@ -405,6 +405,14 @@ pub fn writer_sees(
 }
 
 impl AdmitDecision {
+    /// Whether the decision queues the message (and so counts against the thread's queue cap).
+    pub fn queues(&self) -> bool {
+        matches!(
+            self,
+            AdmitDecision::Queue { .. } | AdmitDecision::Interrupt { .. }
+        )
+    }
+
     /// The live run a decision writes into (a steer or a queued message): where a keyed receipt's cap
     /// ([`crate::ledger::MAX_RECEIPTS_PER_RUN`]) is counted.
     pub fn writes_to(&self) -> Option<&str> {

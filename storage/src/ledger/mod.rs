@@ -34,6 +34,10 @@ pub use identity::RunIdentity;
 /// Keyed receipts one run may hold (SPEC §5.1); a new key past it is held, an earlier one never evicted.
 pub const MAX_RECEIPTS_PER_RUN: usize = 256;
 
+/// Messages one thread may hold queued behind its live run (SPEC §5.1 `enqueue`, `interrupt`); one more
+/// is refused ([`AdmitOutcome::QueueFull`]), nothing written.
+pub const MAX_QUEUED_PER_THREAD: u64 = 100;
+
 /// Largest transcript part (UTF-8 bytes of its JSON); a larger one is refused by name, never truncated.
 pub const MAX_TRANSCRIPT_PART_BYTES: usize = 1_500_000;
 
@@ -426,6 +430,11 @@ pub enum AdmitOutcome {
         #[serde(rename = "runId")]
         run_id: String,
     },
+    /// [`MAX_QUEUED_PER_THREAD`] messages wait already: nothing was written (no receipt either).
+    QueueFull {
+        #[serde(rename = "runId")]
+        run_id: String,
+    },
 }
 
 impl AdmitOutcome {
@@ -439,6 +448,7 @@ impl AdmitOutcome {
                 | AdmitOutcome::ReceiptLimit { .. }
                 | AdmitOutcome::Forbidden
                 | AdmitOutcome::Rejected { .. }
+                | AdmitOutcome::QueueFull { .. }
         )
     }
 
@@ -466,6 +476,7 @@ impl AdmitOutcome {
             AdmitOutcome::Queued { .. } => "queued",
             AdmitOutcome::Interrupting { .. } => "interrupting",
             AdmitOutcome::Rejected { .. } => "rejected",
+            AdmitOutcome::QueueFull { .. } => "queue_full",
         }
     }
 }

@@ -270,6 +270,13 @@ impl LedgerState {
                 });
             }
         }
+        if let (Some(run_id), true) = (decision.writes_to(), decision.queues()) {
+            if self.queued_count(run_id) >= crate::ledger::MAX_QUEUED_PER_THREAD {
+                return Ok(AdmitOutcome::QueueFull {
+                    run_id: run_id.to_owned(),
+                });
+            }
+        }
         match decision {
             AdmitDecision::Insert => {
                 if let Some(other) = self.rows.get(&admit.run_id) {

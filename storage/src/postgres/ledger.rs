@@ -189,8 +189,17 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         }
         _ => false,
     };
+    let queue_full = match decision.writes_to() {
+        Some(run_id) if decision.queues() => {
+            queued_count(c, run_id)? >= crate::ledger::MAX_QUEUED_PER_THREAD
+        }
+        _ => false,
+    };
     let outcome = match decision {
         d if full => AdmitOutcome::ReceiptLimit {
+            run_id: d.writes_to().unwrap_or_default().to_owned(),
+        },
+        d if queue_full => AdmitOutcome::QueueFull {
             run_id: d.writes_to().unwrap_or_default().to_owned(),
         },
         decisions::AdmitDecision::Insert => {

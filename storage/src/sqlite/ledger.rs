@@ -209,8 +209,17 @@ impl RunLedger for SqliteStore {
             }
             _ => false,
         };
+        let queue_full = match decision.writes_to() {
+            Some(run_id) if decision.queues() => {
+                queued_count(&tx, run_id)? >= crate::ledger::MAX_QUEUED_PER_THREAD
+            }
+            _ => false,
+        };
         let outcome = match decision {
             d if full => AdmitOutcome::ReceiptLimit {
+                run_id: d.writes_to().unwrap_or_default().to_owned(),
+            },
+            d if queue_full => AdmitOutcome::QueueFull {
                 run_id: d.writes_to().unwrap_or_default().to_owned(),
             },
             decisions::AdmitDecision::Insert => {

@@ -40,6 +40,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         (status = 403, description = "The token lacks the scope, a cross-site request, or the run is one the token may not see (nothing is written)", body = crate::openapi::ErrorBody),
         (status = 404, description = "No such run, or the run awaits no approval of that call", body = crate::openapi::ErrorBody),
         (status = 409, description = "The call was decided already (the first decision stands), or the run is past its wait", body = crate::openapi::ErrorBody),
+        (status = 413, description = "Body over 512 KiB", body = crate::openapi::ErrorBody),
+        (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody),
         (status = 503, description = "Storage unavailable", body = crate::openapi::ErrorBody),
     ),
     security((), ("bearer" = ["runs:write"]))
@@ -153,5 +155,49 @@ pub async fn decide_as(
                 "could not record the decision".into(),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused_field(body: &str) -> String {
+        match parse_decision(body.as_bytes()) {
+            Err(ApiError::BadRequest { field, .. }) => field,
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_decision_body_is_a_decision_and_an_optional_note_and_nothing_else() {
+        assert_eq!(
+            parse_decision(br#"{"decision":"approve"}"#).unwrap(),
+            (Decision::Approve, None)
+        );
+        assert_eq!(
+            parse_decision(br#"{"decision":"deny","note":"no","extra":null}"#).map_err(|_| ()),
+            Err(())
+        );
+        assert_eq!(
+            parse_decision(br#"{"decision":"deny","note":null}"#).unwrap(),
+            (Decision::Deny, None)
+        );
+        assert_eq!(refused_field(r#"{"decision":"maybe"}"#), "decision");
+        assert_eq!(refused_field(r#"{}"#), "decision");
+        assert_eq!(refused_field(r#"{"decision":"deny","note":3}"#), "note");
+        assert_eq!(refused_field(r#"{"decision":"deny","extra":1}"#), "extra");
+        assert_eq!(refused_field("[]"), "body");
+        assert_eq!(refused_field("nope"), "body");
+        let long = format!(
+            r#"{{"decision":"deny","note":"{}"}}"#,
+            "é".repeat(MAX_NOTE_CHARS + 1)
+        );
+        assert_eq!(refused_field(&long), "note");
+        let fits = format!(
+            r#"{{"decision":"deny","note":"{}"}}"#,
+            "é".repeat(MAX_NOTE_CHARS)
+        );
+        assert!(parse_decision(fits.as_bytes()).is_ok());
     }
 }

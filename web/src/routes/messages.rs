@@ -175,6 +175,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, a cross-site request, or the thread's live run is one the token may not see (nothing written)", body = crate::openapi::ErrorBody),
         (status = 409, description = "key_conflict; thread_busy (strategy reject and the thread has a live run; nothing written); or conflict (the thread's run was fenced; too many keyed receipts)", body = crate::openapi::ErrorBody),
         (status = 413, description = "Body over 2 MiB or text over 1 MiB", body = crate::openapi::ErrorBody),
+        (status = 429, description = "queue_full: the thread holds 100 queued messages already (nothing written); retry after `Retry-After` seconds", body = crate::openapi::ErrorBody),
         (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody),
         (status = 503, description = "draining, thread_busy (a keyed message waited 5 s for a finishing run), or storage unavailable", body = crate::openapi::ErrorBody),
     ),
@@ -253,6 +254,7 @@ pub async fn admit(state: &AppState, msg: AdmitMessage) -> Result<HttpResponse, 
         Err(AdmitError::KeyConflict) => Err(ApiError::KeyConflict),
         Err(AdmitError::ThreadBusy) => Err(ApiError::ThreadBusy),
         Err(AdmitError::Rejected) => Err(ApiError::ThreadLive),
+        Err(e @ AdmitError::QueueFull) => Err(ApiError::QueueFull(e.to_string())),
         Err(e @ (AdmitError::Fenced | AdmitError::ReceiptLimit)) => {
             Err(ApiError::Conflict(e.to_string()))
         }

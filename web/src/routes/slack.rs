@@ -6,11 +6,12 @@
 //! In: Slack's Events API callbacks (JSON) and interactive button clicks (a form whose `payload` field
 //! is JSON), each signed with `X-Slack-Signature` over `v0:<X-Slack-Request-Timestamp>:<raw body>`.
 //! Out: [`AdmitMessage`] to the supervisor for an `app_mention` or a direct message — mirroring
-//! `POST /api/messages` — and a soft stop through [`actors::runs_service::RunsService::stop_run`] for a
-//! card's Stop button, as `POST /api/runs/{id}/stop` does.
+//! `POST /api/messages` — a soft stop through [`actors::runs_service::RunsService::stop_run`] for a
+//! card's Stop button, as `POST /api/runs/{id}/stop` does, and a decision through
+//! [`decide_as`] for its Approve / Deny buttons, as `POST /api/runs/{id}/approvals/{callId}` does.
 //!
 //! Invariants:
-//! - nothing is admitted or stopped before [`verify`] accepts the request; a refusal is a 401
+//! - nothing is admitted, stopped or decided before [`verify`] accepts the request; a refusal is a 401
 //!   `bad_signature` or `stale_timestamp`;
 //! - a Slack retry (`X-Slack-Retry-Num`) admits nothing twice: the receipt key is the `event_id` (scope
 //!   `slack`), and a hit answers the original outcome;
@@ -31,15 +32,17 @@
 use std::collections::HashMap;
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use actors::channel::slack::{approval_of, APPROVE_ACTION_ID, DENY_ACTION_ID, STOP_ACTION_ID};
 use actors::run::{Request, Source, StopActor};
 use actors::runs_service::RunsError;
 use actors::supervisor::{AdmitError, AdmitMessage, Admitted};
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use storage::ledger::{ReceiptKey, StopMode};
+use storage::ledger::{Decision, ReceiptKey, StopMode};
 use storage::record::{ChannelVisibility, VisibilityFilter};
 
+use super::approvals::decide_as;
 use super::messages::{
     MAX_CHANNEL_CHARS, MAX_KEY_CHARS, MAX_TEXT_BYTES, MAX_THREAD_CHARS, MAX_USER_CHARS,
 };
@@ -422,7 +425,7 @@ async fn post_events(
             Ok(ok())
         }
         // The agent's strategy is `reject` and the thread is busy: Slack has nothing to retry.
-        Err(AdmitError::Rejected) => {
+        Err(AdmitError::Rejected | AdmitError::QueueFull) => {
             tracing::info!(
                 event_id,
                 channel,
@@ -465,9 +468,13 @@ async fn post_events(
 enum Action {
     /// A card's Stop button: a soft stop of the run.
     Stop { run_id: String },
-    /// Approve or Deny (SPEC §13): not implemented yet.
-    Decide { decision: String },
-    /// Anything else (including a Stop without a run id).
+    /// A card's Approve or Deny button (SPEC §13): the decision on one call the run awaits approval of.
+    Decide {
+        decision: Decision,
+        run_id: String,
+        call_id: String,
+    },
+    /// Anything else (including a Stop without a run id, or a decision whose value names no call).
     Other { action_id: String },
 }
 
@@ -496,12 +503,24 @@ fn actions_of(payload: &Value) -> Vec<Action> {
                 .get("value")
                 .and_then(Value::as_str)
                 .filter(|v| !v.is_empty());
-            match (action_id, value) {
-                ("stop", Some(run_id)) => Action::Stop {
+            let decision = match action_id {
+                APPROVE_ACTION_ID => Some(Decision::Approve),
+                DENY_ACTION_ID => Some(Decision::Deny),
+                _ => None,
+            };
+            match (action_id, decision, value) {
+                (STOP_ACTION_ID, _, Some(run_id)) => Action::Stop {
                     run_id: run_id.to_owned(),
                 },
-                ("approve" | "deny", _) => Action::Decide {
-                    decision: action_id.to_owned(),
+                (_, Some(decision), Some(value)) => match approval_of(value) {
+                    Some((run_id, call_id)) => Action::Decide {
+                        decision,
+                        run_id,
+                        call_id,
+                    },
+                    None => Action::Other {
+                        action_id: action_id.to_owned(),
+                    },
                 },
                 _ => Action::Other {
                     action_id: action_id.chars().take(64).collect(),
@@ -531,13 +550,11 @@ async fn post_interactions(
     for action in actions_of(&payload) {
         match action {
             Action::Stop { run_id } => stop(&state, &run_id, user, channel).await,
-            Action::Decide { decision } => {
-                tracing::info!(
-                    decision,
-                    slack_user = user,
-                    "slack approval buttons are not implemented yet"
-                )
-            }
+            Action::Decide {
+                decision,
+                run_id,
+                call_id,
+            } => decide(&state, run_id, call_id, decision, user, channel).await,
             Action::Other { action_id } => {
                 tracing::debug!(action_id, "slack action ignored")
             }
@@ -546,16 +563,68 @@ async fn post_interactions(
     Ok(done())
 }
 
-/// A soft stop of `run_id` by the Slack user who clicked its card's Stop button, as the JSON stop route
-/// does it. The run must live in the channel the button was clicked in (its card's channel), so a click
-/// reaches no run of another channel.
-async fn stop(state: &AppState, run_id: &str, user: &str, channel: Option<&str>) {
-    let visible_to = match channel {
+/// Only runs of the channel a button was clicked in (its card's channel): a click reaches no run of
+/// another channel.
+fn clicked_in(channel: Option<&str>) -> VisibilityFilter {
+    match channel {
         Some(id) => VisibilityFilter::ChannelsIn {
             ids: vec![id.to_owned()],
         },
         None => VisibilityFilter::None,
-    };
+    }
+}
+
+/// The decision of the Slack user who clicked Approve or Deny on a run's card, taken as the JSON route
+/// takes it ([`decide_as`], `who` = `slack:<user>`), for a run of the channel it was clicked in. Slack
+/// hears 200 whatever the outcome: a click on a call decided already (409) or a run gone (404) is
+/// logged, as the card's next frame shows what happened.
+async fn decide(
+    state: &AppState,
+    run_id: String,
+    call_id: String,
+    decision: Decision,
+    user: &str,
+    channel: Option<&str>,
+) {
+    match state
+        .runs
+        .get_run(&run_id, false, &clicked_in(channel))
+        .await
+    {
+        Ok(_) => {}
+        Err(RunsError::Unavailable(e)) => {
+            tracing::warn!(run_id, call_id, slack_user = user, error = %e, "slack decision unavailable");
+            return;
+        }
+        Err(e) => {
+            tracing::info!(run_id, call_id, slack_user = user, error = %e, "slack decision refused: no such run in this channel");
+            return;
+        }
+    }
+    let who = StopActor::new("slack", user);
+    let who = format!("{}:{}", who.kind, who.id);
+    let (run, call) = (run_id.clone(), call_id.clone());
+    match decide_as(state, run, call, decision, who, None).await {
+        Ok(_) => tracing::info!(
+            run_id,
+            call_id,
+            decision = decision.as_str(),
+            slack_user = user,
+            "slack decision recorded"
+        ),
+        Err(e @ (ApiError::Conflict(_) | ApiError::NotFound(_))) => {
+            tracing::info!(run_id, call_id, slack_user = user, error = %e, "slack decision refused")
+        }
+        Err(e) => {
+            tracing::warn!(run_id, call_id, slack_user = user, error = %e, "slack decision not recorded")
+        }
+    }
+}
+
+/// A soft stop of `run_id` by the Slack user who clicked its card's Stop button, as the JSON stop route
+/// does it, for a run of the channel it was clicked in.
+async fn stop(state: &AppState, run_id: &str, user: &str, channel: Option<&str>) {
+    let visible_to = clicked_in(channel);
     let actor = StopActor::new("slack", user);
     match state
         .runs
@@ -886,15 +955,18 @@ mod tests {
     }
 
     #[test]
-    fn a_stop_click_names_its_run_and_other_actions_are_told_apart() {
+    fn stop_and_decision_clicks_name_their_run_and_call_and_other_actions_are_told_apart() {
+        let approval = actors::channel::slack::approval_value("0190a1b2-run", "call-1").unwrap();
         let payload = json!({
             "type": "block_actions",
             "user": {"id": "U123", "name": "a person"},
             "channel": {"id": "C024BE91L"},
             "actions": [
                 {"action_id": "stop", "value": "0190a1b2-run", "type": "button"},
+                {"action_id": "approve", "value": approval, "type": "button"},
+                {"action_id": "deny", "value": approval, "type": "button"},
                 {"action_id": "approve", "value": "call-1"},
-                {"action_id": "deny", "value": "call-1"},
+                {"action_id": "deny"},
                 {"action_id": "stop"},
                 {"action_id": "something_else", "value": "x"}
             ]
@@ -908,10 +980,21 @@ mod tests {
                     run_id: "0190a1b2-run".into()
                 },
                 Action::Decide {
-                    decision: "approve".into()
+                    decision: Decision::Approve,
+                    run_id: "0190a1b2-run".into(),
+                    call_id: "call-1".into(),
                 },
                 Action::Decide {
-                    decision: "deny".into()
+                    decision: Decision::Deny,
+                    run_id: "0190a1b2-run".into(),
+                    call_id: "call-1".into(),
+                },
+                // A value that names no run and call, or none: nothing to decide.
+                Action::Other {
+                    action_id: "approve".into()
+                },
+                Action::Other {
+                    action_id: "deny".into()
                 },
                 Action::Other {
                     action_id: "stop".into()

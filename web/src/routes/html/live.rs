@@ -1,7 +1,9 @@
 //! The live view of one run, `GET /runs/{id}` (SPEC §8.1): a header with status, agent, model, thread and
 //! timing; the answer, or the error in an error box; "now: step k, waiting on …" while live; the
-//! [`timeline`](super::timeline); the Stop soft / Stop hard / Kill buttons; and the event list with
-//! relative times and durations, newest last, paged.
+//! [`timeline`](super::timeline); the Stop soft / Stop hard / Kill buttons; while the run is parked, a
+//! panel per call awaiting approval (SPEC §13) with its input, a note and Approve / Deny buttons, which
+//! post to `/api/runs/{id}/approvals/{callId}` with the page's capability token, as Stop does; and the
+//! event list with relative times and durations, newest last, paged.
 //!
 //! Paging: the list shows at most [`EVENTS_PAGE`] events — by default the newest (the tail, which the
 //! script extends live and follows while scrolled to the bottom); `?before=<seq>` the page before a seq,
@@ -28,6 +30,7 @@ use serde_json::Value;
 use storage::record::event_seq;
 
 use super::super::api::{capability, query_map, reader, runs_error, seq_cursor};
+use super::super::approvals::MAX_NOTE_CHARS;
 use super::timeline::{self, Timeline};
 use super::{
     ago, describe, error_page, fmt_duration, fmt_time, href, marks, page, respond, scripts,
@@ -269,6 +272,71 @@ pub fn event_item(e: &Value, started_at: i64, duration: Option<i64>, final_answe
     }
 }
 
+/// The `approval_requested` events of the calls a run awaits a decision on (SPEC §13), in request
+/// order: those no `approval_decided` names, nor a `tool_result` (the result a call gets when a stop
+/// ended its wait). A resumed run parks again on its call without a second request, so the first one
+/// stands for it.
+pub fn awaited_calls(events: &[Value]) -> Vec<&Value> {
+    fn call_id(e: &Value) -> Option<&str> {
+        e.get("callId").and_then(Value::as_str)
+    }
+    let settled: std::collections::HashSet<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "approval_decided" || e["type"] == "tool_result")
+        .filter_map(call_id)
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    events
+        .iter()
+        .filter(|e| e["type"] == "approval_requested")
+        .filter(|e| call_id(e).is_some_and(|c| !settled.contains(c) && seen.insert(c)))
+        .collect()
+}
+
+/// The panel of the calls awaiting approval: each with its tool, its input (summarized and redacted, as
+/// the event carries it), a note and the Approve / Deny buttons the script drives. Rendered hidden when
+/// nothing awaits (or the run finished), so the script can fill it as requests arrive.
+fn approvals_panel(v: &RunView, events: &[Value]) -> Markup {
+    let awaited = if v.finished {
+        Vec::new()
+    } else {
+        awaited_calls(events)
+    };
+    html! {
+        section id="approvals" class="card approvals" data-note-max=(MAX_NOTE_CHARS) hidden[awaited.is_empty()] {
+            h2 { "Awaiting approval" }
+            p class="muted" { "The run is parked until each of these calls is approved or denied." }
+            div id="approval-list" {
+                @for e in &awaited { (approval_item(e)) }
+            }
+        }
+    }
+}
+
+/// One call awaiting approval; the page's script builds the same markup for a request that arrives live.
+pub fn approval_item(e: &Value) -> Markup {
+    let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+    let step = e.get("step").and_then(Value::as_u64);
+    html! {
+        div class="approval" data-call-id=(s("callId")) {
+            div class="approval-head" {
+                span { "✋ " b class="approval-tool" { (s("tool")) } }
+                span class="muted" {
+                    @if let Some(k) = step { "step " (k) " · " }
+                    "call " (s("callId"))
+                }
+            }
+            pre class="approval-input" { (s("summary")) }
+            div class="approval-controls" {
+                input type="text" class="approval-note" maxlength=(MAX_NOTE_CHARS) placeholder="Note (optional)" aria-label="Note";
+                button type="button" class="btn-primary approval-approve" data-decision="approve" { "Approve" }
+                button type="button" class="btn-danger approval-deny" data-decision="deny" { "Deny" }
+                span class="approval-msg" role="status" {}
+            }
+        }
+    }
+}
+
 /// Token usage summed per model over the `assistant` events that carry it (SPEC §8.3): model →
 /// (input, output).
 fn usage_of(events: &[Value]) -> std::collections::BTreeMap<String, (u64, u64)> {
@@ -398,6 +466,7 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
                     span id="control-msg" {}
                 }
             }
+            (approvals_panel(v, events))
             div id="error-box" class="errbox" role="alert" hidden[error.is_none()] {
                 strong { "Run failed" }
                 span id="error-text" { (error.as_deref().unwrap_or("")) }
@@ -499,6 +568,90 @@ pub(super) mod tests {
 
     fn notes(n: u64) -> Vec<Value> {
         (1..=n).map(|s| json!({"type": "note", "kind": "k", "summary": format!("n{s}"), "seq": s * 2, "at": 1_000 + s as i64})).collect()
+    }
+
+    fn parked(events: Vec<Value>) -> RunView {
+        let mut v = view(events);
+        v.finished = false;
+        v.finished_at = None;
+        v.status = None;
+        v.awaiting_approval = Some(true);
+        v
+    }
+
+    fn requested(seq: u64, call_id: &str, summary: &str) -> Value {
+        json!({"type": "approval_requested", "seq": seq, "at": 1_000 + seq as i64, "step": 1,
+            "callId": call_id, "tool": "append_file", "input": {"path": "a"}, "summary": summary})
+    }
+
+    #[test]
+    fn a_parked_run_shows_a_panel_per_call_awaiting_approval_with_its_buttons() {
+        let v = parked(vec![
+            requested(3, "call-1", "{\"text\":\"<b>hi</b>\"}"),
+            requested(4, "call-2", "{}"),
+            json!({"type": "approval_decided", "seq": 5, "step": 1, "callId": "call-2",
+                "tool": "append_file", "decision": "deny", "who": "capability"}),
+        ]);
+        let html = run_html(&v, "tok", 10_000, Window::Tail).into_string();
+        assert!(
+            html.contains("<section id=\"approvals\" class=\"card approvals\" data-note-max=\"2000\"><h2>Awaiting approval</h2>"),
+            "shown: {html}"
+        );
+        assert_eq!(html.matches("<div class=\"approval\"").count(), 1, "{html}");
+        assert!(
+            html.contains("<div class=\"approval\" data-call-id=\"call-1\">"),
+            "{html}"
+        );
+        assert!(
+            !html.contains("data-call-id=\"call-2\""),
+            "a decided call: {html}"
+        );
+        assert!(
+            html.contains("<b class=\"approval-tool\">append_file</b>"),
+            "{html}"
+        );
+        assert!(html.contains("step 1 · call call-1"), "{html}");
+        assert!(
+            html.contains("<pre class=\"approval-input\">{&quot;text&quot;:&quot;&lt;b&gt;hi&lt;/b&gt;&quot;}</pre>"),
+            "escaped as text: {html}"
+        );
+        assert!(
+            html.contains("<input type=\"text\" class=\"approval-note\" maxlength=\"2000\""),
+            "{html}"
+        );
+        assert!(
+            html.contains("data-decision=\"approve\">Approve</button>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("data-decision=\"deny\">Deny</button>"),
+            "{html}"
+        );
+        // The page carries the capability token the script posts the decision with, as Stop does.
+        assert!(html.contains("data-token=\"tok\""), "{html}");
+    }
+
+    #[test]
+    fn the_panel_is_hidden_when_nothing_awaits_a_decision() {
+        // A stop ended the wait: the call's result says it never ran.
+        let stopped = parked(vec![
+            requested(3, "call-1", "{}"),
+            json!({"type": "tool_result", "seq": 4, "step": 1, "callId": "call-1", "tool": "append_file",
+                "ok": false, "notRun": true, "summary": "not run"}),
+        ]);
+        let mut finished = view(vec![requested(3, "call-1", "{}")]);
+        finished.finished = true;
+        for v in [stopped, finished, parked(vec![])] {
+            let html = run_html(&v, "", 10_000, Window::Tail).into_string();
+            assert!(
+                html.contains("<section id=\"approvals\" class=\"card approvals\" data-note-max=\"2000\" hidden>"),
+                "{html}"
+            );
+            assert!(!html.contains("<div class=\"approval\""), "{html}");
+        }
+        // A request seen twice (a resumed run's history) is one call.
+        let twice = [requested(3, "call-1", "{}"), requested(9, "call-1", "{}")];
+        assert_eq!(awaited_calls(&twice).len(), 1);
     }
 
     #[test]

@@ -275,6 +275,14 @@ dl.facts div{min-width:0}
 dt{color:var(--muted);font-size:12px}dd{margin:0;word-break:break-word}
 .controls{display:flex;gap:8px;align-items:center;flex-wrap:wrap;margin-top:12px}
 #control-msg{color:var(--muted)}
+.approvals{border-left:4px solid var(--amber)}
+.approval{padding:10px 0 4px;border-top:1px solid var(--line)}
+.approval-head{display:flex;gap:4px 12px;flex-wrap:wrap;align-items:baseline;overflow-wrap:anywhere}
+.approval-input{font:12px/1.45 ui-monospace,SFMono-Regular,Menlo,monospace;white-space:pre-wrap;word-break:break-word;margin:6px 0 8px;padding:6px 10px;border-left:2px solid var(--line);background:var(--sunk);max-height:240px;overflow:auto}
+.approval-controls{display:flex;gap:8px;align-items:center;flex-wrap:wrap}
+.approval-note{font:inherit;height:34px;padding:0 8px;border:1px solid #cfd6e0;border-radius:6px;background:var(--card);color:var(--ink);flex:1 1 220px;min-width:0}
+.approval-msg{color:var(--muted)}
+.ev-approval_requested{background:#fffbeb}
 .tl-head{display:flex;justify-content:space-between;align-items:baseline;gap:10px;flex-wrap:wrap;margin-bottom:6px}
 .sw-model{background:#6366f1}.sw-tool{background:#14b8a6}.sw-bad{background:#ef4444}.sw-unknown{background:#f59e0b}.sw-gap{background:#fde68a;border:1px dashed #d97706}
 .tl-row{display:grid;grid-template-columns:64px minmax(0,1fr) minmax(0,230px);gap:10px;align-items:center;padding:2px 0}
@@ -344,7 +352,8 @@ svg.chart{background:#10161e}svg.chart line{stroke:var(--line)}
 ol#events li{border-bottom-color:var(--line)}
 .body{color:#cfd6e1}
 .ev-tool_call .kind,.ev-tool_result .kind{color:#d8b4fe}
-.ev-answer{background:#0f2417}.ev-run_failed{background:#2a1215}.ev-stop_requested,.ev-resumed{background:#2b210c}
+.ev-answer{background:#0f2417}.ev-run_failed{background:#2a1215}.ev-stop_requested,.ev-resumed,.ev-approval_requested{background:#2b210c}
+.approval-note{border-color:#3a4556}
 .lane{fill:#1d2430}
 .bar-cut{fill:#475569}
 .band-gap{fill:#b45309;opacity:.45}.sw-gap{background:#b45309;border-color:#f59e0b}
@@ -460,6 +469,22 @@ pub fn describe(e: &Value) -> (String, String) {
         ),
         "run_failed" => ("run failed".into(), s("message")),
         "answer" => ("answer".into(), s("text")),
+        "approval_requested" => (
+            format!("step {} · approval requested {}", s("step"), s("tool")),
+            s("summary"),
+        ),
+        "approval_decided" => {
+            let verdict = if s("decision") == "approve" {
+                "approved"
+            } else {
+                "denied"
+            };
+            let mut by = format!("by {}", s("who"));
+            if !s("note").is_empty() {
+                by.push_str(&format!(": {}", s("note")));
+            }
+            (format!("step {} · {verdict} {}", s("step"), s("tool")), by)
+        }
         _ => (kind, e.to_string()),
     }
 }

@@ -113,8 +113,8 @@ pub const INDEX_JS: &str = r#"
 
 /// The live view: follows the run's stream from the last seeded seq (on the newest page), appends events
 /// with their relative time, duration and details and follows the tail while scrolled to the bottom,
-/// re-fetches the timeline as events arrive, ticks the "now" line, and drives the Stop / Kill / Run again
-/// buttons.
+/// re-fetches the timeline as events arrive, ticks the "now" line, drives the Stop / Kill / Run again
+/// buttons, and keeps the panels of calls awaiting approval with their Approve / Deny buttons.
 pub const RUN_JS: &str = r#"
 (function () {
   var root = document.getElementById('run');
@@ -188,6 +188,8 @@ pub const RUN_JS: &str = r#"
       case 'resumed': return ['resumed', 'from generation ' + str(e.fromGeneration)];
       case 'run_failed': return ['run failed', str(e.message)];
       case 'answer': return ['answer', str(e.text)];
+      case 'approval_requested': return ['step ' + str(e.step) + ' \u00b7 approval requested ' + str(e.tool), str(e.summary)];
+      case 'approval_decided': return ['step ' + str(e.step) + ' \u00b7 ' + (e.decision === 'approve' ? 'approved' : 'denied') + ' ' + str(e.tool), 'by ' + str(e.who) + (e.note ? ': ' + str(e.note) : '')];
       default: return [str(e.type), JSON.stringify(e)];
     }
   }
@@ -270,6 +272,63 @@ pub const RUN_JS: &str = r#"
     var now = document.getElementById('now'), forEl = document.getElementById('now-for');
     if (now && forEl) forEl.textContent = dur(Date.now() - Number(now.dataset.since));
   }
+  // Calls awaiting approval: one panel each (the markup of live::approval_item), wired to post the
+  // decision; a panel goes when its call's approval_decided (or its result, a stop having ended the
+  // wait) arrives, and every one when the run ends.
+  var approvals = document.getElementById('approvals'), approvalList = document.getElementById('approval-list');
+  function approvalPanels() { return Array.prototype.slice.call(approvalList.children); }
+  function approvalItem(e) {
+    var div = document.createElement('div'); div.className = 'approval'; div.dataset.callId = str(e.callId);
+    var head = document.createElement('div'); head.className = 'approval-head';
+    var what = document.createElement('span'); what.appendChild(document.createTextNode('\u270b '));
+    var tool = document.createElement('b'); tool.className = 'approval-tool'; tool.textContent = str(e.tool); what.appendChild(tool);
+    head.appendChild(what);
+    head.appendChild(span('muted', (typeof e.step === 'number' ? 'step ' + e.step + ' \u00b7 ' : '') + 'call ' + str(e.callId)));
+    div.appendChild(head);
+    var input = document.createElement('pre'); input.className = 'approval-input'; input.textContent = str(e.summary); div.appendChild(input);
+    var controls = document.createElement('div'); controls.className = 'approval-controls';
+    var note = document.createElement('input'); note.type = 'text'; note.className = 'approval-note';
+    note.maxLength = Number(approvals.dataset.noteMax || 2000); note.placeholder = 'Note (optional)'; note.setAttribute('aria-label', 'Note');
+    controls.appendChild(note);
+    [['approve', 'Approve', 'btn-primary approval-approve'], ['deny', 'Deny', 'btn-danger approval-deny']].forEach(function (b) {
+      var button = document.createElement('button'); button.type = 'button'; button.className = b[2];
+      button.dataset.decision = b[0]; button.textContent = b[1]; controls.appendChild(button);
+    });
+    var out = span('approval-msg', ''); out.setAttribute('role', 'status'); controls.appendChild(out);
+    div.appendChild(controls);
+    return div;
+  }
+  function decide(div, decision) {
+    var buttons = div.querySelectorAll('button'), out = div.querySelector('.approval-msg');
+    var enable = function (on) { for (var i = 0; i < buttons.length; i++) buttons[i].disabled = !on; };
+    var body = { decision: decision }, note = div.querySelector('.approval-note').value;
+    if (note) body.note = note;
+    enable(false);
+    call('POST', base + '/approvals/' + encodeURIComponent(div.dataset.callId), body, function (r, b) {
+      if (r && r.ok) {
+        out.textContent = (b.decision === 'approve' ? 'approved' : 'denied') + ' by ' + str(b.who);
+        // The panel goes when the decision's event arrives: the controls' line keeps the answer.
+        msg.textContent = 'call ' + div.dataset.callId + ' ' + out.textContent;
+      }
+      else if (r && r.status === 409) out.textContent = '409 decided already: ' + str(b.message || b.error || '');
+      else enable(true);
+    }, out);
+  }
+  function wireApproval(div) {
+    div.querySelectorAll('button').forEach(function (button) {
+      button.addEventListener('click', function () { decide(div, button.dataset.decision); });
+    });
+  }
+  function awaitCall(e) {
+    if (approvalPanels().some(function (d) { return d.dataset.callId === str(e.callId); })) return;
+    var div = approvalItem(e); wireApproval(div); approvalList.appendChild(div);
+    approvals.hidden = false;
+  }
+  function settleCall(callId) {
+    approvalPanels().forEach(function (d) { if (d.dataset.callId === str(callId)) d.remove(); });
+    if (!approvalList.children.length) approvals.hidden = true;
+  }
+  approvalPanels().forEach(wireApproval);
   var ticker = null;
   function finish() {
     document.getElementById('stop-soft').disabled = true;
@@ -303,6 +362,8 @@ pub const RUN_JS: &str = r#"
       if (e.type === 'run_failed') showError(str(e.message));
       if (e.type === 'assistant' && e.usage) addUsage(e);
       if (e.type === 'stop_requested') setStatus('stopping (' + str(e.mode) + ')', 'stopping');
+      if (e.type === 'approval_requested') awaitCall(e);
+      if ((e.type === 'approval_decided' || e.type === 'tool_result') && e.callId != null) settleCall(e.callId);
       refresh();
     });
     es.addEventListener('end', function (m) {
@@ -315,27 +376,32 @@ pub const RUN_JS: &str = r#"
         document.getElementById('f-finished').textContent = t;
       }
       finish();
+      approvalPanels().forEach(function (d) { d.remove(); });
+      approvals.hidden = true;
       document.getElementById('now-slot').textContent = '';
       if (d.finishedAt != null) { ranEl.textContent = dur(d.finishedAt - startedAt); durEl.textContent = ranEl.textContent; }
       conn.textContent = '';
       refresh();
     });
   }
-  function call(method, path, body, then) {
-    msg.textContent = '\u2026';
+  // One request of a control; its answer is written to `out` (the controls' line unless given), and
+  // `then` hears the response and its body (a null response when the request failed).
+  function call(method, path, body, then, out) {
+    out = out || msg;
+    out.textContent = '\u2026';
     var url = path + (tq ? (path.indexOf('?') < 0 ? '?' : '&') + tq : '');
     var init = { method: method, headers: {} };
     if (body) { init.headers['content-type'] = 'application/json'; init.body = JSON.stringify(body); }
     fetch(url, init).then(function (r) {
       return r.json().catch(function () { return {}; }).then(function (b) {
-        msg.textContent = r.status + ' ' + str(b.state || b.outcome || b.message || b.error || '');
+        out.textContent = r.status + ' ' + str(b.state || b.outcome || b.message || b.error || '');
         if (then) then(r, b);
       });
-    }, function (err) { msg.textContent = 'request failed: ' + err; });
+    }, function (err) { out.textContent = 'request failed: ' + err; if (then) then(null, {}); });
   }
   // Run again: the answer names the new run (or the live run it steered into); link it.
   function linkRun(r, b) {
-    if (!r.ok || typeof b.runId !== 'string') return;
+    if (!r || !r.ok || typeof b.runId !== 'string') return;
     var a = document.createElement('a');
     a.id = 'retry-link';
     var to = '/runs/' + encodeURIComponent(b.runId);
@@ -369,6 +435,12 @@ mod tests {
         assert!(RUN_JS.contains("call('DELETE', base);"));
         // Run again posts no body (the retry's body is optional).
         assert!(RUN_JS.contains("call('POST', base + '/retry', null, linkRun);"));
+        // A decision posts JSON through the same call, so with the page's capability token as Stop does.
+        assert!(RUN_JS.contains(
+            "call('POST', base + '/approvals/' + encodeURIComponent(div.dataset.callId), body,"
+        ));
+        assert!(RUN_JS
+            .contains("var url = path + (tq ? (path.indexOf('?') < 0 ? '?' : '&') + tq : '');"));
         // Two fetches: the buttons' one, and the timeline fragment's GET (no body).
         assert_eq!(RUN_JS.matches("fetch(").count(), 2);
         assert!(RUN_JS.contains("fetch('/runs/' + encodeURIComponent(id) + '/timeline'"));
