@@ -26,6 +26,10 @@ use super::work::{retry_transient, summarize};
 use super::{publish, RunDeps};
 use crate::agent::ToolCall;
 
+/// Largest call input an `approval_requested` event carries whole (JSON bytes); a larger one is left out
+/// (its summary stays), so the event always fits the 64 KiB an event may weigh.
+const MAX_INPUT_BYTES: usize = 16 << 10;
+
 /// How often a parked run reads its row for decisions taken by other processes (and its stop).
 const POLL: Duration = Duration::from_secs(1);
 
@@ -82,9 +86,12 @@ impl ApprovalGate {
                     released: false,
                 },
             );
-            let event = json!({"type": "approval_requested", "callId": call.call_id, "tool": call.tool,
-                "input": call.args, "summary": summarize(&self.deps, &call.args.to_string()),
-                "step": self.step});
+            let input = call.args.to_string();
+            let mut event = json!({"type": "approval_requested", "callId": call.call_id,
+                "tool": call.tool, "summary": summarize(&self.deps, &input), "step": self.step});
+            if input.len() <= MAX_INPUT_BYTES {
+                event["input"] = redacted(&self.deps, &call.args);
+            }
             requested.extend(publish(&self.deps, &self.id, event, false));
         }
         match self.change(PhaseChange::Park, requested, &approvals).await {
@@ -233,6 +240,21 @@ impl ApprovalGate {
                 Some((c.call_id.clone(), d))
             })
             .collect()
+    }
+}
+
+/// `v` with every string passed through the redactor: a call's input is shown to people and kept in the
+/// record, and no secret the model put into it may be.
+fn redacted(deps: &RunDeps, v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(deps.registry.redactor().redact(s).into_owned()),
+        Value::Array(items) => Value::Array(items.iter().map(|i| redacted(deps, i)).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, i)| (k.clone(), redacted(deps, i)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 

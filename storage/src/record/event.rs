@@ -127,9 +127,10 @@ pub enum RunEvent {
         stamp: Stamp,
         call_id: String,
         tool: String,
-        /// The call's arguments, as the model gave them.
-        #[schema(value_type = Object)]
-        input: Value,
+        /// The call's arguments, as the model gave them; absent when over 16 KiB (the summary stays).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<Object>)]
+        input: Option<Value>,
         /// The arguments, redacted and capped (200 characters).
         summary: String,
         step: u64,
