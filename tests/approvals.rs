@@ -5,11 +5,10 @@
 
 mod support;
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::child::{http, Proc};
+use support::child::{http, workspace_lines, Proc};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -78,14 +77,6 @@ fn finished(p: &Proc, run_id: &str) -> Value {
         let (status, body) = http(|c| c.get(p.url(&format!("/api/runs/{run_id}"))));
         (status == 200 && body["finished"] == true && body["persisted"] == true).then_some(body)
     })
-}
-
-fn workspace_lines(data: &Path, run_id: &str) -> Vec<String> {
-    std::fs::read_to_string(data.join("workspaces").join(run_id).join("steps.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
 }
 
 #[test]

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use storage::ledger::{RunLedger, StopMode};
 use storage::record::{RunRecord, RunStatus};
 use storage::{RunStore, SqliteStore, Synchronous};
-use support::child::{http, now_ms, Proc};
+use support::child::{http, now_ms, workspace_lines, Proc};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -64,14 +64,6 @@ fn assert_contiguous(r: &RunRecord) {
         "seqs strictly increase: {seqs:?}"
     );
     assert_eq!(count(&r.events, "input"), 1, "exactly one input");
-}
-
-fn workspace_lines(data: &Path, run_id: &str) -> Vec<String> {
-    std::fs::read_to_string(data.join("workspaces").join(run_id).join("steps.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
 }
 
 fn assert_no_duplicate_lines(lines: &[String]) {

@@ -734,7 +734,9 @@ async fn list_filters_take_a_terminal_status_an_agent_and_a_channel_in_json_and_
     let (code, page) = app.get_text("/runs?status=exploded", None).await;
     assert_eq!(code, 400);
     assert!(
-        page.contains("status: must be one of all, active, awaiting_approval, finished, completed, failed"),
+        page.contains(
+            "status: must be one of all, active, awaiting_approval, finished, completed, failed"
+        ),
         "{page}"
     );
 

@@ -86,6 +86,15 @@ pub fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// The lines of a run's `steps.log` workspace file (what the scripted agent's `append_file` calls wrote).
+pub fn workspace_lines(data: &Path, run_id: &str) -> Vec<String> {
+    std::fs::read_to_string(data.join("workspaces").join(run_id).join("steps.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Poll `check` every 20 ms until it answers `Some`; fails naming `what` once `within` has passed.
 pub fn wait_for<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let until = Instant::now() + within;

@@ -64,7 +64,7 @@ use launch::Launched;
 use machine::{Effect, End, Msg, RunState, Written};
 pub use record::{
     admitted_successor, assemble_record, build_record, close_card_of, close_row, closing_record,
-    meta_from_row, RecordExtras, DELIVERY_UNKNOWN,
+    fresh_successor, meta_from_row, RecordExtras, DELIVERY_UNKNOWN,
 };
 use work::{Delivery, Gate, Run};
 

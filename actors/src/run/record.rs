@@ -151,6 +151,16 @@ pub(super) fn bound_workspace(row: &LiveRow) -> Option<std::path::PathBuf> {
 
 /// The successor run a finish (or close) admitted under this generation: its `attaching` row and first
 /// events, for the supervisor to launch. A crash before the launch leaves it to a reclaim's restart.
+/// The successor a transaction that frees a thread may admit (a finish, a close, a purge): a fresh run
+/// id (UUID v7), this process's lease, and how far the freeing run read its inbox.
+pub fn fresh_successor(deps: &RunDeps, inbox_consumed: Option<u64>) -> Successor {
+    Successor {
+        run_id: uuid::Uuid::now_v7().to_string(),
+        lease_ms: deps.lease_ms,
+        inbox_consumed,
+    }
+}
+
 pub async fn admitted_successor(deps: &RunDeps, id: &str) -> Option<(LiveRow, Vec<Value>)> {
     let row = deps.storage.get_live(id.to_owned()).await.ok()??;
     if row.owner_gen != deps.gen.as_str() || row.phase != storage::ledger::Phase::Attaching {
@@ -307,11 +317,7 @@ pub async fn close_row(
             .await
             .stamp(&mut record.head.extra);
     }
-    let successor = Successor {
-        run_id: uuid::Uuid::now_v7().to_string(),
-        lease_ms: deps.lease_ms,
-        inbox_consumed: None,
-    };
+    let successor = fresh_successor(deps, None);
     let successor_id = successor.run_id.clone();
     match deps
         .storage

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::{
-    Decision, InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Successor,
-    Turn,
+    Decision, InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Turn,
 };
 use storage::record::RunStatus;
 
@@ -856,11 +855,9 @@ impl Run {
             ..Default::default()
         };
         let record = build_record(&self.deps, &self.id, status, finished_at, extras);
-        let successor = self.tracked().then(|| Successor {
-            run_id: uuid::Uuid::now_v7().to_string(),
-            lease_ms: self.deps.lease_ms,
-            inbox_consumed: self.inbox_consumed,
-        });
+        let successor = self
+            .tracked()
+            .then(|| super::record::fresh_successor(&self.deps, self.inbox_consumed));
         let via = match &successor {
             Some(s) => Via::Ledger {
                 gen: self.gen.clone(),

@@ -89,11 +89,7 @@ pub(super) async fn purge_killed(
     deps: RunDeps,
     run_id: String,
 ) -> Option<(storage::ledger::LiveRow, Vec<serde_json::Value>)> {
-    let successor = storage::ledger::Successor {
-        run_id: uuid::Uuid::now_v7().to_string(),
-        lease_ms: deps.lease_ms,
-        inbox_consumed: None,
-    };
+    let successor = run::fresh_successor(&deps, None);
     let successor_id = successor.run_id.clone();
     match deps
         .storage
