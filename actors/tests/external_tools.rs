@@ -194,6 +194,26 @@ async fn an_http_tool_posts_run_call_and_input_with_the_idempotency_key_and_a_si
     server.stop(false).await;
 }
 
+/// SPEC §13: `[[tools.http]] approval = true` makes every call of the tool wait for a person, whichever
+/// agent makes it; the built-ins and an HTTP tool without it do not.
+#[actix_rt::test]
+async fn an_http_tool_declared_approval_requires_it_and_others_do_not() {
+    let gated = HttpToolSpec {
+        approval: true,
+        ..http_spec("deploy", "http://127.0.0.1:9/deploy".into())
+    };
+    let tools = http_tools(vec![
+        gated,
+        http_spec("weather", "http://127.0.0.1:9/w".into()),
+    ])
+    .await;
+    let toolbox = Toolbox::builtin().with_external(tools).unwrap();
+    let needs = |name: &str| toolbox.get(name).unwrap().requires_approval();
+    assert!(needs("deploy"));
+    assert!(!needs("weather"));
+    assert!(!needs("append_file"));
+}
+
 #[actix_rt::test]
 async fn http_tool_failures_are_ok_false_results() {
     let dir = tempfile::tempdir().unwrap();

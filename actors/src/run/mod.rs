@@ -874,6 +874,26 @@ mod tests {
     use super::StopActor;
 
     #[test]
+    fn an_agent_approves_exact_names_and_trailing_star_prefixes_only() {
+        let scripted = std::sync::Arc::new(crate::agent::scripted::ScriptedAgent::new());
+        let mut agent = super::AgentEntry::new(scripted, 1, "s");
+        assert!(
+            !agent.approves("append_file"),
+            "nothing needs approval by default"
+        );
+        agent.approve = vec!["append_file".into(), "mcp__*".into()];
+        for (tool, needs) in [
+            ("append_file", true),
+            ("append_files", false),
+            ("mcp__fs__write", true),
+            ("mcp_", false),
+            ("echo", false),
+        ] {
+            assert_eq!(agent.approves(tool), needs, "{tool}");
+        }
+    }
+
+    #[test]
     fn a_stop_actor_id_is_stripped_to_its_charset_and_capped_and_nothing_left_reads_unknown() {
         assert_eq!(
             StopActor::new("token", "ops@example.com").id,
