@@ -122,8 +122,7 @@ impl ApprovalGate {
                 match approvals.get(&call.call_id) {
                     Some(a) if a.decided.is_some() => {}
                     Some(a) if a.deadline <= now => {
-                        self.time_out(&call.call_id, now).await;
-                        timed_out = true;
+                        timed_out |= self.time_out(&call.call_id, now).await
                     }
                     Some(a) => open.push(a.deadline),
                     None => return Passed::Fenced, // the row is not the one this gate parked
@@ -132,9 +131,15 @@ impl ApprovalGate {
             if timed_out {
                 continue; // read back what was decided
             }
-            if open.is_empty() {
+            if open.is_empty()
+                && self
+                    .calls
+                    .iter()
+                    .all(|c| approvals[&c.call_id].decided.is_some())
+            {
                 break self.decisions(&approvals);
             }
+            // A timeout that could not be recorded is tried again at the next poll.
             let until = open.iter().min().map_or(POLL, |d| {
                 Duration::from_millis(u64::try_from(d - now).unwrap_or(0)).min(POLL)
             });
@@ -212,7 +217,8 @@ impl ApprovalGate {
     }
 
     /// No decision by the deadline: denied by `timeout` (unless a person's decision got in first).
-    async fn time_out(&self, call_id: &str, now: i64) {
+    /// Answers whether the call is decided now.
+    async fn time_out(&self, call_id: &str, now: i64) -> bool {
         let decided = Decided {
             decision: Decision::Deny,
             who: "timeout".into(),
@@ -225,9 +231,10 @@ impl ApprovalGate {
             .decide(self.id.clone(), call_id.to_owned(), decided)
             .await
         {
-            Ok(Ok(_)) | Ok(Err(Refusal::AlreadyDecided { .. })) => {}
+            Ok(Ok(_)) | Ok(Err(Refusal::AlreadyDecided { .. })) => true,
             other => {
-                tracing::warn!(run_id = %self.id, call_id, answer = ?other, "approval timeout not recorded")
+                tracing::warn!(run_id = %self.id, generation = %self.gen, call_id, answer = ?other, "approval timeout not recorded");
+                false
             }
         }
     }
