@@ -162,7 +162,7 @@ impl CardView {
             None => {
                 let doing = match (&self.tool, self.step) {
                     (_, 0) => "starting".to_owned(),
-                    (Some(tool), k) => format!("step {k} · {tool}"),
+                    (Some(tool), k) => format!("step {k} · {}", mrkdwn_escape(tool)),
                     (None, k) => format!("step {k} · thinking"),
                 };
                 format!("⏳ {agent} · {doing} …")
@@ -231,13 +231,14 @@ fn mrkdwn_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// At most [`QUOTE_CHARS`] characters of `s`, with `…` when cut.
+/// At most [`QUOTE_CHARS`] characters of `s`, with `…` when cut, escaped ([`mrkdwn_escape`]): a
+/// failure message or an answer is shown as text, never as a mention or a link.
 fn quote(s: &str) -> String {
     let mut out: String = s.chars().take(QUOTE_CHARS).collect();
     if s.chars().count() > QUOTE_CHARS {
         out.push('…');
     }
-    out
+    mrkdwn_escape(&out)
 }
 
 #[cfg(test)]
@@ -291,6 +292,20 @@ mod tests {
             vec![json!({"type": "run_failed", "message": "model said no"})],
         );
         assert!(failed.text.starts_with("❌ demo · failed: model said no"));
+        // What a model or a provider wrote is text on the card, never a mention or a link.
+        let loud = ended(
+            RunStatus::Failed,
+            vec![
+                json!({"type": "run_failed", "message": "<!channel> & <https://x.invalid|click>"}),
+            ],
+        );
+        assert!(
+            loud.text.starts_with(
+                "❌ demo · failed: &lt;!channel&gt; &amp; &lt;https://x.invalid|click&gt;"
+            ),
+            "{}",
+            loud.text
+        );
         let stopped = ended(
             RunStatus::StoppedSoft,
             vec![
