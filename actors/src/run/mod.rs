@@ -32,6 +32,7 @@
 //! - a detached run (a ledger write failed permanently) keeps running best-effort but is never resumed.
 
 mod approval;
+mod ending;
 mod launch;
 pub mod machine;
 mod record;
@@ -60,13 +61,14 @@ use crate::heartbeat::{Heartbeat, HeartbeatNews, Track, Untrack};
 use crate::history::HistoryWriter;
 use crate::registry::{Registry, RunMeta};
 use crate::tools::Toolbox;
+use ending::{Delivery, Gate};
 use launch::Launched;
 use machine::{Effect, End, Msg, RunState, Written};
 pub use record::{
     admitted_successor, assemble_record, build_record, close_card_of, close_row, closing_record,
     fresh_successor, meta_from_row, RecordExtras, DELIVERY_UNKNOWN,
 };
-use work::{Delivery, Gate, Run};
+use work::Run;
 
 /// An admitted message, as saved in `meta.request` and replayed by a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -358,7 +360,7 @@ enum Completion {
     HandedOff(bool),
     Finishing(Gate),
     Replied(Delivery),
-    Finish(work::Recorded),
+    Finish(ending::Recorded),
     Panicked(String),
 }
 
@@ -766,8 +768,10 @@ impl Handler<Done> for RunActor {
                     failed,
                 }
             }
-            Completion::Finish(work::Recorded::Fenced) => return self.end(End::Fenced, None, ctx),
-            Completion::Finish(work::Recorded::Ended(successor)) => {
+            Completion::Finish(ending::Recorded::Fenced) => {
+                return self.end(End::Fenced, None, ctx)
+            }
+            Completion::Finish(ending::Recorded::Ended(successor)) => {
                 let (next, effects) = machine::transition(&self.state, &Msg::Recorded);
                 self.state = next;
                 for effect in effects {

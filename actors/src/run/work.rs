@@ -11,19 +11,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::{
-    Decision, InFlight, InboxItem, LiveRow, Outcome, Refusal, StepRecord, StepWrite, Turn,
+    Decision, InFlight, InboxItem, Outcome, Refusal, StepRecord, StepWrite, Turn,
 };
-use storage::record::RunStatus;
 
 use super::approval::{ApprovalGate, Passed};
 use super::machine::Written;
-use super::record::{admitted_successor, build_record, RecordExtras};
 use super::tool_runner::ToolRunner;
 use super::{publish, AgentEntry, RunDeps};
 use crate::agent::{self, AssistantTurn, Conversation, ToolCall, ToolDef, ToolResult, Usage};
-use crate::channel::card::{CardView, Ending};
+use crate::channel::card::CardView;
 use crate::channel::CardPlace;
-use crate::history::{Via, WriteOutcome};
 use crate::registry::RunMeta;
 
 /// Longest `summary` published for a tool call or result.
@@ -690,219 +687,6 @@ impl Run {
             }
         }
     }
-
-    /// Flush the run's events, then the finishing gate (SPEC §5.2 step 7): only a confirmed owner
-    /// replies. Unavailable storage is retried for up to the lease; a `WrongPhase` whose row already
-    /// sits in `finishing` under this generation with this status means an earlier attempt committed.
-    /// A detached run replies best-effort.
-    pub fn finishing_gate(
-        &self,
-        status: RunStatus,
-        answer: Option<String>,
-    ) -> impl std::future::Future<Output = Gate> + 'static {
-        let (deps, id, gen, tracking) = (
-            self.deps.clone(),
-            self.id.clone(),
-            self.gen.clone(),
-            self.tracking,
-        );
-        async move {
-            match tracking {
-                Tracking::Fenced => return Gate::Answer(Written::Fenced),
-                Tracking::Detached => return Gate::Answer(Written::Ok),
-                Tracking::Tracked => {}
-            }
-            // Everything published so far reaches the ledger first: a crash from here on closes the
-            // run from complete live events.
-            let _ = deps
-                .flusher
-                .send(crate::flusher::FlushRun(id.clone()))
-                .await;
-            let s = deps.storage.clone();
-            let gate = retry_transient(deps.lease_ms, || {
-                s.finishing(id.clone(), gen.clone(), status, answer.clone())
-            })
-            .await;
-            match gate {
-                None => Gate::Answer(Written::Lost),
-                Some(Ok(Ok(()))) => Gate::Answer(Written::Ok),
-                Some(Ok(Err(Refusal::StopPending { mode, .. }))) => Gate::Stopped(mode),
-                Some(Ok(Err(Refusal::WrongPhase { .. }))) => {
-                    match retry_transient(deps.lease_ms, || s.get_live(id.clone())).await {
-                        None => Gate::Answer(Written::Lost),
-                        Some(Ok(Some(row)))
-                            if row.owner_gen == gen
-                                && row.phase == storage::ledger::Phase::Finishing
-                                && row.final_status() == Some(status) =>
-                        {
-                            Gate::Answer(Written::Ok)
-                        }
-                        Some(_) => Gate::Answer(Written::Fenced),
-                    }
-                }
-                Some(Ok(Err(_))) => Gate::Answer(Written::Fenced),
-                Some(Err(e)) => Gate::Detach(e.to_string()),
-            }
-        }
-    }
-
-    /// Publish the answer and POST the reply to the configured webhook. The kill state is checked
-    /// immediately before the attempt: a killed run sends nothing (SPEC §5.2 step 7).
-    pub fn deliver(
-        &self,
-        status: RunStatus,
-        answer: Option<String>,
-    ) -> impl std::future::Future<Output = Delivery> + 'static {
-        if let Some(text) = &answer {
-            self.publish(json!({"type": "answer", "text": text}));
-        }
-        let (deps, id, gen, detached) = (
-            self.deps.clone(),
-            self.id.clone(),
-            self.gen.clone(),
-            self.tracking == Tracking::Detached,
-        );
-        let thread = self.card.as_ref().map(|place| place.thread.clone());
-        let text = answer.clone();
-        let body = json!({
-            "runId": self.id, "threadKey": self.meta.thread_key, "channel": self.meta.channel_id,
-            "user": self.meta.user_id, "status": status.as_str(), "answer": answer, "finishedAt": self.now(),
-        });
-        async move {
-            // The kill state is checked before every attempt of a reply.
-            let proceed = || {
-                let (storage, id) = (deps.storage.clone(), id.clone());
-                async move { detached || !storage.is_killed(id).await.unwrap_or(false) }
-            };
-            // The answer as a reply in the run's chat thread (SPEC §12).
-            let chat = match (thread.filter(|_| deps.cards.enabled()), text) {
-                (Some(thread), Some(text)) => {
-                    if !proceed().await {
-                        tracing::info!(run_id = %id, generation = %gen, "killed after the finishing gate: no reply");
-                        return Delivery::Killed;
-                    }
-                    Some(match deps.cards.reply(&thread, &id, &text).await {
-                        Ok(()) => (true, None),
-                        Err(e) => {
-                            tracing::warn!(run_id = %id, generation = %gen, error = %e, "the answer did not reach the chat thread");
-                            (false, Some(format!("chat reply failed: {e}")))
-                        }
-                    })
-                }
-                _ => None,
-            };
-            let Some(hook) = deps.webhook.as_ref() else {
-                return Delivery::Sent(chat);
-            };
-            // Signed, retried until the deadline.
-            let policy = crate::delivery::RetryPolicy::with_deadline(hook.deadline);
-            let reply = crate::delivery::deliver_guarded(
-                &deps.http,
-                &hook.url,
-                hook.secret.as_deref(),
-                policy,
-                &id,
-                &body,
-                crate::delivery::unix_now_secs,
-                proceed,
-            )
-            .await;
-            if reply.withheld {
-                tracing::info!(run_id = %id, generation = %gen, "killed after the finishing gate: no webhook");
-                return Delivery::Killed;
-            }
-            let hooked = reply.into_pair();
-            Delivery::Sent(Some(match chat {
-                Some((false, note)) => (false, note),
-                _ => hooked,
-            }))
-        }
-    }
-
-    fn diagnosis(&self) -> Value {
-        json!({"byCategory": {
-            "model": {"count": self.model_calls, "durationMs": self.model_ms},
-            "tool": {"count": self.tool_calls, "durationMs": self.tool_ms},
-        }})
-    }
-
-    /// The final record through the ledger's finish, which admits the successor for unread follow-ups
-    /// in the same transaction (SPEC §5.2 step 8); answers that successor when it was admitted here.
-    /// Answers [`Recorded::Fenced`] when the ledger refused the finish (killed meanwhile, or owned by
-    /// another generation): the run then ends fenced, and a killed one is purged.
-    pub fn record(
-        &self,
-        status: RunStatus,
-    ) -> impl std::future::Future<Output = Recorded> + 'static {
-        let finished_at = self.now();
-        self.deps.registry.finish(&self.id, status, finished_at);
-        self.deps.metrics.run_finished(status.as_str());
-        if let Some(row) = self.deps.registry.row(&self.id) {
-            let took =
-                Duration::from_millis(u64::try_from(finished_at - row.started_at).unwrap_or(0));
-            self.deps.metrics.run_duration(status.as_str(), took);
-        }
-        let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
-        // A detached run's record is best effort (SPEC §5.5): provisional, so it never replaces the record
-        // of the reclaim that closes its row; until then it is the run's latest trace.
-        let provisional = !self.tracked();
-        let extras = RecordExtras {
-            provisional,
-            reply: self.reply.clone(),
-            diagnosis: Some(self.diagnosis()),
-            step_count: Some(self.step),
-            usage,
-            ..Default::default()
-        };
-        let record = build_record(&self.deps, &self.id, status, finished_at, extras);
-        let successor = self
-            .tracked()
-            .then(|| super::record::fresh_successor(&self.deps, self.inbox_consumed));
-        let via = match &successor {
-            Some(s) => Via::Ledger {
-                gen: self.gen.clone(),
-                successor: Some(s.clone()),
-            },
-            None => Via::Store,
-        };
-        let (deps, id) = (self.deps.clone(), self.id.clone());
-        async move {
-            let Some(mut record) = record else {
-                return Recorded::Ended(None);
-            };
-            // The card's closing frame goes out before the record, which says whether it did.
-            let ending = Ending::Ended {
-                status,
-                finished_at,
-            };
-            deps.cards
-                .close(&id, ending)
-                .await
-                .stamp(&mut record.head.extra);
-            match deps.history.write(record, via).landed().await {
-                WriteOutcome::Landed(_) | WriteOutcome::Reconciled => deps.registry.landed(&id),
-                // Killed, or another generation owns the run: this process serves it no longer.
-                WriteOutcome::Fenced => return Recorded::Fenced,
-                // Kept (and served from here) for its TTL: the store does not have it.
-                WriteOutcome::StoodDown | WriteOutcome::Lost(_) => {}
-            }
-            match successor {
-                Some(s) => {
-                    Recorded::Ended(admitted_successor(&deps, &s.run_id).await.map(Box::new))
-                }
-                None => Recorded::Ended(None),
-            }
-        }
-    }
-}
-
-/// How the final record went.
-pub(super) enum Recorded {
-    /// Written (or kept here when the store would not take it), with the successor it admitted (boxed:
-    /// a row and its events are far larger than the other answer).
-    Ended(Option<Box<(LiveRow, Vec<Value>)>>),
-    /// The ledger refused the finish: killed meanwhile, or another generation owns the run.
-    Fenced,
 }
 
 /// What a step's tools did (see [`Run::run_tools`]).
@@ -933,23 +717,6 @@ static UNANSWERED: std::sync::LazyLock<storage::ledger::Decided> =
         note: Some("the run is detached from the ledger: no approval can be asked".into()),
         at: 0,
     });
-
-/// What the finishing gate answered; `Detach` when a permanent storage error detached the run (it then
-/// replies best-effort).
-pub(super) enum Gate {
-    Answer(Written),
-    /// A stop recorded before the gate of a `completed` run: nothing committed; conclude again.
-    Stopped(storage::ledger::StopMode),
-    Detach(String),
-}
-
-/// What the reply step did.
-pub(super) enum Delivery {
-    /// `(replyOk, replyNote)` when a webhook was called.
-    Sent(Option<(bool, Option<String>)>),
-    /// The run was killed: no webhook, no record.
-    Killed,
-}
 
 /// Retry `op` while it fails transiently, with backoff (200 ms doubling to 5 s), for up to `lease_ms`
 /// (SPEC §5.5). `None` when storage stayed away that long; a permanent error is answered.

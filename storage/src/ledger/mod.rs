@@ -19,8 +19,11 @@
 //! - reclaim never takes the caller's own rows, and two generations reclaiming at once each take a row
 //!   at most once between them.
 
+mod approvals;
 pub mod decisions;
 mod identity;
+mod successor;
+mod transcript;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -28,8 +31,13 @@ use serde_json::{Map, Value};
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::Result;
+pub use approvals::{
+    approvals_patch, change_phase, decide, Approval, Approvals, DecideAnswer, Decided, Decision,
+};
 pub use decisions::{Phase, StopMode, Strategy};
 pub use identity::RunIdentity;
+pub use successor::{successor_admission, waiting, Successor, SuccessorPlan};
+pub use transcript::{Transcript, TranscriptGap};
 
 /// Keyed receipts one run may hold (SPEC §5.1); a new key past it is held, an earlier one never evicted.
 pub const MAX_RECEIPTS_PER_RUN: usize = 256;
@@ -128,154 +136,6 @@ pub mod state_keys {
     pub const CARD: &str = "card";
     /// The tool calls awaiting (or past) a person's approval, by call id ([`super::Approvals`]).
     pub const APPROVALS: &str = "approvals";
-}
-
-/// A person's decision on a tool call (SPEC §13).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Decision {
-    Approve,
-    Deny,
-}
-
-impl Decision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Approve => "approve",
-            Decision::Deny => "deny",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Decision> {
-        [Decision::Approve, Decision::Deny]
-            .into_iter()
-            .find(|d| d.as_str() == s)
-    }
-}
-
-/// A decision as committed: what, who (`token:<name>`, `capability`, `slack:<user>`, `timeout`), an
-/// optional note, when.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Decided {
-    pub decision: Decision,
-    pub who: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-    pub at: i64,
-}
-
-/// One tool call's approval (SPEC §13), kept in the row's `state.approvals` so it outlives any process:
-/// requested when the run parked on it, decided by whoever answered first (a process that does not own
-/// the run included), released by the owner once the decision's `approval_decided` event is committed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Approval {
-    pub tool: String,
-    pub requested_at: i64,
-    /// No decision by then: denied by `timeout`.
-    pub deadline: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided: Option<Decided>,
-    /// The owner applied the decision and the step's calls may have started: a released call in flight
-    /// at a crash is settled like any call, an unreleased one certainly never ran.
-    #[serde(default)]
-    pub released: bool,
-}
-
-/// A run's approvals by call id.
-pub type Approvals = std::collections::BTreeMap<String, Approval>;
-
-/// The state patch that stores `approvals`.
-pub fn approvals_patch(approvals: &Approvals) -> Map<String, Value> {
-    let mut patch = Map::new();
-    patch.insert(
-        state_keys::APPROVALS.to_owned(),
-        serde_json::to_value(approvals).unwrap_or_default(),
-    );
-    patch
-}
-
-/// What a decision found (like [`StopAnswer`]): who owns the run, and whether its lease is current.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DecideAnswer {
-    pub owner_gen: String,
-    pub owner_lease_live: bool,
-}
-
-/// The owner's phase change `change` with `patch` merged into the row's state, applied to `row` (every
-/// backend's one rule; the caller persists the row): the new phase, or `WrongPhase`.
-pub fn change_phase(
-    row: &mut LiveRow,
-    change: decisions::PhaseChange,
-    patch: &Map<String, Value>,
-) -> Outcome<Phase> {
-    let next =
-        decisions::phase_transition(row.phase, change).map_err(|wrong| Refusal::WrongPhase {
-            run_id: row.run_id.clone(),
-            phase: wrong.from,
-            change: change.as_str(),
-        })?;
-    let mut patch = patch.clone();
-    // Approvals merge by call, never back: a decision another process committed after the owner read
-    // the row stays (the first decision wins), and so does a release.
-    if let Some(theirs) = patch.get(state_keys::APPROVALS) {
-        let mut merged = row.approvals();
-        let theirs: Approvals =
-            serde_json::from_value(theirs.clone()).map_err(|_| Refusal::UnknownCall {
-                run_id: row.run_id.clone(),
-                call_id: "(unreadable approvals)".into(),
-            })?;
-        for (call, mut a) in theirs {
-            if let Some(have) = merged.get(&call) {
-                a.decided = have.decided.clone().or(a.decided);
-                a.released |= have.released;
-            }
-            merged.insert(call, a);
-        }
-        patch.extend(approvals_patch(&merged));
-    }
-    merge_state(&mut row.state, &patch);
-    row.phase = next;
-    Ok(next)
-}
-
-/// A decision on `call_id`, applied to `row` (the caller persists its state): the first decision wins,
-/// a call the run does not await is refused, and so is any decision once the run is past its gate (a
-/// stop ended the wait; the call never runs).
-pub fn decide(
-    row: &mut LiveRow,
-    call_id: &str,
-    decided: &Decided,
-    now_ms: i64,
-) -> Outcome<DecideAnswer> {
-    if row.phase == Phase::Finishing {
-        return Err(Refusal::WrongPhase {
-            run_id: row.run_id.clone(),
-            phase: row.phase,
-            change: "decide",
-        });
-    }
-    let mut approvals = row.approvals();
-    let Some(approval) = approvals.get_mut(call_id) else {
-        return Err(Refusal::UnknownCall {
-            run_id: row.run_id.clone(),
-            call_id: call_id.to_owned(),
-        });
-    };
-    if let Some(first) = &approval.decided {
-        return Err(Refusal::AlreadyDecided {
-            run_id: row.run_id.clone(),
-            call_id: call_id.to_owned(),
-            decided: first.clone(),
-        });
-    }
-    approval.decided = Some(decided.clone());
-    merge_state(&mut row.state, &approvals_patch(&approvals));
-    Ok(DecideAnswer {
-        owner_gen: row.owner_gen.clone(),
-        owner_lease_live: !decisions::lease_expired(row.lease_until, now_ms),
-    })
 }
 
 impl LiveRow {
@@ -577,90 +437,6 @@ impl StepRecord {
 pub struct Turn {
     pub role: String,
     pub parts: Vec<Value>,
-}
-
-/// A run's transcript as read back (seed item 32): its turns in order up to the first missing turn or
-/// part, and that gap when there is one — a resume never rebuilds a conversation with a hole in it.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Transcript {
-    pub turns: Vec<Turn>,
-    pub gap: Option<TranscriptGap>,
-}
-
-/// What is missing where a transcript stops short.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TranscriptGap {
-    /// Turn `idx` has no row, though a later turn has.
-    Turn { idx: u64 },
-    /// Turn `idx` has a part after `part` but not `part` itself.
-    Part { idx: u64, part: u64 },
-}
-
-impl std::fmt::Display for TranscriptGap {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TranscriptGap::Turn { idx } => write!(f, "turn {idx} is missing"),
-            TranscriptGap::Part { idx, part } => write!(f, "part {part} of turn {idx} is missing"),
-        }
-    }
-}
-
-impl Transcript {
-    /// Assemble rows `(idx, part, json)` in `(idx, part)` order — every backend's one reading of its
-    /// transcript rows. Stops at the first gap: the turns before it are kept and the gap is named.
-    pub fn assemble(
-        rows: impl IntoIterator<Item = (u64, u64, String)>,
-    ) -> crate::Result<Transcript> {
-        let mut turns: Vec<Turn> = Vec::new();
-        let mut last: Option<(u64, u64)> = None;
-        for (idx, part, json) in rows {
-            let expected = match last {
-                None => (0, 0),
-                Some((i, p)) if i == idx => (i, p + 1),
-                Some((i, _)) => (i + 1, 0),
-            };
-            if (idx, part) != expected {
-                let (want_idx, want_part) = expected;
-                if idx != want_idx {
-                    return Ok(Transcript {
-                        turns,
-                        gap: Some(TranscriptGap::Turn { idx: want_idx }),
-                    });
-                }
-                // A part missing makes its turn unusable: the turn is cut whole.
-                if want_part > 0 {
-                    turns.pop();
-                }
-                return Ok(Transcript {
-                    turns,
-                    gap: Some(TranscriptGap::Part {
-                        idx: want_idx,
-                        part: want_part,
-                    }),
-                });
-            }
-            let mut v: Value = serde_json::from_str(&json)
-                .map_err(|e| crate::Error::corrupt("transcript.json", e))?;
-            let role = v
-                .get("role")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            let part_value = v.get_mut("part").map(Value::take).unwrap_or(Value::Null);
-            if last.is_some_and(|(i, _)| i == idx) {
-                if let Some(turn) = turns.last_mut() {
-                    turn.parts.push(part_value);
-                }
-            } else {
-                turns.push(Turn {
-                    role,
-                    parts: vec![part_value],
-                });
-            }
-            last = Some((idx, part));
-        }
-        Ok(Transcript { turns, gap: None })
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1092,165 +868,4 @@ pub fn label_of(text: &str) -> String {
         label.push('…');
     }
     label
-}
-
-/// The run a finish (or a reclaim's close) admits in the same transaction for follow-ups the finished
-/// run never read (SPEC §5.2 step 8): its pre-minted id and how far the finishing run read its inbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Successor {
-    pub run_id: String,
-    pub lease_ms: i64,
-    /// The highest inbox seq the finishing run folded in; the last step record's counts too.
-    pub inbox_consumed: Option<u64>,
-}
-
-/// The inbox rows a finishing run leaves for the runs after it: every queued message (`enqueue`,
-/// `interrupt`: never folded, whatever the cursor) and the steering messages past `consumed`, in seq order.
-pub fn waiting(items: Vec<InboxItem>, consumed: Option<u64>) -> Vec<InboxItem> {
-    items
-        .into_iter()
-        .filter(|i| i.queued() || decisions::is_unread(i.seq, consumed))
-        .collect()
-}
-
-/// The successor a finish admits in its transaction (SPEC §5.2 step 8, §5.1): its admission, its first
-/// events, and the messages it carries on in its own inbox, in order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SuccessorPlan {
-    pub admit: Admit,
-    pub events: Vec<Value>,
-    /// What waits behind the successor's own message(s): pushed onto its inbox in this order, so queued
-    /// messages keep their turn and late steering messages reach it.
-    pub carried: Vec<Value>,
-}
-
-/// The successor for `waiting` (see [`waiting`]), or `None` when nothing waits. Its messages are the
-/// first queued message alone — a run of its own, `input {source: "request"}` — or, when steering
-/// messages come first, all of them up to the first queued one, one `input {source: "followup"}` each
-/// (they were meant for the finished run, so the successor answers them together). Its events are
-/// `run_meta` (seq 1) and those inputs (seqs 2…), stamped `now_ms`; its request is the first message's
-/// with every text, in order; its identity is the finished run's, with the first message's user.
-pub fn successor_admission(
-    finished: &LiveRow,
-    gen: &str,
-    waiting: &[InboxItem],
-    successor: &Successor,
-    now_ms: i64,
-) -> Option<SuccessorPlan> {
-    let items: Vec<(&InboxItem, &Map<String, Value>)> = waiting
-        .iter()
-        .filter_map(|i| i.message.as_object().map(|m| (i, m)))
-        .collect();
-    let (first_item, first) = *items.first()?;
-    let queued = first_item.queued();
-    let taken = if queued {
-        1
-    } else {
-        items.iter().take_while(|(i, _)| !i.queued()).count()
-    };
-    let texts: Vec<&str> = items[..taken]
-        .iter()
-        .map(|(_, m)| m.get("text").and_then(Value::as_str).unwrap_or_default())
-        .collect();
-    let carried = items[taken..]
-        .iter()
-        .map(|(_, m)| Value::Object((*m).clone()))
-        .collect();
-    let mut request = first.clone();
-    request.insert("text".into(), Value::from(texts.join("\n\n")));
-    let request = Value::Object(request);
-    let mut identity = RunIdentity::from_meta(&finished.thread_key, &finished.meta);
-    identity.label = label_of(request["text"].as_str().unwrap_or_default());
-    identity.parent_run_id = None;
-    if let Some(user) = first.get("user").and_then(Value::as_str) {
-        identity.user_id = user.to_owned();
-    }
-    // No deadline: a restart computes it from the successor's own start.
-    let meta = identity.meta_json(None, &request);
-    let mut run_meta = identity.event();
-    run_meta["seq"] = Value::from(1);
-    run_meta["at"] = Value::from(now_ms);
-    let source = if queued {
-        crate::record::InputSource::Request
-    } else {
-        crate::record::InputSource::Followup { inbox_seq: None }
-    };
-    let mut events = vec![run_meta];
-    for (i, text) in texts.iter().enumerate() {
-        let mut input = crate::record::input_event(text, source);
-        input["seq"] = Value::from(i + 2);
-        input["at"] = Value::from(now_ms);
-        events.push(input);
-    }
-    let events = events
-        .into_iter()
-        .map(crate::record::cap_event_for_publish)
-        .collect();
-    let admit = Admit {
-        thread_key: finished.thread_key.clone(),
-        gen: gen.to_owned(),
-        run_id: successor.run_id.clone(),
-        request,
-        meta,
-        key: None,
-        lease_ms: successor.lease_ms,
-        writer: None,
-        strategy: Strategy::Steer,
-    };
-    Some(SuccessorPlan {
-        admit,
-        events,
-        carried,
-    })
-}
-
-#[cfg(test)]
-mod transcript_tests {
-    use super::{Transcript, TranscriptGap, Turn};
-    use serde_json::json;
-
-    fn row(idx: u64, part: u64) -> (u64, u64, String) {
-        (
-            idx,
-            part,
-            json!({"role": "user", "part": format!("{idx}.{part}")}).to_string(),
-        )
-    }
-
-    fn read(rows: &[(u64, u64)]) -> (usize, Option<TranscriptGap>) {
-        let t = Transcript::assemble(rows.iter().map(|&(i, p)| row(i, p))).unwrap();
-        (t.turns.len(), t.gap)
-    }
-
-    #[test]
-    fn assembly_stops_at_the_first_missing_turn_or_part_and_names_it() {
-        assert_eq!(read(&[]), (0, None));
-        assert_eq!(read(&[(0, 0), (0, 1), (1, 0)]), (2, None));
-        let whole = Transcript::assemble([row(0, 0), row(0, 1)]).unwrap();
-        assert_eq!(
-            whole.turns,
-            vec![Turn {
-                role: "user".into(),
-                parts: vec![json!("0.0"), json!("0.1")]
-            }]
-        );
-        assert_eq!(read(&[(1, 0)]), (0, Some(TranscriptGap::Turn { idx: 0 })));
-        assert_eq!(
-            read(&[(0, 1)]),
-            (0, Some(TranscriptGap::Part { idx: 0, part: 0 }))
-        );
-        assert_eq!(
-            read(&[(0, 0), (2, 0)]),
-            (1, Some(TranscriptGap::Turn { idx: 1 }))
-        );
-        // A part missing inside a turn cuts that turn whole.
-        assert_eq!(
-            read(&[(0, 0), (1, 0), (1, 2), (2, 0)]),
-            (1, Some(TranscriptGap::Part { idx: 1, part: 1 }))
-        );
-        assert_eq!(
-            read(&[(0, 0), (1, 1)]),
-            (1, Some(TranscriptGap::Part { idx: 1, part: 0 }))
-        );
-    }
 }

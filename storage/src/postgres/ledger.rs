@@ -6,13 +6,14 @@
 //! the loser's transaction fails with a serialization failure and runs again, deciding on the winner's
 //! committed rows. A refusal is decided before any write, so committing it writes nothing.
 
+use super::prune::prune_in;
 use super::Db;
 use serde_json::{Map, Value};
 
 use super::live::{get_row, is_killed, live_rows, row_by_thread, ROW_COLUMNS};
 use super::news::notify;
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
-use super::{big, too_big, PgStore};
+use super::{too_big, PgStore};
 use crate::ledger::decisions::{
     self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
 };
@@ -20,8 +21,7 @@ use crate::ledger::{
     check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit,
     AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer,
     LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal, RunLedger,
-    StepRecord, StopAnswer, TableRows, Transcript, Turn, FENCE_PURGED_SQL as PURGED, PRUNE_BATCH,
-    PRUNE_LEFTOVER_RUNS,
+    StepRecord, StopAnswer, TableRows, Transcript, Turn,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
@@ -124,7 +124,7 @@ fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
 
 /// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
 /// went; its receipts and events stay.
-fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
+pub(super) fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
     let mut n = 0;
     for sql in [
         "DELETE FROM live_runs WHERE run_id = $1",
@@ -361,84 +361,6 @@ fn reclaim_in(
         }
     }
     Ok(answer)
-}
-
-fn prune_in(
-    c: &mut Db,
-    now_ms: i64,
-    receipt_ttl_ms: i64,
-    keep_gens: &[String],
-) -> Result<PruneReport> {
-    // Receipts of runs that ended without a stamp (abandon, purge) start their TTL now.
-    c.execute(
-        "UPDATE admit_receipts SET ended_at = $1
-         WHERE ended_at IS NULL AND NOT EXISTS (SELECT 1 FROM live_runs l WHERE l.run_id = admit_receipts.run_id)",
-        &[&now_ms],
-    )?;
-    // `decisions::receipt_expired`, compiled: ended_at <= receipt_cutoff.
-    let receipts = c.execute(
-        "DELETE FROM admit_receipts WHERE ended_at IS NOT NULL AND ended_at <= $1",
-        &[&decisions::receipt_cutoff(now_ms, receipt_ttl_ms)],
-    )?;
-    // `decisions::generation_prunable`, with the facts read per generation.
-    let candidates: Vec<(String, i64, bool)> = c
-        .query(
-            "SELECT g.gen, g.started_at,
-                    EXISTS (SELECT 1 FROM live_runs l WHERE l.owner_gen = g.gen)
-                    OR EXISTS (SELECT 1 FROM plan_requests p WHERE p.generation = g.gen AND p.state = 'pending')
-             FROM generations g WHERE g.started_at < $1",
-            &[&decisions::generation_cutoff(now_ms)],
-        )?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let mut generations = 0;
-    for (gen, started_at, owns_rows) in candidates {
-        if decisions::generation_prunable(started_at, keep_gens.contains(&gen), owns_rows, now_ms) {
-            generations += c.execute("DELETE FROM generations WHERE gen = $1", &[&gen])?;
-        }
-    }
-    // Rows a finish of an older build left behind: only a live run has transcript, steps or inbox.
-    let leftovers: Vec<String> = c
-        .query(
-            "SELECT run_id FROM (
-                SELECT run_id FROM transcript
-                UNION SELECT run_id FROM run_steps
-                UNION SELECT run_id FROM run_inbox
-             ) AS owners WHERE run_id NOT IN (SELECT run_id FROM live_runs) LIMIT $1",
-            &[&big(PRUNE_LEFTOVER_RUNS)],
-        )?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    for run_id in &leftovers {
-        delete_live(c, run_id)?;
-    }
-    // `decisions::deletion_fence_prunable`, with the facts read per fence: the query reads only fences
-    // old enough whose run is purged (after the leftovers went, so a run they held goes in this pass).
-    let fences: Vec<(String, i64)> = c
-        .query(
-            &format!("SELECT f.run_id, f.at FROM deletion_fences f WHERE f.at <= $1 AND {PURGED} ORDER BY f.at, f.run_id LIMIT $2"),
-            &[&decisions::receipt_cutoff(now_ms, receipt_ttl_ms), &big(PRUNE_BATCH)],
-        )?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let mut deletion_fences = 0;
-    for (run_id, at) in fences {
-        if decisions::deletion_fence_prunable(at, true, now_ms, receipt_ttl_ms) {
-            deletion_fences +=
-                c.execute("DELETE FROM deletion_fences WHERE run_id = $1", &[&run_id])?;
-        }
-    }
-    let plan_requests = super::plan::prune_requests_in(c, now_ms, receipt_ttl_ms, PRUNE_BATCH)?;
-    Ok(PruneReport {
-        receipts,
-        generations,
-        leftover_runs: leftovers.len() as u64,
-        deletion_fences,
-        plan_requests,
-    })
 }
 
 impl RunLedger for PgStore {

@@ -49,6 +49,7 @@ mod live;
 pub(crate) mod news;
 mod plan;
 mod probe;
+mod prune;
 mod records;
 mod runs;
 pub mod schema;

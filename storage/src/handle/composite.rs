@@ -1,0 +1,93 @@
+//! The storage handle's composite transactions: several backend methods that commit as one (a finish
+//! with its successor, the successor's admission, a durable step).
+
+use crate::actor::{atomic, Backend};
+use crate::ledger::{AdmitOutcome, Outcome, StepWrite, Successor};
+use crate::record::RunRecord;
+use crate::store::{PolicyProposal, PutOutcome};
+use crate::{Error, Result};
+
+/// One transaction: the ledger's `finish` of `record` and, when the run left unread follow-ups past what
+/// it consumed, the admission of their successor run with its first events (SPEC §5.2 step 8).
+///
+/// The unread follow-ups are read before the ledger's `finish`, which deletes every inbox row of the run;
+/// the successor carries them in its own request, so nothing of the finished run's inbox is needed
+/// after this transaction, and nothing of it stays behind.
+pub fn finish_in(
+    b: &mut dyn Backend,
+    gen: &str,
+    record: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    successor: Option<&Successor>,
+    now_ms: i64,
+) -> Result<Outcome<PutOutcome>> {
+    let id = record.head.id.as_str();
+    atomic(
+        b,
+        |b| {
+            let plan = match successor {
+                None => None,
+                Some(succ) => match b.get_live(id)? {
+                    None => None,
+                    Some(row) => {
+                        let stepped = b.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
+                        let consumed = stepped.max(succ.inbox_consumed);
+                        let waiting = crate::ledger::waiting(b.inbox_after(id, None)?, consumed);
+                        crate::ledger::successor_admission(&row, gen, &waiting, succ, now_ms)
+                    }
+                },
+            };
+            let out = b.finish(id, gen, record, proposal, now_ms)?;
+            if let (Ok(_), Some(plan)) = (&out, plan) {
+                admit_successor(b, gen, &plan, now_ms)?;
+            }
+            Ok(out)
+        },
+        |out| out.is_ok(),
+    )
+}
+
+/// Inside a transaction that just freed the thread: admit the successor, append its first events and
+/// carry the messages waiting behind it onto its inbox, in order. Anything refused is an error, so the
+/// caller's transaction rolls back whole and nothing waiting is lost.
+pub(super) fn admit_successor(
+    b: &mut dyn Backend,
+    gen: &str,
+    plan: &crate::ledger::SuccessorPlan,
+    now_ms: i64,
+) -> Result<()> {
+    let id = &plan.admit.run_id;
+    match b.admit(&plan.admit, now_ms)? {
+        AdmitOutcome::Started { .. } => {}
+        other => {
+            return Err(Error::Unavailable(format!(
+                "successor not admitted: {other:?}"
+            )))
+        }
+    }
+    b.append(id, gen, &plan.events)?
+        .map_err(|r| Error::Unavailable(format!("successor events refused: {r}")))?;
+    for message in &plan.carried {
+        b.push_inbox(id, message)?
+            .map_err(|r| Error::Unavailable(format!("successor inbox refused: {r}")))?;
+    }
+    Ok(())
+}
+
+/// A step's turns, its events and then its record, in that order (the body of [`StorageHandle::durable_step`]).
+pub(super) fn step_in(
+    b: &mut dyn Backend,
+    run_id: &str,
+    gen: &str,
+    write: &StepWrite,
+) -> Result<Outcome<()>> {
+    if let Err(refusal) = b.write_transcript(run_id, gen, write.first_idx, &write.turns)? {
+        return Ok(Err(refusal));
+    }
+    if !write.events.is_empty() {
+        if let Err(refusal) = b.append(run_id, gen, &write.events)? {
+            return Ok(Err(refusal));
+        }
+    }
+    b.step(run_id, gen, &write.record)
+}
