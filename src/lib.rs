@@ -377,21 +377,13 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     let generation = supervisor.generation().clone();
     let span = tracing::info_span!("boot", generation = generation.as_str(), host_id = %host_id);
     let _enter = span.enter();
-    storage
-        .record_generation(actors::host::this_process(
-            generation.as_str(),
-            loaded_at,
-            &host_id,
-        ))
-        .await
-        .context("record the generation")?;
-    let supervisor = actix::Actor::start(supervisor);
     // Boot order (SPEC §6.1): reclaim before ingress opens; resumes launch after.
-    let report = supervisor
-        .send(actors::supervisor::ReclaimPass { defer_launch: true })
-        .await
-        .context("reach the supervisor")?
-        .map_err(|e| anyhow::anyhow!("reclaim at boot: {e}"))?;
+    let (supervisor, report) = actors::supervisor::boot(
+        supervisor,
+        actors::host::this_process(generation.as_str(), loaded_at, &host_id),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     tracing::info!(
         resumed = report.resumed.len(),
         restarted = report.restarted.len(),

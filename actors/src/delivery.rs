@@ -30,7 +30,6 @@ use std::time::Duration;
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use rand::Rng;
 use serde_json::Value;
 use sha2::Sha256;
 
@@ -392,7 +391,7 @@ async fn attempt(request: reqwest::RequestBuilder) -> Attempt {
 
 /// `base` times a uniform factor in [0.5, 1.5].
 fn jittered(base: Duration) -> Duration {
-    base.mul_f64(rand::rng().random_range(0.5..=1.5))
+    base.mul_f64(storage::entropy::between(0.5, 1.5))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //!
 //! Invariant: appends carry the run's generation, so a fenced process's late batch changes nothing.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,7 +45,7 @@ pub struct Forget(pub String);
 pub struct Flusher {
     storage: StorageHandle,
     /// Run id → (the generation of its latest push, its pending events in push order).
-    pending: HashMap<String, (String, Vec<Value>)>,
+    pending: BTreeMap<String, (String, Vec<Value>)>,
     /// Batches refused or failed; shared with the metrics.
     failures: Arc<AtomicU64>,
     /// How often every pending batch is appended ([`FLUSH_INTERVAL`] or [`SHARED_FLUSH_INTERVAL`]; tests set it).
@@ -71,7 +71,7 @@ impl Flusher {
     ) -> Self {
         Flusher {
             storage,
-            pending: HashMap::new(),
+            pending: BTreeMap::new(),
             failures,
             every,
         }

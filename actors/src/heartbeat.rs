@@ -8,7 +8,7 @@
 //! never fences). With cross-host news (PostgreSQL, SPEC §1.3) a stop or kill another host wrote beats
 //! that run at once, so its owner acts within a round trip instead of up to `heartbeat_ms` later.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient, StreamHandler};
@@ -55,7 +55,7 @@ pub struct Heartbeat {
     storage: StorageHandle,
     every: Duration,
     lease_ms: i64,
-    runs: HashMap<String, Tracked>,
+    runs: BTreeMap<String, Tracked>,
     /// Where news goes: the supervisor.
     report: Recipient<RunNews>,
     /// Cross-host news, until `started` turns it into a stream ([`Heartbeat::with_news`]).
@@ -73,7 +73,7 @@ impl Heartbeat {
             storage,
             every,
             lease_ms,
-            runs: HashMap::new(),
+            runs: BTreeMap::new(),
             report,
             news: None,
         }
@@ -251,7 +251,7 @@ mod tests {
     const WITNESS_GEN: &str = "20260101T000000Z-00000003";
     const EVERY: Duration = Duration::from_millis(10);
 
-    type Routes = Arc<std::sync::Mutex<HashMap<String, mpsc::UnboundedSender<HeartbeatNews>>>>;
+    type Routes = Arc<std::sync::Mutex<BTreeMap<String, mpsc::UnboundedSender<HeartbeatNews>>>>;
 
     /// Stands in for the supervisor: passes each run's news to that run's channel in the test.
     struct Probe(Routes);

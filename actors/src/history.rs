@@ -47,13 +47,12 @@
 //! | any         | backoff          | timer → attempt; budget spent → lost                        |
 //! | provisional | backoff, waiting | a final for the id is accepted → stood down                 |
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use rand::Rng;
 use storage::ledger::{Outcome, Refusal, Successor};
 use storage::record::{RunListItem, RunRecord};
 use storage::store::{PolicyProposal, PutOutcome};
@@ -278,10 +277,10 @@ impl WriteTicket {
 #[derive(Default)]
 struct Ids {
     /// Ids whose final write was accepted, and their acceptance order for the bound.
-    finals: HashSet<String>,
+    finals: BTreeSet<String>,
     finals_order: VecDeque<String>,
     /// Per id with unsettled writes: the attempt gate and how many writes use it. Removed at zero.
-    gates: HashMap<String, Gate>,
+    gates: BTreeMap<String, Gate>,
 }
 
 struct Gate {
@@ -676,6 +675,7 @@ impl Inner {
                 return Pause::StandDown;
             }
             tokio::select! {
+                biased;
                 () = tokio::time::sleep_until(deadline) => return Pause::Resume,
                 changed = finals.changed() => {
                     if changed.is_err() {
@@ -692,7 +692,7 @@ impl Inner {
         if self.jitter == 0.0 {
             return base;
         }
-        let factor = rand::rng().random_range((1.0 - self.jitter)..=(1.0 + self.jitter));
+        let factor = storage::entropy::between(1.0 - self.jitter, 1.0 + self.jitter);
         base.mul_f64(factor)
     }
 }

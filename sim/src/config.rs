@@ -1,5 +1,4 @@
-//! What a simulation may do: which faults the seed may choose, which re-introduced bugs the shell carries,
-//! and the budgets. The seed picks everything else (how many processes, threads and messages; when and
+//! What a simulation may do: which faults the seed may choose, and the budgets. The seed picks everything else (how many processes, threads and messages; when and
 //! where each fault lands).
 
 use std::collections::BTreeSet;
@@ -89,35 +88,11 @@ impl Fault {
     }
 }
 
-/// Bugs the nothing-lost issue fixed, re-introduced in this simulator's shell (never in production code),
-/// to prove the invariants bite. All off by default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Bugs {
-    /// (a) A folded follow-up's `input` event is published through the flusher instead of committing
-    /// with the step that consumes it.
-    pub followup_outside_step: bool,
-    /// (b) A reclaim close of a row taken from `finishing` admits no successor for its unread inbox.
-    pub no_successor_on_finishing_close: bool,
-    /// (c) Mutating workspace tools skip the workspace fence check.
-    pub no_workspace_fence: bool,
-    // (d), an unseeded run closed instead of restarted, went with its window: the promotion and the seed
-    // now share one commit, so no promoted row lacks a step record.
-    /// (e) The supervisor never re-adopts (or closes) its own orphaned rows.
-    pub no_readopt: bool,
-}
-
-impl Bugs {
-    pub fn any(&self) -> bool {
-        *self != Bugs::default()
-    }
-}
-
 /// How a simulation runs.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// The faults the seed may choose from.
     pub faults: BTreeSet<Fault>,
-    pub bugs: Bugs,
     /// Scheduler steps before the simulation gives up waiting for quiescence (a liveness failure).
     pub max_steps: usize,
     /// Keep a readable trace (messages, effects, faults). Off for CI sweeps: a failing seed is re-run
@@ -134,7 +109,6 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             faults: Fault::ALL.into_iter().collect(),
-            bugs: Bugs::default(),
             max_steps: 20_000,
             trace: false,
             max_faults: 8,
@@ -144,11 +118,6 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    pub fn with_bugs(mut self, bugs: Bugs) -> Self {
-        self.bugs = bugs;
-        self
-    }
-
     /// Fail on every invariant, known production issues included.
     pub fn strict(mut self) -> Self {
         self.tolerate.clear();

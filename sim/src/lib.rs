@@ -1,51 +1,48 @@
 //! Deterministic simulation of Switchboard's run lifecycle: thousands of seeded crash schedules per CI
-//! run, every failure a replayable seed (issue 19).
+//! run over the **production** supervisor, run actors, heartbeat, flusher and history writer; every
+//! failure a replayable seed.
 //!
 //! Owns nothing durable: each seed builds its own world — one shared in-memory store
-//! ([`storage::MemoryStore`], the ledger and the history), a manual clock, one to three virtual processes
-//! (each incarnation a generation running a supervisor-like loop and run actors driven by the real
-//! [`actors::run::machine::transition`]) and a seeded scheduler that picks the next message, effect
-//! completion or fault. [`simulate`]`(seed, config)` replays a seed exactly.
+//! ([`storage::MemoryStore`], the ledger and the history), one to three process slots each running the
+//! production [`actors::supervisor::Supervisor`] of its current incarnation, clients, and a seeded
+//! scheduler that picks which storage transaction, model call or tool call completes next, or which fault
+//! lands. [`simulate`]`(seed, config)` replays a seed exactly.
 //!
 //! # Layout
-//! - [`config`]: [`SimConfig`], the [`Fault`] kinds, and the re-introducible [`Bugs`];
-//! - `world`: the world, its tasks, the scheduler, fault injection, storage calls with faults;
-//! - `run`: the run actor's shell — each machine effect executed the way `actors::run` does (its
-//!   `launch` paths and its `work`, as there);
-//! - `supervisor`: admission, boot and sweeps, heartbeat, flusher, stop/kill, drain, history writes;
-//! - [`agent`]: the scripted agent and the fake tools;
-//! - `model`: the world model and every invariant (the table is in its docs);
-//! - `registry`: a process's per-run event log (seqs, as `actors::registry` stamps them);
+//! - [`exec`]: the deterministic executor — an actix system on a current-thread tokio runtime in paused
+//!   virtual time, the virtual [`storage::Clock`], and `settle` (wait until every other task waits);
+//! - [`io`]: model and tool calls as operations the world completes; the simulated agent and tools;
+//! - [`config`]: [`SimConfig`] and the [`Fault`] kinds;
+//! - `world`: the process slots and their incarnations, the clients, the scheduler, fault injection;
+//! - `model`: what the world saw, and every invariant (the table is in its docs);
+//! - [`agent`]: the scripted model's answers (a function of the transcript) and the tools' definitions;
 //! - [`cli`]: `switchboard sim` — sweeps over the cores, a table and a JSON line.
 //!
-//! Invariants of the simulator itself:
-//! - one thread, no wall clock, one seeded RNG, ordered maps wherever a choice is made: a seed is a
-//!   complete description of its run;
-//! - it depends on `storage` and `actors` for their pure parts and vocabulary only (the machine, the
-//!   decisions, the record assembly, the agent's turn types); it starts no actix runtime and no file, and
-//!   one simulation never spawns a thread ([`cli`] runs different seeds on different cores).
-//!
 //! # Design
-//! Production code cannot be paused at an arbitrary await point, so the simulator re-implements the thin
-//! actor shells (what `RunActor`, `Supervisor`, `Heartbeat`, `Flusher` and the history writer do with
-//! storage) over the real decisions, and cuts every effect into its await-point segments. That mirror is
-//! the price of determinism: it is written to be read side by side with `actors/src/run/` and
-//! `actors/src/supervisor/recovery.rs`, and the bugs of [`Bugs`] live only here. Production issues the
-//! simulator found are [`KNOWN_ISSUES`], each with a witness seed.
+//! The production code is the code under test: the simulator holds no copy of any shell. It owns only
+//! the world: the storage each incarnation talks to is a detached mailbox ([`storage::actor::detached`])
+//! whose jobs the world runs one at a time against the shared store, so every await point of the
+//! production shell on storage, the model or a tool is a place the seed chooses what happens next.
+//! Randomness the production code draws (run ids, generations, fence nonces, jitter) comes from
+//! [`storage::entropy`], seeded per seed; its blocking file work runs in place on the one thread
+//! ([`actors::tools::blocking_inline_on_this_thread`]).
+//!
+//! Invariants of the simulator itself: one thread, virtual time only, one seeded RNG, ordered maps
+//! wherever a choice is made: a seed is a complete description of its run ([`cli`] runs different seeds
+//! on different cores).
 
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod exec;
+pub mod io;
 mod model;
-mod registry;
-mod run;
-mod supervisor;
 mod world;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-pub use config::{Bugs, Fault, KnownIssue, SimConfig, KNOWN_ISSUES};
+pub use config::{Fault, KnownIssue, SimConfig, KNOWN_ISSUES};
 pub use world::Violation;
 
 /// What one seed did.
@@ -102,21 +99,26 @@ impl Outcome {
 /// Run one seed to quiescence and check every invariant. Deterministic: the same seed and config give
 /// the same outcome.
 pub fn simulate(seed: u64, config: &SimConfig) -> Outcome {
-    let mut w = world::World::new(seed, config);
-    w.run();
-    Outcome {
-        seed,
-        violations: w.violations.clone(),
-        tolerated: w.tolerated.clone(),
-        trace: std::mem::take(&mut w.trace),
-        steps: w.step,
-        sim_ms: w.now() - world::T0,
-        processes: w.procs.len(),
-        runs: w.model.run_threads.len(),
-        messages: w.model.messages.len(),
-        effects: w.model.effects,
-        faults: w.faults_landed.clone(),
-    }
+    storage::entropy::seed_this_thread(seed);
+    actors::tools::blocking_inline_on_this_thread();
+    exec::block_on(async {
+        let mut w = world::World::new(seed, config);
+        w.run().await;
+        let model = w.model.borrow();
+        Outcome {
+            seed,
+            violations: w.violations.clone(),
+            tolerated: w.tolerated.clone(),
+            trace: w.trace.clone(),
+            steps: w.step,
+            sim_ms: w.now(),
+            processes: w.incarnations(),
+            runs: model.runs.len(),
+            messages: model.messages.len(),
+            effects: w.effects() as u64,
+            faults: w.faults_landed.clone(),
+        }
+    })
 }
 
 /// A sweep over many seeds.

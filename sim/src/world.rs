@@ -1,214 +1,61 @@
-//! The simulated world: one shared [`MemoryStore`] (ledger and history), a manual clock, the processes
-//! (each incarnation a generation), the clients, and the seeded scheduler that picks what happens next.
+//! The simulated world: one shared [`MemoryStore`] (ledger and history), one to three process slots each
+//! running the **production** [`Supervisor`] (and through it the production run actors, heartbeat,
+//! flusher and history writer) of its current incarnation, the clients, and the seeded scheduler.
 //!
-//! Everything that can happen is a [`Task`]: a client's message, a process timer, a supervisor step, a
-//! message to a run actor, or one await-point segment of an effect ([`Op`]). A task becomes eligible at
-//! its `due` time when its process is running; each scheduler step either lands a fault (while the
-//! fault window is open) or runs one eligible task chosen by the seeded RNG; when nothing is eligible the
-//! clock jumps to the next due task. A crash drops every task of the incarnation (its pending effects
-//! vanish) and keeps its ledger rows; a pause freezes them.
+//! Everything runs on one thread in virtual time ([`crate::exec`]). The world is a task of the same
+//! runtime: each turn it waits until every other task waits ([`crate::exec::settle`]), then picks by its
+//! RNG one thing to happen — a storage job of some incarnation runs (its transaction commits and its
+//! caller hears the answer), a model or tool call completes, a client sends a message, a fault lands —
+//! or, when nothing is pending, lets virtual time pass (timers fire: heartbeats, sweeps, budgets).
 //!
-//! Determinism: one thread, one RNG, ordered maps everywhere a choice is made, no wall clock.
+//! A crash marks the incarnation dead: none of its pending or later I/O ever succeeds (each of its
+//! pending storage jobs first either commits or not, by the seed: a commit whose answer was lost; its
+//! storage calls then fail at once, its model and tool calls never answer), so nothing it does reaches
+//! the world again — a process that is gone. A pause holds an incarnation's I/O; an outage
+//! fails its storage calls as unavailable; a drain is the production SIGTERM path (`Drain`), then exit.
+//!
+//! Determinism: one thread, a paused clock, one seeded RNG for the world and the same seed for the
+//! production code's own draws ([`storage::entropy`]), ordered maps wherever a choice is made.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
-use actors::run::{Launch, StopReason};
+use actix::Addr;
+use actors::history::HistoryWriter;
+use actors::registry::Registry;
+use actors::run::{AgentEntry, Request, StopActor};
+use actors::supervisor::{
+    AdmitError, AdmitMessage, Admitted, Drain, KillRun, OpenIngress, StopRun, Supervisor,
+    SupervisorConfig,
+};
+use actors::token::TokenMinter;
+use actors::tools::Toolbox;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::Value;
-use storage::ledger::{LiveRow, RunLedger, StopMode};
-use storage::record::RunRecord;
-use storage::{Error, ManualClock, MemoryStore};
+use storage::actor::{Backend, Job};
+use storage::ledger::{GenerationInfo, ReceiptKey, StopMode};
+use storage::{BackendSpec, Clock, Error, MemoryStore, StorageHandle};
 
 use crate::config::{Fault, SimConfig};
-use crate::model::Model;
-use crate::run::{Actor, ActorMsg, Op};
-use crate::supervisor::{SweepState, Via};
+use crate::exec::{settle, VirtualClock, T0};
+use crate::io::{Effect, Inc, Io, OpKind, SimAgent, SimTool};
+use crate::model::{Model, Told};
 
-/// The simulated clock starts here (an ordinary 2027 epoch-ms).
-pub const T0: i64 = 1_800_000_000_000;
 pub const LEASE_MS: i64 = 3_000;
-pub const HEARTBEAT_MS: i64 = 1_000;
-pub const FLUSH_MS: i64 = 500;
+pub const HEARTBEAT_MS: u64 = 1_000;
 pub const BUDGET_MS: i64 = 120_000;
-pub const HANDOFF_BUDGET_MS: i64 = 2_000;
-pub const DRAIN_DEADLINE_MS: i64 = 20_000;
 /// Faults land only in this first window of simulated time; then the world quiesces.
 pub const FAULT_WINDOW_MS: i64 = 25_000;
+/// A seed that has not quiesced by then is stuck.
+pub const GIVE_UP_MS: i64 = 400_000;
+/// How long a client waits for an admission's answer before it counts the send as unanswered.
+const CLIENT_WAIT: Duration = Duration::from_secs(5);
 
-/// Where a task runs: at a client, or inside one incarnation of a process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum At {
-    Client,
-    Proc { slot: usize, inc: u64 },
-}
-
-pub struct Task {
-    pub due: i64,
-    pub at: At,
-    pub kind: Kind,
-}
-
-/// What a task does.
-pub enum Kind {
-    // ---- clients and the operator ----
-    /// A client posts message `msg` to some running process.
-    Send {
-        msg: usize,
-        waited_since: Option<i64>,
-    },
-    /// Start a new incarnation in a slot whose process is down.
-    Restart {
-        slot: usize,
-    },
-    /// Continue a paused process (SIGCONT).
-    Resume {
-        slot: usize,
-        inc: u64,
-    },
-    // ---- a process ----
-    Boot,
-    HeartbeatTick,
-    Beat {
-        run: String,
-        gen: String,
-    },
-    FlushTick,
-    SweepTick,
-    Sweep(SweepState),
-    Launch(Launch),
-    RunEnded {
-        run: String,
-        reason: StopReason,
-        successor: Option<(LiveRow, Vec<Value>)>,
-    },
-    Readopt {
-        run: String,
-    },
-    CloseOrphan {
-        run: String,
-    },
-    CloseFailed {
-        run: String,
-    },
-    /// A fire-and-forget history write (SPEC §5.4).
-    History {
-        record: RunRecord,
-        via: Via,
-        spent: usize,
-    },
-    /// A detached run's one attempt to mark its row detached.
-    SetDetached {
-        run: String,
-        gen: String,
-    },
-    StopRun {
-        run: String,
-        mode: StopMode,
-    },
-    KillRun {
-        run: String,
-    },
-    DrainPoll,
-    DrainWait,
-    // ---- a run actor ----
-    Msg {
-        actor: u64,
-        msg: ActorMsg,
-    },
-    Op {
-        actor: u64,
-        epoch: u64,
-        op: Op,
-    },
-}
-
-impl Kind {
-    /// Periodic timers: they never end, so quiescence ignores them.
-    fn is_timer(&self) -> bool {
-        matches!(
-            self,
-            Kind::HeartbeatTick | Kind::FlushTick | Kind::SweepTick
-        )
-    }
-
-    fn name(&self) -> String {
-        match self {
-            Kind::Send { msg, .. } => format!("send m{msg}"),
-            Kind::Restart { slot } => format!("restart slot {slot}"),
-            Kind::Resume { slot, .. } => format!("resume slot {slot}"),
-            Kind::Boot => "boot".into(),
-            Kind::HeartbeatTick => "heartbeat tick".into(),
-            Kind::Beat { run, .. } => format!("beat {run}"),
-            Kind::FlushTick => "flush tick".into(),
-            Kind::SweepTick => "sweep tick".into(),
-            Kind::Sweep(s) => format!("sweep {}", s.name()),
-            Kind::Launch(_) => "launch".into(),
-            Kind::RunEnded { run, reason, .. } => format!("run ended {run} {reason:?}"),
-            Kind::Readopt { run } => format!("readopt {run}"),
-            Kind::CloseOrphan { run } => format!("close orphan {run}"),
-            Kind::CloseFailed { run } => format!("close failed {run}"),
-            Kind::History { record, .. } => format!("history write {}", record.head.id),
-            Kind::SetDetached { run, .. } => format!("set detached {run}"),
-            Kind::StopRun { run, mode } => format!("stop {run} {mode}"),
-            Kind::KillRun { run } => format!("kill {run}"),
-            Kind::DrainPoll => "drain poll".into(),
-            Kind::DrainWait => "drain wait".into(),
-            Kind::Msg { actor, msg } => format!("actor {actor} <- {msg:?}"),
-            Kind::Op { actor, op, .. } => format!("actor {actor} op {}", op.name()),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Up,
-    Paused,
-    Down,
-}
-
-/// One process slot; `inc` and `gen` name its current incarnation.
-pub struct Proc {
-    pub inc: u64,
-    pub gen: String,
-    pub status: Status,
-    pub draining: bool,
-    pub drain_started: i64,
-    pub ingress_open: bool,
-    pub registry: crate::registry::SimRegistry,
-    /// Run actors of this incarnation, by actor id (an actor that ended is removed).
-    pub actors: BTreeMap<u64, Actor>,
-    /// The supervisor's map: run id → the actor it launched last.
-    pub runs: BTreeMap<String, u64>,
-    /// The heartbeat's set: run id → stop modes already relayed.
-    pub tracked: BTreeMap<String, Vec<StopMode>>,
-    /// The flusher's pending batches: run id → (generation, events).
-    pub flusher: BTreeMap<String, (String, Vec<Value>)>,
-    pub orphans: BTreeMap<String, u32>,
-    /// Runs whose actor ended `StorageLost` (`Supervisor::undelivered`).
-    pub undelivered: BTreeSet<String>,
-    pub unattended: BTreeSet<String>,
-    pub handed: BTreeSet<String>,
-    pub restarts: BTreeMap<String, Vec<i64>>,
-    pub deferred: Vec<Launch>,
-    pub sweeping: bool,
-    /// The history writer's ids with an accepted final write (a later provisional one is dropped).
-    pub finals: BTreeSet<String>,
-    /// Storage faults of this process.
-    pub outage_until: i64,
-    pub permanent_next: bool,
-    pub lose_next_reply: bool,
-}
-
-/// What kind of storage call, for fault injection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Io {
-    Read,
-    Write,
-    /// An owner write of a run (claim, step, finishing): the only kind a permanent fault hits.
-    OwnerWrite,
-}
-
+/// An invariant that did not hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
     pub invariant: &'static str,
@@ -217,513 +64,677 @@ pub struct Violation {
     pub at_ms: i64,
 }
 
+/// One incarnation of a process slot.
+struct Proc {
+    slot: usize,
+    inc: Inc,
+    /// Set once the production boot (generation, reclaim, ingress) is through.
+    supervisor: Rc<RefCell<Option<Addr<Supervisor>>>>,
+    jobs_rx: mpsc::Receiver<Job>,
+    /// Jobs sent and not yet run, in arrival order.
+    jobs: Vec<Job>,
+    alive: bool,
+    draining: Arc<AtomicBool>,
+    /// Set by the drain's task when the production drain answered: the process exits.
+    exited: Rc<RefCell<bool>>,
+    paused_until: i64,
+    outage_until: i64,
+    lose_next_reply: bool,
+    fail_next_write: bool,
+}
+
+impl Proc {
+    fn addr(&self) -> Option<Addr<Supervisor>> {
+        self.supervisor.borrow().clone()
+    }
+}
+
+/// When a client first sends its message.
+struct Client {
+    msg: usize,
+    send_at: i64,
+}
+
 pub struct World {
     pub cfg: SimConfig,
-    pub seed: u64,
-    pub rng: StdRng,
-    pub clock: ManualClock,
-    pub store: MemoryStore,
-    pub procs: Vec<Proc>,
-    pub tasks: Vec<Task>,
-    pub model: Model,
+    rng: StdRng,
+    backend: Box<dyn Backend>,
+    clock: Arc<VirtualClock>,
+    io: Arc<Io>,
+    procs: Vec<Proc>,
+    /// Per slot: the index of its current incarnation in `procs`, and when a down slot restarts.
+    slots: Vec<(Option<usize>, Option<i64>)>,
+    clients: Vec<Client>,
+    /// Model and tool calls of dead incarnations: kept, never answered.
+    graveyard: Vec<crate::io::Op>,
+    pub model: Rc<RefCell<Model>>,
+    pub violations: Vec<Violation>,
+    pub tolerated: Vec<Violation>,
     pub trace: Vec<String>,
     pub step: usize,
-    pub violations: Vec<Violation>,
-    /// Violations of tolerated invariants (known production issues).
-    pub tolerated: Vec<Violation>,
-    pub quiescing: bool,
-    pub faults_left: u32,
     pub faults_landed: BTreeMap<&'static str, u32>,
-    pub webhook: bool,
-    next_inc: u64,
-    next_actor: u64,
-    next_run: u64,
-    /// Generations whose process is provably gone (crashed or exited): fast reclaim takes their rows.
-    pub dead_gens: Vec<String>,
+    faults_left: u32,
+    workspaces: tempfile::TempDir,
+    /// Mutating effects so far, by (run, call).
+    applied: HashMap<(String, String), u32>,
 }
 
 impl World {
     pub fn new(seed: u64, cfg: &SimConfig) -> World {
-        let clock = ManualClock::new(T0);
         let mut rng = StdRng::seed_from_u64(seed);
-        let max_faults = if cfg.faults.is_empty() {
-            0
-        } else {
-            rng.random_range(1..=cfg.max_faults.max(1))
-        };
+        let store = MemoryStore::new();
+        let backend = BackendSpec::Memory(store.clone())
+            .open()
+            .expect("a memory backend opens");
+        let slots = rng.random_range(1..=3usize);
+        let threads = rng.random_range(1..=3usize);
+        let messages = rng.random_range(2..=8usize);
+        let mut model = Model::default();
+        let mut clients = Vec::new();
+        for k in 1..=messages {
+            let letters: String = (0..rng.random_range(1..=3))
+                .map(|_| match rng.random_range(0..20) {
+                    0 => 'f',
+                    1..=8 => 'm',
+                    9..=14 => 'p',
+                    _ => 'i',
+                })
+                .collect();
+            let thread = format!("t{}", rng.random_range(0..threads));
+            let keyed = rng.random_bool(0.5);
+            model.add_message(thread, format!("m{k}:{letters}"), keyed);
+            clients.push(Client {
+                msg: k - 1,
+                send_at: rng.random_range(0..FAULT_WINDOW_MS),
+            });
+        }
         World {
             cfg: cfg.clone(),
-            seed,
             rng,
-            clock,
-            store: MemoryStore::new(),
+            backend,
+            clock: VirtualClock::start(),
+            io: Arc::default(),
             procs: Vec::new(),
-            tasks: Vec::new(),
-            model: Model::default(),
-            trace: Vec::new(),
-            step: 0,
+            slots: vec![(None, Some(0)); slots],
+            clients,
+            graveyard: Default::default(),
+            model: Rc::new(RefCell::new(model)),
             violations: Vec::new(),
             tolerated: Vec::new(),
-            quiescing: false,
-            faults_left: max_faults,
+            trace: Vec::new(),
+            step: 0,
             faults_landed: BTreeMap::new(),
-            webhook: false,
-            next_inc: 0,
-            next_actor: 0,
-            next_run: 0,
-            dead_gens: Vec::new(),
+            faults_left: cfg.max_faults,
+            workspaces: tempfile::tempdir().expect("a temp dir for workspaces"),
+            applied: HashMap::new(),
         }
     }
 
+    /// How many incarnations booted.
+    pub fn incarnations(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// How many tool effects landed.
+    pub fn effects(&self) -> usize {
+        self.io.effects().len()
+    }
+
+    /// Milliseconds since the world began.
     pub fn now(&self) -> i64 {
-        use storage::Clock;
-        self.clock.now_ms()
+        self.clock.now_ms() - T0
     }
 
-    /// Record a trace line (only when tracing: CI sweeps re-run a failing seed with it on).
-    pub fn note(&mut self, line: impl FnOnce() -> String) {
+    fn note(&mut self, line: impl FnOnce() -> String) {
         if self.cfg.trace {
-            let line = format!("{:>6} +{:>6}ms  {}", self.step, self.now() - T0, line());
-            self.trace.push(line);
+            let (step, now) = (self.step, self.now());
+            self.trace.push(format!("[{step:>5} +{now:>6}] {}", line()));
         }
     }
 
-    /// Record a violation. A tolerated invariant (a known production issue) is kept apart, and from then
-    /// on so is everything else this seed finds: a known issue's consequences (a second reply, a second
-    /// effect) are not new findings.
     pub fn violate(&mut self, invariant: &'static str, detail: String) {
-        let tolerated = self.cfg.tolerate.contains(invariant) || !self.tolerated.is_empty();
-        self.note(|| {
-            format!(
-                "{} {invariant}: {detail}",
-                if tolerated { "TOLERATED" } else { "VIOLATION" }
-            )
-        });
         let v = Violation {
             invariant,
             detail,
             step: self.step,
-            at_ms: self.now() - T0,
+            at_ms: self.now(),
         };
-        let list = if tolerated {
-            &mut self.tolerated
+        self.note(|| format!("VIOLATION [{}] {}", v.invariant, v.detail));
+        if self.cfg.tolerate.contains(invariant) {
+            self.tolerated.push(v);
         } else {
-            &mut self.violations
-        };
-        if !list
-            .iter()
-            .any(|o| o.invariant == v.invariant && o.detail == v.detail)
-        {
-            list.push(v);
+            self.violations.push(v);
         }
     }
 
-    pub fn spawn(&mut self, at: At, delay: i64, kind: Kind) {
-        let due = self.now() + delay.max(0);
-        self.tasks.push(Task { due, at, kind });
-    }
-
-    /// A task of process `slot`'s current incarnation.
-    pub fn spawn_in(&mut self, slot: usize, delay: i64, kind: Kind) {
-        let at = At::Proc {
-            slot,
-            inc: self.procs[slot].inc,
-        };
-        self.spawn(at, delay, kind);
-    }
-
-    /// A short random latency for a storage round trip.
-    pub fn io_latency(&mut self) -> i64 {
-        self.rng.random_range(0..=30)
-    }
-
-    /// A random latency for a model or tool call.
-    pub fn work_latency(&mut self) -> i64 {
-        self.rng.random_range(100..=1500)
-    }
-
-    pub fn mint_run(&mut self, prefix: &str) -> String {
-        self.next_run += 1;
-        format!("{prefix}{:04}", self.next_run)
-    }
-
-    pub fn mint_actor(&mut self) -> u64 {
-        self.next_actor += 1;
-        self.next_actor
-    }
-
-    /// One storage call of process `slot`, with its faults: an outage answers `Unavailable` without
-    /// reaching storage; a permanent fault fails the next owner write; a lost reply commits and then
-    /// answers `Unavailable`.
-    pub fn io<T>(
-        &mut self,
-        slot: usize,
-        kind: Io,
-        f: impl FnOnce(&mut MemoryStore, i64) -> storage::Result<T>,
-    ) -> storage::Result<T> {
-        let now = self.now();
-        let p = &mut self.procs[slot];
-        if p.outage_until > now {
-            return Err(Error::Unavailable("injected outage".into()));
-        }
-        if kind == Io::OwnerWrite && p.permanent_next {
-            p.permanent_next = false;
-            let gen = p.gen.clone();
-            self.note(|| format!("{gen}: storage fails permanently"));
-            return Err(Error::Corrupt {
-                what: "sim",
-                why: "injected permanent failure".into(),
-            });
-        }
-        let lose = kind != Io::Read && std::mem::take(&mut p.lose_next_reply);
-        let mut store = self.store.clone();
-        let out = f(&mut store, now);
-        if lose {
-            let gen = self.procs[slot].gen.clone();
-            self.note(|| format!("{gen}: the write committed, its reply is lost"));
-            return Err(Error::Unavailable("reply lost after commit".into()));
-        }
-        out
-    }
-
-    /// The omniscient view (the world model's, never a process's): no faults.
-    pub fn peek(&self) -> MemoryStore {
-        self.store.clone()
-    }
-
-    // ---- the processes ----
-
-    /// Start a new incarnation in `slot` (a fresh generation).
-    pub fn boot(&mut self, slot: usize) {
-        self.next_inc += 1;
-        let inc = self.next_inc;
-        let gen = format!("g{inc}");
-        let registry = crate::registry::SimRegistry::default();
-        let proc = Proc {
-            inc,
-            gen: gen.clone(),
-            status: Status::Up,
-            draining: false,
-            drain_started: 0,
-            ingress_open: false,
-            registry,
-            actors: BTreeMap::new(),
-            runs: BTreeMap::new(),
-            tracked: BTreeMap::new(),
-            flusher: BTreeMap::new(),
-            orphans: BTreeMap::new(),
-            undelivered: BTreeSet::new(),
-            unattended: BTreeSet::new(),
-            handed: BTreeSet::new(),
-            restarts: BTreeMap::new(),
-            deferred: Vec::new(),
-            sweeping: false,
-            finals: BTreeSet::new(),
-            outage_until: 0,
-            permanent_next: false,
-            lose_next_reply: false,
-        };
-        if slot < self.procs.len() {
-            self.procs[slot] = proc;
-        } else {
-            self.procs.push(proc);
-        }
-        self.note(|| format!("slot {slot} boots as {gen}"));
-        self.spawn_in(slot, 0, Kind::Boot);
-    }
-
-    /// The process in `slot` dies: its tasks vanish, its generation is provably gone.
-    pub fn take_down(&mut self, slot: usize, why: &str) {
-        let p = &mut self.procs[slot];
-        if p.status == Status::Down {
-            return;
-        }
-        p.status = Status::Down;
-        p.actors.clear();
-        let (inc, gen) = (p.inc, p.gen.clone());
-        self.tasks.retain(|t| t.at != At::Proc { slot, inc });
-        self.dead_gens.push(gen.clone());
-        self.note(|| format!("{gen} (slot {slot}) goes down: {why}"));
-    }
-
-    fn runnable(&self, at: At) -> bool {
-        match at {
-            At::Client => true,
-            At::Proc { slot, inc } => {
-                let p = &self.procs[slot];
-                p.inc == inc && p.status == Status::Up
-            }
-        }
-    }
-
-    // ---- the scheduler ----
-
-    /// Run the seed to quiescence (or a violation, or the step cap).
-    pub fn run(&mut self) {
-        self.setup();
+    /// Run the world until it quiesces (or gives up), then check what must hold at the end.
+    pub async fn run(&mut self) {
         loop {
+            settle().await;
             self.step += 1;
-            if self.step > self.cfg.max_steps {
-                let live = self.peek().list_live().map(|r| r.len()).unwrap_or(0);
+            self.collect();
+            self.restart_due();
+            if self.quiesced() {
+                break;
+            }
+            if self.now() > GIVE_UP_MS || self.step > self.cfg.max_steps {
+                let live: Vec<String> = self
+                    .backend
+                    .list_live()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|r| {
+                        format!(
+                            "{} {:?} owner {} lease {}",
+                            r.run_id,
+                            r.phase,
+                            r.owner_gen,
+                            r.lease_until - T0
+                        )
+                    })
+                    .collect();
+                let procs: Vec<String> = self
+                    .procs
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{}:{}{}",
+                            p.inc,
+                            if p.alive { "up" } else { "down" },
+                            if p.draining.load(Ordering::SeqCst) {
+                                "/draining"
+                            } else {
+                                ""
+                            }
+                        )
+                    })
+                    .collect();
+                let pending = self.io.pending().len();
                 self.violate(
-                    "liveness",
-                    format!(
-                        "no quiescence within {} steps ({live} live rows)",
-                        self.cfg.max_steps
-                    ),
+                    "no live row remains",
+                    format!("after {} ms: live {live:?}; incarnations {procs:?}; {pending} calls pending", self.now()),
                 );
                 break;
             }
-            if !self.quiescing && self.fault_window_over() {
-                self.begin_quiesce();
-            }
-            if !self.quiescing && self.faults_left > 0 && self.rng.random_ratio(1, 40) {
-                self.land_fault();
-            } else if let Some(i) = self.pick() {
-                let task = self.tasks.swap_remove(i);
-                self.execute(task);
-            } else if !self.advance_clock() {
-                if self.quiescing {
-                    break;
+            self.turn().await;
+        }
+        let model = self.model.clone();
+        let lenient = self.faults_landed.contains_key(Fault::Permanent.as_str())
+            || self.faults_landed.contains_key(Fault::Outage.as_str());
+        let violations = model
+            .borrow()
+            .check_end(&mut *self.backend, self.clock.now_ms(), lenient);
+        for (invariant, detail) in violations {
+            self.violate(invariant, detail);
+        }
+    }
+
+    /// Pull every incarnation's newly sent storage jobs; a dead one's go to the graveyard.
+    fn collect(&mut self) {
+        for p in &mut self.procs {
+            while let Ok(job) = p.jobs_rx.try_recv() {
+                if p.alive {
+                    p.jobs.push(job);
+                } else {
+                    job.fail(gone());
                 }
-                self.begin_quiesce();
-            }
-            if !self.violations.is_empty() {
-                return;
-            }
-            if self.quiescing && self.step.is_multiple_of(8) && self.quiet() {
-                break;
             }
         }
-        if self.violations.is_empty() {
-            crate::model::final_checks(self);
+        for i in 0..self.procs.len() {
+            if self.procs[i].alive && *self.procs[i].exited.borrow() {
+                let slot = self.procs[i].slot;
+                self.note(|| format!("slot {slot}: exits (drained, or its boot failed)"));
+                self.bury(i, false);
+            }
         }
-    }
-
-    fn setup(&mut self) {
-        let procs = match self.rng.random_range(0..20) {
-            0..=2 => 1,
-            3..=11 => 2,
-            _ => 3,
-        };
-        let threads = self.rng.random_range(1..=3);
-        let messages = self.rng.random_range(2..=5);
-        self.webhook = self.rng.random_bool(0.5);
-        for slot in 0..procs {
-            self.boot(slot);
+        let dead: BTreeSet<Inc> = self
+            .procs
+            .iter()
+            .filter(|p| !p.alive)
+            .map(|p| p.inc)
+            .collect();
+        for (id, inc, _) in self.io.pending() {
+            if dead.contains(&inc) {
+                if let Some(op) = self.io.take(id) {
+                    self.graveyard.push(op);
+                }
+            }
         }
-        for k in 1..=messages {
-            let thread = format!("t{}", self.rng.random_range(1..=threads));
-            let n = self.rng.random_range(0..=3);
-            let letters: String = (0..n)
-                .map(|_| match self.rng.random_range(0..40) {
-                    0 => 'f',
-                    1..=16 => 'm',
-                    17..=28 => 'p',
-                    _ => 'i',
-                })
-                .collect();
-            let keyed = self.rng.random_bool(0.3);
-            self.model
-                .add_message(k, &thread, format!("m{k}:{letters}"), keyed);
-            let due = self.rng.random_range(50..=12_000);
-            self.spawn(
-                At::Client,
-                due,
-                Kind::Send {
-                    msg: k,
-                    waited_since: None,
-                },
-            );
-        }
-        let webhook = self.webhook;
-        let seed = self.seed;
-        self.note(|| format!("seed {seed}: {procs} processes, {threads} threads, {messages} messages, webhook {webhook}"));
-    }
-
-    fn fault_window_over(&self) -> bool {
-        self.now() - T0 >= FAULT_WINDOW_MS || self.step >= self.cfg.max_steps / 2
-    }
-
-    /// Stop landing faults; heal every process so the world can settle.
-    fn begin_quiesce(&mut self) {
-        if self.quiescing {
-            return;
-        }
-        self.quiescing = true;
-        self.note(|| "quiescing: no more faults, every process healthy".into());
-        for slot in 0..self.procs.len() {
-            let p = &mut self.procs[slot];
-            p.outage_until = 0;
-            p.permanent_next = false;
-            p.lose_next_reply = false;
-            match p.status {
-                Status::Paused => self.resume(slot),
-                Status::Down => self.boot(slot),
-                Status::Up => {}
+        // Every run the ledger holds, as the world sees it between two transactions.
+        if let Ok(live) = self.backend.list_live() {
+            let mut model = self.model.borrow_mut();
+            for row in live {
+                model
+                    .runs
+                    .insert(row.run_id.clone(), row.thread_key.clone());
             }
         }
     }
 
-    fn resume(&mut self, slot: usize) {
-        if self.procs[slot].status == Status::Paused {
-            self.procs[slot].status = Status::Up;
-            let gen = self.procs[slot].gen.clone();
-            self.note(|| format!("{gen} continues (SIGCONT)"));
+    /// The incarnation at `i` is gone: its jobs either committed (answer lost) or not, by the seed.
+    fn bury(&mut self, i: usize, commit_some: bool) {
+        let slot = self.procs[i].slot;
+        self.procs[i].alive = false;
+        for mut job in std::mem::take(&mut self.procs[i].jobs) {
+            if commit_some && self.rng.random_bool(0.5) {
+                job.run(self.backend.as_mut());
+            }
+            job.fail(gone());
         }
+        self.slots[slot] = (None, Some(self.now() + self.rng.random_range(100..3_000)));
     }
 
-    /// An eligible task, chosen by the seed.
-    fn pick(&mut self) -> Option<usize> {
+    fn restart_due(&mut self) {
         let now = self.now();
-        let eligible: Vec<usize> = self
-            .tasks
+        for slot in 0..self.slots.len() {
+            if let (None, Some(at)) = self.slots[slot] {
+                if at <= now {
+                    self.boot(slot);
+                }
+            }
+        }
+    }
+
+    /// Start a new incarnation in `slot`: the production supervisor over a detached storage mailbox.
+    fn boot(&mut self, slot: usize) {
+        let inc = self.procs.len() as Inc;
+        let (mailbox, jobs_rx) = storage::actor::detached(4096);
+        let clock: Arc<dyn Clock> = self.clock.clone();
+        let handle = StorageHandle::on_mailbox(mailbox, clock.clone(), "memory");
+        let mut agents = HashMap::new();
+        agents.insert(
+            "sim".to_owned(),
+            AgentEntry::new(
+                Arc::new(SimAgent {
+                    inc,
+                    io: self.io.clone(),
+                }),
+                BUDGET_MS,
+                "s",
+            ),
+        );
+        let tools = SimTool::all(inc, &self.io)
+            .into_iter()
+            .fold(Toolbox::empty(), Toolbox::with_shared);
+        let draining = Arc::new(AtomicBool::new(false));
+        let history = HistoryWriter::new(Arc::new(handle.clone()), None)
+            .with_backoff([Duration::from_millis(200), Duration::from_secs(2)], 0.0);
+        let supervisor = Supervisor::new(SupervisorConfig {
+            storage: handle,
+            registry: Registry::new(clock.clone()),
+            history,
+            agents,
+            default_agent: "sim".into(),
+            tools,
+            workspace_root: self.workspaces.path().to_owned(),
+            lease_ms: LEASE_MS,
+            heartbeat_ms: HEARTBEAT_MS,
+            webhook: None,
+            clock: clock.clone(),
+            tokens: TokenMinter::new("00".repeat(32).as_str()),
+            draining: draining.clone(),
+            metrics: Arc::default(),
+            operations: actors::operations::OperationCoordinator::new(clock),
+            restart_policy: Default::default(),
+            host_id: format!("sim-{slot}"),
+            cards: Default::default(),
+        });
+        let gen = supervisor.generation().as_str().to_owned();
+        let info = GenerationInfo {
+            gen: gen.clone(),
+            host: "sim".into(),
+            host_id: format!("sim-{slot}"),
+            pid: 0,
+            proc_start: String::new(),
+            started_at: self.clock.now_ms(),
+        };
+        let (booted, exited) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new(false)));
+        let (set, failed) = (booted.clone(), exited.clone());
+        tokio::task::spawn_local(async move {
+            match actors::supervisor::boot(supervisor, info).await {
+                Ok((addr, _)) => {
+                    addr.do_send(OpenIngress);
+                    *set.borrow_mut() = Some(addr);
+                }
+                Err(_) => *failed.borrow_mut() = true,
+            }
+        });
+        self.note(|| format!("slot {slot}: incarnation {inc} boots as {gen}"));
+        self.procs.push(Proc {
+            slot,
+            inc,
+            supervisor: booted,
+            jobs_rx,
+            jobs: Vec::new(),
+            alive: true,
+            draining,
+            exited,
+            paused_until: 0,
+            outage_until: 0,
+            lose_next_reply: false,
+            fail_next_write: false,
+        });
+        self.slots[slot] = (Some(inc as usize), None);
+    }
+
+    /// The world has nothing more to do: every message told, no live row, faults over.
+    fn quiesced(&mut self) -> bool {
+        self.now() >= FAULT_WINDOW_MS
+            && self
+                .model
+                .borrow()
+                .messages
+                .iter()
+                .all(|m| m.told != Told::Pending && !m.in_flight)
+            && self.slots.iter().all(|s| s.0.is_some())
+            && self.backend.list_live().is_ok_and(|l| l.is_empty())
+    }
+
+    /// One scheduler step.
+    async fn turn(&mut self) {
+        let now = self.now();
+        let mut choices: Vec<Choice> = Vec::new();
+        for (i, p) in self.procs.iter().enumerate() {
+            if p.alive && p.paused_until <= now {
+                choices.extend((0..p.jobs.len()).map(|j| Choice::Job(i, j)));
+            }
+        }
+        let running: BTreeMap<Inc, usize> = self
+            .procs
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.due <= now && self.runnable(t.at))
-            .map(|(i, _)| i)
+            .filter(|(_, p)| p.alive && p.paused_until <= now)
+            .map(|(i, p)| (p.inc, i))
             .collect();
-        if eligible.is_empty() {
-            return None;
-        }
-        Some(eligible[self.rng.random_range(0..eligible.len())])
-    }
-
-    /// Nothing is eligible now: jump to the next due task that could run. `false` when none could.
-    fn advance_clock(&mut self) -> bool {
-        let next = self
-            .tasks
-            .iter()
-            .filter(|t| self.runnable(t.at) || matches!(t.at, At::Client))
-            .map(|t| t.due)
-            .min();
-        match next {
-            Some(due) if due > self.now() => {
-                self.clock.set(due);
-                true
+        for (id, inc, _) in self.io.pending() {
+            if running.contains_key(&inc) {
+                choices.push(Choice::Op(id));
             }
-            Some(_) => true,
-            None => false,
         }
-    }
-
-    /// Quiescent: no live row, nothing pending but timers.
-    fn quiet(&self) -> bool {
-        !self.tasks.iter().any(|t| !t.kind.is_timer())
-            && self.procs.iter().all(|p| p.status == Status::Up)
-            && self
-                .peek()
-                .list_live()
-                .map(|r| r.is_empty())
-                .unwrap_or(false)
-    }
-
-    fn execute(&mut self, task: Task) {
-        if self.cfg.trace && !task.kind.is_timer() {
-            let who = match task.at {
-                At::Client => "client".to_owned(),
-                At::Proc { slot, .. } => self.procs[slot].gen.clone(),
-            };
-            let name = task.kind.name();
-            self.note(|| format!("{who}: {name}"));
+        for (c, client) in self.clients.iter().enumerate() {
+            let m = &self.model.borrow().messages[client.msg];
+            if !m.in_flight && client.send_at <= now && m.told == Told::Pending {
+                choices.push(Choice::Send(c));
+            }
         }
-        match task.at {
-            At::Client => self.client(task.kind),
-            At::Proc { slot, .. } => crate::supervisor::handle(self, slot, task.kind),
-        }
-    }
-
-    fn client(&mut self, kind: Kind) {
-        match kind {
-            Kind::Send { msg, waited_since } => crate::supervisor::send(self, msg, waited_since),
-            Kind::Restart { slot } if self.procs[slot].status == Status::Down => self.boot(slot),
-            Kind::Resume { slot, inc } if self.procs[slot].inc == inc => self.resume(slot),
-            _ => {}
-        }
-    }
-
-    /// Land one fault the seed chooses (a no-op when it does not apply now).
-    fn land_fault(&mut self) {
-        // A permanent storage failure is rarer than the rest: a quarter of their weight.
-        let weight = |f: &Fault| if *f == Fault::Permanent { 1 } else { 4 };
-        let total: u32 = self.cfg.faults.iter().map(weight).sum();
-        if total == 0 {
+        let fault_open =
+            now < FAULT_WINDOW_MS && self.faults_left > 0 && !self.cfg.faults.is_empty();
+        if choices.is_empty() || (fault_open && self.rng.random_bool(0.03)) {
+            if fault_open && self.rng.random_bool(0.3) {
+                self.fault();
+            } else {
+                let ms = self.rng.random_range(1..=400);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             return;
         }
-        let mut pick = self.rng.random_range(0..total);
-        let mut fault = Fault::Crash;
-        for f in &self.cfg.faults {
-            if pick < weight(f) {
-                fault = *f;
-                break;
-            }
-            pick -= weight(f);
-        }
-        let slot = self.rng.random_range(0..self.procs.len());
-        let up = self.procs[slot].status == Status::Up;
-        let landed = match fault {
-            Fault::Crash if self.procs[slot].status != Status::Down => {
-                self.take_down(slot, "crash (kill -9)");
-                let delay = self.rng.random_range(200..=3 * LEASE_MS);
-                self.spawn(At::Client, delay, Kind::Restart { slot });
-                true
-            }
-            Fault::Pause if up => {
-                self.procs[slot].status = Status::Paused;
-                let (gen, inc) = (self.procs[slot].gen.clone(), self.procs[slot].inc);
-                self.note(|| format!("{gen} pauses (SIGSTOP)"));
-                let delay = self.rng.random_range(LEASE_MS / 2..=3 * LEASE_MS);
-                self.spawn(At::Client, delay, Kind::Resume { slot, inc });
-                true
-            }
-            Fault::Drain if up && !self.procs[slot].draining && self.procs[slot].ingress_open => {
-                crate::supervisor::drain(self, slot);
-                true
-            }
-            Fault::Outage if up => {
-                let until = self.now() + self.rng.random_range(300..=2 * LEASE_MS);
-                self.procs[slot].outage_until = until;
-                let gen = self.procs[slot].gen.clone();
-                self.note(|| format!("{gen}: storage outage until +{}ms", until - T0));
-                true
-            }
-            Fault::Permanent if up => {
-                self.procs[slot].permanent_next = true;
-                true
-            }
-            Fault::LostReply if up => {
-                self.procs[slot].lose_next_reply = true;
-                true
-            }
-            Fault::ExpireLeases => {
-                let jump = LEASE_MS + self.rng.random_range(1..=LEASE_MS);
-                self.clock.advance(jump);
-                self.note(|| format!("the clock jumps {jump}ms: every lease expires"));
-                true
-            }
-            Fault::Stop | Fault::Kill if up => match self.model.some_run(&mut self.rng) {
-                Some(run) => {
-                    let kind = if fault == Fault::Kill {
-                        Kind::KillRun { run }
-                    } else {
-                        let mode = if self.rng.random_bool(0.5) {
-                            StopMode::Hard
-                        } else {
-                            StopMode::Soft
-                        };
-                        Kind::StopRun { run, mode }
-                    };
-                    self.spawn_in(slot, 0, kind);
-                    true
-                }
-                None => false,
-            },
-            _ => false,
-        };
-        if landed {
-            self.faults_left -= 1;
-            *self.faults_landed.entry(fault.as_str()).or_default() += 1;
-            self.note(|| format!("FAULT {} at slot {slot}", fault.as_str()));
+        let pick = choices[self.rng.random_range(0..choices.len())];
+        match pick {
+            Choice::Job(i, j) => self.run_job(i, j),
+            Choice::Op(id) => self.complete_op(id),
+            Choice::Send(c) => self.send(c),
         }
     }
+
+    fn run_job(&mut self, i: usize, j: usize) {
+        let now = self.now();
+        let p = &mut self.procs[i];
+        let mut job = p.jobs.remove(j);
+        if p.outage_until > now {
+            job.fail(Error::Unavailable("simulated outage".into()));
+        } else if p.fail_next_write {
+            p.fail_next_write = false;
+            job.fail(Error::Corrupt {
+                what: "simulated fault",
+                why: "a permanent storage failure".into(),
+            });
+        } else if p.lose_next_reply {
+            p.lose_next_reply = false;
+            job.run(self.backend.as_mut());
+            job.reply(Some(&Error::Unavailable("simulated lost reply".into())));
+        } else {
+            job.run(self.backend.as_mut());
+            job.reply(None);
+        }
+    }
+
+    fn complete_op(&mut self, id: u64) {
+        let Some(op) = self.io.take(id) else { return };
+        let go = match &op.kind {
+            OpKind::Model => !self.rng.random_bool(0.05),
+            OpKind::Tool {
+                run_id,
+                call_id,
+                tool,
+                gen,
+            } => {
+                self.land(Effect {
+                    run_id: run_id.clone(),
+                    call_id: call_id.clone(),
+                    tool: tool.clone(),
+                    gen: gen.clone(),
+                });
+                true
+            }
+        };
+        let _ = op.done.send(go);
+    }
+
+    /// A tool's effect lands now: check what must hold at that moment.
+    fn land(&mut self, effect: Effect) {
+        self.note(|| {
+            format!(
+                "effect {}/{} {} by {}",
+                effect.run_id, effect.call_id, effect.tool, effect.gen
+            )
+        });
+        let recorded = self
+            .backend
+            .last_step(&effect.run_id)
+            .ok()
+            .flatten()
+            .map(|s| s.in_flight.iter().any(|c| c.call_id == effect.call_id));
+        // A detached run runs side-effect free calls best-effort, unrecorded (SPEC §5.5); nothing else
+        // runs before its step record names it.
+        if recorded == Some(false) && effect.tool != "pure" {
+            self.violate(
+                "tools after their step record",
+                format!(
+                    "{}/{} runs but its step record does not name it",
+                    effect.run_id, effect.call_id
+                ),
+            );
+        }
+        if effect.tool == "mut" {
+            let n = self
+                .applied
+                .entry((effect.run_id.clone(), effect.call_id.clone()))
+                .or_default();
+            *n += 1;
+            if *n > 1 {
+                let detail = format!("{}/{} landed {n} times", effect.run_id, effect.call_id);
+                self.violate("mutating effect at most once", detail);
+            }
+        }
+        self.io.land(effect);
+    }
+
+    /// A client sends its message to a running process (keyed messages retry with the same key).
+    fn send(&mut self, c: usize) {
+        let now = self.now();
+        let targets: Vec<usize> = self
+            .procs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.alive && !p.draining.load(Ordering::SeqCst) && p.supervisor.borrow().is_some()
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if targets.is_empty() {
+            self.clients[c].send_at = now + 200;
+            return;
+        }
+        let i = targets[self.rng.random_range(0..targets.len())];
+        let msg = self.clients[c].msg;
+        let (thread, text, keyed, attempts) = {
+            let m = &mut self.model.borrow_mut().messages[msg];
+            m.in_flight = true;
+            m.attempts += 1;
+            (m.thread.clone(), m.text.clone(), m.keyed, m.attempts)
+        };
+        let inc = self.procs[i].inc;
+        self.note(|| format!("client sends {text} on {thread} to incarnation {inc}"));
+        let request = Request {
+            thread,
+            channel: "c".into(),
+            user: "u".into(),
+            text: text.clone(),
+            agent: None,
+            visibility: None,
+            parent_run_id: None,
+            source: Default::default(),
+            strategy: None,
+        };
+        let key = keyed.then(|| ReceiptKey {
+            scope: "sim".into(),
+            key: format!("k{msg}"),
+            body_hash: format!("{msg:064x}"),
+        });
+        let supervisor = self.procs[i].addr().expect("a booted target");
+        let model = self.model.clone();
+        tokio::task::spawn_local(async move {
+            let sent = supervisor.send(AdmitMessage {
+                request,
+                key,
+                writer: None,
+            });
+            // `None`: refused before anything was written (send again); `Some(None)`: no answer (the
+            // admission may or may not have landed).
+            let told = match tokio::time::timeout(CLIENT_WAIT, sent).await {
+                Ok(Ok(Ok(admitted))) => {
+                    let run = match admitted {
+                        Admitted::Started { run_id, .. }
+                        | Admitted::Steered { run_id, .. }
+                        | Admitted::Queued { run_id, .. } => run_id,
+                    };
+                    Some(Some((Told::Accepted, Some(run))))
+                }
+                Ok(Ok(Err(AdmitError::Draining | AdmitError::ThreadBusy))) => None,
+                Ok(Ok(Err(AdmitError::Unavailable(_)))) | Ok(Err(_)) | Err(_) => Some(None),
+                Ok(Ok(Err(_))) => Some(Some((Told::Refused, None))),
+            };
+            let mut model = model.borrow_mut();
+            let m = &mut model.messages[msg];
+            m.in_flight = false;
+            match told {
+                Some(Some((told, run))) => {
+                    m.told = told;
+                    m.run = run;
+                }
+                None if attempts < 20 => {}
+                // A keyed message is sent again with its key: the receipt answers a landed one.
+                Some(None) if keyed && attempts < 6 => {}
+                None | Some(None) => m.told = Told::Uncertain,
+            }
+        });
+    }
+
+    /// Land one fault, by the seed.
+    fn fault(&mut self) {
+        let faults: Vec<Fault> = self.cfg.faults.iter().copied().collect();
+        let fault = faults[self.rng.random_range(0..faults.len())];
+        let alive: Vec<usize> = (0..self.procs.len())
+            .filter(|i| self.procs[*i].alive && self.procs[*i].addr().is_some())
+            .collect();
+        if alive.is_empty() {
+            return;
+        }
+        let i = alive[self.rng.random_range(0..alive.len())];
+        let (slot, inc) = (self.procs[i].slot, self.procs[i].inc);
+        let now = self.now();
+        self.faults_left -= 1;
+        *self.faults_landed.entry(fault.as_str()).or_default() += 1;
+        self.note(|| {
+            format!(
+                "FAULT {} at slot {slot} (incarnation {inc})",
+                fault.as_str()
+            )
+        });
+        match fault {
+            Fault::Crash => self.bury(i, true),
+            Fault::Pause => self.procs[i].paused_until = now + self.rng.random_range(500..6_000),
+            Fault::ExpireLeases => {
+                for p in &mut self.procs {
+                    p.paused_until = now + LEASE_MS + 1_500;
+                }
+            }
+            Fault::Outage => self.procs[i].outage_until = now + self.rng.random_range(100..4_000),
+            Fault::LostReply => self.procs[i].lose_next_reply = true,
+            Fault::Permanent => self.procs[i].fail_next_write = true,
+            Fault::Drain => {
+                let p = &self.procs[i];
+                if p.draining.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+                let (supervisor, exited) = (p.addr().expect("booted"), p.exited.clone());
+                tokio::task::spawn_local(async move {
+                    let _ = supervisor
+                        .send(Drain {
+                            deadline: Duration::from_secs(20),
+                            handoff_budget: Duration::from_secs(2),
+                        })
+                        .await;
+                    *exited.borrow_mut() = true;
+                });
+            }
+            Fault::Stop | Fault::Kill => {
+                let runs: Vec<String> = self.model.borrow().runs.keys().cloned().collect();
+                if runs.is_empty() {
+                    return;
+                }
+                let run_id = runs[self.rng.random_range(0..runs.len())].clone();
+                let supervisor = self.procs[i].addr().expect("booted");
+                if fault == Fault::Kill {
+                    self.model.borrow_mut().killed.insert(run_id.clone());
+                    tokio::task::spawn_local(async move {
+                        let _ = supervisor.send(KillRun { run_id }).await;
+                    });
+                } else {
+                    let mode = if self.rng.random_bool(0.5) {
+                        StopMode::Soft
+                    } else {
+                        StopMode::Hard
+                    };
+                    self.model.borrow_mut().stopped.insert(run_id.clone());
+                    tokio::task::spawn_local(async move {
+                        let _ = supervisor
+                            .send(StopRun {
+                                run_id,
+                                mode,
+                                actor: StopActor {
+                                    kind: "sim".into(),
+                                    id: "operator".into(),
+                                },
+                            })
+                            .await;
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// What a dead incarnation's storage calls answer. Its actors live on in the runtime, but nothing they do
+/// reaches storage again, and failing at once (instead of never answering) lets them drop what the
+/// operating system would release at a real process's death: a workspace lock held across a read.
+fn gone() -> Error {
+    Error::Unavailable("the process is gone".into())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Choice {
+    Job(usize, usize),
+    Op(u64),
+    Send(usize),
 }

@@ -261,6 +261,11 @@ impl Job {
         self.0.reply(commit_failed)
     }
 
+    /// Answer `error` without running the body (the simulator's failed write).
+    pub fn fail(self, error: Error) {
+        self.0.fail(error)
+    }
+
     fn rerunnable(&self) -> bool {
         self.0.rerunnable()
     }
@@ -275,6 +280,7 @@ trait Task: Send {
     fn rerunnable(&self) -> bool;
     fn error(&self) -> Option<&Error>;
     fn reply(self: Box<Self>, commit_failed: Option<&Error>);
+    fn fail(self: Box<Self>, error: Error);
 }
 
 enum Callable<R> {
@@ -329,6 +335,10 @@ impl<R: Send + 'static> Task for Call<R> {
             (_, out) => out,
         };
         let _ = self.reply.send(out);
+    }
+
+    fn fail(self: Box<Self>, error: Error) {
+        let _ = self.reply.send(Err(error));
     }
 }
 
@@ -606,6 +616,19 @@ impl StorageActor {
             self.backend = Self::open(&self.spec);
         }
     }
+}
+
+/// A mailbox no thread serves: its jobs arrive on the returned receiver, and whoever holds it runs each
+/// ([`Job::run`] on a backend, then [`Job::reply`]) when it chooses. The simulator's storage: it decides
+/// when every call of the production shell lands, fails or never answers.
+pub fn detached(capacity: usize) -> (Mailbox, mpsc::Receiver<Job>) {
+    let (tx, rx) = mpsc::sync_channel::<Job>(capacity.max(1));
+    let mailbox = Mailbox {
+        tx,
+        stats: Default::default(),
+        space: Default::default(),
+    };
+    (mailbox, rx)
 }
 
 /// Start the storage actor on its own thread with a queue of [`DEFAULT_QUEUE_CAPACITY`]; answers its

@@ -5,15 +5,13 @@
 //! and wire format is [`Generation::as_str`]; there is deliberately no `Display`, so every path that
 //! writes it goes through that one spelling (pinned by `format_is_stable`).
 
-use rand::Rng;
-
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Generation(String);
 
 impl Generation {
     /// Mint a fresh generation for a process started at `now_ms`.
     pub fn mint(now_ms: i64) -> Self {
-        let suffix: u32 = rand::rng().random();
+        let suffix = crate::entropy::u32();
         Generation(format!("{}-{suffix:08x}", utc_stamp(now_ms)))
     }
 

@@ -25,6 +25,7 @@
 
 pub mod actor;
 pub mod clock;
+pub mod entropy;
 mod error;
 pub mod generation;
 pub mod handle;

@@ -144,6 +144,7 @@ impl ApprovalGate {
                 Duration::from_millis(u64::try_from(d - now).unwrap_or(0)).min(POLL)
             });
             tokio::select! {
+                biased;
                 _ = self.nudge.notified() => {}
                 _ = tokio::time::sleep(until) => {}
             }

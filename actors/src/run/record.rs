@@ -155,7 +155,7 @@ pub(super) fn bound_workspace(row: &LiveRow) -> Option<std::path::PathBuf> {
 /// id (UUID v7), this process's lease, and how far the freeing run read its inbox.
 pub fn fresh_successor(deps: &RunDeps, inbox_consumed: Option<u64>) -> Successor {
     Successor {
-        run_id: uuid::Uuid::now_v7().to_string(),
+        run_id: storage::entropy::run_id(deps.clock.now_ms()),
         lease_ms: deps.lease_ms,
         inbox_consumed,
     }

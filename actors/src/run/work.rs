@@ -119,7 +119,7 @@ impl Run {
         let fence = format!(
             "{}#{}",
             deps.gen.as_str(),
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
+            &format!("{:08x}", storage::entropy::u32())
         );
         Run {
             fence,
@@ -533,7 +533,7 @@ impl Run {
                 let Some(wait) =
                     agent
                         .retry
-                        .wait(attempt, err.retry_after(), rand::random::<f64>())
+                        .wait(attempt, err.retry_after(), storage::entropy::unit())
                 else {
                     break Err(err.to_string());
                 };

@@ -157,7 +157,7 @@ async fn admit(
             ChannelVisibility::parse(v).ok_or_else(|| AdmitError::BadVisibility(v.to_owned()))?
         }
     };
-    let run_id = uuid::Uuid::now_v7().to_string();
+    let run_id = storage::entropy::run_id(shared.clock.now_ms());
     let meta = RunMeta {
         agent: agent_name.clone(),
         model: agent.agent.model().to_owned(),

@@ -22,7 +22,7 @@ mod drain;
 mod kill;
 mod recovery;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -47,7 +47,7 @@ pub use approvals::{DecideApproval, DecideError};
 pub use drain::{Drain, DrainReport};
 use kill::purge_killed;
 pub use kill::{KillRun, StopError, StopRun};
-pub use recovery::{OpenIngress, ReclaimPass, ReclaimReport};
+pub use recovery::{boot, OpenIngress, ReclaimPass, ReclaimReport};
 
 /// What the process hands the supervisor at boot.
 pub struct SupervisorConfig {
@@ -109,30 +109,30 @@ pub struct LaunchRun(pub Launch);
 pub struct Supervisor {
     deps: Option<RunDeps>,
     config: Arc<SlotShared>,
-    runs: HashMap<String, Addr<RunActor>>,
-    slots: HashMap<String, Addr<ThreadSlot>>,
+    runs: BTreeMap<String, Addr<RunActor>>,
+    slots: BTreeMap<String, Addr<ThreadSlot>>,
     /// When each run was re-adopted after a panic or `StorageLost`, within the restart window.
-    restarts: HashMap<String, Vec<i64>>,
+    restarts: BTreeMap<String, Vec<i64>>,
     parts: Option<(SupervisorConfig, Toolbox)>,
     /// Runs the boot reclaim adopted, launched once ingress is open.
     deferred: Vec<Launch>,
     /// A reclaim pass is running: passes never overlap.
     sweeping: bool,
     /// Runs handed to the next generation by a drain.
-    handed: std::collections::HashSet<String>,
+    handed: BTreeSet<String>,
     /// Rows of this generation known to have no actor (storage lost, a failed launch or close): re-adopted
     /// at the next sweep that storage answers, with the sweeps that failed so far.
-    orphans: HashMap<String, u32>,
+    orphans: BTreeMap<String, u32>,
     /// Rows (ledger or registry) seen without an actor at the last sweep: one more sighting and they
     /// are orphans (two sightings, so an admission between its commit and its launch is never taken).
-    unattended: std::collections::HashSet<String>,
+    unattended: BTreeSet<String>,
     /// Runs whose close past the restart policy is running (`close_failed`): like an actor, it still
     /// drives the run, so a reclaim never takes the run back meanwhile.
-    closing: std::collections::HashSet<String>,
+    closing: BTreeSet<String>,
     /// Runs whose actor ended `StorageLost`: the only ending before a reply goes out (the finishing gate
     /// is where it can happen), so a re-adoption that finds such a row past its gate continues the reply
     /// from the saved answer instead of closing it delivery-unknown (SPEC §5.2 step 7).
-    undelivered: std::collections::HashSet<String>,
+    undelivered: BTreeSet<String>,
 }
 
 /// What slots share.
@@ -175,14 +175,14 @@ impl Supervisor {
         Supervisor {
             deps: None,
             config: Arc::new(shared),
-            runs: HashMap::new(),
-            slots: HashMap::new(),
-            restarts: HashMap::new(),
+            runs: BTreeMap::new(),
+            slots: BTreeMap::new(),
+            restarts: BTreeMap::new(),
             parts: Some((config, tools)),
             deferred: Vec::new(),
             sweeping: false,
             handed: Default::default(),
-            orphans: HashMap::new(),
+            orphans: BTreeMap::new(),
             unattended: Default::default(),
             closing: Default::default(),
             undelivered: Default::default(),
@@ -364,7 +364,7 @@ impl Actor for Supervisor {
         ctx.run_interval(Duration::from_secs(5), |act, _| {
             let registry = &act.deps().registry;
             registry.evict_expired();
-            let busy: std::collections::HashSet<String> = registry
+            let busy: std::collections::BTreeSet<String> = registry
                 .rows()
                 .into_iter()
                 .filter(|r| r.finished_at.is_none())

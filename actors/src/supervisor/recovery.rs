@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::Value;
 use storage::ledger::{decisions, LiveRow, Phase};
 use storage::record::RunStatus;
@@ -315,7 +315,7 @@ impl Supervisor {
             .filter(|r| r.finished_at.is_none())
             .map(|r| r.id)
             .collect();
-        let idle: std::collections::HashSet<String> = mine
+        let idle: std::collections::BTreeSet<String> = mine
             .iter()
             .chain(&registry)
             .filter(|id| {
@@ -499,6 +499,27 @@ impl Handler<ReclaimPass> for Supervisor {
             Ok(report)
         }))
     }
+}
+
+/// Boot a process's supervisor (SPEC §6.1): record its generation, start it, and reclaim before ingress
+/// opens (the runs to resume wait for [`OpenIngress`], which the caller sends once it accepts messages).
+/// An `Err` is a boot that failed: the process exits.
+pub async fn boot(
+    supervisor: Supervisor,
+    info: storage::ledger::GenerationInfo,
+) -> Result<(Addr<Supervisor>, ReclaimReport), String> {
+    let storage = supervisor.config.storage.clone();
+    storage
+        .record_generation(info)
+        .await
+        .map_err(|e| format!("record the generation: {e}"))?;
+    let supervisor = supervisor.start();
+    let report = supervisor
+        .send(ReclaimPass { defer_launch: true })
+        .await
+        .map_err(|e| format!("reach the supervisor: {e}"))?
+        .map_err(|e| format!("reclaim at boot: {e}"))?;
+    Ok((supervisor, report))
 }
 
 impl Handler<OpenIngress> for Supervisor {

@@ -556,14 +556,28 @@ fn sync_dir(_dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Run blocking work on tokio's blocking pool when a runtime is present, inline otherwise. `Err`
-/// when the work panicked or the runtime shut down.
+thread_local! {
+    /// Set by [`blocking_inline_on_this_thread`]: this thread runs its blocking work itself.
+    static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// From now on, blocking work started on this thread runs on it, in place, instead of on tokio's
+/// blocking pool: the simulator's one thread stays the only thread (a pool thread's timing would make
+/// a seed's order of events depend on the machine).
+pub fn blocking_inline_on_this_thread() {
+    INLINE.with(|i| i.set(true));
+}
+
+/// Run blocking work on tokio's blocking pool when a runtime is present, inline otherwise (or when this
+/// thread asked for it). `Err` when the work panicked or the runtime shut down.
 async fn off_runtime<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, String> {
     match tokio::runtime::Handle::try_current() {
-        Ok(rt) => rt.spawn_blocking(work).await.map_err(|e| e.to_string()),
-        Err(_) => Ok(work()),
+        Ok(rt) if !INLINE.with(|i| i.get()) => {
+            rt.spawn_blocking(work).await.map_err(|e| e.to_string())
+        }
+        _ => Ok(work()),
     }
 }
 

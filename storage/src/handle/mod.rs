@@ -125,6 +125,23 @@ impl StorageHandle {
         }
     }
 
+    /// A handle on a [`crate::actor::detached`] mailbox: no storage thread, no readers; every call waits
+    /// until the receiver's holder runs its job. `kind` is what [`StorageHandle::kind`] answers.
+    pub fn on_mailbox(mailbox: Mailbox, clock: Arc<dyn Clock>, kind: &'static str) -> Self {
+        StorageHandle {
+            mailbox,
+            readers: None,
+            clock,
+            kind,
+            receipt_ttl_ms: crate::ledger::DEFAULT_RECEIPT_TTL_MS,
+            news: None,
+            outage: Default::default(),
+            expire_after: Default::default(),
+            #[cfg(any(test, feature = "test-hooks"))]
+            lose_finishing: Default::default(),
+        }
+    }
+
     /// Whether the backend has cross-host news (other hosts follow this one's writes as they commit).
     pub fn has_news(&self) -> bool {
         self.news.is_some()
