@@ -61,6 +61,9 @@ pub enum End {
     HandedOff,
     /// Storage stayed unavailable past the lease: the supervisor re-adopts the row.
     StorageLost,
+    /// An effect panicked (the panic was caught at the effect's boundary): the supervisor re-adopts
+    /// the row within its restart policy.
+    Panicked(String),
 }
 
 /// Why the step loop ended (SPEC §5.2 step 6).
@@ -100,6 +103,9 @@ pub enum Started {
     },
     Fenced,
     Lost,
+    /// The launch closed the row itself (an agent not configured here, an unreadable request, a missing
+    /// workspace): the run is over as this says.
+    Closed(End),
 }
 
 /// What the run is told, by its own effects and from outside.
@@ -137,7 +143,11 @@ pub enum Msg {
         killed: bool,
         failed: bool,
     },
-    Recorded,
+    /// The final record's answer: `Ok` written (with any successor the finish admitted), `Fenced` the
+    /// ledger refused the finish (killed meanwhile, or another generation owns the run).
+    Recorded(Written),
+    /// An effect panicked.
+    Panicked(String),
     // From outside.
     Stop(StopMode),
     /// Another generation owns the run, this process handed it off, or it was killed.
@@ -239,6 +249,7 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
         return (s, fx);
     }
     match (msg, s.phase.clone()) {
+        (Msg::Panicked(why), _) => end(&mut s, &mut fx, End::Panicked(why.clone())),
         // ---- from outside ----
         (Msg::Fenced, phase) => {
             s.fenced = true;
@@ -302,6 +313,7 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             }
             Started::Fenced => end(&mut s, &mut fx, End::Fenced),
             Started::Lost => end(&mut s, &mut fx, End::StorageLost),
+            Started::Closed(how) => end(&mut s, &mut fx, how.clone()),
         },
         (Msg::Step { past_deadline }, Phase::Boundary) => {
             if s.fenced {
@@ -424,13 +436,13 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
                 fx.push(Effect::Record { status });
             }
         }
-        (Msg::Recorded, Phase::Recording) => {
+        (Msg::Recorded(written), Phase::Recording) => {
             let status = s.status.expect("a record follows a conclusion");
             // A fence that came while the record was written: the ledger refused the finish.
-            let how = if s.fenced {
-                End::Fenced
-            } else {
-                End::Finished(status)
+            let how = match written {
+                Written::Ok if !s.fenced => End::Finished(status),
+                Written::Ok | Written::Fenced => End::Fenced,
+                Written::Lost => End::StorageLost,
             };
             end(&mut s, &mut fx, how);
         }
@@ -528,6 +540,11 @@ mod tests {
             ("a gated row continues at its gate",       at(P::Starting), Msg::Started(Started::Gated { status: S::StoppedSoft, answer: Some("a".into()) }), vec![gate(S::StoppedSoft, Some("a"))], P::Gating),
             ("a fenced launch ends silently",           at(P::Starting), Msg::Started(Started::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a launch without storage is lost",        at(P::Starting), Msg::Started(Started::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
+            ("a launch that closed its row ends so",    at(P::Starting), Msg::Started(Started::Closed(End::Finished(S::Interrupted))), vec![E::End(End::Finished(S::Interrupted))], P::Ended(End::Finished(S::Interrupted))),
+            ("a launch that could not close is lost",   at(P::Starting), Msg::Started(Started::Closed(End::StorageLost)), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
+            ("a panicking launch ends panicked",        at(P::Starting), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),
+            ("a panic in the tools ends panicked",      at(P::Tools), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),
+            ("a panic while finishing ends panicked",   at(P::Recording), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),
             // step boundary
             ("a step calls the model",                  at(P::Boundary), Msg::Step { past_deadline: false }, vec![E::CallModel], P::Calling),
             ("budget exhausted with text completes",    with(P::Boundary, |s| s.last_text = "so far".into()), Msg::Step { past_deadline: true }, vec![E::Note("time_budget_exhausted"), gate(S::Completed, Some("so far"))], P::Gating),
@@ -561,7 +578,7 @@ mod tests {
             ("a soft stop lets tools finish",           at(P::Tools), soft.clone(), vec![E::AnnounceStop(StopMode::Soft)], P::Tools),
             ("a hard stop waits for a write",           at(P::Writing { calls: true }), hard.clone(), vec![E::AnnounceStop(StopMode::Hard)], P::Writing { calls: true }),
             ("a written step under a hard stop runs no tools", with(P::Writing { calls: true }, |s| s.stop = Some(StopMode::Hard)), Msg::StepWritten(Written::Ok), vec![gate(S::StoppedHard, None)], P::Gating),
-            ("a record refused under a fence is silent", with(P::Recording, |s| { s.status = Some(S::Completed); s.fenced = true; }), Msg::Recorded, vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a record refused under a fence is silent", with(P::Recording, |s| { s.status = Some(S::Completed); s.fenced = true; }), Msg::Recorded(Written::Ok), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a repeated stop is announced once",       with(P::Tools, |s| { s.stop = Some(StopMode::Soft); s.announced = vec![StopMode::Soft]; }), soft.clone(), vec![], P::Tools),
             ("a fence aborts tools",                    at(P::Tools), Msg::Fenced, vec![E::AbortInFlight, E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a fence aborts a launch",                 at(P::Starting), Msg::Fenced, vec![E::AbortInFlight, E::End(End::Fenced)], P::Ended(End::Fenced)),
@@ -591,7 +608,9 @@ mod tests {
             ("the kill check before the webhook",       answered.clone(), Msg::Replied { killed: true, failed: false }, vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("replied: the record",                     answered.clone(), Msg::Replied { killed: false, failed: false }, vec![E::Record { status: S::Completed }], P::Recording),
             ("a failed reply fails a completed run",    answered, Msg::Replied { killed: false, failed: true }, vec![E::Record { status: S::Failed }], P::Recording),
-            ("recorded: finished",                      recording.clone(), Msg::Recorded, vec![E::End(End::Finished(S::Completed))], P::Ended(End::Finished(S::Completed))),
+            ("recorded: finished",                      recording.clone(), Msg::Recorded(Written::Ok), vec![E::End(End::Finished(S::Completed))], P::Ended(End::Finished(S::Completed))),
+            ("a finish the ledger refused ends fenced", recording.clone(), Msg::Recorded(Written::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a panic after the end changes nothing",   at(P::Ended(End::Fenced)), Msg::Panicked("late".into()), vec![], P::Ended(End::Fenced)),
             ("follow-ups arriving while finishing wait for the successor", recording, Msg::Inbox { unread: 3 }, vec![], P::Recording),
             // late completions of aborted effects
             ("a late model answer after a hard stop",   at(P::Gating), Msg::ModelAnswered { text: "x".into(), calls: 1 }, vec![], P::Gating),
@@ -646,7 +665,7 @@ mod tests {
                 killed: false,
                 failed: false,
             },
-            Msg::Recorded,
+            Msg::Recorded(Written::Ok),
         ];
         let mut all = Vec::new();
         for m in &script {

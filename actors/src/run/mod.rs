@@ -11,7 +11,9 @@
 //! | message | sender → handler | carries | answers |
 //! |---|---|---|---|
 //! | [`Step`] | the run itself → run | — (the shell adds the deadline check) | — |
-//! | [`Done`] | an effect of the run → run | the effect's answer (`Launched`, `ModelDone`, `StepWritten`, `InboxRead`, `ToolsDone`, `HandedOff`, `Finishing`, `Replied`, `Finish`, `Panicked`) | — |
+//! | [`Done`] | an effect of the run → run | the effect's answer (`Launched`, `ModelDone`, `StepWritten`, `InboxRead`, `ToolsDone`, `HandedOff`, `Replied`, `Panicked`) | — |
+//! | [`Finishing`] | the finishing gate → run | what the gate committed (the final status and answer), or why not | — |
+//! | [`Finish`] | the final record → run | whether the ledger's finish took it, and the successor it admitted | — |
 //! | [`StopRequest`] | supervisor → run | mode, who asked (already committed to the ledger) | — |
 //! | [`Fenced`] | supervisor → run | why (handed off past the drain budget) | — |
 //! | [`Killed`] | supervisor → run | — (the deletion fence is written) | — |
@@ -347,6 +349,24 @@ pub struct Done {
     what: Completion,
 }
 
+/// The finishing gate's answer (SPEC §5.2 step 6): the final status and answer committed, a stop
+/// recorded before it, or a permanent error that detached the run.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Finishing {
+    epoch: u64,
+    gate: Gate,
+}
+
+/// The final record's answer (SPEC §5.2 step 8): written through the ledger's finish (with the successor
+/// it admitted for unread follow-ups), or refused.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Finish {
+    epoch: u64,
+    recorded: ending::Recorded,
+}
+
 enum Completion {
     Launched(Launched),
     ModelDone {
@@ -358,9 +378,7 @@ enum Completion {
     InboxRead(Vec<InboxItem>),
     ToolsDone(work::ToolsRan),
     HandedOff(bool),
-    Finishing(Gate),
     Replied(Delivery),
-    Finish(ending::Recorded),
     Panicked(String),
 }
 
@@ -378,6 +396,9 @@ pub struct RunActor {
     stop_actor: Option<StopActor>,
     /// The `run_failed` message published (redacted and capped), for the run's end line.
     failure: Option<String>,
+    /// The successor run the ledger admitted here as this run's row went (its finish, or a launch that
+    /// closed the row): handed to the supervisor with the end.
+    successor: Option<(LiveRow, Vec<Value>)>,
 }
 
 impl RunActor {
@@ -397,6 +418,7 @@ impl RunActor {
             epoch: 0,
             stop_actor: None,
             failure: None,
+            successor: None,
         }
     }
 
@@ -421,27 +443,47 @@ impl RunActor {
     }
 
     /// Run `fut` as the effect in flight; its answer comes back as [`Done`]. A panic inside it is
-    /// caught at this boundary and becomes [`StopReason::Panicked`].
+    /// caught at this boundary and becomes [`Msg::Panicked`].
     fn spawn<F>(&mut self, ctx: &mut Context<Self>, fut: F, done: fn(F::Output) -> Completion)
     where
         F: std::future::Future + 'static,
+    {
+        self.spawn_as(ctx, fut, move |epoch, out| Done {
+            epoch,
+            what: done(out),
+        });
+    }
+
+    /// [`RunActor::spawn`] for an effect whose answer is a message of its own (`M`, built by `answer`
+    /// from the effect's epoch and output).
+    fn spawn_as<F, M>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        fut: F,
+        answer: impl FnOnce(u64, F::Output) -> M + 'static,
+    ) where
+        F: std::future::Future + 'static,
+        M: Message<Result = ()> + 'static,
+        Self: Handler<M>,
     {
         let epoch = self.epoch;
         let span =
             tracing::info_span!("run", run_id = %self.id, generation = self.deps.gen.as_str());
         let fut = tracing::Instrument::instrument(AssertUnwindSafe(fut).catch_unwind(), span);
         let handle = ctx.spawn(fut.into_actor(self).map(move |out, _act, ctx| {
-            let what = match out {
-                Ok(v) => done(v),
-                Err(panic) => Completion::Panicked(
-                    panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into()),
-                ),
-            };
-            ctx.notify(Done { epoch, what });
+            match out {
+                Ok(v) => ctx.notify(answer(epoch, v)),
+                Err(panic) => ctx.notify::<Done>(Done {
+                    epoch,
+                    what: Completion::Panicked(
+                        panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into()),
+                    ),
+                }),
+            }
         }));
         self.in_flight = Some(handle);
     }
@@ -531,7 +573,7 @@ impl RunActor {
             }
             Effect::Gate { status, answer } => {
                 let fut = self.run().finishing_gate(status, answer);
-                self.spawn(ctx, fut, Completion::Finishing);
+                self.spawn_as(ctx, fut, |epoch, gate| Finishing { epoch, gate });
             }
             Effect::Reply { status, answer } => {
                 let fut = self.run().deliver(status, answer);
@@ -539,14 +581,14 @@ impl RunActor {
             }
             Effect::Record { status } => {
                 let fut = self.run().record(status);
-                self.spawn(ctx, fut, Completion::Finish);
+                self.spawn_as(ctx, fut, |epoch, recorded| Finish { epoch, recorded });
             }
-            Effect::End(end) => self.end(end, None, ctx),
+            Effect::End(end) => self.end(end, ctx),
         }
     }
 
-    /// The run is over: tell the supervisor and stop.
-    fn end(&mut self, end: End, successor: Option<(LiveRow, Vec<Value>)>, ctx: &mut Context<Self>) {
+    /// The run is over: tell the supervisor (with the successor its row's end admitted) and stop.
+    fn end(&mut self, end: End, ctx: &mut Context<Self>) {
         let reason = match end {
             End::Finished(status) => {
                 self.deps
@@ -579,16 +621,11 @@ impl RunActor {
                 StopReason::HandedOff
             }
             End::StorageLost => StopReason::StorageLost,
+            End::Panicked(what) => {
+                tracing::error!(run_id = %self.id, generation = self.deps.gen.as_str(), "run panicked");
+                StopReason::Panicked(what)
+            }
         };
-        self.finish_actor(reason, successor, ctx);
-    }
-
-    fn finish_actor(
-        &mut self,
-        reason: StopReason,
-        successor: Option<(LiveRow, Vec<Value>)>,
-        ctx: &mut Context<Self>,
-    ) {
         // The heartbeat never renews a run whose actor is gone; a re-adoption tracks it again. Nothing
         // more reaches the thread from this actor (a finished run closed its card already).
         self.deps.heartbeat.do_send(Untrack(self.id.clone()));
@@ -596,9 +633,19 @@ impl RunActor {
         self.deps.on_ended.do_send(RunEnded {
             run_id: self.id.clone(),
             reason,
-            successor,
+            successor: self.successor.take(),
         });
         ctx.stop();
+    }
+
+    /// Take an effect's answer if it is the one in flight (not the late answer of an effect aborted
+    /// since).
+    fn answered(&mut self, epoch: u64) -> bool {
+        if epoch != self.epoch {
+            return false;
+        }
+        self.in_flight = None;
+        true
     }
 }
 
@@ -649,18 +696,15 @@ impl Handler<Done> for RunActor {
     type Result = ();
 
     fn handle(&mut self, done: Done, ctx: &mut Context<Self>) {
-        if done.epoch != self.epoch {
-            return; // the answer of an effect aborted since
+        if !self.answered(done.epoch) {
+            return;
         }
-        self.in_flight = None;
         let msg = match done.what {
-            Completion::Panicked(what) => {
-                tracing::error!(run_id = %self.id, generation = self.deps.gen.as_str(), "run panicked");
-                return self.finish_actor(StopReason::Panicked(what), None, ctx);
-            }
+            Completion::Panicked(what) => Msg::Panicked(what),
             Completion::Launched(Launched::Over(ended)) => {
                 let (reason, successor) = *ended;
-                return self.finish_actor(reason, successor, ctx);
+                self.successor = successor;
+                Msg::Started(machine::Started::Closed(end_of(reason)))
             }
             Completion::Launched(Launched::Run(run, started)) => {
                 self.state.last_text = run
@@ -750,12 +794,6 @@ impl Handler<Done> for RunActor {
                 Msg::ToolsDone
             }
             Completion::HandedOff(ok) => Msg::HandedOff(ok),
-            Completion::Finishing(Gate::Answer(written)) => Msg::Gate(written),
-            Completion::Finishing(Gate::Stopped(mode)) => Msg::GateStopped(mode),
-            Completion::Finishing(Gate::Detach(why)) => {
-                self.run().detach("finishing", why);
-                Msg::Gate(Written::Ok)
-            }
             Completion::Replied(Delivery::Killed) => Msg::Replied {
                 killed: true,
                 failed: false,
@@ -768,22 +806,57 @@ impl Handler<Done> for RunActor {
                     failed,
                 }
             }
-            Completion::Finish(ending::Recorded::Fenced) => {
-                return self.end(End::Fenced, None, ctx)
-            }
-            Completion::Finish(ending::Recorded::Ended(successor)) => {
-                let (next, effects) = machine::transition(&self.state, &Msg::Recorded);
-                self.state = next;
-                for effect in effects {
-                    match effect {
-                        Effect::End(end) => return self.end(end, successor.map(|s| *s), ctx),
-                        other => self.execute(other, ctx),
-                    }
-                }
-                return;
+        };
+        self.apply(msg, ctx);
+    }
+}
+
+impl Handler<Finishing> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Finishing, ctx: &mut Context<Self>) {
+        if !self.answered(msg.epoch) {
+            return;
+        }
+        let msg = match msg.gate {
+            Gate::Answer(written) => Msg::Gate(written),
+            Gate::Stopped(mode) => Msg::GateStopped(mode),
+            Gate::Detach(why) => {
+                self.run().detach("finishing", why);
+                Msg::Gate(Written::Ok)
             }
         };
         self.apply(msg, ctx);
+    }
+}
+
+impl Handler<Finish> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Finish, ctx: &mut Context<Self>) {
+        if !self.answered(msg.epoch) {
+            return;
+        }
+        let written = match msg.recorded {
+            ending::Recorded::Ended(successor) => {
+                self.successor = successor.map(|s| *s);
+                Written::Ok
+            }
+            ending::Recorded::Fenced => Written::Fenced,
+        };
+        self.apply(Msg::Recorded(written), ctx);
+    }
+}
+
+/// The machine's ending for a launch that closed its row with `reason`.
+fn end_of(reason: StopReason) -> End {
+    match reason {
+        StopReason::Finished(status) => End::Finished(status),
+        StopReason::Fenced => End::Fenced,
+        StopReason::HandedOff => End::HandedOff,
+        StopReason::StorageLost => End::StorageLost,
+        StopReason::HardStopped => End::Finished(RunStatus::StoppedHard),
+        StopReason::Panicked(what) => End::Panicked(what),
     }
 }
 
