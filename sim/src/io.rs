@@ -4,8 +4,9 @@
 //! process's detached mailbox (see `world`).
 //!
 //! [`SimAgent`] answers with [`crate::agent::next`] (a function of the transcript); [`SimTool`] is one of
-//! the three fake tools (`mut`, `pure`, `idem`): its effect is the moment the world completes its call,
-//! recorded in [`Io::effects`] with the caller's generation.
+//! the three fake tools (`mut`, `pure`, `idem`): once the world completes its call the effect lands —
+//! `mut` as a mutating workspace tool does, inside the production workspace fence
+//! ([`actors::tools::with_fence`]) — and is recorded with the caller's fence token for the world to check.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -45,7 +46,9 @@ pub struct Effect {
     pub run_id: String,
     pub call_id: String,
     pub tool: String,
+    /// The caller's fence token (its generation and actor nonce).
     pub gen: String,
+    pub workspace: std::path::PathBuf,
 }
 
 /// The world's side of every process's model and tool calls.
@@ -58,6 +61,8 @@ pub struct Io {
 struct IoState {
     next: u64,
     ops: BTreeMap<u64, Op>,
+    /// Landed and not yet checked by the world.
+    landed: Vec<Effect>,
     effects: Vec<Effect>,
 }
 
@@ -103,9 +108,17 @@ impl Io {
         self.lock().ops.remove(&id)
     }
 
-    /// Record an effect that landed.
+    /// An effect landed (the world checks it at its next turn: nothing it checks against can change
+    /// before then, since storage moves only when the world runs a job).
     pub fn land(&self, effect: Effect) {
-        self.lock().effects.push(effect);
+        let mut s = self.lock();
+        s.effects.push(effect.clone());
+        s.landed.push(effect);
+    }
+
+    /// The effects landed since the last call.
+    pub fn take_landed(&self) -> Vec<Effect> {
+        std::mem::take(&mut self.lock().landed)
     }
 
     /// Every effect that landed, in order.
@@ -192,7 +205,28 @@ impl Tool for SimTool {
                 gen: ctx.gen.clone(),
             };
             self.io.wait(self.inc, kind).await;
-            ToolOutput::ok("ok")
+            let effect = Effect {
+                run_id: ctx.run_id.clone(),
+                call_id: call_id.to_owned(),
+                tool: self.def.name.clone(),
+                gen: ctx.gen.clone(),
+                workspace: ctx.workspace.clone(),
+            };
+            if self.def.name != "mut" {
+                self.io.land(effect);
+                return ToolOutput::ok("ok");
+            }
+            // A mutating workspace tool writes only while the fence names this incarnation (SPEC §8.3).
+            let fenced = actors::tools::with_fence(
+                &ctx.workspace,
+                &ctx.gen,
+                std::time::Duration::ZERO,
+                || self.io.land(effect),
+            );
+            match fenced {
+                Ok(()) => ToolOutput::ok("ok"),
+                Err(e) => ToolOutput::err(e.to_string()),
+            }
         }
         .boxed()
     }

@@ -3,7 +3,9 @@
 //! | invariant | checked | what it means |
 //! |---|---|---|
 //! | `tools after their step record` | at each tool effect | the ledger's step record does not name the call that runs |
+//! | `no call runs unapproved` | at each tool effect (seeds with approvals) | a call that needs approval runs while its row does not hold an `approve` decision for it |
 //! | `mutating effect at most once` | at each tool effect | a mutating call's effect landed twice (a re-run) |
+//! | `effect after workspace takeover` | at each mutating effect | the workspace fence names another incarnation, yet the write landed |
 //! | `no live row remains` | at the end | every run ended within the give-up time |
 //! | `one terminal record` | at the end | every run the ledger held, unkilled, has a final (non-provisional) record |
 //! | `seqs strictly increase` | at the end | within each record |
@@ -34,6 +36,8 @@ pub struct MessageInfo {
     pub thread: String,
     pub text: String,
     pub keyed: bool,
+    /// What it does on a busy thread (SPEC §5.1).
+    pub strategy: storage::ledger::Strategy,
     pub told: Told,
     pub run: Option<String>,
     pub in_flight: bool,
@@ -50,11 +54,18 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn add_message(&mut self, thread: String, text: String, keyed: bool) {
+    pub fn add_message(
+        &mut self,
+        thread: String,
+        text: String,
+        keyed: bool,
+        strategy: storage::ledger::Strategy,
+    ) {
         self.messages.push(MessageInfo {
             thread,
             text,
             keyed,
+            strategy,
             told: Told::Pending,
             run: None,
             in_flight: false,

@@ -29,15 +29,15 @@ use actors::history::HistoryWriter;
 use actors::registry::Registry;
 use actors::run::{AgentEntry, Request, StopActor};
 use actors::supervisor::{
-    AdmitError, AdmitMessage, Admitted, Drain, KillRun, OpenIngress, StopRun, Supervisor,
-    SupervisorConfig,
+    AdmitError, AdmitMessage, Admitted, DecideApproval, Drain, KillRun, OpenIngress, StopRun,
+    Supervisor, SupervisorConfig,
 };
 use actors::token::TokenMinter;
 use actors::tools::Toolbox;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use storage::actor::{Backend, Job};
-use storage::ledger::{GenerationInfo, ReceiptKey, StopMode};
+use storage::ledger::{Decision, GenerationInfo, ReceiptKey, StopMode, Strategy};
 use storage::{BackendSpec, Clock, Error, MemoryStore, StorageHandle};
 
 use crate::config::{Fault, SimConfig};
@@ -117,6 +117,8 @@ pub struct World {
     workspaces: tempfile::TempDir,
     /// Mutating effects so far, by (run, call).
     applied: HashMap<(String, String), u32>,
+    /// Whether mutating calls wait for approval, with the wait's timeout (ms).
+    approvals: Option<i64>,
 }
 
 impl World {
@@ -127,6 +129,10 @@ impl World {
             .open()
             .expect("a memory backend opens");
         let slots = rng.random_range(1..=3usize);
+        // A third of the seeds make every mutating call wait for a person's approval (SPEC §13).
+        let approvals = rng
+            .random_bool(0.33)
+            .then(|| rng.random_range(2_000..30_000));
         let threads = rng.random_range(1..=3usize);
         let messages = rng.random_range(2..=8usize);
         let mut model = Model::default();
@@ -142,7 +148,13 @@ impl World {
                 .collect();
             let thread = format!("t{}", rng.random_range(0..threads));
             let keyed = rng.random_bool(0.5);
-            model.add_message(thread, format!("m{k}:{letters}"), keyed);
+            let strategy = match rng.random_range(0..10) {
+                0 => Strategy::Enqueue,
+                1 => Strategy::Interrupt,
+                2 => Strategy::Reject,
+                _ => Strategy::Steer,
+            };
+            model.add_message(thread, format!("m{k}:{letters}"), keyed, strategy);
             clients.push(Client {
                 msg: k - 1,
                 send_at: rng.random_range(0..FAULT_WINDOW_MS),
@@ -167,6 +179,7 @@ impl World {
             faults_left: cfg.max_faults,
             workspaces: tempfile::tempdir().expect("a temp dir for workspaces"),
             applied: HashMap::new(),
+            approvals,
         }
     }
 
@@ -269,8 +282,12 @@ impl World {
         }
     }
 
-    /// Pull every incarnation's newly sent storage jobs; a dead one's go to the graveyard.
+    /// Check the effects landed since the last turn, and pull every incarnation's newly sent storage
+    /// jobs (a dead one's fail at once).
     fn collect(&mut self) {
+        for effect in self.io.take_landed() {
+            self.check_effect(effect);
+        }
         for p in &mut self.procs {
             while let Ok(job) = p.jobs_rx.try_recv() {
                 if p.alive {
@@ -341,18 +358,19 @@ impl World {
         let (mailbox, jobs_rx) = storage::actor::detached(4096);
         let clock: Arc<dyn Clock> = self.clock.clone();
         let handle = StorageHandle::on_mailbox(mailbox, clock.clone(), "memory");
-        let mut agents = HashMap::new();
-        agents.insert(
-            "sim".to_owned(),
-            AgentEntry::new(
-                Arc::new(SimAgent {
-                    inc,
-                    io: self.io.clone(),
-                }),
-                BUDGET_MS,
-                "s",
-            ),
+        let mut agent = AgentEntry::new(
+            Arc::new(SimAgent {
+                inc,
+                io: self.io.clone(),
+            }),
+            BUDGET_MS,
+            "s",
         );
+        if let Some(timeout) = self.approvals {
+            agent.approve = vec!["mut".into()];
+            agent.approval_timeout_ms = timeout;
+        }
+        let agents = HashMap::from([("sim".to_owned(), agent)]);
         let tools = SimTool::all(inc, &self.io)
             .into_iter()
             .fold(Toolbox::empty(), Toolbox::with_shared);
@@ -451,6 +469,15 @@ impl World {
                 choices.push(Choice::Op(id));
             }
         }
+        if self.approvals.is_some() {
+            for row in self.backend.list_live().unwrap_or_default() {
+                for (call, approval) in row.approvals() {
+                    if approval.decided.is_none() {
+                        choices.push(Choice::Decide(row.run_id.clone(), call));
+                    }
+                }
+            }
+        }
         for (c, client) in self.clients.iter().enumerate() {
             let m = &self.model.borrow().messages[client.msg];
             if !m.in_flight && client.send_at <= now && m.told == Told::Pending {
@@ -468,12 +495,44 @@ impl World {
             }
             return;
         }
-        let pick = choices[self.rng.random_range(0..choices.len())];
+        let pick = choices.swap_remove(self.rng.random_range(0..choices.len()));
         match pick {
             Choice::Job(i, j) => self.run_job(i, j),
             Choice::Op(id) => self.complete_op(id),
             Choice::Send(c) => self.send(c),
+            Choice::Decide(run_id, call_id) => self.decide(run_id, call_id),
         }
+    }
+
+    /// A person decides a call awaiting approval, through some running process.
+    fn decide(&mut self, run_id: String, call_id: String) {
+        let booted: Vec<Addr<Supervisor>> = self
+            .procs
+            .iter()
+            .filter(|p| p.alive)
+            .filter_map(Proc::addr)
+            .collect();
+        if booted.is_empty() {
+            return;
+        }
+        let supervisor = booted[self.rng.random_range(0..booted.len())].clone();
+        let decision = if self.rng.random_bool(0.7) {
+            Decision::Approve
+        } else {
+            Decision::Deny
+        };
+        self.note(|| format!("decide {run_id}/{call_id}: {}", decision.as_str()));
+        tokio::task::spawn_local(async move {
+            let _ = supervisor
+                .send(DecideApproval {
+                    run_id,
+                    call_id,
+                    decision,
+                    who: "sim:person".into(),
+                    note: None,
+                })
+                .await;
+        });
     }
 
     fn run_job(&mut self, i: usize, j: usize) {
@@ -502,26 +561,13 @@ impl World {
         let Some(op) = self.io.take(id) else { return };
         let go = match &op.kind {
             OpKind::Model => !self.rng.random_bool(0.05),
-            OpKind::Tool {
-                run_id,
-                call_id,
-                tool,
-                gen,
-            } => {
-                self.land(Effect {
-                    run_id: run_id.clone(),
-                    call_id: call_id.clone(),
-                    tool: tool.clone(),
-                    gen: gen.clone(),
-                });
-                true
-            }
+            OpKind::Tool { .. } => true,
         };
         let _ = op.done.send(go);
     }
 
-    /// A tool's effect lands now: check what must hold at that moment.
-    fn land(&mut self, effect: Effect) {
+    /// A tool's effect landed (since the last turn): check what must hold at that moment.
+    fn check_effect(&mut self, effect: Effect) {
         self.note(|| {
             format!(
                 "effect {}/{} {} by {}",
@@ -545,6 +591,25 @@ impl World {
                 ),
             );
         }
+        if self.approvals.is_some() && effect.tool == "mut" {
+            let approved = self
+                .backend
+                .get_live(&effect.run_id)
+                .ok()
+                .flatten()
+                .and_then(|row| row.approvals().remove(&effect.call_id))
+                .and_then(|a| a.decided)
+                .is_some_and(|d| d.decision == Decision::Approve);
+            if !approved {
+                self.violate(
+                    "no call runs unapproved",
+                    format!(
+                        "{}/{} runs without an approve decision on its row",
+                        effect.run_id, effect.call_id
+                    ),
+                );
+            }
+        }
         if effect.tool == "mut" {
             let n = self
                 .applied
@@ -556,7 +621,16 @@ impl World {
                 self.violate("mutating effect at most once", detail);
             }
         }
-        self.io.land(effect);
+        if effect.tool == "mut" {
+            let fence = actors::tools::read_fence(&effect.workspace).unwrap_or_default();
+            if fence != effect.gen {
+                let detail = format!(
+                    "{}/{} landed by {} while the workspace fence names {fence:?}",
+                    effect.run_id, effect.call_id, effect.gen
+                );
+                self.violate("effect after workspace takeover", detail);
+            }
+        }
     }
 
     /// A client sends its message to a running process (keyed messages retry with the same key).
@@ -577,11 +651,17 @@ impl World {
         }
         let i = targets[self.rng.random_range(0..targets.len())];
         let msg = self.clients[c].msg;
-        let (thread, text, keyed, attempts) = {
+        let (thread, text, keyed, attempts, strategy) = {
             let m = &mut self.model.borrow_mut().messages[msg];
             m.in_flight = true;
             m.attempts += 1;
-            (m.thread.clone(), m.text.clone(), m.keyed, m.attempts)
+            (
+                m.thread.clone(),
+                m.text.clone(),
+                m.keyed,
+                m.attempts,
+                m.strategy,
+            )
         };
         let inc = self.procs[i].inc;
         self.note(|| format!("client sends {text} on {thread} to incarnation {inc}"));
@@ -594,7 +674,7 @@ impl World {
             visibility: None,
             parent_run_id: None,
             source: Default::default(),
-            strategy: None,
+            strategy: Some(strategy),
         };
         let key = keyed.then(|| ReceiptKey {
             scope: "sim".into(),
@@ -732,9 +812,10 @@ fn gone() -> Error {
     Error::Unavailable("the process is gone".into())
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Choice {
     Job(usize, usize),
     Op(u64),
     Send(usize),
+    Decide(String, String),
 }

@@ -537,7 +537,7 @@ fn write_fence(dir: &Path, gen: &str) -> std::io::Result<()> {
 
 /// The fence's generation. A fence is a few dozen bytes; a larger file is read up to a bound and will
 /// simply not match any generation.
-fn read_fence(dir: &Path) -> std::io::Result<String> {
+pub fn read_fence(dir: &Path) -> std::io::Result<String> {
     let mut text = String::new();
     File::open(dir.join(FENCE_FILE))?
         .take(4096)
