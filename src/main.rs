@@ -172,6 +172,7 @@ fn main() -> std::process::ExitCode {
                 seed: args.seed.unwrap_or(0),
                 faults: Some(args.faults),
                 strict: args.strict,
+                stop_after: None,
             };
             return std::process::ExitCode::from(sim::cli::run(&run) as u8);
         }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::{simulate, sweep, Fault, SimConfig, Summary};
+use crate::{simulate, sweep_sharing, Fault, SimConfig, Summary};
 
 /// What to simulate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +17,8 @@ pub struct Args {
     pub faults: Option<BTreeSet<Fault>>,
     /// Fail on the known production issues too.
     pub strict: bool,
+    /// Stop the sweep once this many seeds failed (`None`: sweep them all).
+    pub stop_after: Option<usize>,
 }
 
 impl Default for Args {
@@ -26,6 +28,7 @@ impl Default for Args {
             seed: 0,
             faults: None,
             strict: false,
+            stop_after: None,
         }
     }
 }
@@ -54,7 +57,10 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             }
             "--faults" => out.faults = Some(Fault::parse_list(&value()?)?),
             "--strict" => out.strict = true,
-            other => return Err(format!("unknown argument {other:?} (expected --seeds N, --seed S, --faults LIST, --strict)")),
+            "--stop-after" => {
+                out.stop_after = Some(value()?.parse().map_err(|e| format!("--stop-after: {e}"))?)
+            }
+            other => return Err(format!("unknown argument {other:?} (expected --seeds N, --seed S, --faults LIST, --strict, --stop-after N)")),
         }
     }
     Ok(out)
@@ -99,7 +105,11 @@ pub fn run(args: &Args) -> i32 {
         );
         return i32::from(!outcome.ok());
     }
-    let summary = sweep_parallel(args.seed..args.seed + args.seeds, &config);
+    let summary = sweep_parallel(
+        args.seed..args.seed + args.seeds,
+        &config,
+        args.stop_after.unwrap_or(usize::MAX),
+    );
     print!("{}", summary.table());
     if let Some(first) = summary.failures.first() {
         println!("{}", first.report());
@@ -113,14 +123,22 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// [`sweep`] over the cores: each thread takes every n-th seed (each seed is still one thread, one RNG,
 /// so every outcome is what `simulate(seed)` gives). Failures come back in seed order.
-pub fn sweep_parallel(seeds: std::ops::Range<u64>, config: &SimConfig) -> Summary {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub fn sweep_parallel(
+    seeds: std::ops::Range<u64>,
+    config: &SimConfig,
+    stop_after: usize,
+) -> Summary {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
         .max(1) as u64;
     let started = std::time::Instant::now();
-    let (begun, finished) = (AtomicU64::new(0), AtomicBool::new(false));
+    let (begun, finished, failed) = (
+        AtomicU64::new(0),
+        AtomicBool::new(false),
+        AtomicUsize::new(0),
+    );
     let total = seeds.end - seeds.start;
     let parts: Vec<Summary> = std::thread::scope(|scope| {
         // A progress line on stderr every PROGRESS_EVERY (a terminal or a CI log alike).
@@ -147,7 +165,8 @@ pub fn sweep_parallel(seeds: std::ops::Range<u64>, config: &SimConfig) -> Summar
                     .inspect(|_| {
                         begun.fetch_add(1, Ordering::Relaxed);
                     });
-                scope.spawn(move || sweep(seeds, config, usize::MAX))
+                let failed = &failed;
+                scope.spawn(move || sweep_sharing(seeds, config, stop_after, failed))
             })
             .collect();
         let parts = handles

@@ -40,6 +40,7 @@ mod model;
 mod world;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 pub use config::{Fault, KnownIssue, SimConfig, KNOWN_ISSUES};
@@ -224,9 +225,23 @@ pub fn sweep(
     config: &SimConfig,
     stop_after: usize,
 ) -> Summary {
+    sweep_sharing(seeds, config, stop_after, &AtomicUsize::new(0))
+}
+
+/// [`sweep`] with the failure count shared by sweeps on other threads: every one of them stops once
+/// `stop_after` failures were found between them.
+pub fn sweep_sharing(
+    seeds: impl IntoIterator<Item = u64>,
+    config: &SimConfig,
+    stop_after: usize,
+    failed: &AtomicUsize,
+) -> Summary {
     let started = Instant::now();
     let mut summary = Summary::default();
     for seed in seeds {
+        if failed.load(Ordering::Relaxed) >= stop_after {
+            break;
+        }
         let outcome = simulate(seed, config);
         summary.seeds += 1;
         summary.steps += outcome.steps as u64;
@@ -246,9 +261,7 @@ pub fn sweep(
                 simulate(seed, &config.clone().with_trace(true))
             };
             summary.failures.push(traced);
-            if summary.failures.len() >= stop_after {
-                break;
-            }
+            failed.fetch_add(1, Ordering::Relaxed);
         }
     }
     summary.elapsed_ms = started.elapsed().as_millis();
