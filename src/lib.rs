@@ -312,12 +312,12 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             secret: webhook_secret.clone(),
             deadline: Duration::from_millis(config.delivery.deadline_ms),
         });
-    let external = actors::tools::external_tools(
-        &config.tools.to_settings(webhook_secret),
-        &reqwest::Client::new(),
-    )
-    .await
-    .context("connect the external tools")?;
+    // One HTTP client for the process (external tools, Slack, webhook replies): one pool, one load of
+    // the trusted roots.
+    let http = reqwest::Client::new();
+    let external = actors::tools::external_tools(&config.tools.to_settings(webhook_secret), &http)
+        .await
+        .context("connect the external tools")?;
     let tools = tools
         .with_external(external)
         .context("add the external tools")?;
@@ -339,11 +339,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
     // The status cards runs from a chat thread show there, and the Slack ingress (SPEC §12).
     let (cards, slack) = match (&config.channels.slack, slack_secrets) {
         (Some(slack), Some((token, signing_secret))) => {
-            let io = actors::channel::slack::SlackIo::new(
-                reqwest::Client::new(),
-                &slack.api_base_url,
-                token,
-            );
+            let io = actors::channel::slack::SlackIo::new(http.clone(), &slack.api_base_url, token);
             let cards =
                 actors::channel::Cards::new(Arc::new(io), storage.clone(), &public_base_url);
             (cards, Some(web::SlackIngress::new(signing_secret)))
@@ -373,6 +369,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         },
         host_id: host_id.clone(),
         cards,
+        http,
     });
     let generation = supervisor.generation().clone();
     let span = tracing::info_span!("boot", generation = generation.as_str(), host_id = %host_id);

@@ -92,9 +92,11 @@ pub struct Redactor {
 }
 
 impl Default for Redactor {
-    /// The built-in rules only.
+    /// The built-in rules only: compiled once per process, shared by clones.
     fn default() -> Self {
-        Redactor::new(&[]).expect("the built-in patterns compile")
+        static BUILTIN_ONLY: std::sync::LazyLock<Redactor> =
+            std::sync::LazyLock::new(|| Redactor::new(&[]).expect("the built-in patterns compile"));
+        BUILTIN_ONLY.clone()
     }
 }
 

@@ -53,6 +53,7 @@ async fn fixture() -> Fixture {
         restart_policy: Default::default(),
         host_id: "test-host".into(),
         cards: Default::default(),
+        http: reqwest::Client::new(),
     })
     .start();
     Fixture {

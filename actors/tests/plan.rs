@@ -1291,6 +1291,7 @@ mod agent_provider {
             restart_policy: Default::default(),
             host_id: actors::host::hostname(),
             cards: Default::default(),
+            http: reqwest::Client::new(),
         });
         let generation = supervisor.generation().clone();
         let supervisor = supervisor.start();

@@ -102,6 +102,7 @@ async fn a_dead_generation_of_another_host_id_waits_for_its_lease_while_one_of_t
         restart_policy: Default::default(),
         host_id: "node-a".into(),
         cards: Default::default(),
+        http: reqwest::Client::new(),
     });
     let gen = supervisor.generation().clone();
     storage

@@ -118,6 +118,7 @@ mod tests {
                 restart_policy: Default::default(),
                 host_id: "sim".into(),
                 cards: Default::default(),
+                http: reqwest::Client::new(),
             })
             .start();
             let admitted = supervisor

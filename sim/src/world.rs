@@ -177,7 +177,7 @@ impl World {
             step: 0,
             faults_landed: BTreeMap::new(),
             faults_left: cfg.max_faults,
-            workspaces: tempfile::tempdir().expect("a temp dir for workspaces"),
+            workspaces: workspace_root(),
             applied: HashMap::new(),
             approvals,
         }
@@ -396,6 +396,7 @@ impl World {
             restart_policy: Default::default(),
             host_id: format!("sim-{slot}"),
             cards: Default::default(),
+            http: http_client(),
         });
         let gen = supervisor.generation().as_str().to_owned();
         let info = GenerationInfo {
@@ -803,6 +804,28 @@ impl World {
             }
         }
     }
+}
+
+/// This thread's HTTP client (never used: the simulation has no webhook), built once — building one
+/// loads the trusted roots from disk, which would cost more than a whole seed.
+fn http_client() -> reqwest::Client {
+    thread_local! {
+        static CLIENT: reqwest::Client = reqwest::Client::new();
+    }
+    CLIENT.with(Clone::clone)
+}
+
+/// Where a seed's workspaces live: in memory when the machine has a tmpfs (`/dev/shm`), where the fence's
+/// fsyncs cost nothing — the workspace code is the production one either way, and its durability is not
+/// what the simulator checks.
+fn workspace_root() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    match shm.is_dir() {
+        true => tempfile::tempdir_in(shm),
+        false => tempfile::tempdir(),
+    }
+    .or_else(|_| tempfile::tempdir())
+    .expect("a temp dir for workspaces")
 }
 
 /// What a dead incarnation's storage calls answer. Its actors live on in the runtime, but nothing they do

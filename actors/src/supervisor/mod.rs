@@ -73,6 +73,9 @@ pub struct SupervisorConfig {
     pub host_id: String,
     /// The chat channel's status cards (SPEC §12); `Cards::default()` without a channel.
     pub cards: crate::channel::Cards,
+    /// The process's HTTP client (webhook replies), shared with its other callers: one connection pool
+    /// and one load of the trusted roots per process.
+    pub http: reqwest::Client,
 }
 
 /// How often a run may be re-adopted after a panic or `StorageLost` (SPEC §1.1, `[supervisor]`): more
@@ -344,7 +347,7 @@ impl Actor for Supervisor {
             workspace_root: config.workspace_root,
             lease_ms: config.lease_ms,
             webhook: config.webhook,
-            http: reqwest::Client::new(),
+            http: config.http,
             clock: config.clock,
             tokens: self.config.tokens.clone(),
             metrics: self.config.metrics.clone(),
