@@ -124,7 +124,8 @@ fn enqueue_runs_each_queued_message_on_its_own_in_order_and_steer_folds_into_the
 }
 
 #[test]
-fn reject_refuses_a_busy_thread_with_409_and_writes_nothing_and_an_idle_thread_starts() {
+fn reject_refuses_a_busy_thread_with_409_writes_nothing_but_its_receipt_and_an_idle_thread_starts()
+{
     let dir = tempfile::tempdir().unwrap();
     let p = Proc::start(dir.path(), &[]);
     let (status, body) = send(&p, "r", "steps=2 ms=300 go", Some("reject"));
@@ -149,9 +150,19 @@ fn reject_refuses_a_busy_thread_with_409_and_writes_nothing_and_an_idle_thread_s
         ["steps=2 ms=300 go"],
         "the rejected message reached nothing"
     );
-    // The key kept no receipt: once the thread is idle, the same keyed message starts a run.
+    // The refusal is the key's answer (its receipt): the same keyed message is refused again once the
+    // thread is idle — an attempt of it still in flight somewhere can never start a run its caller was
+    // told was refused. A new key starts one.
     assert_eq!(runs.len(), 1);
     let (status, body) = http(|c| c.post(p.url("/api/messages")).json(&keyed));
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("thread_busy")),
+        "{body}"
+    );
+    let mut fresh = keyed.clone();
+    fresh["key"] = json!("k2");
+    let (status, body) = http(|c| c.post(p.url("/api/messages")).json(&fresh));
     assert_eq!(
         (status, body["outcome"].as_str()),
         (202, Some("started")),

@@ -20,7 +20,7 @@ use serde_json::Value;
 use storage::actor::Backend;
 use storage::record::RunStatus;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Told {
     /// Not answered yet (or to be sent again).
     Pending,
@@ -28,7 +28,8 @@ pub enum Told {
     Accepted,
     /// No answer came: it may or may not have landed.
     Uncertain,
-    Refused,
+    /// Refused, and why.
+    Refused(String),
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +43,8 @@ pub struct MessageInfo {
     pub run: Option<String>,
     pub in_flight: bool,
     pub attempts: u32,
+    /// What each attempt was told, for the report.
+    pub answers: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +73,7 @@ impl Model {
             run: None,
             in_flight: false,
             attempts: 0,
+            answers: Vec::new(),
         });
     }
 
@@ -164,18 +168,21 @@ impl Model {
             let k = i + 1;
             let found = inputs.get(&k).map_or(0, Vec::len);
             let killed = killed_threads.contains(&format!("c:{}", m.thread));
-            let ok = match m.told {
+            let ok = match &m.told {
                 Told::Accepted if !killed => found == 1,
                 Told::Accepted | Told::Uncertain | Told::Pending => found <= 1,
-                Told::Refused => found == 0,
+                Told::Refused(_) => found == 0,
             };
             if !ok {
                 out.push((
                     "accepted exactly once",
                     format!(
-                        "m{k} ({:?}, run {:?}) is an input {found} times: {:?}",
+                        "m{k} ({}keyed, {:?}, told {:?}, run {:?}; answers {:?}) is an input {found} times: {:?}",
+                        if m.keyed { "" } else { "not " },
+                        m.strategy,
                         m.told,
                         m.run,
+                        m.answers,
                         inputs.get(&k)
                     ),
                 ));

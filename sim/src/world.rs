@@ -9,9 +9,10 @@
 //! or, when nothing is pending, lets virtual time pass (timers fire: heartbeats, sweeps, budgets).
 //!
 //! A crash marks the incarnation dead: none of its pending or later I/O ever succeeds (each of its
-//! pending storage jobs first either commits or not, by the seed: a commit whose answer was lost; its
-//! storage calls then fail at once, its model and tool calls never answer), so nothing it does reaches
-//! the world again — a process that is gone. A pause holds an incarnation's I/O; an outage
+//! pending storage jobs first either commits or not, and each tool call in flight lands its effect or
+//! not, by the seed: a commit or an effect whose answer was lost; its storage calls then fail at once,
+//! its model and tool calls never answer), so nothing it does reaches the world again — a process that
+//! is gone. A pause holds an incarnation's I/O; an outage
 //! fails its storage calls as unavailable; a drain is the production SIGTERM path (`Drain`), then exit.
 //!
 //! Determinism: one thread, a paused clock, one seeded RNG for the world and the same seed for the
@@ -328,9 +329,22 @@ impl World {
         }
     }
 
-    /// The incarnation at `i` is gone: its jobs either committed (answer lost) or not, by the seed.
+    /// The incarnation at `i` is gone: its jobs either committed (answer lost) or not, and (at a crash)
+    /// each tool call it had in flight either landed its effect as the process died or never did, by the
+    /// seed.
     fn bury(&mut self, i: usize, commit_some: bool) {
-        let slot = self.procs[i].slot;
+        let (slot, inc) = (self.procs[i].slot, self.procs[i].inc);
+        for (id, of, kind) in self.io.pending() {
+            if of == inc
+                && commit_some
+                && matches!(kind, OpKind::Tool { .. })
+                && self.rng.random_bool(0.5)
+            {
+                if let Some(op) = self.io.take(id) {
+                    let _ = op.done.send(true);
+                }
+            }
+        }
         self.procs[i].alive = false;
         for mut job in std::mem::take(&mut self.procs[i].jobs) {
             if commit_some && self.rng.random_bool(0.5) {
@@ -692,7 +706,9 @@ impl World {
             });
             // `None`: refused before anything was written (send again); `Some(None)`: no answer (the
             // admission may or may not have landed).
-            let told = match tokio::time::timeout(CLIENT_WAIT, sent).await {
+            let answer = tokio::time::timeout(CLIENT_WAIT, sent).await;
+            let said = format!("{answer:?}");
+            let told = match answer {
                 Ok(Ok(Ok(admitted))) => {
                     let run = match admitted {
                         Admitted::Started { run_id, .. }
@@ -703,11 +719,12 @@ impl World {
                 }
                 Ok(Ok(Err(AdmitError::Draining | AdmitError::ThreadBusy))) => None,
                 Ok(Ok(Err(AdmitError::Unavailable(_)))) | Ok(Err(_)) | Err(_) => Some(None),
-                Ok(Ok(Err(_))) => Some(Some((Told::Refused, None))),
+                Ok(Ok(Err(e))) => Some(Some((Told::Refused(e.to_string()), None))),
             };
             let mut model = model.borrow_mut();
             let m = &mut model.messages[msg];
             m.in_flight = false;
+            m.answers.push(said);
             match told {
                 Some(Some((told, run))) => {
                     m.told = told;

@@ -1489,14 +1489,16 @@ fn a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says<S: Ledg
     );
     promote(s, "run-a", G1, NOW);
 
-    // reject: nothing written, no receipt either.
+    // reject: nothing written but a keyed message's receipt — the key's answer, so another attempt of
+    // the same message (a retry, or an earlier one still in flight that commits later under another run
+    // id) answers the refusal too and never lands.
     let rejected = keyed(with(Strategy::Reject, "x1", "no"), "tok", "k-reject", "h");
-    assert_eq!(
-        s.admit(&rejected, NOW).unwrap(),
-        AdmitOutcome::Rejected {
-            run_id: "run-a".into()
-        }
-    );
+    let refusal = AdmitOutcome::Rejected {
+        run_id: "run-a".into(),
+    };
+    assert_eq!(s.admit(&rejected, NOW).unwrap(), refusal);
+    let late = keyed(with(Strategy::Reject, "x1b", "no"), "tok", "k-reject", "h");
+    assert_eq!(s.admit(&late, NOW + 1).unwrap(), refusal);
     assert_eq!(s.read_inbox("run-a", None).unwrap(), Ok(vec![]));
 
     // enqueue: into the inbox, marked queued, with its place in the queue.

@@ -423,6 +423,15 @@ impl AdmitDecision {
             _ => None,
         }
     }
+
+    /// The live run a keyed answer's receipt is counted against (at most
+    /// [`crate::ledger::MAX_RECEIPTS_PER_RUN`]): the run it writes to, or the run that refused it.
+    pub fn receipt_run(&self) -> Option<&str> {
+        match self {
+            AdmitDecision::Reject { run_id } => Some(run_id),
+            _ => self.writes_to(),
+        }
+    }
 }
 
 /// The admission decision (SPEC §4.3 `admit`, §5.1 multitask strategy). An unkeyed steer to a

@@ -285,7 +285,7 @@ pub enum AdmitOutcome {
         run_id: String,
         position: u64,
     },
-    /// `reject` on a busy thread: nothing was written (no receipt either).
+    /// `reject` on a busy thread: nothing was written but a keyed message's receipt (the key's answer).
     Rejected {
         #[serde(rename = "runId")]
         run_id: String,
@@ -299,7 +299,9 @@ pub enum AdmitOutcome {
 
 impl AdmitOutcome {
     /// Whether a keyed receipt records this answer, to replay it to a retry: not the answers that say
-    /// "come back" or "not you" (busy, a held key, a hidden run, a rejection), which write nothing.
+    /// "come back" or "not you" (busy, a held key, a hidden run, a full queue), which write nothing. A
+    /// rejection is kept: it is the key's answer, so an earlier attempt still in flight that commits
+    /// later answers it too instead of starting a run its caller was told was refused (SPEC §5.1).
     pub fn kept_in_receipt(&self) -> bool {
         !matches!(
             self,
@@ -307,7 +309,6 @@ impl AdmitOutcome {
                 | AdmitOutcome::KeyConflict
                 | AdmitOutcome::ReceiptLimit { .. }
                 | AdmitOutcome::Forbidden
-                | AdmitOutcome::Rejected { .. }
                 | AdmitOutcome::QueueFull { .. }
         )
     }
@@ -317,7 +318,8 @@ impl AdmitOutcome {
         match self {
             AdmitOutcome::Started { run_id }
             | AdmitOutcome::Queued { run_id, .. }
-            | AdmitOutcome::Interrupting { run_id, .. } => (run_id, None),
+            | AdmitOutcome::Interrupting { run_id, .. }
+            | AdmitOutcome::Rejected { run_id } => (run_id, None),
             AdmitOutcome::Steered { run_id, seq } => (run_id, Some(*seq)),
             _ => ("", None),
         }

@@ -257,7 +257,7 @@ impl LedgerState {
             reaches,
             admit.strategy,
         );
-        if let (Some(run_id), Some(_)) = (decision.writes_to(), &admit.key) {
+        if let (Some(run_id), Some(_)) = (decision.receipt_run(), &admit.key) {
             if self
                 .receipts
                 .values()

@@ -178,7 +178,7 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
         a.reaches(holder.as_ref()),
         a.strategy,
     );
-    let full = match (decision.writes_to(), &a.key) {
+    let full = match (decision.receipt_run(), &a.key) {
         (Some(run_id), Some(_)) => {
             c.query_one(
                 "SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1",
@@ -197,7 +197,7 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
     };
     let outcome = match decision {
         d if full => AdmitOutcome::ReceiptLimit {
-            run_id: d.writes_to().unwrap_or_default().to_owned(),
+            run_id: d.receipt_run().unwrap_or_default().to_owned(),
         },
         d if queue_full => AdmitOutcome::QueueFull {
             run_id: d.writes_to().unwrap_or_default().to_owned(),

@@ -201,7 +201,7 @@ impl RunLedger for SqliteStore {
             a.reaches(holder.as_ref()),
             a.strategy,
         );
-        let full = match (decision.writes_to(), &a.key) {
+        let full = match (decision.receipt_run(), &a.key) {
             (Some(run_id), Some(_)) => {
                 tx.prepare_cached("SELECT COUNT(*) FROM admit_receipts WHERE run_id = ?1")?
                     .query_row([run_id], |r| r.get::<_, i64>(0))? as usize
@@ -217,7 +217,7 @@ impl RunLedger for SqliteStore {
         };
         let outcome = match decision {
             d if full => AdmitOutcome::ReceiptLimit {
-                run_id: d.writes_to().unwrap_or_default().to_owned(),
+                run_id: d.receipt_run().unwrap_or_default().to_owned(),
             },
             d if queue_full => AdmitOutcome::QueueFull {
                 run_id: d.writes_to().unwrap_or_default().to_owned(),

@@ -173,7 +173,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         (status = 202, description = "Started a run, steered into the live one, queued behind it or interrupting it (SPEC §5.1 strategy)", body = crate::openapi::Admission),
         (status = 400, description = "A bad field (named), an unknown agent", body = crate::openapi::ErrorBody),
         (status = 401, description = "No or an unknown bearer token", body = crate::openapi::ErrorBody), (status = 403, description = "The token lacks the scope, a cross-site request, or the thread's live run is one the token may not see (nothing written)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "key_conflict; thread_busy (strategy reject and the thread has a live run; nothing written); or conflict (the thread's run was fenced; too many keyed receipts)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "key_conflict; thread_busy (strategy reject and the thread has a live run; nothing written but a keyed message's receipt, so its retries answer the same); or conflict (the thread's run was fenced; too many keyed receipts)", body = crate::openapi::ErrorBody),
         (status = 413, description = "Body over 2 MiB or text over 1 MiB", body = crate::openapi::ErrorBody),
         (status = 429, description = "queue_full: the thread holds 100 queued messages already (nothing written); retry after `Retry-After` seconds", body = crate::openapi::ErrorBody),
         (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody),
