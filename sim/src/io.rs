@@ -5,13 +5,14 @@
 //!
 //! [`SimAgent`] answers with [`crate::agent::next`] (a function of the transcript); [`SimTool`] is one of
 //! the three fake tools (`mut`, `pure`, `idem`): once the world completes its call the effect lands —
-//! `mut` as a mutating workspace tool does, inside the production workspace fence
+//! `mut` and `idem` as a tool with effects does, inside the production workspace fence
 //! ([`actors::tools::with_fence`]) — and is recorded with the caller's fence token for the world to check.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use actors::agent::{Agent, AgentError, AssistantTurn, Conversation, ToolDef};
+use actors::channel::{CardHandle, ChannelError, ChannelIo, Frame, ThreadRef};
 use actors::tools::{Tool, ToolContext, ToolOutput};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -24,6 +25,8 @@ pub type Inc = u64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OpKind {
     Model,
+    /// A chat call (a card posted, edited or looked for; an answer posted), as the trace says it.
+    Chat(String),
     Tool {
         run_id: String,
         call_id: String,
@@ -64,6 +67,9 @@ struct IoState {
     /// Landed and not yet checked by the world.
     landed: Vec<Effect>,
     effects: Vec<Effect>,
+    /// The chat: each run's cards (posted, in order) and answers.
+    cards: BTreeMap<String, Vec<CardHandle>>,
+    replies: BTreeMap<String, u32>,
 }
 
 impl Io {
@@ -124,6 +130,97 @@ impl Io {
     /// Every effect that landed, in order.
     pub fn effects(&self) -> Vec<Effect> {
         self.lock().effects.clone()
+    }
+
+    /// Per run: the cards posted for it and the answers posted in its thread.
+    pub fn chat(&self) -> BTreeMap<String, (usize, u32)> {
+        let s = self.lock();
+        let mut out: BTreeMap<String, (usize, u32)> = BTreeMap::new();
+        for (run, cards) in &s.cards {
+            out.entry(run.clone()).or_default().0 = cards.len();
+        }
+        for (run, n) in &s.replies {
+            out.entry(run.clone()).or_default().1 = *n;
+        }
+        out
+    }
+}
+
+/// The chat channel of the simulation (SPEC §12): every call waits on the world; the cards and answers
+/// that landed are kept for the invariants (one card per run, at most one answer per run).
+pub struct SimChannel {
+    pub inc: Inc,
+    pub io: Arc<Io>,
+}
+
+impl ChannelIo for SimChannel {
+    fn find_card<'a>(
+        &'a self,
+        _thread: &'a ThreadRef,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<CardHandle>, ChannelError>> {
+        async move {
+            let what = format!("find the card of {run_id}");
+            self.io.wait(self.inc, OpKind::Chat(what)).await;
+            Ok(self
+                .io
+                .lock()
+                .cards
+                .get(run_id)
+                .and_then(|c| c.first().cloned()))
+        }
+        .boxed()
+    }
+
+    fn post_card<'a>(
+        &'a self,
+        thread: &'a ThreadRef,
+        frame: &'a Frame,
+    ) -> BoxFuture<'a, Result<CardHandle, ChannelError>> {
+        async move {
+            let what = format!("post a card for {}", frame.run_id);
+            self.io.wait(self.inc, OpKind::Chat(what)).await;
+            let mut s = self.io.lock();
+            s.next += 1;
+            let handle = CardHandle {
+                channel: thread.channel.clone(),
+                ts: format!("card-{}", s.next),
+            };
+            s.cards
+                .entry(frame.run_id.clone())
+                .or_default()
+                .push(handle.clone());
+            Ok(handle)
+        }
+        .boxed()
+    }
+
+    fn edit_card<'a>(
+        &'a self,
+        _card: &'a CardHandle,
+        frame: &'a Frame,
+    ) -> BoxFuture<'a, Result<(), ChannelError>> {
+        async move {
+            let what = format!("edit the card of {}", frame.run_id);
+            self.io.wait(self.inc, OpKind::Chat(what)).await;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn reply<'a>(
+        &'a self,
+        _thread: &'a ThreadRef,
+        run_id: &'a str,
+        _text: &'a str,
+    ) -> BoxFuture<'a, Result<(), ChannelError>> {
+        async move {
+            let what = format!("answer {run_id} in its thread");
+            self.io.wait(self.inc, OpKind::Chat(what)).await;
+            *self.io.lock().replies.entry(run_id.to_owned()).or_default() += 1;
+            Ok(())
+        }
+        .boxed()
     }
 }
 
@@ -212,11 +309,12 @@ impl Tool for SimTool {
                 gen: ctx.gen.clone(),
                 workspace: ctx.workspace.clone(),
             };
-            if self.def.name != "mut" {
+            if self.def.side_effect_free {
                 self.io.land(effect);
                 return ToolOutput::ok("ok");
             }
-            // A mutating workspace tool writes only while the fence names this incarnation (SPEC §8.3).
+            // A tool with effects acts only while the workspace fence names this incarnation (SPEC §8.3):
+            // a workspace tool around its write, an external one as its check right before dispatch.
             let fenced = actors::tools::with_fence(
                 &ctx.workspace,
                 &ctx.gen,

@@ -43,7 +43,7 @@ use storage::{BackendSpec, Clock, Error, MemoryStore, StorageHandle};
 
 use crate::config::{Fault, SimConfig};
 use crate::exec::{settle, VirtualClock, T0};
-use crate::io::{Effect, Inc, Io, OpKind, SimAgent, SimTool};
+use crate::io::{Effect, Inc, Io, OpKind, SimAgent, SimChannel, SimTool};
 use crate::model::{Model, Told};
 
 pub const LEASE_MS: i64 = 3_000;
@@ -120,6 +120,8 @@ pub struct World {
     applied: HashMap<(String, String), u32>,
     /// Whether mutating calls wait for approval, with the wait's timeout (ms).
     approvals: Option<i64>,
+    /// Whether the messages come from a chat channel: their runs keep a status card and answer there.
+    chat: bool,
 }
 
 impl World {
@@ -134,6 +136,8 @@ impl World {
         let approvals = rng
             .random_bool(0.33)
             .then(|| rng.random_range(2_000..30_000));
+        // Half of them come from a chat channel (SPEC §12).
+        let chat = rng.random_bool(0.5);
         let threads = rng.random_range(1..=3usize);
         let messages = rng.random_range(2..=8usize);
         let mut model = Model::default();
@@ -181,6 +185,7 @@ impl World {
             workspaces: workspace_root(),
             applied: HashMap::new(),
             approvals,
+            chat,
         }
     }
 
@@ -281,6 +286,26 @@ impl World {
         for (invariant, detail) in violations {
             self.violate(invariant, detail);
         }
+        // A paused process's chat call still in flight lands late, after another process took the run
+        // (a request delayed in the network does the same): a second card is then possible, and
+        // tolerated. A detached run answers best-effort while its row may still be resumed (SPEC §5.5:
+        // one attempt to mark it), so a permanent storage fault may answer twice.
+        let paused = self.faults_landed.contains_key(Fault::Pause.as_str())
+            || self
+                .faults_landed
+                .contains_key(Fault::ExpireLeases.as_str());
+        let detached = self.faults_landed.contains_key(Fault::Permanent.as_str());
+        for (run, (cards, replies)) in self.io.chat() {
+            if cards > 1 && !paused {
+                self.violate("one card per run", format!("{run} posted {cards} cards"));
+            }
+            if replies > 1 && !detached {
+                self.violate(
+                    "one answer per run",
+                    format!("{run} answered {replies} times in its thread"),
+                );
+            }
+        }
     }
 
     /// Check the effects landed since the last turn, and pull every incarnation's newly sent storage
@@ -330,14 +355,14 @@ impl World {
     }
 
     /// The incarnation at `i` is gone: its jobs either committed (answer lost) or not, and (at a crash)
-    /// each tool call it had in flight either landed its effect as the process died or never did, by the
+    /// each tool or chat call it had in flight either landed as the process died or never did, by the
     /// seed.
     fn bury(&mut self, i: usize, commit_some: bool) {
         let (slot, inc) = (self.procs[i].slot, self.procs[i].inc);
         for (id, of, kind) in self.io.pending() {
             if of == inc
                 && commit_some
-                && matches!(kind, OpKind::Tool { .. })
+                && matches!(kind, OpKind::Tool { .. } | OpKind::Chat(_))
                 && self.rng.random_bool(0.5)
             {
                 if let Some(op) = self.io.take(id) {
@@ -392,7 +417,7 @@ impl World {
         let history = HistoryWriter::new(Arc::new(handle.clone()), None)
             .with_backoff([Duration::from_millis(200), Duration::from_secs(2)], 0.0);
         let supervisor = Supervisor::new(SupervisorConfig {
-            storage: handle,
+            storage: handle.clone(),
             registry: Registry::new(clock.clone()),
             history,
             agents,
@@ -409,7 +434,14 @@ impl World {
             operations: actors::operations::OperationCoordinator::new(clock),
             restart_policy: Default::default(),
             host_id: format!("sim-{slot}"),
-            cards: Default::default(),
+            cards: actors::channel::Cards::new(
+                Arc::new(SimChannel {
+                    inc,
+                    io: self.io.clone(),
+                }),
+                handle.clone(),
+                "http://sim.invalid",
+            ),
             http: http_client(),
         });
         let gen = supervisor.generation().as_str().to_owned();
@@ -574,9 +606,13 @@ impl World {
 
     fn complete_op(&mut self, id: u64) {
         let Some(op) = self.io.take(id) else { return };
+        if let OpKind::Chat(what) = &op.kind {
+            let (inc, what) = (op.inc, what.clone());
+            self.note(|| format!("chat: {what} (incarnation {inc})"));
+        }
         let go = match &op.kind {
             OpKind::Model => !self.rng.random_bool(0.05),
-            OpKind::Tool { .. } => true,
+            OpKind::Tool { .. } | OpKind::Chat(_) => true,
         };
         let _ = op.done.send(go);
     }
@@ -636,7 +672,7 @@ impl World {
                 self.violate("mutating effect at most once", detail);
             }
         }
-        if effect.tool == "mut" {
+        if effect.tool != "pure" {
             let fence = actors::tools::read_fence(&effect.workspace).unwrap_or_default();
             if fence != effect.gen {
                 let detail = format!(
@@ -688,7 +724,11 @@ impl World {
             agent: None,
             visibility: None,
             parent_run_id: None,
-            source: Default::default(),
+            source: if self.chat {
+                actors::run::Source::Slack
+            } else {
+                actors::run::Source::Api
+            },
             strategy: Some(strategy),
         };
         let key = keyed.then(|| ReceiptKey {
