@@ -140,8 +140,10 @@ fn main() -> std::process::ExitCode {
         Command::Ask { .. }
         | Command::Bench(_)
         | Command::Runs(_)
-        | Command::Completions { .. }
-        | Command::Sim(_) => ("warn", LogFormat::Text),
+        | Command::Completions { .. } => ("warn", LogFormat::Text),
+        // The simulated processes are the production code: their logs describe simulated faults, so
+        // they stay off unless RUST_LOG asks for them.
+        Command::Sim(_) => ("off", LogFormat::Text),
     };
     init_tracing(level, format);
     let result = match cli.command {
