@@ -355,8 +355,13 @@ impl Actor for Supervisor {
             cards: config.cards,
             on_ended: ctx.address().recipient(),
         };
-        // A card's note on its run (why it has none) is the run's own event.
-        let publisher = deps.clone();
+        // A card's note on its run (why it has none) is the run's own event. The publisher holds no
+        // cards: the cards hold it (a cycle would keep every run dependency of the process alive), and a
+        // note about a card is not shown on that card.
+        let publisher = RunDeps {
+            cards: Default::default(),
+            ..deps.clone()
+        };
         deps.cards.on_note(move |id, event| {
             crate::run::publish(&publisher, id, event, true);
         });
