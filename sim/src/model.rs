@@ -7,7 +7,7 @@
 //! | `mutating effect at most once` | at each tool effect | a mutating call's effect landed twice (a re-run) |
 //! | `effect after workspace takeover` | at each mutating effect | the workspace fence names another incarnation, yet the write landed |
 //! | `no live row remains` | at the end | every run ended within the give-up time |
-//! | `one card per run` | at the end (chat seeds without a pause) | a run posted a second status card in its thread |
+//! | `one card per run` | at the end (chat seeds where no process loses a lease: no pause, lease expiry or outage) | a run posted a second status card in its thread |
 //! | `one answer per run` | at the end (chat seeds without a permanent storage fault) | a run's answer was posted twice in its thread |
 //! | `one terminal record` | at the end | every run the ledger held, unkilled, has a final (non-provisional) record |
 //! | `seqs strictly increase` | at the end | within each record |

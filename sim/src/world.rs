@@ -286,14 +286,14 @@ impl World {
         for (invariant, detail) in violations {
             self.violate(invariant, detail);
         }
-        // A paused process's chat call still in flight lands late, after another process took the run
-        // (a request delayed in the network does the same): a second card is then possible, and
-        // tolerated. A detached run answers best-effort while its row may still be resumed (SPEC §5.5:
-        // one attempt to mark it), so a permanent storage fault may answer twice.
-        let paused = self.faults_landed.contains_key(Fault::Pause.as_str())
-            || self
-                .faults_landed
-                .contains_key(Fault::ExpireLeases.as_str());
+        // A process that loses a run's lease (paused, or its storage out) may still be opening the run's
+        // card when another process takes the run and opens it too, or its post may land late: a second
+        // card is then possible, and tolerated (the card's post is not fenced). A detached run answers
+        // best-effort while its row may still be resumed (SPEC §5.5: one attempt to mark it), so a
+        // permanent storage fault may answer twice.
+        let paused = [Fault::Pause, Fault::ExpireLeases, Fault::Outage]
+            .iter()
+            .any(|f| self.faults_landed.contains_key(f.as_str()));
         let detached = self.faults_landed.contains_key(Fault::Permanent.as_str());
         for (run, (cards, replies)) in self.io.chat() {
             if cards > 1 && !paused {
