@@ -37,6 +37,7 @@ mod approval;
 mod ending;
 mod launch;
 pub mod machine;
+mod news;
 mod record;
 mod tool_runner;
 mod work;
@@ -53,19 +54,20 @@ use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use storage::ledger::decisions::ResumePoint;
-use storage::ledger::{InboxItem, LiveRow, StepRecord, StopMode, Turn};
+use storage::ledger::{InboxItem, LiveRow, StepRecord, Turn};
 use storage::record::RunStatus;
 use storage::{Clock, Generation, StorageHandle};
 
 use crate::agent::{self, Agent, AssistantTurn};
 use crate::flusher::{Flusher, Push};
-use crate::heartbeat::{Heartbeat, HeartbeatNews, Track, Untrack};
+use crate::heartbeat::{Heartbeat, Track, Untrack};
 use crate::history::HistoryWriter;
 use crate::registry::{Registry, RunMeta};
 use crate::tools::Toolbox;
 use ending::{Delivery, Gate};
 use launch::Launched;
 use machine::{Effect, End, Msg, RunState, Written};
+pub use news::{ApprovalNews, DrainRun, Fenced, Killed, StopRequest};
 pub use record::{
     admitted_successor, assemble_record, build_record, close_card_of, close_row, closing_record,
     fresh_successor, meta_from_row, RecordExtras, DELIVERY_UNKNOWN,
@@ -315,25 +317,6 @@ pub struct RunEnded {
 
 /// How a run's task ended: why, and the successor run its finish admitted here, if any.
 type Ended = (StopReason, Option<(LiveRow, Vec<Value>)>);
-
-/// The process handed the run to the next generation past the drain budget: stop at once, write
-/// nothing more (the ending of a fence).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct Fenced {
-    /// Why, for the log.
-    pub why: &'static str,
-}
-
-/// The run was killed (its deletion fence is written): stop at once as fenced; the supervisor purges.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct Killed;
-
-/// The process drains: hand the run off at its next step boundary (SPEC §6.4).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct DrainRun;
 
 /// The run's own step boundary: the shell checks the deadline and asks the machine what next.
 #[derive(Message, Debug, Clone)]
@@ -858,78 +841,6 @@ fn end_of(reason: StopReason) -> End {
         StopReason::HardStopped => End::Finished(RunStatus::StoppedHard),
         StopReason::Panicked(what) => End::Panicked(what),
     }
-}
-
-impl Handler<StopRequest> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: StopRequest, ctx: &mut Context<Self>) {
-        self.stop_actor = Some(msg.actor);
-        self.nudge_approvals();
-        self.apply(Msg::Stop(msg.mode), ctx);
-    }
-}
-
-/// A decision on one of the run's calls awaiting approval was committed to its row (SPEC §13): a wait
-/// reads it now rather than at its next poll.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct ApprovalNews;
-
-impl Handler<ApprovalNews> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, _msg: ApprovalNews, _ctx: &mut Context<Self>) {
-        self.nudge_approvals();
-    }
-}
-
-impl Handler<Fenced> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: Fenced, ctx: &mut Context<Self>) {
-        tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), why = msg.why, "fenced; nothing more is written");
-        self.apply(Msg::Fenced, ctx);
-    }
-}
-
-impl Handler<Killed> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, _msg: Killed, ctx: &mut Context<Self>) {
-        tracing::info!(run_id = %self.id, generation = self.deps.gen.as_str(), "killed; nothing more is written");
-        self.apply(Msg::Fenced, ctx);
-    }
-}
-
-impl Handler<DrainRun> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, _msg: DrainRun, ctx: &mut Context<Self>) {
-        self.apply(Msg::Drain, ctx);
-    }
-}
-
-impl Handler<HeartbeatNews> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: HeartbeatNews, ctx: &mut Context<Self>) {
-        match msg {
-            HeartbeatNews::Stop(mode) => {
-                self.nudge_approvals();
-                self.apply(Msg::Stop(mode), ctx)
-            }
-            HeartbeatNews::Fenced => self.apply(Msg::Fenced, ctx),
-        }
-    }
-}
-
-/// A stop for this run (already committed to the ledger by the caller).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct StopRequest {
-    pub mode: StopMode,
-    pub actor: StopActor,
 }
 
 /// Publish an event to the registry and, when `durable`, to the flusher for the ledger.
