@@ -116,6 +116,8 @@ pub struct World {
     pub faults_landed: BTreeMap<&'static str, u32>,
     faults_left: u32,
     workspaces: tempfile::TempDir,
+    /// The ledger's live rows at this turn (see `collect`).
+    live: Vec<storage::ledger::LiveRow>,
     /// Mutating effects so far, by (run, call).
     applied: HashMap<(String, String), u32>,
     /// Whether mutating calls wait for approval, with the wait's timeout (ms).
@@ -183,6 +185,7 @@ impl World {
             faults_landed: BTreeMap::new(),
             faults_left: cfg.max_faults,
             workspaces: workspace_root(),
+            live: Vec::new(),
             applied: HashMap::new(),
             approvals,
             chat,
@@ -238,9 +241,7 @@ impl World {
             }
             if self.now() > GIVE_UP_MS || self.step > self.cfg.max_steps {
                 let live: Vec<String> = self
-                    .backend
-                    .list_live()
-                    .unwrap_or_default()
+                    .live
                     .iter()
                     .map(|r| {
                         format!(
@@ -343,14 +344,14 @@ impl World {
                 }
             }
         }
-        // Every run the ledger holds, as the world sees it between two transactions.
-        if let Ok(live) = self.backend.list_live() {
-            let mut model = self.model.borrow_mut();
-            for row in live {
-                model
-                    .runs
-                    .insert(row.run_id.clone(), row.thread_key.clone());
-            }
+        // Every run the ledger holds, as the world sees it between two transactions (nothing commits
+        // again before the next turn's collect: this turn's checks and choices read this snapshot).
+        self.live = self.backend.list_live().unwrap_or_default();
+        let mut model = self.model.borrow_mut();
+        for row in &self.live {
+            model
+                .runs
+                .insert(row.run_id.clone(), row.thread_key.clone());
         }
     }
 
@@ -492,7 +493,7 @@ impl World {
                 .iter()
                 .all(|m| m.told != Told::Pending && !m.in_flight)
             && self.slots.iter().all(|s| s.0.is_some())
-            && self.backend.list_live().is_ok_and(|l| l.is_empty())
+            && self.live.is_empty()
     }
 
     /// One scheduler step.
@@ -517,7 +518,7 @@ impl World {
             }
         }
         if self.approvals.is_some() {
-            for row in self.backend.list_live().unwrap_or_default() {
+            for row in &self.live {
                 for (call, approval) in row.approvals() {
                     if approval.decided.is_none() {
                         choices.push(Choice::Decide(row.run_id.clone(), call));
