@@ -13,7 +13,8 @@
 //!   virtual time, the virtual [`storage::Clock`], and `settle` (wait until every other task waits);
 //! - [`io`]: model and tool calls as operations the world completes; the simulated agent and tools;
 //! - [`config`]: [`SimConfig`] and the [`Fault`] kinds;
-//! - `world`: the process slots and their incarnations, the clients, the scheduler, fault injection;
+//! - `world`: the process slots and their incarnations, the scheduler, the storage jobs and calls it
+//!   completes; `world/outside.rs` what reaches the processes from outside (clients, decisions, faults);
 //! - `model`: what the world saw, and every invariant (the table is in its docs);
 //! - [`agent`]: the scripted model's answers (a function of the transcript) and the tools' definitions;
 //! - [`cli`]: `switchboard sim` — sweeps over the cores, a table and a JSON line.
