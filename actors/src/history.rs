@@ -409,6 +409,11 @@ impl HistoryWriter {
         }
     }
 
+    /// The policy proposal every put and finish carries (a sealed run's finish carries it too).
+    pub fn proposal(&self) -> Option<PolicyProposal> {
+        self.inner.proposal
+    }
+
     /// Fire and forget: never fails, never blocks; the write runs on a spawned task. The ticket tells
     /// the outcome to a caller that wants it.
     pub fn write(&self, record: RunRecord, via: Via) -> WriteTicket {

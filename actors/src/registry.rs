@@ -57,6 +57,23 @@ impl Published {
         Arc::new(Published { event, json })
     }
 
+    /// The last frame a subscription gets when its run finishes: the stream's `end` (`{status,
+    /// finishedAt}`), so a subscriber learns how the run ended from its own queue, whether or not the
+    /// registry still holds the run when it reads it.
+    fn end(status: RunStatus, finished_at: i64) -> Arc<Self> {
+        Published::new(json!({"status": status.as_str(), "finishedAt": finished_at}))
+    }
+
+    /// The run's end ([`Published::end`]: no `type`, no `seq`) as `(status, finishedAt)`, or `None` for
+    /// an event.
+    pub fn as_end(&self) -> Option<(RunStatus, i64)> {
+        if self.event.get("type").is_some() {
+            return None;
+        }
+        let status = RunStatus::parse(self.event.get("status")?.as_str()?)?;
+        Some((status, self.event.get("finishedAt")?.as_i64()?))
+    }
+
     /// What a queue or backlog counts it as.
     pub fn bytes(&self) -> usize {
         self.json.len()
@@ -272,23 +289,55 @@ impl Registry {
     }
 
     /// Stamp `event` with the next seq and `at`, keep it, fan it out; answers the stamped event.
-    pub fn publish(&self, id: &str, mut event: Value) -> Option<Value> {
+    pub fn publish(&self, id: &str, event: Value) -> Option<Value> {
         let now = self.clock.now_ms();
         let mut map = self.lock();
         let entry = map.get_mut(id)?;
-        entry.last_seq += 1;
-        event["seq"] = json!(entry.last_seq);
+        let event = self.stamped(entry.last_seq + 1, now, event);
+        self.show(id, entry, event.clone());
+        Some(event)
+    }
+
+    /// `event` stamped as the run's next event (seq, time, redaction, cap) but not published: a record
+    /// sealed before its last event is shown carries it, and [`Registry::publish_stamped`] then shows it
+    /// exactly so. `None` for a run not here.
+    pub fn stamp(&self, id: &str, event: Value) -> Option<Value> {
+        let now = self.clock.now_ms();
+        let last = self.lock().get(id)?.last_seq;
+        Some(self.stamped(last + 1, now, event))
+    }
+
+    /// Publish an event [`Registry::stamp`] stamped, as stamped. `false` (nothing shown) when the run is
+    /// not here or another event took that seq meanwhile.
+    pub fn publish_stamped(&self, id: &str, event: Value) -> bool {
+        let mut map = self.lock();
+        let Some(entry) = map.get_mut(id) else {
+            return false;
+        };
+        if storage::record::event_seq(&event) != Some(entry.last_seq + 1) {
+            return false;
+        }
+        self.show(id, entry, event);
+        true
+    }
+
+    fn stamped(&self, seq: u64, now: i64, mut event: Value) -> Value {
+        event["seq"] = json!(seq);
         event["at"] = json!(now);
         self.redactor.redact_event(&mut event);
         // No event over 64 KiB is ever published: its text is capped here, the full text stays in the
         // request and the transcript (SPEC §4.3 `append`).
-        let event = storage::record::cap_event_for_publish(event);
-        let shared = Published::new(event.clone());
+        storage::record::cap_event_for_publish(event)
+    }
+
+    /// Keep a stamped event as the run's next and send it to the live subscribers.
+    fn show(&self, id: &str, entry: &mut Entry, event: Value) {
+        entry.last_seq = storage::record::event_seq(&event).unwrap_or(entry.last_seq + 1);
         entry.row.event_count += 1;
         entry.row.marks.observe(&event);
+        let shared = Published::new(event);
         Self::store(entry, shared.clone(), self.backlog_limit);
         entry.fan_out(id, &shared);
-        Some(event)
     }
 
     /// Send an ephemeral frame (a streamed `assistant_delta`) to this run's live subscribers: no seq, never
@@ -381,11 +430,14 @@ impl Registry {
         }
     }
 
-    /// Mark the run finished; its subscribers are closed (the stream then sends `end`).
+    /// Mark the run finished; each subscriber gets the run's end ([`Published::as_end`]) as its last
+    /// frame, then its queue closes.
     pub fn finish(&self, id: &str, status: RunStatus, finished_at: i64) {
         if let Some(e) = self.lock().get_mut(id) {
             e.row.status = Some(status);
             e.row.finished_at = Some(finished_at);
+            let end = Published::end(status, finished_at);
+            e.fan_out(id, &end);
             e.subscribers.clear();
         }
     }
@@ -463,6 +515,44 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().event["seq"], 1);
         assert_eq!(rx.try_recv().unwrap().event["seq"], 2);
         assert_eq!(r.row("r1").unwrap().event_count, 2);
+    }
+
+    /// A sealed run's answer: stamped before its record commits, shown after exactly as stamped — unless
+    /// another event took its seq meanwhile. A finish ends each subscription with the run's end.
+    #[test]
+    fn a_stamped_event_is_shown_as_stamped_and_a_finish_ends_the_queue_with_the_end() {
+        let clock = ManualClock::new(1000);
+        let r = Registry::new(Arc::new(clock.clone()));
+        r.create("r1", meta(), 1000, "tok".into(), vec![], 1);
+        let (_, mut rx, _) = r.subscribe("r1", 0).unwrap();
+        let stamped = r
+            .stamp("r1", json!({"type": "answer", "text": "a"}))
+            .unwrap();
+        assert_eq!(
+            (stamped["seq"].as_u64(), stamped["at"].as_i64()),
+            (Some(1), Some(1000))
+        );
+        assert!(rx.try_recv().is_none(), "stamped, not shown");
+        clock.advance(7);
+        assert!(r.publish_stamped("r1", stamped.clone()));
+        assert_eq!(rx.try_recv().unwrap().event, stamped, "shown as stamped");
+        assert_eq!(r.row("r1").unwrap().event_count, 1);
+        let late = r
+            .stamp("r1", json!({"type": "answer", "text": "b"}))
+            .unwrap();
+        r.publish("r1", json!({"type": "note"})).unwrap();
+        assert!(!r.publish_stamped("r1", late), "its seq was taken");
+        assert_eq!(rx.try_recv().unwrap().event["type"], "note");
+
+        r.finish("r1", RunStatus::Completed, 1010);
+        let end = rx.try_recv().unwrap();
+        assert_eq!(end.as_end(), Some((RunStatus::Completed, 1010)));
+        assert_eq!(
+            &end.json[..],
+            br#"{"finishedAt":1010,"status":"completed"}"#
+        );
+        assert!(rx.try_recv().is_none(), "the queue closed");
+        assert_eq!(Published::new(stamped).as_end(), None, "an event is no end");
     }
 
     #[test]

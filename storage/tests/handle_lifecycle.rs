@@ -73,7 +73,7 @@ fn record(id: &str) -> storage::record::RunRecord {
 
 async fn go_live(h: &StorageHandle, run_id: &str) {
     assert_eq!(
-        h.admit_with_events(admission(run_id, "hi"), first_events("hi"), NOW)
+        h.admit_with_events(admission(run_id, "hi"), first_events("hi"), None, NOW)
             .await
             .unwrap(),
         AdmitOutcome::Started {
@@ -107,11 +107,22 @@ async fn go_live(h: &StorageHandle, run_id: &str) {
 }
 
 #[actix_rt::test]
-async fn an_admission_commits_its_first_events_and_a_steer_none() {
+async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
+        let tombstone = |id: &str| {
+            let mut t = record(id);
+            t.head.provisional = true;
+            t.head.status = storage::record::RunStatus::Interrupted;
+            Some(t)
+        };
         let started = h
-            .admit_with_events(admission("r1", "hello"), first_events("hello"), NOW)
+            .admit_with_events(
+                admission("r1", "hello"),
+                first_events("hello"),
+                tombstone("r1"),
+                NOW,
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -127,8 +138,20 @@ async fn an_admission_commits_its_first_events_and_a_steer_none() {
             "{name}"
         );
         // A second message on the thread steers: the pre-minted id gets no row and no events.
+        let kept = h.get("r1".into()).await.unwrap().expect("the tombstone");
+        assert!(kept.head.provisional, "{name}");
+        assert_eq!(
+            kept.head.status,
+            storage::record::RunStatus::Interrupted,
+            "{name}"
+        );
         let steered = h
-            .admit_with_events(admission("r2", "more"), first_events("more"), NOW)
+            .admit_with_events(
+                admission("r2", "more"),
+                first_events("more"),
+                tombstone("r2"),
+                NOW,
+            )
             .await
             .unwrap();
         assert!(
@@ -140,6 +163,7 @@ async fn an_admission_commits_its_first_events_and_a_steer_none() {
             None,
             "{name}"
         );
+        assert!(h.get("r2".into()).await.unwrap().is_none(), "{name}");
         assert_eq!(
             h.live_events("r1".into(), 0, 10)
                 .await
@@ -497,7 +521,7 @@ async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_n
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
         assert!(matches!(
-            h.admit_with_events(admission("r1", "hi"), first_events("hi"), NOW)
+            h.admit_with_events(admission("r1", "hi"), first_events("hi"), None, NOW)
                 .await
                 .unwrap(),
             AdmitOutcome::Started { .. }
@@ -609,6 +633,91 @@ async fn the_orphan_sweep_lists_and_closes_cards_through_the_handle() {
             summary.head.extra.get("cardClosed"),
             Some(&json!(true)),
             "{name}"
+        );
+    }
+}
+
+/// A run with no reply to deliver seals (SPEC §5.2 step 3): its held-back last step, its finishing gate
+/// and its finish with the successor commit as one. A seal the gate refuses (a stop recorded before it)
+/// commits nothing of the three; the same seal under the stop's status then lands.
+#[actix_rt::test]
+async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        go_live(&h, "r1").await;
+        let unread = h
+            .push_inbox("r1".into(), request("late", "u2"))
+            .await
+            .unwrap()
+            .unwrap();
+        let last = storage::ledger::StepWrite {
+            first_idx: 2,
+            turns: vec![Turn {
+                role: "assistant".into(),
+                parts: vec![json!("the answer")],
+            }],
+            record: step(1, 3, None),
+            events: vec![],
+        };
+        let seal = |status: storage::record::RunStatus| {
+            let mut r = record("r1");
+            r.head.status = status;
+            h.seal(
+                GEN.into(),
+                Some(last.clone()),
+                status,
+                Some("the answer".into()),
+                r,
+                None,
+                Some(successor("r2")),
+            )
+        };
+        h.request_stop("r1".into(), storage::ledger::StopMode::Soft)
+            .await
+            .unwrap()
+            .unwrap();
+        let refused = seal(storage::record::RunStatus::Completed).await.unwrap();
+        assert!(
+            matches!(refused, Err(storage::ledger::Refusal::StopPending { .. })),
+            "{name}: {refused:?}"
+        );
+        let row = h.get_live("r1".into()).await.unwrap().expect("still live");
+        assert_ne!(row.phase, Phase::Finishing, "{name}: no gate");
+        assert_eq!(
+            h.read_transcript("r1".into()).await.unwrap().turns.len(),
+            2,
+            "{name}: no step"
+        );
+        assert!(
+            h.get("r1".into()).await.unwrap().is_none(),
+            "{name}: no record"
+        );
+        assert_eq!(h.get_live("r2".into()).await.unwrap(), None, "{name}");
+
+        let sealed = seal(storage::record::RunStatus::StoppedSoft).await.unwrap();
+        assert!(
+            matches!(sealed, Ok(true)),
+            "{name}: a successor was admitted: {sealed:?}"
+        );
+        assert_eq!(h.get_live("r1".into()).await.unwrap(), None, "{name}");
+        let kept = h.get("r1".into()).await.unwrap().expect("the record");
+        assert_eq!(
+            (kept.head.status, kept.head.provisional),
+            (storage::record::RunStatus::StoppedSoft, false),
+            "{name}"
+        );
+        let next = h
+            .get_live("r2".into())
+            .await
+            .unwrap()
+            .expect("the successor");
+        assert_eq!(next.meta["request"]["text"], "late", "{name}");
+        assert!(unread > 0, "{name}");
+        let rows = h.table_rows().await.unwrap();
+        assert_eq!(
+            (rows.live_runs, rows.run_steps, rows.transcript),
+            (1, 0, 0),
+            "{name}: nothing of r1 stays in the ledger"
         );
     }
 }

@@ -133,7 +133,12 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
         json!({"type": "input", "seq": 2, "at": NOW, "text": "go", "source": "request"}),
     ];
     let out = h
-        .admit_with_events(admission(&run, thread, n.is_multiple_of(4)), first, NOW)
+        .admit_with_events(
+            admission(&run, thread, n.is_multiple_of(4)),
+            first,
+            None,
+            NOW,
+        )
         .await
         .unwrap();
     assert_eq!(

@@ -112,11 +112,16 @@ impl AgentPlanProvider {
             for event in backlog {
                 note(&event.event, &mut after, &mut answer);
             }
+            // How the run ended, as its queue's last frame says.
+            let mut ended = None;
             if !finished {
                 loop {
                     tokio::select! {
                         event = rx.recv() => match event {
-                            Some(event) => note(&event.event, &mut after, &mut answer),
+                            Some(event) => match event.as_end() {
+                                Some((status, _)) => ended = Some(status),
+                                None => note(&event.event, &mut after, &mut answer),
+                            },
                             None => break,
                         },
                         () = abort.requested(), if !stop_sent => {
@@ -126,32 +131,32 @@ impl AgentPlanProvider {
                     }
                 }
             }
-            match self.registry.row(&run_id) {
-                Some(row) if row.finished_at.is_none() => continue,
-                Some(row) => {
-                    return match (row.status, answer) {
-                        (Some(RunStatus::Completed), Some(text)) if !stop_sent => {
-                            parse_cards(&text).map_err(ProviderError::Rejected)
-                        }
-                        (status, _) if stop_sent => Err(ProviderError::Aborted(format!(
-                            "the agent run {run_id} stopped ({})",
-                            status.map(RunStatus::as_str).unwrap_or("unknown")
-                        ))),
-                        (Some(RunStatus::Completed), None) => Err(ProviderError::Rejected(
-                            format!("the agent run {run_id} completed without an answer"),
-                        )),
-                        (status, _) => Err(ProviderError::Rejected(format!(
-                            "the agent run {run_id} ended {}",
-                            status.map(RunStatus::as_str).unwrap_or("unknown")
-                        ))),
-                    };
-                }
-                None => {
+            let status = match (ended, self.registry.row(&run_id)) {
+                (Some(status), _) => Some(status),
+                (None, Some(row)) if row.finished_at.is_none() => continue,
+                (None, Some(row)) => row.status,
+                (None, None) => {
                     return Err(ProviderError::Rejected(format!(
                         "run {run_id} ended without a record"
                     )))
                 }
-            }
+            };
+            return match (status, answer) {
+                (Some(RunStatus::Completed), Some(text)) if !stop_sent => {
+                    parse_cards(&text).map_err(ProviderError::Rejected)
+                }
+                (status, _) if stop_sent => Err(ProviderError::Aborted(format!(
+                    "the agent run {run_id} stopped ({})",
+                    status.map(RunStatus::as_str).unwrap_or("unknown")
+                ))),
+                (Some(RunStatus::Completed), None) => Err(ProviderError::Rejected(format!(
+                    "the agent run {run_id} completed without an answer"
+                ))),
+                (status, _) => Err(ProviderError::Rejected(format!(
+                    "the agent run {run_id} ended {}",
+                    status.map(RunStatus::as_str).unwrap_or("unknown")
+                ))),
+            };
         }
     }
 

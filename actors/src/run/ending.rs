@@ -4,24 +4,25 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use storage::ledger::{LiveRow, Refusal};
-use storage::record::RunStatus;
+use storage::ledger::{LiveRow, Refusal, StepWrite};
+use storage::record::{RunRecord, RunStatus};
 
 use super::machine::Written;
-use super::record::{admitted_successor, build_record, RecordExtras};
+use super::record::{admitted_successor, assemble_record, RecordExtras};
 use super::work::{retry_transient, Run, Tracking};
 use crate::channel::card::Ending;
 use crate::history::{Via, WriteOutcome};
 
 impl Run {
-    /// Flush the run's events, then the finishing gate (SPEC §5.2 step 7): only a confirmed owner
-    /// replies. Unavailable storage is retried for up to the lease; a `WrongPhase` whose row already
-    /// sits in `finishing` under this generation with this status means an earlier attempt committed.
-    /// A detached run replies best-effort.
+    /// Write the step held back ([`Run::defer_step`]), flush the run's events, then the finishing gate
+    /// (SPEC §5.2 step 7): only a confirmed owner replies. Unavailable storage is retried for up to the
+    /// lease; a `WrongPhase` whose row already sits in `finishing` under this generation with this
+    /// status means an earlier attempt committed. A detached run replies best-effort.
     pub fn finishing_gate(
         &self,
         status: RunStatus,
         answer: Option<String>,
+        unwritten: Option<StepWrite>,
     ) -> impl std::future::Future<Output = Gate> + 'static {
         let (deps, id, gen, tracking) = (
             self.deps.clone(),
@@ -34,6 +35,30 @@ impl Run {
                 Tracking::Fenced => return Gate::Answer(Written::Fenced),
                 Tracking::Detached => return Gate::Answer(Written::Ok),
                 Tracking::Tracked => {}
+            }
+            if let Some(w) = unwritten {
+                let s = deps.storage.clone();
+                let step = retry_transient(deps.lease_ms, || {
+                    let w = w.clone();
+                    s.durable_step(
+                        id.clone(),
+                        gen.clone(),
+                        w.first_idx,
+                        w.turns,
+                        w.record,
+                        w.events,
+                    )
+                })
+                .await;
+                match step {
+                    None => return Gate::Answer(Written::Lost),
+                    Some(Ok(Ok(()))) => {}
+                    Some(Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. }))) => {
+                        return Gate::Answer(Written::Fenced)
+                    }
+                    Some(Ok(Err(refusal))) => return Gate::Detach(refusal.to_string()),
+                    Some(Err(e)) => return Gate::Detach(e.to_string()),
+                }
             }
             // Everything published so far reaches the ledger first: a crash from here on closes the
             // run from complete live events.
@@ -67,6 +92,149 @@ impl Run {
                 Some(Err(e)) => Gate::Detach(e.to_string()),
             }
         }
+    }
+
+    /// Whether the run's end has no reply to deliver, so its gate and its final record may commit as
+    /// one (SPEC §5.2 step 3: no webhook; nor a chat thread, whose reply is a delivery too).
+    pub fn seals(&self) -> bool {
+        self.tracking == Tracking::Tracked && self.deps.webhook.is_none() && self.card.is_none()
+    }
+
+    /// The step held back, the gate and the final record in one commit
+    /// ([`storage::StorageHandle::seal`]). The answer event
+    /// is stamped first, so the record carries it exactly as it is shown once the commit answers
+    /// ([`Gate::Sealed`]). A refusal commits nothing and goes the long way ([`Run::finishing_gate`]),
+    /// which answers it as ever; so does a permanent error. Unavailable storage is retried for up to
+    /// the lease; a refusal after an unanswered attempt first reads back whether that attempt sealed.
+    pub fn seal(
+        &self,
+        status: RunStatus,
+        answer: Option<String>,
+        unwritten: Option<StepWrite>,
+    ) -> impl std::future::Future<Output = Gate> + 'static {
+        let long_way = self.finishing_gate(status, answer.clone(), unwritten.clone());
+        let finished_at = self.now();
+        let shown = answer.as_ref().and_then(|text| {
+            self.deps
+                .registry
+                .stamp(&self.id, json!({"type": "answer", "text": text}))
+        });
+        let record = self.final_record(status, finished_at, shown.clone());
+        let successor = super::record::fresh_successor(&self.deps, self.inbox_consumed);
+        let (deps, id, gen) = (self.deps.clone(), self.id.clone(), self.gen.clone());
+        async move {
+            let Some(record) = record else {
+                return long_way.await;
+            };
+            let s = deps.storage.clone();
+            let started = std::time::Instant::now();
+            let tries = std::cell::Cell::new(0u32);
+            let sealed = retry_transient(deps.lease_ms, || {
+                tries.set(tries.get() + 1);
+                s.seal(
+                    gen.clone(),
+                    unwritten.clone(),
+                    status,
+                    answer.clone(),
+                    record.clone(),
+                    deps.history.proposal(),
+                    Some(successor.clone()),
+                )
+            })
+            .await;
+            if sealed.is_some() && unwritten.is_some() {
+                // The held step commits here: storage answered within the lease.
+                deps.metrics.step_commit(started.elapsed());
+            }
+            let admitted = match sealed {
+                None => return Gate::Answer(Written::Lost),
+                Some(Ok(Ok(admitted))) => admitted,
+                // An earlier attempt whose answer was lost may have sealed the run.
+                Some(Ok(Err(_)))
+                    if tries.get() > 1
+                        && s.get(id.clone())
+                            .await
+                            .is_ok_and(|r| r.is_some_and(|r| !r.head.provisional)) =>
+                {
+                    true
+                }
+                Some(Ok(Err(_)) | Err(_)) => return long_way.await,
+            };
+            let successor = match admitted {
+                true => admitted_successor(&deps, &successor.run_id)
+                    .await
+                    .map(Box::new),
+                false => None,
+            };
+            Gate::Sealed {
+                status,
+                finished_at,
+                shown,
+                successor,
+            }
+        }
+    }
+
+    /// Show what a sealed run's record holds that the live view has not shown yet (its answer) and
+    /// retire the run from the registry: the store serves its record from now on.
+    pub fn sealed(&self, status: RunStatus, finished_at: i64, shown: Option<Value>) {
+        if let Some(event) = shown {
+            if self.deps.registry.publish_stamped(&self.id, event.clone()) {
+                self.deps.cards.observe(&self.id, &event);
+            } else {
+                tracing::error!(run_id = %self.id, generation = %self.gen, "the sealed answer's seq was taken; not shown live");
+            }
+        }
+        self.finished(status, finished_at);
+        self.deps.registry.landed(&self.id);
+    }
+
+    /// The registry and metrics learn that the run finished.
+    fn finished(&self, status: RunStatus, finished_at: i64) {
+        self.deps.registry.finish(&self.id, status, finished_at);
+        self.deps.metrics.run_finished(status.as_str());
+        if let Some(row) = self.deps.registry.row(&self.id) {
+            let took =
+                Duration::from_millis(u64::try_from(finished_at - row.started_at).unwrap_or(0));
+            self.deps.metrics.run_duration(status.as_str(), took);
+        }
+    }
+
+    /// The run's final record from the registry's events, plus `last` when it is not shown yet.
+    fn final_record(
+        &self,
+        status: RunStatus,
+        finished_at: i64,
+        last: Option<Value>,
+    ) -> Option<RunRecord> {
+        let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
+        // A detached run's record is best effort (SPEC §5.5): provisional, so it never replaces the record
+        // of the reclaim that closes its row; until then it is the run's latest trace.
+        let extras = RecordExtras {
+            provisional: !self.tracked(),
+            reply: self.reply.clone(),
+            diagnosis: Some(self.diagnosis()),
+            step_count: Some(self.step),
+            usage,
+            ..Default::default()
+        };
+        let (row, mut events) = self.deps.registry.snapshot(&self.id)?;
+        let mut event_count = row.event_count;
+        if let Some(last) = last {
+            events.push(last);
+            event_count += 1;
+        }
+        assemble_record(
+            &self.id,
+            &row.meta,
+            row.started_at,
+            finished_at,
+            status,
+            events,
+            event_count,
+            row.truncated,
+            extras,
+        )
     }
 
     /// Publish the answer and POST the reply to the configured webhook. The kill state is checked
@@ -158,26 +326,8 @@ impl Run {
         status: RunStatus,
     ) -> impl std::future::Future<Output = Recorded> + 'static {
         let finished_at = self.now();
-        self.deps.registry.finish(&self.id, status, finished_at);
-        self.deps.metrics.run_finished(status.as_str());
-        if let Some(row) = self.deps.registry.row(&self.id) {
-            let took =
-                Duration::from_millis(u64::try_from(finished_at - row.started_at).unwrap_or(0));
-            self.deps.metrics.run_duration(status.as_str(), took);
-        }
-        let usage = (!self.usage.is_empty()).then(|| json!(self.usage));
-        // A detached run's record is best effort (SPEC §5.5): provisional, so it never replaces the record
-        // of the reclaim that closes its row; until then it is the run's latest trace.
-        let provisional = !self.tracked();
-        let extras = RecordExtras {
-            provisional,
-            reply: self.reply.clone(),
-            diagnosis: Some(self.diagnosis()),
-            step_count: Some(self.step),
-            usage,
-            ..Default::default()
-        };
-        let record = build_record(&self.deps, &self.id, status, finished_at, extras);
+        self.finished(status, finished_at);
+        let record = self.final_record(status, finished_at, None);
         let successor = self
             .tracked()
             .then(|| super::record::fresh_successor(&self.deps, self.inbox_consumed));
@@ -232,6 +382,15 @@ pub(super) enum Recorded {
 /// replies best-effort).
 pub(super) enum Gate {
     Answer(Written),
+    /// The gate and the final record committed together ([`Run::seal`]): `shown` is the stamped answer
+    /// event the record carries, for the live view; `successor` what the finish admitted here (boxed:
+    /// a row and its events are far larger than the other answers).
+    Sealed {
+        status: RunStatus,
+        finished_at: i64,
+        shown: Option<Value>,
+        successor: Option<Box<(LiveRow, Vec<Value>)>>,
+    },
     /// A stop recorded before the gate of a `completed` run: nothing committed; conclude again.
     Stopped(storage::ledger::StopMode),
     Detach(String),

@@ -13,15 +13,12 @@ use storage::ledger::{LiveRow, Promotion};
 use storage::record::RunStatus;
 
 use super::machine::{Started, Written};
-use super::record::{
-    bound_workspace, build_record, close_unstartable, meta_from_row, RecordExtras,
-};
+use super::record::{bound_workspace, close_unstartable, meta_from_row};
 use super::tool_runner::ToolRunner;
 use super::work::{retry_transient, summarize, Run, MAX_WRITE_RETRY, WRITE_RETRY};
 use super::{Adoption, Ended, Request, RunDeps, StopReason};
 use crate::agent::{self, AssistantTurn, ToolResult};
 use crate::channel::CardPlace;
-use crate::history::Via;
 use crate::registry::RunMeta;
 
 /// Retry delays of the promotion claim (SPEC §5.5).
@@ -59,20 +56,6 @@ pub(super) async fn fresh(
         handle: None,
         look: false,
     });
-    // Tombstone: a provisional record, so a crash before the finish still leaves a trace.
-    let tombstone = RecordExtras {
-        provisional: true,
-        ..Default::default()
-    };
-    if let Some(tomb) = build_record(
-        &run.deps,
-        &run.id,
-        RunStatus::Interrupted,
-        started_at,
-        tombstone,
-    ) {
-        run.deps.history.write(tomb, Via::Store);
-    }
     promote(run, &request.text).await
 }
 

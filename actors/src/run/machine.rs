@@ -10,8 +10,8 @@
 //!      │                    │   └──StepWritten── Folding ◀─Inbox(n>0)── Reading ◀─StepWritten(text)┘
 //!      │                    ├──drain──▶ HandingOff ──HandedOff──▶ Ended(HandedOff)
 //!      │                    └──end of loop──▶ Gating ──Gate(open)──▶ Replying ──Replied──▶ Recording
-//!      │                                                                                   │
-//!      │                                                                    Recorded ──▶ Ended(Finished)
+//!      │                                          │                                        │
+//!      │                                          └──Sealed (no reply to deliver)───────────────▶ Ended(Finished)
 //! ```
 //! A fence (another generation owns the run, or it was killed) ends the run silently from any phase
 //! before the reply's record: no answer, no webhook, no record. A hard stop aborts a model call or tool
@@ -143,6 +143,9 @@ pub enum Msg {
         killed: bool,
         failed: bool,
     },
+    /// The gate and the final record committed together (no reply to deliver, SPEC §5.2 step 3): the
+    /// run is over as a [`Msg::Recorded`] of `Ok` would end it.
+    Sealed,
     /// The final record's answer: `Ok` written (with any successor the finish admitted), `Fenced` the
     /// ledger refused the finish (killed meanwhile, or another generation owns the run).
     Recorded(Written),
@@ -182,7 +185,8 @@ pub enum Effect {
     PublishFailure(String),
     /// Boundary write and `handoff` ([`Msg::HandedOff`]).
     HandOff,
-    /// Flush the run's events, then the finishing gate ([`Msg::Gate`]).
+    /// Flush the run's events, then the finishing gate ([`Msg::Gate`]); a run with no reply to deliver
+    /// commits its gate and final record together ([`Msg::Sealed`]) unless the gate refuses.
     Gate {
         status: RunStatus,
         answer: Option<String>,
@@ -446,6 +450,14 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             };
             end(&mut s, &mut fx, how);
         }
+        (Msg::Sealed, Phase::Gating) => {
+            let status = s.status.expect("a seal follows a conclusion");
+            let how = match s.fenced {
+                false => End::Finished(status),
+                true => End::Fenced,
+            };
+            end(&mut s, &mut fx, how);
+        }
         // Anything else does not fit the phase: a late completion of an aborted effect.
         _ => {}
     }
@@ -602,6 +614,9 @@ mod tests {
             ("a stop at the gate of a fenced run: silence", with(P::Gating, |s| { s.fenced = true; s.status = Some(S::Completed); }), Msg::GateStopped(StopMode::Soft), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a stop while finishing changes nothing",  gating.clone(), hard.clone(), vec![E::AnnounceStop(StopMode::Hard)], P::Gating),
             ("a fence while gating waits for the gate", gating.clone(), Msg::Fenced, vec![], P::Gating),
+            ("sealed: gate and record in one commit",   gating.clone(), Msg::Sealed, vec![E::End(End::Finished(S::Completed))], P::Ended(End::Finished(S::Completed))),
+            ("a seal under a fence is silent",          with(P::Gating, |s| { s.fenced = true; s.status = Some(S::Completed); }), Msg::Sealed, vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a seal after the gate changes nothing",   answered.clone(), Msg::Sealed, vec![], P::Replying),
             ("a drain while finishing finishes",        gating, Msg::Drain, vec![], P::Gating),
             // past the gate
             ("a kill after the gate: no webhook",       answered.clone(), Msg::Fenced, vec![E::AbortInFlight, E::End(End::Fenced)], P::Ended(End::Fenced)),

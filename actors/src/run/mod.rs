@@ -245,7 +245,7 @@ impl StopActor {
 /// How a run starts.
 #[allow(clippy::large_enum_variant)] // one per run, moved once: boxing buys nothing
 pub enum Launch {
-    /// Admitted here: the `attaching` row, the registry row and `run_meta`/`input` exist.
+    /// Admitted here: the `attaching` row, the registry row, `run_meta`/`input` and the tombstone exist.
     Fresh {
         id: String,
         meta: RunMeta,
@@ -382,6 +382,10 @@ pub struct RunActor {
     /// The successor run the ledger admitted here as this run's row went (its finish, or a launch that
     /// closed the row): handed to the supervisor with the end.
     successor: Option<(LiveRow, Vec<Value>)>,
+    /// While a seal is in flight ([`Run::seal`]), the events the run would publish meanwhile (a stop's
+    /// `stop_requested`): held so that nothing takes the seq its record gives the answer. A run that
+    /// sealed drops them (it ended before it heard them); one that went the long way shows them.
+    held: Option<Vec<Value>>,
 }
 
 impl RunActor {
@@ -402,6 +406,7 @@ impl RunActor {
             stop_actor: None,
             failure: None,
             successor: None,
+            held: None,
         }
     }
 
@@ -496,7 +501,15 @@ impl RunActor {
                     run.publish_in_step(event);
                     run.publish_calls(&calls);
                 }
-                match run.durable_step(turns, &calls) {
+                // A run that seals holds its answering step's write for the seal.
+                let write = match calls.is_empty() && run.seals() {
+                    true => {
+                        run.defer_step(turns);
+                        None
+                    }
+                    false => run.durable_step(turns, &calls),
+                };
+                match write {
                     Some(write) => self.spawn(ctx, write, Completion::StepWritten),
                     None => ctx.notify(Done {
                         epoch: self.epoch,
@@ -531,12 +544,17 @@ impl RunActor {
                 if let Some(actor) = self.stop_actor.take() {
                     event["actor"] = json!(actor);
                 }
-                publish(
-                    &self.deps,
-                    &self.id,
-                    event,
-                    self.run.as_ref().is_none_or(|r| r.tracked()),
-                );
+                match &mut self.held {
+                    Some(held) => held.push(event),
+                    None => {
+                        publish(
+                            &self.deps,
+                            &self.id,
+                            event,
+                            self.run.as_ref().is_none_or(|r| r.tracked()),
+                        );
+                    }
+                }
             }
             Effect::Note(kind) => self.run().note(kind, "the run's time budget ran out"),
             Effect::PublishFailure(message) => {
@@ -555,7 +573,18 @@ impl RunActor {
                 self.spawn(ctx, fut, Completion::HandedOff);
             }
             Effect::Gate { status, answer } => {
-                let fut = self.run().finishing_gate(status, answer);
+                let run = self.run();
+                let unwritten = run.unwritten.take();
+                let fut = match run.seals() {
+                    true => {
+                        let fut = run.seal(status, answer, unwritten);
+                        self.held = Some(Vec::new());
+                        futures_util::future::Either::Left(fut)
+                    }
+                    false => futures_util::future::Either::Right(
+                        run.finishing_gate(status, answer, unwritten),
+                    ),
+                };
                 self.spawn_as(ctx, fut, |epoch, gate| Finishing { epoch, gate });
             }
             Effect::Reply { status, answer } => {
@@ -801,7 +830,24 @@ impl Handler<Finishing> for RunActor {
         if !self.answered(msg.epoch) {
             return;
         }
+        let held = self.held.take().unwrap_or_default();
+        if !matches!(msg.gate, Gate::Sealed { .. }) {
+            let tracked = self.run().tracked();
+            for event in held {
+                publish(&self.deps, &self.id, event, tracked);
+            }
+        }
         let msg = match msg.gate {
+            Gate::Sealed {
+                status,
+                finished_at,
+                shown,
+                successor,
+            } => {
+                self.run().sealed(status, finished_at, shown);
+                self.successor = successor.map(|s| *s);
+                Msg::Sealed
+            }
             Gate::Answer(written) => Msg::Gate(written),
             Gate::Stopped(mode) => Msg::GateStopped(mode),
             Gate::Detach(why) => {

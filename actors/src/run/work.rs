@@ -80,6 +80,9 @@ pub(super) struct Run {
     pub step_events: Vec<Value>,
     /// The model's turn of the current step, from its answer until its tools ran.
     pub current: Option<AssistantTurn>,
+    /// The last step's write, held back when its turn answered and the run seals ([`Run::defer_step`]):
+    /// it commits with the seal, or ahead of whatever the run writes next.
+    pub unwritten: Option<StepWrite>,
     pub workspace: PathBuf,
     /// What this incarnation writes into the workspace fence: the generation and a token of this actor,
     /// so a task a panicked incarnation left behind is fenced out after the re-adoption (SPEC §1.1).
@@ -139,6 +142,7 @@ impl Run {
             inbox_consumed: None,
             pending: None,
             step_events: Vec::new(),
+            unwritten: None,
             current: None,
             workspace,
             model_ms: 0,
@@ -373,21 +377,39 @@ impl Run {
     }
 
     /// What [`Run::durable_step`] writes; the transcript in memory moves on at once. `None` when the run
-    /// writes nothing (untracked).
+    /// writes nothing (untracked). A step write held back ([`Run::unwritten`]) goes first in it.
     pub(super) fn step_write(&mut self, new: Vec<Turn>, calls: &[ToolCall]) -> Option<StepWrite> {
         let first_idx = self.turn_count;
         self.turn_count += new.len() as u64;
         self.turns.extend(new.iter().cloned());
         let events = std::mem::take(&mut self.step_events);
+        let held = self.unwritten.take();
         if !self.tracked() {
             return None;
         }
-        Some(StepWrite {
-            first_idx,
-            turns: new,
-            record: self.step_record(calls),
-            events,
+        let record = self.step_record(calls);
+        Some(match held {
+            None => StepWrite {
+                first_idx,
+                turns: new,
+                record,
+                events,
+            },
+            Some(mut held) => {
+                held.turns.extend(new);
+                held.events.extend(events);
+                held.record = record;
+                held
+            }
         })
+    }
+
+    /// Hold back the write of a step whose turn answered, for a run that seals (SPEC §5.2 step 3: the
+    /// last step, the gate and the record then cost one commit). A turn without tool calls publishes no
+    /// `assistant` event, and its answer is shown only once sealed; the `input` events of follow-ups
+    /// folded into its model call were shown before their commit, as in every step.
+    pub fn defer_step(&mut self, new: Vec<Turn>) {
+        self.unwritten = self.step_write(new, &[]);
     }
 
     /// The current step's `assistant` event, with the model and its usage when the agent reported it.
@@ -648,9 +670,10 @@ impl Run {
     /// and hand the row to the next generation. The next process resumes from exactly here.
     pub fn hand_off(&mut self) -> impl std::future::Future<Output = bool> + 'static {
         let results: Vec<Turn> = self.pending.take().into_iter().collect();
-        let write = (!results.is_empty() || !self.step_events.is_empty())
-            .then(|| self.durable_step(results, &[]))
-            .flatten();
+        let write =
+            (!results.is_empty() || !self.step_events.is_empty() || self.unwritten.is_some())
+                .then(|| self.durable_step(results, &[]))
+                .flatten();
         let (deps, id, gen, tracked) = (
             self.deps.clone(),
             self.id.clone(),

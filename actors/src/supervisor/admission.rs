@@ -204,9 +204,25 @@ async fn admit(
             storage::record::cap_event_for_publish(event)
         })
         .collect();
+        // The tombstone (SPEC §5.2 step 3) commits with the admission too: a run admitted here leaves a
+        // provisional record from its first commit on.
+        let tombstone = crate::run::assemble_record(
+            &run_id,
+            &meta,
+            now,
+            now,
+            storage::record::RunStatus::Interrupted,
+            first_events.clone(),
+            first_events.len() as u64,
+            false,
+            crate::run::RecordExtras {
+                provisional: true,
+                ..Default::default()
+            },
+        );
         let outcome = shared
             .storage
-            .admit_with_events(admit, first_events.clone(), now)
+            .admit_with_events(admit, first_events.clone(), tombstone, now)
             .await
             .map_err(|e| AdmitError::Unavailable(e.to_string()))?;
         return match outcome {

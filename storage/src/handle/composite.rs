@@ -3,7 +3,7 @@
 
 use crate::actor::{atomic, Backend};
 use crate::ledger::{AdmitOutcome, Outcome, StepWrite, Successor};
-use crate::record::RunRecord;
+use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
@@ -21,30 +21,82 @@ pub fn finish_in(
     successor: Option<&Successor>,
     now_ms: i64,
 ) -> Result<Outcome<PutOutcome>> {
-    let id = record.head.id.as_str();
+    atomic(
+        b,
+        |b| Ok(finish_body(b, gen, record, proposal, successor, now_ms)?.map(|(put, _)| put)),
+        |out| out.is_ok(),
+    )
+}
+
+/// The end of a run with no reply to deliver, in one transaction (SPEC §5.2 step 3: finishing and finish
+/// merge when no webhook is configured): the finishing gate of `status` and `answer`, the last `step` when
+/// its write was held back, then the finish of `record` with its successor. Nothing lands when any
+/// part refuses (the refusal answers). Answers whether a successor was admitted.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn seal_in(
+    b: &mut dyn Backend,
+    gen: &str,
+    step: Option<&StepWrite>,
+    status: RunStatus,
+    answer: Option<&str>,
+    record: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    successor: Option<&Successor>,
+    now_ms: i64,
+) -> Result<Outcome<bool>> {
     atomic(
         b,
         |b| {
-            let plan = match successor {
-                None => None,
-                Some(succ) => match b.get_live(id)? {
-                    None => None,
-                    Some(row) => {
-                        let stepped = b.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
-                        let consumed = stepped.max(succ.inbox_consumed);
-                        let waiting = crate::ledger::waiting(b.inbox_after(id, None)?, consumed);
-                        crate::ledger::successor_admission(&row, gen, &waiting, succ, now_ms)
-                    }
-                },
-            };
-            let out = b.finish(id, gen, record, proposal, now_ms)?;
-            if let (Ok(_), Some(plan)) = (&out, plan) {
-                admit_successor(b, gen, &plan, now_ms)?;
+            // The gate first: it is what refuses (a stop recorded before it, a fence), so a refusal
+            // leaves nothing written even where a transaction cannot roll back (the memory backend).
+            let id = record.head.id.as_str();
+            if let Err(refusal) = b.finishing(id, gen, status, answer)? {
+                return Ok(Err(refusal));
             }
-            Ok(out)
+            if let Some(step) = step {
+                if let Err(refusal) = step_in(b, id, gen, step)? {
+                    return Ok(Err(refusal));
+                }
+            }
+            Ok(finish_body(b, gen, record, proposal, successor, now_ms)?
+                .map(|(_, admitted)| admitted))
         },
         |out| out.is_ok(),
     )
+}
+
+/// [`finish_in`]'s body, inside a transaction the caller holds: the put's outcome and whether a
+/// successor was admitted.
+fn finish_body(
+    b: &mut dyn Backend,
+    gen: &str,
+    record: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    successor: Option<&Successor>,
+    now_ms: i64,
+) -> Result<Outcome<(PutOutcome, bool)>> {
+    let id = record.head.id.as_str();
+    let plan = match successor {
+        None => None,
+        Some(succ) => match b.get_live(id)? {
+            None => None,
+            Some(row) => {
+                let stepped = b.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
+                let consumed = stepped.max(succ.inbox_consumed);
+                let waiting = crate::ledger::waiting(b.inbox_after(id, None)?, consumed);
+                crate::ledger::successor_admission(&row, gen, &waiting, succ, now_ms)
+            }
+        },
+    };
+    let put = match b.finish(id, gen, record, proposal, now_ms)? {
+        Ok(put) => put,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let admitted = plan.is_some();
+    if let Some(plan) = plan {
+        admit_successor(b, gen, &plan, now_ms)?;
+    }
+    Ok(Ok((put, admitted)))
 }
 
 /// Inside a transaction that just freed the thread: admit the successor, append its first events and

@@ -27,7 +27,7 @@ use crate::{Error, Result};
 
 mod composite;
 pub use composite::finish_in;
-use composite::{admit_successor, step_in};
+use composite::{admit_successor, seal_in, step_in};
 
 /// How a [`StorageHandle`] sizes its queues and readers, and how long receipts live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -494,12 +494,13 @@ impl StorageHandle {
     }
 
     /// Admit at `now_ms`; a run this admission starts gets `events` (its `run_meta` and `input`, seqs 1
-    /// and 2) in the same transaction, so a crash right after admission never loses them (SPEC §5.2
-    /// step 2).
+    /// and 2) and its `tombstone` (the provisional record) in the same transaction, so a crash right
+    /// after admission never loses them (SPEC §5.2 steps 2–3: one commit, not three).
     pub async fn admit_with_events(
         &self,
         admit: Admit,
         events: Vec<serde_json::Value>,
+        tombstone: Option<RunRecord>,
         now_ms: i64,
     ) -> Result<AdmitOutcome> {
         self.transact(move |b, _| {
@@ -511,6 +512,12 @@ impl StorageHandle {
                         b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| {
                             Error::Unavailable(format!("first events refused: {r}"))
                         })?;
+                        if let Some(tombstone) = &tombstone {
+                            debug_assert!(
+                                tombstone.head.provisional && tombstone.head.id == admit.run_id
+                            );
+                            b.put(tombstone, None, now_ms)?;
+                        }
                     }
                     Ok(out)
                 },
@@ -636,6 +643,36 @@ impl StorageHandle {
     ) -> Result<Outcome<PutOutcome>> {
         self.transact(move |b, now| {
             finish_in(b, &gen, &record, proposal.as_ref(), successor.as_ref(), now)
+        })
+        .await
+    }
+
+    /// The last step (when its write was held back), the finishing gate and the finish in one commit,
+    /// for a run with no reply to deliver (SPEC §5.2 step 3); nothing lands on a refusal, which
+    /// answers. `Ok(true)`: a successor was admitted (its row is live under `gen`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn seal(
+        &self,
+        gen: String,
+        step: Option<StepWrite>,
+        status: RunStatus,
+        answer: Option<String>,
+        record: RunRecord,
+        proposal: Option<PolicyProposal>,
+        successor: Option<Successor>,
+    ) -> Result<Outcome<bool>> {
+        self.transact(move |b, now| {
+            seal_in(
+                b,
+                &gen,
+                step.as_ref(),
+                status,
+                answer.as_deref(),
+                &record,
+                proposal.as_ref(),
+                successor.as_ref(),
+                now,
+            )
         })
         .await
     }

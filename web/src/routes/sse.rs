@@ -331,6 +331,12 @@ impl RunStream {
             loop {
                 tokio::select! {
                     next = rx.recv() => match next {
+                        // The run's end rides its queue: the stream is complete whatever the registry
+                        // holds by now (a sealed run leaves it at once).
+                        Some(e) if e.as_end().is_some() => {
+                            self.send(Frame::event("end", None, e.json.clone())).await?;
+                            return Ok(true);
+                        }
                         Some(e) => self.emit_published(&e).await?,
                         None => break,
                     },

@@ -247,7 +247,7 @@ pub const RUN_JS: &str = r#"
     document.getElementById('error-box').hidden = false;
   }
   // The timeline and the "now" line: one server renderer, re-fetched at most once a second.
-  var refreshing = false, again = false;
+  var refreshing = false, again = false, ended = false;
   function refresh() {
     if (refreshing) { again = true; return; }
     refreshing = true;
@@ -256,7 +256,8 @@ pub const RUN_JS: &str = r#"
       .then(function (text) {
         if (text == null) return;
         var doc = new DOMParser().parseFromString(text, 'text/html');
-        ['now-slot', 'timeline'].forEach(function (k) {
+        // A fragment fetched before the run's end may still show a "now": a finished run has none.
+        (ended ? ['timeline'] : ['now-slot', 'timeline']).forEach(function (k) {
           var fresh = doc.getElementById(k), old = document.getElementById(k);
           if (fresh && old) old.replaceWith(document.importNode(fresh, true));
         });
@@ -331,6 +332,7 @@ pub const RUN_JS: &str = r#"
   approvalPanels().forEach(wireApproval);
   var ticker = null;
   function finish() {
+    ended = true;
     document.getElementById('stop-soft').disabled = true;
     document.getElementById('stop-hard').disabled = true;
     document.getElementById('retry').disabled = false;
