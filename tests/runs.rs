@@ -457,6 +457,45 @@ async fn a_killed_live_run_leaves_no_record_no_rows_and_no_workspace() {
     );
 }
 
+/// A run's workspace is taken by its first step that calls a tool with effects, and that step's commit
+/// records the binding a resume re-attaches (SPEC §8.3); a run whose tools have none touches no file.
+#[actix_web::test]
+async fn the_workspace_is_taken_by_the_first_step_with_effects_and_never_without_one() {
+    let app = TestApp::spawn().await;
+    let quiet = app.start_run("tws-quiet", "steps=3 ms=0").await;
+    assert_eq!(
+        app.final_record(&quiet).await.head.status,
+        RunStatus::Completed
+    );
+    assert!(
+        !app.dir.path().join("workspaces").join(&quiet).exists(),
+        "no workspace for a run without effects"
+    );
+
+    let busy = app
+        .start_run("tws-busy", "steps=3 ms=300 tool=append_file")
+        .await;
+    app.event(&busy, "tool_result").await;
+    let workspace = app.dir.path().join("workspaces").join(&busy);
+    let row = app
+        .running
+        .storage
+        .get_live(busy.clone())
+        .await
+        .unwrap()
+        .expect("live");
+    assert_eq!(
+        row.bound_workspace(),
+        Some(workspace.display().to_string().as_str()),
+        "the binding committed with the step"
+    );
+    assert!(workspace.join("steps.log").exists());
+    assert_eq!(
+        app.final_record(&busy).await.head.status,
+        RunStatus::Completed
+    );
+}
+
 /// `[storage] workspace_root` (SPEC §8.3, §8.4): a run's workspace is `<workspace_root>/<run_id>/` wherever
 /// the database is — nothing lands in `<data dir>/workspaces` — and a kill deletes it there.
 #[actix_web::test]

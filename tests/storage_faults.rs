@@ -150,7 +150,13 @@ async fn a_run_cannot_fail_on_a_workspace_it_could_not_get() {
     let _ = std::fs::remove_dir_all(&workspaces);
     std::fs::write(&workspaces, b"not a directory").unwrap();
 
-    // A run that uses no workspace tool completes, and says why it has no workspace.
+    let unavailable = |record: &storage::record::RunRecord| {
+        record
+            .events
+            .iter()
+            .any(|e| e["type"] == "note" && e["kind"] == "workspace_unavailable")
+    };
+    // A run that uses no workspace tool never needs one: it completes, and nothing is missing.
     let plain = app.start_run("t-plain", "steps=2 ms=10 answer=fine").await;
     let record = app.final_record(&plain).await;
     assert_eq!(
@@ -159,13 +165,10 @@ async fn a_run_cannot_fail_on_a_workspace_it_could_not_get() {
         "{:?}",
         record.events
     );
-    let note = record
-        .events
-        .iter()
-        .find(|e| e["type"] == "note" && e["kind"] == "workspace_unavailable");
-    assert!(note.is_some(), "{:?}", record.events);
+    assert!(!unavailable(&record), "{:?}", record.events);
 
-    // A run that does gets the tool's error as its result, and still completes.
+    // A run that does says why it has no workspace, gets the tool's error as its result, and still
+    // completes.
     let writer = app
         .start_run("t-writer", "steps=1 ms=10 tool=append_file answer=tried")
         .await;
@@ -182,6 +185,7 @@ async fn a_run_cannot_fail_on_a_workspace_it_could_not_get() {
         .find(|e| e["type"] == "tool_result")
         .expect("a tool result");
     assert_eq!(result["ok"], false, "{result}");
+    assert!(unavailable(&record), "{:?}", record.events);
     assert!(!workspaces.join(&writer).exists());
 }
 

@@ -108,9 +108,10 @@ pub(super) fn runs(args: &BenchArgs, db: &SharedDb) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Commits per run: the server runs under `strace -f -c -e trace=fsync,fdatasync`, once with no run (its
-/// boot and drain) and once with `n` short runs at concurrency 1; the difference over `n` is the count
-/// per run, beside the contract's minimum.
+/// Commits per run: the server runs under `strace -f` tracing its fsyncs and its file-creating calls
+/// (`mkdir`, and `open`/`openat`/`creat` with `O_CREAT`), once with no run (its boot and drain) and once
+/// with `n` short runs at concurrency 1; the difference over `n` is the count per run, beside the
+/// contract's minimum (and none: a run that calls no workspace tool creates no file).
 pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.url.is_none(),
@@ -123,19 +124,26 @@ pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.n.unwrap_or(200);
     let rt = runtime()?;
     let load = Load::new(1)?;
-    let mut fsyncs = Vec::new();
+    let mut counts = Vec::new();
     for runs in [0, n] {
         let out = tempfile::NamedTempFile::new()?;
         let mut cmd = Command::new("strace");
-        cmd.args(["-f", "-c", "-e", "trace=fsync,fdatasync", "-o"])
-            .arg(out.path())
-            .arg(std::env::current_exe()?);
+        cmd.args([
+            "-f",
+            "-e",
+            "trace=fsync,fdatasync,mkdir,mkdirat,open,openat,creat",
+            "-o",
+        ])
+        .arg(out.path())
+        .arg(std::env::current_exe()?);
         let server = rt.block_on(Server::spawn(cmd, &[], &load))?;
         rt.block_on(load.drive(&server.base, 0..runs, 1, SHORT_RUN))?;
         server.stop()?;
-        fsyncs.push(count_syncs(&std::fs::read_to_string(out.path())?));
+        counts.push(count_calls(&std::fs::read_to_string(out.path())?));
     }
+    let fsyncs = [counts[0].0, counts[1].0];
     let per_run = (fsyncs[1].saturating_sub(fsyncs[0])) as f64 / n as f64;
+    let creates_per_run = (counts[1].1.saturating_sub(counts[0].1)) as f64 / n as f64;
     report(
         &[
             (
@@ -147,26 +155,41 @@ pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
                 "contract minimum",
                 format!("{CONTRACT_COMMITS_PER_RUN} commits"),
             ),
-            ("boot and drain alone", format!("{} fsyncs", fsyncs[0])),
+            ("file creations per run", format!("{creates_per_run:.2}")),
+            (
+                "boot and drain alone",
+                format!("{} fsyncs, {} file creations", fsyncs[0], counts[0].1),
+            ),
         ],
         json!({"scenario": "commits", "runs_per_s": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0, "n": n,
             "concurrency": 1, "fsyncs_per_run": per_run, "contract_commits_per_run": CONTRACT_COMMITS_PER_RUN,
-            "baseline_fsyncs": fsyncs[0]}),
+            "file_creations_per_run": creates_per_run, "baseline_fsyncs": fsyncs[0]}),
     );
     Ok(())
 }
 
-/// The `calls` column of `strace -c`'s fsync and fdatasync rows.
-fn count_syncs(summary: &str) -> u64 {
-    summary
-        .lines()
-        .filter_map(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            matches!(cols.last(), Some(&"fsync" | &"fdatasync"))
-                .then(|| cols.get(3)?.parse::<u64>().ok())
-                .flatten()
-        })
-        .sum()
+/// `(fsyncs, file creations)` in an `strace -f` trace: each `fsync`/`fdatasync` call, and each `mkdir`,
+/// `mkdirat`, `creat`, or `open`/`openat` with `O_CREAT` (a call split by another thread's line counts
+/// once, at its start).
+fn count_calls(trace: &str) -> (u64, u64) {
+    let (mut syncs, mut creates) = (0, 0);
+    for line in trace.lines() {
+        // `<pid> <name>(<args>) = <ret>`, the pid absent for the first thread.
+        let call = line
+            .split_once(' ')
+            .filter(|(pid, _)| pid.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(line, |(_, rest)| rest);
+        let Some((name, args)) = call.split_once('(') else {
+            continue;
+        };
+        match name {
+            "fsync" | "fdatasync" => syncs += 1,
+            "mkdir" | "mkdirat" | "creat" => creates += 1,
+            "open" | "openat" if args.contains("O_CREAT") => creates += 1,
+            _ => {}
+        }
+    }
+    (syncs, creates)
 }
 
 /// A long soak with `history.max_runs = 1000`: server RSS and the database's size after a tenth, a
@@ -539,4 +562,21 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_trace_counts_its_syncs_and_the_calls_that_create_files() {
+        let trace = r#"101 fsync(7) = 0
+openat(AT_FDCWD, "/d/switchboard.db-wal", O_RDWR|O_CLOEXEC, 0644) = 9
+102 openat(AT_FDCWD, "/d/ws/r1/.fence", O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC, 0666 <unfinished ...>
+101 fdatasync(7 <unfinished ...>
+102 <... openat resumed>) = 10
+101 <... fdatasync resumed>) = 0
+102 mkdir("/d/ws/r1", 0777) = 0
+103 mkdirat(AT_FDCWD, "/d/ws/r2", 0777) = -1 EEXIST (File exists)
++++ exited with 0 +++"#;
+        assert_eq!(super::count_calls(trace), (2, 3));
+    }
 }

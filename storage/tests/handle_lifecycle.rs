@@ -547,6 +547,7 @@ async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_n
             turns: seed_turns,
             record: step(0, 2, None),
             events: vec![],
+            state: Default::default(),
         };
         let first = h
             .promote("r1".into(), GEN.into(), p.clone(), seed.clone())
@@ -658,6 +659,7 @@ async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing(
             }],
             record: step(1, 3, None),
             events: vec![],
+            state: Default::default(),
         };
         let seal = |status: storage::record::RunStatus| {
             let mut r = record("r1");

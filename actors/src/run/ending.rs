@@ -39,15 +39,7 @@ impl Run {
             if let Some(w) = unwritten {
                 let s = deps.storage.clone();
                 let step = retry_transient(deps.lease_ms, || {
-                    let w = w.clone();
-                    s.durable_step(
-                        id.clone(),
-                        gen.clone(),
-                        w.first_idx,
-                        w.turns,
-                        w.record,
-                        w.events,
-                    )
+                    s.write_step(id.clone(), gen.clone(), w.clone())
                 })
                 .await;
                 match step {

@@ -59,22 +59,15 @@ pub(super) async fn fresh(
     promote(run, &request.text).await
 }
 
-/// Take the workspace, promote the reserved row and seed the transcript (SPEC §5.2 steps 4–5): from here
-/// the run is resumable.
+/// Promote the reserved row and seed the transcript (SPEC §5.2 steps 4–5): from here the run is
+/// resumable. Its workspace is taken only by the first step that calls a tool with effects
+/// ([`Run::durable_step`]): a row that never ran one was never promoted with tools in flight, so no
+/// earlier owner can have written there, and a run that calls none touches no file.
 async fn promote(mut run: Run, request_text: &str) -> Launched {
-    // The workspace fence names this generation before any tool runs (SPEC §8.3); a launcher that lost
-    // its reserved row (paused while another generation restarted the run) leaves it alone.
-    let binding = match take_workspace(&run, crate::tools::TakeMode::Create).await {
-        Ok(()) => json!({"workspace": run.workspace.display().to_string()}),
-        Err(Took::NotOwner) => return Launched::Run(Box::new(run), Started::Fenced),
-        Err(Took::Failed(why)) => without_workspace(&run, &why),
-    };
-    let mut state = Map::new();
-    state.insert(storage::ledger::state_keys::BINDING.into(), binding);
     let promotion = Promotion {
         system_text: run.system.clone(),
         tools: json!(run.tool_defs),
-        state,
+        state: Map::new(),
         lease_ms: run.deps.lease_ms,
     };
     // The promotion and the seed (the first model call's messages and the step-0 record) share one
@@ -137,42 +130,64 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
 /// run that never calls a workspace tool cannot fail on it, and one that does gets the tool's error as
 /// its result (its tools find no fence). The row's binding stays empty, so a resume creates the
 /// workspace then instead of closing the run for a workspace it never had (SPEC §8.3).
-fn without_workspace(run: &Run, why: &str) -> Value {
-    tracing::warn!(run_id = %run.id, generation = %run.gen, error = %why, "running without a workspace");
-    run.note("workspace_unavailable", &summarize(&run.deps, why));
-    json!({})
+pub(super) fn without_workspace(deps: &RunDeps, id: &str, gen: &str, tracked: bool, why: &str) {
+    tracing::warn!(run_id = %id, generation = %gen, error = %why, "running without a workspace");
+    let summary = summarize(deps, why);
+    let note = json!({"type": "note", "kind": "workspace_unavailable", "summary": summary});
+    super::publish(deps, id, note, tracked);
 }
 
 /// Why a take did not happen: the ledger names another owner, or the workspace could not be taken.
-enum Took {
+pub(super) enum Took {
     NotOwner,
     Failed(String),
 }
 
-/// Take the run's workspace for this generation (SPEC §8.3 workspace fencing): rewrite its fence under
-/// the exclusive lock before any tool runs, while the ledger still names this generation as the run's
-/// owner. A lock a paused old owner still holds, or a ledger that cannot answer, is retried with backoff
-/// (a fence of this run aborts the launch meanwhile); any other failure is answered.
-async fn take_workspace(run: &Run, mode: crate::tools::TakeMode) -> Result<(), Took> {
-    let mut delay = WRITE_RETRY;
-    loop {
-        let owns = still_owner(&run.deps, &run.id);
-        match crate::tools::take_workspace_async(
-            run.workspace.clone(),
-            run.fence.clone(),
-            mode,
-            owns,
-        )
-        .await
-        {
-            Ok(()) => return Ok(()),
-            Err(crate::tools::WorkspaceError::Busy { .. }) => {
-                tracing::warn!(run_id = %run.id, generation = %run.gen, "workspace lock held by another owner; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_WRITE_RETRY);
+/// What taking a run's workspace needs, detached from the run so a step's write can take it first.
+pub(super) struct Take {
+    pub deps: RunDeps,
+    pub id: String,
+    pub gen: String,
+    pub workspace: std::path::PathBuf,
+    pub fence: String,
+}
+
+impl Take {
+    pub fn of(run: &Run) -> Self {
+        Take {
+            deps: run.deps.clone(),
+            id: run.id.clone(),
+            gen: run.gen.clone(),
+            workspace: run.workspace.clone(),
+            fence: run.fence.clone(),
+        }
+    }
+
+    /// Take the run's workspace for this generation (SPEC §8.3 workspace fencing): rewrite its fence
+    /// under the exclusive lock before any tool with effects runs, while the ledger still names this
+    /// generation as the run's owner. A lock a paused old owner still holds, or a ledger that cannot
+    /// answer, is retried with backoff; any other failure is answered.
+    pub async fn run(&self, mode: crate::tools::TakeMode) -> Result<(), Took> {
+        let mut delay = WRITE_RETRY;
+        loop {
+            let owns = still_owner(&self.deps, &self.id);
+            match crate::tools::take_workspace_async(
+                self.workspace.clone(),
+                self.fence.clone(),
+                mode,
+                owns,
+            )
+            .await
+            {
+                Ok(()) => return Ok(()),
+                Err(crate::tools::WorkspaceError::Busy { .. }) => {
+                    tracing::warn!(run_id = %self.id, generation = %self.gen, "workspace lock held by another owner; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_WRITE_RETRY);
+                }
+                Err(crate::tools::WorkspaceError::NotOwner { .. }) => return Err(Took::NotOwner),
+                Err(e) => return Err(Took::Failed(format!("workspace: {e}"))),
             }
-            Err(crate::tools::WorkspaceError::NotOwner { .. }) => return Err(Took::NotOwner),
-            Err(e) => return Err(Took::Failed(format!("workspace: {e}"))),
         }
     }
 }
@@ -306,11 +321,14 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     if let Some(bound) = bound {
         run.workspace = bound;
     }
-    match take_workspace(&run, mode).await {
+    // A resume takes the workspace at once: the calls in flight it settles next may be an earlier
+    // owner's, and none may land after this generation decides about them.
+    run.workspace_taken = true;
+    match Take::of(&run).run(mode).await {
         Ok(()) => {}
         Err(Took::NotOwner) => return Launched::Run(Box::new(run), Started::Fenced),
         Err(Took::Failed(why)) if mode == crate::tools::TakeMode::Create => {
-            without_workspace(&run, &why);
+            without_workspace(&run.deps, &run.id, &run.gen, run.tracked(), &why);
         }
         Err(Took::Failed(why)) if !run.workspace.is_dir() => {
             let events = run

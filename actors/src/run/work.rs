@@ -84,6 +84,9 @@ pub(super) struct Run {
     /// it commits with the seal, or ahead of whatever the run writes next.
     pub unwritten: Option<StepWrite>,
     pub workspace: PathBuf,
+    /// Whether this incarnation took the workspace (or tried): a fresh run takes it with its first step
+    /// that calls a tool with effects, a resume at once.
+    pub workspace_taken: bool,
     /// What this incarnation writes into the workspace fence: the generation and a token of this actor,
     /// so a task a panicked incarnation left behind is fenced out after the re-adoption (SPEC §1.1).
     pub fence: String,
@@ -145,6 +148,7 @@ impl Run {
             unwritten: None,
             current: None,
             workspace,
+            workspace_taken: false,
             model_ms: 0,
             model_calls: 0,
             tool_ms: 0,
@@ -341,14 +345,23 @@ impl Run {
 
     /// The durable write of `new` turns, the step's events and then its record with `calls` in flight,
     /// in one commit (the record is never durable without its turns; the tools run only after both).
-    /// The transcript in memory moves on at once; `None` when there is nothing to write (untracked).
+    /// The first step that calls a tool with effects takes the workspace before it writes, and its
+    /// commit records the binding (SPEC §8.3). The transcript in memory moves on at once; `None` when
+    /// there is nothing to do (untracked, and no workspace to take).
     pub fn durable_step(
         &mut self,
         new: Vec<Turn>,
         calls: &[ToolCall],
     ) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static>
     {
-        let w = self.step_write(new, calls)?;
+        let take = (!self.workspace_taken && calls.iter().any(|c| self.has_effects(&c.tool)))
+            .then(|| super::launch::Take::of(self));
+        self.workspace_taken |= take.is_some();
+        let w = self.step_write(new, calls);
+        if w.is_none() && take.is_none() {
+            return None;
+        }
+        let tracked = self.tracked();
         let (s, id, gen, lease_ms) = (
             self.deps.storage.clone(),
             self.id.clone(),
@@ -357,16 +370,28 @@ impl Run {
         );
         let metrics = self.deps.metrics.clone();
         Some(async move {
+            let mut w = w;
+            if let Some(take) = take {
+                match take.run(crate::tools::TakeMode::Create).await {
+                    Ok(()) => {
+                        let binding = json!({"workspace": take.workspace.display().to_string()});
+                        if let Some(w) = &mut w {
+                            w.state
+                                .insert(storage::ledger::state_keys::BINDING.into(), binding);
+                        }
+                    }
+                    Err(super::launch::Took::NotOwner) => {
+                        return Some(Ok(Err(Refusal::Fenced { run_id: id })))
+                    }
+                    Err(super::launch::Took::Failed(why)) => super::launch::without_workspace(
+                        &take.deps, &take.id, &take.gen, tracked, &why,
+                    ),
+                }
+            }
+            let w = w?;
             let started = Instant::now();
             let answer = retry_transient(lease_ms, || {
-                s.durable_step(
-                    id.clone(),
-                    gen.clone(),
-                    w.first_idx,
-                    w.turns.clone(),
-                    w.record.clone(),
-                    w.events.clone(),
-                )
+                s.write_step(id.clone(), gen.clone(), w.clone())
             })
             .await;
             if answer.is_some() {
@@ -374,6 +399,13 @@ impl Run {
             }
             answer
         })
+    }
+
+    /// Whether `tool` has effects outside the process (it acts only under the workspace fence).
+    fn has_effects(&self, tool: &str) -> bool {
+        self.tool_defs
+            .iter()
+            .any(|d| d.name == tool && !d.side_effect_free)
     }
 
     /// What [`Run::durable_step`] writes; the transcript in memory moves on at once. `None` when the run
@@ -394,6 +426,7 @@ impl Run {
                 turns: new,
                 record,
                 events,
+                state: Default::default(),
             },
             Some(mut held) => {
                 held.turns.extend(new);

@@ -126,7 +126,7 @@ pub(super) fn admit_successor(
     Ok(())
 }
 
-/// A step's turns, its events and then its record, in that order (the body of [`StorageHandle::durable_step`]).
+/// A step's turns, its events, its state patch and then its record, in that order (the body of [`StorageHandle::durable_step`]).
 pub(super) fn step_in(
     b: &mut dyn Backend,
     run_id: &str,
@@ -138,6 +138,11 @@ pub(super) fn step_in(
     }
     if !write.events.is_empty() {
         if let Err(refusal) = b.append(run_id, gen, &write.events)? {
+            return Ok(Err(refusal));
+        }
+    }
+    if !write.state.is_empty() {
+        if let Err(refusal) = b.set_state(run_id, gen, &write.state)? {
             return Ok(Err(refusal));
         }
     }

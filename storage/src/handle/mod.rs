@@ -452,7 +452,18 @@ impl StorageHandle {
             turns,
             record,
             events,
+            state: Default::default(),
         };
+        self.write_step(run_id, gen, write).await
+    }
+
+    /// [`StorageHandle::durable_step`] of a whole [`StepWrite`] (its state patch included).
+    pub async fn write_step(
+        &self,
+        run_id: String,
+        gen: String,
+        write: StepWrite,
+    ) -> Result<Outcome<()>> {
         self.transact(move |b, _| {
             atomic(b, |b| step_in(b, &run_id, &gen, &write), |out| out.is_ok())
         })

@@ -390,13 +390,16 @@ pub fn ran_past_its_seed(claimed: Claimed, last_step: Option<&StepRecord>) -> bo
 }
 
 /// A tool call a step is about to dispatch.
-/// One step's durable write: its transcript turns from `first_idx`, its events, then its record.
+/// One step's durable write: its transcript turns from `first_idx`, its events, a state patch (the
+/// workspace binding of the step that first needs it), then its record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepWrite {
     pub first_idx: u64,
     pub turns: Vec<Turn>,
     pub record: StepRecord,
     pub events: Vec<Value>,
+    /// Merged into the row's `state` (empty: nothing).
+    pub state: Map<String, Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
