@@ -7,9 +7,12 @@ use serde_json::{json, Value};
 use storage::ledger::{LiveRow, Refusal, StepWrite};
 use storage::record::{RunRecord, RunStatus};
 
-use super::machine::Written;
+use actix::{Context, Handler, Message};
+
+use super::machine::{Msg, Written};
 use super::record::{admitted_successor, assemble_record, RecordExtras};
 use super::work::{retry_transient, Run, Tracking};
+use super::{publish, RunActor};
 use crate::channel::card::Ending;
 use crate::history::{Via, WriteOutcome};
 
@@ -92,12 +95,12 @@ impl Run {
         self.tracking == Tracking::Tracked && self.deps.webhook.is_none() && self.card.is_none()
     }
 
-    /// The step held back, the gate and the final record in one commit
-    /// ([`storage::StorageHandle::seal`]). The answer event
-    /// is stamped first, so the record carries it exactly as it is shown once the commit answers
-    /// ([`Gate::Sealed`]). A refusal commits nothing and goes the long way ([`Run::finishing_gate`]),
-    /// which answers it as ever; so does a permanent error. Unavailable storage is retried for up to
-    /// the lease; a refusal after an unanswered attempt first reads back whether that attempt sealed.
+    /// The step held back, the gate and the final record in one commit ([`storage::StorageHandle::seal`]).
+    /// The answer event is stamped first, so the record carries it exactly as it is shown once the
+    /// commit answers ([`Gate::Sealed`]). A refusal commits nothing and goes the long way
+    /// ([`Run::finishing_gate`]), which answers it as ever; so does a permanent error. Unavailable
+    /// storage is retried for up to the lease; a refusal after an unanswered attempt first reads back
+    /// whether that attempt sealed (the stored record is this one: same status, same finish time).
     pub fn seal(
         &self,
         status: RunStatus,
@@ -144,9 +147,13 @@ impl Run {
                 // An earlier attempt whose answer was lost may have sealed the run.
                 Some(Ok(Err(_)))
                     if tries.get() > 1
-                        && s.get(id.clone())
-                            .await
-                            .is_ok_and(|r| r.is_some_and(|r| !r.head.provisional)) =>
+                        && s.get(id.clone()).await.is_ok_and(|r| {
+                            r.is_some_and(|r| {
+                                !r.head.provisional
+                                    && r.head.status == status
+                                    && r.head.finished_at == finished_at
+                            })
+                        }) =>
                 {
                     true
                 }
@@ -394,4 +401,76 @@ pub(super) enum Delivery {
     Sent(Option<(bool, Option<String>)>),
     /// The run was killed: no webhook, no record.
     Killed,
+}
+
+/// The finishing gate's answer (SPEC §5.2 step 6): the final status and answer committed, a stop
+/// recorded before it, or a permanent error that detached the run.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Finishing {
+    pub(super) epoch: u64,
+    pub(super) gate: Gate,
+}
+
+/// The final record's answer (SPEC §5.2 step 8): written through the ledger's finish (with the successor
+/// it admitted for unread follow-ups), or refused.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Finish {
+    pub(super) epoch: u64,
+    pub(super) recorded: Recorded,
+}
+
+impl Handler<Finishing> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Finishing, ctx: &mut Context<Self>) {
+        if !self.answered(msg.epoch) {
+            return;
+        }
+        let held = self.held.take().unwrap_or_default();
+        if !matches!(msg.gate, Gate::Sealed { .. }) {
+            let tracked = self.run().tracked();
+            for event in held {
+                publish(&self.deps, &self.id, event, tracked);
+            }
+        }
+        let msg = match msg.gate {
+            Gate::Sealed {
+                status,
+                finished_at,
+                shown,
+                successor,
+            } => {
+                self.run().sealed(status, finished_at, shown);
+                self.successor = successor.map(|s| *s);
+                Msg::Sealed
+            }
+            Gate::Answer(written) => Msg::Gate(written),
+            Gate::Stopped(mode) => Msg::GateStopped(mode),
+            Gate::Detach(why) => {
+                self.run().detach("finishing", why);
+                Msg::Gate(Written::Ok)
+            }
+        };
+        self.apply(msg, ctx);
+    }
+}
+
+impl Handler<Finish> for RunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Finish, ctx: &mut Context<Self>) {
+        if !self.answered(msg.epoch) {
+            return;
+        }
+        let written = match msg.recorded {
+            Recorded::Ended(successor) => {
+                self.successor = successor.map(|s| *s);
+                Written::Ok
+            }
+            Recorded::Fenced => Written::Fenced,
+        };
+        self.apply(Msg::Recorded(written), ctx);
+    }
 }

@@ -64,9 +64,9 @@ use crate::heartbeat::{Heartbeat, Track, Untrack};
 use crate::history::HistoryWriter;
 use crate::registry::{Registry, RunMeta};
 use crate::tools::Toolbox;
-use ending::{Delivery, Gate};
+use ending::{Delivery, Finish, Finishing};
 use launch::Launched;
-use machine::{Effect, End, Msg, RunState, Written};
+use machine::{Effect, End, Msg, RunState};
 pub use news::{ApprovalNews, DrainRun, Fenced, Killed, StopRequest};
 pub use record::{
     admitted_successor, assemble_record, build_record, close_card_of, close_row, closing_record,
@@ -330,24 +330,6 @@ pub struct Done {
     /// The effect's epoch: an answer of an effect aborted since is discarded.
     epoch: u64,
     what: Completion,
-}
-
-/// The finishing gate's answer (SPEC §5.2 step 6): the final status and answer committed, a stop
-/// recorded before it, or a permanent error that detached the run.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Finishing {
-    epoch: u64,
-    gate: Gate,
-}
-
-/// The final record's answer (SPEC §5.2 step 8): written through the ledger's finish (with the successor
-/// it admitted for unread follow-ups), or refused.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Finish {
-    epoch: u64,
-    recorded: ending::Recorded,
 }
 
 enum Completion {
@@ -820,60 +802,6 @@ impl Handler<Done> for RunActor {
             }
         };
         self.apply(msg, ctx);
-    }
-}
-
-impl Handler<Finishing> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: Finishing, ctx: &mut Context<Self>) {
-        if !self.answered(msg.epoch) {
-            return;
-        }
-        let held = self.held.take().unwrap_or_default();
-        if !matches!(msg.gate, Gate::Sealed { .. }) {
-            let tracked = self.run().tracked();
-            for event in held {
-                publish(&self.deps, &self.id, event, tracked);
-            }
-        }
-        let msg = match msg.gate {
-            Gate::Sealed {
-                status,
-                finished_at,
-                shown,
-                successor,
-            } => {
-                self.run().sealed(status, finished_at, shown);
-                self.successor = successor.map(|s| *s);
-                Msg::Sealed
-            }
-            Gate::Answer(written) => Msg::Gate(written),
-            Gate::Stopped(mode) => Msg::GateStopped(mode),
-            Gate::Detach(why) => {
-                self.run().detach("finishing", why);
-                Msg::Gate(Written::Ok)
-            }
-        };
-        self.apply(msg, ctx);
-    }
-}
-
-impl Handler<Finish> for RunActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: Finish, ctx: &mut Context<Self>) {
-        if !self.answered(msg.epoch) {
-            return;
-        }
-        let written = match msg.recorded {
-            ending::Recorded::Ended(successor) => {
-                self.successor = successor.map(|s| *s);
-                Written::Ok
-            }
-            ending::Recorded::Fenced => Written::Fenced,
-        };
-        self.apply(Msg::Recorded(written), ctx);
     }
 }
 
