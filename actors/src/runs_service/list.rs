@@ -468,13 +468,24 @@ impl RunsService {
         }
 
         // Merge: a finished registry row takes its final record's finish fields; suppressed ids vanish.
+        // A tombstone the page may hold from before its run's other sources showed it is stale: one of a
+        // run whose final record landed since (a sealed run leaves the registry as it commits), or a fresh
+        // one whose admission committed it just before the registry row (a live listing shows it next).
+        let now = self.clock.now_ms();
+        let stale_tombstone = |h: &storage::record::RunHead| {
+            h.provisional
+                && (self.registry.recently_landed(&h.id)
+                    || (h.finished_at == h.started_at
+                        && now - h.started_at < crate::registry::LANDED_MEMORY_MS))
+        };
         let mut finished: HashMap<String, RunView> = finished_live
             .into_iter()
             .map(|v| (v.id.clone(), v))
             .collect();
         for item in stored {
             let h = &item.head;
-            if suppress.contains(&h.id) || !params.visible_to.matches_head(h) {
+            if suppress.contains(&h.id) || !params.visible_to.matches_head(h) || stale_tombstone(h)
+            {
                 continue;
             }
             match finished.get_mut(&h.id) {
@@ -713,6 +724,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((v.finished, v.persisted), (true, Some(true)));
+    }
+
+    /// A page read before a seal committed may still hold the run's tombstone after the registry let
+    /// the run go; a page read as an admission committed may hold one before the registry row exists.
+    /// Neither is listed; an old tombstone with no other source (its row lost) still is.
+    #[tokio::test]
+    async fn a_stale_tombstone_does_not_list_as_a_finished_run() {
+        let f = fixture();
+        f.put(record("landed", "c1", NOW - 300, NOW - 300, true, vec![]));
+        f.registry.landed("landed");
+        f.put(record("fresh", "c1", NOW - 5, NOW - 5, true, vec![]));
+        f.put(record(
+            "old",
+            "c1",
+            NOW - 60_000,
+            NOW - 60_000,
+            true,
+            vec![],
+        ));
+        let list = f.list(StatusFilter::All).await;
+        assert_eq!(ids(&list), ["old"]);
+        assert_eq!(list.runs[0].provisional, Some(true));
     }
 
     #[tokio::test]
