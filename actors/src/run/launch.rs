@@ -132,8 +132,7 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
 /// workspace then instead of closing the run for a workspace it never had (SPEC §8.3).
 pub(super) fn without_workspace(deps: &RunDeps, id: &str, gen: &str, tracked: bool, why: &str) {
     tracing::warn!(run_id = %id, generation = %gen, error = %why, "running without a workspace");
-    let summary = summarize(deps, why);
-    let note = json!({"type": "note", "kind": "workspace_unavailable", "summary": summary});
+    let note = super::work::note_event("workspace_unavailable", &summarize(deps, why));
     super::publish(deps, id, note, tracked);
 }
 

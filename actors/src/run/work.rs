@@ -221,7 +221,7 @@ impl Run {
     }
 
     pub fn note(&self, kind: &str, summary: &str) {
-        self.publish(json!({"type": "note", "kind": kind, "summary": summary}));
+        self.publish(note_event(kind, summary));
     }
 
     /// The run's chat thread shows it from here on: its card posted, or the earlier one edited. The view
@@ -799,4 +799,9 @@ where
             other => return Some(other),
         }
     }
+}
+
+/// A run's `note` event: what happened to it (`kind`) and a redacted, capped `summary`.
+pub(super) fn note_event(kind: &str, summary: &str) -> Value {
+    json!({"type": "note", "kind": kind, "summary": summary})
 }
