@@ -30,6 +30,7 @@ fn owned_ctx(dir: &Path) -> ToolContext {
         run_id: RUN.into(),
         workspace,
         gen: GEN_A.into(),
+        claim: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! agent's allowlist and the dispatch rule for untracked runs, its `tool_result` published as it ends.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -65,7 +66,8 @@ impl ToolRunner {
     }
 
     /// Run one call under its workspace claim (SPEC §10): a mutating call holds the worktree for writing,
-    /// a side-effect-free one for reading. An unknown tool answers "not available".
+    /// a side-effect-free one for reading, until the call and any work of it that outlives a dropped
+    /// future have ended ([`ToolContext::claim`]). An unknown tool answers "not available".
     /// Its `tool_call` event was published with the step; answers the result and its published
     /// `tool_result` event.
     pub(super) async fn call(&self, call: &ToolCall) -> (ToolResult, Option<Value>) {
@@ -84,27 +86,28 @@ impl ToolRunner {
                 crate::tools::ToolOutput::err(decisions::UNRECORDED_TEXT)
             }
             Some(tool) => {
-                let ctx = ToolContext {
-                    run_id: self.id.clone(),
-                    workspace: self.workspace.clone(),
-                    gen: self.fence.clone(),
-                };
                 let claim = if tool.def().side_effect_free {
                     Claim::read(Resource::RepositoryWorktree)
                 } else {
                     Claim::write(Resource::RepositoryWorktree)
                 };
                 let app = AppId::new(self.id.clone());
-                self.deps
-                    .operations
-                    .run(
-                        &app,
-                        Operation::new(call.tool.clone()),
-                        claim,
-                        tool.call_keyed(&ctx, &call.call_id, &call.args),
-                    )
-                    .await
-                    .unwrap_or_else(|e| crate::tools::ToolOutput::err(format!("refused: {e}")))
+                let operation = Operation::new(call.tool.clone());
+                match self.deps.operations.acquire(&app, operation, claim).await {
+                    Ok(guard) => {
+                        let guard = Arc::new(guard);
+                        let ctx = ToolContext {
+                            run_id: self.id.clone(),
+                            workspace: self.workspace.clone(),
+                            gen: self.fence.clone(),
+                            claim: Some(guard.clone()),
+                        };
+                        guard
+                            .scope(tool.call_keyed(&ctx, &call.call_id, &call.args))
+                            .await
+                    }
+                    Err(e) => crate::tools::ToolOutput::err(format!("refused: {e}")),
+                }
             }
             None => crate::tools::ToolOutput::err(decisions::NOT_AVAILABLE_TEXT),
         };

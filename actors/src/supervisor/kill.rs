@@ -1,7 +1,10 @@
 //! Stop and kill (SPEC §5.6): every stop commits to the ledger first; a kill writes the deletion fence,
 //! aborts the run as a fence, then purges it and its workspace.
 
-use actix::{AsyncContext, Context, Handler, Message, ResponseFuture};
+use actix::{
+    ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseActFuture, ResponseFuture,
+    WrapFuture,
+};
 use storage::ledger::StopMode;
 
 use crate::run::{self, RunDeps, StopActor, StopRequest};
@@ -139,53 +142,115 @@ pub(super) async fn purge_killed(
 }
 
 impl Handler<KillRun> for Supervisor {
-    type Result = ResponseFuture<Result<(), StopError>>;
+    type Result = ResponseActFuture<Self, Result<(), StopError>>;
 
-    fn handle(&mut self, msg: KillRun, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: KillRun, _ctx: &mut Context<Self>) -> Self::Result {
         let deps = self.deps().clone();
-        let supervisor = ctx.address();
-        let local = self.runs.get(&msg.run_id).cloned();
-        Box::pin(async move {
-            let id = msg.run_id;
-            let known = deps.registry.row(&id).is_some()
-                || deps
-                    .storage
-                    .get_live(id.clone())
+        let id = msg.run_id;
+        let fence = {
+            let id = id.clone();
+            async move {
+                let known = deps.registry.row(&id).is_some()
+                    || deps
+                        .storage
+                        .get_live(id.clone())
+                        .await
+                        .map_err(|e| StopError::Unavailable(e.to_string()))?
+                        .is_some()
+                    || deps
+                        .storage
+                        .get_summary(id.clone())
+                        .await
+                        .map_err(|e| StopError::Unavailable(e.to_string()))?
+                        .is_some();
+                if !known {
+                    return Err(StopError::NotFound);
+                }
+                deps.storage
+                    .kill(id)
                     .await
-                    .map_err(|e| StopError::Unavailable(e.to_string()))?
-                    .is_some()
-                || deps
-                    .storage
-                    .get_summary(id.clone())
-                    .await
-                    .map_err(|e| StopError::Unavailable(e.to_string()))?
-                    .is_some();
-            if !known {
-                return Err(StopError::NotFound);
+                    .map_err(|e| StopError::Unavailable(e.to_string()))
             }
-            let answer = deps
-                .storage
-                .kill(id.clone())
-                .await
-                .map_err(|e| StopError::Unavailable(e.to_string()))?;
+        };
+        // Who acts on the fence is decided once it is written, from the actors running then: a reclaim
+        // may have launched this run's resume while the kill was on its way to storage.
+        Box::pin(fence.into_actor(self).map(move |answer, act, ctx| {
+            let answer = answer?;
+            let deps = act.deps().clone();
             tracing::info!(run_id = %id, generation = deps.gen.as_str(), live_owner = ?answer.live_owner, "kill: deletion fence written");
-            match (local, answer.live_owner) {
+            match kill_route(act.runs.contains_key(&id), &answer) {
                 // Ours: abort it as a fence; the supervisor purges when its actor has ended.
-                (Some(run), _) => run.do_send(run::Killed),
-                // Another live owner: its heartbeat sees the fence, aborts, and purges.
-                (None, Some(owner)) if owner != deps.gen.as_str() && answer.owner_lease_live => {}
-                // Finished, or its owner is gone: purge now.
-                _ => {
-                    if let Some((row, events)) = purge_killed(deps, id).await {
-                        supervisor.do_send(super::LaunchRun(run::Launch::Restart {
-                            row,
-                            events,
-                            from_gen: None,
-                        }));
+                KillRoute::Abort => {
+                    if let Some(run) = act.runs.get(&id) {
+                        run.do_send(run::Killed);
                     }
+                }
+                KillRoute::Owner => {}
+                KillRoute::PurgeNow => {
+                    let purge = purge_killed(deps, id);
+                    ctx.spawn(purge.into_actor(act).map(|successor, act, ctx| {
+                        act.launch_successor(successor, ctx)
+                    }));
                 }
             }
             Ok(())
-        })
+        }))
+    }
+}
+
+/// Who carries a kill out once its deletion fence is written (SPEC §5.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KillRoute {
+    /// This process's actor drives the run: it aborts as a fenced run, and the purge follows its end.
+    Abort,
+    /// A live owner without an actor here: another process (its heartbeat sees the fence), or this one
+    /// between a reclaim and the launch of the run's actor (the actor's heartbeat or first write meets
+    /// the fence, or the reclaim's own kill check purges). Purging under it could delete the workspace
+    /// under a call its actor is about to make.
+    Owner,
+    /// Finished, or its owner's lease has run out: nothing drives it, purge now.
+    PurgeNow,
+}
+
+fn kill_route(actor_here: bool, answer: &storage::ledger::KillAnswer) -> KillRoute {
+    match (actor_here, &answer.live_owner) {
+        (true, _) => KillRoute::Abort,
+        (false, Some(_)) if answer.owner_lease_live => KillRoute::Owner,
+        _ => KillRoute::PurgeNow,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use storage::ledger::KillAnswer;
+
+    fn answer(owner: Option<&str>, live: bool) -> KillAnswer {
+        KillAnswer {
+            live_owner: owner.map(str::to_owned),
+            owner_lease_live: live,
+            had_record: false,
+        }
+    }
+
+    #[test]
+    fn a_kill_is_carried_out_by_whoever_drives_the_run_when_its_fence_lands() {
+        // An actor here aborts, whoever the row names.
+        assert_eq!(
+            kill_route(true, &answer(Some("g1"), true)),
+            KillRoute::Abort
+        );
+        assert_eq!(kill_route(true, &answer(None, false)), KillRoute::Abort);
+        // A live owner without an actor here, this process's (a reclaim about to launch) or another's.
+        assert_eq!(
+            kill_route(false, &answer(Some("g1"), true)),
+            KillRoute::Owner
+        );
+        // Nobody drives it: finished, or its owner's lease ran out.
+        assert_eq!(kill_route(false, &answer(None, false)), KillRoute::PurgeNow);
+        assert_eq!(
+            kill_route(false, &answer(Some("g1"), false)),
+            KillRoute::PurgeNow
+        );
     }
 }

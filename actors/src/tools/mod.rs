@@ -83,7 +83,7 @@ pub use external::{
 };
 
 /// What a tool call knows about its run.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ToolContext {
     pub run_id: String,
     /// The run's workspace (`<workspace_root>/<run_id>`); it may not exist yet.
@@ -91,6 +91,10 @@ pub struct ToolContext {
     /// The generation (fencing token) the call runs under: a mutating tool writes only while the
     /// workspace fence names exactly this string (see [`take_workspace`]).
     pub gen: String,
+    /// The workspace claim the call runs under (SPEC §10). Work that outlives the call's future keeps a
+    /// clone — a blocking write goes on after a hard stop or a fence drops the call — so a kill's drain
+    /// waits for that work, not only for the future. `None` outside a run's tool runner.
+    pub claim: Option<std::sync::Arc<crate::operations::OperationGuard>>,
 }
 
 /// A tool call's outcome, as written into the transcript.
@@ -805,9 +809,14 @@ impl Tool for AppendFileTool {
             }
             let workspace = ctx.workspace.clone();
             let gen = ctx.gen.clone();
-            off_runtime(move || append_line(&workspace, &gen, &rel, &line))
-                .await
-                .unwrap_or_else(|e| ToolOutput::err(format!("append_file did not finish: {e}")))
+            let claim = ctx.claim.clone();
+            off_runtime(move || {
+                let written = append_line(&workspace, &gen, &rel, &line);
+                drop(claim);
+                written
+            })
+            .await
+            .unwrap_or_else(|e| ToolOutput::err(format!("append_file did not finish: {e}")))
         }
         .boxed()
     }
@@ -875,6 +884,7 @@ mod tests {
             run_id: "r1".into(),
             workspace: workspace_dir(dir, "r1"),
             gen: gen.into(),
+            claim: None,
         }
     }
 
@@ -883,6 +893,47 @@ mod tests {
         let holder = File::open(ws.join(LOCK_FILE)).unwrap();
         holder.lock().unwrap();
         holder
+    }
+
+    /// A hard stop or a fence drops a tool call's future, but a blocking write it started goes on: the
+    /// call's claim lasts until that write has ended, so a kill's drain — and the workspace deletion
+    /// behind it — waits for the write instead of racing it (SPEC §5.6, §10).
+    #[actix_rt::test]
+    async fn a_dropped_call_holds_its_claim_until_its_blocking_write_ends() {
+        use crate::operations::{AppId, Claim, Operation, OperationCoordinator, Resource};
+        let dir = tempfile::tempdir().unwrap();
+        let c = ctx(dir.path());
+        take_workspace(&c.workspace, GEN_A, TakeMode::Create).unwrap();
+        let coord = OperationCoordinator::new(Arc::new(storage::ManualClock::new(0)));
+        let app = AppId::new("r1");
+        let claim = Claim::write(Resource::RepositoryWorktree);
+        let guard = coord.acquire(&app, Operation::new("append_file"), claim);
+        let c = ToolContext {
+            claim: Some(Arc::new(guard.await.unwrap())),
+            ..c
+        };
+        // Someone else holds the workspace lock: the write waits for it on a blocking thread.
+        let lock = File::open(c.workspace.join(LOCK_FILE)).unwrap();
+        lock.lock().unwrap();
+        let args = json!({"path": "out.txt", "line": "landed"});
+        let mut call = AppendFileTool.call(&c, &args);
+        assert!(futures_util::poll!(&mut call).is_pending());
+        // The run is stopped: its future and its context go.
+        drop(call);
+        drop(c);
+        let drained = coord.close_admission(&app).await.unwrap().drain();
+        let unlock = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(lock);
+        });
+        let _deletion = drained.await;
+        let written = std::fs::read_to_string(workspace_dir(dir.path(), "r1").join("out.txt"));
+        assert_eq!(
+            written.ok().as_deref(),
+            Some("landed\n"),
+            "the drain ended after the write it was holding for"
+        );
+        unlock.join().unwrap();
     }
 
     #[test]
