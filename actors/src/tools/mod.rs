@@ -725,7 +725,10 @@ impl Tool for SleepTool {
                 Ok(ms) => ms,
                 Err(e) => return ToolOutput::err(e),
             };
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            // A zero wait is no wait: tokio's timer would still hold it to its next millisecond tick.
+            if ms > 0 {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             ToolOutput::ok(format!("slept {ms} ms"))
         }
         .boxed()
@@ -1063,6 +1066,19 @@ mod tests {
         let out = SleepTool.call(&ctx(dir), &json!({"ms": 200})).await;
         assert_eq!(out, ToolOutput::ok("slept 200 ms"));
         assert_eq!(start.elapsed(), Duration::from_millis(200));
+    }
+
+    /// A zero wait answers at once: it never waits for the timer's next millisecond tick (which cost a
+    /// 3-step run of `sleep {ms: 0}` calls 3 ms at concurrency 1).
+    #[tokio::test]
+    async fn a_zero_sleep_answers_on_its_first_poll() {
+        let dir = Path::new("/nonexistent");
+        let (c, args) = (ctx(dir), json!({"ms": 0}));
+        let mut call = SleepTool.call(&c, &args);
+        match futures_util::poll!(&mut call) {
+            std::task::Poll::Ready(out) => assert_eq!(out, ToolOutput::ok("slept 0 ms")),
+            std::task::Poll::Pending => panic!("a zero sleep waited for the timer"),
+        }
     }
 
     #[tokio::test]
