@@ -93,9 +93,26 @@ fn write_policy(tx: &Connection, p: &StoredPolicy) -> Result<()> {
     Ok(())
 }
 
-/// Decide the kept floor from one aggregate over the in-cutoff rows; walks the newest rows only when a
-/// count or byte bound is exceeded.
+/// The count and bytes of every stored run (schema 11's triggers keep them); `None` on a read-only
+/// connection to an older file, whose stand-in table is empty.
+fn totals(tx: &Connection) -> Result<Option<(i64, i64)>> {
+    Ok(tx
+        .prepare_cached("SELECT runs, bytes FROM run_totals WHERE id = 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
+}
+
+fn within(policy: &RetentionPolicy, (runs, bytes): (i64, i64)) -> bool {
+    runs <= i64::from(policy.max_runs) && bytes.max(0) as u64 <= policy.max_bytes
+}
+
+/// Decide the kept floor. When every stored run together is within both bounds, every in-cutoff row is
+/// kept (one row read); else one aggregate over the in-cutoff rows, and a walk of the newest rows only
+/// when a count or byte bound is exceeded.
 pub(super) fn kept(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
+    if totals(tx)?.is_some_and(|t| within(policy, t)) {
+        return Ok(Kept::All);
+    }
     let cutoff = policy.cutoff_ms(now_ms);
     let (count, bytes): (i64, i64) = tx.query_row(
         "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM runs WHERE finished_at >= ?1",
@@ -267,8 +284,15 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
     Ok((summary, hex::encode(Sha256::digest(&full))))
 }
 
-/// Rows the policy keeps (a put's `retained`).
+/// Rows the policy keeps (a put's `retained`): the stored runs less those past the age cutoff when the
+/// bounds keep them all, else a count of the kept rows.
 fn retained(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
+    if let Some(t) = totals(tx)?.filter(|t| within(policy, *t)) {
+        let stale: i64 = tx
+            .prepare_cached("SELECT COUNT(*) FROM runs WHERE finished_at < ?1")?
+            .query_row([policy.cutoff_ms(now_ms)], |r| r.get(0))?;
+        return Ok((t.0 - stale).max(0) as u64);
+    }
     let mut p = Vec::new();
     let sql = format!(
         "SELECT COUNT(*) FROM runs WHERE {}",
@@ -328,8 +352,13 @@ pub(super) fn put_in(
     let unchanged = existing.as_ref().is_some_and(|(_, d)| *d == digest);
     if !unchanged {
         let h = &record.head;
+        // A rewrite deletes the old row first: the totals' triggers see a delete and an insert.
+        if existing.is_some() {
+            tx.prepare_cached("DELETE FROM runs WHERE run_id = ?1")?
+                .execute([id])?;
+        }
         tx.prepare_cached(
-            "INSERT OR REPLACE INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
+            "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
                 channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
                 card_open, label)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
@@ -350,8 +379,9 @@ pub(super) fn put_in(
                 .zip(record.events.iter().map(|ev| ev.to_string())),
         )?;
     }
+    let shed = shed_oldest(tx, &policy)?;
     let kept_now = kept(tx, &policy, now_ms)?;
-    trim(tx, &kept_now, policy.cutoff_ms(now_ms))?;
+    trim(tx, &kept_now, policy.cutoff_ms(now_ms), TRIM_PER_PUT - shed)?;
     // The record itself goes regardless when the policy does not keep it.
     let stored = visible(tx, id, &kept_now, policy.cutoff_ms(now_ms))?;
     if !stored {
@@ -453,11 +483,35 @@ pub(super) fn close_card_in(tx: &Connection, id: &str) -> Result<bool> {
     Ok(changed)
 }
 
-/// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
-fn trim(tx: &Connection, kept: &Kept, cutoff: i64) -> Result<usize> {
+/// While the stored runs together exceed a bound, the oldest goes (at most [`TRIM_PER_PUT`]): what
+/// the newest-first floor of [`kept`] would leave out, found by the index from the old end instead of a
+/// walk of every kept row, so a put at the policy's bounds costs a few rows, not a scan. (Rows past the
+/// age cutoff are the oldest: they go first, as the floor never counts them.)
+fn shed_oldest(tx: &Connection, policy: &RetentionPolicy) -> Result<usize> {
+    let mut shed = 0;
+    while shed < TRIM_PER_PUT && totals(tx)?.is_some_and(|t| !within(policy, t)) {
+        let oldest: Option<String> = tx
+            .prepare_cached("SELECT run_id FROM runs ORDER BY finished_at ASC, run_id ASC LIMIT 1")?
+            .query_row([], |r| r.get(0))
+            .optional()?;
+        let Some(id) = oldest else { break };
+        delete_run(tx, &id)?;
+        shed += 1;
+    }
+    if shed > 0 {
+        tracing::info!(trimmed = shed, "retention trimmed finished runs");
+    }
+    Ok(shed)
+}
+
+/// Trim by the persisted policy, oldest first, at most `limit` runs; answers how many went.
+fn trim(tx: &Connection, kept: &Kept, cutoff: i64, limit: usize) -> Result<usize> {
+    if limit == 0 {
+        return Ok(0);
+    }
     let mut p = Vec::new();
     let keep_sql = kept.sql(cutoff, &mut p);
-    p.push(SqlValue::Integer(TRIM_PER_PUT as i64));
+    p.push(SqlValue::Integer(limit as i64));
     let doomed: Vec<String> = tx
         .prepare(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT ?"))?
         .query_map(params_from_iter(p), |r| r.get(0))?
@@ -474,7 +528,12 @@ fn trim(tx: &Connection, kept: &Kept, cutoff: i64) -> Result<usize> {
 /// [`crate::store::RunStore::expire`] inside `tx`.
 pub(super) fn expire_in(tx: &Connection, now_ms: i64, scan_after: &str) -> Result<Expired> {
     let policy = read_policy(tx)?.policy;
-    let runs = trim(tx, &kept(tx, &policy, now_ms)?, policy.cutoff_ms(now_ms))?;
+    let runs = trim(
+        tx,
+        &kept(tx, &policy, now_ms)?,
+        policy.cutoff_ms(now_ms),
+        TRIM_PER_PUT,
+    )?;
     let scanned: Vec<String> = tx
         .prepare_cached(
             "SELECT DISTINCT run_id FROM run_events WHERE run_id > ?1 ORDER BY run_id LIMIT ?2",
@@ -627,6 +686,74 @@ mod tests {
     use crate::record::validate_record;
     use crate::sqlite::{SqliteStore, Synchronous};
     use crate::store::RunStore;
+
+    /// The triggers keep `run_totals` equal to a count and a sum over `runs` through every write: a first
+    /// put, a rewrite (tombstone to final), an unchanged repeat, a card closed (the bytes change), a
+    /// delete, and the oldest shed when a put takes the store past `max_runs`.
+    #[test]
+    fn the_stored_totals_follow_every_write_of_the_runs_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).unwrap();
+        let now = 1_800_000_000_000;
+        let record = |id: &str, at: i64, provisional: bool, card: bool| {
+            let mut v = serde_json::json!({
+                "id": id, "channelId": "C1", "userId": "U1", "threadKey": "t", "startedAt": at - 10,
+                "finishedAt": at, "status": "completed", "eventCount": 1, "storedEventCount": 1,
+                "truncated": false,
+                "events": [{"seq": 1, "type": "answer", "text": format!("answer of {id}")}]
+            });
+            if provisional {
+                v["provisional"] = serde_json::json!(true);
+            }
+            if card {
+                v["card"] = serde_json::json!({"channel": "C1", "ts": "1.2"});
+            }
+            validate_record(&v).unwrap()
+        };
+        let check = |s: &mut SqliteStore, runs: i64| {
+            let tx = s.conn.transaction().unwrap();
+            let exact: (i64, i64) = tx
+                .query_row(
+                    "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM runs",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap();
+            assert_eq!(totals(&tx).unwrap(), Some(exact));
+            assert_eq!(exact.0, runs);
+        };
+        s.put(&record("a", now - 50, true, false), None, now)
+            .unwrap();
+        check(&mut s, 1);
+        s.put(&record("a", now - 40, false, true), None, now)
+            .unwrap();
+        s.put(&record("a", now - 40, false, true), None, now)
+            .unwrap();
+        check(&mut s, 1);
+        assert!(s.close_card("a").unwrap());
+        check(&mut s, 1);
+        s.put(&record("b", now - 30, false, false), None, now)
+            .unwrap();
+        s.put(&record("c", now - 20, false, false), None, now)
+            .unwrap();
+        check(&mut s, 3);
+        assert!(s.delete("b").unwrap());
+        check(&mut s, 2);
+        // A policy of two runs: the third put sheds the oldest, and the totals say two.
+        let policy = PolicyProposal {
+            policy: RetentionPolicy {
+                retention_days: 30,
+                max_runs: 2,
+                max_bytes: 1 << 30,
+            },
+            updated_at: now,
+        };
+        s.put(&record("d", now - 10, false, false), Some(&policy), now)
+            .unwrap();
+        check(&mut s, 2);
+        assert_eq!(s.get("a", now).unwrap(), None, "the oldest went");
+        assert!(s.get("d", now).unwrap().is_some());
+    }
 
     /// Within policy, a list page is ONE indexed SELECT: no table scan and no sort step.
     #[test]

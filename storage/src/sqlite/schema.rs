@@ -153,6 +153,25 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN label TEXT;
     UPDATE runs SET label = CASE WHEN json_valid(summary_json) THEN json_extract(summary_json, '$.label') END;
     "#,
+    // 11: the stored runs' count and bytes, kept by triggers, so the retention policy's check on every
+    // put and point read is one row instead of a scan of every stored run (SPEC §3).
+    r#"
+    CREATE TABLE run_totals (
+        id    INTEGER PRIMARY KEY CHECK (id = 1),
+        runs  INTEGER NOT NULL,
+        bytes INTEGER NOT NULL
+    );
+    INSERT INTO run_totals (id, runs, bytes) SELECT 1, COUNT(*), COALESCE(SUM(bytes), 0) FROM runs;
+    CREATE TRIGGER run_totals_on_insert AFTER INSERT ON runs BEGIN
+        UPDATE run_totals SET runs = runs + 1, bytes = bytes + NEW.bytes WHERE id = 1;
+    END;
+    CREATE TRIGGER run_totals_on_delete AFTER DELETE ON runs BEGIN
+        UPDATE run_totals SET runs = runs - 1, bytes = bytes - OLD.bytes WHERE id = 1;
+    END;
+    CREATE TRIGGER run_totals_on_update AFTER UPDATE OF bytes ON runs BEGIN
+        UPDATE run_totals SET bytes = bytes - OLD.bytes + NEW.bytes WHERE id = 1;
+    END;
+    "#,
 ];
 
 pub fn current_version() -> i64 {
