@@ -16,6 +16,12 @@ use anyhow::Context;
 use clap::{CommandFactory as _, Parser, Subcommand};
 use switchboard::Config;
 
+/// mimalloc instead of glibc's allocator: events, transcripts and records are built on one thread and
+/// freed on another (arbiter, storage actor, readers), where glibc's arenas spent about a sixth of the
+/// server's samples under `bench runs` (`malloc`, `_int_free`, `malloc_consolidate`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "switchboard",
