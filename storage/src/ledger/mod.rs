@@ -851,7 +851,16 @@ pub fn merge_state(state: &mut Map<String, Value>, patch: &Map<String, Value>) {
 
 /// Map a fence decision to the refusal (or `None` for the owner).
 pub fn fence_refusal(row: Option<&LiveRow>, run_id: &str, gen: &str) -> Option<Refusal> {
-    match decisions::fence_check(row.map(LiveRow::view).as_ref(), gen) {
+    view_refusal(row.map(LiveRow::view).as_ref(), run_id, gen)
+}
+
+/// [`fence_refusal`] over a row's ownership columns alone (a writer that needs nothing else of the row).
+pub fn view_refusal(
+    row: Option<&decisions::RowView<'_>>,
+    run_id: &str,
+    gen: &str,
+) -> Option<Refusal> {
+    match decisions::fence_check(row, gen) {
         decisions::Fence::Owner => None,
         decisions::Fence::Fenced => Some(Refusal::Fenced {
             run_id: run_id.to_owned(),

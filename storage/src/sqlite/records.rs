@@ -59,9 +59,8 @@ impl Kept {
 
 pub(super) fn read_policy(tx: &Connection) -> Result<StoredPolicy> {
     let raw: Option<String> = tx
-        .query_row("SELECT value FROM meta WHERE key = ?1", [POLICY_KEY], |r| {
-            r.get(0)
-        })
+        .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
+        .query_row([POLICY_KEY], |r| r.get(0))
         .optional()?;
     let Some(raw) = raw else {
         return Ok(StoredPolicy::default());
@@ -114,11 +113,11 @@ pub(super) fn kept(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Re
         return Ok(Kept::All);
     }
     let cutoff = policy.cutoff_ms(now_ms);
-    let (count, bytes): (i64, i64) = tx.query_row(
-        "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM runs WHERE finished_at >= ?1",
-        [cutoff],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+    let (count, bytes): (i64, i64) = tx
+        .prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM runs WHERE finished_at >= ?1",
+        )?
+        .query_row([cutoff], |r| Ok((r.get(0)?, r.get(1)?)))?;
     if count <= i64::from(policy.max_runs) && bytes as u64 <= policy.max_bytes {
         return Ok(Kept::All);
     }
@@ -265,7 +264,8 @@ pub(super) fn visible_summary(
         kept.sql(policy.cutoff_ms(now_ms), &mut p)
     );
     let row: Option<(String, i64)> = tx
-        .query_row(&sql, params_from_iter(p), |r| Ok((r.get(0)?, r.get(1)?)))
+        .prepare_cached(&sql)?
+        .query_row(params_from_iter(p), |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     row.map(|(s, b)| decode_item(&s, b)).transpose()
 }
@@ -273,9 +273,12 @@ pub(super) fn visible_summary(
 /// Delete a run's row and, unless it is live, its events.
 pub(super) fn delete_run(tx: &Connection, id: &str) -> Result<bool> {
     if !is_live(tx, id)? {
-        tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+        delete_events(tx, id)?;
     }
-    Ok(tx.execute("DELETE FROM runs WHERE run_id = ?1", [id])? > 0)
+    Ok(tx
+        .prepare_cached("DELETE FROM runs WHERE run_id = ?1")?
+        .execute([id])?
+        > 0)
 }
 
 fn encode(record: &RunRecord) -> Result<(String, String)> {
@@ -298,7 +301,9 @@ fn retained(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Result<u6
         "SELECT COUNT(*) FROM runs WHERE {}",
         kept(tx, policy, now_ms)?.sql(policy.cutoff_ms(now_ms), &mut p)
     );
-    Ok(tx.query_row(&sql, params_from_iter(p), |r| r.get::<_, i64>(0))? as u64)
+    Ok(tx
+        .prepare_cached(&sql)?
+        .query_row(params_from_iter(p), |r| r.get::<_, i64>(0))? as u64)
 }
 
 /// Upsert `record` inside `tx`: the shared body of `put` (and of the ledger's `finish`).
@@ -333,11 +338,8 @@ pub(super) fn put_in(
     }
     let id = record.head.id.as_str();
     let existing: Option<(bool, String)> = tx
-        .query_row(
-            "SELECT provisional, digest FROM runs WHERE run_id = ?1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+        .prepare_cached("SELECT provisional, digest FROM runs WHERE run_id = ?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     // The tombstone floor: a provisional write never replaces a final record.
     if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
@@ -513,7 +515,7 @@ fn trim(tx: &Connection, kept: &Kept, cutoff: i64, limit: usize) -> Result<usize
     let keep_sql = kept.sql(cutoff, &mut p);
     p.push(SqlValue::Integer(limit as i64));
     let doomed: Vec<String> = tx
-        .prepare(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT ?"))?
+        .prepare_cached(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT ?"))?
         .query_map(params_from_iter(p), |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     if !doomed.is_empty() {
@@ -570,7 +572,8 @@ fn visible(tx: &Connection, id: &str, kept: &Kept, cutoff: i64) -> Result<bool> 
         kept.sql(cutoff, &mut p)
     );
     Ok(tx
-        .query_row(&sql, params_from_iter(p), |_| Ok(()))
+        .prepare_cached(&sql)?
+        .query_row(params_from_iter(p), |_| Ok(()))
         .optional()?
         .is_some())
 }
