@@ -12,7 +12,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{Map, Value};
 
-use super::live::{get_row, is_killed, live_row, row_by_thread, ROW_COLUMNS};
+use super::live::{get_row, is_killed, is_live, live_row, row_by_thread, ROW_COLUMNS};
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::SqliteStore;
 use crate::ledger::decisions::{
@@ -610,7 +610,7 @@ impl RunLedger for SqliteStore {
 
     fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
         let tx = self.immediate()?;
-        if get_row(&tx, run_id)?.is_none() {
+        if !is_live(&tx, run_id)? {
             return Ok(Err(Refusal::NotLive {
                 run_id: run_id.to_owned(),
             }));
@@ -626,7 +626,7 @@ impl RunLedger for SqliteStore {
         after_seq: Option<u64>,
     ) -> Result<Outcome<Vec<InboxItem>>> {
         let tx = self.read()?;
-        if get_row(&tx, run_id)?.is_none() {
+        if !is_live(&tx, run_id)? {
             return Ok(Err(Refusal::NotLive {
                 run_id: run_id.to_owned(),
             }));
@@ -747,7 +747,7 @@ impl RunLedger for SqliteStore {
         limit: usize,
     ) -> Result<Option<Vec<Value>>> {
         let tx = self.read()?;
-        if get_row(&tx, run_id)?.is_none() {
+        if !is_live(&tx, run_id)? {
             return Ok(None);
         }
         live_events_in(&tx, run_id, after_seq, limit).map(Some)
