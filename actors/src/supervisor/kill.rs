@@ -2,8 +2,7 @@
 //! aborts the run as a fence, then purges it and its workspace.
 
 use actix::{
-    ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseActFuture, ResponseFuture,
-    WrapFuture,
+    ActorFutureExt, Context, Handler, Message, ResponseActFuture, ResponseFuture, WrapFuture,
 };
 use storage::ledger::StopMode;
 
@@ -174,8 +173,12 @@ impl Handler<KillRun> for Supervisor {
         };
         // Who acts on the fence is decided once it is written, from the actors running then: a reclaim
         // may have launched this run's resume while the kill was on its way to storage.
-        Box::pin(fence.into_actor(self).map(move |answer, act, ctx| {
-            let answer = answer?;
+        // A run nobody drives is purged before the kill answers (its record is gone when it does).
+        Box::pin(fence.into_actor(self).then(move |answer, act, _ctx| {
+            let answer = match answer {
+                Ok(answer) => answer,
+                Err(e) => return actix::fut::ready(Err(e)).boxed_local(),
+            };
             let deps = act.deps().clone();
             tracing::info!(run_id = %id, generation = deps.gen.as_str(), live_owner = ?answer.live_owner, "kill: deletion fence written");
             match kill_route(act.runs.contains_key(&id), &answer) {
@@ -187,13 +190,16 @@ impl Handler<KillRun> for Supervisor {
                 }
                 KillRoute::Owner => {}
                 KillRoute::PurgeNow => {
-                    let purge = purge_killed(deps, id);
-                    ctx.spawn(purge.into_actor(act).map(|successor, act, ctx| {
-                        act.launch_successor(successor, ctx)
-                    }));
+                    return purge_killed(deps, id)
+                        .into_actor(act)
+                        .map(|successor, act, ctx| {
+                            act.launch_successor(successor, ctx);
+                            Ok(())
+                        })
+                        .boxed_local();
                 }
             }
-            Ok(())
+            actix::fut::ready(Ok(())).boxed_local()
         }))
     }
 }
