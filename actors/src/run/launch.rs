@@ -66,7 +66,7 @@ pub(super) async fn fresh(
 async fn promote(mut run: Run, request_text: &str) -> Launched {
     let promotion = Promotion {
         system_text: run.system.clone(),
-        tools: json!(run.tool_defs),
+        tools: json!(&*run.tool_defs),
         state: Map::new(),
         lease_ms: run.deps.lease_ms,
     };

@@ -74,7 +74,9 @@ impl ToolRunner {
         use crate::operations::{AppId, Claim, Operation, Resource};
         let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
         let started = Instant::now();
-        let tool = self.deps.tools.get(&call.tool).filter(|_| allowed);
+        let tool = (self.deps.tools.get(&call.tool))
+            .zip(self.deps.tools.def(&call.tool))
+            .filter(|_| allowed);
         // The label is a configured tool's name, never a name a model made up.
         let label = if tool.is_some() {
             call.tool.as_str()
@@ -82,11 +84,11 @@ impl ToolRunner {
             "not_available"
         };
         let output = match tool {
-            Some(tool) if !decisions::dispatchable(self.tracked, tool.def().side_effect_free) => {
+            Some((_, def)) if !decisions::dispatchable(self.tracked, def.side_effect_free) => {
                 crate::tools::ToolOutput::err(decisions::UNRECORDED_TEXT)
             }
-            Some(tool) => {
-                let claim = if tool.def().side_effect_free {
+            Some((tool, def)) => {
+                let claim = if def.side_effect_free {
                     Claim::read(Resource::RepositoryWorktree)
                 } else {
                     Claim::write(Resource::RepositoryWorktree)

@@ -64,7 +64,7 @@ pub(super) struct Run {
     pub deadline: i64,
     pub tracking: Tracking,
     pub agent: AgentEntry,
-    pub tool_defs: Vec<ToolDef>,
+    pub tool_defs: Arc<[ToolDef]>,
     pub system: String,
     /// Transcript turns after the system turn.
     pub turns: Vec<Turn>,
@@ -116,12 +116,16 @@ impl Run {
         agent: AgentEntry,
     ) -> Self {
         let workspace = crate::tools::workspace_dir(&deps.workspace_root, &id);
-        let tool_defs = deps
-            .tools
-            .defs()
-            .into_iter()
-            .filter(|d| agent.allows(&d.name))
-            .collect();
+        // Shared with every run of the toolbox unless the agent allows fewer tools.
+        let all = deps.tools.defs();
+        let tool_defs = match all.iter().all(|d| agent.allows(&d.name)) {
+            true => all,
+            false => all
+                .iter()
+                .filter(|d| agent.allows(&d.name))
+                .cloned()
+                .collect(),
+        };
         let fence = format!(
             "{}#{}",
             deps.gen.as_str(),

@@ -159,8 +159,10 @@ pub trait Tool: Send + Sync + 'static {
 /// The tools a run may use, by name. Cheap to clone (the tools are shared).
 #[derive(Clone, Default)]
 pub struct Toolbox {
-    /// By name, so [`Toolbox::defs`] has a stable order.
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// By name, so [`Toolbox::defs`] has a stable order; each with its definition, built once.
+    tools: BTreeMap<String, (Arc<dyn Tool>, ToolDef)>,
+    /// Every definition in name order, shared by the runs that may use every tool.
+    defs: Arc<[ToolDef]>,
 }
 
 impl std::fmt::Debug for Toolbox {
@@ -186,14 +188,15 @@ impl Toolbox {
     }
 
     /// Adds (or replaces, by name) a tool.
-    pub fn with(mut self, tool: impl Tool) -> Self {
-        self.tools.insert(tool.def().name, Arc::new(tool));
-        self
+    pub fn with(self, tool: impl Tool) -> Self {
+        self.with_shared(Arc::new(tool))
     }
 
     /// Adds (or replaces, by name) a shared tool.
     pub fn with_shared(mut self, tool: Arc<dyn Tool>) -> Self {
-        self.tools.insert(tool.def().name, tool);
+        let def = tool.def();
+        self.tools.insert(def.name.clone(), (tool, def));
+        self.defs = self.tools.values().map(|(_, d)| d.clone()).collect();
         self
     }
 
@@ -206,18 +209,23 @@ impl Toolbox {
             if self.tools.contains_key(&name) {
                 return Err(ExternalToolError::Taken { name });
             }
-            self.tools.insert(name, tool);
+            self = self.with_shared(tool);
         }
         Ok(self)
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
-        self.tools.get(name).cloned()
+        self.tools.get(name).map(|(tool, _)| tool.clone())
+    }
+
+    /// The definition of the tool named `name`.
+    pub fn def(&self, name: &str) -> Option<&ToolDef> {
+        self.tools.get(name).map(|(_, def)| def)
     }
 
     /// The definitions, ordered by name.
-    pub fn defs(&self) -> Vec<ToolDef> {
-        self.tools.values().map(|t| t.def()).collect()
+    pub fn defs(&self) -> Arc<[ToolDef]> {
+        self.defs.clone()
     }
 }
 
@@ -944,8 +952,8 @@ mod tests {
         let tb = Toolbox::builtin();
         let flags: Vec<(String, bool, bool)> = tb
             .defs()
-            .into_iter()
-            .map(|d| (d.name, d.side_effect_free, d.rerun_safe))
+            .iter()
+            .map(|d| (d.name.clone(), d.side_effect_free, d.rerun_safe))
             .collect();
         assert_eq!(
             flags,
@@ -957,7 +965,8 @@ mod tests {
         );
         assert!(tb.get("sleep").is_some());
         assert!(tb.get("rm_rf").is_none());
-        for def in tb.defs() {
+        assert_eq!(tb.def("sleep").map(|d| d.side_effect_free), Some(true));
+        for def in tb.defs().iter() {
             assert_eq!(
                 def.parameters["type"], "object",
                 "{} has an object schema",
