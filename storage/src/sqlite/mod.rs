@@ -111,6 +111,13 @@ const STATEMENT_CACHE: usize = 256;
 impl SqliteStore {
     fn on(conn: Connection) -> Self {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // The query planner's stability guarantee: a cached statement keeps its plan whatever is bound
+        // (without it, a new value for a `LIMIT ?` or a column a partial index names made SQLite plan
+        // the statement again at its next step: a twentieth of the storage thread's samples).
+        let _ = conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            true,
+        );
         SqliteStore {
             conn,
             grouped: false,
