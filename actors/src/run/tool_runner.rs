@@ -74,9 +74,7 @@ impl ToolRunner {
         use crate::operations::{AppId, Claim, Operation, Resource};
         let allowed = self.allowed.as_ref().is_none_or(|a| a.contains(&call.tool));
         let started = Instant::now();
-        let tool = (self.deps.tools.get(&call.tool))
-            .zip(self.deps.tools.def(&call.tool))
-            .filter(|_| allowed);
+        let tool = self.deps.tools.entry(&call.tool).filter(|_| allowed);
         // The label is a configured tool's name, never a name a model made up.
         let label = if tool.is_some() {
             call.tool.as_str()

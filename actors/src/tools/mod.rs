@@ -218,9 +218,9 @@ impl Toolbox {
         self.tools.get(name).map(|(tool, _)| tool.clone())
     }
 
-    /// The definition of the tool named `name`.
-    pub fn def(&self, name: &str) -> Option<&ToolDef> {
-        self.tools.get(name).map(|(_, def)| def)
+    /// The tool named `name` with its definition.
+    pub fn entry(&self, name: &str) -> Option<(Arc<dyn Tool>, &ToolDef)> {
+        self.tools.get(name).map(|(tool, def)| (tool.clone(), def))
     }
 
     /// The definitions, ordered by name.
@@ -965,7 +965,10 @@ mod tests {
         );
         assert!(tb.get("sleep").is_some());
         assert!(tb.get("rm_rf").is_none());
-        assert_eq!(tb.def("sleep").map(|d| d.side_effect_free), Some(true));
+        assert_eq!(
+            tb.entry("sleep").map(|(_, d)| d.side_effect_free),
+            Some(true)
+        );
         for def in tb.defs().iter() {
             assert_eq!(
                 def.parameters["type"], "object",

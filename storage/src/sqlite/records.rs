@@ -118,7 +118,7 @@ pub(super) fn kept(tx: &Connection, policy: &RetentionPolicy, now_ms: i64) -> Re
             "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM runs WHERE finished_at >= ?1",
         )?
         .query_row([cutoff], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    if count <= i64::from(policy.max_runs) && bytes as u64 <= policy.max_bytes {
+    if within(policy, (count, bytes)) {
         return Ok(Kept::All);
     }
     let mut stmt = tx.prepare_cached(
