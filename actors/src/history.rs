@@ -105,6 +105,7 @@ impl SinkError {
 /// | `Sqlite`          | transient | busy/locked after `busy_timeout`, and any other SQLite failure: unclassified errors are retried, then counted (digest §1.G) |
 /// | `Postgres`        | transient | as `Sqlite`: a lost race, a lock or statement timeout, a dropped connection, and any other failure |
 /// | `Panicked`        | transient | the transaction rolled back and the actor reopened its connection    |
+/// | `GroupRolledBack` | transient | nothing of the group landed; the actor ran it again alone            |
 /// | `InvalidRecord`   | permanent | the same record is refused again                                     |
 /// | `Corrupt`         | permanent | a stored value does not decode; retrying reads the same bytes        |
 /// | `SchemaTooNew`    | permanent | this build cannot write that database                                |
@@ -122,7 +123,7 @@ impl From<storage::Error> for SinkError {
             E::Unavailable(why) => SinkError::Transient(format!("storage unavailable: {why}")),
             e @ E::Sqlite(_) => SinkError::Transient(e.to_string()),
             e @ E::Postgres(_) => SinkError::Transient(e.to_string()),
-            e @ E::Panicked(_) => SinkError::Transient(e.to_string()),
+            e @ (E::Panicked(_) | E::GroupRolledBack(_)) => SinkError::Transient(e.to_string()),
             e @ E::InvalidRecord(_) => SinkError::Permanent(e.to_string()),
             E::Corrupt { what, .. } => {
                 SinkError::Permanent(format!("corrupt stored value in {what}"))

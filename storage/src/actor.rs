@@ -12,8 +12,9 @@
 //! commit rate. The actor therefore drains its queue: the messages that arrived while a transaction ran are
 //! committed together in the next one — one `BEGIN IMMEDIATE`, a `SAVEPOINT` per message (a failing
 //! message rolls back only itself), one `COMMIT`. No reply leaves before that `COMMIT`; if it fails, every
-//! message of the group answers the error — unless the backend says the failure was a lost race
-//! ([`Backend::rerun_alone`], PostgreSQL, SPEC §1.3): nothing of the group landed, so each message runs
+//! message of the group answers the error — unless the backend says the failure was a lost race or a
+//! group it rolled back for one message's failure ([`Backend::rerun_alone`], PostgreSQL, SPEC §1.3;
+//! PostgreSQL keeps no savepoint per message): nothing of the group landed, so each message runs
 //! again as its own transaction and answers after its own commit. A message that lost a race itself runs
 //! again alone too, at most [`RERUN_ALONE`] times. Only jobs built with [`job_again`] (an `FnMut` body,
 //! every typed method of the handle) run again; a one-shot job answers the error. This needs to see the queue, which an actix `SyncContext`
@@ -174,7 +175,7 @@ impl Backend for PgStore {
     }
 
     fn rerun_alone(&self, error: &Error) -> bool {
-        error.is_race()
+        error.is_race() || matches!(error, Error::GroupRolledBack(_))
     }
 
     fn writes(&self) -> u64 {
@@ -394,6 +395,9 @@ pub struct GroupStats {
     pub groups: AtomicU64,
     /// Messages committed inside those transactions.
     pub grouped_messages: AtomicU64,
+    /// Groups that did not commit and whose messages ran again one by one: a lost race, or on
+    /// PostgreSQL a group spoiled by one message's failure.
+    pub rerun_groups: AtomicU64,
     /// Messages refused at once because the actor's queue was full (each answered `Unavailable`).
     pub rejected: AtomicU64,
     /// Messages waiting in the actor's queue right now.
@@ -574,9 +578,15 @@ impl StorageActor {
         if let Some(e) = &commit_failed {
             poisoned |= e.poisons_connection();
             if backend.rerun_alone(e) && !poisoned && jobs.iter().all(Job::rerunnable) {
-                // SPEC §1.3: the group lost a race at COMMIT; nothing of it landed. Each message runs
-                // again as its own transaction, and answers after its own commit.
-                tracing::warn!(error = %e, messages = jobs.len(), "group commit lost a race; running its messages one by one");
+                // SPEC §1.3: the group lost a race at COMMIT, or was rolled back for one message's
+                // failure (PostgreSQL); nothing of it landed. Each message runs again as its own
+                // transaction, and answers after its own commit.
+                self.stats.rerun_groups.fetch_add(1, Relaxed);
+                if e.is_race() {
+                    tracing::warn!(error = %e, messages = jobs.len(), "group commit lost a race; running its messages one by one");
+                } else {
+                    tracing::debug!(error = %e, messages = jobs.len(), "group rolled back; running its messages one by one");
+                }
                 for j in &mut jobs {
                     poisoned |= j.run(backend.as_mut());
                 }

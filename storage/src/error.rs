@@ -31,6 +31,11 @@ pub enum Error {
     /// A transaction body panicked; it was rolled back and the connection reopened.
     #[error("storage operation panicked: {0}")]
     Panicked(String),
+    /// A group commit was rolled back because one of its messages failed or rolled back its own
+    /// writes (PostgreSQL groups keep no savepoint per message): nothing of it landed, and each
+    /// message runs again as its own transaction ([`crate::actor::Backend::rerun_alone`]); transient.
+    #[error("storage group rolled back: {0}")]
+    GroupRolledBack(&'static str),
 }
 
 impl Error {
@@ -46,7 +51,7 @@ impl Error {
     /// constraint, a corrupt value, a newer schema) fails the same way again.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Unavailable(_) | Error::Panicked(_) => true,
+            Error::Unavailable(_) | Error::Panicked(_) | Error::GroupRolledBack(_) => true,
             Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
                 e.code,
                 rusqlite::ErrorCode::DatabaseBusy

@@ -144,9 +144,10 @@ async fn a_write_on_one_host_reaches_the_other_as_a_note_once_it_commits() {
     );
 }
 
-/// A note sent inside a savepoint that rolls back is never delivered; the rest of the group's are.
+/// A note sent inside an atomic unit that rolls back is never delivered: the unit spoils its group,
+/// which commits nothing (`GroupRolledBack`); the rest of the group, run again alone, delivers its own.
 #[actix_rt::test]
-async fn a_rolled_back_savepoint_takes_its_notes_with_it() {
+async fn a_rolled_back_unit_takes_its_notes_with_it() {
     let url = pg::database();
     let watcher = host(&url);
     let mut news = listening(&watcher).await;
@@ -160,7 +161,11 @@ async fn a_rolled_back_savepoint_takes_its_notes_with_it() {
         s.append("doomed", GEN, &[event(1)]).unwrap().unwrap();
         s.end_atomic(false).unwrap();
         s.append("kept", GEN, &[event(7)]).unwrap().unwrap();
-        s.end_group(true).unwrap();
+        assert!(matches!(
+            s.end_group(true),
+            Err(storage::Error::GroupRolledBack(_))
+        ));
+        s.append("kept", GEN, &[event(7)]).unwrap().unwrap();
     })
     .await;
     assert_eq!(

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use storage::ledger::{Admit, AdmitOutcome, Claimed, Promotion, RunLedger};
+use storage::ledger::{Admit, AdmitOutcome, Claimed, Promotion, Refusal, RunLedger};
 use storage::record::{validate_record, RunRecord};
 use storage::store::RunStore;
 use storage::testing::pg;
@@ -129,6 +129,97 @@ fn every_connection_sets_lock_and_statement_timeouts() {
     }
 }
 
+/// Admit and promote `run_id` for `gen` on its own thread.
+fn live_run(s: &mut PgStore, run_id: &str, gen: &str) {
+    let admit = Admit {
+        thread_key: format!("C1:{run_id}"),
+        gen: gen.into(),
+        run_id: run_id.into(),
+        request: json!({"text": "x"}),
+        meta: json!({"agent": "demo", "request": {"text": "x"}}),
+        key: None,
+        lease_ms: 30_000,
+        writer: None,
+        strategy: storage::ledger::Strategy::Steer,
+    };
+    assert!(matches!(
+        s.admit(&admit, NOW).unwrap(),
+        AdmitOutcome::Started { .. }
+    ));
+    let p = Promotion {
+        system_text: "s".into(),
+        tools: json!([]),
+        state: Default::default(),
+        lease_ms: 30_000,
+    };
+    assert_eq!(
+        s.claim(run_id, gen, &p, NOW).unwrap(),
+        Ok(Claimed::Promoted)
+    );
+}
+
+/// Inside one transaction an ownership check that passed is not asked again — until the transaction
+/// itself changes the answer: after a kill or an abandon in the same group, the owner's next write is
+/// refused; and the next transaction asks again.
+#[test]
+fn an_owner_check_is_remembered_only_until_the_transaction_changes_it() {
+    let mut s = open(&pg::database());
+    let event = |seq: u64| json!({"type": "note", "seq": seq, "at": NOW, "summary": "s"});
+    for id in ["k", "a", "n"] {
+        live_run(&mut s, id, "g1");
+    }
+    assert!(s.begin_group().unwrap());
+    assert_eq!(s.append("k", "g1", &[event(1)]).unwrap(), Ok(()));
+    s.kill("k", NOW).unwrap();
+    assert!(
+        matches!(
+            s.append("k", "g1", &[event(2)]).unwrap(),
+            Err(Refusal::Fenced { .. })
+        ),
+        "the kill in the same transaction fences the owner"
+    );
+    assert_eq!(s.append("a", "g1", &[event(1)]).unwrap(), Ok(()));
+    assert_eq!(s.abandon("a", "g1").unwrap(), Ok(()));
+    assert!(
+        matches!(
+            s.append("a", "g1", &[event(2)]).unwrap(),
+            Err(Refusal::UnknownRun { .. })
+        ),
+        "the abandon in the same transaction removed the row"
+    );
+    assert_eq!(s.append("n", "g1", &[event(1)]).unwrap(), Ok(()));
+    assert!(
+        matches!(
+            s.append("n", "g2", &[event(2)]).unwrap(),
+            Err(Refusal::Fenced { .. })
+        ),
+        "another generation is not the one that passed"
+    );
+    s.end_group(true).unwrap();
+    // Another process takes `n` over between two transactions: the next write asks again.
+    open_same(&mut s)
+        .connection()
+        .execute(
+            "UPDATE live_runs SET owner_gen = 'g2' WHERE run_id = 'n'",
+            &[],
+        )
+        .unwrap();
+    assert!(matches!(
+        s.append("n", "g1", &[event(3)]).unwrap(),
+        Err(Refusal::Fenced { .. })
+    ));
+}
+
+/// Another connection to the database `s` is connected to.
+fn open_same(s: &mut PgStore) -> PgStore {
+    open(
+        &s.connection()
+            .query_one("SELECT current_database()", &[])
+            .map(|r| pg::shared().url(&r.get::<_, String>(0)))
+            .unwrap(),
+    )
+}
+
 /// A peer that holds a row lock and stalls (a paused host) costs the writer `lock_timeout`, then a
 /// transient error — never a hang, never a refusal — and the connection stays usable.
 #[test]
@@ -207,22 +298,13 @@ fn a_fault_mid_put_leaves_no_row_and_no_events_and_the_connection_goes_on() {
     assert_eq!(s.get("after", NOW).unwrap(), Some(record("after", 1)));
 }
 
-/// Inside a group commit a failing message rolls back to its own savepoint: the group commits the others.
+/// Inside a group commit (no savepoint per message) a failing message spoils the group: `end_group`
+/// rolls everything back and answers `GroupRolledBack`, so nothing of the group lands — the actor then
+/// runs each message alone (`the_actor_reruns_a_spoiled_group_one_by_one_and_only_the_failure_is_lost`).
 #[test]
-fn a_failing_message_in_a_group_rolls_back_only_itself() {
+fn a_failing_message_spoils_its_group_and_nothing_of_the_group_lands() {
     let mut s = open(&pg::database());
     inject_fault(&mut s);
-    assert!(s.begin_group().unwrap());
-    assert!(!s.begin_group().unwrap(), "a group is already open");
-    s.put(&record("a", 1), None, NOW).unwrap();
-    assert!(s.put(&record("doomed", 5), None, NOW).is_err());
-    s.put(&record("b", 2), None, NOW).unwrap();
-    assert_eq!(
-        s.get("a", NOW).unwrap(),
-        Some(record("a", 1)),
-        "a read inside the group sees its writes"
-    );
-    s.end_group(true).unwrap();
     let mut fresh = open(
         &s.connection()
             .query_one("SELECT current_database()", &[])
@@ -230,15 +312,132 @@ fn a_failing_message_in_a_group_rolls_back_only_itself() {
             .map(|db| pg::shared().url(&db))
             .unwrap(),
     );
-    assert_eq!(fresh.get("a", NOW).unwrap(), Some(record("a", 1)));
-    assert_eq!(fresh.get("b", NOW).unwrap(), Some(record("b", 2)));
+    assert!(s.begin_group().unwrap());
+    assert!(!s.begin_group().unwrap(), "a group is already open");
+    s.put(&record("a", 1), None, NOW).unwrap();
+    assert_eq!(
+        s.get("a", NOW).unwrap(),
+        Some(record("a", 1)),
+        "a read inside the group sees its writes"
+    );
+    assert!(s.put(&record("doomed", 5), None, NOW).is_err());
+    assert!(
+        matches!(s.end_group(true), Err(Error::GroupRolledBack(_))),
+        "a spoiled group does not commit"
+    );
+    assert_eq!(fresh.get("a", NOW).unwrap(), None);
     assert_eq!(fresh.get("doomed", NOW).unwrap(), None);
     assert_eq!(events_of(&mut fresh, "doomed"), 0);
-    // An atomic unit rolled back leaves nothing, grouped or not.
+    // The next group starts clean and commits.
+    assert!(s.begin_group().unwrap());
+    s.put(&record("b", 2), None, NOW).unwrap();
+    s.end_group(true).unwrap();
+    assert_eq!(fresh.get("b", NOW).unwrap(), Some(record("b", 2)));
+    // An atomic unit rolled back leaves nothing alone, and spoils a group it is part of.
     s.begin_atomic().unwrap();
     s.put(&record("c", 1), None, NOW).unwrap();
     s.end_atomic(false).unwrap();
     assert_eq!(fresh.get("c", NOW).unwrap(), None);
+    assert!(s.begin_group().unwrap());
+    s.put(&record("d", 1), None, NOW).unwrap();
+    s.begin_atomic().unwrap();
+    s.put(&record("e", 1), None, NOW).unwrap();
+    s.end_atomic(false).unwrap();
+    assert!(matches!(s.end_group(true), Err(Error::GroupRolledBack(_))));
+    assert_eq!(
+        (fresh.get("d", NOW).unwrap(), fresh.get("e", NOW).unwrap()),
+        (None, None)
+    );
+}
+
+/// Through the actor: puts queued together are drained into groups; the group holding the failing put
+/// is rolled back and its messages run again one by one, so every other put lands with all its events,
+/// the failing one answers its own error and leaves nothing — what a savepoint per message kept.
+#[actix_rt::test]
+async fn the_actor_reruns_a_spoiled_group_one_by_one_and_only_the_failure_is_lost() {
+    let url = pg::database();
+    let setup = url.clone();
+    // The synchronous client must not block inside the test's runtime.
+    std::thread::spawn(move || inject_fault(&mut open(&setup)))
+        .join()
+        .unwrap();
+    let h = StorageHandle::start(
+        BackendSpec::Postgres {
+            url: url.clone(),
+            pool: 0,
+        },
+        std::sync::Arc::new(ManualClock::new(NOW)),
+    );
+    h.ping().await.unwrap();
+    // The actor is held busy until every put is queued behind it, so they are drained as one group.
+    let (started, running) = tokio::sync::oneshot::channel();
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let blocker = {
+        let h = h.clone();
+        actix_rt::spawn(async move {
+            h.transact_for_test(move |_, _| {
+                let _ = started.send(());
+                let _ = held.recv();
+                Ok(())
+            })
+            .await
+        })
+    };
+    running.await.unwrap();
+    let mut puts = Vec::new();
+    for i in 0..40 {
+        let id = if i == 17 {
+            "doomed".to_owned()
+        } else {
+            format!("ok-{i}")
+        };
+        let h = h.clone();
+        puts.push(actix_rt::spawn(
+            async move { h.put(record(&id, 5), None).await },
+        ));
+    }
+    while h
+        .group_stats()
+        .queued
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 40
+    {
+        actix_rt::task::yield_now().await;
+    }
+    release.send(()).unwrap();
+    blocker.await.unwrap().unwrap();
+    let mut results = Vec::new();
+    for p in puts {
+        results.push(p.await.unwrap());
+    }
+    for (i, r) in results.iter().enumerate() {
+        if i == 17 {
+            assert!(
+                matches!(r, Err(Error::Postgres(_))),
+                "the faulty put answers its own error: {r:?}"
+            );
+        } else {
+            assert!(r.as_ref().is_ok_and(|o| o.stored), "put {i}: {r:?}");
+        }
+    }
+    assert!(
+        h.group_stats()
+            .rerun_groups
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1,
+        "the failing put spoiled its group"
+    );
+    for i in (0..40).filter(|i| *i != 17) {
+        assert_eq!(
+            h.get(format!("ok-{i}")).await.unwrap(),
+            Some(record(&format!("ok-{i}"), 5))
+        );
+    }
+    assert_eq!(h.get("doomed".into()).await.unwrap(), None);
+    let left = std::thread::spawn(move || events_of(&mut open(&url), "doomed"))
+        .join()
+        .unwrap();
+    assert_eq!(left, 0);
 }
 
 #[actix_rt::test]
@@ -301,6 +500,48 @@ fn the_database_clock_corrects_a_skewed_host_clock() {
     );
 }
 
+/// What migration 5 (`run_totals`) added, undone: with it a test rebuilds an older schema.
+const UNDO_TOTALS: &str =
+    "DROP TRIGGER run_totals_follow ON runs; DROP FUNCTION run_totals_follow();
+     DROP TABLE run_totals;";
+
+/// Migration 5 adds `run_totals`: it starts from the rows already stored, and its trigger follows the
+/// puts after it.
+#[test]
+fn migration_five_counts_the_runs_stored_before_it() {
+    let url = pg::database();
+    let mut s = open(&url);
+    s.put(&record("a", 1), None, NOW).unwrap();
+    s.put(&record("b", 3), None, NOW).unwrap();
+    s.connection()
+        .batch_execute(&(UNDO_TOTALS.to_owned() + "UPDATE schema_version SET version = 4;"))
+        .unwrap();
+    drop(s);
+    let mut s = open(&url);
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::postgres::schema::current_version()
+    );
+    s.put(&record("c", 2), None, NOW).unwrap();
+    let totals = |s: &mut PgStore| {
+        let r = s
+            .connection()
+            .query_one(
+                "SELECT (SELECT runs FROM run_totals), (SELECT bytes FROM run_totals),
+                        (SELECT COUNT(*) FROM runs), (SELECT SUM(bytes)::BIGINT FROM runs)",
+                &[],
+            )
+            .unwrap();
+        (
+            (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+            (r.get::<_, i64>(2), r.get::<_, i64>(3)),
+        )
+    };
+    let (kept, exact) = totals(&mut s);
+    assert_eq!(kept, exact);
+    assert_eq!(kept.0, 3);
+}
+
 /// Migration 2 adds each generation's `host_id` (SPEC §1.3); a generation recorded at version 1 has its
 /// hostname as its host identity.
 #[test]
@@ -311,12 +552,13 @@ fn migration_two_gives_old_generations_their_hostname_as_host_id() {
     // The database as version 1 left it, with one generation in it.
     s.connection()
         .batch_execute(
-            "ALTER TABLE generations DROP COLUMN host_id;
+            &(UNDO_TOTALS.to_owned()
+                + "ALTER TABLE generations DROP COLUMN host_id;
              DROP INDEX runs_open_cards; ALTER TABLE runs DROP COLUMN card_open;
              ALTER TABLE runs DROP COLUMN label;
              UPDATE schema_version SET version = 1;
              INSERT INTO generations (gen, host, pid, proc_start, started_at)
-             VALUES ('20260101T000000Z-0000000a', 'box-1', 42, '777', 5);",
+             VALUES ('20260101T000000Z-0000000a', 'box-1', 42, '777', 5);"),
         )
         .unwrap();
     drop(s);
@@ -359,9 +601,10 @@ fn migration_three_leaves_cards_from_before_closed_until_their_record_is_put_aga
     // The database as version 2 left it, the row in it.
     s.connection()
         .batch_execute(
-            "DROP INDEX runs_open_cards; ALTER TABLE runs DROP COLUMN card_open;
+            &(UNDO_TOTALS.to_owned()
+                + "DROP INDEX runs_open_cards; ALTER TABLE runs DROP COLUMN card_open;
              ALTER TABLE runs DROP COLUMN label;
-             UPDATE schema_version SET version = 2;",
+             UPDATE schema_version SET version = 2;"),
         )
         .unwrap();
     drop(s);
@@ -393,7 +636,10 @@ fn migration_four_gives_rows_from_before_their_label() {
     s.put(&labelled, None, NOW).unwrap();
     s.put(&record("plain", 2), None, NOW).unwrap();
     s.connection()
-        .batch_execute("ALTER TABLE runs DROP COLUMN label; UPDATE schema_version SET version = 3;")
+        .batch_execute(
+            &(UNDO_TOTALS.to_owned()
+                + "ALTER TABLE runs DROP COLUMN label; UPDATE schema_version SET version = 3;"),
+        )
         .unwrap();
     drop(s);
     let mut s = open(&url);

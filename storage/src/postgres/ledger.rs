@@ -10,7 +10,9 @@ use super::prune::prune_in;
 use super::Db;
 use serde_json::{Map, Value};
 
-use super::live::{get_row, is_killed, live_rows, row_by_thread, ROW_COLUMNS};
+use super::live::{
+    get_row, is_killed, live_row, live_rows, row_by_thread, ROW_COLUMNS, ROW_COLUMN_COUNT,
+};
 use super::news::notify;
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::{too_big, PgStore};
@@ -18,36 +20,102 @@ use crate::ledger::decisions::{
     self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
 };
 use crate::ledger::{
-    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, Admit,
-    AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer,
-    LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal, RunLedger,
-    StepRecord, StopAnswer, TableRows, Transcript, Turn,
+    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, view_refusal,
+    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem,
+    KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal,
+    RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
-/// The row when `gen` owns it, else the refusal. A killed run fences its owner.
-fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+/// The fence refusal of a run with no live row: `Fenced` when it was killed, else `UnknownRun`.
+fn no_row_refusal(c: &mut Db, run_id: &str, gen: &str) -> Result<Refusal> {
     if is_killed(c, run_id)? {
-        return Ok(Err(Refusal::Fenced {
+        return Ok(Refusal::Fenced {
             run_id: run_id.to_owned(),
-        }));
+        });
     }
-    let row = get_row(c, run_id)?;
-    Ok(match fence_refusal(row.as_ref(), run_id, gen) {
+    Ok(view_refusal(None, run_id, gen).expect("no row is always refused"))
+}
+
+/// The refusal of a killed run with a live row (its owner is fenced).
+fn killed(run_id: &str) -> Refusal {
+    Refusal::Fenced {
+        run_id: run_id.to_owned(),
+    }
+}
+
+/// The row when `gen` owns it, else the refusal. A killed run fences its owner. One round trip: the
+/// row comes with whether a deletion fence stands (a second statement only when there is no row).
+fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+    let found = c.query_opt(
+        &format!(
+            "SELECT {ROW_COLUMNS}, EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)
+             FROM live_runs WHERE run_id = $1"
+        ),
+        &[&run_id],
+    )?;
+    let Some(found) = found else {
+        return Ok(Err(no_row_refusal(c, run_id, gen)?));
+    };
+    if found.try_get::<_, bool>(ROW_COLUMN_COUNT)? {
+        return Ok(Err(killed(run_id)));
+    }
+    let row = live_row(&found)?;
+    Ok(match fence_refusal(Some(&row), run_id, gen) {
         Some(refusal) => Err(refusal),
-        None => Ok(row.expect("fence_check passes only with a row")),
+        None => Ok(row),
     })
 }
 
-/// Unwrap an owner check or return its refusal from the enclosing closure.
+/// `Ok` when `gen` owns the run, else the refusal: [`owned`] reading only the row's ownership columns,
+/// for a write that needs nothing else of the row (most of a run's writes).
+fn owner_only(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+    if c.owner_known(run_id, gen) {
+        return Ok(Ok(()));
+    }
+    let found = c.query_opt(
+        "SELECT owner_gen, phase, lease_until,
+                EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)
+         FROM live_runs WHERE run_id = $1",
+        &[&run_id],
+    )?;
+    let Some(found) = found else {
+        return Ok(Err(no_row_refusal(c, run_id, gen)?));
+    };
+    if found.try_get::<_, bool>(3)? {
+        return Ok(Err(killed(run_id)));
+    }
+    let (owner, phase): (String, String) = (found.try_get(0)?, found.try_get(1)?);
+    let view = decisions::RowView {
+        run_id,
+        owner_gen: &owner,
+        phase: Phase::parse(&phase).ok_or_else(|| Error::corrupt("live_runs.phase", &phase))?,
+        lease_until: found.try_get(2)?,
+    };
+    Ok(match view_refusal(Some(&view), run_id, gen) {
+        Some(refusal) => Err(refusal),
+        None => {
+            c.owner_passed(run_id, gen);
+            Ok(())
+        }
+    })
+}
+
+/// Unwrap an owner check or return its refusal from the enclosing closure: `owner!(c, run, gen)`
+/// checks only, `owner!(row: c, run, gen)` answers the row.
 macro_rules! owner {
-    ($c:expr, $run:expr, $gen:expr) => {
+    (row: $c:expr, $run:expr, $gen:expr) => {
         match owned($c, $run, $gen)? {
             Ok(row) => row,
             Err(refusal) => return Ok(Err(refusal)),
+        }
+    };
+    ($c:expr, $run:expr, $gen:expr) => {
+        if let Err(refusal) = owner_only($c, $run, $gen)? {
+            return Ok(Err(refusal));
         }
     };
 }
@@ -99,16 +167,17 @@ fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Result<Vec<Inbox
         &[&run_id, &after],
     )?
     .iter()
-    .map(|r| {
-        let (seq, json): (i64, String) = (r.get(0), r.get(1));
-        let message =
-            serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
-        Ok(InboxItem {
-            seq: seq as u64,
-            message,
-        })
-    })
+    .map(|r| inbox_item(r.get(0), r.try_get(1)))
     .collect()
+}
+
+/// Decode one `run_inbox` row.
+fn inbox_item(seq: i64, json: std::result::Result<String, postgres::Error>) -> Result<InboxItem> {
+    let message = serde_json::from_str(&json?).map_err(|e| Error::corrupt("run_inbox.json", e))?;
+    Ok(InboxItem {
+        seq: seq as u64,
+        message,
+    })
 }
 
 fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
@@ -377,7 +446,7 @@ impl RunLedger for PgStore {
     }
 
     fn generations(&mut self) -> Result<Vec<GenerationInfo>> {
-        self.read(|c| {
+        self.read_one(|c| {
             c.query("SELECT gen, host, host_id, pid, proc_start, started_at FROM generations ORDER BY started_at, gen", &[])?
                 .iter()
                 .map(|r| {
@@ -477,7 +546,7 @@ impl RunLedger for PgStore {
     }
 
     fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
-        self.read(|c| {
+        self.read_one(|c| {
             let rows = c.query(
                 "SELECT idx, part, json FROM transcript WHERE run_id = $1 ORDER BY idx, part",
                 &[&run_id],
@@ -499,7 +568,7 @@ impl RunLedger for PgStore {
         patch: &Map<String, Value>,
     ) -> Result<Outcome<()>> {
         self.write(|c| {
-            let mut row = owner!(c, run_id, gen);
+            let mut row = owner!(row: c, run_id, gen);
             merge_state(&mut row.state, patch);
             write_state(c, run_id, &row.state)?;
             Ok(Ok(()))
@@ -514,7 +583,7 @@ impl RunLedger for PgStore {
         now_ms: i64,
     ) -> Result<Outcome<HeartbeatAnswer>> {
         self.write(|c| {
-            let row = owner!(c, run_id, gen);
+            let row = owner!(row: c, run_id, gen);
             c.execute(
                 "UPDATE live_runs SET lease_until = $2 WHERE run_id = $1",
                 &[&run_id, &(now_ms + lease_ms)],
@@ -565,7 +634,7 @@ impl RunLedger for PgStore {
         patch: &Map<String, Value>,
     ) -> Result<Outcome<Phase>> {
         self.write(|c| {
-            let mut row = owner!(c, run_id, gen);
+            let mut row = owner!(row: c, run_id, gen);
             let next = match crate::ledger::change_phase(&mut row, change, patch) {
                 Ok(next) => next,
                 Err(refusal) => return Ok(Err(refusal)),
@@ -628,7 +697,7 @@ impl RunLedger for PgStore {
         answer: Option<&str>,
     ) -> Result<Outcome<()>> {
         self.write(|c| {
-            let mut row = owner!(c, run_id, gen);
+            let mut row = owner!(row: c, run_id, gen);
             let next = match crate::ledger::gate(&row, status) {
                 Ok(next) => next,
                 Err(refusal) => return Ok(Err(refusal)),
@@ -702,22 +771,40 @@ impl RunLedger for PgStore {
         run_id: &str,
         after_seq: Option<u64>,
     ) -> Result<Outcome<Vec<InboxItem>>> {
-        self.read(|c| {
-            if get_row(c, run_id)?.is_none() {
-                return Ok(Err(Refusal::NotLive {
-                    run_id: run_id.to_owned(),
-                }));
-            }
-            Ok(Ok(inbox_after(c, run_id, after_seq)?))
-        })
+        let Ok(after) = i64::try_from(after_seq.unwrap_or(0)) else {
+            return Ok(Ok(Vec::new()));
+        };
+        // One statement: no row at all is a run no longer live; one without an inbox row (a NULL
+        // seq) a live run with nothing past `after`.
+        let rows = self.read_one(|c| {
+            c.query(
+                "SELECT i.seq, i.json FROM live_runs l
+                 LEFT JOIN run_inbox i ON i.run_id = l.run_id AND i.seq > $2
+                 WHERE l.run_id = $1 ORDER BY i.seq",
+                &[&run_id, &after],
+            )
+        })?;
+        if rows.is_empty() {
+            return Ok(Err(Refusal::NotLive {
+                run_id: run_id.to_owned(),
+            }));
+        }
+        rows.iter()
+            .filter_map(|r| match r.try_get::<_, Option<i64>>(0) {
+                Ok(None) => None,
+                Ok(Some(seq)) => Some(inbox_item(seq, r.try_get(1))),
+                Err(e) => Some(Err(e.into())),
+            })
+            .collect::<Result<_>>()
+            .map(Ok)
     }
 
     fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
-        self.read(|c| inbox_after(c, run_id, after_seq))
+        self.read_one(|c| inbox_after(c, run_id, after_seq))
     }
 
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
-        self.read(|c| last_step(c, run_id))
+        self.read_one(|c| last_step(c, run_id))
     }
 
     fn reclaim(
@@ -762,11 +849,11 @@ impl RunLedger for PgStore {
     }
 
     fn is_killed(&mut self, run_id: &str) -> Result<bool> {
-        self.read(|c| is_killed(c, run_id))
+        self.read_one(|c| is_killed(c, run_id))
     }
 
     fn list_live(&mut self) -> Result<Vec<LiveRow>> {
-        self.read(|c| {
+        self.read_one(|c| {
             live_rows(c.query(
                 &format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"),
                 &[],
@@ -775,7 +862,7 @@ impl RunLedger for PgStore {
     }
 
     fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
-        self.read(|c| get_row(c, run_id))
+        self.read_one(|c| get_row(c, run_id))
     }
 
     fn live_events(
@@ -794,7 +881,7 @@ impl RunLedger for PgStore {
 
     fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
         // One statement over an array parameter, however many ids.
-        self.read(|c| {
+        self.read_one(|c| {
             let mut out: Vec<String> = c
                 .query(
                     "SELECT run_id FROM deletion_fences WHERE run_id = ANY($1)",

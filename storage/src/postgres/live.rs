@@ -15,6 +15,9 @@ pub(super) const ROW_COLUMNS: &str =
     "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
                            system_text, tools_json, state_json";
 
+/// How many columns [`ROW_COLUMNS`] names (a column selected after them has this index).
+pub(super) const ROW_COLUMN_COUNT: usize = 11;
+
 fn json_col(row: &Row, i: usize, what: &'static str) -> Result<Value> {
     let s: String = row.try_get(i)?;
     serde_json::from_str(&s).map_err(|e| Error::corrupt(what, e))

@@ -26,10 +26,14 @@
 //! [`STATEMENT_TIMEOUT`]): a paused peer holding a lock becomes a transient error, not a hang.
 //!
 //! # Design: group commit
-//! As with SQLite: [`PgStore::begin_group`] is one `BEGIN ISOLATION LEVEL SERIALIZABLE`, each method
-//! inside it a `SAVEPOINT` (a failing method rolls back only itself), [`PgStore::end_group`] one
-//! `COMMIT`. When that `COMMIT` fails with a race, the actor runs the group's messages again one by one
-//! ([`crate::actor::Backend::rerun_alone`]).
+//! [`PgStore::begin_group`] is one `BEGIN ISOLATION LEVEL SERIALIZABLE`, the methods inside it run
+//! as they come, [`PgStore::end_group`] is one `COMMIT`. Unlike SQLite there is no `SAVEPOINT` per
+//! method: each costs two round trips (a `SAVEPOINT` and its `RELEASE`, a third of every statement a
+//! run sent), and a method almost never fails. When one does (an `Err`, or an atomic unit that rolls
+//! back) the group is *spoiled*: `end_group` rolls the whole transaction back and answers
+//! [`Error::GroupRolledBack`], and the actor runs every message again as its own transaction
+//! ([`crate::actor::Backend::rerun_alone`]) — where a failing method rolls back only itself, as before.
+//! So what lands is what savepoints would have kept. The same happens when the `COMMIT` loses a race.
 //!
 //! # Layout
 //! - `schema`: versioned migrations in a `schema_version` table;
@@ -93,9 +97,19 @@ const MAX_STATEMENTS: usize = 256;
 
 /// The connection and its prepared statements: each statement text is parsed once per connection, and
 /// every later run of it is one round trip (prepared statements outlive transactions and rollbacks).
+///
+/// It also keeps two facts of the open transaction, both forgotten at its end (every `BEGIN`,
+/// `COMMIT` and `ROLLBACK` goes through [`Db::batch_execute`]):
+/// - `notes`: the cross-host news it sends ([`news::notify`]); they go out in the same round trip as
+///   its `COMMIT`, and PostgreSQL delivers notes only on commit anyway;
+/// - `owner`: the run and generation an ownership check passed for. A `SERIALIZABLE` transaction
+///   reads one snapshot, so the same check answers the same until the transaction itself writes
+///   `live_runs` or `deletion_fences` — any such statement forgets it.
 pub(crate) struct Db {
     client: Client,
     statements: HashMap<String, Statement>,
+    notes: Vec<String>,
+    owner: Option<(String, String)>,
 }
 
 impl Db {
@@ -103,7 +117,36 @@ impl Db {
         Db {
             client,
             statements: HashMap::new(),
+            notes: Vec::new(),
+            owner: None,
         }
+    }
+
+    /// Forget the owner check when `sql` may change what it answered.
+    fn wrote(&mut self, sql: &str) {
+        if self.owner.is_some()
+            && !sql.trim_start().starts_with("SELECT")
+            && (sql.contains("live_runs") || sql.contains("deletion_fences"))
+        {
+            self.owner = None;
+        }
+    }
+
+    /// Whether an ownership check of `run_id` by `gen` already passed in the open transaction.
+    pub(crate) fn owner_known(&self, run_id: &str, gen: &str) -> bool {
+        self.owner
+            .as_ref()
+            .is_some_and(|(r, g)| r == run_id && g == gen)
+    }
+
+    /// Remember that `gen` owns `run_id` for the rest of the open transaction.
+    pub(crate) fn owner_passed(&mut self, run_id: &str, gen: &str) {
+        self.owner = Some((run_id.to_owned(), gen.to_owned()));
+    }
+
+    /// Queue a note to every listener, sent with the open transaction's `COMMIT`.
+    pub(crate) fn note(&mut self, payload: String) {
+        self.notes.push(payload);
     }
 
     fn statement(&mut self, sql: &str) -> Result<Statement> {
@@ -132,12 +175,14 @@ impl Db {
     }
 
     pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        self.wrote(sql);
         let st = self.statement(sql)?;
         let out = self.client.query(&st, params);
         self.checked(out)
     }
 
     pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        self.wrote(sql);
         let st = self.statement(sql)?;
         let out = self.client.query_one(&st, params);
         self.checked(out)
@@ -148,19 +193,42 @@ impl Db {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>> {
+        self.wrote(sql);
         let st = self.statement(sql)?;
         let out = self.client.query_opt(&st, params);
         self.checked(out)
     }
 
     pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        self.wrote(sql);
         let st = self.statement(sql)?;
         let out = self.client.execute(&st, params);
         self.checked(out)
     }
 
+    /// Run simple statements: a transaction's `BEGIN`, `COMMIT` or `ROLLBACK` (which ends what
+    /// [`Db`] keeps of it). A `COMMIT` carries the transaction's notes in the same round trip; when
+    /// that fails, the transaction is rolled back.
     fn batch_execute(&mut self, sql: &str) -> std::result::Result<(), postgres::Error> {
-        self.client.batch_execute(sql)
+        self.owner = None;
+        let notes = std::mem::take(&mut self.notes);
+        if sql != "COMMIT" || notes.is_empty() {
+            return self.client.batch_execute(sql);
+        }
+        let mut batch = String::new();
+        for payload in &notes {
+            batch.push_str(&format!(
+                "SELECT pg_notify('{}', '{}'); ",
+                crate::news::CHANNEL,
+                payload.replace('\'', "''")
+            ));
+        }
+        batch.push_str("COMMIT");
+        let done = self.client.batch_execute(&batch);
+        if done.is_err() && !self.client.is_closed() {
+            let _ = self.client.batch_execute("ROLLBACK");
+        }
+        done
     }
 
     fn is_closed(&self) -> bool {
@@ -174,6 +242,9 @@ pub struct PgStore {
     grouped: bool,
     /// Open atomic units, innermost last: `true` when the unit opened the group itself.
     atomic: Vec<bool>,
+    /// Inside a group: a method failed or an atomic unit rolled back, so the group must not commit
+    /// (its transaction holds that method's partial writes, or is aborted).
+    spoiled: bool,
     /// Writing methods that committed (or, inside a group, released their savepoint) on this
     /// connection ([`PgStore::writes`]).
     writes: u64,
@@ -246,6 +317,7 @@ impl PgStore {
             db: Db::new(client),
             grouped: false,
             atomic: Vec::new(),
+            spoiled: false,
             writes: 0,
         })
     }
@@ -268,6 +340,7 @@ impl PgStore {
             db: Db::new(client),
             grouped: false,
             atomic: Vec::new(),
+            spoiled: false,
             writes: 0,
         })
     }
@@ -309,7 +382,7 @@ impl PgStore {
     /// [`PgStore::write`] without the count.
     fn write_retried<R>(&mut self, mut body: impl FnMut(&mut Db) -> Result<R>) -> Result<R> {
         if self.grouped {
-            return nested(&mut self.db, body);
+            return self.in_group(body);
         }
         let started = std::time::Instant::now();
         let mut attempt = 0;
@@ -346,7 +419,7 @@ impl PgStore {
     /// (which sees the group's writes).
     fn read<R>(&mut self, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
         if self.grouped {
-            return nested(&mut self.db, body);
+            return self.in_group(body);
         }
         let tx = Open::begin(&mut self.db, BEGIN_READ, "ROLLBACK")?;
         let v = body(tx.client)?;
@@ -354,63 +427,79 @@ impl PgStore {
         Ok(v)
     }
 
-    /// Start a group commit: one `SERIALIZABLE` transaction the next methods join as savepoints.
-    /// Answers `false` (and starts nothing) when a group is already open.
+    /// One method inside a group: it runs in the group's transaction; an `Err` (or a panic) spoils
+    /// the group, so nothing of it commits.
+    fn in_group<R>(&mut self, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
+        // Spoiled until it answers, so a panicking body spoils it too.
+        let before = std::mem::replace(&mut self.spoiled, true);
+        let out = body(&mut self.db);
+        self.spoiled = before || out.is_err();
+        out
+    }
+
+    /// Run `body`, which sends exactly one statement, as one read: outside a group without a
+    /// transaction (one statement sees one snapshot of its own), one round trip instead of three.
+    fn read_one<R>(&mut self, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
+        if self.grouped {
+            return self.in_group(body);
+        }
+        body(&mut self.db)
+    }
+
+    /// Start a group commit: one `SERIALIZABLE` transaction the next methods run in. Answers `false`
+    /// (and starts nothing) when a group is already open.
     pub fn begin_group(&mut self) -> Result<bool> {
         if self.grouped {
             return Ok(false);
         }
         self.db.batch_execute(BEGIN_WRITE)?;
         self.grouped = true;
+        self.spoiled = false;
         Ok(true)
     }
 
-    /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false). A failed `COMMIT` leaves no
+    /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false). A spoiled group rolls back and
+    /// answers [`Error::GroupRolledBack`] instead of committing. A failed `COMMIT` leaves no
     /// transaction open (PostgreSQL rolls it back).
     pub fn end_group(&mut self, commit: bool) -> Result<()> {
         self.grouped = false;
-        let done = self
-            .db
-            .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" });
+        let spoiled = std::mem::take(&mut self.spoiled);
+        let done = self.db.batch_execute(if commit && !spoiled {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        });
         if done.is_err() && !self.db.is_closed() {
             let _ = self.db.batch_execute("ROLLBACK");
         }
-        Ok(done?)
+        done?;
+        if commit && spoiled {
+            return Err(Error::GroupRolledBack(
+                "a message of the group failed or rolled back",
+            ));
+        }
+        Ok(())
     }
 
-    /// Start an atomic unit of several methods: a savepoint inside a group, else a group of its own.
+    /// Start an atomic unit of several methods: part of the open group, else a group of its own.
     pub fn begin_atomic(&mut self) -> Result<()> {
         let opened = self.begin_group()?;
-        if !opened {
-            self.db.batch_execute("SAVEPOINT atomic_unit")?;
-        }
         self.atomic.push(opened);
         Ok(())
     }
 
-    /// End the innermost atomic unit: release or roll back its savepoint, or end its group.
+    /// End the innermost atomic unit: end its group, or — inside a group it did not open — spoil
+    /// that group when the unit rolls back (its writes cannot be undone alone).
     pub fn end_atomic(&mut self, commit: bool) -> Result<()> {
         match self.atomic.pop() {
             Some(true) => self.end_group(commit),
-            Some(false) if commit => Ok(self.db.batch_execute("RELEASE SAVEPOINT atomic_unit")?),
-            Some(false) => Ok(self.db.batch_execute(
-                "ROLLBACK TO SAVEPOINT atomic_unit; RELEASE SAVEPOINT atomic_unit",
-            )?),
+            Some(false) => {
+                self.spoiled |= !commit;
+                Ok(())
+            }
             None => Ok(()),
         }
     }
-}
-
-/// One method inside a group: a savepoint released on `Ok`, rolled back to on `Err` (or a panic).
-fn nested<R>(client: &mut Db, body: impl FnOnce(&mut Db) -> Result<R>) -> Result<R> {
-    let sp = Open::begin(
-        client,
-        "SAVEPOINT message",
-        "ROLLBACK TO SAVEPOINT message; RELEASE SAVEPOINT message",
-    )?;
-    let v = body(sp.client)?;
-    sp.finish("RELEASE SAVEPOINT message")?;
-    Ok(v)
 }
 
 /// The pause before running a transaction that lost a race again (`attempt` 0 is the first): full

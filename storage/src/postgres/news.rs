@@ -24,9 +24,10 @@ const PROBE_EVERY: Duration = Duration::from_secs(10);
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
-/// Send `news` to every listener when the enclosing transaction commits.
+/// Send `news` to every listener when the enclosing transaction commits (with its `COMMIT`,
+/// [`Db::note`]).
 pub(super) fn notify(c: &mut Db, news: &News) -> Result<()> {
-    c.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &news.payload()])?;
+    c.note(news.payload());
     Ok(())
 }
 

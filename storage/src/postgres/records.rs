@@ -18,7 +18,7 @@ use crate::record::{
     is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord,
     VisibilityFilter,
 };
-use crate::sqlite::Kept;
+use crate::sqlite::{within, Kept};
 use crate::store::{
     clamp_future, decode_event_row, effective_open_cards_limit, EventsPage, Expired, ListQuery,
     PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT,
@@ -73,16 +73,27 @@ fn write_policy(c: &mut Db, p: &StoredPolicy) -> Result<()> {
     Ok(())
 }
 
-/// Decide the kept floor from one aggregate over the in-cutoff rows; walks the newest rows only when a
-/// count or byte bound is exceeded.
+/// Every stored run's count and bytes (`run_totals`, kept by triggers).
+fn totals(c: &mut Db) -> Result<Option<(i64, i64)>> {
+    Ok(
+        c.query_opt("SELECT runs, bytes FROM run_totals WHERE id = 1", &[])?
+            .map(|r| (r.get(0), r.get(1))),
+    )
+}
+
+/// Decide the kept floor. When every stored run together is within both bounds, every in-cutoff row is
+/// kept (one row read); else one aggregate over the in-cutoff rows, and a walk of the newest rows only
+/// when a count or byte bound is exceeded.
 pub(super) fn kept(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<Kept> {
+    if totals(c)?.is_some_and(|t| within(policy, t)) {
+        return Ok(Kept::All);
+    }
     let cutoff = policy.cutoff_ms(now_ms);
     let row = c.query_one(
         "SELECT COUNT(*), COALESCE(SUM(bytes), 0)::BIGINT FROM runs WHERE finished_at >= $1",
         &[&cutoff],
     )?;
-    let (count, bytes): (i64, i64) = (row.get(0), row.get(1));
-    if count <= i64::from(policy.max_runs) && bytes as u64 <= policy.max_bytes {
+    if within(policy, (row.get(0), row.get(1))) {
         return Ok(Kept::All);
     }
     let rows = c.query(
@@ -244,6 +255,15 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
 
 /// Rows the policy keeps (a put's `retained`).
 fn retained(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
+    if let Some(t) = totals(c)?.filter(|t| within(policy, *t)) {
+        let stale: i64 = c
+            .query_one(
+                "SELECT COUNT(*) FROM runs WHERE finished_at < $1",
+                &[&policy.cutoff_ms(now_ms)],
+            )?
+            .get(0);
+        return Ok((t.0 - stale).max(0) as u64);
+    }
     let kept = kept(c, policy, now_ms)?;
     let mut p = Params::default();
     let sql = format!(
@@ -332,8 +352,9 @@ pub(super) fn put_in(
                 .zip(record.events.iter().map(|ev| ev.to_string())),
         )?;
     }
+    let shed = shed_oldest(c, &policy)?;
     let kept_now = kept(c, &policy, now_ms)?;
-    trim(c, &kept_now, policy.cutoff_ms(now_ms))?;
+    trim(c, &kept_now, policy.cutoff_ms(now_ms), TRIM_PER_PUT - shed)?;
     // The record itself goes regardless when the policy does not keep it.
     let stored = visible(c, id, &kept_now, policy.cutoff_ms(now_ms))?;
     if !stored {
@@ -432,11 +453,37 @@ pub(super) fn close_card_in(c: &mut Db, id: &str) -> Result<bool> {
     Ok(changed)
 }
 
-/// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers how many went.
-fn trim(c: &mut Db, kept: &Kept, cutoff: i64) -> Result<usize> {
+/// While the stored runs together exceed a bound, the oldest goes (at most [`TRIM_PER_PUT`]): what
+/// the newest-first floor of [`kept`] would leave out, found by the index from the old end instead of a
+/// walk of every kept row. (Rows past the age cutoff are the oldest: they go first, as the floor never
+/// counts them.)
+fn shed_oldest(c: &mut Db, policy: &RetentionPolicy) -> Result<usize> {
+    let mut shed = 0;
+    while shed < TRIM_PER_PUT && totals(c)?.is_some_and(|t| !within(policy, t)) {
+        let oldest: Option<String> = c
+            .query_opt(
+                "SELECT run_id FROM runs ORDER BY finished_at ASC, run_id ASC LIMIT 1",
+                &[],
+            )?
+            .map(|r| r.get(0));
+        let Some(id) = oldest else { break };
+        delete_run(c, &id)?;
+        shed += 1;
+    }
+    if shed > 0 {
+        tracing::info!(trimmed = shed, "retention shed the oldest finished runs");
+    }
+    Ok(shed)
+}
+
+/// Trim by the persisted policy, oldest first, at most `limit` runs; answers how many went.
+fn trim(c: &mut Db, kept: &Kept, cutoff: i64, limit: usize) -> Result<usize> {
+    if limit == 0 {
+        return Ok(0);
+    }
     let mut p = Params::default();
     let keep_sql = kept_sql(kept, cutoff, &mut p);
-    let limit = p.push(big(TRIM_PER_PUT));
+    let limit = p.push(big(limit));
     let doomed: Vec<String> = c
         .query(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT {limit}"), &p.refs())?
         .iter()
@@ -455,7 +502,7 @@ fn trim(c: &mut Db, kept: &Kept, cutoff: i64) -> Result<usize> {
 pub(super) fn expire_in(c: &mut Db, now_ms: i64, scan_after: &str) -> Result<Expired> {
     let policy = read_policy(c)?.policy;
     let kept_now = kept(c, &policy, now_ms)?;
-    let runs = trim(c, &kept_now, policy.cutoff_ms(now_ms))?;
+    let runs = trim(c, &kept_now, policy.cutoff_ms(now_ms), TRIM_PER_PUT)?;
     let scanned: Vec<String> = c
         .query(
             "SELECT DISTINCT run_id FROM run_events WHERE run_id > $1 ORDER BY run_id LIMIT $2",
@@ -661,5 +708,73 @@ mod tests {
         })
         .expect("explain");
         assert!(open_cards_sql(now, 10, &Kept::Nothing, now - 1_000).is_none());
+    }
+
+    /// The trigger keeps `run_totals` equal to a count and a sum over `runs` through every write: a
+    /// first put, a rewrite (tombstone to final, an upsert), an unchanged repeat, a card closed (the
+    /// bytes change), a delete, and the oldest shed when a put takes the store past `max_runs`.
+    #[test]
+    fn the_stored_totals_follow_every_write_of_the_runs_table() {
+        let mut s = PgStore::open(&crate::testing::pg::database()).expect("open");
+        let now = 1_800_000_000_000;
+        let record = |id: &str, at: i64, provisional: bool, card: bool| {
+            let mut v = serde_json::json!({
+                "id": id, "channelId": "C1", "userId": "U1", "threadKey": "t", "startedAt": at - 10,
+                "finishedAt": at, "status": "completed", "eventCount": 1, "storedEventCount": 1,
+                "truncated": false,
+                "events": [{"seq": 1, "type": "answer", "text": format!("answer of {id}")}]
+            });
+            if provisional {
+                v["provisional"] = serde_json::json!(true);
+            }
+            if card {
+                v["card"] = serde_json::json!({"channel": "C1", "ts": "1.2"});
+            }
+            validate_record(&v).expect("valid")
+        };
+        let check = |s: &mut PgStore, runs: i64| {
+            s.read(|c| {
+                let r = c.query_one(
+                    "SELECT COUNT(*), COALESCE(SUM(bytes), 0)::BIGINT FROM runs",
+                    &[],
+                )?;
+                let exact: (i64, i64) = (r.get(0), r.get(1));
+                assert_eq!(totals(c)?, Some(exact));
+                assert_eq!(exact.0, runs);
+                Ok(())
+            })
+            .expect("totals");
+        };
+        s.put(&record("a", now - 50, true, false), None, now)
+            .unwrap();
+        check(&mut s, 1);
+        s.put(&record("a", now - 40, false, true), None, now)
+            .unwrap();
+        s.put(&record("a", now - 40, false, true), None, now)
+            .unwrap();
+        check(&mut s, 1);
+        assert!(s.close_card("a").unwrap());
+        check(&mut s, 1);
+        s.put(&record("b", now - 30, false, false), None, now)
+            .unwrap();
+        s.put(&record("c", now - 20, false, false), None, now)
+            .unwrap();
+        check(&mut s, 3);
+        assert!(s.delete("b").unwrap());
+        check(&mut s, 2);
+        // A policy of two runs: the third put sheds the oldest, and the totals say two.
+        let policy = PolicyProposal {
+            policy: RetentionPolicy {
+                retention_days: 30,
+                max_runs: 2,
+                max_bytes: 1 << 30,
+            },
+            updated_at: now,
+        };
+        s.put(&record("d", now - 10, false, false), Some(&policy), now)
+            .unwrap();
+        check(&mut s, 2);
+        assert_eq!(s.get("a", now).unwrap(), None, "the oldest went");
+        assert!(s.get("d", now).unwrap().is_some());
     }
 }

@@ -132,6 +132,30 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN label text COLLATE "C";
     UPDATE runs SET label = summary_json::jsonb ->> 'label';
     "#,
+    // 5: the stored runs' count and bytes, kept by triggers, as SQLite's migration 11: the retention
+    // check of every put and point read is one row instead of an aggregate over every stored run. An
+    // upsert that updates a row fires the update trigger only (the count stays, the bytes move).
+    r#"
+    CREATE TABLE run_totals (
+        id    BIGINT PRIMARY KEY CHECK (id = 1),
+        runs  BIGINT NOT NULL,
+        bytes BIGINT NOT NULL
+    );
+    INSERT INTO run_totals (id, runs, bytes) SELECT 1, COUNT(*), COALESCE(SUM(bytes), 0) FROM runs;
+    CREATE FUNCTION run_totals_follow() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'INSERT' THEN
+            UPDATE run_totals SET runs = runs + 1, bytes = bytes + NEW.bytes WHERE id = 1;
+        ELSIF TG_OP = 'DELETE' THEN
+            UPDATE run_totals SET runs = runs - 1, bytes = bytes - OLD.bytes WHERE id = 1;
+        ELSIF NEW.bytes IS DISTINCT FROM OLD.bytes THEN
+            UPDATE run_totals SET bytes = bytes - OLD.bytes + NEW.bytes WHERE id = 1;
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER run_totals_follow AFTER INSERT OR DELETE OR UPDATE OF bytes ON runs
+        FOR EACH ROW EXECUTE FUNCTION run_totals_follow();
+    "#,
 ];
 
 pub fn current_version() -> i64 {

@@ -43,6 +43,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::{Error, Result};
 
+pub(crate) use records::within;
 pub use records::Kept;
 
 /// SQLite's `synchronous` setting for the WAL.

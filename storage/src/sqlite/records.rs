@@ -101,7 +101,8 @@ fn totals(tx: &Connection) -> Result<Option<(i64, i64)>> {
         .optional()?)
 }
 
-fn within(policy: &RetentionPolicy, (runs, bytes): (i64, i64)) -> bool {
+/// Whether `runs` stored runs of `bytes` together are within both of the policy's bounds.
+pub(crate) fn within(policy: &RetentionPolicy, (runs, bytes): (i64, i64)) -> bool {
     runs <= i64::from(policy.max_runs) && bytes.max(0) as u64 <= policy.max_bytes
 }
 
