@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use storage::ledger::{
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, InFlight, InboxItem, LiveRow,
     Outcome, Phase, Promotion, PruneReport, ReceiptKey, Reclaimed, Refusal, RunLedger, StepRecord,
-    StopMode, TableRows, Turn, MAX_TRANSCRIPT_PART_BYTES,
+    StepWrite, StopMode, TableRows, Turn, MAX_TRANSCRIPT_PART_BYTES,
 };
 use storage::plan::{
     Card, Import, PlanBinding, PlanId, PlanStore, RequestId, Revision, SettleOutcome, Settlement,
@@ -191,6 +191,65 @@ fn step_record(step: u64, turn_index: u64, consumed: Option<u64>) -> StepRecord 
     }
 }
 
+/// A durable step's writes: one assistant turn at `idx`, `events`, `state`, and step `step`'s record.
+fn step_write(step: u64, idx: u64, events: Vec<Value>, state: Map<String, Value>) -> StepWrite {
+    StepWrite {
+        first_idx: idx,
+        turns: vec![turn("assistant", &[&format!("turn {idx}")])],
+        record: step_record(step, idx + 1, None),
+        events,
+        state,
+    }
+}
+
+/// `write_step` lands its turns, events, state and step record together; an event it refuses answers
+/// before the step record, which is then not written (what came before it is: the caller's unit
+/// decides); a turn it refuses answers before anything is written.
+fn a_step_writes_turns_events_state_and_record_and_a_refusal_stops_before_the_record<S: Ledger>(
+    s: &mut S,
+) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let first = step_write(1, 0, vec![ev(3, "a"), ev(4, "b")], Map::new());
+    assert_eq!(s.write_step("run-a", G1, &first).unwrap(), Ok(()));
+    let second = step_write(2, 1, vec![ev(5, "c")], obj(json!({"binding": "w1"})));
+    assert_eq!(s.write_step("run-a", G1, &second).unwrap(), Ok(()));
+    assert_eq!(s.last_step("run-a").unwrap(), Some(second.record.clone()));
+    assert_eq!(
+        s.read_transcript("run-a").unwrap().turns,
+        vec![first.turns[0].clone(), second.turns[0].clone()]
+    );
+    let events = live_events(s, "run-a").expect("live");
+    assert!(seqs(&events).ends_with(&[3, 4, 5]), "{events:?}");
+    assert_eq!(
+        live_row(s, "run-a").state.get("binding"),
+        Some(&json!("w1"))
+    );
+
+    // An unsequenced event: the turn and the good event land, the record does not.
+    let mut bad = step_write(3, 2, vec![ev(6, "d"), json!({"type": "note"})], Map::new());
+    assert_eq!(
+        s.write_step("run-a", G1, &bad).unwrap(),
+        Err(Refusal::EventWithoutSeq { index: 1 })
+    );
+    assert_eq!(s.last_step("run-a").unwrap(), Some(second.record.clone()));
+    assert_eq!(s.read_transcript("run-a").unwrap().turns.len(), 3);
+    assert!(seqs(&live_events(s, "run-a").unwrap()).ends_with(&[5, 6]));
+
+    // A part too large: refused before anything is written.
+    bad = step_write(3, 3, vec![ev(7, "e")], Map::new());
+    bad.turns = vec![turn(
+        "assistant",
+        &[&"x".repeat(MAX_TRANSCRIPT_PART_BYTES + 1)],
+    )];
+    assert!(matches!(
+        s.write_step("run-a", G1, &bad).unwrap(),
+        Err(Refusal::PartTooLarge { idx: 3, .. })
+    ));
+    assert_eq!(s.read_transcript("run-a").unwrap().turns.len(), 3);
+    assert!(seqs(&live_events(s, "run-a").unwrap()).ends_with(&[5, 6]));
+    assert_eq!(s.last_step("run-a").unwrap(), Some(second.record));
+}
+
 fn turn(role: &str, texts: &[&str]) -> Turn {
     Turn {
         role: role.to_owned(),
@@ -332,6 +391,24 @@ fn every_owner_write<S: Ledger>(
             "write_transcript",
             s.write_transcript(run, gen, 40, &[turn("user", &["zombie"])])
                 .expect("write_transcript"),
+        ),
+        (
+            "write_step",
+            s.write_step(
+                run,
+                gen,
+                &step_write(9, 41, vec![ev(901, "zombie")], Map::new()),
+            )
+            .expect("write_step"),
+        ),
+        (
+            "write_step with state",
+            s.write_step(
+                run,
+                gen,
+                &step_write(9, 42, vec![], obj(json!({"zombie": true}))),
+            )
+            .expect("write_step"),
         ),
         (
             "set_state",
@@ -3286,6 +3363,7 @@ contract!(
     append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op,
     an_oversized_or_unsequenced_event_is_refused_alone,
     step_records_are_keyed_by_step_and_reclaim_answers_the_highest,
+    a_step_writes_turns_events_state_and_record_and_a_refusal_stops_before_the_record,
     transcript_turns_read_back_in_order_and_are_never_edited,
     a_transcript_with_a_missing_turn_reads_back_to_the_gap_and_names_it,
     an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_lands,

@@ -54,7 +54,7 @@ pub(super) fn seal_in(
                 return Ok(Err(refusal));
             }
             if let Some(step) = step {
-                if let Err(refusal) = step_in(b, id, gen, step)? {
+                if let Err(refusal) = b.write_step(id, gen, step)? {
                     return Ok(Err(refusal));
                 }
             }
@@ -124,27 +124,4 @@ pub(super) fn admit_successor(
             .map_err(|r| Error::Unavailable(format!("successor inbox refused: {r}")))?;
     }
     Ok(())
-}
-
-/// A step's turns, its events, its state patch and then its record, in that order (the body of [`StorageHandle::durable_step`]).
-pub(super) fn step_in(
-    b: &mut dyn Backend,
-    run_id: &str,
-    gen: &str,
-    write: &StepWrite,
-) -> Result<Outcome<()>> {
-    if let Err(refusal) = b.write_transcript(run_id, gen, write.first_idx, &write.turns)? {
-        return Ok(Err(refusal));
-    }
-    if !write.events.is_empty() {
-        if let Err(refusal) = b.append(run_id, gen, &write.events)? {
-            return Ok(Err(refusal));
-        }
-    }
-    if !write.state.is_empty() {
-        if let Err(refusal) = b.set_state(run_id, gen, &write.state)? {
-            return Ok(Err(refusal));
-        }
-    }
-    b.step(run_id, gen, &write.record)
 }

@@ -29,7 +29,7 @@ mod composite;
 #[cfg(any(test, feature = "test-hooks"))]
 mod testing;
 pub use composite::finish_in;
-use composite::{admit_successor, seal_in, step_in};
+use composite::{admit_successor, seal_in};
 
 /// How a [`StorageHandle`] sizes its queues and readers, and how long receipts live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,7 +381,11 @@ impl StorageHandle {
         write: StepWrite,
     ) -> Result<Outcome<()>> {
         self.transact(move |b, _| {
-            atomic(b, |b| step_in(b, &run_id, &gen, &write), |out| out.is_ok())
+            atomic(
+                b,
+                |b| b.write_step(&run_id, &gen, &write),
+                |out| out.is_ok(),
+            )
         })
         .await
     }
@@ -412,7 +416,7 @@ impl StorageHandle {
                             run_id: run_id.clone(),
                         }));
                     }
-                    Ok(step_in(b, &run_id, &gen, &seed)?.map(|()| claimed))
+                    Ok(b.write_step(&run_id, &gen, &seed)?.map(|()| claimed))
                 },
                 |out| out.is_ok(),
             )

@@ -625,6 +625,29 @@ pub struct GenerationInfo {
     pub started_at: i64,
 }
 
+/// [`RunLedger::write_step`] as its four methods, one after another (the trait's default).
+pub fn write_step_by_methods<L: RunLedger + ?Sized>(
+    l: &mut L,
+    run_id: &str,
+    gen: &str,
+    write: &StepWrite,
+) -> Result<Outcome<()>> {
+    if let Err(refusal) = l.write_transcript(run_id, gen, write.first_idx, &write.turns)? {
+        return Ok(Err(refusal));
+    }
+    if !write.events.is_empty() {
+        if let Err(refusal) = l.append(run_id, gen, &write.events)? {
+            return Ok(Err(refusal));
+        }
+    }
+    if !write.state.is_empty() {
+        if let Err(refusal) = l.set_state(run_id, gen, &write.state)? {
+            return Ok(Err(refusal));
+        }
+    }
+    l.step(run_id, gen, &write.record)
+}
+
 /// The live-run ledger (SPEC §4.3). Each method is one transaction.
 pub trait RunLedger: Send {
     fn record_generation(&mut self, info: &GenerationInfo) -> Result<()>;
@@ -652,6 +675,13 @@ pub trait RunLedger: Send {
         turns: &[Turn],
     ) -> Result<Outcome<()>>;
     fn read_transcript(&mut self, run_id: &str) -> Result<Transcript>;
+    /// A durable step's writes (SPEC §5.2 step 6), in this order: its turns, its events, its state
+    /// patch, its step record; the first refusal answers, and what was written before it stays (the
+    /// caller's atomic unit decides). The default is those four methods one after another; a backend
+    /// may send them in fewer statements, with the same outcome.
+    fn write_step(&mut self, run_id: &str, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
+        write_step_by_methods(self, run_id, gen, write)
+    }
     /// Merge `patch` into the row's state by top-level key.
     fn set_state(
         &mut self,

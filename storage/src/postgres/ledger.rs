@@ -23,7 +23,7 @@ use crate::ledger::{
     check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, view_refusal,
     Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem,
     KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal,
-    RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn,
+    RunLedger, StepRecord, StepWrite, StopAnswer, TableRows, Transcript, Turn,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
@@ -194,16 +194,19 @@ fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
 /// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
 /// went; its receipts and events stay.
 pub(super) fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
-    let mut n = 0;
-    for sql in [
-        "DELETE FROM live_runs WHERE run_id = $1",
-        "DELETE FROM run_steps WHERE run_id = $1",
-        "DELETE FROM transcript WHERE run_id = $1",
-        "DELETE FROM run_inbox WHERE run_id = $1",
-    ] {
-        n += c.execute(sql, &[&run_id])?;
-    }
-    Ok(n)
+    // One statement over four tables (each written once, so nothing of one depends on another).
+    let n: i64 = c
+        .query_one(
+            "WITH l AS (DELETE FROM live_runs WHERE run_id = $1 RETURNING 1),
+                  s AS (DELETE FROM run_steps WHERE run_id = $1 RETURNING 1),
+                  t AS (DELETE FROM transcript WHERE run_id = $1 RETURNING 1),
+                  i AS (DELETE FROM run_inbox WHERE run_id = $1 RETURNING 1)
+             SELECT (SELECT COUNT(*) FROM l) + (SELECT COUNT(*) FROM s)
+                  + (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM i)",
+            &[&run_id],
+        )?
+        .get(0);
+    Ok(n.max(0) as u64)
 }
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
@@ -542,6 +545,67 @@ impl RunLedger for PgStore {
                 &[&run_id, &idxs, &parts, &jsons],
             )?;
             Ok(Ok(()))
+        })
+    }
+
+    /// One statement for the turns, the events and the step record (three tables; the state patch,
+    /// rare, goes the default way): what the default's three methods write, with the same refusals.
+    fn write_step(&mut self, run_id: &str, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
+        if !write.state.is_empty() {
+            return crate::ledger::write_step_by_methods(self, run_id, gen, write);
+        }
+        let step = i64::try_from(write.record.step)
+            .map_err(|_| too_big("run_steps.step", write.record.step))?;
+        let record =
+            serde_json::to_string(&write.record).map_err(|e| Error::corrupt("step record", e))?;
+        self.write(|c| {
+            owner!(c, run_id, gen);
+            let turns = match check_turns(write.first_idx, &write.turns) {
+                Ok(rows) => rows,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
+            let (mut idxs, mut parts, mut turn_jsons) = (Vec::new(), Vec::new(), Vec::new());
+            for (idx, part, json) in turns {
+                idxs.push(i64::try_from(idx).map_err(|_| too_big("transcript.idx", idx))?);
+                parts.push(i64::try_from(part).map_err(|_| too_big("transcript.part", part))?);
+                turn_jsons.push(json);
+            }
+            // The events by seq, the last of a repeated seq winning (one statement updates a row once).
+            let (events, refused) = check_events(&write.events);
+            let mut by_seq = std::collections::BTreeMap::new();
+            for (seq, _event, json) in events {
+                by_seq.insert(
+                    i64::try_from(seq).map_err(|_| too_big("run_events.seq", seq))?,
+                    json,
+                );
+            }
+            let last = by_seq.keys().next_back().map(|seq| *seq as u64);
+            let (seqs, event_jsons): (Vec<i64>, Vec<String>) = by_seq.into_iter().unzip();
+            // A refused event answers before the step record: that is not written.
+            c.execute(
+                "WITH t AS (INSERT INTO transcript (run_id, idx, part, json)
+                     SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
+                     ON CONFLICT (run_id, idx, part) DO NOTHING),
+                 e AS (INSERT INTO run_events (run_id, seq, json)
+                     SELECT $1, s, j FROM UNNEST($5::BIGINT[], $6::text[]) AS t(s, j)
+                     ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json)
+                 INSERT INTO run_steps (run_id, step, json) SELECT $1, $7::BIGINT, $8::text WHERE $9::BOOLEAN
+                 ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json",
+                &[
+                    &run_id, &idxs, &parts, &turn_jsons, &seqs, &event_jsons, &step, &record,
+                    &refused.is_none(),
+                ],
+            )?;
+            if let Some(seq) = last {
+                notify(
+                    c,
+                    &News::Appended {
+                        run_id: run_id.to_owned(),
+                        seq,
+                    },
+                )?;
+            }
+            Ok(refused.map_or(Ok(()), Err))
         })
     }
 

@@ -4,7 +4,7 @@
 //!
 //! **Callers:** `runs.rs` ([`RunStore`](crate::store::RunStore)) and `ledger.rs` (`finish` upserts the
 //! record with [`put_in`] inside its own transaction; `append` writes live events into `run_events`).
-//! **Depends on:** [`super::live`] for [`is_live`] and [`is_killed`].
+//! **Depends on:** [`super::live`] for [`is_live`] (a put reads the deletion fence in its own first statement).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,7 @@ use super::Db;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::live::{is_killed, is_live};
+use super::live::is_live;
 use super::{big, too_big, Params};
 use crate::record::{
     is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord,
@@ -47,6 +47,11 @@ pub(super) fn read_policy(c: &mut Db) -> Result<StoredPolicy> {
     let raw: Option<String> = c
         .query_opt("SELECT value FROM meta WHERE key = $1", &[&POLICY_KEY])?
         .map(|r| r.get(0));
+    decode_policy(raw)
+}
+
+/// The policy stored as `raw` (the policy row's value; the default without one).
+fn decode_policy(raw: Option<String>) -> Result<StoredPolicy> {
     let Some(raw) = raw else {
         return Ok(StoredPolicy::default());
     };
@@ -224,8 +229,44 @@ pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem>
     })
 }
 
+/// What one statement tells of `id`'s visibility ([`summary_fast`]).
+pub(super) enum Summary {
+    /// The stored runs are within the policy's bounds: the row, when the policy keeps it.
+    Known(Option<RunListItem>),
+    /// A bound is exceeded: the floor decides ([`visible_summary`]).
+    NeedsFloor,
+}
+
+/// The listing row of `id` in one statement when the stored runs are within the policy's bounds
+/// (then every row younger than the age cutoff is kept): the policy, the totals and the row together.
+pub(super) fn summary_fast(c: &mut Db, id: &str, now_ms: i64) -> Result<Summary> {
+    let Some(row) = c.query_opt(
+        "SELECT (SELECT value FROM meta WHERE key = $2), t.runs, t.bytes,
+                r.summary_json, r.bytes, r.finished_at
+         FROM run_totals t LEFT JOIN runs r ON r.run_id = $1 WHERE t.id = 1",
+        &[&id, &POLICY_KEY],
+    )?
+    else {
+        return Ok(Summary::NeedsFloor);
+    };
+    let policy = decode_policy(row.get(0))?.policy;
+    if !within(&policy, (row.get(1), row.get(2))) {
+        return Ok(Summary::NeedsFloor);
+    }
+    let summary: Option<String> = row.get(3);
+    Ok(Summary::Known(match summary {
+        Some(summary) if row.get::<_, i64>(5) >= policy.cutoff_ms(now_ms) => {
+            Some(decode_item(&summary, row.get(4))?)
+        }
+        _ => None,
+    }))
+}
+
 /// The listing row of `id` when it is visible under the policy.
 pub(super) fn visible_summary(c: &mut Db, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+    if let Summary::Known(item) = summary_fast(c, id, now_ms)? {
+        return Ok(item);
+    }
     let policy = read_policy(c)?.policy;
     let kept = kept(c, &policy, now_ms)?;
     let mut p = Params::default();
@@ -253,15 +294,21 @@ fn encode(record: &RunRecord) -> Result<(String, String)> {
     Ok((summary, hex::encode(Sha256::digest(&full))))
 }
 
+/// Every stored run's count and bytes, and how many of them are older than `cutoff`, in one statement.
+fn totals_and_stale(c: &mut Db, cutoff: i64) -> Result<Option<((i64, i64), i64)>> {
+    Ok(c.query_opt(
+        "SELECT runs, bytes, (SELECT COUNT(*) FROM runs WHERE finished_at < $1)
+             FROM run_totals WHERE id = 1",
+        &[&cutoff],
+    )?
+    .map(|r| ((r.get(0), r.get(1)), r.get(2))))
+}
+
 /// Rows the policy keeps (a put's `retained`).
 fn retained(c: &mut Db, policy: &RetentionPolicy, now_ms: i64) -> Result<u64> {
-    if let Some(t) = totals(c)?.filter(|t| within(policy, *t)) {
-        let stale: i64 = c
-            .query_one(
-                "SELECT COUNT(*) FROM runs WHERE finished_at < $1",
-                &[&policy.cutoff_ms(now_ms)],
-            )?
-            .get(0);
+    if let Some((t, stale)) =
+        totals_and_stale(c, policy.cutoff_ms(now_ms))?.filter(|(t, _)| within(policy, *t))
+    {
         return Ok((t.0 - stale).max(0) as u64);
     }
     let kept = kept(c, policy, now_ms)?;
@@ -283,33 +330,39 @@ pub(super) fn put_in(
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
+    // One statement for what the put decides on: whether the id was killed, the stored policy,
+    // whether the run is live, and the row it has.
+    let facts = c.query_one(
+        "SELECT EXISTS (SELECT 1 FROM deletion_fences WHERE run_id = $1),
+                (SELECT value FROM meta WHERE key = $2),
+                EXISTS (SELECT 1 FROM live_runs WHERE run_id = $1),
+                r.provisional, r.digest
+         FROM (VALUES (1)) AS one LEFT JOIN runs r ON r.run_id = $1",
+        &[&record.head.id, &POLICY_KEY],
+    )?;
+    let mut stored_policy = decode_policy(facts.get(1))?;
     // A killed id takes no record ever again (SPEC §4.3 `kill`).
-    if is_killed(c, &record.head.id)? {
-        let policy = read_policy(c)?.policy;
+    if facts.get::<_, bool>(0) {
         return Ok(PutOutcome {
             stored: false,
             rewritten: false,
-            retained: retained(c, &policy, now_ms)?,
+            retained: retained(c, &stored_policy.policy, now_ms)?,
         });
     }
-    let mut stored_policy = read_policy(c)?;
     if stored_policy.consider(proposal, now_ms) {
         write_policy(c, &stored_policy)?;
     }
     let policy = stored_policy.policy;
     let mut record = clamp_future(record, now_ms);
     // A live run's events are the ledger's: a put while it lives writes only the runs row.
-    let live = is_live(c, &record.head.id)?;
+    let live: bool = facts.get(2);
     if live {
         record.events.clear();
     }
     let id = record.head.id.as_str();
-    let existing: Option<(bool, String)> = c
-        .query_opt(
-            "SELECT provisional, digest FROM runs WHERE run_id = $1",
-            &[&id],
-        )?
-        .map(|r| (r.get(0), r.get(1)));
+    let existing: Option<(bool, String)> = facts
+        .get::<_, Option<bool>>(3)
+        .map(|provisional| (provisional, facts.get(4)));
     // The tombstone floor: a provisional write never replaces a final record.
     if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
         return Ok(PutOutcome {
@@ -352,17 +405,35 @@ pub(super) fn put_in(
                 .zip(record.events.iter().map(|ev| ev.to_string())),
         )?;
     }
+    let rewritten = existing.is_some() && !unchanged;
+    let cutoff = policy.cutoff_ms(now_ms);
+    if let Some((t, stale)) = totals_and_stale(c, cutoff)?.filter(|(t, _)| within(&policy, *t)) {
+        // Within both bounds every row younger than the cutoff is kept (`Kept::All`): only rows past
+        // it go, and this record stays exactly when it is not one of them. One statement told all.
+        if stale > 0 {
+            trim(c, &Kept::All, cutoff, TRIM_PER_PUT)?;
+        }
+        let stored = record.head.finished_at >= cutoff;
+        if !stored {
+            delete_run(c, id)?;
+        }
+        return Ok(PutOutcome {
+            stored,
+            rewritten,
+            retained: (t.0 - stale).max(0) as u64,
+        });
+    }
     let shed = shed_oldest(c, &policy)?;
     let kept_now = kept(c, &policy, now_ms)?;
-    trim(c, &kept_now, policy.cutoff_ms(now_ms), TRIM_PER_PUT - shed)?;
+    trim(c, &kept_now, cutoff, TRIM_PER_PUT - shed)?;
     // The record itself goes regardless when the policy does not keep it.
-    let stored = visible(c, id, &kept_now, policy.cutoff_ms(now_ms))?;
+    let stored = visible(c, id, &kept_now, cutoff)?;
     if !stored {
         delete_run(c, id)?;
     }
     Ok(PutOutcome {
         stored,
-        rewritten: existing.is_some() && !unchanged,
+        rewritten,
         retained: retained(c, &policy, now_ms)?,
     })
 }

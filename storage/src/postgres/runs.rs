@@ -5,7 +5,7 @@
 use super::live::is_live;
 use super::records::{
     all_events_in, close_card_in, decode_item, delete_run, events_in, expire_in, kept, list_sql,
-    open_cards_in, put_in, read_policy, visible_summary,
+    open_cards_in, put_in, read_policy, summary_fast, visible_summary, Summary,
 };
 use super::PgStore;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
@@ -51,7 +51,10 @@ impl RunStore for PgStore {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
-        self.read(|c| visible_summary(c, id, now_ms))
+        match self.read_one(|c| summary_fast(c, id, now_ms))? {
+            Summary::Known(item) => Ok(item),
+            Summary::NeedsFloor => self.read(|c| visible_summary(c, id, now_ms)),
+        }
     }
 
     fn list(&mut self, query: &ListQuery, now_ms: i64) -> Result<ListPage> {
