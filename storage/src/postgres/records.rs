@@ -229,7 +229,9 @@ pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem>
     })
 }
 
-/// What one statement tells of `id`'s visibility ([`summary_fast`]).
+/// What one statement tells of `id`'s visibility ([`summary_fast`]); a value of the moment, never
+/// stored, so its variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Summary {
     /// The stored runs are within the policy's bounds: the row, when the policy keeps it.
     Known(Option<RunListItem>),
