@@ -559,10 +559,13 @@ impl RunLedger for PgStore {
         let record =
             serde_json::to_string(&write.record).map_err(|e| Error::corrupt("step record", e))?;
         self.write(|c| {
-            owner!(c, run_id, gen);
             let turns = match check_turns(write.first_idx, &write.turns) {
                 Ok(rows) => rows,
-                Err(refusal) => return Ok(Err(refusal)),
+                Err(refusal) => {
+                    // The owner's refusal comes first, as in the default.
+                    owner!(c, run_id, gen);
+                    return Ok(Err(refusal));
+                }
             };
             let (mut idxs, mut parts, mut turn_jsons) = (Vec::new(), Vec::new(), Vec::new());
             for (idx, part, json) in turns {
@@ -581,21 +584,39 @@ impl RunLedger for PgStore {
             }
             let last = by_seq.keys().next_back().map(|seq| *seq as u64);
             let (seqs, event_jsons): (Vec<i64>, Vec<String>) = by_seq.into_iter().unzip();
-            // A refused event answers before the step record: that is not written.
-            c.execute(
-                "WITH t AS (INSERT INTO transcript (run_id, idx, part, json)
-                     SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
-                     ON CONFLICT (run_id, idx, part) DO NOTHING),
-                 e AS (INSERT INTO run_events (run_id, seq, json)
-                     SELECT $1, s, j FROM UNNEST($5::BIGINT[], $6::text[]) AS t(s, j)
-                     ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json)
-                 INSERT INTO run_steps (run_id, step, json) SELECT $1, $7::BIGINT, $8::text WHERE $9::BOOLEAN
-                 ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json",
-                &[
-                    &run_id, &idxs, &parts, &turn_jsons, &seqs, &event_jsons, &step, &record,
-                    &refused.is_none(),
-                ],
-            )?;
+            // The owner check is part of the statement (`own`: the row is `gen`'s and no fence stands),
+            // and every write is conditional on it; a refused event answers before the step record,
+            // which is then not written.
+            let owned: bool = c
+                .query_one(
+                    "WITH own AS (SELECT 1 FROM live_runs WHERE run_id = $1 AND owner_gen = $10
+                         AND NOT EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)),
+                     t AS (INSERT INTO transcript (run_id, idx, part, json)
+                         SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
+                         WHERE EXISTS (SELECT 1 FROM own)
+                         ON CONFLICT (run_id, idx, part) DO NOTHING),
+                     e AS (INSERT INTO run_events (run_id, seq, json)
+                         SELECT $1, s, j FROM UNNEST($5::BIGINT[], $6::text[]) AS t(s, j)
+                         WHERE EXISTS (SELECT 1 FROM own)
+                         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json),
+                     s AS (INSERT INTO run_steps (run_id, step, json)
+                         SELECT $1, $7::BIGINT, $8::text WHERE $9::BOOLEAN AND EXISTS (SELECT 1 FROM own)
+                         ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json)
+                     SELECT EXISTS (SELECT 1 FROM own)",
+                    &[
+                        &run_id, &idxs, &parts, &turn_jsons, &seqs, &event_jsons, &step, &record,
+                        &refused.is_none(), &gen,
+                    ],
+                )?
+                .get(0);
+            if !owned {
+                // Nothing was written: the refusal says why.
+                owner!(c, run_id, gen);
+                return Err(Error::Unavailable(format!(
+                    "the owner check of {run_id} changed within one transaction"
+                )));
+            }
+            c.owner_passed(run_id, gen);
             if let Some(seq) = last {
                 notify(
                     c,
