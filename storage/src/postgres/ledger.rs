@@ -10,9 +10,7 @@ use super::prune::prune_in;
 use super::Db;
 use serde_json::{Map, Value};
 
-use super::live::{
-    get_row, is_killed, live_row, live_rows, row_by_thread, ROW_COLUMNS, ROW_COLUMN_COUNT,
-};
+use super::live::{get_row, is_killed, live_rows, row_and_fence, By, ROW_COLUMNS};
 use super::news::notify;
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::{too_big, PgStore};
@@ -50,23 +48,15 @@ fn killed(run_id: &str) -> Refusal {
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner. One round trip: the
 /// row comes with whether a deletion fence stands (a second statement only when there is no row).
 fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
-    let found = c.query_opt(
-        &format!(
-            "SELECT {ROW_COLUMNS}, EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)
-             FROM live_runs WHERE run_id = $1"
-        ),
-        &[&run_id],
-    )?;
-    let Some(found) = found else {
-        return Ok(Err(no_row_refusal(c, run_id, gen)?));
-    };
-    if found.try_get::<_, bool>(ROW_COLUMN_COUNT)? {
-        return Ok(Err(killed(run_id)));
+    let (row, killed) = row_and_fence(c, By::Run, run_id, run_id)?;
+    if killed {
+        return Ok(Err(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }));
     }
-    let row = live_row(&found)?;
-    Ok(match fence_refusal(Some(&row), run_id, gen) {
+    Ok(match fence_refusal(row.as_ref(), run_id, gen) {
         Some(refusal) => Err(refusal),
-        None => Ok(row),
+        None => Ok(row.expect("fence_check passes only with a row")),
     })
 }
 
@@ -124,6 +114,23 @@ fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<(
     c.execute(
         "UPDATE live_runs SET state_json = $2 WHERE run_id = $1",
         &[&run_id, &Value::Object(state.clone()).to_string()],
+    )?;
+    Ok(())
+}
+
+fn write_state_and_phase(
+    c: &mut Db,
+    run_id: &str,
+    state: &Map<String, Value>,
+    phase: Phase,
+) -> Result<()> {
+    c.execute(
+        "UPDATE live_runs SET state_json = $2, phase = $3 WHERE run_id = $1",
+        &[
+            &run_id,
+            &Value::Object(state.clone()).to_string(),
+            &phase.as_str(),
+        ],
     )?;
     Ok(())
 }
@@ -240,10 +247,10 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
             return decode_receipt_answer(&k.scope, &run_id, &answer);
         }
     }
-    if is_killed(c, &a.run_id)? {
+    let (holder, killed) = row_and_fence(c, By::Thread, &a.thread_key, &a.run_id)?;
+    if killed {
         return Ok(AdmitOutcome::Fenced);
     }
-    let holder = row_by_thread(c, &a.thread_key)?;
     let decision = decisions::decide_admit(
         holder.as_ref().map(LiveRow::view).as_ref(),
         a.key.is_some(),
@@ -345,16 +352,14 @@ fn claim_in(
     p: &Promotion,
     now_ms: i64,
 ) -> Result<Outcome<Claimed>> {
-    if is_killed(c, run_id)? {
+    let (by_run, killed) = row_and_fence(c, By::Run, run_id, run_id)?;
+    if killed {
         return Ok(Err(Refusal::Fenced {
             run_id: run_id.to_owned(),
         }));
     }
-    let by_run = get_row(c, run_id)?;
-    let by_thread = match &by_run {
-        Some(r) => row_by_thread(c, &r.thread_key)?,
-        None => None,
-    };
+    // `thread_key` is UNIQUE: the row holding the run's thread is the run's own row.
+    let by_thread = by_run.clone();
     let decision = decisions::decide_claim(
         by_thread.as_ref().map(LiveRow::view).as_ref(),
         by_run.as_ref().map(LiveRow::view).as_ref(),
@@ -724,8 +729,7 @@ impl RunLedger for PgStore {
                 Ok(next) => next,
                 Err(refusal) => return Ok(Err(refusal)),
             };
-            write_state(c, run_id, &row.state)?;
-            set_phase(c, run_id, next)?;
+            write_state_and_phase(c, run_id, &row.state, next)?;
             Ok(Ok(next))
         })
     }
@@ -791,8 +795,7 @@ impl RunLedger for PgStore {
                 &mut row.state,
                 &crate::ledger::finishing_patch(status, answer),
             );
-            write_state(c, run_id, &row.state)?;
-            set_phase(c, run_id, next)?;
+            write_state_and_phase(c, run_id, &row.state, next)?;
             Ok(Ok(()))
         })
     }

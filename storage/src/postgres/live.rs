@@ -1,5 +1,5 @@
 //! Reads of the ledger's `live_runs` and `deletion_fences` tables shared by the ledger (`ledger.rs`) and
-//! the finished-run SQL (`records.rs`): decoding a live row, finding it by run or by thread, and the two
+//! the finished-run SQL (`records.rs`): decoding a live row, finding it by run or by thread (with a fence, [`row_and_fence`]), and the two
 //! facts a history write must respect — [`is_live`] and [`is_killed`]. Mirrors `sqlite/live.rs`.
 
 use postgres::Row;
@@ -9,6 +9,21 @@ use serde_json::{Map, Value};
 
 use crate::ledger::{LiveRow, Phase, StopMode};
 use crate::{Error, Result};
+
+/// The statement of [`row_and_fence`] looking the row up by `$col`: the row's columns (all NULL
+/// without a row) and the fence of `$2`, one row always.
+macro_rules! concat_row_and_fence {
+    ($col:literal) => {
+        concat!(
+            "SELECT run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, ",
+            "system_text, tools_json, state_json, f.killed ",
+            "FROM (SELECT EXISTS (SELECT 1 FROM deletion_fences WHERE run_id = $2) AS killed) f ",
+            "LEFT JOIN live_runs ON ",
+            $col,
+            " = $1"
+        )
+    };
+}
 
 /// The `live_runs` columns [`live_row`] decodes, in its order.
 pub(super) const ROW_COLUMNS: &str =
@@ -67,15 +82,32 @@ pub(super) fn get_row(c: &mut Db, run_id: &str) -> Result<Option<LiveRow>> {
     .transpose()
 }
 
-/// The live row holding `thread_key` (`thread_key UNIQUE`), if any.
-pub(super) fn row_by_thread(c: &mut Db, thread_key: &str) -> Result<Option<LiveRow>> {
-    c.query_opt(
-        &format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE thread_key = $1"),
-        &[&thread_key],
-    )?
-    .as_ref()
-    .map(live_row)
-    .transpose()
+/// Where [`row_and_fence`] looks a live row up.
+#[derive(Clone, Copy)]
+pub(super) enum By {
+    Run,
+    Thread,
+}
+
+/// In one statement: the live row whose run id (or thread key) is `key`, and whether `fenced_id`
+/// carries a deletion fence.
+pub(super) fn row_and_fence(
+    c: &mut Db,
+    by: By,
+    key: &str,
+    fenced_id: &str,
+) -> Result<(Option<LiveRow>, bool)> {
+    let sql = match by {
+        By::Run => concat_row_and_fence!("run_id"),
+        By::Thread => concat_row_and_fence!("thread_key"),
+    };
+    let found = c.query_one(sql, &[&key, &fenced_id])?;
+    let killed: bool = found.try_get(ROW_COLUMN_COUNT)?;
+    let row = match found.try_get::<_, Option<String>>(0)? {
+        Some(_) => Some(live_row(&found)?),
+        None => None,
+    };
+    Ok((row, killed))
 }
 
 /// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`).
