@@ -210,6 +210,48 @@ fn an_owner_check_is_remembered_only_until_the_transaction_changes_it() {
     ));
 }
 
+/// A write left to go out with the `COMMIT` (a state patch) that fails there: the group answers
+/// `GroupRolledBack` (which message failed is not known; the actor runs each again alone) and nothing
+/// of it lands; alone, the failing message answers its own error at its commit.
+#[test]
+fn a_write_failing_at_the_commit_rolls_the_group_back() {
+    let mut s = open(&pg::database());
+    let event = |seq: u64| json!({"type": "note", "seq": seq, "at": NOW, "summary": "s"});
+    live_run(&mut s, "ok", "g1");
+    live_run(&mut s, "bad", "g1");
+    s.connection()
+        .batch_execute(
+            "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'poisoned state'; END $$;
+             CREATE TRIGGER poison BEFORE UPDATE ON live_runs FOR EACH ROW
+             WHEN (NEW.state_json LIKE '%poison%') EXECUTE FUNCTION poison();",
+        )
+        .unwrap();
+    let patch = json!({"poison": true}).as_object().unwrap().clone();
+    assert!(s.begin_group().unwrap());
+    assert_eq!(s.append("ok", "g1", &[event(1)]).unwrap(), Ok(()));
+    assert_eq!(
+        s.set_state("bad", "g1", &patch).unwrap(),
+        Ok(()),
+        "its write waits for the commit"
+    );
+    assert!(matches!(s.end_group(true), Err(Error::GroupRolledBack(_))));
+    let mut other = open_same(&mut s);
+    assert_eq!(
+        other.live_events("ok", 0, 10).unwrap(),
+        Some(vec![]),
+        "nothing of the group landed"
+    );
+    // Alone, each message answers for itself.
+    assert_eq!(s.append("ok", "g1", &[event(1)]).unwrap(), Ok(()));
+    let alone = s.set_state("bad", "g1", &patch).unwrap_err();
+    assert!(alone.to_string().contains("poisoned state"), "{alone}");
+    assert_eq!(
+        other.live_events("ok", 0, 10).unwrap().map(|e| e.len()),
+        Some(1)
+    );
+}
+
 /// Another connection to the database `s` is connected to.
 fn open_same(s: &mut PgStore) -> PgStore {
     open(

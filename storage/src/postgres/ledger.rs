@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::live::{get_row, is_killed, live_rows, row_and_fence, By, ROW_COLUMNS};
 use super::news::notify;
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
-use super::{too_big, PgStore};
+use super::{params, too_big, PgStore};
 use crate::ledger::decisions::{
     self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
 };
@@ -111,11 +111,10 @@ macro_rules! owner {
 }
 
 fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
-    c.execute(
+    c.execute_later(
         "UPDATE live_runs SET state_json = $2 WHERE run_id = $1",
-        &[&run_id, &Value::Object(state.clone()).to_string()],
-    )?;
-    Ok(())
+        params![run_id.to_owned(), Value::Object(state.clone()).to_string()],
+    )
 }
 
 fn write_state_and_phase(
@@ -124,23 +123,21 @@ fn write_state_and_phase(
     state: &Map<String, Value>,
     phase: Phase,
 ) -> Result<()> {
-    c.execute(
+    c.execute_later(
         "UPDATE live_runs SET state_json = $2, phase = $3 WHERE run_id = $1",
-        &[
-            &run_id,
-            &Value::Object(state.clone()).to_string(),
-            &phase.as_str(),
+        params![
+            run_id.to_owned(),
+            Value::Object(state.clone()).to_string(),
+            phase.as_str(),
         ],
-    )?;
-    Ok(())
+    )
 }
 
 fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
-    c.execute(
+    c.execute_later(
         "UPDATE live_runs SET phase = $2 WHERE run_id = $1",
-        &[&run_id, &phase.as_str()],
-    )?;
-    Ok(())
+        params![run_id.to_owned(), phase.as_str()],
+    )
 }
 
 fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
@@ -218,11 +215,10 @@ pub(super) fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
 fn stamp_receipts(c: &mut Db, run_id: &str, now_ms: i64) -> Result<()> {
-    c.execute(
+    c.execute_later(
         "UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL",
-        &[&run_id, &now_ms],
-    )?;
-    Ok(())
+        params![run_id.to_owned(), now_ms],
+    )
 }
 
 fn count(c: &mut Db, table: &str) -> Result<u64> {

@@ -48,6 +48,7 @@
 //! JSON is stored as `text`, byte for byte what SQLite stores, so both answer identically; text
 //! columns are `COLLATE "C"`, so every `ORDER BY` sorts by bytes as SQLite's `BINARY` does.
 
+mod db;
 mod ledger;
 mod live;
 pub(crate) mod news;
@@ -58,14 +59,15 @@ mod records;
 mod runs;
 pub mod schema;
 
-use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
 pub use probe::ActivityProbe;
 
+pub(crate) use db::Db;
+
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement};
+use postgres::{Client, NoTls};
 
 use crate::{Error, Result};
 
@@ -91,153 +93,14 @@ pub const RACE_PAUSE_FIRST: Duration = Duration::from_millis(2);
 /// The largest ceiling of one pause: past it, contenders stop spreading out and only wait longer.
 pub const RACE_PAUSE_MAX: Duration = Duration::from_millis(250);
 
-/// Distinct statement texts a connection keeps prepared; past it the cache starts over (list queries
-/// are built from their filters, so their texts are not a fixed set).
-const MAX_STATEMENTS: usize = 256;
-
-/// The connection and its prepared statements: each statement text is parsed once per connection, and
-/// every later run of it is one round trip (prepared statements outlive transactions and rollbacks).
-///
-/// It also keeps two facts of the open transaction, both forgotten at its end (every `BEGIN`,
-/// `COMMIT` and `ROLLBACK` goes through [`Db::batch_execute`]):
-/// - `notes`: the cross-host news it sends ([`news::notify`]); they go out in the same round trip as
-///   its `COMMIT`, and PostgreSQL delivers notes only on commit anyway;
-/// - `owner`: the run and generation an ownership check passed for. A `SERIALIZABLE` transaction
-///   reads one snapshot, so the same check answers the same until the transaction itself writes
-///   `live_runs` or `deletion_fences` — any such statement forgets it.
-pub(crate) struct Db {
-    client: Client,
-    statements: HashMap<String, Statement>,
-    notes: Vec<String>,
-    owner: Option<(String, String)>,
-}
-
-impl Db {
-    fn new(client: Client) -> Self {
-        Db {
-            client,
-            statements: HashMap::new(),
-            notes: Vec::new(),
-            owner: None,
-        }
-    }
-
-    /// Forget the owner check when `sql` may change what it answered.
-    fn wrote(&mut self, sql: &str) {
-        if self.owner.is_some()
-            && !sql.trim_start().starts_with("SELECT")
-            && (sql.contains("live_runs") || sql.contains("deletion_fences"))
-        {
-            self.owner = None;
-        }
-    }
-
-    /// Whether an ownership check of `run_id` by `gen` already passed in the open transaction.
-    pub(crate) fn owner_known(&self, run_id: &str, gen: &str) -> bool {
-        self.owner
-            .as_ref()
-            .is_some_and(|(r, g)| r == run_id && g == gen)
-    }
-
-    /// Remember that `gen` owns `run_id` for the rest of the open transaction.
-    pub(crate) fn owner_passed(&mut self, run_id: &str, gen: &str) {
-        self.owner = Some((run_id.to_owned(), gen.to_owned()));
-    }
-
-    /// Queue a note to every listener, sent with the open transaction's `COMMIT`.
-    pub(crate) fn note(&mut self, payload: String) {
-        self.notes.push(payload);
-    }
-
-    fn statement(&mut self, sql: &str) -> Result<Statement> {
-        if let Some(s) = self.statements.get(sql) {
-            return Ok(s.clone());
-        }
-        if self.statements.len() >= MAX_STATEMENTS {
-            self.statements.clear();
-        }
-        let s = self.client.prepare(sql)?;
-        self.statements.insert(sql.to_owned(), s.clone());
-        Ok(s)
-    }
-
-    /// Forget the prepared statements when the server says one went stale (a schema another host
-    /// changed under them: `0A000` "cached plan must not change result type", `26000`).
-    fn checked<T>(&mut self, out: std::result::Result<T, postgres::Error>) -> Result<T> {
-        if let Err(e) = &out {
-            if e.code()
-                .is_some_and(|c| matches!(c.code(), "0A000" | "26000"))
-            {
-                self.statements.clear();
-            }
-        }
-        Ok(out?)
-    }
-
-    pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let out = self.client.query(&st, params);
-        self.checked(out)
-    }
-
-    pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let out = self.client.query_one(&st, params);
-        self.checked(out)
-    }
-
-    pub(crate) fn query_opt(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let out = self.client.query_opt(&st, params);
-        self.checked(out)
-    }
-
-    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let out = self.client.execute(&st, params);
-        self.checked(out)
-    }
-
-    /// Run simple statements: a transaction's `BEGIN`, `COMMIT` or `ROLLBACK` (which ends what
-    /// [`Db`] keeps of it). A `COMMIT` carries the transaction's notes in the same round trip; when
-    /// that fails, the transaction is rolled back.
-    fn batch_execute(&mut self, sql: &str) -> std::result::Result<(), postgres::Error> {
-        self.owner = None;
-        let notes = std::mem::take(&mut self.notes);
-        if sql != "COMMIT" || notes.is_empty() {
-            return self.client.batch_execute(sql);
-        }
-        let mut batch = String::new();
-        for payload in &notes {
-            batch.push_str(&format!(
-                "SELECT pg_notify('{}', '{}'); ",
-                crate::news::CHANNEL,
-                payload.replace('\'', "''")
-            ));
-        }
-        batch.push_str("COMMIT");
-        let done = self.client.batch_execute(&batch);
-        if done.is_err() && !self.client.is_closed() {
-            let _ = self.client.batch_execute("ROLLBACK");
-        }
-        done
-    }
-
-    fn is_closed(&self) -> bool {
-        self.client.is_closed()
-    }
-}
-
 pub struct PgStore {
     db: Db,
+    /// Where `db` connects: what the test hooks open a connection of their own to.
+    #[cfg_attr(not(any(test, feature = "test-hooks")), allow(dead_code))]
+    url: String,
+    /// The test hooks' own connection ([`PgStore::connection`]).
+    #[cfg(any(test, feature = "test-hooks"))]
+    raw: Option<Client>,
     /// Inside a group commit: each method runs in a `SAVEPOINT` of the group's one transaction.
     grouped: bool,
     /// Open atomic units, innermost last: `true` when the unit opened the group itself.
@@ -257,6 +120,16 @@ impl std::fmt::Debug for PgStore {
             .finish()
     }
 }
+
+/// [`Params`] of owned values, in order: `params![a, b]` (for [`Db::execute_later`]).
+macro_rules! params {
+    ($($v:expr),* $(,)?) => {{
+        let mut p = $crate::postgres::Params::default();
+        $( p.push($v); )*
+        p
+    }};
+}
+pub(crate) use params;
 
 /// Parameters of one statement built at run time, numbered `$1, $2, …` in push order.
 #[derive(Default)]
@@ -282,8 +155,8 @@ struct Open<'c> {
 }
 
 impl<'c> Open<'c> {
-    fn begin(client: &'c mut Db, begin: &str, rollback: &'static str) -> Result<Self> {
-        client.batch_execute(begin)?;
+    fn begin(client: &'c mut Db, begin: &'static str, rollback: &'static str) -> Result<Self> {
+        client.begin(begin);
         Ok(Open {
             client,
             rollback: Some(rollback),
@@ -311,10 +184,12 @@ impl PgStore {
     /// Connect to `url` (`postgres://user@host:port/db`), set the session's timeouts, create or
     /// migrate the schema (a newer one is refused by name, [`Error::SchemaTooNew`]).
     pub fn open(url: &str) -> Result<Self> {
-        let mut client = connect(url)?;
-        schema::migrate(&mut client)?;
+        schema::migrate(&mut connect(url)?)?;
         Ok(PgStore {
-            db: Db::new(client),
+            db: Db::connect(url)?,
+            url: url.to_owned(),
+            #[cfg(any(test, feature = "test-hooks"))]
+            raw: None,
             grouped: false,
             atomic: Vec::new(),
             spoiled: false,
@@ -327,17 +202,20 @@ impl PgStore {
     /// through the storage actor), and sets `default_transaction_read_only`, so a write method answers
     /// an error and changes nothing.
     pub fn open_reader(url: &str) -> Result<Self> {
-        let mut client = connect(url)?;
-        let found = schema::version(&mut client)?;
+        let found = schema::version(&mut connect(url)?)?;
         let supported = schema::current_version();
         if found != supported {
             return Err(Error::Unavailable(format!(
                 "the database is at schema version {found}, this build reads {supported}"
             )));
         }
-        client.batch_execute("SET default_transaction_read_only = on")?;
+        let mut db = Db::connect(url)?;
+        db.batch_execute("SET default_transaction_read_only = on")?;
         Ok(PgStore {
-            db: Db::new(client),
+            db,
+            url: url.to_owned(),
+            #[cfg(any(test, feature = "test-hooks"))]
+            raw: None,
             grouped: false,
             atomic: Vec::new(),
             spoiled: false,
@@ -347,14 +225,29 @@ impl PgStore {
 
     /// The schema version in the database.
     pub fn schema_version(&mut self) -> Result<i64> {
-        schema::version(&mut self.db.client)
+        self.read_one(|c| {
+            let exists: bool = c
+                .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])?
+                .get(0);
+            if !exists {
+                return Ok(0);
+            }
+            Ok(c.query_opt("SELECT version FROM schema_version", &[])?
+                .map_or(0, |r| r.get(0)))
+        })
     }
 
     /// The client, for this crate's tests (the `test-hooks` feature): nothing outside the storage crate
     /// runs SQL of its own (SPEC §1.2).
+    ///
+    /// A connection of its own to the same database (the store's own is pipelined, [`Db`]): what
+    /// runs there is not part of a transaction the store holds open.
     #[cfg(any(test, feature = "test-hooks"))]
     pub fn connection(&mut self) -> &mut Client {
-        &mut self.db.client
+        if self.raw.as_ref().is_none_or(Client::is_closed) {
+            self.raw = Some(connect(&self.url).expect("the test hooks' connection"));
+        }
+        self.raw.as_mut().expect("just opened")
     }
 
     /// The 32-byte capability secret created at the first migration (hex).
@@ -452,16 +345,36 @@ impl PgStore {
         if self.grouped {
             return Ok(false);
         }
-        self.db.batch_execute(BEGIN_WRITE)?;
+        self.db.begin(BEGIN_WRITE);
         self.grouped = true;
         self.spoiled = false;
         Ok(true)
     }
 
-    /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false). A spoiled group rolls back and
-    /// answers [`Error::GroupRolledBack`] instead of committing. A failed `COMMIT` leaves no
-    /// transaction open (PostgreSQL rolls it back).
+    /// End a group of messages: `COMMIT` (or `ROLLBACK` when `commit` is false). A spoiled group rolls
+    /// back and answers [`Error::GroupRolledBack`] instead of committing. So does a `COMMIT` the server
+    /// refused for another reason than a race: a write a message left to go out with it
+    /// ([`Db::execute_later`]) failed there, and which message's it was is not known — each runs again
+    /// alone, where its own commit tells. A failed `COMMIT` leaves no transaction open.
     pub fn end_group(&mut self, commit: bool) -> Result<()> {
+        match self.close_group(commit) {
+            Err(e)
+                if commit
+                    && !e.is_race()
+                    && matches!(e, Error::Postgres(_))
+                    && !e.poisons_connection() =>
+            {
+                tracing::debug!(error = %e, "a group's commit failed; its messages run again alone");
+                Err(Error::GroupRolledBack(
+                    "a write of the group failed at its commit",
+                ))
+            }
+            out => out,
+        }
+    }
+
+    /// [`PgStore::end_group`] answering the server's own error (an atomic unit's group: one message).
+    fn close_group(&mut self, commit: bool) -> Result<()> {
         self.grouped = false;
         let spoiled = std::mem::take(&mut self.spoiled);
         let done = self.db.batch_execute(if commit && !spoiled {
@@ -492,7 +405,7 @@ impl PgStore {
     /// that group when the unit rolls back (its writes cannot be undone alone).
     pub fn end_atomic(&mut self, commit: bool) -> Result<()> {
         match self.atomic.pop() {
-            Some(true) => self.end_group(commit),
+            Some(true) => self.close_group(commit),
             Some(false) => {
                 self.spoiled |= !commit;
                 Ok(())
@@ -514,20 +427,25 @@ fn race_pause(attempt: u32) -> Duration {
     ))
 }
 
-/// Connect and set the session: timeouts (SPEC §1.3) and UTC.
+/// Connect a synchronous client (migrations, the listener, the clock) and set the session.
 fn connect(url: &str) -> Result<Client> {
     let mut config = postgres::Config::from_str(url)?;
     config.connect_timeout(CONNECT_TIMEOUT);
     config.application_name(&application_name(std::process::id()));
     let mut client = config.connect(NoTls)?;
-    client.batch_execute(&format!(
+    client.batch_execute(&session_settings())?;
+    Ok(client)
+}
+
+/// What every connection sets: timeouts (SPEC §1.3) and UTC.
+fn session_settings() -> String {
+    format!(
         "SET lock_timeout = {}; SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'",
         LOCK_TIMEOUT.as_millis(),
         STATEMENT_TIMEOUT.as_millis(),
         // A transaction left open by a stalled process stops holding its locks.
         STATEMENT_TIMEOUT.as_millis() * 4,
-    ))?;
-    Ok(client)
+    )
 }
 
 /// The name every connection of process `pid` carries (`switchboard/<pid>`), so `pg_stat_activity` tells

@@ -13,7 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::live::is_live;
-use super::{big, too_big, Params};
+use super::{big, params, too_big, Params};
 use crate::record::{
     is_valid_run_id, stored_event_seqs, RetentionPolicy, RunHead, RunListItem, RunRecord,
     VisibilityFilter,
@@ -378,7 +378,7 @@ pub(super) fn put_in(
     let unchanged = existing.as_ref().is_some_and(|(_, d)| *d == digest);
     if !unchanged {
         let h = &record.head;
-        c.execute(
+        c.execute_later(
             "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
                 channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
                 card_open, label)
@@ -390,14 +390,18 @@ pub(super) fn put_in(
                 event_count = EXCLUDED.event_count, bytes = EXCLUDED.bytes, digest = EXCLUDED.digest,
                 stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json, card_open = EXCLUDED.card_open,
                 label = EXCLUDED.label",
-            &[
-                &id, &h.finished_at, &h.started_at, &h.agent, &h.channel_id, &h.user_id, &h.thread_key,
-                &h.channel_visibility.as_str(), &h.parent_run_id, &h.status.as_str(), &h.provisional,
-                &big(h.event_count), &bytes, &digest, &now_ms, &summary, &h.card_open(), &h.label,
+            params![
+                id.to_owned(), h.finished_at, h.started_at, h.agent.clone(), h.channel_id.clone(),
+                h.user_id.clone(), h.thread_key.clone(), h.channel_visibility.as_str(),
+                h.parent_run_id.clone(), h.status.as_str(), h.provisional, big(h.event_count), bytes,
+                digest, now_ms, summary, h.card_open(), h.label.clone(),
             ],
         )?;
         if !live {
-            c.execute("DELETE FROM run_events WHERE run_id = $1", &[&id])?;
+            c.execute_later(
+                "DELETE FROM run_events WHERE run_id = $1",
+                params![id.to_owned()],
+            )?;
         }
         insert_events(
             c,
@@ -678,12 +682,11 @@ pub(super) fn insert_events(
         return Ok(());
     }
     let (seqs, jsons): (Vec<i64>, Vec<String>) = by_seq.into_iter().unzip();
-    c.execute(
+    c.execute_later(
         "INSERT INTO run_events (run_id, seq, json) SELECT $1, s, j FROM UNNEST($2::BIGINT[], $3::text[]) AS t(s, j)
          ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json",
-        &[&run_id, &seqs, &jsons],
-    )?;
-    Ok(())
+        params![run_id.to_owned(), seqs, jsons],
+    )
 }
 
 /// A live run's events strictly after `after_seq`, in seq order, at most `limit`. A corrupt row is

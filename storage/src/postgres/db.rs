@@ -1,0 +1,307 @@
+//! `Db`: the storage thread's (or a reader's) one connection to PostgreSQL, the statements prepared on
+//! it, and pipelining.
+//!
+//! The connection is `tokio-postgres` driven by a small runtime of its own on the calling thread —
+//! what the synchronous `postgres` client is inside — so a call still blocks its thread until answered.
+//! What it adds is *pipelining*: what nobody reads the answer of — a transaction's `BEGIN`, and writes
+//! whose row count nothing reads ([`Db::execute_later`]) — waits, and goes out in order with the next
+//! statement whose answer is needed (or the `COMMIT`), all in one round trip. The server runs them in
+//! the order sent, so the answered statement sees them; the first one that failed is the answer (the
+//! transaction is then aborted, and so is everything after it). A connection's round trip is what a
+//! run's storage costs on PostgreSQL (issue 29), not the server's work.
+//!
+//! Each statement text is parsed once per connection, and every later run of it is one message
+//! (prepared statements outlive transactions and rollbacks).
+//!
+//! It also keeps two facts of the open transaction, both forgotten at its end (every `BEGIN`,
+//! `COMMIT` and `ROLLBACK` goes through [`Db::begin`] or [`Db::batch_execute`]):
+//! - `notes`: the cross-host news it sends ([`super::news::notify`]); they go out in the same round
+//!   trip as its `COMMIT`, and PostgreSQL delivers notes only on commit anyway;
+//! - `owner`: the run and generation an ownership check passed for. A `SERIALIZABLE` transaction reads
+//!   one snapshot, so the same check answers the same until the transaction itself writes `live_runs`
+//!   or `deletion_fences` — any such statement forgets it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::str::FromStr;
+
+use postgres::types::ToSql;
+use postgres::{NoTls, Row, Statement};
+
+use super::{application_name, session_settings, Params, CONNECT_TIMEOUT};
+use crate::{Error, Result};
+
+/// Distinct statement texts a connection keeps prepared; past it the cache starts over (list queries
+/// are built from their filters, so their texts are not a fixed set).
+const MAX_STATEMENTS: usize = 256;
+
+type PgResult<T> = std::result::Result<T, postgres::Error>;
+
+/// What waits to go out with the next answered statement.
+enum Later {
+    /// A simple statement (a transaction's `BEGIN`).
+    Simple(&'static str),
+    /// A prepared write whose row count nobody reads.
+    Write(Statement, Params),
+}
+
+impl Later {
+    fn send<'a>(
+        &'a self,
+        client: &'a tokio_postgres::Client,
+    ) -> Pin<Box<dyn Future<Output = PgResult<()>> + 'a>> {
+        match self {
+            Later::Simple(sql) => Box::pin(client.batch_execute(sql)),
+            Later::Write(st, params) => Box::pin(async move {
+                let refs = params.refs();
+                client.execute(st, &refs).await.map(|_| ())
+            }),
+        }
+    }
+
+    fn is_begin(&self) -> bool {
+        matches!(self, Later::Simple(_))
+    }
+}
+
+pub(crate) struct Db {
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+    statements: HashMap<String, Statement>,
+    later: Vec<Later>,
+    notes: Vec<String>,
+    owner: Option<(String, String)>,
+}
+
+impl Db {
+    /// Connect to `url` and set the session ([`session_settings`]).
+    pub(super) fn connect(url: &str) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::Unavailable(format!("no runtime for the PostgreSQL connection: {e}"))
+            })?;
+        let mut config = tokio_postgres::Config::from_str(url)?;
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name(application_name(std::process::id()));
+        let (client, connection) = rt.block_on(config.connect(NoTls))?;
+        // Driven whenever this thread waits on the runtime, as the synchronous client does.
+        rt.spawn(async move {
+            let _ = connection.await;
+        });
+        let mut db = Db {
+            rt,
+            client,
+            statements: HashMap::new(),
+            later: Vec::new(),
+            notes: Vec::new(),
+            owner: None,
+        };
+        db.batch_execute(&session_settings())?;
+        Ok(db)
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<Statement> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        if self.statements.len() >= MAX_STATEMENTS {
+            self.statements.clear();
+        }
+        let s = self.rt.block_on(self.client.prepare(sql));
+        let s = self.checked(s)?;
+        self.statements.insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+
+    /// Forget the prepared statements when the server says one went stale (a schema another host
+    /// changed under them: `0A000` "cached plan must not change result type", `26000`).
+    fn checked<T>(&mut self, out: PgResult<T>) -> Result<T> {
+        if let Err(e) = &out {
+            if e.code()
+                .is_some_and(|c| matches!(c.code(), "0A000" | "26000"))
+            {
+                self.statements.clear();
+            }
+        }
+        Ok(out?)
+    }
+
+    /// Send what waits, then `next` (a request of this connection's client, not yet polled), in one
+    /// round trip; answer `next`'s answer — or the first failure of what waited.
+    fn answered<T>(
+        rt: &tokio::runtime::Runtime,
+        client: &tokio_postgres::Client,
+        later: Vec<Later>,
+        next: impl Future<Output = PgResult<T>>,
+    ) -> PgResult<T> {
+        rt.block_on(async move {
+            // `join` polls in order, and each request leaves on its first poll: the server gets them
+            // in the order they were made.
+            let waiting = async {
+                let mut out = Ok(());
+                for sent in
+                    futures_util::future::join_all(later.iter().map(|l| l.send(client))).await
+                {
+                    if out.is_ok() {
+                        out = sent;
+                    }
+                }
+                out
+            };
+            let (waited, answer) = tokio::join!(waiting, next);
+            waited?;
+            answer
+        })
+    }
+
+    /// Forget the owner check when `sql` may change what it answered.
+    fn wrote(&mut self, sql: &str) {
+        if self.owner.is_some()
+            && !sql.trim_start().starts_with("SELECT")
+            && (sql.contains("live_runs") || sql.contains("deletion_fences"))
+        {
+            self.owner = None;
+        }
+    }
+
+    /// Whether an ownership check of `run_id` by `gen` already passed in the open transaction.
+    pub(crate) fn owner_known(&self, run_id: &str, gen: &str) -> bool {
+        self.owner
+            .as_ref()
+            .is_some_and(|(r, g)| r == run_id && g == gen)
+    }
+
+    /// Remember that `gen` owns `run_id` for the rest of the open transaction.
+    pub(crate) fn owner_passed(&mut self, run_id: &str, gen: &str) {
+        self.owner = Some((run_id.to_owned(), gen.to_owned()));
+    }
+
+    /// Queue a note to every listener, sent with the open transaction's `COMMIT`.
+    pub(crate) fn note(&mut self, payload: String) {
+        self.notes.push(payload);
+    }
+
+    pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        self.wrote(sql);
+        let st = self.statement(sql)?;
+        let later = std::mem::take(&mut self.later);
+        let out = Self::answered(
+            &self.rt,
+            &self.client,
+            later,
+            self.client.query(&st, params),
+        );
+        self.checked(out)
+    }
+
+    pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        self.wrote(sql);
+        let st = self.statement(sql)?;
+        let later = std::mem::take(&mut self.later);
+        let out = Self::answered(
+            &self.rt,
+            &self.client,
+            later,
+            self.client.query_one(&st, params),
+        );
+        self.checked(out)
+    }
+
+    pub(crate) fn query_opt(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>> {
+        self.wrote(sql);
+        let st = self.statement(sql)?;
+        let later = std::mem::take(&mut self.later);
+        let out = Self::answered(
+            &self.rt,
+            &self.client,
+            later,
+            self.client.query_opt(&st, params),
+        );
+        self.checked(out)
+    }
+
+    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        self.wrote(sql);
+        let st = self.statement(sql)?;
+        let later = std::mem::take(&mut self.later);
+        let out = Self::answered(
+            &self.rt,
+            &self.client,
+            later,
+            self.client.execute(&st, params),
+        );
+        self.checked(out)
+    }
+
+    /// A write whose row count nobody reads: it goes out with the next answered statement or the
+    /// `COMMIT` (only inside a transaction; a failure answers there).
+    pub(crate) fn execute_later(&mut self, sql: &str, params: Params) -> Result<()> {
+        self.wrote(sql);
+        let st = self.statement(sql)?;
+        self.later.push(Later::Write(st, params));
+        Ok(())
+    }
+
+    /// Begin a transaction with `sql`; the `BEGIN` goes out with the first statement.
+    pub(super) fn begin(&mut self, sql: &'static str) {
+        self.owner = None;
+        self.notes.clear();
+        self.later.clear();
+        self.later.push(Later::Simple(sql));
+    }
+
+    /// Run simple statements: a transaction's `COMMIT` or `ROLLBACK` (which ends what [`Db`] keeps of
+    /// it), or the session's settings. A `COMMIT` carries what waits and the transaction's notes in the
+    /// same round trip (nothing at all when the transaction sent nothing); when it fails, the
+    /// transaction is rolled back. A `ROLLBACK` of a transaction whose `BEGIN` never left sends nothing.
+    pub(super) fn batch_execute(&mut self, sql: &str) -> PgResult<()> {
+        self.owner = None;
+        let notes = std::mem::take(&mut self.notes);
+        if sql.starts_with("ROLLBACK") {
+            let unsent = self.later.first().is_some_and(Later::is_begin);
+            self.later.clear();
+            if unsent {
+                return Ok(());
+            }
+            return self.rt.block_on(self.client.batch_execute(sql));
+        }
+        if sql == "COMMIT" && notes.is_empty() && self.later.len() == 1 && self.later[0].is_begin()
+        {
+            self.later.clear();
+            return Ok(());
+        }
+        let mut batch = String::new();
+        if sql == "COMMIT" {
+            for payload in &notes {
+                batch.push_str(&format!(
+                    "SELECT pg_notify('{}', '{}'); ",
+                    crate::news::CHANNEL,
+                    payload.replace('\'', "''")
+                ));
+            }
+        }
+        batch.push_str(sql);
+        let later = std::mem::take(&mut self.later);
+        let done = Self::answered(
+            &self.rt,
+            &self.client,
+            later,
+            self.client.batch_execute(&batch),
+        );
+        if done.is_err() && sql == "COMMIT" && !self.client.is_closed() {
+            let _ = self.rt.block_on(self.client.batch_execute("ROLLBACK"));
+        }
+        done
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+}
