@@ -18,8 +18,8 @@
 //! - `notes`: the cross-host news it sends ([`super::news::notify`]); they go out in the same round
 //!   trip as its `COMMIT`, and PostgreSQL delivers notes only on commit anyway;
 //! - `owner`: the run and generation an ownership check passed for. A `SERIALIZABLE` transaction reads
-//!   one snapshot, so the same check answers the same until the transaction itself writes `live_runs`
-//!   or `deletion_fences` — any such statement forgets it.
+//!   one snapshot, so the same check answers the same until the transaction itself changes what it
+//!   reads — a fence, a live row's existence or its `owner_gen` — and any statement that may forgets it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -157,11 +157,16 @@ impl Db {
         })
     }
 
-    /// Forget the owner check when `sql` may change what it answered.
+    /// Forget the owner check when `sql` may change what it answered: a write of `deletion_fences`,
+    /// or one of `live_runs` that adds or removes rows or names `owner_gen` (a row's state, phase,
+    /// stop or lease is not what the check reads).
     fn wrote(&mut self, sql: &str) {
         if self.owner.is_some()
             && !sql.trim_start().starts_with("SELECT")
-            && (sql.contains("live_runs") || sql.contains("deletion_fences"))
+            && (sql.contains("deletion_fences")
+                || sql.contains("INSERT INTO live_runs")
+                || sql.contains("DELETE FROM live_runs")
+                || (sql.contains("live_runs") && sql.contains("owner_gen")))
         {
             self.owner = None;
         }

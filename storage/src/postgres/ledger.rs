@@ -56,7 +56,10 @@ fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
     }
     Ok(match fence_refusal(row.as_ref(), run_id, gen) {
         Some(refusal) => Err(refusal),
-        None => Ok(row.expect("fence_check passes only with a row")),
+        None => {
+            c.owner_passed(run_id, gen);
+            Ok(row.expect("fence_check passes only with a row"))
+        }
     })
 }
 
@@ -198,20 +201,22 @@ fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
 /// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
 /// went; its receipts and events stay.
 pub(super) fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
-    // One statement over four tables (each written once, so nothing of one depends on another).
-    let n: i64 = c
-        .query_one(
-            "WITH l AS (DELETE FROM live_runs WHERE run_id = $1 RETURNING 1),
-                  s AS (DELETE FROM run_steps WHERE run_id = $1 RETURNING 1),
-                  t AS (DELETE FROM transcript WHERE run_id = $1 RETURNING 1),
-                  i AS (DELETE FROM run_inbox WHERE run_id = $1 RETURNING 1)
-             SELECT (SELECT COUNT(*) FROM l) + (SELECT COUNT(*) FROM s)
-                  + (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM i)",
-            &[&run_id],
-        )?
-        .get(0);
+    let n: i64 = c.query_one(DELETE_LIVE, &[&run_id])?.get(0);
     Ok(n.max(0) as u64)
 }
+
+/// [`delete_live`] when nobody reads how many rows went: it goes out with the next statement.
+fn delete_live_later(c: &mut Db, run_id: &str) -> Result<()> {
+    c.execute_later(DELETE_LIVE, params![run_id.to_owned()])
+}
+
+/// One statement over four tables (each written once, so nothing of one depends on another).
+const DELETE_LIVE: &str = "WITH l AS (DELETE FROM live_runs WHERE run_id = $1 RETURNING 1),
+      s AS (DELETE FROM run_steps WHERE run_id = $1 RETURNING 1),
+      t AS (DELETE FROM transcript WHERE run_id = $1 RETURNING 1),
+      i AS (DELETE FROM run_inbox WHERE run_id = $1 RETURNING 1)
+ SELECT (SELECT COUNT(*) FROM l) + (SELECT COUNT(*) FROM s)
+      + (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM i)";
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
 fn stamp_receipts(c: &mut Db, run_id: &str, now_ms: i64) -> Result<()> {
@@ -278,19 +283,21 @@ fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
             run_id: d.writes_to().unwrap_or_default().to_owned(),
         },
         decisions::AdmitDecision::Insert => {
-            c.execute(
+            c.execute_later(
                 "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
                  VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                &[
-                    &a.run_id,
-                    &a.thread_key,
-                    &a.gen,
-                    &(now_ms + a.lease_ms),
-                    &now_ms,
-                    &decisions::INSERT_PHASE.as_str(),
-                    &a.meta.to_string(),
+                params![
+                    a.run_id.clone(),
+                    a.thread_key.clone(),
+                    a.gen.clone(),
+                    now_ms + a.lease_ms,
+                    now_ms,
+                    decisions::INSERT_PHASE.as_str(),
+                    a.meta.to_string(),
                 ],
             )?;
+            // The row is `gen`'s from here on in this transaction (its first events follow).
+            c.owner_passed(&a.run_id, &a.gen);
             AdmitOutcome::Started {
                 run_id: a.run_id.clone(),
             }
@@ -366,19 +373,21 @@ fn claim_in(
         ClaimDecision::Promote => {
             let mut row = by_run.expect("promote needs the run's row");
             merge_state(&mut row.state, &p.state);
-            c.execute(
+            c.execute_later(
                 "UPDATE live_runs SET phase = $2, system_text = $3, tools_json = $4, state_json = $5, lease_until = $6
                  WHERE run_id = $1 AND owner_gen = $7",
-                &[
-                    &run_id,
-                    &Phase::Live.as_str(),
-                    &p.system_text,
-                    &p.tools.to_string(),
-                    &Value::Object(row.state).to_string(),
-                    &(now_ms + p.lease_ms),
-                    &gen,
+                params![
+                    run_id.to_owned(),
+                    Phase::Live.as_str(),
+                    p.system_text.clone(),
+                    p.tools.to_string(),
+                    Value::Object(row.state).to_string(),
+                    now_ms + p.lease_ms,
+                    gen.to_owned(),
                 ],
             )?;
+            // Promoted: the seed step that follows in this transaction is the owner's.
+            c.owner_passed(run_id, gen);
             Ok(Claimed::Promoted)
         }
         ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
@@ -809,7 +818,7 @@ impl RunLedger for PgStore {
         }
         self.write(|c| {
             owner!(c, run_id, gen);
-            delete_live(c, run_id)?;
+            delete_live_later(c, run_id)?;
             stamp_receipts(c, run_id, now_ms)?;
             notify(
                 c,
@@ -825,7 +834,7 @@ impl RunLedger for PgStore {
     fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
         self.write(|c| {
             owner!(c, run_id, gen);
-            delete_live(c, run_id)?;
+            delete_live_later(c, run_id)?;
             if !has_record(c, run_id)? {
                 delete_events(c, run_id)?;
             }
