@@ -1,11 +1,12 @@
 //! The PostgreSQL implementation of the storage traits (`storage.kind = "postgres"`, SPEC §1.3): many
 //! hosts sharing one database.
 //!
-//! Owns one synchronous `postgres::Client` and the statements prepared on it (`Db`: each statement text
-//! is parsed once per connection, every later run is one round trip). Exactly one `PgStore` per process writes, inside the storage
-//! actor's thread ([`crate::actor`]); the synchronous client fits that thread as `rusqlite` does — the
-//! actor is a plain OS thread that runs one transaction at a time, so an async client would only add a
-//! runtime to block on. The handle's reads go to `pool` reader connections ([`PgStore::open_reader`],
+//! Owns one connection ([`Db`], `db.rs`: blocking calls over `tokio-postgres` on a runtime of its own,
+//! its prepared statements, and pipelining — a `BEGIN` and the writes whose count nobody reads share
+//! the next statement's round trip). Exactly one `PgStore` per process writes, inside the storage
+//! actor's thread ([`crate::actor`]); a blocking connection fits that thread as `rusqlite` does — the
+//! actor is a plain OS thread that runs one transaction at a time. Migrations, the news listener and
+//! the test hooks use the synchronous `postgres::Client`. The handle's reads go to `pool` reader connections ([`PgStore::open_reader`],
 //! [`crate::readers`]; `pool` of [`crate::BackendSpec::Postgres`]), or to the actor when it is 0.
 //!
 //! Every decision is the shared pure code ([`crate::ledger::decisions`], [`crate::plan`], the record
