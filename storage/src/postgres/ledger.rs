@@ -5,113 +5,31 @@
 //! decides on, asks [`decisions`] what to do, and writes the answer — two hosts cannot both win a row:
 //! the loser's transaction fails with a serialization failure and runs again, deciding on the winner's
 //! committed rows. A refusal is decided before any write, so committing it writes nothing.
+//!
+//! The ownership checks every owner write opens with are in `owner.rs`; admission, promotion and
+//! reclaim — the decisions that create or take a row — in `admission.rs`.
 
 use super::prune::prune_in;
 use super::Db;
 use serde_json::{Map, Value};
 
-use super::live::{get_row, is_killed, live_rows, row_and_fence, By, ROW_COLUMNS};
+use super::admission::{admit_in, claim_in, reclaim_in};
+use super::live::{get_row, is_killed, live_rows, ROW_COLUMNS};
 use super::news::notify;
+use super::owner::{owned, owner, owner_only};
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::{params, too_big, PgStore};
-use crate::ledger::decisions::{
-    self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
-};
+use crate::ledger::decisions::{self, Phase, PhaseChange, StopMode};
 use crate::ledger::{
-    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, view_refusal,
-    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem,
-    KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal,
-    RunLedger, StepRecord, StepWrite, StopAnswer, TableRows, Transcript, Turn,
+    check_events, check_turns, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
+    HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion,
+    PruneReport, ReclaimAnswer, Refusal, RunLedger, StepRecord, StepWrite, StopAnswer, TableRows,
+    Transcript, Turn,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
-
-/// The fence refusal of a run with no live row: `Fenced` when it was killed, else `UnknownRun`.
-fn no_row_refusal(c: &mut Db, run_id: &str, gen: &str) -> Result<Refusal> {
-    if is_killed(c, run_id)? {
-        return Ok(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        });
-    }
-    Ok(view_refusal(None, run_id, gen).expect("no row is always refused"))
-}
-
-/// The refusal of a killed run with a live row (its owner is fenced).
-fn killed(run_id: &str) -> Refusal {
-    Refusal::Fenced {
-        run_id: run_id.to_owned(),
-    }
-}
-
-/// The row when `gen` owns it, else the refusal. A killed run fences its owner. One round trip: the
-/// row comes with whether a deletion fence stands (a second statement only when there is no row).
-fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
-    let (row, killed) = row_and_fence(c, By::Run, run_id, run_id)?;
-    if killed {
-        return Ok(Err(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        }));
-    }
-    Ok(match fence_refusal(row.as_ref(), run_id, gen) {
-        Some(refusal) => Err(refusal),
-        None => {
-            c.owner_passed(run_id, gen);
-            Ok(row.expect("fence_check passes only with a row"))
-        }
-    })
-}
-
-/// `Ok` when `gen` owns the run, else the refusal: [`owned`] reading only the row's ownership columns,
-/// for a write that needs nothing else of the row (most of a run's writes).
-fn owner_only(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<()>> {
-    if c.owner_known(run_id, gen) {
-        return Ok(Ok(()));
-    }
-    let found = c.query_opt(
-        "SELECT owner_gen, phase, lease_until,
-                EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)
-         FROM live_runs WHERE run_id = $1",
-        &[&run_id],
-    )?;
-    let Some(found) = found else {
-        return Ok(Err(no_row_refusal(c, run_id, gen)?));
-    };
-    if found.try_get::<_, bool>(3)? {
-        return Ok(Err(killed(run_id)));
-    }
-    let (owner, phase): (String, String) = (found.try_get(0)?, found.try_get(1)?);
-    let view = decisions::RowView {
-        run_id,
-        owner_gen: &owner,
-        phase: Phase::parse(&phase).ok_or_else(|| Error::corrupt("live_runs.phase", &phase))?,
-        lease_until: found.try_get(2)?,
-    };
-    Ok(match view_refusal(Some(&view), run_id, gen) {
-        Some(refusal) => Err(refusal),
-        None => {
-            c.owner_passed(run_id, gen);
-            Ok(())
-        }
-    })
-}
-
-/// Unwrap an owner check or return its refusal from the enclosing closure: `owner!(c, run, gen)`
-/// checks only, `owner!(row: c, run, gen)` answers the row.
-macro_rules! owner {
-    (row: $c:expr, $run:expr, $gen:expr) => {
-        match owned($c, $run, $gen)? {
-            Ok(row) => row,
-            Err(refusal) => return Ok(Err(refusal)),
-        }
-    };
-    ($c:expr, $run:expr, $gen:expr) => {
-        if let Err(refusal) = owner_only($c, $run, $gen)? {
-            return Ok(Err(refusal));
-        }
-    };
-}
 
 fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
     c.execute_later(
@@ -136,14 +54,14 @@ fn write_state_and_phase(
     )
 }
 
-fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
+pub(super) fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
     c.execute_later(
         "UPDATE live_runs SET phase = $2 WHERE run_id = $1",
         params![run_id.to_owned(), phase.as_str()],
     )
 }
 
-fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
+pub(super) fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
     let seq: i64 = c
         .query_one(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = $1",
@@ -158,14 +76,14 @@ fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
 }
 
 /// How many messages wait queued in a run's inbox (SPEC §5.1 `position`).
-fn queued_count(c: &mut Db, run_id: &str) -> Result<u64> {
+pub(super) fn queued_count(c: &mut Db, run_id: &str) -> Result<u64> {
     Ok(inbox_after(c, run_id, None)?
         .iter()
         .filter(|i| i.queued())
         .count() as u64)
 }
 
-fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
+pub(super) fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
     let Ok(after) = i64::try_from(after.unwrap_or(0)) else {
         return Ok(Vec::new());
     };
@@ -187,7 +105,7 @@ fn inbox_item(seq: i64, json: std::result::Result<String, postgres::Error>) -> R
     })
 }
 
-fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
+pub(super) fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
     let json: Option<String> = c
         .query_opt(
             "SELECT json FROM run_steps WHERE run_id = $1 ORDER BY step DESC LIMIT 1",
@@ -231,218 +149,6 @@ fn count(c: &mut Db, table: &str) -> Result<u64> {
         .query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?
         .get(0);
     Ok(n.max(0) as u64)
-}
-
-fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
-    if let Some(k) = &a.key {
-        let hit = c.query_opt(
-            "SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2",
-            &[&k.scope, &k.key],
-        )?;
-        if let Some(hit) = hit {
-            let (hash, run_id, answer): (String, String, String) =
-                (hit.get(0), hit.get(1), hit.get(2));
-            if hash != k.body_hash {
-                return Ok(AdmitOutcome::KeyConflict);
-            }
-            return decode_receipt_answer(&k.scope, &run_id, &answer);
-        }
-    }
-    let (holder, killed) = row_and_fence(c, By::Thread, &a.thread_key, &a.run_id)?;
-    if killed {
-        return Ok(AdmitOutcome::Fenced);
-    }
-    let decision = decisions::decide_admit(
-        holder.as_ref().map(LiveRow::view).as_ref(),
-        a.key.is_some(),
-        a.reaches(holder.as_ref()),
-        a.strategy,
-    );
-    let full = match (decision.receipt_run(), &a.key) {
-        (Some(run_id), Some(_)) => {
-            c.query_one(
-                "SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1",
-                &[&run_id],
-            )?
-            .get::<_, i64>(0) as usize
-                >= crate::ledger::MAX_RECEIPTS_PER_RUN
-        }
-        _ => false,
-    };
-    let queue_full = match decision.writes_to() {
-        Some(run_id) if decision.queues() => {
-            queued_count(c, run_id)? >= crate::ledger::MAX_QUEUED_PER_THREAD
-        }
-        _ => false,
-    };
-    let outcome = match decision {
-        d if full => AdmitOutcome::ReceiptLimit {
-            run_id: d.receipt_run().unwrap_or_default().to_owned(),
-        },
-        d if queue_full => AdmitOutcome::QueueFull {
-            run_id: d.writes_to().unwrap_or_default().to_owned(),
-        },
-        decisions::AdmitDecision::Insert => {
-            c.execute_later(
-                "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                params![
-                    a.run_id.clone(),
-                    a.thread_key.clone(),
-                    a.gen.clone(),
-                    now_ms + a.lease_ms,
-                    now_ms,
-                    decisions::INSERT_PHASE.as_str(),
-                    a.meta.to_string(),
-                ],
-            )?;
-            // The row is `gen`'s from here on in this transaction (its first events follow).
-            c.owner_passed(&a.run_id, &a.gen);
-            AdmitOutcome::Started {
-                run_id: a.run_id.clone(),
-            }
-        }
-        decisions::AdmitDecision::Steer { run_id } => {
-            let seq = push_inbox_in(c, &run_id, &a.request)?;
-            AdmitOutcome::Steered { run_id, seq }
-        }
-        decisions::AdmitDecision::Queue { run_id } => {
-            push_inbox_in(c, &run_id, &a.request)?;
-            let position = queued_count(c, &run_id)?;
-            AdmitOutcome::Queued { run_id, position }
-        }
-        decisions::AdmitDecision::Interrupt { run_id } => {
-            push_inbox_in(c, &run_id, &a.request)?;
-            let stop =
-                decisions::strongest_stop(holder.as_ref().and_then(|h| h.stop), StopMode::Soft);
-            c.execute(
-                "UPDATE live_runs SET stop = $2 WHERE run_id = $1",
-                &[&run_id, &stop.as_str()],
-            )?;
-            let position = queued_count(c, &run_id)?;
-            AdmitOutcome::Interrupting { run_id, position }
-        }
-        decisions::AdmitDecision::Reject { run_id } => AdmitOutcome::Rejected { run_id },
-        decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
-        decisions::AdmitDecision::Forbidden => AdmitOutcome::Forbidden,
-    };
-    if let (Some(k), true) = (&a.key, outcome.kept_in_receipt()) {
-        let (run_id, seq) = outcome.receipt_target();
-        let seq = seq.map(|s| s as i64);
-        let answer =
-            serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
-        c.execute(
-            "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &k.scope,
-                &k.key,
-                &k.body_hash,
-                &run_id,
-                &outcome.kind(),
-                &seq,
-                &answer,
-            ],
-        )?;
-    }
-    Ok(outcome)
-}
-
-fn claim_in(
-    c: &mut Db,
-    run_id: &str,
-    gen: &str,
-    p: &Promotion,
-    now_ms: i64,
-) -> Result<Outcome<Claimed>> {
-    let (by_run, killed) = row_and_fence(c, By::Run, run_id, run_id)?;
-    if killed {
-        return Ok(Err(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        }));
-    }
-    // `thread_key` is UNIQUE: the row holding the run's thread is the run's own row.
-    let by_thread = by_run.clone();
-    let decision = decisions::decide_claim(
-        by_thread.as_ref().map(LiveRow::view).as_ref(),
-        by_run.as_ref().map(LiveRow::view).as_ref(),
-        run_id,
-        gen,
-    );
-    Ok(match decision {
-        ClaimDecision::Promote => {
-            let mut row = by_run.expect("promote needs the run's row");
-            merge_state(&mut row.state, &p.state);
-            c.execute_later(
-                "UPDATE live_runs SET phase = $2, system_text = $3, tools_json = $4, state_json = $5, lease_until = $6
-                 WHERE run_id = $1 AND owner_gen = $7",
-                params![
-                    run_id.to_owned(),
-                    Phase::Live.as_str(),
-                    p.system_text.clone(),
-                    p.tools.to_string(),
-                    Value::Object(row.state).to_string(),
-                    now_ms + p.lease_ms,
-                    gen.to_owned(),
-                ],
-            )?;
-            // Promoted: the seed step that follows in this transaction is the owner's.
-            c.owner_passed(run_id, gen);
-            Ok(Claimed::Promoted)
-        }
-        ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
-        ClaimDecision::ThreadLive { .. } => Err(by_thread
-            .expect("thread-live names the holder")
-            .thread_live()),
-        ClaimDecision::Fenced => Err(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        }),
-        ClaimDecision::UnknownRun => Err(Refusal::UnknownRun {
-            run_id: run_id.to_owned(),
-        }),
-    })
-}
-
-fn reclaim_in(
-    c: &mut Db,
-    gen: &str,
-    now_ms: i64,
-    lease_ms: i64,
-    dead_gens: &[String],
-    driven: &[String],
-) -> Result<ReclaimAnswer> {
-    let rows = live_rows(c.query(
-        &format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"),
-        &[],
-    )?)?;
-    let mut answer = ReclaimAnswer::default();
-    for mut row in rows {
-        match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens, driven) {
-            ReclaimSelection::Own | ReclaimSelection::Driven => {}
-            ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row),
-            ReclaimSelection::Take => {
-                let prior_phase = row.phase;
-                let prior_owner = std::mem::replace(&mut row.owner_gen, gen.to_owned());
-                row.phase = decisions::reclaim_phase(prior_phase);
-                row.lease_until = now_ms + lease_ms;
-                c.execute(
-                    "UPDATE live_runs SET owner_gen = $2, lease_until = $3, phase = $4 WHERE run_id = $1",
-                    &[&row.run_id, &gen, &row.lease_until, &row.phase.as_str()],
-                )?;
-                let last_step = last_step(c, &row.run_id)?;
-                let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
-                let unread_inbox = inbox_after(c, &row.run_id, consumed)?;
-                answer.taken.push(Reclaimed {
-                    row,
-                    prior_phase,
-                    prior_owner,
-                    last_step,
-                    unread_inbox,
-                });
-            }
-        }
-    }
-    Ok(answer)
 }
 
 impl RunLedger for PgStore {

@@ -41,7 +41,9 @@
 //! - `live`: reads of `live_runs` and `deletion_fences` shared by both sides;
 //! - `records`: the `runs` and `run_events` tables and the policy row of `meta`;
 //! - `runs`: [`RunStore`](crate::store::RunStore) for [`PgStore`];
-//! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`PgStore`];
+//! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`PgStore`], with `owner` (ownership checks)
+//!   and `admission` (admission, promotion, reclaim);
+//! - `db`: the connection, its prepared statements and pipelining ([`Db`]);
 //! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`PgStore`];
 //! - `news`: the writers' `pg_notify` and the listener thread of cross-host news ([`crate::news`]);
 //! - `probe`: [`ActivityProbe`], whether a process holds a transaction open (for `chaos` pauses).
@@ -49,10 +51,12 @@
 //! JSON is stored as `text`, byte for byte what SQLite stores, so both answer identically; text
 //! columns are `COLLATE "C"`, so every `ORDER BY` sorts by bytes as SQLite's `BINARY` does.
 
+mod admission;
 mod db;
 mod ledger;
 mod live;
 pub(crate) mod news;
+mod owner;
 mod plan;
 mod probe;
 mod prune;

@@ -1,0 +1,228 @@
+//! The ledger's decisions that create or take a live row on PostgreSQL: admission (`admit_in`: receipt,
+//! steer, queue, interrupt or reserve), promotion (`claim_in`) and a reclaim pass (`reclaim_in`). Each
+//! reads the rows it decides on and writes the decision, inside the caller's `SERIALIZABLE`
+//! transaction. Mirrors `sqlite/ledger.rs`.
+
+use serde_json::Value;
+
+use super::ledger::{inbox_after, last_step, push_inbox_in, queued_count};
+use super::live::{live_rows, row_and_fence, By, ROW_COLUMNS};
+use super::{params, Db};
+use crate::ledger::decisions::{self, ClaimDecision, Phase, ReclaimSelection, StopMode};
+use crate::ledger::{
+    decode_receipt_answer, merge_state, Admit, AdmitOutcome, Claimed, LiveRow, Outcome, Promotion,
+    ReclaimAnswer, Reclaimed, Refusal,
+};
+use crate::{Error, Result};
+
+pub(super) fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
+    if let Some(k) = &a.key {
+        let hit = c.query_opt(
+            "SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2",
+            &[&k.scope, &k.key],
+        )?;
+        if let Some(hit) = hit {
+            let (hash, run_id, answer): (String, String, String) =
+                (hit.get(0), hit.get(1), hit.get(2));
+            if hash != k.body_hash {
+                return Ok(AdmitOutcome::KeyConflict);
+            }
+            return decode_receipt_answer(&k.scope, &run_id, &answer);
+        }
+    }
+    let (holder, killed) = row_and_fence(c, By::Thread, &a.thread_key, &a.run_id)?;
+    if killed {
+        return Ok(AdmitOutcome::Fenced);
+    }
+    let decision = decisions::decide_admit(
+        holder.as_ref().map(LiveRow::view).as_ref(),
+        a.key.is_some(),
+        a.reaches(holder.as_ref()),
+        a.strategy,
+    );
+    let full = match (decision.receipt_run(), &a.key) {
+        (Some(run_id), Some(_)) => {
+            c.query_one(
+                "SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1",
+                &[&run_id],
+            )?
+            .get::<_, i64>(0) as usize
+                >= crate::ledger::MAX_RECEIPTS_PER_RUN
+        }
+        _ => false,
+    };
+    let queue_full = match decision.writes_to() {
+        Some(run_id) if decision.queues() => {
+            queued_count(c, run_id)? >= crate::ledger::MAX_QUEUED_PER_THREAD
+        }
+        _ => false,
+    };
+    let outcome = match decision {
+        d if full => AdmitOutcome::ReceiptLimit {
+            run_id: d.receipt_run().unwrap_or_default().to_owned(),
+        },
+        d if queue_full => AdmitOutcome::QueueFull {
+            run_id: d.writes_to().unwrap_or_default().to_owned(),
+        },
+        decisions::AdmitDecision::Insert => {
+            c.execute_later(
+                "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                params![
+                    a.run_id.clone(),
+                    a.thread_key.clone(),
+                    a.gen.clone(),
+                    now_ms + a.lease_ms,
+                    now_ms,
+                    decisions::INSERT_PHASE.as_str(),
+                    a.meta.to_string(),
+                ],
+            )?;
+            // The row is `gen`'s from here on in this transaction (its first events follow).
+            c.owner_passed(&a.run_id, &a.gen);
+            AdmitOutcome::Started {
+                run_id: a.run_id.clone(),
+            }
+        }
+        decisions::AdmitDecision::Steer { run_id } => {
+            let seq = push_inbox_in(c, &run_id, &a.request)?;
+            AdmitOutcome::Steered { run_id, seq }
+        }
+        decisions::AdmitDecision::Queue { run_id } => {
+            push_inbox_in(c, &run_id, &a.request)?;
+            let position = queued_count(c, &run_id)?;
+            AdmitOutcome::Queued { run_id, position }
+        }
+        decisions::AdmitDecision::Interrupt { run_id } => {
+            push_inbox_in(c, &run_id, &a.request)?;
+            let stop =
+                decisions::strongest_stop(holder.as_ref().and_then(|h| h.stop), StopMode::Soft);
+            c.execute(
+                "UPDATE live_runs SET stop = $2 WHERE run_id = $1",
+                &[&run_id, &stop.as_str()],
+            )?;
+            let position = queued_count(c, &run_id)?;
+            AdmitOutcome::Interrupting { run_id, position }
+        }
+        decisions::AdmitDecision::Reject { run_id } => AdmitOutcome::Rejected { run_id },
+        decisions::AdmitDecision::Busy { run_id } => AdmitOutcome::Busy { run_id },
+        decisions::AdmitDecision::Forbidden => AdmitOutcome::Forbidden,
+    };
+    if let (Some(k), true) = (&a.key, outcome.kept_in_receipt()) {
+        let (run_id, seq) = outcome.receipt_target();
+        let seq = seq.map(|s| s as i64);
+        let answer =
+            serde_json::to_string(&outcome).map_err(|e| Error::corrupt("admit outcome", e))?;
+        c.execute(
+            "INSERT INTO admit_receipts (scope, key, body_hash, run_id, outcome, seq, answer_json)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &k.scope,
+                &k.key,
+                &k.body_hash,
+                &run_id,
+                &outcome.kind(),
+                &seq,
+                &answer,
+            ],
+        )?;
+    }
+    Ok(outcome)
+}
+
+pub(super) fn claim_in(
+    c: &mut Db,
+    run_id: &str,
+    gen: &str,
+    p: &Promotion,
+    now_ms: i64,
+) -> Result<Outcome<Claimed>> {
+    let (by_run, killed) = row_and_fence(c, By::Run, run_id, run_id)?;
+    if killed {
+        return Ok(Err(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }));
+    }
+    // `thread_key` is UNIQUE: the row holding the run's thread is the run's own row.
+    let by_thread = by_run.clone();
+    let decision = decisions::decide_claim(
+        by_thread.as_ref().map(LiveRow::view).as_ref(),
+        by_run.as_ref().map(LiveRow::view).as_ref(),
+        run_id,
+        gen,
+    );
+    Ok(match decision {
+        ClaimDecision::Promote => {
+            let mut row = by_run.expect("promote needs the run's row");
+            merge_state(&mut row.state, &p.state);
+            c.execute_later(
+                "UPDATE live_runs SET phase = $2, system_text = $3, tools_json = $4, state_json = $5, lease_until = $6
+                 WHERE run_id = $1 AND owner_gen = $7",
+                params![
+                    run_id.to_owned(),
+                    Phase::Live.as_str(),
+                    p.system_text.clone(),
+                    p.tools.to_string(),
+                    Value::Object(row.state).to_string(),
+                    now_ms + p.lease_ms,
+                    gen.to_owned(),
+                ],
+            )?;
+            // Promoted: the seed step that follows in this transaction is the owner's.
+            c.owner_passed(run_id, gen);
+            Ok(Claimed::Promoted)
+        }
+        ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
+        ClaimDecision::ThreadLive { .. } => Err(by_thread
+            .expect("thread-live names the holder")
+            .thread_live()),
+        ClaimDecision::Fenced => Err(Refusal::Fenced {
+            run_id: run_id.to_owned(),
+        }),
+        ClaimDecision::UnknownRun => Err(Refusal::UnknownRun {
+            run_id: run_id.to_owned(),
+        }),
+    })
+}
+
+pub(super) fn reclaim_in(
+    c: &mut Db,
+    gen: &str,
+    now_ms: i64,
+    lease_ms: i64,
+    dead_gens: &[String],
+    driven: &[String],
+) -> Result<ReclaimAnswer> {
+    let rows = live_rows(c.query(
+        &format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"),
+        &[],
+    )?)?;
+    let mut answer = ReclaimAnswer::default();
+    for mut row in rows {
+        match decisions::reclaim_selection(&row.view(), gen, now_ms, dead_gens, driven) {
+            ReclaimSelection::Own | ReclaimSelection::Driven => {}
+            ReclaimSelection::LiveElsewhere => answer.live_elsewhere.push(row),
+            ReclaimSelection::Take => {
+                let prior_phase = row.phase;
+                let prior_owner = std::mem::replace(&mut row.owner_gen, gen.to_owned());
+                row.phase = decisions::reclaim_phase(prior_phase);
+                row.lease_until = now_ms + lease_ms;
+                c.execute(
+                    "UPDATE live_runs SET owner_gen = $2, lease_until = $3, phase = $4 WHERE run_id = $1",
+                    &[&row.run_id, &gen, &row.lease_until, &row.phase.as_str()],
+                )?;
+                let last_step = last_step(c, &row.run_id)?;
+                let consumed = last_step.as_ref().and_then(|s| s.inbox_consumed_seq);
+                let unread_inbox = inbox_after(c, &row.run_id, consumed)?;
+                answer.taken.push(Reclaimed {
+                    row,
+                    prior_phase,
+                    prior_owner,
+                    last_step,
+                    unread_inbox,
+                });
+            }
+        }
+    }
+    Ok(answer)
+}
