@@ -268,30 +268,7 @@ fn open_same(s: &mut PgStore) -> PgStore {
 fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
     let url = pg::database();
     let mut s = open(&url);
-    let admit = Admit {
-        thread_key: "C1:t".into(),
-        gen: "g1".into(),
-        run_id: "r1".into(),
-        request: json!({"text": "x"}),
-        meta: json!({"agent": "demo", "request": {"text": "x"}}),
-        key: None,
-        lease_ms: 30_000,
-        writer: None,
-        strategy: storage::ledger::Strategy::Steer,
-    };
-    assert_eq!(
-        s.admit(&admit, NOW).unwrap(),
-        AdmitOutcome::Started {
-            run_id: "r1".into()
-        }
-    );
-    let p = Promotion {
-        system_text: "s".into(),
-        tools: json!([]),
-        state: Default::default(),
-        lease_ms: 30_000,
-    };
-    assert_eq!(s.claim("r1", "g1", &p, NOW).unwrap(), Ok(Claimed::Promoted));
+    live_run(&mut s, "r1", "g1");
     let mut peer = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let mut tx = peer.transaction().unwrap();
     tx.query(

@@ -65,6 +65,29 @@ impl Later {
     }
 }
 
+/// A request whose answer is read: what waits goes out first, in the same round trip
+/// ([`Db::answered`]). `answered!(query, Vec<Row>)` is `Db::query`, after the client's method.
+macro_rules! answered {
+    ($method:ident, $out:ty) => {
+        pub(crate) fn $method(
+            &mut self,
+            sql: &str,
+            params: &[&(dyn ToSql + Sync)],
+        ) -> Result<$out> {
+            self.wrote(sql);
+            let st = self.statement(sql)?;
+            let later = std::mem::take(&mut self.later);
+            let out = Self::answered(
+                &self.rt,
+                &self.client,
+                later,
+                self.client.$method(&st, params),
+            );
+            self.checked(out)
+        }
+    };
+}
+
 pub(crate) struct Db {
     rt: tokio::runtime::Runtime,
     client: tokio_postgres::Client,
@@ -189,61 +212,10 @@ impl Db {
         self.notes.push(payload);
     }
 
-    pub(crate) fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let later = std::mem::take(&mut self.later);
-        let out = Self::answered(
-            &self.rt,
-            &self.client,
-            later,
-            self.client.query(&st, params),
-        );
-        self.checked(out)
-    }
-
-    pub(crate) fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let later = std::mem::take(&mut self.later);
-        let out = Self::answered(
-            &self.rt,
-            &self.client,
-            later,
-            self.client.query_one(&st, params),
-        );
-        self.checked(out)
-    }
-
-    pub(crate) fn query_opt(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let later = std::mem::take(&mut self.later);
-        let out = Self::answered(
-            &self.rt,
-            &self.client,
-            later,
-            self.client.query_opt(&st, params),
-        );
-        self.checked(out)
-    }
-
-    pub(crate) fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
-        self.wrote(sql);
-        let st = self.statement(sql)?;
-        let later = std::mem::take(&mut self.later);
-        let out = Self::answered(
-            &self.rt,
-            &self.client,
-            later,
-            self.client.execute(&st, params),
-        );
-        self.checked(out)
-    }
+    answered!(query, Vec<Row>);
+    answered!(query_one, Row);
+    answered!(query_opt, Option<Row>);
+    answered!(execute, u64);
 
     /// A write whose row count nobody reads: it goes out with the next answered statement or the
     /// `COMMIT` (only inside a transaction; a failure answers there).

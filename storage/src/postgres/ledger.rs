@@ -61,6 +61,20 @@ pub(super) fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
     )
 }
 
+/// Tell other hosts that `run_id`'s events now reach `last` (nothing when no event was written).
+fn notify_appended(c: &mut Db, run_id: &str, last: Option<u64>) -> Result<()> {
+    match last {
+        Some(seq) => notify(
+            c,
+            &News::Appended {
+                run_id: run_id.to_owned(),
+                seq,
+            },
+        ),
+        None => Ok(()),
+    }
+}
+
 pub(super) fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
     let seq: i64 = c
         .query_one(
@@ -207,15 +221,7 @@ impl RunLedger for PgStore {
                 run_id,
                 rows.into_iter().map(|(seq, _event, json)| (seq, json)),
             )?;
-            if let Some(seq) = last {
-                notify(
-                    c,
-                    &News::Appended {
-                        run_id: run_id.to_owned(),
-                        seq,
-                    },
-                )?;
-            }
+            notify_appended(c, run_id, last)?;
             Ok(refused.map_or(Ok(()), Err))
         })
     }
@@ -333,15 +339,7 @@ impl RunLedger for PgStore {
                 )));
             }
             c.owner_passed(run_id, gen);
-            if let Some(seq) = last {
-                notify(
-                    c,
-                    &News::Appended {
-                        run_id: run_id.to_owned(),
-                        seq,
-                    },
-                )?;
-            }
+            notify_appended(c, run_id, last)?;
             Ok(refused.map_or(Ok(()), Err))
         })
     }
