@@ -10,13 +10,22 @@ use serde_json::{Map, Value};
 use crate::ledger::{LiveRow, Phase, StopMode};
 use crate::{Error, Result};
 
+/// The `live_runs` columns [`live_row`] decodes, in its order, as a literal (for `concat!`).
+macro_rules! row_columns {
+    () => {
+        "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
+         system_text, tools_json, state_json"
+    };
+}
+
 /// The statement of [`row_and_fence`] looking the row up by `$col`: the row's columns (all NULL
 /// without a row) and the fence of `$2`, one row always.
 macro_rules! concat_row_and_fence {
     ($col:literal) => {
         concat!(
-            "SELECT run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, ",
-            "system_text, tools_json, state_json, f.killed ",
+            "SELECT ",
+            row_columns!(),
+            ", f.killed ",
             "FROM (SELECT EXISTS (SELECT 1 FROM deletion_fences WHERE run_id = $2) AS killed) f ",
             "LEFT JOIN live_runs ON ",
             $col,
@@ -26,9 +35,7 @@ macro_rules! concat_row_and_fence {
 }
 
 /// The `live_runs` columns [`live_row`] decodes, in its order.
-pub(super) const ROW_COLUMNS: &str =
-    "run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json, \
-                           system_text, tools_json, state_json";
+pub(super) const ROW_COLUMNS: &str = row_columns!();
 
 /// How many columns [`ROW_COLUMNS`] names (a column selected after them has this index).
 pub(super) const ROW_COLUMN_COUNT: usize = 11;

@@ -13,14 +13,12 @@ use crate::{Error, Result};
 /// The fence refusal of a run with no live row: `Fenced` when it was killed, else `UnknownRun`.
 fn no_row_refusal(c: &mut Db, run_id: &str, gen: &str) -> Result<Refusal> {
     if is_killed(c, run_id)? {
-        return Ok(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        });
+        return Ok(killed(run_id));
     }
     Ok(view_refusal(None, run_id, gen).expect("no row is always refused"))
 }
 
-/// The refusal of a killed run with a live row (its owner is fenced).
+/// The refusal of a write to a killed run (its owner, whoever it was, is fenced).
 fn killed(run_id: &str) -> Refusal {
     Refusal::Fenced {
         run_id: run_id.to_owned(),
@@ -30,11 +28,9 @@ fn killed(run_id: &str) -> Refusal {
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner. One round trip: the
 /// row comes with whether a deletion fence stands (a second statement only when there is no row).
 pub(super) fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
-    let (row, killed) = row_and_fence(c, By::Run, run_id, run_id)?;
-    if killed {
-        return Ok(Err(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        }));
+    let (row, fenced) = row_and_fence(c, By::Run, run_id, run_id)?;
+    if fenced {
+        return Ok(Err(killed(run_id)));
     }
     Ok(match fence_refusal(row.as_ref(), run_id, gen) {
         Some(refusal) => Err(refusal),
