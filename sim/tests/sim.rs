@@ -62,3 +62,17 @@ fn a_seed_replays_exactly() {
         assert!(a.trace.len() > 10, "seed {seed}: a trace is kept");
     }
 }
+
+/// Seeds of the million-seed sweeps that once found a production race, each fixed since: a stale owner's
+/// second status card (384683, 740820: an orphan's re-adoption closed the run, posting its card, while
+/// another process reclaimed the row whose lease nobody renewed), an effect after a workspace takeover
+/// (315228), a lost lease reopening a card (184846). A schedule change may move a race off its seed, so
+/// these pin the fixes only alongside the sweeps; they fail on the code before each fix.
+#[test]
+fn the_seeds_that_found_production_races_hold() {
+    let config = SimConfig::default().strict().with_trace(true);
+    for seed in [384683, 740820, 315228, 184846] {
+        let outcome = simulate(seed, &config);
+        assert!(outcome.violations.is_empty(), "{}", outcome.report());
+    }
+}

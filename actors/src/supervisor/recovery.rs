@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::Value;
-use storage::ledger::{decisions, LiveRow, Phase};
+use storage::ledger::{decisions, LiveRow, Phase, Refusal};
 use storage::record::RunStatus;
 
 use crate::run::{self, Adoption, Launch, RunDeps};
@@ -94,6 +94,9 @@ async fn plan_readoption(
         let successor = purge_killed(deps.clone(), run_id.to_owned()).await;
         return Ok(Readoption::Closed(successor));
     }
+    if !renew_orphan(deps, run_id).await? {
+        return Ok(Readoption::Gone);
+    }
     let last_step = s
         .last_step(run_id.to_owned())
         .await
@@ -119,6 +122,27 @@ async fn plan_readoption(
     )
 }
 
+/// Renew the lease of this generation's own row before it is driven or closed: no actor is tracked for
+/// an orphan, so its lease runs out and another process may be reclaiming it right now. This write decides
+/// which of the two drives the row before either shows it anywhere (a card posted, a tool run); `false`
+/// when another generation took it (or it is gone).
+async fn renew_orphan(deps: &RunDeps, run_id: &str) -> Result<bool, String> {
+    let renewed = deps
+        .storage
+        .heartbeat(
+            run_id.to_owned(),
+            deps.gen.as_str().to_owned(),
+            deps.lease_ms,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    match renewed {
+        Ok(_) => Ok(true),
+        Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. }) => Ok(false),
+        Err(refusal) => Err(refusal.to_string()),
+    }
+}
+
 /// Close an orphan that failed [`MAX_READOPT_FAILURES`] sweeps.
 async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
     let s = &deps.storage;
@@ -139,6 +163,9 @@ async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String
     {
         let successor = purge_killed(deps.clone(), run_id.to_owned()).await;
         return Ok(Readoption::Closed(successor));
+    }
+    if !renew_orphan(deps, run_id).await? {
+        return Ok(Readoption::Gone);
     }
     let events = s
         .live_events(run_id.to_owned(), 0, usize::MAX >> 1)
