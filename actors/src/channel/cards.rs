@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use storage::record::RunEvent;
 use storage::ledger::{state_keys, LiveRow, Refusal};
 use storage::StorageHandle;
 use tokio::sync::{oneshot, Notify};
@@ -60,7 +61,7 @@ pub struct Cards {
 }
 
 /// How the cards publish a note on a run (set once by the supervisor: the run's own publish path).
-type Notes = Box<dyn Fn(&str, Value) + Send + Sync>;
+type Notes = Box<dyn Fn(&str, RunEvent) + Send + Sync>;
 
 struct Inner {
     io: Arc<dyn ChannelIo>,
@@ -111,7 +112,7 @@ impl Cards {
     }
 
     /// Where the cards' notes on a run go (`note` events, e.g. why a run has no card): set once.
-    pub fn on_note(&self, publish: impl Fn(&str, Value) + Send + Sync + 'static) {
+    pub fn on_note(&self, publish: impl Fn(&str, RunEvent) + Send + Sync + 'static) {
         if let Some(inner) = &self.inner {
             let _ = inner.notes.set(Box::new(publish));
         }
@@ -388,8 +389,7 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
                 if let Some(note) = inner.notes.get() {
                     note(
                         &run_id,
-                        serde_json::json!({"type": "note", "kind": "no_card",
-                            "summary": format!("no status card in this thread: {e}")}),
+                        RunEvent::note("no_card", format!("no status card in this thread: {e}")),
                     );
                 }
                 silence(&slot);

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use storage::record::RunEvent;
 use storage::ledger::decisions::PhaseChange;
 use storage::ledger::{approvals_patch, Approval, Approvals, Decided, Decision, Refusal, StopMode};
 
@@ -87,11 +88,14 @@ impl ApprovalGate {
                 },
             );
             let input = call.args.to_string();
-            let mut event = json!({"type": "approval_requested", "callId": call.call_id,
-                "tool": call.tool, "summary": summarize(&self.deps, &input), "step": self.step});
-            if input.len() <= MAX_INPUT_BYTES {
-                event["input"] = redacted(&self.deps, &call.args);
-            }
+            let event = RunEvent::ApprovalRequested {
+                stamp: Default::default(),
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                input: (input.len() <= MAX_INPUT_BYTES).then(|| redacted(&self.deps, &call.args)),
+                summary: summarize(&self.deps, &input),
+                step: self.step,
+            };
             requested.extend(publish(&self.deps, &self.id, event, false));
         }
         match self.change(PhaseChange::Park, requested, &approvals).await {
@@ -160,11 +164,15 @@ impl ApprovalGate {
             }
             a.released = true;
             let d = a.decided.as_ref().expect("decided above");
-            let mut event = json!({"type": "approval_decided", "callId": call.call_id,
-                "tool": call.tool, "decision": d.decision, "who": d.who, "step": self.step});
-            if let Some(note) = &d.note {
-                event["note"] = json!(note);
-            }
+            let event = RunEvent::ApprovalDecided {
+                stamp: Default::default(),
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                decision: d.decision,
+                who: d.who.clone(),
+                note: d.note.clone(),
+                step: self.step,
+            };
             events.extend(publish(&self.deps, &self.id, event, false));
         }
         match self.change(PhaseChange::Unpark, events, &approvals).await {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use storage::record::RunEvent;
 use storage::ledger::{LiveRow, Refusal, StepWrite};
 use storage::record::{RunRecord, RunStatus};
 
@@ -112,7 +113,7 @@ impl Run {
         let shown = answer.as_ref().and_then(|text| {
             self.deps
                 .registry
-                .stamp(&self.id, json!({"type": "answer", "text": text}))
+                .stamp(&self.id, RunEvent::answer(text.as_str()).into())
         });
         let record = self.final_record(status, finished_at, shown.clone());
         let successor = super::record::fresh_successor(&self.deps, self.inbox_consumed);
@@ -244,7 +245,7 @@ impl Run {
         answer: Option<String>,
     ) -> impl std::future::Future<Output = Delivery> + 'static {
         if let Some(text) = &answer {
-            self.publish(json!({"type": "answer", "text": text}));
+            self.publish(RunEvent::answer(text.as_str()));
         }
         let (deps, id, gen, detached) = (
             self.deps.clone(),

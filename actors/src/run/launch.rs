@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
+use storage::record::RunEvent;
 use storage::ledger::decisions::{self, ResumePoint, Settlement};
 use storage::ledger::{LiveRow, Promotion};
 use storage::record::RunStatus;
@@ -260,7 +261,7 @@ pub(super) async fn restart(
         ));
     }
     if let Some(from_gen) = from_gen {
-        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": from_gen}));
+        run.publish(RunEvent::resumed(Vec::new(), Some(from_gen)));
     }
     promote(run, &request.text).await
 }
@@ -375,9 +376,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
             if let Some(turn) = &last_assistant {
                 let ids: Vec<String> = turn.calls.iter().map(|c| c.call_id.clone()).collect();
                 if let Err(reason) = decisions::in_flight_matches(&recorded, &ids) {
-                    run.publish(
-                        json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}),
-                    );
+                    run.publish(RunEvent::resumed(Vec::new(), Some(a.from_gen.clone())));
                     return Launched::Run(Box::new(run), Started::Fail(reason));
                 }
                 if turn.calls.is_empty() {
@@ -416,7 +415,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
         run.needs_approval(&c.tool) && !approvals.get(&c.call_id).is_some_and(|a| a.released)
     });
     if waiting {
-        run.publish(json!({"type": "resumed", "settled": [], "fromGeneration": a.from_gen}));
+        run.publish(RunEvent::resumed(Vec::new(), Some(a.from_gen.clone())));
         run.current = last_assistant;
         return Launched::Run(Box::new(run), Started::Approve);
     }
@@ -445,7 +444,7 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
             .map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h}))
             .collect()
     };
-    run.publish(json!({"type": "resumed", "settled": settled, "fromGeneration": a.from_gen}));
+    run.publish(RunEvent::resumed(settled, Some(a.from_gen.clone())));
     if let Some(text) = finish_plan {
         return Launched::Run(Box::new(run), Started::Finish(text));
     }
@@ -476,10 +475,15 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                 }
                 Some(text) => {
                     // A visible settlement: viewers see the call's effects are unknown (SPEC §6.2).
-                    let mut event = json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": false,
-                        "summary": summarize(&run.deps, text), "step": run.step});
-                    if how == Settlement::EffectsUnknown {
-                        event["effectsUnknown"] = json!(true);
+                    let mut event = RunEvent::tool_result(
+                        &call.call_id,
+                        &call.tool,
+                        false,
+                        summarize(&run.deps, text),
+                        run.step,
+                    );
+                    if let RunEvent::ToolResult { effects_unknown, .. } = &mut event {
+                        *effects_unknown = (how == Settlement::EffectsUnknown).then_some(true);
                     }
                     run.publish_kept(event);
                     results.push(ToolResult {

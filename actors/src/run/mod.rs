@@ -53,6 +53,7 @@ use actix::{
 use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use storage::record::RunEvent;
 use storage::ledger::decisions::ResumePoint;
 use storage::ledger::{InboxItem, LiveRow, StepRecord, Turn};
 use storage::record::RunStatus;
@@ -367,7 +368,7 @@ pub struct RunActor {
     /// While a seal is in flight ([`Run::seal`]), the events the run would publish meanwhile (a stop's
     /// `stop_requested`): held so that nothing takes the seq its record gives the answer. A run that
     /// sealed drops them (it ended before it heard them); one that went the long way shows them.
-    held: Option<Vec<Value>>,
+    held: Option<Vec<RunEvent>>,
 }
 
 impl RunActor {
@@ -522,10 +523,11 @@ impl RunActor {
             }
             Effect::AnnounceStop(mode) => {
                 self.deps.registry.set_stop(&self.id, mode);
-                let mut event = json!({"type": "stop_requested", "mode": mode.as_str()});
-                if let Some(actor) = self.stop_actor.take() {
-                    event["actor"] = json!(actor);
-                }
+                let event = RunEvent::StopRequested {
+                    stamp: Default::default(),
+                    mode: mode.as_str().to_owned(),
+                    actor: self.stop_actor.take().map(|actor| json!(actor)),
+                };
                 match &mut self.held {
                     Some(held) => held.push(event),
                     None => {
@@ -541,7 +543,7 @@ impl RunActor {
             Effect::Note(kind) => self.run().note(kind, "the run's time budget ran out"),
             Effect::PublishFailure(message) => {
                 let summary = work::summarize(&self.deps, &message);
-                let event = json!({"type": "run_failed", "message": summary});
+                let event = RunEvent::run_failed(summary.clone());
                 self.failure = Some(summary);
                 match self.run.as_ref() {
                     Some(run) => run.publish(event),
@@ -818,8 +820,8 @@ fn end_of(reason: StopReason) -> End {
 }
 
 /// Publish an event to the registry and, when `durable`, to the flusher for the ledger.
-pub(crate) fn publish(deps: &RunDeps, id: &str, event: Value, durable: bool) -> Option<Value> {
-    let stamped = deps.registry.publish(id, event)?;
+pub(crate) fn publish(deps: &RunDeps, id: &str, event: RunEvent, durable: bool) -> Option<Value> {
+    let stamped = deps.registry.publish(id, event.into())?;
     deps.cards.observe(id, &stamped);
     if durable {
         deps.flusher.do_send(Push {

@@ -1,6 +1,7 @@
 //! Record assembly (the one place a run's record is built) and closing a row without running it.
 
 use serde_json::{json, Value};
+use storage::record::RunEvent;
 use storage::ledger::{LiveRow, Successor};
 use storage::record::{
     fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES,
@@ -215,13 +216,11 @@ pub fn closing_record(
             last += 1;
             let text = redactor.redact(answer);
             events.push(storage::record::cap_event_for_publish(
-                json!({"type": "answer", "seq": last, "at": now, "text": text}),
+                RunEvent::answer(text).stamped(last, now).into(),
             ));
         }
     }
-    events.push(
-        json!({"type": "note", "seq": last + 1, "at": now, "kind": "reclaimed", "summary": reason}),
-    );
+    events.push(RunEvent::note("reclaimed", reason).stamped(last + 1, now).into());
     let count = events.len() as u64;
     let extras = RecordExtras {
         delivery_unknown: gated,

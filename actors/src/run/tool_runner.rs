@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{json, Value};
+use serde_json::Value;
+use storage::record::RunEvent;
 use storage::ledger::decisions;
 
 use super::publish;
@@ -50,8 +51,17 @@ impl ToolRunner {
         let event = publish(
             &self.deps,
             &self.id,
-            json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": false,
-            "denied": true, "summary": summarize(&self.deps, &output), "step": self.step}),
+            RunEvent::ToolResult {
+                stamp: Default::default(),
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                ok: false,
+                summary: summarize(&self.deps, &output),
+                step: self.step,
+                effects_unknown: None,
+                denied: Some(true),
+                not_run: None,
+            },
             self.tracked,
         );
         (
@@ -115,8 +125,13 @@ impl ToolRunner {
         let event = publish(
             &self.deps,
             &self.id,
-            json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool, "ok": output.ok,
-            "summary": summarize(&self.deps, &output.output), "step": self.step}),
+            RunEvent::tool_result(
+                &call.call_id,
+                &call.tool,
+                output.ok,
+                summarize(&self.deps, &output.output),
+                self.step,
+            ),
             self.tracked,
         );
         (

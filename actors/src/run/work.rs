@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
+use storage::record::RunEvent;
 use storage::ledger::{
     Decision, InFlight, InboxItem, Outcome, Refusal, StepRecord, StepWrite, Turn,
 };
@@ -174,12 +175,12 @@ impl Run {
     }
 
     /// Publish to the live view, and to the ledger through the flusher while tracked.
-    pub fn publish(&self, event: Value) {
+    pub fn publish(&self, event: RunEvent) {
         publish(&self.deps, &self.id, event, self.tracked());
     }
 
     /// Publish to the live view now and to the ledger with the next durable step.
-    pub fn publish_in_step(&mut self, event: Value) {
+    pub fn publish_in_step(&mut self, event: RunEvent) {
         if let Some(stamped) = publish(&self.deps, &self.id, event, false) {
             self.keep(stamped);
         }
@@ -189,7 +190,7 @@ impl Run {
     /// a `tool_result` whose content the next transcript turn holds commits at the latest with that turn
     /// (SPEC §5.2 step 5, "what a reader was shown is kept"); the flusher's earlier append of the same
     /// row is an identical retry.
-    pub fn publish_kept(&mut self, event: Value) {
+    pub fn publish_kept(&mut self, event: RunEvent) {
         if let Some(stamped) = publish(&self.deps, &self.id, event, self.tracked()) {
             self.keep(stamped);
         }
@@ -206,8 +207,13 @@ impl Run {
     /// viewer never sees a call the transcript holds but the history lacks.
     pub fn publish_calls(&mut self, calls: &[ToolCall]) {
         for call in calls {
-            let event = json!({"type": "tool_call", "callId": call.call_id, "tool": call.tool,
-                "summary": summarize(&self.deps, &call.args.to_string()), "step": self.step});
+            let event = RunEvent::ToolCall {
+                stamp: Default::default(),
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                summary: summarize(&self.deps, &call.args.to_string()),
+                step: self.step,
+            };
             self.publish_in_step(event);
         }
     }
@@ -217,10 +223,12 @@ impl Run {
     pub fn not_run(&mut self, why: &str) {
         let calls = self.current.take().map(|t| t.calls).unwrap_or_default();
         for call in calls {
-            self.publish_kept(
-                json!({"type": "tool_result", "callId": call.call_id, "tool": call.tool,
-                "ok": false, "notRun": true, "summary": why, "step": self.step}),
-            );
+            let mut event =
+                RunEvent::tool_result(&call.call_id, &call.tool, false, why.to_owned(), self.step);
+            if let RunEvent::ToolResult { not_run, .. } = &mut event {
+                *not_run = Some(true);
+            }
+            self.publish_kept(event);
         }
     }
 
@@ -453,14 +461,17 @@ impl Run {
     }
 
     /// The current step's `assistant` event, with the model and its usage when the agent reported it.
-    pub fn assistant_event(&self) -> Value {
+    pub fn assistant_event(&self) -> RunEvent {
         let turn = self.current.as_ref();
-        let mut event = json!({"type": "assistant", "text": turn.map(|t| t.text.clone()).unwrap_or_default(), "step": self.step});
-        if let Some(usage) = turn.and_then(|t| t.usage) {
-            event["usage"] = json!(usage);
-            event["model"] = json!(self.agent.agent.model());
+        let usage = turn.and_then(|t| t.usage);
+        RunEvent::Assistant {
+            stamp: Default::default(),
+            step: Some(self.step),
+            text: Some(turn.map(|t| t.text.clone()).unwrap_or_default()),
+            model: usage.map(|_| self.agent.agent.model().to_owned()),
+            usage: usage.map(|usage| json!(usage)),
+            truncated: None,
         }
-        event
     }
 
     /// This step's turns: the pending results (or follow-ups) and the model's turn.
@@ -581,7 +592,12 @@ impl Run {
                 let answer = if agent.stream {
                     // Deltas reach this process's live viewers only: never stored, never replayed.
                     let on_delta = |text: &str| {
-                        deps.registry.broadcast(&id, json!({"type": "assistant_delta", "step": step, "attempt": attempt, "text": text}));
+                        let delta = RunEvent::AssistantDelta {
+                            step,
+                            attempt,
+                            text: text.to_owned(),
+                        };
+                        deps.registry.broadcast(&id, delta.into());
                     };
                     agent.agent.next_streaming(conv, &on_delta).await
                 } else {
@@ -607,8 +623,13 @@ impl Run {
                 publish(
                     &deps,
                     &id,
-                    json!({"type": "model_retry", "attempt": attempt, "waitMs": wait.as_millis() as u64,
-                    "error": summarize(&deps, &err.to_string()), "step": step}),
+                    RunEvent::ModelRetry {
+                        stamp: Default::default(),
+                        attempt,
+                        wait_ms: wait.as_millis() as u64,
+                        error: summarize(&deps, &err.to_string()),
+                        step,
+                    },
                     tracked,
                 );
                 tokio::time::sleep(wait).await;
@@ -806,6 +827,6 @@ where
 }
 
 /// A run's `note` event: what happened to it (`kind`) and a redacted, capped `summary`.
-pub(super) fn note_event(kind: &str, summary: &str) -> Value {
-    json!({"type": "note", "kind": kind, "summary": summary})
+pub(super) fn note_event(kind: &str, summary: &str) -> RunEvent {
+    RunEvent::note(kind, summary)
 }

@@ -9,7 +9,7 @@ use actix::{
     Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture,
     WrapFuture,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 use storage::ledger::{decisions, Admit, AdmitOutcome, ReceiptKey};
 use storage::record::ChannelVisibility;
 
@@ -197,9 +197,8 @@ async fn admit(
         ]
         .into_iter()
         .zip(1u64..)
-        .map(|(mut event, seq)| {
-            event["seq"] = json!(seq);
-            event["at"] = json!(now);
+        .map(|(event, seq)| {
+            let mut event = Value::from(event.stamped(seq, now));
             shared.registry.redactor().redact_event(&mut event);
             storage::record::cap_event_for_publish(event)
         })

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
-use serde_json::{json, Value};
+use serde_json::Value;
+use storage::record::RunEvent;
 use storage::ledger::LiveRow;
 use storage::record::RunStatus;
 use storage::{Clock, Generation, StorageHandle};
@@ -287,7 +288,11 @@ impl Supervisor {
                 .max()
                 .unwrap_or(0);
             let message = "the run failed more often than the restart policy allows";
-            events.push(json!({"type": "run_failed", "seq": last + 1, "at": deps.clock.now_ms(), "message": message}));
+            events.push(
+                RunEvent::run_failed(message)
+                    .stamped(last + 1, deps.clock.now_ms())
+                    .into(),
+            );
             run::close_row(&deps, &row, events, RunStatus::Failed, message).await
         };
         let id = run_id.to_owned();

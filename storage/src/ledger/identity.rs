@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::record::ChannelVisibility;
+use crate::record::{ChannelVisibility, RunEvent, Stamp};
 
 /// Who and what a run is: stamped on `run_meta`, the ledger row's meta and the record.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -41,11 +41,20 @@ impl RunIdentity {
         }
     }
 
-    /// The `run_meta` event body (its `seq` and `at` are stamped when it is published).
-    pub fn event(&self) -> Value {
-        let mut m = self.fields();
-        m.insert("type".into(), Value::from("run_meta"));
-        Value::Object(m)
+    /// The `run_meta` event (its `seq` and `at` are stamped when it is published).
+    pub fn event(&self) -> RunEvent {
+        let some = |s: &String| Some(s.clone());
+        RunEvent::RunMeta {
+            stamp: Stamp::default(),
+            agent: some(&self.agent),
+            model: some(&self.model),
+            label: some(&self.label),
+            thread_key: self.thread_key.clone(),
+            channel_id: self.channel_id.clone(),
+            user_id: self.user_id.clone(),
+            channel_visibility: self.channel_visibility,
+            parent_run_id: self.parent_run_id.clone(),
+        }
     }
 
     /// The ledger row's `meta_json`: the identity, the deadline (absent: a restart computes it from the
@@ -88,7 +97,7 @@ mod tests {
     #[test]
     fn the_event_the_meta_and_the_reader_agree() {
         let id = identity();
-        let event = id.event();
+        let event = Value::from(id.event());
         assert_eq!(event["type"], "run_meta");
         assert_eq!(
             (

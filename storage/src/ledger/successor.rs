@@ -78,9 +78,7 @@ pub fn successor_admission(
     }
     // No deadline: a restart computes it from the successor's own start.
     let meta = identity.meta_json(None, &request);
-    let mut run_meta = identity.event();
-    run_meta["seq"] = Value::from(1);
-    run_meta["at"] = Value::from(now_ms);
+    let run_meta = Value::from(identity.event().stamped(1, now_ms));
     let source = if queued {
         crate::record::InputSource::Request
     } else {
@@ -88,10 +86,8 @@ pub fn successor_admission(
     };
     let mut events = vec![run_meta];
     for (i, text) in texts.iter().enumerate() {
-        let mut input = crate::record::input_event(text, source);
-        input["seq"] = Value::from(i + 2);
-        input["at"] = Value::from(now_ms);
-        events.push(input);
+        let input = crate::record::input_event(text, source).stamped(i as u64 + 2, now_ms);
+        events.push(Value::from(input));
     }
     let events = events
         .into_iter()

@@ -215,7 +215,99 @@ pub enum RunEvent {
     },
 }
 
+impl From<RunEvent> for Value {
+    /// The event as the record keeps it and the wire carries it: the one place a run's event becomes JSON.
+    fn from(event: RunEvent) -> Value {
+        serde_json::to_value(event).expect("a RunEvent serializes: every map in it has string keys")
+    }
+}
+
 impl RunEvent {
+    /// A `note`: what happened to the run (`kind`) and a summary the caller redacted and capped.
+    pub fn note(kind: &str, summary: impl Into<String>) -> RunEvent {
+        RunEvent::Note {
+            stamp: Stamp::default(),
+            kind: Some(kind.to_owned()),
+            summary: Some(summary.into()),
+            truncated: None,
+        }
+    }
+
+    /// The run's `answer`.
+    pub fn answer(text: impl Into<String>) -> RunEvent {
+        RunEvent::Answer {
+            stamp: Stamp::default(),
+            text: text.into(),
+            truncated: None,
+        }
+    }
+
+    /// `run_failed` with the summary of why.
+    pub fn run_failed(message: impl Into<String>) -> RunEvent {
+        RunEvent::RunFailed {
+            stamp: Stamp::default(),
+            message: message.into(),
+            truncated: None,
+        }
+    }
+
+    /// `resumed`: the calls in flight settled at resume, and the generation the run came from.
+    pub fn resumed(settled: Vec<Value>, from_generation: Option<String>) -> RunEvent {
+        RunEvent::Resumed {
+            stamp: Stamp::default(),
+            settled,
+            from_generation,
+        }
+    }
+
+    /// A `tool_result` of step `step` (the flags unset).
+    pub fn tool_result(call_id: &str, tool: &str, ok: bool, summary: String, step: u64) -> RunEvent {
+        RunEvent::ToolResult {
+            stamp: Stamp::default(),
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            ok,
+            summary,
+            step,
+            effects_unknown: None,
+            denied: None,
+            not_run: None,
+        }
+    }
+
+    /// The same event stamped with its place in the run (for events written outside the registry: the
+    /// admission's first events, a closing record's last ones). An `assistant_delta` is never stored and
+    /// carries no stamp.
+    pub fn stamped(mut self, seq: u64, at: i64) -> RunEvent {
+        if let Some(stamp) = self.stamp_mut() {
+            *stamp = Stamp {
+                seq: Some(seq),
+                at: Some(at),
+            };
+        }
+        self
+    }
+
+    fn stamp_mut(&mut self) -> Option<&mut Stamp> {
+        let stamp = match self {
+            RunEvent::RunMeta { stamp, .. }
+            | RunEvent::Input { stamp, .. }
+            | RunEvent::Assistant { stamp, .. }
+            | RunEvent::ToolCall { stamp, .. }
+            | RunEvent::ToolResult { stamp, .. }
+            | RunEvent::ApprovalRequested { stamp, .. }
+            | RunEvent::ApprovalDecided { stamp, .. }
+            | RunEvent::Note { stamp, .. }
+            | RunEvent::ModelRetry { stamp, .. }
+            | RunEvent::Answer { stamp, .. }
+            | RunEvent::RunFailed { stamp, .. }
+            | RunEvent::StopRequested { stamp, .. }
+            | RunEvent::Resumed { stamp, .. } => stamp,
+            RunEvent::AssistantDelta { .. } => return None,
+        };
+        Some(stamp)
+    }
+
     /// `type`, as written.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -271,19 +271,17 @@ pub enum InputSource {
 
 /// The `input` event of an accepted message (SPEC §3: exactly one per message): the one builder, for
 /// admission, launch, a folded follow-up and a successor's seed. Unstamped (no `seq`, `at`).
-pub fn input_event(text: &str, source: InputSource) -> Value {
-    match source {
-        InputSource::Request => {
-            serde_json::json!({"type": "input", "text": text, "source": "request"})
-        }
-        InputSource::Followup { inbox_seq: None } => {
-            serde_json::json!({"type": "input", "text": text, "source": "followup"})
-        }
-        InputSource::Followup {
-            inbox_seq: Some(seq),
-        } => {
-            serde_json::json!({"type": "input", "text": text, "source": "followup", "inboxSeq": seq})
-        }
+pub fn input_event(text: &str, source: InputSource) -> super::RunEvent {
+    let (source, inbox_seq) = match source {
+        InputSource::Request => (super::InputOrigin::Request, None),
+        InputSource::Followup { inbox_seq } => (super::InputOrigin::Followup, inbox_seq),
+    };
+    super::RunEvent::Input {
+        stamp: super::Stamp::default(),
+        text: text.to_owned(),
+        source,
+        inbox_seq,
+        truncated: None,
     }
 }
 
@@ -527,15 +525,15 @@ mod tests {
     #[test]
     fn input_events_name_their_source() {
         assert_eq!(
-            input_event("hi", InputSource::Request),
+            Value::from(input_event("hi", InputSource::Request)),
             json!({"type": "input", "text": "hi", "source": "request"})
         );
         assert_eq!(
-            input_event("more", InputSource::Followup { inbox_seq: Some(3) }),
+            Value::from(input_event("more", InputSource::Followup { inbox_seq: Some(3) })),
             json!({"type": "input", "text": "more", "source": "followup", "inboxSeq": 3})
         );
         assert_eq!(
-            input_event("more", InputSource::Followup { inbox_seq: None }),
+            Value::from(input_event("more", InputSource::Followup { inbox_seq: None })),
             json!({"type": "input", "text": "more", "source": "followup"})
         );
     }
