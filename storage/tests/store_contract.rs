@@ -411,6 +411,27 @@ fn put_outside_policy_is_not_stored(s: &mut dyn RunStore) {
     assert!(!s.delete("ancient").unwrap(), "nothing of it stays on disk");
 }
 
+/// A put answers how many rows the policy keeps after it, counting itself only when it is within the
+/// cutoff: a new row past it, and a row rewritten past it, are not kept.
+fn a_put_counts_what_the_policy_retains_around_the_cutoff(s: &mut dyn RunStore) {
+    let p = policy(30, 1_000, 1 << 30, NOW);
+    let out = s.put(&record("young", NOW - DAY), Some(&p), NOW).unwrap();
+    assert_eq!((out.stored, out.retained), (true, 1));
+    let out = s
+        .put(&record("ancient", NOW - 31 * DAY), Some(&p), NOW)
+        .unwrap();
+    assert_eq!((out.stored, out.retained), (false, 1));
+    let out = s
+        .put(&record("young", NOW - 31 * DAY), Some(&p), NOW)
+        .unwrap();
+    assert_eq!((out.stored, out.retained), (false, 0));
+    let out = s.put(&record("again", NOW), Some(&p), NOW).unwrap();
+    assert_eq!((out.stored, out.rewritten, out.retained), (true, false, 1));
+    let out = s.put(&record("again", NOW - 1), Some(&p), NOW).unwrap();
+    assert_eq!((out.stored, out.rewritten, out.retained), (true, true, 1));
+    assert_eq!(ids(s, &all(), NOW), vec!["again".to_owned()]);
+}
+
 fn identical_repeat_is_not_a_rewrite_and_a_change_replaces_events_whole(s: &mut dyn RunStore) {
     let five: Vec<Value> = (1..=5)
         .map(|i| json!({"type": "note", "seq": i, "at": NOW, "summary": "s"}))
@@ -956,6 +977,7 @@ contract!(
     retention_hides_expired_rows_on_every_read_before_any_write,
     expire_removes_what_the_policy_no_longer_keeps_with_no_write,
     put_outside_policy_is_not_stored,
+    a_put_counts_what_the_policy_retains_around_the_cutoff,
     identical_repeat_is_not_a_rewrite_and_a_change_replaces_events_whole,
     provisional_put_over_a_final_record_writes_nothing,
     a_put_trims_at_most_500_rows_and_the_next_put_finishes,

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use storage::record::RunEvent;
 use storage::ledger::{state_keys, LiveRow, Refusal};
+use storage::record::RunEvent;
 use storage::StorageHandle;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use storage::record::RunEvent;
 use storage::ledger::decisions::PhaseChange;
 use storage::ledger::{approvals_patch, Approval, Approvals, Decided, Decision, Refusal, StopMode};
+use storage::record::RunEvent;
 
 use super::work::{retry_transient, summarize};
 use super::{publish, RunDeps};

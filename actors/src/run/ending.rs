@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use storage::record::RunEvent;
 use storage::ledger::{LiveRow, Refusal, StepWrite};
+use storage::record::RunEvent;
 use storage::record::{RunRecord, RunStatus};
 
 use actix::{Context, Handler, Message};

@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use storage::record::RunEvent;
 use storage::ledger::decisions::{self, ResumePoint, Settlement};
 use storage::ledger::{LiveRow, Promotion};
+use storage::record::RunEvent;
 use storage::record::RunStatus;
 
 use super::machine::{Started, Written};
@@ -482,7 +482,10 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
                         summarize(&run.deps, text),
                         run.step,
                     );
-                    if let RunEvent::ToolResult { effects_unknown, .. } = &mut event {
+                    if let RunEvent::ToolResult {
+                        effects_unknown, ..
+                    } = &mut event
+                    {
                         *effects_unknown = (how == Settlement::EffectsUnknown).then_some(true);
                     }
                     run.publish_kept(event);

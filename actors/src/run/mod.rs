@@ -53,9 +53,9 @@ use actix::{
 use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use storage::record::RunEvent;
 use storage::ledger::decisions::ResumePoint;
 use storage::ledger::{InboxItem, LiveRow, StepRecord, Turn};
+use storage::record::RunEvent;
 use storage::record::RunStatus;
 use storage::{Clock, Generation, StorageHandle};
 

@@ -1,8 +1,8 @@
 //! Record assembly (the one place a run's record is built) and closing a row without running it.
 
 use serde_json::{json, Value};
-use storage::record::RunEvent;
 use storage::ledger::{LiveRow, Successor};
+use storage::record::RunEvent;
 use storage::record::{
     fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES,
 };
@@ -220,7 +220,11 @@ pub fn closing_record(
             ));
         }
     }
-    events.push(RunEvent::note("reclaimed", reason).stamped(last + 1, now).into());
+    events.push(
+        RunEvent::note("reclaimed", reason)
+            .stamped(last + 1, now)
+            .into(),
+    );
     let count = events.len() as u64;
     let extras = RecordExtras {
         delivery_unknown: gated,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
-use storage::record::RunEvent;
 use storage::ledger::decisions;
+use storage::record::RunEvent;
 
 use super::publish;
 use super::work::{summarize, Run};

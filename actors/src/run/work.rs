@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use storage::record::RunEvent;
 use storage::ledger::{
     Decision, InFlight, InboxItem, Outcome, Refusal, StepRecord, StepWrite, Turn,
 };
+use storage::record::RunEvent;
 
 use super::approval::{ApprovalGate, Passed};
 use super::machine::Written;

@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::Value;
-use storage::record::RunEvent;
 use storage::ledger::LiveRow;
+use storage::record::RunEvent;
 use storage::record::RunStatus;
 use storage::{Clock, Generation, StorageHandle};
 

@@ -332,29 +332,45 @@ pub(super) fn put_in(
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
-    // One statement for what the put decides on: whether the id was killed, the stored policy,
-    // whether the run is live, and the row it has.
+    // One statement for everything the put decides on: whether the id was killed, the stored policy,
+    // whether the run is live, the row it has, and the stored totals with the rows past the cutoff of
+    // the proposed policy (the retention answer, read before the write and moved by it below).
+    let guess = proposal.map_or(i64::MIN, |p| p.policy.cutoff_ms(now_ms));
     let facts = c.query_one(
         "SELECT EXISTS (SELECT 1 FROM deletion_fences WHERE run_id = $1),
                 (SELECT value FROM meta WHERE key = $2),
                 EXISTS (SELECT 1 FROM live_runs WHERE run_id = $1),
-                r.provisional, r.digest
-         FROM (VALUES (1)) AS one LEFT JOIN runs r ON r.run_id = $1",
-        &[&record.head.id, &POLICY_KEY],
+                r.provisional, r.digest, r.bytes, r.finished_at,
+                t.runs, t.bytes, (SELECT COUNT(*) FROM runs WHERE finished_at < $3)
+         FROM (VALUES (1)) AS one LEFT JOIN runs r ON r.run_id = $1 LEFT JOIN run_totals t ON t.id = 1",
+        &[&record.head.id, &POLICY_KEY, &guess],
     )?;
     let mut stored_policy = decode_policy(facts.get(1))?;
-    // A killed id takes no record ever again (SPEC §4.3 `kill`).
-    if facts.get::<_, bool>(0) {
-        return Ok(PutOutcome {
-            stored: false,
-            rewritten: false,
-            retained: retained(c, &stored_policy.policy, now_ms)?,
-        });
-    }
-    if stored_policy.consider(proposal, now_ms) {
+    let killed: bool = facts.get(0);
+    if !killed && stored_policy.consider(proposal, now_ms) {
         write_policy(c, &stored_policy)?;
     }
     let policy = stored_policy.policy;
+    let cutoff = policy.cutoff_ms(now_ms);
+    // The totals and the rows past the cutoff, as this put leaves them: read before its write (when the
+    // statement counted for this policy's cutoff; `None` sends the put to the aggregate path), then moved
+    // by the write below.
+    let mut totals: Option<Totals> = facts
+        .get::<_, Option<i64>>(7)
+        .filter(|_| cutoff == guess)
+        .map(|runs| Totals {
+            runs,
+            bytes: facts.get(8),
+            stale: facts.get(9),
+        });
+    // A killed id takes no record ever again (SPEC §4.3 `kill`).
+    if killed {
+        return Ok(PutOutcome {
+            stored: false,
+            rewritten: false,
+            retained: retained_from(c, &policy, now_ms, totals)?,
+        });
+    }
     let mut record = clamp_future(record, now_ms);
     // A live run's events are the ledger's: a put while it lives writes only the runs row.
     let live: bool = facts.get(2);
@@ -362,20 +378,23 @@ pub(super) fn put_in(
         record.events.clear();
     }
     let id = record.head.id.as_str();
-    let existing: Option<(bool, String)> = facts
-        .get::<_, Option<bool>>(3)
-        .map(|provisional| (provisional, facts.get(4)));
+    let existing: Option<Existing> = facts.get::<_, Option<bool>>(3).map(|provisional| Existing {
+        provisional,
+        digest: facts.get(4),
+        bytes: facts.get(5),
+        finished_at: facts.get(6),
+    });
     // The tombstone floor: a provisional write never replaces a final record.
-    if record.head.provisional && existing.as_ref().is_some_and(|(prov, _)| !prov) {
+    if record.head.provisional && existing.as_ref().is_some_and(|e| !e.provisional) {
         return Ok(PutOutcome {
             stored: true,
             rewritten: false,
-            retained: retained(c, &policy, now_ms)?,
+            retained: retained_from(c, &policy, now_ms, totals)?,
         });
     }
     let (summary, digest) = encode(&record)?;
     let bytes = big(record.encoded_len());
-    let unchanged = existing.as_ref().is_some_and(|(_, d)| *d == digest);
+    let unchanged = existing.as_ref().is_some_and(|e| e.digest == digest);
     if !unchanged {
         let h = &record.head;
         c.execute_later(
@@ -410,13 +429,27 @@ pub(super) fn put_in(
                 .into_iter()
                 .zip(record.events.iter().map(|ev| ev.to_string())),
         )?;
+        // What the triggers of migration 5 do to the totals, and this row to the count past the cutoff.
+        if let Some(t) = &mut totals {
+            let past = |finished_at: i64| i64::from(finished_at < cutoff);
+            match &existing {
+                Some(old) => {
+                    t.bytes += bytes - old.bytes;
+                    t.stale += past(h.finished_at) - past(old.finished_at);
+                }
+                None => {
+                    t.runs += 1;
+                    t.bytes += bytes;
+                    t.stale += past(h.finished_at);
+                }
+            }
+        }
     }
     let rewritten = existing.is_some() && !unchanged;
-    let cutoff = policy.cutoff_ms(now_ms);
-    if let Some((t, stale)) = totals_and_stale(c, cutoff)?.filter(|(t, _)| within(&policy, *t)) {
+    if let Some(t) = totals.filter(|t| within(&policy, (t.runs, t.bytes))) {
         // Within both bounds every row younger than the cutoff is kept (`Kept::All`): only rows past
         // it go, and this record stays exactly when it is not one of them. One statement told all.
-        if stale > 0 {
+        if t.stale > 0 {
             trim(c, &Kept::All, cutoff, TRIM_PER_PUT)?;
         }
         let stored = record.head.finished_at >= cutoff;
@@ -426,7 +459,7 @@ pub(super) fn put_in(
         return Ok(PutOutcome {
             stored,
             rewritten,
-            retained: (t.0 - stale).max(0) as u64,
+            retained: (t.runs - t.stale).max(0) as u64,
         });
     }
     let shed = shed_oldest(c, &policy)?;
@@ -442,6 +475,35 @@ pub(super) fn put_in(
         rewritten,
         retained: retained(c, &policy, now_ms)?,
     })
+}
+
+/// The stored runs' totals (`run_totals`) and how many rows are past a cutoff.
+#[derive(Debug, Clone, Copy)]
+struct Totals {
+    runs: i64,
+    bytes: i64,
+    stale: i64,
+}
+
+/// The stored row a put replaces, as the put's statement read it.
+struct Existing {
+    provisional: bool,
+    digest: String,
+    bytes: i64,
+    finished_at: i64,
+}
+
+/// [`retained`] from totals already read in this transaction, when they are within the policy.
+fn retained_from(
+    c: &mut Db,
+    policy: &RetentionPolicy,
+    now_ms: i64,
+    totals: Option<Totals>,
+) -> Result<u64> {
+    match totals.filter(|t| within(policy, (t.runs, t.bytes))) {
+        Some(t) => Ok((t.runs - t.stale).max(0) as u64),
+        None => retained(c, policy, now_ms),
+    }
 }
 
 /// The one query of [`RunStore::open_cards`](crate::store::RunStore::open_cards) (SQL text and

@@ -261,7 +261,13 @@ impl RunEvent {
     }
 
     /// A `tool_result` of step `step` (the flags unset).
-    pub fn tool_result(call_id: &str, tool: &str, ok: bool, summary: String, step: u64) -> RunEvent {
+    pub fn tool_result(
+        call_id: &str,
+        tool: &str,
+        ok: bool,
+        summary: String,
+        step: u64,
+    ) -> RunEvent {
         RunEvent::ToolResult {
             stamp: Stamp::default(),
             call_id: call_id.to_owned(),

@@ -529,11 +529,17 @@ mod tests {
             json!({"type": "input", "text": "hi", "source": "request"})
         );
         assert_eq!(
-            Value::from(input_event("more", InputSource::Followup { inbox_seq: Some(3) })),
+            Value::from(input_event(
+                "more",
+                InputSource::Followup { inbox_seq: Some(3) }
+            )),
             json!({"type": "input", "text": "more", "source": "followup", "inboxSeq": 3})
         );
         assert_eq!(
-            Value::from(input_event("more", InputSource::Followup { inbox_seq: None })),
+            Value::from(input_event(
+                "more",
+                InputSource::Followup { inbox_seq: None }
+            )),
             json!({"type": "input", "text": "more", "source": "followup"})
         );
     }
