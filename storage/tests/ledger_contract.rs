@@ -1186,6 +1186,44 @@ fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: 
     assert_eq!(taken["run-b"].last_step, None);
 }
 
+/// A finish's successor reads the live row, its highest step record and its whole inbox in seq order
+/// (the consumed ones too: the caller decides what is waiting); a run not live has none.
+fn successor_facts_read_the_row_the_highest_step_and_the_inbox_in_order<S: Ledger>(s: &mut S) {
+    go_live(s, "run-a", "C1:t1", G1, NOW);
+    let facts = s.successor_facts("run-a").unwrap().expect("live");
+    assert_eq!(
+        (facts.row, facts.last_step, facts.inbox.len()),
+        (live_row(s, "run-a"), None, 0)
+    );
+    for text in ["m1", "m2", "m3"] {
+        assert!(s
+            .push_inbox("run-a", &json!({ "text": text }))
+            .unwrap()
+            .is_ok());
+    }
+    assert_eq!(
+        s.step("run-a", G1, &step_record(0, 2, None)).unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.step("run-a", G1, &step_record(1, 4, Some(1))).unwrap(),
+        Ok(())
+    );
+    let facts = s.successor_facts("run-a").unwrap().expect("live");
+    assert_eq!(facts.last_step, Some(step_record(1, 4, Some(1))));
+    assert_eq!(inbox_seqs(&facts.inbox), vec![1, 2, 3]);
+    assert_eq!(facts.inbox[2].message, json!({"text": "m3"}));
+    assert_eq!(facts, {
+        let row = live_row(s, "run-a");
+        storage::ledger::SuccessorFacts {
+            row,
+            last_step: s.last_step("run-a").unwrap(),
+            inbox: s.inbox_after("run-a", None).unwrap(),
+        }
+    });
+    assert_eq!(s.successor_facts("run-none").unwrap(), None);
+}
+
 /// Seed item 32: a transcript read stops at its first hole and names it; the turns before stay.
 fn a_transcript_with_a_missing_turn_reads_back_to_the_gap_and_names_it<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
@@ -3363,6 +3401,7 @@ contract!(
     append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op,
     an_oversized_or_unsequenced_event_is_refused_alone,
     step_records_are_keyed_by_step_and_reclaim_answers_the_highest,
+    successor_facts_read_the_row_the_highest_step_and_the_inbox_in_order,
     a_step_writes_turns_events_state_and_record_and_a_refusal_stops_before_the_record,
     transcript_turns_read_back_in_order_and_are_never_edited,
     a_transcript_with_a_missing_turn_reads_back_to_the_gap_and_names_it,

@@ -78,13 +78,13 @@ fn finish_body(
     let id = record.head.id.as_str();
     let plan = match successor {
         None => None,
-        Some(succ) => match b.get_live(id)? {
+        Some(succ) => match b.successor_facts(id)? {
             None => None,
-            Some(row) => {
-                let stepped = b.last_step(id)?.and_then(|s| s.inbox_consumed_seq);
+            Some(facts) => {
+                let stepped = facts.last_step.and_then(|s| s.inbox_consumed_seq);
                 let consumed = stepped.max(succ.inbox_consumed);
-                let waiting = crate::ledger::waiting(b.inbox_after(id, None)?, consumed);
-                crate::ledger::successor_admission(&row, gen, &waiting, succ, now_ms)
+                let waiting = crate::ledger::waiting(facts.inbox, consumed);
+                crate::ledger::successor_admission(&facts.row, gen, &waiting, succ, now_ms)
             }
         },
     };

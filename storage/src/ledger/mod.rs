@@ -627,6 +627,14 @@ pub struct GenerationInfo {
     pub started_at: i64,
 }
 
+/// What [`RunLedger::successor_facts`] reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuccessorFacts {
+    pub row: LiveRow,
+    pub last_step: Option<StepRecord>,
+    pub inbox: Vec<InboxItem>,
+}
+
 /// [`RunLedger::write_step`] as its four methods, one after another (the trait's default).
 pub fn write_step_by_methods<L: RunLedger + ?Sized>(
     l: &mut L,
@@ -760,6 +768,20 @@ pub trait RunLedger: Send {
     fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>>;
     /// The run's highest step record (re-adopting a run this generation owns).
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>>;
+    /// What a finish's successor admission decides on (SPEC §5.2 step 8), inside the finish's
+    /// transaction: the live row (`None`: not live), its highest step record and its whole inbox. The
+    /// default is `get_live`, `last_step` and `inbox_after` one after another; a backend may read them
+    /// in one statement.
+    fn successor_facts(&mut self, run_id: &str) -> Result<Option<SuccessorFacts>> {
+        let Some(row) = self.get_live(run_id)? else {
+            return Ok(None);
+        };
+        Ok(Some(SuccessorFacts {
+            last_step: self.last_step(run_id)?,
+            inbox: self.inbox_after(run_id, None)?,
+            row,
+        }))
+    }
     /// Take the rows [`decisions::reclaim_selection`] selects for `gen`; `driven` are the runs `gen`
     /// still drives (an actor, or a pending close), which it never takes back while it does.
     fn reclaim(

@@ -14,7 +14,7 @@ use super::Db;
 use serde_json::{Map, Value};
 
 use super::admission::{admit_in, claim_in, reclaim_in};
-use super::live::{get_row, is_killed, live_rows, ROW_COLUMNS};
+use super::live::{get_row, is_killed, live_row, live_rows, ROW_COLUMNS};
 use super::news::notify;
 use super::owner::{owned, owner, owner_only};
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
@@ -23,8 +23,8 @@ use crate::ledger::decisions::{self, Phase, PhaseChange, StopMode};
 use crate::ledger::{
     check_events, check_turns, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Promotion,
-    PruneReport, ReclaimAnswer, Refusal, RunLedger, StepRecord, StepWrite, StopAnswer, TableRows,
-    Transcript, Turn,
+    PruneReport, ReclaimAnswer, Refusal, RunLedger, StepRecord, StepWrite, StopAnswer,
+    SuccessorFacts, TableRows, Transcript, Turn,
 };
 use crate::news::News;
 use crate::record::{RunRecord, RunStatus};
@@ -117,6 +117,39 @@ fn inbox_item(seq: i64, json: std::result::Result<String, postgres::Error>) -> R
         seq: seq as u64,
         message,
     })
+}
+
+/// [`RunLedger::successor_facts`] in one statement: the row's columns, the highest step record, and the
+/// inbox as two arrays in seq order.
+fn successor_facts(c: &mut Db, run_id: &str) -> Result<Option<SuccessorFacts>> {
+    let Some(r) = c.query_opt(
+        &format!(
+            "SELECT {ROW_COLUMNS},
+                (SELECT json FROM run_steps s WHERE s.run_id = $1 ORDER BY step DESC LIMIT 1),
+                (SELECT array_agg(seq ORDER BY seq) FROM run_inbox i WHERE i.run_id = $1),
+                (SELECT array_agg(json ORDER BY seq) FROM run_inbox i WHERE i.run_id = $1)
+             FROM live_runs WHERE run_id = $1"
+        ),
+        &[&run_id],
+    )?
+    else {
+        return Ok(None);
+    };
+    let last_step = r
+        .try_get::<_, Option<String>>(11)?
+        .map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e)))
+        .transpose()?;
+    let seqs: Vec<i64> = r.try_get::<_, Option<Vec<i64>>>(12)?.unwrap_or_default();
+    let messages: Vec<String> = r.try_get::<_, Option<Vec<String>>>(13)?.unwrap_or_default();
+    Ok(Some(SuccessorFacts {
+        row: live_row(&r)?,
+        last_step,
+        inbox: seqs
+            .into_iter()
+            .zip(messages)
+            .map(|(seq, json)| inbox_item(seq, Ok(json)))
+            .collect::<Result<_>>()?,
+    }))
 }
 
 pub(super) fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
@@ -602,6 +635,10 @@ impl RunLedger for PgStore {
 
     fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
         self.read_one(|c| last_step(c, run_id))
+    }
+
+    fn successor_facts(&mut self, run_id: &str) -> Result<Option<SuccessorFacts>> {
+        self.read_one(|c| successor_facts(c, run_id))
     }
 
     fn reclaim(
