@@ -114,7 +114,7 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
             let mut t = record(id);
             t.head.provisional = true;
             t.head.status = storage::record::RunStatus::Interrupted;
-            Some(t)
+            Some((t, None))
         };
         let started = h
             .admit_with_events(

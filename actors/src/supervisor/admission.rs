@@ -221,7 +221,12 @@ async fn admit(
         );
         let outcome = shared
             .storage
-            .admit_with_events(admit, first_events.clone(), tombstone, now)
+            .admit_with_events(
+                admit,
+                first_events.clone(),
+                tombstone.map(|t| (t, shared.proposal)),
+                now,
+            )
             .await
             .map_err(|e| AdmitError::Unavailable(e.to_string()))?;
         return match outcome {

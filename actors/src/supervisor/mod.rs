@@ -153,6 +153,8 @@ struct SlotShared {
     metrics: Arc<crate::metrics::Metrics>,
     restart_policy: RestartPolicy,
     host_id: String,
+    /// The retention policy the history proposes with every record (the tombstone's too).
+    proposal: Option<storage::store::PolicyProposal>,
 }
 
 impl Supervisor {
@@ -173,6 +175,7 @@ impl Supervisor {
             metrics: config.metrics.clone(),
             restart_policy: config.restart_policy,
             host_id: config.host_id.clone(),
+            proposal: config.history.proposal(),
         };
         let tools = std::mem::replace(&mut config.tools, Toolbox::empty());
         config.agents = HashMap::new();

@@ -426,12 +426,13 @@ impl StorageHandle {
 
     /// Admit at `now_ms`; a run this admission starts gets `events` (its `run_meta` and `input`, seqs 1
     /// and 2) and its `tombstone` (the provisional record) in the same transaction, so a crash right
-    /// after admission never loses them (SPEC §5.2 steps 2–3: one commit, not three).
+    /// after admission never loses them (SPEC §5.2 steps 2–3: one commit, not three). The tombstone goes
+    /// with the retention policy the history proposes.
     pub async fn admit_with_events(
         &self,
         admit: Admit,
         events: Vec<serde_json::Value>,
-        tombstone: Option<RunRecord>,
+        tombstone: Option<(RunRecord, Option<PolicyProposal>)>,
         now_ms: i64,
     ) -> Result<AdmitOutcome> {
         self.transact(move |b, _| {
@@ -443,11 +444,11 @@ impl StorageHandle {
                         b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| {
                             Error::Unavailable(format!("first events refused: {r}"))
                         })?;
-                        if let Some(tombstone) = &tombstone {
+                        if let Some((tombstone, proposal)) = &tombstone {
                             debug_assert!(
                                 tombstone.head.provisional && tombstone.head.id == admit.run_id
                             );
-                            b.put(tombstone, None, now_ms)?;
+                            b.put(tombstone, proposal.as_ref(), now_ms)?;
                         }
                     }
                     Ok(out)

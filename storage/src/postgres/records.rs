@@ -363,6 +363,7 @@ pub(super) fn put_in(
             bytes: facts.get(8),
             stale: facts.get(9),
         });
+    let counted = totals.is_some();
     // A killed id takes no record ever again (SPEC §4.3 `kill`).
     if killed {
         return Ok(PutOutcome {
@@ -446,6 +447,14 @@ pub(super) fn put_in(
         }
     }
     let rewritten = existing.is_some() && !unchanged;
+    if !counted {
+        // Counted for another cutoff (no proposal, or a newer stored policy): read them back.
+        totals = totals_and_stale(c, cutoff)?.map(|((runs, bytes), stale)| Totals {
+            runs,
+            bytes,
+            stale,
+        });
+    }
     if let Some(t) = totals.filter(|t| within(&policy, (t.runs, t.bytes))) {
         // Within both bounds every row younger than the cutoff is kept (`Kept::All`): only rows past
         // it go, and this record stays exactly when it is not one of them. One statement told all.
