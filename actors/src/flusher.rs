@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message};
 use serde_json::Value;
+use storage::ledger::Refusal;
 use storage::StorageHandle;
 
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
@@ -95,6 +96,16 @@ impl Flusher {
             let n = events.len();
             match storage.append(run_id.clone(), gen.clone(), events).await {
                 Ok(Ok(())) => {}
+                // The run ended (sealed, closed, killed) between the push and this batch: its record
+                // was assembled from every event it published, these included, so nothing is missing.
+                Ok(Err(Refusal::UnknownRun { .. })) => {
+                    tracing::debug!(
+                        run_id,
+                        generation = gen,
+                        events = n,
+                        "event batch after the run ended; its record holds them"
+                    );
+                }
                 Ok(Err(refusal)) => {
                     failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(run_id, generation = gen, events = n, %refusal, "event batch refused by the ledger");
@@ -349,5 +360,21 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(stored(&h).await, vec![3, 6]);
+    }
+
+    #[actix_rt::test]
+    async fn a_batch_for_a_run_that_ended_meanwhile_is_no_failure() {
+        let h = storage_with_run().await;
+        let failures = Arc::new(AtomicU64::new(0));
+        let f = Flusher::with_interval(h.clone(), failures.clone(), NEVER).start();
+        push(&f, GEN, 1..=2).await;
+        // The run ends (its record holds every event it published) before the batch goes out.
+        assert_eq!(h.abandon("r".into(), GEN.into()).await.unwrap(), Ok(()));
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(failures.load(Ordering::Relaxed), 0);
+        // On a run that has ended, any generation's batch meets the same refusal: none is counted.
+        push(&f, OTHER_GEN, 3..=3).await;
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(failures.load(Ordering::Relaxed), 0);
     }
 }
