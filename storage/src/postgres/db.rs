@@ -95,6 +95,8 @@ pub(crate) struct Db {
     later: Vec<Later>,
     notes: Vec<String>,
     owner: Option<(String, String)>,
+    /// A transaction is open: [`Db::begin`] ran and no `COMMIT` or `ROLLBACK` since.
+    open: bool,
 }
 
 impl Db {
@@ -121,6 +123,7 @@ impl Db {
             later: Vec::new(),
             notes: Vec::new(),
             owner: None,
+            open: false,
         };
         db.batch_execute(&session_settings())?;
         Ok(db)
@@ -220,6 +223,7 @@ impl Db {
     /// A write whose row count nobody reads: it goes out with the next answered statement or the
     /// `COMMIT` (only inside a transaction; a failure answers there).
     pub(crate) fn execute_later(&mut self, sql: &str, params: Params) -> Result<()> {
+        debug_assert!(self.open, "execute_later outside a transaction: {sql}");
         self.wrote(sql);
         let st = self.statement(sql)?;
         self.later.push(Later::Write(st, params));
@@ -228,6 +232,7 @@ impl Db {
 
     /// Begin a transaction with `sql`; the `BEGIN` goes out with the first statement.
     pub(super) fn begin(&mut self, sql: &'static str) {
+        self.open = true;
         self.owner = None;
         self.notes.clear();
         self.later.clear();
@@ -240,6 +245,9 @@ impl Db {
     /// transaction is rolled back. A `ROLLBACK` of a transaction whose `BEGIN` never left sends nothing.
     pub(super) fn batch_execute(&mut self, sql: &str) -> PgResult<()> {
         self.owner = None;
+        if sql == "COMMIT" || sql.starts_with("ROLLBACK") {
+            self.open = false;
+        }
         let notes = std::mem::take(&mut self.notes);
         if sql.starts_with("ROLLBACK") {
             let unsent = self.later.first().is_some_and(Later::is_begin);

@@ -352,9 +352,9 @@ pub(super) fn put_in(
     }
     let policy = stored_policy.policy;
     let cutoff = policy.cutoff_ms(now_ms);
-    // The totals and the rows past the cutoff, as this put leaves them: read before its write (when the
-    // statement counted for this policy's cutoff; `None` sends the put to the aggregate path), then moved
-    // by the write below.
+    // The totals and the rows past the cutoff, as this put leaves them: read before its write when the
+    // statement counted for this policy's cutoff, then moved by the write below (`None`: read back after
+    // the write).
     let mut totals: Option<Totals> = facts
         .get::<_, Option<i64>>(7)
         .filter(|_| cutoff == guess)
