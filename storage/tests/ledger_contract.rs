@@ -1587,6 +1587,44 @@ fn handoff_marks_only_this_generations_live_rows<S: Ledger>(s: &mut S) {
     assert_eq!(hb.phase, Phase::Handoff);
 }
 
+/// SPEC §5.1: a thread's queue holds at most `MAX_QUEUED_PER_THREAD` messages; the next one is refused
+/// with nothing written, while a steer into the same run still lands.
+fn a_full_queue_refuses_the_next_queued_message_and_writes_nothing<S: Ledger>(s: &mut S) {
+    use storage::ledger::{Strategy, MAX_QUEUED_PER_THREAD};
+    let enqueue = |run: &str, text: &str| Admit {
+        strategy: Strategy::Enqueue,
+        request: json!({"thread": "t1", "channel": "C1", "user": "U1", "text": text,
+            "strategy": "enqueue"}),
+        ..admission("C1:t1", G1, run, text)
+    };
+    assert_eq!(
+        s.admit(&enqueue("run-a", "first"), NOW).unwrap(),
+        started("run-a")
+    );
+    promote(s, "run-a", G1, NOW);
+    for i in 1..=MAX_QUEUED_PER_THREAD {
+        assert_eq!(
+            s.admit(&enqueue(&format!("q{i}"), "later"), NOW).unwrap(),
+            AdmitOutcome::Queued {
+                run_id: "run-a".into(),
+                position: i
+            }
+        );
+    }
+    assert_eq!(
+        s.admit(&enqueue("q-over", "one too many"), NOW).unwrap(),
+        AdmitOutcome::QueueFull {
+            run_id: "run-a".into()
+        }
+    );
+    let inbox = s.inbox_after("run-a", None).unwrap();
+    assert_eq!(inbox.len() as u64, MAX_QUEUED_PER_THREAD);
+    assert_eq!(
+        s.admit(&admission("C1:t1", G1, "x", "steer"), NOW).unwrap(),
+        steered("run-a", MAX_QUEUED_PER_THREAD + 1)
+    );
+}
+
 /// SPEC §5.1: what a message does on a busy thread, by strategy — and on an idle one, whatever it is.
 fn a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says<S: Ledger>(s: &mut S) {
     use storage::ledger::Strategy;
@@ -3412,6 +3450,7 @@ contract!(
     handoff_marks_only_this_generations_live_rows,
     finishing_commits_status_and_answer_once,
     a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says,
+    a_full_queue_refuses_the_next_queued_message_and_writes_nothing,
     a_stop_recorded_before_the_gate_refuses_a_completed_gate,
     approvals_park_decide_once_and_unpark,
     handoff_then_finishing_is_allowed_for_the_owner,

@@ -432,6 +432,42 @@ impl AdmitDecision {
             _ => self.writes_to(),
         }
     }
+
+    /// The cap that refuses this admission, nothing written: a keyed answer on a run that already holds
+    /// [`crate::ledger::MAX_RECEIPTS_PER_RUN`] receipts, or a queued message on a full queue
+    /// ([`crate::ledger::MAX_QUEUED_PER_THREAD`]). `count` counts a run's receipts or queued messages in
+    /// the backend; it is asked only for a count that decides.
+    pub fn refused_by_cap<E>(
+        &self,
+        keyed: bool,
+        mut count: impl FnMut(CapCount, &str) -> Result<u64, E>,
+    ) -> Result<Option<crate::ledger::AdmitOutcome>, E> {
+        use crate::ledger::AdmitOutcome;
+        if let (Some(run_id), true) = (self.receipt_run(), keyed) {
+            if count(CapCount::Receipts, run_id)? >= crate::ledger::MAX_RECEIPTS_PER_RUN as u64 {
+                return Ok(Some(AdmitOutcome::ReceiptLimit {
+                    run_id: run_id.to_owned(),
+                }));
+            }
+        }
+        if let (Some(run_id), true) = (self.writes_to(), self.queues()) {
+            if count(CapCount::Queued, run_id)? >= crate::ledger::MAX_QUEUED_PER_THREAD {
+                return Ok(Some(AdmitOutcome::QueueFull {
+                    run_id: run_id.to_owned(),
+                }));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What [`AdmitDecision::refused_by_cap`] asks a backend to count for a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapCount {
+    /// Its keyed admissions' receipts.
+    Receipts,
+    /// The messages queued in its inbox for runs of their own.
+    Queued,
 }
 
 /// The admission decision (SPEC §4.3 `admit`, §5.1 multitask strategy). An unkeyed steer to a

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use crate::ledger::decisions::{decide_admit, AdmitDecision, INSERT_PHASE};
+use crate::ledger::decisions::{decide_admit, AdmitDecision, CapCount, INSERT_PHASE};
 use crate::ledger::{
     fence_refusal, Admit, AdmitOutcome, GenerationInfo, InboxItem, LiveRow, Outcome, Refusal,
     StepRecord,
@@ -257,25 +257,17 @@ impl LedgerState {
             reaches,
             admit.strategy,
         );
-        if let (Some(run_id), Some(_)) = (decision.receipt_run(), &admit.key) {
-            if self
-                .receipts
-                .values()
-                .filter(|r| r.run_id == run_id)
-                .count()
-                >= crate::ledger::MAX_RECEIPTS_PER_RUN
-            {
-                return Ok(AdmitOutcome::ReceiptLimit {
-                    run_id: run_id.to_owned(),
-                });
-            }
-        }
-        if let (Some(run_id), true) = (decision.writes_to(), decision.queues()) {
-            if self.queued_count(run_id) >= crate::ledger::MAX_QUEUED_PER_THREAD {
-                return Ok(AdmitOutcome::QueueFull {
-                    run_id: run_id.to_owned(),
-                });
-            }
+        if let Some(refused) = decision.refused_by_cap(admit.key.is_some(), |what, run_id| {
+            Ok::<_, Error>(match what {
+                CapCount::Receipts => self
+                    .receipts
+                    .values()
+                    .filter(|r| r.run_id == run_id)
+                    .count() as u64,
+                CapCount::Queued => self.queued_count(run_id),
+            })
+        })? {
+            return Ok(refused);
         }
         match decision {
             AdmitDecision::Insert => {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::ledger::{inbox_after, last_step, push_inbox_in, queued_count};
 use super::live::{live_rows, row_and_fence, By, ROW_COLUMNS};
 use super::{params, Db};
-use crate::ledger::decisions::{self, ClaimDecision, Phase, ReclaimSelection, StopMode};
+use crate::ledger::decisions::{self, CapCount, ClaimDecision, Phase, ReclaimSelection, StopMode};
 use crate::ledger::{
     decode_receipt_answer, merge_state, Admit, AdmitOutcome, Claimed, LiveRow, Outcome, Promotion,
     ReclaimAnswer, Reclaimed, Refusal,
@@ -40,30 +40,19 @@ pub(super) fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcom
         a.reaches(holder.as_ref()),
         a.strategy,
     );
-    let full = match (decision.receipt_run(), &a.key) {
-        (Some(run_id), Some(_)) => {
+    if let Some(refused) = decision.refused_by_cap(a.key.is_some(), |what, run_id| match what {
+        CapCount::Receipts => Ok::<_, Error>(
             c.query_one(
                 "SELECT COUNT(*) FROM admit_receipts WHERE run_id = $1",
                 &[&run_id],
             )?
-            .get::<_, i64>(0) as usize
-                >= crate::ledger::MAX_RECEIPTS_PER_RUN
-        }
-        _ => false,
-    };
-    let queue_full = match decision.writes_to() {
-        Some(run_id) if decision.queues() => {
-            queued_count(c, run_id)? >= crate::ledger::MAX_QUEUED_PER_THREAD
-        }
-        _ => false,
-    };
+            .get::<_, i64>(0) as u64,
+        ),
+        CapCount::Queued => queued_count(c, run_id),
+    })? {
+        return Ok(refused);
+    }
     let outcome = match decision {
-        d if full => AdmitOutcome::ReceiptLimit {
-            run_id: d.receipt_run().unwrap_or_default().to_owned(),
-        },
-        d if queue_full => AdmitOutcome::QueueFull {
-            run_id: d.writes_to().unwrap_or_default().to_owned(),
-        },
         decisions::AdmitDecision::Insert => {
             c.execute_later(
                 "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)

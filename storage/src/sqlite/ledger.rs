@@ -16,7 +16,7 @@ use super::live::{get_row, is_killed, is_live, live_row, row_by_thread, ROW_COLU
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::SqliteStore;
 use crate::ledger::decisions::{
-    self, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
+    self, CapCount, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
 };
 use crate::ledger::{
     check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, view_refusal,
@@ -236,27 +236,18 @@ impl RunLedger for SqliteStore {
             a.reaches(holder.as_ref()),
             a.strategy,
         );
-        let full = match (decision.receipt_run(), &a.key) {
-            (Some(run_id), Some(_)) => {
-                tx.prepare_cached("SELECT COUNT(*) FROM admit_receipts WHERE run_id = ?1")?
-                    .query_row([run_id], |r| r.get::<_, i64>(0))? as usize
-                    >= crate::ledger::MAX_RECEIPTS_PER_RUN
-            }
-            _ => false,
-        };
-        let queue_full = match decision.writes_to() {
-            Some(run_id) if decision.queues() => {
-                queued_count(&tx, run_id)? >= crate::ledger::MAX_QUEUED_PER_THREAD
-            }
-            _ => false,
-        };
+        if let Some(refused) =
+            decision.refused_by_cap(a.key.is_some(), |what, run_id| match what {
+                CapCount::Receipts => Ok::<_, Error>(
+                    tx.prepare_cached("SELECT COUNT(*) FROM admit_receipts WHERE run_id = ?1")?
+                        .query_row([run_id], |r| r.get::<_, i64>(0))? as u64,
+                ),
+                CapCount::Queued => queued_count(&tx, run_id),
+            })?
+        {
+            return Ok(refused); // nothing written: the transaction rolls back empty
+        }
         let outcome = match decision {
-            d if full => AdmitOutcome::ReceiptLimit {
-                run_id: d.receipt_run().unwrap_or_default().to_owned(),
-            },
-            d if queue_full => AdmitOutcome::QueueFull {
-                run_id: d.writes_to().unwrap_or_default().to_owned(),
-            },
             decisions::AdmitDecision::Insert => {
                 tx.prepare_cached(
                     "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
