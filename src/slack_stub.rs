@@ -331,8 +331,11 @@ impl SlackStub {
     fn shutdown(&mut self) {
         if let Some(thread) = self.thread.take() {
             // `stop` sends the command at once; its future only waits for the completion, which the
-            // join below waits for anyway.
-            drop(self.server.stop(false));
+            // join below waits for anyway. Graceful, so the server's future ends only once its worker
+            // has dropped every connection (a kept-alive one included: `shutdown_timeout(0)` closes it
+            // at once); a forced stop ends before the worker does, and a pooled client could still be
+            // answered after the drop.
+            drop(self.server.stop(true));
             if thread.join().is_err() {
                 tracing::warn!("the slack stub's thread panicked");
             }

@@ -17,9 +17,10 @@ use crate::shared_db::{DbSpec, SharedDb};
 
 /// A short run: three durable steps, no tool latency, no model latency.
 const SHORT_RUN: &str = "steps=3 ms=0 think_ms=0";
-/// Commits a 3-step run needs without a webhook (SPEC §5.2 step 3): admission with the tombstone, the
-/// promotion with the seed, one per step, the finish with the record.
-const CONTRACT_COMMITS_PER_RUN: f64 = 6.0;
+/// Commits a 3-step run needs without a webhook: the admission with the tombstone, the promotion and the
+/// seed; one per step; the finish with the record. SPEC §5.2 step 3 counts 6 with the promotion in a
+/// commit of its own, and allows merging any commits no rule orders apart — these two are such.
+const CONTRACT_COMMITS_PER_RUN: f64 = 5.0;
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0

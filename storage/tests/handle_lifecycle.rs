@@ -3,7 +3,9 @@
 //! leaves none of the finished run's ledger rows behind (SPEC §4.3, §5.2 steps 2, 5 and 8).
 
 use serde_json::{json, Value};
-use storage::ledger::{Admit, AdmitOutcome, Phase, Promotion, StepRecord, Successor, Turn};
+use storage::ledger::{
+    Admit, AdmitOutcome, Phase, Promotion, StepRecord, StepWrite, Successor, Turn,
+};
 use storage::record::validate_record;
 use storage::{BackendSpec, ManualClock, MemoryStore, StorageHandle, Synchronous};
 
@@ -71,39 +73,115 @@ fn record(id: &str) -> storage::record::RunRecord {
     .unwrap()
 }
 
-async fn go_live(h: &StorageHandle, run_id: &str) {
-    assert_eq!(
-        h.admit_with_events(admission(run_id, "hi"), first_events("hi"), None, NOW)
-            .await
-            .unwrap(),
-        AdmitOutcome::Started {
-            run_id: run_id.into()
-        }
-    );
-    let p = Promotion {
+/// A run's promotion (prompt "s", no tools) and its seed: the system and user turns, the step-0 record.
+fn opening(text: &str) -> (Promotion, StepWrite) {
+    let promotion = Promotion {
         system_text: "s".into(),
         tools: json!([]),
         state: Default::default(),
         lease_ms: 30_000,
     };
-    h.claim(run_id.into(), GEN.into(), p)
+    let seed = StepWrite {
+        first_idx: 0,
+        turns: vec![
+            Turn {
+                role: "system".into(),
+                parts: vec![json!("s")],
+            },
+            Turn {
+                role: "user".into(),
+                parts: vec![json!(text)],
+            },
+        ],
+        record: step(0, 2, None),
+        events: vec![],
+        state: Default::default(),
+    };
+    (promotion, seed)
+}
+
+/// Admit `run_id` with its first events, promotion and seed in one commit (as a fresh run is).
+async fn go_live(h: &StorageHandle, run_id: &str) {
+    assert_eq!(
+        h.admit_with_events(
+            admission(run_id, "hi"),
+            first_events("hi"),
+            None,
+            Some(opening("hi")),
+            NOW
+        )
         .await
-        .unwrap()
-        .unwrap();
-    let seed = vec![
-        Turn {
-            role: "system".into(),
-            parts: vec![json!("s")],
-        },
-        Turn {
-            role: "user".into(),
-            parts: vec![json!("hi")],
-        },
-    ];
-    h.durable_step(run_id.into(), GEN.into(), 0, seed, step(0, 2, None), vec![])
-        .await
-        .unwrap()
-        .unwrap();
+        .unwrap(),
+        (
+            AdmitOutcome::Started {
+                run_id: run_id.into()
+            },
+            true
+        )
+    );
+}
+
+/// An admission that starts a run commits its promotion and seed with it: the row is live with its
+/// prompt, its transcript holds the seed and step 0 is its last step. A seed the ledger would refuse is
+/// left out before anything is written: the run is admitted with its events and tombstone, unpromoted.
+#[actix_rt::test]
+async fn an_admission_opens_its_run_in_its_own_commit_unless_the_seed_would_be_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in backends(dir.path()) {
+        go_live(&h, "r1").await;
+        let row = h.get_live("r1".into()).await.unwrap().expect("the row");
+        assert_eq!(row.phase, Phase::Live, "{name}");
+        assert_eq!(row.system_text, "s", "{name}");
+        assert_eq!(
+            h.read_transcript("r1".into()).await.unwrap().turns.len(),
+            2,
+            "{name}"
+        );
+        let last = h.last_step("r1".into()).await.unwrap().expect("step 0");
+        assert_eq!((last.step, last.turn_index), (0, 2), "{name}");
+
+        let mut admit = admission("r2", "too big");
+        admit.thread_key = "c:other".into();
+        let (promotion, mut seed) = opening("too big");
+        seed.turns[1].parts = vec![json!("x".repeat(storage::ledger::MAX_TRANSCRIPT_PART_BYTES))];
+        let mut tombstone = record("r2");
+        tombstone.head.provisional = true;
+        tombstone.head.status = storage::record::RunStatus::Interrupted;
+        let unseeded = h
+            .admit_with_events(
+                admit,
+                first_events("too big"),
+                Some((tombstone, None)),
+                Some((promotion, seed)),
+                NOW,
+            )
+            .await
+            .unwrap();
+        let started = AdmitOutcome::Started {
+            run_id: "r2".into(),
+        };
+        assert_eq!(unseeded, (started, false), "{name}");
+        let row = h.get_live("r2".into()).await.unwrap().expect("the row");
+        assert_eq!(row.phase, Phase::Attaching, "{name}");
+        assert!(
+            h.read_transcript("r2".into())
+                .await
+                .unwrap()
+                .turns
+                .is_empty(),
+            "{name}"
+        );
+        assert_eq!(h.last_step("r2".into()).await.unwrap(), None, "{name}");
+        assert_eq!(
+            h.live_events("r2".into(), 0, 10).await.unwrap(),
+            Some(first_events("too big")),
+            "{name}"
+        );
+        assert!(
+            h.get("r2".into()).await.unwrap().is_some(),
+            "{name}: the tombstone"
+        );
+    }
 }
 
 #[actix_rt::test]
@@ -121,15 +199,19 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
                 admission("r1", "hello"),
                 first_events("hello"),
                 tombstone("r1"),
+                Some(opening("hello")),
                 NOW,
             )
             .await
             .unwrap();
         assert_eq!(
             started,
-            AdmitOutcome::Started {
-                run_id: "r1".into()
-            },
+            (
+                AdmitOutcome::Started {
+                    run_id: "r1".into()
+                },
+                true
+            ),
             "{name}"
         );
         assert_eq!(
@@ -150,12 +232,13 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
                 admission("r2", "more"),
                 first_events("more"),
                 tombstone("r2"),
+                Some(opening("more")),
                 NOW,
             )
             .await
             .unwrap();
         assert!(
-            matches!(steered, AdmitOutcome::Steered { ref run_id, .. } if run_id == "r1"),
+            matches!(steered, (AdmitOutcome::Steered { ref run_id, .. }, false) if run_id == "r1"),
             "{name}: {steered:?}"
         );
         assert_eq!(
@@ -521,34 +604,12 @@ async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_n
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
         assert!(matches!(
-            h.admit_with_events(admission("r1", "hi"), first_events("hi"), None, NOW)
+            h.admit_with_events(admission("r1", "hi"), first_events("hi"), None, None, NOW)
                 .await
                 .unwrap(),
-            AdmitOutcome::Started { .. }
+            (AdmitOutcome::Started { .. }, false)
         ));
-        let p = Promotion {
-            system_text: "s".into(),
-            tools: json!([]),
-            state: Default::default(),
-            lease_ms: 30_000,
-        };
-        let seed_turns = vec![
-            Turn {
-                role: "system".into(),
-                parts: vec![json!("s")],
-            },
-            Turn {
-                role: "user".into(),
-                parts: vec![json!("hi")],
-            },
-        ];
-        let seed = storage::ledger::StepWrite {
-            first_idx: 0,
-            turns: seed_turns,
-            record: step(0, 2, None),
-            events: vec![],
-            state: Default::default(),
-        };
+        let (p, seed) = opening("hi");
         let first = h
             .promote("r1".into(), GEN.into(), p.clone(), seed.clone())
             .await

@@ -137,15 +137,19 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
             admission(&run, thread, n.is_multiple_of(4)),
             first,
             None,
+            None,
             NOW,
         )
         .await
         .unwrap();
     assert_eq!(
         out,
-        AdmitOutcome::Started {
-            run_id: run.clone()
-        }
+        (
+            AdmitOutcome::Started {
+                run_id: run.clone()
+            },
+            false
+        )
     );
     let p = Promotion {
         system_text: "s".into(),

@@ -1,4 +1,4 @@
-//! The launch paths (SPEC §5.2, §6.2, §6.3): a fresh run (tombstone, promote, seed), a restart from a
+//! The launch paths (SPEC §5.2, §6.2, §6.3): a fresh run (its admission promoted and seeded it), a restart from a
 //! row's saved request, and a resume from a row's transcript. Each builds the run's [`Run`] data and
 //! answers where it stands, or closes a row it cannot run; the effects that follow live in [`super::work`].
 //!
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::decisions::{self, ResumePoint, Settlement};
-use storage::ledger::{LiveRow, Promotion};
+use storage::ledger::{LiveRow, Promotion, StepRecord, StepWrite, Turn};
 use storage::record::RunEvent;
 use storage::record::RunStatus;
 
@@ -17,10 +17,9 @@ use super::machine::{Started, Written};
 use super::record::{bound_workspace, close_unstartable, meta_from_row};
 use super::tool_runner::ToolRunner;
 use super::work::{retry_transient, summarize, Run, MAX_WRITE_RETRY, WRITE_RETRY};
-use super::{Adoption, Ended, Request, RunDeps, StopReason};
-use crate::agent::{self, AssistantTurn, ToolResult};
+use super::{Adoption, AgentEntry, Ended, Fresh, Request, RunDeps};
+use crate::agent::{self, AssistantTurn, ToolDef, ToolResult};
 use crate::channel::CardPlace;
-use crate::registry::RunMeta;
 
 /// Retry delays of the promotion claim (SPEC §5.5).
 const CLAIM_RETRIES: [Duration; 2] = [Duration::from_millis(200), Duration::from_millis(800)];
@@ -32,32 +31,79 @@ pub(super) enum Launched {
     Over(Box<Ended>),
 }
 
-/// A run admitted here: tombstone, promote, seed.
-pub(super) async fn fresh(
-    deps: RunDeps,
-    id: String,
-    meta: RunMeta,
-    request: Request,
-    started_at: i64,
-) -> Launched {
-    let Some(agent) = deps.agents.get(&meta.agent).cloned() else {
-        // The slot checks the agent before admitting; a config reload could still race it.
-        tracing::error!(run_id = %id, agent = %meta.agent, "unknown agent; abandoning the reservation");
-        let _ = deps
-            .storage
-            .abandon(id.clone(), deps.gen.as_str().to_owned())
-            .await;
-        deps.registry.discard(&id);
-        return Launched::Over(Box::new((StopReason::Finished(RunStatus::Failed), None)));
+/// A fresh run's promotion and seed step (SPEC §5.2 step 4), for the admission that starts it to commit
+/// with itself: the agent's prompt and tools, the first model call's messages and the step-0 record
+/// after the admission's `seq` first events.
+pub fn opening(
+    agent: &AgentEntry,
+    tool_defs: &[ToolDef],
+    text: &str,
+    seq: u64,
+    lease_ms: i64,
+) -> (Promotion, StepWrite) {
+    let turns = seed_turns(&agent.system, text);
+    let promotion = Promotion {
+        system_text: agent.system.clone(),
+        tools: json!(tool_defs),
+        state: Map::new(),
+        lease_ms,
     };
+    let record = StepRecord {
+        step: 0,
+        seq,
+        turn_index: turns.len() as u64,
+        in_flight: Vec::new(),
+        inbox_consumed_seq: None,
+        remaining_ms: agent.budget_ms,
+        turn: 0,
+        iteration: 0,
+    };
+    let seed = StepWrite {
+        first_idx: 0,
+        turns,
+        record,
+        events: Vec::new(),
+        state: Map::new(),
+    };
+    (promotion, seed)
+}
+
+/// The first model call's messages: the system prompt and the request.
+fn seed_turns(system: &str, text: &str) -> Vec<Turn> {
+    vec![agent::system_turn(system), agent::user_turn(text)]
+}
+
+/// A run admitted here. Its admission committed the promotion and seed ([`opening`]) unless `seeded`
+/// is false (a seed the ledger would refuse), when the launch promotes and seeds it now and meets the
+/// refusal as a restart would.
+pub(super) async fn fresh(deps: RunDeps, fresh: Box<Fresh>) -> Launched {
+    let Fresh {
+        id,
+        meta,
+        request,
+        started_at,
+        agent,
+        tool_defs,
+        seeded,
+    } = *fresh;
     let deadline = started_at + agent.budget_ms;
-    let mut run = Run::new(deps, id, meta, deadline, agent);
+    let mut run = Run::new(deps, id, meta, deadline, agent, tool_defs);
     run.card = request.chat_thread().map(|thread| CardPlace {
         thread,
         handle: None,
         look: false,
     });
-    promote(run, &request.text).await
+    if !seeded {
+        return promote(run, &request.text).await;
+    }
+    // The transcript in memory is the seed the admission wrote (`turns` holds what follows the system
+    // turn); the seed's commit counts as the promotion's write and the seed's step record.
+    let mut turns = seed_turns(&run.system, &request.text);
+    run.turn_count = turns.len() as u64;
+    run.turns = turns.split_off(1);
+    run.deps.metrics.ledger_write("promotion", None);
+    run.deps.metrics.steps.inc();
+    Launched::Run(Box::new(run), Started::Continue)
 }
 
 /// Promote the reserved row and seed the transcript (SPEC §5.2 steps 4–5): from here the run is
@@ -73,13 +119,7 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     };
     // The promotion and the seed (the first model call's messages and the step-0 record) share one
     // commit: the run is resumable exactly when its seed is durable.
-    let seed = run.step_write(
-        vec![
-            agent::system_turn(&run.system),
-            agent::user_turn(request_text),
-        ],
-        &[],
-    );
+    let seed = run.step_write(seed_turns(&run.system, request_text), &[]);
     let seeded = seed.is_some();
     let (s, id, gen) = (run.deps.storage.clone(), run.id.clone(), run.gen.clone());
     let claim = || {
@@ -248,7 +288,15 @@ pub(super) async fn restart(
         events,
         next_seq,
     );
-    let mut run = Run::new(deps, row.run_id.clone(), meta.clone(), deadline, agent);
+    let tools = agent.tool_defs(&deps.tools);
+    let mut run = Run::new(
+        deps,
+        row.run_id.clone(),
+        meta.clone(),
+        deadline,
+        agent,
+        tools,
+    );
     run.usage = usage;
     run.recorded_stop = row.stop;
     run.card = chat_card(&row);
@@ -297,12 +345,14 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
         a.events,
         highest + 1000,
     );
+    let tools = agent.tool_defs(&deps.tools);
     let mut run = Run::new(
         deps,
         row.run_id.clone(),
         meta,
         now + a.last_step.remaining_ms,
         agent,
+        tools,
     );
     run.usage = usage;
     run.recorded_stop = row.stop;
@@ -552,7 +602,8 @@ pub(super) async fn deliver(
         .snapshot(&row.run_id)
         .map(|(_, events)| events)
         .unwrap_or_default();
-    let mut run = Run::new(deps, row.run_id.clone(), meta, deadline, agent);
+    let tools = agent.tool_defs(&deps.tools);
+    let mut run = Run::new(deps, row.run_id.clone(), meta, deadline, agent, tools);
     run.usage = agent::usage_of(&published);
     run.step = step;
     run.card = chat_card(&row);

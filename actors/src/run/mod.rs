@@ -22,8 +22,8 @@
 //! | [`RunEnded`] | run → supervisor | the [`StopReason`] and any successor run the finish admitted | — |
 //!
 //! # The run, in order (SPEC §5.2)
-//! admitted (attaching row + `run_meta`/`input` in the admit transaction, registry row; the thread slot)
-//! → tombstone → promote (claim with prompt and tools) → seed turns + step-0 record → steps (model call,
+//! admitted (row + `run_meta`/`input` + tombstone + promotion (claim with prompt and tools) + seed turns
+//! and step-0 record, all in the admit transaction; then the registry row; the thread slot) → steps (model call,
 //! then the transcript turns, the step's events and its record with the calls in flight in one commit,
 //! then the tools) → final status → finishing gate → answer + webhook → final record through the
 //! ledger's finish, which admits one successor run for unread follow-ups → workspace release.
@@ -66,6 +66,7 @@ use crate::history::HistoryWriter;
 use crate::registry::{Registry, RunMeta};
 use crate::tools::Toolbox;
 use ending::{Delivery, Finish, Finishing};
+pub use launch::opening;
 use launch::Launched;
 use machine::{Effect, End, Msg, RunState};
 pub use news::{ApprovalNews, DrainRun, Fenced, Killed, StopRequest};
@@ -188,6 +189,20 @@ impl AgentEntry {
             .as_ref()
             .is_none_or(|allowed| allowed.iter().any(|t| t == tool))
     }
+
+    /// The definitions of the tools the model sees: the toolbox's, shared with every run unless this
+    /// agent allows fewer.
+    pub fn tool_defs(&self, toolbox: &crate::tools::Toolbox) -> Arc<[crate::agent::ToolDef]> {
+        let all = toolbox.defs();
+        match all.iter().all(|d| self.allows(&d.name)) {
+            true => all,
+            false => all
+                .iter()
+                .filter(|d| self.allows(&d.name))
+                .cloned()
+                .collect(),
+        }
+    }
 }
 
 /// Everything a run needs from the process; cloned into each run.
@@ -246,13 +261,9 @@ impl StopActor {
 /// How a run starts.
 #[allow(clippy::large_enum_variant)] // one per run, moved once: boxing buys nothing
 pub enum Launch {
-    /// Admitted here: the `attaching` row, the registry row, `run_meta`/`input` and the tombstone exist.
-    Fresh {
-        id: String,
-        meta: RunMeta,
-        request: Request,
-        started_at: i64,
-    },
+    /// Admitted here: the row (promoted and seeded when `seeded`), the registry row, `run_meta`/`input`
+    /// and the tombstone exist.
+    Fresh(Box<Fresh>),
     /// Continue a row this generation owns from its transcript (SPEC §6.2).
     Resume(Adoption),
     /// Re-run an `attaching` row from its saved request under the same id and start (SPEC §6.3); with
@@ -271,11 +282,24 @@ pub enum Launch {
     },
 }
 
+/// A run this process admitted.
+pub struct Fresh {
+    pub id: String,
+    pub meta: RunMeta,
+    pub request: Request,
+    pub started_at: i64,
+    pub agent: AgentEntry,
+    /// The definitions the promotion named ([`AgentEntry::tool_defs`]).
+    pub tool_defs: Arc<[crate::agent::ToolDef]>,
+    /// The admission committed the promotion and seed ([`opening`]).
+    pub seeded: bool,
+}
+
 impl Launch {
     /// The run it launches.
     pub fn run_id(&self) -> &str {
         match self {
-            Launch::Fresh { id, .. } => id,
+            Launch::Fresh(fresh) => &fresh.id,
             Launch::Resume(a) => &a.row.run_id,
             Launch::Restart { row, .. } | Launch::Deliver { row, .. } => &row.run_id,
         }
@@ -374,7 +398,7 @@ pub struct RunActor {
 impl RunActor {
     pub fn new(deps: RunDeps, launch: Launch) -> Self {
         let id = match &launch {
-            Launch::Fresh { id, .. } => id.clone(),
+            Launch::Fresh(fresh) => fresh.id.clone(),
             Launch::Resume(a) => a.row.run_id.clone(),
             Launch::Restart { row, .. } | Launch::Deliver { row, .. } => row.run_id.clone(),
         };
@@ -658,12 +682,7 @@ impl Actor for RunActor {
         let deps = self.deps.clone();
         let fut = async move {
             match launch {
-                Launch::Fresh {
-                    id,
-                    meta,
-                    request,
-                    started_at,
-                } => launch::fresh(deps, id, meta, request, started_at).await,
+                Launch::Fresh(fresh) => launch::fresh(deps, fresh).await,
                 Launch::Resume(adoption) => launch::resume(deps, adoption).await,
                 Launch::Restart {
                     row,

@@ -115,18 +115,9 @@ impl Run {
         meta: RunMeta,
         deadline: i64,
         agent: AgentEntry,
+        tool_defs: Arc<[ToolDef]>,
     ) -> Self {
         let workspace = crate::tools::workspace_dir(&deps.workspace_root, &id);
-        // Shared with every run of the toolbox unless the agent allows fewer tools.
-        let all = deps.tools.defs();
-        let tool_defs = match all.iter().all(|d| agent.allows(&d.name)) {
-            true => all,
-            false => all
-                .iter()
-                .filter(|d| agent.allows(&d.name))
-                .cloned()
-                .collect(),
-        };
         let fence = format!(
             "{}#{}",
             deps.gen.as_str(),

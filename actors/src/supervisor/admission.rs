@@ -14,7 +14,7 @@ use storage::ledger::{decisions, Admit, AdmitOutcome, ReceiptKey};
 use storage::record::ChannelVisibility;
 
 use crate::registry::RunMeta;
-use crate::run::{Launch, Request};
+use crate::run::{Fresh, Launch, Request};
 
 use super::{LaunchRun, SlotShared, Supervisor};
 
@@ -174,6 +174,7 @@ async fn admit(
     let mut req = req;
     req.strategy = (strategy != storage::ledger::Strategy::Steer).then_some(strategy);
     let request = serde_json::to_value(&req).map_err(|e| AdmitError::Unavailable(e.to_string()))?;
+    let tool_defs = agent.tool_defs(&shared.tools);
     let waited_since = shared.clock.now_ms();
     loop {
         let now = shared.clock.now_ms();
@@ -219,30 +220,48 @@ async fn admit(
                 ..Default::default()
             },
         );
-        let outcome = shared
+        // So do the promotion and the seed (SPEC §5.2 step 4; nothing orders them apart): a run admitted
+        // here is resumable from its first commit.
+        let opening = crate::run::opening(
+            agent,
+            &tool_defs,
+            &req.text,
+            first_events.len() as u64,
+            shared.lease_ms,
+        );
+        let committing = std::time::Instant::now();
+        let (outcome, seeded) = shared
             .storage
             .admit_with_events(
                 admit,
                 first_events.clone(),
                 tombstone.map(|t| (t, shared.proposal)),
+                Some(opening),
                 now,
             )
             .await
             .map_err(|e| AdmitError::Unavailable(e.to_string()))?;
         return match outcome {
             AdmitOutcome::Started { run_id: started } if started == run_id => {
+                if seeded {
+                    // The seed's durable step commit is this one.
+                    shared.metrics.step_commit(committing.elapsed());
+                }
                 let token = shared.tokens.mint(&run_id);
                 shared
                     .registry
                     .create(&run_id, meta.clone(), now, token.clone(), first_events, 3);
                 tracing::info!(run_id = %run_id, generation = shared.gen.as_str(), "admitted a new run");
                 shared.metrics.runs_started.inc();
-                supervisor.do_send(LaunchRun(Launch::Fresh {
+                supervisor.do_send(LaunchRun(Launch::Fresh(Box::new(Fresh {
                     id: run_id.clone(),
                     meta: meta.clone(),
                     request: req.clone(),
                     started_at: now,
-                }));
+                    agent: agent.clone(),
+                    tool_defs: tool_defs.clone(),
+                    seeded,
+                }))));
                 Ok(Admitted::Started { run_id, token })
             }
             // A keyed retry of an earlier admission: its answer, verbatim.

@@ -117,7 +117,7 @@ pub struct Supervisor {
     slots: BTreeMap<String, Addr<ThreadSlot>>,
     /// When each run was re-adopted after a panic or `StorageLost`, within the restart window.
     restarts: BTreeMap<String, Vec<i64>>,
-    parts: Option<(SupervisorConfig, Toolbox)>,
+    parts: Option<(SupervisorConfig, Arc<Toolbox>)>,
     /// Runs the boot reclaim adopted, launched once ingress is open.
     deferred: Vec<Launch>,
     /// A reclaim pass is running: passes never overlap.
@@ -145,6 +145,8 @@ struct SlotShared {
     storage: StorageHandle,
     registry: Registry,
     agents: Arc<HashMap<String, AgentEntry>>,
+    /// The process's tools: a fresh run's promotion names its agent's.
+    tools: Arc<Toolbox>,
     default_agent: String,
     lease_ms: i64,
     clock: Arc<dyn Clock>,
@@ -162,11 +164,13 @@ impl Supervisor {
     pub fn new(mut config: SupervisorConfig) -> Self {
         let gen = Generation::mint(config.clock.now_ms());
         let agents = Arc::new(std::mem::take(&mut config.agents));
+        let tools = Arc::new(std::mem::replace(&mut config.tools, Toolbox::empty()));
         let shared = SlotShared {
             gen: gen.clone(),
             storage: config.storage.clone(),
             registry: config.registry.clone(),
             agents: agents.clone(),
+            tools: tools.clone(),
             default_agent: config.default_agent.clone(),
             lease_ms: config.lease_ms,
             clock: config.clock.clone(),
@@ -177,7 +181,6 @@ impl Supervisor {
             host_id: config.host_id.clone(),
             proposal: config.history.proposal(),
         };
-        let tools = std::mem::replace(&mut config.tools, Toolbox::empty());
         config.agents = HashMap::new();
         Supervisor {
             deps: None,
@@ -351,7 +354,7 @@ impl Actor for Supervisor {
             heartbeat,
             history: config.history,
             agents: self.config.agents.clone(),
-            tools: Arc::new(tools),
+            tools,
             workspace_root: config.workspace_root,
             lease_ms: config.lease_ms,
             webhook: config.webhook,

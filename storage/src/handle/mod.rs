@@ -425,16 +425,24 @@ impl StorageHandle {
     }
 
     /// Admit at `now_ms`; a run this admission starts gets `events` (its `run_meta` and `input`, seqs 1
-    /// and 2) and its `tombstone` (the provisional record) in the same transaction, so a crash right
-    /// after admission never loses them (SPEC §5.2 steps 2–3: one commit, not three). The tombstone goes
-    /// with the retention policy the history proposes.
+    /// and 2), its `tombstone` (the provisional record) and, with `seed`, its promotion and seed step in
+    /// the same transaction, so a crash right after admission never loses them and the run is resumable
+    /// from its first commit (SPEC §5.2 steps 2–4: one commit, not three; nothing orders them apart). The
+    /// tombstone goes with the retention policy the history proposes. A seed the ledger would refuse (a
+    /// part over [`crate::ledger::MAX_TRANSCRIPT_PART_BYTES`]) is left out before anything is written,
+    /// so the run is admitted unpromoted, as without one; the answer says whether the seed went in.
     pub async fn admit_with_events(
         &self,
         admit: Admit,
         events: Vec<serde_json::Value>,
         tombstone: Option<(RunRecord, Option<PolicyProposal>)>,
+        seed: Option<(Promotion, StepWrite)>,
         now_ms: i64,
-    ) -> Result<AdmitOutcome> {
+    ) -> Result<(AdmitOutcome, bool)> {
+        let seed = seed.filter(|(_, s)| {
+            crate::ledger::check_turns(s.first_idx, &s.turns).is_ok()
+                && crate::ledger::check_events(&s.events).1.is_none()
+        });
         self.transact(move |b, _| {
             atomic(
                 b,
@@ -450,8 +458,19 @@ impl StorageHandle {
                             );
                             b.put(tombstone, proposal.as_ref(), now_ms)?;
                         }
+                        // The row is this transaction's and the seed was checked: neither write is
+                        // refused.
+                        if let Some((promotion, seed)) = &seed {
+                            let (id, gen) = (&admit.run_id, &admit.gen);
+                            b.claim(id, gen, promotion, now_ms)?.map_err(|r| {
+                                Error::Unavailable(format!("promotion refused: {r}"))
+                            })?;
+                            b.write_step(id, gen, seed)?
+                                .map_err(|r| Error::Unavailable(format!("seed refused: {r}")))?;
+                        }
+                        return Ok((out, seed.is_some()));
                     }
-                    Ok(out)
+                    Ok((out, false))
                 },
                 |_| true,
             )
