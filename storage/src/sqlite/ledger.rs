@@ -29,8 +29,8 @@ use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
-/// Most ids one `killed_among` statement binds (far below SQLite's variable limit); more ids take more
-/// statements in the same read transaction.
+/// Most ids one `killed_among` statement probes; more ids take more steps of it in the same read
+/// transaction.
 const KILLED_AMONG_CHUNK: usize = 500;
 
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
@@ -747,16 +747,14 @@ impl RunLedger for SqliteStore {
     fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
         let tx = self.read()?;
         let mut out: Vec<String> = Vec::new();
-        // One primary-key probe per id. The statement's text depends on the chunk's length, so it is
-        // prepared, not cached: caching every length would evict the hot statements.
+        // One primary-key probe per id, the ids one JSON array: a single statement text, prepared once
+        // (one per chunk length would be parsed at every call, or evict the hot statements if cached).
+        let mut stmt = tx.prepare_cached(
+            "SELECT run_id FROM deletion_fences WHERE run_id IN (SELECT value FROM json_each(?1))",
+        )?;
         for chunk in run_ids.chunks(KILLED_AMONG_CHUNK) {
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let mut stmt = tx.prepare(&format!(
-                "SELECT run_id FROM deletion_fences WHERE run_id IN ({marks})"
-            ))?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(chunk.iter()), |r| {
-                r.get::<_, String>(0)
-            })?;
+            let ids = serde_json::to_string(chunk).map_err(|e| Error::corrupt("run ids", e))?;
+            let rows = stmt.query_map([ids], |r| r.get::<_, String>(0))?;
             for id in rows {
                 out.push(id?);
             }
