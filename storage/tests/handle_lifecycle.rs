@@ -27,6 +27,23 @@ fn backends(dir: &std::path::Path) -> Vec<(&'static str, StorageHandle)> {
     ]
 }
 
+/// [`backends`] and PostgreSQL (a fresh database of the test binary's throwaway cluster, with its read
+/// pool).
+fn every_backend(dir: &std::path::Path) -> Vec<(&'static str, StorageHandle)> {
+    let mut handles = backends(dir);
+    handles.push((
+        "postgres",
+        StorageHandle::start(
+            BackendSpec::Postgres {
+                url: storage::testing::pg::database(),
+                pool: 2,
+            },
+            std::sync::Arc::new(ManualClock::new(NOW)),
+        ),
+    ));
+    handles
+}
+
 fn request(text: &str, user: &str) -> Value {
     json!({"thread": "t", "channel": "c", "user": user, "text": text})
 }
@@ -127,7 +144,7 @@ async fn go_live(h: &StorageHandle, run_id: &str) {
 #[actix_rt::test]
 async fn an_admission_opens_its_run_in_its_own_commit_unless_the_seed_would_be_refused() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, h) in backends(dir.path()) {
+    for (name, h) in every_backend(dir.path()) {
         go_live(&h, "r1").await;
         let row = h.get_live("r1".into()).await.unwrap().expect("the row");
         assert_eq!(row.phase, Phase::Live, "{name}");
@@ -657,18 +674,7 @@ async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_n
 #[actix_rt::test]
 async fn the_orphan_sweep_lists_and_closes_cards_through_the_handle() {
     let dir = tempfile::tempdir().unwrap();
-    let mut handles = backends(dir.path());
-    handles.push((
-        "postgres",
-        StorageHandle::start(
-            BackendSpec::Postgres {
-                url: storage::testing::pg::database(),
-                pool: 2,
-            },
-            std::sync::Arc::new(ManualClock::new(NOW)),
-        ),
-    ));
-    for (name, h) in handles {
+    for (name, h) in every_backend(dir.path()) {
         let mut carded = record("carded");
         carded
             .head

@@ -462,7 +462,7 @@ impl StorageHandle {
                         // refused.
                         if let Some((promotion, seed)) = &seed {
                             let (id, gen) = (&admit.run_id, &admit.gen);
-                            b.claim(id, gen, promotion, now_ms)?.map_err(|r| {
+                            b.claim_admitted(id, gen, promotion, now_ms)?.map_err(|r| {
                                 Error::Unavailable(format!("promotion refused: {r}"))
                             })?;
                             b.write_step(id, gen, seed)?

@@ -673,6 +673,19 @@ pub trait RunLedger: Send {
         promotion: &Promotion,
         now_ms: i64,
     ) -> Result<Outcome<Claimed>>;
+    /// [`RunLedger::claim`] of the row this very transaction's [`RunLedger::admit`] just reserved (it
+    /// answered `Started` for it, so the row is this generation's, `attaching`, with no state and no
+    /// deletion fence). The default claims as ever; a backend whose reads cost a round trip promotes
+    /// without reading the row back.
+    fn claim_admitted(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        promotion: &Promotion,
+        now_ms: i64,
+    ) -> Result<Outcome<Claimed>> {
+        self.claim(run_id, gen, promotion, now_ms)
+    }
     /// Append events keyed by their `seq` (an identical retry is a no-op).
     fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>>;
     fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>>;

@@ -119,6 +119,34 @@ pub(super) fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcom
     Ok(outcome)
 }
 
+/// The promotion's write, `state` the row's state with the promotion's merged in; it waits for the next
+/// answered statement (the seed step's, or the `COMMIT`).
+pub(super) fn promote_in(
+    c: &mut Db,
+    run_id: &str,
+    gen: &str,
+    p: &Promotion,
+    state: serde_json::Map<String, Value>,
+    now_ms: i64,
+) -> Result<Outcome<Claimed>> {
+    c.execute_later(
+        "UPDATE live_runs SET phase = $2, system_text = $3, tools_json = $4, state_json = $5, lease_until = $6
+         WHERE run_id = $1 AND owner_gen = $7",
+        params![
+            run_id.to_owned(),
+            Phase::Live.as_str(),
+            p.system_text.clone(),
+            p.tools.to_string(),
+            Value::Object(state).to_string(),
+            now_ms + p.lease_ms,
+            gen.to_owned(),
+        ],
+    )?;
+    // Promoted: the seed step that follows in this transaction is the owner's.
+    c.owner_passed(run_id, gen);
+    Ok(Ok(Claimed::Promoted))
+}
+
 pub(super) fn claim_in(
     c: &mut Db,
     run_id: &str,
@@ -144,22 +172,7 @@ pub(super) fn claim_in(
         ClaimDecision::Promote => {
             let mut row = by_run.expect("promote needs the run's row");
             merge_state(&mut row.state, &p.state);
-            c.execute_later(
-                "UPDATE live_runs SET phase = $2, system_text = $3, tools_json = $4, state_json = $5, lease_until = $6
-                 WHERE run_id = $1 AND owner_gen = $7",
-                params![
-                    run_id.to_owned(),
-                    Phase::Live.as_str(),
-                    p.system_text.clone(),
-                    p.tools.to_string(),
-                    Value::Object(row.state).to_string(),
-                    now_ms + p.lease_ms,
-                    gen.to_owned(),
-                ],
-            )?;
-            // Promoted: the seed step that follows in this transaction is the owner's.
-            c.owner_passed(run_id, gen);
-            Ok(Claimed::Promoted)
+            promote_in(c, run_id, gen, p, row.state, now_ms)?
         }
         ClaimDecision::Keep => Ok(Claimed::AlreadyLive),
         ClaimDecision::ThreadLive { .. } => Err(by_thread

@@ -13,7 +13,7 @@ use super::prune::prune_in;
 use super::Db;
 use serde_json::{Map, Value};
 
-use super::admission::{admit_in, claim_in, reclaim_in};
+use super::admission::{admit_in, claim_in, promote_in, reclaim_in};
 use super::live::{get_row, is_killed, live_row, live_rows, ROW_COLUMNS};
 use super::news::notify;
 use super::owner::{owned, owner, owner_only};
@@ -242,6 +242,16 @@ impl RunLedger for PgStore {
         now_ms: i64,
     ) -> Result<Outcome<Claimed>> {
         self.write(|c| claim_in(c, run_id, gen, p, now_ms))
+    }
+
+    fn claim_admitted(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        p: &Promotion,
+        now_ms: i64,
+    ) -> Result<Outcome<Claimed>> {
+        self.write(|c| promote_in(c, run_id, gen, p, p.state.clone(), now_ms))
     }
 
     fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
