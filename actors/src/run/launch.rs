@@ -97,12 +97,10 @@ pub(super) async fn fresh(deps: RunDeps, fresh: Box<Fresh>) -> Launched {
         return promote(run, &request.text).await;
     }
     // The transcript in memory is the seed the admission wrote (`turns` holds what follows the system
-    // turn); the seed's commit counts as the promotion's write and the seed's step record.
+    // turn).
     let mut turns = seed_turns(&run.system, &request.text);
     run.turn_count = turns.len() as u64;
     run.turns = turns.split_off(1);
-    run.deps.metrics.ledger_write("promotion", None);
-    run.deps.metrics.steps.inc();
     Launched::Run(Box::new(run), Started::Continue)
 }
 

@@ -244,7 +244,9 @@ async fn admit(
         return match outcome {
             AdmitOutcome::Started { run_id: started } if started == run_id => {
                 if seeded {
-                    // The seed's durable step commit is this one.
+                    // This commit was the promotion's write and the seed's durable step.
+                    shared.metrics.ledger_write("promotion", None);
+                    shared.metrics.steps.inc();
                     shared.metrics.step_commit(committing.elapsed());
                 }
                 let token = shared.tokens.mint(&run_id);
