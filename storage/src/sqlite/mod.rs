@@ -91,9 +91,31 @@ pub(crate) struct Tx<'c> {
     open: bool,
 }
 
+/// Opens a savepoint: a method's inside a group ([`Tx`]), or an atomic unit's.
+const SAVEPOINT: &str = "SAVEPOINT tx";
+
 /// Run a transaction-control statement from the connection's statement cache.
 fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
+/// End the innermost savepoint — a method's inside a group, or an atomic unit's; all are named `tx`
+/// (`RELEASE` and `ROLLBACK TO` take the most recent of a name) — keeping or undoing its writes.
+fn end_savepoint(conn: &Connection, commit: bool) -> rusqlite::Result<()> {
+    if !commit {
+        control(conn, "ROLLBACK TO tx")?;
+    }
+    control(conn, "RELEASE tx")
+}
+
+/// End the open transaction: `COMMIT` or `ROLLBACK`; a `COMMIT` that fails and leaves it open is
+/// rolled back.
+fn end_transaction(conn: &Connection, commit: bool) -> rusqlite::Result<()> {
+    let done = control(conn, if commit { "COMMIT" } else { "ROLLBACK" });
+    if done.is_err() && !conn.is_autocommit() {
+        let _ = control(conn, "ROLLBACK");
+    }
+    done
 }
 
 impl<'c> Tx<'c> {
@@ -107,25 +129,25 @@ impl<'c> Tx<'c> {
     }
 
     pub(crate) fn commit(mut self) -> rusqlite::Result<()> {
-        control(self.conn, if self.nested { "RELEASE tx" } else { "COMMIT" })?;
-        self.open = false;
-        Ok(())
+        self.end(true)
+    }
+
+    /// A commit that fails leaves `open` set: the drop then undoes what is left.
+    fn end(&mut self, commit: bool) -> rusqlite::Result<()> {
+        let out = match self.nested {
+            true => end_savepoint(self.conn, commit),
+            false => end_transaction(self.conn, commit),
+        };
+        self.open = commit && out.is_err();
+        out
     }
 }
 
 impl Drop for Tx<'_> {
     fn drop(&mut self) {
-        // A failed `COMMIT` leaves the transaction open (and `open` set): it is rolled back here.
-        if !self.open {
-            return;
+        if self.open {
+            let _ = self.end(false);
         }
-        let _ = if self.nested {
-            control(self.conn, "ROLLBACK TO tx").and_then(|()| control(self.conn, "RELEASE tx"))
-        } else if !self.conn.is_autocommit() {
-            control(self.conn, "ROLLBACK")
-        } else {
-            Ok(())
-        };
     }
 }
 
@@ -317,7 +339,7 @@ impl SqliteStore {
 
     fn tx(&mut self, top: &str) -> Result<Tx<'_>> {
         Ok(match self.grouped {
-            true => Tx::begin(&self.conn, "SAVEPOINT tx", true)?,
+            true => Tx::begin(&self.conn, SAVEPOINT, true)?,
             false => Tx::begin(&self.conn, top, false)?,
         })
     }
@@ -337,7 +359,7 @@ impl SqliteStore {
     pub fn begin_atomic(&mut self) -> Result<()> {
         let opened = self.begin_group()?;
         if !opened {
-            control(&self.conn, "SAVEPOINT atomic_unit")?;
+            control(&self.conn, SAVEPOINT)?;
         }
         self.atomic.push(opened);
         Ok(())
@@ -347,9 +369,7 @@ impl SqliteStore {
     pub fn end_atomic(&mut self, commit: bool) -> Result<()> {
         match self.atomic.pop() {
             Some(true) => self.end_group(commit),
-            Some(false) if commit => Ok(control(&self.conn, "RELEASE atomic_unit")?),
-            Some(false) => Ok(control(&self.conn, "ROLLBACK TO atomic_unit")
-                .and_then(|()| control(&self.conn, "RELEASE atomic_unit"))?),
+            Some(false) => Ok(end_savepoint(&self.conn, commit)?),
             None => Ok(()),
         }
     }
@@ -357,11 +377,7 @@ impl SqliteStore {
     /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false or the commit fails).
     pub fn end_group(&mut self, commit: bool) -> Result<()> {
         self.grouped = false;
-        let done = control(&self.conn, if commit { "COMMIT" } else { "ROLLBACK" });
-        if done.is_err() && !self.conn.is_autocommit() {
-            let _ = control(&self.conn, "ROLLBACK");
-        }
-        Ok(done?)
+        Ok(end_transaction(&self.conn, commit)?)
     }
 }
 
