@@ -395,6 +395,7 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         Arc::new(actors::plan::AgentPlanProvider::new(
             supervisor.clone(),
             registry.clone(),
+            storage.clone(),
             None,
         )),
         Arc::new(actors::plan::TokioTimer),

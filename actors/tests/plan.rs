@@ -1207,24 +1207,27 @@ mod agent_provider {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
-    use actix::Actor;
+    use actix::{Actor, Addr};
     use actors::agent::scripted::ScriptedAgent;
     use actors::history::HistoryWriter;
     use actors::plan::{
-        AgentPlanProvider, InvocationState, PlanHandle, PlanIdentity, SuggestionInput,
+        AbortTrigger, AgentPlanProvider, InvocationState, PlanHandle, PlanIdentity,
+        SuggestionInput, PLAN_CHANNEL,
     };
     use actors::registry::Registry;
-    use actors::run::AgentEntry;
-    use actors::supervisor::{Supervisor, SupervisorConfig};
+    use actors::run::{AgentEntry, Request};
+    use actors::supervisor::{AdmitMessage, Admitted, Supervisor, SupervisorConfig};
     use actors::token::TokenMinter;
     use actors::tools::Toolbox;
-    use storage::plan::{Card, Import, RequestState, Revision, TerminalReason};
+    use storage::plan::{Card, Import, RequestId, RequestState, Revision, TerminalReason};
     use storage::{BackendSpec, StorageHandle, Synchronous};
 
     use super::{pid, settings, snap, ManualTimer};
 
     struct Runtime {
         _dir: tempfile::TempDir,
+        supervisor: Addr<Supervisor>,
+        provider: AgentPlanProvider,
         registry: Registry,
         storage: StorageHandle,
         plans: PlanHandle,
@@ -1295,11 +1298,12 @@ mod agent_provider {
         });
         let generation = supervisor.generation().clone();
         let supervisor = supervisor.start();
-        let provider = AgentPlanProvider::new(supervisor, registry.clone(), None);
+        let provider =
+            AgentPlanProvider::new(supervisor.clone(), registry.clone(), storage.clone(), None);
         let plans = PlanHandle::spawn(
             storage.clone(),
             generation,
-            Arc::new(provider),
+            Arc::new(provider.clone()),
             Arc::new(ManualTimer::default()),
             settings(4),
         );
@@ -1313,6 +1317,8 @@ mod agent_provider {
             .expect("import");
         Runtime {
             _dir: dir,
+            supervisor,
+            provider,
             registry,
             storage,
             plans,
@@ -1359,6 +1365,64 @@ mod agent_provider {
         assert!(
             rt.finished_on(&thread).await.is_some(),
             "no run on {thread}"
+        );
+    }
+
+    /// A fresh run opens in its admission's commit, so a short one can finish and land — leaving the
+    /// registry — before its provider follows it: the provider then reads its ending from the record.
+    #[actix_rt::test]
+    async fn a_run_that_landed_before_it_was_followed_answers_from_its_record() {
+        let rt = runtime().await;
+        let request_id = RequestId::generate();
+        let request = Request {
+            thread: request_id.as_str().to_owned(),
+            channel: PLAN_CHANNEL.to_owned(),
+            user: PLAN_CHANNEL.to_owned(),
+            text: r#"steps=0 answer=[{"title":"Landed","body":"read_from_the_record"}]"#.to_owned(),
+            agent: None,
+            visibility: Some("machine".to_owned()),
+            parent_run_id: None,
+            source: Default::default(),
+            strategy: None,
+        };
+        let admitted = rt
+            .supervisor
+            .send(AdmitMessage {
+                request,
+                key: None,
+                writer: None,
+            })
+            .await
+            .expect("supervisor")
+            .expect("admitted");
+        let Admitted::Started { run_id, .. } = admitted else {
+            panic!("a fresh thread starts a run: {admitted:?}")
+        };
+        let mut landed = false;
+        for _ in 0..2_000 {
+            landed = rt.registry.recently_landed(&run_id);
+            if landed {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(landed, "run {run_id} did not land");
+        assert!(rt.registry.row(&run_id).is_none(), "the registry forgot it");
+        let (_trigger, abort) = AbortTrigger::pair();
+        let cards = rt.provider.follow(&run_id, &request_id, abort).await;
+        assert_eq!(
+            cards,
+            Ok(vec![Card {
+                title: "Landed".into(),
+                body: "read_from_the_record".into(),
+            }])
+        );
+        // A run with no final record (one handed to another process) still fails the request.
+        let (_trigger, abort) = AbortTrigger::pair();
+        let missing = rt.provider.follow("r_missing", &request_id, abort).await;
+        assert!(
+            matches!(&missing, Err(e) if e.to_string().contains("ended without a record")),
+            "{missing:?}"
         );
     }
 

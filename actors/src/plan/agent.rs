@@ -1,18 +1,19 @@
 //! `AgentPlanProvider`: the production suggestion provider — one agent run (SPEC §5) per invocation.
 //!
 //! An invocation admits a message through the [`Supervisor`] on a fresh thread `plan:<request id>`
-//! (visibility `machine`), then follows the run in the [`Registry`] until it has finished, and parses its
-//! `answer` event as a JSON array of cards `[{title, body}]`. Abort is a hard stop
-//! ([`StopRun`] with [`StopMode::Hard`]); the invocation still resolves only once the run has actually
-//! finished, as the provider contract requires. It does not validate the cards (the coordinator does,
+//! (visibility `machine`), then follows the run in the [`Registry`] until it has finished — or reads its
+//! final record from the store once it has left the registry — and parses its `answer` event as a JSON
+//! array of cards `[{title, body}]`. Abort is a hard stop ([`StopRun`] with [`StopMode::Hard`]); the
+//! invocation still resolves only once the run has actually finished, as the provider contract requires. It does not validate the cards (the coordinator does,
 //! every one) and holds no state between invocations.
 
 use actix::Addr;
 use futures_util::future::LocalBoxFuture;
 use serde_json::Value;
 use storage::ledger::StopMode;
-use storage::plan::Card;
+use storage::plan::{Card, RequestId};
 use storage::record::RunStatus;
+use storage::StorageHandle;
 
 use super::provider::{
     AbortSignal, ProviderError, ProviderResult, SuggestionJob, SuggestionProvider,
@@ -29,6 +30,7 @@ pub const PLAN_CHANNEL: &str = "plan";
 pub struct AgentPlanProvider {
     supervisor: Addr<Supervisor>,
     registry: Registry,
+    storage: StorageHandle,
     /// The configured agent to run (`None`: `[defaults] agent`).
     agent: Option<String>,
 }
@@ -42,10 +44,16 @@ impl std::fmt::Debug for AgentPlanProvider {
 }
 
 impl AgentPlanProvider {
-    pub fn new(supervisor: Addr<Supervisor>, registry: Registry, agent: Option<String>) -> Self {
+    pub fn new(
+        supervisor: Addr<Supervisor>,
+        registry: Registry,
+        storage: StorageHandle,
+        agent: Option<String>,
+    ) -> Self {
         AgentPlanProvider {
             supervisor,
             registry,
+            storage,
             agent,
         }
     }
@@ -63,7 +71,7 @@ impl SuggestionProvider for AgentPlanProvider {
 }
 
 impl AgentPlanProvider {
-    async fn run(self, job: SuggestionJob, mut abort: AbortSignal) -> ProviderResult {
+    async fn run(self, job: SuggestionJob, abort: AbortSignal) -> ProviderResult {
         if abort.is_requested() {
             return Err(ProviderError::Aborted(
                 "aborted before the agent run started".into(),
@@ -98,16 +106,27 @@ impl AgentPlanProvider {
                 )))
             }
         };
+        self.follow(&run_id, &job.request_id, abort).await
+    }
+
+    /// Follow the admitted run `run_id` until it has finished and read its answer as cards; an abort
+    /// request hard-stops it, and the answer still waits for its end. A run the registry no longer holds has
+    /// landed (its final record is in the store; a fresh run can finish before this follows it), so its
+    /// ending and answer are read from the record.
+    pub async fn follow(
+        &self,
+        run_id: &str,
+        request_id: &RequestId,
+        mut abort: AbortSignal,
+    ) -> ProviderResult {
         let mut stop_sent = false;
         let mut after = 0u64;
         let mut answer: Option<String> = None;
-        // Follow the run until it has finished: a subscription closes when the run finishes (or when this
-        // subscriber falls behind, in which case it resubscribes after the last seq it saw).
-        loop {
-            let Some((backlog, mut rx, finished)) = self.registry.subscribe(&run_id, after) else {
-                return Err(ProviderError::Rejected(format!(
-                    "run {run_id} ended without a record"
-                )));
+        // A subscription closes when the run finishes (or when this subscriber falls behind, in which case
+        // it resubscribes after the last seq it saw).
+        let status = loop {
+            let Some((backlog, mut rx, finished)) = self.registry.subscribe(run_id, after) else {
+                break self.landed(run_id, &mut answer).await?;
             };
             for event in backlog {
                 note(&event.event, &mut after, &mut answer);
@@ -126,50 +145,73 @@ impl AgentPlanProvider {
                         },
                         () = abort.requested(), if !stop_sent => {
                             stop_sent = true;
-                            self.hard_stop(&run_id, &job).await;
+                            self.hard_stop(run_id, request_id).await;
                         }
                     }
                 }
             }
-            let status = match (ended, self.registry.row(&run_id)) {
-                (Some(status), _) => Some(status),
+            match (ended, self.registry.row(run_id)) {
+                (Some(status), _) => break Some(status),
                 (None, Some(row)) if row.finished_at.is_none() => continue,
-                (None, Some(row)) => row.status,
-                (None, None) => {
-                    return Err(ProviderError::Rejected(format!(
-                        "run {run_id} ended without a record"
-                    )))
-                }
-            };
-            return match (status, answer) {
-                (Some(RunStatus::Completed), Some(text)) if !stop_sent => {
-                    parse_cards(&text).map_err(ProviderError::Rejected)
-                }
-                (status, _) if stop_sent => Err(ProviderError::Aborted(format!(
-                    "the agent run {run_id} stopped ({})",
-                    status.map(RunStatus::as_str).unwrap_or("unknown")
-                ))),
-                (Some(RunStatus::Completed), None) => Err(ProviderError::Rejected(format!(
-                    "the agent run {run_id} completed without an answer"
-                ))),
-                (status, _) => Err(ProviderError::Rejected(format!(
-                    "the agent run {run_id} ended {}",
-                    status.map(RunStatus::as_str).unwrap_or("unknown")
-                ))),
-            };
+                (None, Some(row)) => break row.status,
+                (None, None) => break self.landed(run_id, &mut answer).await?,
+            }
+        };
+        match (status, answer) {
+            (Some(RunStatus::Completed), Some(text)) if !stop_sent => {
+                parse_cards(&text).map_err(ProviderError::Rejected)
+            }
+            (status, _) if stop_sent => Err(ProviderError::Aborted(format!(
+                "the agent run {run_id} stopped ({})",
+                status.map(RunStatus::as_str).unwrap_or("unknown")
+            ))),
+            (Some(RunStatus::Completed), None) => Err(ProviderError::Rejected(format!(
+                "the agent run {run_id} completed without an answer"
+            ))),
+            (status, _) => Err(ProviderError::Rejected(format!(
+                "the agent run {run_id} ended {}",
+                status.map(RunStatus::as_str).unwrap_or("unknown")
+            ))),
         }
     }
 
-    async fn hard_stop(&self, run_id: &str, job: &SuggestionJob) {
+    /// The ending of a run that left the registry, from its final record: its status, and its newest
+    /// `answer` into `answer`. A run with no final record was handed away (fenced, or reclaimed by another
+    /// process), so this provider cannot see it end.
+    async fn landed(
+        &self,
+        run_id: &str,
+        answer: &mut Option<String>,
+    ) -> Result<Option<RunStatus>, ProviderError> {
+        let record = self
+            .storage
+            .get(run_id.to_owned())
+            .await
+            .map_err(|e| ProviderError::Rejected(format!("reading run {run_id}: {e}")))?;
+        match record {
+            Some(record) if !record.head.provisional => {
+                let mut after = 0;
+                for event in &record.events {
+                    note(event, &mut after, answer);
+                }
+                Ok(Some(record.head.status))
+            }
+            _ => Err(ProviderError::Rejected(format!(
+                "run {run_id} ended without a record"
+            ))),
+        }
+    }
+
+    async fn hard_stop(&self, run_id: &str, request_id: &RequestId) {
         let stop = StopRun {
             run_id: run_id.to_owned(),
             mode: StopMode::Hard,
-            actor: StopActor::new("plan", job.request_id.as_str()),
+            actor: StopActor::new("plan", request_id.as_str()),
         };
         match self.supervisor.send(stop).await {
             Ok(Ok(())) => tracing::info!(
                 run_id,
-                request_id = job.request_id.as_str(),
+                request_id = request_id.as_str(),
                 "hard-stopped a plan run"
             ),
             Ok(Err(e)) => {

@@ -73,14 +73,13 @@ use storage::plan::{
 use storage::{Generation, StorageHandle};
 use tokio::sync::oneshot;
 
-pub use agent::{compose_prompt, parse_cards, AgentPlanProvider};
+pub use agent::{compose_prompt, parse_cards, AgentPlanProvider, PLAN_CHANNEL};
 pub use provider::{
-    AbortSignal, ProviderError, ProviderResult, SuggestionInput, SuggestionJob, SuggestionProvider,
-    Timer, TokioTimer,
+    AbortSignal, AbortTrigger, ProviderError, ProviderResult, SuggestionInput, SuggestionJob,
+    SuggestionProvider, Timer, TokioTimer,
 };
 pub use state::{classify, decide_finish, Finish, InvocationState, StopCause};
 
-use provider::AbortTrigger;
 pub use vocabulary::{
     InvocationOutcome, LocalInvocation, PlanError, PlanIdentity, PlanSettings, StartError, Started,
     SuggestionView,

@@ -89,17 +89,18 @@ impl AbortSignal {
     }
 }
 
-/// The coordinator's side: requesting an abort is idempotent and never blocks.
+/// The coordinator's side: requesting an abort is idempotent and never blocks. Dropping it counts as a
+/// request.
 #[derive(Debug)]
-pub(crate) struct AbortTrigger(watch::Sender<bool>);
+pub struct AbortTrigger(watch::Sender<bool>);
 
 impl AbortTrigger {
-    pub(crate) fn pair() -> (AbortTrigger, AbortSignal) {
+    pub fn pair() -> (AbortTrigger, AbortSignal) {
         let (tx, rx) = watch::channel(false);
         (AbortTrigger(tx), AbortSignal(rx))
     }
 
-    pub(crate) fn request(&self) {
+    pub fn request(&self) {
         self.0.send_replace(true);
     }
 }
