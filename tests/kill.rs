@@ -412,6 +412,35 @@ fn a_hard_stop_recorded_before_the_crash_closes_stopped_hard_and_never_runs_agai
     assert_eq!(count(&record.events, "resumed"), 0, "never relaunched");
 }
 
+/// A resume settles its step's calls as the step's tools effect, not inside its launch: a hard stop
+/// reaches a call the resume runs again (a ten-minute `sleep`, rerun-safe) at once.
+#[test]
+fn a_hard_stop_aborts_a_call_the_resume_runs_again() {
+    let (_dir, data) = tempdir();
+    let mut a = Proc::start(&data, &[]);
+    let run_id = post_run(&a, "t1", "steps=3 ms=600000");
+    wait_for("the call in flight", || {
+        (count(&live_events(&data, &run_id), "tool_call") >= 1).then_some(())
+    });
+    a.crash();
+    let b = Proc::start(&data, &[]);
+    let resumed = wait_for("the resume", || {
+        live_events(&data, &run_id)
+            .into_iter()
+            .find(|e| e["type"] == "resumed")
+    });
+    assert_eq!(resumed["settled"][0]["how"], "rerun", "{resumed}");
+    let (status, body) = http(|c| {
+        c.post(b.url(&format!("/api/runs/{run_id}/stop")))
+            .json(&json!({"mode": "hard"}))
+    });
+    assert_eq!(status, 202, "{body}");
+    let record = final_record(&data, &run_id);
+    assert_eq!(record.head.status, RunStatus::StoppedHard);
+    assert_eq!(count(&record.events, "resumed"), 1);
+    assert_contiguous(&record);
+}
+
 #[test]
 fn twenty_random_crashes_leave_one_terminal_record_per_run_and_no_blocked_thread() {
     let (_dir, data) = tempdir();

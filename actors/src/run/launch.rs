@@ -15,10 +15,9 @@ use storage::record::RunStatus;
 
 use super::machine::{Started, Written};
 use super::record::{bound_workspace, close_unstartable, meta_from_row};
-use super::tool_runner::ToolRunner;
-use super::work::{retry_transient, summarize, Run, MAX_WRITE_RETRY, WRITE_RETRY};
+use super::work::{retry_transient, summarize, Resettle, Run, MAX_WRITE_RETRY, WRITE_RETRY};
 use super::{Adoption, AgentEntry, Ended, Fresh, Request, RunDeps};
-use crate::agent::{self, AssistantTurn, ToolDef, ToolResult};
+use crate::agent::{self, AssistantTurn, ToolDef};
 use crate::channel::CardPlace;
 
 /// Retry delays of the promotion claim (SPEC §5.5).
@@ -313,7 +312,8 @@ pub(super) async fn restart(
 }
 
 /// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2): re-attach the
-/// workspace, settle the calls in flight, then the steps go on.
+/// workspace and decide how each call in flight settles; the tools effect settles them
+/// ([`Started::Tools`]), then the steps go on.
 pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     let row = a.row;
     let meta = meta_from_row(&row);
@@ -465,22 +465,31 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     if waiting {
         run.publish(RunEvent::resumed(Vec::new(), Some(a.from_gen.clone())));
         run.current = last_assistant;
-        return Launched::Run(Box::new(run), Started::Approve);
+        return Launched::Run(Box::new(run), Started::Tools);
     }
     let fresh_calls = matches!(a.point, ResumePoint::RunStepFresh { .. });
-    let how: Vec<Settlement> = calls
+    let settling: Vec<Resettle> = calls
         .iter()
         .map(|call| {
+            // A released denial is the call's result whatever its settlement: it never ran.
+            let denied = approvals
+                .get(&call.call_id)
+                .and_then(|a| a.decided.clone())
+                .filter(|d| d.decision == storage::ledger::Decision::Deny);
             if fresh_calls {
-                return Settlement::Rerun;
+                return Resettle {
+                    how: Settlement::Rerun,
+                    denied,
+                };
             }
             let def = run.tool_defs.iter().find(|d| d.name == call.tool);
-            decisions::settlement(
+            let how = decisions::settlement(
                 def.is_some(),
                 def.is_some_and(|d| d.side_effect_free),
                 def.is_some_and(|d| d.rerun_safe),
                 def.is_some_and(|d| d.idempotent),
-            )
+            );
+            Resettle { how, denied }
         })
         .collect();
     let settled: Vec<Value> = if fresh_calls {
@@ -488,67 +497,21 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     } else {
         calls
             .iter()
-            .zip(&how)
-            .map(|(c, h)| json!({"callId": c.call_id, "tool": c.tool, "how": h}))
+            .zip(&settling)
+            .map(|(c, s)| json!({"callId": c.call_id, "tool": c.tool, "how": s.how}))
             .collect()
     };
     run.publish(RunEvent::resumed(settled, Some(a.from_gen.clone())));
     if let Some(text) = finish_plan {
         return Launched::Run(Box::new(run), Started::Finish(text));
     }
-    if !calls.is_empty() {
-        let tools = ToolRunner::of(&run);
-        let mut results = Vec::with_capacity(calls.len());
-        for (call, how) in calls.iter().zip(how) {
-            // A released denial is the call's result whatever its settlement: it never ran.
-            let denied = approvals
-                .get(&call.call_id)
-                .and_then(|a| a.decided.as_ref())
-                .filter(|d| d.decision == storage::ledger::Decision::Deny);
-            if let Some(d) = denied {
-                let (result, event) = tools.denied(call, d);
-                results.push(result);
-                if let Some(event) = event {
-                    run.keep(event);
-                }
-                continue;
-            }
-            match how.synthetic_text() {
-                None => {
-                    let (result, event) = tools.call(call).await;
-                    results.push(result);
-                    if let Some(event) = event {
-                        run.keep(event);
-                    }
-                }
-                Some(text) => {
-                    // A visible settlement: viewers see the call's effects are unknown (SPEC §6.2).
-                    let mut event = RunEvent::tool_result(
-                        &call.call_id,
-                        &call.tool,
-                        false,
-                        summarize(&run.deps, text),
-                        run.step,
-                    );
-                    if let RunEvent::ToolResult {
-                        effects_unknown, ..
-                    } = &mut event
-                    {
-                        *effects_unknown = (how == Settlement::EffectsUnknown).then_some(true);
-                    }
-                    run.publish_kept(event);
-                    results.push(ToolResult {
-                        call_id: call.call_id.clone(),
-                        tool: call.tool.clone(),
-                        ok: false,
-                        output: text.to_owned(),
-                    });
-                }
-            }
-        }
-        run.pending = Some(agent::results_turn(&results, &[]));
+    if calls.is_empty() {
+        return Launched::Run(Box::new(run), Started::Continue);
     }
-    Launched::Run(Box::new(run), Started::Continue)
+    // The calls settle as the step's tools effect, like any step's: a hard stop aborts them.
+    run.current = last_assistant;
+    run.settling = Some(settling);
+    Launched::Run(Box::new(run), Started::Tools)
 }
 
 /// Continue the reply of a row this generation holds past its finishing gate, whose reply never went

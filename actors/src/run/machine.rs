@@ -93,8 +93,9 @@ pub enum Started {
     Finish(String),
     /// The run cannot go on (an unreadable plan, a missing workspace): conclude `failed`.
     Fail(String),
-    /// A resume of a step parked on approvals: wait again, then run the step's calls (SPEC §13).
-    Approve,
+    /// A resumed step whose calls run now, as the step's tools effect: parked on approvals (wait again,
+    /// SPEC §13), or in flight when the earlier owner stopped (settled per call, SPEC §6.2).
+    Tools,
     /// Past its finishing gate with this status and answer, the reply not yet sent: gate again (the
     /// committed gate answers as `Ok`), then reply and record.
     Gated {
@@ -301,7 +302,7 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             }
             Started::Finish(text) => conclude(&mut s, &mut fx, Some(Ending::Answer(text.clone()))),
             Started::Fail(why) => conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone()))),
-            Started::Approve => {
+            Started::Tools => {
                 s.calls = true;
                 s.phase = Phase::Tools;
                 fx.push(Effect::RunTools);
@@ -548,7 +549,7 @@ mod tests {
             ("started goes to the first step",          at(P::Starting), Msg::Started(Started::Continue), vec![E::NextStep], P::Boundary),
             ("a finish plan skips the model",           at(P::Starting), Msg::Started(Started::Finish("a".into())), vec![gate(S::Completed, Some("a"))], P::Gating),
             ("a failed launch fails the run",           at(P::Starting), Msg::Started(Started::Fail("no workspace".into())), vec![E::PublishFailure("no workspace".into()), gate(S::Failed, None)], P::Gating),
-            ("a parked step waits again",               at(P::Starting), Msg::Started(Started::Approve), vec![E::RunTools], P::Tools),
+            ("a resumed step runs its calls",           at(P::Starting), Msg::Started(Started::Tools), vec![E::RunTools], P::Tools),
             ("a gated row continues at its gate",       at(P::Starting), Msg::Started(Started::Gated { status: S::StoppedSoft, answer: Some("a".into()) }), vec![gate(S::StoppedSoft, Some("a"))], P::Gating),
             ("a fenced launch ends silently",           at(P::Starting), Msg::Started(Started::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a launch without storage is lost",        at(P::Starting), Msg::Started(Started::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
-use storage::ledger::decisions;
+use storage::ledger::decisions::{self, Settlement};
 use storage::record::RunEvent;
 
 use super::publish;
@@ -140,6 +140,39 @@ impl ToolRunner {
                 tool: call.tool.clone(),
                 ok: output.ok,
                 output: output.output,
+            },
+            event,
+        )
+    }
+
+    /// A resumed call answered without running (SPEC §6.2): viewers see its effects are unknown when
+    /// they are, and the model gets `text` as its failed result.
+    pub(super) fn settled(
+        &self,
+        call: &ToolCall,
+        how: Settlement,
+        text: &str,
+    ) -> (ToolResult, Option<Value>) {
+        let mut event = RunEvent::tool_result(
+            &call.call_id,
+            &call.tool,
+            false,
+            summarize(&self.deps, text),
+            self.step,
+        );
+        if let RunEvent::ToolResult {
+            effects_unknown, ..
+        } = &mut event
+        {
+            *effects_unknown = (how == Settlement::EffectsUnknown).then_some(true);
+        }
+        let event = publish(&self.deps, &self.id, event, self.tracked);
+        (
+            ToolResult {
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                ok: false,
+                output: text.to_owned(),
             },
             event,
         )

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
+use storage::ledger::decisions::Settlement;
 use storage::ledger::{
     Decision, InFlight, InboxItem, Outcome, Refusal, StepRecord, StepWrite, Turn,
 };
@@ -81,6 +82,9 @@ pub(super) struct Run {
     pub step_events: Vec<Value>,
     /// The model's turn of the current step, from its answer until its tools ran.
     pub current: Option<AssistantTurn>,
+    /// How a resumed step's calls settle (SPEC §6.2), one per call of `current`, in order: set by the
+    /// resume, taken by the tools effect that runs them.
+    pub settling: Option<Vec<Resettle>>,
     /// The last step's write, held back when its turn answered and the run seals ([`Run::defer_step`]):
     /// it commits with the seal, or ahead of whatever the run writes next.
     pub unwritten: Option<StepWrite>,
@@ -143,6 +147,7 @@ impl Run {
             step_events: Vec::new(),
             unwritten: None,
             current: None,
+            settling: None,
             workspace,
             workspace_taken: false,
             model_ms: 0,
@@ -650,16 +655,18 @@ impl Run {
     /// (a detached run asks nobody: its calls needing approval are denied). Answers the results, their
     /// published events, the time spent, and how the gate ended when it ended the step instead
     /// ([`Passed::Stopped`], [`Passed::Fenced`], [`Passed::Lost`]: no call ran).
-    pub fn run_tools(&self) -> impl std::future::Future<Output = ToolsRan> + 'static {
+    pub fn run_tools(&mut self) -> impl std::future::Future<Output = ToolsRan> + 'static {
         let calls = self
             .current
             .as_ref()
             .map(|t| t.calls.clone())
             .unwrap_or_default();
         let tools = ToolRunner::of(self);
+        // A resumed step's calls settle as its resume decided, past the gate: none of them waits.
+        let settling = self.settling.take();
         let gated: Vec<ToolCall> = calls
             .iter()
-            .filter(|c| self.needs_approval(&c.tool))
+            .filter(|c| settling.is_none() && self.needs_approval(&c.tool))
             .cloned()
             .collect();
         let gate = (!gated.is_empty() && self.tracked()).then(|| ApprovalGate {
@@ -682,17 +689,30 @@ impl Run {
             let started = Instant::now();
             let mut results = Vec::with_capacity(calls.len());
             let mut events = Vec::with_capacity(calls.len());
-            for call in &calls {
-                let denied = match decisions.get(&call.call_id) {
-                    Some(d) if d.decision == Decision::Deny => Some(d),
-                    Some(_) => None,
-                    // Needing approval without a gate: a detached run, which nobody can answer.
-                    None if gated.iter().any(|g| g.call_id == call.call_id) => Some(&*UNANSWERED),
-                    None => None,
-                };
-                let (result, event) = match denied {
-                    Some(d) => tools.denied(call, d),
-                    None => tools.call(call).await,
+            for (i, call) in calls.iter().enumerate() {
+                let (result, event) = match settling.as_ref().and_then(|s| s.get(i)) {
+                    Some(Resettle {
+                        denied: Some(d), ..
+                    }) => tools.denied(call, d),
+                    Some(Resettle { how, denied: None }) => match how.synthetic_text() {
+                        Some(text) => tools.settled(call, *how, text),
+                        None => tools.call(call).await,
+                    },
+                    None => {
+                        let denied = match decisions.get(&call.call_id) {
+                            Some(d) if d.decision == Decision::Deny => Some(d),
+                            Some(_) => None,
+                            // Needing approval without a gate: a detached run, which nobody can answer.
+                            None if gated.iter().any(|g| g.call_id == call.call_id) => {
+                                Some(&*UNANSWERED)
+                            }
+                            None => None,
+                        };
+                        match denied {
+                            Some(d) => tools.denied(call, d),
+                            None => tools.call(call).await,
+                        }
+                    }
                 };
                 results.push(result);
                 events.extend(event);
@@ -762,6 +782,13 @@ impl Run {
             }
         }
     }
+}
+
+/// How one call of a resumed step settles (SPEC §6.2): as its tool's [`Settlement`] says (run again, or
+/// answered without running), unless a person's released denial is its result.
+pub(super) struct Resettle {
+    pub how: Settlement,
+    pub denied: Option<storage::ledger::Decided>,
 }
 
 /// What a step's tools did (see [`Run::run_tools`]).
