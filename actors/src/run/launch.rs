@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use storage::ledger::decisions::{self, ResumePoint, Settlement};
-use storage::ledger::{LiveRow, Promotion, StepRecord, StepWrite, Turn};
+use storage::ledger::{LiveRow, Outcome, Promotion, StepRecord, StepWrite, Turn};
 use storage::record::RunEvent;
 use storage::record::RunStatus;
 
@@ -93,7 +93,7 @@ pub(super) async fn fresh(deps: RunDeps, fresh: Box<Fresh>) -> Launched {
         look: false,
     });
     if !seeded {
-        return promote(run, &request.text).await;
+        return promote(run, &request.text);
     }
     // The transcript in memory is the seed the admission wrote (`turns` holds what follows the system
     // turn).
@@ -103,11 +103,12 @@ pub(super) async fn fresh(deps: RunDeps, fresh: Box<Fresh>) -> Launched {
     Launched::Run(Box::new(run), Started::Continue)
 }
 
-/// Promote the reserved row and seed the transcript (SPEC §5.2 steps 4–5): from here the run is
+/// Prepare the promotion of the reserved row with its seed (SPEC §5.2 steps 4–5) for the machine's
+/// promotion effect ([`Started::Promote`], [`Run::write_promotion`]): from its commit the run is
 /// resumable. Its workspace is taken only by the first step that calls a tool with effects
 /// ([`Run::durable_step`]): a row that never ran one was never promoted with tools in flight, so no
 /// earlier owner can have written there, and a run that calls none touches no file.
-async fn promote(mut run: Run, request_text: &str) -> Launched {
+fn promote(mut run: Run, request_text: &str) -> Launched {
     let promotion = Promotion {
         system_text: run.system.clone(),
         tools: json!(&*run.tool_defs),
@@ -117,51 +118,63 @@ async fn promote(mut run: Run, request_text: &str) -> Launched {
     // The promotion and the seed (the first model call's messages and the step-0 record) share one
     // commit: the run is resumable exactly when its seed is durable.
     let seed = run.step_write(seed_turns(&run.system, request_text), &[]);
-    let seeded = seed.is_some();
-    let (s, id, gen) = (run.deps.storage.clone(), run.id.clone(), run.gen.clone());
-    let claim = || {
-        let (s, id, gen, promotion, seed) = (
-            s.clone(),
-            id.clone(),
-            gen.clone(),
-            promotion.clone(),
-            seed.clone(),
-        );
-        async move {
-            match seed {
-                Some(seed) => s.promote(id, gen, promotion, seed).await,
-                None => s.claim(id, gen, promotion).await,
-            }
-        }
-    };
-    let started = Instant::now();
-    let mut answer = claim().await;
-    for delay in CLAIM_RETRIES {
-        if !answer.as_ref().is_err_and(storage::Error::is_transient) {
-            break;
-        }
-        tokio::time::sleep(delay).await;
-        answer = claim().await;
-    }
-    let answer = if answer.as_ref().is_err_and(storage::Error::is_transient) {
-        retry_transient(run.deps.lease_ms, claim).await
-    } else {
-        Some(answer)
-    };
-    if seeded && answer.is_some() {
-        run.deps.metrics.step_commit(started.elapsed());
-    }
-    let written = run.settle("promotion", answer);
-    if seeded && matches!(written, Written::Ok) {
-        run.deps.metrics.steps.inc(); // the seed's step record
-    }
     run.turns.remove(0); // `turns` holds what follows the system turn
-    let started = match written {
-        Written::Ok => Started::Continue,
-        Written::Fenced => Started::Fenced,
-        Written::Lost => Started::Lost,
-    };
-    Launched::Run(Box::new(run), started)
+    run.promotion = Some((promotion, seed));
+    Launched::Run(Box::new(run), Started::Promote)
+}
+
+impl Run {
+    /// The promotion's commit (with its seed, when the ledger takes one), retried while storage is
+    /// away (SPEC §5.5). Answers the ledger's answer (`None`: storage stayed away past the lease) and
+    /// whether it carried the seed.
+    pub fn write_promotion(
+        &mut self,
+    ) -> impl std::future::Future<Output = (Option<storage::Result<Outcome<()>>>, bool)> + 'static
+    {
+        let (promotion, seed) = self
+            .promotion
+            .take()
+            .expect("a promotion effect follows its preparation");
+        let seeded = seed.is_some();
+        let (s, id, gen) = (self.deps.storage.clone(), self.id.clone(), self.gen.clone());
+        let (lease_ms, metrics) = (self.deps.lease_ms, self.deps.metrics.clone());
+        let claim = move || {
+            let (s, id, gen, promotion, seed) = (
+                s.clone(),
+                id.clone(),
+                gen.clone(),
+                promotion.clone(),
+                seed.clone(),
+            );
+            async move {
+                let answer = match seed {
+                    Some(seed) => s.promote(id, gen, promotion, seed).await,
+                    None => s.claim(id, gen, promotion).await,
+                };
+                answer.map(|o| o.map(|_| ()))
+            }
+        };
+        async move {
+            let started = Instant::now();
+            let mut answer = claim().await;
+            for delay in CLAIM_RETRIES {
+                if !answer.as_ref().is_err_and(storage::Error::is_transient) {
+                    break;
+                }
+                tokio::time::sleep(delay).await;
+                answer = claim().await;
+            }
+            let answer = if answer.as_ref().is_err_and(storage::Error::is_transient) {
+                retry_transient(lease_ms, claim).await
+            } else {
+                Some(answer)
+            };
+            if seeded && answer.is_some() {
+                metrics.step_commit(started.elapsed());
+            }
+            (answer, seeded)
+        }
+    }
 }
 
 /// A workspace that could not be created (a full disk, a bad `workspace_root`) does not fail the run: a
@@ -308,7 +321,7 @@ pub(super) async fn restart(
     if let Some(from_gen) = from_gen {
         run.publish(RunEvent::resumed(Vec::new(), Some(from_gen)));
     }
-    promote(run, &request.text).await
+    promote(run, &request.text)
 }
 
 /// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2): re-attach the

@@ -13,6 +13,8 @@
 //!      │                                          │                                        │
 //!      │                                          └──Sealed (no reply to deliver)───────────────▶ Ended(Finished)
 //! ```
+//! A restart (and a fresh run its admission could not seed) commits its promotion and seed first:
+//! `Starting ──Started(Promote)──▶ Promoting ──Promoted──▶ (step boundary)`.
 //! A fence (another generation owns the run, or it was killed) ends the run silently from any phase
 //! before the reply's record: no answer, no webhook, no record. A hard stop aborts a model call or tool
 //! calls in flight and concludes `stopped_hard`; a soft stop concludes at the next step boundary. A
@@ -24,8 +26,10 @@ use storage::record::RunStatus;
 /// What the run is doing now; at most one effect that touches storage is in flight in each phase.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Phase {
-    /// Promotion and seed (fresh, restart) or re-attachment (resume) in progress.
+    /// The launch builds the run: re-attachment (resume), or the promotion prepared (restart).
     Starting,
+    /// The promotion and its seed are being committed.
+    Promoting,
     /// Between steps: the next [`Msg::Step`] decides (stop, drain, budget, or the model).
     Boundary,
     /// The model is being asked for the next step.
@@ -87,8 +91,10 @@ pub enum Written {
 /// How a launch went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Started {
-    /// Promoted and seeded (or re-attached, its in-flight calls settled): the loop goes on.
+    /// Seeded by its admission, or re-attached: the loop goes on.
     Continue,
+    /// A restart (or a fresh run its admission could not seed): commit the promotion and seed first.
+    Promote,
     /// A resume whose transcript already ends on the answer: finish without a model call.
     Finish(String),
     /// The run cannot go on (an unreadable plan, a missing workspace): conclude `failed`.
@@ -113,6 +119,8 @@ pub enum Started {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
     Started(Started),
+    /// The promotion's commit answered.
+    Promoted(Written),
     /// The shell's check at a step boundary: whether the run's deadline has passed.
     Step {
         past_deadline: bool,
@@ -165,6 +173,8 @@ pub enum Msg {
 pub enum Effect {
     /// Send [`Msg::Step`] to itself with the deadline check.
     NextStep,
+    /// Commit the promotion and seed ([`Msg::Promoted`]).
+    Promote,
     /// Fold follow-ups into a pending results turn, ask the model ([`Msg::ModelAnswered`] /
     /// [`Msg::ModelFailed`]).
     CallModel,
@@ -260,7 +270,8 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             s.fenced = true;
             match phase {
                 // A write in flight answers for itself (its answer will be `Fenced`).
-                Phase::Writing { .. }
+                Phase::Promoting
+                | Phase::Writing { .. }
                 | Phase::Folding
                 | Phase::Gating
                 | Phase::HandingOff
@@ -300,6 +311,10 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
                 s.phase = Phase::Boundary;
                 fx.push(Effect::NextStep);
             }
+            Started::Promote => {
+                s.phase = Phase::Promoting;
+                fx.push(Effect::Promote);
+            }
             Started::Finish(text) => conclude(&mut s, &mut fx, Some(Ending::Answer(text.clone()))),
             Started::Fail(why) => conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone()))),
             Started::Tools => {
@@ -319,6 +334,15 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             Started::Fenced => end(&mut s, &mut fx, End::Fenced),
             Started::Lost => end(&mut s, &mut fx, End::StorageLost),
             Started::Closed(how) => end(&mut s, &mut fx, how.clone()),
+        },
+        (Msg::Promoted(written), Phase::Promoting) => match written {
+            Written::Fenced => end(&mut s, &mut fx, End::Fenced),
+            Written::Lost => end(&mut s, &mut fx, End::StorageLost),
+            Written::Ok if s.fenced => end(&mut s, &mut fx, End::Fenced),
+            Written::Ok => {
+                s.phase = Phase::Boundary;
+                fx.push(Effect::NextStep);
+            }
         },
         (Msg::Step { past_deadline }, Phase::Boundary) => {
             if s.fenced {
@@ -556,6 +580,13 @@ mod tests {
             ("a launch that closed its row ends so",    at(P::Starting), Msg::Started(Started::Closed(End::Finished(S::Interrupted))), vec![E::End(End::Finished(S::Interrupted))], P::Ended(End::Finished(S::Interrupted))),
             ("a launch that could not close is lost",   at(P::Starting), Msg::Started(Started::Closed(End::StorageLost)), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
             ("a panicking launch ends panicked",        at(P::Starting), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),
+            ("a restart commits its promotion first",   at(P::Starting), Msg::Started(Started::Promote), vec![E::Promote], P::Promoting),
+            ("promoted: the first step",                at(P::Promoting), Msg::Promoted(Written::Ok), vec![E::NextStep], P::Boundary),
+            ("a fenced promotion ends silently",        at(P::Promoting), Msg::Promoted(Written::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a promotion without storage is lost",     at(P::Promoting), Msg::Promoted(Written::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
+            ("a fence waits for the promotion",         at(P::Promoting), Msg::Fenced, vec![], P::Promoting),
+            ("promoted after a fence ends silently",    with(P::Promoting, |s| s.fenced = true), Msg::Promoted(Written::Ok), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a hard stop waits for the promotion",     at(P::Promoting), Msg::Stop(StopMode::Hard), vec![E::AnnounceStop(StopMode::Hard)], P::Promoting),
             ("a panic in the tools ends panicked",      at(P::Tools), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),
             ("a panic while finishing ends panicked",   at(P::Recording), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),
             // step boundary

@@ -11,7 +11,7 @@
 //! | message | sender → handler | carries | answers |
 //! |---|---|---|---|
 //! | [`Step`] | the run itself → run | — (the shell adds the deadline check) | — |
-//! | [`Done`] | an effect of the run → run | the effect's answer (`Launched`, `ModelDone`, `StepWritten`, `InboxRead`, `ToolsDone`, `HandedOff`, `Replied`, `Panicked`) | — |
+//! | [`Done`] | an effect of the run → run | the effect's answer (`Launched`, `Promoted`, `ModelDone`, `StepWritten`, `InboxRead`, `ToolsDone`, `HandedOff`, `Replied`, `Panicked`) | — |
 //! | [`Finishing`] | the finishing gate → run | what the gate committed (the final status and answer), or why not | — |
 //! | [`Finish`] | the final record → run | whether the ledger's finish took it, and the successor it admitted | — |
 //! | [`StopRequest`] | supervisor → run | mode, who asked (already committed to the ledger) | — |
@@ -68,7 +68,7 @@ use crate::tools::Toolbox;
 use ending::{Delivery, Finish, Finishing};
 pub use launch::opening;
 use launch::Launched;
-use machine::{Effect, End, Msg, RunState};
+use machine::{Effect, End, Msg, RunState, Written};
 pub use news::{ApprovalNews, DrainRun, Fenced, Killed, StopRequest};
 pub use record::{
     admitted_successor, assemble_record, build_record, close_card_of, close_row, closing_record,
@@ -359,6 +359,10 @@ pub struct Done {
 
 enum Completion {
     Launched(Launched),
+    Promoted {
+        answer: Option<storage::Result<storage::ledger::Outcome<()>>>,
+        seeded: bool,
+    },
     ModelDone {
         items: Vec<InboxItem>,
         reply: Result<AssistantTurn, String>,
@@ -492,6 +496,13 @@ impl RunActor {
     fn execute(&mut self, effect: Effect, ctx: &mut Context<Self>) {
         match effect {
             Effect::NextStep => ctx.notify(Step),
+            Effect::Promote => {
+                let fut = self.run().write_promotion();
+                self.spawn(ctx, fut, |(answer, seeded)| Completion::Promoted {
+                    answer,
+                    seeded,
+                });
+            }
             Effect::CallModel => {
                 let fut = self.run().call_model();
                 self.spawn(ctx, fut, |(items, reply, ms)| Completion::ModelDone {
@@ -739,6 +750,14 @@ impl Handler<Done> for RunActor {
                 }
                 self.run = Some(run);
                 Msg::Started(started)
+            }
+            Completion::Promoted { answer, seeded } => {
+                let run = self.run();
+                let written = run.settle("promotion", answer);
+                if seeded && written == Written::Ok {
+                    run.deps.metrics.steps.inc(); // the seed's step record
+                }
+                Msg::Promoted(written)
             }
             Completion::ModelDone { items, reply, ms } => {
                 let run = self.run();

@@ -82,6 +82,9 @@ pub(super) struct Run {
     pub step_events: Vec<Value>,
     /// The model's turn of the current step, from its answer until its tools ran.
     pub current: Option<AssistantTurn>,
+    /// The promotion and seed a restart (or a fresh run its admission could not seed) commits first
+    /// ([`Run::write_promotion`]).
+    pub promotion: Option<(storage::ledger::Promotion, Option<StepWrite>)>,
     /// How a resumed step's calls settle (SPEC §6.2), one per call of `current`, in order: set by the
     /// resume, taken by the tools effect that runs them.
     pub settling: Option<Vec<Resettle>>,
@@ -147,6 +150,7 @@ impl Run {
             step_events: Vec::new(),
             unwritten: None,
             current: None,
+            promotion: None,
             settling: None,
             workspace,
             workspace_taken: false,
