@@ -12,6 +12,7 @@
 //! | `one terminal record` | at the end | every run the ledger held, unkilled, has a final (non-provisional) record |
 //! | `seqs strictly increase` | at the end | within each record |
 //! | `completed without answer` | at the end | a `completed` record has no `answer` event |
+//! | `the record keeps its gate` | at the end | a run seen past its finishing gate has a record of another status (than the gate's, or `failed` for a `completed` one whose reply failed) or without the answer the gate saved |
 //! | `accepted exactly once` | at the end | an accepted message is exactly one `input` event of one run (≤ 1 when its answer was lost, 0 when refused; ≤ 1 on a thread with a kill) |
 //! | `no follow-up crosses threads` | at the end | an `input` only in a run of its own thread |
 //! | `accepted messages get answered` | at the end | no accepted message ends in an `interrupted` run unless a permanent storage fault or an outage landed |
@@ -56,6 +57,8 @@ pub struct Model {
     pub runs: BTreeMap<String, String>,
     pub killed: BTreeSet<String>,
     pub stopped: BTreeSet<String>,
+    /// The final status and answer the finishing gate committed, for each run seen past it.
+    pub gates: BTreeMap<String, (RunStatus, Option<String>)>,
 }
 
 impl Model {
@@ -132,6 +135,30 @@ impl Model {
                     "completed without answer",
                     format!("{run} completed with no answer event"),
                 ));
+            }
+            if let Some((status, answer)) = self.gates.get(run) {
+                let head = &record.head;
+                let flipped = *status == RunStatus::Completed
+                    && head.status == RunStatus::Failed
+                    && head.reply_ok == Some(false);
+                let answered = record
+                    .events
+                    .iter()
+                    .filter(|e| kind(e).as_deref() == Some("answer"))
+                    .filter_map(|e| e.get("text").and_then(Value::as_str))
+                    .next_back();
+                if (head.status != *status && !flipped)
+                    || answer.as_deref().is_some_and(|a| answered != Some(a))
+                {
+                    out.push((
+                        "the record keeps its gate",
+                        format!(
+                            "{run}: gate committed {} with answer {answer:?}; the record is {} with answer {answered:?}",
+                            status.as_str(),
+                            head.status.as_str()
+                        ),
+                    ));
+                }
             }
             for event in record
                 .events

@@ -41,6 +41,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use storage::actor::{Backend, Job};
 use storage::ledger::{Decision, GenerationInfo, ReceiptKey, StopMode, Strategy};
+use storage::record::RunStatus;
 use storage::{BackendSpec, Clock, Error, MemoryStore, StorageHandle};
 
 use crate::config::{Fault, SimConfig};
@@ -354,6 +355,13 @@ impl World {
             model
                 .runs
                 .insert(row.run_id.clone(), row.thread_key.clone());
+            if row.gated() {
+                let gate = (
+                    row.final_status().unwrap_or(RunStatus::Completed),
+                    row.saved_answer().map(str::to_owned),
+                );
+                model.gates.entry(row.run_id.clone()).or_insert(gate);
+            }
         }
     }
 
