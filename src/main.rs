@@ -88,7 +88,7 @@ struct SimArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// The faults the seeds may land: `all`, `none`, or a comma-separated list of crash, pause, drain,
-    /// outage, permanent, lost-reply, expire-leases, stop, kill.
+    /// outage, permanent, lost-reply, expire-leases, stop, kill, panic.
     #[arg(long, default_value = "all", value_parser = sim::Fault::parse_list)]
     faults: std::collections::BTreeSet<sim::Fault>,
     /// Fail on the known production issues too (by default they are reported, not failed on).

@@ -26,10 +26,13 @@ pub enum Fault {
     Stop,
     /// A kill (deletion fence) of some run, through some process.
     Kill,
+    /// The process's next model call (or two) panics, as a bug in an agent would: the run restarts
+    /// within its restart policy and closes `failed` past it.
+    Panic,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::Crash,
         Fault::Pause,
         Fault::Drain,
@@ -39,6 +42,7 @@ impl Fault {
         Fault::ExpireLeases,
         Fault::Stop,
         Fault::Kill,
+        Fault::Panic,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -52,6 +56,7 @@ impl Fault {
             Fault::ExpireLeases => "expire-leases",
             Fault::Stop => "stop",
             Fault::Kill => "kill",
+            Fault::Panic => "panic",
         }
     }
 

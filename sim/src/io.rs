@@ -35,12 +35,25 @@ pub enum OpKind {
     },
 }
 
+/// How the world completes a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Go {
+    /// The call goes through.
+    On,
+    /// A model call fails (a transient provider error).
+    Fail,
+    /// A model call panics (a bug in an agent): the run actor catches it at the effect's boundary.
+    Panic,
+}
+
+/// What a model call that the world completes with [`Go::Panic`] panics with.
+pub const SIM_PANIC: &str = "simulated agent panic";
+
 /// A call of the production shell waiting for the world.
 pub struct Op {
     pub inc: Inc,
     pub kind: OpKind,
-    /// `true`: the call goes through; `false`: it fails (a transient model error).
-    pub done: tokio::sync::oneshot::Sender<bool>,
+    pub done: tokio::sync::oneshot::Sender<Go>,
 }
 
 /// A tool effect as it landed.
@@ -77,8 +90,8 @@ impl Io {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Wait until the world completes this call: `Some(true)` go on, `Some(false)` fail.
-    async fn wait(&self, inc: Inc, kind: OpKind) -> bool {
+    /// Wait until the world completes this call, and how.
+    async fn wait(&self, inc: Inc, kind: OpKind) -> Go {
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
             let mut s = self.lock();
@@ -244,13 +257,14 @@ impl Agent for SimAgent {
         conv: Conversation<'a>,
     ) -> BoxFuture<'a, Result<AssistantTurn, AgentError>> {
         async move {
-            if !self.io.wait(self.inc, OpKind::Model).await {
-                return Err(AgentError::Transient {
+            match self.io.wait(self.inc, OpKind::Model).await {
+                Go::On => crate::agent::next(conv.turns).map_err(AgentError::Permanent),
+                Go::Fail => Err(AgentError::Transient {
                     message: "simulated provider error".into(),
                     retry_after: None,
-                });
+                }),
+                Go::Panic => std::panic::panic_any(SIM_PANIC),
             }
-            crate::agent::next(conv.turns).map_err(AgentError::Permanent)
         }
         .boxed()
     }

@@ -101,6 +101,7 @@ impl Outcome {
 /// Run one seed to quiescence and check every invariant. Deterministic: the same seed and config give
 /// the same outcome.
 pub fn simulate(seed: u64, config: &SimConfig) -> Outcome {
+    quiet_simulated_panics();
     storage::entropy::seed_this_thread(seed);
     actors::tools::blocking_inline_on_this_thread();
     exec::block_on(async {
@@ -121,6 +122,20 @@ pub fn simulate(seed: u64, config: &SimConfig) -> Outcome {
             faults: w.faults_landed.clone(),
         }
     })
+}
+
+/// The panics the world lands ([`io::SIM_PANIC`]) are caught by the production shell; print only the
+/// others.
+fn quiet_simulated_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let print = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() != Some(&io::SIM_PANIC) {
+                print(info);
+            }
+        }));
+    });
 }
 
 /// A sweep over many seeds.

@@ -3,7 +3,7 @@
 //! over the cores); a failing seed prints its report and trace, replayable with `sim::simulate(seed,
 //! &config)` or `switchboard sim --seed <seed>`. And a seed replays exactly.
 
-use sim::{simulate, sweep, SimConfig};
+use sim::{simulate, sweep, Fault, SimConfig};
 
 /// Seeds per CI chunk; four chunks make the 10,000-seed budget. `SIM_CHUNK` overrides it for a quicker
 /// pass (the mutation score in the README runs `cargo mutants` with `SIM_CHUNK=250`).
@@ -72,13 +72,23 @@ fn a_seed_replays_exactly() {
 /// Seeds of the million-seed sweeps that once found a production race, each fixed since: a stale owner's
 /// second status card (384683, 740820: an orphan's re-adoption closed the run, posting its card, while
 /// another process reclaimed the row whose lease nobody renewed), an effect after a workspace takeover
-/// (315228), a lost lease reopening a card (184846). A schedule change may move a race off its seed, so
-/// these pin the fixes only alongside the sweeps; they fail on the code before each fix.
+/// (315228), a lost lease reopening a card (184846) — found before the `panic` fault existed, so they
+/// replay under the faults of then. With it: a run that panicked, re-adopted, posted a second card while
+/// its first driver's post was in flight (13362); a run past its restart policy whose close failed was
+/// closed `interrupted` as an orphan (9903); and 24070 pins that such a close purges a killed row
+/// instead of retrying it at every sweep. A schedule change may move a race off its seed, so these pin the
+/// fixes only alongside the sweeps; they fail on the code before each fix.
 #[test]
 fn the_seeds_that_found_production_races_hold() {
+    let mut before_panics = SimConfig::default().strict().with_trace(true);
+    before_panics.faults.remove(&Fault::Panic);
     let config = SimConfig::default().strict().with_trace(true);
-    for seed in [384683, 740820, 315228, 184846] {
-        let outcome = simulate(seed, &config);
+    let pinned = [384683, 740820, 315228, 184846]
+        .map(|seed| (seed, &before_panics))
+        .into_iter()
+        .chain([13362, 9903, 24070].map(|seed| (seed, &config)));
+    for (seed, config) in pinned {
+        let outcome = simulate(seed, config);
         assert!(outcome.violations.is_empty(), "{}", outcome.report());
     }
 }

@@ -8,6 +8,11 @@
 //! handed-off run [`Cards::forget`]s its card: nothing more from this process reaches the thread. A
 //! process closing another process's run edits its card once ([`Cards::close_once`]).
 //!
+//! One driver at a time a run: a forgotten driver may still have a call in flight (a post cannot be
+//! recalled), so it *retires* — the next driver of the run in this process (a re-adoption after a panic)
+//! and a close of its row ([`Cards::close_once`]) first wait for it to stop, and take over the card it
+//! is on. Without that a re-adopted or closed run could post a second card.
+//!
 //! Bounded: one entry per open card, each holding only the latest view; no queue of frames.
 
 use std::collections::HashMap;
@@ -29,6 +34,9 @@ pub const EDIT_SPACING: Duration = Duration::from_secs(1);
 /// How long a run's record waits for its closing frame; past it the record says the card is open and
 /// the orphan sweep closes it later.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// The longest a new driver waits for a retiring one of its run (whose calls are bounded by their own
+/// retries: this is a backstop, never the normal wait).
+const RETIRE_WAIT: Duration = Duration::from_secs(30);
 
 /// What a closed card leaves on the record: its handle (`card`) and whether the closing frame went out
 /// (`cardClosed`).
@@ -70,11 +78,24 @@ struct Inner {
     /// `[server] public_base_url`: the live view links on the frames.
     public_base_url: String,
     open: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Silenced drivers that may still have a call in flight, by run.
+    retiring: Mutex<HashMap<String, Arc<Slot>>>,
 }
 
 struct Slot {
     state: Mutex<SlotState>,
     wake: Notify,
+    /// Set once the driver returned: nothing of it reaches the thread any more.
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl Slot {
+    /// Wait (at most `limit`) for the driver to return; answers the card it was on.
+    async fn retired(&self, limit: Duration) -> Option<CardHandle> {
+        let mut done = self.done.subscribe();
+        let _ = tokio::time::timeout(limit, done.wait_for(|d| *d)).await;
+        lock(&self.state).handle.clone()
+    }
 }
 
 struct SlotState {
@@ -102,6 +123,7 @@ impl Cards {
                 storage,
                 public_base_url: public_base_url.trim_end_matches('/').to_owned(),
                 open: Mutex::new(HashMap::new()),
+                retiring: Mutex::new(HashMap::new()),
             })),
         }
     }
@@ -145,10 +167,11 @@ impl Cards {
                 silent: false,
             }),
             wake: Notify::new(),
+            done: tokio::sync::watch::Sender::new(false),
         });
         let replaced = lock(&inner.open).insert(run_id, slot.clone());
         if let Some(old) = replaced {
-            silence(&old);
+            retire(inner, old);
         }
         actix::spawn(drive(inner.clone(), slot));
     }
@@ -193,8 +216,9 @@ impl Cards {
     /// Nothing more from this process reaches the run's thread (fenced, handed off, storage lost).
     pub fn forget(&self, run_id: &str) {
         let Some(inner) = &self.inner else { return };
-        if let Some(slot) = lock(&inner.open).remove(run_id) {
-            silence(&slot);
+        let slot = lock(&inner.open).remove(run_id);
+        if let Some(slot) = slot {
+            retire(inner, slot);
         }
     }
 
@@ -227,7 +251,15 @@ impl Cards {
         let frame = view.frame();
         let io = inner.io.as_ref();
         let run_id = view.run_id.as_str();
+        let retiring = lock(&inner.retiring).get(run_id).cloned();
         let sent = tokio::time::timeout(CLOSE_WAIT, async {
+            // A driver of the run this process silenced may still be posting: it goes first.
+            if let Some(old) = retiring {
+                let on = old.retired(CLOSE_WAIT).await;
+                if handle.is_none() {
+                    handle = on;
+                }
+            }
             if handle.is_none() {
                 handle = find(io, &thread, run_id).await;
             }
@@ -274,6 +306,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Silence a driver no run of this process uses any more, and keep it where the run's next driver or
+/// close finds it until it returned.
+fn retire(inner: &Inner, slot: Arc<Slot>) {
+    silence(&slot);
+    if !*slot.done.borrow() {
+        let run_id = lock(&slot.state).run_id.clone();
+        lock(&inner.retiring).insert(run_id, slot);
+    }
+}
+
 fn silence(slot: &Slot) {
     let mut state = lock(&slot.state);
     state.silent = true;
@@ -314,10 +356,29 @@ async fn show(
     patiently("chat.postMessage", || io.post_card(thread, frame)).await
 }
 
-/// One card's driver: send the latest frame whenever it changed, no sooner than [`EDIT_SPACING`] after
-/// the previous call; commit a new handle to the row right after its post; answer the closers once the
-/// closing frame is shown; stop when silenced or closed.
+/// One card's driver, once the run's retiring driver (if any) stopped: its card is this one's.
 async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
+    let run_id = lock(&slot.state).run_id.clone();
+    let old = lock(&inner.retiring).get(&run_id).cloned();
+    if let Some(old) = old {
+        let on = old.retired(RETIRE_WAIT).await;
+        let mut state = lock(&slot.state);
+        if state.handle.is_none() {
+            state.handle = on;
+        }
+    }
+    show_frames(&inner, &slot).await;
+    slot.done.send_replace(true);
+    let mut retiring = lock(&inner.retiring);
+    if retiring.get(&run_id).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+        retiring.remove(&run_id);
+    }
+}
+
+/// Send the latest frame whenever it changed, no sooner than [`EDIT_SPACING`] after the previous call;
+/// commit a new handle to the row right after its post; answer the closers once the closing frame is
+/// shown; stop when silenced or closed.
+async fn show_frames(inner: &Inner, slot: &Slot) {
     let mut last_call: Option<Instant> = None;
     loop {
         // What to show, if anything changed.
@@ -330,7 +391,7 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
             (state.shown.as_ref() != Some(&frame)).then_some(frame)
         };
         if next.is_none() {
-            if answer_closers(&slot, true) {
+            if answer_closers(slot, true) {
                 return;
             }
             slot.wake.notified().await;
@@ -356,28 +417,32 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
         };
         // A process paused past its lease wakes here before it learns it was fenced: the ledger says
         // whether the run is still this generation's, right before anything reaches the thread.
-        if !still_owner(&inner, &run_id, &gen).await {
+        if !still_owner(inner, &run_id, &gen).await {
             tracing::info!(run_id = %run_id, generation = %gen, "not the run's owner any more: its card is left alone");
-            silence(&slot);
+            silence(slot);
             return;
         }
         if look && handle.is_none() {
             handle = find(inner.io.as_ref(), &thread, &run_id).await;
             if let Some(found) = &handle {
-                if !save(&inner, &run_id, &gen, found).await {
-                    silence(&slot);
+                if !save(inner, &run_id, &gen, found).await {
+                    silence(slot);
                     return;
                 }
                 lock(&slot.state).handle = handle.clone();
             }
         }
+        // Silenced while it looked (the run ended here): nothing more reaches the thread.
+        if lock(&slot.state).silent {
+            return;
+        }
         last_call = Some(Instant::now());
         match show(inner.io.as_ref(), &thread, handle.as_ref(), &frame).await {
             Ok(shown_on) => {
                 if handle.as_ref() != Some(&shown_on)
-                    && !save(&inner, &run_id, &gen, &shown_on).await
+                    && !save(inner, &run_id, &gen, &shown_on).await
                 {
-                    silence(&slot);
+                    silence(slot);
                     return;
                 }
                 let mut state = lock(&slot.state);
@@ -392,14 +457,14 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
                         RunEvent::note("no_card", format!("no status card in this thread: {e}")),
                     );
                 }
-                silence(&slot);
+                silence(slot);
                 return;
             }
             Err(e) => {
                 // Given up for now: the next change (or the close) tries again.
                 tracing::warn!(run_id = %run_id, generation = %gen, error = %e, "card not updated");
                 lock(&slot.state).shown = Some(frame);
-                if answer_closers(&slot, false) {
+                if answer_closers(slot, false) {
                     return;
                 }
             }

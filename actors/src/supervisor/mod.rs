@@ -31,7 +31,6 @@ use std::time::Duration;
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::Value;
 use storage::ledger::LiveRow;
-use storage::record::RunEvent;
 use storage::record::RunStatus;
 use storage::{Clock, Generation, StorageHandle};
 
@@ -39,7 +38,7 @@ use crate::flusher::Flusher;
 use crate::heartbeat::Heartbeat;
 use crate::history::HistoryWriter;
 use crate::registry::Registry;
-use crate::run::{self, AgentEntry, Launch, RunActor, RunDeps, RunEnded, StopReason};
+use crate::run::{AgentEntry, Launch, RunActor, RunDeps, RunEnded, StopReason};
 use crate::token::TokenMinter;
 use crate::tools::Toolbox;
 
@@ -133,6 +132,9 @@ pub struct Supervisor {
     /// Runs whose close past the restart policy is running (`close_failed`): like an actor, it still
     /// drives the run, so a reclaim never takes the run back meanwhile.
     closing: BTreeSet<String>,
+    /// Runs past their restart policy whose close failed: each sweep storage answers closes them `failed`
+    /// again (never re-adopted, never closed as an orphan).
+    failing: BTreeSet<String>,
     /// Runs whose actor ended `StorageLost`: the only ending before a reply goes out (the finishing gate
     /// is where it can happen), so a re-adoption that finds such a row past its gate continues the reply
     /// from the saved answer instead of closing it delivery-unknown (SPEC §5.2 step 7).
@@ -195,6 +197,7 @@ impl Supervisor {
             orphans: BTreeMap::new(),
             unattended: Default::default(),
             closing: Default::default(),
+            failing: Default::default(),
             undelivered: Default::default(),
         }
     }
@@ -258,57 +261,32 @@ impl Supervisor {
         }
     }
 
-    /// Past the restart policy: close the run `failed` through the finish transaction.
     /// Past the restart policy: close the run `failed` from its ledger row and live events, through the
     /// finish transaction (as a reclaim closes a row), so its record and its successor agree on which
-    /// follow-ups it consumed. A close that fails leaves the row an orphan, retried at the next sweep.
+    /// follow-ups it consumed. A close that fails is retried, `failed` again, at each sweep storage
+    /// answers (the run is never re-adopted, nor closed as an orphan).
     fn close_failed(&mut self, run_id: &str, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         deps.registry.discard(run_id);
         self.closing.insert(run_id.to_owned());
         let id = run_id.to_owned();
         let fut = async move {
-            let row = deps
-                .storage
-                .get_live(id.clone())
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or("the row is gone")?;
-            if row.owner_gen != deps.gen.as_str() {
-                return Err("the row is owned elsewhere".to_owned());
-            }
-            // What the failed incarnation published reaches the ledger first.
-            let _ = deps
-                .flusher
-                .send(crate::flusher::FlushRun(id.clone()))
-                .await;
-            let mut events = deps
-                .storage
-                .live_events(id.clone(), 0, usize::MAX >> 1)
-                .await
-                .map_err(|e| e.to_string())?
-                .unwrap_or_default();
-            let last = events
-                .iter()
-                .filter_map(storage::record::event_seq)
-                .max()
-                .unwrap_or(0);
-            let message = "the run failed more often than the restart policy allows";
-            events.push(
-                RunEvent::run_failed(message)
-                    .stamped(last + 1, deps.clock.now_ms())
-                    .into(),
-            );
-            run::close_row(&deps, &row, events, RunStatus::Failed, message).await
+            let why = "the run failed more often than the restart policy allows";
+            recovery::close_own(&deps, &id, RunStatus::Failed, why).await
         };
         let id = run_id.to_owned();
         ctx.spawn(fut.into_actor(self).map(move |closed, act, ctx| {
             act.closing.remove(&id);
             match closed {
-                Ok(successor) => act.launch_successor(successor, ctx),
+                Ok(closed) => {
+                    act.failing.remove(&id);
+                    if let recovery::Readoption::Closed(successor) = closed {
+                        act.launch_successor(successor, ctx);
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(run_id = %id, error = %e, "could not close a run past its restart policy; retried at the next sweep");
-                    act.orphans.insert(id, recovery::MAX_READOPT_FAILURES);
+                    act.failing.insert(id);
                 }
             }
         }));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::Value;
 use storage::ledger::{decisions, LiveRow, Phase, Refusal};
-use storage::record::RunStatus;
+use storage::record::{RunEvent, RunStatus};
 
 use crate::run::{self, Adoption, Launch, RunDeps};
 
@@ -66,7 +66,7 @@ pub(super) enum Readoption {
 }
 
 /// Most sweeps a row of this generation may fail to re-adopt before it closes `interrupted`.
-pub(super) const MAX_READOPT_FAILURES: u32 = 3;
+const MAX_READOPT_FAILURES: u32 = 3;
 
 /// Plan the re-adoption of this generation's own row, as a reclaim would plan it (SPEC §6.1) — except a
 /// row past its finishing gate whose actor lost storage at that gate (`undelivered`): this process knows
@@ -143,8 +143,16 @@ async fn renew_orphan(deps: &RunDeps, run_id: &str) -> Result<bool, String> {
     }
 }
 
-/// Close an orphan that failed [`MAX_READOPT_FAILURES`] sweeps.
-async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String> {
+/// Close a row of this generation that no actor drives, with `status` naming `why`: an orphan that failed
+/// [`MAX_READOPT_FAILURES`] sweeps (`interrupted`), or a run past its restart policy (`failed`, after a
+/// `run_failed` event). A killed run is purged instead; a row gone, or another generation's, is left
+/// alone (`Gone`).
+pub(super) async fn close_own(
+    deps: &RunDeps,
+    run_id: &str,
+    status: RunStatus,
+    why: &str,
+) -> Result<Readoption, String> {
     let s = &deps.storage;
     let Some(row) = s
         .get_live(run_id.to_owned())
@@ -167,14 +175,30 @@ async fn close_orphan(deps: &RunDeps, run_id: &str) -> Result<Readoption, String
     if !renew_orphan(deps, run_id).await? {
         return Ok(Readoption::Gone);
     }
-    let events = s
+    // What the run's last incarnation published reaches the ledger first.
+    let _ = deps
+        .flusher
+        .send(crate::flusher::FlushRun(run_id.to_owned()))
+        .await;
+    let mut events = s
         .live_events(run_id.to_owned(), 0, usize::MAX >> 1)
         .await
         .map_err(|e| e.to_string())?
         .unwrap_or_default();
-    let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
+    if status == RunStatus::Failed {
+        let last = events
+            .iter()
+            .filter_map(storage::record::event_seq)
+            .max()
+            .unwrap_or(0);
+        events.push(
+            RunEvent::run_failed(why)
+                .stamped(last + 1, deps.clock.now_ms())
+                .into(),
+        );
+    }
     Ok(Readoption::Closed(
-        run::close_row(deps, &row, events, RunStatus::Interrupted, &why).await?,
+        run::close_row(deps, &row, events, status, why).await?,
     ))
 }
 
@@ -349,6 +373,7 @@ impl Supervisor {
                 !self.runs.contains_key(*id)
                     && !self.handed.contains(*id)
                     && !self.orphans.contains_key(*id)
+                    && !self.failing.contains(*id)
             })
             .cloned()
             .collect();
@@ -375,12 +400,24 @@ impl Supervisor {
                 self.readopt(id, ctx);
             }
         }
+        let failing: Vec<String> = self
+            .failing
+            .iter()
+            .filter(|id| !self.closing.contains(*id))
+            .cloned()
+            .collect();
+        for id in failing {
+            self.close_failed(&id, ctx);
+        }
     }
 
     fn close_orphan(&mut self, run_id: String, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         let id = run_id.clone();
-        let fut = async move { close_orphan(&deps, &id).await };
+        let fut = async move {
+            let why = format!("could not be re-adopted in {MAX_READOPT_FAILURES} sweeps");
+            close_own(&deps, &id, RunStatus::Interrupted, &why).await
+        };
         ctx.spawn(fut.into_actor(self).map(move |closed, act, ctx| match closed {
             Ok(Readoption::Closed(successor)) => {
                 act.orphans.remove(&run_id);

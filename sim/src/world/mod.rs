@@ -46,7 +46,7 @@ use storage::{BackendSpec, Clock, Error, MemoryStore, StorageHandle};
 
 use crate::config::{Fault, SimConfig};
 use crate::exec::{settle, VirtualClock, T0};
-use crate::io::{Effect, Inc, Io, OpKind, SimAgent, SimChannel, SimTool};
+use crate::io::{Effect, Go, Inc, Io, OpKind, SimAgent, SimChannel, SimTool};
 use crate::model::{Model, Told};
 
 pub const LEASE_MS: i64 = 3_000;
@@ -85,6 +85,8 @@ struct Proc {
     outage_until: i64,
     lose_next_reply: bool,
     fail_next_write: bool,
+    /// Model calls of this incarnation still to panic ([`Fault::Panic`]).
+    panic_models: u32,
 }
 
 impl Proc {
@@ -377,7 +379,7 @@ impl World {
                 && self.rng.random_bool(0.5)
             {
                 if let Some(op) = self.io.take(id) {
-                    let _ = op.done.send(true);
+                    let _ = op.done.send(Go::On);
                 }
             }
         }
@@ -488,6 +490,7 @@ impl World {
             paused_until: 0,
             outage_until: 0,
             lose_next_reply: false,
+            panic_models: 0,
             fail_next_write: false,
         });
         self.slots[slot] = (Some(inc as usize), None);
@@ -591,8 +594,17 @@ impl World {
             self.note(|| format!("chat: {what} (incarnation {inc})"));
         }
         let go = match &op.kind {
-            OpKind::Model => !self.rng.random_bool(0.05),
-            OpKind::Tool { .. } | OpKind::Chat(_) => true,
+            OpKind::Model => match self.procs.iter_mut().find(|p| p.inc == op.inc) {
+                Some(p) if p.panic_models > 0 => {
+                    p.panic_models -= 1;
+                    let inc = op.inc;
+                    self.note(|| format!("a model call of incarnation {inc} panics"));
+                    Go::Panic
+                }
+                _ if self.rng.random_bool(0.05) => Go::Fail,
+                _ => Go::On,
+            },
+            OpKind::Tool { .. } | OpKind::Chat(_) => Go::On,
         };
         let _ = op.done.send(go);
     }

@@ -161,6 +161,9 @@ impl World {
             Fault::Outage => self.procs[i].outage_until = now + self.rng.random_range(100..4_000),
             Fault::LostReply => self.procs[i].lose_next_reply = true,
             Fault::Permanent => self.procs[i].fail_next_write = true,
+            // One panic is restarted; two in a row take a run past its restart policy (one restart in
+            // ten minutes), which closes it `failed`.
+            Fault::Panic => self.procs[i].panic_models += self.rng.random_range(1..=2),
             Fault::Drain => {
                 let p = &self.procs[i];
                 if p.draining.swap(true, Ordering::SeqCst) {
