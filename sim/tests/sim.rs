@@ -75,8 +75,9 @@ fn a_seed_replays_exactly() {
 /// (315228), a lost lease reopening a card (184846) — found before the `panic` fault existed, so they
 /// replay under the faults of then. With it: a run that panicked, re-adopted, posted a second card while
 /// its first driver's post was in flight (13362); a run past its restart policy whose close failed was
-/// closed `interrupted` as an orphan (9903); and 24070 pins that such a close purges a killed row
-/// instead of retrying it at every sweep. A schedule change may move a race off its seed, so these pin the
+/// closed `interrupted` as an orphan (9903); a re-adoption planned before the run's second panic launched
+/// while that close ran, so the run answered and its record said `failed` with no answer (120663); and
+/// 24070 pins that such a close purges a killed row instead of retrying it at every sweep. A schedule change may move a race off its seed, so these pin the
 /// fixes only alongside the sweeps; they fail on the code before each fix.
 #[test]
 fn the_seeds_that_found_production_races_hold() {
@@ -86,7 +87,7 @@ fn the_seeds_that_found_production_races_hold() {
     let pinned = [384683, 740820, 315228, 184846]
         .map(|seed| (seed, &before_panics))
         .into_iter()
-        .chain([13362, 9903, 24070].map(|seed| (seed, &config)));
+        .chain([13362, 9903, 120663, 24070].map(|seed| (seed, &config)));
     for (seed, config) in pinned {
         let outcome = simulate(seed, config);
         assert!(outcome.violations.is_empty(), "{}", outcome.report());

@@ -216,10 +216,21 @@ impl Supervisor {
     /// The runs this process still drives: an actor, a close past the restart policy, or a final record
     /// on its way through the ledger's finish. A reclaim never takes one back (SPEC §1.1: one driver).
     fn driven(&self) -> Vec<String> {
-        let mut driven: std::collections::BTreeSet<String> =
-            self.runs.keys().chain(&self.closing).cloned().collect();
+        let mut driven: std::collections::BTreeSet<String> = self
+            .runs
+            .keys()
+            .chain(&self.closing)
+            .chain(&self.failing)
+            .cloned()
+            .collect();
         driven.extend(self.deps().history.final_writes_pending());
         driven.into_iter().collect()
+    }
+
+    /// Whether this process drives `id` itself — an actor, or a close past the restart policy (running, or
+    /// to be retried): nothing re-adopts it meanwhile.
+    fn drives(&self, id: &str) -> bool {
+        self.runs.contains_key(id) || self.closing.contains(id) || self.failing.contains(id)
     }
 
     /// Start an actor for `launch` — unless one already drives the run (a late launch of an admission
@@ -268,6 +279,7 @@ impl Supervisor {
     fn close_failed(&mut self, run_id: &str, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         deps.registry.discard(run_id);
+        self.orphans.remove(run_id);
         self.closing.insert(run_id.to_owned());
         let id = run_id.to_owned();
         let fut = async move {

@@ -27,8 +27,8 @@ impl Supervisor {
         ctx.spawn(fut.into_actor(self).map(move |plan, act, ctx| match plan {
             Ok(Readoption::Launch(launch)) => {
                 act.orphans.remove(&run_id);
-                if act.runs.contains_key(&run_id) {
-                    return; // an actor came back meanwhile
+                if act.drives(&run_id) {
+                    return; // an actor came back meanwhile, or the run closes past its restart policy
                 }
                 tracing::info!(run_id = %run_id, generation = act.deps().gen.as_str(), "re-adopting a run of this generation");
                 act.deps().metrics.reclaimed("readopted", 1);
@@ -370,10 +370,7 @@ impl Supervisor {
             .iter()
             .chain(&registry)
             .filter(|id| {
-                !self.runs.contains_key(*id)
-                    && !self.handed.contains(*id)
-                    && !self.orphans.contains_key(*id)
-                    && !self.failing.contains(*id)
+                !self.drives(id) && !self.handed.contains(*id) && !self.orphans.contains_key(*id)
             })
             .cloned()
             .collect();
@@ -392,7 +389,7 @@ impl Supervisor {
             .map(|(id, n)| (id.clone(), *n))
             .collect();
         for (id, failures) in orphans {
-            if self.runs.contains_key(&id) {
+            if self.drives(&id) {
                 self.orphans.remove(&id);
             } else if failures >= MAX_READOPT_FAILURES {
                 self.close_orphan(id, ctx);
