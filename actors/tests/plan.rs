@@ -1211,11 +1211,11 @@ mod agent_provider {
     use actors::agent::scripted::ScriptedAgent;
     use actors::history::HistoryWriter;
     use actors::plan::{
-        AbortTrigger, AgentPlanProvider, InvocationState, PlanHandle, PlanIdentity,
-        SuggestionInput, PLAN_CHANNEL,
+        plan_request, AbortTrigger, AgentPlanProvider, InvocationState, PlanHandle, PlanIdentity,
+        SuggestionInput,
     };
     use actors::registry::Registry;
-    use actors::run::{AgentEntry, Request};
+    use actors::run::AgentEntry;
     use actors::supervisor::{AdmitMessage, Admitted, Supervisor, SupervisorConfig};
     use actors::token::TokenMinter;
     use actors::tools::Toolbox;
@@ -1374,17 +1374,8 @@ mod agent_provider {
     async fn a_run_that_landed_before_it_was_followed_answers_from_its_record() {
         let rt = runtime().await;
         let request_id = RequestId::generate();
-        let request = Request {
-            thread: request_id.as_str().to_owned(),
-            channel: PLAN_CHANNEL.to_owned(),
-            user: PLAN_CHANNEL.to_owned(),
-            text: r#"steps=0 answer=[{"title":"Landed","body":"read_from_the_record"}]"#.to_owned(),
-            agent: None,
-            visibility: Some("machine".to_owned()),
-            parent_run_id: None,
-            source: Default::default(),
-            strategy: None,
-        };
+        let text = r#"steps=0 answer=[{"title":"Landed","body":"read_from_the_record"}]"#;
+        let request = plan_request(&request_id, text.to_owned(), None);
         let admitted = rt
             .supervisor
             .send(AdmitMessage {

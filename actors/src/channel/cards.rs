@@ -310,9 +310,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// close finds it until it returned.
 fn retire(inner: &Inner, slot: Arc<Slot>) {
     silence(&slot);
+    let run_id = lock(&slot.state).run_id.clone();
+    // Under the lock the driver returns under: it is either done, or removes this entry when it is.
+    let mut retiring = lock(&inner.retiring);
     if !*slot.done.borrow() {
-        let run_id = lock(&slot.state).run_id.clone();
-        lock(&inner.retiring).insert(run_id, slot);
+        retiring.insert(run_id, slot);
     }
 }
 
@@ -368,8 +370,8 @@ async fn drive(inner: Arc<Inner>, slot: Arc<Slot>) {
         }
     }
     show_frames(&inner, &slot).await;
-    slot.done.send_replace(true);
     let mut retiring = lock(&inner.retiring);
+    slot.done.send_replace(true);
     if retiring.get(&run_id).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
         retiring.remove(&run_id);
     }

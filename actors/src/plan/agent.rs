@@ -77,17 +77,7 @@ impl AgentPlanProvider {
                 "aborted before the agent run started".into(),
             ));
         }
-        let request = Request {
-            thread: job.request_id.as_str().to_owned(),
-            channel: PLAN_CHANNEL.to_owned(),
-            user: PLAN_CHANNEL.to_owned(),
-            text: compose_prompt(&job),
-            agent: self.agent.clone(),
-            visibility: Some("machine".to_owned()),
-            parent_run_id: None,
-            source: Default::default(),
-            strategy: None,
-        };
+        let request = plan_request(&job.request_id, compose_prompt(&job), self.agent.clone());
         let admitted = self
             .supervisor
             .send(AdmitMessage {
@@ -221,6 +211,22 @@ impl AgentPlanProvider {
                 tracing::warn!(run_id, error = %e, "could not reach the supervisor to stop a plan run")
             }
         }
+    }
+}
+
+/// The message a plan request admits: `text` on the fresh thread `plan:<request id>`, visible to machines
+/// only, for `agent` (`None`: `[defaults] agent`).
+pub fn plan_request(request_id: &RequestId, text: String, agent: Option<String>) -> Request {
+    Request {
+        thread: request_id.as_str().to_owned(),
+        channel: PLAN_CHANNEL.to_owned(),
+        user: PLAN_CHANNEL.to_owned(),
+        text,
+        agent,
+        visibility: Some("machine".to_owned()),
+        parent_run_id: None,
+        source: Default::default(),
+        strategy: None,
     }
 }
 

@@ -73,7 +73,7 @@ use storage::plan::{
 use storage::{Generation, StorageHandle};
 use tokio::sync::oneshot;
 
-pub use agent::{compose_prompt, parse_cards, AgentPlanProvider, PLAN_CHANNEL};
+pub use agent::{compose_prompt, parse_cards, plan_request, AgentPlanProvider};
 pub use provider::{
     AbortSignal, AbortTrigger, ProviderError, ProviderResult, SuggestionInput, SuggestionJob,
     SuggestionProvider, Timer, TokioTimer,

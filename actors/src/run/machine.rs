@@ -335,15 +335,6 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             Started::Lost => end(&mut s, &mut fx, End::StorageLost),
             Started::Closed(how) => end(&mut s, &mut fx, how.clone()),
         },
-        (Msg::Promoted(written), Phase::Promoting) => match written {
-            Written::Fenced => end(&mut s, &mut fx, End::Fenced),
-            Written::Lost => end(&mut s, &mut fx, End::StorageLost),
-            Written::Ok if s.fenced => end(&mut s, &mut fx, End::Fenced),
-            Written::Ok => {
-                s.phase = Phase::Boundary;
-                fx.push(Effect::NextStep);
-            }
-        },
         (Msg::Step { past_deadline }, Phase::Boundary) => {
             if s.fenced {
                 end(&mut s, &mut fx, End::Fenced);
@@ -398,7 +389,9 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
                 conclude(&mut s, &mut fx, Some(Ending::Answer(text)));
             }
         }
-        (Msg::StepWritten(written), Phase::Folding) => match written {
+        // The promotion, or the follow-ups folded after a text-only turn, committed: the next step.
+        (Msg::Promoted(written), Phase::Promoting)
+        | (Msg::StepWritten(written), Phase::Folding) => match written {
             Written::Fenced => end(&mut s, &mut fx, End::Fenced),
             Written::Lost => end(&mut s, &mut fx, End::StorageLost),
             Written::Ok if s.fenced => end(&mut s, &mut fx, End::Fenced),
