@@ -4,8 +4,9 @@
 //! (visibility `machine`), then follows the run in the [`Registry`] until it has finished — or reads its
 //! final record from the store once it has left the registry — and parses its `answer` event as a JSON
 //! array of cards `[{title, body}]`. Abort is a hard stop ([`StopRun`] with [`StopMode::Hard`]); the
-//! invocation still resolves only once the run has actually finished, as the provider contract requires. It does not validate the cards (the coordinator does,
-//! every one) and holds no state between invocations.
+//! invocation still resolves only once the run has actually finished, as the provider contract requires.
+//! It does not validate the cards (the coordinator does, every one) and holds no state between
+//! invocations.
 
 use actix::Addr;
 use futures_util::future::LocalBoxFuture;

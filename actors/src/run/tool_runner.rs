@@ -48,31 +48,7 @@ impl ToolRunner {
         decided: &storage::ledger::Decided,
     ) -> (ToolResult, Option<Value>) {
         let output = super::approval::denied_output(decided);
-        let event = publish(
-            &self.deps,
-            &self.id,
-            RunEvent::ToolResult {
-                stamp: Default::default(),
-                call_id: call.call_id.clone(),
-                tool: call.tool.clone(),
-                ok: false,
-                summary: summarize(&self.deps, &output),
-                step: self.step,
-                effects_unknown: None,
-                denied: Some(true),
-                not_run: None,
-            },
-            self.tracked,
-        );
-        (
-            ToolResult {
-                call_id: call.call_id.clone(),
-                tool: call.tool.clone(),
-                ok: false,
-                output,
-            },
-            event,
-        )
+        self.answered_unrun(call, output, None, Some(true))
     }
 
     /// Run one call under its workspace claim (SPEC §10): a mutating call holds the worktree for writing,
@@ -153,26 +129,41 @@ impl ToolRunner {
         how: Settlement,
         text: &str,
     ) -> (ToolResult, Option<Value>) {
-        let mut event = RunEvent::tool_result(
-            &call.call_id,
-            &call.tool,
-            false,
-            summarize(&self.deps, text),
-            self.step,
+        let effects_unknown = (how == Settlement::EffectsUnknown).then_some(true);
+        self.answered_unrun(call, text.to_owned(), effects_unknown, None)
+    }
+
+    /// A call's failed result `output` without running it, and its published `tool_result` (with the
+    /// flags that say why).
+    fn answered_unrun(
+        &self,
+        call: &ToolCall,
+        output: String,
+        effects_unknown: Option<bool>,
+        denied: Option<bool>,
+    ) -> (ToolResult, Option<Value>) {
+        let event = publish(
+            &self.deps,
+            &self.id,
+            RunEvent::ToolResult {
+                stamp: Default::default(),
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                ok: false,
+                summary: summarize(&self.deps, &output),
+                step: self.step,
+                effects_unknown,
+                denied,
+                not_run: None,
+            },
+            self.tracked,
         );
-        if let RunEvent::ToolResult {
-            effects_unknown, ..
-        } = &mut event
-        {
-            *effects_unknown = (how == Settlement::EffectsUnknown).then_some(true);
-        }
-        let event = publish(&self.deps, &self.id, event, self.tracked);
         (
             ToolResult {
                 call_id: call.call_id.clone(),
                 tool: call.tool.clone(),
                 ok: false,
-                output: text.to_owned(),
+                output,
             },
             event,
         )
