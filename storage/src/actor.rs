@@ -80,6 +80,21 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
         Ok(())
     }
 
+    /// A durable step as one transaction: the ledger's `write_step` in an atomic unit, unless the
+    /// backend's `write_step` is one transaction by itself.
+    fn write_step_atomic(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        write: &crate::ledger::StepWrite,
+    ) -> Result<crate::ledger::Outcome<()>> {
+        atomic(
+            self,
+            |b| b.write_step(run_id, gen, write),
+            |out| out.is_ok(),
+        )
+    }
+
     /// Whether a message (or a group whose `COMMIT` failed) that answered `error` should run again
     /// alone: a lost race against another host, which nothing of the message's writes survived. Only
     /// backends with such races say yes (PostgreSQL); SQLite's writers queue for one lock instead.
@@ -106,9 +121,9 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
 /// Run `body` as one logical transaction on `backend`: what it wrote lands together when `keep` says so
 /// of its answer, and nothing of it lands otherwise, grouped or not (SPEC §1.2: the savepoint wraps the
 /// whole message).
-pub fn atomic<R>(
-    backend: &mut dyn Backend,
-    body: impl FnOnce(&mut dyn Backend) -> Result<R>,
+pub fn atomic<B: Backend + ?Sized, R>(
+    backend: &mut B,
+    body: impl FnOnce(&mut B) -> Result<R>,
     keep: impl FnOnce(&R) -> bool,
 ) -> Result<R> {
     backend.begin_atomic()?;
@@ -176,6 +191,24 @@ impl Backend for PgStore {
 
     fn rerun_alone(&self, error: &Error) -> bool {
         error.is_race() || matches!(error, Error::GroupRolledBack(_))
+    }
+
+    /// Its `write_step` is one statement (so its `COMMIT` can go with it), or an atomic unit when the
+    /// step patches the row's state.
+    fn write_step_atomic(
+        &mut self,
+        run_id: &str,
+        gen: &str,
+        write: &crate::ledger::StepWrite,
+    ) -> Result<crate::ledger::Outcome<()>> {
+        if write.state.is_empty() {
+            return self.write_step(run_id, gen, write);
+        }
+        atomic(
+            self,
+            |b| b.write_step(run_id, gen, write),
+            |out| out.is_ok(),
+        )
     }
 
     fn writes(&self) -> u64 {

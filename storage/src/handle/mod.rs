@@ -380,14 +380,8 @@ impl StorageHandle {
         gen: String,
         write: StepWrite,
     ) -> Result<Outcome<()>> {
-        self.transact(move |b, _| {
-            atomic(
-                b,
-                |b| b.write_step(&run_id, &gen, &write),
-                |out| out.is_ok(),
-            )
-        })
-        .await
+        self.transact(move |b, _| b.write_step_atomic(&run_id, &gen, &write))
+            .await
     }
 
     /// Promote the reserved row and write the seed step (SPEC §5.2 steps 4–5, which §5.2 step 3 allows

@@ -97,6 +97,9 @@ pub(crate) struct Db {
     owner: Option<(String, String)>,
     /// A transaction is open: [`Db::begin`] ran and no `COMMIT` or `ROLLBACK` since.
     open: bool,
+    /// The open transaction is one write's own (not a group's), so its last answered statement may
+    /// carry its `COMMIT` ([`Db::query_one_committing`]).
+    own: bool,
 }
 
 impl Db {
@@ -124,6 +127,7 @@ impl Db {
             notes: Vec::new(),
             owner: None,
             open: false,
+            own: false,
         };
         db.batch_execute(&session_settings())?;
         Ok(db)
@@ -220,6 +224,49 @@ impl Db {
     answered!(query_opt, Option<Row>);
     answered!(execute, u64);
 
+    /// Mark the open transaction as one write's own: nothing else runs in it after its body, so
+    /// [`Db::query_one_committing`] may end it.
+    pub(super) fn own_transaction(&mut self) {
+        self.own = self.open;
+    }
+
+    /// [`Db::query_one`] for a write's last answered statement: in a transaction of its own, what
+    /// waits, the statement, the transaction's notes and its `COMMIT` go out in one round trip, and
+    /// the transaction has ended when this answers (a later `COMMIT` or `ROLLBACK` sends nothing). So
+    /// the caller commits whatever the answer says: every write of the transaction must be one it
+    /// keeps either way (a write conditional on the ownership the statement checks, which then wrote
+    /// nothing). Answers the first failure — the statement's, a note's or the `COMMIT`'s (a lost race
+    /// there too) — after rolling the transaction back; inside a group it is [`Db::query_one`].
+    pub(crate) fn query_one_committing(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row> {
+        if !(self.open && self.own) {
+            return self.query_one(sql, params);
+        }
+        self.wrote(sql);
+        let st = self.statement(sql)?;
+        let later = std::mem::take(&mut self.later);
+        let commit = commit_batch(&std::mem::take(&mut self.notes));
+        self.open = false;
+        self.owner = None;
+        let client = &self.client;
+        let out = Self::answered(&self.rt, client, later, async {
+            // The `COMMIT` leaves after the statement, on the same poll; in an aborted transaction
+            // (the statement failed) it rolls back instead, or a failed note leaves it open.
+            let (row, end) =
+                tokio::join!(client.query_one(&st, params), client.batch_execute(&commit));
+            let row = row?;
+            end?;
+            Ok(row)
+        });
+        if out.is_err() && !self.client.is_closed() {
+            let _ = self.rt.block_on(self.client.batch_execute("ROLLBACK"));
+        }
+        self.checked(out)
+    }
+
     /// A write whose row count nobody reads: it goes out with the next answered statement or the
     /// `COMMIT` (only inside a transaction; a failure answers there).
     pub(crate) fn execute_later(&mut self, sql: &str, params: Params) -> Result<()> {
@@ -233,6 +280,7 @@ impl Db {
     /// Begin a transaction with `sql`; the `BEGIN` goes out with the first statement.
     pub(super) fn begin(&mut self, sql: &'static str) {
         self.open = true;
+        self.own = false;
         self.owner = None;
         self.notes.clear();
         self.later.clear();
@@ -246,7 +294,12 @@ impl Db {
     pub(super) fn batch_execute(&mut self, sql: &str) -> PgResult<()> {
         self.owner = None;
         if sql == "COMMIT" || sql.starts_with("ROLLBACK") {
-            self.open = false;
+            if !std::mem::replace(&mut self.open, false) {
+                // Already ended: committed with its last statement ([`Db::query_one_committing`]).
+                self.later.clear();
+                self.notes.clear();
+                return Ok(());
+            }
         }
         let notes = std::mem::take(&mut self.notes);
         if sql.starts_with("ROLLBACK") {
@@ -262,17 +315,11 @@ impl Db {
             self.later.clear();
             return Ok(());
         }
-        let mut batch = String::new();
-        if sql == "COMMIT" {
-            for payload in &notes {
-                batch.push_str(&format!(
-                    "SELECT pg_notify('{}', '{}'); ",
-                    crate::news::CHANNEL,
-                    payload.replace('\'', "''")
-                ));
-            }
-        }
-        batch.push_str(sql);
+        let batch = if sql == "COMMIT" {
+            commit_batch(&notes)
+        } else {
+            sql.to_owned()
+        };
         let later = std::mem::take(&mut self.later);
         let done = Self::answered(
             &self.rt,
@@ -289,4 +336,18 @@ impl Db {
     pub(super) fn is_closed(&self) -> bool {
         self.client.is_closed()
     }
+}
+
+/// A transaction's `COMMIT` with its notes before it, as one simple query.
+fn commit_batch(notes: &[String]) -> String {
+    let mut batch = String::new();
+    for payload in notes {
+        batch.push_str(&format!(
+            "SELECT pg_notify('{}', '{}'); ",
+            crate::news::CHANNEL,
+            payload.replace('\'', "''")
+        ));
+    }
+    batch.push_str("COMMIT");
+    batch
 }

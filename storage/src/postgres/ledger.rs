@@ -31,6 +31,24 @@ use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
+/// A durable step in one statement: its turns, its events and its record, each written only when `gen`
+/// owns the run and no fence stands; answers whether it did.
+const WRITE_STEP: &str =
+    "WITH own AS (SELECT 1 FROM live_runs WHERE run_id = $1 AND owner_gen = $10
+        AND NOT EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)),
+    t AS (INSERT INTO transcript (run_id, idx, part, json)
+        SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
+        WHERE EXISTS (SELECT 1 FROM own)
+        ON CONFLICT (run_id, idx, part) DO NOTHING),
+    e AS (INSERT INTO run_events (run_id, seq, json)
+        SELECT $1, s, j FROM UNNEST($5::BIGINT[], $6::text[]) AS t(s, j)
+        WHERE EXISTS (SELECT 1 FROM own)
+        ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json),
+    s AS (INSERT INTO run_steps (run_id, step, json)
+        SELECT $1, $7::BIGINT, $8::text WHERE $9::BOOLEAN AND EXISTS (SELECT 1 FROM own)
+        ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json)
+    SELECT EXISTS (SELECT 1 FROM own)";
+
 fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
     c.execute_later(
         "UPDATE live_runs SET state_json = $2 WHERE run_id = $1",
@@ -351,29 +369,29 @@ impl RunLedger for PgStore {
             let (seqs, event_jsons): (Vec<i64>, Vec<String>) = by_seq.into_iter().unzip();
             // The owner check is part of the statement (`own`: the row is `gen`'s and no fence stands),
             // and every write is conditional on it; a refused event answers before the step record,
-            // which is then not written.
-            let owned: bool = c
-                .query_one(
-                    "WITH own AS (SELECT 1 FROM live_runs WHERE run_id = $1 AND owner_gen = $10
-                         AND NOT EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)),
-                     t AS (INSERT INTO transcript (run_id, idx, part, json)
-                         SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
-                         WHERE EXISTS (SELECT 1 FROM own)
-                         ON CONFLICT (run_id, idx, part) DO NOTHING),
-                     e AS (INSERT INTO run_events (run_id, seq, json)
-                         SELECT $1, s, j FROM UNNEST($5::BIGINT[], $6::text[]) AS t(s, j)
-                         WHERE EXISTS (SELECT 1 FROM own)
-                         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json),
-                     s AS (INSERT INTO run_steps (run_id, step, json)
-                         SELECT $1, $7::BIGINT, $8::text WHERE $9::BOOLEAN AND EXISTS (SELECT 1 FROM own)
-                         ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json)
-                     SELECT EXISTS (SELECT 1 FROM own)",
-                    &[
-                        &run_id, &idxs, &parts, &turn_jsons, &seqs, &event_jsons, &step, &record,
-                        &refused.is_none(), &gen,
-                    ],
-                )?
-                .get(0);
+            // which is then not written. Its note rides with the `COMMIT` (a fenced write's is a stray
+            // hint, which readers tolerate).
+            notify_appended(c, run_id, last)?;
+            let params = params![
+                run_id.to_owned(),
+                idxs,
+                parts,
+                turn_jsons,
+                seqs,
+                event_jsons,
+                step,
+                record.clone(),
+                refused.is_none(),
+                gen.to_owned(),
+            ];
+            if c.owner_known(run_id, gen) {
+                // Checked in this transaction already (a seal's gate, an admission's promotion): the
+                // answer is known, so the statement waits for the next round trip.
+                c.execute_later(WRITE_STEP, params)?;
+                return Ok(refused.map_or(Ok(()), Err));
+            }
+            // Alone in its transaction, it carries the `COMMIT`: a fenced write wrote nothing.
+            let owned: bool = c.query_one_committing(WRITE_STEP, &params.refs())?.get(0);
             if !owned {
                 // Nothing was written: the refusal says why.
                 owner!(c, run_id, gen);
@@ -382,7 +400,6 @@ impl RunLedger for PgStore {
                 )));
             }
             c.owner_passed(run_id, gen);
-            notify_appended(c, run_id, last)?;
             Ok(refused.map_or(Ok(()), Err))
         })
     }

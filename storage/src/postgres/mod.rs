@@ -287,6 +287,7 @@ impl PgStore {
         loop {
             let out: Result<R> = (|| {
                 let tx = Open::begin(&mut self.db, BEGIN_WRITE, "ROLLBACK")?;
+                tx.client.own_transaction();
                 let v = body(tx.client)?;
                 tx.finish("COMMIT")?;
                 Ok(v)
