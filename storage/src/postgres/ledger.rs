@@ -388,6 +388,8 @@ impl RunLedger for PgStore {
                 // Checked in this transaction already (a seal's gate, an admission's promotion): the
                 // answer is known, so the statement waits for the next round trip.
                 c.execute_later(WRITE_STEP, params)?;
+                // It changes no ownership: the check stands for what follows (a seal's finish).
+                c.owner_passed(run_id, gen);
                 return Ok(refused.map_or(Ok(()), Err));
             }
             // Alone in its transaction, it carries the `COMMIT`: a fenced write wrote nothing.
