@@ -185,7 +185,7 @@ fn wakes(news: broadcast::Receiver<News>) -> impl futures_util::Stream<Item = Wa
             let wake = match rx.recv().await {
                 Ok(News::Stop { run_id } | News::Killed { run_id }) => Wake::Run(run_id),
                 Ok(News::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => Wake::All,
-                Ok(News::Appended { .. } | News::Ended { .. }) => continue,
+                Ok(News::Appended { .. } | News::Inbox { .. } | News::Ended { .. }) => continue,
                 Err(broadcast::error::RecvError::Closed) => return None,
             };
             return Some((wake, rx));

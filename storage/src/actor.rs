@@ -80,6 +80,12 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
         Ok(())
     }
 
+    /// A number that moves whenever another connection may have written a run's inbox since the last
+    /// call ([`InboxWatch`]); `None` when the backend cannot tell (every call then counts as a move).
+    fn inbox_version(&mut self) -> Option<u64> {
+        None
+    }
+
     /// A durable step as one transaction: the ledger's `write_step` in an atomic unit, unless the
     /// backend's `write_step` is one transaction by itself.
     fn write_step_atomic(
@@ -158,6 +164,10 @@ impl Backend for SqliteStore {
         SqliteStore::end_atomic(self, commit)
     }
 
+    fn inbox_version(&mut self) -> Option<u64> {
+        SqliteStore::data_version(self)
+    }
+
     fn writes(&self) -> u64 {
         SqliteStore::total_changes(self)
     }
@@ -214,11 +224,21 @@ impl Backend for PgStore {
     fn writes(&self) -> u64 {
         PgStore::writes(self)
     }
+
+    /// Another host's inbox write arrives as news ([`crate::news::News::Inbox`]), which moves the
+    /// watch itself.
+    fn inbox_version(&mut self) -> Option<u64> {
+        Some(0)
+    }
 }
 
 impl Backend for MemoryStore {
     fn capability_secret(&mut self) -> Result<String> {
         Ok(self.secret().to_owned())
+    }
+
+    fn inbox_version(&mut self) -> Option<u64> {
+        Some(self.inbox_writes())
     }
 }
 
@@ -387,6 +407,81 @@ pub enum WriteSpace {
     Exhausted,
 }
 
+/// What this process knows of writes to runs' inboxes, so a run can skip an inbox read that cannot find
+/// anything new (issue 29: a read is a thread hop, and on PostgreSQL a round trip). `epoch` moves
+/// after every inbox write of this process (when the write's job is done with, so after its commit:
+/// [`InboxWatch::after_write`]) and whenever another process may have written one: after a group,
+/// when the backend's [`Backend::inbox_version`] moved (SQLite: `data_version`, another connection's
+/// commit; memory: the shared store's inbox writes), or at a cross-host note ([`crate::news`]). A
+/// reader that loaded the epoch before its read and finds it unchanged knows that read is still the
+/// inbox's state; another process's write is seen at the latest after this process's next write.
+#[derive(Debug)]
+pub struct InboxWatch {
+    epoch: AtomicU64,
+    /// The backend's last [`Backend::inbox_version`] (`u64::MAX`: none yet).
+    version: AtomicU64,
+}
+
+impl Default for InboxWatch {
+    fn default() -> Self {
+        InboxWatch {
+            epoch: AtomicU64::new(0),
+            version: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl InboxWatch {
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(SeqCst)
+    }
+
+    /// Some inbox may have changed.
+    pub fn bump(&self) {
+        self.epoch.fetch_add(1, SeqCst);
+    }
+
+    /// The backend answered `version` after a job: a move (or no answer) is a possible inbox write.
+    pub fn saw(&self, version: Option<u64>) {
+        match version {
+            Some(v) if self.version.swap(v, SeqCst) == v => {}
+            _ => self.bump(),
+        }
+    }
+
+    /// A guard for an inbox-writing job's body: it moves the epoch when dropped, that is when the job
+    /// that owns the body is done with — after its commit (or its failure). Only for bodies kept until
+    /// then ([`job_again`]; a [`job`] drops its body as it runs).
+    pub fn after_write(self: &Arc<Self>) -> InboxWritten {
+        InboxWritten {
+            watch: self.clone(),
+            wrote: AtomicBool::new(true),
+        }
+    }
+}
+
+/// See [`InboxWatch::after_write`].
+pub struct InboxWritten {
+    watch: Arc<InboxWatch>,
+    /// Whether the body's last run may have written an inbox row (an error may hide a commit).
+    wrote: AtomicBool,
+}
+
+impl InboxWritten {
+    /// What the body's run answered: an answer that wrote no inbox row moves nothing.
+    pub fn answered<T>(&self, out: &Result<T>, wrote: impl FnOnce(&T) -> bool) {
+        self.wrote.store(out.as_ref().map_or(true, wrote), SeqCst);
+    }
+}
+
+impl Drop for InboxWritten {
+    fn drop(&mut self) {
+        if self.wrote.load(SeqCst) {
+            self.watch.bump();
+        }
+    }
+}
+
 /// The [`WriteSpace`] of one storage actor: set by its thread after each group, read by every clone of
 /// the handle. One flag that guards no other data, hence an atomic with `SeqCst` and no lock.
 #[derive(Debug, Default)]
@@ -481,6 +576,8 @@ pub struct Mailbox {
     pub stats: Arc<GroupStats>,
     /// Whether the actor's last write found space.
     pub space: Arc<SpaceWatch>,
+    /// What this process knows of inbox writes.
+    pub inbox: Arc<InboxWatch>,
 }
 
 impl Mailbox {
@@ -550,16 +647,18 @@ pub struct StorageActor {
     backend: std::result::Result<Box<dyn Backend>, String>,
     stats: Arc<GroupStats>,
     space: Arc<SpaceWatch>,
+    inbox: Arc<InboxWatch>,
 }
 
 impl StorageActor {
-    pub fn new(spec: BackendSpec) -> Self {
+    pub fn new(spec: BackendSpec, inbox: Arc<InboxWatch>) -> Self {
         let backend = Self::open(&spec);
         StorageActor {
             spec,
             backend,
             stats: Default::default(),
             space: Default::default(),
+            inbox,
         }
     }
 
@@ -651,6 +750,8 @@ impl StorageActor {
         } else if commit_failed.is_none() && backend.writes() != writes_before {
             self.space.set(WriteSpace::Available);
         }
+        // Before the replies: whoever reads the inbox after one of them knows of any foreign write so far.
+        self.inbox.saw(backend.inbox_version());
         for j in jobs {
             j.reply(commit_failed.as_ref());
         }
@@ -670,6 +771,7 @@ pub fn detached(capacity: usize) -> (Mailbox, mpsc::Receiver<Job>) {
         tx,
         stats: Default::default(),
         space: Default::default(),
+        inbox: Default::default(),
     };
     (mailbox, rx)
 }
@@ -686,11 +788,13 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
     // The backend opens on the storage thread — the synchronous PostgreSQL client refuses to block
     // inside a caller's async runtime — and this waits for it, so a caller finds the database created
     // and migrated (or the failure logged) when `start` returns, as before.
+    let inbox = Arc::new(InboxWatch::default());
+    let watch = inbox.clone();
     let (opened_tx, opened) = mpsc::sync_channel::<(Arc<GroupStats>, Arc<SpaceWatch>)>(1);
     std::thread::Builder::new()
         .name("storage-actor".into())
         .spawn(move || {
-            let mut actor = StorageActor::new(spec);
+            let mut actor = StorageActor::new(spec, watch);
             let _ = opened_tx.send((actor.stats.clone(), actor.space.clone()));
             while let Ok(first) = rx.recv() {
                 let mut jobs = vec![first];
@@ -706,5 +810,49 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
         })
         .expect("spawn the storage thread");
     let (stats, space) = opened.recv().expect("the storage thread opens its backend");
-    Mailbox { tx, stats, space }
+    Mailbox {
+        tx,
+        stats,
+        space,
+        inbox,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inbox_epoch_moves_when_the_backend_version_moves_or_cannot_be_read() {
+        let w = InboxWatch::default();
+        w.saw(Some(7)); // the first answer: nothing was known before it
+        let e = w.epoch();
+        w.saw(Some(7));
+        assert_eq!(w.epoch(), e, "the same version: no other connection wrote");
+        w.saw(Some(8));
+        assert_eq!(w.epoch(), e + 1);
+        w.saw(None);
+        assert_eq!(w.epoch(), e + 2, "no answer counts as a move");
+    }
+
+    #[test]
+    fn an_inbox_write_moves_the_epoch_once_its_job_is_done_with_unless_it_wrote_none() {
+        let w = Arc::new(InboxWatch::default());
+        let e = w.epoch();
+        let wrote = w.after_write();
+        wrote.answered(&Ok(true), |w| *w);
+        assert_eq!(w.epoch(), e, "not before the job is done with (its commit)");
+        drop(wrote);
+        assert_eq!(w.epoch(), e + 1);
+
+        let none = w.after_write();
+        none.answered(&Ok(false), |w| *w);
+        drop(none);
+        assert_eq!(w.epoch(), e + 1, "an answer that wrote no inbox row");
+
+        let failed = w.after_write();
+        failed.answered::<bool>(&Err(Error::Unavailable("lost".into())), |w| *w);
+        drop(failed);
+        assert_eq!(w.epoch(), e + 2, "an error may hide a commit");
+    }
 }

@@ -27,6 +27,8 @@ pub const FEED_CAPACITY: usize = 4096;
 pub enum News {
     /// Events up to `seq` were appended to a live run.
     Appended { run_id: String, seq: u64 },
+    /// A message reached a live run's inbox under `seq`.
+    Inbox { run_id: String, seq: u64 },
     /// A stop was requested (its mode is on the row).
     Stop { run_id: String },
     /// A run's live row went with its record (finish) or without one (abandon).
@@ -42,6 +44,7 @@ impl News {
     pub fn run_id(&self) -> Option<&str> {
         match self {
             News::Appended { run_id, .. }
+            | News::Inbox { run_id, .. }
             | News::Stop { run_id }
             | News::Ended { run_id }
             | News::Killed { run_id } => Some(run_id),
@@ -54,6 +57,7 @@ impl News {
     pub fn payload(&self) -> String {
         match self {
             News::Appended { run_id, seq } => format!("a {seq} {run_id}"),
+            News::Inbox { run_id, seq } => format!("i {seq} {run_id}"),
             News::Stop { run_id } => format!("s {run_id}"),
             News::Ended { run_id } => format!("e {run_id}"),
             News::Killed { run_id } => format!("k {run_id}"),
@@ -69,6 +73,13 @@ impl News {
             "a" => {
                 let seq = words.next()?.parse().ok()?;
                 News::Appended {
+                    run_id: run_id(words.next()?)?,
+                    seq,
+                }
+            }
+            "i" => {
+                let seq = words.next()?.parse().ok()?;
+                News::Inbox {
                     run_id: run_id(words.next()?)?,
                     seq,
                 }
@@ -100,6 +111,9 @@ pub struct NewsFeed {
     /// Starts the listener once: the database URL (PostgreSQL) to listen on.
     source: Option<String>,
     started: OnceLock<()>,
+    /// Moved by every note that another host may have written an inbox ([`News::Inbox`], and a
+    /// [`News::Resync`] after notes were missed).
+    inbox: OnceLock<Arc<crate::actor::InboxWatch>>,
 }
 
 impl std::fmt::Debug for NewsFeed {
@@ -117,6 +131,7 @@ impl NewsFeed {
             sender: broadcast::channel(FEED_CAPACITY).0,
             source: Some(url),
             started: OnceLock::new(),
+            inbox: OnceLock::new(),
         })
     }
 
@@ -126,6 +141,7 @@ impl NewsFeed {
             sender: broadcast::channel(FEED_CAPACITY).0,
             source: None,
             started: OnceLock::new(),
+            inbox: OnceLock::new(),
         })
     }
 
@@ -133,16 +149,31 @@ impl NewsFeed {
     /// [`News::Resync`] once it listens (and after every reconnect), since notes before that were missed.
     pub fn subscribe(self: &Arc<Self>) -> broadcast::Receiver<News> {
         let rx = self.sender.subscribe();
+        self.start();
+        rx
+    }
+
+    /// Move `watch` at every note of another host's inbox write (and at a resync), listening from now.
+    pub fn feed_inbox(self: &Arc<Self>, watch: Arc<crate::actor::InboxWatch>) {
+        let _ = self.inbox.set(watch);
+        self.start();
+    }
+
+    fn start(self: &Arc<Self>) {
         if let Some(url) = &self.source {
             self.started.get_or_init(|| {
                 crate::postgres::news::spawn_listener(url.clone(), Arc::downgrade(self))
             });
         }
-        rx
     }
 
     /// Hand a note to every receiver (the listener; tests).
     pub fn publish(&self, news: News) {
+        if matches!(news, News::Inbox { .. } | News::Resync) {
+            if let Some(watch) = self.inbox.get() {
+                watch.bump();
+            }
+        }
         // No receiver is fine: nobody follows anything yet.
         let _ = self.sender.send(news);
     }

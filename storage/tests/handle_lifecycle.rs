@@ -244,6 +244,7 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
             storage::record::RunStatus::Interrupted,
             "{name}"
         );
+        let before = h.inbox_epoch();
         let steered = h
             .admit_with_events(
                 admission("r2", "more"),
@@ -258,6 +259,11 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
             matches!(steered, (AdmitOutcome::Steered { ref run_id, .. }, false) if run_id == "r1"),
             "{name}: {steered:?}"
         );
+        // The steer moved the inbox epoch, so r1's next inbox read reads; a read moves nothing.
+        let after = h.inbox_epoch();
+        assert!(after > before, "{name}");
+        h.get("r1".into()).await.unwrap();
+        assert_eq!(h.inbox_epoch(), after, "{name}");
         assert_eq!(
             h.live_events("r2".into(), 0, 10).await.unwrap(),
             None,
@@ -789,4 +795,57 @@ async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing(
             "{name}: nothing of r1 stays in the ledger"
         );
     }
+}
+
+/// Two processes on one SQLite file: a steer the other one admitted moves this one's inbox epoch at its
+/// writer's next job (SQLite's `data_version`), so its run reads the message then.
+#[actix_rt::test]
+async fn another_process_steer_moves_the_inbox_epoch_at_this_writers_next_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        StorageHandle::start(
+            BackendSpec::Sqlite {
+                path: dir.path().join("shared.db"),
+                synchronous: Synchronous::Normal,
+            },
+            std::sync::Arc::new(ManualClock::new(NOW)),
+        )
+    };
+    let (a, b) = (open(), open());
+    let started = a
+        .admit_with_events(
+            admission("r1", "hello"),
+            first_events("hello"),
+            None,
+            None,
+            NOW,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(started.0, AdmitOutcome::Started { .. }),
+        "{started:?}"
+    );
+    a.ping().await.unwrap();
+    let before = a.inbox_epoch();
+    let steered = b
+        .admit_with_events(
+            admission("r2", "more"),
+            first_events("more"),
+            None,
+            None,
+            NOW,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(steered.0, AdmitOutcome::Steered { .. }),
+        "{steered:?}"
+    );
+    a.ping().await.unwrap();
+    assert!(a.inbox_epoch() > before, "a's writer saw b's commit");
+    // Nothing more was written: the next job moves nothing.
+    let seen = a.inbox_epoch();
+    a.ping().await.unwrap();
+    assert_eq!(a.inbox_epoch(), seen);
 }

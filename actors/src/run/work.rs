@@ -75,6 +75,10 @@ pub(super) struct Run {
     pub step: u64,
     pub iteration: u64,
     pub inbox_consumed: Option<u64>,
+    /// The storage's inbox epoch loaded before this run's last inbox read that answered
+    /// ([`storage::StorageHandle::inbox_epoch`]; `u64::MAX`: none yet): while it stands, that read is
+    /// still the inbox's state, and a read is skipped.
+    pub inbox_read_at: Arc<std::sync::atomic::AtomicU64>,
     /// The previous step's results turn (or follow-ups), written with the next assistant turn.
     pub pending: Option<Turn>,
     /// Events committed with the next durable step, not by the flusher: the `input` events of the
@@ -146,6 +150,7 @@ impl Run {
             step: 0,
             iteration: 0,
             inbox_consumed: None,
+            inbox_read_at: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
             pending: None,
             step_events: Vec::new(),
             unwritten: None,
@@ -520,20 +525,29 @@ impl Run {
     }
 
     /// Unread follow-ups past what this run consumed (none when untracked or unreadable); messages queued
-    /// for a run of their own (SPEC §5.1) are not this run's to fold.
+    /// for a run of their own (SPEC §5.1) are not this run's to fold. No read when no inbox can have
+    /// changed since this run's last one (issue 29): what it answered was folded, or was not this run's.
     pub fn read_inbox(&self) -> impl std::future::Future<Output = Vec<InboxItem>> + 'static {
+        use std::sync::atomic::Ordering::SeqCst;
         let (s, id, after, tracked) = (
             self.deps.storage.clone(),
             self.id.clone(),
             self.inbox_consumed,
             self.tracked(),
         );
+        // Loaded before the read: a write that commits while it runs moves it, and the next one reads.
+        let epoch = s.inbox_epoch();
+        let unchanged = self.inbox_read_at.load(SeqCst) == epoch;
+        let read_at = self.inbox_read_at.clone();
         async move {
-            if !tracked {
+            if !tracked || unchanged {
                 return Vec::new();
             }
             match s.read_inbox(id, after).await {
-                Ok(Ok(items)) => storage::ledger::steering(items),
+                Ok(Ok(items)) => {
+                    read_at.store(epoch, SeqCst);
+                    storage::ledger::steering(items)
+                }
                 Ok(Err(_)) | Err(_) => Vec::new(),
             }
         }

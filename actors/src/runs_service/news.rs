@@ -113,6 +113,8 @@ impl RunsService {
                 self.invalidate_live();
                 self.board().wake_all();
             }
+            // A run's own read picks it up ([`storage::StorageHandle::inbox_epoch`]).
+            News::Inbox { .. } => {}
         }
     }
 

@@ -77,6 +77,8 @@ struct Proc {
     jobs_rx: mpsc::Receiver<Job>,
     /// Jobs sent and not yet run, in arrival order.
     jobs: Vec<Job>,
+    /// What the incarnation knows of inbox writes: its storage actor's check after each of its jobs.
+    inbox: Arc<storage::actor::InboxWatch>,
     alive: bool,
     draining: Arc<AtomicBool>,
     /// Set by the drain's task when the production drain answered: the process exits.
@@ -408,6 +410,7 @@ impl World {
     fn boot(&mut self, slot: usize) {
         let inc = self.procs.len() as Inc;
         let (mailbox, jobs_rx) = storage::actor::detached(4096);
+        let inbox = mailbox.inbox.clone();
         let clock: Arc<dyn Clock> = self.clock.clone();
         let handle = StorageHandle::on_mailbox(mailbox, clock.clone(), "memory");
         let mut agent = AgentEntry::new(
@@ -484,6 +487,7 @@ impl World {
             supervisor: booted,
             jobs_rx,
             jobs: Vec::new(),
+            inbox,
             alive: true,
             draining,
             exited,
@@ -580,9 +584,11 @@ impl World {
         } else if p.lose_next_reply {
             p.lose_next_reply = false;
             job.run(self.backend.as_mut());
+            p.inbox.saw(self.backend.inbox_version());
             job.reply(Some(&Error::Unavailable("simulated lost reply".into())));
         } else {
             job.run(self.backend.as_mut());
+            p.inbox.saw(self.backend.inbox_version());
             job.reply(None);
         }
     }

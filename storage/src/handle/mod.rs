@@ -110,6 +110,9 @@ impl StorageHandle {
             _ => None,
         };
         let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity);
+        if let Some(feed) = &news {
+            feed.feed_inbox(mailbox.inbox.clone());
+        }
         let readers = source.map(|(source, n)| {
             ReadPool::start(source, n, options.read_queue_capacity, mailbox.clone())
         });
@@ -328,7 +331,19 @@ impl StorageHandle {
 
     /// Admit at `now_ms` (the caller's clock reading, so the run's `startedAt` is the same everywhere).
     pub async fn admit(&self, admit: Admit, now_ms: i64) -> Result<AdmitOutcome> {
-        self.transact(move |b, _| b.admit(&admit, now_ms)).await
+        let written = self.mailbox.inbox.after_write();
+        self.transact(move |b, _| {
+            let out = b.admit(&admit, now_ms);
+            written.answered(&out, AdmitOutcome::wrote_inbox);
+            out
+        })
+        .await
+    }
+
+    /// Moves whenever a run's inbox may have changed since ([`crate::actor::InboxWatch`]): a run that
+    /// loaded it before its last inbox read and finds it unchanged has nothing new to read.
+    pub fn inbox_epoch(&self) -> u64 {
+        self.mailbox.inbox.epoch()
     }
 
     pub async fn claim(
@@ -437,8 +452,9 @@ impl StorageHandle {
             crate::ledger::check_turns(s.first_idx, &s.turns).is_ok()
                 && crate::ledger::check_events(&s.events).1.is_none()
         });
+        let written = self.mailbox.inbox.after_write();
         self.transact(move |b, _| {
-            atomic(
+            let out = atomic(
                 b,
                 |b| {
                     let out = b.admit(&admit, now_ms)?;
@@ -467,7 +483,9 @@ impl StorageHandle {
                     Ok((out, false))
                 },
                 |_| true,
-            )
+            );
+            written.answered(&out, |(out, _)| out.wrote_inbox());
+            out
         })
         .await
     }
@@ -631,8 +649,12 @@ impl StorageHandle {
         run_id: String,
         message: serde_json::Value,
     ) -> Result<Outcome<u64>> {
-        self.transact(move |b, _| b.push_inbox(&run_id, &message))
-            .await
+        let written = self.mailbox.inbox.after_write();
+        self.transact(move |b, _| {
+            let _ = &written;
+            b.push_inbox(&run_id, &message)
+        })
+        .await
     }
 
     pub async fn read_inbox(

@@ -300,6 +300,16 @@ pub enum AdmitOutcome {
 }
 
 impl AdmitOutcome {
+    /// Whether this answer put the message on a live run's inbox.
+    pub fn wrote_inbox(&self) -> bool {
+        matches!(
+            self,
+            AdmitOutcome::Steered { .. }
+                | AdmitOutcome::Queued { .. }
+                | AdmitOutcome::Interrupting { .. }
+        )
+    }
+
     /// Whether a keyed receipt records this answer, to replay it to a retry: not the answers that say
     /// "come back" or "not you" (busy, a held key, a hidden run, a full queue), which write nothing. A
     /// rejection is kept: it is the key's answer, so an earlier attempt still in flight that commits

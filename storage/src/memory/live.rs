@@ -59,6 +59,8 @@ pub(super) struct LedgerState {
     pub(super) deletion_fences: BTreeMap<String, i64>,
     /// `generations`, by generation.
     pub(super) generations: BTreeMap<String, GenerationInfo>,
+    /// Inbox rows ever written ([`crate::actor::Backend::inbox_version`]).
+    pub(super) inbox_writes: u64,
 }
 
 /// A stored admission answer for a keyed message.
@@ -207,12 +209,14 @@ impl LedgerState {
             self.transcript.insert(run_id.to_owned(), transcript);
         }
         if let Some(inbox) = removed.inbox {
+            self.inbox_writes += 1;
             self.inbox.insert(run_id.to_owned(), inbox);
         }
     }
 
     /// Append `message` to the run's inbox under the next per-run seq (from 1).
     pub(super) fn push_inbox(&mut self, run_id: &str, message: &Value) -> u64 {
+        self.inbox_writes += 1;
         let inbox = self.inbox.entry(run_id.to_owned()).or_default();
         let seq = inbox.keys().next_back().map_or(1, |last| last + 1);
         inbox.insert(seq, message.clone());

@@ -61,6 +61,11 @@ impl MemoryStore {
         &self.secret
     }
 
+    /// Inbox rows ever written to this store, by any handle on it.
+    pub fn inbox_writes(&self) -> u64 {
+        self.lock().ledger.inbox_writes
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves maps that are still structurally valid; keep serving.
         self.state

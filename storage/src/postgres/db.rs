@@ -293,13 +293,12 @@ impl Db {
     /// transaction is rolled back. A `ROLLBACK` of a transaction whose `BEGIN` never left sends nothing.
     pub(super) fn batch_execute(&mut self, sql: &str) -> PgResult<()> {
         self.owner = None;
-        if sql == "COMMIT" || sql.starts_with("ROLLBACK") {
-            if !std::mem::replace(&mut self.open, false) {
-                // Already ended: committed with its last statement ([`Db::query_one_committing`]).
-                self.later.clear();
-                self.notes.clear();
-                return Ok(());
-            }
+        let ends = sql == "COMMIT" || sql.starts_with("ROLLBACK");
+        if ends && !std::mem::replace(&mut self.open, false) {
+            // Already ended: committed with its last statement ([`Db::query_one_committing`]).
+            self.later.clear();
+            self.notes.clear();
+            return Ok(());
         }
         let notes = std::mem::take(&mut self.notes);
         if sql.starts_with("ROLLBACK") {

@@ -104,6 +104,14 @@ pub(super) fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result
         "INSERT INTO run_inbox (run_id, seq, json) VALUES ($1, $2, $3)",
         &[&run_id, &seq, &message.to_string()],
     )?;
+    // Other hosts' runs skip their inbox reads until a note like this one says to read again.
+    notify(
+        c,
+        &News::Inbox {
+            run_id: run_id.to_owned(),
+            seq: seq as u64,
+        },
+    )?;
     Ok(seq as u64)
 }
 

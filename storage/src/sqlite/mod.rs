@@ -327,6 +327,16 @@ impl SqliteStore {
         self.conn.total_changes()
     }
 
+    /// SQLite's `data_version` on this connection: it moves exactly when another connection committed
+    /// (never for this one's own commits). `None` when it cannot be read.
+    pub fn data_version(&self) -> Option<u64> {
+        self.conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+            .ok()
+            .map(|v| v as u64)
+    }
+
     /// A write transaction: `BEGIN IMMEDIATE`, or a savepoint inside a group.
     fn immediate(&mut self) -> Result<Tx<'_>> {
         self.tx("BEGIN IMMEDIATE")
