@@ -252,6 +252,57 @@ fn a_write_failing_at_the_commit_rolls_the_group_back() {
     );
 }
 
+/// In a group of messages a step write's answer is not read: one whose owner check fails fails the
+/// group at its commit (`GroupRolledBack`, nothing of it lands), and alone it answers the refusal.
+#[test]
+fn a_step_write_in_a_group_that_does_not_own_its_run_spoils_the_group() {
+    let mut s = open(&pg::database());
+    live_run(&mut s, "ok", "g1");
+    live_run(&mut s, "theirs", "g1");
+    let step = |n: u64| storage::ledger::StepWrite {
+        first_idx: 2,
+        turns: vec![storage::ledger::Turn {
+            role: "assistant".into(),
+            parts: vec![json!({"text": "t"})],
+        }],
+        record: storage::ledger::StepRecord {
+            step: n,
+            seq: 3,
+            turn_index: 3,
+            in_flight: vec![],
+            inbox_consumed_seq: None,
+            remaining_ms: 1_000,
+            turn: n,
+            iteration: n,
+        },
+        events: vec![json!({"type": "note", "seq": 3, "at": NOW, "summary": "s"})],
+        state: Default::default(),
+    };
+    // Owned: the group commits it.
+    assert!(s.begin_group().unwrap());
+    assert_eq!(s.write_step("ok", "g1", &step(1)).unwrap(), Ok(()));
+    s.end_group(true).unwrap();
+    assert_eq!(s.last_step("ok").unwrap().map(|r| r.step), Some(1));
+    // Not owned: the group fails at its commit, and nothing of it lands.
+    assert!(s.begin_group().unwrap());
+    assert_eq!(s.write_step("ok", "g1", &step(2)).unwrap(), Ok(()));
+    assert_eq!(
+        s.write_step("theirs", "g2", &step(1)).unwrap(),
+        Ok(()),
+        "its answer waits for the commit"
+    );
+    assert!(matches!(s.end_group(true), Err(Error::GroupRolledBack(_))));
+    assert_eq!(s.last_step("ok").unwrap().map(|r| r.step), Some(1));
+    assert!(s.last_step("theirs").unwrap().is_none());
+    // Alone, each answers for itself.
+    assert_eq!(s.write_step("ok", "g1", &step(2)).unwrap(), Ok(()));
+    assert!(matches!(
+        s.write_step("theirs", "g2", &step(1)).unwrap(),
+        Err(Refusal::Fenced { .. })
+    ));
+    assert_eq!(s.last_step("ok").unwrap().map(|r| r.step), Some(2));
+}
+
 /// Another connection to the database `s` is connected to.
 fn open_same(s: &mut PgStore) -> PgStore {
     open(

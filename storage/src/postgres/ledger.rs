@@ -32,22 +32,35 @@ use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
 /// A durable step in one statement: its turns, its events and its record, each written only when `gen`
-/// owns the run and no fence stands; answers whether it did.
-const WRITE_STEP: &str =
-    "WITH own AS (SELECT 1 FROM live_runs WHERE run_id = $1 AND owner_gen = $10
-        AND NOT EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)),
-    t AS (INSERT INTO transcript (run_id, idx, part, json)
-        SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
-        WHERE EXISTS (SELECT 1 FROM own)
-        ON CONFLICT (run_id, idx, part) DO NOTHING),
-    e AS (INSERT INTO run_events (run_id, seq, json)
-        SELECT $1, s, j FROM UNNEST($5::BIGINT[], $6::text[]) AS t(s, j)
-        WHERE EXISTS (SELECT 1 FROM own)
-        ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json),
-    s AS (INSERT INTO run_steps (run_id, step, json)
-        SELECT $1, $7::BIGINT, $8::text WHERE $9::BOOLEAN AND EXISTS (SELECT 1 FROM own)
-        ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json)
-    SELECT EXISTS (SELECT 1 FROM own)";
+/// owns the run and no fence stands; `$tail` is what it answers.
+macro_rules! write_step_sql {
+    ($tail:literal) => {
+        concat!(
+            "WITH own AS (SELECT 1 FROM live_runs WHERE run_id = $1 AND owner_gen = $10
+                AND NOT EXISTS (SELECT 1 FROM deletion_fences f WHERE f.run_id = $1)),
+            t AS (INSERT INTO transcript (run_id, idx, part, json)
+                SELECT $1, i, p, j FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::text[]) AS t(i, p, j)
+                WHERE EXISTS (SELECT 1 FROM own)
+                ON CONFLICT (run_id, idx, part) DO NOTHING),
+            e AS (INSERT INTO run_events (run_id, seq, json)
+                SELECT $1, s, j FROM UNNEST($5::BIGINT[], $6::text[]) AS t(s, j)
+                WHERE EXISTS (SELECT 1 FROM own)
+                ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json),
+            s AS (INSERT INTO run_steps (run_id, step, json)
+                SELECT $1, $7::BIGINT, $8::text WHERE $9::BOOLEAN AND EXISTS (SELECT 1 FROM own)
+                ON CONFLICT (run_id, step) DO UPDATE SET json = EXCLUDED.json) ",
+            $tail
+        )
+    };
+}
+
+/// The step, answering whether `gen` owned the run (and so wrote it).
+const WRITE_STEP: &str = write_step_sql!("SELECT EXISTS (SELECT 1 FROM own)");
+
+/// The step, failing (division by zero, at run time: the count is a table's) when `gen` does not own
+/// the run: for a group of messages, where its answer is not read — the failure spoils the group, and
+/// the storage actor runs each message again alone, where [`WRITE_STEP`] answers the refusal.
+const WRITE_STEP_OR_FAIL: &str = write_step_sql!("SELECT 1 / (SELECT COUNT(*) FROM own)::int");
 
 fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
     c.execute_later(
@@ -349,6 +362,8 @@ impl RunLedger for PgStore {
             .map_err(|_| too_big("run_steps.step", write.record.step))?;
         let record =
             serde_json::to_string(&write.record).map_err(|e| Error::corrupt("step record", e))?;
+        // A group of the storage actor's messages (not an atomic unit's, which reads its refusals).
+        let batch = self.grouped && self.atomic.is_empty();
         self.write(|c| {
             let turns = match check_turns(write.first_idx, &write.turns) {
                 Ok(rows) => rows,
@@ -397,6 +412,13 @@ impl RunLedger for PgStore {
                 // answer is known, so the statement waits for the next round trip.
                 c.execute_later(WRITE_STEP, params)?;
                 // It changes no ownership: the check stands for what follows (a seal's finish).
+                c.owner_passed(run_id, gen);
+                return Ok(refused.map_or(Ok(()), Err));
+            }
+            if batch {
+                // In a group of messages its answer waits too: a failed check fails the group's next
+                // answered statement or its `COMMIT` (then each message runs again alone).
+                c.execute_later(WRITE_STEP_OR_FAIL, params)?;
                 c.owner_passed(run_id, gen);
                 return Ok(refused.map_or(Ok(()), Err));
             }
