@@ -417,19 +417,23 @@ pub(super) fn put_in(
                 digest, now_ms, summary, h.card_open(), h.label.clone(),
             ],
         )?;
+        let rows: Vec<(u64, String)> = stored_event_seqs(&record.events)
+            .into_iter()
+            .zip(record.events.iter().map(|ev| ev.to_string()))
+            .collect();
         if !live {
+            // The record's events replace the ledger's: the rows it does not hold go, and the upsert
+            // below leaves the ones it holds as they are (a finish rewrites nothing it kept).
+            let seqs = rows
+                .iter()
+                .map(|(seq, _)| i64::try_from(*seq).map_err(|_| too_big("run_events.seq", *seq)))
+                .collect::<Result<Vec<i64>>>()?;
             c.execute_later(
-                "DELETE FROM run_events WHERE run_id = $1",
-                params![id.to_owned()],
+                "DELETE FROM run_events WHERE run_id = $1 AND NOT (seq = ANY($2::BIGINT[]))",
+                params![id.to_owned(), seqs],
             )?;
         }
-        insert_events(
-            c,
-            id,
-            stored_event_seqs(&record.events)
-                .into_iter()
-                .zip(record.events.iter().map(|ev| ev.to_string())),
-        )?;
+        insert_events(c, id, rows)?;
         // What the triggers of migration 5 do to the totals, and this row to the count past the cutoff.
         if let Some(t) = &mut totals {
             let past = |finished_at: i64| i64::from(finished_at < cutoff);
@@ -755,7 +759,8 @@ pub(super) fn insert_events(
     let (seqs, jsons): (Vec<i64>, Vec<String>) = by_seq.into_iter().unzip();
     c.execute_later(
         "INSERT INTO run_events (run_id, seq, json) SELECT $1, s, j FROM UNNEST($2::BIGINT[], $3::text[]) AS t(s, j)
-         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json",
+         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json
+         WHERE run_events.json IS DISTINCT FROM EXCLUDED.json",
         params![run_id.to_owned(), seqs, jsons],
     )
 }
