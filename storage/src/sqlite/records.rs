@@ -371,16 +371,23 @@ pub(super) fn put_in(
             h.channel_visibility.as_str(), h.parent_run_id, h.status.as_str(), h.provisional,
             h.event_count as i64, bytes, digest, now_ms, summary, h.card_open(), h.label
         ])?;
+        let rows: Vec<(u64, String)> = stored_event_seqs(&record.events)
+            .into_iter()
+            .zip(record.events.iter().map(|ev| ev.to_string()))
+            .collect();
         if !live {
-            tx.execute("DELETE FROM run_events WHERE run_id = ?1", [id])?;
+            // The record's events replace the ledger's: the rows it does not hold go, and the upsert
+            // below leaves the ones it holds as they are (a finish rewrites nothing it kept).
+            let seqs =
+                serde_json::to_string(&rows.iter().map(|(seq, _)| *seq).collect::<Vec<u64>>())
+                    .map_err(|e| Error::corrupt("event seqs", e))?;
+            tx.prepare_cached(
+                "DELETE FROM run_events WHERE run_id = ?1
+                 AND seq NOT IN (SELECT value FROM json_each(?2))",
+            )?
+            .execute(params![id, seqs])?;
         }
-        insert_events(
-            tx,
-            id,
-            stored_event_seqs(&record.events)
-                .into_iter()
-                .zip(record.events.iter().map(|ev| ev.to_string())),
-        )?;
+        insert_events(tx, id, rows)?;
     }
     let shed = shed_oldest(tx, &policy)?;
     let kept_now = kept(tx, &policy, now_ms)?;
@@ -628,7 +635,8 @@ pub(super) fn insert_events(
     rows: impl IntoIterator<Item = (u64, String)>,
 ) -> Result<()> {
     let mut ins = tx.prepare_cached(
-        "INSERT OR REPLACE INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)",
+        "INSERT INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)
+         ON CONFLICT (run_id, seq) DO UPDATE SET json = excluded.json WHERE json IS NOT excluded.json",
     )?;
     for (seq, json) in rows {
         ins.execute(params![run_id, seq as i64, json])?;
