@@ -94,11 +94,7 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
         gen: &str,
         write: &crate::ledger::StepWrite,
     ) -> Result<crate::ledger::Outcome<()>> {
-        atomic(
-            self,
-            |b| b.write_step(run_id, gen, write),
-            |out| out.is_ok(),
-        )
+        step_in_unit(self, run_id, gen, write)
     }
 
     /// Whether a message (or a group whose `COMMIT` failed) that answered `error` should run again
@@ -214,11 +210,7 @@ impl Backend for PgStore {
         if write.state.is_empty() {
             return self.write_step(run_id, gen, write);
         }
-        atomic(
-            self,
-            |b| b.write_step(run_id, gen, write),
-            |out| out.is_ok(),
-        )
+        step_in_unit(self, run_id, gen, write)
     }
 
     fn writes(&self) -> u64 {
@@ -635,6 +627,16 @@ pub fn job_again<R: Send + 'static>(
         out: None,
         reply,
     }))
+}
+
+/// The ledger's `write_step` in an atomic unit: one transaction whatever the backend's methods.
+fn step_in_unit<B: Backend + ?Sized>(
+    b: &mut B,
+    run_id: &str,
+    gen: &str,
+    write: &crate::ledger::StepWrite,
+) -> Result<crate::ledger::Outcome<()>> {
+    atomic(b, |b| b.write_step(run_id, gen, write), |out| out.is_ok())
 }
 
 /// How often the actor runs one message again alone after it lost a race (on top of the backend's own
