@@ -43,6 +43,15 @@ pub struct FlushRun(pub String);
 #[rtype(result = "()")]
 pub struct Forget(pub String);
 
+/// A durable step of `run_id` committed the events of these seqs: a pending copy of one (a
+/// `tool_result` is published to both) is not appended again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Committed {
+    pub run_id: String,
+    pub seqs: Vec<u64>,
+}
+
 pub struct Flusher {
     storage: StorageHandle,
     /// Run id → (the generation of its latest push, its pending events in push order).
@@ -161,6 +170,23 @@ impl Handler<FlushRun> for Flusher {
         match self.take(&msg.0) {
             Some((gen, events)) => Box::pin(self.append(msg.0, gen, events)),
             None => Box::pin(async {}),
+        }
+    }
+}
+
+impl Handler<Committed> for Flusher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Committed, _ctx: &mut Context<Self>) {
+        if let Some((_, events)) = self.pending.get_mut(&msg.run_id) {
+            events.retain(|e| {
+                !e.get("seq")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|seq| msg.seqs.contains(&seq))
+            });
+            if events.is_empty() {
+                self.pending.remove(&msg.run_id);
+            }
         }
     }
 }
@@ -322,6 +348,31 @@ mod tests {
         push(&f, GEN, 9..=9).await;
         f.send(FlushRun("r".into())).await.unwrap();
         assert_eq!(stored(&h).await, vec![1, 2, 3, 4, 5, 9]);
+    }
+
+    #[actix_rt::test]
+    async fn what_a_step_committed_is_not_appended_again() {
+        let h = storage_with_run().await;
+        let f = Flusher::with_interval(h.clone(), Arc::new(AtomicU64::new(0)), NEVER).start();
+        push(&f, GEN, 1..=4).await;
+        f.send(Committed {
+            run_id: "r".into(),
+            seqs: vec![1, 3, 9],
+        })
+        .await
+        .unwrap();
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![2, 4], "only what no step committed");
+        // A batch the step committed whole leaves nothing pending.
+        push(&f, GEN, 5..=5).await;
+        f.send(Committed {
+            run_id: "r".into(),
+            seqs: vec![5],
+        })
+        .await
+        .unwrap();
+        f.send(FlushRun("r".into())).await.unwrap();
+        assert_eq!(stored(&h).await, vec![2, 4]);
     }
 
     #[actix_rt::test]

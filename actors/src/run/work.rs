@@ -386,6 +386,7 @@ impl Run {
             self.deps.lease_ms,
         );
         let metrics = self.deps.metrics.clone();
+        let flusher = self.deps.flusher.clone();
         Some(async move {
             let mut w = w;
             if let Some(take) = take {
@@ -416,6 +417,17 @@ impl Run {
             .await;
             if answer.is_some() {
                 metrics.step_commit(started.elapsed()); // storage answered (committed or refused) within the lease
+            }
+            if let Some(Ok(Ok(()))) = &answer {
+                // What it committed needs no append of the flusher's.
+                flusher.do_send(crate::flusher::Committed {
+                    run_id: id,
+                    seqs: w
+                        .events
+                        .iter()
+                        .filter_map(|e| e.get("seq")?.as_u64())
+                        .collect(),
+                });
             }
             answer
         })
