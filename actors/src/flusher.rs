@@ -180,9 +180,7 @@ impl Handler<Committed> for Flusher {
     fn handle(&mut self, msg: Committed, _ctx: &mut Context<Self>) {
         if let Some((_, events)) = self.pending.get_mut(&msg.run_id) {
             events.retain(|e| {
-                !e.get("seq")
-                    .and_then(Value::as_u64)
-                    .is_some_and(|seq| msg.seqs.contains(&seq))
+                !storage::record::event_seq(e).is_some_and(|seq| msg.seqs.contains(&seq))
             });
             if events.is_empty() {
                 self.pending.remove(&msg.run_id);

@@ -425,7 +425,7 @@ impl Run {
                     seqs: w
                         .events
                         .iter()
-                        .filter_map(|e| e.get("seq")?.as_u64())
+                        .filter_map(storage::record::event_seq)
                         .collect(),
                 });
             }

@@ -581,15 +581,12 @@ impl World {
                 what: "simulated fault",
                 why: "a permanent storage failure".into(),
             });
-        } else if p.lose_next_reply {
-            p.lose_next_reply = false;
-            job.run(self.backend.as_mut());
-            p.inbox.saw(self.backend.inbox_version());
-            job.reply(Some(&Error::Unavailable("simulated lost reply".into())));
         } else {
             job.run(self.backend.as_mut());
             p.inbox.saw(self.backend.inbox_version());
-            job.reply(None);
+            let lost = std::mem::take(&mut p.lose_next_reply)
+                .then(|| Error::Unavailable("simulated lost reply".into()));
+            job.reply(lost.as_ref());
         }
     }
 
