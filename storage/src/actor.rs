@@ -373,18 +373,23 @@ impl<R: Send + 'static> Task for Call<R> {
     }
 
     fn reply(self: Box<Self>, commit_failed: Option<&Error>) {
-        let out = self
-            .out
-            .unwrap_or_else(|| Err(Error::Unavailable("the storage message never ran".into())));
+        // The body goes before the answer: what it holds until its job is done with (an
+        // [`InboxWritten`]) has acted when the caller sees the answer.
+        let Call { body, out, reply } = *self;
+        drop(body);
+        let out =
+            out.unwrap_or_else(|| Err(Error::Unavailable("the storage message never ran".into())));
         let out = match (commit_failed, out) {
             (Some(e), Ok(_)) => Err(Error::Unavailable(format!("group commit failed: {e}"))),
             (_, out) => out,
         };
-        let _ = self.reply.send(out);
+        let _ = reply.send(out);
     }
 
     fn fail(self: Box<Self>, error: Error) {
-        let _ = self.reply.send(Err(error));
+        let Call { body, reply, .. } = *self;
+        drop(body);
+        let _ = reply.send(Err(error));
     }
 }
 
@@ -442,8 +447,8 @@ impl InboxWatch {
     }
 
     /// A guard for an inbox-writing job's body: it moves the epoch when dropped, that is when the job
-    /// that owns the body is done with — after its commit (or its failure). Only for bodies kept until
-    /// then ([`job_again`]; a [`job`] drops its body as it runs).
+    /// that owns the body is done with — after its commit (or its failure) and before its answer goes
+    /// out. Only for bodies kept until then ([`job_again`]; a [`job`] drops its body as it runs).
     pub fn after_write(self: &Arc<Self>) -> InboxWritten {
         InboxWritten {
             watch: self.clone(),
