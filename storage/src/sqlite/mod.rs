@@ -192,6 +192,9 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", sync.pragma())?;
         conn.pragma_update(None, "foreign_keys", "OFF")?;
+        // Ephemeral tables and sorts (a finish's `seq NOT IN (…)`, ordered reads) stay in memory: on
+        // the default a statement that needs one creates, fills and closes a file in /var/tmp.
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
         schema::migrate(&mut conn)?;
         Ok(SqliteStore::on(conn))
     }
