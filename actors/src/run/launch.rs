@@ -13,7 +13,7 @@ use storage::ledger::{LiveRow, Outcome, Promotion, StepRecord, StepWrite, Turn};
 use storage::record::RunEvent;
 use storage::record::RunStatus;
 
-use super::machine::{Started, Written};
+use super::machine::{Reattached, Started};
 use super::record::{bound_workspace, close_unstartable, meta_from_row};
 use super::work::{retry_transient, summarize, Resettle, Run, MAX_WRITE_RETRY, WRITE_RETRY};
 use super::{Adoption, AgentEntry, Ended, Fresh, Request, RunDeps};
@@ -324,9 +324,11 @@ pub(super) async fn restart(
     promote(run, &request.text)
 }
 
-/// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2): re-attach the
-/// workspace and decide how each call in flight settles; the tools effect settles them
-/// ([`Started::Tools`]), then the steps go on.
+/// Adopt a row this generation owns and continue it from its transcript (SPEC §6.2). The launch builds
+/// the run's data; the machine's effects do the rest ([`Started::Reattach`]): re-attach the workspace
+/// ([`Run::reattach`]), write the resumed step's record when its turns landed without it
+/// ([`Run::write_resumed_step`]), and decide how each call in flight settles ([`Run::resume`]); the
+/// tools effect settles them ([`Started::Tools`]), then the steps go on.
 pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     let row = a.row;
     let meta = meta_from_row(&row);
@@ -385,146 +387,227 @@ pub(super) async fn resume(deps: RunDeps, a: Adoption) -> Launched {
     // A resume takes the workspace at once: the calls in flight it settles next may be an earlier
     // owner's, and none may land after this generation decides about them.
     run.workspace_taken = true;
-    match Take::of(&run).run(mode).await {
-        Ok(()) => {}
-        Err(Took::NotOwner) => return Launched::Run(Box::new(run), Started::Fenced),
-        Err(Took::Failed(why)) if mode == crate::tools::TakeMode::Create => {
-            without_workspace(&run.deps, &run.id, &run.gen, run.tracked(), &why);
-        }
-        Err(Took::Failed(why)) if !run.workspace.is_dir() => {
-            let events = run
-                .deps
-                .registry
-                .snapshot(&run.id)
-                .map(|(_, e)| e)
-                .unwrap_or_default();
-            let deps = run.deps.clone();
-            return Launched::Over(Box::new(
-                close_unstartable(
-                    &deps,
-                    &row,
-                    events,
-                    &format!("the run's workspace is missing ({why})"),
-                )
-                .await,
-            ));
-        }
-        Err(Took::Failed(why)) => return Launched::Run(Box::new(run), Started::Fail(why)),
+    run.reattachment = Some(Box::new(Reattachment {
+        row,
+        mode,
+        transcript: a.transcript,
+        last_step: a.last_step,
+        point: a.point,
+        from_gen: a.from_gen,
+        calls: Vec::new(),
+        finish_plan: None,
+        last_assistant: None,
+    }));
+    Launched::Run(Box::new(run), Started::Reattach)
+}
+
+/// What a resume carries from its launch through the machine's re-attachment effects.
+pub(super) struct Reattachment {
+    row: LiveRow,
+    mode: crate::tools::TakeMode,
+    transcript: Vec<Turn>,
+    last_step: StepRecord,
+    point: ResumePoint,
+    from_gen: String,
+    /// From the transcript, once the workspace is taken: the calls the resumed step settles, and the
+    /// answer when the transcript already ends on it (a finish plan).
+    calls: Vec<crate::agent::ToolCall>,
+    finish_plan: Option<String>,
+    last_assistant: Option<AssistantTurn>,
+}
+
+/// How a resume's workspace take went ([`Run::reattach`]).
+pub(super) enum Reattach {
+    Took,
+    NotOwner,
+    /// The bound workspace exists but could not be taken.
+    Failed(String),
+    /// The bound workspace is missing: the row is closed (boxed: the closing answer is large).
+    Closed(Box<Ended>),
+}
+
+impl Run {
+    fn reattachment(&mut self) -> &mut Reattachment {
+        self.reattachment
+            .as_mut()
+            .expect("a resume's effects follow its launch")
     }
-    run.turn_count = a.transcript.len() as u64;
-    run.turns = a.transcript.into_iter().skip(1).collect();
-    run.step = a.last_step.step;
-    run.iteration = a.last_step.iteration;
-    run.inbox_consumed = a.last_step.inbox_consumed_seq;
-    let last_text = run
-        .turns
-        .iter()
-        .rev()
-        .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
-        .unwrap_or_default();
-    let last_assistant = run.turns.last().and_then(AssistantTurn::from_turn);
-    // Which calls to settle, and whether the transcript already ends on the answer (a finish plan).
-    let mut calls = Vec::new();
-    let mut finish_plan = None;
-    match a.point {
-        ResumePoint::ResumeAt { .. } => {
-            let recorded: Vec<String> = a
-                .last_step
-                .in_flight
-                .iter()
-                .map(|c| c.call_id.clone())
-                .collect();
-            if let Some(turn) = &last_assistant {
-                let ids: Vec<String> = turn.calls.iter().map(|c| c.call_id.clone()).collect();
-                if let Err(reason) = decisions::in_flight_matches(&recorded, &ids) {
-                    run.publish(RunEvent::resumed(Vec::new(), Some(a.from_gen.clone())));
-                    return Launched::Run(Box::new(run), Started::Fail(reason));
+
+    /// Take the workspace the resumed row is bound to (or create it when it is bound to none). A bound
+    /// workspace that is missing closes the row: its files are gone, so no call of it can be settled.
+    pub fn reattach(&mut self) -> impl std::future::Future<Output = Reattach> + 'static {
+        let take = Take::of(self);
+        let tracked = self.tracked();
+        let a = self.reattachment();
+        let (mode, row) = (a.mode, a.row.clone());
+        async move {
+            match take.run(mode).await {
+                Ok(()) => Reattach::Took,
+                Err(Took::NotOwner) => Reattach::NotOwner,
+                Err(Took::Failed(why)) if mode == crate::tools::TakeMode::Create => {
+                    without_workspace(&take.deps, &take.id, &take.gen, tracked, &why);
+                    Reattach::Took
                 }
-                if turn.calls.is_empty() {
-                    finish_plan = Some(turn.text.clone());
+                Err(Took::Failed(why)) if !take.workspace.is_dir() => {
+                    let events = take
+                        .deps
+                        .registry
+                        .snapshot(&take.id)
+                        .map(|(_, e)| e)
+                        .unwrap_or_default();
+                    let reason = format!("the run's workspace is missing ({why})");
+                    Reattach::Closed(Box::new(
+                        close_unstartable(&take.deps, &row, events, &reason).await,
+                    ))
                 }
-                calls = turn.calls.clone();
-            }
-        }
-        ResumePoint::RunStepFresh { step } => {
-            // The step's turns landed but not its record: nothing was dispatched, run its calls fresh.
-            run.step = step;
-            run.iteration += 1;
-            calls = last_assistant
-                .as_ref()
-                .map(|t| t.calls.clone())
-                .unwrap_or_default();
-            if calls.is_empty() {
-                finish_plan = Some(last_text.clone());
-            }
-            run.publish_calls(&calls);
-            if let Some(write) = run.durable_step(Vec::new(), &calls) {
-                let answer = write.await;
-                match run.settle("step record", answer) {
-                    Written::Ok => {}
-                    Written::Fenced => return Launched::Run(Box::new(run), Started::Fenced),
-                    Written::Lost => return Launched::Run(Box::new(run), Started::Lost),
-                }
+                Err(Took::Failed(why)) => Reattach::Failed(why),
             }
         }
     }
-    // A step parked on approvals (SPEC §13): while one of its calls needing approval is not released,
-    // none of the step's calls ran, so the run waits again (the gate requests only what was never
-    // requested, and applies a decision taken while no process held the run).
-    let approvals = row.approvals();
-    let waiting = calls.iter().any(|c| {
-        run.needs_approval(&c.tool) && !approvals.get(&c.call_id).is_some_and(|a| a.released)
-    });
-    if waiting {
-        run.publish(RunEvent::resumed(Vec::new(), Some(a.from_gen.clone())));
-        run.current = last_assistant;
-        return Launched::Run(Box::new(run), Started::Tools);
-    }
-    let fresh_calls = matches!(a.point, ResumePoint::RunStepFresh { .. });
-    let settling: Vec<Resettle> = calls
-        .iter()
-        .map(|call| {
-            // A released denial is the call's result whatever its settlement: it never ran.
-            let denied = approvals
-                .get(&call.call_id)
-                .and_then(|a| a.decided.clone())
-                .filter(|d| d.decision == storage::ledger::Decision::Deny);
-            if fresh_calls {
-                return Resettle {
-                    how: Settlement::Rerun,
-                    denied,
-                };
+
+    /// The workspace is taken: load the transcript and find the calls the resumed step settles. Answers
+    /// whether the step's record must be written first (its turns landed without it), or why the run
+    /// cannot go on (the transcript's calls are not the record's).
+    pub fn reattached(&mut self) -> Reattached {
+        let a = self.reattachment();
+        let transcript = std::mem::take(&mut a.transcript);
+        let (last_step, point) = (a.last_step.clone(), a.point.clone());
+        self.turn_count = transcript.len() as u64;
+        self.turns = transcript.into_iter().skip(1).collect();
+        self.step = last_step.step;
+        self.iteration = last_step.iteration;
+        self.inbox_consumed = last_step.inbox_consumed_seq;
+        let last_assistant = self.turns.last().and_then(AssistantTurn::from_turn);
+        let mut calls = Vec::new();
+        let mut finish_plan = None;
+        let fresh = match point {
+            ResumePoint::ResumeAt { .. } => {
+                let recorded: Vec<String> = last_step
+                    .in_flight
+                    .iter()
+                    .map(|c| c.call_id.clone())
+                    .collect();
+                if let Some(turn) = &last_assistant {
+                    let ids: Vec<String> = turn.calls.iter().map(|c| c.call_id.clone()).collect();
+                    if let Err(reason) = decisions::in_flight_matches(&recorded, &ids) {
+                        let from_gen = self.reattachment().from_gen.clone();
+                        self.publish(RunEvent::resumed(Vec::new(), Some(from_gen)));
+                        return Reattached::Fail(reason);
+                    }
+                    if turn.calls.is_empty() {
+                        finish_plan = Some(turn.text.clone());
+                    }
+                    calls = turn.calls.clone();
+                }
+                false
             }
-            let def = run.tool_defs.iter().find(|d| d.name == call.tool);
-            let how = decisions::settlement(
-                def.is_some(),
-                def.is_some_and(|d| d.side_effect_free),
-                def.is_some_and(|d| d.rerun_safe),
-                def.is_some_and(|d| d.idempotent),
-            );
-            Resettle { how, denied }
-        })
-        .collect();
-    let settled: Vec<Value> = if fresh_calls {
-        Vec::new()
-    } else {
-        calls
+            ResumePoint::RunStepFresh { step } => {
+                // The step's turns landed but not its record: nothing was dispatched, run its calls fresh.
+                self.step = step;
+                self.iteration += 1;
+                calls = last_assistant
+                    .as_ref()
+                    .map(|t| t.calls.clone())
+                    .unwrap_or_default();
+                if calls.is_empty() {
+                    finish_plan = Some(self.last_text());
+                }
+                true
+            }
+        };
+        let a = self.reattachment();
+        a.calls = calls;
+        a.finish_plan = finish_plan;
+        a.last_assistant = last_assistant;
+        Reattached::Took { write: fresh }
+    }
+
+    /// The resumed step's record, with its calls in flight (run afresh: nothing was dispatched), before
+    /// any of them runs; `None` when there is nothing to write.
+    pub fn write_resumed_step(
+        &mut self,
+    ) -> Option<impl std::future::Future<Output = Option<storage::Result<Outcome<()>>>> + 'static>
+    {
+        let calls = self.reattachment().calls.clone();
+        self.publish_calls(&calls);
+        self.durable_step(Vec::new(), &calls)
+    }
+
+    /// Decide how the resumed step goes on: wait again for approvals a call still needs (SPEC §13),
+    /// finish on an answer the transcript holds, continue with the next step, or settle the calls in
+    /// flight per call (SPEC §6.2) as the step's tools effect.
+    pub fn resume(&mut self) -> Started {
+        let a = *self
+            .reattachment
+            .take()
+            .expect("a resume's effects follow its launch");
+        let Reattachment {
+            row,
+            point,
+            from_gen,
+            calls,
+            finish_plan,
+            last_assistant,
+            ..
+        } = a;
+        // A step parked on approvals (SPEC §13): while one of its calls needing approval is not released,
+        // none of the step's calls ran, so the run waits again (the gate requests only what was never
+        // requested, and applies a decision taken while no process held the run).
+        let approvals = row.approvals();
+        let waiting = calls.iter().any(|c| {
+            self.needs_approval(&c.tool) && !approvals.get(&c.call_id).is_some_and(|a| a.released)
+        });
+        if waiting {
+            self.publish(RunEvent::resumed(Vec::new(), Some(from_gen)));
+            self.current = last_assistant;
+            return Started::Tools;
+        }
+        let fresh_calls = matches!(point, ResumePoint::RunStepFresh { .. });
+        let settling: Vec<Resettle> = calls
             .iter()
-            .zip(&settling)
-            .map(|(c, s)| json!({"callId": c.call_id, "tool": c.tool, "how": s.how}))
-            .collect()
-    };
-    run.publish(RunEvent::resumed(settled, Some(a.from_gen.clone())));
-    if let Some(text) = finish_plan {
-        return Launched::Run(Box::new(run), Started::Finish(text));
+            .map(|call| {
+                // A released denial is the call's result whatever its settlement: it never ran.
+                let denied = approvals
+                    .get(&call.call_id)
+                    .and_then(|a| a.decided.clone())
+                    .filter(|d| d.decision == storage::ledger::Decision::Deny);
+                if fresh_calls {
+                    return Resettle {
+                        how: Settlement::Rerun,
+                        denied,
+                    };
+                }
+                let def = self.tool_defs.iter().find(|d| d.name == call.tool);
+                let how = decisions::settlement(
+                    def.is_some(),
+                    def.is_some_and(|d| d.side_effect_free),
+                    def.is_some_and(|d| d.rerun_safe),
+                    def.is_some_and(|d| d.idempotent),
+                );
+                Resettle { how, denied }
+            })
+            .collect();
+        let settled: Vec<Value> = if fresh_calls {
+            Vec::new()
+        } else {
+            calls
+                .iter()
+                .zip(&settling)
+                .map(|(c, s)| json!({"callId": c.call_id, "tool": c.tool, "how": s.how}))
+                .collect()
+        };
+        self.publish(RunEvent::resumed(settled, Some(from_gen)));
+        if let Some(text) = finish_plan {
+            return Started::Finish(text);
+        }
+        if calls.is_empty() {
+            return Started::Continue;
+        }
+        // The calls settle as the step's tools effect, like any step's: a hard stop aborts them.
+        self.current = last_assistant;
+        self.settling = Some(settling);
+        Started::Tools
     }
-    if calls.is_empty() {
-        return Launched::Run(Box::new(run), Started::Continue);
-    }
-    // The calls settle as the step's tools effect, like any step's: a hard stop aborts them.
-    run.current = last_assistant;
-    run.settling = Some(settling);
-    Launched::Run(Box::new(run), Started::Tools)
 }
 
 /// Continue the reply of a row this generation holds past its finishing gate, whose reply never went

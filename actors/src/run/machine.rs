@@ -14,7 +14,10 @@
 //!      │                                          └──Sealed (no reply to deliver)───────────────▶ Ended(Finished)
 //! ```
 //! A restart (and a fresh run its admission could not seed) commits its promotion and seed first:
-//! `Starting ──Started(Promote)──▶ Promoting ──Promoted──▶ (step boundary)`.
+//! `Starting ──Started(Promote)──▶ Promoting ──Promoted──▶ (step boundary)`. A resume re-attaches its
+//! workspace, writes the resumed step's record when its turns landed without it, then decides:
+//! `Starting ──Started(Reattach)──▶ Reattaching ──Reattached──▶ [Resuming ──StepWritten──▶] Starting
+//! ──Started──▶ …`.
 //! A fence (another generation owns the run, or it was killed) ends the run silently from any phase
 //! before the reply's record: no answer, no webhook, no record. A hard stop aborts a model call or tool
 //! calls in flight and concludes `stopped_hard`; a soft stop concludes at the next step boundary. A
@@ -30,6 +33,10 @@ pub enum Phase {
     Starting,
     /// The promotion and its seed are being committed.
     Promoting,
+    /// A resume takes its workspace.
+    Reattaching,
+    /// The resumed step's record (its calls, to run afresh) is being written.
+    Resuming,
     /// Between steps: the next [`Msg::Step`] decides (stop, drain, budget, or the model).
     Boundary,
     /// The model is being asked for the next step.
@@ -95,6 +102,8 @@ pub enum Started {
     Continue,
     /// A restart (or a fresh run its admission could not seed): commit the promotion and seed first.
     Promote,
+    /// A resume: re-attach the workspace first.
+    Reattach,
     /// A resume whose transcript already ends on the answer: finish without a model call.
     Finish(String),
     /// The run cannot go on (an unreadable plan, a missing workspace): conclude `failed`.
@@ -115,12 +124,27 @@ pub enum Started {
     Closed(End),
 }
 
+/// How a resume's re-attachment went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reattached {
+    /// The workspace is taken (or the run goes on without one); `write` when the resumed step's record
+    /// is still to be written (its turns landed without it).
+    Took { write: bool },
+    /// The ledger names another owner.
+    Fenced,
+    /// The run cannot go on (a bound workspace that cannot be taken, calls that are not the record's).
+    Fail(String),
+    /// The bound workspace is missing: the re-attachment closed the row as this says.
+    Closed(End),
+}
+
 /// What the run is told, by its own effects and from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
     Started(Started),
     /// The promotion's commit answered.
     Promoted(Written),
+    Reattached(Reattached),
     /// The shell's check at a step boundary: whether the run's deadline has passed.
     Step {
         past_deadline: bool,
@@ -175,6 +199,12 @@ pub enum Effect {
     NextStep,
     /// Commit the promotion and seed ([`Msg::Promoted`]).
     Promote,
+    /// Take the resumed run's workspace ([`Msg::Reattached`]).
+    Reattach,
+    /// Write the resumed step's record ([`Msg::StepWritten`]).
+    WriteResumedStep,
+    /// Decide how the resumed step goes on ([`Msg::Started`]).
+    Resume,
     /// Fold follow-ups into a pending results turn, ask the model ([`Msg::ModelAnswered`] /
     /// [`Msg::ModelFailed`]).
     CallModel,
@@ -271,6 +301,8 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             match phase {
                 // A write in flight answers for itself (its answer will be `Fenced`).
                 Phase::Promoting
+                | Phase::Reattaching
+                | Phase::Resuming
                 | Phase::Writing { .. }
                 | Phase::Folding
                 | Phase::Gating
@@ -315,6 +347,10 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
                 s.phase = Phase::Promoting;
                 fx.push(Effect::Promote);
             }
+            Started::Reattach => {
+                s.phase = Phase::Reattaching;
+                fx.push(Effect::Reattach);
+            }
             Started::Finish(text) => conclude(&mut s, &mut fx, Some(Ending::Answer(text.clone()))),
             Started::Fail(why) => conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone()))),
             Started::Tools => {
@@ -334,6 +370,29 @@ pub fn transition(state: &RunState, msg: &Msg) -> (RunState, Vec<Effect>) {
             Started::Fenced => end(&mut s, &mut fx, End::Fenced),
             Started::Lost => end(&mut s, &mut fx, End::StorageLost),
             Started::Closed(how) => end(&mut s, &mut fx, how.clone()),
+        },
+        (Msg::Reattached(how), Phase::Reattaching) => match how {
+            Reattached::Fenced => end(&mut s, &mut fx, End::Fenced),
+            Reattached::Closed(how) => end(&mut s, &mut fx, how.clone()),
+            Reattached::Took { .. } if s.fenced => end(&mut s, &mut fx, End::Fenced),
+            Reattached::Fail(why) => conclude(&mut s, &mut fx, Some(Ending::Failed(why.clone()))),
+            Reattached::Took { write: true } => {
+                s.phase = Phase::Resuming;
+                fx.push(Effect::WriteResumedStep);
+            }
+            Reattached::Took { write: false } => {
+                s.phase = Phase::Starting;
+                fx.push(Effect::Resume);
+            }
+        },
+        (Msg::StepWritten(written), Phase::Resuming) => match written {
+            Written::Fenced => end(&mut s, &mut fx, End::Fenced),
+            Written::Lost => end(&mut s, &mut fx, End::StorageLost),
+            Written::Ok if s.fenced => end(&mut s, &mut fx, End::Fenced),
+            Written::Ok => {
+                s.phase = Phase::Starting;
+                fx.push(Effect::Resume);
+            }
         },
         (Msg::Step { past_deadline }, Phase::Boundary) => {
             if s.fenced {
@@ -579,6 +638,21 @@ mod tests {
             ("a promotion without storage is lost",     at(P::Promoting), Msg::Promoted(Written::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
             ("a fence waits for the promotion",         at(P::Promoting), Msg::Fenced, vec![], P::Promoting),
             ("promoted after a fence ends silently",    with(P::Promoting, |s| s.fenced = true), Msg::Promoted(Written::Ok), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a resume re-attaches its workspace first", at(P::Starting), Msg::Started(Started::Reattach), vec![E::Reattach], P::Reattaching),
+            ("re-attached: the resume decides",         at(P::Reattaching), Msg::Reattached(Reattached::Took { write: false }), vec![E::Resume], P::Starting),
+            ("re-attached: the fresh step's record",    at(P::Reattaching), Msg::Reattached(Reattached::Took { write: true }), vec![E::WriteResumedStep], P::Resuming),
+            ("a workspace another owner holds: fenced", at(P::Reattaching), Msg::Reattached(Reattached::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a workspace not taken fails the run",     at(P::Reattaching), Msg::Reattached(Reattached::Fail("busy".into())), vec![E::PublishFailure("busy".into()), gate(S::Failed, None)], P::Gating),
+            ("a missing workspace closed the row",      at(P::Reattaching), Msg::Reattached(Reattached::Closed(End::Finished(S::Interrupted))), vec![E::End(End::Finished(S::Interrupted))], P::Ended(End::Finished(S::Interrupted))),
+            ("a fence waits for the re-attachment",     at(P::Reattaching), Msg::Fenced, vec![], P::Reattaching),
+            ("re-attached after a fence ends silently", with(P::Reattaching, |s| s.fenced = true), Msg::Reattached(Reattached::Took { write: true }), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a hard stop waits for the re-attachment", at(P::Reattaching), Msg::Stop(StopMode::Hard), vec![E::AnnounceStop(StopMode::Hard)], P::Reattaching),
+            ("the resumed step written: decide",        at(P::Resuming), Msg::StepWritten(Written::Ok), vec![E::Resume], P::Starting),
+            ("a fenced resumed step ends silently",     at(P::Resuming), Msg::StepWritten(Written::Fenced), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a resumed step without storage is lost",  at(P::Resuming), Msg::StepWritten(Written::Lost), vec![E::End(End::StorageLost)], P::Ended(End::StorageLost)),
+            ("a fence waits for the resumed step",      at(P::Resuming), Msg::Fenced, vec![], P::Resuming),
+            ("written after a fence ends silently",     with(P::Resuming, |s| s.fenced = true), Msg::StepWritten(Written::Ok), vec![E::End(End::Fenced)], P::Ended(End::Fenced)),
+            ("a decision after a fence is dropped",     with(P::Starting, |s| s.fenced = true), Msg::Fenced, vec![E::AbortInFlight, E::End(End::Fenced)], P::Ended(End::Fenced)),
             ("a hard stop waits for the promotion",     at(P::Promoting), Msg::Stop(StopMode::Hard), vec![E::AnnounceStop(StopMode::Hard)], P::Promoting),
             ("a panic in the tools ends panicked",      at(P::Tools), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),
             ("a panic while finishing ends panicked",   at(P::Recording), Msg::Panicked("boom".into()), vec![E::End(End::Panicked("boom".into()))], P::Ended(End::Panicked("boom".into()))),

@@ -359,6 +359,9 @@ pub struct Done {
 
 enum Completion {
     Launched(Launched),
+    Reattached(launch::Reattach),
+    /// A resume's decision ([`Run::resume`]), sent by the shell to itself.
+    Resumed(machine::Started),
     Promoted {
         answer: Option<storage::Result<storage::ledger::Outcome<()>>>,
         seeded: bool,
@@ -501,6 +504,24 @@ impl RunActor {
                 self.spawn(ctx, fut, |(answer, seeded)| Completion::Promoted {
                     answer,
                     seeded,
+                });
+            }
+            Effect::Reattach => {
+                let fut = self.run().reattach();
+                self.spawn(ctx, fut, Completion::Reattached);
+            }
+            Effect::WriteResumedStep => match self.run().write_resumed_step() {
+                Some(write) => self.spawn(ctx, write, Completion::StepWritten),
+                None => ctx.notify(Done {
+                    epoch: self.epoch,
+                    what: Completion::StepWritten(Some(Ok(Ok(())))),
+                }),
+            },
+            Effect::Resume => {
+                let started = self.run().resume();
+                ctx.notify(Done {
+                    epoch: self.epoch,
+                    what: Completion::Resumed(started),
                 });
             }
             Effect::CallModel => {
@@ -733,12 +754,7 @@ impl Handler<Done> for RunActor {
                 Msg::Started(machine::Started::Closed(end_of(reason)))
             }
             Completion::Launched(Launched::Run(run, started)) => {
-                self.state.last_text = run
-                    .turns
-                    .iter()
-                    .rev()
-                    .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
-                    .unwrap_or_default();
+                self.state.last_text = run.last_text();
                 if let Some(mode) = run.recorded_stop {
                     // Committed and announced by an earlier incarnation: it decides from the first step.
                     self.deps.registry.set_stop(&self.id, mode);
@@ -751,6 +767,22 @@ impl Handler<Done> for RunActor {
                 self.run = Some(run);
                 Msg::Started(started)
             }
+            Completion::Reattached(took) => Msg::Reattached(match took {
+                launch::Reattach::Took => {
+                    let run = self.run();
+                    let took = run.reattached();
+                    self.state.last_text = self.run().last_text();
+                    took
+                }
+                launch::Reattach::NotOwner => machine::Reattached::Fenced,
+                launch::Reattach::Failed(why) => machine::Reattached::Fail(why),
+                launch::Reattach::Closed(ended) => {
+                    let (reason, successor) = *ended;
+                    self.successor = successor;
+                    machine::Reattached::Closed(end_of(reason))
+                }
+            }),
+            Completion::Resumed(started) => Msg::Started(started),
             Completion::Promoted { answer, seeded } => {
                 let run = self.run();
                 let written = run.settle("promotion", answer);

@@ -92,6 +92,8 @@ pub(super) struct Run {
     /// How a resumed step's calls settle (SPEC §6.2), one per call of `current`, in order: set by the
     /// resume, taken by the tools effect that runs them.
     pub settling: Option<Vec<Resettle>>,
+    /// What a resume carries from its launch through its re-attachment effects.
+    pub reattachment: Option<Box<super::launch::Reattachment>>,
     /// The last step's write, held back when its turn answered and the run seals ([`Run::defer_step`]):
     /// it commits with the seal, or ahead of whatever the run writes next.
     pub unwritten: Option<StepWrite>,
@@ -157,6 +159,7 @@ impl Run {
             current: None,
             promotion: None,
             settling: None,
+            reattachment: None,
             workspace,
             workspace_taken: false,
             model_ms: 0,
@@ -169,6 +172,15 @@ impl Run {
             card: None,
             approval_nudge: Default::default(),
         }
+    }
+
+    /// The text of the transcript's last assistant turn (empty when none).
+    pub fn last_text(&self) -> String {
+        self.turns
+            .iter()
+            .rev()
+            .find_map(|t| AssistantTurn::from_turn(t).map(|a| a.text))
+            .unwrap_or_default()
     }
 
     pub fn now(&self) -> i64 {
