@@ -14,6 +14,7 @@ use actors::run::{AgentEntry, Request};
 use actors::supervisor::{AdmitError, AdmitMessage, Admitted, Supervisor, SupervisorConfig};
 use actors::token::TokenMinter;
 use actors::tools::Toolbox;
+use storage::record::RunStatus;
 use storage::{BackendSpec, MemoryStore, StorageHandle};
 
 struct Fixture {
@@ -24,9 +25,14 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
+    fixture_on(|_| BackendSpec::Memory(MemoryStore::new())).await
+}
+
+/// The fixture on the storage `spec` answers for its temporary directory.
+async fn fixture_on(spec: impl FnOnce(&std::path::Path) -> BackendSpec) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = storage::clock::system();
-    let storage = StorageHandle::start(BackendSpec::Memory(MemoryStore::new()), clock.clone());
+    let storage = StorageHandle::start(spec(dir.path()), clock.clone());
     let mut agents = HashMap::new();
     agents.insert(
         "demo".to_owned(),
@@ -135,4 +141,83 @@ async fn threads_admit_independently_and_a_draining_supervisor_refuses_new_runs(
     f.draining.store(true, std::sync::atomic::Ordering::SeqCst);
     let refused = f.supervisor.send(message("t9", "hello")).await.unwrap();
     assert_eq!(refused, Err(AdmitError::Draining));
+}
+
+/// A fresh run's inbox is empty when its admission commits, so a run nobody steers never reads it (issue
+/// 29: one reader round trip a run less), while a steer moves the storage's inbox epoch and the run reads
+/// and folds it. On SQLite, whose readers count each read they answer.
+#[actix_rt::test]
+async fn a_run_nobody_steers_never_reads_its_inbox_and_a_steered_one_folds_the_steer() {
+    let f = fixture_on(|dir| BackendSpec::Sqlite {
+        path: dir.join("switchboard.db"),
+        synchronous: storage::Synchronous::Normal,
+    })
+    .await;
+    let reads = || {
+        f.storage
+            .group_stats()
+            .pooled_reads
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    // Polls the run's record until its final record lands; answers it and how many reads the polls made.
+    let finished = |run_id: String| {
+        let storage = f.storage.clone();
+        async move {
+            for polls in 1.. {
+                let record = storage.get(run_id.clone()).await.expect("get");
+                if let Some(record) = record.filter(|r| r.head.status == RunStatus::Completed) {
+                    return (record, polls);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            unreachable!()
+        }
+    };
+    let inputs = |record: &storage::record::RunRecord| {
+        record
+            .events
+            .iter()
+            .filter(|e| e["type"] == "input")
+            .count()
+    };
+
+    let before = reads();
+    let Admitted::Started { run_id, .. } = f
+        .supervisor
+        .send(message("quiet", "steps=3 ms=0"))
+        .await
+        .expect("mailbox")
+        .expect("admitted")
+    else {
+        panic!("a fresh thread starts a run");
+    };
+    let (record, polls) = finished(run_id).await;
+    assert_eq!(inputs(&record), 1);
+    assert_eq!(
+        reads() - before,
+        polls,
+        "the only reads were this test's polls: the run read no inbox"
+    );
+
+    let Admitted::Started { run_id, .. } = f
+        .supervisor
+        .send(message("steered", "steps=3 ms=300"))
+        .await
+        .expect("mailbox")
+        .expect("admitted")
+    else {
+        panic!("a fresh thread starts a run");
+    };
+    let steer = f
+        .supervisor
+        .send(message("steered", "and this"))
+        .await
+        .expect("mailbox")
+        .expect("admitted");
+    assert!(
+        matches!(&steer, Admitted::Steered { run_id: id, .. } if *id == run_id),
+        "{steer:?}"
+    );
+    let (record, _) = finished(run_id).await;
+    assert_eq!(inputs(&record), 2, "the steer was folded into the run");
 }

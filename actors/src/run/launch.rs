@@ -84,9 +84,13 @@ pub(super) async fn fresh(deps: RunDeps, fresh: Box<Fresh>) -> Launched {
         agent,
         tool_defs,
         seeded,
+        inbox_epoch,
     } = *fresh;
     let deadline = started_at + agent.budget_ms;
     let mut run = Run::new(deps, id, meta, deadline, agent, tool_defs);
+    // As if read empty when it was admitted: no inbox row of the run can predate its admission.
+    run.inbox_read_at
+        .store(inbox_epoch, std::sync::atomic::Ordering::SeqCst);
     run.card = request.chat_thread().map(|thread| CardPlace {
         thread,
         handle: None,

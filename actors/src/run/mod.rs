@@ -293,6 +293,8 @@ pub struct Fresh {
     pub tool_defs: Arc<[crate::agent::ToolDef]>,
     /// The admission committed the promotion and seed ([`opening`]).
     pub seeded: bool,
+    /// The storage's inbox epoch loaded before the admission's commit, when the run's inbox was empty.
+    pub inbox_epoch: u64,
 }
 
 impl Launch {

@@ -229,6 +229,9 @@ async fn admit(
             first_events.len() as u64,
             shared.lease_ms,
         );
+        // Loaded before the commit that creates the run: its inbox was empty then, so its first read can
+        // be skipped until an inbox write moves the epoch ([`crate::run::Run::read_inbox`]).
+        let inbox_epoch = shared.storage.inbox_epoch();
         let committing = std::time::Instant::now();
         let (outcome, seeded) = shared
             .storage
@@ -263,6 +266,7 @@ async fn admit(
                     agent: agent.clone(),
                     tool_defs: tool_defs.clone(),
                     seeded,
+                    inbox_epoch,
                 }))));
                 Ok(Admitted::Started { run_id, token })
             }
