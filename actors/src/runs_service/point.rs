@@ -101,7 +101,8 @@ pub struct LiveRowView {
 
 /// Where a point read found a run.
 enum Found {
-    Registry(RunRow),
+    /// A registry row, with its final record's summary once a finished row's record landed.
+    Registry(RunRow, Option<Box<RunListItem>>),
     /// A ledger row, as its listing shows it.
     Ledger(Box<RunView>),
     Store(RunListItem),
@@ -149,10 +150,35 @@ impl RunsService {
             return Err(RunsError::NotFound);
         }
         if let Some(row) = self.registry.row(id) {
-            if self.is_killed(id).await {
+            if row.finished_at.is_none() {
+                if self.is_killed(id).await {
+                    return Err(RunsError::NotFound);
+                }
+                return Ok(Found::Registry(row, None));
+            }
+            // A finished row: its kill state (known to a fresh listing, else read) and its final record
+            // once it landed, in one read.
+            let known = self.fresh_listing().and_then(|l| l.killed(id));
+            let read = match known {
+                Some(true) => return Err(RunsError::NotFound),
+                Some(false) => self
+                    .source
+                    .get_summary(id.to_owned())
+                    .await
+                    .map(|item| (item, false)),
+                None => self.source.get_summary_and_killed(id.to_owned()).await,
+            };
+            let (killed, record) = match read {
+                Ok((item, killed)) => (killed, item.filter(|i| !i.head.provisional).map(Box::new)),
+                Err(e) => {
+                    tracing::warn!(run_id = id, error = %e, "history store read failed; serving the registry row");
+                    (false, None)
+                }
+            };
+            if killed {
                 return Err(RunsError::NotFound);
             }
-            return Ok(Found::Registry(row));
+            return Ok(Found::Registry(row, record));
         }
         if let Ok(listing) = self.live_listing().await {
             if listing.killed.contains(id) {
@@ -181,21 +207,6 @@ impl RunsService {
         }
     }
 
-    /// A finished registry row overlaid with its final record, once the store holds it. A store failure is
-    /// one warning and the registry row as it is.
-    async fn overlay_record(&self, view: &mut RunView) {
-        if !view.finished {
-            return;
-        }
-        match self.source.get_summary(view.id.clone()).await {
-            Ok(Some(item)) if !item.head.provisional => view.merge_record(&item.head),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(run_id = %view.id, error = %e, "history store read failed; serving the registry row")
-            }
-        }
-    }
-
     /// `get_run` (SPEC §7): one run's view, with its events when asked.
     pub async fn get_run(
         &self,
@@ -218,12 +229,15 @@ impl RunsService {
         visible_to: &VisibilityFilter,
     ) -> RunsResult<RunView> {
         match self.find(id).await? {
-            Found::Registry(row) => {
+            Found::Registry(row, record) => {
                 let mut view = RunView::from_registry(&row);
                 if !view.visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
-                self.overlay_record(&mut view).await;
+                // A finished row overlaid with its final record, once the store holds it.
+                if let Some(item) = &record {
+                    view.merge_record(&item.head);
+                }
                 if include_events {
                     // Taken after the row: the events cover at least what the row counted.
                     match self.registry.snapshot(id) {
@@ -312,7 +326,7 @@ impl RunsService {
     ) -> RunsResult<EventPage> {
         let limit = limit.unwrap_or(EVENTS_PAGE_MAX).clamp(1, EVENTS_PAGE_MAX);
         match self.find(id).await? {
-            Found::Registry(row) => {
+            Found::Registry(row, _) => {
                 if !RunView::from_registry(&row).visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
@@ -379,7 +393,7 @@ impl RunsService {
         visible_to: &VisibilityFilter,
     ) -> RunsResult<Friction> {
         match self.find(id).await? {
-            Found::Registry(row) => {
+            Found::Registry(row, _) => {
                 if !RunView::from_registry(&row).visible_to(visible_to) {
                     return Err(RunsError::NotFound);
                 }
@@ -1259,6 +1273,46 @@ mod tests {
             .stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &all)
             .await;
         assert_eq!(stop, Err(RunsError::NotFound), "{id}");
+    }
+
+    /// A finished registry row's point read asks its kill state and its final record in one read (the
+    /// read a client polls after a run's end until it is persisted, issue 29), and serves it merged.
+    #[tokio::test]
+    async fn a_finished_registry_rows_kill_state_and_record_come_in_one_read() {
+        let f = fixture();
+        f.local("done", "c1", NOW - 900, Some(NOW - 100));
+        let view = f
+            .svc
+            .get_run("done", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(view.persisted, None, "no record yet");
+        f.put(record(
+            "done",
+            "c1",
+            NOW - 900,
+            NOW - 100,
+            false,
+            events(2, NOW - 100),
+        ));
+        let view = f
+            .svc
+            .get_run("done", false, &VisibilityFilter::All)
+            .await
+            .unwrap();
+        assert_eq!(view.persisted, Some(true), "merged with its record");
+        assert_eq!(f.double.summary_and_kill_calls.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            f.double.summary_calls.load(Ordering::SeqCst),
+            2,
+            "no other summary read"
+        );
+        assert_eq!(f.double.kill_reads(), 2, "no other kill read");
+        f.kill_elsewhere("done");
+        assert_eq!(
+            f.svc.get_run("done", false, &VisibilityFilter::All).await,
+            Err(RunsError::NotFound)
+        );
     }
 
     #[tokio::test]

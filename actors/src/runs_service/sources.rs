@@ -36,6 +36,8 @@ pub trait RunSource: Send + Sync + 'static {
     ) -> SourceFuture<'_, Option<Vec<Value>>>;
     /// Which of `ids` carry a deletion fence (SPEC §5.6), sorted and each once.
     fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>>;
+    /// [`RunSource::get_summary`] and whether [`RunSource::killed_among`] names the run, in one read.
+    fn get_summary_and_killed(&self, id: String) -> SourceFuture<'_, (Option<RunListItem>, bool)>;
 }
 
 impl RunSource for StorageHandle {
@@ -72,5 +74,8 @@ impl RunSource for StorageHandle {
     }
     fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>> {
         Box::pin(StorageHandle::killed_among(self, ids))
+    }
+    fn get_summary_and_killed(&self, id: String) -> SourceFuture<'_, (Option<RunListItem>, bool)> {
+        Box::pin(StorageHandle::get_summary_and_killed(self, id))
     }
 }

@@ -35,6 +35,8 @@ pub(super) struct Double {
     pub(super) fail_kills: Arc<AtomicBool>,
     /// Every `killed_among` question, in order.
     pub(super) kill_questions: Arc<Mutex<Vec<Vec<String>>>>,
+    /// `get_summary_and_killed` calls (each also counted as a summary call and a kill question).
+    pub(super) summary_and_kill_calls: Arc<AtomicUsize>,
 }
 
 impl Double {
@@ -52,6 +54,7 @@ impl Double {
             live_event_calls: Arc::default(),
             fail_kills: Arc::default(),
             kill_questions: Arc::default(),
+            summary_and_kill_calls: Arc::default(),
         }
     }
 
@@ -137,6 +140,12 @@ impl RunSource for Double {
             ))));
         }
         self.ledger(move |m| m.killed_among(&ids))
+    }
+    fn get_summary_and_killed(&self, id: String) -> SourceFuture<'_, (Option<RunListItem>, bool)> {
+        self.summary_and_kill_calls.fetch_add(1, Ordering::SeqCst);
+        let summary = self.get_summary(id.clone());
+        let killed = self.killed_among(vec![id]);
+        Box::pin(async move { Ok((summary.await?, !killed.await?.is_empty())) })
     }
 }
 

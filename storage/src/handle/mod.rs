@@ -751,6 +751,17 @@ impl StorageHandle {
             .await
     }
 
+    /// A run's stored summary and whether it carries a deletion fence, in one read (a finished run's
+    /// point read needs both).
+    pub async fn get_summary_and_killed(&self, id: String) -> Result<(Option<RunListItem>, bool)> {
+        self.read(move |b, now| {
+            let item = b.get_summary(&id, now)?;
+            let killed = !b.killed_among(std::slice::from_ref(&id))?.is_empty();
+            Ok((item, killed))
+        })
+        .await
+    }
+
     /// Which of `run_ids` carry a deletion fence (sorted, each once): one read for a whole listing.
     pub async fn killed_among(&self, run_ids: Vec<String>) -> Result<Vec<String>> {
         self.read(move |b, _| b.killed_among(&run_ids)).await
