@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 use storage::ledger::ReceiptKey;
 use storage::record::VisibilityFilter;
+use storage::RunId;
 use utoipa::ToSchema;
 
 use super::{api, messages, resource};
@@ -82,7 +83,7 @@ pub async fn retry_run(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = state.auth.require(&req, MESSAGES_WRITE)?;
-    let run_id = path.into_inner();
+    let run_id = RunId::from(path.into_inner());
     if body.len() > super::runs::BODY_LIMIT {
         return Err(ApiError::PayloadTooLarge(format!(
             "body over {} bytes",
@@ -153,7 +154,11 @@ async fn original_request(
     run_id: &str,
     visible_to: &VisibilityFilter,
 ) -> Result<Request, ApiError> {
-    let view = match state.runs.get_run(run_id, false, visible_to).await {
+    let view = match state
+        .runs
+        .get_run(&RunId::from(run_id), false, visible_to)
+        .await
+    {
         Ok(view) => view,
         // A run the caller cannot see is, to it, a run that does not exist.
         Err(RunsError::NotFound | RunsError::Forbidden(_) | RunsError::Conflict(_)) => {
@@ -164,7 +169,7 @@ async fn original_request(
     let live_text = if view.finished {
         None
     } else {
-        match state.storage.get_live(run_id.to_owned()).await {
+        match state.storage.get_live(RunId::from(run_id)).await {
             // An unreadable request (no `meta.request`) falls back to the events, as a finished run's.
             Ok(row) => row.as_ref().and_then(Request::of_row).map(|r| r.text),
             Err(e) => {
@@ -192,7 +197,7 @@ async fn recorded_text(
     loop {
         let page = state
             .runs
-            .get_run_events(run_id, after, Some(limit), visible_to)
+            .get_run_events(&RunId::from(run_id), after, Some(limit), visible_to)
             .await
             .map_err(|e| match e {
                 RunsError::NotFound | RunsError::Forbidden(_) | RunsError::Conflict(_) => {
