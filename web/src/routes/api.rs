@@ -52,12 +52,12 @@ pub fn query_map(req: &HttpRequest) -> Result<HashMap<String, String>, ApiError>
 /// The capability token in `q` when it verifies for `run_id`.
 pub fn capability<'a>(
     state: &AppState,
-    run_id: &str,
+    run_id: &RunId,
     q: &'a HashMap<String, String>,
 ) -> Option<&'a str> {
     q.get("token")
         .map(String::as_str)
-        .filter(|t| state.tokens.verify(&RunId::from(run_id), t))
+        .filter(|t| state.tokens.verify(run_id, t))
 }
 
 /// Who may read: a valid capability token for `run_id` sees that run (`all`); otherwise the caller
@@ -65,7 +65,7 @@ pub fn capability<'a>(
 pub fn reader(
     req: &HttpRequest,
     state: &AppState,
-    run_id: Option<&str>,
+    run_id: Option<&RunId>,
     q: &HashMap<String, String>,
 ) -> Result<VisibilityFilter, ApiError> {
     if run_id.is_some_and(|id| capability(state, id, q).is_some()) {

@@ -151,14 +151,10 @@ fn parse_retry(body: &[u8]) -> Result<Option<String>, ApiError> {
 /// The request run `run_id` was admitted with, to run again: a new run's `parentRunId` is `run_id`.
 async fn original_request(
     state: &AppState,
-    run_id: &str,
+    run_id: &RunId,
     visible_to: &VisibilityFilter,
 ) -> Result<Request, ApiError> {
-    let view = match state
-        .runs
-        .get_run(&RunId::from(run_id), false, visible_to)
-        .await
-    {
+    let view = match state.runs.get_run(run_id, false, visible_to).await {
         Ok(view) => view,
         // A run the caller cannot see is, to it, a run that does not exist.
         Err(RunsError::NotFound | RunsError::Forbidden(_) | RunsError::Conflict(_)) => {
@@ -169,11 +165,11 @@ async fn original_request(
     let live_text = if view.finished {
         None
     } else {
-        match state.storage.get_live(RunId::from(run_id)).await {
+        match state.storage.get_live(run_id.clone()).await {
             // An unreadable request (no `meta.request`) falls back to the events, as a finished run's.
             Ok(row) => row.as_ref().and_then(Request::of_row).map(|r| r.text),
             Err(e) => {
-                tracing::warn!(run_id, error = %e, "retry: ledger read unavailable");
+                tracing::warn!(%run_id, error = %e, "retry: ledger read unavailable");
                 return Err(ApiError::Unavailable("storage unavailable".into()));
             }
         }
@@ -189,7 +185,7 @@ async fn original_request(
 /// The text of the run's first `input` event with `source: "request"`.
 async fn recorded_text(
     state: &AppState,
-    run_id: &str,
+    run_id: &RunId,
     visible_to: &VisibilityFilter,
 ) -> Result<String, ApiError> {
     let mut after = 0;
@@ -197,7 +193,7 @@ async fn recorded_text(
     loop {
         let page = state
             .runs
-            .get_run_events(&RunId::from(run_id), after, Some(limit), visible_to)
+            .get_run_events(run_id, after, Some(limit), visible_to)
             .await
             .map_err(|e| match e {
                 RunsError::NotFound | RunsError::Forbidden(_) | RunsError::Conflict(_) => {
