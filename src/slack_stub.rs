@@ -35,6 +35,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use storage::RunId;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use serde_json::{json, Value};
@@ -87,7 +88,7 @@ pub struct StubMessage {
     pub text: String,
     pub kind: MessageKind,
     /// `metadata.event_payload.run_id` of the post, if any.
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     /// The Stop button's value in its current blocks.
     pub stop_button: Option<String>,
     /// Its current blocks as sent.
@@ -554,7 +555,7 @@ fn answer(
                     ts: ts.clone(),
                     text,
                     kind,
-                    run_id,
+                    run_id: run_id.map(RunId::from),
                     stop_button: blocks.as_ref().and_then(stop_button),
                     blocks,
                     edits: Vec::new(),

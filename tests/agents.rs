@@ -227,7 +227,7 @@ async fn a_call_to_a_tool_outside_the_allowlist_is_not_available_and_a_permanent
         !app.dir
             .path()
             .join("workspaces")
-            .join(&record.head.id)
+            .join(record.head.id.as_str())
             .join("x")
             .exists(),
         "nothing was written"

@@ -8,6 +8,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::record::{validate_record, RunRecord, RunStatus};
@@ -122,7 +123,7 @@ async fn runs_cli_sends_its_bearer_token() {
 fn rows_left(db: &Path, id: &str) -> Vec<(&'static str, u64)> {
     let mut store = SqliteStore::open_read_only(db).expect("open the database read-only");
     store
-        .rows_of_run(id)
+        .rows_of_run(&RunId::from(id))
         .expect("count rows")
         .into_iter()
         .filter(|(_, n)| *n > 0)

@@ -12,6 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::record::{RunRecord, RunStatus};
@@ -202,7 +203,7 @@ fn final_record(data: &Path, run_id: &str) -> RunRecord {
     wait_for(&format!("the final record of {run_id}"), || {
         SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal)
             .ok()?
-            .get(run_id, now_ms())
+            .get(&RunId::from(run_id), now_ms())
             .ok()
             .flatten()
             .filter(|r| !r.head.provisional)

@@ -6,6 +6,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::ledger::{RunLedger, StopMode};
@@ -35,7 +36,7 @@ fn wait_for<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
 /// The live events the ledger holds for a run (empty once it finished).
 fn live_events(data: &Path, run_id: &str) -> Vec<Value> {
     db(data)
-        .live_events(run_id, 0, 100_000)
+        .live_events(&RunId::from(run_id), 0, 100_000)
         .unwrap()
         .unwrap_or_default()
 }
@@ -43,7 +44,7 @@ fn live_events(data: &Path, run_id: &str) -> Vec<Value> {
 fn final_record(data: &Path, run_id: &str) -> RunRecord {
     wait_for(&format!("the final record of {run_id}"), || {
         db(data)
-            .get(run_id, now_ms())
+            .get(&RunId::from(run_id), now_ms())
             .unwrap()
             .filter(|r| !r.head.provisional)
     })
@@ -95,7 +96,7 @@ fn crash_mid_step_resumes_under_the_same_id_with_one_contiguous_stream() {
         let evs = live_events(&data, &run_id);
         (count(&evs, "resumed") == 1).then_some(()).or_else(|| {
             db(&data)
-                .get(&run_id, now_ms())
+                .get(&RunId::from(&run_id), now_ms())
                 .unwrap()
                 .filter(|r| !r.head.provisional)
                 .map(|_| ())
@@ -171,7 +172,7 @@ fn a_followup_a_step_consumed_keeps_its_one_input_event_across_a_kill() {
     // with that step, whatever the flusher had not written yet.
     wait_for("a step consuming the follow-ups", || {
         db(&data)
-            .last_step(&run_id)
+            .last_step(&RunId::from(&run_id))
             .unwrap()
             .and_then(|s| s.inbox_consumed_seq)
             .filter(|&seq| seq >= 3)
@@ -270,7 +271,7 @@ fn sigterm_hands_a_resumable_run_off_and_the_next_process_resumes_it_at_once() {
     );
     // The handed-off row is taken at once (its lease is still current).
     let row = db(&data)
-        .get_live(&run_id)
+        .get_live(&RunId::from(&run_id))
         .unwrap()
         .expect("the row waits for the next process");
     assert_eq!(row.phase, storage::ledger::Phase::Handoff);
@@ -354,7 +355,7 @@ fn a_paused_process_whose_rows_were_reclaimed_goes_silent() {
     let _b = Proc::start(&data, &fast);
     // The paused process is alive: its rows wait for the lease to expire, then the sweep takes them.
     wait_for("the reclaim by the newer process", || {
-        let row = db(&data).get_live(&run_id).unwrap();
+        let row = db(&data).get_live(&RunId::from(&run_id)).unwrap();
         let taken = row.is_none_or(|r| !r.owner_gen.is_empty() && !a.logged(&r.owner_gen));
         taken.then_some(())
     });
@@ -403,7 +404,7 @@ fn a_hard_stop_recorded_before_the_crash_closes_stopped_hard_and_never_runs_agai
     a.crash();
     // The stop lands on the ledger after the owner died (as one from another process would).
     db(&data)
-        .request_stop(&run_id, StopMode::Hard, now_ms())
+        .request_stop(&RunId::from(&run_id), StopMode::Hard, now_ms())
         .unwrap()
         .unwrap();
     let _b = Proc::start(&data, &[]);

@@ -10,6 +10,7 @@
 mod support;
 
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::{RunStore, SqliteStore, Synchronous};
@@ -73,9 +74,12 @@ fn a_run_killed_through_another_process_disappears_from_this_processs_reads_with
     );
     let mut db = SqliteStore::open(&data.join("switchboard.db"), Synchronous::Normal)
         .expect("open the database");
-    assert!(storage::ledger::RunLedger::is_killed(&mut db, &doomed).unwrap());
+    assert!(storage::ledger::RunLedger::is_killed(&mut db, &RunId::from(&doomed)).unwrap());
     wait_for("B's purge of the record", DEADLINE, || {
-        db.get(&doomed, now_ms()).unwrap().is_none().then_some(())
+        db.get(&RunId::from(&doomed), now_ms())
+            .unwrap()
+            .is_none()
+            .then_some(())
     });
     assert_eq!(
         get(&b, &format!("/api/runs/{doomed}")).0,

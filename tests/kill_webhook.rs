@@ -17,6 +17,7 @@ mod support;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use storage::RunId;
 
 use futures_util::FutureExt;
 use serde_json::Value;
@@ -75,11 +76,11 @@ async fn wait_purged(app: &TestApp, run_id: &str) {
     );
     wait_until(DEADLINE, move || {
         let (s, id) = (storage.clone(), id.clone());
-        let discarded = registry.row(&id).is_none();
+        let discarded = registry.row(&RunId::from(&id)).is_none();
         async move {
-            let gone = s.get_live(id.clone()).await.ok()?.is_none()
-                && s.get(id.clone()).await.ok()?.is_none();
-            (discarded && gone && s.is_killed(id).await.ok()?).then_some(())
+            let gone = s.get_live(RunId::from(id.clone())).await.ok()?.is_none()
+                && s.get(RunId::from(id.clone())).await.ok()?.is_none();
+            (discarded && gone && s.is_killed(RunId::from(id)).await.ok()?).then_some(())
         }
     })
     .await
@@ -97,7 +98,7 @@ const ARMED_TOO_LATE: u8 = 2;
 const ROW_GONE: u8 = 3;
 
 /// Queue one watch job on the storage thread (see the module docs). `first` marks the job that arms it.
-fn watch(storage: StorageHandle, run_id: String, state: Arc<AtomicU8>, first: bool) {
+fn watch(storage: StorageHandle, run_id: RunId, state: Arc<AtomicU8>, first: bool) {
     let next = storage.clone();
     let job = storage.transact_for_test(move |b, now| {
         match b.get_live(&run_id)? {
@@ -141,7 +142,7 @@ async fn a_kill_landing_after_the_finishing_gate_sends_no_webhook_and_leaves_no_
     let state = Arc::new(AtomicU8::new(WATCHING));
     watch(
         app.running.storage.clone(),
-        run_id.clone(),
+        RunId::from(run_id.clone()),
         state.clone(),
         true,
     );

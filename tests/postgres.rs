@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::record::{RunRecord, RunStatus};
@@ -240,7 +241,7 @@ fn three_hosts_on_one_database_resume_a_killed_hosts_runs_after_the_lease_once_e
                 Duration::from_secs(20),
                 || {
                     store
-                        .get(id, now_ms())
+                        .get(&RunId::from(id), now_ms())
                         .expect("read")
                         .filter(|r| !r.head.provisional)
                 },

@@ -9,6 +9,7 @@ mod support;
 
 use std::path::Path;
 use std::time::Duration;
+use storage::RunId;
 
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
@@ -240,8 +241,10 @@ fn a_kill_sent_to_one_host_purges_another_hosts_run_mid_tool_call_and_no_host_se
             async move {
                 let purged = tokio::task::spawn_blocking(move || {
                     let mut s = PgStore::open(&url).expect("open");
-                    s.get_live(&id).expect("live row").is_none()
-                        && s.get(&id, i64::MAX / 2).expect("record").is_none()
+                    s.get_live(&RunId::from(&id)).expect("live row").is_none()
+                        && s.get(&RunId::from(&id), i64::MAX / 2)
+                            .expect("record")
+                            .is_none()
                 })
                 .await
                 .expect("read");

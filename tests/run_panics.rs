@@ -5,6 +5,7 @@ mod support;
 
 use serde_json::{json, Value};
 use storage::record::RunStatus;
+use storage::RunId;
 use support::types;
 
 /// A side-effect-free tool that panics the first time it runs (a crash inside a run actor).
@@ -61,7 +62,7 @@ async fn a_run_actor_that_panics_is_restarted_through_the_resume_path_and_finish
     let record = support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
         async move {
-            s.get(id)
+            s.get(RunId::from(id))
                 .await
                 .ok()
                 .flatten()
@@ -192,7 +193,7 @@ async fn a_task_left_by_a_panicked_run_cannot_write_after_the_readoption() {
     let record = support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
         async move {
-            s.get(id)
+            s.get(RunId::from(id))
                 .await
                 .ok()
                 .flatten()
@@ -293,7 +294,7 @@ async fn a_run_that_panics_past_the_restart_policy_closes_failed_and_frees_its_t
     let record = support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
         async move {
-            s.get(id)
+            s.get(RunId::from(id))
                 .await
                 .ok()
                 .flatten()

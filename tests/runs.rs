@@ -4,6 +4,7 @@ mod support;
 
 use serde_json::{json, Value};
 use storage::record::RunStatus;
+use storage::RunId;
 use support::{types, TestApp};
 
 #[actix_web::test]
@@ -54,7 +55,11 @@ async fn a_three_step_demo_run_completes_with_its_events_in_seq_order() {
     );
     // The ledger row is gone: the thread is free, and one record is stored.
     assert_eq!(
-        app.running.storage.get_live(run_id.clone()).await.unwrap(),
+        app.running
+            .storage
+            .get_live(RunId::from(run_id.clone()))
+            .await
+            .unwrap(),
         None
     );
     let page = app
@@ -70,7 +75,7 @@ async fn a_three_step_demo_run_completes_with_its_events_in_seq_order() {
     assert!(app
         .running
         .storage
-        .read_transcript(run_id.clone())
+        .read_transcript(RunId::from(run_id.clone()))
         .await
         .unwrap()
         .turns
@@ -222,13 +227,18 @@ async fn a_fenced_run_writes_no_record_from_the_fenced_process() {
     let registry = app.running.registry.clone();
     let id = run_id.clone();
     support::wait_until(std::time::Duration::from_secs(30), move || {
-        let gone = registry.row(&id).is_none();
+        let gone = registry.row(&RunId::from(&id)).is_none();
         async move { gone.then_some(()) }
     })
     .await
     .expect("the fenced run left the registry");
     app.running.history.settled().await;
-    let stored = app.running.storage.get(run_id.clone()).await.unwrap();
+    let stored = app
+        .running
+        .storage
+        .get(RunId::from(run_id.clone()))
+        .await
+        .unwrap();
     assert!(
         stored.is_none_or(|r| r.head.provisional),
         "no final record from the fenced process"
@@ -236,7 +246,7 @@ async fn a_fenced_run_writes_no_record_from_the_fenced_process() {
     let row = app
         .running
         .storage
-        .get_live(run_id)
+        .get_live(RunId::from(run_id))
         .await
         .unwrap()
         .expect("the row stays with its new owner");
@@ -428,8 +438,8 @@ async fn a_killed_live_run_leaves_no_record_no_rows_and_no_workspace() {
     support::wait_until(std::time::Duration::from_secs(30), move || {
         let (s, id) = (storage.clone(), id.clone());
         async move {
-            let gone = s.get_live(id.clone()).await.unwrap().is_none()
-                && s.get(id).await.unwrap().is_none();
+            let gone = s.get_live(RunId::from(id.clone())).await.unwrap().is_none()
+                && s.get(RunId::from(id)).await.unwrap().is_none();
             gone.then_some(())
         }
     })
@@ -444,11 +454,20 @@ async fn a_killed_live_run_leaves_no_record_no_rows_and_no_workspace() {
     .expect("workspace deleted");
     app.running.history.settled().await;
     assert_eq!(
-        app.running.storage.get(run_id.clone()).await.unwrap(),
+        app.running
+            .storage
+            .get(RunId::from(run_id.clone()))
+            .await
+            .unwrap(),
         None,
         "no record, ever"
     );
-    assert!(app.running.storage.is_killed(run_id.clone()).await.unwrap());
+    assert!(app
+        .running
+        .storage
+        .is_killed(RunId::from(run_id.clone()))
+        .await
+        .unwrap());
     // The thread is free again.
     let next = app.start_run("tk", "steps=1 ms=0").await;
     assert_eq!(
@@ -480,7 +499,7 @@ async fn the_workspace_is_taken_by_the_first_step_with_effects_and_never_without
     let row = app
         .running
         .storage
-        .get_live(busy.clone())
+        .get_live(RunId::from(busy.clone()))
         .await
         .unwrap()
         .expect("live");
@@ -539,7 +558,14 @@ async fn killing_a_finished_run_removes_its_record_and_an_unknown_id_is_404() {
     app.final_record(&run_id).await;
     let (status, _) = kill(&app, &run_id).await;
     assert_eq!(status, 202);
-    assert_eq!(app.running.storage.get(run_id.clone()).await.unwrap(), None);
+    assert_eq!(
+        app.running
+            .storage
+            .get(RunId::from(run_id.clone()))
+            .await
+            .unwrap(),
+        None
+    );
     assert_eq!(kill(&app, "no-such-run").await.0, 404);
 }
 
@@ -573,7 +599,7 @@ async fn a_drain_writes_a_provisional_snapshot_for_a_run_it_could_not_hand_off_b
     let row = app
         .running
         .storage
-        .get_live(run_id.clone())
+        .get_live(RunId::from(run_id.clone()))
         .await
         .unwrap()
         .expect("still live while delivering");
@@ -583,7 +609,7 @@ async fn a_drain_writes_a_provisional_snapshot_for_a_run_it_could_not_hand_off_b
     assert!(report.handed_off.is_empty(), "{report:?}");
     assert_eq!(report.abandoned, vec![run_id.clone()]);
     let record = storage
-        .get(run_id.clone())
+        .get(RunId::from(run_id.clone()))
         .await
         .unwrap()
         .expect("a provisional record");
@@ -594,7 +620,11 @@ async fn a_drain_writes_a_provisional_snapshot_for_a_run_it_could_not_hand_off_b
     assert_eq!(record.head.stored_event_count, record.head.event_count);
     assert!(record.head.event_count >= 4, "{:?}", record.head);
     assert!(
-        storage.get_live(run_id).await.unwrap().is_some(),
+        storage
+            .get_live(RunId::from(run_id))
+            .await
+            .unwrap()
+            .is_some(),
         "the row stays for the next process to close"
     );
 }

@@ -8,6 +8,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::record::{RunRecord, RunStatus};
@@ -90,7 +91,7 @@ fn db(data: &Path) -> SqliteStore {
 fn final_record(data: &Path, run_id: &str) -> RunRecord {
     wait_for(&format!("the final record of {run_id}"), || {
         db(data)
-            .get(run_id, now_ms())
+            .get(&RunId::from(run_id), now_ms())
             .unwrap()
             .filter(|r| !r.head.provisional)
     })
@@ -112,7 +113,9 @@ fn card_shows(stub: &SlackStub, ts: &str, prefix: &str) -> StubMessage {
 fn past_two_steps(data: &Path, run_id: &str) {
     use storage::ledger::RunLedger;
     wait_for("two durable steps", || {
-        let events = db(data).live_events(run_id, 0, 100_000).ok()??;
+        let events = db(data)
+            .live_events(&RunId::from(run_id), 0, 100_000)
+            .ok()??;
         (events.iter().filter(|e| e["type"] == "assistant").count() >= 2).then_some(())
     })
 }
@@ -582,7 +585,7 @@ fn a_card_left_open_when_its_run_ended_is_closed_by_the_sweep() {
     card_shows(&stub, &card.ts, "✅ demo · done · 2 steps");
     wait_for("the sweep to mark the record's card closed", || {
         let r = db(&data)
-            .get(card.run_id.as_deref().unwrap(), now_ms())
+            .get(&RunId::from(card.run_id.as_deref().unwrap()), now_ms())
             .unwrap()?;
         (r.head.extra["cardClosed"] == json!(true)).then_some(())
     });

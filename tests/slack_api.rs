@@ -3,6 +3,7 @@
 //! waited out by `patiently`, and the bot token shows nowhere.
 
 use std::time::Duration;
+use storage::RunId;
 
 use actors::channel::slack::SlackIo;
 use actors::channel::{patiently, CardHandle, ChannelError, ChannelIo, Frame, ThreadRef};
@@ -110,7 +111,7 @@ async fn an_edit_changes_the_cards_text_and_is_listed_in_order() {
 async fn a_reply_lands_in_the_thread_as_a_reply() {
     let stub = SlackStub::start().expect("start the stub");
     let io = io_for(&stub);
-    io.reply(&thread(), "run-1", "the answer is 42")
+    io.reply(&thread(), &RunId::from("run-1"), "the answer is 42")
         .await
         .expect("reply");
     let replies = stub.replies_in(THREAD_TS);
@@ -125,7 +126,7 @@ async fn a_reply_lands_in_the_thread_as_a_reply() {
 async fn a_reply_longer_than_slack_allows_is_cut_not_refused() {
     let stub = SlackStub::start().expect("start the stub");
     let io = io_for(&stub);
-    io.reply(&thread(), "run-1", &"a".repeat(60_000))
+    io.reply(&thread(), &RunId::from("run-1"), &"a".repeat(60_000))
         .await
         .expect("reply");
     let replies = stub.replies_in(THREAD_TS);
@@ -201,7 +202,7 @@ async fn a_wrong_token_is_invalid_auth() {
         "xoxb-not-the-right-token".into(),
     );
     assert_eq!(
-        io.reply(&thread(), "run-1", "hello").await,
+        io.reply(&thread(), &RunId::from("run-1"), "hello").await,
         Err(ChannelError::Api("invalid_auth".into()))
     );
     assert!(stub.messages().is_empty());
@@ -220,7 +221,7 @@ async fn a_missing_channel_is_channel_not_found() {
     assert_eq!(err, ChannelError::ChannelNotFound);
     assert!(err.no_card_here());
     assert_eq!(
-        io.reply(&thread(), "run-1", "hello").await,
+        io.reply(&thread(), &RunId::from("run-1"), "hello").await,
         Err(ChannelError::ChannelNotFound)
     );
     assert!(stub.messages().is_empty());
@@ -282,17 +283,34 @@ async fn a_posted_card_is_found_by_its_run_in_its_thread_and_no_other() {
     let stub = SlackStub::start().expect("start the stub");
     let io = SlackIo::new(reqwest::Client::new(), &stub.url(), stub.token().to_owned());
     let posted = io.post_card(&thread(), &live("⏳ demo")).await.unwrap();
-    io.reply(&thread(), "run-1", "an answer").await.unwrap();
+    io.reply(&thread(), &RunId::from("run-1"), "an answer")
+        .await
+        .unwrap();
     assert_eq!(
-        io.find_card(&thread(), "run-1").await.unwrap(),
+        io.find_card(&thread(), &RunId::from("run-1"))
+            .await
+            .unwrap(),
         Some(posted.clone())
     );
-    assert_eq!(io.find_card(&thread(), "run-2").await.unwrap(), None);
+    assert_eq!(
+        io.find_card(&thread(), &RunId::from("run-2"))
+            .await
+            .unwrap(),
+        None
+    );
     let other = ThreadRef {
         channel: "C0GENERAL".into(),
         thread_ts: "1.000000".into(),
     };
-    assert_eq!(io.find_card(&other, "run-1").await.unwrap(), None);
+    assert_eq!(
+        io.find_card(&other, &RunId::from("run-1")).await.unwrap(),
+        None
+    );
     assert!(stub.delete(&posted.ts));
-    assert_eq!(io.find_card(&thread(), "run-1").await.unwrap(), None);
+    assert_eq!(
+        io.find_card(&thread(), &RunId::from("run-1"))
+            .await
+            .unwrap(),
+        None
+    );
 }

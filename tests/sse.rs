@@ -4,6 +4,7 @@
 mod support;
 
 use std::time::Duration;
+use storage::RunId;
 
 use futures_util::StreamExt;
 use serde_json::json;
@@ -114,7 +115,7 @@ async fn a_finished_run_replays_then_ends_from_the_registry_and_from_the_store()
     assert_eq!(seqs(&events), stored);
     assert_eq!(end.unwrap().data["status"], "completed");
     // Served from the store once the registry let it go; `afterSeq` skips what the client has.
-    app.running.registry.discard(&id);
+    app.running.registry.discard(&RunId::from(&id));
     let (_, reader) = app
         .sse(&format!("/api/runs/{id}/stream?afterSeq=3"), None, None)
         .await;
@@ -148,7 +149,14 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
     // The publisher stands in for a run actor: a live registry row, published to the way a run does.
     let id = "slow-viewer-run";
     let meta = public_meta("flood");
-    registry.create(id, meta, 1_000, "capability".into(), vec![], 1);
+    registry.create(
+        &RunId::from(id),
+        meta,
+        1_000,
+        "capability".into(),
+        vec![],
+        1,
+    );
     assert_eq!(registry.subscriber_count(), 0);
 
     // Open the stream and never read it while the flood goes on.
@@ -178,7 +186,7 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
         );
         let t = Instant::now();
         let stamped = registry.publish(
-            id,
+            &RunId::from(id),
             json!({"type": "note", "kind": "filler", "summary": filler}),
         );
         slowest = slowest.max(t.elapsed());
@@ -201,7 +209,7 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
         flood.elapsed()
     );
     // The run is still live, and every event was counted.
-    let row = registry.row(id).expect("the row");
+    let row = registry.row(&RunId::from(id)).expect("the row");
     assert_eq!((row.finished_at, row.event_count), (None, published));
 
     // Now read: a contiguous prefix from seq 1, then the server closes the stream — no `end`, since the
@@ -225,7 +233,7 @@ async fn a_slow_stream_is_dropped_by_the_server_and_never_slows_the_run() {
     );
 
     // The browser reconnects with Last-Event-ID: the rest, with no gap and no duplicate, then `end`.
-    registry.finish(id, RunStatus::Completed, 2_000);
+    registry.finish(&RunId::from(id), RunStatus::Completed, 2_000);
     let (status, reader) = app
         .sse(&format!("/api/runs/{id}/stream"), None, Some(last))
         .await;
@@ -252,7 +260,14 @@ async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_
     let registry = app.running.registry.clone();
     let id = "stalled-viewers-run";
     let meta = public_meta("large");
-    registry.create(id, meta, 1_000, "capability".into(), vec![], 1);
+    registry.create(
+        &RunId::from(id),
+        meta,
+        1_000,
+        "capability".into(),
+        vec![],
+        1,
+    );
     // Viewers that send their request and never read a byte (a small receive buffer, as a stalled phone).
     let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
     let mut stalled = Vec::new();
@@ -292,7 +307,7 @@ async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_
             registry.subscriber_count()
         );
         registry.publish(
-            id,
+            &RunId::from(id),
             json!({"type": "note", "kind": "large", "summary": text}),
         );
         published += 1;
@@ -317,7 +332,7 @@ async fn many_stalled_streams_of_large_events_are_dropped_and_pin_nothing_while_
         "{body}"
     );
 
-    registry.finish(id, RunStatus::Completed, 2_000);
+    registry.finish(&RunId::from(id), RunStatus::Completed, 2_000);
     let (events, end) = reading.await.unwrap();
     assert_eq!(
         seqs(&events),

@@ -5,6 +5,7 @@
 mod support;
 
 use std::time::Duration;
+use storage::RunId;
 
 use support::{counting_webhook, wait_until, TestApp};
 
@@ -38,7 +39,7 @@ async fn a_run_whose_storage_goes_away_past_the_lease_is_readopted_and_answers_o
     assert!(app
         .running
         .registry
-        .row(&run_id)
+        .row(&RunId::from(&run_id))
         .is_some_and(|r| r.finished_at.is_none()));
     app.running.storage.inject_outage(false);
 

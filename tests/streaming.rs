@@ -7,6 +7,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use storage::RunId;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
 use futures_util::StreamExt;
@@ -246,7 +247,7 @@ async fn a_streaming_agent_sends_deltas_to_viewers_before_the_answer_and_stores_
     let full = app
         .running
         .storage
-        .get(run_id.clone())
+        .get(RunId::from(run_id.clone()))
         .await
         .unwrap()
         .unwrap();

@@ -27,6 +27,7 @@
 //! | 5xx, connect error, timeout | back off, retry while the deadline allows  | at the deadline: `false`, the last failure and `(gave up after 3 attempts: delivery deadline of 30000 ms)` |
 
 use std::time::Duration;
+use storage::RunId;
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -216,7 +217,7 @@ pub async fn deliver(
     url: &str,
     secret: Option<&[u8]>,
     deadline: Duration,
-    run_id: &str,
+    run_id: &RunId,
     body: &Value,
     now_secs: impl Fn() -> i64,
 ) -> (bool, Option<String>) {
@@ -247,7 +248,7 @@ pub async fn deliver_with(
     url: &str,
     secret: Option<&[u8]>,
     policy: RetryPolicy,
-    run_id: &str,
+    run_id: &RunId,
     body: &Value,
     now_secs: impl Fn() -> i64,
 ) -> Reply {
@@ -266,7 +267,7 @@ pub async fn deliver_guarded<G, F>(
     url: &str,
     secret: Option<&[u8]>,
     policy: RetryPolicy,
-    run_id: &str,
+    run_id: &RunId,
     body: &Value,
     now_secs: impl Fn() -> i64,
     mut proceed: G,
@@ -308,7 +309,7 @@ where
         }
         if !proceed().await {
             tracing::info!(
-                run_id,
+                %run_id,
                 attempts,
                 "webhook delivery withheld before an attempt"
             );
@@ -345,7 +346,7 @@ where
         backoff = backoff.saturating_mul(2);
         if started.elapsed() + wait >= policy.deadline {
             tracing::info!(
-                run_id,
+                %run_id,
                 attempts,
                 deadline_ms = deadline_ms as u64,
                 "webhook delivery gave up: {why}"
@@ -359,7 +360,7 @@ where
             };
         }
         tracing::debug!(
-            run_id,
+            %run_id,
             attempts,
             wait_ms = wait.as_millis() as u64,
             "webhook delivery will retry: {why}"

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use storage::RunId;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message};
 use serde_json::Value;
@@ -28,7 +29,7 @@ pub const FLUSH_EVENTS: usize = 32;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Push {
-    pub run_id: String,
+    pub run_id: RunId,
     pub gen: String,
     pub event: Value,
 }
@@ -36,26 +37,26 @@ pub struct Push {
 /// Append everything pending for one run now (answers when the append settled).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct FlushRun(pub String);
+pub struct FlushRun(pub RunId);
 
 /// Drop whatever is pending for a finished run: its record carries every event already.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Forget(pub String);
+pub struct Forget(pub RunId);
 
 /// A durable step of `run_id` committed the events of these seqs: a pending copy of one (a
 /// `tool_result` is published to both) is not appended again.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Committed {
-    pub run_id: String,
+    pub run_id: RunId,
     pub seqs: Vec<u64>,
 }
 
 pub struct Flusher {
     storage: StorageHandle,
     /// Run id → (the generation of its latest push, its pending events in push order).
-    pending: BTreeMap<String, (String, Vec<Value>)>,
+    pending: BTreeMap<RunId, (String, Vec<Value>)>,
     /// Batches refused or failed; shared with the metrics.
     failures: Arc<AtomicU64>,
     /// How often every pending batch is appended ([`FLUSH_INTERVAL`] or [`SHARED_FLUSH_INTERVAL`]; tests set it).
@@ -87,7 +88,7 @@ impl Flusher {
         }
     }
 
-    fn take(&mut self, run_id: &str) -> Option<(String, Vec<Value>)> {
+    fn take(&mut self, run_id: &RunId) -> Option<(String, Vec<Value>)> {
         self.pending
             .remove(run_id)
             .filter(|(_, evs)| !evs.is_empty())
@@ -95,7 +96,7 @@ impl Flusher {
 
     fn append(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         events: Vec<Value>,
     ) -> impl std::future::Future<Output = ()> + 'static {
@@ -109,7 +110,7 @@ impl Flusher {
                 // was assembled from every event it published, these included, so nothing is missing.
                 Ok(Err(Refusal::UnknownRun { .. })) => {
                     tracing::debug!(
-                        run_id,
+                        %run_id,
                         generation = gen,
                         events = n,
                         "event batch after the run ended; its record holds them"
@@ -117,11 +118,11 @@ impl Flusher {
                 }
                 Ok(Err(refusal)) => {
                     failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(run_id, generation = gen, events = n, %refusal, "event batch refused by the ledger");
+                    tracing::warn!(%run_id, generation = gen, events = n, %refusal, "event batch refused by the ledger");
                 }
                 Err(e) => {
                     failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(run_id, generation = gen, events = n, error = %e, "event batch failed");
+                    tracing::warn!(%run_id, generation = gen, events = n, error = %e, "event batch failed");
                 }
             }
         }
@@ -133,7 +134,7 @@ impl Actor for Flusher {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.run_interval(self.every, |act, ctx| {
-            let ids: Vec<String> = act.pending.keys().cloned().collect();
+            let ids: Vec<RunId> = act.pending.keys().cloned().collect();
             for id in ids {
                 if let Some((gen, events)) = act.take(&id) {
                     ctx.spawn(actix::fut::wrap_future(act.append(id, gen, events)));

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+use storage::RunId;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient, StreamHandler};
 use storage::ledger::{Refusal, StopMode};
@@ -30,7 +31,7 @@ pub enum HeartbeatNews {
 #[derive(Message, Debug, Clone, PartialEq)]
 #[rtype(result = "()")]
 pub struct RunNews {
-    pub run_id: String,
+    pub run_id: RunId,
     pub news: HeartbeatNews,
 }
 
@@ -38,13 +39,13 @@ pub struct RunNews {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Track {
-    pub run_id: String,
+    pub run_id: RunId,
     pub gen: String,
 }
 
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Untrack(pub String);
+pub struct Untrack(pub RunId);
 
 struct Tracked {
     gen: String,
@@ -55,7 +56,7 @@ pub struct Heartbeat {
     storage: StorageHandle,
     every: Duration,
     lease_ms: i64,
-    runs: BTreeMap<String, Tracked>,
+    runs: BTreeMap<RunId, Tracked>,
     /// Where news goes: the supervisor.
     report: Recipient<RunNews>,
     /// Cross-host news, until `started` turns it into a stream ([`Heartbeat::with_news`]).
@@ -83,7 +84,7 @@ impl Heartbeat {
 /// Beat once for one run; answers what to tell it.
 async fn beat(
     storage: StorageHandle,
-    run_id: String,
+    run_id: RunId,
     gen: String,
     lease_ms: i64,
 ) -> Option<HeartbeatNews> {
@@ -94,11 +95,11 @@ async fn beat(
         Ok(Ok(answer)) => answer.stop.map(HeartbeatNews::Stop),
         Ok(Err(Refusal::Fenced { .. } | Refusal::UnknownRun { .. })) => Some(HeartbeatNews::Fenced),
         Ok(Err(refusal)) => {
-            tracing::warn!(run_id, generation = gen, %refusal, "heartbeat refused");
+            tracing::warn!(%run_id, generation = gen, %refusal, "heartbeat refused");
             None
         }
         Err(e) => {
-            tracing::warn!(run_id, generation = gen, error = %e, "heartbeat failed; retrying next tick");
+            tracing::warn!(%run_id, generation = gen, error = %e, "heartbeat failed; retrying next tick");
             None
         }
     }
@@ -114,7 +115,7 @@ impl Heartbeat {
     }
 
     /// Beat `run_id` now (if tracked) and relay what the ledger answers.
-    fn beat_run(&self, run_id: &str, ctx: &mut Context<Self>) {
+    fn beat_run(&self, run_id: &RunId, ctx: &mut Context<Self>) {
         let Some(t) = self.runs.get(run_id) else {
             return;
         };
@@ -173,7 +174,7 @@ impl Actor for Heartbeat {
 /// What cross-host news asks of the heartbeat.
 enum Wake {
     /// A stop or kill was written for this run.
-    Run(String),
+    Run(RunId),
     /// Notes may have been missed.
     All,
 }
@@ -251,7 +252,7 @@ mod tests {
     const WITNESS_GEN: &str = "20260101T000000Z-00000003";
     const EVERY: Duration = Duration::from_millis(10);
 
-    type Routes = Arc<std::sync::Mutex<BTreeMap<String, mpsc::UnboundedSender<HeartbeatNews>>>>;
+    type Routes = Arc<std::sync::Mutex<BTreeMap<RunId, mpsc::UnboundedSender<HeartbeatNews>>>>;
 
     /// Stands in for the supervisor: passes each run's news to that run's channel in the test.
     struct Probe(Routes);

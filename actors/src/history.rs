@@ -51,6 +51,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+use storage::RunId;
 
 use futures_util::future::BoxFuture;
 use storage::ledger::{Outcome, Refusal, Successor};
@@ -155,7 +156,7 @@ pub trait HistorySink: Send + Sync + 'static {
 
     /// Read back the stored listing row (reconciling an uncertain write). Must observe any write whose
     /// reply was already reported (lost or not) before this call.
-    fn read_back(&self, id: String) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>>;
+    fn read_back(&self, id: RunId) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>>;
 }
 
 /// The storage actor as a sink. Errors map as [`SinkError`]'s `From<storage::Error>` documents.
@@ -185,7 +186,7 @@ impl HistorySink for StorageHandle {
         })
     }
 
-    fn read_back(&self, id: String) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>> {
+    fn read_back(&self, id: RunId) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>> {
         let handle = self.clone();
         Box::pin(async move { handle.get_summary(id).await.map_err(SinkError::from) })
     }
@@ -278,10 +279,10 @@ impl WriteTicket {
 #[derive(Default)]
 struct Ids {
     /// Ids whose final write was accepted, and their acceptance order for the bound.
-    finals: BTreeSet<String>,
-    finals_order: VecDeque<String>,
+    finals: BTreeSet<RunId>,
+    finals_order: VecDeque<RunId>,
     /// Per id with unsettled writes: the attempt gate and how many writes use it. Removed at zero.
-    gates: BTreeMap<String, Gate>,
+    gates: BTreeMap<RunId, Gate>,
 }
 
 struct Gate {
@@ -292,7 +293,7 @@ struct Gate {
 }
 
 impl Ids {
-    fn accept_final(&mut self, id: &str) {
+    fn accept_final(&mut self, id: &RunId) {
         if self.finals.insert(id.to_owned()) {
             self.finals_order.push_back(id.to_owned());
             while self.finals_order.len() > FINALS_REMEMBERED {
@@ -303,7 +304,7 @@ impl Ids {
         }
     }
 
-    fn join(&mut self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn join(&mut self, id: &RunId) -> Arc<tokio::sync::Mutex<()>> {
         let gate = self.gates.entry(id.to_owned()).or_insert_with(|| Gate {
             writes: 0,
             turn: Arc::new(tokio::sync::Mutex::new(())),
@@ -312,7 +313,7 @@ impl Ids {
         gate.turn.clone()
     }
 
-    fn leave(&mut self, id: &str) {
+    fn leave(&mut self, id: &RunId) {
         if let Some(gate) = self.gates.get_mut(id) {
             gate.writes = gate.writes.saturating_sub(1);
             if gate.writes == 0 {
@@ -485,7 +486,7 @@ impl HistoryWriter {
 
     /// The runs with a final record still being written (accepted, not yet settled): their ledger
     /// `finish` may still commit, so this process still drives them.
-    pub fn final_writes_pending(&self) -> Vec<String> {
+    pub fn final_writes_pending(&self) -> Vec<RunId> {
         let ids = self.inner.lock_ids();
         ids.gates
             .keys()
@@ -518,7 +519,7 @@ impl Inner {
         self.ids.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn final_accepted(&self, id: &str) -> bool {
+    fn final_accepted(&self, id: &RunId) -> bool {
         self.lock_ids().finals.contains(id)
     }
 
@@ -531,7 +532,7 @@ impl Inner {
         mut finals: watch::Receiver<u64>,
         attempts: &mut u32,
     ) -> WriteOutcome {
-        let id = record.head.id.as_str();
+        let id = &record.head.id;
         let provisional = record.head.provisional;
         let mut record = std::borrow::Cow::Borrowed(record);
         let mut spent = 0;
@@ -619,7 +620,7 @@ impl Inner {
         spent: &mut usize,
         finals: &mut watch::Receiver<u64>,
     ) -> Reconcile {
-        let id = record.head.id.as_str();
+        let id = &record.head.id;
         let provisional = record.head.provisional;
         loop {
             match self.sink.read_back(id.to_owned()).await {
@@ -663,7 +664,7 @@ impl Inner {
     async fn pause(
         &self,
         spent: &mut usize,
-        id: &str,
+        id: &RunId,
         provisional: bool,
         finals: &mut watch::Receiver<u64>,
     ) -> Pause {
@@ -726,7 +727,7 @@ fn matches_request(row: &RunListItem, record: &RunRecord) -> bool {
 /// as lost, so the drain never waits on a write that cannot finish.
 struct Settle {
     inner: Arc<Inner>,
-    id: String,
+    id: RunId,
     outcome: watch::Sender<Option<WriteOutcome>>,
     attempts: u32,
     done: bool,
@@ -818,7 +819,7 @@ mod tests {
     enum Call {
         Put(RunRecord),
         Finish(String, RunRecord),
-        ReadBack(String),
+        ReadBack(RunId),
     }
 
     /// A sink that answers queues of programmed results (success once a queue is empty) and records
@@ -898,7 +899,7 @@ mod tests {
         }
         fn read_back(
             &self,
-            id: String,
+            id: RunId,
         ) -> BoxFuture<'static, Result<Option<RunListItem>, SinkError>> {
             self.log(Call::ReadBack(id));
             let answer = self

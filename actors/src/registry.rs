@@ -21,6 +21,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use storage::RunId;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -97,8 +98,8 @@ pub const LANDED_MEMORY_MS: i64 = 2_000;
 /// Ids of recently landed runs, oldest first; bounded by the landing rate times [`LANDED_MEMORY_MS`].
 #[derive(Default)]
 struct Landed {
-    order: VecDeque<(i64, String)>,
-    ids: std::collections::HashSet<String>,
+    order: VecDeque<(i64, RunId)>,
+    ids: std::collections::HashSet<RunId>,
 }
 
 impl Landed {
@@ -114,7 +115,7 @@ impl Landed {
 /// A run's row as readers see it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRow {
-    pub id: String,
+    pub id: RunId,
     pub meta: RunMeta,
     pub started_at: i64,
     pub finished_at: Option<i64>,
@@ -148,12 +149,12 @@ impl Entry {
     }
 
     /// Hand `p` to every subscriber; one that has no room is dropped (its queue released at once).
-    fn fan_out(&mut self, id: &str, p: &Arc<Published>) {
+    fn fan_out(&mut self, id: &RunId, p: &Arc<Published>) {
         self.subscribers
             .retain(|s| match s.try_send(p.clone(), p.bytes()) {
                 Ok(()) => true,
                 Err(SendError::Overflow) => {
-                    tracing::warn!(run_id = id, "dropped a subscriber that fell behind");
+                    tracing::warn!(run_id = %id, "dropped a subscriber that fell behind");
                     false
                 }
                 Err(SendError::Closed) => false,
@@ -169,7 +170,7 @@ fn values(events: Vec<Arc<Published>>) -> Vec<Value> {
 /// Shared handle; clones see one registry.
 #[derive(Clone)]
 pub struct Registry {
-    inner: Arc<Mutex<HashMap<String, Entry>>>,
+    inner: Arc<Mutex<HashMap<RunId, Entry>>>,
     /// Runs whose record landed in the last [`LANDED_MEMORY_MS`]: a ledger listing cached before the
     /// landing still shows them live, and readers must not serve that (see [`Registry::recently_landed`]).
     landed: Arc<Mutex<Landed>>,
@@ -212,7 +213,7 @@ impl Registry {
         &self.redactor
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<RunId, Entry>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -220,7 +221,7 @@ impl Registry {
     /// continues at `next_seq` (at least one past the highest replayed).
     pub fn create(
         &self,
-        id: &str,
+        id: &RunId,
         meta: RunMeta,
         started_at: i64,
         token: String,
@@ -289,7 +290,7 @@ impl Registry {
     }
 
     /// Stamp `event` with the next seq and `at`, keep it, fan it out; answers the stamped event.
-    pub fn publish(&self, id: &str, event: Value) -> Option<Value> {
+    pub fn publish(&self, id: &RunId, event: Value) -> Option<Value> {
         let now = self.clock.now_ms();
         let mut map = self.lock();
         let entry = map.get_mut(id)?;
@@ -301,7 +302,7 @@ impl Registry {
     /// `event` stamped as the run's next event (seq, time, redaction, cap) but not published: a record
     /// sealed before its last event is shown carries it, and [`Registry::publish_stamped`] then shows it
     /// exactly so. `None` for a run not here.
-    pub fn stamp(&self, id: &str, event: Value) -> Option<Value> {
+    pub fn stamp(&self, id: &RunId, event: Value) -> Option<Value> {
         let now = self.clock.now_ms();
         let last = self.lock().get(id)?.last_seq;
         Some(self.stamped(last + 1, now, event))
@@ -309,7 +310,7 @@ impl Registry {
 
     /// Publish an event [`Registry::stamp`] stamped, as stamped. `false` (nothing shown) when the run is
     /// not here or another event took that seq meanwhile.
-    pub fn publish_stamped(&self, id: &str, event: Value) -> bool {
+    pub fn publish_stamped(&self, id: &RunId, event: Value) -> bool {
         let mut map = self.lock();
         let Some(entry) = map.get_mut(id) else {
             return false;
@@ -331,7 +332,7 @@ impl Registry {
     }
 
     /// Keep a stamped event as the run's next and send it to the live subscribers.
-    fn show(&self, id: &str, entry: &mut Entry, event: Value) {
+    fn show(&self, id: &RunId, entry: &mut Entry, event: Value) {
         entry.last_seq = storage::record::event_seq(&event).unwrap_or(entry.last_seq + 1);
         entry.row.event_count += 1;
         entry.row.marks.observe(&event);
@@ -342,7 +343,7 @@ impl Registry {
 
     /// Send an ephemeral frame (a streamed `assistant_delta`) to this run's live subscribers: no seq, never
     /// stored, never replayed; a subscriber that fell behind is dropped as for any event.
-    pub fn broadcast(&self, id: &str, frame: Value) {
+    pub fn broadcast(&self, id: &RunId, frame: Value) {
         let mut map = self.lock();
         let Some(entry) = map.get_mut(id) else { return };
         if !entry.subscribers.is_empty() {
@@ -354,7 +355,7 @@ impl Registry {
     /// and a subscription to the ones published from now on.
     pub fn subscribe(
         &self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
     ) -> Option<(Vec<Arc<Published>>, Subscription, bool)> {
         let mut map = self.lock();
@@ -389,7 +390,7 @@ impl Registry {
             .sum()
     }
 
-    pub fn row(&self, id: &str) -> Option<RunRow> {
+    pub fn row(&self, id: &RunId) -> Option<RunRow> {
         self.lock().get(id).map(|e| e.row.clone())
     }
 
@@ -398,7 +399,7 @@ impl Registry {
     }
 
     /// Call `f` with the backlog's events, read in place under the lock (no copy: keep `f` short).
-    pub fn with_backlog<R>(&self, id: &str, f: impl FnOnce(&[&Value]) -> R) -> Option<R> {
+    pub fn with_backlog<R>(&self, id: &RunId, f: impl FnOnce(&[&Value]) -> R) -> Option<R> {
         let map = self.lock();
         let entry = map.get(id)?;
         let events: Vec<&Value> = entry
@@ -411,20 +412,20 @@ impl Registry {
     }
 
     /// The row and every backlog event.
-    pub fn snapshot(&self, id: &str) -> Option<(RunRow, Vec<Value>)> {
+    pub fn snapshot(&self, id: &RunId) -> Option<(RunRow, Vec<Value>)> {
         let (row, events) = self.lock().get(id).map(|e| (e.row.clone(), e.events()))?;
         Some((row, values(events)))
     }
 
-    pub fn token(&self, id: &str) -> Option<String> {
+    pub fn token(&self, id: &RunId) -> Option<String> {
         self.lock().get(id).map(|e| e.token.clone())
     }
 
-    pub fn last_seq(&self, id: &str) -> Option<u64> {
+    pub fn last_seq(&self, id: &RunId) -> Option<u64> {
         self.lock().get(id).map(|e| e.last_seq)
     }
 
-    pub fn set_stop(&self, id: &str, stop: StopMode) {
+    pub fn set_stop(&self, id: &RunId, stop: StopMode) {
         if let Some(e) = self.lock().get_mut(id) {
             e.row.stop = Some(e.row.stop.map_or(stop, |s| s.max(stop)));
         }
@@ -432,7 +433,7 @@ impl Registry {
 
     /// Mark the run finished; each subscriber gets the run's end ([`Published::as_end`]) as its last
     /// frame, then its queue closes.
-    pub fn finish(&self, id: &str, status: RunStatus, finished_at: i64) {
+    pub fn finish(&self, id: &RunId, status: RunStatus, finished_at: i64) {
         if let Some(e) = self.lock().get_mut(id) {
             e.row.status = Some(status);
             e.row.finished_at = Some(finished_at);
@@ -445,7 +446,7 @@ impl Registry {
     /// The run's final record landed: the store serves it from now on, so the registry forgets it at
     /// once. Holding finished runs for a while would make memory grow with the admission rate, not with
     /// the live runs (about 15 KB a run at 500 runs/s over a minute).
-    pub fn landed(&self, id: &str) {
+    pub fn landed(&self, id: &RunId) {
         let now = self.clock.now_ms();
         let mut landed = self.landed.lock().unwrap_or_else(|p| p.into_inner());
         landed.forget_before(now - LANDED_MEMORY_MS);
@@ -457,14 +458,14 @@ impl Registry {
 
     /// Whether `id`'s record landed in the last [`LANDED_MEMORY_MS`] — here, or on another host as its
     /// news said: a ledger row of it in a listing cached before that is stale, and the store serves it.
-    pub fn recently_landed(&self, id: &str) -> bool {
+    pub fn recently_landed(&self, id: &RunId) -> bool {
         let mut landed = self.landed.lock().unwrap_or_else(|p| p.into_inner());
         landed.forget_before(self.clock.now_ms() - LANDED_MEMORY_MS);
         landed.ids.contains(id)
     }
 
     /// Forget a run entirely (a fenced or killed run, or one handed to another process).
-    pub fn discard(&self, id: &str) {
+    pub fn discard(&self, id: &RunId) {
         self.lock().remove(id);
     }
 
@@ -500,13 +501,15 @@ mod tests {
     fn publish_stamps_monotonic_seqs_and_fans_out() {
         let clock = ManualClock::new(1000);
         let r = Registry::new(Arc::new(clock.clone()));
-        r.create("r1", meta(), 1000, "tok".into(), vec![], 1);
-        let (backlog, mut rx, finished) = r.subscribe("r1", 0).unwrap();
+        r.create(&RunId::from("r1"), meta(), 1000, "tok".into(), vec![], 1);
+        let (backlog, mut rx, finished) = r.subscribe(&RunId::from("r1"), 0).unwrap();
         assert!(backlog.is_empty() && !finished);
-        let a = r.publish("r1", json!({"type": "run_meta"})).unwrap();
+        let a = r
+            .publish(&RunId::from("r1"), json!({"type": "run_meta"}))
+            .unwrap();
         clock.advance(5);
         let b = r
-            .publish("r1", json!({"type": "input", "text": "hi"}))
+            .publish(&RunId::from("r1"), json!({"type": "input", "text": "hi"}))
             .unwrap();
         assert_eq!(
             (a["seq"].as_u64(), b["seq"].as_u64(), b["at"].as_i64()),
@@ -514,7 +517,7 @@ mod tests {
         );
         assert_eq!(rx.try_recv().unwrap().event["seq"], 1);
         assert_eq!(rx.try_recv().unwrap().event["seq"], 2);
-        assert_eq!(r.row("r1").unwrap().event_count, 2);
+        assert_eq!(r.row(&RunId::from("r1")).unwrap().event_count, 2);
     }
 
     /// A sealed run's answer: stamped before its record commits, shown after exactly as stamped — unless
@@ -523,10 +526,10 @@ mod tests {
     fn a_stamped_event_is_shown_as_stamped_and_a_finish_ends_the_queue_with_the_end() {
         let clock = ManualClock::new(1000);
         let r = Registry::new(Arc::new(clock.clone()));
-        r.create("r1", meta(), 1000, "tok".into(), vec![], 1);
-        let (_, mut rx, _) = r.subscribe("r1", 0).unwrap();
+        r.create(&RunId::from("r1"), meta(), 1000, "tok".into(), vec![], 1);
+        let (_, mut rx, _) = r.subscribe(&RunId::from("r1"), 0).unwrap();
         let stamped = r
-            .stamp("r1", json!({"type": "answer", "text": "a"}))
+            .stamp(&RunId::from("r1"), json!({"type": "answer", "text": "a"}))
             .unwrap();
         assert_eq!(
             (stamped["seq"].as_u64(), stamped["at"].as_i64()),
@@ -534,17 +537,21 @@ mod tests {
         );
         assert!(rx.try_recv().is_none(), "stamped, not shown");
         clock.advance(7);
-        assert!(r.publish_stamped("r1", stamped.clone()));
+        assert!(r.publish_stamped(&RunId::from("r1"), stamped.clone()));
         assert_eq!(rx.try_recv().unwrap().event, stamped, "shown as stamped");
-        assert_eq!(r.row("r1").unwrap().event_count, 1);
+        assert_eq!(r.row(&RunId::from("r1")).unwrap().event_count, 1);
         let late = r
-            .stamp("r1", json!({"type": "answer", "text": "b"}))
+            .stamp(&RunId::from("r1"), json!({"type": "answer", "text": "b"}))
             .unwrap();
-        r.publish("r1", json!({"type": "note"})).unwrap();
-        assert!(!r.publish_stamped("r1", late), "its seq was taken");
+        r.publish(&RunId::from("r1"), json!({"type": "note"}))
+            .unwrap();
+        assert!(
+            !r.publish_stamped(&RunId::from("r1"), late),
+            "its seq was taken"
+        );
         assert_eq!(rx.try_recv().unwrap().event["type"], "note");
 
-        r.finish("r1", RunStatus::Completed, 1010);
+        r.finish(&RunId::from("r1"), RunStatus::Completed, 1010);
         let end = rx.try_recv().unwrap();
         assert_eq!(end.as_end(), Some((RunStatus::Completed, 1010)));
         assert_eq!(
@@ -558,13 +565,13 @@ mod tests {
     #[test]
     fn a_bounded_backlog_keeps_the_protected_head_and_the_newest() {
         let r = Registry::with_backlog_limit(Arc::new(ManualClock::new(0)), 6);
-        r.create("r", meta(), 0, "t".into(), vec![], 1);
-        r.publish("r", json!({"type": "run_meta"}));
-        r.publish("r", json!({"type": "input"}));
+        r.create(&RunId::from("r"), meta(), 0, "t".into(), vec![], 1);
+        r.publish(&RunId::from("r"), json!({"type": "run_meta"}));
+        r.publish(&RunId::from("r"), json!({"type": "input"}));
         for i in 0..10 {
-            r.publish("r", json!({"type": "note", "i": i}));
+            r.publish(&RunId::from("r"), json!({"type": "note", "i": i}));
         }
-        let (row, events) = r.snapshot("r").unwrap();
+        let (row, events) = r.snapshot(&RunId::from("r")).unwrap();
         let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
         assert_eq!(seqs, [1, 2, 9, 10, 11, 12]);
         assert_eq!(
@@ -581,11 +588,12 @@ mod tests {
             json!({"type": "input", "seq": 2}),
             json!({"type": "assistant", "seq": 7}),
         ];
-        r.create("r", meta(), 0, "t".into(), replay, 1007);
-        let (backlog, _rx, _) = r.subscribe("r", 2).unwrap();
+        r.create(&RunId::from("r"), meta(), 0, "t".into(), replay, 1007);
+        let (backlog, _rx, _) = r.subscribe(&RunId::from("r"), 2).unwrap();
         assert_eq!(backlog.len(), 1);
         assert_eq!(
-            r.publish("r", json!({"type": "resumed"})).unwrap()["seq"],
+            r.publish(&RunId::from("r"), json!({"type": "resumed"}))
+                .unwrap()["seq"],
             1007
         );
     }
@@ -593,10 +601,10 @@ mod tests {
     #[test]
     fn an_oversized_event_is_capped_when_published_and_a_small_one_is_untouched() {
         let r = Registry::new(Arc::new(ManualClock::new(0)));
-        r.create("r", meta(), 0, "t".into(), vec![], 1);
+        r.create(&RunId::from("r"), meta(), 0, "t".into(), vec![], 1);
         let big = r
             .publish(
-                "r",
+                &RunId::from("r"),
                 json!({"type": "input", "text": "é".repeat(100_000), "source": "request"}),
             )
             .unwrap();
@@ -609,14 +617,14 @@ mod tests {
         assert_eq!(big["truncated"], true);
         assert!(big["text"].as_str().unwrap().ends_with('…'));
         let small = r
-            .publish("r", json!({"type": "input", "text": "hi"}))
+            .publish(&RunId::from("r"), json!({"type": "input", "text": "hi"}))
             .unwrap();
         assert_eq!(
             (small["text"].as_str(), small.get("truncated")),
             (Some("hi"), None)
         );
         // What subscribers and the backlog hold is the capped event.
-        let (backlog, _rx, _) = r.subscribe("r", 0).unwrap();
+        let (backlog, _rx, _) = r.subscribe(&RunId::from("r"), 0).unwrap();
         assert_eq!(backlog[0].event, big);
         assert_eq!(backlog[0].json, big.to_string().as_bytes());
     }
@@ -624,14 +632,20 @@ mod tests {
     #[test]
     fn the_backlog_is_bounded_in_bytes_keeping_the_head_and_the_newest() {
         let r = Registry::new(Arc::new(ManualClock::new(0)));
-        r.create("r", meta(), 0, "t".into(), vec![], 1);
-        r.publish("r", json!({"type": "run_meta"}));
-        r.publish("r", json!({"type": "input", "text": "x".repeat(60_000)}));
+        r.create(&RunId::from("r"), meta(), 0, "t".into(), vec![], 1);
+        r.publish(&RunId::from("r"), json!({"type": "run_meta"}));
+        r.publish(
+            &RunId::from("r"),
+            json!({"type": "input", "text": "x".repeat(60_000)}),
+        );
         let n = 2 * BACKLOG_BYTES / 60_000;
         for _ in 0..n {
-            r.publish("r", json!({"type": "note", "text": "y".repeat(60_000)}));
+            r.publish(
+                &RunId::from("r"),
+                json!({"type": "note", "text": "y".repeat(60_000)}),
+            );
         }
-        let (row, events) = r.snapshot("r").unwrap();
+        let (row, events) = r.snapshot(&RunId::from("r")).unwrap();
         let bytes: usize = events[2..].iter().map(|e| e.to_string().len()).sum();
         assert!(
             bytes <= BACKLOG_BYTES && bytes > BACKLOG_BYTES - 70_000,
@@ -652,17 +666,23 @@ mod tests {
     #[test]
     fn a_subscriber_behind_by_bytes_is_dropped_and_its_queue_released_at_once() {
         let r = Registry::new(Arc::new(ManualClock::new(0)));
-        r.create("r", meta(), 0, "t".into(), vec![], 1);
-        let (_, mut stalled, _) = r.subscribe("r", 0).unwrap();
-        let (_, mut reading, _) = r.subscribe("r", 0).unwrap();
+        r.create(&RunId::from("r"), meta(), 0, "t".into(), vec![], 1);
+        let (_, mut stalled, _) = r.subscribe(&RunId::from("r"), 0).unwrap();
+        let (_, mut reading, _) = r.subscribe(&RunId::from("r"), 0).unwrap();
         let per = 60_000;
         for _ in 0..SUBSCRIBER_QUEUE_BYTES / per {
-            r.publish("r", json!({"type": "note", "text": "z".repeat(per)}));
+            r.publish(
+                &RunId::from("r"),
+                json!({"type": "note", "text": "z".repeat(per)}),
+            );
             assert!(reading.try_recv().is_some());
         }
         assert!(r.subscriber_queued_bytes() > SUBSCRIBER_QUEUE_BYTES - 2 * per);
         // Far fewer than SUBSCRIBER_QUEUE events: the byte bound is what drops it.
-        r.publish("r", json!({"type": "note", "text": "z".repeat(per)}));
+        r.publish(
+            &RunId::from("r"),
+            json!({"type": "note", "text": "z".repeat(per)}),
+        );
         assert_eq!(
             r.subscriber_count(),
             1,
@@ -683,10 +703,10 @@ mod tests {
     #[test]
     fn a_slow_subscriber_is_dropped_and_never_blocks_publishing() {
         let r = Registry::new(Arc::new(ManualClock::new(0)));
-        r.create("r", meta(), 0, "t".into(), vec![], 1);
-        let (_, rx, _) = r.subscribe("r", 0).unwrap();
+        r.create(&RunId::from("r"), meta(), 0, "t".into(), vec![], 1);
+        let (_, rx, _) = r.subscribe(&RunId::from("r"), 0).unwrap();
         for _ in 0..SUBSCRIBER_QUEUE + 10 {
-            r.publish("r", json!({"type": "note"}));
+            r.publish(&RunId::from("r"), json!({"type": "note"}));
         }
         drop(rx);
         assert_eq!(r.lock().get("r").unwrap().subscribers.len(), 0);
@@ -696,13 +716,13 @@ mod tests {
     fn finished_rows_expire_after_the_ttl() {
         let clock = ManualClock::new(0);
         let r = Registry::new(Arc::new(clock.clone()));
-        r.create("r", meta(), 0, "t".into(), vec![], 1);
-        r.finish("r", RunStatus::Completed, 0);
+        r.create(&RunId::from("r"), meta(), 0, "t".into(), vec![], 1);
+        r.finish(&RunId::from("r"), RunStatus::Completed, 0);
         clock.advance(FINISHED_TTL_MS - 1);
         r.evict_expired();
-        assert!(r.row("r").is_some());
+        assert!(r.row(&RunId::from("r")).is_some());
         clock.advance(1);
         r.evict_expired();
-        assert!(r.row("r").is_none());
+        assert!(r.row(&RunId::from("r")).is_none());
     }
 }

@@ -6,6 +6,7 @@
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use storage::RunId;
 
 #[derive(Clone)]
 pub struct TokenMinter {
@@ -33,20 +34,20 @@ impl TokenMinter {
         TokenMinter { secret }
     }
 
-    fn mac(&self, run_id: &str) -> Hmac<Sha256> {
+    fn mac(&self, run_id: &RunId) -> Hmac<Sha256> {
         let mut mac =
             Hmac::<Sha256>::new_from_slice(&self.secret).expect("hmac takes any key length");
         mac.update(run_id.as_bytes());
         mac
     }
 
-    pub fn mint(&self, run_id: &str) -> String {
+    pub fn mint(&self, run_id: &RunId) -> String {
         base64::engine::general_purpose::URL_SAFE_NO_PAD
             .encode(self.mac(run_id).finalize().into_bytes())
     }
 
     /// Constant-time check of `token` for `run_id`.
-    pub fn verify(&self, run_id: &str, token: &str) -> bool {
+    pub fn verify(&self, run_id: &RunId, token: &str) -> bool {
         match base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token) {
             Ok(bytes) => self.mac(run_id).verify_slice(&bytes).is_ok(),
             Err(_) => false,
@@ -62,11 +63,11 @@ mod tests {
     fn a_token_verifies_only_for_its_run_and_secret() {
         let m =
             TokenMinter::new("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff");
-        let t = m.mint("run-1");
-        assert!(m.verify("run-1", &t));
-        assert!(!m.verify("run-2", &t));
-        assert!(!m.verify("run-1", "not-a-token"));
-        assert!(!TokenMinter::new("ff").verify("run-1", &t));
+        let t = m.mint(&RunId::from("run-1"));
+        assert!(m.verify(&RunId::from("run-1"), &t));
+        assert!(!m.verify(&RunId::from("run-2"), &t));
+        assert!(!m.verify(&RunId::from("run-1"), "not-a-token"));
+        assert!(!TokenMinter::new("ff").verify(&RunId::from("run-1"), &t));
         assert!(!t.contains('=') && !t.contains('+') && !t.contains('/'));
     }
 }

@@ -160,7 +160,7 @@ async fn a_run_nobody_steers_never_reads_its_inbox_and_a_steered_one_folds_the_s
             .load(std::sync::atomic::Ordering::SeqCst)
     };
     // Polls the run's record until its final record lands; answers it and how many reads the polls made.
-    let finished = |run_id: String| {
+    let finished = |run_id: storage::RunId| {
         let storage = f.storage.clone();
         async move {
             for polls in 1.. {

@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actors::delivery::{self, Reply, RetryPolicy};
@@ -144,7 +145,7 @@ async fn a_signed_delivery_verifies_at_the_receiver() {
         &rx.url,
         Some(&secret),
         Duration::from_secs(30),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         || NOW,
     )
@@ -175,7 +176,7 @@ async fn without_a_secret_nothing_is_signed() {
         &rx.url,
         None,
         Duration::from_secs(30),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         || NOW,
     )
@@ -213,7 +214,7 @@ async fn a_503_503_200_sequence_is_delivered_after_two_retries_with_the_same_id_
         &rx.url,
         Some(&secret),
         quick(Duration::from_secs(10)),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         now,
     )
@@ -251,7 +252,7 @@ async fn a_400_is_final_and_not_retried() {
         &rx.url,
         None,
         Duration::from_secs(30),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         || NOW,
     )
@@ -272,7 +273,7 @@ async fn retries_stop_at_the_deadline_and_the_note_says_so() {
         &rx.url,
         None,
         quick(deadline),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         || NOW,
     )
@@ -308,7 +309,7 @@ async fn an_attempt_that_hangs_is_cut_at_the_deadline() {
         &rx.url,
         None,
         quick(Duration::from_millis(300)),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         || NOW,
     )
@@ -341,7 +342,7 @@ async fn a_receiver_that_is_not_there_is_retried_until_the_deadline() {
         &url,
         None,
         quick(Duration::from_millis(300)),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         || NOW,
     )
@@ -381,7 +382,7 @@ async fn a_kill_during_the_retries_withholds_the_next_attempt() {
         &rx.url,
         None,
         quick(Duration::from_secs(10)),
-        RUN_ID,
+        &RunId::from(RUN_ID),
         &body(),
         || NOW,
         proceed,

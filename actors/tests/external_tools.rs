@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use storage::RunId;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actors::tools::{
@@ -24,7 +25,7 @@ const SECRET: &[u8] = b"tool secret";
 
 /// A taken workspace and a context owning it.
 fn owned_ctx(dir: &Path) -> ToolContext {
-    let workspace = workspace_dir(dir, RUN);
+    let workspace = workspace_dir(dir, &RunId::from(RUN));
     take_workspace(&workspace, GEN_A, TakeMode::Create).unwrap();
     ToolContext {
         run_id: RUN.into(),

@@ -1206,6 +1206,7 @@ mod agent_provider {
     use std::collections::HashMap;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
+    use storage::RunId;
 
     use actix::{Actor, Addr};
     use actors::agent::scripted::ScriptedAgent;
@@ -1410,7 +1411,10 @@ mod agent_provider {
         );
         // A run with no final record (one handed to another process) still fails the request.
         let (_trigger, abort) = AbortTrigger::pair();
-        let missing = rt.provider.follow("r_missing", &request_id, abort).await;
+        let missing = rt
+            .provider
+            .follow(&RunId::from("r_missing"), &request_id, abort)
+            .await;
         assert!(
             matches!(&missing, Err(e) if e.to_string().contains("ended without a record")),
             "{missing:?}"

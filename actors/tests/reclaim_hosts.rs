@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use storage::RunId;
 
 use actix::Actor;
 use actors::agent::scripted::ScriptedAgent;
@@ -35,14 +36,14 @@ fn dead(gen: &str, host_id: &str) -> GenerationInfo {
 }
 
 /// An `attaching` row of `gen` whose lease runs until `NOW + LEASE_MS`.
-async fn admitted(storage: &StorageHandle, gen: &str, thread: &str, run_id: &str) {
+async fn admitted(storage: &StorageHandle, gen: &str, thread: &str, run_id: &RunId) {
     let request = json!({"thread": thread, "channel": "k", "user": "u", "text": "steps=1 ms=0"});
     let meta = json!({"agent": "demo", "model": "scripted", "label": "steps=1 ms=0", "threadKey": format!("k:{thread}"),
         "channelId": "k", "userId": "u", "channelVisibility": "machine", "deadline": NOW + 600_000, "request": request});
     let admit = Admit {
         thread_key: format!("k:{thread}"),
         gen: gen.into(),
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         request,
         meta,
         key: None,
@@ -54,7 +55,7 @@ async fn admitted(storage: &StorageHandle, gen: &str, thread: &str, run_id: &str
     assert_eq!(
         outcome,
         AdmitOutcome::Started {
-            run_id: run_id.into()
+            run_id: run_id.clone()
         }
     );
 }
@@ -74,8 +75,8 @@ async fn a_dead_generation_of_another_host_id_waits_for_its_lease_while_one_of_t
         .record_generation(dead(theirs, "node-b"))
         .await
         .expect("record");
-    admitted(&storage, mine, "t-mine", "run-mine").await;
-    admitted(&storage, theirs, "t-theirs", "run-theirs").await;
+    admitted(&storage, mine, "t-mine", &RunId::from("run-mine")).await;
+    admitted(&storage, theirs, "t-theirs", &RunId::from("run-theirs")).await;
 
     let mut agents = HashMap::new();
     agents.insert(
@@ -145,7 +146,7 @@ async fn a_dead_generation_of_another_host_id_waits_for_its_lease_while_one_of_t
         .expect("pass");
     assert_eq!(
         (report.restarted, report.live_elsewhere),
-        (vec!["run-theirs".to_owned()], 0)
+        (vec![RunId::from("run-theirs")], 0)
     );
     let row = storage
         .get_live("run-theirs".into())

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use storage::RunId;
 
 use actors::agent::{Agent, AgentError, AssistantTurn, Conversation, ToolDef};
 use actors::channel::{CardHandle, ChannelError, ChannelIo, Frame, ThreadRef};
@@ -28,7 +29,7 @@ pub enum OpKind {
     /// A chat call (a card posted, edited or looked for; an answer posted), as the trace says it.
     Chat(String),
     Tool {
-        run_id: String,
+        run_id: RunId,
         call_id: String,
         tool: String,
         gen: String,
@@ -59,7 +60,7 @@ pub struct Op {
 /// A tool effect as it landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Effect {
-    pub run_id: String,
+    pub run_id: RunId,
     pub call_id: String,
     pub tool: String,
     /// The caller's fence token (its generation and actor nonce).
@@ -81,8 +82,8 @@ struct IoState {
     landed: Vec<Effect>,
     effects: Vec<Effect>,
     /// The chat: each run's cards (posted, in order) and answers.
-    cards: BTreeMap<String, Vec<CardHandle>>,
-    replies: BTreeMap<String, u32>,
+    cards: BTreeMap<RunId, Vec<CardHandle>>,
+    replies: BTreeMap<RunId, u32>,
 }
 
 impl Io {
@@ -146,9 +147,9 @@ impl Io {
     }
 
     /// Per run: the cards posted for it and the answers posted in its thread.
-    pub fn chat(&self) -> BTreeMap<String, (usize, u32)> {
+    pub fn chat(&self) -> BTreeMap<RunId, (usize, u32)> {
         let s = self.lock();
-        let mut out: BTreeMap<String, (usize, u32)> = BTreeMap::new();
+        let mut out: BTreeMap<RunId, (usize, u32)> = BTreeMap::new();
         for (run, cards) in &s.cards {
             out.entry(run.clone()).or_default().0 = cards.len();
         }
@@ -170,7 +171,7 @@ impl ChannelIo for SimChannel {
     fn find_card<'a>(
         &'a self,
         _thread: &'a ThreadRef,
-        run_id: &'a str,
+        run_id: &'a RunId,
     ) -> BoxFuture<'a, Result<Option<CardHandle>, ChannelError>> {
         async move {
             let what = format!("find the card of {run_id}");
@@ -224,13 +225,13 @@ impl ChannelIo for SimChannel {
     fn reply<'a>(
         &'a self,
         _thread: &'a ThreadRef,
-        run_id: &'a str,
+        run_id: &'a RunId,
         _text: &'a str,
     ) -> BoxFuture<'a, Result<(), ChannelError>> {
         async move {
             let what = format!("answer {run_id} in its thread");
             self.io.wait(self.inc, OpKind::Chat(what)).await;
-            *self.io.lock().replies.entry(run_id.to_owned()).or_default() += 1;
+            *self.io.lock().replies.entry(run_id.clone()).or_default() += 1;
             Ok(())
         }
         .boxed()

@@ -18,6 +18,7 @@
 //! | `accepted messages get answered` | at the end | no accepted message ends in an `interrupted` run unless a permanent storage fault or an outage landed |
 
 use std::collections::{BTreeMap, BTreeSet};
+use storage::RunId;
 
 use serde_json::Value;
 use storage::actor::Backend;
@@ -43,7 +44,7 @@ pub struct MessageInfo {
     /// What it does on a busy thread (SPEC §5.1).
     pub strategy: storage::ledger::Strategy,
     pub told: Told,
-    pub run: Option<String>,
+    pub run: Option<RunId>,
     pub in_flight: bool,
     pub attempts: u32,
     /// What each attempt was told, for the report.
@@ -54,11 +55,11 @@ pub struct MessageInfo {
 pub struct Model {
     pub messages: Vec<MessageInfo>,
     /// Every run the ledger held (seen between two transactions), with its thread key.
-    pub runs: BTreeMap<String, String>,
-    pub killed: BTreeSet<String>,
-    pub stopped: BTreeSet<String>,
+    pub runs: BTreeMap<RunId, String>,
+    pub killed: BTreeSet<RunId>,
+    pub stopped: BTreeSet<RunId>,
     /// The final status and answer the finishing gate committed, for each run seen past it.
-    pub gates: BTreeMap<String, (RunStatus, Option<String>)>,
+    pub gates: BTreeMap<RunId, (RunStatus, Option<String>)>,
 }
 
 impl Model {
@@ -97,7 +98,7 @@ impl Model {
             .filter_map(|r| self.runs.get(r))
             .collect();
         // Message nonce → the runs holding it as an input.
-        let mut inputs: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        let mut inputs: BTreeMap<usize, Vec<RunId>> = BTreeMap::new();
         for (run, thread) in &self.runs {
             if self.killed.contains(run) {
                 continue;

@@ -11,6 +11,7 @@
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use anyhow::Context;
 use serde_json::{json, Value};
@@ -190,7 +191,7 @@ async fn durable_steps(
     let admit = Admit {
         thread_key: "bench:t".into(),
         gen: gen.clone(),
-        run_id: run.clone(),
+        run_id: RunId::from(run.clone()),
         request: json!({"text": "bench"}),
         meta: json!({"agent": "demo", "request": {"text": "bench"}}),
         key: None,
@@ -206,7 +207,7 @@ async fn durable_steps(
         lease_ms: 3_600_000,
     };
     storage
-        .claim(run.clone(), gen.clone(), promotion)
+        .claim(RunId::from(run.clone()), gen.clone(), promotion)
         .await?
         .map_err(|r| anyhow::anyhow!("{r}"))?;
     let mut out = Vec::with_capacity(n);
@@ -227,7 +228,14 @@ async fn durable_steps(
         };
         let t = Instant::now();
         storage
-            .durable_step(run.clone(), gen.clone(), i, vec![turn], record, Vec::new())
+            .durable_step(
+                RunId::from(run.clone()),
+                gen.clone(),
+                i,
+                vec![turn],
+                record,
+                Vec::new(),
+            )
             .await?
             .map_err(|r| anyhow::anyhow!("{r}"))?;
         out.push(ms(t.elapsed()));
@@ -325,7 +333,7 @@ fn recovery_mode(
         storage::SqliteStore::open(&db, Synchronous::Normal)
             .ok()
             .and_then(|mut s| {
-                storage::ledger::RunLedger::live_events(&mut s, id, 0, 100_000)
+                storage::ledger::RunLedger::live_events(&mut s, &RunId::from(id), 0, 100_000)
                     .ok()
                     .flatten()
             })
@@ -334,7 +342,11 @@ fn recovery_mode(
     let finished = |id: &str| -> Option<Vec<Value>> {
         storage::SqliteStore::open(&db, Synchronous::Normal)
             .ok()
-            .and_then(|mut s| storage::RunStore::get(&mut s, id, now()).ok().flatten())
+            .and_then(|mut s| {
+                storage::RunStore::get(&mut s, &RunId::from(id), now())
+                    .ok()
+                    .flatten()
+            })
             .filter(|r| !r.head.provisional)
             .map(|r| r.events)
     };

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use storage::RunId;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -32,7 +33,7 @@ pub(super) fn config() -> String {
 /// One decision the approver sent.
 #[derive(Debug, Clone)]
 pub(super) struct Sent {
-    pub run_id: String,
+    pub run_id: RunId,
     pub call_id: String,
     pub decision: &'static str,
     /// The HTTP status (0: no answer).
@@ -145,7 +146,7 @@ pub(super) async fn approver_loop(
                             .remove(&(run_id.clone(), call_id.clone()));
                     }
                     sent.lock().unwrap_or_else(|p| p.into_inner()).push(Sent {
-                        run_id,
+                        run_id: RunId::from(run_id),
                         call_id,
                         decision,
                         status,
@@ -349,7 +350,7 @@ pub(super) fn check(
             200 => {
                 c.taken += 1;
                 let kept = runs
-                    .get(&s.run_id)
+                    .get(s.run_id.as_str())
                     .and_then(|a| a.decided.get(&s.call_id))
                     .map(|(d, _)| d.as_str());
                 // A run killed or closed before it applied the decision keeps no event: only a kept one

@@ -53,6 +53,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use anyhow::Context;
 use rand::rngs::StdRng;
@@ -253,7 +254,7 @@ struct Sent {
 #[derive(Debug, Clone)]
 enum Answer {
     /// A 2xx: the message must appear exactly once.
-    Accepted { outcome: String, run_id: String },
+    Accepted { outcome: String, run_id: RunId },
     /// A non-2xx answer: it should not have been admitted (at most once, never required).
     Refused { status: u16 },
     /// No answer (connection refused or reset, timeout): at most once, never required.
@@ -265,14 +266,14 @@ enum Answer {
 /// it under the same seq (SPEC §5.2 step 5, "what a reader was shown is kept").
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Shown {
-    run_id: String,
+    run_id: RunId,
     seq: u64,
     kind: String,
     call_id: Option<String>,
 }
 
 impl Shown {
-    fn of(run_id: &str, event: &Value) -> Option<Shown> {
+    fn of(run_id: &RunId, event: &Value) -> Option<Shown> {
         Some(Shown {
             run_id: run_id.to_owned(),
             seq: event["seq"].as_u64()?,
@@ -296,7 +297,7 @@ async fn reader_loop(
     let owner = |v: &Value| v["ownerGen"].as_str().map(str::to_owned);
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..80))).await;
-        let recent: Vec<String> = {
+        let recent: Vec<RunId> = {
             let sent = sent.lock().unwrap_or_else(|p| p.into_inner());
             sent.iter()
                 .rev()
@@ -415,7 +416,7 @@ async fn client_loop(
                 let answer = match status {
                     200..=299 => Answer::Accepted {
                         outcome: "slack".into(),
-                        run_id: String::new(),
+                        run_id: RunId::default(),
                     },
                     0 => Answer::Unanswered,
                     status => Answer::Refused { status },
@@ -451,7 +452,7 @@ async fn client_loop(
                 Ok(r) if r.status().is_success() => match r.json::<Value>().await {
                     Ok(v) => Answer::Accepted {
                         outcome: v["outcome"].as_str().unwrap_or("").to_owned(),
-                        run_id: v["runId"].as_str().unwrap_or("").to_owned(),
+                        run_id: RunId::from(v["runId"].as_str().unwrap_or("").to_owned()),
                     },
                     // The status said yes but the body was lost: as good as no answer.
                     Err(_) => Answer::Unanswered,

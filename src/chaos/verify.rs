@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use anyhow::Context;
 use serde_json::{json, Value};
@@ -434,7 +435,7 @@ fn record_gaps(run: &Value, events: &[Value]) -> (bool, Vec<String>, Option<(u64
 
 /// The committed events a reader was shown that the record of `run_id` does not hold under the same seq,
 /// type and call.
-fn lost_shown<'a>(shown: &[&'a Shown], run_id: &str, events: &[Value]) -> Vec<&'a Shown> {
+fn lost_shown<'a>(shown: &[&'a Shown], run_id: &RunId, events: &[Value]) -> Vec<&'a Shown> {
     let held: HashSet<Shown> = events.iter().filter_map(|e| Shown::of(run_id, e)).collect();
     shown
         .iter()
@@ -623,7 +624,10 @@ pub(super) async fn verify(
     }
     for s in sent {
         if let Answer::Accepted { run_id, outcome } = &s.answer {
-            if !run_id.is_empty() && !runs.contains_key(run_id) && !stuck.contains_key(run_id) {
+            if !run_id.is_empty()
+                && !runs.contains_key(run_id.as_str())
+                && !stuck.contains_key(run_id.as_str())
+            {
                 v.missing_runs += 1;
                 v.details.push(format!(
                     "missing run {run_id}: answered {outcome} for {} on {}",
@@ -703,7 +707,7 @@ pub(super) async fn verify(
                     .get(id.as_str())
                     .map(Vec::as_slice)
                     .unwrap_or_default(),
-                id,
+                &RunId::from(id),
                 &events,
             );
             if !lost.is_empty() {
@@ -882,9 +886,12 @@ mod tests {
             ev(6, "tool_call", Some("c2")),
             ev(5, "tool_result", Some("c9")),
         ];
-        let shown: Vec<Shown> = seen.iter().filter_map(|e| Shown::of("r1", e)).collect();
+        let shown: Vec<Shown> = seen
+            .iter()
+            .filter_map(|e| Shown::of(&RunId::from("r1"), e))
+            .collect();
         let refs: Vec<&Shown> = shown.iter().collect();
-        let lost: Vec<(u64, Option<String>)> = lost_shown(&refs, "r1", &record)
+        let lost: Vec<(u64, Option<String>)> = lost_shown(&refs, &RunId::from("r1"), &record)
             .into_iter()
             .map(|s| (s.seq, s.call_id.clone()))
             .collect();

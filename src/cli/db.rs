@@ -12,7 +12,7 @@ use actors::runs_service::{EventPage, NextBefore, RunList, RunView};
 use anyhow::Context;
 use storage::record::VisibilityFilter;
 use storage::store::{Cursor, ListQuery, LIST_DEFAULT_LIMIT};
-use storage::{Clock, RunStore, SqliteStore};
+use storage::{Clock, RunId, RunStore, SqliteStore};
 
 use super::print::{events_out, list_table, pretty, run_text, with_outcome};
 use super::{fail, Exit, ListArgs, RunsArgs, RunsCommand, StatusArg};
@@ -126,7 +126,7 @@ fn db_list(store: &mut SqliteStore, a: &ListArgs, now: i64) -> anyhow::Result<Ru
         limit: Some(limit),
         before: a.before.map(|finished_at| Cursor {
             finished_at,
-            id: a.before_id.clone(),
+            id: a.before_id.clone().map(RunId::into_string),
         }),
         since_ms: a.since,
         agent: a.agent.clone(),

@@ -53,6 +53,7 @@ mod server;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use storage::RunId;
 
 use anyhow::Context;
 use serde_json::Value;
@@ -308,7 +309,7 @@ pub struct ListArgs {
     pub thread_key: Option<String>,
     /// Only runs started by this parent run (plan steps).
     #[arg(long, value_parser = run_id)]
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
     /// Only runs finished (or, still live, started) since then: a duration ago (`1h`, `30m`, `2days`)
     /// or an RFC 3339 time (`2026-05-01T12:00:00Z`).
     #[arg(long, value_name = "WHEN", value_parser = since_ms)]
@@ -318,7 +319,7 @@ pub struct ListArgs {
     pub before: Option<i64>,
     /// … and, in that same millisecond, with a smaller id.
     #[arg(long, value_name = "ID", requires = "before", value_parser = run_id)]
-    pub before_id: Option<String>,
+    pub before_id: Option<RunId>,
     #[command(flatten)]
     pub db: DbArg,
 }
@@ -327,7 +328,7 @@ pub struct ListArgs {
 pub struct GetArgs {
     /// The run id.
     #[arg(value_parser = run_id)]
-    pub id: String,
+    pub id: RunId,
     /// Include its events.
     #[arg(long)]
     pub events: bool,
@@ -339,7 +340,7 @@ pub struct GetArgs {
 pub struct EventsArgs {
     /// The run id.
     #[arg(value_parser = run_id)]
-    pub id: String,
+    pub id: RunId,
     /// Only events after this seq.
     #[arg(long, default_value_t = 0, value_name = "SEQ")]
     pub after_seq: u64,
@@ -361,7 +362,7 @@ pub struct EventsArgs {
 pub struct StopArgs {
     /// The run id.
     #[arg(value_parser = run_id)]
-    pub id: String,
+    pub id: RunId,
     /// How to stop.
     #[arg(long, value_enum, default_value_t = StopModeArg::Soft)]
     pub mode: StopModeArg,
@@ -379,7 +380,7 @@ pub struct StopArgs {
 pub struct KillArgs {
     /// The run id.
     #[arg(value_parser = run_id)]
-    pub id: String,
+    pub id: RunId,
     #[command(flatten)]
     pub db: NoDbArg,
 }
@@ -389,7 +390,7 @@ pub struct RetryArgs {
     /// The run to run again (finished or live; its thread's live run, if any, takes the request as a
     /// follow-up instead).
     #[arg(value_parser = run_id)]
-    pub id: String,
+    pub id: RunId,
     /// Idempotency key (1 to 256 characters): retrying again with the same key answers the same run.
     #[arg(long, value_parser = retry_key)]
     pub key: Option<String>,
@@ -398,9 +399,9 @@ pub struct RetryArgs {
 }
 
 /// clap parser: the run id shape (ASCII letters, digits, `-` and `_`).
-fn run_id(s: &str) -> Result<String, String> {
+fn run_id(s: &str) -> Result<RunId, String> {
     if is_valid_run_id(s) {
-        Ok(s.to_owned())
+        Ok(s.into())
     } else {
         Err("not a run id (1 to 128 ASCII letters, digits, '-' or '_')".into())
     }

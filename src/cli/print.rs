@@ -163,7 +163,7 @@ pub(super) fn list_table(list: &RunList, now: i64) -> String {
             .iter()
             .map(|v| {
                 vec![
-                    v.id.clone(),
+                    v.id.to_string(),
                     v.status_label(),
                     v.agent.clone().unwrap_or_default(),
                     fmt_time(v.started_at),
@@ -223,7 +223,7 @@ fn text_of(v: &Value) -> String {
 pub(super) fn run_text(raw: &Value, now: i64) -> anyhow::Result<String> {
     let v: RunView = decode(raw.clone(), "run")?;
     let mut rows: Vec<(&str, String)> = vec![
-        ("Run", v.id.clone()),
+        ("Run", v.id.to_string()),
         ("Status", v.status_label()),
         ("Label", v.label.clone().unwrap_or_default()),
         (
@@ -259,7 +259,7 @@ pub(super) fn run_text(raw: &Value, now: i64) -> anyhow::Result<String> {
         rows.push(("Live in", format!("generation {g}")));
     }
     if let Some(p) = &v.parent_run_id {
-        rows.push(("Parent", p.clone()));
+        rows.push(("Parent", p.to_string()));
     }
     if let Some(by) = raw.get("stoppedBy").filter(|b| !b.is_null()) {
         let mode = by.get("mode").and_then(Value::as_str).unwrap_or("?");

@@ -7,6 +7,7 @@
 //! nothing is printed twice and nothing is skipped.
 
 use std::time::Duration;
+use storage::RunId;
 
 use actors::runs_service::{EventPage, NextBefore, RunList};
 use anyhow::Context;
@@ -315,7 +316,7 @@ pub(super) async fn from_server(api: &Api, args: &RunsArgs) -> anyhow::Result<()
                     a.status.as_str(),
                     a.limit,
                     a.before,
-                    a.before_id.clone(),
+                    a.before_id.clone().map(RunId::into_string),
                 ))
                 .await
             {
@@ -454,7 +455,10 @@ fn list_path(
             ("agent", a.agent.clone()),
             ("channel", a.channel.clone()),
             ("threadKey", a.thread_key.clone()),
-            ("parentRunId", a.parent_run_id.clone()),
+            (
+                "parentRunId",
+                a.parent_run_id.clone().map(RunId::into_string)
+            ),
             ("sinceMs", a.since.map(|s| s.to_string())),
             ("before", before.map(|b| b.to_string())),
             ("beforeId", before_id),
@@ -476,7 +480,9 @@ fn refused_status(e: &anyhow::Error) -> bool {
 async fn list_filtered(api: &Api, a: &ListArgs) -> anyhow::Result<RunList> {
     let status = a.status.terminal().expect("called for a terminal status");
     let limit = a.limit.map_or(LIST_DEFAULT_LIMIT, |l| l as usize);
-    let mut cursor = a.before.map(|b| (b, a.before_id.clone()));
+    let mut cursor = a
+        .before
+        .map(|b| (b, a.before_id.clone().map(RunId::into_string)));
     let mut list = RunList {
         runs: Vec::new(),
         next_before: None,
@@ -497,7 +503,7 @@ async fn list_filtered(api: &Api, a: &ListArgs) -> anyhow::Result<RunList> {
         for run in page.runs {
             if run.status.is_some_and(|s| s.as_str() == status) && run.provisional != Some(true) {
                 let at = run.finished_at.unwrap_or(run.started_at);
-                let id = run.id.clone();
+                let id = run.id.to_string();
                 list.runs.push(run);
                 if list.runs.len() == limit {
                     list.next_before = Some(NextBefore {

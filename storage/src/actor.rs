@@ -39,6 +39,7 @@
 //! - a write that failed for lack of space marks the actor's [`WriteSpace`] exhausted until a write
 //!   commits again (what `/readyz` reports, SPEC §8.1); a read never ends it.
 
+use crate::RunId;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -90,7 +91,7 @@ pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
     /// backend's `write_step` is one transaction by itself.
     fn write_step_atomic(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         write: &crate::ledger::StepWrite,
     ) -> Result<crate::ledger::Outcome<()>> {
@@ -203,7 +204,7 @@ impl Backend for PgStore {
     /// step patches the row's state.
     fn write_step_atomic(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         write: &crate::ledger::StepWrite,
     ) -> Result<crate::ledger::Outcome<()>> {
@@ -637,7 +638,7 @@ pub fn job_again<R: Send + 'static>(
 /// The ledger's `write_step` in an atomic unit: one transaction whatever the backend's methods.
 fn step_in_unit<B: Backend + ?Sized>(
     b: &mut B,
-    run_id: &str,
+    run_id: &RunId,
     gen: &str,
     write: &crate::ledger::StepWrite,
 ) -> Result<crate::ledger::Outcome<()>> {

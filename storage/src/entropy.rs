@@ -42,10 +42,11 @@ pub fn bytes<const N: usize>() -> [u8; N] {
 }
 
 /// A run id: a UUID v7 (time-ordered) of `now_ms` and this thread's draws.
-pub fn run_id(now_ms: i64) -> String {
+pub fn run_id(now_ms: i64) -> crate::RunId {
     uuid::Builder::from_unix_timestamp_millis(now_ms.max(0) as u64, &bytes::<10>())
         .into_uuid()
         .to_string()
+        .into()
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! - [`readers`]: read-only connections on threads of their own, so reads never queue behind writes.
 //! - [`news`]: cross-host news (PostgreSQL's LISTEN/NOTIFY) and its in-process fan-out.
 //! - [`clock`]: injected time.
+//! - [`RunId`]: a run's id, the bare string on the wire and on disk.
 //! - `testing` (the `pg-cluster` feature): a throwaway PostgreSQL cluster for tests, `chaos` and `bench`.
 //!
 //! Invariants:
@@ -36,6 +37,7 @@ pub mod plan;
 pub mod postgres;
 pub mod readers;
 pub mod record;
+mod run_id;
 pub mod sqlite;
 pub mod store;
 #[cfg(any(test, feature = "pg-cluster"))]
@@ -49,5 +51,6 @@ pub use handle::{StorageHandle, StorageOptions};
 pub use memory::MemoryStore;
 pub use news::{News, NewsFeed};
 pub use postgres::{redact_url, PgStore};
+pub use run_id::RunId;
 pub use sqlite::{SqliteStore, Synchronous, WriteLockProbe};
 pub use store::RunStore;

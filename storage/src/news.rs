@@ -12,6 +12,7 @@
 //! receiver) is told [`News::Resync`] and re-reads everything it follows, so losing a note costs
 //! latency, never correctness.
 
+use crate::RunId;
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::broadcast;
@@ -26,22 +27,22 @@ pub const FEED_CAPACITY: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum News {
     /// Events up to `seq` were appended to a live run.
-    Appended { run_id: String, seq: u64 },
+    Appended { run_id: RunId, seq: u64 },
     /// A message reached a live run's inbox under `seq`.
-    Inbox { run_id: String, seq: u64 },
+    Inbox { run_id: RunId, seq: u64 },
     /// A stop was requested (its mode is on the row).
-    Stop { run_id: String },
+    Stop { run_id: RunId },
     /// A run's live row went with its record (finish) or without one (abandon).
-    Ended { run_id: String },
+    Ended { run_id: RunId },
     /// A deletion fence was written: every cached view of the run goes.
-    Killed { run_id: String },
+    Killed { run_id: RunId },
     /// Notes may have been missed: re-read whatever is followed.
     Resync,
 }
 
 impl News {
     /// The run the note is about (`None` for [`News::Resync`]).
-    pub fn run_id(&self) -> Option<&str> {
+    pub fn run_id(&self) -> Option<&RunId> {
         match self {
             News::Appended { run_id, .. }
             | News::Inbox { run_id, .. }
@@ -100,8 +101,8 @@ impl News {
     }
 }
 
-fn run_id(word: &str) -> Option<String> {
-    crate::record::is_valid_run_id(word).then(|| word.to_owned())
+fn run_id(word: &str) -> Option<RunId> {
+    crate::record::is_valid_run_id(word).then(|| word.into())
 }
 
 /// The in-process fan-out of one database's news. Cheap to share (`Arc`); the listener that feeds it
@@ -225,7 +226,7 @@ mod tests {
         }
         assert!(
             News::Killed {
-                run_id: "x".repeat(64)
+                run_id: RunId::from("x".repeat(64))
             }
             .payload()
             .len()

@@ -13,6 +13,7 @@
 
 use crate::record::{RetentionPolicy, RunListItem, RunRecord, RunStatus, VisibilityFilter};
 use crate::Result;
+use crate::RunId;
 
 /// Clamp for a record's future timestamps: at most this far past the store's clock.
 pub const MAX_FUTURE_MS: i64 = 24 * 60 * 60 * 1000;
@@ -122,7 +123,7 @@ pub struct ListQuery {
     pub agent: Option<String>,
     pub channel: Option<String>,
     pub thread_key: Option<String>,
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
     /// Only final records with this status (SPEC §7's terminal-status filter): a provisional tombstone
     /// matches none, since it shows as "unfinished", never as its stored `interrupted`.
     pub status: Option<RunStatus>,
@@ -252,7 +253,7 @@ impl ListPage {
             let last = &items[items.len() - 1].head;
             Cursor {
                 finished_at: last.finished_at,
-                id: Some(last.id.clone()),
+                id: Some(last.id.to_string()),
             }
         });
         ListPage { items, next_before }
@@ -287,20 +288,20 @@ pub trait RunStore: Send {
         proposal: Option<&PolicyProposal>,
         now_ms: i64,
     ) -> Result<PutOutcome>;
-    fn get(&mut self, id: &str, now_ms: i64) -> Result<Option<RunRecord>>;
+    fn get(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunRecord>>;
     /// The listing row (no events) with its `bytes`.
-    fn get_summary(&mut self, id: &str, now_ms: i64) -> Result<Option<RunListItem>>;
+    fn get_summary(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunListItem>>;
     fn list(&mut self, query: &ListQuery, now_ms: i64) -> Result<ListPage>;
     /// Events strictly after `after_seq`; `None` for an unknown, expired or malformed id.
     fn events(
         &mut self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: Option<usize>,
         now_ms: i64,
     ) -> Result<Option<EventsPage>>;
     /// Remove the record and its events; answers whether a row existed.
-    fn delete(&mut self, id: &str) -> Result<bool>;
+    fn delete(&mut self, id: &RunId) -> Result<bool>;
     fn policy(&mut self) -> Result<StoredPolicy>;
     /// Retention with no write (the seed's "alarm with no writes"): remove what the persisted policy no
     /// longer keeps (oldest first, at most [`TRIM_PER_PUT`] runs), and of the next [`TRIM_PER_PUT`] run
@@ -313,19 +314,15 @@ pub trait RunStore: Send {
     /// (clamped to `1..=`[`OPEN_CARDS_MAX_LIMIT`]). Like every read it applies the persisted policy first.
     /// The SQL stores keep the answer in an indexed column their record writer sets, so this never reads
     /// a record's JSON; a row written before that column existed reads as closed.
-    fn open_cards(
-        &mut self,
-        finished_before: i64,
-        limit: usize,
-        now_ms: i64,
-    ) -> Result<Vec<String>>;
+    fn open_cards(&mut self, finished_before: i64, limit: usize, now_ms: i64)
+        -> Result<Vec<RunId>>;
     /// Mark the stored record's card closed (`cardClosed: true`, read back by `get`, `get_summary` and
     /// `list`) and take it off [`RunStore::open_cards`]; answers whether a record with an open card was
     /// changed — `false` for a bad or unknown id, a provisional record, a record without a card or one
     /// already closed. The stored digest and size become those of the closed record, so a later put of it
     /// is an identical repeat; a later put without `cardClosed: true` opens the card again. Whatever the
     /// policy: a row the policy no longer keeps goes at the next trim either way.
-    fn close_card(&mut self, id: &str) -> Result<bool>;
+    fn close_card(&mut self, id: &RunId) -> Result<bool>;
 }
 
 /// Clamp a record's timestamps to at most [`MAX_FUTURE_MS`] past the store's clock (SPEC §3), so a

@@ -15,6 +15,7 @@ use storage::ledger::{Admit, AdmitOutcome, Promotion, ReceiptKey, RunLedger};
 use storage::record::{validate_record, RunRecord};
 use storage::store::RunStore;
 use storage::testing::logs::{capture, Logged};
+use storage::RunId;
 use storage::{DecodeProblem, Error, PgStore, SqliteStore, Synchronous};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -57,7 +58,7 @@ fn record(id: &str, events: Vec<Value>) -> RunRecord {
     .expect("a valid record")
 }
 
-fn admission(thread: &str, run_id: &str, key: Option<&str>) -> Admit {
+fn admission(thread: &str, run_id: &RunId, key: Option<&str>) -> Admit {
     Admit {
         thread_key: thread.to_owned(),
         gen: G1.to_owned(),
@@ -111,7 +112,8 @@ fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mu
             .stored
     );
     assert_eq!(
-        s.admit(&admission("C1:t1", "live", None), NOW).unwrap(),
+        s.admit(&admission("C1:t1", &RunId::from("live"), None), NOW)
+            .unwrap(),
         AdmitOutcome::Started {
             run_id: "live".into()
         }
@@ -122,13 +124,19 @@ fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mu
         state: Default::default(),
         lease_ms: 30_000,
     };
-    s.claim("live", G1, &p, NOW).unwrap().expect("promoted");
-    s.append("live", G1, &[ev(1), ev(2), ev(3)])
+    s.claim(&RunId::from("live"), G1, &p, NOW)
+        .unwrap()
+        .expect("promoted");
+    s.append(&RunId::from("live"), G1, &[ev(1), ev(2), ev(3)])
         .unwrap()
         .expect("appended");
     s.raw(&format!("UPDATE run_events SET json = '{{\"type\": \"note\", \"summary\": \"{STORED}' WHERE seq = 2"));
 
-    let (record, logged) = capture(|| s.get("done", NOW + 10).unwrap().expect("the record"));
+    let (record, logged) = capture(|| {
+        s.get(&RunId::from("done"), NOW + 10)
+            .unwrap()
+            .expect("the record")
+    });
     assert_eq!(
         seqs(&record.events),
         [1, 3],
@@ -147,7 +155,7 @@ fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mu
     assert_never_mentions(&logged, &[STORED]);
 
     let (page, logged) = capture(|| {
-        s.events("done", 0, None, NOW + 10)
+        s.events(&RunId::from("done"), 0, None, NOW + 10)
             .unwrap()
             .expect("a page")
     });
@@ -155,7 +163,11 @@ fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mu
     assert_eq!(warnings(&logged, "skipped a corrupt event row").len(), 1);
     assert_never_mentions(&logged, &[STORED]);
 
-    let (live, logged) = capture(|| s.live_events("live", 0, 100).unwrap().expect("a live run"));
+    let (live, logged) = capture(|| {
+        s.live_events(&RunId::from("live"), 0, 100)
+            .unwrap()
+            .expect("a live run")
+    });
     assert_eq!(seqs(&live), [1, 3], "a live run's other events are served");
     let skips = warnings(&logged, "skipped a corrupt event row");
     assert_eq!(skips.len(), 1, "{logged:?}");
@@ -172,14 +184,16 @@ fn a_corrupt_event_row_is_skipped_and_logged_without_its_bytes<S: RawSql>(s: &mu
 /// (a `Corrupt` error naming only the problem: not transient, never a refusal), writes nothing — no
 /// second run, no inbox row — and logs the problem with the scope and the run id.
 fn a_corrupt_receipt_fails_the_retry_and_names_its_problem_without_its_bytes<S: RawSql>(s: &mut S) {
-    let first = s.admit(&admission("C1:t1", "r1", Some(KEY)), NOW).unwrap();
+    let first = s
+        .admit(&admission("C1:t1", &RunId::from("r1"), Some(KEY)), NOW)
+        .unwrap();
     assert_eq!(
         first,
         AdmitOutcome::Started {
             run_id: "r1".into()
         }
     );
-    let retry = admission("C1:t1", "r2", Some(KEY));
+    let retry = admission("C1:t1", &RunId::from("r2"), Some(KEY));
     assert_eq!(
         s.admit(&retry, NOW + 1).unwrap(),
         first,
@@ -229,14 +243,14 @@ fn a_corrupt_receipt_fails_the_retry_and_names_its_problem_without_its_bytes<S: 
         assert_never_mentions(&logged, &[STORED, KEY]);
 
         // Nothing was written: r1 still holds the thread alone, with an empty inbox, and no r2 exists.
-        let live: Vec<String> = s
+        let live: Vec<RunId> = s
             .list_live()
             .unwrap()
             .into_iter()
             .map(|r| r.run_id)
             .collect();
         assert_eq!(live, ["r1"]);
-        assert_eq!(s.read_inbox("r1", None).unwrap(), Ok(vec![]));
+        assert_eq!(s.read_inbox(&RunId::from("r1"), None).unwrap(), Ok(vec![]));
     }
 }
 

@@ -7,6 +7,7 @@ use storage::ledger::{
     Admit, AdmitOutcome, Phase, Promotion, StepRecord, StepWrite, Successor, Turn,
 };
 use storage::record::validate_record;
+use storage::RunId;
 use storage::{BackendSpec, ManualClock, MemoryStore, StorageHandle, Synchronous};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -48,11 +49,11 @@ fn request(text: &str, user: &str) -> Value {
     json!({"thread": "t", "channel": "c", "user": user, "text": text})
 }
 
-fn admission(run_id: &str, text: &str) -> Admit {
+fn admission(run_id: &RunId, text: &str) -> Admit {
     Admit {
         thread_key: "c:t".into(),
         gen: GEN.into(),
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         request: request(text, "u1"),
         meta: json!({"agent": "demo", "model": "m", "label": text, "threadKey": "c:t", "channelId": "c", "userId": "u1",
             "channelVisibility": "machine", "deadline": NOW + 1000, "request": request(text, "u1")}),
@@ -118,7 +119,7 @@ fn opening(text: &str) -> (Promotion, StepWrite) {
 }
 
 /// Admit `run_id` with its first events, promotion and seed in one commit (as a fresh run is).
-async fn go_live(h: &StorageHandle, run_id: &str) {
+async fn go_live(h: &StorageHandle, run_id: &RunId) {
     assert_eq!(
         h.admit_with_events(
             admission(run_id, "hi"),
@@ -131,7 +132,7 @@ async fn go_live(h: &StorageHandle, run_id: &str) {
         .unwrap(),
         (
             AdmitOutcome::Started {
-                run_id: run_id.into()
+                run_id: run_id.clone()
             },
             true
         )
@@ -145,7 +146,7 @@ async fn go_live(h: &StorageHandle, run_id: &str) {
 async fn an_admission_opens_its_run_in_its_own_commit_unless_the_seed_would_be_refused() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in every_backend(dir.path()) {
-        go_live(&h, "r1").await;
+        go_live(&h, &RunId::from("r1")).await;
         let row = h.get_live("r1".into()).await.unwrap().expect("the row");
         assert_eq!(row.phase, Phase::Live, "{name}");
         assert_eq!(row.system_text, "s", "{name}");
@@ -157,7 +158,7 @@ async fn an_admission_opens_its_run_in_its_own_commit_unless_the_seed_would_be_r
         let last = h.last_step("r1".into()).await.unwrap().expect("step 0");
         assert_eq!((last.step, last.turn_index), (0, 2), "{name}");
 
-        let mut admit = admission("r2", "too big");
+        let mut admit = admission(&RunId::from("r2"), "too big");
         admit.thread_key = "c:other".into();
         let (promotion, mut seed) = opening("too big");
         seed.turns[1].parts = vec![json!("x".repeat(storage::ledger::MAX_TRANSCRIPT_PART_BYTES))];
@@ -213,7 +214,7 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
         };
         let started = h
             .admit_with_events(
-                admission("r1", "hello"),
+                admission(&RunId::from("r1"), "hello"),
                 first_events("hello"),
                 tombstone("r1"),
                 Some(opening("hello")),
@@ -247,7 +248,7 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
         let before = h.inbox_epoch();
         let steered = h
             .admit_with_events(
-                admission("r2", "more"),
+                admission(&RunId::from("r2"), "more"),
                 first_events("more"),
                 tombstone("r2"),
                 Some(opening("more")),
@@ -285,7 +286,7 @@ async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() 
 async fn a_finish_admits_one_successor_for_the_unread_inbox_in_the_same_transaction() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        go_live(&h, "r1").await;
+        go_live(&h, &RunId::from("r1")).await;
         let s1 = h
             .push_inbox("r1".into(), request("first", "u2"))
             .await
@@ -387,17 +388,17 @@ fn queued(text: &str) -> Value {
     json!({"thread": "t", "channel": "c", "user": "u9", "text": text, "strategy": "enqueue"})
 }
 
-fn successor(run_id: &str) -> Successor {
+fn successor(run_id: &RunId) -> Successor {
     Successor {
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         lease_ms: 30_000,
         inbox_consumed: None,
     }
 }
 
 /// The texts of a run's `input` events with their sources.
-async fn inputs(h: &StorageHandle, run_id: &str) -> Vec<(String, String)> {
-    h.live_events(run_id.into(), 0, 100)
+async fn inputs(h: &StorageHandle, run_id: &RunId) -> Vec<(String, String)> {
+    h.live_events(run_id.clone(), 0, 100)
         .await
         .unwrap()
         .unwrap_or_default()
@@ -419,7 +420,7 @@ async fn inputs(h: &StorageHandle, run_id: &str) -> Vec<(String, String)> {
 async fn queued_messages_start_one_run_each_in_order_through_the_finishes() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        go_live(&h, "r1").await;
+        go_live(&h, &RunId::from("r1")).await;
         for message in [
             queued("q1"),
             request("late steer", "u2"),
@@ -429,15 +430,20 @@ async fn queued_messages_start_one_run_each_in_order_through_the_finishes() {
             h.push_inbox("r1".into(), message).await.unwrap().unwrap();
         }
         // r1 folded nothing: q1 is next, the steer rides along on q1's run, q2 and q3 wait their turn.
-        h.finish(GEN.into(), record("r1"), None, Some(successor("r2")))
-            .await
-            .unwrap()
-            .unwrap();
+        h.finish(
+            GEN.into(),
+            record("r1"),
+            None,
+            Some(successor(&RunId::from("r2"))),
+        )
+        .await
+        .unwrap()
+        .unwrap();
         let row = h.get_live("r2".into()).await.unwrap().expect("q1's run");
         assert_eq!(row.meta["request"]["text"], "q1", "{name}");
         assert_eq!(row.meta["userId"], "u9", "{name}");
         assert_eq!(
-            inputs(&h, "r2").await,
+            inputs(&h, &RunId::from("r2")).await,
             [("q1".into(), "request".into())],
             "{name}"
         );
@@ -475,14 +481,14 @@ async fn queued_messages_start_one_run_each_in_order_through_the_finishes() {
             None,
             Some(Successor {
                 inbox_consumed: consumed,
-                ..successor("r3")
+                ..successor(&RunId::from("r3"))
             }),
         )
         .await
         .unwrap()
         .unwrap();
         assert_eq!(
-            inputs(&h, "r3").await,
+            inputs(&h, &RunId::from("r3")).await,
             [("q2".into(), "request".into())],
             "{name}"
         );
@@ -498,20 +504,20 @@ async fn queued_messages_start_one_run_each_in_order_through_the_finishes() {
 async fn a_purge_hands_the_queue_to_a_successor_and_drops_the_steering_messages() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        go_live(&h, "r1").await;
+        go_live(&h, &RunId::from("r1")).await;
         for message in [request("steer", "u2"), queued("q1"), queued("q2")] {
             h.push_inbox("r1".into(), message).await.unwrap().unwrap();
         }
         h.kill("r1".into()).await.unwrap();
         assert!(
-            h.purge("r1".into(), GEN.into(), Some(successor("r2")))
+            h.purge("r1".into(), GEN.into(), Some(successor(&RunId::from("r2"))))
                 .await
                 .unwrap(),
             "{name}"
         );
         assert_eq!(h.get_live("r1".into()).await.unwrap(), None, "{name}");
         assert_eq!(
-            inputs(&h, "r2").await,
+            inputs(&h, &RunId::from("r2")).await,
             [("q1".into(), "request".into())],
             "{name}"
         );
@@ -526,17 +532,17 @@ async fn a_purge_hands_the_queue_to_a_successor_and_drops_the_steering_messages(
         // The next kill hands on q2; the one after that has nothing queued and admits nothing.
         h.kill("r2".into()).await.unwrap();
         assert!(h
-            .purge("r2".into(), GEN.into(), Some(successor("r3")))
+            .purge("r2".into(), GEN.into(), Some(successor(&RunId::from("r3"))))
             .await
             .unwrap());
         assert_eq!(
-            inputs(&h, "r3").await,
+            inputs(&h, &RunId::from("r3")).await,
             [("q2".into(), "request".into())],
             "{name}"
         );
         h.kill("r3".into()).await.unwrap();
         assert!(h
-            .purge("r3".into(), GEN.into(), Some(successor("r4")))
+            .purge("r3".into(), GEN.into(), Some(successor(&RunId::from("r4"))))
             .await
             .unwrap());
         assert_eq!(h.get_live("r4".into()).await.unwrap(), None, "{name}");
@@ -548,7 +554,7 @@ async fn a_purge_hands_the_queue_to_a_successor_and_drops_the_steering_messages(
 async fn a_finish_with_nothing_unread_admits_nothing_and_a_close_reads_the_last_step() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        go_live(&h, "r1").await;
+        go_live(&h, &RunId::from("r1")).await;
         let s1 = h
             .push_inbox("r1".into(), request("first", "u2"))
             .await
@@ -591,7 +597,7 @@ async fn a_finish_with_nothing_unread_admits_nothing_and_a_close_reads_the_last_
 async fn a_fenced_finish_admits_no_successor() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        go_live(&h, "r1").await;
+        go_live(&h, &RunId::from("r1")).await;
         h.push_inbox("r1".into(), request("first", "u2"))
             .await
             .unwrap()
@@ -627,9 +633,15 @@ async fn a_promotion_over_a_run_past_its_seed_is_refused_and_a_repeated_one_is_n
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
         assert!(matches!(
-            h.admit_with_events(admission("r1", "hi"), first_events("hi"), None, None, NOW)
-                .await
-                .unwrap(),
+            h.admit_with_events(
+                admission(&RunId::from("r1"), "hi"),
+                first_events("hi"),
+                None,
+                None,
+                NOW
+            )
+            .await
+            .unwrap(),
             (AdmitOutcome::Started { .. }, false)
         ));
         let (p, seed) = opening("hi");
@@ -718,7 +730,7 @@ async fn the_orphan_sweep_lists_and_closes_cards_through_the_handle() {
 async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
     for (name, h) in backends(dir.path()) {
-        go_live(&h, "r1").await;
+        go_live(&h, &RunId::from("r1")).await;
         let unread = h
             .push_inbox("r1".into(), request("late", "u2"))
             .await
@@ -744,7 +756,7 @@ async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing(
                 Some("the answer".into()),
                 r,
                 None,
-                Some(successor("r2")),
+                Some(successor(&RunId::from("r2"))),
             )
         };
         h.request_stop("r1".into(), storage::ledger::StopMode::Soft)
@@ -814,7 +826,7 @@ async fn another_process_steer_moves_the_inbox_epoch_at_this_writers_next_job() 
     let (a, b) = (open(), open());
     let started = a
         .admit_with_events(
-            admission("r1", "hello"),
+            admission(&RunId::from("r1"), "hello"),
             first_events("hello"),
             None,
             None,
@@ -830,7 +842,7 @@ async fn another_process_steer_moves_the_inbox_epoch_at_this_writers_next_job() 
     let before = a.inbox_epoch();
     let steered = b
         .admit_with_events(
-            admission("r2", "more"),
+            admission(&RunId::from("r2"), "more"),
             first_events("more"),
             None,
             None,

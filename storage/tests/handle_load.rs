@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::ledger::{Admit, AdmitOutcome, Promotion, StepRecord, Turn};
@@ -20,11 +21,11 @@ const LEASE_MS: i64 = 3_000;
 const READERS: usize = 500;
 const HEARTBEATS: usize = 150;
 
-fn admission(run_id: &str, thread: &str, now: i64) -> Admit {
+fn admission(run_id: &RunId, thread: &str, now: i64) -> Admit {
     Admit {
         thread_key: thread.into(),
         gen: GEN.into(),
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         request: json!({"text": "x"}),
         meta: json!({"agent": "demo", "request": {"text": "x"}, "deadline": now + 600_000}),
         key: None,
@@ -85,7 +86,7 @@ async fn heartbeats_and_steps_keep_their_latency_under_five_hundred_concurrent_r
         );
     }
     assert_eq!(
-        h.admit(admission("watched", "c:watched", now), now)
+        h.admit(admission(&RunId::from("watched"), "c:watched", now), now)
             .await
             .unwrap(),
         AdmitOutcome::Started {
@@ -100,7 +101,7 @@ async fn heartbeats_and_steps_keep_their_latency_under_five_hundred_concurrent_r
 
     // The run whose lease must never lapse.
     assert_eq!(
-        h.admit(admission("beating", "c:beating", now), now)
+        h.admit(admission(&RunId::from("beating"), "c:beating", now), now)
             .await
             .unwrap(),
         AdmitOutcome::Started {

@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::ledger::{
@@ -35,11 +36,11 @@ fn request(thread: &str, text: &str) -> Value {
     json!({"thread": thread, "channel": "c", "user": "u", "text": text})
 }
 
-fn admission(run_id: &str, thread: &str, keyed: bool) -> Admit {
+fn admission(run_id: &RunId, thread: &str, keyed: bool) -> Admit {
     Admit {
         thread_key: thread.into(),
         gen: GEN.into(),
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         request: request(thread, "go"),
         meta: json!({"agent": "demo", "model": "m", "label": "go", "threadKey": thread, "channelId": "c", "userId": "u",
             "channelVisibility": "machine", "deadline": NOW + 600_000, "request": request(thread, "go")}),
@@ -110,7 +111,7 @@ async fn promote_and_finish(h: &StorageHandle, run: &str, thread: &str, finished
     .unwrap()
     .unwrap();
     let successor = Successor {
-        run_id: format!("{run}-next"),
+        run_id: RunId::from(format!("{run}-next")),
         lease_ms: LEASE,
         inbox_consumed: None,
     };
@@ -134,7 +135,7 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
     ];
     let out = h
         .admit_with_events(
-            admission(&run, thread, n.is_multiple_of(4)),
+            admission(&RunId::from(&run), thread, n.is_multiple_of(4)),
             first,
             None,
             None,
@@ -146,7 +147,7 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
         out,
         (
             AdmitOutcome::Started {
-                run_id: run.clone()
+                run_id: RunId::from(run.clone())
             },
             false
         )
@@ -157,7 +158,10 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
         state: Default::default(),
         lease_ms: LEASE,
     };
-    h.claim(run.clone(), GEN.into(), p).await.unwrap().unwrap();
+    h.claim(RunId::from(run.clone()), GEN.into(), p)
+        .await
+        .unwrap()
+        .unwrap();
     let seed = vec![
         Turn {
             role: "system".into(),
@@ -168,17 +172,24 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
             parts: vec![json!("go")],
         },
     ];
-    h.durable_step(run.clone(), GEN.into(), 0, seed, step(0, 2, None), vec![])
-        .await
-        .unwrap()
-        .unwrap();
-    h.heartbeat(run.clone(), GEN.into(), LEASE)
+    h.durable_step(
+        RunId::from(run.clone()),
+        GEN.into(),
+        0,
+        seed,
+        step(0, 2, None),
+        vec![],
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    h.heartbeat(RunId::from(run.clone()), GEN.into(), LEASE)
         .await
         .unwrap()
         .unwrap();
     // A follow-up, folded into step 1.
     let seq = h
-        .push_inbox(run.clone(), request(thread, "more"))
+        .push_inbox(RunId::from(run.clone()), request(thread, "more"))
         .await
         .unwrap()
         .unwrap();
@@ -196,7 +207,7 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
         json!({"type": "input", "seq": 3, "at": NOW, "text": "more", "source": "followup", "inboxSeq": seq}),
     ];
     h.durable_step(
-        run.clone(),
+        RunId::from(run.clone()),
         GEN.into(),
         2,
         turns,
@@ -209,13 +220,13 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
     // Every tenth run gets one more follow-up that it never reads.
     let unread = n.is_multiple_of(10);
     if unread {
-        h.push_inbox(run.clone(), request(thread, "never read"))
+        h.push_inbox(RunId::from(run.clone()), request(thread, "never read"))
             .await
             .unwrap()
             .unwrap();
     }
     h.finishing(
-        run.clone(),
+        RunId::from(run.clone()),
         GEN.into(),
         RunStatus::Completed,
         Some("done".into()),
@@ -224,7 +235,7 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
     .unwrap()
     .unwrap();
     let successor = Successor {
-        run_id: format!("{run}-next"),
+        run_id: RunId::from(format!("{run}-next")),
         lease_ms: LEASE,
         inbox_consumed: Some(seq),
     };
@@ -241,7 +252,7 @@ async fn short_run(h: &StorageHandle, n: usize, thread: &str) -> bool {
     if unread {
         let next = format!("{run}-next");
         let row = h
-            .get_live(next.clone())
+            .get_live(RunId::from(next.clone()))
             .await
             .unwrap()
             .expect("the successor was admitted");

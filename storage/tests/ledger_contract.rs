@@ -11,6 +11,7 @@
 //! classification (pure decisions, tested in `decisions.rs`), and anything above the storage layer.
 
 use std::collections::{BTreeMap, BTreeSet};
+use storage::RunId;
 
 use serde_json::{json, Map, Value};
 use storage::ledger::{
@@ -59,7 +60,7 @@ fn meta(thread: &str, text: &str) -> Value {
     })
 }
 
-fn admission(thread: &str, gen: &str, run_id: &str, text: &str) -> Admit {
+fn admission(thread: &str, gen: &str, run_id: &RunId, text: &str) -> Admit {
     Admit {
         thread_key: thread.to_owned(),
         gen: gen.to_owned(),
@@ -84,32 +85,32 @@ fn keyed(mut a: Admit, scope: &str, key: &str, body_hash: &str) -> Admit {
 
 fn started(run: &str) -> AdmitOutcome {
     AdmitOutcome::Started {
-        run_id: run.to_owned(),
+        run_id: RunId::from(run),
     }
 }
 
 fn steered(run: &str, seq: u64) -> AdmitOutcome {
     AdmitOutcome::Steered {
-        run_id: run.to_owned(),
+        run_id: RunId::from(run),
         seq,
     }
 }
 
 fn fenced(run: &str) -> Refusal {
     Refusal::Fenced {
-        run_id: run.to_owned(),
+        run_id: RunId::from(run),
     }
 }
 
 fn unknown(run: &str) -> Refusal {
     Refusal::UnknownRun {
-        run_id: run.to_owned(),
+        run_id: RunId::from(run),
     }
 }
 
 fn not_live(run: &str) -> Refusal {
     Refusal::NotLive {
-        run_id: run.to_owned(),
+        run_id: RunId::from(run),
     }
 }
 
@@ -125,7 +126,7 @@ fn promotion(lease_ms: i64) -> Promotion {
 /// Admit `run` on a free `thread` under `gen`: it must start.
 fn start<S: Ledger>(s: &mut S, run: &str, thread: &str, gen: &str, now: i64) {
     let out = s
-        .admit(&admission(thread, gen, run, "hello"), now)
+        .admit(&admission(thread, gen, &RunId::from(run), "hello"), now)
         .expect("admit");
     assert_eq!(
         out,
@@ -136,7 +137,9 @@ fn start<S: Ledger>(s: &mut S, run: &str, thread: &str, gen: &str, now: i64) {
 
 /// Promote `gen`'s reservation of `run`.
 fn promote<S: Ledger>(s: &mut S, run: &str, gen: &str, now: i64) {
-    let out = s.claim(run, gen, &promotion(LEASE), now).expect("claim");
+    let out = s
+        .claim(&RunId::from(run), gen, &promotion(LEASE), now)
+        .expect("claim");
     assert_eq!(
         out,
         Ok(Claimed::Promoted),
@@ -151,7 +154,7 @@ fn go_live<S: Ledger>(s: &mut S, run: &str, thread: &str, gen: &str, now: i64) {
 }
 
 fn live_row<S: Ledger>(s: &mut S, run: &str) -> LiveRow {
-    s.get_live(run)
+    s.get_live(&RunId::from(run))
         .expect("get_live")
         .unwrap_or_else(|| panic!("{run} should have a live row"))
 }
@@ -168,7 +171,8 @@ fn seqs(events: &[Value]) -> Vec<u64> {
 }
 
 fn live_events<S: Ledger>(s: &mut S, run: &str) -> Option<Vec<Value>> {
-    s.live_events(run, 0, 10_000).expect("live_events")
+    s.live_events(&RunId::from(run), 0, 10_000)
+        .expect("live_events")
 }
 
 fn step_record(step: u64, turn_index: u64, consumed: Option<u64>) -> StepRecord {
@@ -210,12 +214,21 @@ fn a_step_writes_turns_events_state_and_record_and_a_refusal_stops_before_the_re
 ) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     let first = step_write(1, 0, vec![ev(3, "a"), ev(4, "b")], Map::new());
-    assert_eq!(s.write_step("run-a", G1, &first).unwrap(), Ok(()));
-    let second = step_write(2, 1, vec![ev(5, "c")], obj(json!({"binding": "w1"})));
-    assert_eq!(s.write_step("run-a", G1, &second).unwrap(), Ok(()));
-    assert_eq!(s.last_step("run-a").unwrap(), Some(second.record.clone()));
     assert_eq!(
-        s.read_transcript("run-a").unwrap().turns,
+        s.write_step(&RunId::from("run-a"), G1, &first).unwrap(),
+        Ok(())
+    );
+    let second = step_write(2, 1, vec![ev(5, "c")], obj(json!({"binding": "w1"})));
+    assert_eq!(
+        s.write_step(&RunId::from("run-a"), G1, &second).unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.last_step(&RunId::from("run-a")).unwrap(),
+        Some(second.record.clone())
+    );
+    assert_eq!(
+        s.read_transcript(&RunId::from("run-a")).unwrap().turns,
         vec![first.turns[0].clone(), second.turns[0].clone()]
     );
     let events = live_events(s, "run-a").expect("live");
@@ -228,11 +241,20 @@ fn a_step_writes_turns_events_state_and_record_and_a_refusal_stops_before_the_re
     // An unsequenced event: the turn and the good event land, the record does not.
     let mut bad = step_write(3, 2, vec![ev(6, "d"), json!({"type": "note"})], Map::new());
     assert_eq!(
-        s.write_step("run-a", G1, &bad).unwrap(),
+        s.write_step(&RunId::from("run-a"), G1, &bad).unwrap(),
         Err(Refusal::EventWithoutSeq { index: 1 })
     );
-    assert_eq!(s.last_step("run-a").unwrap(), Some(second.record.clone()));
-    assert_eq!(s.read_transcript("run-a").unwrap().turns.len(), 3);
+    assert_eq!(
+        s.last_step(&RunId::from("run-a")).unwrap(),
+        Some(second.record.clone())
+    );
+    assert_eq!(
+        s.read_transcript(&RunId::from("run-a"))
+            .unwrap()
+            .turns
+            .len(),
+        3
+    );
     assert!(seqs(&live_events(s, "run-a").unwrap()).ends_with(&[5, 6]));
 
     // A part too large: refused before anything is written.
@@ -242,12 +264,21 @@ fn a_step_writes_turns_events_state_and_record_and_a_refusal_stops_before_the_re
         &[&"x".repeat(MAX_TRANSCRIPT_PART_BYTES + 1)],
     )];
     assert!(matches!(
-        s.write_step("run-a", G1, &bad).unwrap(),
+        s.write_step(&RunId::from("run-a"), G1, &bad).unwrap(),
         Err(Refusal::PartTooLarge { idx: 3, .. })
     ));
-    assert_eq!(s.read_transcript("run-a").unwrap().turns.len(), 3);
+    assert_eq!(
+        s.read_transcript(&RunId::from("run-a"))
+            .unwrap()
+            .turns
+            .len(),
+        3
+    );
     assert!(seqs(&live_events(s, "run-a").unwrap()).ends_with(&[5, 6]));
-    assert_eq!(s.last_step("run-a").unwrap(), Some(second.record));
+    assert_eq!(
+        s.last_step(&RunId::from("run-a")).unwrap(),
+        Some(second.record)
+    );
 }
 
 fn turn(role: &str, texts: &[&str]) -> Turn {
@@ -307,7 +338,7 @@ fn all() -> ListQuery {
     ListQuery::visible_to(VisibilityFilter::All)
 }
 
-fn listed<S: Ledger>(s: &mut S, now: i64) -> Vec<String> {
+fn listed<S: Ledger>(s: &mut S, now: i64) -> Vec<RunId> {
     s.list(&all(), now)
         .expect("list")
         .items
@@ -316,7 +347,7 @@ fn listed<S: Ledger>(s: &mut S, now: i64) -> Vec<String> {
         .collect()
 }
 
-fn live_ids<S: Ledger>(s: &mut S) -> BTreeSet<String> {
+fn live_ids<S: Ledger>(s: &mut S) -> BTreeSet<RunId> {
     s.list_live()
         .expect("list_live")
         .into_iter()
@@ -324,13 +355,13 @@ fn live_ids<S: Ledger>(s: &mut S) -> BTreeSet<String> {
         .collect()
 }
 
-fn ids_of(rows: &[LiveRow]) -> BTreeSet<String> {
+fn ids_of(rows: &[LiveRow]) -> BTreeSet<RunId> {
     rows.iter().map(|r| r.run_id.clone()).collect()
 }
 
-fn by_id(taken: Vec<Reclaimed>) -> BTreeMap<String, Reclaimed> {
+fn by_id(taken: Vec<Reclaimed>) -> BTreeMap<RunId, Reclaimed> {
     let n = taken.len();
-    let map: BTreeMap<String, Reclaimed> = taken
+    let map: BTreeMap<RunId, Reclaimed> = taken
         .into_iter()
         .map(|t| (t.row.run_id.clone(), t))
         .collect();
@@ -342,8 +373,12 @@ fn inbox_seqs(items: &[InboxItem]) -> Vec<u64> {
     items.iter().map(|i| i.seq).collect()
 }
 
-fn set(ids: &[&str]) -> BTreeSet<String> {
-    ids.iter().map(|s| (*s).to_owned()).collect()
+fn set(ids: &[&str]) -> BTreeSet<RunId> {
+    ids.iter().map(|s| RunId::from(*s)).collect()
+}
+
+fn gens(gens: &[&str]) -> BTreeSet<String> {
+    gens.iter().map(|s| (*s).to_owned()).collect()
 }
 
 /// Everything observable about one run, to prove that a refused write changed nothing.
@@ -354,16 +389,19 @@ struct Snapshot {
     transcript: Vec<Turn>,
     inbox: Outcome<Vec<InboxItem>>,
     record: Option<RunRecord>,
-    live: BTreeSet<String>,
+    live: BTreeSet<RunId>,
 }
 
 fn snapshot<S: Ledger>(s: &mut S, run: &str, now: i64) -> Snapshot {
     Snapshot {
-        row: s.get_live(run).expect("get_live"),
+        row: s.get_live(&RunId::from(run)).expect("get_live"),
         events: live_events(s, run),
-        transcript: s.read_transcript(run).expect("read_transcript").turns,
-        inbox: s.read_inbox(run, None).expect("read_inbox"),
-        record: s.get(run, now).expect("get"),
+        transcript: s
+            .read_transcript(&RunId::from(run))
+            .expect("read_transcript")
+            .turns,
+        inbox: s.read_inbox(&RunId::from(run), None).expect("read_inbox"),
+        record: s.get(&RunId::from(run), now).expect("get"),
         live: live_ids(s),
     }
 }
@@ -380,22 +418,23 @@ fn every_owner_write<S: Ledger>(
     vec![
         (
             "append",
-            s.append(run, gen, &[ev(900, "zombie")]).expect("append"),
+            s.append(&RunId::from(run), gen, &[ev(900, "zombie")])
+                .expect("append"),
         ),
         (
             "step",
-            s.step(run, gen, &step_record(9, 99, Some(99)))
+            s.step(&RunId::from(run), gen, &step_record(9, 99, Some(99)))
                 .expect("step"),
         ),
         (
             "write_transcript",
-            s.write_transcript(run, gen, 40, &[turn("user", &["zombie"])])
+            s.write_transcript(&RunId::from(run), gen, 40, &[turn("user", &["zombie"])])
                 .expect("write_transcript"),
         ),
         (
             "write_step",
             s.write_step(
-                run,
+                &RunId::from(run),
                 gen,
                 &step_write(9, 41, vec![ev(901, "zombie")], Map::new()),
             )
@@ -404,7 +443,7 @@ fn every_owner_write<S: Ledger>(
         (
             "write_step with state",
             s.write_step(
-                run,
+                &RunId::from(run),
                 gen,
                 &step_write(9, 42, vec![], obj(json!({"zombie": true}))),
             )
@@ -412,27 +451,30 @@ fn every_owner_write<S: Ledger>(
         ),
         (
             "set_state",
-            s.set_state(run, gen, &obj(json!({"zombie": true})))
+            s.set_state(&RunId::from(run), gen, &obj(json!({"zombie": true})))
                 .expect("set_state"),
         ),
         (
             "heartbeat",
-            s.heartbeat(run, gen, LEASE, now)
+            s.heartbeat(&RunId::from(run), gen, LEASE, now)
                 .expect("heartbeat")
                 .map(|_| ()),
         ),
         (
             "finishing",
-            s.finishing(run, gen, RunStatus::Completed, Some("zombie"))
+            s.finishing(&RunId::from(run), gen, RunStatus::Completed, Some("zombie"))
                 .expect("finishing"),
         ),
         (
             "finish",
-            s.finish(run, gen, &zombie_record, None, now)
+            s.finish(&RunId::from(run), gen, &zombie_record, None, now)
                 .expect("finish")
                 .map(|_| ()),
         ),
-        ("abandon", s.abandon(run, gen).expect("abandon")),
+        (
+            "abandon",
+            s.abandon(&RunId::from(run), gen).expect("abandon"),
+        ),
     ]
 }
 
@@ -446,12 +488,13 @@ fn assert_all_refused(results: Vec<(&'static str, Outcome<()>)>, expected: &Refu
 /// item.
 fn furnish<S: Ledger>(s: &mut S, run: &str, gen: &str) {
     assert_eq!(
-        s.append(run, gen, &[ev(1, "one"), ev(2, "two")]).unwrap(),
+        s.append(&RunId::from(run), gen, &[ev(1, "one"), ev(2, "two")])
+            .unwrap(),
         Ok(())
     );
     assert_eq!(
         s.write_transcript(
-            run,
+            &RunId::from(run),
             gen,
             0,
             &[turn("system", &["sys"]), turn("user", &["hi"])]
@@ -460,13 +503,22 @@ fn furnish<S: Ledger>(s: &mut S, run: &str, gen: &str) {
         Ok(())
     );
     assert_eq!(
-        s.set_state(run, gen, &obj(json!({"binding": {"backend": "local"}})))
+        s.set_state(
+            &RunId::from(run),
+            gen,
+            &obj(json!({"binding": {"backend": "local"}}))
+        )
+        .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.step(&RunId::from(run), gen, &step_record(0, 2, None))
             .unwrap(),
         Ok(())
     );
-    assert_eq!(s.step(run, gen, &step_record(0, 2, None)).unwrap(), Ok(()));
     assert_eq!(
-        s.push_inbox(run, &json!({"text": "follow-up"})).unwrap(),
+        s.push_inbox(&RunId::from(run), &json!({"text": "follow-up"}))
+            .unwrap(),
         Ok(1)
     );
 }
@@ -481,7 +533,7 @@ fn admit_on_a_free_thread_reserves_an_attaching_row_and_a_second_admit_steers_in
     s: &mut S,
 ) {
     // A free thread: the pre-minted id gets an `attaching` row owned by the admitting generation.
-    let first = admission("C1:t1", G1, "run-a", "hello");
+    let first = admission("C1:t1", G1, &RunId::from("run-a"), "hello");
     assert_eq!(s.admit(&first, NOW).unwrap(), started("run-a"));
     let row = live_row(s, "run-a");
     assert_eq!(row.run_id, "run-a");
@@ -505,20 +557,20 @@ fn admit_on_a_free_thread_reserves_an_attaching_row_and_a_second_admit_steers_in
     assert!(row.state.is_empty(), "no state yet: {:?}", row.state);
 
     // A second message on the thread, with another pre-minted id, steers into the live run's inbox.
-    let second = admission("C1:t1", G2, "run-b", "and also");
+    let second = admission("C1:t1", G2, &RunId::from("run-b"), "and also");
     assert_eq!(s.admit(&second, NOW + 10).unwrap(), steered("run-a", 1));
-    let third = admission("C1:t1", G1, "run-c", "one more");
+    let third = admission("C1:t1", G1, &RunId::from("run-c"), "one more");
     assert_eq!(s.admit(&third, NOW + 20).unwrap(), steered("run-a", 2));
     assert_eq!(
-        s.get_live("run-b").unwrap(),
+        s.get_live(&RunId::from("run-b")).unwrap(),
         None,
         "a steered message reserves nothing"
     );
-    assert_eq!(s.get_live("run-c").unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("run-c")).unwrap(), None);
 
     // The steered messages are readable, in order, as the live run's inbox.
     let inbox = s
-        .read_inbox("run-a", None)
+        .read_inbox(&RunId::from("run-a"), None)
         .unwrap()
         .expect("inbox of a live run");
     assert_eq!(inbox_seqs(&inbox), [1, 2]);
@@ -532,7 +584,10 @@ fn admit_on_a_free_thread_reserves_an_attaching_row_and_a_second_admit_steers_in
 fn one_live_row_per_thread_whatever_the_number_of_admissions<S: Ledger>(s: &mut S) {
     for (i, run) in ["run-a", "run-b", "run-c", "run-d"].iter().enumerate() {
         let out = s
-            .admit(&admission("C1:t1", G1, run, "msg"), NOW + i as i64)
+            .admit(
+                &admission("C1:t1", G1, &RunId::from(*run), "msg"),
+                NOW + i as i64,
+            )
             .unwrap();
         if i == 0 {
             assert_eq!(out, started("run-a"));
@@ -546,14 +601,20 @@ fn one_live_row_per_thread_whatever_the_number_of_admissions<S: Ledger>(s: &mut 
     }
     // Another generation admitting on the same thread is steered too: the thread is the unit.
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "run-e", "msg"), NOW + 10)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G2, &RunId::from("run-e"), "msg"),
+            NOW + 10
+        )
+        .unwrap(),
         steered("run-a", 4)
     );
     // Another thread is independent.
     assert_eq!(
-        s.admit(&admission("C1:t2", G2, "run-f", "msg"), NOW + 11)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t2", G2, &RunId::from("run-f"), "msg"),
+            NOW + 11
+        )
+        .unwrap(),
         started("run-f")
     );
 
@@ -570,8 +631,11 @@ fn one_live_row_per_thread_whatever_the_number_of_admissions<S: Ledger>(s: &mut 
     // Promoting does not change that: a later admit still steers into the same run.
     promote(s, "run-a", G1, NOW + 20);
     assert_eq!(
-        s.admit(&admission("C1:t1", G1, "run-g", "msg"), NOW + 30)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G1, &RunId::from("run-g"), "msg"),
+            NOW + 30
+        )
+        .unwrap(),
         steered("run-a", 5)
     );
     assert_eq!(live_ids(s), set(&["run-a", "run-f"]));
@@ -581,14 +645,14 @@ fn a_keyed_admit_retried_returns_the_stored_answer_and_appends_once<S: Ledger>(s
     // A keyed admission that started a run: the retry (which carries a freshly minted id, as a new
     // attempt would) gets the original answer verbatim and reserves nothing.
     let a = keyed(
-        admission("C1:t1", G1, "run-a", "hello"),
+        admission("C1:t1", G1, &RunId::from("run-a"), "hello"),
         "tok",
         "k-start",
         "hash-1",
     );
     assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
     let retry = keyed(
-        admission("C1:t1", G1, "run-a2", "hello"),
+        admission("C1:t1", G1, &RunId::from("run-a2"), "hello"),
         "tok",
         "k-start",
         "hash-1",
@@ -598,38 +662,41 @@ fn a_keyed_admit_retried_returns_the_stored_answer_and_appends_once<S: Ledger>(s
         started("run-a"),
         "the receipt answers first"
     );
-    assert_eq!(s.get_live("run-a2").unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("run-a2")).unwrap(), None);
     assert_eq!(live_ids(s), set(&["run-a"]));
     assert_eq!(
-        s.read_inbox("run-a", None).unwrap(),
+        s.read_inbox(&RunId::from("run-a"), None).unwrap(),
         Ok(vec![]),
         "a receipt hit steers nothing"
     );
 
     // A keyed admission that steered: the retry answers the same seq and the inbox holds it once.
     let b = keyed(
-        admission("C1:t1", G2, "run-b", "more"),
+        admission("C1:t1", G2, &RunId::from("run-b"), "more"),
         "tok",
         "k-steer",
         "hash-2",
     );
     assert_eq!(s.admit(&b, NOW + 10).unwrap(), steered("run-a", 1));
     let b_retry = keyed(
-        admission("C1:t1", G2, "run-b2", "more"),
+        admission("C1:t1", G2, &RunId::from("run-b2"), "more"),
         "tok",
         "k-steer",
         "hash-2",
     );
     assert_eq!(s.admit(&b_retry, NOW + 20).unwrap(), steered("run-a", 1));
     assert_eq!(s.admit(&b_retry, NOW + 30).unwrap(), steered("run-a", 1));
-    let inbox = s.read_inbox("run-a", None).unwrap().unwrap();
+    let inbox = s.read_inbox(&RunId::from("run-a"), None).unwrap().unwrap();
     assert_eq!(inbox_seqs(&inbox), [1], "appended once");
     assert_eq!(inbox[0].message, b.request);
 
     // An unkeyed message afterwards takes the next seq.
     assert_eq!(
-        s.admit(&admission("C1:t1", G1, "run-c", "x"), NOW + 40)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G1, &RunId::from("run-c"), "x"),
+            NOW + 40
+        )
+        .unwrap(),
         steered("run-a", 2)
     );
 
@@ -637,7 +704,7 @@ fn a_keyed_admit_retried_returns_the_stored_answer_and_appends_once<S: Ledger>(s
     // and starts nothing on the now free thread.
     promote(s, "run-a", G1, NOW + 50);
     let fin = s.finish(
-        "run-a",
+        &RunId::from("run-a"),
         G1,
         &record("run-a", "C1:t1", NOW, NOW + 60, vec![ev(1, "done")]),
         None,
@@ -658,7 +725,7 @@ fn a_keyed_admit_retried_returns_the_stored_answer_and_appends_once<S: Ledger>(s
 
 fn the_same_key_with_another_body_is_a_key_conflict_and_keys_are_scoped<S: Ledger>(s: &mut S) {
     let a = keyed(
-        admission("C1:t1", G1, "run-a", "hello"),
+        admission("C1:t1", G1, &RunId::from("run-a"), "hello"),
         "tok",
         "k1",
         "hash-1",
@@ -666,23 +733,23 @@ fn the_same_key_with_another_body_is_a_key_conflict_and_keys_are_scoped<S: Ledge
     assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
     // Same scope and key, another body: a conflict, and nothing happens.
     let other = keyed(
-        admission("C1:t1", G1, "run-b", "bye"),
+        admission("C1:t1", G1, &RunId::from("run-b"), "bye"),
         "tok",
         "k1",
         "hash-other",
     );
     assert_eq!(s.admit(&other, NOW + 1).unwrap(), AdmitOutcome::KeyConflict);
     assert_eq!(
-        s.read_inbox("run-a", None).unwrap(),
+        s.read_inbox(&RunId::from("run-a"), None).unwrap(),
         Ok(vec![]),
         "a conflict is not steered"
     );
-    assert_eq!(s.get_live("run-b").unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("run-b")).unwrap(), None);
     // The conflict stored nothing: the original retry still answers the original.
     assert_eq!(s.admit(&a, NOW + 2).unwrap(), started("run-a"));
     // On another thread, too, the key is already taken (keys are scoped to the caller, not the thread).
     let elsewhere = keyed(
-        admission("C1:t2", G1, "run-c", "bye"),
+        admission("C1:t2", G1, &RunId::from("run-c"), "bye"),
         "tok",
         "k1",
         "hash-other",
@@ -691,11 +758,11 @@ fn the_same_key_with_another_body_is_a_key_conflict_and_keys_are_scoped<S: Ledge
         s.admit(&elsewhere, NOW + 3).unwrap(),
         AdmitOutcome::KeyConflict
     );
-    assert_eq!(s.get_live("run-c").unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("run-c")).unwrap(), None);
 
     // The same key under another caller's scope is a different key: it is admitted (here: steered).
     let other_scope = keyed(
-        admission("C1:t1", G1, "run-d", "hello"),
+        admission("C1:t1", G1, &RunId::from("run-d"), "hello"),
         "other-token",
         "k1",
         "hash-1",
@@ -706,14 +773,19 @@ fn the_same_key_with_another_body_is_a_key_conflict_and_keys_are_scoped<S: Ledge
 fn a_keyed_admit_to_a_finishing_run_is_busy_and_an_unkeyed_one_is_steered<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::Completed, Some("done"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::Completed,
+            Some("done")
+        )
+        .unwrap(),
         Ok(())
     );
 
     // Keyed: the message would never be read by a finishing run, so the sender is told to come back.
     let k = keyed(
-        admission("C1:t1", G2, "run-b", "next"),
+        admission("C1:t1", G2, &RunId::from("run-b"), "next"),
         "tok",
         "k-busy",
         "hash-b",
@@ -721,27 +793,30 @@ fn a_keyed_admit_to_a_finishing_run_is_busy_and_an_unkeyed_one_is_steered<S: Led
     assert_eq!(
         s.admit(&k, NOW + 10).unwrap(),
         AdmitOutcome::Busy {
-            run_id: "run-a".to_owned()
+            run_id: RunId::from("run-a")
         }
     );
     assert_eq!(
-        s.read_inbox("run-a", None).unwrap(),
+        s.read_inbox(&RunId::from("run-a"), None).unwrap(),
         Ok(vec![]),
         "Busy appends nothing"
     );
-    assert_eq!(s.get_live("run-b").unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("run-b")).unwrap(), None);
 
     // Unkeyed: it lands in the durable inbox (finish keeps it).
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "run-c", "late"), NOW + 20)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G2, &RunId::from("run-c"), "late"),
+            NOW + 20
+        )
+        .unwrap(),
         steered("run-a", 1)
     );
 
     // Busy is not a receipt: once the thread is free, the same keyed message starts a run.
     let fin = s
         .finish(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &record("run-a", "C1:t1", NOW, NOW + 30, vec![]),
             None,
@@ -750,7 +825,7 @@ fn a_keyed_admit_to_a_finishing_run_is_busy_and_an_unkeyed_one_is_steered<S: Led
         .unwrap();
     assert!(fin.is_ok());
     let k_again = keyed(
-        admission("C1:t1", G2, "run-d", "next"),
+        admission("C1:t1", G2, &RunId::from("run-d"), "next"),
         "tok",
         "k-busy",
         "hash-b",
@@ -768,7 +843,7 @@ fn a_message_from_a_writer_who_may_not_see_the_live_run_is_forbidden_and_writes_
     let machines: VisibilityFilter =
         serde_json::from_value(json!({"kind": "visibility-in", "values": ["machine"]})).unwrap();
     let mut from_machines = keyed(
-        admission("C1:t1", G2, "run-b", "hijack"),
+        admission("C1:t1", G2, &RunId::from("run-b"), "hijack"),
         "tok",
         "k-forbidden",
         "hash-f",
@@ -779,14 +854,18 @@ fn a_message_from_a_writer_who_may_not_see_the_live_run_is_forbidden_and_writes_
         AdmitOutcome::Forbidden
     );
     assert_eq!(
-        s.read_inbox("run-a", None).unwrap(),
+        s.read_inbox(&RunId::from("run-a"), None).unwrap(),
         Ok(vec![]),
         "nothing appended"
     );
-    assert_eq!(s.get_live("run-b").unwrap(), None, "nothing reserved");
+    assert_eq!(
+        s.get_live(&RunId::from("run-b")).unwrap(),
+        None,
+        "nothing reserved"
+    );
     // No receipt: the same key from a writer who may see the run steers.
     let mut from_all = keyed(
-        admission("C1:t1", G2, "run-c", "hijack"),
+        admission("C1:t1", G2, &RunId::from("run-c"), "hijack"),
         "tok",
         "k-forbidden",
         "hash-f",
@@ -794,7 +873,7 @@ fn a_message_from_a_writer_who_may_not_see_the_live_run_is_forbidden_and_writes_
     from_all.writer = Some(VisibilityFilter::All);
     assert_eq!(s.admit(&from_all, NOW + 20).unwrap(), steered("run-a", 1));
     // A free thread starts a run whatever the writer's filter.
-    let mut idle = admission("C1:t2", G2, "run-d", "fresh");
+    let mut idle = admission("C1:t2", G2, &RunId::from("run-d"), "fresh");
     idle.writer = Some(VisibilityFilter::None);
     assert_eq!(s.admit(&idle, NOW + 30).unwrap(), started("run-d"));
 }
@@ -807,8 +886,12 @@ fn claim_promotes_the_owners_reservation_and_keeps_identity_start_and_meta<S: Le
     start(s, "run-a", "C1:t1", G1, NOW);
     // State assigned while attaching (the workspace binding) survives the promotion's merge.
     assert_eq!(
-        s.set_state("run-a", G1, &obj(json!({"binding": {"backend": "local"}})))
-            .unwrap(),
+        s.set_state(
+            &RunId::from("run-a"),
+            G1,
+            &obj(json!({"binding": {"backend": "local"}}))
+        )
+        .unwrap(),
         Ok(())
     );
     let reserved = live_row(s, "run-a");
@@ -819,7 +902,7 @@ fn claim_promotes_the_owners_reservation_and_keeps_identity_start_and_meta<S: Le
         ..promotion(LEASE)
     };
     assert_eq!(
-        s.claim("run-a", G1, &p, later).unwrap(),
+        s.claim(&RunId::from("run-a"), G1, &p, later).unwrap(),
         Ok(Claimed::Promoted)
     );
     let row = live_row(s, "run-a");
@@ -869,12 +952,13 @@ fn re_claim_by_the_owner_is_idempotent_and_changes_nothing<S: Ledger>(s: &mut S)
         lease_ms: 99_000,
     };
     assert_eq!(
-        s.claim("run-a", G1, &other, NOW + 1_000).unwrap(),
+        s.claim(&RunId::from("run-a"), G1, &other, NOW + 1_000)
+            .unwrap(),
         Ok(Claimed::AlreadyLive)
     );
     assert_eq!(live_row(s, "run-a"), before, "re-claim changes nothing");
     assert_eq!(
-        s.claim("run-a", G1, &promotion(LEASE), NOW + 2_000)
+        s.claim(&RunId::from("run-a"), G1, &promotion(LEASE), NOW + 2_000)
             .unwrap(),
         Ok(Claimed::AlreadyLive)
     );
@@ -889,7 +973,8 @@ fn claim_by_another_generation_is_fenced_and_of_an_unknown_run_is_unknown_run<S:
     let reserved = live_row(s, "run-a");
     // Same run, other owner: fenced, whether the row is still attaching…
     assert_eq!(
-        s.claim("run-a", G2, &promotion(LEASE), NOW + 1).unwrap(),
+        s.claim(&RunId::from("run-a"), G2, &promotion(LEASE), NOW + 1)
+            .unwrap(),
         Err(fenced("run-a"))
     );
     assert_eq!(
@@ -901,27 +986,31 @@ fn claim_by_another_generation_is_fenced_and_of_an_unknown_run_is_unknown_run<S:
     promote(s, "run-a", G1, NOW + 2);
     let promoted = live_row(s, "run-a");
     assert_eq!(
-        s.claim("run-a", G2, &promotion(LEASE), NOW + 3).unwrap(),
+        s.claim(&RunId::from("run-a"), G2, &promotion(LEASE), NOW + 3)
+            .unwrap(),
         Err(fenced("run-a"))
     );
     assert_eq!(live_row(s, "run-a"), promoted);
 
     // No row at all: claim only promotes a reservation that admit made.
     assert_eq!(
-        s.claim("ghost", G1, &promotion(LEASE), NOW).unwrap(),
+        s.claim(&RunId::from("ghost"), G1, &promotion(LEASE), NOW)
+            .unwrap(),
         Err(unknown("ghost"))
     );
-    assert_eq!(s.get_live("ghost").unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("ghost")).unwrap(), None);
 
     // A run whose admission was steered into another run has no row either; its claim cannot take
     // the thread (ThreadLive is only reachable through claim when the thread's row is another run,
     // which admit prevents by steering): it is refused and the thread keeps one row.
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "run-b", "x"), NOW + 4)
+        s.admit(&admission("C1:t1", G2, &RunId::from("run-b"), "x"), NOW + 4)
             .unwrap(),
         steered("run-a", 1)
     );
-    let refused = s.claim("run-b", G2, &promotion(LEASE), NOW + 5).unwrap();
+    let refused = s
+        .claim(&RunId::from("run-b"), G2, &promotion(LEASE), NOW + 5)
+        .unwrap();
     assert!(
         matches!(
             &refused,
@@ -976,18 +1065,22 @@ fn every_owner_write_on_a_run_without_a_row_is_unknown_run_and_writes_nothing<S:
     let results = every_owner_write(s, "ghost", G1, NOW);
     assert_all_refused(results, &unknown("ghost"), "on a run without a row");
     // The refused finish wrote no record (the caller's fallback put is its own business).
-    assert_eq!(s.get("ghost", NOW).unwrap(), None);
-    assert_eq!(s.get_live("ghost").unwrap(), None);
+    assert_eq!(s.get(&RunId::from("ghost"), NOW).unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("ghost")).unwrap(), None);
     assert_eq!(live_events(s, "ghost"), None);
-    assert!(s.read_transcript("ghost").unwrap().turns.is_empty());
+    assert!(s
+        .read_transcript(&RunId::from("ghost"))
+        .unwrap()
+        .turns
+        .is_empty());
     assert_eq!(listed(s, NOW), Vec::<String>::new());
     assert_eq!(snapshot(s, "run-a", NOW), other);
 
     // A run whose row is gone (abandoned) answers the same.
-    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
+    assert_eq!(s.abandon(&RunId::from("run-a"), G1).unwrap(), Ok(()));
     let results = every_owner_write(s, "run-a", G1, NOW + 1);
     assert_all_refused(results, &unknown("run-a"), "after the row is gone");
-    assert_eq!(s.get("run-a", NOW + 1).unwrap(), None);
+    assert_eq!(s.get(&RunId::from("run-a"), NOW + 1).unwrap(), None);
     assert!(live_ids(s).is_empty());
 }
 
@@ -996,23 +1089,29 @@ fn an_expired_lease_alone_never_fences_the_owner<S: Ledger>(s: &mut S) {
     // Long after lease_until (a heartbeat blip), nobody reclaimed: every owner write still lands.
     let late = NOW + 10 * LEASE;
     assert!(live_row(s, "run-a").lease_until < late);
-    assert_eq!(s.append("run-a", G1, &[ev(1, "late")]).unwrap(), Ok(()));
     assert_eq!(
-        s.write_transcript("run-a", G1, 0, &[turn("system", &["sys"])])
+        s.append(&RunId::from("run-a"), G1, &[ev(1, "late")])
             .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.step("run-a", G1, &step_record(0, 1, None)).unwrap(),
+        s.write_transcript(&RunId::from("run-a"), G1, 0, &[turn("system", &["sys"])])
+            .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.set_state("run-a", G1, &obj(json!({"k": 1}))).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(0, 1, None))
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.set_state(&RunId::from("run-a"), G1, &obj(json!({"k": 1})))
+            .unwrap(),
         Ok(())
     );
     // The heartbeat refreshes the row.
     let hb = s
-        .heartbeat("run-a", G1, LEASE, late)
+        .heartbeat(&RunId::from("run-a"), G1, LEASE, late)
         .unwrap()
         .expect("owner heartbeat after expiry");
     assert_eq!(hb.phase, Phase::Live);
@@ -1026,12 +1125,12 @@ fn an_expired_lease_alone_never_fences_the_owner<S: Ledger>(s: &mut S) {
     assert_eq!(ids_of(&ans.live_elsewhere), set(&["run-a"]));
     // And the owner can still finish.
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::Completed, Some("ok"))
+        s.finishing(&RunId::from("run-a"), G1, RunStatus::Completed, Some("ok"))
             .unwrap(),
         Ok(())
     );
     let fin = s.finish(
-        "run-a",
+        &RunId::from("run-a"),
         G1,
         &record("run-a", "C1:t1", NOW, late + 2, vec![ev(1, "late")]),
         None,
@@ -1048,25 +1147,29 @@ fn append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op<S: Ledger>(s: &mut S
     // The flusher appends from admission on, before the promotion.
     start(s, "run-a", "C1:t1", G1, NOW);
     assert_eq!(
-        s.append("run-a", G1, &[ev(1, "one"), ev(2, "two"), ev(3, "three")])
-            .unwrap(),
+        s.append(
+            &RunId::from("run-a"),
+            G1,
+            &[ev(1, "one"), ev(2, "two"), ev(3, "three")]
+        )
+        .unwrap(),
         Ok(())
     );
     promote(s, "run-a", G1, NOW + 1);
     // An identical retry of part of a batch is a no-op.
     assert_eq!(
-        s.append("run-a", G1, &[ev(2, "two"), ev(3, "three")])
+        s.append(&RunId::from("run-a"), G1, &[ev(2, "two"), ev(3, "three")])
             .unwrap(),
         Ok(())
     );
     // Out-of-order batches read back in seq order.
     assert_eq!(
-        s.append("run-a", G1, &[ev(5, "five"), ev(4, "four")])
+        s.append(&RunId::from("run-a"), G1, &[ev(5, "five"), ev(4, "four")])
             .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.append("run-a", G1, &[]).unwrap(),
+        s.append(&RunId::from("run-a"), G1, &[]).unwrap(),
         Ok(()),
         "an empty batch is fine"
     );
@@ -1084,21 +1187,32 @@ fn append_is_keyed_by_seq_and_an_identical_retry_is_a_no_op<S: Ledger>(s: &mut S
         ]
     );
     // Strictly after the cursor, at most `limit`.
-    let page = s.live_events("run-a", 2, 2).unwrap().unwrap();
+    let page = s.live_events(&RunId::from("run-a"), 2, 2).unwrap().unwrap();
     assert_eq!(seqs(&page), [3, 4]);
-    assert_eq!(s.live_events("run-a", 5, 100).unwrap(), Some(vec![]));
+    assert_eq!(
+        s.live_events(&RunId::from("run-a"), 5, 100).unwrap(),
+        Some(vec![])
+    );
     // Unknown run: no live events at all.
-    assert_eq!(s.live_events("ghost", 0, 100).unwrap(), None);
+    assert_eq!(s.live_events(&RunId::from("ghost"), 0, 100).unwrap(), None);
 }
 
 fn an_oversized_or_unsequenced_event_is_refused_alone<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
-    assert_eq!(s.append("run-a", G1, &[ev(1, "one")]).unwrap(), Ok(()));
+    assert_eq!(
+        s.append(&RunId::from("run-a"), G1, &[ev(1, "one")])
+            .unwrap(),
+        Ok(())
+    );
 
     // One event over 64 KiB is refused alone, naming its seq; its neighbours land.
     let big = ev(3, &"x".repeat(70_000));
     let out = s
-        .append("run-a", G1, &[ev(2, "two"), big, ev(4, "four")])
+        .append(
+            &RunId::from("run-a"),
+            G1,
+            &[ev(2, "two"), big, ev(4, "four")],
+        )
         .unwrap();
     assert!(
         matches!(out, Err(Refusal::EventTooLarge { seq: 3, bytes }) if bytes > 65_536),
@@ -1112,7 +1226,8 @@ fn an_oversized_or_unsequenced_event_is_refused_alone<S: Ledger>(s: &mut S) {
     // Just under the limit is fine.
     let fits = ev(5, &"y".repeat(60_000));
     assert_eq!(
-        s.append("run-a", G1, std::slice::from_ref(&fits)).unwrap(),
+        s.append(&RunId::from("run-a"), G1, std::slice::from_ref(&fits))
+            .unwrap(),
         Ok(())
     );
     assert_eq!(live_events(s, "run-a").unwrap()[3], fits);
@@ -1120,7 +1235,7 @@ fn an_oversized_or_unsequenced_event_is_refused_alone<S: Ledger>(s: &mut S) {
     // An event without a numeric seq is refused alone, naming its position.
     let out = s
         .append(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &[
                 ev(6, "six"),
@@ -1131,7 +1246,7 @@ fn an_oversized_or_unsequenced_event_is_refused_alone<S: Ledger>(s: &mut S) {
     assert_eq!(out, Err(Refusal::EventWithoutSeq { index: 1 }));
     let out = s
         .append(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &[json!({"type": "note", "seq": "7", "summary": "string seq"})],
         )
@@ -1147,15 +1262,18 @@ fn an_oversized_or_unsequenced_event_is_refused_alone<S: Ledger>(s: &mut S) {
 fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     assert_eq!(
-        s.step("run-a", G1, &step_record(0, 2, None)).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(0, 2, None))
+            .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.step("run-a", G1, &step_record(1, 4, None)).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(1, 4, None))
+            .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.step("run-a", G1, &step_record(2, 6, None)).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(2, 6, None))
+            .unwrap(),
         Ok(())
     );
     // A retry of step 2 with new content replaces it; a late retry of step 1 does not make it the last.
@@ -1165,9 +1283,10 @@ fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: 
         call_id: "call-2b".to_owned(),
         tool: "write_file".to_owned(),
     });
-    assert_eq!(s.step("run-a", G1, &step2).unwrap(), Ok(()));
+    assert_eq!(s.step(&RunId::from("run-a"), G1, &step2).unwrap(), Ok(()));
     assert_eq!(
-        s.step("run-a", G1, &step_record(1, 4, Some(0))).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(1, 4, Some(0)))
+            .unwrap(),
         Ok(())
     );
 
@@ -1190,26 +1309,34 @@ fn step_records_are_keyed_by_step_and_reclaim_answers_the_highest<S: Ledger>(s: 
 /// (the consumed ones too: the caller decides what is waiting); a run not live has none.
 fn successor_facts_read_the_row_the_highest_step_and_the_inbox_in_order<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
-    let facts = s.successor_facts("run-a").unwrap().expect("live");
+    let facts = s
+        .successor_facts(&RunId::from("run-a"))
+        .unwrap()
+        .expect("live");
     assert_eq!(
         (facts.row, facts.last_step, facts.inbox.len()),
         (live_row(s, "run-a"), None, 0)
     );
     for text in ["m1", "m2", "m3"] {
         assert!(s
-            .push_inbox("run-a", &json!({ "text": text }))
+            .push_inbox(&RunId::from("run-a"), &json!({ "text": text }))
             .unwrap()
             .is_ok());
     }
     assert_eq!(
-        s.step("run-a", G1, &step_record(0, 2, None)).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(0, 2, None))
+            .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.step("run-a", G1, &step_record(1, 4, Some(1))).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(1, 4, Some(1)))
+            .unwrap(),
         Ok(())
     );
-    let facts = s.successor_facts("run-a").unwrap().expect("live");
+    let facts = s
+        .successor_facts(&RunId::from("run-a"))
+        .unwrap()
+        .expect("live");
     assert_eq!(facts.last_step, Some(step_record(1, 4, Some(1))));
     assert_eq!(inbox_seqs(&facts.inbox), vec![1, 2, 3]);
     assert_eq!(facts.inbox[2].message, json!({"text": "m3"}));
@@ -1217,11 +1344,11 @@ fn successor_facts_read_the_row_the_highest_step_and_the_inbox_in_order<S: Ledge
         let row = live_row(s, "run-a");
         storage::ledger::SuccessorFacts {
             row,
-            last_step: s.last_step("run-a").unwrap(),
-            inbox: s.inbox_after("run-a", None).unwrap(),
+            last_step: s.last_step(&RunId::from("run-a")).unwrap(),
+            inbox: s.inbox_after(&RunId::from("run-a"), None).unwrap(),
         }
     });
-    assert_eq!(s.successor_facts("run-none").unwrap(), None);
+    assert_eq!(s.successor_facts(&RunId::from("run-none")).unwrap(), None);
 }
 
 /// Seed item 32: a transcript read stops at its first hole and names it; the turns before stay.
@@ -1233,12 +1360,16 @@ fn a_transcript_with_a_missing_turn_reads_back_to_the_gap_and_names_it<S: Ledger
         turn("assistant", &["late"]),
     );
     assert_eq!(
-        s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()])
+        s.write_transcript(&RunId::from("run-a"), G1, 0, &[t0.clone(), t1.clone()])
             .unwrap(),
         Ok(())
     );
-    assert_eq!(s.write_transcript("run-a", G1, 3, &[t3]).unwrap(), Ok(()));
-    let read = s.read_transcript("run-a").unwrap();
+    assert_eq!(
+        s.write_transcript(&RunId::from("run-a"), G1, 3, &[t3])
+            .unwrap(),
+        Ok(())
+    );
+    let read = s.read_transcript(&RunId::from("run-a")).unwrap();
     assert_eq!(read.turns, vec![t0, t1]);
     assert_eq!(
         read.gap,
@@ -1263,23 +1394,23 @@ fn transcript_turns_read_back_in_order_and_are_never_edited<S: Ledger>(s: &mut S
         parts: vec![json!({"type": "tool_result", "callId": "c1", "ok": true, "text": "found"})],
     };
     assert_eq!(
-        s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()])
+        s.write_transcript(&RunId::from("run-a"), G1, 0, &[t0.clone(), t1.clone()])
             .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.write_transcript("run-a", G1, 2, std::slice::from_ref(&t2))
+        s.write_transcript(&RunId::from("run-a"), G1, 2, std::slice::from_ref(&t2))
             .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.read_transcript("run-a").unwrap().turns,
+        s.read_transcript(&RunId::from("run-a")).unwrap().turns,
         vec![t0.clone(), t1.clone(), t2.clone()]
     );
 
     // An identical retry is a no-op.
     assert_eq!(
-        s.write_transcript("run-a", G1, 0, &[t0.clone(), t1.clone()])
+        s.write_transcript(&RunId::from("run-a"), G1, 0, &[t0.clone(), t1.clone()])
             .unwrap(),
         Ok(())
     );
@@ -1293,18 +1424,22 @@ fn transcript_turns_read_back_in_order_and_are_never_edited<S: Ledger>(s: &mut S
         ],
     };
     assert_eq!(
-        s.write_transcript("run-a", G1, 2, &[t2_edited, t3.clone()])
+        s.write_transcript(&RunId::from("run-a"), G1, 2, &[t2_edited, t3.clone()])
             .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.read_transcript("run-a").unwrap().turns,
+        s.read_transcript(&RunId::from("run-a")).unwrap().turns,
         vec![t0, t1, t2, t3],
         "first write stands; one row per part, assembled in (idx, part) order"
     );
     // A run that wrote nothing reads back empty.
     go_live(s, "run-b", "C1:t2", G1, NOW);
-    assert!(s.read_transcript("run-b").unwrap().turns.is_empty());
+    assert!(s
+        .read_transcript(&RunId::from("run-b"))
+        .unwrap()
+        .turns
+        .is_empty());
 }
 
 fn an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_lands<S: Ledger>(
@@ -1313,7 +1448,7 @@ fn an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_land
     go_live(s, "run-a", "C1:t1", G1, NOW);
     let t0 = turn("system", &["sys"]);
     assert_eq!(
-        s.write_transcript("run-a", G1, 0, std::slice::from_ref(&t0))
+        s.write_transcript(&RunId::from("run-a"), G1, 0, std::slice::from_ref(&t0))
             .unwrap(),
         Ok(())
     );
@@ -1325,25 +1460,28 @@ fn an_oversized_transcript_part_is_refused_by_name_and_nothing_of_the_batch_land
         parts: vec![json!({"type": "text", "text": "ok"}), huge],
     };
     let out = s
-        .write_transcript("run-a", G1, 1, &[ok_turn.clone(), bad_turn])
+        .write_transcript(&RunId::from("run-a"), G1, 1, &[ok_turn.clone(), bad_turn])
         .unwrap();
     assert!(
         matches!(out, Err(Refusal::PartTooLarge { idx: 2, part: 1, bytes }) if bytes > MAX_TRANSCRIPT_PART_BYTES),
         "refused by name (turn 2, part 1): {out:?}"
     );
     assert_eq!(
-        s.read_transcript("run-a").unwrap().turns,
+        s.read_transcript(&RunId::from("run-a")).unwrap().turns,
         vec![t0.clone()],
         "nothing of the refused batch"
     );
 
     // The batch without the oversized part lands afterwards at the same indexes.
     assert_eq!(
-        s.write_transcript("run-a", G1, 1, std::slice::from_ref(&ok_turn))
+        s.write_transcript(&RunId::from("run-a"), G1, 1, std::slice::from_ref(&ok_turn))
             .unwrap(),
         Ok(())
     );
-    assert_eq!(s.read_transcript("run-a").unwrap().turns, vec![t0, ok_turn]);
+    assert_eq!(
+        s.read_transcript(&RunId::from("run-a")).unwrap().turns,
+        vec![t0, ok_turn]
+    );
 }
 
 fn set_state_merges_by_top_level_key<S: Ledger>(s: &mut S) {
@@ -1351,7 +1489,7 @@ fn set_state_merges_by_top_level_key<S: Ledger>(s: &mut S) {
     // The promotion left {seeded: true}.
     assert_eq!(
         s.set_state(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &obj(json!({"binding": {"backend": "local", "workspace": "/w"}, "a": 1}))
         )
@@ -1360,7 +1498,7 @@ fn set_state_merges_by_top_level_key<S: Ledger>(s: &mut S) {
     );
     assert_eq!(
         s.set_state(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &obj(json!({"binding": {"backend": "docker"}, "b": [1, 2]}))
         )
@@ -1368,7 +1506,7 @@ fn set_state_merges_by_top_level_key<S: Ledger>(s: &mut S) {
         Ok(())
     );
     assert_eq!(
-        s.set_state("run-a", G1, &Map::new()).unwrap(),
+        s.set_state(&RunId::from("run-a"), G1, &Map::new()).unwrap(),
         Ok(()),
         "an empty patch is fine"
     );
@@ -1389,7 +1527,7 @@ fn heartbeat_extends_only_the_owners_lease_and_relays_stop_and_phase<S: Ledger>(
     // The heartbeat runs from the reservation on.
     start(s, "run-a", "C1:t1", G1, NOW);
     let hb = s
-        .heartbeat("run-a", G1, 45_000, NOW + 10_000)
+        .heartbeat(&RunId::from("run-a"), G1, 45_000, NOW + 10_000)
         .unwrap()
         .expect("owner heartbeat");
     assert_eq!(hb.phase, Phase::Attaching);
@@ -1402,37 +1540,38 @@ fn heartbeat_extends_only_the_owners_lease_and_relays_stop_and_phase<S: Ledger>(
 
     // Another generation's heartbeat is fenced and leaves the lease alone.
     assert_eq!(
-        s.heartbeat("run-a", G2, 45_000, NOW + 20_000).unwrap(),
+        s.heartbeat(&RunId::from("run-a"), G2, 45_000, NOW + 20_000)
+            .unwrap(),
         Err(fenced("run-a"))
     );
     assert_eq!(live_row(s, "run-a").lease_until, NOW + 55_000);
 
     promote(s, "run-a", G1, NOW + 20_000);
     // A stop requested by another process shows in the owner's next heartbeat, with the phase.
-    s.request_stop("run-a", StopMode::Soft, NOW + 21_000)
+    s.request_stop(&RunId::from("run-a"), StopMode::Soft, NOW + 21_000)
         .unwrap()
         .expect("stop");
     let hb = s
-        .heartbeat("run-a", G1, LEASE, NOW + 22_000)
+        .heartbeat(&RunId::from("run-a"), G1, LEASE, NOW + 22_000)
         .unwrap()
         .unwrap();
     assert_eq!((hb.stop, hb.phase), (Some(StopMode::Soft), Phase::Live));
-    s.request_stop("run-a", StopMode::Hard, NOW + 23_000)
+    s.request_stop(&RunId::from("run-a"), StopMode::Hard, NOW + 23_000)
         .unwrap()
         .expect("stop");
     let hb = s
-        .heartbeat("run-a", G1, LEASE, NOW + 24_000)
+        .heartbeat(&RunId::from("run-a"), G1, LEASE, NOW + 24_000)
         .unwrap()
         .unwrap();
     assert_eq!((hb.stop, hb.phase), (Some(StopMode::Hard), Phase::Live));
 
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::StoppedHard, None)
+        s.finishing(&RunId::from("run-a"), G1, RunStatus::StoppedHard, None)
             .unwrap(),
         Ok(())
     );
     let hb = s
-        .heartbeat("run-a", G1, LEASE, NOW + 25_000)
+        .heartbeat(&RunId::from("run-a"), G1, LEASE, NOW + 25_000)
         .unwrap()
         .unwrap();
     assert_eq!(
@@ -1452,7 +1591,7 @@ fn request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owne
 
     // Any process may ask (no generation is carried); while the lease is current the owner will relay it.
     let a = s
-        .request_stop("run-a", StopMode::Soft, NOW + 1)
+        .request_stop(&RunId::from("run-a"), StopMode::Soft, NOW + 1)
         .unwrap()
         .expect("stop on a live run");
     assert_eq!(a.stop, StopMode::Soft);
@@ -1461,13 +1600,13 @@ fn request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owne
     assert_eq!(live_row(s, "run-a").stop, Some(StopMode::Soft));
 
     let a = s
-        .request_stop("run-a", StopMode::Hard, NOW + 2)
+        .request_stop(&RunId::from("run-a"), StopMode::Hard, NOW + 2)
         .unwrap()
         .unwrap();
     assert_eq!(a.stop, StopMode::Hard);
     // Hard never downgrades to soft.
     let a = s
-        .request_stop("run-a", StopMode::Soft, NOW + 3)
+        .request_stop(&RunId::from("run-a"), StopMode::Soft, NOW + 3)
         .unwrap()
         .unwrap();
     assert_eq!(
@@ -1482,19 +1621,19 @@ fn request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owne
 
     // At lease_until exactly the lease is expired (equal-now counts), and after it too.
     let a = s
-        .request_stop("run-a", StopMode::Hard, NOW + LEASE)
+        .request_stop(&RunId::from("run-a"), StopMode::Hard, NOW + LEASE)
         .unwrap()
         .unwrap();
     assert!(!a.owner_lease_live, "lease_until == now is expired");
     let a = s
-        .request_stop("run-a", StopMode::Soft, NOW + LEASE + 1)
+        .request_stop(&RunId::from("run-a"), StopMode::Soft, NOW + LEASE + 1)
         .unwrap()
         .unwrap();
     assert!(!a.owner_lease_live);
     assert_eq!(a.stop, StopMode::Hard);
     assert_eq!(a.owner_gen, G1);
     let a = s
-        .request_stop("run-a", StopMode::Hard, NOW + LEASE - 1)
+        .request_stop(&RunId::from("run-a"), StopMode::Hard, NOW + LEASE - 1)
         .unwrap()
         .unwrap();
     assert!(
@@ -1505,7 +1644,7 @@ fn request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owne
     // Works on an attaching reservation, too.
     start(s, "run-b", "C1:t2", G2, NOW);
     let a = s
-        .request_stop("run-b", StopMode::Soft, NOW)
+        .request_stop(&RunId::from("run-b"), StopMode::Soft, NOW)
         .unwrap()
         .unwrap();
     assert_eq!(
@@ -1515,7 +1654,8 @@ fn request_stop_is_not_fenced_keeps_the_strongest_mode_and_says_whether_the_owne
 
     // No live row: NotLive.
     assert_eq!(
-        s.request_stop("ghost", StopMode::Hard, NOW).unwrap(),
+        s.request_stop(&RunId::from("ghost"), StopMode::Hard, NOW)
+            .unwrap(),
         Err(not_live("ghost"))
     );
 }
@@ -1529,23 +1669,28 @@ fn handoff_marks_only_this_generations_live_rows<S: Ledger>(s: &mut S) {
     start(s, "r-attach", "C1:t2", G1, NOW);
     go_live(s, "r-fin", "C1:t3", G1, NOW);
     assert_eq!(
-        s.finishing("r-fin", G1, RunStatus::Completed, Some("done"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("r-fin"),
+            G1,
+            RunStatus::Completed,
+            Some("done")
+        )
+        .unwrap(),
         Ok(())
     );
     go_live(s, "r-other", "C1:t4", G2, NOW);
-    let before: BTreeMap<String, LiveRow> = s
+    let before: BTreeMap<RunId, LiveRow> = s
         .list_live()
         .unwrap()
         .into_iter()
         .map(|r| (r.run_id.clone(), r))
         .collect();
 
-    let ids: Vec<String> = ["r-live", "r-attach", "r-fin", "r-other"]
+    let ids: Vec<RunId> = ["r-live", "r-attach", "r-fin", "r-other"]
         .iter()
-        .map(|s| (*s).to_owned())
+        .map(|s| RunId::from(*s))
         .collect();
-    let results: BTreeMap<String, HandoffResult> =
+    let results: BTreeMap<RunId, HandoffResult> =
         s.handoff(G1, &ids).unwrap().into_iter().collect();
     assert_eq!(results.len(), 4, "one answer per id");
     assert_eq!(results["r-live"], HandoffResult::HandedOff);
@@ -1579,11 +1724,14 @@ fn handoff_marks_only_this_generations_live_rows<S: Ledger>(s: &mut S) {
         assert_eq!(live_row(s, id), before[id], "{id} untouched");
     }
     // A handed-off row is not live any more: a second handoff is refused.
-    let again: BTreeMap<String, HandoffResult> =
+    let again: BTreeMap<RunId, HandoffResult> =
         s.handoff(G1, &ids[..1]).unwrap().into_iter().collect();
     assert_eq!(again["r-live"], HandoffResult::WrongPhase);
     // The owner still heartbeats it and sees the phase.
-    let hb = s.heartbeat("r-live", G1, LEASE, NOW + 1).unwrap().unwrap();
+    let hb = s
+        .heartbeat(&RunId::from("r-live"), G1, LEASE, NOW + 1)
+        .unwrap()
+        .unwrap();
     assert_eq!(hb.phase, Phase::Handoff);
 }
 
@@ -1595,7 +1743,7 @@ fn a_full_queue_refuses_the_next_queued_message_and_writes_nothing<S: Ledger>(s:
         strategy: Strategy::Enqueue,
         request: json!({"thread": "t1", "channel": "C1", "user": "U1", "text": text,
             "strategy": "enqueue"}),
-        ..admission("C1:t1", G1, run, text)
+        ..admission("C1:t1", G1, &RunId::from(run), text)
     };
     assert_eq!(
         s.admit(&enqueue("run-a", "first"), NOW).unwrap(),
@@ -1617,10 +1765,11 @@ fn a_full_queue_refuses_the_next_queued_message_and_writes_nothing<S: Ledger>(s:
             run_id: "run-a".into()
         }
     );
-    let inbox = s.inbox_after("run-a", None).unwrap();
+    let inbox = s.inbox_after(&RunId::from("run-a"), None).unwrap();
     assert_eq!(inbox.len() as u64, MAX_QUEUED_PER_THREAD);
     assert_eq!(
-        s.admit(&admission("C1:t1", G1, "x", "steer"), NOW).unwrap(),
+        s.admit(&admission("C1:t1", G1, &RunId::from("x"), "steer"), NOW)
+            .unwrap(),
         steered("run-a", MAX_QUEUED_PER_THREAD + 1)
     );
 }
@@ -1632,7 +1781,7 @@ fn a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says<S: Ledg
         strategy,
         request: json!({"thread": "t1", "channel": "C1", "user": "U1", "text": text,
             "strategy": strategy.as_str()}),
-        ..admission("C1:t1", G1, run, text)
+        ..admission("C1:t1", G1, &RunId::from(run), text)
     };
     // An idle thread starts a run whatever the strategy.
     assert_eq!(
@@ -1652,7 +1801,10 @@ fn a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says<S: Ledg
     assert_eq!(s.admit(&rejected, NOW).unwrap(), refusal);
     let late = keyed(with(Strategy::Reject, "x1b", "no"), "tok", "k-reject", "h");
     assert_eq!(s.admit(&late, NOW + 1).unwrap(), refusal);
-    assert_eq!(s.read_inbox("run-a", None).unwrap(), Ok(vec![]));
+    assert_eq!(
+        s.read_inbox(&RunId::from("run-a"), None).unwrap(),
+        Ok(vec![])
+    );
 
     // enqueue: into the inbox, marked queued, with its place in the queue.
     let queued = |run: &str, position| AdmitOutcome::Queued {
@@ -1674,7 +1826,7 @@ fn a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says<S: Ledg
         queued("run-a", 2),
         "a keyed retry answers the stored answer and queues nothing more"
     );
-    let inbox = s.read_inbox("run-a", None).unwrap().unwrap();
+    let inbox = s.read_inbox(&RunId::from("run-a"), None).unwrap().unwrap();
     assert_eq!(
         inbox.iter().map(InboxItem::queued).collect::<Vec<_>>(),
         [true, false, true]
@@ -1700,8 +1852,13 @@ fn a_busy_thread_steers_queues_rejects_or_interrupts_as_the_message_says<S: Ledg
     // Past its gate no stop reaches the run: an interrupt only queues.
     go_live(s, "run-b", "C1:t2", G1, NOW);
     assert_eq!(
-        s.finishing("run-b", G1, RunStatus::Completed, Some("done"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-b"),
+            G1,
+            RunStatus::Completed,
+            Some("done")
+        )
+        .unwrap(),
         Ok(())
     );
     let late = Admit {
@@ -1728,12 +1885,17 @@ fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
     };
     let asked: Approvals = [("call-1".to_owned(), pending.clone())].into();
     assert_eq!(
-        s.set_phase("run-a", G1, PhaseChange::Park, &approvals_patch(&asked))
-            .unwrap(),
+        s.set_phase(
+            &RunId::from("run-a"),
+            G1,
+            PhaseChange::Park,
+            &approvals_patch(&asked)
+        )
+        .unwrap(),
         Ok(Phase::AwaitingApproval)
     );
     assert_eq!(
-        s.set_phase("run-a", G2, PhaseChange::Unpark, &Map::new())
+        s.set_phase(&RunId::from("run-a"), G2, PhaseChange::Unpark, &Map::new())
             .unwrap(),
         Err(fenced("run-a")),
         "only the owner parks and unparks"
@@ -1746,7 +1908,7 @@ fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
     };
     // Any generation may decide; the first decision wins.
     let answer = s
-        .decide("run-a", "call-1", &yes("token:ops"), NOW + 5)
+        .decide(&RunId::from("run-a"), "call-1", &yes("token:ops"), NOW + 5)
         .unwrap()
         .unwrap();
     assert_eq!(
@@ -1755,7 +1917,7 @@ fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
     );
     let again = s
         .decide(
-            "run-a",
+            &RunId::from("run-a"),
             "call-1",
             &Decided {
                 decision: Decision::Deny,
@@ -1769,17 +1931,24 @@ fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
         "{again:?}"
     );
     assert!(matches!(
-        s.decide("run-a", "call-9", &yes("x"), NOW).unwrap(),
+        s.decide(&RunId::from("run-a"), "call-9", &yes("x"), NOW)
+            .unwrap(),
         Err(Refusal::UnknownCall { .. })
     ));
     assert_eq!(
-        s.decide("no-run", "call-1", &yes("x"), NOW).unwrap(),
+        s.decide(&RunId::from("no-run"), "call-1", &yes("x"), NOW)
+            .unwrap(),
         Err(not_live("no-run"))
     );
     // The owner parks again with what it read before the decision: the decision stays.
     assert_eq!(
-        s.set_phase("run-a", G1, PhaseChange::Park, &approvals_patch(&asked))
-            .unwrap(),
+        s.set_phase(
+            &RunId::from("run-a"),
+            G1,
+            PhaseChange::Park,
+            &approvals_patch(&asked)
+        )
+        .unwrap(),
         Ok(Phase::AwaitingApproval)
     );
     let row = live_row(s, "run-a");
@@ -1788,7 +1957,7 @@ fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
     released.get_mut("call-1").unwrap().released = true;
     assert_eq!(
         s.set_phase(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             PhaseChange::Unpark,
             &approvals_patch(&released)
@@ -1801,18 +1970,19 @@ fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
     assert_eq!(row.phase, Phase::Live);
     // Past the gate, a decision is refused.
     s.set_phase(
-        "run-a",
+        &RunId::from("run-a"),
         G1,
         PhaseChange::Park,
         &approvals_patch(&[("call-2".to_owned(), pending)].into()),
     )
     .unwrap()
     .unwrap();
-    s.finishing("run-a", G1, RunStatus::StoppedSoft, None)
+    s.finishing(&RunId::from("run-a"), G1, RunStatus::StoppedSoft, None)
         .unwrap()
         .unwrap();
     assert!(matches!(
-        s.decide("run-a", "call-2", &yes("x"), NOW).unwrap(),
+        s.decide(&RunId::from("run-a"), "call-2", &yes("x"), NOW)
+            .unwrap(),
         Err(Refusal::WrongPhase {
             phase: Phase::Finishing,
             ..
@@ -1824,12 +1994,17 @@ fn approvals_park_decide_once_and_unpark<S: Ledger>(s: &mut S) {
 /// without hearing of it; the gate commits nothing then, and any other status goes through.
 fn a_stop_recorded_before_the_gate_refuses_a_completed_gate<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
-    s.request_stop("run-a", StopMode::Soft, NOW)
+    s.request_stop(&RunId::from("run-a"), StopMode::Soft, NOW)
         .unwrap()
         .unwrap();
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::Completed, Some("the answer"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::Completed,
+            Some("the answer")
+        )
+        .unwrap(),
         Err(Refusal::StopPending {
             run_id: "run-a".into(),
             mode: StopMode::Soft
@@ -1842,8 +2017,13 @@ fn a_stop_recorded_before_the_gate_refuses_a_completed_gate<S: Ledger>(s: &mut S
         "nothing committed"
     );
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::StoppedSoft, Some("the answer"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::StoppedSoft,
+            Some("the answer")
+        )
+        .unwrap(),
         Ok(())
     );
     assert_eq!(
@@ -1852,11 +2032,12 @@ fn a_stop_recorded_before_the_gate_refuses_a_completed_gate<S: Ledger>(s: &mut S
     );
     // A failure stands whatever stop is recorded.
     go_live(s, "run-b", "C1:t2", G1, NOW);
-    s.request_stop("run-b", StopMode::Hard, NOW)
+    s.request_stop(&RunId::from("run-b"), StopMode::Hard, NOW)
         .unwrap()
         .unwrap();
     assert_eq!(
-        s.finishing("run-b", G1, RunStatus::Failed, None).unwrap(),
+        s.finishing(&RunId::from("run-b"), G1, RunStatus::Failed, None)
+            .unwrap(),
         Ok(())
     );
 }
@@ -1864,13 +2045,22 @@ fn a_stop_recorded_before_the_gate_refuses_a_completed_gate<S: Ledger>(s: &mut S
 fn finishing_commits_status_and_answer_once<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     assert_eq!(
-        s.set_state("run-a", G1, &obj(json!({"binding": {"backend": "local"}})))
-            .unwrap(),
+        s.set_state(
+            &RunId::from("run-a"),
+            G1,
+            &obj(json!({"binding": {"backend": "local"}}))
+        )
+        .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::StoppedSoft, Some("the answer"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::StoppedSoft,
+            Some("the answer")
+        )
+        .unwrap(),
         Ok(())
     );
     let row = live_row(s, "run-a");
@@ -1886,7 +2076,12 @@ fn finishing_commits_status_and_answer_once<S: Ledger>(s: &mut S) {
 
     // A second finishing is refused and changes nothing.
     let out = s
-        .finishing("run-a", G1, RunStatus::Completed, Some("another answer"))
+        .finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::Completed,
+            Some("another answer"),
+        )
         .unwrap();
     assert!(
         matches!(&out, Err(Refusal::WrongPhase { run_id, phase: Phase::Finishing, .. }) if run_id == "run-a"),
@@ -1897,7 +2092,8 @@ fn finishing_commits_status_and_answer_once<S: Ledger>(s: &mut S) {
     // A dispatch that fails before its prompt finishes from attaching.
     start(s, "run-b", "C1:t2", G1, NOW);
     assert_eq!(
-        s.finishing("run-b", G1, RunStatus::Failed, None).unwrap(),
+        s.finishing(&RunId::from("run-b"), G1, RunStatus::Failed, None)
+            .unwrap(),
         Ok(())
     );
     let row = live_row(s, "run-b");
@@ -1907,18 +2103,23 @@ fn finishing_commits_status_and_answer_once<S: Ledger>(s: &mut S) {
 
 fn handoff_then_finishing_is_allowed_for_the_owner<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
-    let out = s.handoff(G1, &["run-a".to_owned()]).unwrap();
-    assert_eq!(out, vec![("run-a".to_owned(), HandoffResult::HandedOff)]);
+    let out = s.handoff(G1, &[RunId::from("run-a")]).unwrap();
+    assert_eq!(out, vec![(RunId::from("run-a"), HandoffResult::HandedOff)]);
     // Another generation cannot take the finishing gate.
     assert_eq!(
-        s.finishing("run-a", G2, RunStatus::Completed, Some("x"))
+        s.finishing(&RunId::from("run-a"), G2, RunStatus::Completed, Some("x"))
             .unwrap(),
         Err(fenced("run-a"))
     );
     // The handed-off run completed before anyone reclaimed it: its owner replies itself.
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::Completed, Some("done"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::Completed,
+            Some("done")
+        )
+        .unwrap(),
         Ok(())
     );
     let row = live_row(s, "run-a");
@@ -1931,7 +2132,7 @@ fn handoff_then_finishing_is_allowed_for_the_owner<S: Ledger>(s: &mut S) {
     // After its finish no reclaim finds it.
     let fin = s
         .finish(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &record("run-a", "C1:t1", NOW, NOW + 2, vec![]),
             None,
@@ -1958,13 +2159,22 @@ fn finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once<S
     go_live(s, "run-a", "C1:t1", G1, NOW);
     furnish(s, "run-a", G1);
     assert_eq!(
-        s.append("run-a", G1, &[ev(3, "three"), ev(4, "four"), ev(5, "five")])
-            .unwrap(),
+        s.append(
+            &RunId::from("run-a"),
+            G1,
+            &[ev(3, "three"), ev(4, "four"), ev(5, "five")]
+        )
+        .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::Completed, Some("done"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::Completed,
+            Some("done")
+        )
+        .unwrap(),
         Ok(())
     );
 
@@ -1977,17 +2187,20 @@ fn finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once<S
         vec![ev(1, "final one"), ev(2, "final two"), ev(9, "answer")],
     );
     let out = s
-        .finish("run-a", G1, &rec, None, NOW + 1_000)
+        .finish(&RunId::from("run-a"), G1, &rec, None, NOW + 1_000)
         .unwrap()
         .expect("owner finish");
     assert!(out.stored, "{out:?}");
     assert!(!out.rewritten, "nothing was stored under the id before");
 
     // Readable as finished, with the record's events.
-    assert_eq!(s.get("run-a", NOW + 1_000).unwrap(), Some(rec.clone()));
+    assert_eq!(
+        s.get(&RunId::from("run-a"), NOW + 1_000).unwrap(),
+        Some(rec.clone())
+    );
     assert_eq!(listed(s, NOW + 1_000), ["run-a"]);
     let page = s
-        .events("run-a", 0, None, NOW + 1_000)
+        .events(&RunId::from("run-a"), 0, None, NOW + 1_000)
         .unwrap()
         .expect("events of a finished run");
     assert_eq!(
@@ -1995,21 +2208,26 @@ fn finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once<S
         "the record's events replaced the live ones"
     );
     // The live rows are gone.
-    assert_eq!(s.get_live("run-a").unwrap(), None);
-    assert_eq!(s.live_events("run-a", 0, 100).unwrap(), None);
+    assert_eq!(s.get_live(&RunId::from("run-a")).unwrap(), None);
+    assert_eq!(s.live_events(&RunId::from("run-a"), 0, 100).unwrap(), None);
     assert!(live_ids(s).is_empty());
-    assert_eq!(s.read_inbox("run-a", None).unwrap(), Err(not_live("run-a")));
+    assert_eq!(
+        s.read_inbox(&RunId::from("run-a"), None).unwrap(),
+        Err(not_live("run-a"))
+    );
     // Every owner write is now UnknownRun, and a late append cannot touch the finished events.
     assert_eq!(
-        s.append("run-a", G1, &[ev(6, "late")]).unwrap(),
+        s.append(&RunId::from("run-a"), G1, &[ev(6, "late")])
+            .unwrap(),
         Err(unknown("run-a"))
     );
     assert_eq!(
-        s.heartbeat("run-a", G1, LEASE, NOW + 1_001).unwrap(),
+        s.heartbeat(&RunId::from("run-a"), G1, LEASE, NOW + 1_001)
+            .unwrap(),
         Err(unknown("run-a"))
     );
     assert_eq!(
-        s.events("run-a", 0, None, NOW + 1_001)
+        s.events(&RunId::from("run-a"), 0, None, NOW + 1_001)
             .unwrap()
             .unwrap()
             .events,
@@ -2026,13 +2244,19 @@ fn finish_stores_the_record_removes_the_live_rows_and_frees_the_thread_at_once<S
 
     // The thread is free at commit: a new admission starts a new run, whose inbox starts fresh.
     assert_eq!(
-        s.admit(&admission("C1:t1", G1, "run-b", "again"), NOW + 2_000)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G1, &RunId::from("run-b"), "again"),
+            NOW + 2_000
+        )
+        .unwrap(),
         started("run-b")
     );
-    assert_eq!(s.read_inbox("run-b", None).unwrap(), Ok(vec![]));
     assert_eq!(
-        s.get("run-a", NOW + 2_000).unwrap(),
+        s.read_inbox(&RunId::from("run-b"), None).unwrap(),
+        Ok(vec![])
+    );
+    assert_eq!(
+        s.get(&RunId::from("run-a"), NOW + 2_000).unwrap(),
         Some(rec),
         "the finished record stays"
     );
@@ -2053,8 +2277,13 @@ fn finish_by_a_zombie_generation_after_a_reclaim_is_fenced_and_changes_nothing<S
 
     // The zombie G1 takes the finishing gate and finishes: both fenced, nothing changes.
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::Completed, Some("zombie"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::Completed,
+            Some("zombie")
+        )
+        .unwrap(),
         Err(fenced("run-a"))
     );
     let zombie = record(
@@ -2065,7 +2294,7 @@ fn finish_by_a_zombie_generation_after_a_reclaim_is_fenced_and_changes_nothing<S
         vec![ev(1, "zombie")],
     );
     assert_eq!(
-        s.finish("run-a", G1, &zombie, None, NOW + LEASE + 1)
+        s.finish(&RunId::from("run-a"), G1, &zombie, None, NOW + LEASE + 1)
             .unwrap(),
         Err(fenced("run-a"))
     );
@@ -2085,48 +2314,62 @@ fn finish_by_a_zombie_generation_after_a_reclaim_is_fenced_and_changes_nothing<S
         vec![ev(1, "one"), ev(2, "two")],
     );
     assert!(s
-        .finish("run-a", G2, &rec, None, NOW + LEASE + 2)
+        .finish(&RunId::from("run-a"), G2, &rec, None, NOW + LEASE + 2)
         .unwrap()
         .is_ok());
-    assert_eq!(s.get("run-a", NOW + LEASE + 2).unwrap(), Some(rec));
+    assert_eq!(
+        s.get(&RunId::from("run-a"), NOW + LEASE + 2).unwrap(),
+        Some(rec)
+    );
     // And the zombie's finish after that is refused as well (no row): still only one record.
     assert_eq!(
-        s.finish("run-a", G1, &zombie, None, NOW + LEASE + 3)
+        s.finish(&RunId::from("run-a"), G1, &zombie, None, NOW + LEASE + 3)
             .unwrap(),
         Err(unknown("run-a"))
     );
     assert_eq!(
-        s.get("run-a", NOW + LEASE + 3).unwrap().unwrap().events,
+        s.get(&RunId::from("run-a"), NOW + LEASE + 3)
+            .unwrap()
+            .unwrap()
+            .events,
         vec![ev(1, "one"), ev(2, "two")]
     );
 }
 
 fn finish_of_a_record_under_another_id_changes_nothing<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
-    assert_eq!(s.append("run-a", G1, &[ev(1, "one")]).unwrap(), Ok(()));
+    assert_eq!(
+        s.append(&RunId::from("run-a"), G1, &[ev(1, "one")])
+            .unwrap(),
+        Ok(())
+    );
     let before = snapshot(s, "run-a", NOW + 1);
     let wrong = record("run-zzz", "C1:t1", NOW, NOW + 1, vec![ev(1, "x")]);
-    let out = s.finish("run-a", G1, &wrong, None, NOW + 1);
+    let out = s.finish(&RunId::from("run-a"), G1, &wrong, None, NOW + 1);
     assert!(
         !matches!(out, Ok(Ok(_))),
         "finish(run-a) with a record for run-zzz must be refused: {out:?}"
     );
     assert_eq!(snapshot(s, "run-a", NOW + 1), before);
-    assert_eq!(s.get("run-zzz", NOW + 1).unwrap(), None);
+    assert_eq!(s.get(&RunId::from("run-zzz"), NOW + 1).unwrap(), None);
 }
 
 fn finished_run_reads_never_see_a_live_runs_events<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     assert_eq!(
-        s.append("run-a", G1, &[ev(1, "live one"), ev(2, "live two")])
-            .unwrap(),
+        s.append(
+            &RunId::from("run-a"),
+            G1,
+            &[ev(1, "live one"), ev(2, "live two")]
+        )
+        .unwrap(),
         Ok(())
     );
 
     // Without a tombstone a live run is unknown to the finished-run reads.
-    assert_eq!(s.get("run-a", NOW).unwrap(), None);
-    assert_eq!(s.get_summary("run-a", NOW).unwrap(), None);
-    assert_eq!(s.events("run-a", 0, None, NOW).unwrap(), None);
+    assert_eq!(s.get(&RunId::from("run-a"), NOW).unwrap(), None);
+    assert_eq!(s.get_summary(&RunId::from("run-a"), NOW).unwrap(), None);
+    assert_eq!(s.events(&RunId::from("run-a"), 0, None, NOW).unwrap(), None);
     assert_eq!(listed(s, NOW), Vec::<String>::new());
 
     // The provisional tombstone put while live is stored (only its runs row): get returns it with no
@@ -2135,7 +2378,7 @@ fn finished_run_reads_never_see_a_live_runs_events<S: Ledger>(s: &mut S) {
     let out = s.put(&tomb, None, NOW + 1).unwrap();
     assert!(out.stored, "{out:?}");
     let got = s
-        .get("run-a", NOW + 1)
+        .get(&RunId::from("run-a"), NOW + 1)
         .unwrap()
         .expect("the tombstone is stored");
     assert!(got.head.provisional);
@@ -2148,7 +2391,7 @@ fn finished_run_reads_never_see_a_live_runs_events<S: Ledger>(s: &mut S) {
     );
     assert_eq!(listed(s, NOW + 1), ["run-a"]);
     let events = s
-        .events("run-a", 0, None, NOW + 1)
+        .events(&RunId::from("run-a"), 0, None, NOW + 1)
         .unwrap()
         .map(|p| p.events)
         .unwrap_or_default();
@@ -2164,7 +2407,8 @@ fn finished_run_reads_never_see_a_live_runs_events<S: Ledger>(s: &mut S) {
 
     // Appends after the tombstone still go to the live stream only.
     assert_eq!(
-        s.append("run-a", G1, &[ev(3, "live three")]).unwrap(),
+        s.append(&RunId::from("run-a"), G1, &[ev(3, "live three")])
+            .unwrap(),
         Ok(())
     );
     assert_eq!(
@@ -2172,7 +2416,10 @@ fn finished_run_reads_never_see_a_live_runs_events<S: Ledger>(s: &mut S) {
         Some(vec![1, 2, 3])
     );
     assert_eq!(
-        s.get("run-a", NOW + 2).unwrap().unwrap().events,
+        s.get(&RunId::from("run-a"), NOW + 2)
+            .unwrap()
+            .unwrap()
+            .events,
         Vec::<Value>::new()
     );
 
@@ -2185,59 +2432,79 @@ fn finished_run_reads_never_see_a_live_runs_events<S: Ledger>(s: &mut S) {
         vec![ev(1, "live one"), ev(2, "live two"), ev(3, "live three")],
     );
     let out = s
-        .finish("run-a", G1, &rec, None, NOW + 3)
+        .finish(&RunId::from("run-a"), G1, &rec, None, NOW + 3)
         .unwrap()
         .expect("finish");
     assert!(
         out.stored && out.rewritten,
         "the final record replaced the tombstone: {out:?}"
     );
-    assert_eq!(s.get("run-a", NOW + 3).unwrap(), Some(rec.clone()));
     assert_eq!(
-        s.events("run-a", 0, None, NOW + 3).unwrap().unwrap().events,
+        s.get(&RunId::from("run-a"), NOW + 3).unwrap(),
+        Some(rec.clone())
+    );
+    assert_eq!(
+        s.events(&RunId::from("run-a"), 0, None, NOW + 3)
+            .unwrap()
+            .unwrap()
+            .events,
         rec.events
     );
     // A late provisional put is stood down by the floor.
     let out = s.put(&tomb, None, NOW + 4).unwrap();
     assert!(out.stored && !out.rewritten);
-    assert_eq!(s.get("run-a", NOW + 4).unwrap(), Some(rec));
+    assert_eq!(s.get(&RunId::from("run-a"), NOW + 4).unwrap(), Some(rec));
 }
 
 fn abandon_drops_the_reservation_without_a_record<S: Ledger>(s: &mut S) {
     start(s, "run-a", "C1:t1", G1, NOW);
-    assert_eq!(s.append("run-a", G1, &[ev(1, "one")]).unwrap(), Ok(()));
     assert_eq!(
-        s.abandon("run-a", G2).unwrap(),
+        s.append(&RunId::from("run-a"), G1, &[ev(1, "one")])
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.abandon(&RunId::from("run-a"), G2).unwrap(),
         Err(fenced("run-a")),
         "only the owner abandons"
     );
     assert_eq!(live_row(s, "run-a").owner_gen, G1);
 
-    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
-    assert_eq!(s.get_live("run-a").unwrap(), None);
-    assert_eq!(s.live_events("run-a", 0, 100).unwrap(), None);
+    assert_eq!(s.abandon(&RunId::from("run-a"), G1).unwrap(), Ok(()));
+    assert_eq!(s.get_live(&RunId::from("run-a")).unwrap(), None);
+    assert_eq!(s.live_events(&RunId::from("run-a"), 0, 100).unwrap(), None);
     assert!(live_ids(s).is_empty());
-    assert_eq!(s.get("run-a", NOW).unwrap(), None, "no record");
+    assert_eq!(
+        s.get(&RunId::from("run-a"), NOW).unwrap(),
+        None,
+        "no record"
+    );
     assert_eq!(listed(s, NOW), Vec::<String>::new());
     assert_eq!(
-        s.abandon("run-a", G1).unwrap(),
+        s.abandon(&RunId::from("run-a"), G1).unwrap(),
         Err(unknown("run-a")),
         "afterwards the run is unknown"
     );
     // The thread is free.
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "run-b", "again"), NOW + 1)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G2, &RunId::from("run-b"), "again"),
+            NOW + 1
+        )
+        .unwrap(),
         started("run-b")
     );
 
     // A promoted run can be abandoned the same way.
     go_live(s, "run-c", "C1:t2", G1, NOW);
-    assert_eq!(s.abandon("run-c", G1).unwrap(), Ok(()));
-    assert_eq!(s.get_live("run-c").unwrap(), None);
+    assert_eq!(s.abandon(&RunId::from("run-c"), G1).unwrap(), Ok(()));
+    assert_eq!(s.get_live(&RunId::from("run-c")).unwrap(), None);
     assert_eq!(
-        s.admit(&admission("C1:t2", G1, "run-d", "again"), NOW + 1)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t2", G1, &RunId::from("run-d"), "again"),
+            NOW + 1
+        )
+        .unwrap(),
         started("run-d")
     );
 }
@@ -2247,16 +2514,20 @@ fn abandon_after_a_tombstone_leaves_the_tombstone_and_frees_the_thread<S: Ledger
     // the owner abandons: no final record is written, the tombstone stays the truth, the thread is free.
     start(s, "run-a", "C1:t1", G1, NOW);
     assert_eq!(
-        s.append("run-a", G1, &[ev(1, "run_meta"), ev(2, "input")])
-            .unwrap(),
+        s.append(
+            &RunId::from("run-a"),
+            G1,
+            &[ev(1, "run_meta"), ev(2, "input")]
+        )
+        .unwrap(),
         Ok(())
     );
     let tomb = tombstone("run-a", "C1:t1", NOW, vec![ev(1, "tombstone's own")]);
     assert!(s.put(&tomb, None, NOW).unwrap().stored);
-    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
-    assert_eq!(s.get_live("run-a").unwrap(), None);
+    assert_eq!(s.abandon(&RunId::from("run-a"), G1).unwrap(), Ok(()));
+    assert_eq!(s.get_live(&RunId::from("run-a")).unwrap(), None);
     let got = s
-        .get("run-a", NOW + 1)
+        .get(&RunId::from("run-a"), NOW + 1)
         .unwrap()
         .expect("the tombstone stays");
     assert!(got.head.provisional);
@@ -2267,8 +2538,11 @@ fn abandon_after_a_tombstone_leaves_the_tombstone_and_frees_the_thread<S: Ledger
     assert_eq!(got.events[1], ev(2, "input"));
     assert_eq!(listed(s, NOW + 1), ["run-a"]);
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "run-b", "again"), NOW + 2)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G2, &RunId::from("run-b"), "again"),
+            NOW + 2
+        )
+        .unwrap(),
         started("run-b")
     );
 }
@@ -2281,42 +2555,54 @@ fn inbox_is_not_fenced_and_reads_strictly_after_the_cursor<S: Ledger>(s: &mut S)
     start(s, "run-a", "C1:t1", G1, NOW);
     // push_inbox carries no generation: whichever process is up delivers the steer.
     assert_eq!(
-        s.push_inbox("run-a", &json!({"text": "m1"})).unwrap(),
+        s.push_inbox(&RunId::from("run-a"), &json!({"text": "m1"}))
+            .unwrap(),
         Ok(1)
     );
     assert_eq!(
-        s.push_inbox("run-a", &json!({"text": "m2"})).unwrap(),
+        s.push_inbox(&RunId::from("run-a"), &json!({"text": "m2"}))
+            .unwrap(),
         Ok(2)
     );
     // Admission steers share the same per-run sequence.
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "run-x", "m3"), NOW + 1)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G2, &RunId::from("run-x"), "m3"),
+            NOW + 1
+        )
+        .unwrap(),
         steered("run-a", 3)
     );
     assert_eq!(
-        s.push_inbox("run-a", &json!({"text": "m4"})).unwrap(),
+        s.push_inbox(&RunId::from("run-a"), &json!({"text": "m4"}))
+            .unwrap(),
         Ok(4)
     );
 
-    let all_items = s.read_inbox("run-a", None).unwrap().unwrap();
+    let all_items = s.read_inbox(&RunId::from("run-a"), None).unwrap().unwrap();
     assert_eq!(inbox_seqs(&all_items), [1, 2, 3, 4]);
     assert_eq!(all_items[0].message, json!({"text": "m1"}));
     assert_eq!(all_items[2].message, request("C1:t1", "m3"));
     assert_eq!(
-        s.read_inbox("run-a", Some(0))
+        s.read_inbox(&RunId::from("run-a"), Some(0))
             .unwrap()
             .map(|i| inbox_seqs(&i)),
         Ok(vec![1, 2, 3, 4])
     );
     assert_eq!(
-        s.read_inbox("run-a", Some(2))
+        s.read_inbox(&RunId::from("run-a"), Some(2))
             .unwrap()
             .map(|i| inbox_seqs(&i)),
         Ok(vec![3, 4])
     );
-    assert_eq!(s.read_inbox("run-a", Some(4)).unwrap(), Ok(vec![]));
-    assert_eq!(s.read_inbox("run-a", Some(99)).unwrap(), Ok(vec![]));
+    assert_eq!(
+        s.read_inbox(&RunId::from("run-a"), Some(4)).unwrap(),
+        Ok(vec![])
+    );
+    assert_eq!(
+        s.read_inbox(&RunId::from("run-a"), Some(99)).unwrap(),
+        Ok(vec![])
+    );
 
     // After the owner changes, pushes still land and continue the sequence.
     let ans = s
@@ -2324,11 +2610,12 @@ fn inbox_is_not_fenced_and_reads_strictly_after_the_cursor<S: Ledger>(s: &mut S)
         .unwrap();
     assert_eq!(ans.taken.len(), 1);
     assert_eq!(
-        s.push_inbox("run-a", &json!({"text": "m5"})).unwrap(),
+        s.push_inbox(&RunId::from("run-a"), &json!({"text": "m5"}))
+            .unwrap(),
         Ok(5)
     );
     assert_eq!(
-        s.read_inbox("run-a", Some(4))
+        s.read_inbox(&RunId::from("run-a"), Some(4))
             .unwrap()
             .map(|i| inbox_seqs(&i)),
         Ok(vec![5])
@@ -2336,14 +2623,19 @@ fn inbox_is_not_fenced_and_reads_strictly_after_the_cursor<S: Ledger>(s: &mut S)
 
     // Without a live row: NotLive, and nothing is stored.
     assert_eq!(
-        s.push_inbox("ghost", &json!({"text": "lost"})).unwrap(),
+        s.push_inbox(&RunId::from("ghost"), &json!({"text": "lost"}))
+            .unwrap(),
         Err(not_live("ghost"))
     );
-    assert_eq!(s.read_inbox("ghost", None).unwrap(), Err(not_live("ghost")));
+    assert_eq!(
+        s.read_inbox(&RunId::from("ghost"), None).unwrap(),
+        Err(not_live("ghost"))
+    );
     // Each run has its own sequence.
     go_live(s, "run-b", "C1:t2", G1, NOW);
     assert_eq!(
-        s.push_inbox("run-b", &json!({"text": "b1"})).unwrap(),
+        s.push_inbox(&RunId::from("run-b"), &json!({"text": "b1"}))
+            .unwrap(),
         Ok(1)
     );
 }
@@ -2365,60 +2657,77 @@ const T: i64 = NOW + LEASE;
 /// - `r-edge`    G1, live, lease ends one millisecond after T;
 /// - `r-own`     G3's own row, attaching, expired;
 /// - `r-own-ho`  G3's own row, handed off.
-fn reclaim_fixture<S: Ledger>(s: &mut S) -> BTreeMap<String, LiveRow> {
+fn reclaim_fixture<S: Ledger>(s: &mut S) -> BTreeMap<RunId, LiveRow> {
     let fresh = T - 1_000; // admitted later: lease current at T
     start(s, "r-attach", "C1:t1", G1, NOW);
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "x1", "first follow-up"), NOW + 1)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G2, &RunId::from("x1"), "first follow-up"),
+            NOW + 1
+        )
+        .unwrap(),
         steered("r-attach", 1)
     );
     assert_eq!(
-        s.admit(&admission("C1:t1", G2, "x2", "second follow-up"), NOW + 2)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t1", G2, &RunId::from("x2"), "second follow-up"),
+            NOW + 2
+        )
+        .unwrap(),
         steered("r-attach", 2)
     );
 
     go_live(s, "r-live", "C1:t2", G1, NOW);
     assert_eq!(
-        s.step("r-live", G1, &step_record(0, 2, None)).unwrap(),
+        s.step(&RunId::from("r-live"), G1, &step_record(0, 2, None))
+            .unwrap(),
         Ok(())
     );
     for i in 1..=3u64 {
         assert_eq!(
-            s.push_inbox("r-live", &json!({"text": format!("m{i}")}))
+            s.push_inbox(&RunId::from("r-live"), &json!({"text": format!("m{i}")}))
                 .unwrap(),
             Ok(i)
         );
     }
     assert_eq!(
-        s.step("r-live", G1, &step_record(1, 4, Some(2))).unwrap(),
-        Ok(())
-    );
-    assert_eq!(
-        s.set_state("r-live", G1, &obj(json!({"binding": {"backend": "local"}})))
+        s.step(&RunId::from("r-live"), G1, &step_record(1, 4, Some(2)))
             .unwrap(),
         Ok(())
     );
-    s.request_stop("r-live", StopMode::Soft, NOW + 3)
+    assert_eq!(
+        s.set_state(
+            &RunId::from("r-live"),
+            G1,
+            &obj(json!({"binding": {"backend": "local"}}))
+        )
+        .unwrap(),
+        Ok(())
+    );
+    s.request_stop(&RunId::from("r-live"), StopMode::Soft, NOW + 3)
         .unwrap()
         .expect("stop");
     assert_eq!(
-        s.append("r-live", G1, &[ev(1, "one"), ev(2, "two")])
+        s.append(&RunId::from("r-live"), G1, &[ev(1, "one"), ev(2, "two")])
             .unwrap(),
         Ok(())
     );
 
     go_live(s, "r-handoff", "C1:t3", G1, fresh);
     assert_eq!(
-        s.handoff(G1, &["r-handoff".to_owned()]).unwrap(),
-        vec![("r-handoff".to_owned(), HandoffResult::HandedOff)]
+        s.handoff(G1, &[RunId::from("r-handoff")]).unwrap(),
+        vec![(RunId::from("r-handoff"), HandoffResult::HandedOff)]
     );
 
     go_live(s, "r-fin", "C1:t4", G1, NOW);
     assert_eq!(
-        s.finishing("r-fin", G1, RunStatus::StoppedSoft, Some("the answer"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("r-fin"),
+            G1,
+            RunStatus::StoppedSoft,
+            Some("the answer")
+        )
+        .unwrap(),
         Ok(())
     );
 
@@ -2429,8 +2738,8 @@ fn reclaim_fixture<S: Ledger>(s: &mut S) -> BTreeMap<String, LiveRow> {
     start(s, "r-own", "C1:t8", G3, NOW);
     go_live(s, "r-own-ho", "C1:t9", G3, NOW);
     assert_eq!(
-        s.handoff(G3, &["r-own-ho".to_owned()]).unwrap(),
-        vec![("r-own-ho".to_owned(), HandoffResult::HandedOff)]
+        s.handoff(G3, &[RunId::from("r-own-ho")]).unwrap(),
+        vec![(RunId::from("r-own-ho"), HandoffResult::HandedOff)]
     );
 
     s.list_live()
@@ -2586,12 +2895,14 @@ fn after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced<S: Ledger>(
     }
     // The reclaimed attaching row: the old owner's promotion is fenced, the new owner's lands.
     assert_eq!(
-        s.claim("r-attach", G1, &promotion(LEASE), T + 2).unwrap(),
+        s.claim(&RunId::from("r-attach"), G1, &promotion(LEASE), T + 2)
+            .unwrap(),
         Err(fenced("r-attach"))
     );
     assert_eq!(live_row(s, "r-attach").phase, Phase::Attaching);
     assert_eq!(
-        s.claim("r-attach", G3, &promotion(LEASE), T + 3).unwrap(),
+        s.claim(&RunId::from("r-attach"), G3, &promotion(LEASE), T + 3)
+            .unwrap(),
         Ok(Claimed::Promoted)
     );
     let row = live_row(s, "r-attach");
@@ -2601,20 +2912,28 @@ fn after_a_reclaim_every_owner_write_of_the_old_generation_is_fenced<S: Ledger>(
     );
 
     // The new owner writes freely.
-    assert_eq!(s.append("r-live", G3, &[ev(3, "resumed")]).unwrap(), Ok(()));
     assert_eq!(
-        s.step("r-live", G3, &step_record(2, 6, Some(3))).unwrap(),
+        s.append(&RunId::from("r-live"), G3, &[ev(3, "resumed")])
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.step(&RunId::from("r-live"), G3, &step_record(2, 6, Some(3)))
+            .unwrap(),
         Ok(())
     );
     let hb = s
-        .heartbeat("r-live", G3, LEASE, T + 4)
+        .heartbeat(&RunId::from("r-live"), G3, LEASE, T + 4)
         .unwrap()
         .expect("new owner heartbeat");
     assert_eq!((hb.phase, hb.stop), (Phase::Live, Some(StopMode::Soft)));
     // The new owner closes the run taken from finishing.
     let rec = record("r-fin", "C1:t4", NOW, T + 5, vec![]);
-    assert!(s.finish("r-fin", G3, &rec, None, T + 5).unwrap().is_ok());
-    assert_eq!(s.get("r-fin", T + 5).unwrap(), Some(rec));
+    assert!(s
+        .finish(&RunId::from("r-fin"), G3, &rec, None, T + 5)
+        .unwrap()
+        .is_ok());
+    assert_eq!(s.get(&RunId::from("r-fin"), T + 5).unwrap(), Some(rec));
 }
 
 fn a_second_generation_reclaiming_after_the_first_sees_its_rows_live_elsewhere<S: Ledger>(
@@ -2663,14 +2982,14 @@ fn a_run_the_reclaimer_still_drives_is_left_alone_until_it_does_not<S: Ledger>(s
     go_live(s, "ra", "C1:d1", G1, NOW);
     go_live(s, "rb", "C1:d2", G1, NOW);
     let ans = s
-        .reclaim(G2, NOW + LEASE, LEASE, &[], &["ra".to_owned()])
+        .reclaim(G2, NOW + LEASE, LEASE, &[], &[RunId::from("ra")])
         .unwrap();
     assert_eq!(
         by_id(ans.taken).keys().cloned().collect::<BTreeSet<_>>(),
         set(&["rb"])
     );
     assert!(ans.live_elsewhere.is_empty(), "{:?}", ans.live_elsewhere);
-    let ra = s.get_live("ra").unwrap().expect("ra");
+    let ra = s.get_live(&RunId::from("ra")).unwrap().expect("ra");
     assert_eq!(
         (ra.owner_gen.as_str(), ra.lease_until),
         (G1, NOW + LEASE),
@@ -2731,15 +3050,23 @@ fn generation(gen: &str, started_at: i64) -> GenerationInfo {
 
 /// Every ledger row of `run` is gone (its record and receipts are not the ledger's live rows).
 fn assert_no_live_rows_of<S: Ledger>(s: &mut S, run: &str, who: &str) {
-    assert_eq!(s.get_live(run).unwrap(), None, "{who}: live row");
     assert_eq!(
-        s.read_transcript(run).unwrap().turns,
+        s.get_live(&RunId::from(run)).unwrap(),
+        None,
+        "{who}: live row"
+    );
+    assert_eq!(
+        s.read_transcript(&RunId::from(run)).unwrap().turns,
         Vec::<Turn>::new(),
         "{who}: transcript"
     );
-    assert_eq!(s.last_step(run).unwrap(), None, "{who}: step records");
     assert_eq!(
-        s.inbox_after(run, None).unwrap(),
+        s.last_step(&RunId::from(run)).unwrap(),
+        None,
+        "{who}: step records"
+    );
+    assert_eq!(
+        s.inbox_after(&RunId::from(run), None).unwrap(),
         Vec::<InboxItem>::new(),
         "{who}: inbox, read or not"
     );
@@ -2749,23 +3076,34 @@ fn assert_no_live_rows_of<S: Ledger>(s: &mut S, run: &str, who: &str) {
 /// transcript part or inbox row — read or unread (a successor admission reads the unread ones first, in
 /// the same transaction, and carries them in its own request).
 fn finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run<S: Ledger>(s: &mut S) {
-    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "h1");
+    let a = keyed(
+        admission("C1:t1", G1, &RunId::from("run-a"), "hello"),
+        "tok",
+        "k1",
+        "h1",
+    );
     assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
     promote(s, "run-a", G1, NOW);
     furnish(s, "run-a", G1);
     assert_eq!(
-        s.write_transcript("run-a", G1, 2, &[turn("assistant", &["a1"])])
+        s.write_transcript(&RunId::from("run-a"), G1, 2, &[turn("assistant", &["a1"])])
             .unwrap(),
         Ok(())
     );
     assert_eq!(
-        s.step("run-a", G1, &step_record(1, 3, Some(1))).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(1, 3, Some(1)))
+            .unwrap(),
         Ok(())
     );
     // A second follow-up arrives and is never read.
     assert_eq!(
         s.admit(
-            &keyed(admission("C1:t1", G1, "run-x", "late"), "tok", "k2", "h2"),
+            &keyed(
+                admission("C1:t1", G1, &RunId::from("run-x"), "late"),
+                "tok",
+                "k2",
+                "h2"
+            ),
             NOW + 1
         )
         .unwrap(),
@@ -2788,7 +3126,7 @@ fn finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run<S: Ledger>(s: &mut
 
     let rec = record("run-a", "C1:t1", NOW, NOW + 10, vec![ev(1, "one")]);
     assert!(
-        s.finish("run-a", G1, &rec, None, NOW + 10)
+        s.finish(&RunId::from("run-a"), G1, &rec, None, NOW + 10)
             .unwrap()
             .expect("finish")
             .stored
@@ -2810,11 +3148,19 @@ fn finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run<S: Ledger>(s: &mut
     );
     // The receipts still answer verbatim, within their TTL.
     assert_eq!(s.admit(&a, NOW + 20).unwrap(), started("run-a"));
-    assert_eq!(s.get("run-a", NOW + 20).unwrap(), Some(rec));
+    assert_eq!(s.get(&RunId::from("run-a"), NOW + 20).unwrap(), Some(rec));
     // run-b is intact.
-    assert_eq!(s.read_transcript("run-b").unwrap().turns.len(), 2);
     assert_eq!(
-        s.read_inbox("run-b", None).unwrap().map(|i| inbox_seqs(&i)),
+        s.read_transcript(&RunId::from("run-b"))
+            .unwrap()
+            .turns
+            .len(),
+        2
+    );
+    assert_eq!(
+        s.read_inbox(&RunId::from("run-b"), None)
+            .unwrap()
+            .map(|i| inbox_seqs(&i)),
         Ok(vec![1])
     );
 }
@@ -2823,12 +3169,12 @@ fn finish_leaves_no_transcript_steps_or_inbox_rows_of_the_run<S: Ledger>(s: &mut
 fn abandon_and_purge_leave_no_transcript_steps_or_inbox_rows<S: Ledger>(s: &mut S) {
     go_live(s, "run-a", "C1:t1", G1, NOW);
     furnish(s, "run-a", G1);
-    assert_eq!(s.abandon("run-a", G1).unwrap(), Ok(()));
+    assert_eq!(s.abandon(&RunId::from("run-a"), G1).unwrap(), Ok(()));
     assert_no_live_rows_of(s, "run-a", "after abandon");
     go_live(s, "run-k", "C1:t2", G1, NOW);
     furnish(s, "run-k", G1);
-    s.kill("run-k", NOW + 1).unwrap();
-    assert!(s.purge("run-k").unwrap());
+    s.kill(&RunId::from("run-k"), NOW + 1).unwrap();
+    assert!(s.purge(&RunId::from("run-k")).unwrap());
     assert_no_live_rows_of(s, "run-k", "after purge");
     let rows = s.table_rows().unwrap();
     assert_eq!(
@@ -2853,13 +3199,23 @@ fn abandon_and_purge_leave_no_transcript_steps_or_inbox_rows<S: Ledger>(s: &mut 
 fn receipts_are_pruned_a_ttl_after_their_run_ended_and_younger_ones_kept<S: Ledger>(s: &mut S) {
     let keep = [G1.to_owned()];
     // run-a: started and steered with keys, finished at NOW + 1_000.
-    let a1 = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "a1", "h");
-    let a2 = keyed(admission("C1:t1", G1, "run-y", "more"), "tok", "a2", "h");
+    let a1 = keyed(
+        admission("C1:t1", G1, &RunId::from("run-a"), "hello"),
+        "tok",
+        "a1",
+        "h",
+    );
+    let a2 = keyed(
+        admission("C1:t1", G1, &RunId::from("run-y"), "more"),
+        "tok",
+        "a2",
+        "h",
+    );
     assert_eq!(s.admit(&a1, NOW).unwrap(), started("run-a"));
     assert_eq!(s.admit(&a2, NOW).unwrap(), steered("run-a", 1));
     assert!(s
         .finish(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &record("run-a", "C1:t1", NOW, NOW + 1_000, vec![]),
             None,
@@ -2868,11 +3224,16 @@ fn receipts_are_pruned_a_ttl_after_their_run_ended_and_younger_ones_kept<S: Ledg
         .unwrap()
         .is_ok());
     // run-c: finished half a TTL later.
-    let c1 = keyed(admission("C1:t3", G1, "run-c", "hello"), "tok", "c1", "h");
+    let c1 = keyed(
+        admission("C1:t3", G1, &RunId::from("run-c"), "hello"),
+        "tok",
+        "c1",
+        "h",
+    );
     assert_eq!(s.admit(&c1, NOW).unwrap(), started("run-c"));
     assert!(s
         .finish(
-            "run-c",
+            &RunId::from("run-c"),
             G1,
             &record("run-c", "C1:t3", NOW, NOW + TTL / 2, vec![]),
             None,
@@ -2881,12 +3242,22 @@ fn receipts_are_pruned_a_ttl_after_their_run_ended_and_younger_ones_kept<S: Ledg
         .unwrap()
         .is_ok());
     // run-b: still live, however old its receipt.
-    let b1 = keyed(admission("C1:t2", G1, "run-b", "hello"), "tok", "b1", "h");
+    let b1 = keyed(
+        admission("C1:t2", G1, &RunId::from("run-b"), "hello"),
+        "tok",
+        "b1",
+        "h",
+    );
     assert_eq!(s.admit(&b1, NOW).unwrap(), started("run-b"));
     // run-d: abandoned (no end stamp of its own).
-    let d1 = keyed(admission("C1:t4", G1, "run-d", "hello"), "tok", "d1", "h");
+    let d1 = keyed(
+        admission("C1:t4", G1, &RunId::from("run-d"), "hello"),
+        "tok",
+        "d1",
+        "h",
+    );
     assert_eq!(s.admit(&d1, NOW).unwrap(), started("run-d"));
-    assert_eq!(s.abandon("run-d", G1).unwrap(), Ok(()));
+    assert_eq!(s.abandon(&RunId::from("run-d"), G1).unwrap(), Ok(()));
     assert_eq!(s.table_rows().unwrap().admit_receipts, 5);
 
     // One millisecond before run-a's TTL is up, nothing goes; run-d's receipt gets its end stamp.
@@ -2923,7 +3294,12 @@ fn receipts_are_pruned_a_ttl_after_their_run_ended_and_younger_ones_kept<S: Ledg
     // run-a's key is free again: a retry now is a new admission (here, a new run on the free thread).
     assert_eq!(
         s.admit(
-            &keyed(admission("C1:t1", G1, "run-a2", "hello"), "tok", "a1", "h"),
+            &keyed(
+                admission("C1:t1", G1, &RunId::from("run-a2"), "hello"),
+                "tok",
+                "a1",
+                "h"
+            ),
             NOW + 1_001 + TTL
         )
         .unwrap(),
@@ -2993,12 +3369,12 @@ fn dead_generations_are_pruned_and_live_ones_and_ones_owning_rows_kept<S: Ledger
         .into_iter()
         .map(|g| g.gen)
         .collect();
-    assert_eq!(left, set(&[G1, G3, G4, G5, G6]));
+    assert_eq!(left, gens(&[G1, G3, G4, G5, G6]));
 
     // Once G1's run finished and G5's request settled, they go too; G3 stays while kept.
     assert!(s
         .finish(
-            "run-a",
+            &RunId::from("run-a"),
             G1,
             &record("run-a", "C1:t1", NOW, NOW + 1, vec![]),
             None,
@@ -3025,11 +3401,13 @@ fn dead_generations_are_pruned_and_live_ones_and_ones_owning_rows_kept<S: Ledger
         .into_iter()
         .map(|g| g.gen)
         .collect();
-    assert_eq!(left, set(&[G3, G4]));
+    assert_eq!(left, gens(&[G3, G4]));
     // Nothing else was touched.
     assert_eq!(
-        s.get("run-a", NOW + 2).unwrap().map(|r| r.head.id),
-        Some("run-a".to_owned())
+        s.get(&RunId::from("run-a"), NOW + 2)
+            .unwrap()
+            .map(|r| r.head.id),
+        Some(RunId::from("run-a".to_owned()))
     );
 }
 
@@ -3053,12 +3431,12 @@ fn deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged<S: L
         .stored
     );
     for run in ["k-purged", "k-settling", "k-record"] {
-        s.kill(run, NOW).unwrap();
+        s.kill(&RunId::from(run), NOW).unwrap();
     }
-    s.kill("k-young", NOW + TTL / 2).unwrap();
-    assert!(s.purge("k-purged").unwrap());
+    s.kill(&RunId::from("k-young"), NOW + TTL / 2).unwrap();
+    assert!(s.purge(&RunId::from("k-purged")).unwrap());
     // A second kill of a purged run keeps the first kill's time: the TTL still runs from NOW.
-    s.kill("k-purged", NOW + TTL / 2).unwrap();
+    s.kill(&RunId::from("k-purged"), NOW + TTL / 2).unwrap();
 
     // Within the TTL nothing goes, and the fence still refuses every later write for the id.
     assert_eq!(
@@ -3075,8 +3453,11 @@ fn deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged<S: L
         .stored
     );
     assert_eq!(
-        s.admit(&admission("C1:t9", G2, "k-purged", "again"), NOW + TTL - 1)
-            .unwrap(),
+        s.admit(
+            &admission("C1:t9", G2, &RunId::from("k-purged"), "again"),
+            NOW + TTL - 1
+        )
+        .unwrap(),
         AdmitOutcome::Fenced
     );
     assert_eq!(s.table_rows().unwrap().deletion_fences, 4);
@@ -3090,9 +3471,12 @@ fn deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged<S: L
             ..Default::default()
         }
     );
-    assert!(!s.is_killed("k-purged").unwrap());
+    assert!(!s.is_killed(&RunId::from("k-purged")).unwrap());
     for run in ["k-settling", "k-record", "k-young"] {
-        assert!(s.is_killed(run).unwrap(), "{run} keeps its fence");
+        assert!(
+            s.is_killed(&RunId::from(run)).unwrap(),
+            "{run} keeps its fence"
+        );
     }
     assert_eq!(
         s.killed_among(&["k-purged".into(), "k-settling".into()])
@@ -3106,7 +3490,7 @@ fn deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged<S: L
     );
     assert_eq!(
         s.admit(
-            &admission("C1:t9", G2, "k-settling", "again"),
+            &admission("C1:t9", G2, &RunId::from("k-settling"), "again"),
             NOW + 10 * TTL
         )
         .unwrap(),
@@ -3119,8 +3503,8 @@ fn deletion_fences_are_pruned_a_ttl_after_the_kill_once_their_run_is_purged<S: L
     );
 
     // Once they are purged, the next pass takes their fences too (killed more than a TTL ago).
-    assert!(s.purge("k-settling").unwrap());
-    assert!(s.purge("k-record").unwrap());
+    assert!(s.purge(&RunId::from("k-settling")).unwrap());
+    assert!(s.purge(&RunId::from("k-record")).unwrap());
     let report = s.prune(NOW + 10 * TTL, TTL, &keep).unwrap();
     assert_eq!(report.deletion_fences, 2, "{report:?}");
     assert_eq!(s.table_rows().unwrap().deletion_fences, 0);
@@ -3307,7 +3691,7 @@ fn killed_among_answers_exactly_the_fenced_ids_asked_about<S: Ledger>(s: &mut S)
         .unwrap()
         .stored
     );
-    let asked: Vec<String> = [
+    let asked: Vec<RunId> = [
         "live-kept",
         "done-killed",
         "never-seen",
@@ -3315,36 +3699,38 @@ fn killed_among_answers_exactly_the_fenced_ids_asked_about<S: Ledger>(s: &mut S)
         "done-kept",
         "live-killed",
     ]
-    .map(String::from)
+    .map(RunId::from)
     .to_vec();
     assert_eq!(
         s.killed_among(&asked).unwrap(),
-        Vec::<String>::new(),
+        Vec::<RunId>::new(),
         "no fence yet"
     );
-    s.kill("live-killed", NOW + 2).unwrap();
-    s.kill("done-killed", NOW + 2).unwrap();
-    assert!(s.purge("done-killed").unwrap());
+    s.kill(&RunId::from("live-killed"), NOW + 2).unwrap();
+    s.kill(&RunId::from("done-killed"), NOW + 2).unwrap();
+    assert!(s.purge(&RunId::from("done-killed")).unwrap());
     assert_eq!(
         s.killed_among(&asked).unwrap(),
         ["done-killed", "live-killed"]
     );
     // Only what was asked: a fenced id not in the question is not in the answer.
     assert_eq!(
-        s.killed_among(&["live-kept".to_owned(), "done-killed".to_owned()])
+        s.killed_among(&[RunId::from("live-kept"), RunId::from("done-killed")])
             .unwrap(),
         ["done-killed"]
     );
     // Many ids: fences spread over several chunks are all found, the answer still sorted and unique.
-    let many: Vec<String> = (0..1_300).map(|i| format!("bulk-{i:04}")).collect();
+    let many: Vec<RunId> = (0..1_300)
+        .map(|i| RunId::from(format!("bulk-{i:04}")))
+        .collect();
     for id in many.iter().step_by(97) {
         s.kill(id, NOW + 3).unwrap();
     }
     let mut question = many.clone();
     question.extend(asked);
     question.reverse();
-    let mut expected: Vec<String> = many.iter().step_by(97).cloned().collect();
-    expected.extend(["done-killed".to_owned(), "live-killed".to_owned()]);
+    let mut expected: Vec<RunId> = many.iter().step_by(97).cloned().collect();
+    expected.extend([RunId::from("done-killed"), RunId::from("live-killed")]);
     expected.sort();
     assert_eq!(s.killed_among(&question).unwrap(), expected);
     // A read: the live run nobody killed is untouched.
@@ -3366,8 +3752,13 @@ fn a_finished_record_with_an_open_card_is_on_the_orphan_sweeps_worklist<S: Ledge
         "a tombstone's card is its live run's"
     );
     assert_eq!(
-        s.finishing("run-a", G1, RunStatus::Completed, Some("done"))
-            .unwrap(),
+        s.finishing(
+            &RunId::from("run-a"),
+            G1,
+            RunStatus::Completed,
+            Some("done")
+        )
+        .unwrap(),
         Ok(())
     );
     let mut rec = record(
@@ -3379,7 +3770,7 @@ fn a_finished_record_with_an_open_card_is_on_the_orphan_sweeps_worklist<S: Ledge
     );
     rec.head.extra.insert("card".into(), card);
     let out = s
-        .finish("run-a", G1, &rec, None, NOW + 1_000)
+        .finish(&RunId::from("run-a"), G1, &rec, None, NOW + 1_000)
         .unwrap()
         .expect("owner finish");
     assert!(out.stored, "{out:?}");
@@ -3391,9 +3782,12 @@ fn a_finished_record_with_an_open_card_is_on_the_orphan_sweeps_worklist<S: Ledge
         s.open_cards(NOW + 999, 100, NOW + 1_000).unwrap(),
         Vec::<String>::new()
     );
-    assert!(s.close_card("run-a").unwrap());
-    assert!(!s.close_card("run-a").unwrap());
-    let got = s.get("run-a", NOW + 1_000).unwrap().expect("the record");
+    assert!(s.close_card(&RunId::from("run-a")).unwrap());
+    assert!(!s.close_card(&RunId::from("run-a")).unwrap());
+    let got = s
+        .get(&RunId::from("run-a"), NOW + 1_000)
+        .unwrap()
+        .expect("the record");
     assert_eq!(got.head.extra.get("cardClosed"), Some(&json!(true)));
     assert_eq!(got.events, rec.events);
     assert_eq!(
@@ -3484,12 +3878,18 @@ contract!(
 fn sqlite_finish_deletes_the_ledger_rows_and_stamps_the_receipts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).expect("open");
-    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "h1");
+    let a = keyed(
+        admission("C1:t1", G1, &RunId::from("run-a"), "hello"),
+        "tok",
+        "k1",
+        "h1",
+    );
     assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
     promote(&mut s, "run-a", G1, NOW);
     furnish(&mut s, "run-a", G1);
     assert_eq!(
-        s.step("run-a", G1, &step_record(1, 4, Some(1))).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(1, 4, Some(1)))
+            .unwrap(),
         Ok(())
     );
     let count = |s: &mut SqliteStore, table: &str| -> i64 {
@@ -3513,7 +3913,10 @@ fn sqlite_finish_deletes_the_ledger_rows_and_stamps_the_receipts() {
     };
     assert_eq!(ended(&mut s), None, "a live run's receipt carries no end");
     let rec = record("run-a", "C1:t1", NOW, NOW + 1, vec![ev(1, "one")]);
-    assert!(s.finish("run-a", G1, &rec, None, NOW + 1).unwrap().is_ok());
+    assert!(s
+        .finish(&RunId::from("run-a"), G1, &rec, None, NOW + 1)
+        .unwrap()
+        .is_ok());
     assert_eq!(count(&mut s, "live_runs"), 0);
     assert_eq!(
         count(&mut s, "run_steps"),
@@ -3647,12 +4050,18 @@ fn sqlite_receipts_from_before_the_end_stamp_get_one_at_the_first_prune() {
 #[test]
 fn postgres_finish_deletes_the_ledger_rows_and_stamps_the_receipts() {
     let mut s = storage::PgStore::open(&storage::testing::pg::database()).expect("open");
-    let a = keyed(admission("C1:t1", G1, "run-a", "hello"), "tok", "k1", "h1");
+    let a = keyed(
+        admission("C1:t1", G1, &RunId::from("run-a"), "hello"),
+        "tok",
+        "k1",
+        "h1",
+    );
     assert_eq!(s.admit(&a, NOW).unwrap(), started("run-a"));
     promote(&mut s, "run-a", G1, NOW);
     furnish(&mut s, "run-a", G1);
     assert_eq!(
-        s.step("run-a", G1, &step_record(1, 4, Some(1))).unwrap(),
+        s.step(&RunId::from("run-a"), G1, &step_record(1, 4, Some(1)))
+            .unwrap(),
         Ok(())
     );
     let count = |s: &mut storage::PgStore, table: &str| -> i64 {
@@ -3676,7 +4085,10 @@ fn postgres_finish_deletes_the_ledger_rows_and_stamps_the_receipts() {
     };
     assert_eq!(ended(&mut s), None, "a live run's receipt carries no end");
     let rec = record("run-a", "C1:t1", NOW, NOW + 1, vec![ev(1, "one")]);
-    assert!(s.finish("run-a", G1, &rec, None, NOW + 1).unwrap().is_ok());
+    assert!(s
+        .finish(&RunId::from("run-a"), G1, &rec, None, NOW + 1)
+        .unwrap()
+        .is_ok());
     assert_eq!(count(&mut s, "live_runs"), 0);
     assert_eq!(
         count(&mut s, "run_steps"),
@@ -3754,6 +4166,7 @@ mod kill {
     use storage::ledger::{Admit, AdmitOutcome, Promotion, Refusal, RunLedger, StopMode};
     use storage::record::{validate_record, VisibilityFilter};
     use storage::store::{ListQuery, RunStore};
+    use storage::RunId;
 
     const NOW: i64 = 1_800_000_000_000;
 
@@ -3792,37 +4205,47 @@ mod kill {
             state: Default::default(),
             lease_ms: 30_000,
         };
-        s.claim("k1", "g1", &p, NOW).unwrap().unwrap();
-        s.append("k1", "g1", &[json!({"type": "input", "seq": 1})])
-            .unwrap()
-            .unwrap();
-        let answer = s.kill("k1", NOW + 1).unwrap();
+        s.claim(&RunId::from("k1"), "g1", &p, NOW).unwrap().unwrap();
+        s.append(
+            &RunId::from("k1"),
+            "g1",
+            &[json!({"type": "input", "seq": 1})],
+        )
+        .unwrap()
+        .unwrap();
+        let answer = s.kill(&RunId::from("k1"), NOW + 1).unwrap();
         assert_eq!(answer.live_owner.as_deref(), Some("g1"));
         assert!(answer.owner_lease_live && !answer.had_record);
-        assert!(s.is_killed("k1").unwrap());
+        assert!(s.is_killed(&RunId::from("k1")).unwrap());
         assert_eq!(
-            s.get_live("k1").unwrap().unwrap().stop,
+            s.get_live(&RunId::from("k1")).unwrap().unwrap().stop,
             Some(StopMode::Hard)
         );
         // The owner is fenced on its next write and on its heartbeat; no record can land.
         assert!(matches!(
-            s.heartbeat("k1", "g1", 30_000, NOW + 2).unwrap(),
-            Err(Refusal::Fenced { .. })
-        ));
-        assert!(matches!(
-            s.append("k1", "g1", &[json!({"type": "note", "seq": 2})])
+            s.heartbeat(&RunId::from("k1"), "g1", 30_000, NOW + 2)
                 .unwrap(),
             Err(Refusal::Fenced { .. })
         ));
         assert!(matches!(
-            s.finish("k1", "g1", &record("k1"), None, NOW + 3).unwrap(),
+            s.append(
+                &RunId::from("k1"),
+                "g1",
+                &[json!({"type": "note", "seq": 2})]
+            )
+            .unwrap(),
+            Err(Refusal::Fenced { .. })
+        ));
+        assert!(matches!(
+            s.finish(&RunId::from("k1"), "g1", &record("k1"), None, NOW + 3)
+                .unwrap(),
             Err(Refusal::Fenced { .. })
         ));
         assert!(!s.put(&record("k1"), None, NOW + 3).unwrap().stored);
         // Purge deletes the live rows, record and events; the thread is free; the id stays dead.
-        assert!(s.purge("k1").unwrap());
-        assert_eq!(s.get_live("k1").unwrap(), None);
-        assert_eq!(s.get("k1", NOW + 4).unwrap(), None);
+        assert!(s.purge(&RunId::from("k1")).unwrap());
+        assert_eq!(s.get_live(&RunId::from("k1")).unwrap(), None);
+        assert_eq!(s.get(&RunId::from("k1"), NOW + 4).unwrap(), None);
         assert!(s
             .list(&ListQuery::visible_to(VisibilityFilter::All), NOW + 4)
             .unwrap()
@@ -3855,13 +4278,16 @@ mod kill {
         s: &mut S,
     ) {
         s.put(&record("done"), None, NOW).unwrap();
-        assert!(!s.purge("done").unwrap(), "no fence, no purge");
-        assert!(s.get("done", NOW).unwrap().is_some());
-        let answer = s.kill("done", NOW).unwrap();
+        assert!(
+            !s.purge(&RunId::from("done")).unwrap(),
+            "no fence, no purge"
+        );
+        assert!(s.get(&RunId::from("done"), NOW).unwrap().is_some());
+        let answer = s.kill(&RunId::from("done"), NOW).unwrap();
         assert!(answer.had_record && answer.live_owner.is_none());
-        assert!(s.purge("done").unwrap());
-        assert_eq!(s.get("done", NOW).unwrap(), None);
-        assert!(!s.kill("never", NOW).unwrap().had_record);
+        assert!(s.purge(&RunId::from("done")).unwrap());
+        assert_eq!(s.get(&RunId::from("done"), NOW).unwrap(), None);
+        assert!(!s.kill(&RunId::from("never"), NOW).unwrap().had_record);
     }
 
     #[test]
@@ -3899,14 +4325,15 @@ mod kill {
 mod receipt_limit {
     use serde_json::json;
     use storage::ledger::{Admit, AdmitOutcome, ReceiptKey, RunLedger, MAX_RECEIPTS_PER_RUN};
+    use storage::RunId;
 
     const NOW: i64 = 1_800_000_000_000;
 
-    fn keyed(key: &str, run_id: &str) -> Admit {
+    fn keyed(key: &str, run_id: &RunId) -> Admit {
         Admit {
             thread_key: "c:t".into(),
             gen: "g1".into(),
-            run_id: run_id.into(),
+            run_id: run_id.clone(),
             request: json!({"text": key}),
             meta: json!({"agent": "demo", "request": {"text": key}}),
             key: Some(ReceiptKey {
@@ -3922,29 +4349,31 @@ mod receipt_limit {
 
     pub fn a_run_holds_at_most_256_keyed_receipts_and_never_evicts_one<S: RunLedger>(s: &mut S) {
         assert_eq!(
-            s.admit(&keyed("k0", "live"), NOW).unwrap(),
+            s.admit(&keyed("k0", &RunId::from("live")), NOW).unwrap(),
             AdmitOutcome::Started {
                 run_id: "live".into()
             }
         );
         for i in 1..MAX_RECEIPTS_PER_RUN {
             let out = s
-                .admit(&keyed(&format!("k{i}"), &format!("x{i}")), NOW)
+                .admit(&keyed(&format!("k{i}"), &RunId::from(format!("x{i}"))), NOW)
                 .unwrap();
             assert!(matches!(out, AdmitOutcome::Steered { .. }), "{i}: {out:?}");
         }
         // The 257th key is held: nothing appended to the inbox.
-        let held = s.admit(&keyed("one-too-many", "y"), NOW).unwrap();
+        let held = s
+            .admit(&keyed("one-too-many", &RunId::from("y")), NOW)
+            .unwrap();
         assert_eq!(
             held,
             AdmitOutcome::ReceiptLimit {
                 run_id: "live".into()
             }
         );
-        let inbox = s.read_inbox("live", None).unwrap().unwrap();
+        let inbox = s.read_inbox(&RunId::from("live"), None).unwrap().unwrap();
         assert_eq!(inbox.len(), MAX_RECEIPTS_PER_RUN - 1);
         // Earlier keys still answer verbatim.
-        let again = s.admit(&keyed("k1", "z"), NOW).unwrap();
+        let again = s.admit(&keyed("k1", &RunId::from("z")), NOW).unwrap();
         assert_eq!(
             again,
             AdmitOutcome::Steered {
@@ -3953,7 +4382,7 @@ mod receipt_limit {
             }
         );
         // An unkeyed follow-up is still steered.
-        let mut plain = keyed("plain", "w");
+        let mut plain = keyed("plain", &RunId::from("w"));
         plain.key = None;
         assert!(matches!(
             s.admit(&plain, NOW).unwrap(),

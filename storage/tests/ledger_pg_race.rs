@@ -23,6 +23,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use race::{admission, contend, dead_rows, promotion, reclaim_rounds, GENS, LEASE, NOW};
 use serde_json::{json, Value};
@@ -57,7 +58,7 @@ fn three_hosts_admitting_onto_one_free_thread_start_exactly_one_run_and_steer_th
         let thread = format!("C1:admit-{round}");
         let outcomes = contend(&mut hosts, |i, s| {
             let run = format!("a{round:03}-{i}");
-            s.admit(&admission(&thread, &run, GENS[i], NOW), NOW)
+            s.admit(&admission(&thread, &RunId::from(&run), GENS[i], NOW), NOW)
                 .expect("a race is retried, never an error")
         });
         let started: Vec<usize> = (0..GENS.len())
@@ -72,7 +73,7 @@ fn three_hosts_admitting_onto_one_free_thread_start_exactly_one_run_and_steer_th
         assert_eq!(
             outcomes[started[0]],
             AdmitOutcome::Started {
-                run_id: winner.clone()
+                run_id: RunId::from(winner.clone())
             }
         );
         let mut seqs: Vec<u64> = outcomes
@@ -91,7 +92,10 @@ fn three_hosts_admitting_onto_one_free_thread_start_exactly_one_run_and_steer_th
             vec![1, 2],
             "round {round}: each steer has its own inbox seq"
         );
-        let inbox = hosts[0].read_inbox(&winner, None).unwrap().unwrap();
+        let inbox = hosts[0]
+            .read_inbox(&RunId::from(&winner), None)
+            .unwrap()
+            .unwrap();
         assert_eq!(inbox.len(), 2, "round {round}");
         let live = hosts[0].list_live().unwrap();
         assert_eq!(
@@ -269,11 +273,14 @@ fn three_processes_reclaiming_the_same_expired_rows_each_row_has_exactly_one_win
                 );
             }
             assert_eq!(
-                hosts[w].get_live(id).unwrap().map(|r| r.owner_gen),
+                hosts[w]
+                    .get_live(&RunId::from(id))
+                    .unwrap()
+                    .map(|r| r.owner_gen),
                 Some(GENS[w].to_owned())
             );
             assert_eq!(
-                hosts[w].abandon(id, GENS[w]).unwrap(),
+                hosts[w].abandon(&RunId::from(id), GENS[w]).unwrap(),
                 Ok(()),
                 "round {round}: {id}"
             );
@@ -364,7 +371,7 @@ async fn a_group_that_loses_a_race_at_commit_answers_each_message_after_running_
     assert_eq!(h.kind(), "postgres");
     for (run, thread) in [("g1", "C1:g1"), ("g2", "C1:g2")] {
         assert_eq!(
-            h.admit(admission(thread, run, GENS[0], NOW), NOW)
+            h.admit(admission(thread, &RunId::from(run), GENS[0], NOW), NOW)
                 .await
                 .unwrap(),
             AdmitOutcome::Started { run_id: run.into() }

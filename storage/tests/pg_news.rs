@@ -3,6 +3,7 @@
 //! stop requests, kills and the end of a run — and nothing is said for a write that did not commit.
 
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::json;
 use storage::ledger::{Admit, Promotion, RunLedger, StopMode};
@@ -44,11 +45,11 @@ async fn listening(h: &StorageHandle) -> broadcast::Receiver<News> {
     }
 }
 
-async fn live_run(h: &StorageHandle, run_id: &str) {
+async fn live_run(h: &StorageHandle, run_id: &RunId) {
     let admit = Admit {
         thread_key: format!("C1:{run_id}"),
         gen: GEN.into(),
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         request: json!({"text": "hi"}),
         meta: json!({"agent": "demo", "request": {"text": "hi"}}),
         key: None,
@@ -63,7 +64,7 @@ async fn live_run(h: &StorageHandle, run_id: &str) {
         state: Default::default(),
         lease_ms: 60_000,
     };
-    h.claim(run_id.into(), GEN.into(), promotion)
+    h.claim(run_id.clone(), GEN.into(), promotion)
         .await
         .unwrap()
         .unwrap();
@@ -83,7 +84,7 @@ async fn a_write_on_one_host_reaches_the_other_as_a_note_once_it_commits() {
     let url = pg::database();
     let (a, b) = (host(&url), host(&url));
     let mut news = listening(&b).await;
-    live_run(&a, "r1").await;
+    live_run(&a, &RunId::from("r1")).await;
 
     a.append("r1".into(), GEN.into(), vec![event(1), event(2), event(3)])
         .await
@@ -152,20 +153,26 @@ async fn a_rolled_back_unit_takes_its_notes_with_it() {
     let watcher = host(&url);
     let mut news = listening(&watcher).await;
     let seed = host(&url);
-    live_run(&seed, "kept").await;
-    live_run(&seed, "doomed").await;
+    live_run(&seed, &RunId::from("kept")).await;
+    live_run(&seed, &RunId::from("doomed")).await;
     blocking(move || {
         let mut s = PgStore::open(&url).unwrap();
         assert!(s.begin_group().unwrap());
         s.begin_atomic().unwrap();
-        s.append("doomed", GEN, &[event(1)]).unwrap().unwrap();
+        s.append(&RunId::from("doomed"), GEN, &[event(1)])
+            .unwrap()
+            .unwrap();
         s.end_atomic(false).unwrap();
-        s.append("kept", GEN, &[event(7)]).unwrap().unwrap();
+        s.append(&RunId::from("kept"), GEN, &[event(7)])
+            .unwrap()
+            .unwrap();
         assert!(matches!(
             s.end_group(true),
             Err(storage::Error::GroupRolledBack(_))
         ));
-        s.append("kept", GEN, &[event(7)]).unwrap().unwrap();
+        s.append(&RunId::from("kept"), GEN, &[event(7)])
+            .unwrap()
+            .unwrap();
     })
     .await;
     assert_eq!(
@@ -195,7 +202,7 @@ async fn a_listener_that_lost_its_connection_reconnects_and_says_resync() {
     let url = pg::database();
     let (a, b) = (host(&url), host(&url));
     let mut news = listening(&b).await;
-    live_run(&a, "r1").await;
+    live_run(&a, &RunId::from("r1")).await;
     let killed: i64 = blocking(move || {
         PgStore::open(&url)
             .unwrap()

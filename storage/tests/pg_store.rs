@@ -4,6 +4,7 @@
 //! read pool, and the database clock. The contract suites cover everything the traits say.
 
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use serde_json::json;
 use storage::ledger::{Admit, AdmitOutcome, Claimed, Promotion, Refusal, RunLedger};
@@ -78,7 +79,10 @@ fn a_database_from_a_newer_version_is_refused_by_name_and_left_untouched() {
         "{msg}"
     );
     assert_eq!(s.schema_version().unwrap(), 99, "the stamp is as it was");
-    assert!(s.get("kept", NOW).unwrap().is_some(), "and so is the data");
+    assert!(
+        s.get(&RunId::from("kept"), NOW).unwrap().is_some(),
+        "and so is the data"
+    );
 }
 
 #[test]
@@ -130,11 +134,11 @@ fn every_connection_sets_lock_and_statement_timeouts() {
 }
 
 /// Admit and promote `run_id` for `gen` on its own thread.
-fn live_run(s: &mut PgStore, run_id: &str, gen: &str) {
+fn live_run(s: &mut PgStore, run_id: &RunId, gen: &str) {
     let admit = Admit {
         thread_key: format!("C1:{run_id}"),
         gen: gen.into(),
-        run_id: run_id.into(),
+        run_id: run_id.clone(),
         request: json!({"text": "x"}),
         meta: json!({"agent": "demo", "request": {"text": "x"}}),
         key: None,
@@ -166,31 +170,40 @@ fn an_owner_check_is_remembered_only_until_the_transaction_changes_it() {
     let mut s = open(&pg::database());
     let event = |seq: u64| json!({"type": "note", "seq": seq, "at": NOW, "summary": "s"});
     for id in ["k", "a", "n"] {
-        live_run(&mut s, id, "g1");
+        live_run(&mut s, &RunId::from(id), "g1");
     }
     assert!(s.begin_group().unwrap());
-    assert_eq!(s.append("k", "g1", &[event(1)]).unwrap(), Ok(()));
-    s.kill("k", NOW).unwrap();
+    assert_eq!(
+        s.append(&RunId::from("k"), "g1", &[event(1)]).unwrap(),
+        Ok(())
+    );
+    s.kill(&RunId::from("k"), NOW).unwrap();
     assert!(
         matches!(
-            s.append("k", "g1", &[event(2)]).unwrap(),
+            s.append(&RunId::from("k"), "g1", &[event(2)]).unwrap(),
             Err(Refusal::Fenced { .. })
         ),
         "the kill in the same transaction fences the owner"
     );
-    assert_eq!(s.append("a", "g1", &[event(1)]).unwrap(), Ok(()));
-    assert_eq!(s.abandon("a", "g1").unwrap(), Ok(()));
+    assert_eq!(
+        s.append(&RunId::from("a"), "g1", &[event(1)]).unwrap(),
+        Ok(())
+    );
+    assert_eq!(s.abandon(&RunId::from("a"), "g1").unwrap(), Ok(()));
     assert!(
         matches!(
-            s.append("a", "g1", &[event(2)]).unwrap(),
+            s.append(&RunId::from("a"), "g1", &[event(2)]).unwrap(),
             Err(Refusal::UnknownRun { .. })
         ),
         "the abandon in the same transaction removed the row"
     );
-    assert_eq!(s.append("n", "g1", &[event(1)]).unwrap(), Ok(()));
+    assert_eq!(
+        s.append(&RunId::from("n"), "g1", &[event(1)]).unwrap(),
+        Ok(())
+    );
     assert!(
         matches!(
-            s.append("n", "g2", &[event(2)]).unwrap(),
+            s.append(&RunId::from("n"), "g2", &[event(2)]).unwrap(),
             Err(Refusal::Fenced { .. })
         ),
         "another generation is not the one that passed"
@@ -205,7 +218,7 @@ fn an_owner_check_is_remembered_only_until_the_transaction_changes_it() {
         )
         .unwrap();
     assert!(matches!(
-        s.append("n", "g1", &[event(3)]).unwrap(),
+        s.append(&RunId::from("n"), "g1", &[event(3)]).unwrap(),
         Err(Refusal::Fenced { .. })
     ));
 }
@@ -217,8 +230,8 @@ fn an_owner_check_is_remembered_only_until_the_transaction_changes_it() {
 fn a_write_failing_at_the_commit_rolls_the_group_back() {
     let mut s = open(&pg::database());
     let event = |seq: u64| json!({"type": "note", "seq": seq, "at": NOW, "summary": "s"});
-    live_run(&mut s, "ok", "g1");
-    live_run(&mut s, "bad", "g1");
+    live_run(&mut s, &RunId::from("ok"), "g1");
+    live_run(&mut s, &RunId::from("bad"), "g1");
     s.connection()
         .batch_execute(
             "CREATE FUNCTION poison() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -229,25 +242,34 @@ fn a_write_failing_at_the_commit_rolls_the_group_back() {
         .unwrap();
     let patch = json!({"poison": true}).as_object().unwrap().clone();
     assert!(s.begin_group().unwrap());
-    assert_eq!(s.append("ok", "g1", &[event(1)]).unwrap(), Ok(()));
     assert_eq!(
-        s.set_state("bad", "g1", &patch).unwrap(),
+        s.append(&RunId::from("ok"), "g1", &[event(1)]).unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.set_state(&RunId::from("bad"), "g1", &patch).unwrap(),
         Ok(()),
         "its write waits for the commit"
     );
     assert!(matches!(s.end_group(true), Err(Error::GroupRolledBack(_))));
     let mut other = open_same(&mut s);
     assert_eq!(
-        other.live_events("ok", 0, 10).unwrap(),
+        other.live_events(&RunId::from("ok"), 0, 10).unwrap(),
         Some(vec![]),
         "nothing of the group landed"
     );
     // Alone, each message answers for itself.
-    assert_eq!(s.append("ok", "g1", &[event(1)]).unwrap(), Ok(()));
-    let alone = s.set_state("bad", "g1", &patch).unwrap_err();
+    assert_eq!(
+        s.append(&RunId::from("ok"), "g1", &[event(1)]).unwrap(),
+        Ok(())
+    );
+    let alone = s.set_state(&RunId::from("bad"), "g1", &patch).unwrap_err();
     assert!(alone.to_string().contains("poisoned state"), "{alone}");
     assert_eq!(
-        other.live_events("ok", 0, 10).unwrap().map(|e| e.len()),
+        other
+            .live_events(&RunId::from("ok"), 0, 10)
+            .unwrap()
+            .map(|e| e.len()),
         Some(1)
     );
 }
@@ -257,8 +279,8 @@ fn a_write_failing_at_the_commit_rolls_the_group_back() {
 #[test]
 fn a_step_write_in_a_group_that_does_not_own_its_run_spoils_the_group() {
     let mut s = open(&pg::database());
-    live_run(&mut s, "ok", "g1");
-    live_run(&mut s, "theirs", "g1");
+    live_run(&mut s, &RunId::from("ok"), "g1");
+    live_run(&mut s, &RunId::from("theirs"), "g1");
     let step = |n: u64| storage::ledger::StepWrite {
         first_idx: 2,
         turns: vec![storage::ledger::Turn {
@@ -280,27 +302,47 @@ fn a_step_write_in_a_group_that_does_not_own_its_run_spoils_the_group() {
     };
     // Owned: the group commits it.
     assert!(s.begin_group().unwrap());
-    assert_eq!(s.write_step("ok", "g1", &step(1)).unwrap(), Ok(()));
+    assert_eq!(
+        s.write_step(&RunId::from("ok"), "g1", &step(1)).unwrap(),
+        Ok(())
+    );
     s.end_group(true).unwrap();
-    assert_eq!(s.last_step("ok").unwrap().map(|r| r.step), Some(1));
+    assert_eq!(
+        s.last_step(&RunId::from("ok")).unwrap().map(|r| r.step),
+        Some(1)
+    );
     // Not owned: the group fails at its commit, and nothing of it lands.
     assert!(s.begin_group().unwrap());
-    assert_eq!(s.write_step("ok", "g1", &step(2)).unwrap(), Ok(()));
     assert_eq!(
-        s.write_step("theirs", "g2", &step(1)).unwrap(),
+        s.write_step(&RunId::from("ok"), "g1", &step(2)).unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        s.write_step(&RunId::from("theirs"), "g2", &step(1))
+            .unwrap(),
         Ok(()),
         "its answer waits for the commit"
     );
     assert!(matches!(s.end_group(true), Err(Error::GroupRolledBack(_))));
-    assert_eq!(s.last_step("ok").unwrap().map(|r| r.step), Some(1));
-    assert!(s.last_step("theirs").unwrap().is_none());
+    assert_eq!(
+        s.last_step(&RunId::from("ok")).unwrap().map(|r| r.step),
+        Some(1)
+    );
+    assert!(s.last_step(&RunId::from("theirs")).unwrap().is_none());
     // Alone, each answers for itself.
-    assert_eq!(s.write_step("ok", "g1", &step(2)).unwrap(), Ok(()));
+    assert_eq!(
+        s.write_step(&RunId::from("ok"), "g1", &step(2)).unwrap(),
+        Ok(())
+    );
     assert!(matches!(
-        s.write_step("theirs", "g2", &step(1)).unwrap(),
+        s.write_step(&RunId::from("theirs"), "g2", &step(1))
+            .unwrap(),
         Err(Refusal::Fenced { .. })
     ));
-    assert_eq!(s.last_step("ok").unwrap().map(|r| r.step), Some(2));
+    assert_eq!(
+        s.last_step(&RunId::from("ok")).unwrap().map(|r| r.step),
+        Some(2)
+    );
 }
 
 /// Another connection to the database `s` is connected to.
@@ -319,7 +361,7 @@ fn open_same(s: &mut PgStore) -> PgStore {
 fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
     let url = pg::database();
     let mut s = open(&url);
-    live_run(&mut s, "r1", "g1");
+    live_run(&mut s, &RunId::from("r1"), "g1");
     let mut peer = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let mut tx = peer.transaction().unwrap();
     tx.query(
@@ -328,7 +370,9 @@ fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
     )
     .unwrap();
     let started = Instant::now();
-    let err = s.heartbeat("r1", "g1", 30_000, NOW + 1).unwrap_err();
+    let err = s
+        .heartbeat(&RunId::from("r1"), "g1", 30_000, NOW + 1)
+        .unwrap_err();
     let waited = started.elapsed();
     assert!(err.is_transient() && !err.is_race(), "{err}");
     assert!(err.to_string().contains("55P03"), "a lock timeout: {err}");
@@ -338,7 +382,9 @@ fn a_stalled_peer_holding_a_lock_is_a_transient_error_after_the_lock_timeout() {
     );
     tx.rollback().unwrap();
     assert!(
-        s.heartbeat("r1", "g1", 30_000, NOW + 2).unwrap().is_ok(),
+        s.heartbeat(&RunId::from("r1"), "g1", 30_000, NOW + 2)
+            .unwrap()
+            .is_ok(),
         "the connection is usable again"
     );
 }
@@ -357,15 +403,18 @@ fn a_fault_mid_put_leaves_no_row_and_no_events_and_the_connection_goes_on() {
         err.to_string().contains("injected fault"),
         "the server's message: {err}"
     );
-    assert_eq!(s.get("doomed", NOW).unwrap(), None);
+    assert_eq!(s.get(&RunId::from("doomed"), NOW).unwrap(), None);
     assert_eq!(events_of(&mut s, "doomed"), 0);
     assert_eq!(
-        s.get("before", NOW).unwrap(),
+        s.get(&RunId::from("before"), NOW).unwrap(),
         Some(record("before", 2)),
         "earlier data untouched"
     );
     s.put(&record("after", 1), None, NOW).unwrap();
-    assert_eq!(s.get("after", NOW).unwrap(), Some(record("after", 1)));
+    assert_eq!(
+        s.get(&RunId::from("after"), NOW).unwrap(),
+        Some(record("after", 1))
+    );
 }
 
 /// Inside a group commit (no savepoint per message) a failing message spoils the group: `end_group`
@@ -386,7 +435,7 @@ fn a_failing_message_spoils_its_group_and_nothing_of_the_group_lands() {
     assert!(!s.begin_group().unwrap(), "a group is already open");
     s.put(&record("a", 1), None, NOW).unwrap();
     assert_eq!(
-        s.get("a", NOW).unwrap(),
+        s.get(&RunId::from("a"), NOW).unwrap(),
         Some(record("a", 1)),
         "a read inside the group sees its writes"
     );
@@ -395,19 +444,22 @@ fn a_failing_message_spoils_its_group_and_nothing_of_the_group_lands() {
         matches!(s.end_group(true), Err(Error::GroupRolledBack(_))),
         "a spoiled group does not commit"
     );
-    assert_eq!(fresh.get("a", NOW).unwrap(), None);
-    assert_eq!(fresh.get("doomed", NOW).unwrap(), None);
+    assert_eq!(fresh.get(&RunId::from("a"), NOW).unwrap(), None);
+    assert_eq!(fresh.get(&RunId::from("doomed"), NOW).unwrap(), None);
     assert_eq!(events_of(&mut fresh, "doomed"), 0);
     // The next group starts clean and commits.
     assert!(s.begin_group().unwrap());
     s.put(&record("b", 2), None, NOW).unwrap();
     s.end_group(true).unwrap();
-    assert_eq!(fresh.get("b", NOW).unwrap(), Some(record("b", 2)));
+    assert_eq!(
+        fresh.get(&RunId::from("b"), NOW).unwrap(),
+        Some(record("b", 2))
+    );
     // An atomic unit rolled back leaves nothing alone, and spoils a group it is part of.
     s.begin_atomic().unwrap();
     s.put(&record("c", 1), None, NOW).unwrap();
     s.end_atomic(false).unwrap();
-    assert_eq!(fresh.get("c", NOW).unwrap(), None);
+    assert_eq!(fresh.get(&RunId::from("c"), NOW).unwrap(), None);
     assert!(s.begin_group().unwrap());
     s.put(&record("d", 1), None, NOW).unwrap();
     s.begin_atomic().unwrap();
@@ -415,7 +467,10 @@ fn a_failing_message_spoils_its_group_and_nothing_of_the_group_lands() {
     s.end_atomic(false).unwrap();
     assert!(matches!(s.end_group(true), Err(Error::GroupRolledBack(_))));
     assert_eq!(
-        (fresh.get("d", NOW).unwrap(), fresh.get("e", NOW).unwrap()),
+        (
+            fresh.get(&RunId::from("d"), NOW).unwrap(),
+            fresh.get(&RunId::from("e"), NOW).unwrap()
+        ),
         (None, None)
     );
 }
@@ -499,7 +554,7 @@ async fn the_actor_reruns_a_spoiled_group_one_by_one_and_only_the_failure_is_los
     );
     for i in (0..40).filter(|i| *i != 17) {
         assert_eq!(
-            h.get(format!("ok-{i}")).await.unwrap(),
+            h.get(RunId::from(format!("ok-{i}"))).await.unwrap(),
             Some(record(&format!("ok-{i}"), 5))
         );
     }
@@ -684,8 +739,14 @@ fn migration_three_leaves_cards_from_before_closed_until_their_record_is_put_aga
         storage::postgres::schema::current_version()
     );
     assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
-    assert!(!s.close_card("old").unwrap(), "not open: nothing to close");
-    assert_eq!(s.get("old", NOW).unwrap(), Some(carded.clone()));
+    assert!(
+        !s.close_card(&RunId::from("old")).unwrap(),
+        "not open: nothing to close"
+    );
+    assert_eq!(
+        s.get(&RunId::from("old"), NOW).unwrap(),
+        Some(carded.clone())
+    );
     // An identical repeat writes nothing; a changed record sets the column.
     assert!(!s.put(&carded, None, NOW).unwrap().rewritten);
     assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
@@ -721,7 +782,7 @@ fn migration_four_gives_rows_from_before_their_label() {
         search: Search::new("billing"),
         ..ListQuery::visible_to(storage::record::VisibilityFilter::All)
     };
-    let found: Vec<String> = s
+    let found: Vec<RunId> = s
         .list(&q, NOW)
         .unwrap()
         .items

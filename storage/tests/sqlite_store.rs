@@ -4,6 +4,7 @@
 use serde_json::json;
 use storage::record::{validate_record, RunRecord, VisibilityFilter};
 use storage::store::{ListQuery, RunStore};
+use storage::RunId;
 use storage::{BackendSpec, Error, ManualClock, SqliteStore, StorageHandle, Synchronous};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -38,7 +39,7 @@ fn crash_mid_put_leaves_no_row_and_no_events() {
         .unwrap();
     let err = s.put(&record("doomed", 5), None, NOW).unwrap_err();
     assert!(matches!(err, Error::Sqlite(_)), "{err}");
-    assert_eq!(s.get("doomed", NOW).unwrap(), None);
+    assert_eq!(s.get(&RunId::from("doomed"), NOW).unwrap(), None);
     let orphan_events: i64 = s
         .connection()
         .query_row(
@@ -49,7 +50,7 @@ fn crash_mid_put_leaves_no_row_and_no_events() {
         .unwrap();
     assert_eq!(orphan_events, 0);
     assert_eq!(
-        s.get("before", NOW).unwrap(),
+        s.get(&RunId::from("before"), NOW).unwrap(),
         Some(record("before", 2)),
         "earlier data untouched"
     );
@@ -103,7 +104,7 @@ fn reopening_keeps_data_schema_and_capability_secret() {
     );
     s.put(&record("a", 1), None, NOW).unwrap();
     drop(s);
-    assert!(open(&path).get("a", NOW).unwrap().is_some());
+    assert!(open(&path).get(&RunId::from("a"), NOW).unwrap().is_some());
 }
 
 #[test]
@@ -113,7 +114,10 @@ fn two_handles_share_one_database_file() {
     let mut a = open(&path);
     let mut b = open(&path);
     a.put(&record("from-a", 3), None, NOW).unwrap();
-    assert_eq!(b.get("from-a", NOW).unwrap(), Some(record("from-a", 3)));
+    assert_eq!(
+        b.get(&RunId::from("from-a"), NOW).unwrap(),
+        Some(record("from-a", 3))
+    );
     b.put(&record("from-b", 1), None, NOW).unwrap();
     let q = ListQuery::visible_to(VisibilityFilter::All);
     assert_eq!(a.list(&q, NOW).unwrap().items.len(), 2);
@@ -240,7 +244,7 @@ async fn queued_messages_commit_together_and_a_failing_one_rolls_back_only_itsel
     // Every other record is durable with all its events; the failing one left nothing behind.
     for i in (0..40).filter(|i| *i != 17) {
         assert_eq!(
-            h.get(format!("ok-{i}")).await.unwrap(),
+            h.get(RunId::from(format!("ok-{i}"))).await.unwrap(),
             Some(record(&format!("ok-{i}"), 5))
         );
     }
@@ -489,7 +493,7 @@ fn a_read_only_store_reads_the_current_schema_and_never_writes_the_file() {
         r.schema_version().unwrap(),
         storage::sqlite::schema::current_version()
     );
-    assert_eq!(r.get("a", NOW).unwrap(), Some(record("a", 3)));
+    assert_eq!(r.get(&RunId::from("a"), NOW).unwrap(), Some(record("a", 3)));
     assert_eq!(
         r.list(&ListQuery::visible_to(VisibilityFilter::All), NOW)
             .unwrap()
@@ -498,11 +502,15 @@ fn a_read_only_store_reads_the_current_schema_and_never_writes_the_file() {
         2
     );
     assert_eq!(
-        r.events("a", 1, None, NOW).unwrap().unwrap().events.len(),
+        r.events(&RunId::from("a"), 1, None, NOW)
+            .unwrap()
+            .unwrap()
+            .events
+            .len(),
         2
     );
     let rows: Vec<(&str, u64)> = r
-        .rows_of_run("a")
+        .rows_of_run(&RunId::from("a"))
         .unwrap()
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -513,14 +521,14 @@ fn a_read_only_store_reads_the_current_schema_and_never_writes_the_file() {
         r.put(&record("c", 1), None, NOW),
         Err(Error::Sqlite(_))
     ));
-    assert!(matches!(r.delete("a"), Err(Error::Sqlite(_))));
+    assert!(matches!(r.delete(&RunId::from("a")), Err(Error::Sqlite(_))));
     drop(r);
     assert!(
         before == fingerprint(&path),
         "the file's bytes, stamp or mtime changed"
     );
     assert_eq!(
-        open(&path).get("a", NOW).unwrap(),
+        open(&path).get(&RunId::from("a"), NOW).unwrap(),
         Some(record("a", 3)),
         "the data is still there"
     );
@@ -549,13 +557,22 @@ fn a_read_only_store_reads_an_older_schema_as_is() {
     assert_eq!(before.1, 1);
     let mut r = SqliteStore::open_read_only(&path).expect("an older schema opens");
     assert_eq!(r.schema_version().unwrap(), 1, "read as is, not migrated");
-    assert_eq!(r.get("old", NOW).unwrap(), Some(record("old", 2)));
     assert_eq!(
-        r.get_summary("old", NOW).unwrap().map(|i| i.head.id),
-        Some("old".to_owned())
+        r.get(&RunId::from("old"), NOW).unwrap(),
+        Some(record("old", 2))
     );
     assert_eq!(
-        r.events("old", 1, None, NOW).unwrap().unwrap().events.len(),
+        r.get_summary(&RunId::from("old"), NOW)
+            .unwrap()
+            .map(|i| i.head.id),
+        Some(RunId::from("old".to_owned()))
+    );
+    assert_eq!(
+        r.events(&RunId::from("old"), 1, None, NOW)
+            .unwrap()
+            .unwrap()
+            .events
+            .len(),
         1
     );
     let page = r
@@ -571,9 +588,9 @@ fn a_read_only_store_reads_an_older_schema_as_is() {
     // The ledger's tables read as empty where the old version had none.
     use storage::ledger::RunLedger;
     assert_eq!(r.list_live().unwrap(), vec![]);
-    assert_eq!(r.get_live("old").unwrap(), None);
+    assert_eq!(r.get_live(&RunId::from("old")).unwrap(), None);
     let rows: Vec<(&str, u64)> = r
-        .rows_of_run("old")
+        .rows_of_run(&RunId::from("old"))
         .unwrap()
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -596,7 +613,7 @@ fn a_read_only_store_reads_an_older_schema_as_is() {
     let before = fingerprint(&path);
     let mut r = SqliteStore::open_read_only(&path).expect("a version-3 file opens");
     assert_eq!(r.schema_version().unwrap(), 3);
-    assert_eq!(r.get("nothing", NOW).unwrap(), None);
+    assert_eq!(r.get(&RunId::from("nothing"), NOW).unwrap(), None);
     use storage::plan::PlanStore;
     let id = storage::plan::RequestId::parse("q1").unwrap();
     let q = r.get_request(&id).unwrap().expect("the request reads");
@@ -634,7 +651,10 @@ fn migration_five_drops_run_jobs_and_keeps_the_rest() {
     );
     let mut r = SqliteStore::open_read_only(&path).expect("a version-4 file opens");
     assert_eq!(r.schema_version().unwrap(), 4);
-    assert_eq!(r.get("old", NOW).unwrap(), Some(record("old", 1)));
+    assert_eq!(
+        r.get(&RunId::from("old"), NOW).unwrap(),
+        Some(record("old", 1))
+    );
     drop(r);
 
     let mut s = open(&path);
@@ -652,12 +672,12 @@ fn migration_five_drops_run_jobs_and_keeps_the_rest() {
         .unwrap();
     assert_eq!(tables, 0, "run_jobs is gone");
     assert_eq!(
-        s.get("old", NOW).unwrap(),
+        s.get(&RunId::from("old"), NOW).unwrap(),
         Some(record("old", 1)),
         "the history is untouched"
     );
     let rows: Vec<(&str, u64)> = s
-        .rows_of_run("old")
+        .rows_of_run(&RunId::from("old"))
         .unwrap()
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -694,7 +714,10 @@ fn migration_nine_leaves_cards_from_before_closed_until_their_record_is_put_agai
     let mut r = SqliteStore::open_read_only(&path).expect("a version-8 file opens");
     assert_eq!(r.schema_version().unwrap(), 8);
     assert_eq!(r.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
-    assert_eq!(r.get("old", NOW).unwrap(), Some(carded.clone()));
+    assert_eq!(
+        r.get(&RunId::from("old"), NOW).unwrap(),
+        Some(carded.clone())
+    );
     drop(r);
     assert!(
         before == fingerprint(&path),
@@ -707,8 +730,14 @@ fn migration_nine_leaves_cards_from_before_closed_until_their_record_is_put_agai
         storage::sqlite::schema::current_version()
     );
     assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), Vec::<String>::new());
-    assert!(!s.close_card("old").unwrap(), "not open: nothing to close");
-    assert_eq!(s.get("old", NOW).unwrap(), Some(carded.clone()));
+    assert!(
+        !s.close_card(&RunId::from("old")).unwrap(),
+        "not open: nothing to close"
+    );
+    assert_eq!(
+        s.get(&RunId::from("old"), NOW).unwrap(),
+        Some(carded.clone())
+    );
     assert!(s.put(&carded, None, NOW).unwrap().stored);
     assert_eq!(s.open_cards(NOW, 10, NOW).unwrap(), ["old"]);
 }
@@ -834,13 +863,17 @@ fn expire_removes_event_rows_nobody_owns_a_bounded_amount_a_pass() {
         state: Default::default(),
         lease_ms: 30_000,
     };
-    s.claim("live", "20270115T080000Z-0000beef", &p, NOW)
+    s.claim(&RunId::from("live"), "20270115T080000Z-0000beef", &p, NOW)
         .unwrap()
         .unwrap();
     let live_events = vec![json!({"type": "note", "seq": 1, "at": NOW, "summary": "s"})];
-    s.append("live", "20270115T080000Z-0000beef", &live_events)
-        .unwrap()
-        .unwrap();
+    s.append(
+        &RunId::from("live"),
+        "20270115T080000Z-0000beef",
+        &live_events,
+    )
+    .unwrap()
+    .unwrap();
     // 600 runs' event rows that nothing owns (what an older build could leave behind).
     let tx = s.connection().unchecked_transaction().unwrap();
     for i in 0..600 {
@@ -916,7 +949,7 @@ fn migration_ten_gives_rows_from_before_their_label() {
         search: storage::store::Search::new("BILLING"),
         ..ListQuery::visible_to(VisibilityFilter::All)
     };
-    let found: Vec<String> = s
+    let found: Vec<RunId> = s
         .list(&q, NOW)
         .unwrap()
         .items

@@ -6,6 +6,7 @@
 use serde_json::{json, Value};
 use storage::record::{validate_record, RetentionPolicy, RunRecord, RunStatus, VisibilityFilter};
 use storage::store::{Cursor, ListQuery, PolicyProposal, RunStore, Search, MAX_FUTURE_MS};
+use storage::RunId;
 use storage::{MemoryStore, SqliteStore, Synchronous};
 
 const NOW: i64 = 1_800_000_000_000;
@@ -40,7 +41,7 @@ fn all() -> ListQuery {
     ListQuery::visible_to(VisibilityFilter::All)
 }
 
-fn ids(store: &mut dyn RunStore, q: &ListQuery, now: i64) -> Vec<String> {
+fn ids(store: &mut dyn RunStore, q: &ListQuery, now: i64) -> Vec<RunId> {
     store
         .list(q, now)
         .expect("list")
@@ -73,7 +74,10 @@ fn two_megabyte_record_round_trips(s: &mut dyn RunStore) {
     assert!(r.encoded_len() > 2_000_000);
     let out = s.put(&r, None, NOW).expect("put");
     assert!(out.stored && !out.rewritten);
-    assert_eq!(s.get("big", NOW).expect("get"), Some(r.clone()));
+    assert_eq!(
+        s.get(&RunId::from("big"), NOW).expect("get"),
+        Some(r.clone())
+    );
     let page = s.list(&all(), NOW).expect("list");
     assert_eq!(page.items.len(), 1);
     assert_eq!(page.items[0].bytes, Some(r.encoded_len() as u64));
@@ -83,12 +87,20 @@ fn two_megabyte_record_round_trips(s: &mut dyn RunStore) {
 fn bad_ids_are_not_found_on_every_method(s: &mut dyn RunStore) {
     s.put(&record("good", NOW), None, NOW).expect("put");
     for bad in ["../../etc/x", "has space", &"a".repeat(65), ""] {
-        assert_eq!(s.get(bad, NOW).expect("get"), None, "{bad}");
-        assert_eq!(s.get_summary(bad, NOW).expect("summary"), None, "{bad}");
-        assert_eq!(s.events(bad, 0, None, NOW).expect("events"), None, "{bad}");
-        assert!(!s.delete(bad).expect("delete"), "{bad}");
+        assert_eq!(s.get(&RunId::from(bad), NOW).expect("get"), None, "{bad}");
+        assert_eq!(
+            s.get_summary(&RunId::from(bad), NOW).expect("summary"),
+            None,
+            "{bad}"
+        );
+        assert_eq!(
+            s.events(&RunId::from(bad), 0, None, NOW).expect("events"),
+            None,
+            "{bad}"
+        );
+        assert!(!s.delete(&RunId::from(bad)).expect("delete"), "{bad}");
         let mut r = record("good", NOW);
-        r.head.id = bad.to_owned();
+        r.head.id = RunId::from(bad);
         assert!(
             s.put(&r, None, NOW).is_err(),
             "put of {bad:?} must be refused"
@@ -284,7 +296,7 @@ fn filters_and_visibility_narrow_the_list(s: &mut dyn RunStore) {
     let mut both = vis(json!({"kind": "user-is", "id": "U1"}));
     both.channel = Some("C1".into());
     assert_eq!(ids(s, &both, NOW), ["pub1", "legacy"]);
-    let legacy = s.get("legacy", NOW).unwrap().expect("legacy");
+    let legacy = s.get(&RunId::from("legacy"), NOW).unwrap().expect("legacy");
     assert_eq!(
         legacy.head.channel_visibility,
         storage::record::ChannelVisibility::Unknown
@@ -303,7 +315,10 @@ fn events_page_strictly_after_the_cursor(s: &mut dyn RunStore) {
         NOW,
     )
     .unwrap();
-    let p = s.events("ev", 10, Some(5), NOW).unwrap().expect("page");
+    let p = s
+        .events(&RunId::from("ev"), 10, Some(5), NOW)
+        .unwrap()
+        .expect("page");
     assert_eq!(
         p.events
             .iter()
@@ -313,19 +328,22 @@ fn events_page_strictly_after_the_cursor(s: &mut dyn RunStore) {
     );
     assert_eq!(p.next_after_seq, Some(15));
     let p = s
-        .events("ev", 15, Some(5), NOW)
+        .events(&RunId::from("ev"), 15, Some(5), NOW)
         .unwrap()
         .expect("last page");
     assert_eq!(p.events.len(), 5);
     assert_eq!(p.next_after_seq, None);
     assert_eq!(
-        s.events("ev", 20, None, NOW)
+        s.events(&RunId::from("ev"), 20, None, NOW)
             .unwrap()
             .expect("past the end")
             .events,
         Vec::<Value>::new()
     );
-    assert_eq!(s.events("nosuch", 0, None, NOW).unwrap(), None);
+    assert_eq!(
+        s.events(&RunId::from("nosuch"), 0, None, NOW).unwrap(),
+        None
+    );
     s.put(
         &with(
             "empty",
@@ -337,7 +355,7 @@ fn events_page_strictly_after_the_cursor(s: &mut dyn RunStore) {
     )
     .unwrap();
     assert_eq!(
-        s.events("empty", 0, None, NOW)
+        s.events(&RunId::from("empty"), 0, None, NOW)
             .unwrap()
             .expect("known run")
             .events,
@@ -357,17 +375,20 @@ fn events_page_strictly_after_the_cursor(s: &mut dyn RunStore) {
         NOW,
     )
     .unwrap();
-    let p = s.events("big", 6500, None, NOW).unwrap().expect("page");
+    let p = s
+        .events(&RunId::from("big"), 6500, None, NOW)
+        .unwrap()
+        .expect("page");
     assert_eq!(p.events.len(), 500);
     assert_eq!(p.events[0]["seq"], 6501);
     assert_eq!(p.next_after_seq, None);
     let p = s
-        .events("big", 0, Some(100_000), NOW)
+        .events(&RunId::from("big"), 0, Some(100_000), NOW)
         .unwrap()
         .expect("capped page");
     assert_eq!(p.events.len(), 5000);
     let p = s
-        .events("big", 0, None, NOW)
+        .events(&RunId::from("big"), 0, None, NOW)
         .unwrap()
         .expect("default page");
     assert_eq!((p.events.len(), p.next_after_seq), (1000, Some(3000)));
@@ -379,10 +400,10 @@ fn retention_hides_expired_rows_on_every_read_before_any_write(s: &mut dyn RunSt
     assert_eq!(ids(s, &all(), NOW), ["new", "old"]);
     let later = NOW + 2 * DAY; // "old" is now 31 days old; no write happens in between
     assert_eq!(ids(s, &all(), later), ["new"]);
-    assert_eq!(s.get("old", later).unwrap(), None);
-    assert_eq!(s.get_summary("old", later).unwrap(), None);
-    assert_eq!(s.events("old", 0, None, later).unwrap(), None);
-    assert!(s.get_summary("new", later).unwrap().is_some());
+    assert_eq!(s.get(&RunId::from("old"), later).unwrap(), None);
+    assert_eq!(s.get_summary(&RunId::from("old"), later).unwrap(), None);
+    assert_eq!(s.events(&RunId::from("old"), 0, None, later).unwrap(), None);
+    assert!(s.get_summary(&RunId::from("new"), later).unwrap().is_some());
 }
 
 fn expire_removes_what_the_policy_no_longer_keeps_with_no_write(s: &mut dyn RunStore) {
@@ -393,8 +414,11 @@ fn expire_removes_what_the_policy_no_longer_keeps_with_no_write(s: &mut dyn RunS
     // Two days on, with no put in between: "old" is past the 30-day policy and goes from disk.
     let out = s.expire(NOW + 2 * DAY, "").unwrap();
     assert_eq!(out.runs, 1);
-    assert!(!s.delete("old").unwrap(), "nothing of it stays on disk");
-    assert!(s.get("new", NOW + 2 * DAY).unwrap().is_some());
+    assert!(
+        !s.delete(&RunId::from("old")).unwrap(),
+        "nothing of it stays on disk"
+    );
+    assert!(s.get(&RunId::from("new"), NOW + 2 * DAY).unwrap().is_some());
     assert_eq!(
         s.expire(NOW + 2 * DAY, "").unwrap().runs,
         0,
@@ -407,8 +431,11 @@ fn put_outside_policy_is_not_stored(s: &mut dyn RunStore) {
         .put(&record("ancient", NOW - 31 * DAY), None, NOW)
         .unwrap();
     assert!(!out.stored);
-    assert_eq!(s.get("ancient", NOW).unwrap(), None);
-    assert!(!s.delete("ancient").unwrap(), "nothing of it stays on disk");
+    assert_eq!(s.get(&RunId::from("ancient"), NOW).unwrap(), None);
+    assert!(
+        !s.delete(&RunId::from("ancient")).unwrap(),
+        "nothing of it stays on disk"
+    );
 }
 
 /// A put answers how many rows the policy keeps after it, counting itself only when it is within the
@@ -455,10 +482,14 @@ fn identical_repeat_is_not_a_rewrite_and_a_change_replaces_events_whole(s: &mut 
     let out = s.put(&r2, None, NOW).unwrap();
     assert!(out.stored && out.rewritten);
     assert_eq!(
-        s.events("x", 0, None, NOW).unwrap().unwrap().events.len(),
+        s.events(&RunId::from("x"), 0, None, NOW)
+            .unwrap()
+            .unwrap()
+            .events
+            .len(),
         3
     );
-    assert_eq!(s.get("x", NOW).unwrap(), Some(r2));
+    assert_eq!(s.get(&RunId::from("x"), NOW).unwrap(), Some(r2));
 }
 
 fn provisional_put_over_a_final_record_writes_nothing(s: &mut dyn RunStore) {
@@ -475,7 +506,10 @@ fn provisional_put_over_a_final_record_writes_nothing(s: &mut dyn RunStore) {
     // A late provisional write is stood down by the floor.
     let out = s.put(&tomb, None, NOW).unwrap();
     assert!(out.stored && !out.rewritten);
-    let got = s.get("t", NOW).unwrap().expect("final record");
+    let got = s
+        .get(&RunId::from("t"), NOW)
+        .unwrap()
+        .expect("final record");
     assert_eq!(got, fin);
     assert_eq!(got.head.status, RunStatus::Completed);
     assert!(!got.head.provisional);
@@ -508,16 +542,16 @@ fn a_put_trims_at_most_500_rows_and_the_next_put_finishes(s: &mut dyn RunStore) 
         ["keep1"]
     );
     assert_eq!(
-        s.get("r599", NOW).unwrap(),
+        s.get(&RunId::from("r599"), NOW).unwrap(),
         None,
         "hidden on read while still on disk"
     );
     s.put(&record("keep2", NOW + 1), None, NOW).unwrap();
     let remaining = (0..600)
-        .filter(|i| s.delete(&format!("r{i:03}")).unwrap())
+        .filter(|i| s.delete(&RunId::from(format!("r{i:03}"))).unwrap())
         .count();
     assert_eq!(remaining, 0, "the second put finished the trim");
-    assert!(s.delete("keep2").unwrap());
+    assert!(s.delete(&RunId::from("keep2")).unwrap());
 }
 
 fn a_trim_never_removes_more_than_500_in_one_put(s: &mut dyn RunStore) {
@@ -532,7 +566,7 @@ fn a_trim_never_removes_more_than_500_in_one_put(s: &mut dyn RunStore) {
     )
     .unwrap();
     let remaining: Vec<usize> = (0..600)
-        .filter(|i| s.delete(&format!("r{i:03}")).unwrap())
+        .filter(|i| s.delete(&RunId::from(format!("r{i:03}"))).unwrap())
         .collect();
     assert_eq!(remaining.len(), 100);
     assert_eq!(remaining[0], 500, "oldest first");
@@ -546,7 +580,7 @@ fn max_runs_and_max_bytes_keep_the_newest(s: &mut dyn RunStore) {
         .unwrap();
     assert_eq!(ids(s, &all(), NOW), ["e", "d", "c"]);
     assert_eq!(
-        s.get_summary("b", NOW).unwrap(),
+        s.get_summary(&RunId::from("b"), NOW).unwrap(),
         None,
         "summary hides what list hides"
     );
@@ -602,16 +636,16 @@ fn policy_proposals_take_the_store_clock_and_newer_wins(s: &mut dyn RunStore) {
 fn finished_at_far_ahead_is_clamped_to_a_day_past_now(s: &mut dyn RunStore) {
     s.put(&record("future", NOW + 365 * DAY), None, NOW)
         .unwrap();
-    let got = s.get("future", NOW).unwrap().expect("stored");
+    let got = s.get(&RunId::from("future"), NOW).unwrap().expect("stored");
     assert_eq!(got.head.finished_at, NOW + MAX_FUTURE_MS);
 }
 
 fn delete_removes_the_run_and_its_events(s: &mut dyn RunStore) {
     s.put(&record("gone", NOW), None, NOW).unwrap();
-    assert!(s.delete("gone").unwrap());
-    assert_eq!(s.get("gone", NOW).unwrap(), None);
-    assert_eq!(s.events("gone", 0, None, NOW).unwrap(), None);
-    assert!(!s.delete("gone").unwrap());
+    assert!(s.delete(&RunId::from("gone")).unwrap());
+    assert_eq!(s.get(&RunId::from("gone"), NOW).unwrap(), None);
+    assert_eq!(s.events(&RunId::from("gone"), 0, None, NOW).unwrap(), None);
+    assert!(!s.delete(&RunId::from("gone")).unwrap());
 }
 
 fn a_terminal_status_lists_final_records_with_that_status_and_never_a_tombstone(
@@ -698,7 +732,7 @@ fn card(ts: &str) -> Value {
 }
 
 /// `s`'s open cards finished by `before`, read at `NOW`, at most `limit`.
-fn open_cards(s: &mut dyn RunStore, before: i64, limit: usize) -> Vec<String> {
+fn open_cards(s: &mut dyn RunStore, before: i64, limit: usize) -> Vec<RunId> {
     s.open_cards(before, limit, NOW).expect("open_cards")
 }
 
@@ -789,11 +823,20 @@ fn close_card_answers_true_once_and_the_record_reads_back_closed(s: &mut dyn Run
     s.put(&open, None, NOW).expect("put");
     assert_eq!(open_cards(s, NOW, 10), ["run"]);
 
-    assert!(s.close_card("run").expect("close"));
-    assert!(!s.close_card("run").expect("close again"), "already closed");
+    assert!(s.close_card(&RunId::from("run")).expect("close"));
+    assert!(
+        !s.close_card(&RunId::from("run")).expect("close again"),
+        "already closed"
+    );
     assert_eq!(open_cards(s, NOW, 10), Vec::<String>::new());
-    assert_eq!(s.get("run", NOW).unwrap(), Some(closed.clone()));
-    let summary = s.get_summary("run", NOW).unwrap().expect("summary");
+    assert_eq!(
+        s.get(&RunId::from("run"), NOW).unwrap(),
+        Some(closed.clone())
+    );
+    let summary = s
+        .get_summary(&RunId::from("run"), NOW)
+        .unwrap()
+        .expect("summary");
     assert_eq!(summary.head, closed.head);
     assert_eq!(
         summary.bytes,
@@ -803,7 +846,10 @@ fn close_card_answers_true_once_and_the_record_reads_back_closed(s: &mut dyn Run
     let page = s.list(&all(), NOW).unwrap();
     assert_eq!(page.items, vec![summary]);
     assert_eq!(
-        s.events("run", 0, None, NOW).unwrap().unwrap().events,
+        s.events(&RunId::from("run"), 0, None, NOW)
+            .unwrap()
+            .unwrap()
+            .events,
         open.events
     );
 
@@ -817,9 +863,9 @@ fn close_card_answers_true_once_and_the_record_reads_back_closed(s: &mut dyn Run
     let out = s.put(&again, None, NOW).unwrap();
     assert!(out.stored && out.rewritten, "{out:?}");
     assert_eq!(open_cards(s, NOW, 10), ["run"]);
-    assert!(s.close_card("run").unwrap());
+    assert!(s.close_card(&RunId::from("run")).unwrap());
     assert_eq!(
-        s.get("run", NOW)
+        s.get(&RunId::from("run"), NOW)
             .unwrap()
             .unwrap()
             .head
@@ -847,9 +893,13 @@ fn close_card_answers_true_once_and_the_record_reads_back_closed(s: &mut dyn Run
     )
     .unwrap();
     for id in ["nobody", "../x", "", "tomb", "plain", "shut"] {
-        let before = s.get(id, NOW).unwrap();
-        assert!(!s.close_card(id).unwrap(), "{id:?}");
-        assert_eq!(s.get(id, NOW).unwrap(), before, "{id:?} is unchanged");
+        let before = s.get(&RunId::from(id), NOW).unwrap();
+        assert!(!s.close_card(&RunId::from(id)).unwrap(), "{id:?}");
+        assert_eq!(
+            s.get(&RunId::from(id), NOW).unwrap(),
+            before,
+            "{id:?} is unchanged"
+        );
     }
 }
 

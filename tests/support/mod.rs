@@ -9,6 +9,7 @@ pub mod cli;
 pub mod child;
 
 use std::path::PathBuf;
+use storage::RunId;
 
 use switchboard::{Config, Running};
 
@@ -90,7 +91,7 @@ impl TestApp {
             let (storage, id) = (storage.clone(), id.clone());
             async move {
                 storage
-                    .get(id)
+                    .get(RunId::from(id))
                     .await
                     .ok()
                     .flatten()
@@ -107,7 +108,7 @@ impl TestApp {
         let (id, kind2) = (run_id.to_owned(), kind.to_owned());
         wait_until(std::time::Duration::from_secs(30), move || {
             let r = registry
-                .snapshot(&id)
+                .snapshot(&RunId::from(&id))
                 .map(|(_, evs)| evs.into_iter().find(|e| e["type"] == kind2.as_str()));
             async move { r.flatten() }
         })

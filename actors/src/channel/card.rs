@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 use storage::record::RunStatus;
+use storage::RunId;
 
 use super::Frame;
 
@@ -38,7 +39,7 @@ impl AwaitedCall {
 /// What a card shows, as the run's events told it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CardView {
-    pub run_id: String,
+    pub run_id: RunId,
     pub agent: String,
     /// The run's live view (with its capability token).
     pub live_url: String,
@@ -70,7 +71,7 @@ pub enum Ending {
 }
 
 impl CardView {
-    pub fn new(run_id: &str, agent: &str, live_url: String, started_at: i64) -> Self {
+    pub fn new(run_id: &RunId, agent: &str, live_url: String, started_at: i64) -> Self {
         CardView {
             run_id: run_id.to_owned(),
             agent: agent.to_owned(),
@@ -247,7 +248,12 @@ mod tests {
     use serde_json::json;
 
     fn view() -> CardView {
-        CardView::new("r1", "demo", "http://x/runs/r1?token=t".into(), 1_000)
+        CardView::new(
+            &RunId::from("r1"),
+            "demo",
+            "http://x/runs/r1?token=t".into(),
+            1_000,
+        )
     }
 
     #[test]

@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::{Map, Value};
 use storage::ledger::{state_keys, LiveRow, Refusal};
@@ -69,7 +70,7 @@ pub struct Cards {
 }
 
 /// How the cards publish a note on a run (set once by the supervisor: the run's own publish path).
-type Notes = Box<dyn Fn(&str, RunEvent) + Send + Sync>;
+type Notes = Box<dyn Fn(&RunId, RunEvent) + Send + Sync>;
 
 struct Inner {
     io: Arc<dyn ChannelIo>,
@@ -77,9 +78,9 @@ struct Inner {
     storage: StorageHandle,
     /// `[server] public_base_url`: the live view links on the frames.
     public_base_url: String,
-    open: Mutex<HashMap<String, Arc<Slot>>>,
+    open: Mutex<HashMap<RunId, Arc<Slot>>>,
     /// Silenced drivers that may still have a call in flight, by run.
-    retiring: Mutex<HashMap<String, Arc<Slot>>>,
+    retiring: Mutex<HashMap<RunId, Arc<Slot>>>,
 }
 
 struct Slot {
@@ -99,7 +100,7 @@ impl Slot {
 }
 
 struct SlotState {
-    run_id: String,
+    run_id: RunId,
     gen: String,
     thread: ThreadRef,
     view: CardView,
@@ -134,14 +135,14 @@ impl Cards {
     }
 
     /// Where the cards' notes on a run go (`note` events, e.g. why a run has no card): set once.
-    pub fn on_note(&self, publish: impl Fn(&str, RunEvent) + Send + Sync + 'static) {
+    pub fn on_note(&self, publish: impl Fn(&RunId, RunEvent) + Send + Sync + 'static) {
         if let Some(inner) = &self.inner {
             let _ = inner.notes.set(Box::new(publish));
         }
     }
 
     /// The run's live view, with its capability token (the link on every frame).
-    pub fn live_url(&self, run_id: &str, token: &str) -> String {
+    pub fn live_url(&self, run_id: &RunId, token: &str) -> String {
         let base = self
             .inner
             .as_ref()
@@ -177,7 +178,7 @@ impl Cards {
     }
 
     /// Take a published event into its run's card, if it has one.
-    pub fn observe(&self, run_id: &str, event: &Value) {
+    pub fn observe(&self, run_id: &RunId, event: &Value) {
         let Some(inner) = &self.inner else { return };
         let Some(slot) = lock(&inner.open).get(run_id).cloned() else {
             return;
@@ -189,7 +190,7 @@ impl Cards {
 
     /// Send the closing frame and answer what the record carries; waits at most [`CLOSE_WAIT`] (the
     /// driver goes on trying after that, and the record says the card is still open).
-    pub async fn close(&self, run_id: &str, ending: Ending) -> CardClosed {
+    pub async fn close(&self, run_id: &RunId, ending: Ending) -> CardClosed {
         let Some(inner) = &self.inner else {
             return CardClosed::default();
         };
@@ -214,7 +215,7 @@ impl Cards {
     }
 
     /// Nothing more from this process reaches the run's thread (fenced, handed off, storage lost).
-    pub fn forget(&self, run_id: &str) {
+    pub fn forget(&self, run_id: &RunId) {
         let Some(inner) = &self.inner else { return };
         let slot = lock(&inner.open).remove(run_id);
         if let Some(slot) = slot {
@@ -227,7 +228,7 @@ impl Cards {
     pub async fn reply(
         &self,
         thread: &ThreadRef,
-        run_id: &str,
+        run_id: &RunId,
         text: &str,
     ) -> Result<(), ChannelError> {
         let Some(inner) = &self.inner else {
@@ -250,7 +251,7 @@ impl Cards {
         };
         let frame = view.frame();
         let io = inner.io.as_ref();
-        let run_id = view.run_id.as_str();
+        let run_id = &view.run_id;
         let retiring = lock(&inner.retiring).get(run_id).cloned();
         let sent = tokio::time::timeout(CLOSE_WAIT, async {
             // A driver of the run this process silenced may still be posting: it goes first.
@@ -274,14 +275,14 @@ impl Cards {
             // No card can ever be shown in this thread (the channel is gone, the bot removed): nothing is
             // left to close.
             Ok(Err(e)) if e.no_card_here() => {
-                tracing::warn!(run_id, error = %e, "the run's card cannot be closed: no card in this thread");
+                tracing::warn!(%run_id, error = %e, "the run's card cannot be closed: no card in this thread");
                 CardClosed {
                     handle,
                     closed: true,
                 }
             }
             Ok(Err(e)) => {
-                tracing::warn!(run_id, error = %e, "could not close the run's card");
+                tracing::warn!(%run_id, error = %e, "could not close the run's card");
                 CardClosed {
                     handle,
                     closed: false,
@@ -330,11 +331,11 @@ fn silence(slot: &Slot) {
 
 /// The card run `run_id` posted in `thread` that no row names, if Slack has one (a failed lookup finds
 /// none: a second card is better than none).
-async fn find(io: &dyn ChannelIo, thread: &ThreadRef, run_id: &str) -> Option<CardHandle> {
+async fn find(io: &dyn ChannelIo, thread: &ThreadRef, run_id: &RunId) -> Option<CardHandle> {
     match patiently("conversations.replies", || io.find_card(thread, run_id)).await {
         Ok(found) => found,
         Err(e) => {
-            tracing::warn!(run_id, error = %e, "could not look for the run's card");
+            tracing::warn!(%run_id, error = %e, "could not look for the run's card");
             None
         }
     }
@@ -493,7 +494,7 @@ fn answer_closers(slot: &Slot, shown: bool) -> bool {
 
 /// Whether the run's live row is still `gen`'s (a storage error answers yes: the heartbeat is what
 /// fences an owner that cannot reach storage).
-async fn still_owner(inner: &Inner, run_id: &str, gen: &str) -> bool {
+async fn still_owner(inner: &Inner, run_id: &RunId, gen: &str) -> bool {
     match inner.storage.get_live(run_id.to_owned()).await {
         Ok(Some(row)) => row.owner_gen == gen,
         Ok(None) => false,
@@ -504,7 +505,7 @@ async fn still_owner(inner: &Inner, run_id: &str, gen: &str) -> bool {
 /// Commit a card's handle to its row (`state.card`). `false` when the row is another generation's: the
 /// process is fenced and says nothing more. A row already gone (the run finished meanwhile) is fine:
 /// its record carries the handle.
-async fn save(inner: &Inner, run_id: &str, gen: &str, handle: &CardHandle) -> bool {
+async fn save(inner: &Inner, run_id: &RunId, gen: &str, handle: &CardHandle) -> bool {
     let mut patch = Map::new();
     patch.insert(
         state_keys::CARD.into(),
@@ -519,11 +520,11 @@ async fn save(inner: &Inner, run_id: &str, gen: &str, handle: &CardHandle) -> bo
             Ok(Ok(())) | Ok(Err(Refusal::UnknownRun { .. })) => return true,
             Ok(Err(Refusal::Fenced { .. })) => return false,
             Ok(Err(other)) => {
-                tracing::warn!(run_id, generation = gen, refusal = %other, "card handle not saved");
+                tracing::warn!(%run_id, generation = gen, refusal = %other, "card handle not saved");
                 return true;
             }
             Err(e) => {
-                tracing::warn!(run_id, generation = gen, error = %e, attempt, "card handle not saved yet");
+                tracing::warn!(%run_id, generation = gen, error = %e, attempt, "card handle not saved yet");
                 tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
             }
         }

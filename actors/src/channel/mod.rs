@@ -15,6 +15,7 @@ pub use cards::Cards;
 pub use slack::patiently;
 
 use std::time::Duration;
+use storage::RunId;
 
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -48,7 +49,7 @@ pub struct CardPlace {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     pub text: String,
-    pub run_id: String,
+    pub run_id: RunId,
     pub stop_button: bool,
     /// The calls awaiting approval the text lists, in its order (SPEC §13); none once the run ended.
     pub approvals: Vec<card::AwaitedCall>,
@@ -94,7 +95,7 @@ pub trait ChannelIo: Send + Sync + 'static {
     fn find_card<'a>(
         &'a self,
         thread: &'a ThreadRef,
-        run_id: &'a str,
+        run_id: &'a RunId,
     ) -> BoxFuture<'a, Result<Option<CardHandle>, ChannelError>>;
     /// Post a card as a reply in `thread`; answers its handle.
     fn post_card<'a>(
@@ -112,7 +113,7 @@ pub trait ChannelIo: Send + Sync + 'static {
     fn reply<'a>(
         &'a self,
         thread: &'a ThreadRef,
-        run_id: &'a str,
+        run_id: &'a RunId,
         text: &'a str,
     ) -> BoxFuture<'a, Result<(), ChannelError>>;
 }

@@ -32,6 +32,7 @@
 
 use std::future::Future;
 use std::time::Duration;
+use storage::RunId;
 
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
@@ -169,7 +170,7 @@ impl ChannelIo for SlackIo {
     fn find_card<'a>(
         &'a self,
         thread: &'a ThreadRef,
-        run_id: &'a str,
+        run_id: &'a RunId,
     ) -> BoxFuture<'a, Result<Option<CardHandle>, ChannelError>> {
         Box::pin(async move {
             let mut cursor = String::new();
@@ -191,7 +192,7 @@ impl ChannelIo for SlackIo {
                     .flatten()
                     .find(|m| {
                         m["metadata"]["event_type"] == CARD_EVENT_TYPE
-                            && m["metadata"]["event_payload"]["run_id"] == run_id
+                            && m["metadata"]["event_payload"]["run_id"] == run_id.as_str()
                     });
                 if let Some(ts) = found.and_then(|m| m["ts"].as_str()) {
                     return Ok(Some(CardHandle {
@@ -250,7 +251,7 @@ impl ChannelIo for SlackIo {
     fn reply<'a>(
         &'a self,
         thread: &'a ThreadRef,
-        run_id: &'a str,
+        run_id: &'a RunId,
         text: &'a str,
     ) -> BoxFuture<'a, Result<(), ChannelError>> {
         Box::pin(async move {
@@ -325,7 +326,7 @@ fn edit_card_body(card: &CardHandle, frame: &Frame) -> Value {
 }
 
 /// The `chat.postMessage` body of a reply in `thread`: text only.
-fn reply_body(thread: &ThreadRef, run_id: &str, text: &str) -> Value {
+fn reply_body(thread: &ThreadRef, run_id: &RunId, text: &str) -> Value {
     json!({
         "channel": thread.channel,
         "thread_ts": thread.thread_ts,
@@ -385,7 +386,7 @@ fn button(action_id: &str, label: &str, style: &str, value: &str) -> Value {
 /// The `value` of an Approve or Deny button: the run and the call it decides, as JSON
 /// `{"runId":…,"callId":…}`; `None` when that is over [`BUTTON_VALUE_MAX_CHARS`] (no button can carry
 /// it: the live view still decides the call).
-pub fn approval_value(run_id: &str, call_id: &str) -> Option<String> {
+pub fn approval_value(run_id: &RunId, call_id: &str) -> Option<String> {
     let value = json!({"runId": run_id, "callId": call_id}).to_string();
     (value.chars().count() <= BUTTON_VALUE_MAX_CHARS).then_some(value)
 }
@@ -404,7 +405,7 @@ pub fn approval_of(value: &str) -> Option<(String, String)> {
 }
 
 /// Slack message metadata: `event_type`, and the run id in `event_payload`.
-fn metadata(event_type: &str, run_id: &str) -> Value {
+fn metadata(event_type: &str, run_id: &RunId) -> Value {
     json!({ "event_type": event_type, "event_payload": { "run_id": run_id } })
 }
 
@@ -481,7 +482,7 @@ mod tests {
     fn frame(stop: Option<&str>) -> Frame {
         Frame {
             text: "⏳ main · step 1".into(),
-            run_id: stop.unwrap_or("r1").to_owned(),
+            run_id: RunId::from(stop.unwrap_or("r1").to_owned()),
             stop_button: stop.is_some(),
             approvals: Vec::new(),
         }
@@ -503,7 +504,7 @@ mod tests {
         let blocks = body["blocks"].as_array().expect("blocks");
         assert_eq!(blocks.len(), 3, "{blocks:?}");
         assert_eq!(blocks[1]["type"], "actions");
-        let value = approval_value("r1", "call-1").unwrap();
+        let value = approval_value(&RunId::from("r1"), "call-1").unwrap();
         assert_eq!(
             blocks[1]["elements"],
             json!([
@@ -593,7 +594,7 @@ mod tests {
     #[test]
     fn a_reply_is_text_only_and_cut_below_slacks_limit() {
         let long = "é".repeat(50_000);
-        let body = reply_body(&thread(), "r1", &long);
+        let body = reply_body(&thread(), &RunId::from("r1"), &long);
         assert!(body.get("blocks").is_none());
         assert_eq!(body["metadata"]["event_type"], REPLY_EVENT_TYPE);
         let text = body["text"].as_str().expect("text");
@@ -601,7 +602,10 @@ mod tests {
         assert!(text.starts_with("éé"));
         assert!(text.ends_with("\n… (11064 more characters cut)"));
         assert_eq!(body["metadata"]["event_payload"]["run_id"], "r1");
-        assert_eq!(reply_body(&thread(), "r1", "short")["text"], "short");
+        assert_eq!(
+            reply_body(&thread(), &RunId::from("r1"), "short")["text"],
+            "short"
+        );
     }
 
     #[test]
@@ -620,7 +624,7 @@ mod tests {
 
     #[test]
     fn an_approval_buttons_value_names_its_run_and_call_within_slacks_cap() {
-        let value = approval_value("r1", "call-\"1\"").expect("short ids fit");
+        let value = approval_value(&RunId::from("r1"), "call-\"1\"").expect("short ids fit");
         assert_eq!(
             serde_json::from_str::<Value>(&value).ok(),
             Some(json!({"runId": "r1", "callId": "call-\"1\""}))
@@ -631,7 +635,7 @@ mod tests {
         );
         // Ids too long for one button: no value (the live view still decides the call).
         assert_eq!(
-            approval_value("r1", &"c".repeat(BUTTON_VALUE_MAX_CHARS)),
+            approval_value(&RunId::from("r1"), &"c".repeat(BUTTON_VALUE_MAX_CHARS)),
             None
         );
         for bad in [

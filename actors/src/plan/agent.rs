@@ -14,6 +14,7 @@ use serde_json::Value;
 use storage::ledger::StopMode;
 use storage::plan::{Card, RequestId};
 use storage::record::RunStatus;
+use storage::RunId;
 use storage::StorageHandle;
 
 use super::provider::{
@@ -106,7 +107,7 @@ impl AgentPlanProvider {
     /// ending and answer are read from the record.
     pub async fn follow(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         request_id: &RequestId,
         mut abort: AbortSignal,
     ) -> ProviderResult {
@@ -171,7 +172,7 @@ impl AgentPlanProvider {
     /// process), so this provider cannot see it end.
     async fn landed(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         answer: &mut Option<String>,
     ) -> Result<Option<RunStatus>, ProviderError> {
         let record = self
@@ -193,7 +194,7 @@ impl AgentPlanProvider {
         }
     }
 
-    async fn hard_stop(&self, run_id: &str, request_id: &RequestId) {
+    async fn hard_stop(&self, run_id: &RunId, request_id: &RequestId) {
         let stop = StopRun {
             run_id: run_id.to_owned(),
             mode: StopMode::Hard,
@@ -201,15 +202,15 @@ impl AgentPlanProvider {
         };
         match self.supervisor.send(stop).await {
             Ok(Ok(())) => tracing::info!(
-                run_id,
+                %run_id,
                 request_id = request_id.as_str(),
                 "hard-stopped a plan run"
             ),
             Ok(Err(e)) => {
-                tracing::info!(run_id, error = %e, "a plan run's hard stop found nothing to stop")
+                tracing::info!(%run_id, error = %e, "a plan run's hard stop found nothing to stop")
             }
             Err(e) => {
-                tracing::warn!(run_id, error = %e, "could not reach the supervisor to stop a plan run")
+                tracing::warn!(%run_id, error = %e, "could not reach the supervisor to stop a plan run")
             }
         }
     }

@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::ledger::decisions::PhaseChange;
@@ -50,7 +51,7 @@ pub(super) enum Passed {
 /// One step's wait for approvals, over owned inputs.
 pub(super) struct ApprovalGate {
     pub deps: RunDeps,
-    pub id: String,
+    pub id: RunId,
     pub gen: String,
     pub step: u64,
     /// The step's calls that need a decision.

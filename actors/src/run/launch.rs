@@ -185,7 +185,13 @@ impl Run {
 /// run that never calls a workspace tool cannot fail on it, and one that does gets the tool's error as
 /// its result (its tools find no fence). The row's binding stays empty, so a resume creates the
 /// workspace then instead of closing the run for a workspace it never had (SPEC §8.3).
-pub(super) fn without_workspace(deps: &RunDeps, id: &str, gen: &str, tracked: bool, why: &str) {
+pub(super) fn without_workspace(
+    deps: &RunDeps,
+    id: &storage::RunId,
+    gen: &str,
+    tracked: bool,
+    why: &str,
+) {
     tracing::warn!(run_id = %id, generation = %gen, error = %why, "running without a workspace");
     let note = super::work::note_event("workspace_unavailable", &summarize(deps, why));
     super::publish(deps, id, note, tracked);
@@ -200,7 +206,7 @@ pub(super) enum Took {
 /// What taking a run's workspace needs, detached from the run so a step's write can take it first.
 pub(super) struct Take {
     pub deps: RunDeps,
-    pub id: String,
+    pub id: storage::RunId,
     pub gen: String,
     pub workspace: std::path::PathBuf,
     pub fence: String,
@@ -249,7 +255,7 @@ impl Take {
 /// Whether the ledger names this generation as the owner of `run_id` (one read, no retry: a workspace
 /// take holds its lock while it waits for the answer).
 pub(super) async fn still_owner(deps: &RunDeps, run_id: &str) -> Result<bool, String> {
-    match deps.storage.get_live(run_id.to_owned()).await {
+    match deps.storage.get_live(run_id.into()).await {
         Ok(row) => Ok(row.is_some_and(|row| row.owner_gen == deps.gen.as_str())),
         Err(e) => Err(e.to_string()),
     }

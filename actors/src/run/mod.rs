@@ -91,7 +91,7 @@ pub struct Request {
     /// The run this one was started for (a conductor's child, seed item 46): carried on every row of the
     /// run and listed by `GET /api/runs/{id}/children`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<storage::RunId>,
     /// Where the message came from: a chat channel's runs show a status card in their thread (SPEC §12).
     #[serde(default, skip_serializing_if = "Source::is_api")]
     pub source: Source,
@@ -284,7 +284,7 @@ pub enum Launch {
 
 /// A run this process admitted.
 pub struct Fresh {
-    pub id: String,
+    pub id: storage::RunId,
     pub meta: RunMeta,
     pub request: Request,
     pub started_at: i64,
@@ -335,7 +335,7 @@ pub enum StopReason {
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct RunEnded {
-    pub run_id: String,
+    pub run_id: storage::RunId,
     pub reason: StopReason,
     /// The successor run the finish admitted here for follow-ups this run never read (its `attaching` row
     /// and first events): the supervisor launches it.
@@ -382,7 +382,7 @@ enum Completion {
 }
 
 pub struct RunActor {
-    id: String,
+    id: storage::RunId,
     deps: RunDeps,
     launch: Option<Launch>,
     state: RunState,
@@ -892,7 +892,12 @@ fn end_of(reason: StopReason) -> End {
 }
 
 /// Publish an event to the registry and, when `durable`, to the flusher for the ledger.
-pub(crate) fn publish(deps: &RunDeps, id: &str, event: RunEvent, durable: bool) -> Option<Value> {
+pub(crate) fn publish(
+    deps: &RunDeps,
+    id: &storage::RunId,
+    event: RunEvent,
+    durable: bool,
+) -> Option<Value> {
     let stamped = deps.registry.publish(id, event.into())?;
     deps.cards.observe(id, &stamped);
     if durable {

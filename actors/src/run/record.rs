@@ -6,6 +6,7 @@ use storage::record::RunEvent;
 use storage::record::{
     fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES,
 };
+use storage::RunId;
 
 use super::{Ended, RunDeps, StopReason};
 use crate::channel::card::{CardView, Ending};
@@ -35,7 +36,7 @@ pub const DELIVERY_UNKNOWN: &str =
 /// finish, or a reclaimed row's meta and live events at a close.
 #[allow(clippy::too_many_arguments)]
 pub fn assemble_record(
-    id: &str,
+    id: &RunId,
     meta: &RunMeta,
     started_at: i64,
     finished_at: i64,
@@ -111,7 +112,7 @@ pub fn assemble_record(
     match validate_record(&v) {
         Ok(r) => Some(fit_record_to_budget(&r, MAX_RECORD_BYTES)),
         Err(e) => {
-            tracing::error!(run_id = id, error = %e, "built an invalid record; not written");
+            tracing::error!(run_id = %id, error = %e, "built an invalid record; not written");
             None
         }
     }
@@ -120,7 +121,7 @@ pub fn assemble_record(
 /// A record from the registry's snapshot of the run.
 pub fn build_record(
     deps: &RunDeps,
-    id: &str,
+    id: &RunId,
     status: RunStatus,
     finished_at: i64,
     extras: RecordExtras,
@@ -162,7 +163,7 @@ pub fn fresh_successor(deps: &RunDeps, inbox_consumed: Option<u64>) -> Successor
     }
 }
 
-pub async fn admitted_successor(deps: &RunDeps, id: &str) -> Option<(LiveRow, Vec<Value>)> {
+pub async fn admitted_successor(deps: &RunDeps, id: &RunId) -> Option<(LiveRow, Vec<Value>)> {
     let row = deps.storage.get_live(id.to_owned()).await.ok()??;
     if row.owner_gen != deps.gen.as_str() || row.phase != storage::ledger::Phase::Attaching {
         return None;

@@ -18,7 +18,7 @@ use crate::tools::ToolContext;
 /// What a tool call needs, owned, so the calls can run as an effect of their own.
 pub(super) struct ToolRunner {
     deps: RunDeps,
-    id: String,
+    id: storage::RunId,
     fence: String,
     workspace: PathBuf,
     step: u64,

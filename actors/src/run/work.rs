@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use serde_json::{json, Map, Value};
 use storage::ledger::decisions::Settlement;
@@ -60,7 +61,7 @@ pub(super) enum Tracking {
 /// A run's working data: what the effects read and the actor updates with their answers.
 pub(super) struct Run {
     pub deps: RunDeps,
-    pub id: String,
+    pub id: RunId,
     pub gen: String,
     pub meta: RunMeta,
     pub deadline: i64,
@@ -124,7 +125,7 @@ pub(super) struct Run {
 impl Run {
     pub(super) fn new(
         deps: RunDeps,
-        id: String,
+        id: RunId,
         meta: RunMeta,
         deadline: i64,
         agent: AgentEntry,

@@ -14,6 +14,7 @@
 //!   window does not move while the store does not answer, and kills are asked again next poll.
 
 use std::collections::{HashMap, VecDeque};
+use storage::RunId;
 
 use storage::record::VisibilityFilter;
 
@@ -31,7 +32,7 @@ pub enum FeedChange {
     /// A run appeared or changed (a `RunView` without events).
     Upsert(Box<RunView>),
     /// A run shown is gone: killed, or gone from the live set without a record.
-    Removed(String),
+    Removed(RunId),
 }
 
 /// What one feed connection has shown.
@@ -39,13 +40,13 @@ pub enum FeedChange {
 pub struct IndexFeed {
     visible_to: VisibilityFilter,
     /// The live rows shown, as shown.
-    live: HashMap<String, RunView>,
+    live: HashMap<RunId, RunView>,
     /// The finished runs shown, as shown, and their order (oldest first) for eviction.
-    finished: HashMap<String, RunView>,
-    order: VecDeque<String>,
+    finished: HashMap<RunId, RunView>,
+    order: VecDeque<RunId>,
     /// The killed runs said `removed` (oldest first, at most [`FEED_FINISHED_KEPT`]): a killed id never
     /// comes back (its deletion fence refuses a same-id claim), though its record may list until purged.
-    killed: VecDeque<String>,
+    killed: VecDeque<RunId>,
     /// Runs that finished at or after this (service clock, ms) are listed at the next poll.
     since_ms: i64,
 }
@@ -68,7 +69,7 @@ impl IndexFeed {
         let now = runs.clock.now_ms();
         let mut out = Vec::new();
         let (rows, ledger_ok) = runs.index_rows(&self.visible_to).await;
-        let mut live: HashMap<String, RunView> = HashMap::with_capacity(rows.len());
+        let mut live: HashMap<RunId, RunView> = HashMap::with_capacity(rows.len());
         for view in rows {
             if self.live.get(&view.id) != Some(&view) {
                 out.push(FeedChange::Upsert(Box::new(view.clone())));
@@ -226,9 +227,12 @@ mod tests {
             false,
             super::super::testing::events(2, NOW),
         ));
-        f.registry
-            .finish("live", storage::record::RunStatus::Completed, NOW + 300);
-        f.registry.landed("live");
+        f.registry.finish(
+            &RunId::from("live"),
+            storage::record::RunStatus::Completed,
+            NOW + 300,
+        );
+        f.registry.landed(&RunId::from("live"));
         f.clock.advance(500);
         let changes = feed.poll(&f.svc).await;
         assert_eq!(upserts(&changes), [("live", true)], "{changes:?}");

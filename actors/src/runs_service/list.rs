@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, MutexGuard};
+use storage::RunId;
 
 use serde::{Deserialize, Serialize};
 use storage::ledger::decisions::Phase;
@@ -105,7 +106,7 @@ pub struct ListParams {
     pub agent: Option<String>,
     pub channel: Option<String>,
     pub thread_key: Option<String>,
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
     /// Compared with `finishedAt ?? startedAt`.
     pub since_ms: Option<i64>,
     /// ≤ 200, default 50.
@@ -198,17 +199,17 @@ pub(super) struct LiveTally {
 #[derive(Debug, Default)]
 pub(super) struct LiveListing {
     pub(super) rows: Vec<LiveRow>,
-    pub(super) tallies: HashMap<String, LiveTally>,
+    pub(super) tallies: HashMap<RunId, LiveTally>,
     /// The ids whose deletion fence was asked for: this process's registry rows at listing time and the
     /// listed ledger rows. A registry row created since is not covered (a point read asks for it).
-    asked: HashSet<String>,
+    asked: HashSet<RunId>,
     /// Those of `asked` that carry a deletion fence: never served, never listed.
-    pub(super) killed: HashSet<String>,
+    pub(super) killed: HashSet<RunId>,
 }
 
 impl LiveListing {
     /// Whether `id` was killed, when this listing knows (`None`: it did not ask).
-    pub(super) fn killed(&self, id: &str) -> Option<bool> {
+    pub(super) fn killed(&self, id: &RunId) -> Option<bool> {
         self.asked.contains(id).then(|| self.killed.contains(id))
     }
 
@@ -225,7 +226,7 @@ pub(super) struct LiveCache {
     /// The last successful listing and when (service clock) it was taken.
     listing: Option<(i64, Arc<LiveListing>)>,
     /// What was read of each ledger row's events, so a refresh reads only the events past it.
-    tallies: HashMap<String, LiveTally>,
+    tallies: HashMap<RunId, LiveTally>,
 }
 
 impl RunsService {
@@ -263,7 +264,7 @@ impl RunsService {
         };
         let rows = self.source.list_live().await.map_err(unavailable)?;
         // Each row's tally, reading only past what is already known (rows in parallel).
-        let known: HashMap<String, LiveTally> = {
+        let known: HashMap<RunId, LiveTally> = {
             let cache = self.cache();
             rows.iter()
                 .map(|r| {
@@ -279,7 +280,7 @@ impl RunsService {
             async move { (id.clone(), self.tally_live(id, from).await) }
         });
         // The kill state of everything this listing may serve, read beside the seqs.
-        let asked: HashSet<String> = self
+        let asked: HashSet<RunId> = self
             .registry
             .rows()
             .into_iter()
@@ -296,8 +297,8 @@ impl RunsService {
         };
         let (seqs, killed) =
             futures_util::future::join(futures_util::future::join_all(reads), kills).await;
-        let killed: HashSet<String> = killed.map_err(unavailable)?.into_iter().collect();
-        let tallies: HashMap<String, LiveTally> = seqs.into_iter().collect();
+        let killed: HashSet<RunId> = killed.map_err(unavailable)?.into_iter().collect();
+        let tallies: HashMap<RunId, LiveTally> = seqs.into_iter().collect();
         let listing = Arc::new(LiveListing {
             rows,
             tallies: tallies.clone(),
@@ -312,7 +313,7 @@ impl RunsService {
 
     /// `known` extended by the live events of `id` past its last seq (`known` as it is when none follow
     /// or the read fails).
-    async fn tally_live(&self, id: String, mut known: LiveTally) -> LiveTally {
+    async fn tally_live(&self, id: RunId, mut known: LiveTally) -> LiveTally {
         loop {
             match self
                 .source
@@ -354,7 +355,7 @@ impl RunsService {
     /// the caller may see, live and finished, oldest start first; at most [`LIST_MAX_LIMIT`].
     pub async fn list_children(&self, parent: &str, visible_to: VisibilityFilter) -> RunList {
         let mut params = ListParams::new(StatusFilter::All, visible_to);
-        params.parent_run_id = Some(parent.to_owned());
+        params.parent_run_id = Some(RunId::from(parent));
         params.limit = Some(LIST_MAX_LIMIT);
         let mut list = self.list_runs(&params).await;
         list.runs
@@ -392,7 +393,7 @@ impl RunsService {
 
         // Live rows: the registry, then ledger rows it does not hold; a killed id lists from no source.
         let listing = self.live_listing().await;
-        let mut suppress: HashSet<String> = HashSet::new();
+        let mut suppress: HashSet<RunId> = HashSet::new();
         if let Ok(listing) = &listing {
             suppress.extend(listing.killed.iter().cloned());
         }
@@ -478,7 +479,7 @@ impl RunsService {
                     || (h.finished_at == h.started_at
                         && now - h.started_at < crate::registry::LANDED_MEMORY_MS))
         };
-        let mut finished: HashMap<String, RunView> = finished_live
+        let mut finished: HashMap<RunId, RunView> = finished_live
             .into_iter()
             .map(|v| (v.id.clone(), v))
             .collect();
@@ -517,7 +518,7 @@ impl RunsService {
             Some(match shown_finished.checked_sub(1).map(|i| &finished[i]) {
                 Some(last) => NextBefore {
                     finished_at: last.key().0,
-                    id: Some(last.id.clone()),
+                    id: Some(last.id.to_string()),
                 },
                 None => NextBefore {
                     finished_at: CURSOR_TOP,
@@ -578,7 +579,7 @@ mod tests {
         // A point read serves the live row too.
         let v = f
             .svc
-            .get_run("r1", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("r1"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert!(!v.finished && v.provisional.is_none());
@@ -588,7 +589,7 @@ mod tests {
     async fn a_finished_registry_row_merges_with_its_record_whose_finish_fields_win() {
         let f = fixture();
         f.local("r1", "c1", NOW - 900, Some(NOW - 100));
-        f.registry.set_stop("r1", StopMode::Soft);
+        f.registry.set_stop(&RunId::from("r1"), StopMode::Soft);
         // Before the record lands: not persisted, and the tombstone lends nothing.
         f.put(record("r1", "c1", NOW - 900, NOW - 900, true, vec![]));
         let list = f.list(StatusFilter::Finished).await;
@@ -615,7 +616,7 @@ mod tests {
         );
         let got = f
             .svc
-            .get_run("r1", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("r1"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -627,7 +628,7 @@ mod tests {
         f.registry.evict_expired();
         let cold = f
             .svc
-            .get_run("r1", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("r1"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -658,7 +659,7 @@ mod tests {
         // Point reads answer for it after the registry and before the store.
         let v = f
             .svc
-            .get_run("remote", true, &VisibilityFilter::All)
+            .get_run(&RunId::from("remote"), true, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -667,7 +668,7 @@ mod tests {
         );
         let page = f
             .svc
-            .get_run_events("remote", 2, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("remote"), 2, None, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -676,7 +677,7 @@ mod tests {
         );
         let fr = f
             .svc
-            .get_run_friction("remote", &VisibilityFilter::All)
+            .get_run_friction(&RunId::from("remote"), &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!((fr.source, fr.finished), (FrictionSource::Ledger, false));
@@ -711,7 +712,7 @@ mod tests {
             false,
             events(2, NOW - 20),
         ));
-        f.registry.landed("r1");
+        f.registry.landed(&RunId::from("r1"));
         let list = f.list(StatusFilter::All).await;
         assert_eq!(ids(&list), ["r1"]);
         assert_eq!(
@@ -720,7 +721,7 @@ mod tests {
         );
         let v = f
             .svc
-            .get_run("r1", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("r1"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!((v.finished, v.persisted), (true, Some(true)));
@@ -733,7 +734,7 @@ mod tests {
     async fn a_stale_tombstone_does_not_list_as_a_finished_run() {
         let f = fixture();
         f.put(record("landed", "c1", NOW - 300, NOW - 300, true, vec![]));
-        f.registry.landed("landed");
+        f.registry.landed(&RunId::from("landed"));
         f.put(record("fresh", "c1", NOW - 5, NOW - 5, true, vec![]));
         f.put(record(
             "old",
@@ -798,7 +799,9 @@ mod tests {
         assert_eq!((ids(&fin), fin.store_unavailable), (vec!["done"], true));
         // A point read of a stored run is unavailable, not "not found".
         assert!(matches!(
-            f.svc.get_run("old", false, &VisibilityFilter::All).await,
+            f.svc
+                .get_run(&RunId::from("old"), false, &VisibilityFilter::All)
+                .await,
             Err(RunsError::Unavailable(_))
         ));
     }
@@ -839,15 +842,15 @@ mod tests {
         f.ledger_row("remote", "c1", OTHER_GEN, NOW - 300, false, 3);
         f.list(StatusFilter::All).await;
         f.svc
-            .get_run("remote", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("remote"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         f.svc
-            .get_run_events("remote", 0, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("remote"), 0, None, &VisibilityFilter::All)
             .await
             .unwrap();
         f.svc
-            .get_run_friction("remote", &VisibilityFilter::All)
+            .get_run_friction(&RunId::from("remote"), &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(f.double.live_list_calls.load(Ordering::SeqCst), 1);
@@ -1032,10 +1035,11 @@ mod tests {
         f.local("live", "c1", NOW - 10, None);
         f.local("reg-failed", "c1", NOW - 900, None);
         f.registry.publish(
-            "reg-failed",
+            &RunId::from("reg-failed"),
             json!({"type": "run_failed", "message": "model exploded"}),
         );
-        f.registry.finish("reg-failed", RunStatus::Failed, NOW - 20);
+        f.registry
+            .finish(&RunId::from("reg-failed"), RunStatus::Failed, NOW - 20);
         f.local("reg-ok", "c1", NOW - 900, Some(NOW - 30));
         let mut failed = record("st-failed", "c1", NOW - 500, NOW - 400, false, vec![]);
         failed.head.status = RunStatus::Failed;
@@ -1089,15 +1093,15 @@ mod tests {
         // Reads within the TTL, listings and point reads alike, are answered from it.
         f.list(StatusFilter::Active).await;
         f.svc
-            .get_run("r1", true, &VisibilityFilter::All)
+            .get_run(&RunId::from("r1"), true, &VisibilityFilter::All)
             .await
             .unwrap();
         f.svc
-            .get_run_events("r1", 0, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("r1"), 0, None, &VisibilityFilter::All)
             .await
             .unwrap();
         f.svc
-            .get_run_friction("x1", &VisibilityFilter::All)
+            .get_run_friction(&RunId::from("x1"), &VisibilityFilter::All)
             .await
             .unwrap();
         f.svc.index_rows(&VisibilityFilter::All).await;
@@ -1107,7 +1111,9 @@ mod tests {
         f.clock.advance(LEDGER_LIST_TTL_MS);
         f.kill_elsewhere("r1");
         assert_eq!(
-            f.svc.get_run("r1", false, &VisibilityFilter::All).await,
+            f.svc
+                .get_run(&RunId::from("r1"), false, &VisibilityFilter::All)
+                .await,
             Err(RunsError::NotFound)
         );
         assert_eq!(
@@ -1121,7 +1127,9 @@ mod tests {
         f.local("new", "c1", NOW - 1, None);
         f.kill_elsewhere("new");
         assert_eq!(
-            f.svc.get_run("new", false, &VisibilityFilter::All).await,
+            f.svc
+                .get_run(&RunId::from("new"), false, &VisibilityFilter::All)
+                .await,
             Err(RunsError::NotFound)
         );
         assert_eq!(f.double.kill_reads(), before + 1);
@@ -1145,7 +1153,7 @@ mod tests {
         // A failed check is no proof of a kill.
         assert!(f
             .svc
-            .get_run("r1", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("r1"), false, &VisibilityFilter::All)
             .await
             .is_ok());
         // The failed listing was not cached: the next read lists again and sees the fence.
@@ -1164,7 +1172,7 @@ mod tests {
         f.ledger_row("far", "c1", OTHER_GEN, NOW - 100, false, 2);
         let mut m = f.double.mem.clone();
         let append = |m: &mut storage::MemoryStore, events: Vec<serde_json::Value>| {
-            storage::ledger::RunLedger::append(m, "far", OTHER_GEN, &events)
+            storage::ledger::RunLedger::append(m, &RunId::from("far"), OTHER_GEN, &events)
                 .unwrap()
                 .unwrap()
         };
@@ -1203,7 +1211,7 @@ mod tests {
         // A point read says the same.
         let one = f
             .svc
-            .get_run("far", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("far"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!((one.event_count, one.resumed), (6, Some(2)));
@@ -1235,11 +1243,11 @@ mod tests {
         );
 
         f.registry.publish(
-            "xyz-live",
+            &RunId::from("xyz-live"),
             json!({"type": "resumed", "fromGeneration": "G0"}),
         );
         f.registry.publish(
-            "xyz-live",
+            &RunId::from("xyz-live"),
             json!({"type": "tool_result", "ok": false, "effectsUnknown": true}),
         );
         let list = f.list(StatusFilter::Active).await;

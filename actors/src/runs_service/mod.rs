@@ -77,6 +77,7 @@ mod testing;
 mod view;
 
 use std::sync::{Arc, Mutex};
+use storage::RunId;
 
 use storage::{Clock, Generation, StorageHandle};
 
@@ -106,7 +107,7 @@ pub enum RunsError {
     /// A write (a stop) to a run the caller may not see (SPEC §8.1 Auth: 403, nothing written). Reads
     /// answer [`RunsError::NotFound`] instead.
     #[error("the caller may not see run {0}")]
-    Forbidden(String),
+    Forbidden(RunId),
     /// The operation does not apply to the run as it is (a stop of a finished run).
     #[error("{0}")]
     Conflict(String),

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use storage::RunId;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use serde_json::Value;
@@ -30,7 +31,7 @@ type SharedRead = Shared<BoxFuture<'static, RunsResult<Option<Arc<Vec<Value>>>>>
 pub(super) struct NewsBoard {
     /// Whether notes flow at all ([`RunsService::hear_news`] was called); without them readers poll.
     hearing: bool,
-    followers: HashMap<String, Followed>,
+    followers: HashMap<RunId, Followed>,
 }
 
 impl std::fmt::Debug for NewsBoard {
@@ -51,7 +52,7 @@ struct Followed {
 }
 
 impl NewsBoard {
-    fn wake(&mut self, run_id: &str) {
+    fn wake(&mut self, run_id: &RunId) {
         if let Some(f) = self.followers.get(run_id) {
             if f.notes.receiver_count() == 0 {
                 self.followers.remove(run_id);
@@ -122,7 +123,7 @@ impl RunsService {
     /// run arrives. `None` when no news flows: poll instead. Take it before the first read; read with
     /// [`RunsService::read_followed`] after marking the value seen, so a note that lands between the read
     /// and the wait is not missed.
-    pub fn follow_news(&self, run_id: &str) -> Option<watch::Receiver<u64>> {
+    pub fn follow_news(&self, run_id: &RunId) -> Option<watch::Receiver<u64>> {
         let mut board = self.board();
         if !board.hearing {
             return None;
@@ -143,7 +144,7 @@ impl RunsService {
     /// for the same position after the same note share one read (the first starts it, the rest await it).
     pub async fn read_followed(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: u64,
         limit: usize,
         notes: u64,
@@ -168,7 +169,7 @@ impl RunsService {
         read.await
     }
 
-    fn ledger_read(&self, run_id: &str, after_seq: u64, limit: usize) -> SharedRead {
+    fn ledger_read(&self, run_id: &RunId, after_seq: u64, limit: usize) -> SharedRead {
         let (source, id) = (self.source.clone(), run_id.to_owned());
         async move {
             let page = source
@@ -202,13 +203,16 @@ mod tests {
     #[actix_rt::test]
     async fn without_news_readers_poll_and_with_it_a_note_wakes_only_that_runs_followers() {
         let f = fixture();
-        assert!(f.svc.follow_news("r1").is_none(), "no news: poll");
+        assert!(
+            f.svc.follow_news(&RunId::from("r1")).is_none(),
+            "no news: poll"
+        );
         let feed = storage::NewsFeed::local();
         f.svc.hear_news(feed.subscribe());
         let (a1, a2, b) = (
-            f.svc.follow_news("r1").unwrap(),
-            f.svc.follow_news("r1").unwrap(),
-            f.svc.follow_news("r2").unwrap(),
+            f.svc.follow_news(&RunId::from("r1")).unwrap(),
+            f.svc.follow_news(&RunId::from("r1")).unwrap(),
+            f.svc.follow_news(&RunId::from("r2")).unwrap(),
         );
         feed.publish(News::Appended {
             run_id: "r1".into(),
@@ -242,14 +246,15 @@ mod tests {
         f.ledger_row("r1", "c1", OTHER_GEN, super::super::testing::NOW, false, 3);
         f.svc.hear_news(storage::NewsFeed::local().subscribe());
         let followers: Vec<_> = (0..1000)
-            .map(|_| f.svc.follow_news("r1").unwrap())
+            .map(|_| f.svc.follow_news(&RunId::from("r1")).unwrap())
             .collect();
         let reads = || f.double.live_event_calls.load(Ordering::SeqCst);
         let before = reads();
+        let r1 = RunId::from("r1");
         let pages = futures_util::future::join_all(
             followers
                 .iter()
-                .map(|rx| f.svc.read_followed("r1", 1, 100, *rx.borrow())),
+                .map(|rx| f.svc.read_followed(&r1, 1, 100, *rx.borrow())),
         )
         .await;
         assert!(
@@ -264,9 +269,18 @@ mod tests {
             seq: 3,
         });
         let notes = *followers[0].borrow();
-        f.svc.read_followed("r1", 1, 100, notes).await.unwrap();
-        f.svc.read_followed("r1", 1, 100, notes).await.unwrap();
-        f.svc.read_followed("r1", 2, 100, notes).await.unwrap();
+        f.svc
+            .read_followed(&RunId::from("r1"), 1, 100, notes)
+            .await
+            .unwrap();
+        f.svc
+            .read_followed(&RunId::from("r1"), 1, 100, notes)
+            .await
+            .unwrap();
+        f.svc
+            .read_followed(&RunId::from("r1"), 2, 100, notes)
+            .await
+            .unwrap();
         assert_eq!(
             reads() - before,
             3,

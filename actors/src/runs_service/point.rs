@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use storage::RunId;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -67,7 +68,8 @@ pub enum FrictionSource {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Friction {
-    pub id: String,
+    #[schema(value_type = String)]
+    pub id: RunId,
     pub finished: bool,
     pub truncated: bool,
     pub source: FrictionSource,
@@ -77,7 +79,8 @@ pub struct Friction {
 /// A stop that was recorded and signalled.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StopAccepted {
-    pub id: String,
+    #[schema(value_type = String)]
+    pub id: RunId,
     pub mode: StopMode,
     /// Always `stopping`.
     pub state: String,
@@ -87,7 +90,8 @@ pub struct StopAccepted {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LiveRowView {
-    pub run_id: String,
+    #[schema(value_type = String)]
+    pub run_id: RunId,
     pub thread_key: String,
     pub owner_gen: String,
     pub lease_until: i64,
@@ -110,7 +114,7 @@ enum Found {
 
 impl RunsService {
     /// Every live event of a ledger row (bounded by [`LEDGER_EVENTS_MAX`]); `None` once the row is gone.
-    async fn all_live_events(&self, id: &str) -> RunsResult<Option<Vec<Value>>> {
+    async fn all_live_events(&self, id: &RunId) -> RunsResult<Option<Vec<Value>>> {
         let mut out: Vec<Value> = Vec::new();
         let mut after = 0;
         loop {
@@ -131,21 +135,21 @@ impl RunsService {
 
     /// Whether run `id` carries a deletion fence: from the fresh listing when it asked about
     /// the id, else one `killed_among` read. A failed read is no proof of a kill: the run is served.
-    async fn is_killed(&self, id: &str) -> bool {
+    async fn is_killed(&self, id: &RunId) -> bool {
         if let Some(known) = self.fresh_listing().and_then(|l| l.killed(id)) {
             return known;
         }
         match self.source.killed_among(vec![id.to_owned()]).await {
             Ok(killed) => killed.iter().any(|k| k == id),
             Err(e) => {
-                tracing::warn!(run_id = id, error = %e, "kill state read failed; serving the run");
+                tracing::warn!(run_id = %id, error = %e, "kill state read failed; serving the run");
                 false
             }
         }
     }
 
     /// Find a run: registry, then the ledger (cached listing), then the store summary.
-    async fn find(&self, id: &str) -> RunsResult<Found> {
+    async fn find(&self, id: &RunId) -> RunsResult<Found> {
         if !is_valid_run_id(id) {
             return Err(RunsError::NotFound);
         }
@@ -171,7 +175,7 @@ impl RunsService {
             let (killed, record) = match read {
                 Ok((item, killed)) => (killed, item.filter(|i| !i.head.provisional).map(Box::new)),
                 Err(e) => {
-                    tracing::warn!(run_id = id, error = %e, "history store read failed; serving the registry row");
+                    tracing::warn!(run_id = %id, error = %e, "history store read failed; serving the registry row");
                     (false, None)
                 }
             };
@@ -201,7 +205,7 @@ impl RunsService {
             Ok(Some(item)) => Ok(Found::Store(item)),
             Ok(None) => Err(RunsError::NotFound),
             Err(e) => {
-                tracing::warn!(run_id = id, error = %e, "history store read failed");
+                tracing::warn!(run_id = %id, error = %e, "history store read failed");
                 Err(RunsError::Unavailable(e.to_string()))
             }
         }
@@ -210,7 +214,7 @@ impl RunsService {
     /// `get_run` (SPEC §7): one run's view, with its events when asked.
     pub async fn get_run(
         &self,
-        id: &str,
+        id: &RunId,
         include_events: bool,
         visible_to: &VisibilityFilter,
     ) -> RunsResult<RunView> {
@@ -224,7 +228,7 @@ impl RunsService {
 
     async fn find_view(
         &self,
-        id: &str,
+        id: &RunId,
         include_events: bool,
         visible_to: &VisibilityFilter,
     ) -> RunsResult<RunView> {
@@ -280,12 +284,12 @@ impl RunsService {
     /// The store's view of a run (the full record when `include_events`).
     async fn stored_run(
         &self,
-        id: &str,
+        id: &RunId,
         include_events: bool,
         visible_to: &VisibilityFilter,
     ) -> RunsResult<RunView> {
         let unavailable = |e: storage::Error| {
-            tracing::warn!(run_id = id, error = %e, "history store read failed");
+            tracing::warn!(run_id = %id, error = %e, "history store read failed");
             RunsError::Unavailable(e.to_string())
         };
         let view = if include_events {
@@ -319,7 +323,7 @@ impl RunsService {
     /// reads address the same events by the same seqs.
     pub async fn get_run_events(
         &self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: Option<usize>,
         visible_to: &VisibilityFilter,
@@ -369,7 +373,7 @@ impl RunsService {
 
     async fn stored_events(
         &self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: usize,
         visible_to: &VisibilityFilter,
@@ -389,7 +393,7 @@ impl RunsService {
     /// of a persisted run. See the [module docs](super) for the method.
     pub async fn get_run_friction(
         &self,
-        id: &str,
+        id: &RunId,
         visible_to: &VisibilityFilter,
     ) -> RunsResult<Friction> {
         match self.find(id).await? {
@@ -441,7 +445,7 @@ impl RunsService {
 
     async fn stored_friction(
         &self,
-        id: &str,
+        id: &RunId,
         visible_to: &VisibilityFilter,
     ) -> RunsResult<Friction> {
         let item = self
@@ -468,7 +472,7 @@ impl RunsService {
     pub async fn stop_run(
         &self,
         stopper: &dyn RunStopper,
-        id: &str,
+        id: &RunId,
         mode: StopMode,
         actor: StopActor,
         visible_to: &VisibilityFilter,
@@ -592,7 +596,7 @@ impl RunsService {
     /// `Ok(None)` once its row is gone.
     pub async fn ledger_events(
         &self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: usize,
     ) -> RunsResult<Option<Vec<Value>>> {
@@ -605,7 +609,7 @@ impl RunsService {
     /// The stored record's summary, for a stream's `end` and the feed (uncached).
     pub async fn stored_summary(
         &self,
-        id: &str,
+        id: &RunId,
         visible_to: &VisibilityFilter,
     ) -> RunsResult<RunView> {
         self.stored_run(id, false, visible_to).await
@@ -614,7 +618,7 @@ impl RunsService {
     /// A page of a stored run's events after `after_seq` (for replays).
     pub async fn stored_event_page(
         &self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: usize,
     ) -> RunsResult<EventPage> {
@@ -721,7 +725,7 @@ mod tests {
         f.double.fail_store.store(true, Ordering::SeqCst);
         let v = f
             .svc
-            .get_run("r1", true, &VisibilityFilter::All)
+            .get_run(&RunId::from("r1"), true, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -748,7 +752,7 @@ mod tests {
         ));
         let v = f
             .svc
-            .get_run("s1", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("s1"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -758,23 +762,27 @@ mod tests {
         assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 0);
         let v = f
             .svc
-            .get_run("s1", true, &VisibilityFilter::All)
+            .get_run(&RunId::from("s1"), true, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(v.events.map(|e| e.len()), Some(3));
         assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 1);
         f.svc
-            .get_run_friction("s1", &VisibilityFilter::All)
+            .get_run_friction(&RunId::from("s1"), &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(f.double.get_calls.load(Ordering::SeqCst), 1);
         // Unknown, malformed and expired ids are not found.
         assert_eq!(
-            f.svc.get_run("nope", false, &VisibilityFilter::All).await,
+            f.svc
+                .get_run(&RunId::from("nope"), false, &VisibilityFilter::All)
+                .await,
             Err(RunsError::NotFound)
         );
         assert_eq!(
-            f.svc.get_run("../etc", false, &VisibilityFilter::All).await,
+            f.svc
+                .get_run(&RunId::from("../etc"), false, &VisibilityFilter::All)
+                .await,
             Err(RunsError::NotFound)
         );
         f.put(record(
@@ -787,7 +795,7 @@ mod tests {
         ));
         assert_eq!(
             f.svc
-                .get_run("ancient", false, &VisibilityFilter::All)
+                .get_run(&RunId::from("ancient"), false, &VisibilityFilter::All)
                 .await,
             Err(RunsError::NotFound)
         );
@@ -795,7 +803,7 @@ mod tests {
         f.put(record("tomb", "c1", NOW - 10, NOW - 10, true, vec![]));
         let t = f
             .svc
-            .get_run("tomb", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("tomb"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -804,7 +812,7 @@ mod tests {
         );
         let json = serde_json::to_value(
             f.svc
-                .get_run("s1", false, &VisibilityFilter::All)
+                .get_run(&RunId::from("s1"), false, &VisibilityFilter::All)
                 .await
                 .unwrap(),
         )
@@ -844,24 +852,30 @@ mod tests {
         assert_eq!(ids(&list), ["l1", "s1"]);
         for id in ["l2", "x2", "s2"] {
             assert_eq!(
-                f.svc.get_run(id, true, &c1).await,
+                f.svc.get_run(&RunId::from(id), true, &c1).await,
                 Err(RunsError::NotFound),
                 "{id}"
             );
             assert_eq!(
-                f.svc.get_run_events(id, 0, None, &c1).await,
+                f.svc.get_run_events(&RunId::from(id), 0, None, &c1).await,
                 Err(RunsError::NotFound),
                 "{id}"
             );
             assert_eq!(
-                f.svc.get_run_friction(id, &c1).await,
+                f.svc.get_run_friction(&RunId::from(id), &c1).await,
                 Err(RunsError::NotFound),
                 "{id}"
             );
             // A write to a run the caller may not see is refused as such, and reaches nothing.
             let stop = f
                 .svc
-                .stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &c1)
+                .stop_run(
+                    &NoStop,
+                    &RunId::from(id),
+                    StopMode::Hard,
+                    StopActor::new("t", "x"),
+                    &c1,
+                )
                 .await;
             assert_eq!(stop, Err(RunsError::Forbidden(id.into())), "{id}");
         }
@@ -899,13 +913,13 @@ mod tests {
         f.local("r1", "c1", NOW - 10, None);
         for i in 0..3 {
             f.registry.publish(
-                "r1",
+                &RunId::from("r1"),
                 json!({"type": "note", "kind": "k", "summary": format!("n{i}")}),
             );
         }
         let live = f
             .svc
-            .get_run_events("r1", 2, Some(2), &VisibilityFilter::All)
+            .get_run_events(&RunId::from("r1"), 2, Some(2), &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -914,24 +928,24 @@ mod tests {
         );
         assert_eq!(live.next_after_seq, Some(4));
         // Persisted: the same seqs from the record.
-        let (_, evs) = f.registry.snapshot("r1").unwrap();
-        f.registry.discard("r1");
+        let (_, evs) = f.registry.snapshot(&RunId::from("r1")).unwrap();
+        f.registry.discard(&RunId::from("r1"));
         f.put(record("r1", "c1", NOW - 10, NOW, false, evs));
         let stored = f
             .svc
-            .get_run_events("r1", 2, Some(2), &VisibilityFilter::All)
+            .get_run_events(&RunId::from("r1"), 2, Some(2), &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(stored, live);
         let rest = f
             .svc
-            .get_run_events("r1", 4, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("r1"), 4, None, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!((rest.events.len(), rest.next_after_seq), (1, None));
         assert!(f
             .svc
-            .get_run_events("r1", 5, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("r1"), 5, None, &VisibilityFilter::All)
             .await
             .unwrap()
             .events
@@ -940,7 +954,12 @@ mod tests {
         f.put(record("big", "c1", NOW - 10, NOW, false, events(1200, NOW)));
         let p = f
             .svc
-            .get_run_events("big", 0, Some(100_000), &VisibilityFilter::All)
+            .get_run_events(
+                &RunId::from("big"),
+                0,
+                Some(100_000),
+                &VisibilityFilter::All,
+            )
             .await
             .unwrap();
         assert_eq!((p.events.len(), p.next_after_seq), (500, Some(500)));
@@ -951,7 +970,7 @@ mod tests {
         f.put(record("fat", "c1", NOW - 10, NOW, false, fat));
         let p1 = f
             .svc
-            .get_run_events("fat", 0, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("fat"), 0, None, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -965,13 +984,13 @@ mod tests {
         f.put(record("huge", "c1", NOW - 10, NOW, false, huge));
         let p1 = f
             .svc
-            .get_run_events("huge", 0, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("huge"), 0, None, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!((p1.events.len(), p1.next_after_seq), (4, Some(4)));
         let p2 = f
             .svc
-            .get_run_events("huge", 4, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("huge"), 4, None, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!((p2.events.len(), p2.next_after_seq), (1, None));
@@ -986,14 +1005,14 @@ mod tests {
         f.put(record("empty", "c1", NOW - 10, NOW, false, vec![]));
         assert!(f
             .svc
-            .get_run_events("empty", 0, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("empty"), 0, None, &VisibilityFilter::All)
             .await
             .unwrap()
             .events
             .is_empty());
         assert_eq!(
             f.svc
-                .get_run_events("nope", 0, None, &VisibilityFilter::All)
+                .get_run_events(&RunId::from("nope"), 0, None, &VisibilityFilter::All)
                 .await,
             Err(RunsError::NotFound)
         );
@@ -1045,14 +1064,14 @@ mod tests {
         f.local("r1", "c1", NOW - 10, None);
         let live = f
             .svc
-            .get_run_friction("r1", &VisibilityFilter::All)
+            .get_run_friction(&RunId::from("r1"), &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!((live.source, live.finished), (FrictionSource::Live, false));
         f.put(record("s1", "c1", NOW - 100, NOW - 50, false, vec![]));
         let stored = f
             .svc
-            .get_run_friction("s1", &VisibilityFilter::All)
+            .get_run_friction(&RunId::from("s1"), &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(
@@ -1063,7 +1082,9 @@ mod tests {
             (FrictionSource::Stored, 40)
         );
         assert_eq!(
-            f.svc.get_run_friction("nope", &VisibilityFilter::All).await,
+            f.svc
+                .get_run_friction(&RunId::from("nope"), &VisibilityFilter::All)
+                .await,
             Err(RunsError::NotFound)
         );
     }
@@ -1106,7 +1127,7 @@ mod tests {
             .svc
             .stop_run(
                 &ok,
-                "live",
+                &RunId::from("live"),
                 StopMode::Hard,
                 StopActor::new("token", "ops@x"),
                 &all,
@@ -1117,14 +1138,14 @@ mod tests {
         f.svc
             .stop_run(
                 &ok,
-                "remote",
+                &RunId::from("remote"),
                 StopMode::Soft,
                 StopActor::new("token", "ops"),
                 &all,
             )
             .await
             .unwrap();
-        let asked: Vec<(String, StopMode, String)> = ok
+        let asked: Vec<(RunId, StopMode, String)> = ok
             .asked
             .lock()
             .unwrap()
@@ -1142,7 +1163,7 @@ mod tests {
             f.svc
                 .stop_run(
                     &NoStop,
-                    "done",
+                    &RunId::from("done"),
                     StopMode::Soft,
                     StopActor::new("t", "x"),
                     &all
@@ -1154,7 +1175,7 @@ mod tests {
             f.svc
                 .stop_run(
                     &NoStop,
-                    "stored",
+                    &RunId::from("stored"),
                     StopMode::Soft,
                     StopActor::new("t", "x"),
                     &all
@@ -1171,7 +1192,7 @@ mod tests {
             f.svc
                 .stop_run(
                     &NoStop,
-                    "nope",
+                    &RunId::from("nope"),
                     StopMode::Soft,
                     StopActor::new("t", "x"),
                     &all
@@ -1197,7 +1218,13 @@ mod tests {
             };
             assert_eq!(
                 f.svc
-                    .stop_run(&s, "live", StopMode::Soft, StopActor::new("t", "x"), &all)
+                    .stop_run(
+                        &s,
+                        &RunId::from("live"),
+                        StopMode::Soft,
+                        StopActor::new("t", "x"),
+                        &all
+                    )
                     .await,
                 Err(expected)
             );
@@ -1208,7 +1235,7 @@ mod tests {
             f.svc
                 .stop_run(
                     &NoStop,
-                    "remote",
+                    &RunId::from("remote"),
                     StopMode::Soft,
                     StopActor::new("t", "x"),
                     &all
@@ -1249,28 +1276,34 @@ mod tests {
     async fn assert_not_served(f: &Fixture, id: &str) {
         let all = VisibilityFilter::All;
         assert_eq!(
-            f.svc.get_run(id, false, &all).await,
+            f.svc.get_run(&RunId::from(id), false, &all).await,
             Err(RunsError::NotFound),
             "{id}"
         );
         assert_eq!(
-            f.svc.get_run(id, true, &all).await,
+            f.svc.get_run(&RunId::from(id), true, &all).await,
             Err(RunsError::NotFound),
             "{id}"
         );
         assert_eq!(
-            f.svc.get_run_events(id, 0, None, &all).await,
+            f.svc.get_run_events(&RunId::from(id), 0, None, &all).await,
             Err(RunsError::NotFound),
             "{id}"
         );
         assert_eq!(
-            f.svc.get_run_friction(id, &all).await,
+            f.svc.get_run_friction(&RunId::from(id), &all).await,
             Err(RunsError::NotFound),
             "{id}"
         );
         let stop = f
             .svc
-            .stop_run(&NoStop, id, StopMode::Hard, StopActor::new("t", "x"), &all)
+            .stop_run(
+                &NoStop,
+                &RunId::from(id),
+                StopMode::Hard,
+                StopActor::new("t", "x"),
+                &all,
+            )
             .await;
         assert_eq!(stop, Err(RunsError::NotFound), "{id}");
     }
@@ -1283,7 +1316,7 @@ mod tests {
         f.local("done", "c1", NOW - 900, Some(NOW - 100));
         let view = f
             .svc
-            .get_run("done", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("done"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(view.persisted, None, "no record yet");
@@ -1297,7 +1330,7 @@ mod tests {
         ));
         let view = f
             .svc
-            .get_run("done", false, &VisibilityFilter::All)
+            .get_run(&RunId::from("done"), false, &VisibilityFilter::All)
             .await
             .unwrap();
         assert_eq!(view.persisted, Some(true), "merged with its record");
@@ -1310,7 +1343,9 @@ mod tests {
         assert_eq!(f.double.kill_reads(), 2, "no other kill read");
         f.kill_elsewhere("done");
         assert_eq!(
-            f.svc.get_run("done", false, &VisibilityFilter::All).await,
+            f.svc
+                .get_run(&RunId::from("done"), false, &VisibilityFilter::All)
+                .await,
             Err(RunsError::NotFound)
         );
     }
@@ -1345,7 +1380,7 @@ mod tests {
         );
         assert!(
             f.svc
-                .get_run("done", false, &VisibilityFilter::All)
+                .get_run(&RunId::from("done"), false, &VisibilityFilter::All)
                 .await
                 .is_ok(),
             "answered from the fresh listing"
@@ -1376,12 +1411,12 @@ mod tests {
         // The run nobody killed is served as before.
         assert!(f
             .svc
-            .get_run("kept", true, &VisibilityFilter::All)
+            .get_run(&RunId::from("kept"), true, &VisibilityFilter::All)
             .await
             .is_ok());
         assert!(f
             .svc
-            .get_run_events("kept", 0, None, &VisibilityFilter::All)
+            .get_run_events(&RunId::from("kept"), 0, None, &VisibilityFilter::All)
             .await
             .is_ok());
     }
@@ -1402,15 +1437,17 @@ mod tests {
         }
         let all = VisibilityFilter::All;
         assert_eq!(
-            f.svc.get_run("remote", true, &all).await,
+            f.svc.get_run(&RunId::from("remote"), true, &all).await,
             Err(RunsError::NotFound)
         );
         assert_eq!(
-            f.svc.get_run_events("remote", 0, None, &all).await,
+            f.svc
+                .get_run_events(&RunId::from("remote"), 0, None, &all)
+                .await,
             Err(RunsError::NotFound)
         );
         assert_eq!(
-            f.svc.get_run_friction("remote", &all).await,
+            f.svc.get_run_friction(&RunId::from("remote"), &all).await,
             Err(RunsError::NotFound)
         );
         assert!(f.svc.index_rows(&all).await.0.is_empty());
@@ -1424,15 +1461,21 @@ mod tests {
         f.kill_elsewhere("gone");
         let all = VisibilityFilter::All;
         assert_eq!(
-            f.svc.get_run("gone", true, &all).await,
+            f.svc.get_run(&RunId::from("gone"), true, &all).await,
             Err(RunsError::NotFound)
         );
         assert_eq!(
-            f.svc.get_run_events("gone", 0, None, &all).await,
+            f.svc
+                .get_run_events(&RunId::from("gone"), 0, None, &all)
+                .await,
             Err(RunsError::NotFound)
         );
         // A tombstone without a fence (a live run's) is still served.
         f.put(record("alive", "c2", NOW - 300, NOW - 300, true, vec![]));
-        assert!(f.svc.get_run_events("alive", 0, None, &all).await.is_ok());
+        assert!(f
+            .svc
+            .get_run_events(&RunId::from("alive"), 0, None, &all)
+            .await
+            .is_ok());
     }
 }

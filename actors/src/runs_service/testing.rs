@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::ledger::{Admit, LiveRow, Promotion, RunLedger};
@@ -34,7 +35,7 @@ pub(super) struct Double {
     /// Fails only `killed_among` (the rest of the ledger answers).
     pub(super) fail_kills: Arc<AtomicBool>,
     /// Every `killed_among` question, in order.
-    pub(super) kill_questions: Arc<Mutex<Vec<Vec<String>>>>,
+    pub(super) kill_questions: Arc<Mutex<Vec<Vec<RunId>>>>,
     /// `get_summary_and_killed` calls (each also counted as a summary call and a kill question).
     pub(super) summary_and_kill_calls: Arc<AtomicUsize>,
 }
@@ -98,17 +99,17 @@ impl RunSource for Double {
             .push(query.limit.unwrap_or(0));
         self.store(move |m, now| m.list(&query, now))
     }
-    fn get(&self, id: String) -> SourceFuture<'_, Option<RunRecord>> {
+    fn get(&self, id: RunId) -> SourceFuture<'_, Option<RunRecord>> {
         self.get_calls.fetch_add(1, Ordering::SeqCst);
         self.store(move |m, now| RunStore::get(m, &id, now))
     }
-    fn get_summary(&self, id: String) -> SourceFuture<'_, Option<RunListItem>> {
+    fn get_summary(&self, id: RunId) -> SourceFuture<'_, Option<RunListItem>> {
         self.summary_calls.fetch_add(1, Ordering::SeqCst);
         self.store(move |m, now| m.get_summary(&id, now))
     }
     fn events(
         &self,
-        id: String,
+        id: RunId,
         after_seq: u64,
         limit: Option<usize>,
     ) -> SourceFuture<'_, Option<EventsPage>> {
@@ -118,19 +119,19 @@ impl RunSource for Double {
         self.live_list_calls.fetch_add(1, Ordering::SeqCst);
         self.ledger(|m| m.list_live())
     }
-    fn get_live(&self, id: String) -> SourceFuture<'_, Option<LiveRow>> {
+    fn get_live(&self, id: RunId) -> SourceFuture<'_, Option<LiveRow>> {
         self.ledger(move |m| m.get_live(&id))
     }
     fn live_events(
         &self,
-        id: String,
+        id: RunId,
         after_seq: u64,
         limit: usize,
     ) -> SourceFuture<'_, Option<Vec<Value>>> {
         self.live_event_calls.fetch_add(1, Ordering::SeqCst);
         self.ledger(move |m| m.live_events(&id, after_seq, limit))
     }
-    fn killed_among(&self, ids: Vec<String>) -> SourceFuture<'_, Vec<String>> {
+    fn killed_among(&self, ids: Vec<RunId>) -> SourceFuture<'_, Vec<RunId>> {
         let mut asked = ids.clone();
         asked.sort();
         self.kill_questions.lock().unwrap().push(asked);
@@ -141,7 +142,7 @@ impl RunSource for Double {
         }
         self.ledger(move |m| m.killed_among(&ids))
     }
-    fn get_summary_and_killed(&self, id: String) -> SourceFuture<'_, (Option<RunListItem>, bool)> {
+    fn get_summary_and_killed(&self, id: RunId) -> SourceFuture<'_, (Option<RunListItem>, bool)> {
         self.summary_and_kill_calls.fetch_add(1, Ordering::SeqCst);
         let summary = self.get_summary(id.clone());
         let killed = self.killed_among(vec![id]);
@@ -221,20 +222,22 @@ impl Fixture {
     /// A registry run with `n` events; finished when `finished` is given.
     pub(super) fn local(&self, id: &str, channel: &str, started: i64, finished: Option<i64>) {
         self.registry.create(
-            id,
+            &RunId::from(id),
             meta(channel, id),
             started,
             format!("secret-token-{id}"),
             vec![],
             1,
         );
-        self.registry.publish(id, json!({"type": "run_meta"}));
+        self.registry
+            .publish(&RunId::from(id), json!({"type": "run_meta"}));
         self.registry.publish(
-            id,
+            &RunId::from(id),
             json!({"type": "input", "text": "hi", "source": "request"}),
         );
         if let Some(f) = finished {
-            self.registry.finish(id, RunStatus::Completed, f);
+            self.registry
+                .finish(&RunId::from(id), RunStatus::Completed, f);
         }
     }
 
@@ -269,9 +272,13 @@ impl Fixture {
                 state: Default::default(),
                 lease_ms: 30_000,
             };
-            m.claim(id, gen, &p, started).unwrap().unwrap();
+            m.claim(&RunId::from(id), gen, &p, started)
+                .unwrap()
+                .unwrap();
             if n > 0 {
-                m.append(id, gen, &events(n, started)).unwrap().unwrap();
+                m.append(&RunId::from(id), gen, &events(n, started))
+                    .unwrap()
+                    .unwrap();
             }
         }
     }
@@ -285,7 +292,7 @@ impl Fixture {
     /// Another process kills `id`: its deletion fence lands in the shared ledger (and `stop = hard` on a
     /// live row); nothing reaches this process's registry.
     pub(super) fn kill_elsewhere(&self, id: &str) {
-        self.double.mem.clone().kill(id, NOW).unwrap();
+        self.double.mem.clone().kill(&RunId::from(id), NOW).unwrap();
     }
 }
 

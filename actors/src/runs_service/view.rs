@@ -2,6 +2,7 @@
 //! ledger row, stored record) — and the merge of a finished registry row with its final record.
 
 use std::borrow::Borrow;
+use storage::RunId;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -14,7 +15,8 @@ use crate::registry::RunRow;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunView {
-    pub id: String,
+    #[schema(value_type = String)]
+    pub id: RunId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -50,7 +52,8 @@ pub struct RunView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_gen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_run_id: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub parent_run_id: Option<RunId>,
     /// The run's answer (its last `answer` event), at most [`ANSWER_VIEW_CHARS`] characters with a trailing
     /// `…` (the `answer` event has it whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -536,7 +539,7 @@ mod tests {
         let list = serde_json::to_string(&f.list(StatusFilter::All).await).unwrap();
         let one = serde_json::to_string(
             &f.svc
-                .get_run("r1", true, &VisibilityFilter::All)
+                .get_run(&RunId::from("r1"), true, &VisibilityFilter::All)
                 .await
                 .unwrap(),
         )
@@ -551,7 +554,7 @@ mod tests {
         }
         let v = serde_json::to_value(
             f.svc
-                .get_run("r1", false, &VisibilityFilter::All)
+                .get_run(&RunId::from("r1"), false, &VisibilityFilter::All)
                 .await
                 .unwrap(),
         )

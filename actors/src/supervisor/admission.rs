@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use storage::RunId;
 
 use actix::{
     Actor, Addr, AsyncContext, AtomicResponse, Context, Handler, Message, ResponseFuture,
@@ -36,18 +37,18 @@ pub struct AdmitMessage {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admitted {
     Started {
-        run_id: String,
+        run_id: RunId,
         token: String,
     },
     /// `token`: the steered run's capability token (its live view's link).
     Steered {
-        run_id: String,
+        run_id: RunId,
         seq: u64,
         token: String,
     },
     /// Queued behind the live run `run_id` (`enqueue`), or behind it while it stops (`interrupt`).
     Queued {
-        run_id: String,
+        run_id: RunId,
         position: u64,
         interrupting: bool,
         token: String,

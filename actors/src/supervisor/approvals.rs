@@ -4,6 +4,7 @@
 
 use actix::{Context, Handler, Message, ResponseFuture};
 use storage::ledger::{Decided, Decision, Refusal};
+use storage::RunId;
 
 use crate::run::ApprovalNews;
 
@@ -13,7 +14,7 @@ use super::Supervisor;
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<Decided, DecideError>")]
 pub struct DecideApproval {
-    pub run_id: String,
+    pub run_id: RunId,
     pub call_id: String,
     pub decision: Decision,
     /// Who decided: `token:<name>`, `capability`, `slack:<user>`.

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use storage::RunId;
 
 use actix::{ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
 use storage::ledger::Phase;
@@ -22,20 +23,20 @@ pub struct Drain {
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DrainReport {
-    pub handed_off: Vec<String>,
+    pub handed_off: Vec<RunId>,
     pub waited_for: usize,
-    pub abandoned: Vec<String>,
+    pub abandoned: Vec<RunId>,
 }
 
 /// How many run actors are still active, and which (not counting handed-off ones).
 #[derive(Message)]
-#[rtype(result = "Vec<String>")]
+#[rtype(result = "Vec<RunId>")]
 struct ActiveRuns;
 
 impl Handler<ActiveRuns> for Supervisor {
-    type Result = Vec<String>;
+    type Result = Vec<RunId>;
 
-    fn handle(&mut self, _msg: ActiveRuns, _ctx: &mut Context<Self>) -> Vec<String> {
+    fn handle(&mut self, _msg: ActiveRuns, _ctx: &mut Context<Self>) -> Vec<RunId> {
         self.runs
             .keys()
             .filter(|id| !self.handed.contains(*id))
@@ -75,7 +76,7 @@ impl Handler<Drain> for Supervisor {
             let gen = deps.gen.as_str().to_owned();
             let active = me.send(ActiveRuns).await.unwrap_or_default();
             let late = resumable_here(&deps, &active).await;
-            let handed: Vec<String> = match deps.storage.handoff(gen.clone(), late).await {
+            let handed: Vec<RunId> = match deps.storage.handoff(gen.clone(), late).await {
                 Ok(results) => results
                     .into_iter()
                     .filter(|(_, r)| *r == storage::ledger::HandoffResult::HandedOff)
@@ -131,7 +132,7 @@ impl Handler<Drain> for Supervisor {
 
 /// Of `active` (this process's runs), those resumable here: promoted (`live`), owned by this generation,
 /// not detached. Never an attaching run, never one in `finishing`.
-async fn resumable_here(deps: &RunDeps, active: &[String]) -> Vec<String> {
+async fn resumable_here(deps: &RunDeps, active: &[RunId]) -> Vec<RunId> {
     if active.is_empty() {
         return Vec::new();
     }

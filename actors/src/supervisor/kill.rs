@@ -5,6 +5,7 @@ use actix::{
     ActorFutureExt, Context, Handler, Message, ResponseActFuture, ResponseFuture, WrapFuture,
 };
 use storage::ledger::StopMode;
+use storage::RunId;
 
 use crate::run::{self, RunDeps, StopActor, StopRequest};
 
@@ -14,7 +15,7 @@ use super::Supervisor;
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<(), StopError>")]
 pub struct StopRun {
-    pub run_id: String,
+    pub run_id: RunId,
     pub mode: StopMode,
     pub actor: StopActor,
 }
@@ -80,7 +81,7 @@ impl Handler<StopRun> for Supervisor {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "Result<(), StopError>")]
 pub struct KillRun {
-    pub run_id: String,
+    pub run_id: RunId,
 }
 
 /// Purge a killed run once it has settled, and delete its workspace through the operation coordinator
@@ -89,7 +90,7 @@ pub struct KillRun {
 /// caller to launch.
 pub(super) async fn purge_killed(
     deps: RunDeps,
-    run_id: String,
+    run_id: RunId,
 ) -> Option<(storage::ledger::LiveRow, Vec<serde_json::Value>)> {
     let successor = run::fresh_successor(&deps, None);
     let successor_id = successor.run_id.clone();

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
+use storage::RunId;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::Value;
@@ -112,33 +113,33 @@ pub struct LaunchRun(pub Launch);
 pub struct Supervisor {
     deps: Option<RunDeps>,
     config: Arc<SlotShared>,
-    runs: BTreeMap<String, Addr<RunActor>>,
+    runs: BTreeMap<RunId, Addr<RunActor>>,
     slots: BTreeMap<String, Addr<ThreadSlot>>,
     /// When each run was re-adopted after a panic or `StorageLost`, within the restart window.
-    restarts: BTreeMap<String, Vec<i64>>,
+    restarts: BTreeMap<RunId, Vec<i64>>,
     parts: Option<(SupervisorConfig, Arc<Toolbox>)>,
     /// Runs the boot reclaim adopted, launched once ingress is open.
     deferred: Vec<Launch>,
     /// A reclaim pass is running: passes never overlap.
     sweeping: bool,
     /// Runs handed to the next generation by a drain.
-    handed: BTreeSet<String>,
+    handed: BTreeSet<RunId>,
     /// Rows of this generation known to have no actor (storage lost, a failed launch or close): re-adopted
     /// at the next sweep that storage answers, with the sweeps that failed so far.
-    orphans: BTreeMap<String, u32>,
+    orphans: BTreeMap<RunId, u32>,
     /// Rows (ledger or registry) seen without an actor at the last sweep: one more sighting and they
     /// are orphans (two sightings, so an admission between its commit and its launch is never taken).
-    unattended: BTreeSet<String>,
+    unattended: BTreeSet<RunId>,
     /// Runs whose close past the restart policy is running (`close_failed`): like an actor, it still
     /// drives the run, so a reclaim never takes the run back meanwhile.
-    closing: BTreeSet<String>,
+    closing: BTreeSet<RunId>,
     /// Runs past their restart policy whose close failed: each sweep storage answers closes them `failed`
     /// again (never re-adopted, never closed as an orphan).
-    failing: BTreeSet<String>,
+    failing: BTreeSet<RunId>,
     /// Runs whose actor ended `StorageLost`: the only ending before a reply goes out (the finishing gate
     /// is where it can happen), so a re-adoption that finds such a row past its gate continues the reply
     /// from the saved answer instead of closing it delivery-unknown (SPEC §5.2 step 7).
-    undelivered: BTreeSet<String>,
+    undelivered: BTreeSet<RunId>,
 }
 
 /// What slots share.
@@ -215,8 +216,8 @@ impl Supervisor {
 
     /// The runs this process still drives: an actor, a close past the restart policy, or a final record
     /// on its way through the ledger's finish. A reclaim never takes one back (SPEC §1.1: one driver).
-    fn driven(&self) -> Vec<String> {
-        let mut driven: std::collections::BTreeSet<String> = self
+    fn driven(&self) -> Vec<RunId> {
+        let mut driven: std::collections::BTreeSet<RunId> = self
             .runs
             .keys()
             .chain(&self.closing)
@@ -229,7 +230,7 @@ impl Supervisor {
 
     /// Whether this process drives `id` itself — an actor, or a close past the restart policy (running, or
     /// to be retried): nothing re-adopts it meanwhile.
-    fn drives(&self, id: &str) -> bool {
+    fn drives(&self, id: &RunId) -> bool {
         self.runs.contains_key(id) || self.closing.contains(id) || self.failing.contains(id)
     }
 
@@ -250,7 +251,7 @@ impl Supervisor {
         let actor = RunActor::new(self.deps().clone(), launch);
         let id = actor_id(&actor);
         let addr = actor.start();
-        self.runs.insert(id, addr);
+        self.runs.insert(RunId::from(id), addr);
     }
 
     /// Launch the successor a finish or close admitted here.
@@ -276,7 +277,7 @@ impl Supervisor {
     /// finish transaction (as a reclaim closes a row), so its record and its successor agree on which
     /// follow-ups it consumed. A close that fails is retried, `failed` again, at each sweep storage
     /// answers (the run is never re-adopted, nor closed as an orphan).
-    fn close_failed(&mut self, run_id: &str, ctx: &mut Context<Self>) {
+    fn close_failed(&mut self, run_id: &RunId, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         deps.registry.discard(run_id);
         self.orphans.remove(run_id);

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use storage::RunId;
 
 use actix::{Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, WrapFuture};
 use serde_json::Value;
@@ -19,7 +20,7 @@ impl Supervisor {
     /// `StorageLost`, a failed launch or close; SPEC §6.1): planned exactly as a reclaim plans it, owner
     /// unchanged. A row gone or owned elsewhere is dropped with its registry row; a row that still cannot
     /// be taken stays an orphan, and after [`MAX_READOPT_FAILURES`] failed sweeps closes `interrupted`.
-    pub(super) fn readopt(&mut self, run_id: String, ctx: &mut Context<Self>) {
+    pub(super) fn readopt(&mut self, run_id: RunId, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         let id = run_id.clone();
         let undelivered = self.undelivered.remove(&run_id);
@@ -73,7 +74,7 @@ const MAX_READOPT_FAILURES: u32 = 3;
 /// its reply never went out, so the reply continues from the saved answer (SPEC §5.2 step 7).
 async fn plan_readoption(
     deps: &RunDeps,
-    run_id: &str,
+    run_id: &RunId,
     undelivered: bool,
 ) -> Result<Readoption, String> {
     let s = &deps.storage;
@@ -126,7 +127,7 @@ async fn plan_readoption(
 /// an orphan, so its lease runs out and another process may be reclaiming it right now. This write decides
 /// which of the two drives the row before either shows it anywhere (a card posted, a tool run); `false`
 /// when another generation took it (or it is gone).
-async fn renew_orphan(deps: &RunDeps, run_id: &str) -> Result<bool, String> {
+async fn renew_orphan(deps: &RunDeps, run_id: &RunId) -> Result<bool, String> {
     let renewed = deps
         .storage
         .heartbeat(
@@ -149,7 +150,7 @@ async fn renew_orphan(deps: &RunDeps, run_id: &str) -> Result<bool, String> {
 /// alone (`Gone`).
 pub(super) async fn close_own(
     deps: &RunDeps,
-    run_id: &str,
+    run_id: &RunId,
     status: RunStatus,
     why: &str,
 ) -> Result<Readoption, String> {
@@ -218,10 +219,10 @@ pub struct OpenIngress;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReclaimReport {
-    pub resumed: Vec<String>,
-    pub restarted: Vec<String>,
-    pub closed: Vec<(String, String)>,
-    pub failed: Vec<String>,
+    pub resumed: Vec<RunId>,
+    pub restarted: Vec<RunId>,
+    pub closed: Vec<(RunId, String)>,
+    pub failed: Vec<RunId>,
     pub live_elsewhere: usize,
 }
 
@@ -234,7 +235,7 @@ enum Fate {
 }
 
 /// Classify and act on one taken row (SPEC §6.1): purge it when killed, else [`plan_row`].
-async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(String, Fate), String> {
+async fn take_row(deps: &RunDeps, r: storage::ledger::Reclaimed) -> Result<(RunId, Fate), String> {
     let id = r.row.run_id.clone();
     // A killed run is never resumed or closed: it is purged.
     if deps
@@ -354,11 +355,11 @@ async fn plan_row(
 impl Supervisor {
     /// Storage answered a sweep: re-adopt (or, after too many failures, close) every orphan, and make
     /// orphans of this generation's rows — and drop registry rows — that had no actor two sweeps running.
-    fn attend(&mut self, mine: Vec<String>, ctx: &mut Context<Self>) {
+    fn attend(&mut self, mine: Vec<RunId>, ctx: &mut Context<Self>) {
         if self.config.draining.load(Ordering::SeqCst) {
             return;
         }
-        let registry: Vec<String> = self
+        let registry: Vec<RunId> = self
             .deps()
             .registry
             .rows()
@@ -366,7 +367,7 @@ impl Supervisor {
             .filter(|r| r.finished_at.is_none())
             .map(|r| r.id)
             .collect();
-        let idle: std::collections::BTreeSet<String> = mine
+        let idle: std::collections::BTreeSet<RunId> = mine
             .iter()
             .chain(&registry)
             .filter(|id| {
@@ -383,7 +384,7 @@ impl Supervisor {
             }
         }
         self.unattended = idle;
-        let orphans: Vec<(String, u32)> = self
+        let orphans: Vec<(RunId, u32)> = self
             .orphans
             .iter()
             .map(|(id, n)| (id.clone(), *n))
@@ -397,7 +398,7 @@ impl Supervisor {
                 self.readopt(id, ctx);
             }
         }
-        let failing: Vec<String> = self
+        let failing: Vec<RunId> = self
             .failing
             .iter()
             .filter(|id| !self.closing.contains(*id))
@@ -408,7 +409,7 @@ impl Supervisor {
         }
     }
 
-    fn close_orphan(&mut self, run_id: String, ctx: &mut Context<Self>) {
+    fn close_orphan(&mut self, run_id: RunId, ctx: &mut Context<Self>) {
         let deps = self.deps().clone();
         let id = run_id.clone();
         let fut = async move {
@@ -535,7 +536,7 @@ impl Handler<ReclaimPass> for Supervisor {
                 );
             }
             // Rows of this generation, to find any without an actor (SPEC §6.1: no run is live without one).
-            let mine: Vec<String> = match deps.storage.list_live().await {
+            let mine: Vec<RunId> = match deps.storage.list_live().await {
                 Ok(rows) => rows
                     .into_iter()
                     .filter(|r| r.owner_gen == deps.gen.as_str() && r.phase != Phase::Handoff)

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use storage::RunId;
 
 use serde_json::Value;
 
@@ -88,7 +89,7 @@ pub enum ExternalToolError {
 }
 
 /// `<runId>/<callId>`: the idempotency key of one call (SPEC §8.3), the same for every attempt of it.
-pub fn idempotency_key(run_id: &str, call_id: &str) -> String {
+pub fn idempotency_key(run_id: &RunId, call_id: &str) -> String {
     format!("{run_id}/{call_id}")
 }
 
@@ -214,6 +215,9 @@ mod tests {
 
     #[test]
     fn the_idempotency_key_is_run_id_slash_call_id() {
-        assert_eq!(idempotency_key("0190-run", "call_1"), "0190-run/call_1");
+        assert_eq!(
+            idempotency_key(&RunId::from("0190-run"), "call_1"),
+            "0190-run/call_1"
+        );
     }
 }

@@ -70,6 +70,7 @@ use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use storage::RunId;
 
 use crate::agent::ToolDef;
 
@@ -85,7 +86,7 @@ pub use external::{
 /// What a tool call knows about its run.
 #[derive(Debug, Clone)]
 pub struct ToolContext {
-    pub run_id: String,
+    pub run_id: RunId,
     /// The run's workspace (`<workspace_root>/<run_id>`); it may not exist yet.
     pub workspace: PathBuf,
     /// The generation (fencing token) the call runs under: a mutating tool writes only while the
@@ -597,7 +598,7 @@ async fn off_runtime<T: Send + 'static>(
 ///
 /// Run ids are UUIDs; any character outside `[A-Za-z0-9._-]` (and a bare `.` or `..`) is replaced by `_`
 /// so that no id can name a directory outside `root`.
-pub fn workspace_dir(root: &Path, run_id: &str) -> PathBuf {
+pub fn workspace_dir(root: &Path, run_id: &RunId) -> PathBuf {
     let mut name: String = run_id
         .chars()
         .map(|c| {
@@ -893,7 +894,7 @@ mod tests {
     fn ctx_as(dir: &Path, gen: &str) -> ToolContext {
         ToolContext {
             run_id: "r1".into(),
-            workspace: workspace_dir(dir, "r1"),
+            workspace: workspace_dir(dir, &RunId::from("r1")),
             gen: gen.into(),
             claim: None,
         }
@@ -938,7 +939,8 @@ mod tests {
             drop(lock);
         });
         let _deletion = drained.await;
-        let written = std::fs::read_to_string(workspace_dir(dir.path(), "r1").join("out.txt"));
+        let written =
+            std::fs::read_to_string(workspace_dir(dir.path(), &RunId::from("r1")).join("out.txt"));
         assert_eq!(
             written.ok().as_deref(),
             Some("landed\n"),
@@ -982,19 +984,25 @@ mod tests {
     fn workspace_dir_is_under_workspaces_and_cannot_be_steered_out() {
         let data = Path::new("/data/workspaces");
         assert_eq!(
-            workspace_dir(data, "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"),
+            workspace_dir(data, &RunId::from("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")),
             Path::new("/data/workspaces/0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")
         );
         assert_eq!(
-            workspace_dir(data, "../etc"),
+            workspace_dir(data, &RunId::from("../etc")),
             Path::new("/data/workspaces/.._etc")
         );
         assert_eq!(
-            workspace_dir(data, "/etc"),
+            workspace_dir(data, &RunId::from("/etc")),
             Path::new("/data/workspaces/_etc")
         );
-        assert_eq!(workspace_dir(data, ".."), Path::new("/data/workspaces/__"));
-        assert_eq!(workspace_dir(data, ""), Path::new("/data/workspaces/_"));
+        assert_eq!(
+            workspace_dir(data, &RunId::from("..")),
+            Path::new("/data/workspaces/__")
+        );
+        assert_eq!(
+            workspace_dir(data, &RunId::from("")),
+            Path::new("/data/workspaces/_")
+        );
     }
 
     #[test]
@@ -1203,7 +1211,7 @@ mod tests {
     #[test]
     fn a_fresh_take_creates_the_workspace_and_writes_the_fence() {
         let dir = tempfile::tempdir().unwrap();
-        let ws = workspace_dir(dir.path(), "r1");
+        let ws = workspace_dir(dir.path(), &RunId::from("r1"));
         assert!(!ws.exists());
         take_workspace(&ws, GEN_A, TakeMode::Create).unwrap();
         assert!(ws.is_dir());
@@ -1236,7 +1244,7 @@ mod tests {
     #[test]
     fn a_resume_take_of_a_missing_workspace_answers_missing_and_creates_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let ws = workspace_dir(&dir.path().join("workspaces"), "r1");
+        let ws = workspace_dir(&dir.path().join("workspaces"), &RunId::from("r1"));
         assert_eq!(
             take_workspace(&ws, GEN_B, TakeMode::Existing),
             Err(WorkspaceError::Missing(ws.clone()))
@@ -1333,7 +1341,7 @@ mod tests {
     #[test]
     fn a_take_while_another_holder_keeps_the_lock_answers_busy_within_bounded_time() {
         let dir = tempfile::tempdir().unwrap();
-        let ws = workspace_dir(dir.path(), "r1");
+        let ws = workspace_dir(dir.path(), &RunId::from("r1"));
         take_workspace(&ws, GEN_A, TakeMode::Create).unwrap();
         // Owner A is paused while holding the lock.
         let paused = hold_lock(&ws);
@@ -1418,7 +1426,7 @@ mod tests {
     #[tokio::test]
     async fn take_workspace_async_answers_like_the_blocking_take() {
         let dir = tempfile::tempdir().unwrap();
-        let ws = workspace_dir(dir.path(), "r1");
+        let ws = workspace_dir(dir.path(), &RunId::from("r1"));
         let missing = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async {
             Ok(true)
         })
@@ -1435,7 +1443,7 @@ mod tests {
     #[tokio::test]
     async fn a_take_whose_taker_no_longer_owns_the_run_leaves_the_fence() {
         let dir = tempfile::tempdir().unwrap();
-        let ws = workspace_dir(dir.path(), "r1");
+        let ws = workspace_dir(dir.path(), &RunId::from("r1"));
         take_workspace(&ws, GEN_B, TakeMode::Create).unwrap();
         // A stale taker (A lost the run to B between its claim and its take) changes nothing.
         let stale = take_workspace_async(ws.clone(), GEN_A.into(), TakeMode::Existing, async {

@@ -26,6 +26,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+use storage::RunId;
 
 use actix::Addr;
 use actors::history::HistoryWriter;
@@ -126,7 +127,7 @@ pub struct World {
     /// The ledger's live rows at this turn (see `collect`).
     live: Vec<storage::ledger::LiveRow>,
     /// Mutating effects so far, by (run, call).
-    applied: HashMap<(String, String), u32>,
+    applied: HashMap<(RunId, String), u32>,
     /// Whether mutating calls wait for approval, with the wait's timeout (ms).
     approvals: Option<i64>,
     /// Whether the messages come from a chat channel: their runs keep a status card and answer there.
@@ -714,5 +715,5 @@ enum Choice {
     Job(usize, usize),
     Op(u64),
     Send(usize),
-    Decide(String, String),
+    Decide(RunId, String),
 }

@@ -2,10 +2,11 @@
 //! approval, and the faults.
 
 use super::*;
+use storage::RunId;
 
 impl World {
     /// A person decides a call awaiting approval, through some running process.
-    pub(super) fn decide(&mut self, run_id: String, call_id: String) {
+    pub(super) fn decide(&mut self, run_id: RunId, call_id: String) {
         let booted: Vec<Addr<Supervisor>> = self
             .procs
             .iter()
@@ -181,7 +182,7 @@ impl World {
                 });
             }
             Fault::Stop | Fault::Kill => {
-                let runs: Vec<String> = self.model.borrow().runs.keys().cloned().collect();
+                let runs: Vec<RunId> = self.model.borrow().runs.keys().cloned().collect();
                 if runs.is_empty() {
                     return;
                 }

@@ -49,7 +49,7 @@ pub(super) fn seal_in(
         |b| {
             // The gate first: it is what refuses (a stop recorded before it, a fence), so a refusal
             // leaves nothing written even where a transaction cannot roll back (the memory backend).
-            let id = record.head.id.as_str();
+            let id = &record.head.id;
             if let Err(refusal) = b.finishing(id, gen, status, answer)? {
                 return Ok(Err(refusal));
             }
@@ -75,7 +75,7 @@ fn finish_body(
     successor: Option<&Successor>,
     now_ms: i64,
 ) -> Result<Outcome<(PutOutcome, bool)>> {
-    let id = record.head.id.as_str();
+    let id = &record.head.id;
     let plan = match successor {
         None => None,
         Some(succ) => match b.successor_facts(id)? {

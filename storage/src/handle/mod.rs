@@ -11,6 +11,7 @@
 //! that write in its next read (the actor answers only after `COMMIT`). Two calls issued concurrently
 //! without awaiting the first are not ordered.
 
+use crate::RunId;
 use std::sync::Arc;
 
 use crate::actor::{atomic, Backend, BackendSpec, Mailbox, WriteSpace};
@@ -265,11 +266,11 @@ impl StorageHandle {
             .await
     }
 
-    pub async fn get(&self, id: String) -> Result<Option<RunRecord>> {
+    pub async fn get(&self, id: RunId) -> Result<Option<RunRecord>> {
         self.read(move |b, now| b.get(&id, now)).await
     }
 
-    pub async fn get_summary(&self, id: String) -> Result<Option<RunListItem>> {
+    pub async fn get_summary(&self, id: RunId) -> Result<Option<RunListItem>> {
         self.read(move |b, now| b.get_summary(&id, now)).await
     }
 
@@ -279,7 +280,7 @@ impl StorageHandle {
 
     pub async fn events(
         &self,
-        id: String,
+        id: RunId,
         after_seq: u64,
         limit: Option<usize>,
     ) -> Result<Option<EventsPage>> {
@@ -287,7 +288,7 @@ impl StorageHandle {
             .await
     }
 
-    pub async fn delete(&self, id: String) -> Result<bool> {
+    pub async fn delete(&self, id: RunId) -> Result<bool> {
         self.transact(move |b, _| b.delete(&id)).await
     }
 
@@ -308,14 +309,14 @@ impl StorageHandle {
     /// The orphan sweep's worklist (SPEC §12, [`RunStore::open_cards`](crate::store::RunStore::open_cards)):
     /// ids of visible final records whose card waits for its closing frame, finished at or before
     /// `finished_before`, oldest first, at most `limit` (clamped to `1..=100`). A read.
-    pub async fn open_cards(&self, finished_before: i64, limit: usize) -> Result<Vec<String>> {
+    pub async fn open_cards(&self, finished_before: i64, limit: usize) -> Result<Vec<RunId>> {
         self.read(move |b, now| b.open_cards(finished_before, limit, now))
             .await
     }
 
     /// Mark `id`'s card closed ([`RunStore::close_card`](crate::store::RunStore::close_card)); answers
     /// whether a record with an open card changed.
-    pub async fn close_card(&self, id: String) -> Result<bool> {
+    pub async fn close_card(&self, id: RunId) -> Result<bool> {
         self.transact(move |b, _| b.close_card(&id)).await
     }
 
@@ -348,7 +349,7 @@ impl StorageHandle {
 
     pub async fn claim(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         promotion: Promotion,
     ) -> Result<Outcome<Claimed>> {
@@ -358,7 +359,7 @@ impl StorageHandle {
 
     pub async fn append(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         events: Vec<serde_json::Value>,
     ) -> Result<Outcome<()>> {
@@ -371,7 +372,7 @@ impl StorageHandle {
     /// without its turns and events, and the step costs one commit (SPEC §4.3 `step`).
     pub async fn durable_step(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         first_idx: u64,
         turns: Vec<Turn>,
@@ -391,7 +392,7 @@ impl StorageHandle {
     /// [`StorageHandle::durable_step`] of a whole [`StepWrite`] (its state patch included).
     pub async fn write_step(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         write: StepWrite,
     ) -> Result<Outcome<()>> {
@@ -407,7 +408,7 @@ impl StorageHandle {
     /// launch never runs the request again over that progress ([`crate::ledger::ran_past_its_seed`]).
     pub async fn promote(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         promotion: Promotion,
         seed: StepWrite,
@@ -490,13 +491,13 @@ impl StorageHandle {
         .await
     }
 
-    pub async fn read_transcript(&self, run_id: String) -> Result<crate::ledger::Transcript> {
+    pub async fn read_transcript(&self, run_id: RunId) -> Result<crate::ledger::Transcript> {
         self.read(move |b, _| b.read_transcript(&run_id)).await
     }
 
     pub async fn set_state(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         patch: serde_json::Map<String, serde_json::Value>,
     ) -> Result<Outcome<()>> {
@@ -506,7 +507,7 @@ impl StorageHandle {
 
     pub async fn heartbeat(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         lease_ms: i64,
     ) -> Result<Outcome<HeartbeatAnswer>> {
@@ -514,11 +515,7 @@ impl StorageHandle {
             .await
     }
 
-    pub async fn request_stop(
-        &self,
-        run_id: String,
-        mode: StopMode,
-    ) -> Result<Outcome<StopAnswer>> {
+    pub async fn request_stop(&self, run_id: RunId, mode: StopMode) -> Result<Outcome<StopAnswer>> {
         self.transact(move |b, now| b.request_stop(&run_id, mode, now))
             .await
     }
@@ -528,7 +525,7 @@ impl StorageHandle {
     /// run never waits on a request nobody can see, and never runs a call whose decision is unrecorded.
     pub async fn change_phase(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         change: crate::ledger::decisions::PhaseChange,
         events: Vec<serde_json::Value>,
@@ -554,7 +551,7 @@ impl StorageHandle {
     /// A person's decision on a call awaiting approval (any process; SPEC §13).
     pub async fn decide(
         &self,
-        run_id: String,
+        run_id: RunId,
         call_id: String,
         decided: crate::ledger::Decided,
     ) -> Result<Outcome<crate::ledger::DecideAnswer>> {
@@ -565,14 +562,14 @@ impl StorageHandle {
     pub async fn handoff(
         &self,
         gen: String,
-        run_ids: Vec<String>,
-    ) -> Result<Vec<(String, HandoffResult)>> {
+        run_ids: Vec<RunId>,
+    ) -> Result<Vec<(RunId, HandoffResult)>> {
         self.transact(move |b, _| b.handoff(&gen, &run_ids)).await
     }
 
     pub async fn finishing(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         status: RunStatus,
         answer: Option<String>,
@@ -640,13 +637,13 @@ impl StorageHandle {
         .await
     }
 
-    pub async fn abandon(&self, run_id: String, gen: String) -> Result<Outcome<()>> {
+    pub async fn abandon(&self, run_id: RunId, gen: String) -> Result<Outcome<()>> {
         self.transact(move |b, _| b.abandon(&run_id, &gen)).await
     }
 
     pub async fn push_inbox(
         &self,
-        run_id: String,
+        run_id: RunId,
         message: serde_json::Value,
     ) -> Result<Outcome<u64>> {
         let written = self.mailbox.inbox.after_write();
@@ -659,7 +656,7 @@ impl StorageHandle {
 
     pub async fn read_inbox(
         &self,
-        run_id: String,
+        run_id: RunId,
         after_seq: Option<u64>,
     ) -> Result<Outcome<Vec<InboxItem>>> {
         self.read(move |b, _| b.read_inbox(&run_id, after_seq))
@@ -671,7 +668,7 @@ impl StorageHandle {
         gen: String,
         lease_ms: i64,
         dead_gens: Vec<String>,
-        driven: Vec<String>,
+        driven: Vec<RunId>,
     ) -> Result<ReclaimAnswer> {
         self.transact(move |b, now| b.reclaim(&gen, now, lease_ms, &dead_gens, &driven))
             .await
@@ -681,11 +678,11 @@ impl StorageHandle {
         self.read(|b, _| b.list_live()).await
     }
 
-    pub async fn get_live(&self, run_id: String) -> Result<Option<LiveRow>> {
+    pub async fn get_live(&self, run_id: RunId) -> Result<Option<LiveRow>> {
         self.read(move |b, _| b.get_live(&run_id)).await
     }
 
-    pub async fn last_step(&self, run_id: String) -> Result<Option<StepRecord>> {
+    pub async fn last_step(&self, run_id: RunId) -> Result<Option<StepRecord>> {
         self.read(move |b, _| b.last_step(&run_id)).await
     }
 
@@ -693,7 +690,7 @@ impl StorageHandle {
         self.transact(|b, _| b.capability_secret()).await
     }
 
-    pub async fn kill(&self, run_id: String) -> Result<crate::ledger::KillAnswer> {
+    pub async fn kill(&self, run_id: RunId) -> Result<crate::ledger::KillAnswer> {
         self.transact(move |b, now| b.kill(&run_id, now)).await
     }
 
@@ -703,7 +700,7 @@ impl StorageHandle {
     /// admitted shows as its live row.
     pub async fn purge(
         &self,
-        run_id: String,
+        run_id: RunId,
         gen: String,
         successor: Option<Successor>,
     ) -> Result<bool> {
@@ -737,13 +734,13 @@ impl StorageHandle {
     /// Through the storage actor's queue, not a reader: the check a run makes right before its webhook
     /// attempt then sees every kill this process queued before it (a reader might run ahead of a kill
     /// still waiting for its commit).
-    pub async fn is_killed(&self, run_id: String) -> Result<bool> {
+    pub async fn is_killed(&self, run_id: RunId) -> Result<bool> {
         self.transact(move |b, _| b.is_killed(&run_id)).await
     }
 
     pub async fn live_events(
         &self,
-        run_id: String,
+        run_id: RunId,
         after_seq: u64,
         limit: usize,
     ) -> Result<Option<Vec<serde_json::Value>>> {
@@ -753,7 +750,7 @@ impl StorageHandle {
 
     /// A run's stored summary and whether it carries a deletion fence, in one read (a finished run's
     /// point read needs both).
-    pub async fn get_summary_and_killed(&self, id: String) -> Result<(Option<RunListItem>, bool)> {
+    pub async fn get_summary_and_killed(&self, id: RunId) -> Result<(Option<RunListItem>, bool)> {
         self.read(move |b, now| {
             let item = b.get_summary(&id, now)?;
             let killed = !b.killed_among(std::slice::from_ref(&id))?.is_empty();
@@ -763,7 +760,7 @@ impl StorageHandle {
     }
 
     /// Which of `run_ids` carry a deletion fence (sorted, each once): one read for a whole listing.
-    pub async fn killed_among(&self, run_ids: Vec<String>) -> Result<Vec<String>> {
+    pub async fn killed_among(&self, run_ids: Vec<RunId>) -> Result<Vec<RunId>> {
         self.read(move |b, _| b.killed_among(&run_ids)).await
     }
 

@@ -2,6 +2,7 @@
 //! the run ([`fence_refusal`], [`view_refusal`] over [`decisions::fence_check`]), and which events and
 //! transcript parts may be stored ([`check_events`], [`check_turns`]).
 
+use crate::RunId;
 use serde_json::Value;
 
 use super::{decisions, LiveRow, Outcome, Refusal, Turn, MAX_TRANSCRIPT_PART_BYTES};
@@ -50,14 +51,14 @@ pub fn check_turns(first_idx: u64, turns: &[Turn]) -> Outcome<Vec<(u64, u64, Str
 }
 
 /// Map a fence decision to the refusal (or `None` for the owner).
-pub fn fence_refusal(row: Option<&LiveRow>, run_id: &str, gen: &str) -> Option<Refusal> {
+pub fn fence_refusal(row: Option<&LiveRow>, run_id: &RunId, gen: &str) -> Option<Refusal> {
     view_refusal(row.map(LiveRow::view).as_ref(), run_id, gen)
 }
 
 /// [`fence_refusal`] over a row's ownership columns alone (a writer that needs nothing else of the row).
 pub fn view_refusal(
     row: Option<&decisions::RowView<'_>>,
-    run_id: &str,
+    run_id: &RunId,
     gen: &str,
 ) -> Option<Refusal> {
     match decisions::fence_check(row, gen) {

@@ -48,6 +48,7 @@
 //! for it instead), `finishing → handoff`, `handoff → handoff`, a second `finishing`, and a
 //! promotion of anything but an `attaching` row.
 
+use crate::RunId;
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -284,7 +285,7 @@ pub enum ClaimDecision {
     /// Re-claim of a `live` (or later-phase) row by its owner: nothing to write (idempotent).
     Keep,
     /// A different run holds the thread; nothing is written.
-    ThreadLive { run_id: String },
+    ThreadLive { run_id: RunId },
     /// Same run, another owner (the lease lapsed during attach and another generation reclaimed).
     Fenced,
     /// No row for the run at all: claim only promotes a reservation made by admit.
@@ -300,13 +301,13 @@ pub enum ClaimDecision {
 pub fn decide_claim(
     by_thread: Option<&RowView>,
     by_run: Option<&RowView>,
-    run_id: &str,
+    run_id: &RunId,
     gen: &str,
 ) -> ClaimDecision {
     if let Some(t) = by_thread {
         if t.run_id != run_id {
             return ClaimDecision::ThreadLive {
-                run_id: t.run_id.to_owned(),
+                run_id: t.run_id.into(),
             };
         }
     }
@@ -372,19 +373,19 @@ pub enum AdmitDecision {
     /// The thread is free: insert an `attaching` row ([`INSERT_PHASE`]) with the pre-minted id.
     Insert,
     /// A run holds the thread: append the message to its inbox.
-    Steer { run_id: String },
+    Steer { run_id: RunId },
     /// The holding run is `finishing` and the message is keyed: a steer would never be read, and a
     /// keyed sender expects an answer it can rely on, so it is told to come back.
-    Busy { run_id: String },
+    Busy { run_id: RunId },
     /// A run the writer may not see holds the thread: nothing is written.
     Forbidden,
     /// `enqueue` (or an `interrupt` of a run already past its finishing gate, which no stop can reach):
     /// the message waits in the live run's inbox, marked queued, for a run of its own.
-    Queue { run_id: String },
+    Queue { run_id: RunId },
     /// `interrupt`: queue the message and record a soft stop on the live run, in one transaction.
-    Interrupt { run_id: String },
+    Interrupt { run_id: RunId },
     /// `reject`: nothing is written.
-    Reject { run_id: String },
+    Reject { run_id: RunId },
 }
 
 /// Whether a writer who sees `writer` may reach the live run whose `meta_json` is `meta` (SPEC §8.1:
@@ -415,7 +416,7 @@ impl AdmitDecision {
 
     /// The live run a decision writes into (a steer or a queued message): where a keyed receipt's cap
     /// ([`crate::ledger::MAX_RECEIPTS_PER_RUN`]) is counted.
-    pub fn writes_to(&self) -> Option<&str> {
+    pub fn writes_to(&self) -> Option<&RunId> {
         match self {
             AdmitDecision::Steer { run_id }
             | AdmitDecision::Queue { run_id }
@@ -426,7 +427,7 @@ impl AdmitDecision {
 
     /// The live run a keyed answer's receipt is counted against (at most
     /// [`crate::ledger::MAX_RECEIPTS_PER_RUN`]): the run it writes to, or the run that refused it.
-    pub fn receipt_run(&self) -> Option<&str> {
+    pub fn receipt_run(&self) -> Option<&RunId> {
         match self {
             AdmitDecision::Reject { run_id } => Some(run_id),
             _ => self.writes_to(),
@@ -484,7 +485,7 @@ pub fn decide_admit(
     if !writer_sees {
         return AdmitDecision::Forbidden;
     }
-    let run_id = r.run_id.to_owned();
+    let run_id = RunId::from(r.run_id);
     match strategy {
         Strategy::Reject => AdmitDecision::Reject { run_id },
         Strategy::Enqueue => AdmitDecision::Queue { run_id },
@@ -535,7 +536,7 @@ pub fn reclaim_selection(
     gen: &str,
     now_ms: i64,
     dead_gens: &[String],
-    driven: &[String],
+    driven: &[RunId],
 ) -> ReclaimSelection {
     if row.owner_gen == gen {
         ReclaimSelection::Own
@@ -1117,7 +1118,11 @@ mod tests {
             ("run row found only by thread still promotes", Some(&attaching), None,             ClaimDecision::Promote),
         ];
         for (name, by_thread, by_run, want) in cases {
-            assert_eq!(decide_claim(by_thread, by_run, "r1", "g1"), want, "{name}");
+            assert_eq!(
+                decide_claim(by_thread, by_run, &RunId::from("r1"), "g1"),
+                want,
+                "{name}"
+            );
         }
     }
 
@@ -1268,7 +1273,7 @@ mod tests {
             ("driven, current lease",          row("d", "g2",    Live,      now + 1), ReclaimSelection::LiveElsewhere),
             ("driven, own",                    row("d", "gme",   Live,      0),       ReclaimSelection::Own),
         ];
-        let driven = vec!["d".to_owned()];
+        let driven = vec![RunId::from("d")];
         for (name, r, want) in cases {
             assert_eq!(
                 reclaim_selection(&r, "gme", now, &dead, &driven),

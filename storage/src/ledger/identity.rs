@@ -1,6 +1,7 @@
 //! A run's identity, typed once: the one encoder and decoder of the `run_meta` event, the ledger row's
 //! `meta_json` and a record's identity fields (SPEC §2, §4.1), so they can never disagree.
 
+use crate::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -20,7 +21,7 @@ pub struct RunIdentity {
     #[serde(deserialize_with = "lenient_visibility")]
     pub channel_visibility: ChannelVisibility,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
 }
 
 fn lenient_visibility<'de, D: serde::Deserializer<'de>>(

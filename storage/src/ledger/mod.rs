@@ -26,6 +26,7 @@ mod identity;
 mod successor;
 mod transcript;
 
+use crate::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -55,22 +56,22 @@ pub const MAX_TRANSCRIPT_PART_BYTES: usize = 1_500_000;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("another generation owns run {run_id}")]
-    Fenced { run_id: String },
+    Fenced { run_id: RunId },
     #[error("no live row for run {run_id}")]
-    UnknownRun { run_id: String },
+    UnknownRun { run_id: RunId },
     /// `push_inbox` / `read_inbox` / `request_stop` on a run without a live row.
     #[error("run {run_id} is not live")]
-    NotLive { run_id: String },
+    NotLive { run_id: RunId },
     /// A different run holds the thread.
     #[error("thread is live with run {run_id}")]
     ThreadLive {
-        run_id: String,
+        run_id: RunId,
         agent: Option<String>,
         started_at: i64,
     },
     #[error("run {run_id} is in phase {phase:?}, which does not allow {change}")]
     WrongPhase {
-        run_id: String,
+        run_id: RunId,
         phase: Phase,
         change: &'static str,
     },
@@ -82,18 +83,18 @@ pub enum Refusal {
     PartTooLarge { idx: u64, part: u64, bytes: usize },
     /// A decision names a call the run is not awaiting approval for.
     #[error("run {run_id} awaits no approval of call {call_id}")]
-    UnknownCall { run_id: String, call_id: String },
+    UnknownCall { run_id: RunId, call_id: String },
     /// The call was decided already: the first decision wins (SPEC §13).
     #[error("call {call_id} of run {run_id} was decided already")]
     AlreadyDecided {
-        run_id: String,
+        run_id: RunId,
         call_id: String,
         decided: Decided,
     },
     /// The finishing gate of a `completed` run found a stop recorded before it
     /// ([`decisions::stop_before_gate`]): the run concludes again under that stop.
     #[error("run {run_id} has a {mode:?} stop recorded before its finishing gate")]
-    StopPending { run_id: String, mode: StopMode },
+    StopPending { run_id: RunId, mode: StopMode },
 }
 
 /// An operation's answer: the value, or the typed refusal.
@@ -102,7 +103,7 @@ pub type Outcome<T> = std::result::Result<T, Refusal>;
 /// One row of `live_runs`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveRow {
-    pub run_id: String,
+    pub run_id: RunId,
     pub thread_key: String,
     pub owner_gen: String,
     pub lease_until: i64,
@@ -227,7 +228,7 @@ pub struct Admit {
     pub thread_key: String,
     pub gen: String,
     /// Pre-minted id for a run this admission may start.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The admitted message; `meta.request` of a started run, the inbox item of a steer.
     pub request: Value,
     /// The started row's `meta_json` (must carry `request`).
@@ -249,18 +250,18 @@ pub enum AdmitOutcome {
     /// An `attaching` row was inserted for the pre-minted id.
     Started {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
     },
     /// The message went to the live run's inbox.
     Steered {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
         seq: u64,
     },
     /// The thread's run is finishing and the message is keyed: try again shortly.
     Busy {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
     },
     /// The key was used before with another body.
     KeyConflict,
@@ -268,7 +269,7 @@ pub enum AdmitOutcome {
     /// appended); earlier keys still answer.
     ReceiptLimit {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
     },
     /// The id carries a deletion fence.
     Fenced,
@@ -278,24 +279,24 @@ pub enum AdmitOutcome {
     /// messages queued there (from 1), and starts its own run in turn.
     Queued {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
         position: u64,
     },
     /// `interrupt`: a soft stop of `run_id` is recorded and the message queued behind it.
     Interrupting {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
         position: u64,
     },
     /// `reject` on a busy thread: nothing was written but a keyed message's receipt (the key's answer).
     Rejected {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
     },
     /// [`MAX_QUEUED_PER_THREAD`] messages wait already: nothing was written (no receipt either).
     QueueFull {
         #[serde(rename = "runId")]
-        run_id: String,
+        run_id: RunId,
     },
 }
 
@@ -648,7 +649,7 @@ pub struct SuccessorFacts {
 /// [`RunLedger::write_step`] as its four methods, one after another (the trait's default).
 pub fn write_step_by_methods<L: RunLedger + ?Sized>(
     l: &mut L,
-    run_id: &str,
+    run_id: &RunId,
     gen: &str,
     write: &StepWrite,
 ) -> Result<Outcome<()>> {
@@ -678,7 +679,7 @@ pub trait RunLedger: Send {
     /// Promotion of this generation's `attaching` reservation to `live`.
     fn claim(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         promotion: &Promotion,
         now_ms: i64,
@@ -689,7 +690,7 @@ pub trait RunLedger: Send {
     /// without reading the row back.
     fn claim_admitted(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         promotion: &Promotion,
         now_ms: i64,
@@ -697,35 +698,35 @@ pub trait RunLedger: Send {
         self.claim(run_id, gen, promotion, now_ms)
     }
     /// Append events keyed by their `seq` (an identical retry is a no-op).
-    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>>;
-    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>>;
+    fn append(&mut self, run_id: &RunId, gen: &str, events: &[Value]) -> Result<Outcome<()>>;
+    fn step(&mut self, run_id: &RunId, gen: &str, record: &StepRecord) -> Result<Outcome<()>>;
     /// Write turns at `first_idx, first_idx + 1, …`; a row already written stays as it was (never edited).
     fn write_transcript(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         first_idx: u64,
         turns: &[Turn],
     ) -> Result<Outcome<()>>;
-    fn read_transcript(&mut self, run_id: &str) -> Result<Transcript>;
+    fn read_transcript(&mut self, run_id: &RunId) -> Result<Transcript>;
     /// A durable step's writes (SPEC §5.2 step 6), in this order: its turns, its events, its state
     /// patch, its step record; the first refusal answers, and what was written before it stays (the
     /// caller's atomic unit decides). The default is those four methods one after another; a backend
     /// may send them in fewer statements, with the same outcome.
-    fn write_step(&mut self, run_id: &str, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
+    fn write_step(&mut self, run_id: &RunId, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
         write_step_by_methods(self, run_id, gen, write)
     }
     /// Merge `patch` into the row's state by top-level key.
     fn set_state(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         patch: &Map<String, Value>,
     ) -> Result<Outcome<()>>;
     /// Extend the owner's lease to `now + lease_ms`; answers the stop any generation requested and the phase.
     fn heartbeat(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         lease_ms: i64,
         now_ms: i64,
@@ -733,16 +734,16 @@ pub trait RunLedger: Send {
     /// Record a stop from any generation (not fenced); hard never downgrades.
     fn request_stop(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         mode: StopMode,
         now_ms: i64,
     ) -> Result<Outcome<StopAnswer>>;
-    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>>;
+    fn handoff(&mut self, gen: &str, run_ids: &[RunId]) -> Result<Vec<(RunId, HandoffResult)>>;
     /// The owner's phase change with `patch` merged into the state, in one transaction ([`change_phase`]):
     /// parking a run on approvals and resuming it (SPEC §13).
     fn set_phase(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         change: decisions::PhaseChange,
         patch: &Map<String, Value>,
@@ -751,7 +752,7 @@ pub trait RunLedger: Send {
     /// take it, and the owner applies it.
     fn decide(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         call_id: &str,
         decided: &Decided,
         now_ms: i64,
@@ -759,7 +760,7 @@ pub trait RunLedger: Send {
     /// The gate before the reply: commit `state.finalStatus` and the answer, phase → `finishing`.
     fn finishing(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         status: RunStatus,
         answer: Option<&str>,
@@ -770,7 +771,7 @@ pub trait RunLedger: Send {
     /// with its end, from which [`RunLedger::prune`] counts their TTL.
     fn finish(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         record: &RunRecord,
         proposal: Option<&PolicyProposal>,
@@ -778,24 +779,24 @@ pub trait RunLedger: Send {
     ) -> Result<Outcome<PutOutcome>>;
     /// The owner drops its row without a record, and with it the run's step records, transcript and
     /// inbox (nothing will ever read them).
-    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>>;
-    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>>;
+    fn abandon(&mut self, run_id: &RunId, gen: &str) -> Result<Outcome<()>>;
+    fn push_inbox(&mut self, run_id: &RunId, message: &Value) -> Result<Outcome<u64>>;
     fn read_inbox(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: Option<u64>,
     ) -> Result<Outcome<Vec<InboxItem>>>;
     /// Inbox rows past `after_seq`, without the live-row check of `read_inbox`: how a finishing run hands
     /// its unread follow-ups to the next run without a window to lose one — read inside the finish's
     /// transaction, just before `finish` deletes them.
-    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>>;
+    fn inbox_after(&mut self, run_id: &RunId, after_seq: Option<u64>) -> Result<Vec<InboxItem>>;
     /// The run's highest step record (re-adopting a run this generation owns).
-    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>>;
+    fn last_step(&mut self, run_id: &RunId) -> Result<Option<StepRecord>>;
     /// What a finish's successor admission decides on (SPEC §5.2 step 8), inside the finish's
     /// transaction: the live row (`None`: not live), its highest step record and its whole inbox. The
     /// default is `get_live`, `last_step` and `inbox_after` one after another; a backend may read them
     /// in one statement.
-    fn successor_facts(&mut self, run_id: &str) -> Result<Option<SuccessorFacts>> {
+    fn successor_facts(&mut self, run_id: &RunId) -> Result<Option<SuccessorFacts>> {
         let Some(row) = self.get_live(run_id)? else {
             return Ok(None);
         };
@@ -813,31 +814,31 @@ pub trait RunLedger: Send {
         now_ms: i64,
         lease_ms: i64,
         dead_gens: &[String],
-        driven: &[String],
+        driven: &[RunId],
     ) -> Result<ReclaimAnswer>;
     fn list_live(&mut self) -> Result<Vec<LiveRow>>;
-    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>>;
+    fn get_live(&mut self, run_id: &RunId) -> Result<Option<LiveRow>>;
     /// Kill (SPEC §5.6): write the deletion fence and `stop = hard` in one transaction. From then on a put,
     /// claim, admit or finish for the id is refused, and the owner's heartbeat answers `Fenced` — for as
     /// long as the fence stands (see [`RunLedger::purge`]: a prune takes it only once the run is purged).
-    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer>;
+    fn kill(&mut self, run_id: &RunId, now_ms: i64) -> Result<KillAnswer>;
     /// Once a killed run has settled: delete its live rows, transcript, inbox, record and events (its
     /// receipts stay until [`RunLedger::prune`] takes them; the deletion fence stays until a prune
     /// `receipt_ttl_ms` after the kill, [`decisions::deletion_fence_prunable`]). A no-op (`false`) for a
     /// run without a deletion fence.
-    fn purge(&mut self, run_id: &str) -> Result<bool>;
-    fn is_killed(&mut self, run_id: &str) -> Result<bool>;
+    fn purge(&mut self, run_id: &RunId) -> Result<bool>;
+    fn is_killed(&mut self, run_id: &RunId) -> Result<bool>;
     /// Live events strictly after `after_seq`, in seq order; `None` when the run has no live row.
     fn live_events(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: u64,
         limit: usize,
     ) -> Result<Option<Vec<Value>>>;
     /// Which of `run_ids` carry a deletion fence (SPEC §5.6): each fenced id once, sorted; an empty
     /// answer for an empty question. One bounded, indexed read however many ids are asked (chunked), so a
     /// reader can drop killed runs from a whole listing at once.
-    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>>;
+    fn killed_among(&mut self, run_ids: &[RunId]) -> Result<Vec<RunId>>;
     /// ONE transaction that keeps the ledger's tables bounded (SPEC §4.3 finish; run by the reclaim
     /// sweep once per pass):
     /// - a receipt of a run with no live row that carries no end yet is stamped `now_ms` (a run that

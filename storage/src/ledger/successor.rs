@@ -1,6 +1,7 @@
 //! The run a transaction that frees a thread admits (SPEC §5.2 step 8, §5.1): from the unread steering
 //! messages and the queue the freed run leaves behind.
 
+use crate::RunId;
 use serde_json::{Map, Value};
 
 use super::{decisions, label_of, Admit, InboxItem, LiveRow, RunIdentity, Strategy};
@@ -9,7 +10,7 @@ use super::{decisions, label_of, Admit, InboxItem, LiveRow, RunIdentity, Strateg
 /// run never read (SPEC §5.2 step 8): its pre-minted id and how far the finishing run read its inbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Successor {
-    pub run_id: String,
+    pub run_id: RunId,
     pub lease_ms: i64,
     /// The highest inbox seq the finishing run folded in; the last step record's counts too.
     pub inbox_consumed: Option<u64>,

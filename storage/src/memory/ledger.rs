@@ -19,6 +19,7 @@
 //! It deliberately does not know about time (every `now` is the caller's clock) and never fences on
 //! a lease alone.
 
+use crate::RunId;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
@@ -83,7 +84,7 @@ impl RunLedger for MemoryStore {
 
     fn claim(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         promotion: &Promotion,
         now_ms: i64,
@@ -147,7 +148,7 @@ impl RunLedger for MemoryStore {
         }
     }
 
-    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
+    fn append(&mut self, run_id: &RunId, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         if let Err(refusal) = ledger.owned_mut(run_id, gen) {
@@ -161,7 +162,7 @@ impl RunLedger for MemoryStore {
         Ok(refused.map_or(Ok(()), Err))
     }
 
-    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
+    fn step(&mut self, run_id: &RunId, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         if let Err(refusal) = ledger.owned_mut(run_id, gen) {
@@ -177,7 +178,7 @@ impl RunLedger for MemoryStore {
 
     fn write_transcript(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         first_idx: u64,
         turns: &[Turn],
@@ -199,7 +200,7 @@ impl RunLedger for MemoryStore {
         Ok(Ok(()))
     }
 
-    fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
+    fn read_transcript(&mut self, run_id: &RunId) -> Result<Transcript> {
         let st = self.lock();
         match st.ledger.transcript.get(run_id) {
             Some(rows) => Transcript::assemble(
@@ -212,7 +213,7 @@ impl RunLedger for MemoryStore {
 
     fn set_state(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         patch: &Map<String, Value>,
     ) -> Result<Outcome<()>> {
@@ -225,7 +226,7 @@ impl RunLedger for MemoryStore {
 
     fn heartbeat(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         lease_ms: i64,
         now_ms: i64,
@@ -242,7 +243,7 @@ impl RunLedger for MemoryStore {
 
     fn request_stop(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         mode: StopMode,
         now_ms: i64,
     ) -> Result<Outcome<StopAnswer>> {
@@ -263,7 +264,7 @@ impl RunLedger for MemoryStore {
 
     fn set_phase(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         change: PhaseChange,
         patch: &Map<String, Value>,
@@ -284,7 +285,7 @@ impl RunLedger for MemoryStore {
 
     fn decide(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         call_id: &str,
         decided: &crate::ledger::Decided,
         now_ms: i64,
@@ -298,7 +299,7 @@ impl RunLedger for MemoryStore {
         Ok(crate::ledger::decide(row, call_id, decided, now_ms))
     }
 
-    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
+    fn handoff(&mut self, gen: &str, run_ids: &[RunId]) -> Result<Vec<(RunId, HandoffResult)>> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         let answers = run_ids
@@ -324,7 +325,7 @@ impl RunLedger for MemoryStore {
 
     fn finishing(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         status: RunStatus,
         answer: Option<&str>,
@@ -348,7 +349,7 @@ impl RunLedger for MemoryStore {
 
     fn finish(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         record: &RunRecord,
         proposal: Option<&PolicyProposal>,
@@ -378,7 +379,7 @@ impl RunLedger for MemoryStore {
         }
     }
 
-    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+    fn abandon(&mut self, run_id: &RunId, gen: &str) -> Result<Outcome<()>> {
         let mut guard = self.lock();
         let st = &mut *guard;
         if let Some(refusal) = st.ledger.fence(run_id, gen) {
@@ -398,7 +399,7 @@ impl RunLedger for MemoryStore {
         Ok(Ok(()))
     }
 
-    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
+    fn kill(&mut self, run_id: &RunId, now_ms: i64) -> Result<KillAnswer> {
         let mut guard = self.lock();
         let st = &mut *guard;
         st.ledger
@@ -419,7 +420,7 @@ impl RunLedger for MemoryStore {
         Ok(answer)
     }
 
-    fn purge(&mut self, run_id: &str) -> Result<bool> {
+    fn purge(&mut self, run_id: &RunId) -> Result<bool> {
         let mut guard = self.lock();
         let st = &mut *guard;
         if !st.ledger.is_killed(run_id) {
@@ -430,11 +431,11 @@ impl RunLedger for MemoryStore {
         Ok(removed.any() || record)
     }
 
-    fn is_killed(&mut self, run_id: &str) -> Result<bool> {
+    fn is_killed(&mut self, run_id: &RunId) -> Result<bool> {
         Ok(self.lock().ledger.is_killed(run_id))
     }
 
-    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
+    fn push_inbox(&mut self, run_id: &RunId, message: &Value) -> Result<Outcome<u64>> {
         let mut st = self.lock();
         if !st.ledger.is_live(run_id) {
             return Ok(Err(Refusal::NotLive {
@@ -446,7 +447,7 @@ impl RunLedger for MemoryStore {
 
     fn read_inbox(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: Option<u64>,
     ) -> Result<Outcome<Vec<InboxItem>>> {
         let st = self.lock();
@@ -460,13 +461,13 @@ impl RunLedger for MemoryStore {
             .inbox_items(run_id, |seq| is_unread(seq, after_seq))))
     }
 
-    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
+    fn inbox_after(&mut self, run_id: &RunId, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
         Ok(self.lock().ledger.inbox_items(run_id, |seq| {
             crate::ledger::decisions::is_unread(seq, after_seq)
         }))
     }
 
-    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
+    fn last_step(&mut self, run_id: &RunId) -> Result<Option<StepRecord>> {
         Ok(self.lock().ledger.last_step(run_id))
     }
 
@@ -476,12 +477,12 @@ impl RunLedger for MemoryStore {
         now_ms: i64,
         lease_ms: i64,
         dead_gens: &[String],
-        driven: &[String],
+        driven: &[RunId],
     ) -> Result<ReclaimAnswer> {
         let mut st = self.lock();
         let ledger = &mut st.ledger;
         let mut answer = ReclaimAnswer::default();
-        let mut taken: Vec<(String, Phase, String)> = Vec::new();
+        let mut taken: Vec<(RunId, Phase, String)> = Vec::new();
         // `rows` is ordered by run id, so both lists come out in run-id order.
         for row in ledger.rows.values_mut() {
             match reclaim_selection(&row.view(), gen, now_ms, dead_gens, driven) {
@@ -517,13 +518,13 @@ impl RunLedger for MemoryStore {
         Ok(self.lock().ledger.rows.values().cloned().collect())
     }
 
-    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
+    fn get_live(&mut self, run_id: &RunId) -> Result<Option<LiveRow>> {
         Ok(self.lock().ledger.rows.get(run_id).cloned())
     }
 
     fn live_events(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: u64,
         limit: usize,
     ) -> Result<Option<Vec<Value>>> {
@@ -548,9 +549,9 @@ impl RunLedger for MemoryStore {
         Ok(Some(events))
     }
 
-    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
+    fn killed_among(&mut self, run_ids: &[RunId]) -> Result<Vec<RunId>> {
         let st = self.lock();
-        let fenced: BTreeSet<&String> = run_ids
+        let fenced: BTreeSet<&RunId> = run_ids
             .iter()
             .filter(|id| st.ledger.is_killed(id))
             .collect();
@@ -597,7 +598,7 @@ impl RunLedger for MemoryStore {
         }
         report.generations = doomed.len() as u64;
         // Only a live run has transcript, step or inbox rows.
-        let leftovers: BTreeSet<String> = ledger
+        let leftovers: BTreeSet<RunId> = ledger
             .transcript
             .keys()
             .chain(ledger.steps.keys())
@@ -611,7 +612,7 @@ impl RunLedger for MemoryStore {
         }
         report.leftover_runs = leftovers.len() as u64;
         // `deletion_fence_prunable`, with the run's purge read from every table (after the leftovers went).
-        let fences: Vec<String> = st
+        let fences: Vec<RunId> = st
             .ledger
             .deletion_fences
             .iter()
@@ -633,7 +634,7 @@ impl RunLedger for MemoryStore {
     fn table_rows(&mut self) -> Result<TableRows> {
         let st = self.lock();
         let l = &st.ledger;
-        let inner = |m: &BTreeMap<String, BTreeMap<u64, Value>>| {
+        let inner = |m: &BTreeMap<RunId, BTreeMap<u64, Value>>| {
             m.values().map(|v| v.len() as u64).sum::<u64>()
         };
         Ok(TableRows {
@@ -667,7 +668,7 @@ mod tests {
     const NOW: i64 = 1_800_000_000_000;
     const LEASE: i64 = 30_000;
 
-    fn admit(thread: &str, run_id: &str, gen: &str, key: Option<(&str, &str)>) -> Admit {
+    fn admit(thread: &str, run_id: &RunId, gen: &str, key: Option<(&str, &str)>) -> Admit {
         Admit {
             thread_key: thread.to_owned(),
             gen: gen.to_owned(),
@@ -710,59 +711,72 @@ mod tests {
         let mut s = MemoryStore::new();
         // Admission reserves the thread; a follow-up steers into the run's inbox.
         assert_eq!(
-            s.admit(&admit("C1:t1", "r1", "g1", None), NOW).ok(),
+            s.admit(&admit("C1:t1", &RunId::from("r1"), "g1", None), NOW)
+                .ok(),
             Some(AdmitOutcome::Started {
                 run_id: "r1".into()
             })
         );
         assert_eq!(
-            s.admit(&admit("C1:t1", "r2", "g1", None), NOW).ok(),
+            s.admit(&admit("C1:t1", &RunId::from("r2"), "g1", None), NOW)
+                .ok(),
             Some(AdmitOutcome::Steered {
                 run_id: "r1".into(),
                 seq: 1
             })
         );
         assert_eq!(
-            s.claim("r1", "g1", &promotion(), NOW).ok(),
+            s.claim(&RunId::from("r1"), "g1", &promotion(), NOW).ok(),
             Some(Ok(Claimed::Promoted))
         );
         assert_eq!(
-            s.claim("r1", "g1", &promotion(), NOW).ok(),
+            s.claim(&RunId::from("r1"), "g1", &promotion(), NOW).ok(),
             Some(Ok(Claimed::AlreadyLive))
         );
         assert_eq!(
-            s.append("r1", "g1", &[json!({"type": "note", "seq": 1})])
-                .ok(),
+            s.append(
+                &RunId::from("r1"),
+                "g1",
+                &[json!({"type": "note", "seq": 1})]
+            )
+            .ok(),
             Some(Ok(()))
         );
         // Another generation is fenced and writes nothing.
         assert_eq!(
-            s.append("r1", "g2", &[json!({"type": "note", "seq": 2})])
-                .ok(),
+            s.append(
+                &RunId::from("r1"),
+                "g2",
+                &[json!({"type": "note", "seq": 2})]
+            )
+            .ok(),
             Some(Err(Refusal::Fenced {
                 run_id: "r1".into()
             }))
         );
         assert_eq!(
-            s.live_events("r1", 0, 10).ok(),
+            s.live_events(&RunId::from("r1"), 0, 10).ok(),
             Some(Some(vec![json!({"type": "note", "seq": 1})]))
         );
         assert_eq!(
-            s.finishing("r1", "g1", RunStatus::Completed, Some("done"))
+            s.finishing(&RunId::from("r1"), "g1", RunStatus::Completed, Some("done"))
                 .ok(),
             Some(Ok(()))
         );
         assert!(matches!(
-            s.finishing("r1", "g1", RunStatus::Completed, None).ok(),
+            s.finishing(&RunId::from("r1"), "g1", RunStatus::Completed, None)
+                .ok(),
             Some(Err(Refusal::WrongPhase {
                 phase: Phase::Finishing,
                 ..
             }))
         ));
-        let put = s.finish("r1", "g1", &record("r1"), None, NOW).ok();
+        let put = s
+            .finish(&RunId::from("r1"), "g1", &record("r1"), None, NOW)
+            .ok();
         assert_eq!(put.map(|o| o.map(|p| p.stored)), Some(Ok(true)));
         // The record's events replaced the live ones; the thread is free; the inbox went with the run.
-        let stored = RunStore::get(&mut s, "r1", NOW)
+        let stored = RunStore::get(&mut s, &RunId::from("r1"), NOW)
             .ok()
             .flatten()
             .map(|r| r.events);
@@ -772,10 +786,11 @@ mod tests {
                 json!({"type": "answer", "seq": 7, "at": NOW, "text": "done"})
             ])
         );
-        assert_eq!(s.live_events("r1", 0, 10).ok(), Some(None));
+        assert_eq!(s.live_events(&RunId::from("r1"), 0, 10).ok(), Some(None));
         assert_eq!(s.lock().ledger.inbox.get("r1").map(BTreeMap::len), None);
         assert_eq!(
-            s.admit(&admit("C1:t1", "r3", "g1", None), NOW).ok(),
+            s.admit(&admit("C1:t1", &RunId::from("r3"), "g1", None), NOW)
+                .ok(),
             Some(AdmitOutcome::Started {
                 run_id: "r3".into()
             })
@@ -785,47 +800,69 @@ mod tests {
     #[test]
     fn a_refused_finish_leaves_the_run_live() {
         let mut s = MemoryStore::new();
-        assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
         assert!(s
-            .append("r1", "g1", &[json!({"type": "note", "seq": 1})])
+            .admit(&admit("C1:t1", &RunId::from("r1"), "g1", None), NOW)
+            .is_ok());
+        assert!(s
+            .append(
+                &RunId::from("r1"),
+                "g1",
+                &[json!({"type": "note", "seq": 1})]
+            )
             .is_ok());
         // A record for another id is an error, and nothing moved.
-        assert!(s.finish("r1", "g1", &record("r9"), None, NOW).is_err());
-        assert!(s.lock().ledger.is_live("r1"));
+        assert!(s
+            .finish(&RunId::from("r1"), "g1", &record("r9"), None, NOW)
+            .is_err());
+        assert!(s.lock().ledger.is_live(&RunId::from("r1")));
         assert_eq!(
-            s.live_events("r1", 0, 10).ok().flatten().map(|e| e.len()),
+            s.live_events(&RunId::from("r1"), 0, 10)
+                .ok()
+                .flatten()
+                .map(|e| e.len()),
             Some(1)
         );
-        assert_eq!(RunStore::get(&mut s, "r9", NOW).ok().flatten(), None);
+        assert_eq!(
+            RunStore::get(&mut s, &RunId::from("r9"), NOW)
+                .ok()
+                .flatten(),
+            None
+        );
     }
 
     #[test]
     fn abandon_leaves_the_live_events_to_an_existing_tombstone() {
         let mut s = MemoryStore::new();
-        assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
         assert!(s
-            .append("r1", "g1", &[json!({"type": "input", "seq": 1})])
+            .admit(&admit("C1:t1", &RunId::from("r1"), "g1", None), NOW)
+            .is_ok());
+        assert!(s
+            .append(
+                &RunId::from("r1"),
+                "g1",
+                &[json!({"type": "input", "seq": 1})]
+            )
             .is_ok());
         // The tombstone is put while the run lives: its own events are stripped.
         let mut tombstone = record("r1");
         tombstone.head.provisional = true;
         assert!(RunStore::put(&mut s, &tombstone, None, NOW).is_ok());
         assert_eq!(
-            s.abandon("r1", "g2").ok(),
+            s.abandon(&RunId::from("r1"), "g2").ok(),
             Some(Err(Refusal::Fenced {
                 run_id: "r1".into()
             }))
         );
-        assert_eq!(s.abandon("r1", "g1").ok(), Some(Ok(())));
+        assert_eq!(s.abandon(&RunId::from("r1"), "g1").ok(), Some(Ok(())));
         // As with SQLite's shared `run_events`, the appended events read as the tombstone's.
-        let events = RunStore::get(&mut s, "r1", NOW)
+        let events = RunStore::get(&mut s, &RunId::from("r1"), NOW)
             .ok()
             .flatten()
             .map(|r| r.events);
         assert_eq!(events, Some(vec![json!({"type": "input", "seq": 1})]));
-        assert_eq!(s.get_live("r1").ok(), Some(None));
+        assert_eq!(s.get_live(&RunId::from("r1")).ok(), Some(None));
         assert_eq!(
-            s.abandon("r1", "g1").ok(),
+            s.abandon(&RunId::from("r1"), "g1").ok(),
             Some(Err(Refusal::UnknownRun {
                 run_id: "r1".into()
             }))
@@ -836,7 +873,10 @@ mod tests {
     fn a_keyed_retry_answers_verbatim_and_another_body_conflicts() {
         let mut s = MemoryStore::new();
         let first = s
-            .admit(&admit("C1:t1", "r1", "g1", Some(("k", "h1"))), NOW)
+            .admit(
+                &admit("C1:t1", &RunId::from("r1"), "g1", Some(("k", "h1"))),
+                NOW,
+            )
             .ok();
         assert_eq!(
             first,
@@ -846,25 +886,33 @@ mod tests {
         );
         // The retry carries a fresh pre-minted id, yet answers the first run.
         assert_eq!(
-            s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h1"))), NOW)
-                .ok(),
+            s.admit(
+                &admit("C1:t1", &RunId::from("r2"), "g1", Some(("k", "h1"))),
+                NOW
+            )
+            .ok(),
             first
         );
         assert_eq!(
-            s.admit(&admit("C1:t1", "r2", "g1", Some(("k", "h2"))), NOW)
-                .ok(),
+            s.admit(
+                &admit("C1:t1", &RunId::from("r2"), "g1", Some(("k", "h2"))),
+                NOW
+            )
+            .ok(),
             Some(AdmitOutcome::KeyConflict)
         );
         // Busy is not a receipt: once the thread frees, the same key starts a run.
-        assert!(s.finishing("r1", "g1", RunStatus::Completed, None).is_ok());
-        let busy = admit("C1:t1", "r2", "g1", Some(("k2", "h")));
+        assert!(s
+            .finishing(&RunId::from("r1"), "g1", RunStatus::Completed, None)
+            .is_ok());
+        let busy = admit("C1:t1", &RunId::from("r2"), "g1", Some(("k2", "h")));
         assert_eq!(
             s.admit(&busy, NOW).ok(),
             Some(AdmitOutcome::Busy {
                 run_id: "r1".into()
             })
         );
-        assert!(s.abandon("r1", "g1").is_ok());
+        assert!(s.abandon(&RunId::from("r1"), "g1").is_ok());
         assert_eq!(
             s.admit(&busy, NOW).ok(),
             Some(AdmitOutcome::Started {
@@ -876,11 +924,16 @@ mod tests {
     #[test]
     fn reclaim_takes_expired_rows_with_their_unread_inbox() {
         let mut s = MemoryStore::new();
-        assert!(s.admit(&admit("C1:a", "ra", "g1", None), NOW).is_ok());
         assert!(s
-            .admit(&admit("C1:b", "rb", "g1", None), NOW + 10 * LEASE)
+            .admit(&admit("C1:a", &RunId::from("ra"), "g1", None), NOW)
             .is_ok());
-        assert!(s.claim("ra", "g1", &promotion(), NOW).is_ok());
+        assert!(s
+            .admit(
+                &admit("C1:b", &RunId::from("rb"), "g1", None),
+                NOW + 10 * LEASE
+            )
+            .is_ok());
+        assert!(s.claim(&RunId::from("ra"), "g1", &promotion(), NOW).is_ok());
         let seed = StepRecord {
             step: 0,
             seq: 0,
@@ -891,9 +944,12 @@ mod tests {
             turn: 0,
             iteration: 0,
         };
-        assert!(s.step("ra", "g1", &seed).is_ok());
+        assert!(s.step(&RunId::from("ra"), "g1", &seed).is_ok());
         for n in 1..=2 {
-            assert_eq!(s.push_inbox("ra", &json!({"n": n})).ok(), Some(Ok(n)));
+            assert_eq!(
+                s.push_inbox(&RunId::from("ra"), &json!({"n": n})).ok(),
+                Some(Ok(n))
+            );
         }
         let answer = s
             .reclaim("g2", NOW + LEASE, LEASE, &[], &[])
@@ -926,7 +982,7 @@ mod tests {
         );
         // The old owner is fenced from then on.
         assert_eq!(
-            s.heartbeat("ra", "g1", LEASE, NOW).ok(),
+            s.heartbeat(&RunId::from("ra"), "g1", LEASE, NOW).ok(),
             Some(Err(Refusal::Fenced {
                 run_id: "ra".into()
             }))
@@ -936,7 +992,9 @@ mod tests {
     #[test]
     fn transcript_parts_are_written_once_and_read_back_as_turns() {
         let mut s = MemoryStore::new();
-        assert!(s.admit(&admit("C1:t1", "r1", "g1", None), NOW).is_ok());
+        assert!(s
+            .admit(&admit("C1:t1", &RunId::from("r1"), "g1", None), NOW)
+            .is_ok());
         let turns = vec![
             Turn {
                 role: "user".into(),
@@ -947,15 +1005,26 @@ mod tests {
                 parts: vec![json!({"text": "c"})],
             },
         ];
-        assert_eq!(s.write_transcript("r1", "g1", 0, &turns).ok(), Some(Ok(())));
+        assert_eq!(
+            s.write_transcript(&RunId::from("r1"), "g1", 0, &turns).ok(),
+            Some(Ok(()))
+        );
         let edit = vec![Turn {
             role: "assistant".into(),
             parts: vec![json!("changed")],
         }];
-        assert_eq!(s.write_transcript("r1", "g1", 1, &edit).ok(), Some(Ok(())));
-        assert_eq!(s.read_transcript("r1").ok().map(|t| t.turns), Some(turns));
         assert_eq!(
-            s.read_transcript("nobody").ok().map(|t| t.turns),
+            s.write_transcript(&RunId::from("r1"), "g1", 1, &edit).ok(),
+            Some(Ok(()))
+        );
+        assert_eq!(
+            s.read_transcript(&RunId::from("r1")).ok().map(|t| t.turns),
+            Some(turns)
+        );
+        assert_eq!(
+            s.read_transcript(&RunId::from("nobody"))
+                .ok()
+                .map(|t| t.turns),
             Some(vec![])
         );
     }

@@ -24,6 +24,7 @@
 //! order" is one lookup and dropping a run's rows is one `remove`. Transcript parts keep the exact
 //! JSON text [`check_turns`](crate::ledger::check_turns) measured, as the SQLite `json` column does.
 
+use crate::RunId;
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
@@ -40,23 +41,23 @@ use crate::{Error, Result};
 #[derive(Debug, Default)]
 pub(super) struct LedgerState {
     /// `live_runs`, by run id.
-    pub(super) rows: BTreeMap<String, LiveRow>,
+    pub(super) rows: BTreeMap<RunId, LiveRow>,
     /// `thread_key UNIQUE`: the run holding each thread. Kept in step with `rows` by
     /// [`LedgerState::insert_row`] and [`LedgerState::drop_live`] only.
-    pub(super) threads: BTreeMap<String, String>,
+    pub(super) threads: BTreeMap<String, RunId>,
     /// `run_steps(run_id, step)`.
-    pub(super) steps: BTreeMap<String, BTreeMap<u64, StepRecord>>,
+    pub(super) steps: BTreeMap<RunId, BTreeMap<u64, StepRecord>>,
     /// A live run's `run_events(run_id, seq)`; replaced by the record's events at `finish`.
-    pub(super) events: BTreeMap<String, BTreeMap<u64, Value>>,
+    pub(super) events: BTreeMap<RunId, BTreeMap<u64, Value>>,
     /// `transcript(run_id, idx, part) → json` (`{"role", "part"}`), first write stands.
-    pub(super) transcript: BTreeMap<String, BTreeMap<(u64, u64), String>>,
+    pub(super) transcript: BTreeMap<RunId, BTreeMap<(u64, u64), String>>,
     /// `run_inbox(run_id, seq) → message`, seqs from 1 per run.
-    pub(super) inbox: BTreeMap<String, BTreeMap<u64, Value>>,
+    pub(super) inbox: BTreeMap<RunId, BTreeMap<u64, Value>>,
     /// `admit_receipts(scope, key)`.
     pub(super) receipts: BTreeMap<(String, String), Receipt>,
     /// `deletion_fences(run_id) → at`: ids a kill fenced, with the first kill's time; admit answers
     /// them `Fenced`.
-    pub(super) deletion_fences: BTreeMap<String, i64>,
+    pub(super) deletion_fences: BTreeMap<RunId, i64>,
     /// `generations`, by generation.
     pub(super) generations: BTreeMap<String, GenerationInfo>,
     /// Inbox rows ever written ([`crate::actor::Backend::inbox_version`]).
@@ -69,7 +70,7 @@ pub(super) struct Receipt {
     pub(super) body_hash: String,
     pub(super) answer: AdmitOutcome,
     /// The run the answer names (`""` for none), as `admit_receipts.run_id`.
-    pub(super) run_id: String,
+    pub(super) run_id: RunId,
     /// When that run ended (`admit_receipts.ended_at`); `None` while it lives.
     pub(super) ended_at: Option<i64>,
 }
@@ -79,7 +80,7 @@ impl Receipt {
         Receipt {
             body_hash: body_hash.to_owned(),
             answer: answer.clone(),
-            run_id: answer_run(answer).unwrap_or_default().to_owned(),
+            run_id: answer_run(answer).cloned().unwrap_or_default(),
             ended_at: None,
         }
     }
@@ -108,7 +109,7 @@ impl Removed {
 
 impl LedgerState {
     /// Whether `run_id` has a live row.
-    pub(super) fn is_live(&self, run_id: &str) -> bool {
+    pub(super) fn is_live(&self, run_id: &RunId) -> bool {
         self.rows.contains_key(run_id)
     }
 
@@ -121,7 +122,7 @@ impl LedgerState {
 
     /// The caller's row for an owner write, or the fence refusal (another owner / no row).
     /// The owner check of every owner write: a killed run fences its owner too.
-    pub(super) fn fence(&self, run_id: &str, gen: &str) -> Option<Refusal> {
+    pub(super) fn fence(&self, run_id: &RunId, gen: &str) -> Option<Refusal> {
         if self.deletion_fences.contains_key(run_id) {
             return Some(Refusal::Fenced {
                 run_id: run_id.to_owned(),
@@ -132,7 +133,7 @@ impl LedgerState {
 
     /// Whether nothing of `run_id` is left in the ledger's per-run tables (no live row, step, event,
     /// transcript or inbox rows); the caller adds the record.
-    pub(super) fn holds_nothing_of(&self, run_id: &str) -> bool {
+    pub(super) fn holds_nothing_of(&self, run_id: &RunId) -> bool {
         !self.rows.contains_key(run_id)
             && !self.steps.contains_key(run_id)
             && !self.events.contains_key(run_id)
@@ -140,11 +141,11 @@ impl LedgerState {
             && !self.inbox.contains_key(run_id)
     }
 
-    pub(super) fn is_killed(&self, run_id: &str) -> bool {
+    pub(super) fn is_killed(&self, run_id: &RunId) -> bool {
         self.deletion_fences.contains_key(run_id)
     }
 
-    pub(super) fn owned_mut(&mut self, run_id: &str, gen: &str) -> Outcome<&mut LiveRow> {
+    pub(super) fn owned_mut(&mut self, run_id: &RunId, gen: &str) -> Outcome<&mut LiveRow> {
         if let Some(refusal) = self.fence(run_id, gen) {
             return Err(refusal);
         }
@@ -163,7 +164,7 @@ impl LedgerState {
 
     /// Delete a run's live row (freeing its thread), step records, live events, transcript and inbox;
     /// receipts stay.
-    pub(super) fn drop_live(&mut self, run_id: &str) -> Removed {
+    pub(super) fn drop_live(&mut self, run_id: &RunId) -> Removed {
         let row = self.rows.remove(run_id);
         if let Some(r) = &row {
             if self
@@ -184,7 +185,7 @@ impl LedgerState {
     }
 
     /// Stamp the end of `run_id` on its receipts that carry none yet.
-    pub(super) fn stamp_receipts(&mut self, run_id: &str, now_ms: i64) {
+    pub(super) fn stamp_receipts(&mut self, run_id: &RunId, now_ms: i64) {
         for r in self
             .receipts
             .values_mut()
@@ -195,7 +196,7 @@ impl LedgerState {
     }
 
     /// Undo [`LedgerState::drop_live`].
-    pub(super) fn restore(&mut self, run_id: &str, removed: Removed) {
+    pub(super) fn restore(&mut self, run_id: &RunId, removed: Removed) {
         if let Some(row) = removed.row {
             self.insert_row(row);
         }
@@ -215,7 +216,7 @@ impl LedgerState {
     }
 
     /// Append `message` to the run's inbox under the next per-run seq (from 1).
-    pub(super) fn push_inbox(&mut self, run_id: &str, message: &Value) -> u64 {
+    pub(super) fn push_inbox(&mut self, run_id: &RunId, message: &Value) -> u64 {
         self.inbox_writes += 1;
         let inbox = self.inbox.entry(run_id.to_owned()).or_default();
         let seq = inbox.keys().next_back().map_or(1, |last| last + 1);
@@ -236,7 +237,7 @@ impl LedgerState {
             .collect()
     }
 
-    pub(super) fn last_step(&self, run_id: &str) -> Option<StepRecord> {
+    pub(super) fn last_step(&self, run_id: &RunId) -> Option<StepRecord> {
         self.steps
             .get(run_id)
             .and_then(|s| s.values().next_back())
@@ -329,7 +330,7 @@ impl LedgerState {
 }
 
 /// The run a stored answer names (what `admit_receipts.run_id` holds in SQLite).
-fn answer_run(answer: &AdmitOutcome) -> Option<&str> {
+fn answer_run(answer: &AdmitOutcome) -> Option<&RunId> {
     match answer {
         AdmitOutcome::Started { run_id } | AdmitOutcome::Steered { run_id, .. } => Some(run_id),
         _ => None,

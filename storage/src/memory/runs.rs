@@ -11,6 +11,7 @@ use crate::store::{
     PolicyProposal, PutOutcome, RunStore, StoredPolicy,
 };
 use crate::Result;
+use crate::RunId;
 
 /// Stamp each event's stored seq the way the SQLite store keys `run_events`, so reads agree.
 fn keyed_events(record: &RunRecord) -> Vec<(u64, serde_json::Value)> {
@@ -30,12 +31,12 @@ impl RunStore for MemoryStore {
         self.lock().put(record, proposal, now_ms)
     }
 
-    fn get(&mut self, id: &str, now_ms: i64) -> Result<Option<RunRecord>> {
+    fn get(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunRecord>> {
         let st = self.lock();
         Ok(st.visible(id, now_ms).map(|r| r.record.clone()))
     }
 
-    fn get_summary(&mut self, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+    fn get_summary(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunListItem>> {
         let st = self.lock();
         Ok(st.visible(id, now_ms).map(StoredRun::item))
     }
@@ -54,7 +55,7 @@ impl RunStore for MemoryStore {
 
     fn events(
         &mut self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: Option<usize>,
         now_ms: i64,
@@ -77,7 +78,7 @@ impl RunStore for MemoryStore {
         }))
     }
 
-    fn delete(&mut self, id: &str) -> Result<bool> {
+    fn delete(&mut self, id: &RunId) -> Result<bool> {
         Ok(self.lock().runs.remove(id).is_some())
     }
 
@@ -100,9 +101,9 @@ impl RunStore for MemoryStore {
         finished_before: i64,
         limit: usize,
         now_ms: i64,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<RunId>> {
         let st = self.lock();
-        let mut open: Vec<(i64, String)> = st
+        let mut open: Vec<(i64, RunId)> = st
             .kept(now_ms)
             .into_iter()
             .filter(|i| i.head.finished_at <= finished_before && i.head.card_open())
@@ -113,7 +114,7 @@ impl RunStore for MemoryStore {
         Ok(open.into_iter().map(|(_, id)| id).collect())
     }
 
-    fn close_card(&mut self, id: &str) -> Result<bool> {
+    fn close_card(&mut self, id: &RunId) -> Result<bool> {
         if !is_valid_run_id(id) {
             return Ok(false);
         }

@@ -15,11 +15,11 @@ use sha2::{Digest, Sha256};
 use super::live::LedgerState;
 use crate::record::{apply_retention, is_valid_run_id, RunListItem, RunRecord};
 use crate::store::{clamp_future, PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT};
-use crate::{Error, Result};
+use crate::{Error, Result, RunId};
 
 #[derive(Debug, Default)]
 pub(super) struct State {
-    pub(super) runs: BTreeMap<String, StoredRun>,
+    pub(super) runs: BTreeMap<RunId, StoredRun>,
     pub(super) policy: StoredPolicy,
     /// The live-run ledger's tables (see [`super::live`]).
     pub(super) ledger: LedgerState,
@@ -70,8 +70,8 @@ impl State {
 
     /// Trim by the persisted policy, oldest first, at most [`TRIM_PER_PUT`] runs; answers the ids the
     /// policy keeps and how many went.
-    pub(super) fn trim(&mut self, now_ms: i64) -> (std::collections::HashSet<String>, usize) {
-        let kept: std::collections::HashSet<String> =
+    pub(super) fn trim(&mut self, now_ms: i64) -> (std::collections::HashSet<RunId>, usize) {
+        let kept: std::collections::HashSet<RunId> =
             self.kept(now_ms).into_iter().map(|i| i.head.id).collect();
         let mut doomed: Vec<RunListItem> = self
             .runs

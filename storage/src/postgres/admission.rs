@@ -3,6 +3,7 @@
 //! reads the rows it decides on and writes the decision, inside the caller's `SERIALIZABLE`
 //! transaction. Mirrors `sqlite/ledger.rs`.
 
+use crate::RunId;
 use serde_json::Value;
 
 use super::ledger::{inbox_after, last_step, push_inbox_in, queued_count};
@@ -123,7 +124,7 @@ pub(super) fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcom
 /// answered statement (the seed step's, or the `COMMIT`).
 pub(super) fn promote_in(
     c: &mut Db,
-    run_id: &str,
+    run_id: &RunId,
     gen: &str,
     p: &Promotion,
     state: serde_json::Map<String, Value>,
@@ -149,7 +150,7 @@ pub(super) fn promote_in(
 
 pub(super) fn claim_in(
     c: &mut Db,
-    run_id: &str,
+    run_id: &RunId,
     gen: &str,
     p: &Promotion,
     now_ms: i64,
@@ -193,7 +194,7 @@ pub(super) fn reclaim_in(
     now_ms: i64,
     lease_ms: i64,
     dead_gens: &[String],
-    driven: &[String],
+    driven: &[RunId],
 ) -> Result<ReclaimAnswer> {
     let rows = live_rows(c.query(
         &format!("SELECT {ROW_COLUMNS} FROM live_runs ORDER BY run_id"),

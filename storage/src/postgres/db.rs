@@ -21,6 +21,7 @@
 //!   one snapshot, so the same check answers the same until the transaction itself changes what it
 //!   reads — a fence, a live row's existence or its `owner_gen` — and any statement that may forgets it.
 
+use crate::RunId;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -94,7 +95,7 @@ pub(crate) struct Db {
     statements: HashMap<String, Statement>,
     later: Vec<Later>,
     notes: Vec<String>,
-    owner: Option<(String, String)>,
+    owner: Option<(RunId, String)>,
     /// A transaction is open: [`Db::begin`] ran and no `COMMIT` or `ROLLBACK` since.
     open: bool,
     /// The open transaction is one write's own (not a group's), so its last answered statement may
@@ -203,14 +204,14 @@ impl Db {
     }
 
     /// Whether an ownership check of `run_id` by `gen` already passed in the open transaction.
-    pub(crate) fn owner_known(&self, run_id: &str, gen: &str) -> bool {
+    pub(crate) fn owner_known(&self, run_id: &RunId, gen: &str) -> bool {
         self.owner
             .as_ref()
             .is_some_and(|(r, g)| r == run_id && g == gen)
     }
 
     /// Remember that `gen` owns `run_id` for the rest of the open transaction.
-    pub(crate) fn owner_passed(&mut self, run_id: &str, gen: &str) {
+    pub(crate) fn owner_passed(&mut self, run_id: &RunId, gen: &str) {
         self.owner = Some((run_id.to_owned(), gen.to_owned()));
     }
 

@@ -11,6 +11,7 @@
 
 use super::prune::prune_in;
 use super::Db;
+use crate::RunId;
 use serde_json::{Map, Value};
 
 use super::admission::{admit_in, claim_in, promote_in, reclaim_in};
@@ -62,7 +63,7 @@ const WRITE_STEP: &str = write_step_sql!("SELECT EXISTS (SELECT 1 FROM own)");
 /// the storage actor runs each message again alone, where [`WRITE_STEP`] answers the refusal.
 const WRITE_STEP_OR_FAIL: &str = write_step_sql!("SELECT 1 / (SELECT COUNT(*) FROM own)::int");
 
-fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<()> {
+fn write_state(c: &mut Db, run_id: &RunId, state: &Map<String, Value>) -> Result<()> {
     c.execute_later(
         "UPDATE live_runs SET state_json = $2 WHERE run_id = $1",
         params![run_id.to_owned(), Value::Object(state.clone()).to_string()],
@@ -71,7 +72,7 @@ fn write_state(c: &mut Db, run_id: &str, state: &Map<String, Value>) -> Result<(
 
 fn write_state_and_phase(
     c: &mut Db,
-    run_id: &str,
+    run_id: &RunId,
     state: &Map<String, Value>,
     phase: Phase,
 ) -> Result<()> {
@@ -85,7 +86,7 @@ fn write_state_and_phase(
     )
 }
 
-pub(super) fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
+pub(super) fn set_phase(c: &mut Db, run_id: &RunId, phase: Phase) -> Result<()> {
     c.execute_later(
         "UPDATE live_runs SET phase = $2 WHERE run_id = $1",
         params![run_id.to_owned(), phase.as_str()],
@@ -93,7 +94,7 @@ pub(super) fn set_phase(c: &mut Db, run_id: &str, phase: Phase) -> Result<()> {
 }
 
 /// Tell other hosts that `run_id`'s events now reach `last` (nothing when no event was written).
-fn notify_appended(c: &mut Db, run_id: &str, last: Option<u64>) -> Result<()> {
+fn notify_appended(c: &mut Db, run_id: &RunId, last: Option<u64>) -> Result<()> {
     match last {
         Some(seq) => notify(
             c,
@@ -106,7 +107,7 @@ fn notify_appended(c: &mut Db, run_id: &str, last: Option<u64>) -> Result<()> {
     }
 }
 
-pub(super) fn push_inbox_in(c: &mut Db, run_id: &str, message: &Value) -> Result<u64> {
+pub(super) fn push_inbox_in(c: &mut Db, run_id: &RunId, message: &Value) -> Result<u64> {
     let seq: i64 = c
         .query_one(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = $1",
@@ -160,7 +161,7 @@ fn inbox_item(seq: i64, json: std::result::Result<String, postgres::Error>) -> R
 
 /// [`RunLedger::successor_facts`] in one statement: the row's columns, the highest step record, and the
 /// inbox as two arrays in seq order.
-fn successor_facts(c: &mut Db, run_id: &str) -> Result<Option<SuccessorFacts>> {
+fn successor_facts(c: &mut Db, run_id: &RunId) -> Result<Option<SuccessorFacts>> {
     let Some(r) = c.query_opt(
         &format!(
             "SELECT {ROW_COLUMNS},
@@ -191,7 +192,7 @@ fn successor_facts(c: &mut Db, run_id: &str) -> Result<Option<SuccessorFacts>> {
     }))
 }
 
-pub(super) fn last_step(c: &mut Db, run_id: &str) -> Result<Option<StepRecord>> {
+pub(super) fn last_step(c: &mut Db, run_id: &RunId) -> Result<Option<StepRecord>> {
     let json: Option<String> = c
         .query_opt(
             "SELECT json FROM run_steps WHERE run_id = $1 ORDER BY step DESC LIMIT 1",
@@ -210,7 +211,7 @@ pub(super) fn delete_live(c: &mut Db, run_id: &str) -> Result<u64> {
 }
 
 /// [`delete_live`] when nobody reads how many rows went: it goes out with the next statement.
-fn delete_live_later(c: &mut Db, run_id: &str) -> Result<()> {
+fn delete_live_later(c: &mut Db, run_id: &RunId) -> Result<()> {
     c.execute_later(DELETE_LIVE, params![run_id.to_owned()])
 }
 
@@ -223,7 +224,7 @@ const DELETE_LIVE: &str = "WITH l AS (DELETE FROM live_runs WHERE run_id = $1 RE
       + (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM i)";
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
-fn stamp_receipts(c: &mut Db, run_id: &str, now_ms: i64) -> Result<()> {
+fn stamp_receipts(c: &mut Db, run_id: &RunId, now_ms: i64) -> Result<()> {
     c.execute_later(
         "UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL",
         params![run_id.to_owned(), now_ms],
@@ -275,7 +276,7 @@ impl RunLedger for PgStore {
 
     fn claim(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         p: &Promotion,
         now_ms: i64,
@@ -285,7 +286,7 @@ impl RunLedger for PgStore {
 
     fn claim_admitted(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         p: &Promotion,
         now_ms: i64,
@@ -293,7 +294,7 @@ impl RunLedger for PgStore {
         self.write(|c| promote_in(c, run_id, gen, p, p.state.clone(), now_ms))
     }
 
-    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
+    fn append(&mut self, run_id: &RunId, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
         self.write(|c| {
             owner!(c, run_id, gen);
             let (rows, refused) = check_events(events);
@@ -308,7 +309,7 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
+    fn step(&mut self, run_id: &RunId, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
         let step =
             i64::try_from(record.step).map_err(|_| too_big("run_steps.step", record.step))?;
         let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
@@ -325,7 +326,7 @@ impl RunLedger for PgStore {
 
     fn write_transcript(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         first_idx: u64,
         turns: &[Turn],
@@ -354,7 +355,7 @@ impl RunLedger for PgStore {
 
     /// One statement for the turns, the events and the step record (three tables; the state patch,
     /// rare, goes the default way): what the default's three methods write, with the same refusals.
-    fn write_step(&mut self, run_id: &str, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
+    fn write_step(&mut self, run_id: &RunId, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
         if !write.state.is_empty() {
             return crate::ledger::write_step_by_methods(self, run_id, gen, write);
         }
@@ -436,7 +437,7 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
+    fn read_transcript(&mut self, run_id: &RunId) -> Result<Transcript> {
         self.read_one(|c| {
             let rows = c.query(
                 "SELECT idx, part, json FROM transcript WHERE run_id = $1 ORDER BY idx, part",
@@ -454,7 +455,7 @@ impl RunLedger for PgStore {
 
     fn set_state(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         patch: &Map<String, Value>,
     ) -> Result<Outcome<()>> {
@@ -468,7 +469,7 @@ impl RunLedger for PgStore {
 
     fn heartbeat(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         lease_ms: i64,
         now_ms: i64,
@@ -488,7 +489,7 @@ impl RunLedger for PgStore {
 
     fn request_stop(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         mode: StopMode,
         now_ms: i64,
     ) -> Result<Outcome<StopAnswer>> {
@@ -519,7 +520,7 @@ impl RunLedger for PgStore {
 
     fn set_phase(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         change: PhaseChange,
         patch: &Map<String, Value>,
@@ -537,7 +538,7 @@ impl RunLedger for PgStore {
 
     fn decide(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         call_id: &str,
         decided: &crate::ledger::Decided,
         now_ms: i64,
@@ -557,7 +558,7 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
+    fn handoff(&mut self, gen: &str, run_ids: &[RunId]) -> Result<Vec<(RunId, HandoffResult)>> {
         self.write(|c| {
             let mut out = Vec::with_capacity(run_ids.len());
             for id in run_ids {
@@ -581,7 +582,7 @@ impl RunLedger for PgStore {
 
     fn finishing(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         status: RunStatus,
         answer: Option<&str>,
@@ -603,7 +604,7 @@ impl RunLedger for PgStore {
 
     fn finish(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         record: &RunRecord,
         proposal: Option<&PolicyProposal>,
@@ -627,7 +628,7 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+    fn abandon(&mut self, run_id: &RunId, gen: &str) -> Result<Outcome<()>> {
         self.write(|c| {
             owner!(c, run_id, gen);
             delete_live_later(c, run_id)?;
@@ -644,7 +645,7 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
+    fn push_inbox(&mut self, run_id: &RunId, message: &Value) -> Result<Outcome<u64>> {
         self.write(|c| {
             if get_row(c, run_id)?.is_none() {
                 return Ok(Err(Refusal::NotLive {
@@ -657,7 +658,7 @@ impl RunLedger for PgStore {
 
     fn read_inbox(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: Option<u64>,
     ) -> Result<Outcome<Vec<InboxItem>>> {
         let Ok(after) = i64::try_from(after_seq.unwrap_or(0)) else {
@@ -688,15 +689,15 @@ impl RunLedger for PgStore {
             .map(Ok)
     }
 
-    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
+    fn inbox_after(&mut self, run_id: &RunId, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
         self.read_one(|c| inbox_after(c, run_id, after_seq))
     }
 
-    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
+    fn last_step(&mut self, run_id: &RunId) -> Result<Option<StepRecord>> {
         self.read_one(|c| last_step(c, run_id))
     }
 
-    fn successor_facts(&mut self, run_id: &str) -> Result<Option<SuccessorFacts>> {
+    fn successor_facts(&mut self, run_id: &RunId) -> Result<Option<SuccessorFacts>> {
         self.read_one(|c| successor_facts(c, run_id))
     }
 
@@ -706,12 +707,12 @@ impl RunLedger for PgStore {
         now_ms: i64,
         lease_ms: i64,
         dead_gens: &[String],
-        driven: &[String],
+        driven: &[RunId],
     ) -> Result<ReclaimAnswer> {
         self.write(|c| reclaim_in(c, gen, now_ms, lease_ms, dead_gens, driven))
     }
 
-    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
+    fn kill(&mut self, run_id: &RunId, now_ms: i64) -> Result<KillAnswer> {
         self.write(|c| {
             c.execute(
                 "INSERT INTO deletion_fences (run_id, at) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING",
@@ -731,7 +732,7 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn purge(&mut self, run_id: &str) -> Result<bool> {
+    fn purge(&mut self, run_id: &RunId) -> Result<bool> {
         self.write(|c| {
             if !is_killed(c, run_id)? {
                 return Ok(false);
@@ -741,7 +742,7 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn is_killed(&mut self, run_id: &str) -> Result<bool> {
+    fn is_killed(&mut self, run_id: &RunId) -> Result<bool> {
         self.read_one(|c| is_killed(c, run_id))
     }
 
@@ -754,13 +755,13 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
+    fn get_live(&mut self, run_id: &RunId) -> Result<Option<LiveRow>> {
         self.read_one(|c| get_row(c, run_id))
     }
 
     fn live_events(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: u64,
         limit: usize,
     ) -> Result<Option<Vec<Value>>> {
@@ -772,10 +773,10 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
+    fn killed_among(&mut self, run_ids: &[RunId]) -> Result<Vec<RunId>> {
         // One statement over an array parameter, however many ids.
         self.read_one(|c| {
-            let mut out: Vec<String> = c
+            let mut out: Vec<RunId> = c
                 .query(
                     "SELECT run_id FROM deletion_fences WHERE run_id = ANY($1)",
                     &[&run_ids],

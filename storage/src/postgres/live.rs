@@ -2,6 +2,7 @@
 //! the finished-run SQL (`records.rs`): decoding a live row, finding it by run or by thread (with a fence, [`row_and_fence`]), and the two
 //! facts a history write must respect — [`is_live`] and [`is_killed`]. Mirrors `sqlite/live.rs`.
 
+use crate::RunId;
 use postgres::Row;
 
 use super::Db;
@@ -79,7 +80,7 @@ pub(super) fn live_rows(rows: Vec<Row>) -> Result<Vec<LiveRow>> {
 }
 
 /// The live row of `run_id`, if any.
-pub(super) fn get_row(c: &mut Db, run_id: &str) -> Result<Option<LiveRow>> {
+pub(super) fn get_row(c: &mut Db, run_id: &RunId) -> Result<Option<LiveRow>> {
     c.query_opt(
         &format!("SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = $1"),
         &[&run_id],
@@ -118,7 +119,7 @@ pub(super) fn row_and_fence(
 }
 
 /// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`).
-pub(super) fn is_killed(c: &mut Db, run_id: &str) -> Result<bool> {
+pub(super) fn is_killed(c: &mut Db, run_id: &RunId) -> Result<bool> {
     Ok(c.query_opt(
         "SELECT 1 FROM deletion_fences WHERE run_id = $1",
         &[&run_id],

@@ -5,13 +5,14 @@
 
 use super::live::{is_killed, row_and_fence, By};
 use super::Db;
+use crate::RunId;
 
 use crate::ledger::decisions::{self, Phase};
 use crate::ledger::{fence_refusal, view_refusal, LiveRow, Outcome, Refusal};
 use crate::{Error, Result};
 
 /// The fence refusal of a run with no live row: `Fenced` when it was killed, else `UnknownRun`.
-fn no_row_refusal(c: &mut Db, run_id: &str, gen: &str) -> Result<Refusal> {
+fn no_row_refusal(c: &mut Db, run_id: &RunId, gen: &str) -> Result<Refusal> {
     if is_killed(c, run_id)? {
         return Ok(killed(run_id));
     }
@@ -19,7 +20,7 @@ fn no_row_refusal(c: &mut Db, run_id: &str, gen: &str) -> Result<Refusal> {
 }
 
 /// The refusal of a write to a killed run (its owner, whoever it was, is fenced).
-fn killed(run_id: &str) -> Refusal {
+fn killed(run_id: &RunId) -> Refusal {
     Refusal::Fenced {
         run_id: run_id.to_owned(),
     }
@@ -27,7 +28,7 @@ fn killed(run_id: &str) -> Refusal {
 
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner. One round trip: the
 /// row comes with whether a deletion fence stands (a second statement only when there is no row).
-pub(super) fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+pub(super) fn owned(c: &mut Db, run_id: &RunId, gen: &str) -> Result<Outcome<LiveRow>> {
     let (row, fenced) = row_and_fence(c, By::Run, run_id, run_id)?;
     if fenced {
         return Ok(Err(killed(run_id)));
@@ -43,7 +44,7 @@ pub(super) fn owned(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<LiveR
 
 /// `Ok` when `gen` owns the run, else the refusal: [`owned`] reading only the row's ownership columns,
 /// for a write that needs nothing else of the row (most of a run's writes).
-pub(super) fn owner_only(c: &mut Db, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+pub(super) fn owner_only(c: &mut Db, run_id: &RunId, gen: &str) -> Result<Outcome<()>> {
     if c.owner_known(run_id, gen) {
         return Ok(Ok(()));
     }

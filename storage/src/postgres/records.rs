@@ -6,6 +6,7 @@
 //! record with [`put_in`] inside its own transaction; `append` writes live events into `run_events`).
 //! **Depends on:** [`super::live`] for [`is_live`] (a put reads the deletion fence in its own first statement).
 
+use crate::RunId;
 use std::collections::BTreeMap;
 
 use super::Db;
@@ -170,7 +171,10 @@ pub(super) fn list_sql(query: &ListQuery, kept: &Kept, cutoff: i64) -> Option<(S
         ("agent", &query.agent),
         ("channel_id", &query.channel),
         ("thread_key", &query.thread_key),
-        ("parent_run_id", &query.parent_run_id),
+        (
+            "parent_run_id",
+            &query.parent_run_id.clone().map(RunId::into_string),
+        ),
     ] {
         if let Some(v) = v {
             clauses.push(format!("{col} = {}", p.push(v.clone())));
@@ -547,7 +551,7 @@ pub(super) fn open_cards_in(
     finished_before: i64,
     limit: usize,
     now_ms: i64,
-) -> Result<Vec<String>> {
+) -> Result<Vec<RunId>> {
     let policy = read_policy(c)?.policy;
     let kept = kept(c, &policy, now_ms)?;
     let Some((sql, p)) = open_cards_sql(finished_before, limit, &kept, policy.cutoff_ms(now_ms))
@@ -769,7 +773,7 @@ pub(super) fn insert_events(
 /// skipped and logged.
 pub(super) fn live_events_in(
     c: &mut Db,
-    run_id: &str,
+    run_id: &RunId,
     after_seq: u64,
     limit: usize,
 ) -> Result<Vec<Value>> {
@@ -803,7 +807,7 @@ pub(super) fn delete_events(c: &mut Db, run_id: &str) -> Result<()> {
 }
 
 /// Delete `run_id`'s record and every event, live or not (a killed run's purge); answers the rows removed.
-pub(super) fn purge_in(c: &mut Db, run_id: &str) -> Result<u64> {
+pub(super) fn purge_in(c: &mut Db, run_id: &RunId) -> Result<u64> {
     let mut n = 0;
     for sql in [
         "DELETE FROM runs WHERE run_id = $1",
@@ -905,14 +909,14 @@ mod tests {
         s.put(&record("a", now - 40, false, true), None, now)
             .unwrap();
         check(&mut s, 1);
-        assert!(s.close_card("a").unwrap());
+        assert!(s.close_card(&RunId::from("a")).unwrap());
         check(&mut s, 1);
         s.put(&record("b", now - 30, false, false), None, now)
             .unwrap();
         s.put(&record("c", now - 20, false, false), None, now)
             .unwrap();
         check(&mut s, 3);
-        assert!(s.delete("b").unwrap());
+        assert!(s.delete(&RunId::from("b")).unwrap());
         check(&mut s, 2);
         // A policy of two runs: the third put sheds the oldest, and the totals say two.
         let policy = PolicyProposal {
@@ -926,7 +930,11 @@ mod tests {
         s.put(&record("d", now - 10, false, false), Some(&policy), now)
             .unwrap();
         check(&mut s, 2);
-        assert_eq!(s.get("a", now).unwrap(), None, "the oldest went");
-        assert!(s.get("d", now).unwrap().is_some());
+        assert_eq!(
+            s.get(&RunId::from("a"), now).unwrap(),
+            None,
+            "the oldest went"
+        );
+        assert!(s.get(&RunId::from("d"), now).unwrap().is_some());
     }
 }

@@ -14,6 +14,7 @@ use crate::store::{
     RunStore, StoredPolicy,
 };
 use crate::Result;
+use crate::RunId;
 
 impl RunStore for PgStore {
     fn put(
@@ -25,7 +26,7 @@ impl RunStore for PgStore {
         self.write(|c| put_in(c, record, proposal, now_ms))
     }
 
-    fn get(&mut self, id: &str, now_ms: i64) -> Result<Option<RunRecord>> {
+    fn get(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunRecord>> {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
@@ -47,7 +48,7 @@ impl RunStore for PgStore {
         })
     }
 
-    fn get_summary(&mut self, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+    fn get_summary(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunListItem>> {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
@@ -87,7 +88,7 @@ impl RunStore for PgStore {
 
     fn events(
         &mut self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: Option<usize>,
         now_ms: i64,
@@ -109,7 +110,7 @@ impl RunStore for PgStore {
         })
     }
 
-    fn delete(&mut self, id: &str) -> Result<bool> {
+    fn delete(&mut self, id: &RunId) -> Result<bool> {
         if !is_valid_run_id(id) {
             return Ok(false);
         }
@@ -129,11 +130,11 @@ impl RunStore for PgStore {
         finished_before: i64,
         limit: usize,
         now_ms: i64,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<RunId>> {
         self.read(|c| open_cards_in(c, finished_before, limit, now_ms))
     }
 
-    fn close_card(&mut self, id: &str) -> Result<bool> {
+    fn close_card(&mut self, id: &RunId) -> Result<bool> {
         if !is_valid_run_id(id) {
             return Ok(false);
         }

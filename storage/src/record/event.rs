@@ -4,6 +4,7 @@
 //! version writes rides through an older one verbatim; a test runs real runs and checks every event they
 //! wrote reads as a [`RunEvent`] and writes back the same JSON.
 
+use crate::RunId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -47,7 +48,8 @@ pub enum RunEvent {
         user_id: String,
         channel_visibility: ChannelVisibility,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        parent_run_id: Option<String>,
+        #[schema(value_type = Option<String>)]
+        parent_run_id: Option<RunId>,
     },
     /// An accepted message: exactly one per message (SPEC §3).
     #[serde(rename_all = "camelCase")]

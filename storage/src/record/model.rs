@@ -4,6 +4,7 @@
 //!
 //! The base of the record module: it imports nothing from its siblings.
 
+use crate::RunId;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -145,7 +146,7 @@ impl Default for Diagnosis {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunHead {
-    pub id: String,
+    pub id: RunId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,7 +193,7 @@ pub struct RunHead {
     pub provisional: bool,
     /// The run that spawned this one, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_run_id: Option<String>,
+    pub parent_run_id: Option<RunId>,
     /// Fields this version does not know ride through verbatim.
     #[serde(flatten)]
     pub extra: Map<String, Value>,

@@ -124,7 +124,7 @@ mod tests {
 
     fn head(id: &str, finished_at: i64) -> RunHead {
         let mut record = validate_record(&good_record()).expect("fixture is valid");
-        record.head.id = id.to_owned();
+        record.head.id = id.into();
         record.head.finished_at = finished_at;
         record.head
     }

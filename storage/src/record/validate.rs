@@ -204,7 +204,7 @@ fn parse_head(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     Ok(RunHead {
-        id,
+        id: id.into(),
         label: f.opt_str("label")?,
         agent: f.opt_str("agent")?,
         model: f.opt_str("model")?,
@@ -225,7 +225,7 @@ fn parse_head(
         truncated,
         diagnosis,
         provisional,
-        parent_run_id,
+        parent_run_id: parent_run_id.map(Into::into),
         extra,
     })
 }

@@ -9,6 +9,7 @@
 //! [`decisions`] what to do, and writes the answer before committing — so a refusal is decided under the
 //! write lock and two processes sharing the file cannot both win a row.
 
+use crate::RunId;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{Map, Value};
 
@@ -34,7 +35,7 @@ use crate::{Error, Result};
 const KILLED_AMONG_CHUNK: usize = 500;
 
 /// The row when `gen` owns it, else the refusal. A killed run fences its owner.
-fn owned(tx: &Connection, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
+fn owned(tx: &Connection, run_id: &RunId, gen: &str) -> Result<Outcome<LiveRow>> {
     if is_killed(tx, run_id)? {
         return Ok(Err(Refusal::Fenced {
             run_id: run_id.to_owned(),
@@ -50,7 +51,7 @@ fn owned(tx: &Connection, run_id: &str, gen: &str) -> Result<Outcome<LiveRow>> {
 /// `Ok` when `gen` owns the run, else the refusal: [`owned`] reading only the row's ownership columns,
 /// for a write that needs nothing else of the row (most of a run's writes; decoding the row's JSON
 /// columns was a twelfth of the storage thread's samples).
-fn owner_only(tx: &Connection, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+fn owner_only(tx: &Connection, run_id: &RunId, gen: &str) -> Result<Outcome<()>> {
     if is_killed(tx, run_id)? {
         return Ok(Err(Refusal::Fenced {
             run_id: run_id.to_owned(),
@@ -92,19 +93,19 @@ macro_rules! owner {
     };
 }
 
-fn write_state(tx: &Connection, run_id: &str, state: &Map<String, Value>) -> Result<()> {
+fn write_state(tx: &Connection, run_id: &RunId, state: &Map<String, Value>) -> Result<()> {
     tx.prepare_cached("UPDATE live_runs SET state_json = ?2 WHERE run_id = ?1")?
         .execute(params![run_id, Value::Object(state.clone()).to_string()])?;
     Ok(())
 }
 
-fn set_phase(tx: &Connection, run_id: &str, phase: Phase) -> Result<()> {
+fn set_phase(tx: &Connection, run_id: &RunId, phase: Phase) -> Result<()> {
     tx.prepare_cached("UPDATE live_runs SET phase = ?2 WHERE run_id = ?1")?
         .execute(params![run_id, phase.as_str()])?;
     Ok(())
 }
 
-fn push_inbox_in(tx: &Connection, run_id: &str, message: &Value) -> Result<u64> {
+fn push_inbox_in(tx: &Connection, run_id: &RunId, message: &Value) -> Result<u64> {
     let seq: i64 = tx
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM run_inbox WHERE run_id = ?1")?
         .query_row([run_id], |r| r.get(0))?;
@@ -140,7 +141,7 @@ fn inbox_after(tx: &Connection, run_id: &str, after: Option<u64>) -> Result<Vec<
     .collect()
 }
 
-fn last_step(tx: &Connection, run_id: &str) -> Result<Option<StepRecord>> {
+fn last_step(tx: &Connection, run_id: &RunId) -> Result<Option<StepRecord>> {
     let json: Option<String> = tx
         .prepare_cached("SELECT json FROM run_steps WHERE run_id = ?1 ORDER BY step DESC LIMIT 1")?
         .query_row([run_id], |r| r.get(0))
@@ -165,7 +166,7 @@ fn delete_live(tx: &Connection, run_id: &str) -> Result<usize> {
 }
 
 /// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
-fn stamp_receipts(tx: &Connection, run_id: &str, now_ms: i64) -> Result<()> {
+fn stamp_receipts(tx: &Connection, run_id: &RunId, now_ms: i64) -> Result<()> {
     tx.prepare_cached(
         "UPDATE admit_receipts SET ended_at = ?2 WHERE run_id = ?1 AND ended_at IS NULL",
     )?
@@ -304,7 +305,7 @@ impl RunLedger for SqliteStore {
 
     fn claim(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         p: &Promotion,
         now_ms: i64,
@@ -360,7 +361,7 @@ impl RunLedger for SqliteStore {
         Ok(out)
     }
 
-    fn append(&mut self, run_id: &str, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
+    fn append(&mut self, run_id: &RunId, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         let (rows, refused) = check_events(events);
@@ -373,7 +374,7 @@ impl RunLedger for SqliteStore {
         Ok(refused.map_or(Ok(()), Err))
     }
 
-    fn step(&mut self, run_id: &str, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
+    fn step(&mut self, run_id: &RunId, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
@@ -387,7 +388,7 @@ impl RunLedger for SqliteStore {
 
     fn write_transcript(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         first_idx: u64,
         turns: &[Turn],
@@ -409,7 +410,7 @@ impl RunLedger for SqliteStore {
         Ok(Ok(()))
     }
 
-    fn read_transcript(&mut self, run_id: &str) -> Result<Transcript> {
+    fn read_transcript(&mut self, run_id: &RunId) -> Result<Transcript> {
         let tx = self.read()?;
         let mut stmt = tx.prepare_cached(
             "SELECT idx, part, json FROM transcript WHERE run_id = ?1 ORDER BY idx, part",
@@ -428,7 +429,7 @@ impl RunLedger for SqliteStore {
 
     fn set_state(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         patch: &Map<String, Value>,
     ) -> Result<Outcome<()>> {
@@ -442,7 +443,7 @@ impl RunLedger for SqliteStore {
 
     fn heartbeat(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         lease_ms: i64,
         now_ms: i64,
@@ -460,7 +461,7 @@ impl RunLedger for SqliteStore {
 
     fn request_stop(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         mode: StopMode,
         now_ms: i64,
     ) -> Result<Outcome<StopAnswer>> {
@@ -483,7 +484,7 @@ impl RunLedger for SqliteStore {
 
     fn set_phase(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         change: PhaseChange,
         patch: &Map<String, Value>,
@@ -502,7 +503,7 @@ impl RunLedger for SqliteStore {
 
     fn decide(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         call_id: &str,
         decided: &crate::ledger::Decided,
         now_ms: i64,
@@ -522,7 +523,7 @@ impl RunLedger for SqliteStore {
         Ok(Ok(answer))
     }
 
-    fn handoff(&mut self, gen: &str, run_ids: &[String]) -> Result<Vec<(String, HandoffResult)>> {
+    fn handoff(&mut self, gen: &str, run_ids: &[RunId]) -> Result<Vec<(RunId, HandoffResult)>> {
         let tx = self.immediate()?;
         let mut out = Vec::with_capacity(run_ids.len());
         for id in run_ids {
@@ -546,7 +547,7 @@ impl RunLedger for SqliteStore {
 
     fn finishing(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         status: RunStatus,
         answer: Option<&str>,
@@ -569,7 +570,7 @@ impl RunLedger for SqliteStore {
 
     fn finish(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         gen: &str,
         record: &RunRecord,
         proposal: Option<&PolicyProposal>,
@@ -588,7 +589,7 @@ impl RunLedger for SqliteStore {
         Ok(Ok(out))
     }
 
-    fn abandon(&mut self, run_id: &str, gen: &str) -> Result<Outcome<()>> {
+    fn abandon(&mut self, run_id: &RunId, gen: &str) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
         delete_live(&tx, run_id)?;
@@ -599,7 +600,7 @@ impl RunLedger for SqliteStore {
         Ok(Ok(()))
     }
 
-    fn push_inbox(&mut self, run_id: &str, message: &Value) -> Result<Outcome<u64>> {
+    fn push_inbox(&mut self, run_id: &RunId, message: &Value) -> Result<Outcome<u64>> {
         let tx = self.immediate()?;
         if !is_live(&tx, run_id)? {
             return Ok(Err(Refusal::NotLive {
@@ -613,7 +614,7 @@ impl RunLedger for SqliteStore {
 
     fn read_inbox(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: Option<u64>,
     ) -> Result<Outcome<Vec<InboxItem>>> {
         let tx = self.read()?;
@@ -625,12 +626,12 @@ impl RunLedger for SqliteStore {
         Ok(Ok(inbox_after(&tx, run_id, after_seq)?))
     }
 
-    fn inbox_after(&mut self, run_id: &str, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
+    fn inbox_after(&mut self, run_id: &RunId, after_seq: Option<u64>) -> Result<Vec<InboxItem>> {
         let tx = self.read()?;
         inbox_after(&tx, run_id, after_seq)
     }
 
-    fn last_step(&mut self, run_id: &str) -> Result<Option<StepRecord>> {
+    fn last_step(&mut self, run_id: &RunId) -> Result<Option<StepRecord>> {
         let tx = self.read()?;
         last_step(&tx, run_id)
     }
@@ -641,7 +642,7 @@ impl RunLedger for SqliteStore {
         now_ms: i64,
         lease_ms: i64,
         dead_gens: &[String],
-        driven: &[String],
+        driven: &[RunId],
     ) -> Result<ReclaimAnswer> {
         let tx = self.immediate()?;
         let rows: Vec<LiveRow> = tx
@@ -679,7 +680,7 @@ impl RunLedger for SqliteStore {
         Ok(answer)
     }
 
-    fn kill(&mut self, run_id: &str, now_ms: i64) -> Result<KillAnswer> {
+    fn kill(&mut self, run_id: &RunId, now_ms: i64) -> Result<KillAnswer> {
         let tx = self.immediate()?;
         tx.prepare_cached("INSERT OR IGNORE INTO deletion_fences (run_id, at) VALUES (?1, ?2)")?
             .execute(params![run_id, now_ms])?;
@@ -699,7 +700,7 @@ impl RunLedger for SqliteStore {
         })
     }
 
-    fn purge(&mut self, run_id: &str) -> Result<bool> {
+    fn purge(&mut self, run_id: &RunId) -> Result<bool> {
         let tx = self.immediate()?;
         if !is_killed(&tx, run_id)? {
             return Ok(false);
@@ -710,7 +711,7 @@ impl RunLedger for SqliteStore {
         Ok(n > 0)
     }
 
-    fn is_killed(&mut self, run_id: &str) -> Result<bool> {
+    fn is_killed(&mut self, run_id: &RunId) -> Result<bool> {
         let tx = self.read()?;
         is_killed(&tx, run_id)
     }
@@ -726,14 +727,14 @@ impl RunLedger for SqliteStore {
         Ok(rows)
     }
 
-    fn get_live(&mut self, run_id: &str) -> Result<Option<LiveRow>> {
+    fn get_live(&mut self, run_id: &RunId) -> Result<Option<LiveRow>> {
         let tx = self.read()?;
         get_row(&tx, run_id)
     }
 
     fn live_events(
         &mut self,
-        run_id: &str,
+        run_id: &RunId,
         after_seq: u64,
         limit: usize,
     ) -> Result<Option<Vec<Value>>> {
@@ -744,9 +745,9 @@ impl RunLedger for SqliteStore {
         live_events_in(&tx, run_id, after_seq, limit).map(Some)
     }
 
-    fn killed_among(&mut self, run_ids: &[String]) -> Result<Vec<String>> {
+    fn killed_among(&mut self, run_ids: &[RunId]) -> Result<Vec<RunId>> {
         let tx = self.read()?;
-        let mut out: Vec<String> = Vec::new();
+        let mut out: Vec<RunId> = Vec::new();
         // One primary-key probe per id, the ids one JSON array: a single statement text, prepared once
         // (one per chunk length would be parsed at every call, or evict the hot statements if cached).
         let mut stmt = tx.prepare_cached(
@@ -754,7 +755,7 @@ impl RunLedger for SqliteStore {
         )?;
         for chunk in run_ids.chunks(KILLED_AMONG_CHUNK) {
             let ids = serde_json::to_string(chunk).map_err(|e| Error::corrupt("run ids", e))?;
-            let rows = stmt.query_map([ids], |r| r.get::<_, String>(0))?;
+            let rows = stmt.query_map([ids], |r| r.get::<_, RunId>(0))?;
             for id in rows {
                 out.push(id?);
             }

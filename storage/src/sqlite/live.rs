@@ -6,6 +6,7 @@
 //! (`records.rs`), before it writes or trims a record. It imports neither: both point down to it. The
 //! writes to these tables are the ledger's own and stay in `ledger.rs`.
 
+use crate::RunId;
 use rusqlite::{Connection, OptionalExtension, Row};
 use serde_json::{Map, Value};
 
@@ -72,7 +73,7 @@ pub(super) fn live_row(row: &Row) -> rusqlite::Result<LiveRow> {
 }
 
 /// The live row of `run_id`, if any.
-pub(super) fn get_row(tx: &Connection, run_id: &str) -> Result<Option<LiveRow>> {
+pub(super) fn get_row(tx: &Connection, run_id: &RunId) -> Result<Option<LiveRow>> {
     Ok(tx
         .prepare_cached(&format!(
             "SELECT {ROW_COLUMNS} FROM live_runs WHERE run_id = ?1"
@@ -92,7 +93,7 @@ pub(super) fn row_by_thread(tx: &Connection, thread_key: &str) -> Result<Option<
 }
 
 /// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`): it takes no record, claim or admission again.
-pub(super) fn is_killed(tx: &Connection, run_id: &str) -> Result<bool> {
+pub(super) fn is_killed(tx: &Connection, run_id: &RunId) -> Result<bool> {
     Ok(tx
         .prepare_cached("SELECT 1 FROM deletion_fences WHERE run_id = ?1")?
         .exists([run_id])?)

@@ -36,6 +36,7 @@ mod records;
 mod runs;
 pub mod schema;
 
+use crate::RunId;
 use std::path::Path;
 use std::time::Duration;
 
@@ -291,7 +292,7 @@ impl SqliteStore {
     /// How many rows each per-run table holds for `run_id`, table by table (read-only forensics: what a
     /// kill or a retention trim left behind, without SQL outside this crate). Tables an older schema lacks
     /// count 0 on a read-only store.
-    pub fn rows_of_run(&mut self, run_id: &str) -> Result<Vec<(&'static str, u64)>> {
+    pub fn rows_of_run(&mut self, run_id: &RunId) -> Result<Vec<(&'static str, u64)>> {
         const TABLES: [&str; 8] = [
             "runs",
             "run_events",

@@ -12,6 +12,7 @@
 //!
 //! [`RunStore`]: crate::store::RunStore
 
+use crate::RunId;
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 use serde_json::Value;
@@ -201,7 +202,10 @@ pub(super) fn list_sql(
         ("agent", &query.agent),
         ("channel_id", &query.channel),
         ("thread_key", &query.thread_key),
-        ("parent_run_id", &query.parent_run_id),
+        (
+            "parent_run_id",
+            &query.parent_run_id.clone().map(RunId::into_string),
+        ),
     ] {
         if let Some(v) = v {
             clauses.push(format!("{col} = ?"));
@@ -431,7 +435,7 @@ pub(super) fn open_cards_in(
     finished_before: i64,
     limit: usize,
     now_ms: i64,
-) -> Result<Vec<String>> {
+) -> Result<Vec<RunId>> {
     let policy = read_policy(tx)?.policy;
     let kept = kept(tx, &policy, now_ms)?;
     let Some((sql, p)) = open_cards_sql(finished_before, limit, &kept, policy.cutoff_ms(now_ms))
@@ -648,7 +652,7 @@ pub(super) fn insert_events(
 /// `live_events`). A corrupt row is skipped and logged.
 pub(super) fn live_events_in(
     tx: &Connection,
-    run_id: &str,
+    run_id: &RunId,
     after_seq: u64,
     limit: usize,
 ) -> Result<Vec<Value>> {
@@ -681,7 +685,7 @@ pub(super) fn delete_events(tx: &Connection, run_id: &str) -> Result<()> {
 }
 
 /// Delete `run_id`'s record and every event, live or not (a killed run's purge); answers the rows removed.
-pub(super) fn purge_in(tx: &Connection, run_id: &str) -> Result<usize> {
+pub(super) fn purge_in(tx: &Connection, run_id: &RunId) -> Result<usize> {
     let mut n = 0;
     for sql in [
         "DELETE FROM runs WHERE run_id = ?1",
@@ -742,14 +746,14 @@ mod tests {
         s.put(&record("a", now - 40, false, true), None, now)
             .unwrap();
         check(&mut s, 1);
-        assert!(s.close_card("a").unwrap());
+        assert!(s.close_card(&RunId::from("a")).unwrap());
         check(&mut s, 1);
         s.put(&record("b", now - 30, false, false), None, now)
             .unwrap();
         s.put(&record("c", now - 20, false, false), None, now)
             .unwrap();
         check(&mut s, 3);
-        assert!(s.delete("b").unwrap());
+        assert!(s.delete(&RunId::from("b")).unwrap());
         check(&mut s, 2);
         // A policy of two runs: the third put sheds the oldest, and the totals say two.
         let policy = PolicyProposal {
@@ -763,8 +767,12 @@ mod tests {
         s.put(&record("d", now - 10, false, false), Some(&policy), now)
             .unwrap();
         check(&mut s, 2);
-        assert_eq!(s.get("a", now).unwrap(), None, "the oldest went");
-        assert!(s.get("d", now).unwrap().is_some());
+        assert_eq!(
+            s.get(&RunId::from("a"), now).unwrap(),
+            None,
+            "the oldest went"
+        );
+        assert!(s.get(&RunId::from("d"), now).unwrap().is_some());
     }
 
     /// Within policy, a list page is ONE indexed SELECT: no table scan and no sort step.

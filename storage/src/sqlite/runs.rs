@@ -4,6 +4,7 @@
 //! (or a savepoint inside a group commit), a read a deferred transaction. A bad id is not-found (or
 //! refused) before any SQL runs.
 
+use crate::RunId;
 use rusqlite::params_from_iter;
 
 use super::live::is_live;
@@ -32,7 +33,7 @@ impl RunStore for SqliteStore {
         Ok(out)
     }
 
-    fn get(&mut self, id: &str, now_ms: i64) -> Result<Option<RunRecord>> {
+    fn get(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunRecord>> {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
@@ -53,7 +54,7 @@ impl RunStore for SqliteStore {
         }))
     }
 
-    fn get_summary(&mut self, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
+    fn get_summary(&mut self, id: &RunId, now_ms: i64) -> Result<Option<RunListItem>> {
         if !is_valid_run_id(id) {
             return Ok(None);
         }
@@ -93,7 +94,7 @@ impl RunStore for SqliteStore {
 
     fn events(
         &mut self,
-        id: &str,
+        id: &RunId,
         after_seq: u64,
         limit: Option<usize>,
         now_ms: i64,
@@ -114,7 +115,7 @@ impl RunStore for SqliteStore {
         events_in(&tx, id, after_seq, effective_events_limit(limit)).map(Some)
     }
 
-    fn delete(&mut self, id: &str) -> Result<bool> {
+    fn delete(&mut self, id: &RunId) -> Result<bool> {
         if !is_valid_run_id(id) {
             return Ok(false);
         }
@@ -141,12 +142,12 @@ impl RunStore for SqliteStore {
         finished_before: i64,
         limit: usize,
         now_ms: i64,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<RunId>> {
         let tx = self.read()?;
         open_cards_in(&tx, finished_before, limit, now_ms)
     }
 
-    fn close_card(&mut self, id: &str) -> Result<bool> {
+    fn close_card(&mut self, id: &RunId) -> Result<bool> {
         if !is_valid_run_id(id) {
             return Ok(false);
         }

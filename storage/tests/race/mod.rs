@@ -12,6 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Barrier;
+use storage::RunId;
 
 use serde_json::{json, Value};
 use storage::ledger::{
@@ -35,7 +36,7 @@ pub const GENS: [&str; 3] = [
     "20270115T110000Z-cccccccc",
 ];
 
-pub fn admission(thread: &str, run_id: &str, gen: &str, now: i64) -> Admit {
+pub fn admission(thread: &str, run_id: &RunId, gen: &str, now: i64) -> Admit {
     let request =
         json!({"thread": thread, "channel": "C1", "user": "U1", "text": format!("from {gen}")});
     Admit {
@@ -83,7 +84,7 @@ pub fn step(step: u64) -> StepRecord {
     }
 }
 
-pub fn taken_ids(a: &ReclaimAnswer) -> BTreeSet<String> {
+pub fn taken_ids(a: &ReclaimAnswer) -> BTreeSet<RunId> {
     a.taken.iter().map(|t| t.row.run_id.clone()).collect()
 }
 
@@ -128,16 +129,24 @@ pub fn dead_rows<S: RunLedger>(
     for (i, id) in ids.iter().enumerate() {
         let thread = format!("C1:{prefix}{round}-{i}");
         assert_eq!(
-            dead.admit(&admission(&thread, id, DEAD, t0), t0).unwrap(),
-            AdmitOutcome::Started { run_id: id.clone() }
+            dead.admit(&admission(&thread, &RunId::from(id), DEAD, t0), t0)
+                .unwrap(),
+            AdmitOutcome::Started {
+                run_id: RunId::from(id.clone())
+            }
         );
         assert_eq!(
-            dead.claim(id, DEAD, &promotion(), t0).unwrap(),
+            dead.claim(&RunId::from(id), DEAD, &promotion(), t0)
+                .unwrap(),
             Ok(Claimed::Promoted)
         );
         if progressed {
-            assert_eq!(dead.append(id, DEAD, &[ev(1, "one")]).unwrap(), Ok(()));
-            assert_eq!(dead.step(id, DEAD, &step(1)).unwrap(), Ok(()));
+            assert_eq!(
+                dead.append(&RunId::from(id), DEAD, &[ev(1, "one")])
+                    .unwrap(),
+                Ok(())
+            );
+            assert_eq!(dead.step(&RunId::from(id), DEAD, &step(1)).unwrap(), Ok(()));
         }
     }
     ids
@@ -170,8 +179,8 @@ where
             s.reclaim(gens[i], at, LEASE, &[], &[])
                 .expect("a race is retried, never an error")
         });
-        let taken: Vec<BTreeSet<String>> = answers.iter().map(taken_ids).collect();
-        let want: BTreeSet<String> = ids.iter().cloned().collect();
+        let taken: Vec<BTreeSet<RunId>> = answers.iter().map(taken_ids).collect();
+        let want: BTreeSet<RunId> = ids.iter().map(RunId::from).collect();
         let mut all = BTreeSet::new();
         for t in &taken {
             assert!(
@@ -181,7 +190,12 @@ where
             all.extend(t.iter().cloned());
         }
         assert_eq!(all, want, "round {round}: every row has a winner");
-        let winner = |id: &String| taken.iter().position(|t| t.contains(id)).expect("a winner");
+        let winner = |id: &String| {
+            taken
+                .iter()
+                .position(|t| t.contains(id.as_str()))
+                .expect("a winner")
+        };
         for id in &ids {
             let w = winner(id);
             let t = answers[w]
@@ -210,15 +224,20 @@ where
         // The zombie is fenced on every write, and the database holds exactly what the winner left.
         let z = &ids[0];
         let mut before = reader();
-        let row_before = before.get_live(z).unwrap().expect("row");
-        let events_before = before.live_events(z, 0, 100).unwrap();
+        let row_before = before.get_live(&RunId::from(z)).unwrap().expect("row");
+        let events_before = before.live_events(&RunId::from(z), 0, 100).unwrap();
         assert_eq!(
-            dead.append(z, DEAD, &[ev(2, "zombie")]).unwrap(),
-            Err(Refusal::Fenced { run_id: z.clone() })
+            dead.append(&RunId::from(z), DEAD, &[ev(2, "zombie")])
+                .unwrap(),
+            Err(Refusal::Fenced {
+                run_id: RunId::from(z.clone())
+            })
         );
         assert_eq!(
-            dead.step(z, DEAD, &step(2)).unwrap(),
-            Err(Refusal::Fenced { run_id: z.clone() })
+            dead.step(&RunId::from(z), DEAD, &step(2)).unwrap(),
+            Err(Refusal::Fenced {
+                run_id: RunId::from(z.clone())
+            })
         );
         let rec = validate_record(&json!({
             "id": z, "channelId": "C1", "userId": "U1", "threadKey": format!("C1:r{round}-0"),
@@ -227,20 +246,26 @@ where
         }))
         .unwrap();
         assert_eq!(
-            dead.finish(z, DEAD, &rec, None, at + 1).unwrap(),
-            Err(Refusal::Fenced { run_id: z.clone() })
+            dead.finish(&RunId::from(z), DEAD, &rec, None, at + 1)
+                .unwrap(),
+            Err(Refusal::Fenced {
+                run_id: RunId::from(z.clone())
+            })
         );
         let mut after = reader();
         assert_eq!(
-            after.get_live(z).unwrap(),
+            after.get_live(&RunId::from(z)).unwrap(),
             Some(row_before.clone()),
             "round {round}: the zombie changed the row"
         );
         assert_eq!(row_before.owner_gen, gens[winner(z)]);
-        assert_eq!(after.live_events(z, 0, 100).unwrap(), events_before);
+        assert_eq!(
+            after.live_events(&RunId::from(z), 0, 100).unwrap(),
+            events_before
+        );
         assert_eq!(events_before.map(|e| e.len()), Some(1));
         assert_eq!(
-            after.get(z, at + 1).unwrap(),
+            after.get(&RunId::from(z), at + 1).unwrap(),
             None,
             "round {round}: the zombie's finish wrote a record"
         );
@@ -249,7 +274,7 @@ where
         for id in &ids {
             let w = winner(id);
             assert_eq!(
-                hosts[w].abandon(id, gens[w]).unwrap(),
+                hosts[w].abandon(&RunId::from(id), gens[w]).unwrap(),
                 Ok(()),
                 "round {round}: {id}"
             );

@@ -9,6 +9,7 @@
 //! [`runs_error`]).
 
 use std::collections::HashMap;
+use storage::RunId;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use actors::runs_service::{ListParams, RunsError, StatusFilter};
@@ -51,7 +52,7 @@ pub fn query_map(req: &HttpRequest) -> Result<HashMap<String, String>, ApiError>
 /// The capability token in `q` when it verifies for `run_id`.
 pub fn capability<'a>(
     state: &AppState,
-    run_id: &str,
+    run_id: &RunId,
     q: &'a HashMap<String, String>,
 ) -> Option<&'a str> {
     q.get("token")
@@ -64,7 +65,7 @@ pub fn capability<'a>(
 pub fn reader(
     req: &HttpRequest,
     state: &AppState,
-    run_id: Option<&str>,
+    run_id: Option<&RunId>,
     q: &HashMap<String, String>,
 ) -> Result<VisibilityFilter, ApiError> {
     if run_id.is_some_and(|id| capability(state, id, q).is_some()) {
@@ -181,7 +182,7 @@ pub fn list_params(
                     "must be a run id (1 to 64 of A-Z, a-z, 0-9, _ and -)",
                 ))
             }
-            p => p,
+            p => p.map(RunId::from),
         },
         since_ms: num::<i64>(q, "sinceMs", "an integer (epoch ms)")?,
         limit: limit(q)?,
@@ -217,7 +218,11 @@ async fn list_runs(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
         if !is_valid_run_id(id) {
             return Err(ApiError::bad("beforeId", "is not a run id"));
         }
-        let run = match state.runs.get_run(id, false, &visible_to).await {
+        let run = match state
+            .runs
+            .get_run(&RunId::from(id), false, &visible_to)
+            .await
+        {
             Ok(run) => run,
             Err(RunsError::NotFound) => {
                 return Err(ApiError::NotFound(format!("beforeId: no run {id}")))
@@ -245,7 +250,7 @@ async fn list_children(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     let q = query_map(&req)?;
     // A bearer token: a run's capability link reads that run, not the runs started for it.
     let visible_to = reader(&req, &state, None, &q)?;
@@ -277,7 +282,7 @@ async fn get_run(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let include_events = match q.get("include").map(String::as_str) {
@@ -311,7 +316,7 @@ async fn get_events(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let after = after_seq(&q, "afterSeq")?.unwrap_or(0);
@@ -338,7 +343,7 @@ async fn get_friction(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let friction = state

@@ -6,6 +6,7 @@ use actors::runs_service::RunsError;
 use actors::supervisor::{DecideApproval, DecideError};
 use serde_json::{json, Value};
 use storage::ledger::Decision;
+use storage::RunId;
 
 use super::resource;
 use super::runs::BODY_LIMIT;
@@ -53,6 +54,7 @@ pub async fn decide(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let (run_id, call_id) = path.into_inner();
+    let run_id = RunId::from(run_id);
     let by_token = super::api::capability(&state, &run_id, &super::api::query_map(&req)?).is_some();
     let who = if by_token {
         "capability".to_owned()
@@ -65,7 +67,7 @@ pub async fn decide(
                 return Err(ApiError::NotFound(format!("run {run_id}")))
             }
             Err(RunsError::Unavailable(e)) => {
-                tracing::warn!(run_id, error = %e, "approval: run lookup unavailable");
+                tracing::warn!(%run_id, error = %e, "approval: run lookup unavailable");
                 return Err(ApiError::Unavailable("could not read the run".into()));
             }
         }
@@ -119,7 +121,7 @@ pub fn parse_decision(body: &[u8]) -> Result<(Decision, Option<String>), ApiErro
 /// surface that decides (the API, the Slack card's buttons).
 pub async fn decide_as(
     state: &AppState,
-    run_id: String,
+    run_id: RunId,
     call_id: String,
     decision: Decision,
     who: String,
@@ -150,7 +152,7 @@ pub async fn decide_as(
         ))),
         Err(e @ DecideError::Finished) => Err(ApiError::Conflict(e.to_string())),
         Err(DecideError::Unavailable(e)) => {
-            tracing::warn!(run_id, error = %e, "approval unavailable");
+            tracing::warn!(%run_id, error = %e, "approval unavailable");
             Err(ApiError::Unavailable(
                 "could not record the decision".into(),
             ))

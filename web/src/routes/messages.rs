@@ -6,6 +6,7 @@ use actors::supervisor::{AdmitError, AdmitMessage, Admitted};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use storage::ledger::ReceiptKey;
+use storage::RunId;
 
 use super::resource;
 use crate::auth::MESSAGES_WRITE;
@@ -93,7 +94,7 @@ pub fn parse_message(body: &[u8]) -> Result<(Request, Option<(String, String)>),
         text: req("text")?,
         agent: string_field(&map, "agent", false)?,
         visibility: string_field(&map, "visibility", false)?,
-        parent_run_id: string_field(&map, "parentRunId", false)?,
+        parent_run_id: string_field(&map, "parentRunId", false)?.map(RunId::from),
         source: Default::default(),
         strategy: match string_field(&map, "strategy", false)? {
             None => None,
@@ -148,7 +149,7 @@ pub fn body_hash(body: &Value) -> String {
 }
 
 /// The run's live view, with its capability token.
-fn live_url(state: &AppState, run_id: &str, token: &str) -> String {
+fn live_url(state: &AppState, run_id: &RunId, token: &str) -> String {
     format!(
         "{}/runs/{run_id}?token={token}",
         state.public_base_url.trim_end_matches('/')

@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 use storage::ledger::ReceiptKey;
 use storage::record::VisibilityFilter;
+use storage::RunId;
 use utoipa::ToSchema;
 
 use super::{api, messages, resource};
@@ -82,7 +83,7 @@ pub async fn retry_run(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = state.auth.require(&req, MESSAGES_WRITE)?;
-    let run_id = path.into_inner();
+    let run_id = RunId::from(path.into_inner());
     if body.len() > super::runs::BODY_LIMIT {
         return Err(ApiError::PayloadTooLarge(format!(
             "body over {} bytes",
@@ -150,7 +151,7 @@ fn parse_retry(body: &[u8]) -> Result<Option<String>, ApiError> {
 /// The request run `run_id` was admitted with, to run again: a new run's `parentRunId` is `run_id`.
 async fn original_request(
     state: &AppState,
-    run_id: &str,
+    run_id: &RunId,
     visible_to: &VisibilityFilter,
 ) -> Result<Request, ApiError> {
     let view = match state.runs.get_run(run_id, false, visible_to).await {
@@ -164,11 +165,11 @@ async fn original_request(
     let live_text = if view.finished {
         None
     } else {
-        match state.storage.get_live(run_id.to_owned()).await {
+        match state.storage.get_live(run_id.clone()).await {
             // An unreadable request (no `meta.request`) falls back to the events, as a finished run's.
             Ok(row) => row.as_ref().and_then(Request::of_row).map(|r| r.text),
             Err(e) => {
-                tracing::warn!(run_id, error = %e, "retry: ledger read unavailable");
+                tracing::warn!(%run_id, error = %e, "retry: ledger read unavailable");
                 return Err(ApiError::Unavailable("storage unavailable".into()));
             }
         }
@@ -184,7 +185,7 @@ async fn original_request(
 /// The text of the run's first `input` event with `source: "request"`.
 async fn recorded_text(
     state: &AppState,
-    run_id: &str,
+    run_id: &RunId,
     visible_to: &VisibilityFilter,
 ) -> Result<String, ApiError> {
     let mut after = 0;

@@ -7,6 +7,7 @@ use actors::runs_service::RunsError;
 use actors::supervisor::{KillRun, StopError};
 use serde_json::{json, Value};
 use storage::ledger::StopMode;
+use storage::RunId;
 
 use super::resource;
 use crate::auth::{RUNS_KILL, RUNS_WRITE};
@@ -46,7 +47,7 @@ pub async fn stop_run(
     body: web::Bytes,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let run_id = path.into_inner();
+    let run_id = RunId::from(path.into_inner());
     // A run's capability token grants stopping that one run (read as every route reads it).
     let by_token = super::api::capability(&state, &run_id, &super::api::query_map(&req)?).is_some();
     // The capability token sees its run whatever the visibility; a bearer sees what its filter allows.
@@ -92,7 +93,7 @@ pub async fn stop_run(
         Err(e @ RunsError::Forbidden(_)) => Err(ApiError::Refused(e.to_string())),
         Err(RunsError::Conflict(m)) => Err(ApiError::Conflict(m)),
         Err(RunsError::Unavailable(e)) => {
-            tracing::warn!(run_id, error = %e, "stop unavailable");
+            tracing::warn!(%run_id, error = %e, "stop unavailable");
             Err(ApiError::Unavailable("could not record the stop".into()))
         }
     }
@@ -119,7 +120,7 @@ pub async fn kill_run(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = state.auth.require(&req, RUNS_KILL)?;
-    let run_id = path.into_inner();
+    let run_id = RunId::from(path.into_inner());
     // A run the caller cannot see is, to it, a run that does not exist.
     match state
         .runs
@@ -131,7 +132,7 @@ pub async fn kill_run(
             return Err(ApiError::NotFound(format!("run {run_id}")))
         }
         Err(RunsError::Unavailable(e)) => {
-            tracing::warn!(run_id, error = %e, "kill: run lookup unavailable");
+            tracing::warn!(%run_id, error = %e, "kill: run lookup unavailable");
             return Err(ApiError::Unavailable("could not read the run".into()));
         }
     }
@@ -150,7 +151,7 @@ pub async fn kill_run(
         Err(StopError::NotFound) => Err(ApiError::NotFound(format!("run {run_id}"))),
         Err(StopError::Finished) => Err(ApiError::Conflict(format!("run {run_id}"))),
         Err(StopError::Unavailable(e)) => {
-            tracing::warn!(run_id, error = %e, "kill unavailable");
+            tracing::warn!(%run_id, error = %e, "kill unavailable");
             Err(ApiError::Unavailable("could not record the kill".into()))
         }
     }

@@ -30,6 +30,7 @@
 //! (see [`crate::edge`]): a cross-site form can reach it, but without the secret it cannot sign.
 
 use std::collections::HashMap;
+use storage::RunId;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use actors::channel::slack::{approval_of, APPROVE_ACTION_ID, DENY_ACTION_ID, STOP_ACTION_ID};
@@ -393,7 +394,7 @@ async fn post_events(
         Ok(Admitted::Started { run_id, .. }) => {
             tracing::info!(
                 event_id,
-                run_id,
+                %run_id,
                 channel,
                 retry,
                 "slack message started a run"
@@ -403,7 +404,7 @@ async fn post_events(
         Ok(Admitted::Steered { run_id, seq, .. }) => {
             tracing::info!(
                 event_id,
-                run_id,
+                %run_id,
                 channel,
                 retry,
                 inbox_seq = seq,
@@ -416,7 +417,7 @@ async fn post_events(
         }) => {
             tracing::info!(
                 event_id,
-                run_id,
+                %run_id,
                 channel,
                 retry,
                 position,
@@ -467,11 +468,11 @@ async fn post_events(
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     /// A card's Stop button: a soft stop of the run.
-    Stop { run_id: String },
+    Stop { run_id: RunId },
     /// A card's Approve or Deny button (SPEC §13): the decision on one call the run awaits approval of.
     Decide {
         decision: Decision,
-        run_id: String,
+        run_id: RunId,
         call_id: String,
     },
     /// Anything else (including a Stop without a run id, or a decision whose value names no call).
@@ -510,12 +511,12 @@ fn actions_of(payload: &Value) -> Vec<Action> {
             };
             match (action_id, decision, value) {
                 (STOP_ACTION_ID, _, Some(run_id)) => Action::Stop {
-                    run_id: run_id.to_owned(),
+                    run_id: run_id.into(),
                 },
                 (_, Some(decision), Some(value)) => match approval_of(value) {
                     Some((run_id, call_id)) => Action::Decide {
                         decision,
-                        run_id,
+                        run_id: run_id.into(),
                         call_id,
                     },
                     None => Action::Other {
@@ -580,7 +581,7 @@ fn clicked_in(channel: Option<&str>) -> VisibilityFilter {
 /// logged, as the card's next frame shows what happened.
 async fn decide(
     state: &AppState,
-    run_id: String,
+    run_id: RunId,
     call_id: String,
     decision: Decision,
     user: &str,
@@ -593,11 +594,11 @@ async fn decide(
     {
         Ok(_) => {}
         Err(RunsError::Unavailable(e)) => {
-            tracing::warn!(run_id, call_id, slack_user = user, error = %e, "slack decision unavailable");
+            tracing::warn!(%run_id, call_id, slack_user = user, error = %e, "slack decision unavailable");
             return;
         }
         Err(e) => {
-            tracing::info!(run_id, call_id, slack_user = user, error = %e, "slack decision refused: no such run in this channel");
+            tracing::info!(%run_id, call_id, slack_user = user, error = %e, "slack decision refused: no such run in this channel");
             return;
         }
     }
@@ -606,24 +607,24 @@ async fn decide(
     let (run, call) = (run_id.clone(), call_id.clone());
     match decide_as(state, run, call, decision, who, None).await {
         Ok(_) => tracing::info!(
-            run_id,
+            %run_id,
             call_id,
             decision = decision.as_str(),
             slack_user = user,
             "slack decision recorded"
         ),
         Err(e @ (ApiError::Conflict(_) | ApiError::NotFound(_))) => {
-            tracing::info!(run_id, call_id, slack_user = user, error = %e, "slack decision refused")
+            tracing::info!(%run_id, call_id, slack_user = user, error = %e, "slack decision refused")
         }
         Err(e) => {
-            tracing::warn!(run_id, call_id, slack_user = user, error = %e, "slack decision not recorded")
+            tracing::warn!(%run_id, call_id, slack_user = user, error = %e, "slack decision not recorded")
         }
     }
 }
 
 /// A soft stop of `run_id` by the Slack user who clicked its card's Stop button, as the JSON stop route
 /// does it, for a run of the channel it was clicked in.
-async fn stop(state: &AppState, run_id: &str, user: &str, channel: Option<&str>) {
+async fn stop(state: &AppState, run_id: &RunId, user: &str, channel: Option<&str>) {
     let visible_to = clicked_in(channel);
     let actor = StopActor::new("slack", user);
     match state
@@ -637,11 +638,11 @@ async fn stop(state: &AppState, run_id: &str, user: &str, channel: Option<&str>)
         )
         .await
     {
-        Ok(_) => tracing::info!(run_id, slack_user = user, "slack stop recorded"),
+        Ok(_) => tracing::info!(%run_id, slack_user = user, "slack stop recorded"),
         Err(RunsError::Unavailable(e)) => {
-            tracing::warn!(run_id, slack_user = user, error = %e, "slack stop unavailable")
+            tracing::warn!(%run_id, slack_user = user, error = %e, "slack stop unavailable")
         }
-        Err(e) => tracing::info!(run_id, slack_user = user, error = %e, "slack stop refused"),
+        Err(e) => tracing::info!(%run_id, slack_user = user, error = %e, "slack stop refused"),
     }
 }
 
@@ -956,7 +957,8 @@ mod tests {
 
     #[test]
     fn stop_and_decision_clicks_name_their_run_and_call_and_other_actions_are_told_apart() {
-        let approval = actors::channel::slack::approval_value("0190a1b2-run", "call-1").unwrap();
+        let approval =
+            actors::channel::slack::approval_value(&RunId::from("0190a1b2-run"), "call-1").unwrap();
         let payload = json!({
             "type": "block_actions",
             "user": {"id": "U123", "name": "a person"},

@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use storage::RunId;
 
 use actix_web::web::Bytes;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -112,7 +113,7 @@ fn spawn_pump(
     queue: FrameTx,
     pump: impl std::future::Future<Output = Result<(), Closed>> + 'static,
     what: &'static str,
-    run_id: Option<String>,
+    run_id: Option<RunId>,
 ) {
     actix_web::rt::spawn(async move {
         if let Err(why) = pump.await {
@@ -199,7 +200,7 @@ async fn stream_run(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let last_event_id = match req.headers().get("last-event-id") {
@@ -242,7 +243,7 @@ async fn stream_run(
 /// One run stream's pump.
 struct RunStream {
     runs: RunsService,
-    id: String,
+    id: RunId,
     /// The highest seq sent (or the client's cursor).
     last: u64,
     visible_to: VisibilityFilter,

@@ -72,7 +72,7 @@ impl Ask {
             pairs.push(("threadKey", t.clone()));
         }
         if let Some(p) = &self.params.parent_run_id {
-            pairs.push(("parentRunId", p.clone()));
+            pairs.push(("parentRunId", p.to_string()));
         }
         if let Some(s) = self.params.since_ms {
             pairs.push(("sinceMs", s.to_string()));

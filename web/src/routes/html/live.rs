@@ -28,6 +28,7 @@ use actors::runs_service::RunView;
 use maud::{html, Markup};
 use serde_json::Value;
 use storage::record::event_seq;
+use storage::RunId;
 
 use super::super::api::{capability, query_map, reader, runs_error, seq_cursor};
 use super::super::approvals::MAX_NOTE_CHARS;
@@ -48,7 +49,7 @@ pub(super) async fn run_page(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     match render_run(&req, &id, &state).await {
         Ok(body) => respond(StatusCode::OK, body),
         Err(e) => error_page(e),
@@ -61,7 +62,7 @@ pub(super) async fn timeline_fragment(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     let fragment = async {
         let q = query_map(&req)?;
         let visible_to = reader(&req, &state, Some(&id), &q)?;
@@ -84,7 +85,7 @@ pub(super) async fn export(
     path: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = path.into_inner();
+    let id = RunId::from(path.into_inner());
     let q = query_map(&req)?;
     let visible_to = reader(&req, &state, Some(&id), &q)?;
     let view = state
@@ -143,7 +144,7 @@ impl Window {
     }
 }
 
-async fn render_run(req: &HttpRequest, id: &str, state: &AppState) -> Result<Markup, ApiError> {
+async fn render_run(req: &HttpRequest, id: &RunId, state: &AppState) -> Result<Markup, ApiError> {
     let q = query_map(req)?;
     let visible_to = reader(req, state, Some(id), &q)?;
     let token = capability(state, id, &q).unwrap_or("").to_owned();
@@ -387,7 +388,7 @@ pub(super) fn run_html(v: &RunView, token: &str, now: i64, window: Window) -> Ma
         .error
         .clone()
         .or_else(|| actors::runs_service::failure_message(events));
-    let title = v.label.clone().unwrap_or_else(|| v.id.clone());
+    let title = v.label.clone().unwrap_or_else(|| v.id.to_string());
     let usage = view_usage(v).unwrap_or_else(|| usage_of(events));
     let usage_json = Value::Object(
         usage
