@@ -492,6 +492,22 @@ impl RunActor {
         self.in_flight = Some(handle);
     }
 
+    /// Run a step write as the effect in flight ([`Completion::StepWritten`]); with nothing to write
+    /// (untracked, nothing to take), its answer is `Ok` at once.
+    fn spawn_write<F>(&mut self, ctx: &mut Context<Self>, write: Option<F>)
+    where
+        F: std::future::Future<Output = Option<storage::Result<storage::ledger::Outcome<()>>>>
+            + 'static,
+    {
+        match write {
+            Some(write) => self.spawn(ctx, write, Completion::StepWritten),
+            None => ctx.notify(Done {
+                epoch: self.epoch,
+                what: Completion::StepWritten(Some(Ok(Ok(())))),
+            }),
+        }
+    }
+
     fn run(&mut self) -> &mut Run {
         self.run
             .as_mut()
@@ -512,13 +528,10 @@ impl RunActor {
                 let fut = self.run().reattach();
                 self.spawn(ctx, fut, Completion::Reattached);
             }
-            Effect::WriteResumedStep => match self.run().write_resumed_step() {
-                Some(write) => self.spawn(ctx, write, Completion::StepWritten),
-                None => ctx.notify(Done {
-                    epoch: self.epoch,
-                    what: Completion::StepWritten(Some(Ok(Ok(())))),
-                }),
-            },
+            Effect::WriteResumedStep => {
+                let write = self.run().write_resumed_step();
+                self.spawn_write(ctx, write);
+            }
             Effect::Resume => {
                 let started = self.run().resume();
                 ctx.notify(Done {
@@ -550,13 +563,7 @@ impl RunActor {
                     }
                     false => run.durable_step(turns, &calls),
                 };
-                match write {
-                    Some(write) => self.spawn(ctx, write, Completion::StepWritten),
-                    None => ctx.notify(Done {
-                        epoch: self.epoch,
-                        what: Completion::StepWritten(Some(Ok(Ok(())))),
-                    }),
-                }
+                self.spawn_write(ctx, write);
             }
             Effect::ReadInbox => {
                 let fut = self.run().read_inbox();
@@ -566,13 +573,10 @@ impl RunActor {
                 let fut = self.run().run_tools();
                 self.spawn(ctx, fut, Completion::ToolsDone);
             }
-            Effect::WriteFollowups => match self.run().write_followups() {
-                Some(write) => self.spawn(ctx, write, Completion::StepWritten),
-                None => ctx.notify(Done {
-                    epoch: self.epoch,
-                    what: Completion::StepWritten(Some(Ok(Ok(())))),
-                }),
-            },
+            Effect::WriteFollowups => {
+                let write = self.run().write_followups();
+                self.spawn_write(ctx, write);
+            }
             Effect::AbortInFlight => {
                 self.epoch += 1;
                 if let Some(handle) = self.in_flight.take() {
