@@ -176,11 +176,12 @@ pub(super) fn commits(args: &BenchArgs) -> anyhow::Result<()> {
 fn count_calls(trace: &str) -> (u64, u64) {
     let (mut syncs, mut creates) = (0, 0);
     for line in trace.lines() {
-        // `<pid> <name>(<args>) = <ret>`, the pid absent for the first thread.
+        // `<pid> <name>(<args>) = <ret>`, the pid absent for the first thread and padded to five
+        // columns (`3317  openat(…`).
         let call = line
             .split_once(' ')
             .filter(|(pid, _)| pid.bytes().all(|b| b.is_ascii_digit()))
-            .map_or(line, |(_, rest)| rest);
+            .map_or(line, |(_, rest)| rest.trim_start());
         let Some((name, args)) = call.split_once('(') else {
             continue;
         };
@@ -581,7 +582,9 @@ openat(AT_FDCWD, "/d/switchboard.db-wal", O_RDWR|O_CLOEXEC, 0644) = 9
 102 mkdir("/d/ws/r1", 0777) = 0
 103 mkdirat(AT_FDCWD, "/d/ws/r2", 0777) = -1 EEXIST (File exists)
 101 openat(AT_FDCWD, "/var/tmp", O_RDWR|O_EXCL|O_CLOEXEC|O_TMPFILE, 0600) = 34
+3317  fdatasync(9) = 0
+3317  mkdir("/d/ws/r3", 0777) = 0
 +++ exited with 0 +++"#;
-        assert_eq!(super::count_calls(trace), (2, 4));
+        assert_eq!(super::count_calls(trace), (3, 5));
     }
 }
