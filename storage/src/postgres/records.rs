@@ -637,11 +637,19 @@ fn trim(c: &mut Db, kept: &Kept, cutoff: i64, limit: usize) -> Result<usize> {
     if limit == 0 {
         return Ok(0);
     }
+    // One range of `runs_by_finish` from its old end (see [`Kept::doomed_before`]).
     let mut p = Params::default();
-    let keep_sql = kept_sql(kept, cutoff, &mut p);
+    let doomed_sql = match kept.doomed_before(cutoff) {
+        Some((f, id)) => format!(
+            "(finished_at, run_id) < ({}, {})",
+            p.push(f),
+            p.push(id.to_owned())
+        ),
+        None => "TRUE".into(),
+    };
     let limit = p.push(big(limit));
     let doomed: Vec<String> = c
-        .query(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT {limit}"), &p.refs())?
+        .query(&format!("SELECT run_id FROM runs WHERE {doomed_sql} ORDER BY finished_at ASC, run_id ASC LIMIT {limit}"), &p.refs())?
         .iter()
         .map(|r| r.get(0))
         .collect();

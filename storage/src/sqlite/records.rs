@@ -56,6 +56,19 @@ impl Kept {
             Kept::Nothing => "0".into(),
         }
     }
+
+    /// The rows the floor does not keep are exactly those ordered before `(finished_at, run_id)` of the
+    /// answer (`None`: every row): the complement of [`Kept::sql`] as one range of the `runs_by_finish`
+    /// index, which trimming walks from its old end. (`NOT (kept)` is no range to SQLite: it scanned
+    /// every stored row at each finish.)
+    pub(crate) fn doomed_before(&self, cutoff: i64) -> Option<(i64, &str)> {
+        match self {
+            Kept::All => Some((cutoff, "")),
+            Kept::From(f, id) if (*f, id.as_str()) > (cutoff, "") => Some((*f, id)),
+            Kept::From(..) => Some((cutoff, "")),
+            Kept::Nothing => None,
+        }
+    }
 }
 
 pub(super) fn read_policy(tx: &Connection) -> Result<StoredPolicy> {
@@ -518,16 +531,31 @@ fn shed_oldest(tx: &Connection, policy: &RetentionPolicy) -> Result<usize> {
     Ok(shed)
 }
 
+/// The query of the oldest `limit` rows `kept` does not keep (SQL text and parameters): one range of
+/// `runs_by_finish` from its old end.
+fn doomed_sql(kept: &Kept, cutoff: i64, limit: usize) -> (&'static str, Vec<SqlValue>) {
+    let limit = SqlValue::Integer(limit as i64);
+    match kept.doomed_before(cutoff) {
+        Some((f, id)) => (
+            "SELECT run_id FROM runs WHERE (finished_at, run_id) < (?, ?)
+             ORDER BY finished_at ASC, run_id ASC LIMIT ?",
+            vec![SqlValue::Integer(f), SqlValue::Text(id.into()), limit],
+        ),
+        None => (
+            "SELECT run_id FROM runs ORDER BY finished_at ASC, run_id ASC LIMIT ?",
+            vec![limit],
+        ),
+    }
+}
+
 /// Trim by the persisted policy, oldest first, at most `limit` runs; answers how many went.
 fn trim(tx: &Connection, kept: &Kept, cutoff: i64, limit: usize) -> Result<usize> {
     if limit == 0 {
         return Ok(0);
     }
-    let mut p = Vec::new();
-    let keep_sql = kept.sql(cutoff, &mut p);
-    p.push(SqlValue::Integer(limit as i64));
+    let (sql, p) = doomed_sql(kept, cutoff, limit);
     let doomed: Vec<String> = tx
-        .prepare_cached(&format!("SELECT run_id FROM runs WHERE NOT ({keep_sql}) ORDER BY finished_at ASC, run_id ASC LIMIT ?"))?
+        .prepare_cached(sql)?
         .query_map(params_from_iter(p), |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     if !doomed.is_empty() {
@@ -892,5 +920,70 @@ mod tests {
             );
         }
         assert_eq!(open_cards_sql(now, 10, &Kept::Nothing, now - 1_000), None);
+    }
+
+    /// What trimming picks is exactly what the floor does not keep, for every kind of floor (a `From`
+    /// below the age cutoff included), and it is found by a range of `runs_by_finish`, never a scan of
+    /// every stored row (which a finish paid before, as `NOT (kept)` is no range to SQLite).
+    #[test]
+    fn trimming_takes_the_complement_of_the_floor_by_one_index_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = SqliteStore::open(&dir.path().join("t.db"), Synchronous::Normal).unwrap();
+        let now = 1_800_000_000_000;
+        for i in 0..40 {
+            let r = validate_record(&serde_json::json!({
+                "id": format!("r{:02}", i % 20), "channelId": "C1", "userId": "U1", "threadKey": "t",
+                "startedAt": now - 100, "finishedAt": now - (i / 2) * 10, "status": "completed",
+                "eventCount": 0, "storedEventCount": 0, "truncated": false, "events": []
+            }))
+            .unwrap();
+            s.put(&r, None, now).unwrap();
+        }
+        let tx = s.conn.transaction().unwrap();
+        let ids = |sql: &str, p: Vec<SqlValue>| -> std::collections::BTreeSet<String> {
+            tx.prepare(sql)
+                .unwrap()
+                .query_map(params_from_iter(p), |r| r.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap()
+        };
+        let all = ids("SELECT run_id FROM runs", vec![]);
+        assert_eq!(all.len(), 20);
+        let cutoff = now - 120;
+        for kept in [
+            Kept::All,
+            Kept::From(now - 50, "r05".into()),
+            Kept::From(now - 50, "r10".into()),
+            Kept::From(now - 500, "r00".into()),
+            Kept::Nothing,
+        ] {
+            let mut p = Vec::new();
+            let keep = kept.sql(cutoff, &mut p);
+            p.truncate(keep.matches('?').count());
+            let kept_ids = ids(&format!("SELECT run_id FROM runs WHERE {keep}"), p);
+            let (sql, p) = doomed_sql(&kept, cutoff, 1_000);
+            let doomed = ids(sql, p.clone());
+            assert!(kept_ids.is_disjoint(&doomed), "{kept:?}");
+            assert_eq!(
+                kept_ids.union(&doomed).cloned().collect::<std::collections::BTreeSet<_>>(),
+                all,
+                "{kept:?}"
+            );
+            if !matches!(kept, Kept::Nothing) {
+                let plan: Vec<String> = tx
+                    .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                    .unwrap()
+                    .query_map(params_from_iter(p), |r| r.get::<_, String>(3))
+                    .unwrap()
+                    .collect::<rusqlite::Result<_>>()
+                    .unwrap();
+                assert!(
+                    plan.iter().all(|step| step.starts_with("SEARCH")
+                        && step.contains("runs_by_finish")),
+                    "{kept:?}: {plan:?}"
+                );
+            }
+        }
     }
 }
