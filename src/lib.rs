@@ -289,7 +289,11 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
         receipt_ttl_ms: config.ledger.receipt_ttl_ms as i64,
         ..Default::default()
     };
-    let storage = StorageHandle::start_with(spec, clock.clone(), options);
+    let redactor = actors::redact::Redactor::new(&config.redaction.patterns)
+        .context("compile the redaction patterns")?;
+    let registry = Registry::new(clock.clone()).with_redactor(Arc::new(redactor));
+    let storage =
+        StorageHandle::start_with(spec, clock.clone(), options).here_when_alone(registry.held());
     storage.ping().await.context("start storage actor")?;
     let tokens = TokenMinter::new(
         &storage
@@ -298,9 +302,6 @@ pub async fn start_with_tools(config: Config, tools: Toolbox) -> anyhow::Result<
             .context("read the capability secret")?,
     );
     let draining = Arc::new(AtomicBool::new(false));
-    let redactor = actors::redact::Redactor::new(&config.redaction.patterns)
-        .context("compile the redaction patterns")?;
-    let registry = Registry::new(clock.clone()).with_redactor(Arc::new(redactor));
     let webhook_secret = actors::delivery::secret_from_env(config.delivery.secret_env.as_deref())
         .context("read the webhook secret")?;
     let webhook = config

@@ -127,10 +127,18 @@ async fn a_suggestion_running_past_the_configured_timeout_fails_with_reason_time
 
 /// SPEC §9 `close()`: a drain refuses plan admissions first (503, nothing allocated), then closes the
 /// coordinator — the running suggestion settles `cancelled (shutdown)` once its provider has stopped —
-/// and storage still answers after it.
+/// and storage still answers after it. A chat run that will not finish holds the drain open for its
+/// deadline, so the test sees the draining process answer (nothing else in a drain need take time).
 #[actix_web::test]
 async fn a_drain_refuses_new_suggestions_and_settles_the_running_one_as_shutdown() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(|c| c.drain.deadline_ms = 3_000).await;
+    let (status, run) = post(
+        &app,
+        "/api/messages",
+        json!({"thread": "a", "channel": "k", "user": "u", "text": "steps=1 ms=600000"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{run}");
     post(&app, "/api/plans/p1/import", json!({"snapshotId": "s1"})).await;
     // A provider that would sleep ten minutes in its first tool call.
     let (status, started) = post(

@@ -20,6 +20,7 @@
 //! - the lock is a `std::sync::Mutex` held only for map updates, never across an `.await`.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use storage::RunId;
 
@@ -178,6 +179,8 @@ pub struct Registry {
     backlog_limit: usize,
     /// Applied to every event before it is stored or shown (SPEC §8.3 redaction).
     redactor: Arc<crate::redact::Redactor>,
+    /// How many runs `inner` holds, after each change of it ([`Registry::held`]).
+    held: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -199,7 +202,22 @@ impl Registry {
             clock,
             backlog_limit: backlog_limit.max(4),
             redactor,
+            held: Arc::default(),
         }
+    }
+
+    /// How many runs the registry holds — live, or finished with their record still to land — kept
+    /// current as rows come and go: what tells the storage handle a run is alone
+    /// ([`storage::StorageHandle::here_when_alone`]).
+    pub fn held(&self) -> Arc<AtomicUsize> {
+        self.held.clone()
+    }
+
+    /// Remove `id`'s row, if any, and count what is left.
+    fn remove(&self, id: &RunId) {
+        let mut map = self.lock();
+        map.remove(id);
+        self.held.store(map.len(), Ordering::SeqCst);
     }
 
     /// The same registry redacting with `redactor` (the built-in rules plus `[redaction] patterns`).
@@ -262,6 +280,7 @@ impl Registry {
             Self::store(&mut entry, Published::new(e), self.backlog_limit);
         }
         map.insert(id.to_owned(), entry);
+        self.held.store(map.len(), Ordering::SeqCst);
     }
 
     fn store(entry: &mut Entry, event: Arc<Published>, limit: usize) {
@@ -453,7 +472,7 @@ impl Registry {
         landed.order.push_back((now, id.to_owned()));
         landed.ids.insert(id.to_owned());
         drop(landed);
-        self.lock().remove(id);
+        self.remove(id);
     }
 
     /// Whether `id`'s record landed in the last [`LANDED_MEMORY_MS`] — here, or on another host as its
@@ -466,15 +485,16 @@ impl Registry {
 
     /// Forget a run entirely (a fenced or killed run, or one handed to another process).
     pub fn discard(&self, id: &RunId) {
-        self.lock().remove(id);
+        self.remove(id);
     }
 
     /// Drop finished rows older than the TTL: runs whose record did not land (a failing store), which the
     /// registry serves meanwhile.
     pub fn evict_expired(&self) {
         let now = self.clock.now_ms();
-        self.lock()
-            .retain(|_, e| e.row.finished_at.is_none_or(|f| now - f < FINISHED_TTL_MS));
+        let mut map = self.lock();
+        map.retain(|_, e| e.row.finished_at.is_none_or(|f| now - f < FINISHED_TTL_MS));
+        self.held.store(map.len(), Ordering::SeqCst);
     }
 }
 
@@ -495,6 +515,32 @@ mod tests {
             channel_visibility: ChannelVisibility::Machine,
             parent_run_id: None,
         }
+    }
+
+    /// The count the storage handle reads to know a run is alone follows every way a row comes and
+    /// goes: created (a re-create of the same id is one row), finished (still held), landed, discarded,
+    /// expired.
+    #[test]
+    fn held_counts_the_rows_through_every_change() {
+        let clock = ManualClock::new(1000);
+        let r = Registry::new(Arc::new(clock.clone()));
+        let held = r.held();
+        let n = || held.load(Ordering::SeqCst);
+        for id in ["a", "b", "c"] {
+            r.create(&RunId::from(id), meta(), 1000, "tok".into(), vec![], 1);
+        }
+        r.create(&RunId::from("a"), meta(), 1000, "tok".into(), vec![], 1);
+        assert_eq!(n(), 3);
+        r.finish(&RunId::from("a"), RunStatus::Completed, 1000);
+        assert_eq!(n(), 3, "finished, its record still to land");
+        r.landed(&RunId::from("a"));
+        assert_eq!(n(), 2);
+        r.discard(&RunId::from("b"));
+        assert_eq!(n(), 1);
+        r.finish(&RunId::from("c"), RunStatus::Completed, 1000);
+        clock.advance(FINISHED_TTL_MS + 1);
+        r.evict_expired();
+        assert_eq!(n(), 0);
     }
 
     #[test]

@@ -21,6 +21,16 @@
 //! handler cannot (it gets one message at a time), so the actor is a plain thread reading a channel; it is
 //! still the single writer, and its mailbox is still the only way in.
 //!
+//! # Design: a lone writer commits on its own thread
+//! With nothing to group a commit with, the hand-off to this thread buys nothing and costs two thread
+//! wake-ups (the job's, then its answer's) — on a 2-core VM, a third of a lone run's CPU went to waking
+//! threads (issue 29). So a caller may run its job itself ([`Mailbox::try_run_here`]) when this thread is
+//! idle and nothing is queued: the same group code under the same lock, so the backend still runs one
+//! transaction at a time and every rule above holds. [`crate::StorageHandle`] does so only while its
+//! process holds at most one live run ([`crate::StorageHandle::here_when_alone`]): with more, a commit
+//! run by an event loop would hold up the others' writes and the group they would have shared. Not on
+//! PostgreSQL, whose synchronous client blocks only on its own thread.
+//!
 //! # Design: a bounded queue
 //! The mailbox is a `sync_channel` of [`DEFAULT_QUEUE_CAPACITY`] jobs (configurable through
 //! [`crate::StorageOptions`]). A sender never waits for room: a full queue answers
@@ -55,7 +65,7 @@ use crate::store::RunStore;
 use crate::{Error, Result};
 
 /// Everything a storage backend implements.
-pub trait Backend: RunStore + RunLedger + PlanStore + 'static {
+pub trait Backend: RunStore + RunLedger + PlanStore + Send + 'static {
     /// The secret capability tokens are derived from (hex; 32 bytes), shared by every process on the database.
     fn capability_secret(&mut self) -> Result<String>;
 
@@ -528,6 +538,8 @@ pub struct GroupStats {
     pub rejected: AtomicU64,
     /// Messages waiting in the actor's queue right now.
     pub queued: AtomicU64,
+    /// Messages run on their caller's thread, the storage thread idle ([`Mailbox::try_run_here`]).
+    pub here: AtomicU64,
     /// Reads answered on a read-only connection (never queued behind writes).
     pub pooled_reads: AtomicU64,
     /// Reads refused at once because the readers' queue was full (each answered `Unavailable`).
@@ -576,9 +588,40 @@ pub struct Mailbox {
     pub space: Arc<SpaceWatch>,
     /// What this process knows of inbox writes.
     pub inbox: Arc<InboxWatch>,
+    /// The actor itself, for [`Mailbox::try_run_here`]; `None` where a job cannot run on its caller's
+    /// thread (PostgreSQL, whose synchronous client blocks only on its own thread; a detached mailbox).
+    here: Option<Arc<std::sync::Mutex<StorageActor>>>,
 }
 
 impl Mailbox {
+    /// Run `job` on the calling thread, as a transaction of its own answered before this returns, when
+    /// the storage thread is idle with nothing queued; else give it back (to be queued). The same
+    /// [`StorageActor::run_group`] as the thread's, under the lock the thread holds for each group, so
+    /// the backend still runs one transaction at a time. What it saves is the hand-off — two thread
+    /// wake-ups a commit — which is all a lone writer's commit could gain from the thread: there is
+    /// nothing to group it with (issue 29). A caller that blocks here blocks its thread for one commit.
+    pub fn try_run_here(&self, job: Job) -> std::result::Result<(), Job> {
+        let Some(actor) = &self.here else {
+            return Err(job);
+        };
+        if self.stats.queued.load(SeqCst) != 0 {
+            return Err(job);
+        }
+        match actor.try_lock() {
+            Ok(mut actor) => {
+                self.stats.here.fetch_add(1, Relaxed);
+                actor.run_group(vec![job]);
+                Ok(())
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                self.stats.here.fetch_add(1, Relaxed);
+                p.into_inner().run_group(vec![job]);
+                Ok(())
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Err(job),
+        }
+    }
+
     /// Queue `job`; `false` when the actor is gone or its queue is full (then counted).
     pub fn send(&self, job: Job) -> bool {
         self.try_send(job).is_ok()
@@ -780,6 +823,7 @@ pub fn detached(capacity: usize) -> (Mailbox, mpsc::Receiver<Job>) {
         stats: Default::default(),
         space: Default::default(),
         inbox: Default::default(),
+        here: None,
     };
     (mailbox, rx)
 }
@@ -798,12 +842,20 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
     // and migrated (or the failure logged) when `start` returns, as before.
     let inbox = Arc::new(InboxWatch::default());
     let watch = inbox.clone();
-    let (opened_tx, opened) = mpsc::sync_channel::<(Arc<GroupStats>, Arc<SpaceWatch>)>(1);
+    let (opened_tx, opened) = mpsc::sync_channel::<(
+        Arc<GroupStats>,
+        Arc<SpaceWatch>,
+        Arc<std::sync::Mutex<StorageActor>>,
+    )>(1);
+    let here = !matches!(spec, BackendSpec::Postgres { .. });
     std::thread::Builder::new()
         .name("storage-actor".into())
         .spawn(move || {
-            let mut actor = StorageActor::new(spec, watch);
-            let _ = opened_tx.send((actor.stats.clone(), actor.space.clone()));
+            let actor = StorageActor::new(spec, watch);
+            let (stats, space) = (actor.stats.clone(), actor.space.clone());
+            // Locked for each group, and by a caller running a job of its own ([`Mailbox::try_run_here`]).
+            let actor = Arc::new(std::sync::Mutex::new(actor));
+            let _ = opened_tx.send((stats.clone(), space, actor.clone()));
             while let Ok(first) = rx.recv() {
                 let mut jobs = vec![first];
                 while jobs.len() < MAX_GROUP {
@@ -812,17 +864,21 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
                         Err(_) => break,
                     }
                 }
-                actor.stats.queued.fetch_sub(jobs.len() as u64, Relaxed);
-                actor.run_group(jobs);
+                stats.queued.fetch_sub(jobs.len() as u64, Relaxed);
+                actor
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .run_group(jobs);
             }
         })
         .expect("spawn the storage thread");
-    let (stats, space) = opened.recv().expect("the storage thread opens its backend");
+    let (stats, space, actor) = opened.recv().expect("the storage thread opens its backend");
     Mailbox {
         tx,
         stats,
         space,
         inbox,
+        here: here.then_some(actor),
     }
 }
 

@@ -121,6 +121,66 @@ async fn a_full_actor_queue_answers_unavailable_at_once_and_is_counted() {
     }
 }
 
+/// A lone run's write runs on its caller's thread — no hand-off — while the storage thread is idle with
+/// nothing queued; with more live runs, with the thread busy, or on a handle that never asked, it is
+/// queued for the storage thread. Every one of them answers and lands.
+#[actix_rt::test]
+async fn a_lone_runs_write_runs_on_its_callers_thread_only_while_the_storage_thread_is_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, spec) in [
+        ("memory", BackendSpec::Memory(MemoryStore::new())),
+        ("sqlite", sqlite(dir.path())),
+    ] {
+        let clock = Arc::new(ManualClock::new(NOW));
+        let plain = StorageHandle::start(spec, clock);
+        let live = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+        let h = plain.clone().here_when_alone(live.clone());
+        let stats = h.group_stats();
+        let caller = std::thread::current().id();
+        let here = || async {
+            h.transact_for_test(|_, _| Ok(std::thread::current().id()))
+                .await
+                .unwrap()
+                == caller
+        };
+        assert!(here().await, "{name}: alone, idle");
+        assert!(h.put(record("alone"), None).await.unwrap().stored, "{name}");
+        assert_eq!(stats.here.load(Relaxed), 2, "{name}");
+
+        live.store(2, Relaxed);
+        assert!(!here().await, "{name}: another live run");
+        let ran_on = plain
+            .transact_for_test(|_, _| Ok(std::thread::current().id()))
+            .await
+            .unwrap();
+        assert_ne!(ran_on, caller, "{name}: a handle that never asked");
+
+        // The storage thread busy (the holding job went to it while two runs were live): a lone run's
+        // write waits in the queue and lands once the thread is free.
+        let (entered_tx, entered) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel();
+        let held = actix_rt::spawn({
+            let h = h.clone();
+            async move { h.transact_for_test(holding(entered_tx, release_rx)).await }
+        });
+        until("the actor holds", || entered.try_recv().is_ok()).await;
+        live.store(1, Relaxed);
+        let queued = actix_rt::spawn({
+            let h = h.clone();
+            async move { h.put(record("queued"), None).await }
+        });
+        until("the write is queued", || stats.queued.load(Relaxed) == 1).await;
+        release.send(()).unwrap();
+        held.await.unwrap().unwrap();
+        assert!(queued.await.unwrap().unwrap().stored, "{name}");
+        assert_eq!(stats.here.load(Relaxed), 2, "{name}: nothing more ran here");
+        for id in ["alone", "queued"] {
+            assert!(h.get(id.into()).await.unwrap().is_some(), "{name}: {id}");
+        }
+        assert!(here().await, "{name}: idle again");
+    }
+}
+
 #[actix_rt::test]
 async fn reads_answer_on_read_only_connections_while_the_actor_is_busy() {
     let dir = tempfile::tempdir().unwrap();

@@ -76,6 +76,9 @@ pub struct StorageHandle {
     /// Tests: the next `finishing` commits, then its answer is lost and an outage begins.
     #[cfg(any(test, feature = "test-hooks"))]
     lose_finishing: Arc<std::sync::atomic::AtomicBool>,
+    /// The live runs of this process, when writes may run on their caller's thread while there is at
+    /// most one ([`StorageHandle::here_when_alone`]).
+    alone: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl std::fmt::Debug for StorageHandle {
@@ -128,7 +131,17 @@ impl StorageHandle {
             expire_after: Default::default(),
             #[cfg(any(test, feature = "test-hooks"))]
             lose_finishing: Default::default(),
+            alone: None,
         }
+    }
+
+    /// This handle (and its clones from here on) runs a write on its caller's thread when `live_runs`
+    /// — the runs this process holds live, kept by its registry — is at most one and the storage
+    /// thread is idle with nothing queued ([`crate::actor::Mailbox::try_run_here`]): a lone run's
+    /// commit then costs no thread hand-off. A caller blocks its thread for that commit.
+    pub fn here_when_alone(mut self, live_runs: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        self.alone = Some(live_runs);
+        self
     }
 
     /// A handle on a [`crate::actor::detached`] mailbox: no storage thread, no readers; every call waits
@@ -145,6 +158,7 @@ impl StorageHandle {
             expire_after: Default::default(),
             #[cfg(any(test, feature = "test-hooks"))]
             lose_finishing: Default::default(),
+            alone: None,
         }
     }
 
@@ -221,8 +235,19 @@ impl StorageHandle {
         job: crate::actor::Job,
         rx: tokio::sync::oneshot::Receiver<Result<R>>,
     ) -> Result<R> {
-        if let Err(e) = self.mailbox.try_send(job) {
-            return Err(e.into_error("storage actor"));
+        let alone = self
+            .alone
+            .as_ref()
+            .is_some_and(|live| live.load(std::sync::atomic::Ordering::SeqCst) <= 1);
+        let job = if alone {
+            self.mailbox.try_run_here(job).err()
+        } else {
+            Some(job)
+        };
+        if let Some(job) = job {
+            if let Err(e) = self.mailbox.try_send(job) {
+                return Err(e.into_error("storage actor"));
+            }
         }
         rx.await
             .map_err(|_| Error::Unavailable("the storage actor dropped the message".into()))?

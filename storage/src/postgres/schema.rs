@@ -156,6 +156,15 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE TRIGGER run_totals_follow AFTER INSERT OR DELETE OR UPDATE OF bytes ON runs
         FOR EACH ROW EXECUTE FUNCTION run_totals_follow();
     "#,
+    // 6: as SQLite's migration 12: the status and parent indexes hold only the rows their listings read
+    // (a status filter never lists a tombstone; a parent filter names one), so a run's tombstone and a
+    // run with no parent write no entry in them.
+    r#"
+    DROP INDEX runs_by_status;
+    CREATE INDEX runs_by_status ON runs(status, finished_at, run_id) WHERE NOT provisional;
+    DROP INDEX runs_by_parent;
+    CREATE INDEX runs_by_parent ON runs(parent_run_id, finished_at, run_id) WHERE parent_run_id IS NOT NULL;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

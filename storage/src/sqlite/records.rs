@@ -841,6 +841,10 @@ mod tests {
                 ..ListQuery::visible_to(VisibilityFilter::All)
             },
             ListQuery {
+                parent_run_id: Some(RunId::from("r1")),
+                ..ListQuery::visible_to(VisibilityFilter::All)
+            },
+            ListQuery {
                 status: Some(crate::record::RunStatus::Completed),
                 before: Some(cursor.clone()),
                 ..ListQuery::visible_to(VisibilityFilter::All)
@@ -873,6 +877,33 @@ mod tests {
                 !plan.iter().any(|step| step.contains("TEMP B-TREE")),
                 "{plan:?}"
             );
+        }
+        // The partial indexes serve the listings they were cut for.
+        for (query, index) in [
+            (
+                ListQuery {
+                    status: Some(crate::record::RunStatus::Completed),
+                    ..ListQuery::visible_to(VisibilityFilter::All)
+                },
+                "runs_by_status",
+            ),
+            (
+                ListQuery {
+                    parent_run_id: Some(RunId::from("r1")),
+                    ..ListQuery::visible_to(VisibilityFilter::All)
+                },
+                "runs_by_parent",
+            ),
+        ] {
+            let (sql, params) = list_sql(&query, &kept, policy.cutoff_ms(now)).expect("a query");
+            let plan: Vec<String> = tx
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert!(plan.iter().any(|step| step.contains(index)), "{plan:?}");
         }
     }
 
@@ -966,7 +997,10 @@ mod tests {
             let doomed = ids(sql, p.clone());
             assert!(kept_ids.is_disjoint(&doomed), "{kept:?}");
             assert_eq!(
-                kept_ids.union(&doomed).cloned().collect::<std::collections::BTreeSet<_>>(),
+                kept_ids
+                    .union(&doomed)
+                    .cloned()
+                    .collect::<std::collections::BTreeSet<_>>(),
                 all,
                 "{kept:?}"
             );
@@ -979,8 +1013,8 @@ mod tests {
                     .collect::<rusqlite::Result<_>>()
                     .unwrap();
                 assert!(
-                    plan.iter().all(|step| step.starts_with("SEARCH")
-                        && step.contains("runs_by_finish")),
+                    plan.iter()
+                        .all(|step| step.starts_with("SEARCH") && step.contains("runs_by_finish")),
                     "{kept:?}: {plan:?}"
                 );
             }
