@@ -546,6 +546,8 @@ pub struct GroupStats {
     pub reads_rejected: AtomicU64,
     /// Reads waiting in the readers' queue right now.
     pub reads_queued: AtomicU64,
+    /// Reads run on their caller's thread, no read queued ([`crate::readers::ReadPool::try_run_here`]).
+    pub reads_here: AtomicU64,
     /// Reads a reader handed to the actor because it could not open its connection (a database not
     /// created or migrated yet).
     pub reads_on_actor: AtomicU64,

@@ -85,6 +85,10 @@ pub struct ReadPool {
     /// Bounded: a sender never blocks (see the module doc).
     tx: mpsc::SyncSender<Job>,
     stats: Arc<GroupStats>,
+    /// SQLite: one more read-only connection (opened on first use), for a caller that runs its read
+    /// itself ([`ReadPool::try_run_here`]); `None` on PostgreSQL, whose synchronous client blocks only
+    /// on a thread of its own.
+    here: Option<(ReadSource, Arc<Mutex<Option<Box<dyn Backend>>>>)>,
 }
 
 impl ReadPool {
@@ -101,7 +105,40 @@ impl ReadPool {
                 .spawn(move || reader(&rx, &source, &fallback))
                 .expect("spawn a storage reader thread");
         }
-        ReadPool { tx, stats }
+        let here = matches!(source, ReadSource::Sqlite(_)).then(|| (source, Arc::default()));
+        ReadPool { tx, stats, here }
+    }
+
+    /// Run the read `job` on the calling thread, on the pool's spare connection, when no read is
+    /// queued and that connection is free; else give it back (to be queued). A lone run's point read
+    /// then costs no hand-off to a reader thread and back (issue 29); the caller blocks its thread for
+    /// the read.
+    pub fn try_run_here(&self, job: Job) -> Result<(), Job> {
+        let Some((source, conn)) = &self.here else {
+            return Err(job);
+        };
+        if self.stats.reads_queued.load(Relaxed) != 0 {
+            return Err(job);
+        }
+        let Ok(mut conn) = conn.try_lock() else {
+            return Err(job);
+        };
+        if conn.is_none() {
+            match source.open() {
+                Ok(c) => *conn = Some(c),
+                Err(_) => return Err(job), // a reader thread opens its own, or hands it to the actor
+            }
+        }
+        let store = conn.as_mut().expect("opened above");
+        let mut job = job;
+        let poisoned = job.run(store.as_mut());
+        self.stats.reads_here.fetch_add(1, Relaxed);
+        job.reply(None);
+        if poisoned {
+            tracing::warn!(source = %source.describe(), "the spare read connection is dropped after a poisoning error");
+            *conn = None;
+        }
+        Ok(())
     }
 
     /// Queue a read without waiting: a full queue is [`SendError::Full`] (counted), stopped readers

@@ -135,10 +135,12 @@ impl StorageHandle {
         }
     }
 
-    /// This handle (and its clones from here on) runs a write on its caller's thread when `live_runs`
-    /// — the runs this process holds live, kept by its registry — is at most one and the storage
-    /// thread is idle with nothing queued ([`crate::actor::Mailbox::try_run_here`]): a lone run's
-    /// commit then costs no thread hand-off. A caller blocks its thread for that commit.
+    /// This handle (and its clones from here on) runs a call on its caller's thread when `live_runs`
+    /// — the runs this process holds live, kept by its registry — is at most one: a write when the
+    /// storage thread is idle with nothing queued ([`crate::actor::Mailbox::try_run_here`]), a read
+    /// when no read is queued and the readers' spare connection is free
+    /// ([`crate::readers::ReadPool::try_run_here`]). A lone run's commits and point reads then cost
+    /// no thread hand-off; a caller blocks its thread for that call.
     pub fn here_when_alone(mut self, live_runs: Arc<std::sync::atomic::AtomicUsize>) -> Self {
         self.alone = Some(live_runs);
         self
@@ -230,16 +232,20 @@ impl StorageHandle {
         self.send(crate::actor::job_again(body, tx), rx).await
     }
 
+    /// Whether this process holds at most one live run and this handle may run a call on its caller's
+    /// thread then ([`StorageHandle::here_when_alone`]).
+    fn alone(&self) -> bool {
+        self.alone
+            .as_ref()
+            .is_some_and(|live| live.load(std::sync::atomic::Ordering::SeqCst) <= 1)
+    }
+
     async fn send<R>(
         &self,
         job: crate::actor::Job,
         rx: tokio::sync::oneshot::Receiver<Result<R>>,
     ) -> Result<R> {
-        let alone = self
-            .alone
-            .as_ref()
-            .is_some_and(|live| live.load(std::sync::atomic::Ordering::SeqCst) <= 1);
-        let job = if alone {
+        let job = if self.alone() {
             self.mailbox.try_run_here(job).err()
         } else {
             Some(job)
@@ -270,8 +276,16 @@ impl StorageHandle {
         let now = self.clock.now_ms();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::BodyAgain<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
-        if let Err(e) = readers.try_send(crate::actor::job_again(body, tx)) {
-            return Err(e.into_error("storage readers"));
+        let job = crate::actor::job_again(body, tx);
+        let job = if self.alone() {
+            readers.try_run_here(job).err()
+        } else {
+            Some(job)
+        };
+        if let Some(job) = job {
+            if let Err(e) = readers.try_send(job) {
+                return Err(e.into_error("storage readers"));
+            }
         }
         rx.await
             .map_err(|_| Error::Unavailable("the storage readers dropped the message".into()))?
