@@ -88,8 +88,11 @@ pub struct ReadPool {
     /// SQLite: one more read-only connection (opened on first use), for a caller that runs its read
     /// itself ([`ReadPool::try_run_here`]); `None` on PostgreSQL, whose synchronous client blocks only
     /// on a thread of its own.
-    here: Option<(ReadSource, Arc<Mutex<Option<Box<dyn Backend>>>>)>,
+    here: Option<(ReadSource, Spare)>,
 }
+
+/// The readers' spare connection: opened on first use, dropped after a poisoning error.
+type Spare = Arc<Mutex<Option<Box<dyn Backend>>>>;
 
 impl ReadPool {
     /// Start `readers` threads (at least 1) reading `source`, behind a queue of `capacity` jobs;
