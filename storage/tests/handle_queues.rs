@@ -45,6 +45,23 @@ async fn until(what: &str, check: impl Fn() -> bool) {
     }
 }
 
+/// Hold the storage thread busy with a [`holding`] job until the answered sender is sent to (or dropped).
+async fn hold_actor(
+    h: &StorageHandle,
+) -> (
+    actix_rt::task::JoinHandle<storage::Result<()>>,
+    mpsc::Sender<()>,
+) {
+    let (entered_tx, entered) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel();
+    let held = actix_rt::spawn({
+        let h = h.clone();
+        async move { h.transact_for_test(holding(entered_tx, release_rx)).await }
+    });
+    until("the actor holds", || entered.try_recv().is_ok()).await;
+    (held, release)
+}
+
 /// A job for `transact_for_test` / `read_for_test` that says when it started and then holds its thread
 /// until released.
 fn holding(
@@ -70,14 +87,8 @@ async fn a_full_actor_queue_answers_unavailable_at_once_and_is_counted() {
             ..Default::default()
         };
         let h = StorageHandle::start_with(spec, Arc::new(ManualClock::new(NOW)), options);
-        let (entered_tx, entered) = mpsc::channel();
-        let (release, release_rx) = mpsc::channel();
         // The actor takes the holding job and waits; two more fill its queue of two.
-        let held = actix_rt::spawn({
-            let h = h.clone();
-            async move { h.transact_for_test(holding(entered_tx, release_rx)).await }
-        });
-        until("the actor holds", || entered.try_recv().is_ok()).await;
+        let (held, release) = hold_actor(&h).await;
         let queued: Vec<_> = (0..2)
             .map(|i| {
                 let h = h.clone();
@@ -163,13 +174,7 @@ async fn a_lone_runs_write_runs_on_its_callers_thread_only_while_the_storage_thr
 
         // The storage thread busy (the holding job went to it while two runs were live): a lone run's
         // write waits in the queue and lands once the thread is free.
-        let (entered_tx, entered) = mpsc::channel();
-        let (release, release_rx) = mpsc::channel();
-        let held = actix_rt::spawn({
-            let h = h.clone();
-            async move { h.transact_for_test(holding(entered_tx, release_rx)).await }
-        });
-        until("the actor holds", || entered.try_recv().is_ok()).await;
+        let (held, release) = hold_actor(&h).await;
         live.store(1, Relaxed);
         let ran_here = stats.here.load(Relaxed);
         let queued = actix_rt::spawn({
@@ -206,13 +211,7 @@ async fn reads_answer_on_read_only_connections_while_the_actor_is_busy() {
     let dir = tempfile::tempdir().unwrap();
     let h = StorageHandle::start(sqlite(dir.path()), Arc::new(ManualClock::new(NOW)));
     assert!(h.put(record("r1"), None).await.unwrap().stored);
-    let (entered_tx, entered) = mpsc::channel();
-    let (release, release_rx) = mpsc::channel();
-    let held = actix_rt::spawn({
-        let h = h.clone();
-        async move { h.transact_for_test(holding(entered_tx, release_rx)).await }
-    });
-    until("the actor holds", || entered.try_recv().is_ok()).await;
+    let (held, release) = hold_actor(&h).await;
     // A write queued behind the busy actor…
     let write = actix_rt::spawn({
         let h = h.clone();

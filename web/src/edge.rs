@@ -368,7 +368,11 @@ where
 /// logging, and at debug otherwise. The path's own values (ids, tokens) are never logged: the pattern is.
 fn log(res: &ServiceResponse, started: Instant, metrics: &Metrics) {
     let took = started.elapsed();
-    let route = res.request().match_pattern();
+    let route: Option<std::borrow::Cow<'_, str>> =
+        match res.request().app_data::<crate::routes::RoutePattern>() {
+            Some(pattern) => Some(pattern.0.as_str().into()),
+            None => res.request().match_pattern().map(Into::into),
+        };
     let status = res.status().as_u16();
     metrics.http_request(route.as_deref(), status, took);
     let (method, route, latency_ms) = (

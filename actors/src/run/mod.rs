@@ -403,6 +403,9 @@ pub struct RunActor {
     /// `stop_requested`): held so that nothing takes the seq its record gives the answer. A run that
     /// sealed drops them (it ended before it heard them); one that went the long way shows them.
     held: Option<Vec<RunEvent>>,
+    /// The span every effect of the run runs in (`run_id`, `generation`): made once, each effect takes a
+    /// clone (a reference count) instead of formatting the fields again.
+    span: tracing::Span,
 }
 
 impl RunActor {
@@ -412,6 +415,8 @@ impl RunActor {
             Launch::Resume(a) => a.row.run_id.clone(),
             Launch::Restart { row, .. } | Launch::Deliver { row, .. } => row.run_id.clone(),
         };
+        let span =
+            tracing::info_span!(parent: None, "run", run_id = %id, generation = deps.gen.as_str());
         RunActor {
             id,
             deps,
@@ -424,6 +429,7 @@ impl RunActor {
             failure: None,
             successor: None,
             held: None,
+            span,
         }
     }
 
@@ -472,9 +478,10 @@ impl RunActor {
         Self: Handler<M>,
     {
         let epoch = self.epoch;
-        let span =
-            tracing::info_span!("run", run_id = %self.id, generation = self.deps.gen.as_str());
-        let fut = tracing::Instrument::instrument(AssertUnwindSafe(fut).catch_unwind(), span);
+        let fut = tracing::Instrument::instrument(
+            AssertUnwindSafe(fut).catch_unwind(),
+            self.span.clone(),
+        );
         let handle = ctx.spawn(fut.into_actor(self).map(move |out, _act, ctx| {
             match out {
                 Ok(v) => ctx.notify(answer(epoch, v)),

@@ -727,6 +727,16 @@ pub(super) fn purge_in(tx: &Connection, run_id: &RunId) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SQLite's plan of `sql`: one line a step (`EXPLAIN QUERY PLAN`'s detail column).
+    fn query_plan(tx: &Connection, sql: &str, params: Vec<SqlValue>) -> Vec<String> {
+        tx.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
     use crate::record::validate_record;
     use crate::sqlite::{SqliteStore, Synchronous};
     use crate::store::RunStore;
@@ -859,13 +869,7 @@ mod tests {
         ] {
             let (sql, params) = list_sql(&query, &kept, policy.cutoff_ms(now)).expect("a query");
             assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");
-            let plan: Vec<String> = tx
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap();
+            let plan = query_plan(&tx, &sql, params);
             eprintln!("{sql}\n  plan: {plan:?}");
             assert!(
                 plan.iter()
@@ -896,13 +900,7 @@ mod tests {
             ),
         ] {
             let (sql, params) = list_sql(&query, &kept, policy.cutoff_ms(now)).expect("a query");
-            let plan: Vec<String> = tx
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap();
+            let plan = query_plan(&tx, &sql, params);
             assert!(plan.iter().any(|step| step.contains(index)), "{plan:?}");
         }
     }
@@ -934,13 +932,7 @@ mod tests {
         for kept in [Kept::All, Kept::From(now - 40, "r40".into())] {
             let (sql, params) = open_cards_sql(now, 10, &kept, now - 1_000).expect("a query");
             assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");
-            let plan: Vec<String> = tx
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap();
+            let plan = query_plan(&tx, &sql, params);
             assert!(
                 plan.iter().all(|step| step.contains("runs_open_cards")),
                 "{plan:?}"
@@ -1005,13 +997,7 @@ mod tests {
                 "{kept:?}"
             );
             if !matches!(kept, Kept::Nothing) {
-                let plan: Vec<String> = tx
-                    .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                    .unwrap()
-                    .query_map(params_from_iter(p), |r| r.get::<_, String>(3))
-                    .unwrap()
-                    .collect::<rusqlite::Result<_>>()
-                    .unwrap();
+                let plan = query_plan(&tx, sql, p);
                 assert!(
                     plan.iter()
                         .all(|step| step.starts_with("SEARCH") && step.contains("runs_by_finish")),

@@ -53,13 +53,21 @@ pub fn resource(path: &str, allow: &'static str) -> Resource {
             "{path} ({allow}) is not in routes::API_ROUTES"
         );
     }
-    web::resource(path).default_service(web::to(move |req: HttpRequest| async move {
-        Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed {
-            method: req.method().to_string(),
-            allow,
-        })
-    }))
+    web::resource(path)
+        .app_data(RoutePattern(path.to_owned()))
+        .default_service(web::to(move |req: HttpRequest| async move {
+            Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed {
+                method: req.method().to_string(),
+                allow,
+            })
+        }))
 }
+
+/// The pattern of the resource a request matched (resource-level app data of every [`resource`]), for
+/// the request log and metrics: read from the matched resource instead of matching the path against
+/// every pattern again, as `HttpRequest::match_pattern` does.
+#[derive(Debug, Clone)]
+pub struct RoutePattern(pub String);
 
 /// The app's default service: a path no resource matches.
 pub async fn not_found(req: HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
