@@ -1,9 +1,10 @@
 //! `StorageHandle`: the async face of the storage actor and its readers.
 //!
 //! Cheap to clone; every method sends one job and awaits its answer. Writes (and every method of the
-//! memory and PostgreSQL backends — PostgreSQL has no read pool yet) go to the storage actor's queue; reads of the SQLite backend go to the readers'
-//! queue ([`crate::readers`]), so a heartbeat or a step never waits behind a list or an SSE poll
-//! (SPEC §1.2). Both queues are bounded: a full one, a closed one or a dropped message becomes
+//! memory backend) go to the storage actor's queue; reads go to the readers' queue ([`crate::readers`]:
+//! SQLite, and PostgreSQL with a read pool), so a heartbeat or a step never waits behind a list or an SSE
+//! poll (SPEC §1.2). A lone run's calls skip the queues when nothing waits in them and run on the caller's
+//! thread ([`StorageHandle::here_when_alone`]). Both queues are bounded: a full one, a closed one or a dropped message becomes
 //! [`Error::Unavailable`] at once (transient: the caller retries), never a panic and never a wait. The
 //! handle stamps `now_ms` from its injected [`Clock`], so time is the handle's, not a database thread's.
 //!
