@@ -28,6 +28,7 @@ use crate::store::{EventsPage, ListPage, ListQuery, PolicyProposal, PutOutcome};
 use crate::{Error, Result};
 
 mod composite;
+mod plans;
 #[cfg(any(test, feature = "test-hooks"))]
 mod testing;
 pub use composite::finish_in;
@@ -844,91 +845,5 @@ impl StorageHandle {
     /// Row counts of every table (a full count: tests, forensics, an occasional gauge).
     pub async fn table_rows(&self) -> Result<TableRows> {
         self.read(|b, _| b.table_rows()).await
-    }
-
-    // ---- plans (SPEC §9); each call is one transaction on the storage thread ----
-
-    pub async fn import_plan(&self, import: crate::plan::Import) -> Result<crate::plan::Imported> {
-        self.transact(move |b, now| b.import(&import, now)).await
-    }
-
-    pub async fn plan(&self, plan_id: crate::plan::PlanId) -> Result<Option<crate::plan::Plan>> {
-        self.read(move |b, _| b.plan(&plan_id)).await
-    }
-
-    /// Allocate a request held by `holder` for `lease_ms` (SPEC §9).
-    pub async fn allocate_request(
-        &self,
-        identity: crate::plan::PlanBinding,
-        holder: crate::Generation,
-        lease_ms: i64,
-    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.allocate_request(&identity, &holder, lease_ms, now))
-            .await
-    }
-
-    /// Renew the lease of `holder`'s pending requests among `request_ids`; answers how many.
-    pub async fn renew_plan_requests(
-        &self,
-        holder: crate::Generation,
-        request_ids: Vec<crate::plan::RequestId>,
-        lease_ms: i64,
-    ) -> Result<usize> {
-        self.transact(move |b, now| b.renew_requests(&holder, &request_ids, lease_ms, now))
-            .await
-    }
-
-    /// The pending requests whose holder is among `dead`, past its lease, or absent.
-    pub async fn orphaned_plan_requests(
-        &self,
-        dead: Vec<crate::Generation>,
-    ) -> Result<Vec<crate::plan::Orphan>> {
-        self.read(move |b, now| b.orphaned_requests(&dead, now))
-            .await
-    }
-
-    /// The publication CAS: the plan's binding, every card and the exact pending attempt are checked in
-    /// the same transaction that writes the ready row — nothing runs between the checks and the write.
-    pub async fn complete_suggestions(
-        &self,
-        request_id: crate::plan::RequestId,
-        binding: crate::plan::PlanBinding,
-        cards: Vec<crate::plan::Card>,
-    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.complete_suggestions(&request_id, &binding, &cards, now))
-            .await
-    }
-
-    pub async fn settle_suggestion(
-        &self,
-        request_id: crate::plan::RequestId,
-        binding: crate::plan::PlanBinding,
-        settlement: crate::plan::Settlement,
-    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.settle_suggestion(&request_id, &binding, &settlement, now))
-            .await
-    }
-
-    pub async fn consume_suggestion(
-        &self,
-        request_id: crate::plan::RequestId,
-    ) -> Result<crate::plan::PlanOutcome<crate::plan::Consumed>> {
-        self.transact(move |b, now| b.consume(&request_id, now))
-            .await
-    }
-
-    pub async fn dismiss_suggestion(
-        &self,
-        request_id: crate::plan::RequestId,
-    ) -> Result<crate::plan::PlanOutcome<crate::plan::PlanRequest>> {
-        self.transact(move |b, now| b.dismiss(&request_id, now))
-            .await
-    }
-
-    pub async fn plan_request(
-        &self,
-        request_id: crate::plan::RequestId,
-    ) -> Result<Option<crate::plan::PlanRequest>> {
-        self.read(move |b, _| b.get_request(&request_id)).await
     }
 }
