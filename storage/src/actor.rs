@@ -609,19 +609,15 @@ impl Mailbox {
         if self.stats.queued.load(SeqCst) != 0 {
             return Err(job);
         }
-        match actor.try_lock() {
-            Ok(mut actor) => {
-                self.stats.here.fetch_add(1, Relaxed);
-                actor.run_group(vec![job]);
-                Ok(())
-            }
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                self.stats.here.fetch_add(1, Relaxed);
-                p.into_inner().run_group(vec![job]);
-                Ok(())
-            }
-            Err(std::sync::TryLockError::WouldBlock) => Err(job),
-        }
+        let mut actor = match actor.try_lock() {
+            Ok(actor) => actor,
+            // As the thread does: a poisoned lock still guards a valid actor.
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Err(job),
+        };
+        self.stats.here.fetch_add(1, Relaxed);
+        actor.run_group(vec![job]);
+        Ok(())
     }
 
     /// Queue `job`; `false` when the actor is gone or its queue is full (then counted).

@@ -28,6 +28,7 @@
 //! outlives them.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -126,22 +127,9 @@ impl ReadPool {
         let Ok(mut conn) = conn.try_lock() else {
             return Err(job);
         };
-        if conn.is_none() {
-            match source.open() {
-                Ok(c) => *conn = Some(c),
-                Err(_) => return Err(job), // a reader thread opens its own, or hands it to the actor
-            }
-        }
-        let store = conn.as_mut().expect("opened above");
-        let mut job = job;
-        let poisoned = job.run(store.as_mut());
-        self.stats.reads_here.fetch_add(1, Relaxed);
-        job.reply(None);
-        if poisoned {
-            tracing::warn!(source = %source.describe(), "the spare read connection is dropped after a poisoning error");
-            *conn = None;
-        }
-        Ok(())
+        // A connection that does not open gives the job back: a reader thread opens its own, or hands
+        // it to the actor.
+        run_read(&mut conn, source, job, &self.stats.reads_here).map_err(|(job, _)| job)
     }
 
     /// Queue a read without waiting: a full queue is [`SendError::Full`] (counted), stopped readers
@@ -175,29 +163,38 @@ fn reader(rx: &Mutex<mpsc::Receiver<Job>>, source: &ReadSource, fallback: &Mailb
             Err(_) => return, // every handle is gone
         };
         stats.reads_queued.fetch_sub(1, Relaxed);
-        if conn.is_none() {
-            conn = match source.open() {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::debug!(error = %e, source = %source.describe(), "a reader could not open its connection; the actor answers");
-                    None
-                }
-            };
-        }
-        let Some(store) = conn.as_mut() else {
+        if let Err((job, e)) = run_read(&mut conn, source, job, &stats.pooled_reads) {
+            tracing::debug!(error = %e, source = %source.describe(), "a reader could not open its connection; the actor answers");
             stats.reads_on_actor.fetch_add(1, Relaxed);
             // Dropping a job the actor cannot take drops its reply channel: the caller answers
             // `Unavailable`.
             let _ = fallback.try_send(job);
-            continue;
-        };
-        let mut job = job;
-        let poisoned = job.run(store.as_mut());
-        stats.pooled_reads.fetch_add(1, Relaxed);
-        job.reply(None);
-        if poisoned {
-            tracing::warn!(source = %source.describe(), "a reader's connection is dropped after a poisoning error");
-            conn = None;
         }
     }
+}
+
+/// Run the read `job` on `conn` — opened from `source` first when there is none — count it in `ran`
+/// and answer it; a connection-poisoning error drops the connection, so the next read opens a fresh
+/// one. When no connection opens, the job comes back with why.
+fn run_read(
+    conn: &mut Option<Box<dyn Backend>>,
+    source: &ReadSource,
+    mut job: Job,
+    ran: &AtomicU64,
+) -> Result<(), (Job, crate::Error)> {
+    let store = match conn {
+        Some(store) => store,
+        None => match source.open() {
+            Ok(store) => conn.insert(store),
+            Err(e) => return Err((job, e)),
+        },
+    };
+    let poisoned = job.run(store.as_mut());
+    ran.fetch_add(1, Relaxed);
+    job.reply(None);
+    if poisoned {
+        tracing::warn!(source = %source.describe(), "a read connection is dropped after a poisoning error");
+        *conn = None;
+    }
+    Ok(())
 }

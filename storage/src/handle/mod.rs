@@ -234,12 +234,22 @@ impl StorageHandle {
         self.send(crate::actor::job_again(body, tx), rx).await
     }
 
-    /// Whether this process holds at most one live run and this handle may run a call on its caller's
-    /// thread then ([`StorageHandle::here_when_alone`]).
-    fn alone(&self) -> bool {
-        self.alone
+    /// `job` run on the caller's thread by `here` while this process holds at most one live run
+    /// ([`StorageHandle::here_when_alone`]); else, or when `here` gives it back, the job to queue.
+    fn run_here_if_alone(
+        &self,
+        job: crate::actor::Job,
+        here: impl FnOnce(crate::actor::Job) -> std::result::Result<(), crate::actor::Job>,
+    ) -> Option<crate::actor::Job> {
+        let alone = self
+            .alone
             .as_ref()
-            .is_some_and(|live| live.load(std::sync::atomic::Ordering::SeqCst) <= 1)
+            .is_some_and(|live| live.load(std::sync::atomic::Ordering::SeqCst) <= 1);
+        if alone {
+            here(job).err()
+        } else {
+            Some(job)
+        }
     }
 
     async fn send<R>(
@@ -247,12 +257,7 @@ impl StorageHandle {
         job: crate::actor::Job,
         rx: tokio::sync::oneshot::Receiver<Result<R>>,
     ) -> Result<R> {
-        let job = if self.alone() {
-            self.mailbox.try_run_here(job).err()
-        } else {
-            Some(job)
-        };
-        if let Some(job) = job {
+        if let Some(job) = self.run_here_if_alone(job, |job| self.mailbox.try_run_here(job)) {
             if let Err(e) = self.mailbox.try_send(job) {
                 return Err(e.into_error("storage actor"));
             }
@@ -279,12 +284,7 @@ impl StorageHandle {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let body: crate::actor::BodyAgain<R> = Box::new(move |b: &mut dyn Backend| f(b, now));
         let job = crate::actor::job_again(body, tx);
-        let job = if self.alone() {
-            readers.try_run_here(job).err()
-        } else {
-            Some(job)
-        };
-        if let Some(job) = job {
+        if let Some(job) = self.run_here_if_alone(job, |job| readers.try_run_here(job)) {
             if let Err(e) = readers.try_send(job) {
                 return Err(e.into_error("storage readers"));
             }

@@ -727,6 +727,9 @@ pub(super) fn purge_in(tx: &Connection, run_id: &RunId) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::validate_record;
+    use crate::sqlite::{SqliteStore, Synchronous};
+    use crate::store::RunStore;
 
     /// SQLite's plan of `sql`: one line a step (`EXPLAIN QUERY PLAN`'s detail column).
     fn query_plan(tx: &Connection, sql: &str, params: Vec<SqlValue>) -> Vec<String> {
@@ -737,9 +740,6 @@ mod tests {
             .collect::<rusqlite::Result<_>>()
             .unwrap()
     }
-    use crate::record::validate_record;
-    use crate::sqlite::{SqliteStore, Synchronous};
-    use crate::store::RunStore;
 
     /// The triggers keep `run_totals` equal to a count and a sum over `runs` through every write: a first
     /// put, a rewrite (tombstone to final), an unchanged repeat, a card closed (the bytes change), a
