@@ -443,10 +443,22 @@ fn connect(url: &str) -> Result<Client> {
     Ok(client)
 }
 
-/// What every connection sets: timeouts (SPEC §1.3) and UTC.
+/// What every connection sets: timeouts (SPEC §1.3), UTC, and how statements are planned.
+///
+/// Every statement this product sends finds its rows through an index, and each is prepared once per
+/// connection ([`Db`]), so it is planned once — a *generic* plan — and the plan lasts until the
+/// table's statistics change. The planner costs a table from its statistics: `live_runs` (a few rows,
+/// each written and deleted within a run) and any table of a fresh database look empty to it, and for
+/// an empty table a sequential scan costs nothing. Such a plan then read every page of the table,
+/// dead versions included, on every call, for as long as the connection lived (issue 29: the per-run
+/// ownership checks read all of `live_runs`' ~800 pages, and the put's existing-row lookup all of
+/// `runs`, so a run's cost grew with the store). So sequential scans are for tables without a usable
+/// index only (`enable_seqscan = off` prices them out, it does not forbid them), and the generic plan
+/// is used from the first call (`plan_cache_mode`: no custom plan made, and paid for, per call).
 fn session_settings() -> String {
     format!(
-        "SET lock_timeout = {}; SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'",
+        "SET lock_timeout = {}; SET statement_timeout = {}; SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'; \
+         SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan",
         LOCK_TIMEOUT.as_millis(),
         STATEMENT_TIMEOUT.as_millis(),
         // A transaction left open by a stalled process stops holding its locks.
@@ -533,6 +545,43 @@ mod redact_tests {
             redact_url("host=db password=hunter2 user=sb"),
             "host=db password=*** user=sb"
         );
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    /// A keyed statement on an empty table (as `live_runs` nearly always is) is planned once, as a
+    /// generic plan, and that plan reads the table through its index: no sequential scan whose cost
+    /// grows with the table's dead rows for the connection's lifetime.
+    #[test]
+    fn a_prepared_lookup_of_an_empty_table_is_a_generic_index_plan() {
+        let mut store = PgStore::open(&crate::testing::pg::database()).expect("open");
+        store
+            .read(|db| {
+                let live: i64 = db.query_one("SELECT COUNT(*) FROM live_runs", &[])?.get(0);
+                assert_eq!(live, 0);
+                db.execute(
+                    "PREPARE owned(text, text) AS SELECT 1 FROM live_runs WHERE run_id = $1 AND owner_gen = $2",
+                    &[],
+                )?;
+                let plan: Vec<String> = db
+                    .query("EXPLAIN EXECUTE owned('r1', 'g1')", &[])?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                let plan = plan.join("\n");
+                // Either index finds the one row: both columns are in its condition.
+                assert!(plan.contains("Index Cond: ((owner_gen = $2) AND (run_id = $1))")
+                    || plan.contains("Index Cond: (run_id = $1)") && !plan.contains("Filter: (run_id"),
+                    "{plan}");
+                assert!(!plan.contains("Seq Scan"), "{plan}");
+                assert!(plan.contains("$1"), "a generic plan names its parameters: {plan}");
+                db.execute("DEALLOCATE owned", &[])?;
+                Ok(())
+            })
+            .expect("explain");
     }
 }
 

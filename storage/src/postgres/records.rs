@@ -834,8 +834,8 @@ mod tests {
     use crate::store::RunStore;
 
     /// The orphan sweep's worklist is one SELECT over the partial index `runs_open_cards` with no sort
-    /// step, with the policy keeping everything and with a floor. Sequential scans are turned off for the
-    /// plan: on a table this small the planner would otherwise rightly prefer one.
+    /// step, with the policy keeping everything and with a floor (a session prices sequential scans
+    /// out: [`super::super::session_settings`]).
     #[test]
     fn open_cards_is_one_select_over_the_partial_index() {
         let mut s = PgStore::open(&crate::testing::pg::database()).expect("open");
@@ -855,7 +855,6 @@ mod tests {
                 .query_one("SELECT COUNT(*) FROM runs WHERE card_open", &[])?
                 .get(0);
             assert_eq!(open, 25, "the writer set the column");
-            c.execute("SET LOCAL enable_seqscan = off", &[])?;
             for kept in [Kept::All, Kept::From(now - 40, "r40".into())] {
                 let (sql, p) = open_cards_sql(now, 10, &kept, now - 1_000).expect("a query");
                 assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");

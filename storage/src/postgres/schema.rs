@@ -165,6 +165,13 @@ pub const MIGRATIONS: &[&str] = &[
     DROP INDEX runs_by_parent;
     CREATE INDEX runs_by_parent ON runs(parent_run_id, finished_at, run_id) WHERE parent_run_id IS NOT NULL;
     "#,
+    // 7: a live row's owner index names the run too. Every ownership check asks for `run_id = $1 AND
+    // owner_gen = $2`, and the planner, seeing two one-row indexes, took the owner's and filtered
+    // every live run of the generation by id; now either index finds the one row.
+    r#"
+    DROP INDEX live_runs_by_owner;
+    CREATE INDEX live_runs_by_owner ON live_runs(owner_gen, run_id);
+    "#,
 ];
 
 pub fn current_version() -> i64 {
