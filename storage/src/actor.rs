@@ -58,6 +58,7 @@ use std::sync::{mpsc, Arc};
 
 use crate::ledger::RunLedger;
 use crate::memory::MemoryStore;
+use crate::news::Audience;
 use crate::plan::PlanStore;
 use crate::postgres::PgStore;
 use crate::sqlite::{SqliteStore, Synchronous};
@@ -280,11 +281,19 @@ impl std::fmt::Debug for BackendSpec {
 
 impl BackendSpec {
     pub fn open(&self) -> Result<Box<dyn Backend>> {
+        self.open_for(&Default::default())
+    }
+
+    /// [`BackendSpec::open`] for a process whose news listener tells `audience` whether anyone else
+    /// hears its notes (PostgreSQL; ignored elsewhere).
+    pub fn open_for(&self, audience: &Arc<Audience>) -> Result<Box<dyn Backend>> {
         Ok(match self {
             BackendSpec::Sqlite { path, synchronous } => {
                 Box::new(SqliteStore::open(path, *synchronous)?)
             }
-            BackendSpec::Postgres { url, .. } => Box::new(PgStore::open(url)?),
+            BackendSpec::Postgres { url, .. } => {
+                Box::new(PgStore::open_for(url, audience.clone())?)
+            }
             BackendSpec::Memory(m) => Box::new(m.clone()),
         })
     }
@@ -697,22 +706,27 @@ pub struct StorageActor {
     stats: Arc<GroupStats>,
     space: Arc<SpaceWatch>,
     inbox: Arc<InboxWatch>,
+    audience: Arc<Audience>,
 }
 
 impl StorageActor {
-    pub fn new(spec: BackendSpec, inbox: Arc<InboxWatch>) -> Self {
-        let backend = Self::open(&spec);
+    pub fn new(spec: BackendSpec, inbox: Arc<InboxWatch>, audience: Arc<Audience>) -> Self {
+        let backend = Self::open(&spec, &audience);
         StorageActor {
             spec,
             backend,
             stats: Default::default(),
             space: Default::default(),
             inbox,
+            audience,
         }
     }
 
-    fn open(spec: &BackendSpec) -> std::result::Result<Box<dyn Backend>, String> {
-        spec.open().map_err(|e| {
+    fn open(
+        spec: &BackendSpec,
+        audience: &Arc<Audience>,
+    ) -> std::result::Result<Box<dyn Backend>, String> {
+        spec.open_for(audience).map_err(|e| {
             tracing::error!(error = %e, "failed to open storage backend");
             e.to_string()
         })
@@ -721,7 +735,7 @@ impl StorageActor {
     /// Run one group of jobs: one transaction when there are several and the backend groups.
     fn run_group(&mut self, jobs: Vec<Job>) {
         if self.backend.is_err() {
-            self.backend = Self::open(&self.spec);
+            self.backend = Self::open(&self.spec, &self.audience);
         }
         let backend = match &mut self.backend {
             Ok(b) => b,
@@ -806,7 +820,7 @@ impl StorageActor {
         }
         if poisoned {
             tracing::error!("storage backend reopens after a poisoning error");
-            self.backend = Self::open(&self.spec);
+            self.backend = Self::open(&self.spec, &self.audience);
         }
     }
 }
@@ -829,11 +843,12 @@ pub fn detached(capacity: usize) -> (Mailbox, mpsc::Receiver<Job>) {
 /// Start the storage actor on its own thread with a queue of [`DEFAULT_QUEUE_CAPACITY`]; answers its
 /// mailbox.
 pub fn start(spec: BackendSpec) -> Mailbox {
-    start_with_capacity(spec, DEFAULT_QUEUE_CAPACITY)
+    start_with_capacity(spec, DEFAULT_QUEUE_CAPACITY, Default::default())
 }
 
-/// Start the storage actor on its own thread with a queue of `capacity` messages (at least 1).
-pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
+/// Start the storage actor on its own thread with a queue of `capacity` messages (at least 1); its
+/// PostgreSQL connection asks `audience` whether to send its notes.
+pub fn start_with_capacity(spec: BackendSpec, capacity: usize, audience: Arc<Audience>) -> Mailbox {
     let (tx, rx) = mpsc::sync_channel::<Job>(capacity.max(1));
     // The backend opens on the storage thread — the synchronous PostgreSQL client refuses to block
     // inside a caller's async runtime — and this waits for it, so a caller finds the database created
@@ -849,7 +864,7 @@ pub fn start_with_capacity(spec: BackendSpec, capacity: usize) -> Mailbox {
     std::thread::Builder::new()
         .name("storage-actor".into())
         .spawn(move || {
-            let actor = StorageActor::new(spec, watch);
+            let actor = StorageActor::new(spec, watch, audience);
             let (stats, space) = (actor.stats.clone(), actor.space.clone());
             // Locked for each group, and by a caller running a job of its own ([`Mailbox::try_run_here`]).
             let actor = Arc::new(std::sync::Mutex::new(actor));

@@ -13,7 +13,9 @@
 //! latency, never correctness.
 
 use crate::RunId;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 
@@ -105,6 +107,107 @@ fn run_id(word: &str) -> Option<RunId> {
     crate::record::is_valid_run_id(word).then(|| word.into())
 }
 
+/// Whether anyone but this process hears its notes — what a writer's `COMMIT` asks before it sends them.
+///
+/// A note costs the writing transaction more than its text: the database signals every listening
+/// connection at the commit, and each of them wakes, reads and forwards it to its process. When the only
+/// listener is this process's own (its runs learn of their own writes in-process), that is ~10 % of a
+/// run on PostgreSQL for nothing (issue 29). So the listener keeps [`Audience`] up to date — another
+/// Switchboard process connected to the database is an audience ([`crate::postgres::news`]) — and a
+/// commit with no audience drops its notes.
+///
+/// A new process must not miss what was written while this one still thought itself alone. When the
+/// listener learns of an audience it calls [`Audience::heard`], which waits until every commit that
+/// decided to stay quiet has answered, and then sends [`News::Resync`] to everyone: whatever it missed is
+/// re-read, and every later commit carries its notes. The two sides pair up without a lock: a commit
+/// counts itself quiet *before* it reads the flag, and the listener sets the flag *before* it reads the
+/// count — so either the commit sees the audience, or the listener waits for that commit.
+///
+/// Starts heard: a writer whose process has no listener (a CLI, a test's bare store) always notifies.
+#[derive(Debug)]
+pub struct Audience {
+    heard: AtomicBool,
+    /// Commits deciding, or sent, without their notes.
+    quiet: AtomicUsize,
+    /// Commits went quiet before the listener lost track ([`Audience::unsure`]): the next audience
+    /// found is owed a [`News::Resync`].
+    owed: AtomicBool,
+}
+
+impl Default for Audience {
+    fn default() -> Self {
+        Audience {
+            heard: AtomicBool::new(true),
+            quiet: AtomicUsize::new(0),
+            owed: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A commit's answer to [`Audience::commit`], held until the commit has answered.
+pub(crate) struct Commit<'a> {
+    audience: &'a Audience,
+    /// Send the notes.
+    pub(crate) heard: bool,
+}
+
+impl Drop for Commit<'_> {
+    fn drop(&mut self) {
+        if !self.heard {
+            self.audience.quiet.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+impl Audience {
+    /// Whether the commit about to go out sends its notes; hold the answer until the commit answered.
+    pub(crate) fn commit(&self) -> Commit<'_> {
+        self.quiet.fetch_add(1, SeqCst);
+        let heard = self.heard.load(SeqCst);
+        if heard {
+            self.quiet.fetch_sub(1, SeqCst);
+        }
+        Commit {
+            audience: self,
+            heard,
+        }
+    }
+
+    /// Someone else listens: later commits send their notes. Answers `true` when nobody was heard before
+    /// — then every quiet commit has answered (or `patience` ran out) and the caller must send
+    /// [`News::Resync`], so the newcomer re-reads what those commits wrote.
+    pub(crate) fn heard(&self, patience: Duration) -> bool {
+        let already = self.heard.swap(true, SeqCst);
+        if already && !self.owed.swap(false, SeqCst) {
+            return false;
+        }
+        let deadline = Instant::now() + patience;
+        while self.quiet.load(SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// Whether a commit now sends its notes.
+    pub fn is_heard(&self) -> bool {
+        self.heard.load(SeqCst)
+    }
+
+    /// Nobody else listens: commits keep their notes to themselves.
+    pub(crate) fn alone(&self) {
+        self.heard.store(false, SeqCst);
+        self.owed.store(false, SeqCst);
+    }
+
+    /// Nobody can tell (the listener lost its connection): commits send their notes. If they were quiet,
+    /// whoever the next look finds is owed a [`News::Resync`] ([`Audience::heard`] answers `true`).
+    pub(crate) fn unsure(&self) {
+        if !self.heard.swap(true, SeqCst) {
+            self.owed.store(true, SeqCst);
+        }
+    }
+}
+
 /// The in-process fan-out of one database's news. Cheap to share (`Arc`); the listener that feeds it
 /// starts on the first [`NewsFeed::subscribe`] and ends once the last `Arc` is gone.
 pub struct NewsFeed {
@@ -115,6 +218,8 @@ pub struct NewsFeed {
     /// Moved by every note that another host may have written an inbox ([`News::Inbox`], and a
     /// [`News::Resync`] after notes were missed).
     inbox: OnceLock<Arc<crate::actor::InboxWatch>>,
+    /// Whether anyone else hears this process's notes, as the listener last found.
+    audience: Arc<Audience>,
 }
 
 impl std::fmt::Debug for NewsFeed {
@@ -133,6 +238,7 @@ impl NewsFeed {
             source: Some(url),
             started: OnceLock::new(),
             inbox: OnceLock::new(),
+            audience: Default::default(),
         })
     }
 
@@ -143,7 +249,13 @@ impl NewsFeed {
             source: None,
             started: OnceLock::new(),
             inbox: OnceLock::new(),
+            audience: Default::default(),
         })
+    }
+
+    /// What this process's writers ask before they send notes; the listener keeps it.
+    pub fn audience(&self) -> Arc<Audience> {
+        self.audience.clone()
     }
 
     /// A receiver of every note from now on. The first call starts the listener; it says
@@ -163,7 +275,11 @@ impl NewsFeed {
     fn start(self: &Arc<Self>) {
         if let Some(url) = &self.source {
             self.started.get_or_init(|| {
-                crate::postgres::news::spawn_listener(url.clone(), Arc::downgrade(self))
+                crate::postgres::news::spawn_listener(
+                    url.clone(),
+                    Arc::downgrade(self),
+                    self.audience.clone(),
+                )
             });
         }
     }
@@ -232,6 +348,60 @@ mod tests {
             .len()
                 < 100
         );
+    }
+
+    /// Notes go while someone else may hear them; alone, a commit keeps them; the first audience found
+    /// after quiet commits is owed a `Resync` — once — and a listener that lost track owes one too.
+    #[test]
+    fn an_audience_decides_each_commit_and_owes_a_resync_after_quiet_ones() {
+        let a = Audience::default();
+        assert!(
+            a.commit().heard,
+            "a process nobody keeps track for always notifies"
+        );
+        assert!(!a.heard(Duration::ZERO), "nothing was quiet: no resync");
+        a.alone();
+        assert!(!a.commit().heard);
+        assert!(a.heard(Duration::ZERO), "quiet commits before: resync");
+        assert!(a.commit().heard);
+        assert!(!a.heard(Duration::ZERO), "owed once");
+        a.alone();
+        a.unsure();
+        assert!(a.commit().heard, "unsure: notify");
+        assert!(
+            a.heard(Duration::ZERO),
+            "quiet before the listener lost track: resync"
+        );
+        assert!(!a.heard(Duration::ZERO));
+        a.unsure();
+        assert!(!a.heard(Duration::ZERO), "never quiet: nothing owed");
+        assert_eq!(a.quiet.load(SeqCst), 0, "every answer was dropped");
+    }
+
+    /// `heard` waits for a quiet commit still in flight: the resync must follow what it wrote.
+    #[test]
+    fn an_audience_found_waits_for_the_quiet_commit_in_flight() {
+        let a = Arc::new(Audience::default());
+        a.alone();
+        let commit = a.commit();
+        assert!(!commit.heard);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let a = a.clone();
+            std::thread::spawn(move || tx.send(a.heard(Duration::from_secs(30))).unwrap())
+        };
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(200)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout),
+            "answered while a quiet commit was in flight"
+        );
+        assert!(
+            a.commit().heard,
+            "a commit after the audience was found notifies"
+        );
+        drop(commit);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(true));
+        waiter.join().unwrap();
     }
 
     #[tokio::test]

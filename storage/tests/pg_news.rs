@@ -145,6 +145,58 @@ async fn a_write_on_one_host_reaches_the_other_as_a_note_once_it_commits() {
     );
 }
 
+/// Wait (up to 10 s) until `h`'s commits send their notes (`true`) or keep them (`false`).
+async fn heard(h: &StorageHandle, want: bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while h.heard() != Some(want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the audience never became {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A host alone on its database keeps its notes (its own listener would be their only reader). A
+/// second host's start is heard at once: the first says Resync to everyone — what it wrote alone is
+/// re-read — and its later writes reach both.
+#[actix_rt::test]
+async fn a_lone_host_keeps_its_notes_until_another_host_listens() {
+    let url = pg::database();
+    let a = host(&url);
+    let mut own = listening(&a).await;
+    heard(&a, false).await;
+    live_run(&a, &RunId::from("r1")).await;
+    a.append("r1".into(), GEN.into(), vec![event(1)])
+        .await
+        .unwrap()
+        .unwrap();
+
+    let b = host(&url);
+    let mut news = listening(&b).await;
+    heard(&a, true).await;
+    assert!(
+        b.heard() == Some(true),
+        "a host that finds another sends its notes"
+    );
+    // The resync `a` owed arrives at `b` after `b`'s own (a host's first note is its own resync).
+    match tokio::time::timeout(Duration::from_secs(5), news.recv()).await {
+        Ok(Ok(News::Resync)) => {}
+        other => panic!("the lone host's resync: {other:?}"),
+    }
+    a.append("r1".into(), GEN.into(), vec![event(2)])
+        .await
+        .unwrap()
+        .unwrap();
+    let noted = News::Appended {
+        run_id: "r1".into(),
+        seq: 2,
+    };
+    assert_eq!(next(&mut news).await, noted);
+    // `a` hears its own notes too: the first is the second append's, so the first append said nothing.
+    assert_eq!(next(&mut own).await, noted);
+}
+
 /// A note sent inside an atomic unit that rolls back is never delivered: the unit spoils its group,
 /// which commits nothing (`GroupRolledBack`); the rest of the group, run again alone, delivers its own.
 #[actix_rt::test]
@@ -201,7 +253,7 @@ async fn a_rolled_back_unit_takes_its_notes_with_it() {
 async fn a_listener_that_lost_its_connection_reconnects_and_says_resync() {
     let url = pg::database();
     let (a, b) = (host(&url), host(&url));
-    let mut news = listening(&b).await;
+    listening(&b).await;
     live_run(&a, &RunId::from("r1")).await;
     let killed: i64 = blocking(move || {
         PgStore::open(&url)
@@ -209,7 +261,7 @@ async fn a_listener_that_lost_its_connection_reconnects_and_says_resync() {
             .connection()
             .query_one(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-                 WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+                 WHERE datname = current_database() AND application_name = 'switchboard-news'",
                 &[],
             )
             .unwrap()
@@ -218,10 +270,14 @@ async fn a_listener_that_lost_its_connection_reconnects_and_says_resync() {
     .await;
     // One per host: a host listens from its start (its runs' inbox reads follow the notes).
     assert_eq!(killed, 2, "one listener connection per host");
+    // What `b` hears from now: its listener says Resync once it listens again.
+    let mut news = b.news().expect("postgres has news");
     match tokio::time::timeout(Duration::from_secs(10), news.recv()).await {
         Ok(Ok(News::Resync)) => {}
         other => panic!("a reconnect says Resync: {other:?}"),
     }
+    // `a`'s listener may have come back first and found itself alone; `b`'s hello is heard.
+    heard(&a, true).await;
     a.append("r1".into(), GEN.into(), vec![event(1)])
         .await
         .unwrap()

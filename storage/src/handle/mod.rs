@@ -115,7 +115,10 @@ impl StorageHandle {
             BackendSpec::Postgres { url, .. } => Some(crate::news::NewsFeed::postgres(url.clone())),
             _ => None,
         };
-        let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity);
+        let audience = news
+            .as_ref()
+            .map_or_else(Default::default, |feed| feed.audience());
+        let mailbox = crate::actor::start_with_capacity(spec, options.queue_capacity, audience);
         if let Some(feed) = &news {
             feed.feed_inbox(mailbox.inbox.clone());
         }
@@ -176,6 +179,12 @@ impl StorageHandle {
     /// [`crate::News::Resync`] once it listens.
     pub fn news(&self) -> Option<tokio::sync::broadcast::Receiver<crate::News>> {
         self.news.as_ref().map(crate::news::NewsFeed::subscribe)
+    }
+
+    /// Whether this handle's commits send their notes now (`None`: no news; tests).
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn heard(&self) -> Option<bool> {
+        self.news.as_ref().map(|feed| feed.audience().is_heard())
     }
 
     /// Start (`true`) or end an injected outage: meanwhile every call answers `Unavailable`.

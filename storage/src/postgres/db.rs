@@ -16,16 +16,19 @@
 //! It also keeps two facts of the open transaction, both forgotten at its end (every `BEGIN`,
 //! `COMMIT` and `ROLLBACK` goes through [`Db::begin`] or [`Db::batch_execute`]):
 //! - `notes`: the cross-host news it sends ([`super::news::notify`]); they go out in the same round
-//!   trip as its `COMMIT`, and PostgreSQL delivers notes only on commit anyway;
+//!   trip as its `COMMIT` — unless nobody else listens ([`Audience`]) — and PostgreSQL delivers notes
+//!   only on commit anyway;
 //! - `owner`: the run and generation an ownership check passed for. A `SERIALIZABLE` transaction reads
 //!   one snapshot, so the same check answers the same until the transaction itself changes what it
 //!   reads — a fence, a live row's existence or its `owner_gen` — and any statement that may forgets it.
 
+use crate::news::Audience;
 use crate::RunId;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use postgres::types::ToSql;
 use postgres::{NoTls, Row, Statement};
@@ -95,6 +98,8 @@ pub(crate) struct Db {
     statements: HashMap<String, Statement>,
     later: Vec<Later>,
     notes: Vec<String>,
+    /// Whether a `COMMIT` sends its notes.
+    audience: Arc<Audience>,
     owner: Option<(RunId, String)>,
     /// A transaction is open: [`Db::begin`] ran and no `COMMIT` or `ROLLBACK` since.
     open: bool,
@@ -104,8 +109,9 @@ pub(crate) struct Db {
 }
 
 impl Db {
-    /// Connect to `url` and set the session ([`session_settings`]).
-    pub(super) fn connect(url: &str) -> Result<Self> {
+    /// Connect to `url` and set the session ([`session_settings`]); a `COMMIT` asks `audience` whether
+    /// to send its notes.
+    pub(super) fn connect(url: &str, audience: Arc<Audience>) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -126,6 +132,7 @@ impl Db {
             statements: HashMap::new(),
             later: Vec::new(),
             notes: Vec::new(),
+            audience,
             owner: None,
             open: false,
             own: false,
@@ -249,7 +256,8 @@ impl Db {
         self.wrote(sql);
         let st = self.statement(sql)?;
         let later = std::mem::take(&mut self.later);
-        let commit = commit_batch(&std::mem::take(&mut self.notes));
+        let heard = self.audience.commit();
+        let commit = commit_batch(&std::mem::take(&mut self.notes), heard.heard);
         self.open = false;
         self.owner = None;
         let client = &self.client;
@@ -262,6 +270,7 @@ impl Db {
             end?;
             Ok(row)
         });
+        drop(heard);
         if out.is_err() && !self.client.is_closed() {
             let _ = self.rt.block_on(self.client.batch_execute("ROLLBACK"));
         }
@@ -315,10 +324,10 @@ impl Db {
             self.later.clear();
             return Ok(());
         }
-        let batch = if sql == "COMMIT" {
-            commit_batch(&notes)
-        } else {
-            sql.to_owned()
+        let heard = (sql == "COMMIT").then(|| self.audience.commit());
+        let batch = match &heard {
+            Some(heard) => commit_batch(&notes, heard.heard),
+            None => sql.to_owned(),
         };
         let later = std::mem::take(&mut self.later);
         let done = Self::answered(
@@ -327,6 +336,7 @@ impl Db {
             later,
             self.client.batch_execute(&batch),
         );
+        drop(heard);
         if done.is_err() && sql == "COMMIT" && !self.client.is_closed() {
             let _ = self.rt.block_on(self.client.batch_execute("ROLLBACK"));
         }
@@ -338,10 +348,10 @@ impl Db {
     }
 }
 
-/// A transaction's `COMMIT` with its notes before it, as one simple query.
-fn commit_batch(notes: &[String]) -> String {
+/// A transaction's `COMMIT` with its notes before it (when someone else hears them), as one simple query.
+fn commit_batch(notes: &[String], heard: bool) -> String {
     let mut batch = String::new();
-    for payload in notes {
+    for payload in notes.iter().filter(|_| heard) {
         batch.push_str(&format!(
             "SELECT pg_notify('{}', '{}'); ",
             crate::news::CHANNEL,

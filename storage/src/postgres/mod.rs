@@ -65,9 +65,12 @@ mod runs;
 pub mod schema;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use probe::ActivityProbe;
+
+use crate::news::Audience;
 
 pub(crate) use db::Db;
 
@@ -189,9 +192,15 @@ impl PgStore {
     /// Connect to `url` (`postgres://user@host:port/db`), set the session's timeouts, create or
     /// migrate the schema (a newer one is refused by name, [`Error::SchemaTooNew`]).
     pub fn open(url: &str) -> Result<Self> {
+        Self::open_for(url, Default::default())
+    }
+
+    /// [`PgStore::open`] for a process whose news listener keeps `audience`: a commit nobody else
+    /// hears sends no notes ([`crate::news::Audience`]).
+    pub fn open_for(url: &str, audience: Arc<Audience>) -> Result<Self> {
         schema::migrate(&mut connect(url)?)?;
         Ok(PgStore {
-            db: Db::connect(url)?,
+            db: Db::connect(url, audience)?,
             url: url.to_owned(),
             #[cfg(any(test, feature = "test-hooks"))]
             raw: None,
@@ -214,7 +223,7 @@ impl PgStore {
                 "the database is at schema version {found}, this build reads {supported}"
             )));
         }
-        let mut db = Db::connect(url)?;
+        let mut db = Db::connect(url, Default::default())?;
         db.batch_execute("SET default_transaction_read_only = on")?;
         Ok(PgStore {
             db,
@@ -433,11 +442,16 @@ fn race_pause(attempt: u32) -> Duration {
     ))
 }
 
-/// Connect a synchronous client (migrations, the listener, the clock) and set the session.
+/// Connect a synchronous client (migrations, the clock) and set the session.
 fn connect(url: &str) -> Result<Client> {
+    connect_as(url, &application_name(std::process::id()))
+}
+
+/// [`connect`] with the connection named `name` (the news listener's is [`news::LISTENER_NAME`]).
+fn connect_as(url: &str, name: &str) -> Result<Client> {
     let mut config = postgres::Config::from_str(url)?;
     config.connect_timeout(CONNECT_TIMEOUT);
-    config.application_name(&application_name(std::process::id()));
+    config.application_name(name);
     let mut client = config.connect(NoTls)?;
     client.batch_execute(&session_settings())?;
     Ok(client)
