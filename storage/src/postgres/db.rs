@@ -103,6 +103,9 @@ pub(crate) struct Db {
     owner: Option<(RunId, String)>,
     /// A transaction is open: [`Db::begin`] ran and no `COMMIT` or `ROLLBACK` since.
     open: bool,
+    /// A statement outside a transaction runs at the isolation of [`Db::begin`]'s writes
+    /// ([`Db::implicit_transactions`]).
+    implicit: bool,
     /// The open transaction is one write's own (not a group's), so its last answered statement may
     /// carry its `COMMIT` ([`Db::query_one_committing`]).
     own: bool,
@@ -135,6 +138,7 @@ impl Db {
             audience,
             owner: None,
             open: false,
+            implicit: false,
             own: false,
         };
         db.batch_execute(&session_settings())?;
@@ -255,8 +259,22 @@ impl Db {
         }
         self.wrote(sql);
         let st = self.statement(sql)?;
-        let later = std::mem::take(&mut self.later);
         let heard = self.audience.commit();
+        let silent = !heard.heard || self.notes.is_empty();
+        if self.implicit && silent && self.only_begun() {
+            // The statement is the whole transaction and nothing is said of it: it goes alone, as a
+            // transaction of its own (`implicit`: this session's default is the `BEGIN`'s isolation),
+            // one request instead of three — the `BEGIN`, the statement and the `COMMIT` each cost the
+            // server a flush and this thread a wake-up.
+            self.later.clear();
+            self.notes.clear();
+            self.open = false;
+            self.owner = None;
+            let out = self.rt.block_on(self.client.query_one(&st, params));
+            drop(heard);
+            return self.checked(out);
+        }
+        let later = std::mem::take(&mut self.later);
         let commit = commit_batch(&std::mem::take(&mut self.notes), heard.heard);
         self.open = false;
         self.owner = None;
@@ -285,6 +303,20 @@ impl Db {
         let st = self.statement(sql)?;
         self.later.push(Later::Write(st, params));
         Ok(())
+    }
+
+    /// Make a statement sent outside a transaction a `SERIALIZABLE` transaction of its own, as
+    /// `BEGIN ISOLATION LEVEL SERIALIZABLE` would: then a write's lone statement needs no `BEGIN` and
+    /// no `COMMIT` ([`Db::query_one_committing`]). For the writer's connection.
+    pub(super) fn implicit_transactions(&mut self) -> Result<()> {
+        self.batch_execute("SET default_transaction_isolation = 'serializable'")?;
+        self.implicit = true;
+        Ok(())
+    }
+
+    /// Whether the open transaction has sent and queued nothing but its serializable `BEGIN`.
+    fn only_begun(&self) -> bool {
+        matches!(self.later.as_slice(), [Later::Simple(sql)] if *sql == super::BEGIN_WRITE)
     }
 
     /// Begin a transaction with `sql`; the `BEGIN` goes out with the first statement.

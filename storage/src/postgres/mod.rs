@@ -199,8 +199,10 @@ impl PgStore {
     /// hears sends no notes ([`crate::news::Audience`]).
     pub fn open_for(url: &str, audience: Arc<Audience>) -> Result<Self> {
         schema::migrate(&mut connect(url)?)?;
+        let mut db = Db::connect(url, audience)?;
+        db.implicit_transactions()?;
         Ok(PgStore {
-            db: Db::connect(url, audience)?,
+            db,
             url: url.to_owned(),
             #[cfg(any(test, feature = "test-hooks"))]
             raw: None,
@@ -563,8 +565,45 @@ mod redact_tests {
 }
 
 #[cfg(test)]
-mod plan_tests {
+mod session_tests {
     use super::*;
+
+    /// A write whose one statement is its whole transaction runs it alone — still `SERIALIZABLE`, and
+    /// committed when it answers; an explicit transaction keeps its `BEGIN`'s isolation.
+    #[test]
+    fn a_lone_statement_is_a_serializable_transaction_of_its_own() {
+        let mut store = PgStore::open(&crate::testing::pg::database()).expect("open");
+        let isolation: String = store
+            .write(|db| {
+                let row = db.query_one_committing(
+                    "WITH w AS (INSERT INTO meta (key, value) VALUES ('t', 'v') RETURNING 1)
+                     SELECT current_setting('transaction_isolation') FROM w",
+                    &[],
+                )?;
+                Ok(row.get(0))
+            })
+            .expect("write");
+        assert_eq!(isolation, "serializable");
+        let mut other = PgStore::open_reader(&store.url).expect("reader");
+        let value: Option<String> = other
+            .read(|db| {
+                Ok(db
+                    .query_opt("SELECT value FROM meta WHERE key = 't'", &[])?
+                    .map(|r| r.get(0)))
+            })
+            .expect("read");
+        assert_eq!(value.as_deref(), Some("v"), "committed");
+        // Two statements: an explicit transaction, as its `BEGIN` says.
+        let isolation: String = store
+            .write(|db| {
+                db.execute("UPDATE meta SET value = 'w' WHERE key = 't'", &[])?;
+                Ok(db
+                    .query_one_committing("SELECT current_setting('transaction_isolation')", &[])?
+                    .get(0))
+            })
+            .expect("write");
+        assert_eq!(isolation, "serializable");
+    }
 
     /// A keyed statement on an empty table (as `live_runs` nearly always is) is planned once, as a
     /// generic plan, and that plan reads the table through its index: no sequential scan whose cost
