@@ -215,18 +215,33 @@ fn delete_live_later(c: &mut Db, run_id: &RunId) -> Result<()> {
     c.execute_later(DELETE_LIVE, params![run_id.to_owned()])
 }
 
-/// One statement over four tables (each written once, so nothing of one depends on another).
-const DELETE_LIVE: &str = "WITH l AS (DELETE FROM live_runs WHERE run_id = $1 RETURNING 1),
-      s AS (DELETE FROM run_steps WHERE run_id = $1 RETURNING 1),
-      t AS (DELETE FROM transcript WHERE run_id = $1 RETURNING 1),
-      i AS (DELETE FROM run_inbox WHERE run_id = $1 RETURNING 1)
- SELECT (SELECT COUNT(*) FROM l) + (SELECT COUNT(*) FROM s)
-      + (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM i)";
+/// The deletion of `$1`'s ledger rows from four tables, as the `WITH` of one statement (each table is
+/// written once, so nothing of one depends on another; a data-modifying `WITH` runs whether or not the
+/// statement reads it).
+macro_rules! delete_live_with {
+    ($then:literal) => {
+        concat!(
+            "WITH l AS (DELETE FROM live_runs WHERE run_id = $1 RETURNING 1),
+                  s AS (DELETE FROM run_steps WHERE run_id = $1 RETURNING 1),
+                  t AS (DELETE FROM transcript WHERE run_id = $1 RETURNING 1),
+                  i AS (DELETE FROM run_inbox WHERE run_id = $1 RETURNING 1) ",
+            $then
+        )
+    };
+}
 
-/// Stamp the end of `run_id` on its receipts that carry none yet: their TTL runs from `now_ms`.
-fn stamp_receipts(c: &mut Db, run_id: &RunId, now_ms: i64) -> Result<()> {
+const DELETE_LIVE: &str = delete_live_with!(
+    "SELECT (SELECT COUNT(*) FROM l) + (SELECT COUNT(*) FROM s)
+          + (SELECT COUNT(*) FROM t) + (SELECT COUNT(*) FROM i)"
+);
+
+/// A finish's end of the live run, in one statement that goes out with the next: [`delete_live_later`],
+/// and the end of `run_id` stamped on its receipts that carry none yet (their TTL runs from `now_ms`).
+fn end_live_later(c: &mut Db, run_id: &RunId, now_ms: i64) -> Result<()> {
     c.execute_later(
-        "UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL",
+        delete_live_with!(
+            "UPDATE admit_receipts SET ended_at = $2 WHERE run_id = $1 AND ended_at IS NULL"
+        ),
         params![run_id.to_owned(), now_ms],
     )
 }
@@ -615,8 +630,7 @@ impl RunLedger for PgStore {
         }
         self.write(|c| {
             owner!(c, run_id, gen);
-            delete_live_later(c, run_id)?;
-            stamp_receipts(c, run_id, now_ms)?;
+            end_live_later(c, run_id, now_ms)?;
             notify(
                 c,
                 &News::Ended {

@@ -425,19 +425,11 @@ pub(super) fn put_in(
             .into_iter()
             .zip(record.events.iter().map(|ev| ev.to_string()))
             .collect();
-        if !live {
-            // The record's events replace the ledger's: the rows it does not hold go, and the upsert
-            // below leaves the ones it holds as they are (a finish rewrites nothing it kept).
-            let seqs = rows
-                .iter()
-                .map(|(seq, _)| i64::try_from(*seq).map_err(|_| too_big("run_events.seq", *seq)))
-                .collect::<Result<Vec<i64>>>()?;
-            c.execute_later(
-                "DELETE FROM run_events WHERE run_id = $1 AND NOT (seq = ANY($2::BIGINT[]))",
-                params![id.to_owned(), seqs],
-            )?;
+        if live {
+            insert_events(c, id, rows)?;
+        } else {
+            replace_events(c, id, rows)?;
         }
-        insert_events(c, id, rows)?;
         // What the triggers of migration 5 do to the totals, and this row to the count past the cutoff.
         if let Some(t) = &mut totals {
             let past = |finished_at: i64| i64::from(finished_at < cutoff);
@@ -753,11 +745,47 @@ pub(super) fn all_events_in(c: &mut Db, id: &str) -> Result<Vec<Value>> {
 
 /// Write events into `run_events` keyed by seq (an upsert: an identical retry is a no-op; within one
 /// batch the last event of a seq wins, as SQLite's `INSERT OR REPLACE` in order does). One statement.
+/// The upsert of `$1`'s events from the arrays `$2` (seqs) and `$3` (JSON), writing only what changed.
+macro_rules! upsert_events {
+    () => {
+        "INSERT INTO run_events (run_id, seq, json) SELECT $1, s, j FROM UNNEST($2::BIGINT[], $3::text[]) AS t(s, j)
+         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json
+         WHERE run_events.json IS DISTINCT FROM EXCLUDED.json"
+    };
+}
+
 pub(super) fn insert_events(
     c: &mut Db,
     run_id: &str,
     rows: impl IntoIterator<Item = (u64, String)>,
 ) -> Result<()> {
+    let (seqs, jsons) = by_seq(rows)?;
+    if seqs.is_empty() {
+        return Ok(());
+    }
+    c.execute_later(upsert_events!(), params![run_id.to_owned(), seqs, jsons])
+}
+
+/// A stored record's events replace the run's rows, in one statement that goes out with the next: the
+/// rows it does not hold go, and the upsert leaves the ones it holds as they are (a finish rewrites
+/// nothing it kept). The two touch disjoint rows, so one statement may do both.
+fn replace_events(
+    c: &mut Db,
+    run_id: &str,
+    rows: impl IntoIterator<Item = (u64, String)>,
+) -> Result<()> {
+    let (seqs, jsons) = by_seq(rows)?;
+    c.execute_later(
+        concat!(
+            "WITH gone AS (DELETE FROM run_events WHERE run_id = $1 AND NOT (seq = ANY($2::BIGINT[]))) ",
+            upsert_events!()
+        ),
+        params![run_id.to_owned(), seqs, jsons],
+    )
+}
+
+/// Rows as two arrays in seq order, the last of a repeated seq winning (one statement updates a row once).
+fn by_seq(rows: impl IntoIterator<Item = (u64, String)>) -> Result<(Vec<i64>, Vec<String>)> {
     let mut by_seq = BTreeMap::new();
     for (seq, json) in rows {
         by_seq.insert(
@@ -765,16 +793,7 @@ pub(super) fn insert_events(
             json,
         );
     }
-    if by_seq.is_empty() {
-        return Ok(());
-    }
-    let (seqs, jsons): (Vec<i64>, Vec<String>) = by_seq.into_iter().unzip();
-    c.execute_later(
-        "INSERT INTO run_events (run_id, seq, json) SELECT $1, s, j FROM UNNEST($2::BIGINT[], $3::text[]) AS t(s, j)
-         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json
-         WHERE run_events.json IS DISTINCT FROM EXCLUDED.json",
-        params![run_id.to_owned(), seqs, jsons],
-    )
+    Ok(by_seq.into_iter().unzip())
 }
 
 /// A live run's events strictly after `after_seq`, in seq order, at most `limit`. A corrupt row is
