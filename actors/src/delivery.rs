@@ -292,12 +292,32 @@ where
     let deadline_ms = policy.deadline.as_millis();
     let mut backoff = policy.first_backoff;
     let mut attempts = 0u32;
+    // Why the last attempt failed, once one did.
+    let mut failed: Option<String> = None;
+    let gave_up = |why: &str, attempts: u32| {
+        tracing::info!(
+            %run_id,
+            attempts,
+            deadline_ms = deadline_ms as u64,
+            "webhook delivery gave up: {why}"
+        );
+        let s = if attempts == 1 { "" } else { "s" };
+        Reply {
+            ok: false,
+            note: Some(format!("{why} (gave up after {attempts} attempt{s}: delivery deadline of {deadline_ms} ms)")),
+            attempts,
+            withheld: false,
+        }
+    };
     loop {
         let left = policy.deadline.saturating_sub(started.elapsed());
         let timeout = policy.attempt_timeout.min(left);
         if timeout.is_zero() {
-            // Only reachable before the first attempt (a zero deadline): later, no wait is started that
-            // would end past the deadline.
+            // No wait is started that would end past the deadline, but a busy machine may wake one
+            // late: the last failure is still what the reply tells.
+            if let Some(why) = &failed {
+                return gave_up(why, attempts);
+            }
             return Reply {
                 ok: false,
                 note: Some(format!(
@@ -345,19 +365,7 @@ where
         let wait = jittered(backoff);
         backoff = backoff.saturating_mul(2);
         if started.elapsed() + wait >= policy.deadline {
-            tracing::info!(
-                %run_id,
-                attempts,
-                deadline_ms = deadline_ms as u64,
-                "webhook delivery gave up: {why}"
-            );
-            let s = if attempts == 1 { "" } else { "s" };
-            return Reply {
-                ok: false,
-                note: Some(format!("{why} (gave up after {attempts} attempt{s}: delivery deadline of {deadline_ms} ms)")),
-                attempts,
-                withheld: false,
-            };
+            return gave_up(&why, attempts);
         }
         tracing::debug!(
             %run_id,
@@ -365,6 +373,7 @@ where
             wait_ms = wait.as_millis() as u64,
             "webhook delivery will retry: {why}"
         );
+        failed = Some(why);
         tokio::time::sleep(wait).await;
     }
 }
