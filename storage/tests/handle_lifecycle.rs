@@ -753,7 +753,6 @@ async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing(
                 GEN.into(),
                 Some(last.clone()),
                 status,
-                Some("the answer".into()),
                 r,
                 None,
                 Some(successor(&RunId::from("r2"))),

@@ -131,7 +131,6 @@ impl Run {
                     gen.clone(),
                     unwritten.clone(),
                     status,
-                    answer.clone(),
                     record.clone(),
                     deps.history.proposal(),
                     Some(successor.clone()),

@@ -29,16 +29,15 @@ pub fn finish_in(
 }
 
 /// The end of a run with no reply to deliver, in one transaction (SPEC §5.2 step 3: finishing and finish
-/// merge when no webhook is configured): the finishing gate of `status` and `answer`, the last `step` when
-/// its write was held back, then the finish of `record` with its successor. Nothing lands when any
-/// part refuses (the refusal answers). Answers whether a successor was admitted.
+/// merge when no webhook is configured): the finishing gate of `status` (the answer is the record's),
+/// the last `step` when its write was held back, then the finish of `record` with its successor.
+/// Nothing lands when any part refuses (the refusal answers). Answers whether a successor was admitted.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn seal_in(
     b: &mut dyn Backend,
     gen: &str,
     step: Option<&StepWrite>,
     status: RunStatus,
-    answer: Option<&str>,
     record: &RunRecord,
     proposal: Option<&PolicyProposal>,
     successor: Option<&Successor>,
@@ -49,8 +48,10 @@ pub(super) fn seal_in(
         |b| {
             // The gate first: it is what refuses (a stop recorded before it, a fence), so a refusal
             // leaves nothing written even where a transaction cannot roll back (the memory backend).
+            // Only its checks: what `finishing` writes (the final status and answer, the phase) would
+            // go with the row the finish deletes below, in this transaction.
             let id = &record.head.id;
-            if let Err(refusal) = b.finishing(id, gen, status, answer)? {
+            if let Err(refusal) = b.finishing_gate(id, gen, status)? {
                 return Ok(Err(refusal));
             }
             if let Some(step) = step {

@@ -765,6 +765,15 @@ pub trait RunLedger: Send {
         status: RunStatus,
         answer: Option<&str>,
     ) -> Result<Outcome<()>>;
+    /// The checks of [`RunLedger::finishing`] alone — the owner, a fence, the phase, a recorded stop —
+    /// writing nothing: a seal's gate, whose finish deletes the row in the same transaction, so what
+    /// `finishing` would write there is never read.
+    fn finishing_gate(
+        &mut self,
+        run_id: &RunId,
+        gen: &str,
+        status: RunStatus,
+    ) -> Result<Outcome<()>>;
     /// ONE transaction: upsert the record as `put` does and delete the run's live rows, step records,
     /// transcript and every inbox row (a caller that hands unread follow-ups to a successor reads them
     /// first, in the same transaction — see `StorageHandle::finish`); the run's receipts are stamped

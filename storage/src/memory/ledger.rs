@@ -347,6 +347,19 @@ impl RunLedger for MemoryStore {
         Ok(Ok(()))
     }
 
+    fn finishing_gate(
+        &mut self,
+        run_id: &RunId,
+        gen: &str,
+        status: RunStatus,
+    ) -> Result<Outcome<()>> {
+        let mut st = self.lock();
+        Ok(match st.ledger.owned_mut(run_id, gen) {
+            Ok(row) => crate::ledger::gate(row, status).map(|_| ()),
+            Err(refusal) => Err(refusal),
+        })
+    }
+
     fn finish(
         &mut self,
         run_id: &RunId,

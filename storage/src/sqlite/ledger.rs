@@ -568,6 +568,19 @@ impl RunLedger for SqliteStore {
         Ok(Ok(()))
     }
 
+    fn finishing_gate(
+        &mut self,
+        run_id: &RunId,
+        gen: &str,
+        status: RunStatus,
+    ) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        let row = owner!(row: tx, run_id, gen);
+        let gate = crate::ledger::gate(&row, status).map(|_| ());
+        tx.commit()?;
+        Ok(gate)
+    }
+
     fn finish(
         &mut self,
         run_id: &RunId,
