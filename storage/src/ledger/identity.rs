@@ -7,6 +7,19 @@ use serde_json::{Map, Value};
 
 use crate::record::{ChannelVisibility, RunEvent, Stamp};
 
+/// Longest label (characters) a run gets from its request's first line.
+pub const LABEL_CHARS: usize = 80;
+
+/// A run's label: the first line of its request, trimmed, at most [`LABEL_CHARS`] characters.
+pub fn label_of(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default().trim();
+    let mut label: String = line.chars().take(LABEL_CHARS).collect();
+    if line.chars().count() > LABEL_CHARS {
+        label.push('…');
+    }
+    label
+}
+
 /// Who and what a run is: stamped on `run_meta`, the ledger row's meta and the record.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]

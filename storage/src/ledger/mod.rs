@@ -38,7 +38,7 @@ pub use approvals::{
 };
 pub use checks::{check_events, check_turns, fence_refusal, view_refusal};
 pub use decisions::{Phase, StopMode, Strategy};
-pub use identity::RunIdentity;
+pub use identity::{label_of, RunIdentity, LABEL_CHARS};
 pub use successor::{successor_admission, waiting, Successor, SuccessorPlan};
 pub use transcript::{Transcript, TranscriptGap};
 
@@ -891,17 +891,4 @@ pub fn merge_state(state: &mut Map<String, Value>, patch: &Map<String, Value>) {
     for (k, v) in patch {
         state.insert(k.clone(), v.clone());
     }
-}
-
-/// Longest label (characters) a run gets from its request's first line.
-pub const LABEL_CHARS: usize = 80;
-
-/// A run's label: the first line of its request, trimmed, at most [`LABEL_CHARS`] characters.
-pub fn label_of(text: &str) -> String {
-    let line = text.lines().next().unwrap_or_default().trim();
-    let mut label: String = line.chars().take(LABEL_CHARS).collect();
-    if line.chars().count() > LABEL_CHARS {
-        label.push('…');
-    }
-    label
 }

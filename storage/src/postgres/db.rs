@@ -382,8 +382,9 @@ impl Db {
 
 /// A transaction's `COMMIT` with its notes before it (when someone else hears them), as one simple query.
 fn commit_batch(notes: &[String], heard: bool) -> String {
+    let notes = if heard { notes } else { &[] };
     let mut batch = String::new();
-    for payload in notes.iter().filter(|_| heard) {
+    for payload in notes {
         batch.push_str(&format!(
             "SELECT pg_notify('{}', '{}'); ",
             crate::news::CHANNEL,
