@@ -402,34 +402,28 @@ pub(super) fn put_in(
     let unchanged = existing.as_ref().is_some_and(|e| e.digest == digest);
     if !unchanged {
         let h = &record.head;
-        c.execute_later(
-            "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
-                channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
-                card_open, label)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
-             ON CONFLICT (run_id) DO UPDATE SET finished_at = EXCLUDED.finished_at, started_at = EXCLUDED.started_at,
-                agent = EXCLUDED.agent, channel_id = EXCLUDED.channel_id, user_id = EXCLUDED.user_id,
-                thread_key = EXCLUDED.thread_key, channel_visibility = EXCLUDED.channel_visibility,
-                parent_run_id = EXCLUDED.parent_run_id, status = EXCLUDED.status, provisional = EXCLUDED.provisional,
-                event_count = EXCLUDED.event_count, bytes = EXCLUDED.bytes, digest = EXCLUDED.digest,
-                stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json, card_open = EXCLUDED.card_open,
-                label = EXCLUDED.label",
-            params![
-                id.to_owned(), h.finished_at, h.started_at, h.agent.clone(), h.channel_id.clone(),
-                h.user_id.clone(), h.thread_key.clone(), h.channel_visibility.as_str(),
-                h.parent_run_id.clone(), h.status.as_str(), h.provisional, big(h.event_count), bytes,
-                digest, now_ms, summary, h.card_open(), h.label.clone(),
-            ],
-        )?;
         let rows: Vec<(u64, String)> = stored_event_seqs(&record.events)
             .into_iter()
             .zip(record.events.iter().map(|ev| ev.to_string()))
             .collect();
-        if live {
-            insert_events(c, id, rows)?;
+        #[rustfmt::skip]
+        let mut p = params![
+            id.to_owned(), h.finished_at, h.started_at, h.agent.clone(), h.channel_id.clone(),
+            h.user_id.clone(), h.thread_key.clone(), h.channel_visibility.as_str(),
+            h.parent_run_id.clone(), h.status.as_str(), h.provisional, big(h.event_count), bytes,
+            digest, now_ms, summary, h.card_open(), h.label.clone(),
+        ];
+        let sql = if live {
+            // A live run's events are the ledger's (cleared above): the row alone.
+            debug_assert!(rows.is_empty());
+            PUT_ROW
         } else {
-            replace_events(c, id, rows)?;
-        }
+            let (seqs, jsons) = by_seq(rows)?;
+            p.push(seqs);
+            p.push(jsons);
+            PUT_ROW_REPLACING_EVENTS
+        };
+        c.execute_later(sql, p)?;
         // What the triggers of migration 5 do to the totals, and this row to the count past the cutoff.
         if let Some(t) = &mut totals {
             let past = |finished_at: i64| i64::from(finished_at < cutoff);
@@ -743,17 +737,53 @@ pub(super) fn all_events_in(c: &mut Db, id: &str) -> Result<Vec<Value>> {
     }
 }
 
-/// Write events into `run_events` keyed by seq (an upsert: an identical retry is a no-op; within one
-/// batch the last event of a seq wins, as SQLite's `INSERT OR REPLACE` in order does). One statement.
-/// The upsert of `$1`'s events from the arrays `$2` (seqs) and `$3` (JSON), writing only what changed.
-macro_rules! upsert_events {
+/// The upsert of a record's `runs` row from `$1` … `$18`.
+macro_rules! upsert_run {
     () => {
-        "INSERT INTO run_events (run_id, seq, json) SELECT $1, s, j FROM UNNEST($2::BIGINT[], $3::text[]) AS t(s, j)
-         ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json
-         WHERE run_events.json IS DISTINCT FROM EXCLUDED.json"
+        "INSERT INTO runs (run_id, finished_at, started_at, agent, channel_id, user_id, thread_key,
+            channel_visibility, parent_run_id, status, provisional, event_count, bytes, digest, stored_at, summary_json,
+            card_open, label)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+         ON CONFLICT (run_id) DO UPDATE SET finished_at = EXCLUDED.finished_at, started_at = EXCLUDED.started_at,
+            agent = EXCLUDED.agent, channel_id = EXCLUDED.channel_id, user_id = EXCLUDED.user_id,
+            thread_key = EXCLUDED.thread_key, channel_visibility = EXCLUDED.channel_visibility,
+            parent_run_id = EXCLUDED.parent_run_id, status = EXCLUDED.status, provisional = EXCLUDED.provisional,
+            event_count = EXCLUDED.event_count, bytes = EXCLUDED.bytes, digest = EXCLUDED.digest,
+            stored_at = EXCLUDED.stored_at, summary_json = EXCLUDED.summary_json, card_open = EXCLUDED.card_open,
+            label = EXCLUDED.label"
     };
 }
 
+/// The upsert of `$1`'s events from the arrays `$seqs` and `$jsons`, writing only what changed.
+macro_rules! upsert_events {
+    ($seqs:literal, $jsons:literal) => {
+        concat!(
+            "INSERT INTO run_events (run_id, seq, json) SELECT $1, s, j FROM UNNEST(",
+            $seqs,
+            "::BIGINT[], ",
+            $jsons,
+            "::text[]) AS t(s, j)
+             ON CONFLICT (run_id, seq) DO UPDATE SET json = EXCLUDED.json
+             WHERE run_events.json IS DISTINCT FROM EXCLUDED.json"
+        )
+    };
+}
+
+/// A put's row, while the run is live (its events are the ledger's).
+const PUT_ROW: &str = upsert_run!();
+
+/// A put's row and, replacing the run's rows, the record's events (`$19` seqs, `$20` JSON), in one
+/// statement: the rows the record does not hold go and the upsert leaves the ones it holds as they
+/// are (a finish rewrites nothing it kept). Each part writes rows no other part writes.
+const PUT_ROW_REPLACING_EVENTS: &str = concat!(
+    "WITH r AS (",
+    upsert_run!(),
+    "), gone AS (DELETE FROM run_events WHERE run_id = $1 AND NOT (seq = ANY($19::BIGINT[]))) ",
+    upsert_events!("$19", "$20")
+);
+
+/// Write events into `run_events` keyed by seq (an upsert: an identical retry is a no-op; within one
+/// batch the last event of a seq wins, as SQLite's `INSERT OR REPLACE` in order does). One statement.
 pub(super) fn insert_events(
     c: &mut Db,
     run_id: &str,
@@ -763,23 +793,8 @@ pub(super) fn insert_events(
     if seqs.is_empty() {
         return Ok(());
     }
-    c.execute_later(upsert_events!(), params![run_id.to_owned(), seqs, jsons])
-}
-
-/// A stored record's events replace the run's rows, in one statement that goes out with the next: the
-/// rows it does not hold go, and the upsert leaves the ones it holds as they are (a finish rewrites
-/// nothing it kept). The two touch disjoint rows, so one statement may do both.
-fn replace_events(
-    c: &mut Db,
-    run_id: &str,
-    rows: impl IntoIterator<Item = (u64, String)>,
-) -> Result<()> {
-    let (seqs, jsons) = by_seq(rows)?;
     c.execute_later(
-        concat!(
-            "WITH gone AS (DELETE FROM run_events WHERE run_id = $1 AND NOT (seq = ANY($2::BIGINT[]))) ",
-            upsert_events!()
-        ),
+        upsert_events!("$2", "$3"),
         params![run_id.to_owned(), seqs, jsons],
     )
 }
