@@ -368,16 +368,16 @@ where
 /// logging, and at debug otherwise. The path's own values (ids, tokens) are never logged: the pattern is.
 fn log(res: &ServiceResponse, started: Instant, metrics: &Metrics) {
     let took = started.elapsed();
-    let route: Option<std::borrow::Cow<'_, str>> =
-        match res.request().app_data::<crate::routes::RoutePattern>() {
-            Some(pattern) => Some(pattern.0.as_str().into()),
-            None => res.request().match_pattern().map(Into::into),
-        };
+    // Every resource carries its pattern ([`crate::routes::resource`]); none is a path no route has.
+    let route = res
+        .request()
+        .app_data::<crate::routes::RoutePattern>()
+        .map(|pattern| pattern.0.as_str());
     let status = res.status().as_u16();
-    metrics.http_request(route.as_deref(), status, took);
+    metrics.http_request(route, status, took);
     let (method, route, latency_ms) = (
         res.request().method(),
-        route.as_deref().unwrap_or("unmatched"),
+        route.unwrap_or("unmatched"),
         took.as_secs_f64() * 1e3,
     );
     if status >= 400 {
