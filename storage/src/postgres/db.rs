@@ -378,6 +378,17 @@ impl Db {
     pub(super) fn is_closed(&self) -> bool {
         self.client.is_closed()
     }
+
+    /// The server's plan of `sql`, one line a step (tests).
+    #[cfg(test)]
+    pub(super) fn explain(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<String> {
+        let lines: Vec<String> = self
+            .query(&format!("EXPLAIN {sql}"), params)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        Ok(lines.join("\n"))
+    }
 }
 
 /// A transaction's `COMMIT` with its notes before it (when someone else hears them), as one simple query.

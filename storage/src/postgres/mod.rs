@@ -619,12 +619,7 @@ mod session_tests {
                     "PREPARE owned(text, text) AS SELECT 1 FROM live_runs WHERE run_id = $1 AND owner_gen = $2",
                     &[],
                 )?;
-                let plan: Vec<String> = db
-                    .query("EXPLAIN EXECUTE owned('r1', 'g1')", &[])?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                let plan = plan.join("\n");
+                let plan = db.explain("EXECUTE owned('r1', 'g1')", &[])?;
                 // Either index finds the one row: both columns are in its condition.
                 assert!(plan.contains("Index Cond: ((owner_gen = $2) AND (run_id = $1))")
                     || plan.contains("Index Cond: (run_id = $1)") && !plan.contains("Filter: (run_id"),

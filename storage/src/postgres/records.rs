@@ -892,12 +892,7 @@ mod tests {
             for kept in [Kept::All, Kept::From(now - 40, "r40".into())] {
                 let (sql, p) = open_cards_sql(now, 10, &kept, now - 1_000).expect("a query");
                 assert_eq!(sql.matches("SELECT").count(), 1, "{sql}");
-                let plan: Vec<String> = c
-                    .query(&format!("EXPLAIN {sql}"), &p.refs())?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                let plan = plan.join("\n");
+                let plan = c.explain(&sql, &p.refs())?;
                 assert!(plan.contains("runs_open_cards"), "{plan}");
                 assert!(!plan.contains("Sort"), "{plan}");
             }
