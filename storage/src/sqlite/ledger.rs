@@ -13,17 +13,20 @@ use crate::RunId;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{Map, Value};
 
-use super::live::{get_row, is_killed, is_live, live_row, row_by_thread, ROW_COLUMNS};
+use super::live::{
+    get_row, inbox_after, is_killed, is_live, last_step, live_row, owned, owner_only,
+    row_by_thread, ROW_COLUMNS,
+};
 use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
 use super::SqliteStore;
 use crate::ledger::decisions::{
     self, CapCount, ClaimDecision, Phase, PhaseChange, ReclaimSelection, StopMode,
 };
 use crate::ledger::{
-    check_events, check_turns, decode_receipt_answer, fence_refusal, merge_state, view_refusal,
-    Admit, AdmitOutcome, Claimed, GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem,
-    KillAnswer, LiveRow, Outcome, Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal,
-    RunLedger, StepRecord, StopAnswer, TableRows, Transcript, Turn, FENCE_PURGED_SQL as PURGED,
+    check_events, check_turns, decode_receipt_answer, merge_state, Admit, AdmitOutcome, Claimed,
+    GenerationInfo, HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome,
+    Promotion, PruneReport, ReclaimAnswer, Reclaimed, Refusal, RunLedger, StepRecord, StepWrite,
+    StopAnswer, SuccessorFacts, TableRows, Transcript, Turn, FENCE_PURGED_SQL as PURGED,
     PRUNE_BATCH, PRUNE_LEFTOVER_RUNS,
 };
 use crate::record::{RunRecord, RunStatus};
@@ -33,49 +36,6 @@ use crate::{Error, Result};
 /// Most ids one `killed_among` statement probes; more ids take more steps of it in the same read
 /// transaction.
 const KILLED_AMONG_CHUNK: usize = 500;
-
-/// The row when `gen` owns it, else the refusal. A killed run fences its owner.
-fn owned(tx: &Connection, run_id: &RunId, gen: &str) -> Result<Outcome<LiveRow>> {
-    if is_killed(tx, run_id)? {
-        return Ok(Err(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        }));
-    }
-    let row = get_row(tx, run_id)?;
-    Ok(match fence_refusal(row.as_ref(), run_id, gen) {
-        Some(refusal) => Err(refusal),
-        None => Ok(row.expect("fence_check passes only with a row")),
-    })
-}
-
-/// `Ok` when `gen` owns the run, else the refusal: [`owned`] reading only the row's ownership columns,
-/// for a write that needs nothing else of the row (most of a run's writes; decoding the row's JSON
-/// columns was a twelfth of the storage thread's samples).
-fn owner_only(tx: &Connection, run_id: &RunId, gen: &str) -> Result<Outcome<()>> {
-    if is_killed(tx, run_id)? {
-        return Ok(Err(Refusal::Fenced {
-            run_id: run_id.to_owned(),
-        }));
-    }
-    let cols: Option<(String, String, i64)> = tx
-        .prepare_cached("SELECT owner_gen, phase, lease_until FROM live_runs WHERE run_id = ?1")?
-        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    let view = match &cols {
-        None => None,
-        Some((owner, phase, lease_until)) => Some(decisions::RowView {
-            run_id,
-            owner_gen: owner,
-            phase: Phase::parse(phase)
-                .ok_or_else(|| Error::corrupt("live_runs.phase", phase.clone()))?,
-            lease_until: *lease_until,
-        }),
-    };
-    Ok(match view_refusal(view.as_ref(), run_id, gen) {
-        Some(refusal) => Err(refusal),
-        None => Ok(()),
-    })
-}
 
 /// Unwrap an owner check or return its refusal from the enclosing method: `owner!(tx, run, gen)` checks
 /// only, `owner!(row: tx, run, gen)` answers the row.
@@ -99,6 +59,53 @@ fn write_state(tx: &Connection, run_id: &RunId, state: &Map<String, Value>) -> R
     Ok(())
 }
 
+/// The events that carry a seq, written; the first refusal of one, answered.
+fn append_in(tx: &Connection, run_id: &RunId, events: &[Value]) -> Result<Option<Refusal>> {
+    let (rows, refused) = check_events(events);
+    insert_events(
+        tx,
+        run_id,
+        rows.into_iter().map(|(seq, _, json)| (seq, json)),
+    )?;
+    Ok(refused)
+}
+
+fn step_in(tx: &Connection, run_id: &RunId, record: &StepRecord) -> Result<()> {
+    let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
+    tx.prepare_cached("INSERT OR REPLACE INTO run_steps (run_id, step, json) VALUES (?1, ?2, ?3)")?
+        .execute(params![run_id, record.step as i64, json])?;
+    Ok(())
+}
+
+/// The turns' parts, written unless one is refused (then nothing is).
+fn transcript_in(
+    tx: &Connection,
+    run_id: &RunId,
+    first_idx: u64,
+    turns: &[Turn],
+) -> Result<Outcome<()>> {
+    let rows = match check_turns(first_idx, turns) {
+        Ok(rows) => rows,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let rows: Vec<(i64, i64, String)> = rows
+        .into_iter()
+        .map(|(idx, part, json)| (idx as i64, part as i64, json))
+        .collect();
+    let rows: Vec<[&dyn rusqlite::ToSql; 3]> = rows
+        .iter()
+        .map(|(idx, part, json)| [idx as _, part as _, json as _])
+        .collect();
+    super::insert_rows(
+        tx,
+        "INSERT OR IGNORE INTO transcript (run_id, idx, part, json)",
+        "",
+        run_id,
+        &rows,
+    )?;
+    Ok(Ok(()))
+}
+
 fn set_phase(tx: &Connection, run_id: &RunId, phase: Phase) -> Result<()> {
     tx.prepare_cached("UPDATE live_runs SET phase = ?2 WHERE run_id = ?1")?
         .execute(params![run_id, phase.as_str()])?;
@@ -120,34 +127,6 @@ fn queued_count(tx: &Connection, run_id: &str) -> Result<u64> {
         .iter()
         .filter(|i| i.queued())
         .count() as u64)
-}
-
-fn inbox_after(tx: &Connection, run_id: &str, after: Option<u64>) -> Result<Vec<InboxItem>> {
-    let mut stmt = tx.prepare_cached(
-        "SELECT seq, json FROM run_inbox WHERE run_id = ?1 AND seq > ?2 ORDER BY seq",
-    )?;
-    let rows = stmt.query_map(params![run_id, after.unwrap_or(0) as i64], |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-    })?;
-    rows.map(|r| {
-        let (seq, json) = r?;
-        let message =
-            serde_json::from_str(&json).map_err(|e| Error::corrupt("run_inbox.json", e))?;
-        Ok(InboxItem {
-            seq: seq as u64,
-            message,
-        })
-    })
-    .collect()
-}
-
-fn last_step(tx: &Connection, run_id: &RunId) -> Result<Option<StepRecord>> {
-    let json: Option<String> = tx
-        .prepare_cached("SELECT json FROM run_steps WHERE run_id = ?1 ORDER BY step DESC LIMIT 1")?
-        .query_row([run_id], |r| r.get(0))
-        .optional()?;
-    json.map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e)))
-        .transpose()
 }
 
 /// Delete a run's ledger rows — `live_runs`, `run_steps`, `transcript`, `run_inbox` — answering how many
@@ -364,12 +343,7 @@ impl RunLedger for SqliteStore {
     fn append(&mut self, run_id: &RunId, gen: &str, events: &[Value]) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
-        let (rows, refused) = check_events(events);
-        insert_events(
-            &tx,
-            run_id,
-            rows.into_iter().map(|(seq, _event, json)| (seq, json)),
-        )?;
+        let refused = append_in(&tx, run_id, events)?;
         tx.commit()?;
         Ok(refused.map_or(Ok(()), Err))
     }
@@ -377,11 +351,7 @@ impl RunLedger for SqliteStore {
     fn step(&mut self, run_id: &RunId, gen: &str, record: &StepRecord) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
-        let json = serde_json::to_string(record).map_err(|e| Error::corrupt("step record", e))?;
-        tx.prepare_cached(
-            "INSERT OR REPLACE INTO run_steps (run_id, step, json) VALUES (?1, ?2, ?3)",
-        )?
-        .execute(params![run_id, record.step as i64, json])?;
+        step_in(&tx, run_id, record)?;
         tx.commit()?;
         Ok(Ok(()))
     }
@@ -395,17 +365,37 @@ impl RunLedger for SqliteStore {
     ) -> Result<Outcome<()>> {
         let tx = self.immediate()?;
         owner!(tx, run_id, gen);
-        let rows = match check_turns(first_idx, turns) {
-            Ok(rows) => rows,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
-        {
-            let mut ins =
-                tx.prepare_cached("INSERT OR IGNORE INTO transcript (run_id, idx, part, json) VALUES (?1, ?2, ?3, ?4)")?;
-            for (idx, part, json) in rows {
-                ins.execute(params![run_id, idx as i64, part as i64, json])?;
-            }
+        if let Err(refusal) = transcript_in(&tx, run_id, first_idx, turns)? {
+            return Ok(Err(refusal));
         }
+        tx.commit()?;
+        Ok(Ok(()))
+    }
+
+    /// The four methods' writes under one owner check, in one transaction (or savepoint): each method
+    /// alone would open its own and read the owner again — a dozen statements of a run's step.
+    fn write_step(&mut self, run_id: &RunId, gen: &str, write: &StepWrite) -> Result<Outcome<()>> {
+        let tx = self.immediate()?;
+        let state = match write.state.is_empty() {
+            true => {
+                owner!(tx, run_id, gen);
+                None
+            }
+            false => Some(owner!(row: tx, run_id, gen).state),
+        };
+        if let Err(refusal) = transcript_in(&tx, run_id, write.first_idx, &write.turns)? {
+            return Ok(Err(refusal));
+        }
+        if let Some(refusal) = append_in(&tx, run_id, &write.events)? {
+            // As the methods one by one: the turns and the good events stand, the record does not.
+            tx.commit()?;
+            return Ok(Err(refusal));
+        }
+        if let Some(mut state) = state {
+            merge_state(&mut state, &write.state);
+            write_state(&tx, run_id, &state)?;
+        }
+        step_in(&tx, run_id, &write.record)?;
         tx.commit()?;
         Ok(Ok(()))
     }
@@ -647,6 +637,19 @@ impl RunLedger for SqliteStore {
     fn last_step(&mut self, run_id: &RunId) -> Result<Option<StepRecord>> {
         let tx = self.read()?;
         last_step(&tx, run_id)
+    }
+
+    /// The row, its last step and its inbox in one read transaction (the default opens three).
+    fn successor_facts(&mut self, run_id: &RunId) -> Result<Option<SuccessorFacts>> {
+        let tx = self.read()?;
+        let Some(row) = get_row(&tx, run_id)? else {
+            return Ok(None);
+        };
+        Ok(Some(SuccessorFacts {
+            last_step: last_step(&tx, run_id)?,
+            inbox: inbox_after(&tx, run_id, None)?,
+            row,
+        }))
     }
 
     fn reclaim(

@@ -666,14 +666,21 @@ pub(super) fn insert_events(
     run_id: &str,
     rows: impl IntoIterator<Item = (u64, String)>,
 ) -> Result<()> {
-    let mut ins = tx.prepare_cached(
-        "INSERT INTO run_events (run_id, seq, json) VALUES (?1, ?2, ?3)
-         ON CONFLICT (run_id, seq) DO UPDATE SET json = excluded.json WHERE json IS NOT excluded.json",
-    )?;
-    for (seq, json) in rows {
-        ins.execute(params![run_id, seq as i64, json])?;
-    }
-    Ok(())
+    let rows: Vec<(i64, String)> = rows
+        .into_iter()
+        .map(|(seq, json)| (seq as i64, json))
+        .collect();
+    let rows: Vec<[&dyn rusqlite::ToSql; 2]> = rows
+        .iter()
+        .map(|(seq, json)| [seq as _, json as _])
+        .collect();
+    Ok(super::insert_rows(
+        tx,
+        "INSERT INTO run_events (run_id, seq, json)",
+        "ON CONFLICT (run_id, seq) DO UPDATE SET json = excluded.json WHERE json IS NOT excluded.json",
+        &run_id,
+        &rows,
+    )?)
 }
 
 /// A live run's events strictly after `after_seq`, in seq order, at most `limit` (the ledger's
