@@ -485,12 +485,13 @@ impl StorageHandle {
     }
 
     /// Admit at `now_ms`; a run this admission starts gets `events` (its `run_meta` and `input`, seqs 1
-    /// and 2), its `tombstone` (the provisional record) and, with `seed`, its promotion and seed step in
-    /// the same transaction, so a crash right after admission never loses them and the run is resumable
-    /// from its first commit (SPEC §5.2 steps 2–4: one commit, not three; nothing orders them apart). The
-    /// tombstone goes with the retention policy the history proposes. A seed the ledger would refuse (a
-    /// part over [`crate::ledger::MAX_TRANSCRIPT_PART_BYTES`]) is left out before anything is written,
-    /// so the run is admitted unpromoted, as without one; the answer says whether the seed went in.
+    /// and 2), its `tombstone` (the provisional record) and, with `seed`, its promotion and seed step
+    /// (which then carries the first events: one write, not two) in the same transaction, so a crash
+    /// right after admission never loses them and the run is resumable from its first commit (SPEC §5.2
+    /// steps 2–4: one commit, not three; nothing orders them apart). The tombstone goes with the
+    /// retention policy the history proposes. A seed the ledger would refuse (a part over
+    /// [`crate::ledger::MAX_TRANSCRIPT_PART_BYTES`]) is left out before anything is written, so the run
+    /// is admitted unpromoted, as without one; the answer says whether the seed went in.
     pub async fn admit_with_events(
         &self,
         admit: Admit,
@@ -499,10 +500,15 @@ impl StorageHandle {
         seed: Option<(Promotion, StepWrite)>,
         now_ms: i64,
     ) -> Result<(AdmitOutcome, bool)> {
-        let seed = seed.filter(|(_, s)| {
+        let mut seed = seed.filter(|(_, s)| {
             crate::ledger::check_turns(s.first_idx, &s.turns).is_ok()
                 && crate::ledger::check_events(&s.events).1.is_none()
         });
+        // With a seed, the first events go with its step: one write, not two.
+        let mut events = events;
+        if let Some((_, step)) = &mut seed {
+            step.events.splice(0..0, std::mem::take(&mut events));
+        }
         let written = self.mailbox.inbox.after_write();
         self.transact(move |b, _| {
             let out = atomic(
@@ -510,9 +516,11 @@ impl StorageHandle {
                 |b| {
                     let out = b.admit(&admit, now_ms)?;
                     if matches!(&out, AdmitOutcome::Started { run_id } if *run_id == admit.run_id) {
-                        b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| {
-                            Error::Unavailable(format!("first events refused: {r}"))
-                        })?;
+                        if !events.is_empty() {
+                            b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| {
+                                Error::Unavailable(format!("first events refused: {r}"))
+                            })?;
+                        }
                         if let Some((tombstone, proposal)) = &tombstone {
                             debug_assert!(
                                 tombstone.head.provisional && tombstone.head.id == admit.run_id
@@ -520,14 +528,16 @@ impl StorageHandle {
                             b.put(tombstone, proposal.as_ref(), now_ms)?;
                         }
                         // The row is this transaction's and the seed was checked: neither write is
-                        // refused.
+                        // refused but for a first event the ledger would not take (then nothing of
+                        // the admission commits, as when `append` refuses one).
                         if let Some((promotion, seed)) = &seed {
                             let (id, gen) = (&admit.run_id, &admit.gen);
                             b.claim_admitted(id, gen, promotion, now_ms)?.map_err(|r| {
                                 Error::Unavailable(format!("promotion refused: {r}"))
                             })?;
-                            b.write_step(id, gen, seed)?
-                                .map_err(|r| Error::Unavailable(format!("seed refused: {r}")))?;
+                            b.write_step(id, gen, seed)?.map_err(|r| {
+                                Error::Unavailable(format!("first events or seed refused: {r}"))
+                            })?;
                         }
                         return Ok((out, seed.is_some()));
                     }
