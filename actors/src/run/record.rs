@@ -3,9 +3,7 @@
 use serde_json::{json, Value};
 use storage::ledger::{LiveRow, Successor};
 use storage::record::RunEvent;
-use storage::record::{
-    fit_record_to_budget, validate_record, RunRecord, RunStatus, MAX_RECORD_BYTES,
-};
+use storage::record::{fit_record_to_budget, into_record, RunRecord, RunStatus, MAX_RECORD_BYTES};
 use storage::RunId;
 
 use super::{Ended, RunDeps, StopReason};
@@ -109,8 +107,8 @@ pub fn assemble_record(
     } else if extras.delivery_unknown {
         v["replyNote"] = json!(DELIVERY_UNKNOWN);
     }
-    match validate_record(&v) {
-        Ok(r) => Some(fit_record_to_budget(&r, MAX_RECORD_BYTES)),
+    match into_record(v) {
+        Ok(r) => Some(fit_record_to_budget(r, MAX_RECORD_BYTES)),
         Err(e) => {
             tracing::error!(run_id = %id, error = %e, "built an invalid record; not written");
             None

@@ -20,7 +20,8 @@ const ELLIPSIS: &str = "\u{2026}";
 /// Event types whose content is `text`; every other type is capped on `summary`.
 const TEXT_EVENT_TYPES: [&str; 4] = ["input", "context", "assistant", "answer"];
 
-/// `record` fitted to `max_bytes` of JSON (SPEC §2 byte budget). The input is never mutated.
+/// `record` fitted to `max_bytes` of JSON (SPEC §2 byte budget); a record that fits untouched is
+/// answered as it is.
 ///
 /// 1. Every event is capped to [`MAX_EVENT_BYTES`] by truncating its `text` (types `input`,
 ///    `context`, `assistant`, `answer`) or `summary` (every other type) and appending `…`. The cut
@@ -39,7 +40,7 @@ const TEXT_EVENT_TYPES: [&str; 4] = ["input", "context", "assistant", "answer"];
 /// size is then arithmetic — the head without events, plus event sizes, plus one comma between
 /// neighbours — so a multi-megabyte record is fitted in one pass. Uncapped events are borrowed
 /// until chosen, so dropped ones are never copied.
-pub fn fit_record_to_budget(record: &RunRecord, max_bytes: usize) -> RunRecord {
+pub fn fit_record_to_budget(record: RunRecord, max_bytes: usize) -> RunRecord {
     let (capped, sizes): (Vec<Cow<'_, Value>>, Vec<usize>) =
         record.events.iter().map(cap_event).unzip();
     let n = capped.len();
@@ -53,6 +54,11 @@ pub fn fit_record_to_budget(record: &RunRecord, max_bytes: usize) -> RunRecord {
     };
     let total = shell(&record.head) + events_len(n, sizes.iter().sum());
     if total <= max_bytes {
+        if capped.iter().all(|e| matches!(e, Cow::Borrowed(_))) {
+            // Every event fits as it is (the usual case): the record is the answer, uncopied.
+            drop(capped);
+            return record;
+        }
         return RunRecord {
             head: record.head.clone(),
             events: capped.into_iter().map(Cow::into_owned).collect(),
@@ -191,7 +197,7 @@ mod tests {
         assert!(source.encoded_len() > 4_000_000);
         let before = source.clone();
 
-        let fitted = fit_record_to_budget(&source, MAX_RECORD_BYTES);
+        let fitted = fit_record_to_budget(source.clone(), MAX_RECORD_BYTES);
 
         assert_eq!(source, before, "source record untouched");
         assert!(
@@ -231,7 +237,7 @@ mod tests {
     #[test]
     fn under_budget_record_is_returned_intact_and_truncated_stays_false() {
         let source = validate_record(&good_record()).expect("valid");
-        let fitted = fit_record_to_budget(&source, MAX_RECORD_BYTES);
+        let fitted = fit_record_to_budget(source.clone(), MAX_RECORD_BYTES);
         assert_eq!(fitted, source);
         assert!(!fitted.head.truncated);
         // a record the registry already truncated stays truncated, counts untouched
@@ -239,7 +245,7 @@ mod tests {
         backlog_cut.head.truncated = true;
         backlog_cut.head.event_count = 50;
         assert_eq!(
-            fit_record_to_budget(&backlog_cut, MAX_RECORD_BYTES),
+            fit_record_to_budget(backlog_cut.clone(), MAX_RECORD_BYTES),
             backlog_cut
         );
     }
@@ -249,7 +255,7 @@ mod tests {
         let big = json!({"type": "tool_result", "seq": 1, "at": 1, "callId": "c", "tool": "bash",
                          "ok": true, "step": 1, "summary": "s".repeat(200_000), "text": "untouched"});
         let source = record_with_events(vec![big]);
-        let fitted = fit_record_to_budget(&source, MAX_RECORD_BYTES);
+        let fitted = fit_record_to_budget(source.clone(), MAX_RECORD_BYTES);
         let event = &fitted.events[0];
         let size = serde_json::to_vec(event).expect("ser").len();
         assert!(size <= MAX_EVENT_BYTES, "{size}");
@@ -277,7 +283,7 @@ mod tests {
     fn two_hundred_kilobyte_text_is_capped_with_a_trailing_ellipsis() {
         for kind in TEXT_EVENT_TYPES {
             let big = json!({"type": kind, "seq": 1, "at": 1, "text": "t".repeat(200_000), "summary": "kept"});
-            let fitted = fit_record_to_budget(&record_with_events(vec![big]), MAX_RECORD_BYTES);
+            let fitted = fit_record_to_budget(record_with_events(vec![big]), MAX_RECORD_BYTES);
             let event = &fitted.events[0];
             assert!(
                 serde_json::to_vec(event).expect("ser").len() <= MAX_EVENT_BYTES,
@@ -295,7 +301,7 @@ mod tests {
     fn multibyte_text_is_capped_by_utf8_bytes_not_chars() {
         // 100 000 three-byte chars: 300 KB of UTF-8 but only 100 000 chars.
         let big = json!({"type": "assistant", "seq": 1, "at": 1, "step": 1, "text": "日".repeat(100_000)});
-        let fitted = fit_record_to_budget(&record_with_events(vec![big]), MAX_RECORD_BYTES);
+        let fitted = fit_record_to_budget(record_with_events(vec![big]), MAX_RECORD_BYTES);
         let text = fitted.events[0]["text"].as_str().expect("string");
         assert!(serde_json::to_vec(&fitted.events[0]).expect("ser").len() <= MAX_EVENT_BYTES);
         assert!(text.ends_with('…'));
@@ -310,7 +316,7 @@ mod tests {
         // quotes, backslashes, newlines and raw control chars all grow when escaped
         let nasty = "a\"b\\c\nd\u{1}é".repeat(20_000);
         let big = json!({"type": "note", "kind": "x", "seq": 1, "at": 1, "summary": nasty});
-        let fitted = fit_record_to_budget(&record_with_events(vec![big]), MAX_RECORD_BYTES);
+        let fitted = fit_record_to_budget(record_with_events(vec![big]), MAX_RECORD_BYTES);
         let size = serde_json::to_vec(&fitted.events[0]).expect("ser").len();
         assert!(
             size <= MAX_EVENT_BYTES && size > MAX_EVENT_BYTES - 8,
@@ -321,7 +327,7 @@ mod tests {
     #[test]
     fn oversized_event_without_a_cappable_string_is_left_to_the_record_budget() {
         let odd = json!({"type": "tool_result", "seq": 1, "at": 1, "summary": 5, "output": "o".repeat(100_000)});
-        let fitted = fit_record_to_budget(&record_with_events(vec![odd.clone()]), MAX_RECORD_BYTES);
+        let fitted = fit_record_to_budget(record_with_events(vec![odd.clone()]), MAX_RECORD_BYTES);
         assert_eq!(fitted.events, vec![odd]);
     }
 
@@ -331,7 +337,7 @@ mod tests {
         let events: Vec<Value> = (1..=20u64)
             .map(|seq| json!({"type": "context", "seq": seq, "at": seq, "text": "c".repeat(200_000)}))
             .collect();
-        let fitted = fit_record_to_budget(&record_with_events(events), MAX_RECORD_BYTES);
+        let fitted = fit_record_to_budget(record_with_events(events), MAX_RECORD_BYTES);
         assert_eq!(fitted.events.len(), 20);
         assert!(!fitted.head.truncated);
         assert!(fitted.encoded_len() <= MAX_RECORD_BYTES);
@@ -349,7 +355,7 @@ mod tests {
         shell.head.truncated = true;
         // room for three events plus two commas, with slack for wider seqs but not a fourth event
         let budget = shell.encoded_len() + one_event * 3 + 2 + 10;
-        let fitted = fit_record_to_budget(&source, budget);
+        let fitted = fit_record_to_budget(source.clone(), budget);
         assert_eq!(stored_event_seqs(&fitted.events), vec![1, 2, 10]);
         assert!(fitted.encoded_len() <= budget);
         assert_eq!(fitted.head.stored_event_count, 3);

@@ -56,5 +56,7 @@ pub use model::{
     DIAGNOSIS_CATEGORIES,
 };
 pub use retention::{apply_retention, newest_first, RetentionPolicy};
-pub use validate::{is_valid_run_id, validate_list_item, validate_record, RecordError};
+pub use validate::{
+    into_record, is_valid_run_id, validate_list_item, validate_record, RecordError,
+};
 pub use visibility::{FilterError, VisibilityFilter, MAX_FILTER_DEPTH, MAX_FILTER_LEAVES};

@@ -103,6 +103,24 @@ const HEAD_FIELDS: [&str; 22] = [
 /// [`Diagnosis::normalized`] (a missing diagnosis reads all zero), and unknown fields land in
 /// [`RunHead::extra`] untouched.
 pub fn validate_record(v: &Value) -> Result<RunRecord, RecordError> {
+    let (head, events) = validated(v)?;
+    Ok(RunRecord {
+        head,
+        events: events.clone(),
+    })
+}
+
+/// [`validate_record`] of a value the caller gives up: its events move into the record, uncopied.
+pub fn into_record(mut v: Value) -> Result<RunRecord, RecordError> {
+    let head = validated(&v)?.0;
+    let Some(Value::Array(events)) = v.get_mut("events").map(Value::take) else {
+        return Err(RecordError::Missing { field: "events" }); // `validated` saw an array
+    };
+    Ok(RunRecord { head, events })
+}
+
+/// The record's head and its events, each event an object with a string `type`.
+fn validated(v: &Value) -> Result<(RunHead, &Vec<Value>), RecordError> {
     let obj = v
         .as_object()
         .ok_or(RecordError::NotObject { what: "record" })?;
@@ -129,10 +147,7 @@ pub fn validate_record(v: &Value) -> Result<RunRecord, RecordError> {
             });
         }
     }
-    Ok(RunRecord {
-        head,
-        events: events.clone(),
-    })
+    Ok((head, events))
 }
 
 /// Validate a listing row: the record checks minus events, plus an optional whole `bytes`.
@@ -383,6 +398,7 @@ mod tests {
         let back: Value = serde_json::from_str(&text).expect("parses");
         assert_eq!(back, good_record());
         assert_eq!(validate_record(&back).expect("still valid"), record);
+        assert_eq!(into_record(back).expect("valid by value"), record);
         // serde's own derive reads the same thing the validator does
         let via_serde: RunRecord = serde_json::from_str(&text).expect("derive reads it");
         assert_eq!(via_serde, record);
@@ -709,7 +725,9 @@ mod tests {
             ),
         ];
         for (name, value, expected) in cases {
-            assert_eq!(validate_record(&value).err(), Some(expected), "{name}");
+            let by_value = into_record(value.clone()).err();
+            assert_eq!(validate_record(&value).err(), by_value, "{name}: by value");
+            assert_eq!(by_value, Some(expected), "{name}");
         }
         for not_object in [Value::Null, json!([]), json!("run"), json!(1)] {
             assert_eq!(
