@@ -109,6 +109,37 @@ pub trait Backend: RunStore + RunLedger + PlanStore + Send + 'static {
         step_in_unit(self, run_id, gen, write)
     }
 
+    /// An admission recorded from its start (SPEC §5.2 step 2), inside the caller's transaction: the
+    /// ledger's `admit` and, when it started `a.run_id`, the put of `tombstone` (its provisional record)
+    /// with `proposal`. A backend may read the put's facts with the admission's.
+    fn admit_recorded(
+        &mut self,
+        a: &crate::ledger::Admit,
+        tombstone: &crate::record::RunRecord,
+        proposal: Option<&crate::store::PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<crate::ledger::AdmitOutcome> {
+        let out = self.admit(a, now_ms)?;
+        if out.started(&a.run_id) {
+            self.put(tombstone, proposal, now_ms)?;
+        }
+        Ok(out)
+    }
+
+    /// The listing row of `id` (as `get_summary`) and whether it carries a deletion fence (as
+    /// `killed_among`), in one read.
+    fn summary_and_killed(
+        &mut self,
+        id: &RunId,
+        now_ms: i64,
+    ) -> Result<(Option<crate::record::RunListItem>, bool)> {
+        let item = self.get_summary(id, now_ms)?;
+        Ok((
+            item,
+            !self.killed_among(std::slice::from_ref(id))?.is_empty(),
+        ))
+    }
+
     /// Whether a message (or a group whose `COMMIT` failed) that answered `error` should run again
     /// alone: a lost race against another host, which nothing of the message's writes survived. Only
     /// backends with such races say yes (PostgreSQL); SQLite's writers queue for one lock instead.
@@ -209,6 +240,25 @@ impl Backend for PgStore {
 
     fn rerun_alone(&self, error: &Error) -> bool {
         error.is_race() || matches!(error, Error::GroupRolledBack(_))
+    }
+
+    fn summary_and_killed(
+        &mut self,
+        id: &RunId,
+        now_ms: i64,
+    ) -> Result<(Option<crate::record::RunListItem>, bool)> {
+        PgStore::summary_and_killed(self, id, now_ms)
+    }
+
+    /// The put's facts come with the admission's read of the thread's row.
+    fn admit_recorded(
+        &mut self,
+        a: &crate::ledger::Admit,
+        tombstone: &crate::record::RunRecord,
+        proposal: Option<&crate::store::PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<crate::ledger::AdmitOutcome> {
+        PgStore::admit_recorded(self, a, tombstone, proposal, now_ms)
     }
 
     /// Its `write_step` is one statement (so its `COMMIT` can go with it), or an atomic unit when the

@@ -205,7 +205,7 @@ async fn an_admission_opens_its_run_in_its_own_commit_unless_the_seed_would_be_r
 #[actix_rt::test]
 async fn an_admission_commits_its_first_events_and_tombstone_and_a_steer_none() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, h) in backends(dir.path()) {
+    for (name, h) in every_backend(dir.path()) {
         let tombstone = |id: &str| {
             let mut t = record(id);
             t.head.provisional = true;
@@ -723,31 +723,98 @@ async fn the_orphan_sweep_lists_and_closes_cards_through_the_handle() {
     }
 }
 
+/// A point read's summary and deletion fence, read together, answer what the two reads answer apart on
+/// every backend: a stored run, a killed one, an unknown id.
+#[actix_rt::test]
+async fn a_summary_and_its_kill_read_together_answer_as_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in every_backend(dir.path()) {
+        h.put(record("r1"), None).await.unwrap();
+        go_live(&h, &RunId::from("r2")).await;
+        h.kill("r2".into()).await.unwrap();
+        for id in ["r1", "r2", "r3"] {
+            let together = h.get_summary_and_killed(id.into()).await.unwrap();
+            let killed = !h.killed_among(vec![id.into()]).await.unwrap().is_empty();
+            let apart = (h.get_summary(id.into()).await.unwrap(), killed);
+            assert_eq!(together, apart, "{name}: {id}");
+            assert_eq!(
+                (together.0.is_some(), together.1),
+                (id == "r1", id == "r2"),
+                "{name}: {id}"
+            );
+        }
+    }
+}
+
+/// An admission's tombstone is a live run's record: its put writes the `runs` row alone and leaves the
+/// run's events to the ledger — here the admission's first events, appended after it; none of the
+/// tombstone's own (SPEC §5.2 step 2).
+#[actix_rt::test]
+async fn an_admissions_tombstone_leaves_the_live_events_to_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, h) in every_backend(dir.path()) {
+        let mut tombstone = record("r1");
+        tombstone.head.provisional = true;
+        tombstone.head.status = storage::record::RunStatus::Interrupted;
+        tombstone
+            .events
+            .push(json!({"type": "assistant", "seq": 3, "at": NOW, "text": "not the ledger's"}));
+        tombstone.head.event_count = 3;
+        let started = h
+            .admit_with_events(
+                admission(&RunId::from("r1"), "hello"),
+                first_events("hello"),
+                Some((tombstone, None)),
+                None,
+                NOW,
+            )
+            .await
+            .unwrap();
+        assert!(started.0.started(&RunId::from("r1")), "{name}: {started:?}");
+        assert_eq!(
+            h.live_events("r1".into(), 0, 10).await.unwrap(),
+            Some(first_events("hello")),
+            "{name}"
+        );
+    }
+}
+
 /// A run with no reply to deliver seals (SPEC §5.2 step 3): its held-back last step, its finishing gate
 /// and its finish with the successor commit as one. A seal the gate refuses (a stop recorded before it)
 /// commits nothing of the three; the same seal under the stop's status then lands.
 #[actix_rt::test]
 async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, h) in backends(dir.path()) {
+    for (name, h) in every_backend(dir.path()) {
         go_live(&h, &RunId::from("r1")).await;
-        let unread = h
+        let first = h
             .push_inbox("r1".into(), request("late", "u2"))
             .await
             .unwrap()
             .unwrap();
+        h.push_inbox("r1".into(), request("later", "u2"))
+            .await
+            .unwrap()
+            .unwrap();
+        // The held-back last step read the first message: only the second waits for the successor.
         let last = storage::ledger::StepWrite {
             first_idx: 2,
             turns: vec![Turn {
                 role: "assistant".into(),
                 parts: vec![json!("the answer")],
             }],
-            record: step(1, 3, None),
+            record: step(1, 3, Some(first)),
             events: vec![],
             state: Default::default(),
         };
+        // The record carries an event the ledger never had: its answer, which the finish must keep.
+        let mut sealed_record = record("r1");
+        sealed_record
+            .events
+            .push(json!({"type": "assistant", "seq": 3, "at": NOW, "text": "the answer"}));
+        sealed_record.head.event_count = 3;
         let seal = |status: storage::record::RunStatus| {
-            let mut r = record("r1");
+            let mut r = sealed_record.clone();
             r.head.status = status;
             h.seal(
                 GEN.into(),
@@ -792,13 +859,17 @@ async fn a_seal_commits_the_last_step_the_gate_and_the_finish_as_one_or_nothing(
             (storage::record::RunStatus::StoppedSoft, false),
             "{name}"
         );
+        assert_eq!(
+            kept.events, sealed_record.events,
+            "{name}: the record's events"
+        );
         let next = h
             .get_live("r2".into())
             .await
             .unwrap()
             .expect("the successor");
-        assert_eq!(next.meta["request"]["text"], "late", "{name}");
-        assert!(unread > 0, "{name}");
+        assert_eq!(next.meta["request"]["text"], "later", "{name}");
+        assert!(first > 0, "{name}");
         let rows = h.table_rows().await.unwrap();
         assert_eq!(
             (rows.live_runs, rows.run_steps, rows.transcript),

@@ -2,7 +2,7 @@
 //! with its successor, the successor's admission, a durable step).
 
 use crate::actor::{atomic, Backend};
-use crate::ledger::{AdmitOutcome, Outcome, StepWrite, Successor};
+use crate::ledger::{AdmitOutcome, Outcome, StepWrite, Successor, SuccessorFacts, SuccessorPlan};
 use crate::record::{RunRecord, RunStatus};
 use crate::store::{PolicyProposal, PutOutcome};
 use crate::{Error, Result};
@@ -23,7 +23,15 @@ pub fn finish_in(
 ) -> Result<Outcome<PutOutcome>> {
     atomic(
         b,
-        |b| Ok(finish_body(b, gen, record, proposal, successor, now_ms)?.map(|(put, _)| put)),
+        |b| {
+            let plan = match successor {
+                Some(succ) => b
+                    .successor_facts(&record.head.id)?
+                    .and_then(|facts| successor_plan(facts, gen, succ, now_ms)),
+                None => None,
+            };
+            Ok(finish_body(b, gen, record, proposal, plan, now_ms)?.map(|(put, _)| put))
+        },
         |out| out.is_ok(),
     )
 }
@@ -49,47 +57,49 @@ pub(super) fn seal_in(
             // The gate first: it is what refuses (a stop recorded before it, a fence), so a refusal
             // leaves nothing written even where a transaction cannot roll back (the memory backend).
             // Only its checks: what `finishing` writes (the final status and answer, the phase) would
-            // go with the row the finish deletes below, in this transaction.
-            let id = &record.head.id;
-            if let Err(refusal) = b.finishing_gate(id, gen, status)? {
-                return Ok(Err(refusal));
-            }
+            // go with the row the finish deletes below, in this transaction. It reads the successor's
+            // facts too, which the step then written is laid over.
+            let mut facts = match b.seal_gate(gen, status, record, proposal, now_ms)? {
+                Ok(facts) => facts,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
             if let Some(step) = step {
-                if let Err(refusal) = b.write_step(id, gen, step)? {
+                if let Err(refusal) = b.write_step(&record.head.id, gen, step)? {
                     return Ok(Err(refusal));
                 }
+                facts.stepped(&step.record);
             }
-            Ok(finish_body(b, gen, record, proposal, successor, now_ms)?
-                .map(|(_, admitted)| admitted))
+            let plan = successor.and_then(|succ| successor_plan(facts, gen, succ, now_ms));
+            Ok(finish_body(b, gen, record, proposal, plan, now_ms)?.map(|(_, admitted)| admitted))
         },
         |out| out.is_ok(),
     )
 }
 
-/// [`finish_in`]'s body, inside a transaction the caller holds: the put's outcome and whether a
-/// successor was admitted.
+/// The successor `facts` call for (none when nothing waits).
+fn successor_plan(
+    facts: SuccessorFacts,
+    gen: &str,
+    succ: &Successor,
+    now_ms: i64,
+) -> Option<SuccessorPlan> {
+    let stepped = facts.last_step.and_then(|s| s.inbox_consumed_seq);
+    let consumed = stepped.max(succ.inbox_consumed);
+    let waiting = crate::ledger::waiting(facts.inbox, consumed);
+    crate::ledger::successor_admission(&facts.row, gen, &waiting, succ, now_ms)
+}
+
+/// [`finish_in`]'s body, inside a transaction the caller holds, admitting the successor of `plan`: the
+/// put's outcome and whether a successor was admitted.
 fn finish_body(
     b: &mut dyn Backend,
     gen: &str,
     record: &RunRecord,
     proposal: Option<&PolicyProposal>,
-    successor: Option<&Successor>,
+    plan: Option<SuccessorPlan>,
     now_ms: i64,
 ) -> Result<Outcome<(PutOutcome, bool)>> {
-    let id = &record.head.id;
-    let plan = match successor {
-        None => None,
-        Some(succ) => match b.successor_facts(id)? {
-            None => None,
-            Some(facts) => {
-                let stepped = facts.last_step.and_then(|s| s.inbox_consumed_seq);
-                let consumed = stepped.max(succ.inbox_consumed);
-                let waiting = crate::ledger::waiting(facts.inbox, consumed);
-                crate::ledger::successor_admission(&facts.row, gen, &waiting, succ, now_ms)
-            }
-        },
-    };
-    let put = match b.finish(id, gen, record, proposal, now_ms)? {
+    let put = match b.finish(&record.head.id, gen, record, proposal, now_ms)? {
         Ok(put) => put,
         Err(refusal) => return Ok(Err(refusal)),
     };

@@ -514,18 +514,20 @@ impl StorageHandle {
             let out = atomic(
                 b,
                 |b| {
-                    let out = b.admit(&admit, now_ms)?;
-                    if matches!(&out, AdmitOutcome::Started { run_id } if *run_id == admit.run_id) {
+                    let out = match &tombstone {
+                        Some((tombstone, proposal)) => {
+                            debug_assert!(
+                                tombstone.head.provisional && tombstone.head.id == admit.run_id
+                            );
+                            b.admit_recorded(&admit, tombstone, proposal.as_ref(), now_ms)?
+                        }
+                        None => b.admit(&admit, now_ms)?,
+                    };
+                    if out.started(&admit.run_id) {
                         if !events.is_empty() {
                             b.append(&admit.run_id, &admit.gen, &events)?.map_err(|r| {
                                 Error::Unavailable(format!("first events refused: {r}"))
                             })?;
-                        }
-                        if let Some((tombstone, proposal)) = &tombstone {
-                            debug_assert!(
-                                tombstone.head.provisional && tombstone.head.id == admit.run_id
-                            );
-                            b.put(tombstone, proposal.as_ref(), now_ms)?;
                         }
                         // The row is this transaction's and the seed was checked: neither write is
                         // refused but for a first event the ledger would not take (then nothing of
@@ -809,12 +811,8 @@ impl StorageHandle {
     /// A run's stored summary and whether it carries a deletion fence, in one read (a finished run's
     /// point read needs both).
     pub async fn get_summary_and_killed(&self, id: RunId) -> Result<(Option<RunListItem>, bool)> {
-        self.read(move |b, now| {
-            let item = b.get_summary(&id, now)?;
-            let killed = !b.killed_among(std::slice::from_ref(&id))?.is_empty();
-            Ok((item, killed))
-        })
-        .await
+        self.read(move |b, now| b.summary_and_killed(&id, now))
+            .await
     }
 
     /// Which of `run_ids` carry a deletion fence (sorted, each once): one read for a whole listing.

@@ -1,11 +1,12 @@
 //! What every backend checks before an owner write lands, the same on each: whether the writer owns
 //! the run ([`fence_refusal`], [`view_refusal`] over [`decisions::fence_check`]), and which events and
-//! transcript parts may be stored ([`check_events`], [`check_turns`]).
+//! transcript parts may be stored ([`check_events`], [`check_turns`]), and the finishing [`gate`].
 
 use crate::RunId;
 use serde_json::Value;
 
-use super::{decisions, LiveRow, Outcome, Refusal, Turn, MAX_TRANSCRIPT_PART_BYTES};
+use super::{decisions, LiveRow, Outcome, Phase, Refusal, Turn, MAX_TRANSCRIPT_PART_BYTES};
+use crate::record::RunStatus;
 
 /// Validate an append batch: the rows that may land (`(seq, event, json)`), and the first refusal among
 /// the rest. An event without a numeric `seq` or over 64 KiB is refused alone; its neighbours land.
@@ -69,5 +70,25 @@ pub fn view_refusal(
         decisions::Fence::UnknownRun => Some(Refusal::UnknownRun {
             run_id: run_id.to_owned(),
         }),
+    }
+}
+
+/// What the finishing gate writes: the phase `finishing`, or the refusal — a phase that does not allow
+/// it, or a stop recorded before a `completed` gate ([`decisions::stop_before_gate`]). Every backend's one
+/// check, in the gate's transaction.
+pub fn gate(row: &LiveRow, status: RunStatus) -> Outcome<Phase> {
+    let next = decisions::phase_transition(row.phase, decisions::PhaseChange::Finishing).map_err(
+        |wrong| Refusal::WrongPhase {
+            run_id: row.run_id.clone(),
+            phase: wrong.from,
+            change: decisions::PhaseChange::Finishing.as_str(),
+        },
+    )?;
+    match decisions::stop_before_gate(row.stop, status) {
+        Some(mode) => Err(Refusal::StopPending {
+            run_id: row.run_id.clone(),
+            mode,
+        }),
+        None => Ok(next),
     }
 }

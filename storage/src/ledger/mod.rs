@@ -36,10 +36,10 @@ use crate::Result;
 pub use approvals::{
     approvals_patch, change_phase, decide, Approval, Approvals, DecideAnswer, Decided, Decision,
 };
-pub use checks::{check_events, check_turns, fence_refusal, view_refusal};
+pub use checks::{check_events, check_turns, fence_refusal, gate, view_refusal};
 pub use decisions::{Phase, StopMode, Strategy};
 pub use identity::{label_of, RunIdentity, LABEL_CHARS};
-pub use successor::{successor_admission, waiting, Successor, SuccessorPlan};
+pub use successor::{successor_admission, waiting, Successor, SuccessorFacts, SuccessorPlan};
 pub use transcript::{Transcript, TranscriptGap};
 
 /// Keyed receipts one run may hold (SPEC §5.1); a new key past it is held, an earlier one never evicted.
@@ -301,6 +301,11 @@ pub enum AdmitOutcome {
 }
 
 impl AdmitOutcome {
+    /// Whether this admission started `run_id` (a fresh run of its own).
+    pub fn started(&self, run_id: &RunId) -> bool {
+        matches!(self, AdmitOutcome::Started { run_id: r } if r == run_id)
+    }
+
     /// Whether this answer put the message on a live run's inbox.
     pub fn wrote_inbox(&self) -> bool {
         matches!(
@@ -485,26 +490,6 @@ pub fn steering(items: Vec<InboxItem>) -> Vec<InboxItem> {
     items.into_iter().filter(|i| !i.queued()).collect()
 }
 
-/// What the finishing gate writes: the phase `finishing`, or the refusal — a phase that does not allow
-/// it, or a stop recorded before a `completed` gate ([`decisions::stop_before_gate`]). Every backend's one
-/// check, in the gate's transaction.
-pub fn gate(row: &LiveRow, status: RunStatus) -> Outcome<Phase> {
-    let next = decisions::phase_transition(row.phase, decisions::PhaseChange::Finishing).map_err(
-        |wrong| Refusal::WrongPhase {
-            run_id: row.run_id.clone(),
-            phase: wrong.from,
-            change: decisions::PhaseChange::Finishing.as_str(),
-        },
-    )?;
-    match decisions::stop_before_gate(row.stop, status) {
-        Some(mode) => Err(Refusal::StopPending {
-            run_id: row.run_id.clone(),
-            mode,
-        }),
-        None => Ok(next),
-    }
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeartbeatAnswer {
     pub stop: Option<StopMode>,
@@ -638,14 +623,6 @@ pub struct GenerationInfo {
     pub started_at: i64,
 }
 
-/// What [`RunLedger::successor_facts`] reads.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SuccessorFacts {
-    pub row: LiveRow,
-    pub last_step: Option<StepRecord>,
-    pub inbox: Vec<InboxItem>,
-}
-
 /// [`RunLedger::write_step`] as its four methods, one after another (the trait's default).
 pub fn write_step_by_methods<L: RunLedger + ?Sized>(
     l: &mut L,
@@ -774,6 +751,31 @@ pub trait RunLedger: Send {
         gen: &str,
         status: RunStatus,
     ) -> Result<Outcome<()>>;
+    /// A seal's reads, before it writes anything (SPEC §5.2 steps 3 and 8): the checks of
+    /// [`RunLedger::finishing_gate`] for `record`'s run and, when they pass, what its successor's
+    /// admission decides on ([`RunLedger::successor_facts`]; read before the seal writes its last step,
+    /// which the caller then lays over them: [`SuccessorFacts::stepped`]). `proposal` is what the seal's
+    /// finish of `record` proposes: a backend may read what that finish's put decides on in the same
+    /// round trip. The default is the two methods one after the other.
+    fn seal_gate(
+        &mut self,
+        gen: &str,
+        status: RunStatus,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<Outcome<SuccessorFacts>> {
+        let _ = (proposal, now_ms);
+        let run_id = &record.head.id;
+        if let Err(refusal) = self.finishing_gate(run_id, gen, status)? {
+            return Ok(Err(refusal));
+        }
+        self.successor_facts(run_id)?.map(Ok).ok_or_else(|| {
+            crate::Error::Unavailable(format!(
+                "the live row of {run_id} went within its seal's gate"
+            ))
+        })
+    }
     /// ONE transaction: upsert the record as `put` does and delete the run's live rows, step records,
     /// transcript and every inbox row (a caller that hands unread follow-ups to a successor reads them
     /// first, in the same transaction — see `StorageHandle::finish`); the run's receipts are stamped

@@ -4,7 +4,7 @@
 use crate::RunId;
 use serde_json::{Map, Value};
 
-use super::{decisions, label_of, Admit, InboxItem, LiveRow, RunIdentity, Strategy};
+use super::{decisions, label_of, Admit, InboxItem, LiveRow, RunIdentity, StepRecord, Strategy};
 
 /// The run a finish (or a reclaim's close) admits in the same transaction for follow-ups the finished
 /// run never read (SPEC §5.2 step 8): its pre-minted id and how far the finishing run read its inbox.
@@ -14,6 +14,29 @@ pub struct Successor {
     pub lease_ms: i64,
     /// The highest inbox seq the finishing run folded in; the last step record's counts too.
     pub inbox_consumed: Option<u64>,
+}
+
+/// What [`RunLedger::successor_facts`](super::RunLedger::successor_facts) reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuccessorFacts {
+    pub row: LiveRow,
+    pub last_step: Option<StepRecord>,
+    pub inbox: Vec<InboxItem>,
+}
+
+impl SuccessorFacts {
+    /// The facts once `record` is written as a step: it is the highest step record unless a higher one
+    /// was already there (a rewrite of the highest replaces it). The row's `thread_key` and `meta`, all a
+    /// successor reads of it, and the inbox are not what a step writes.
+    pub fn stepped(&mut self, record: &StepRecord) {
+        if self
+            .last_step
+            .as_ref()
+            .is_none_or(|last| last.step <= record.step)
+        {
+            self.last_step = Some(record.clone());
+        }
+    }
 }
 
 /// The inbox rows a finishing run leaves for the runs after it: every queued message (`enqueue`,

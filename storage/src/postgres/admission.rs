@@ -6,32 +6,83 @@
 use crate::RunId;
 use serde_json::Value;
 
+use super::facts::{admission_facts, PutFacts};
 use super::ledger::{inbox_after, last_step, push_inbox_in, queued_count};
 use super::live::{live_rows, row_and_fence, By, ROW_COLUMNS};
+use super::records::{put_decided, put_in};
 use super::{params, Db};
 use crate::ledger::decisions::{self, CapCount, ClaimDecision, Phase, ReclaimSelection, StopMode};
 use crate::ledger::{
     decode_receipt_answer, merge_state, Admit, AdmitOutcome, Claimed, LiveRow, Outcome, Promotion,
     ReclaimAnswer, Reclaimed, Refusal,
 };
+use crate::record::RunRecord;
+use crate::store::PolicyProposal;
 use crate::{Error, Result};
 
 pub(super) fn admit_in(c: &mut Db, a: &Admit, now_ms: i64) -> Result<AdmitOutcome> {
-    if let Some(k) = &a.key {
-        let hit = c.query_opt(
-            "SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2",
-            &[&k.scope, &k.key],
-        )?;
-        if let Some(hit) = hit {
-            let (hash, run_id, answer): (String, String, String) =
-                (hit.get(0), hit.get(1), hit.get(2));
-            if hash != k.body_hash {
-                return Ok(AdmitOutcome::KeyConflict);
-            }
-            return decode_receipt_answer(&k.scope, &run_id, &answer);
-        }
+    if let Some(answer) = keyed_answer(c, a)? {
+        return Ok(answer);
     }
     let (holder, killed) = row_and_fence(c, By::Thread, &a.thread_key, &a.run_id)?;
+    admit_decided(c, a, now_ms, holder, killed)
+}
+
+/// [`admit_in`], then — when it started `a.run_id` — the put of its `tombstone` with `proposal`, whose
+/// facts come with the thread's row (one round trip fewer): read before the admission inserted the row,
+/// they are the put's but for `live`, which this transaction made true.
+pub(super) fn admit_recorded_in(
+    c: &mut Db,
+    a: &Admit,
+    tombstone: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    now_ms: i64,
+) -> Result<AdmitOutcome> {
+    let (out, ahead) = match keyed_answer(c, a)? {
+        Some(answer) => (answer, None),
+        None => {
+            let guess = PutFacts::guess(proposal, now_ms);
+            let (holder, put) = admission_facts(c, &a.thread_key, &a.run_id, guess)?;
+            (admit_decided(c, a, now_ms, holder, put.killed)?, Some(put))
+        }
+    };
+    if out.started(&a.run_id) {
+        match ahead.filter(|_| tombstone.head.id == a.run_id) {
+            Some(facts) => put_decided(c, tombstone, proposal, now_ms, facts.started())?,
+            None => put_in(c, tombstone, proposal, now_ms)?,
+        };
+    }
+    Ok(out)
+}
+
+/// The stored answer of a keyed admission already made (or the conflict of its key), if any.
+fn keyed_answer(c: &mut Db, a: &Admit) -> Result<Option<AdmitOutcome>> {
+    let Some(k) = &a.key else {
+        return Ok(None);
+    };
+    let hit = c.query_opt(
+        "SELECT body_hash, run_id, answer_json FROM admit_receipts WHERE scope = $1 AND key = $2",
+        &[&k.scope, &k.key],
+    )?;
+    let Some(hit) = hit else {
+        return Ok(None);
+    };
+    let (hash, run_id, answer): (String, String, String) = (hit.get(0), hit.get(1), hit.get(2));
+    if hash != k.body_hash {
+        return Ok(Some(AdmitOutcome::KeyConflict));
+    }
+    decode_receipt_answer(&k.scope, &run_id, &answer).map(Some)
+}
+
+/// An admission's decision on the thread's live row `holder` (and whether the admitted id is `killed`),
+/// and its writes.
+fn admit_decided(
+    c: &mut Db,
+    a: &Admit,
+    now_ms: i64,
+    holder: Option<LiveRow>,
+    killed: bool,
+) -> Result<AdmitOutcome> {
     if killed {
         return Ok(AdmitOutcome::Fenced);
     }

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use postgres::types::ToSql;
 use postgres::{NoTls, Row, Statement};
 
+use super::facts::PutFacts;
 use super::{application_name, session_settings, Params, CONNECT_TIMEOUT};
 use crate::{Error, Result};
 
@@ -101,6 +102,8 @@ pub(crate) struct Db {
     /// Whether a `COMMIT` sends its notes.
     audience: Arc<Audience>,
     owner: Option<(RunId, String)>,
+    /// A put's facts read ahead in the open transaction ([`Db::read_ahead`]).
+    ahead: Option<(RunId, PutFacts)>,
     /// A transaction is open: [`Db::begin`] ran and no `COMMIT` or `ROLLBACK` since.
     open: bool,
     /// A statement outside a transaction runs at the isolation of [`Db::begin`]'s writes
@@ -137,6 +140,7 @@ impl Db {
             notes: Vec::new(),
             audience,
             owner: None,
+            ahead: None,
             open: false,
             implicit: false,
             own: false,
@@ -226,6 +230,27 @@ impl Db {
         self.owner = Some((run_id.to_owned(), gen.to_owned()));
     }
 
+    /// Keep `facts` for a put of `run_id` later in the open transaction (a seal's finish): the caller
+    /// answers for it that nothing written between changes them but what the put's caller corrects.
+    pub(super) fn read_ahead(&mut self, run_id: &RunId, facts: PutFacts) {
+        self.ahead = Some((run_id.to_owned(), facts));
+    }
+
+    /// The facts read ahead in the open transaction for a put of `run_id` counting stale rows for
+    /// `guess`, once.
+    pub(super) fn take_ahead(&mut self, run_id: &RunId, guess: i64) -> Option<PutFacts> {
+        match self.ahead.take() {
+            Some((r, facts)) if r == *run_id && facts.guess == guess => Some(facts),
+            _ => None,
+        }
+    }
+
+    /// Forget what was known of the open transaction (it begins or ends).
+    fn forget(&mut self) {
+        self.owner = None;
+        self.ahead = None;
+    }
+
     /// Queue a note to every listener, sent with the open transaction's `COMMIT`.
     pub(crate) fn note(&mut self, payload: String) {
         self.notes.push(payload);
@@ -269,7 +294,7 @@ impl Db {
             self.later.clear();
             self.notes.clear();
             self.open = false;
-            self.owner = None;
+            (self.owner, self.ahead) = (None, None);
             let out = self.rt.block_on(self.client.query_one(&st, params));
             drop(heard);
             return self.checked(out);
@@ -277,7 +302,7 @@ impl Db {
         let later = std::mem::take(&mut self.later);
         let commit = commit_batch(&std::mem::take(&mut self.notes), heard.heard);
         self.open = false;
-        self.owner = None;
+        (self.owner, self.ahead) = (None, None);
         let client = &self.client;
         let out = Self::answered(&self.rt, client, later, async {
             // The `COMMIT` leaves after the statement, on the same poll; in an aborted transaction
@@ -323,7 +348,7 @@ impl Db {
     pub(super) fn begin(&mut self, sql: &'static str) {
         self.open = true;
         self.own = false;
-        self.owner = None;
+        self.forget();
         self.notes.clear();
         self.later.clear();
         self.later.push(Later::Simple(sql));
@@ -334,7 +359,7 @@ impl Db {
     /// same round trip (nothing at all when the transaction sent nothing); when it fails, the
     /// transaction is rolled back. A `ROLLBACK` of a transaction whose `BEGIN` never left sends nothing.
     pub(super) fn batch_execute(&mut self, sql: &str) -> PgResult<()> {
-        self.owner = None;
+        self.forget();
         let ends = sql == "COMMIT" || sql.starts_with("ROLLBACK");
         if ends && !std::mem::replace(&mut self.open, false) {
             // Already ended: committed with its last statement ([`Db::query_one_committing`]).

@@ -14,11 +14,14 @@ use super::Db;
 use crate::RunId;
 use serde_json::{Map, Value};
 
-use super::admission::{admit_in, claim_in, promote_in, reclaim_in};
-use super::live::{get_row, is_killed, live_row, live_rows, ROW_COLUMNS};
+use super::admission::{admit_in, admit_recorded_in, claim_in, promote_in, reclaim_in};
+use super::facts::{seal_gate, successor_facts, PutFacts};
+use super::live::{get_row, is_killed, live_rows, ROW_COLUMNS};
 use super::news::notify;
 use super::owner::{owned, owner, owner_only};
-use super::records::{delete_events, has_record, insert_events, live_events_in, purge_in, put_in};
+use super::records::{
+    delete_events, has_record, insert_events, live_events_in, purge_in, put_decided, put_in,
+};
 use super::{params, too_big, PgStore};
 use crate::ledger::decisions::{self, Phase, PhaseChange, StopMode};
 use crate::ledger::{
@@ -151,45 +154,15 @@ pub(super) fn inbox_after(c: &mut Db, run_id: &str, after: Option<u64>) -> Resul
 }
 
 /// Decode one `run_inbox` row.
-fn inbox_item(seq: i64, json: std::result::Result<String, postgres::Error>) -> Result<InboxItem> {
+pub(super) fn inbox_item(
+    seq: i64,
+    json: std::result::Result<String, postgres::Error>,
+) -> Result<InboxItem> {
     let message = serde_json::from_str(&json?).map_err(|e| Error::corrupt("run_inbox.json", e))?;
     Ok(InboxItem {
         seq: seq as u64,
         message,
     })
-}
-
-/// [`RunLedger::successor_facts`] in one statement: the row's columns, the highest step record, and the
-/// inbox as two arrays in seq order.
-fn successor_facts(c: &mut Db, run_id: &RunId) -> Result<Option<SuccessorFacts>> {
-    let Some(r) = c.query_opt(
-        &format!(
-            "SELECT {ROW_COLUMNS},
-                (SELECT json FROM run_steps s WHERE s.run_id = $1 ORDER BY step DESC LIMIT 1),
-                (SELECT array_agg(seq ORDER BY seq) FROM run_inbox i WHERE i.run_id = $1),
-                (SELECT array_agg(json ORDER BY seq) FROM run_inbox i WHERE i.run_id = $1)
-             FROM live_runs WHERE run_id = $1"
-        ),
-        &[&run_id],
-    )?
-    else {
-        return Ok(None);
-    };
-    let last_step = r
-        .try_get::<_, Option<String>>(11)?
-        .map(|j| serde_json::from_str(&j).map_err(|e| Error::corrupt("run_steps.json", e)))
-        .transpose()?;
-    let seqs: Vec<i64> = r.try_get::<_, Option<Vec<i64>>>(12)?.unwrap_or_default();
-    let messages: Vec<String> = r.try_get::<_, Option<Vec<String>>>(13)?.unwrap_or_default();
-    Ok(Some(SuccessorFacts {
-        row: live_row(&r)?,
-        last_step,
-        inbox: seqs
-            .into_iter()
-            .zip(messages)
-            .map(|(seq, json)| inbox_item(seq, Ok(json)))
-            .collect::<Result<_>>()?,
-    }))
 }
 
 pub(super) fn last_step(c: &mut Db, run_id: &RunId) -> Result<Option<StepRecord>> {
@@ -251,6 +224,19 @@ fn count(c: &mut Db, table: &str) -> Result<u64> {
         .query_one(&format!("SELECT COUNT(*) FROM {table}"), &[])?
         .get(0);
     Ok(n.max(0) as u64)
+}
+
+impl PgStore {
+    /// [`Backend::admit_recorded`](crate::actor::Backend::admit_recorded): see `admit_recorded_in`.
+    pub(crate) fn admit_recorded(
+        &mut self,
+        a: &Admit,
+        tombstone: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<AdmitOutcome> {
+        self.write(|c| admit_recorded_in(c, a, tombstone, proposal, now_ms))
+    }
 }
 
 impl RunLedger for PgStore {
@@ -629,6 +615,17 @@ impl RunLedger for PgStore {
         })
     }
 
+    fn seal_gate(
+        &mut self,
+        gen: &str,
+        status: RunStatus,
+        record: &RunRecord,
+        proposal: Option<&PolicyProposal>,
+        now_ms: i64,
+    ) -> Result<Outcome<SuccessorFacts>> {
+        self.write(|c| seal_gate(c, &record.head.id, gen, status, proposal, now_ms))
+    }
+
     fn finish(
         &mut self,
         run_id: &RunId,
@@ -649,8 +646,14 @@ impl RunLedger for PgStore {
                     run_id: run_id.to_owned(),
                 },
             )?;
-            // With the live row gone, the put replaces the live events with the record's.
-            Ok(Ok(put_in(c, record, proposal, now_ms)?))
+            // With the live row gone, the put replaces the live events with the record's. A seal's
+            // gate read the put's facts ahead, the row still there: it is gone now.
+            let guess = PutFacts::guess(proposal, now_ms);
+            let put = match c.take_ahead(run_id, guess) {
+                Some(facts) => put_decided(c, record, proposal, now_ms, facts.ended()),
+                None => put_in(c, record, proposal, now_ms),
+            };
+            Ok(Ok(put?))
         })
     }
 

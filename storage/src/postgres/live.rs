@@ -18,6 +18,7 @@ macro_rules! row_columns {
          system_text, tools_json, state_json"
     };
 }
+pub(super) use row_columns;
 
 /// The statement of [`row_and_fence`] looking the row up by `$col`: the row's columns (all NULL
 /// without a row) and the fence of `$2`, one row always.
@@ -111,11 +112,16 @@ pub(super) fn row_and_fence(
     };
     let found = c.query_one(sql, &[&key, &fenced_id])?;
     let killed: bool = found.try_get(ROW_COLUMN_COUNT)?;
-    let row = match found.try_get::<_, Option<String>>(0)? {
-        Some(_) => Some(live_row(&found)?),
-        None => None,
-    };
-    Ok((row, killed))
+    Ok((maybe_live_row(&found)?, killed))
+}
+
+/// Decode the live row of a statement that selects [`ROW_COLUMNS`] from an outer join: `None` when they
+/// are NULL (no row).
+pub(super) fn maybe_live_row(row: &Row) -> Result<Option<LiveRow>> {
+    match row.try_get::<_, Option<String>>(0)? {
+        Some(_) => live_row(row).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Whether `run_id` carries a deletion fence (SPEC §4.3 `kill`).

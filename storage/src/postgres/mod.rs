@@ -53,6 +53,7 @@
 
 mod admission;
 mod db;
+mod facts;
 mod ledger;
 mod live;
 pub(crate) mod news;

@@ -30,6 +30,17 @@ fn killed(run_id: &RunId) -> Refusal {
 /// row comes with whether a deletion fence stands (a second statement only when there is no row).
 pub(super) fn owned(c: &mut Db, run_id: &RunId, gen: &str) -> Result<Outcome<LiveRow>> {
     let (row, fenced) = row_and_fence(c, By::Run, run_id, run_id)?;
+    owned_from(c, run_id, gen, row, fenced)
+}
+
+/// [`owned`] deciding on `row` and `fenced` as a statement of the caller's read them.
+pub(super) fn owned_from(
+    c: &mut Db,
+    run_id: &RunId,
+    gen: &str,
+    row: Option<LiveRow>,
+    fenced: bool,
+) -> Result<Outcome<LiveRow>> {
     if fenced {
         return Ok(Err(killed(run_id)));
     }

@@ -13,6 +13,7 @@ use super::Db;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::facts::{PutFacts, Totals, POLICY_KEY};
 use super::live::is_live;
 use super::{big, params, too_big, Params};
 use crate::record::{
@@ -25,8 +26,6 @@ use crate::store::{
     PolicyProposal, PutOutcome, StoredPolicy, TRIM_PER_PUT,
 };
 use crate::{Error, Result};
-
-const POLICY_KEY: &str = "retention_policy";
 
 /// The SQL predicate for "kept", binding its parameters.
 fn kept_sql(kept: &Kept, cutoff: i64, p: &mut Params) -> String {
@@ -237,18 +236,21 @@ pub(super) fn decode_item(summary_json: &str, bytes: i64) -> Result<RunListItem>
 /// stored, so its variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Summary {
-    /// The stored runs are within the policy's bounds: the row, when the policy keeps it.
-    Known(Option<RunListItem>),
+    /// The stored runs are within the policy's bounds: the row, when the policy keeps it, and whether
+    /// the id carries a deletion fence.
+    Known(Option<RunListItem>, bool),
     /// A bound is exceeded: the floor decides ([`visible_summary`]).
     NeedsFloor,
 }
 
 /// The listing row of `id` in one statement when the stored runs are within the policy's bounds
-/// (then every row younger than the age cutoff is kept): the policy, the totals and the row together.
+/// (then every row younger than the age cutoff is kept): the policy, the totals and the row together,
+/// with the deletion fence of `id`.
 pub(super) fn summary_fast(c: &mut Db, id: &str, now_ms: i64) -> Result<Summary> {
     let Some(row) = c.query_opt(
         "SELECT (SELECT value FROM meta WHERE key = $2), t.runs, t.bytes,
-                r.summary_json, r.bytes, r.finished_at
+                r.summary_json, r.bytes, r.finished_at,
+                EXISTS (SELECT 1 FROM deletion_fences WHERE run_id = $1)
          FROM run_totals t LEFT JOIN runs r ON r.run_id = $1 WHERE t.id = 1",
         &[&id, &POLICY_KEY],
     )?
@@ -260,17 +262,18 @@ pub(super) fn summary_fast(c: &mut Db, id: &str, now_ms: i64) -> Result<Summary>
         return Ok(Summary::NeedsFloor);
     }
     let summary: Option<String> = row.get(3);
-    Ok(Summary::Known(match summary {
+    let item = match summary {
         Some(summary) if row.get::<_, i64>(5) >= policy.cutoff_ms(now_ms) => {
             Some(decode_item(&summary, row.get(4))?)
         }
         _ => None,
-    }))
+    };
+    Ok(Summary::Known(item, row.get(6)))
 }
 
 /// The listing row of `id` when it is visible under the policy.
 pub(super) fn visible_summary(c: &mut Db, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
-    if let Summary::Known(item) = summary_fast(c, id, now_ms)? {
+    if let Summary::Known(item, _) = summary_fast(c, id, now_ms)? {
         return Ok(item);
     }
     let policy = read_policy(c)?.policy;
@@ -333,24 +336,24 @@ pub(super) fn put_in(
     proposal: Option<&PolicyProposal>,
     now_ms: i64,
 ) -> Result<PutOutcome> {
+    let facts = PutFacts::read(c, &record.head.id, proposal, now_ms)?;
+    put_decided(c, record, proposal, now_ms, facts)
+}
+
+/// [`put_in`] deciding on `facts`, read in this transaction by one statement for everything the put
+/// decides on (the retention answer's totals before the write, moved by it below).
+pub(super) fn put_decided(
+    c: &mut Db,
+    record: &RunRecord,
+    proposal: Option<&PolicyProposal>,
+    now_ms: i64,
+    facts: PutFacts,
+) -> Result<PutOutcome> {
     if !is_valid_run_id(&record.head.id) {
         return Err(Error::InvalidRecord(crate::record::RecordError::BadId));
     }
-    // One statement for everything the put decides on: whether the id was killed, the stored policy,
-    // whether the run is live, the row it has, and the stored totals with the rows past the cutoff of
-    // the proposed policy (the retention answer, read before the write and moved by it below).
-    let guess = proposal.map_or(i64::MIN, |p| p.policy.cutoff_ms(now_ms));
-    let facts = c.query_one(
-        "SELECT EXISTS (SELECT 1 FROM deletion_fences WHERE run_id = $1),
-                (SELECT value FROM meta WHERE key = $2),
-                EXISTS (SELECT 1 FROM live_runs WHERE run_id = $1),
-                r.provisional, r.digest, r.bytes, r.finished_at,
-                t.runs, t.bytes, (SELECT COUNT(*) FROM runs WHERE finished_at < $3)
-         FROM (VALUES (1)) AS one LEFT JOIN runs r ON r.run_id = $1 LEFT JOIN run_totals t ON t.id = 1",
-        &[&record.head.id, &POLICY_KEY, &guess],
-    )?;
-    let mut stored_policy = decode_policy(facts.get(1))?;
-    let killed: bool = facts.get(0);
+    let mut stored_policy = decode_policy(facts.policy)?;
+    let killed = facts.killed;
     if !killed && stored_policy.consider(proposal, now_ms) {
         write_policy(c, &stored_policy)?;
     }
@@ -359,14 +362,7 @@ pub(super) fn put_in(
     // The totals and the rows past the cutoff, as this put leaves them: read before its write when the
     // statement counted for this policy's cutoff, then moved by the write below (`None`: read back after
     // the write).
-    let mut totals: Option<Totals> = facts
-        .get::<_, Option<i64>>(7)
-        .filter(|_| cutoff == guess)
-        .map(|runs| Totals {
-            runs,
-            bytes: facts.get(8),
-            stale: facts.get(9),
-        });
+    let mut totals: Option<Totals> = facts.totals.filter(|_| cutoff == facts.guess);
     let counted = totals.is_some();
     // A killed id takes no record ever again (SPEC §4.3 `kill`).
     if killed {
@@ -378,17 +374,12 @@ pub(super) fn put_in(
     }
     let mut record = clamp_future(record, now_ms);
     // A live run's events are the ledger's: a put while it lives writes only the runs row.
-    let live: bool = facts.get(2);
+    let live = facts.live;
     if live {
         record.events.clear();
     }
     let id = record.head.id.as_str();
-    let existing: Option<Existing> = facts.get::<_, Option<bool>>(3).map(|provisional| Existing {
-        provisional,
-        digest: facts.get(4),
-        bytes: facts.get(5),
-        finished_at: facts.get(6),
-    });
+    let existing = facts.existing;
     // The tombstone floor: a provisional write never replaces a final record.
     if record.head.provisional && existing.as_ref().is_some_and(|e| !e.provisional) {
         return Ok(PutOutcome {
@@ -478,22 +469,6 @@ pub(super) fn put_in(
         rewritten,
         retained: retained(c, &policy, now_ms)?,
     })
-}
-
-/// The stored runs' totals (`run_totals`) and how many rows are past a cutoff.
-#[derive(Debug, Clone, Copy)]
-struct Totals {
-    runs: i64,
-    bytes: i64,
-    stale: i64,
-}
-
-/// The stored row a put replaces, as the put's statement read it.
-struct Existing {
-    provisional: bool,
-    digest: String,
-    bytes: i64,
-    finished_at: i64,
 }
 
 /// [`retained`] from totals already read in this transaction, when they are within the policy.

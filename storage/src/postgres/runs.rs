@@ -8,6 +8,7 @@ use super::records::{
     open_cards_in, put_in, read_policy, summary_fast, visible_summary, Summary,
 };
 use super::PgStore;
+use crate::ledger::RunLedger;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
 use crate::store::{
     effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome,
@@ -53,7 +54,7 @@ impl RunStore for PgStore {
             return Ok(None);
         }
         match self.read_one(|c| summary_fast(c, id, now_ms))? {
-            Summary::Known(item) => Ok(item),
+            Summary::Known(item, _) => Ok(item),
             Summary::NeedsFloor => self.read(|c| visible_summary(c, id, now_ms)),
         }
     }
@@ -139,5 +140,26 @@ impl RunStore for PgStore {
             return Ok(false);
         }
         self.write(|c| close_card_in(c, id))
+    }
+}
+
+impl PgStore {
+    /// [`Backend::summary_and_killed`](crate::actor::Backend::summary_and_killed): one statement while
+    /// the stored runs are within the policy's bounds.
+    pub(crate) fn summary_and_killed(
+        &mut self,
+        id: &RunId,
+        now_ms: i64,
+    ) -> Result<(Option<RunListItem>, bool)> {
+        if is_valid_run_id(id) {
+            if let Summary::Known(item, killed) = self.read_one(|c| summary_fast(c, id, now_ms))? {
+                return Ok((item, killed));
+            }
+        }
+        let item = self.get_summary(id, now_ms)?;
+        Ok((
+            item,
+            !self.killed_among(std::slice::from_ref(id))?.is_empty(),
+        ))
     }
 }
