@@ -25,6 +25,7 @@
 //! - a bad run id never reaches SQL.
 
 pub mod actor;
+mod backend;
 pub mod clock;
 pub mod entropy;
 mod error;
