@@ -276,6 +276,12 @@ pub(super) fn visible_summary(c: &mut Db, id: &str, now_ms: i64) -> Result<Optio
     if let Summary::Known(item, _) = summary_fast(c, id, now_ms)? {
         return Ok(item);
     }
+    floor_summary(c, id, now_ms)
+}
+
+/// [`visible_summary`] decided by the retention floor alone (right whatever the bounds; what it answers
+/// when [`summary_fast`] cannot).
+pub(super) fn floor_summary(c: &mut Db, id: &str, now_ms: i64) -> Result<Option<RunListItem>> {
     let policy = read_policy(c)?.policy;
     let kept = kept(c, &policy, now_ms)?;
     let mut p = Params::default();

@@ -2,13 +2,12 @@
 //! `sqlite/runs.rs`. Each method is one transaction around the SQL of [`super::records`]. A bad id is
 //! not-found (or refused) before any SQL runs.
 
-use super::live::is_live;
+use super::live::{is_killed, is_live};
 use super::records::{
-    all_events_in, close_card_in, decode_item, delete_run, events_in, expire_in, kept, list_sql,
-    open_cards_in, put_in, read_policy, summary_fast, visible_summary, Summary,
+    all_events_in, close_card_in, decode_item, delete_run, events_in, expire_in, floor_summary,
+    kept, list_sql, open_cards_in, put_in, read_policy, summary_fast, visible_summary, Summary,
 };
 use super::PgStore;
-use crate::ledger::RunLedger;
 use crate::record::{is_valid_run_id, RunListItem, RunRecord, VisibilityFilter};
 use crate::store::{
     effective_events_limit, EventsPage, Expired, ListPage, ListQuery, PolicyProposal, PutOutcome,
@@ -55,7 +54,7 @@ impl RunStore for PgStore {
         }
         match self.read_one(|c| summary_fast(c, id, now_ms))? {
             Summary::Known(item, _) => Ok(item),
-            Summary::NeedsFloor => self.read(|c| visible_summary(c, id, now_ms)),
+            Summary::NeedsFloor => self.read(|c| floor_summary(c, id, now_ms)),
         }
     }
 
@@ -151,15 +150,14 @@ impl PgStore {
         id: &RunId,
         now_ms: i64,
     ) -> Result<(Option<RunListItem>, bool)> {
-        if is_valid_run_id(id) {
-            if let Summary::Known(item, killed) = self.read_one(|c| summary_fast(c, id, now_ms))? {
-                return Ok((item, killed));
+        if !is_valid_run_id(id) {
+            return Ok((None, self.read_one(|c| is_killed(c, id))?));
+        }
+        match self.read_one(|c| summary_fast(c, id, now_ms))? {
+            Summary::Known(item, killed) => Ok((item, killed)),
+            Summary::NeedsFloor => {
+                self.read(|c| Ok((floor_summary(c, id, now_ms)?, is_killed(c, id)?)))
             }
         }
-        let item = self.get_summary(id, now_ms)?;
-        Ok((
-            item,
-            !self.killed_among(std::slice::from_ref(id))?.is_empty(),
-        ))
     }
 }
