@@ -1351,11 +1351,11 @@ fn successor_facts_read_the_row_the_highest_step_and_the_inbox_in_order<S: Ledge
     assert_eq!(s.successor_facts(&RunId::from("run-none")).unwrap(), None);
 }
 
-/// A seal's gate (SPEC §5.2 steps 3 and 8) refuses as the finishing gate does — another generation, no
-/// row, a stop recorded before it, a kill — writing nothing; when it passes it answers the successor's
+/// A seal's gate (SPEC §5.2 steps 3 and 8) refuses as `finishing` does — another generation, no row, a
+/// stop recorded before it, a kill — writing nothing; when it passes it answers the successor's
 /// facts as `successor_facts` reads them. A finish after it, in a transaction of its own, stores the
 /// record as it would without the gate (what a backend read ahead for it is the gate's transaction's).
-fn a_seal_gate_refuses_as_the_finishing_gate_and_answers_the_successor_facts<S: Ledger>(s: &mut S) {
+fn a_seal_gate_refuses_as_finishing_does_and_answers_the_successor_facts<S: Ledger>(s: &mut S) {
     use storage::ledger::StopMode;
     let id = RunId::from("run-a");
     go_live(s, "run-a", "C1:t1", G1, NOW);
@@ -1369,7 +1369,7 @@ fn a_seal_gate_refuses_as_the_finishing_gate_and_answers_the_successor_facts<S: 
     let completed = RunStatus::Completed;
     let by_other = gate(s, G2, completed);
     assert!(by_other.is_err(), "{by_other:?}");
-    assert_eq!(by_other, s.finishing_gate(&id, G2, completed).unwrap());
+    assert_eq!(by_other, s.finishing(&id, G2, completed, None).unwrap());
     let none = record("run-none", "C1:t9", NOW, NOW + 5, vec![]);
     assert_eq!(
         s.seal_gate(G1, completed, &none, None, NOW + 5)
@@ -1383,7 +1383,7 @@ fn a_seal_gate_refuses_as_the_finishing_gate_and_answers_the_successor_facts<S: 
         matches!(stopped, Err(Refusal::StopPending { .. })),
         "{stopped:?}"
     );
-    assert_eq!(stopped, s.finishing_gate(&id, G1, completed).unwrap());
+    assert_eq!(stopped, s.finishing(&id, G1, completed, None).unwrap());
     let row = live_row(s, "run-a");
     let facts = s
         .seal_gate(G1, RunStatus::StoppedSoft, &rec, None, NOW + 5)
@@ -3892,7 +3892,7 @@ contract!(
     an_oversized_or_unsequenced_event_is_refused_alone,
     step_records_are_keyed_by_step_and_reclaim_answers_the_highest,
     successor_facts_read_the_row_the_highest_step_and_the_inbox_in_order,
-    a_seal_gate_refuses_as_the_finishing_gate_and_answers_the_successor_facts,
+    a_seal_gate_refuses_as_finishing_does_and_answers_the_successor_facts,
     a_step_writes_turns_events_state_and_record_and_a_refusal_stops_before_the_record,
     transcript_turns_read_back_in_order_and_are_never_edited,
     a_transcript_with_a_missing_turn_reads_back_to_the_gap_and_names_it,

@@ -742,21 +742,13 @@ pub trait RunLedger: Send {
         status: RunStatus,
         answer: Option<&str>,
     ) -> Result<Outcome<()>>;
-    /// The checks of [`RunLedger::finishing`] alone — the owner, a fence, the phase, a recorded stop —
-    /// writing nothing: a seal's gate, whose finish deletes the row in the same transaction, so what
-    /// `finishing` would write there is never read.
-    fn finishing_gate(
-        &mut self,
-        run_id: &RunId,
-        gen: &str,
-        status: RunStatus,
-    ) -> Result<Outcome<()>>;
     /// A seal's reads, before it writes anything (SPEC §5.2 steps 3 and 8): the checks of
-    /// [`RunLedger::finishing_gate`] for `record`'s run and, when they pass, what its successor's
-    /// admission decides on ([`RunLedger::successor_facts`]; read before the seal writes its last step,
-    /// which the caller then lays over them: [`SuccessorFacts::stepped`]). `proposal` is what the seal's
-    /// finish of `record` proposes: a backend may read what that finish's put decides on in the same
-    /// round trip. The default is the two methods one after the other.
+    /// [`RunLedger::finishing`] for `record`'s run — the owner, a fence, the phase, a recorded stop —
+    /// writing nothing (the seal's finish deletes the row in the same transaction, so what `finishing`
+    /// would write there is never read), and when they pass, what its successor's admission decides on,
+    /// as [`RunLedger::successor_facts`] reads it (before the seal writes its last step, which the caller
+    /// then lays over them: [`SuccessorFacts::stepped`]). `proposal` is what the seal's finish of
+    /// `record` proposes: a backend may read what that finish's put decides on in the same round trip.
     fn seal_gate(
         &mut self,
         gen: &str,
@@ -764,18 +756,7 @@ pub trait RunLedger: Send {
         record: &RunRecord,
         proposal: Option<&PolicyProposal>,
         now_ms: i64,
-    ) -> Result<Outcome<SuccessorFacts>> {
-        let _ = (proposal, now_ms);
-        let run_id = &record.head.id;
-        if let Err(refusal) = self.finishing_gate(run_id, gen, status)? {
-            return Ok(Err(refusal));
-        }
-        self.successor_facts(run_id)?.map(Ok).ok_or_else(|| {
-            crate::Error::Unavailable(format!(
-                "the live row of {run_id} went within its seal's gate"
-            ))
-        })
-    }
+    ) -> Result<Outcome<SuccessorFacts>>;
     /// ONE transaction: upsert the record as `put` does and delete the run's live rows, step records,
     /// transcript and every inbox row (a caller that hands unread follow-ups to a successor reads them
     /// first, in the same transaction — see `StorageHandle::finish`); the run's receipts are stamped

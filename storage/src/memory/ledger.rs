@@ -31,6 +31,7 @@ use crate::ledger::decisions::{
     phase_transition, receipt_expired, reclaim_phase, reclaim_selection, strongest_stop,
     ClaimDecision, PhaseChange, ReclaimSelection,
 };
+use crate::ledger::SuccessorFacts;
 use crate::ledger::{
     check_events, check_turns, merge_state, Admit, AdmitOutcome, Claimed, GenerationInfo,
     HandoffResult, HeartbeatAnswer, InboxItem, KillAnswer, LiveRow, Outcome, Phase, Promotion,
@@ -347,17 +348,27 @@ impl RunLedger for MemoryStore {
         Ok(Ok(()))
     }
 
-    fn finishing_gate(
+    fn seal_gate(
         &mut self,
-        run_id: &RunId,
         gen: &str,
         status: RunStatus,
-    ) -> Result<Outcome<()>> {
-        let mut st = self.lock();
-        Ok(match st.ledger.owned_mut(run_id, gen) {
-            Ok(row) => crate::ledger::gate(row, status).map(|_| ()),
-            Err(refusal) => Err(refusal),
-        })
+        record: &RunRecord,
+        _proposal: Option<&PolicyProposal>,
+        _now_ms: i64,
+    ) -> Result<Outcome<SuccessorFacts>> {
+        let run_id = &record.head.id;
+        let row = match self.lock().ledger.owned_mut(run_id, gen) {
+            Ok(row) => match crate::ledger::gate(row, status) {
+                Ok(_) => row.clone(),
+                Err(refusal) => return Ok(Err(refusal)),
+            },
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        Ok(Ok(SuccessorFacts {
+            last_step: self.last_step(run_id)?,
+            inbox: self.inbox_after(run_id, None)?,
+            row,
+        }))
     }
 
     fn finish(

@@ -603,18 +603,6 @@ impl RunLedger for PgStore {
         })
     }
 
-    fn finishing_gate(
-        &mut self,
-        run_id: &RunId,
-        gen: &str,
-        status: RunStatus,
-    ) -> Result<Outcome<()>> {
-        self.write(|c| {
-            let row = owner!(row: c, run_id, gen);
-            Ok(crate::ledger::gate(&row, status).map(|_| ()))
-        })
-    }
-
     fn seal_gate(
         &mut self,
         gen: &str,

@@ -106,6 +106,15 @@ fn transcript_in(
     Ok(Ok(()))
 }
 
+/// The successor facts of the live `row` of `run_id`: its highest step record and its whole inbox.
+fn successor_facts_in(tx: &Connection, run_id: &RunId, row: LiveRow) -> Result<SuccessorFacts> {
+    Ok(SuccessorFacts {
+        last_step: last_step(tx, run_id)?,
+        inbox: inbox_after(tx, run_id, None)?,
+        row,
+    })
+}
+
 fn set_phase(tx: &Connection, run_id: &RunId, phase: Phase) -> Result<()> {
     tx.prepare_cached("UPDATE live_runs SET phase = ?2 WHERE run_id = ?1")?
         .execute(params![run_id, phase.as_str()])?;
@@ -558,17 +567,24 @@ impl RunLedger for SqliteStore {
         Ok(Ok(()))
     }
 
-    fn finishing_gate(
+    /// The owner's row, read once, answers the gate and is the successor facts' row.
+    fn seal_gate(
         &mut self,
-        run_id: &RunId,
         gen: &str,
         status: RunStatus,
-    ) -> Result<Outcome<()>> {
+        record: &RunRecord,
+        _proposal: Option<&PolicyProposal>,
+        _now_ms: i64,
+    ) -> Result<Outcome<SuccessorFacts>> {
+        let run_id = &record.head.id;
         let tx = self.immediate()?;
         let row = owner!(row: tx, run_id, gen);
-        let gate = crate::ledger::gate(&row, status).map(|_| ());
+        if let Err(refusal) = crate::ledger::gate(&row, status) {
+            return Ok(Err(refusal));
+        }
+        let facts = successor_facts_in(&tx, run_id, row)?;
         tx.commit()?;
-        Ok(gate)
+        Ok(Ok(facts))
     }
 
     fn finish(
@@ -642,14 +658,10 @@ impl RunLedger for SqliteStore {
     /// The row, its last step and its inbox in one read transaction (the default opens three).
     fn successor_facts(&mut self, run_id: &RunId) -> Result<Option<SuccessorFacts>> {
         let tx = self.read()?;
-        let Some(row) = get_row(&tx, run_id)? else {
-            return Ok(None);
-        };
-        Ok(Some(SuccessorFacts {
-            last_step: last_step(&tx, run_id)?,
-            inbox: inbox_after(&tx, run_id, None)?,
-            row,
-        }))
+        match get_row(&tx, run_id)? {
+            Some(row) => successor_facts_in(&tx, run_id, row).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn reclaim(
