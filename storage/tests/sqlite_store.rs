@@ -477,6 +477,73 @@ fn old_database(path: &std::path::Path, version: usize, setup: &str) {
     conn.execute_batch(setup).unwrap();
 }
 
+/// Migration 13 rebuilds `live_runs` as a rowid table (a row with its tool definitions no longer spills to
+/// an overflow page): a live run admitted by an older build keeps every column, and the thread stays
+/// one run's.
+#[test]
+fn a_live_run_from_before_the_rowid_live_runs_keeps_its_row() {
+    use storage::ledger::RunLedger;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v12.db");
+    let tools =
+        serde_json::to_string(&json!([{"name": "append_file", "description": "x".repeat(1200)}]))
+            .unwrap();
+    old_database(
+        &path,
+        12,
+        &format!(
+            "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, stop, meta_json,
+                system_text, tools_json, state_json)
+             VALUES ('live', 'C1:t', 'g1', {NOW}, {}, 'live', 'soft', '{{\"agent\":\"a\"}}', 'be brief',
+                '{tools}', '{{\"binding\":\"b\"}}');",
+            NOW - 10
+        ),
+    );
+    let mut s = open(&path);
+    assert_eq!(
+        s.schema_version().unwrap(),
+        storage::sqlite::schema::current_version()
+    );
+    let row = s
+        .get_live(&RunId::from("live"))
+        .unwrap()
+        .expect("the live row");
+    assert_eq!(
+        (
+            row.thread_key.as_str(),
+            row.owner_gen.as_str(),
+            row.lease_until,
+            row.started_at
+        ),
+        ("C1:t", "g1", NOW, NOW - 10)
+    );
+    assert_eq!(
+        (row.phase.as_str(), row.stop.map(|s| s.as_str())),
+        ("live", Some("soft"))
+    );
+    assert_eq!(row.meta, json!({"agent": "a"}));
+    assert_eq!(row.system_text, "be brief");
+    assert_eq!(
+        row.tools,
+        serde_json::from_str::<serde_json::Value>(&tools).unwrap()
+    );
+    assert_eq!(row.state.get("binding"), Some(&json!("b")));
+    drop(s);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let without_rowid: i64 = conn
+        .query_row("SELECT wr FROM pragma_table_list('live_runs')", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(without_rowid, 0, "live_runs is a rowid table");
+    let same_thread = conn.execute(
+        "INSERT INTO live_runs (run_id, thread_key, owner_gen, lease_until, started_at, phase, meta_json)
+         VALUES ('other', 'C1:t', 'g2', 0, 0, 'attaching', '{}')",
+        [],
+    );
+    assert!(same_thread.is_err(), "a thread still holds one live run");
+}
+
 #[test]
 fn a_read_only_store_reads_the_current_schema_and_never_writes_the_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -76,7 +76,13 @@ pub struct SqliteStore {
     /// Open atomic units, innermost last: `true` when the unit opened the group itself (it then commits
     /// or rolls back the transaction), `false` when it is a savepoint inside one.
     atomic: Vec<bool>,
+    /// `data_version` as the last top-level transaction saw it, read inside it just before its end
+    /// ([`SqliteStore::data_version`] takes it).
+    version_seen: VersionSeen,
 }
+
+/// See [`SqliteStore::data_version`].
+type VersionSeen = std::cell::Cell<Option<u64>>;
 
 /// One method's transaction: a top-level `BEGIN IMMEDIATE` (or deferred, for reads), or — inside a group
 /// commit — a savepoint, so a failing method rolls back only itself and the group commits the rest.
@@ -87,6 +93,7 @@ pub struct SqliteStore {
 /// reader thread's samples, whose reads are small.
 pub(crate) struct Tx<'c> {
     conn: &'c Connection,
+    version_seen: &'c VersionSeen,
     nested: bool,
     /// Begun and neither committed nor rolled back.
     open: bool,
@@ -94,6 +101,12 @@ pub(crate) struct Tx<'c> {
 
 /// Opens a savepoint: a method's inside a group ([`Tx`]), or an atomic unit's.
 const SAVEPOINT: &str = "SAVEPOINT tx";
+
+fn read_data_version(conn: &Connection) -> rusqlite::Result<u64> {
+    conn.prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get::<_, i64>(0))
+        .map(|v| v as u64)
+}
 
 /// Run a transaction-control statement from the connection's statement cache.
 fn control(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
@@ -110,8 +123,10 @@ fn end_savepoint(conn: &Connection, commit: bool) -> rusqlite::Result<()> {
 }
 
 /// End the open transaction: `COMMIT` or `ROLLBACK`; a `COMMIT` that fails and leaves it open is
-/// rolled back.
-fn end_transaction(conn: &Connection, commit: bool) -> rusqlite::Result<()> {
+/// rolled back. Inside it, first, `data_version` into `seen`: a read of the open transaction's
+/// snapshot, where a read after it is a transaction of its own (its locks, the WAL index's header).
+fn end_transaction(conn: &Connection, commit: bool, seen: &VersionSeen) -> rusqlite::Result<()> {
+    seen.set(read_data_version(conn).ok());
     let done = control(conn, if commit { "COMMIT" } else { "ROLLBACK" });
     if done.is_err() && !conn.is_autocommit() {
         let _ = control(conn, "ROLLBACK");
@@ -120,10 +135,16 @@ fn end_transaction(conn: &Connection, commit: bool) -> rusqlite::Result<()> {
 }
 
 impl<'c> Tx<'c> {
-    fn begin(conn: &'c Connection, begin: &str, nested: bool) -> rusqlite::Result<Self> {
+    fn begin(
+        conn: &'c Connection,
+        version_seen: &'c VersionSeen,
+        begin: &str,
+        nested: bool,
+    ) -> rusqlite::Result<Self> {
         control(conn, begin)?;
         Ok(Tx {
             conn,
+            version_seen,
             nested,
             open: true,
         })
@@ -137,7 +158,7 @@ impl<'c> Tx<'c> {
     fn end(&mut self, commit: bool) -> rusqlite::Result<()> {
         let out = match self.nested {
             true => end_savepoint(self.conn, commit),
-            false => end_transaction(self.conn, commit),
+            false => end_transaction(self.conn, commit, self.version_seen),
         };
         self.open = commit && out.is_err();
         out
@@ -214,6 +235,7 @@ impl SqliteStore {
             conn,
             grouped: false,
             atomic: Vec::new(),
+            version_seen: VersionSeen::default(),
         }
     }
 
@@ -368,12 +390,16 @@ impl SqliteStore {
 
     /// SQLite's `data_version` on this connection: it moves exactly when another connection committed
     /// (never for this one's own commits). `None` when it cannot be read.
+    ///
+    /// The value the last top-level transaction read just before its end, when there is one not yet
+    /// taken: it misses only commits after that transaction's snapshot began (none while this connection
+    /// held the write lock), and the next transaction's value shows those. A read of its own here was a
+    /// transaction after every group — its locks and WAL-index check, a sixtieth of a run's writer
+    /// samples (issue 29).
     pub fn data_version(&self) -> Option<u64> {
-        self.conn
-            .prepare_cached("PRAGMA data_version")
-            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
-            .ok()
-            .map(|v| v as u64)
+        self.version_seen
+            .take()
+            .or_else(|| read_data_version(&self.conn).ok())
     }
 
     /// A write transaction: `BEGIN IMMEDIATE`, or a savepoint inside a group.
@@ -388,8 +414,8 @@ impl SqliteStore {
 
     fn tx(&mut self, top: &str) -> Result<Tx<'_>> {
         Ok(match self.grouped {
-            true => Tx::begin(&self.conn, SAVEPOINT, true)?,
-            false => Tx::begin(&self.conn, top, false)?,
+            true => Tx::begin(&self.conn, &self.version_seen, SAVEPOINT, true)?,
+            false => Tx::begin(&self.conn, &self.version_seen, top, false)?,
         })
     }
 
@@ -426,7 +452,7 @@ impl SqliteStore {
     /// End a group: `COMMIT` (or `ROLLBACK` when `commit` is false or the commit fails).
     pub fn end_group(&mut self, commit: bool) -> Result<()> {
         self.grouped = false;
-        Ok(end_transaction(&self.conn, commit)?)
+        Ok(end_transaction(&self.conn, commit, &self.version_seen)?)
     }
 }
 

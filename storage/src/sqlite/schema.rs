@@ -182,6 +182,32 @@ pub const MIGRATIONS: &[&str] = &[
     DROP INDEX runs_by_parent;
     CREATE INDEX runs_by_parent ON runs(parent_run_id, finished_at, run_id) WHERE parent_run_id IS NOT NULL;
     "#,
+    // 13: `live_runs` is a rowid table. Its row carries the run's tool definitions (~1.4 KB with them),
+    // more than a WITHOUT ROWID page keeps in place (~1,000 bytes of 4 KiB): every row spilled to an
+    // overflow page, allocated from the freelist at admission and freed at finish, each time with the
+    // freelist's trunk page and the file header — five WAL frames of a run's ~45 (issue 29). A rowid
+    // table keeps up to ~4,000 bytes in place; its key is one more index page.
+    r#"
+    CREATE TABLE live_runs_rowid (
+        run_id      TEXT PRIMARY KEY NOT NULL,
+        thread_key  TEXT NOT NULL UNIQUE,
+        owner_gen   TEXT NOT NULL,
+        lease_until INTEGER NOT NULL,
+        started_at  INTEGER NOT NULL,
+        phase       TEXT NOT NULL,
+        stop        TEXT,
+        meta_json   TEXT NOT NULL,
+        system_text TEXT NOT NULL DEFAULT '',
+        tools_json  TEXT NOT NULL DEFAULT 'null',
+        state_json  TEXT NOT NULL DEFAULT '{}'
+    );
+    INSERT INTO live_runs_rowid (run_id, thread_key, owner_gen, lease_until, started_at, phase, stop,
+                                 meta_json, system_text, tools_json, state_json)
+        SELECT run_id, thread_key, owner_gen, lease_until, started_at, phase, stop,
+               meta_json, system_text, tools_json, state_json FROM live_runs;
+    DROP TABLE live_runs;
+    ALTER TABLE live_runs_rowid RENAME TO live_runs;
+    "#,
 ];
 
 pub fn current_version() -> i64 {

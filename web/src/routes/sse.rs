@@ -108,14 +108,17 @@ async fn send_frame(tx: &FrameTx, frame: Frame) -> Result<(), Closed> {
 }
 
 /// Run a pump feeding `queue`; one that stops without `end` releases the queue at once (a stalled client
-/// may never read it, and reconnects with `Last-Event-ID` if it ever does).
-fn spawn_pump(
+/// may never read it, and reconnects with `Last-Event-ID` if it ever does). The pump first runs here, in
+/// the request's task, up to its first wait: what it has at hand (the `retry:` line, a run's backlog) is
+/// queued before the caller's response is written, so the response head and those frames go out in one
+/// write, not two (issue 29); the rest runs as a task of its own, whose first poll takes over the wakers.
+async fn spawn_pump(
     queue: FrameTx,
     pump: impl std::future::Future<Output = Result<(), Closed>> + 'static,
     what: &'static str,
     run_id: Option<RunId>,
 ) {
-    actix_web::rt::spawn(async move {
+    let mut task = Box::pin(async move {
         if let Err(why) = pump.await {
             queue.abandon();
             tracing::debug!(
@@ -126,6 +129,9 @@ fn spawn_pump(
             );
         }
     });
+    if futures_util::poll!(task.as_mut()).is_pending() {
+        actix_web::rt::spawn(task);
+    }
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -236,7 +242,8 @@ async fn stream_run(
         },
         "run",
         run_id,
-    );
+    )
+    .await;
     Ok(sse_response(rx))
 }
 
@@ -472,7 +479,7 @@ async fn index_feed(
     let visible_to = state.auth.require(&req, RUNS_READ)?.visible_to;
     let (tx, rx) = queue::bounded(CLIENT_QUEUE, CLIENT_QUEUE_BYTES);
     let runs = state.runs.clone();
-    spawn_pump(tx.clone(), feed_pump(runs, visible_to, tx), "feed", None);
+    spawn_pump(tx.clone(), feed_pump(runs, visible_to, tx), "feed", None).await;
     Ok(sse_response(rx))
 }
 
