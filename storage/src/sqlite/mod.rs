@@ -27,7 +27,9 @@
 //!   `put_in` that `put` and the ledger's `finish` share, list and event pages, trims;
 //! - `runs`: [`RunStore`](crate::store::RunStore) for [`SqliteStore`], over `records`;
 //! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`SqliteStore`], over `live` and `records`;
-//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`SqliteStore`] (its own tables).
+//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`SqliteStore`] (its own tables);
+//! - `wal_writes`: the writer's VFS, SQLite's default with a WAL file that writes a transaction's frames
+//!   with one `pwrite`.
 
 mod ledger;
 mod live;
@@ -35,6 +37,7 @@ mod plan;
 mod records;
 mod runs;
 pub mod schema;
+mod wal_writes;
 
 use crate::RunId;
 use std::path::Path;
@@ -245,7 +248,11 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| crate::Error::Unavailable(format!("create {}: {e}", dir.display())))?;
         }
-        let mut conn = Connection::open(path)?;
+        // The writer's WAL writes each transaction's frames at once ([`wal_writes`]).
+        let mut conn = match wal_writes::name() {
+            Some(vfs) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs)?,
+            None => Connection::open(path)?,
+        };
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", sync.pragma())?;
