@@ -88,11 +88,14 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
                         routes::resource("/api/openapi.json", "GET")
                             .route(web::get().to(openapi::openapi_json)),
                     )
+                    // A request tries the patterns in this order, each dynamic one a regex match: a
+                    // run's own requests (its message, stream and point read) come first. No two of
+                    // these patterns match one path, except that `/runs/feed` must win over the HTML
+                    // `/runs/{id}`: `sse` before `html`.
                     .configure(routes::messages::configure)
-                    .configure(routes::runs::configure)
-                    .configure(routes::api::configure)
-                    // Before `html`: `/runs/feed` must win over `/runs/{id}`.
                     .configure(routes::sse::configure)
+                    .configure(routes::api::configure)
+                    .configure(routes::runs::configure)
                     .configure(routes::html::configure)
                     .configure(routes::admin::configure)
                     .configure(routes::plans::configure)
