@@ -40,7 +40,7 @@ impl Run {
                 Tracking::Detached => return Gate::Answer(Written::Ok),
                 Tracking::Tracked => {}
             }
-            if let Some(w) = unwritten {
+            if let Some(w) = unwritten.map(std::sync::Arc::new) {
                 let s = deps.storage.clone();
                 let step = retry_transient(deps.lease_ms, || {
                     s.write_step(id.clone(), gen.clone(), w.clone())

@@ -420,7 +420,7 @@ impl Run {
                 }
             }
             // A detached run took its workspace and writes nothing: its step goes on, best effort.
-            let Some(w) = w else {
+            let Some(w) = w.map(std::sync::Arc::new) else {
                 return Some(Ok(Ok(())));
             };
             let started = Instant::now();

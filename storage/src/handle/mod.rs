@@ -436,15 +436,17 @@ impl StorageHandle {
             events,
             state: Default::default(),
         };
-        self.write_step(run_id, gen, write).await
+        self.write_step(run_id, gen, std::sync::Arc::new(write))
+            .await
     }
 
-    /// [`StorageHandle::durable_step`] of a whole [`StepWrite`] (its state patch included).
+    /// [`StorageHandle::durable_step`] of a whole [`StepWrite`] (its state patch included). Shared, so a
+    /// retry of the same write costs no copy of its turns and events.
     pub async fn write_step(
         &self,
         run_id: RunId,
         gen: String,
-        write: StepWrite,
+        write: std::sync::Arc<StepWrite>,
     ) -> Result<Outcome<()>> {
         self.transact(move |b, _| b.write_step_atomic(&run_id, &gen, &write))
             .await
