@@ -27,9 +27,7 @@
 //!   `put_in` that `put` and the ledger's `finish` share, list and event pages, trims;
 //! - `runs`: [`RunStore`](crate::store::RunStore) for [`SqliteStore`], over `records`;
 //! - `ledger`: [`RunLedger`](crate::ledger::RunLedger) for [`SqliteStore`], over `live` and `records`;
-//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`SqliteStore`] (its own tables);
-//! - `wal_writes`: the writer's VFS, SQLite's default with a WAL file that writes a transaction's frames
-//!   with one `pwrite`.
+//! - `plan`: [`PlanStore`](crate::plan::PlanStore) for [`SqliteStore`] (its own tables).
 
 mod ledger;
 mod live;
@@ -37,7 +35,6 @@ mod plan;
 mod records;
 mod runs;
 pub mod schema;
-mod wal_writes;
 
 use crate::RunId;
 use std::path::Path;
@@ -248,11 +245,7 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| crate::Error::Unavailable(format!("create {}: {e}", dir.display())))?;
         }
-        // The writer's WAL writes each transaction's frames at once ([`wal_writes`]).
-        let mut conn = match wal_writes::name() {
-            Some(vfs) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs)?,
-            None => Connection::open(path)?,
-        };
+        let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", sync.pragma())?;
