@@ -81,8 +81,13 @@ pub struct SqliteStore {
     version_seen: VersionSeen,
 }
 
-/// See [`SqliteStore::data_version`].
-type VersionSeen = std::cell::Cell<Option<u64>>;
+/// See [`SqliteStore::data_version`]. Only the writer ([`SqliteStore::open`]) asks for the value, so
+/// only its transactions read it (`watch`): a reader's end is its `COMMIT` alone.
+#[derive(Debug, Default)]
+struct VersionSeen {
+    watch: bool,
+    seen: std::cell::Cell<Option<u64>>,
+}
 
 /// One method's transaction: a top-level `BEGIN IMMEDIATE` (or deferred, for reads), or — inside a group
 /// commit — a savepoint, so a failing method rolls back only itself and the group commits the rest.
@@ -123,10 +128,12 @@ fn end_savepoint(conn: &Connection, commit: bool) -> rusqlite::Result<()> {
 }
 
 /// End the open transaction: `COMMIT` or `ROLLBACK`; a `COMMIT` that fails and leaves it open is
-/// rolled back. Inside it, first, `data_version` into `seen`: a read of the open transaction's
+/// rolled back. On the writer, first, inside it, `data_version` into `seen`: a read of the open transaction's
 /// snapshot, where a read after it is a transaction of its own (its locks, the WAL index's header).
 fn end_transaction(conn: &Connection, commit: bool, seen: &VersionSeen) -> rusqlite::Result<()> {
-    seen.set(read_data_version(conn).ok());
+    if seen.watch {
+        seen.seen.set(read_data_version(conn).ok());
+    }
     let done = control(conn, if commit { "COMMIT" } else { "ROLLBACK" });
     if done.is_err() && !conn.is_autocommit() {
         let _ = control(conn, "ROLLBACK");
@@ -254,7 +261,9 @@ impl SqliteStore {
         // the default a statement that needs one creates, fills and closes a file in /var/tmp.
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         schema::migrate(&mut conn)?;
-        Ok(SqliteStore::on(conn))
+        let mut store = SqliteStore::on(conn);
+        store.version_seen.watch = true;
+        Ok(store)
     }
 
     /// Open an existing database for reading only (the CLI's `--db`, SPEC §8.2): never created, never
@@ -398,6 +407,7 @@ impl SqliteStore {
     /// samples (issue 29).
     pub fn data_version(&self) -> Option<u64> {
         self.version_seen
+            .seen
             .take()
             .or_else(|| read_data_version(&self.conn).ok())
     }
