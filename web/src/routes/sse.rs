@@ -135,7 +135,7 @@ async fn spawn_pump(
 }
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    // `/runs/feed` is mounted before the HTML `/runs/{id}` (this module's `configure` runs first).
+    // `/runs/feed` must win over the HTML `/runs/{id}`: `web::configure` runs this before `html`.
     cfg.service(resource("/api/runs/{id}/stream", "GET").route(web::get().to(stream_run)))
         .service(resource("/runs/feed", "GET").route(web::get().to(index_feed)));
 }
